@@ -1,0 +1,232 @@
+"""A local development cluster: ZooKeeper, bookies and brokers in the background.
+
+Everything lives under one run directory (default ``./.fencepost-dev``) so that
+several clusters can coexist. ``cluster.json`` records the ZooKeeper address,
+the cluster name and every process started (kind, pid, address, data dir, log),
+so ``down`` stops exactly those processes and nothing else.
+
+Example::
+
+    dev = DevCluster(Path(".fencepost-dev"))
+    dev.up(DevClusterSpec(bookies=3))
+    dev.status()      # [{"kind": "zookeeper", "pid": ..., "alive": True, ...}, ...]
+    dev.down()
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from broker import BrokerError
+from election.paths import check_cluster_name
+from election.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
+
+STATE_FILE = "cluster.json"
+
+
+class DevClusterError(BrokerError):
+    """The local development cluster could not be started, read or stopped."""
+
+
+@dataclass
+class DevClusterSpec:
+    """What `dev up` starts."""
+
+    cluster: str = "dev"
+    bookies: int = 3
+    brokers: int = 3
+    zk_session_timeout: float = 2.0
+
+    def validate(self) -> "DevClusterSpec":
+        check_cluster_name(self.cluster)
+        if not 0 <= self.bookies <= 16 or not 0 <= self.brokers <= 16:
+            raise DevClusterError("--bookies and --brokers must be between 0 and 16")
+        return self
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` runs and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _owns(pid: int, marker: str) -> bool:
+    """True if process `pid` has `marker` on its command line (guards against pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return marker.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def stop_pid(pid: int, marker: str, timeout: float = 10.0) -> None:
+    """SIGTERM the process group of `pid` if it is ours, then SIGKILL what remains."""
+    if not pid_alive(pid) or not _owns(pid, marker):
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def fencepost_command(*args: str) -> list[str]:
+    """Command line that runs this fencepost's CLI with the current interpreter."""
+    return [sys.executable, "-m", "cli", *args]
+
+
+class DevCluster:
+    """The development cluster recorded in `run_dir`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.state_path = self.run_dir / STATE_FILE
+
+    def read_state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise DevClusterError(f"cannot read {self.state_path}: {exc}") from None
+
+    def write_state(self, state: dict) -> None:
+        """Replace cluster.json atomically so a crash never leaves half a record."""
+        tmp = self.state_path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(state, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_path)
+
+    def running(self) -> bool:
+        state = self.read_state()
+        return bool(state) and any(pid_alive(p["pid"]) for p in state["processes"])
+
+    def up(self, spec: DevClusterSpec, progress: Callable[[str], None] = lambda _: None) -> dict:
+        """Start the cluster; refuse if this run directory already has one running."""
+        spec.validate()
+        if self.running():
+            raise DevClusterError(f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        zk_port = free_port()
+        state = {"cluster": spec.cluster, "zk": f"127.0.0.1:{zk_port}", "run_dir": str(self.run_dir),
+                 "zk_session_timeout": spec.zk_session_timeout, "processes": []}
+        try:
+            self._start_zookeeper(state, zk_port)
+            progress(f"zookeeper listening on {state['zk']}")
+            for index in range(spec.bookies):
+                member = self._start_member(state, "bookie", index)
+                progress(f"bookie {index} listening on {member['address']}")
+        except Exception:
+            self.down()
+            raise
+        return state
+
+    def _start_zookeeper(self, state: dict, port: int) -> None:
+        data = self.run_dir / "zookeeper"
+        server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))
+        proc = server.start(log_file=self.run_dir / "zookeeper.log")
+        state["processes"].append({"kind": "zookeeper", "pid": proc.pid, "address": state["zk"],
+                                   "data_dir": str(data), "log": str(self.run_dir / "zookeeper.log")})
+        self.write_state(state)
+
+    def _start_member(self, state: dict, kind: str, index: int) -> dict:
+        data = self.run_dir / f"{kind}-{index}"
+        data.mkdir(parents=True, exist_ok=True)
+        address = f"tcp://127.0.0.1:{free_port()}"
+        args = [kind, "start", "--data", str(data), "--listen", address,
+                "--zk", state["zk"], "--cluster", state["cluster"]]
+        log_path = self.run_dir / f"{kind}-{index}.log"
+        member = {"kind": kind, "index": index, "address": address, "data_dir": str(data),
+                  "log": str(log_path), "args": args}
+        self._spawn(member)
+        state["processes"].append(member)
+        self.write_state(state)
+        self._wait_member(member)
+        return member
+
+    def _spawn(self, member: dict) -> None:
+        with open(member["log"], "ab") as out:
+            proc = subprocess.Popen(
+                fencepost_command(*member["args"]), stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+            )
+        member["pid"] = proc.pid
+
+    def _wait_member(self, member: dict, timeout: float = 30.0) -> None:
+        host, port = member["address"].removeprefix("tcp://").rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(member["pid"]):
+                tail = Path(member["log"]).read_text(errors="replace")[-1500:]
+                raise DevClusterError(f"{member['kind']} {member['index']} exited during start:\n{tail}")
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise DevClusterError(f"{member['kind']} {member['index']} did not listen on {member['address']} in {timeout:g}s")
+
+    def down(self) -> list[dict]:
+        """Stop every recorded process, brokers first and ZooKeeper last."""
+        state = self.read_state()
+        if not state:
+            return []
+        order = {"broker": 0, "bookie": 1, "zookeeper": 2}
+        stopped = []
+        for member in sorted(state["processes"], key=lambda m: order.get(m["kind"], 0)):
+            if "pid" in member:
+                marker = str(self.run_dir)
+                stop_pid(member["pid"], marker)
+                stopped.append(member)
+        state["processes"] = []
+        self.write_state(state)
+        return stopped
+
+    def status(self) -> list[dict]:
+        """One row per recorded process: kind, pid, address, data_dir, alive."""
+        state = self.read_state()
+        if not state:
+            return []
+        rows = []
+        for member in state["processes"]:
+            alive = pid_alive(member["pid"]) and _owns(member["pid"], str(self.run_dir))
+            if member["kind"] == "zookeeper" and alive:
+                host, port = member["address"].rsplit(":", 1)
+                alive = four_letter(host, int(port)) == "imok"
+            row = {k: member.get(k) for k in ("kind", "pid", "address", "data_dir")}
+            row["alive"] = alive
+            if member["kind"] == "broker":
+                row["broker_id"] = member.get("broker_id")
+            rows.append(row)
+        return rows

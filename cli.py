@@ -1,0 +1,264 @@
+"""`fencepost`: the command-line interface. It only parses options and calls the packages.
+
+Exit codes: 0 success, 1 operation failed (one-line reason on stderr), 2 usage error.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+import broker
+import election
+import ledger
+import pipeline
+import snapshots
+
+DEFAULT_DEV_DIR = ".fencepost-dev"
+_ROOT_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError,
+                snapshots.SnapshotError, pipeline.PipelineError)
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per log line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+                 "msg": record.getMessage(), "pid": record.process}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if as_json else logging.Formatter(
+        "%(asctime)s %(levelname)-5s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("kazoo").setLevel(max(logging.WARNING, root.level))
+
+
+def fail(message: str) -> None:
+    """Print a one-line reason and exit 1."""
+    click.echo(f"fencepost: {message}", err=True)
+    sys.exit(1)
+
+
+class FencepostGroup(click.Group):
+    """Turns the packages' errors into a one-line reason and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except _ROOT_ERRORS as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            fail("interrupted")
+
+
+def emit(data, as_json: bool, human) -> None:
+    """Print `data` as JSON, or through the `human` formatter."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        human(data)
+
+
+def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[str, str]:
+    """ZooKeeper hosts and cluster name: flags, then FENCEPOST_ZK/FENCEPOST_CLUSTER, then the dev cluster."""
+    zk = zk or os.environ.get("FENCEPOST_ZK")
+    cluster = cluster or os.environ.get("FENCEPOST_CLUSTER")
+    if zk and cluster:
+        return zk, cluster
+    from broker.devcluster import DevCluster
+
+    state = DevCluster(Path(dev_dir)).read_state()
+    if not zk:
+        if not state:
+            raise click.UsageError(f"no --zk given, FENCEPOST_ZK unset, and no dev cluster in {dev_dir}")
+        zk = state["zk"]
+    return zk, cluster or (state or {}).get("cluster") or "dev"
+
+
+def cluster_options(fn):
+    """--zk/--cluster/--dev-dir, shared by every command that talks to a cluster."""
+    fn = click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True,
+                      help="Dev cluster to use when neither --zk nor FENCEPOST_ZK is set.")(fn)
+    fn = click.option("--cluster", default=None, help="Cluster name [env FENCEPOST_CLUSTER; default: the dev cluster's, else dev].")(fn)
+    fn = click.option("--zk", default=None, help="ZooKeeper hosts host:port,... [env FENCEPOST_ZK].")(fn)
+    return fn
+
+
+@click.group(cls=FencepostGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default=lambda: os.environ.get("FENCEPOST_LOG_LEVEL", "info"),
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              show_default="info", help="Log verbosity [env FENCEPOST_LOG_LEVEL].")
+@click.option("--log-json", is_flag=True, default=False, help="Log JSON lines instead of text.")
+def main(log_level: str, log_json: bool) -> None:
+    """fencepost: a highly available, durable task broker.
+
+    A leader broker, elected through ZooKeeper, writes every state change to
+    fenced, quorum-replicated ledgers kept by bookies; followers tail them so
+    any broker can take over without losing an acknowledged task.
+
+    Start a local cluster with `fencepost dev up`, then `fencepost status`.
+    """
+    setup_logging(log_level, log_json or bool(os.environ.get("FENCEPOST_LOG_JSON")))
+
+
+# ---------------------------------------------------------------- zk
+@main.group()
+def zk() -> None:
+    """A development ZooKeeper server from the jars bundled in pyspark."""
+
+
+@zk.command("start")
+@click.option("--port", default=2181, show_default=True, type=click.IntRange(1, 65535), help="Client port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--data", default="./zk-data", show_default=True, type=click.Path(file_okay=False),
+              help="Data directory (config, snapshots, log, pid file).")
+@click.option("--tick-ms", default=200, show_default=True, type=int,
+              help="ZooKeeper tick; sessions may be as short as 2 ticks.")
+@click.option("--foreground", is_flag=True, help="Run in the foreground until interrupted.")
+def zk_start(port: int, host: str, data: str, tick_ms: int, foreground: bool) -> None:
+    """Start ZooKeeper and wait until it answers."""
+    from election.zkserver import ZkServerConfig, ZooKeeperServer
+
+    server = ZooKeeperServer(ZkServerConfig(port=port, host=host, data=data, tick_ms=tick_ms,
+                                            min_session_ms=2 * tick_ms))
+    if foreground:
+        proc = server.start(foreground=True)
+        click.echo(f"zookeeper listening on {server.hosts} (pid {proc.pid}); Ctrl-C stops it")
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            server.stop()
+        return
+    proc = server.start()
+    (server.data_dir / "zookeeper.pid").write_text(str(proc.pid))
+    click.echo(f"zookeeper listening on {server.hosts} (pid {proc.pid}, data {server.data_dir})")
+
+
+@zk.command("stop")
+@click.option("--data", default="./zk-data", show_default=True, type=click.Path(file_okay=False),
+              help="Data directory given to `zk start`.")
+def zk_stop(data: str) -> None:
+    """Stop the ZooKeeper started in the background by `zk start --data DIR`."""
+    from broker.devcluster import stop_pid
+
+    pid_file = Path(data).resolve() / "zookeeper.pid"
+    if not pid_file.exists():
+        fail(f"no ZooKeeper pid file in {pid_file.parent}")
+    stop_pid(int(pid_file.read_text()), str(pid_file.parent))
+    pid_file.unlink()
+    click.echo("zookeeper stopped")
+
+
+# ---------------------------------------------------------------- dev
+@main.group()
+def dev() -> None:
+    """A local cluster (ZooKeeper, bookies, brokers) running in the background."""
+
+
+def dev_dir_option(fn):
+    return click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True, type=click.Path(file_okay=False),
+                        help="Run directory of the dev cluster; several can coexist.")(fn)
+
+
+@dev.command("up")
+@dev_dir_option
+@click.option("--cluster", default="dev", show_default=True, help="Cluster name.")
+@click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 16), help="Bookies to start.")
+@click.option("--brokers", default=3, show_default=True, type=click.IntRange(0, 16), help="Brokers to start.")
+@click.option("--zk-session-timeout", default=2.0, show_default=True, type=float,
+              help="ZooKeeper session timeout of the brokers, in seconds.")
+def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float) -> None:
+    """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json."""
+    from broker.devcluster import DevCluster, DevClusterSpec
+
+    spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout)
+    state = DevCluster(Path(dev_dir)).up(spec, progress=click.echo)
+    click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
+
+
+@dev.command("down")
+@dev_dir_option
+def dev_down(dev_dir: str) -> None:
+    """Stop exactly the processes `dev up` started."""
+    from broker.devcluster import DevCluster
+
+    stopped = DevCluster(Path(dev_dir)).down()
+    click.echo(f"stopped {len(stopped)} processes")
+
+
+@dev.command("status")
+@dev_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+def dev_status(dev_dir: str, as_json: bool) -> None:
+    """What runs where in the dev cluster."""
+    from broker.devcluster import DevCluster
+
+    rows = DevCluster(Path(dev_dir)).status()
+
+    def human(rows):
+        if not rows:
+            click.echo(f"no dev cluster in {dev_dir}")
+        for r in rows:
+            extra = f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
+            click.echo(f"{r['kind']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  {r['data_dir']}")
+
+    emit(rows, as_json, human)
+
+
+# ---------------------------------------------------------------- bookie
+@main.group()
+def bookie() -> None:
+    """Bookies: the servers that keep ledger entries."""
+
+
+@bookie.command("start")
+@click.option("--data", default=None, type=click.Path(file_okay=False), help="Data directory [env FENCEPOST_DATA].")
+@click.option("--listen", default=None, help="Address to serve on, tcp://HOST:PORT [env FENCEPOST_LISTEN].")
+@click.option("--bookie-id", default=None, help="Stable bookie id (default: kept in the data dir's cookie).")
+@click.option("--no-fsync", "no_fsync", is_flag=True, default=None, help="Do not fsync (tests only: loses acked data on a crash).")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="TOML file with a [bookie] table [env FENCEPOST_CONFIG; default fencepost.toml].")
+@cluster_options
+def bookie_start(data, listen, bookie_id, no_fsync, config_file, zk, cluster, dev_dir) -> None:
+    """Run one bookie in the foreground until SIGTERM or Ctrl-C."""
+    from election.settings import load_settings
+    from ledger.bookie import run_bookie
+    from ledger.bookie_config import BookieConfig
+
+    zk, cluster = resolve_cluster(zk, cluster, dev_dir)
+    flags = {"data": data, "listen": listen, "bookie_id": bookie_id, "zk": zk, "cluster": cluster,
+             "fsync": False if no_fsync else None}
+    run_bookie(load_settings(BookieConfig, "bookie", flags, toml_path=config_file))
+
+
+# ---------------------------------------------------------------- status
+@main.command("status")
+@cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(zk, cluster, dev_dir, as_json) -> None:
+    """The cluster: leader, epoch, brokers, bookies, ledgers."""
+    from election.cluster_view import cluster_status, format_status
+    from election.zk import close, connect
+
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    client = connect(hosts, connect_timeout=5.0)
+    try:
+        view = cluster_status(client, name)
+    finally:
+        close(client)
+    emit(view, as_json, lambda v: click.echo(format_status(v)))
+
+
+if __name__ == "__main__":
+    main()

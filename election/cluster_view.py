@@ -1,0 +1,96 @@
+"""A read-only view of a cluster, assembled from its ZooKeeper nodes (`fencepost status`).
+
+Example::
+
+    view = cluster_status(zk, "dev")
+    print(format_status(view))
+"""
+from __future__ import annotations
+
+import json
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from election.paths import ClusterPaths
+
+
+def _read_json(zk: KazooClient, path: str):
+    try:
+        data, _ = zk.get(path)
+    except NoNodeError:
+        return None
+    try:
+        return json.loads(data) if data else None
+    except ValueError:
+        return {"error": f"unreadable node {path}"}
+
+
+def _children(zk: KazooClient, path: str) -> list[str]:
+    try:
+        return sorted(zk.get_children(path))
+    except NoNodeError:
+        return []
+
+
+def cluster_status(zk: KazooClient, cluster: str) -> dict:
+    """Everything `fencepost status` shows, as one JSON-ready dict."""
+    paths = ClusterPaths(cluster)
+    config = _read_json(zk, paths.config)
+    leader = _read_json(zk, paths.leader)
+    epoch = _read_json(zk, paths.epoch)
+    bookies = [{"id": b, **(_read_json(zk, paths.bookie(b)) or {})} for b in _children(zk, paths.bookies)]
+    ledgers = []
+    for node in _children(zk, paths.ledgers):
+        meta = _read_json(zk, f"{paths.ledgers}/{node}") or {}
+        ledgers.append({"id": ClusterPaths.ledger_id_of(node), "state": meta.get("state"),
+                        "epoch": meta.get("epoch"), "last_entry": meta.get("last_entry"),
+                        "ensemble": [m.get("bookie_id") for m in meta.get("ensemble", [])]})
+    brokers = []
+    for node in _children(zk, paths.live_brokers):
+        info = _read_json(zk, paths.live_broker(int(node))) if node.isdigit() else None
+        if info:
+            brokers.append({"id": int(node), **info})
+    log = _read_json(zk, paths.log) or {"ledgers": []}
+    insync = _read_json(zk, paths.insync)
+    return {
+        "cluster": cluster,
+        "cluster_id": (config or {}).get("cluster_id"),
+        "initialized": config is not None,
+        "leader": (leader or {}).get("broker_id"),
+        "leader_address": (leader or {}).get("address"),
+        "epoch": epoch.get("epoch") if isinstance(epoch, dict) else epoch,
+        "brokers": brokers,
+        "insync": (insync or {}).get("members", []),
+        "bookies": bookies,
+        "ledgers": ledgers,
+        "log": [entry.get("id") for entry in log.get("ledgers", [])],
+        "queues": (leader or {}).get("queues", {}),
+    }
+
+
+def format_status(view: dict) -> str:
+    """Human-readable text for a :func:`cluster_status` view."""
+    if not view["initialized"]:
+        return f"cluster {view['cluster']!r}: not initialized (no config node yet)"
+    lines = [
+        f"cluster {view['cluster']} ({view['cluster_id']})",
+        f"leader: {view['leader'] if view['leader'] is not None else '-'}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
+        f"brokers ({len(view['brokers'])}):",
+    ]
+    for b in view["brokers"]:
+        lines.append(f"  {b['id']:<4} {b.get('role', '?'):<9} {b.get('address', '?')}  position={b.get('position')}  "
+                     f"lag={b.get('lag', '-')}  digest={str(b.get('digest', '-'))[:12]}")
+    lines.append(f"in-sync: {view['insync']}")
+    lines.append(f"bookies ({len(view['bookies'])}):")
+    for b in view["bookies"]:
+        lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free={b.get('free_bytes', '?')}")
+    lines.append(f"ledgers ({len(view['ledgers'])}):")
+    for led in view["ledgers"]:
+        lines.append(f"  L{led['id']:<10} {led['state'] or '?':<11} epoch={led['epoch']} last_entry={led['last_entry']} "
+                     f"ensemble={','.join(str(e) for e in led['ensemble'])}")
+    if view["queues"]:
+        lines.append("queues:")
+        for name, depth in sorted(view["queues"].items()):
+            lines.append(f"  {name:<20} {depth}")
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""The ZooKeeper layout of one fencepost cluster (DESIGN.md section 3).
+
+Every node lives under ``/fencepost/<cluster>``. Code never builds these
+strings by hand; it asks a :class:`ClusterPaths`.
+
+Example::
+
+    paths = ClusterPaths("dev")
+    zk.ensure_path(paths.bookies)
+    zk.get(paths.epoch)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from election import ElectionError
+
+ROOT = "/fencepost"
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_cluster_name(name: str) -> str:
+    """Return ``name`` if it is a valid cluster name, else raise ElectionError."""
+    if not isinstance(name, str) or not _CLUSTER_NAME.match(name):
+        raise ElectionError(
+            f"invalid cluster name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class ClusterPaths:
+    """Absolute ZooKeeper paths for cluster ``cluster``."""
+
+    cluster: str
+
+    def __post_init__(self) -> None:
+        check_cluster_name(self.cluster)
+
+    @property
+    def base(self) -> str:
+        return f"{ROOT}/{self.cluster}"
+
+    @property
+    def config(self) -> str:
+        return f"{self.base}/config"
+
+    @property
+    def bookies(self) -> str:
+        return f"{self.base}/bookies"
+
+    def bookie(self, bookie_id: str) -> str:
+        return f"{self.bookies}/{bookie_id}"
+
+    @property
+    def brokers(self) -> str:
+        return f"{self.base}/brokers"
+
+    @property
+    def next_broker_id(self) -> str:
+        return f"{self.brokers}/next_id"
+
+    @property
+    def broker_ids(self) -> str:
+        return f"{self.brokers}/ids"
+
+    def broker_id(self, broker_id: int) -> str:
+        return f"{self.broker_ids}/{broker_id}"
+
+    @property
+    def live_brokers(self) -> str:
+        return f"{self.brokers}/live"
+
+    def live_broker(self, broker_id: int) -> str:
+        return f"{self.live_brokers}/{broker_id}"
+
+    @property
+    def election(self) -> str:
+        return f"{self.base}/election"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self.base}/epoch"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.base}/leader"
+
+    @property
+    def insync(self) -> str:
+        return f"{self.base}/insync"
+
+    @property
+    def ledgers(self) -> str:
+        return f"{self.base}/ledgers"
+
+    def ledger(self, ledger_id: int) -> str:
+        return f"{self.ledgers}/L{ledger_id:010d}"
+
+    @staticmethod
+    def ledger_id_of(node_name: str) -> int:
+        """The ledger id of a node name such as ``L0000000042``."""
+        if not (node_name.startswith("L") and node_name[1:].isdigit()):
+            raise ElectionError(f"not a ledger node name: {node_name!r}")
+        return int(node_name[1:])
+
+    @property
+    def log(self) -> str:
+        return f"{self.base}/log"
+
+    @property
+    def snapshots_latest(self) -> str:
+        return f"{self.base}/snapshots/latest"
+
+    @property
+    def shutdown(self) -> str:
+        return f"{self.base}/shutdown"

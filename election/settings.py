@@ -1,0 +1,96 @@
+"""Loading a process's config dataclass from flags, environment and `fencepost.toml`.
+
+Precedence, highest first: command-line flags that were given, environment
+variables ``FENCEPOST_<FIELD>``, the ``[<section>]`` table of ``fencepost.toml``
+(or the file named by ``FENCEPOST_CONFIG``), then the dataclass defaults.
+
+Example::
+
+    @dataclass
+    class BookieConfig:
+        data: str = "./bookie-data"
+        def validate(self): ...
+
+    config = load_settings(BookieConfig, "bookie", flags={"data": None})
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from election import ElectionError
+
+T = TypeVar("T")
+ENV_PREFIX = "FENCEPOST_"
+DEFAULT_TOML = "fencepost.toml"
+
+
+class SettingsError(ElectionError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+def _coerce(name: str, raw: Any, kind: Any) -> Any:
+    if kind in (int, float) and isinstance(raw, str):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if kind is bool and isinstance(raw, str):
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(f"{name} must be true or false, got {raw!r}")
+    return raw
+
+
+def _read_toml(path: Path, section: str) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        with path.open("rb") as fh:
+            doc = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"cannot read {path}: {exc}") from None
+    table = doc.get(section, {})
+    if not isinstance(table, dict):
+        raise SettingsError(f"[{section}] in {path} is not a table")
+    return table
+
+
+def load_settings(
+    cls: type[T],
+    section: str,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    toml_path: str | os.PathLike | None = None,
+) -> T:
+    """Build and validate a ``cls`` instance; see the module docstring for precedence."""
+    env = os.environ if env is None else env
+    path = Path(toml_path or env.get(ENV_PREFIX + "CONFIG") or DEFAULT_TOML)
+    table = _read_toml(path, section)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(table) - names
+    if unknown:
+        raise SettingsError(f"unknown keys in [{section}] of {path}: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for name in names:
+        kind = hints[name]
+        base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+        if flags and flags.get(name) is not None:
+            values[name] = flags[name]
+        elif ENV_PREFIX + name.upper() in env:
+            values[name] = _coerce(ENV_PREFIX + name.upper(), env[ENV_PREFIX + name.upper()], base)
+        elif name in table:
+            values[name] = _coerce(f"{section}.{name}", table[name], base)
+    config = cls(**values)
+    validate = getattr(config, "validate", None)
+    if validate is not None:
+        validate()
+    return config

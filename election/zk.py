@@ -1,0 +1,50 @@
+"""Opening kazoo clients the same way everywhere.
+
+Example::
+
+    zk = connect("127.0.0.1:2181", session_timeout=2.0)
+    try:
+        ...
+    finally:
+        close(zk)
+"""
+from __future__ import annotations
+
+import logging
+
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+from election import ElectionError
+
+log = logging.getLogger(__name__)
+
+
+class ZooKeeperUnavailable(ElectionError):
+    """No ZooKeeper server answered in time."""
+
+
+def connect(hosts: str, session_timeout: float = 10.0, connect_timeout: float = 10.0) -> KazooClient:
+    """Start a kazoo client on `hosts` and wait until it is connected."""
+    zk = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout,
+        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
+        command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
+        logger=logging.getLogger("kazoo"),
+    )
+    try:
+        zk.start(timeout=connect_timeout)
+    except KazooTimeoutError:
+        zk.close()
+        raise ZooKeeperUnavailable(f"no ZooKeeper answered at {hosts} within {connect_timeout:g}s") from None
+    return zk
+
+
+def close(zk: KazooClient) -> None:
+    """Stop and close a client, ignoring a connection that is already gone."""
+    try:
+        zk.stop()
+    finally:
+        zk.close()

@@ -1,0 +1,129 @@
+"""The request/reply envelope shared by every fencepost server (bookies and brokers).
+
+A message is one ZeroMQ frame holding a msgpack map. Requests carry the protocol
+version ``v``, an operation name ``op`` and a request id ``rid`` chosen by the
+client; every request gets exactly one reply with the same ``rid`` and ``ok``
+true or false. A failed reply names an error ``code`` (a stable, machine-readable
+word such as ``fenced`` or ``not_leader``) and a human ``message``.
+
+Encoding and decoding are pure so they can be tested without sockets. Decoding
+never trusts its input: bad bytes raise :class:`WireError`, which a server turns
+into an error reply (see :func:`error_reply`) before carrying on.
+
+Example::
+
+    frame = encode(request("read", 7, ledger=3, entry=0))
+    msg = decode(frame, max_bytes=1 << 20)
+    assert msg["op"] == "read"
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from ledger import LedgerError
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+
+# Error codes that cross the wire. Clients match on these words.
+E_MALFORMED = "malformed"
+E_OVERSIZED = "oversized"
+E_VERSION = "wrong_version"
+E_UNKNOWN_OP = "unknown_op"
+E_BAD_REQUEST = "bad_request"
+E_INTERNAL = "internal"
+
+
+class WireError(LedgerError):
+    """A frame that cannot be accepted; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str, rid: Any = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.rid = rid
+
+
+class RemoteError(LedgerError):
+    """An error reply received from a server."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def encode(msg: dict) -> bytes:
+    """Encode one message map into a frame."""
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def request(op: str, rid: int, **fields: Any) -> dict:
+    """Build a request map for operation ``op``."""
+    msg = {"v": PROTOCOL_VERSION, "op": op, "rid": rid}
+    msg.update(fields)
+    return msg
+
+
+def ok_reply(rid: Any, **fields: Any) -> dict:
+    """Build a successful reply to request ``rid``."""
+    msg = {"v": PROTOCOL_VERSION, "rid": rid, "ok": True}
+    msg.update(fields)
+    return msg
+
+
+def error_reply(rid: Any, code: str, message: str, **fields: Any) -> dict:
+    """Build a failed reply to request ``rid``."""
+    msg = {"v": PROTOCOL_VERSION, "rid": rid, "ok": False, "error": code, "message": message}
+    msg.update(fields)
+    return msg
+
+
+def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
+    """Decode and validate one frame; raise :class:`WireError` on anything off.
+
+    The checks run cheapest first so an oversized frame is refused before it is
+    parsed. The request id is recovered when possible so the error reply can
+    still be matched by the client.
+    """
+    if len(frame) > max_bytes:
+        raise WireError(E_OVERSIZED, f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise WireError(E_MALFORMED, f"not a msgpack frame ({type(exc).__name__})") from None
+    if not isinstance(msg, dict):
+        raise WireError(E_MALFORMED, "frame is not a map")
+    rid = msg.get("rid")
+    version = msg.get("v")
+    if version != PROTOCOL_VERSION:
+        raise WireError(E_VERSION, f"protocol version {version!r} is not supported (expected {PROTOCOL_VERSION})", rid)
+    return msg
+
+
+def decode_request(frame: bytes, known_ops: frozenset[str] | set[str], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
+    """Decode a request frame and check that it names a known operation."""
+    msg = decode(frame, max_bytes)
+    op = msg.get("op")
+    if not isinstance(op, str):
+        raise WireError(E_MALFORMED, "request has no operation", msg.get("rid"))
+    if op not in known_ops:
+        raise WireError(E_UNKNOWN_OP, f"unknown operation {op!r}", msg.get("rid"))
+    return msg
+
+
+def check_reply(msg: dict) -> dict:
+    """Return a reply map, raising :class:`RemoteError` when it reports a failure."""
+    if not msg.get("ok"):
+        raise RemoteError(str(msg.get("error", E_INTERNAL)), str(msg.get("message", "")))
+    return msg
+
+
+def field(msg: dict, name: str, kind: type | tuple[type, ...]) -> Any:
+    """Return ``msg[name]`` if present and of type ``kind``, else raise a bad_request error."""
+    value = msg.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise WireError(E_BAD_REQUEST, f"field {name!r} is missing or not {getattr(kind, '__name__', kind)}", msg.get("rid"))
+    return value

@@ -1,0 +1,243 @@
+"""The test harness: a real ZooKeeper, real fencepost processes on loopback ports.
+
+Fixtures:
+- ``zk_server`` (session): a ZooKeeper started from pyspark's jars; ``.hosts``.
+- ``cluster``: a fresh cluster name (its own chroot under /fencepost) with a
+  connected kazoo client: ``.name``, ``.zk``, ``.paths``, ``.hosts``.
+- ``procs``: starts ``python -m cli ...`` processes, kills (SIGKILL), pauses
+  (SIGSTOP/SIGCONT), restarts them; prints their logs when the test fails.
+- ``free_port``: a callable returning a free loopback port.
+- ``expire_session(session_id, password)``: expires a real ZooKeeper session.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from broker.devcluster import free_port as _free_port
+from broker.devcluster import pid_alive
+from election.paths import ClusterPaths
+from election.zk import close, connect
+from election.zkserver import ZkServerConfig, ZooKeeperServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory):
+    data = tmp_path_factory.mktemp("zookeeper")
+    server = ZooKeeperServer(ZkServerConfig(port=_free_port(), data=str(data)))
+    server.start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class TestCluster:
+    name: str
+    hosts: str
+    zk: object
+    paths: ClusterPaths
+
+
+@pytest.fixture
+def cluster(zk_server):
+    name = f"t{uuid.uuid4().hex[:10]}"
+    zk = connect(zk_server.hosts, session_timeout=4.0)
+    zk.ensure_path(ClusterPaths(name).base)
+    yield TestCluster(name=name, hosts=zk_server.hosts, zk=zk, paths=ClusterPaths(name))
+    close(zk)
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    return _free_port
+
+
+def expire_session(hosts: str, session_id: int, password: bytes, timeout: float = 10.0) -> None:
+    """Expire a ZooKeeper session for real: open it from a second client, then close that client."""
+    from kazoo.client import KazooClient
+
+    other = KazooClient(hosts=hosts, client_id=(session_id, password), timeout=2.0)
+    other.start(timeout=timeout)
+    other.stop()
+    other.close()
+
+
+@dataclass
+class Proc:
+    """One fencepost process started by the harness."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    popen: subprocess.Popen
+    address: str | None = None
+    data_dir: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None and pid_alive(self.pid)
+
+    def _signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL, and reap it."""
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        self._signal(signal.SIGCONT)
+        self._signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.popen.returncode
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class ProcessManager:
+    """Starts and tracks the processes of one test; stops them all at the end."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[Proc] = []
+        self._counter = itertools.count()
+
+    def start(self, name: str, args: list[str], ready: Callable[[Proc], bool] | None = None,
+              timeout: float = 30.0, env: dict | None = None, **attrs) -> Proc:
+        log_path = self.workdir / f"{name}-{next(self._counter)}.log"
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=REPO, stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=full_env, start_new_session=True)
+        proc = Proc(name=name, args=args, log_path=log_path, popen=popen, **attrs)
+        proc.extra["env"] = env
+        self.procs.append(proc)
+        if ready is not None:
+            deadline = time.monotonic() + timeout
+            while not ready(proc):
+                if popen.poll() is not None:
+                    raise AssertionError(f"{name} exited with {popen.returncode} while starting:\n{proc.output()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{name} not ready within {timeout}s:\n{proc.output()[-3000:]}")
+                time.sleep(0.05)
+        return proc
+
+    def run(self, args: list[str], timeout: float = 60.0, env: dict | None = None,
+            input: bytes | None = None) -> subprocess.CompletedProcess:
+        """Run a fencepost command to completion."""
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True,
+                              timeout=timeout, env=full_env, input=input)
+
+    def start_bookie(self, cluster: TestCluster, data_dir: Path | None = None, fsync: bool = True,
+                     address: str | None = None) -> Proc:
+        data_dir = data_dir or self.workdir / f"bookie-data-{next(self._counter)}"
+        address = address or f"tcp://127.0.0.1:{_free_port()}"
+        args = ["bookie", "start", "--data", str(data_dir), "--listen", address,
+                "--zk", cluster.hosts, "--cluster", cluster.name]
+        if not fsync:
+            args.append("--no-fsync")
+        return self.start("bookie", args, ready=_answers_ping, address=address, data_dir=data_dir)
+
+    def restart(self, proc: Proc) -> Proc:
+        """Start `proc` again with the same arguments and data dir (it must have stopped)."""
+        if proc.alive():
+            proc.kill()
+        ready = _answers_ping if proc.name == "bookie" else None
+        return self.start(proc.name, proc.args, ready=ready, address=proc.address,
+                          data_dir=proc.data_dir, env=proc.extra.get("env"))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                proc.kill()
+
+    def dump_logs(self) -> None:
+        for proc in self.procs:
+            print(f"\n===== {proc.name} pid={proc.pid} args={' '.join(proc.args)}\n{proc.output()[-6000:]}")
+
+
+def _answers_ping(proc: Proc) -> bool:
+    """True once the server at proc.address replies to a ping."""
+    import zmq
+
+    from ledger import wire
+
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 200)
+    try:
+        sock.connect(proc.address)
+        sock.send(wire.encode(wire.request("ping", 1)))
+        return wire.decode(sock.recv()).get("ok", False)
+    except zmq.Again:
+        return False
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def procs(request, tmp_path):
+    manager = ProcessManager(tmp_path)
+    yield manager
+    manager.stop_all()
+    failed = any(getattr(request.node, f"rep_{when}", None) is not None
+                 and getattr(request.node, f"rep_{when}").failed for when in ("setup", "call"))
+    if failed:
+        manager.dump_logs()
+
+
+@pytest.fixture
+def java_less_path(tmp_path) -> str:
+    """A PATH with python but no java, to test the missing-Java error."""
+    bin_dir = tmp_path / "nojava-bin"
+    bin_dir.mkdir()
+    for tool in ("python3", "sh", "env"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)

@@ -1,0 +1,55 @@
+"""`fencepost dev up|status|down` starts a local cluster and stops exactly what it started."""
+import json
+import os
+
+import pytest
+
+from broker.devcluster import pid_alive
+from election.zkserver import four_letter
+
+pytestmark = pytest.mark.integration
+
+
+def _run(procs, *args, timeout=120):
+    result = procs.run(list(args), timeout=timeout)
+    assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
+    return result.stdout.decode()
+
+
+@pytest.mark.timeout(240)
+def test_dev_up_status_down_leaves_no_process(procs, tmp_path):
+    dev_dir = str(tmp_path / "dev")
+    _run(procs, "dev", "up", "--dev-dir", dev_dir, "--cluster", "devtest", "--bookies", "0", "--brokers", "0")
+    try:
+        rows = json.loads(_run(procs, "dev", "status", "--dev-dir", dev_dir, "--json"))
+        kinds = [r["kind"] for r in rows]
+        assert kinds.count("zookeeper") == 1
+        assert all(r["alive"] for r in rows), rows
+        for row in rows:
+            assert {"kind", "pid", "address", "data_dir", "alive"} <= set(row)
+        zk = next(r for r in rows if r["kind"] == "zookeeper")
+        host, port = zk["address"].rsplit(":", 1)
+        assert four_letter(host, int(port)) == "imok"
+        state = json.loads((tmp_path / "dev" / "cluster.json").read_text())
+        assert state["cluster"] == "devtest" and state["zk"] == zk["address"]
+        status = procs.run(["status", "--dev-dir", dev_dir, "--json"])
+        assert status.returncode == 0, status.stderr.decode()
+        assert json.loads(status.stdout)["cluster"] == "devtest"
+    finally:
+        _run(procs, "dev", "down", "--dev-dir", dev_dir)
+    pids = [r["pid"] for r in rows]
+    assert not [p for p in pids if pid_alive(p)], "dev down left processes running"
+    assert json.loads(_run(procs, "dev", "status", "--dev-dir", dev_dir, "--json")) == []
+
+
+def test_second_dev_up_in_the_same_dir_is_refused(procs, tmp_path):
+    dev_dir = str(tmp_path / "dev")
+    _run(procs, "dev", "up", "--dev-dir", dev_dir, "--bookies", "0", "--brokers", "0")
+    try:
+        again = procs.run(["dev", "up", "--dev-dir", dev_dir, "--bookies", "0", "--brokers", "0"])
+        assert again.returncode == 1
+        assert "already runs" in again.stderr.decode()
+    finally:
+        _run(procs, "dev", "down", "--dev-dir", dev_dir)
+    assert not os.path.exists(tmp_path / "dev" / "cluster.json") or \
+        json.loads((tmp_path / "dev" / "cluster.json").read_text())["processes"] == []
