@@ -1,0 +1,166 @@
+"""Persistent broker ids (DESIGN.md section 6, after RocketMQ's persistent unique BrokerId).
+
+A broker is `cluster:name:id`, never its address. The id is agreed with
+ZooKeeper in steps that each survive a crash:
+
+1. read ``brokers/next_id``;
+2. write ``<data>/.broker.meta.temp`` with a random register code, fsynced;
+3. in one multi-op, create ``brokers/ids/N`` with that code and move
+   ``next_id`` on (CAS on its version); an existing ``ids/N`` with our code
+   means step 3 already happened; another code means the id is taken: drop
+   the temp file and start again;
+4. replace the temp file by ``<data>/.broker.meta`` (write, fsync, rename,
+   fsync the directory);
+5. record the address in ``brokers/ids/N``.
+
+A restart with ``.broker.meta`` goes to 5, one with only the temp file to 3.
+
+Example::
+
+    identity = ensure_broker_id(zk, ClusterPaths("dev"), Path("data"), "broker-a",
+                                "tcp://127.0.0.1:5555", clock=time.time)
+    identity.broker_id
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from election import ElectionError
+from election.paths import ClusterPaths
+
+META = ".broker.meta"
+META_TEMP = ".broker.meta.temp"
+
+
+class IdentityError(ElectionError):
+    """The broker's identity could not be established or does not match."""
+
+
+@dataclass(frozen=True)
+class BrokerIdentity:
+    cluster: str
+    name: str
+    broker_id: int
+    register_code: str
+
+    def __str__(self) -> str:
+        return f"{self.cluster}:{self.name}:{self.broker_id}"
+
+
+def write_json_atomically(path: Path, doc: dict) -> None:
+    """Write `doc` to `path` so that a crash leaves either the old or the new file whole."""
+    tmp = path.with_name(path.name + ".writing")
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        # A torn temp file is harmless: it was never applied. A torn final file cannot
+        # happen (rename is atomic), so refuse it loudly rather than guess.
+        if path.name == META_TEMP:
+            return None
+        raise IdentityError(f"{path} is unreadable; restore it or remove the data dir") from None
+    if not {"cluster", "name", "broker_id", "register_code"} <= set(doc):
+        raise IdentityError(f"{path} lacks identity fields")
+    return doc
+
+
+def _identity(doc: dict) -> BrokerIdentity:
+    return BrokerIdentity(doc["cluster"], doc["name"], int(doc["broker_id"]), doc["register_code"])
+
+
+def _next_id(zk: KazooClient, paths: ClusterPaths) -> tuple[int, int]:
+    zk.ensure_path(paths.broker_ids)
+    try:
+        zk.create(paths.next_broker_id, b"1")
+    except NodeExistsError:
+        pass
+    data, stat = zk.get(paths.next_broker_id)
+    return int(data), stat.version
+
+
+def _apply_id(zk: KazooClient, paths: ClusterPaths, doc: dict, next_version: int | None, clock) -> bool:
+    """Step 3: claim ids/N with our code; True if it is ours."""
+    node = paths.broker_id(doc["broker_id"])
+    record = json.dumps({"name": doc["name"], "register_code": doc["register_code"],
+                         "address": None, "updated_at": clock()}).encode()
+    if next_version is not None:
+        tx = zk.transaction()
+        tx.create(node, record)
+        tx.set_data(paths.next_broker_id, str(doc["broker_id"] + 1).encode(), version=next_version)
+        results = tx.commit()
+        if not any(isinstance(r, Exception) for r in results):
+            return True
+    try:
+        data, _ = zk.get(node)
+    except NoNodeError:
+        return False
+    return json.loads(data).get("register_code") == doc["register_code"]
+
+
+def _register(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, address: str, clock) -> None:
+    """Step 5: record our address; the record must still carry our code."""
+    node = paths.broker_id(identity.broker_id)
+    try:
+        data, stat = zk.get(node)
+    except NoNodeError:
+        raise IdentityError(f"broker id {identity.broker_id} is not registered in ZooKeeper any more") from None
+    record = json.loads(data)
+    if record.get("register_code") != identity.register_code:
+        raise IdentityError(f"broker id {identity.broker_id} belongs to another broker (register code differs)")
+    record.update(address=address, updated_at=clock(), name=identity.name)
+    try:
+        zk.set(node, json.dumps(record).encode(), version=stat.version)
+    except BadVersionError:
+        raise IdentityError(f"broker id {identity.broker_id} changed while registering; retry") from None
+
+
+def ensure_broker_id(zk: KazooClient, paths: ClusterPaths, data_dir: Path, name: str, address: str,
+                     clock: Callable[[], float], max_tries: int = 20) -> BrokerIdentity:
+    """Return this data dir's broker identity, establishing it on first start."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    final_path, temp_path = data_dir / META, data_dir / META_TEMP
+    doc = _read_meta(final_path)
+    if doc is not None:
+        if doc["cluster"] != paths.cluster:
+            raise IdentityError(f"{data_dir} belongs to cluster {doc['cluster']!r}, not {paths.cluster!r}")
+        identity = _identity(doc)
+        _register(zk, paths, identity, address, clock)
+        return identity
+    for _ in range(max_tries):
+        doc = _read_meta(temp_path)
+        next_version = None
+        if doc is None or doc["cluster"] != paths.cluster:
+            broker_id, next_version = _next_id(zk, paths)
+            doc = {"cluster": paths.cluster, "name": name, "broker_id": broker_id,
+                   "register_code": secrets.token_hex(16)}
+            write_json_atomically(temp_path, doc)
+        if _apply_id(zk, paths, doc, next_version, clock):
+            write_json_atomically(final_path, doc)
+            temp_path.unlink(missing_ok=True)
+            identity = _identity(doc)
+            _register(zk, paths, identity, address, clock)
+            return identity
+        temp_path.unlink(missing_ok=True)
+    raise IdentityError(f"could not obtain a broker id after {max_tries} tries (heavy contention?)")

@@ -1,0 +1,89 @@
+"""Persistent broker ids and epoch claims against a real ZooKeeper."""
+import json
+import threading
+import time
+
+import pytest
+
+from election.identity import META, META_TEMP, IdentityError, ensure_broker_id, write_json_atomically
+from election.leader import claim_epoch, publish_leader, read_epoch, read_leader, retract_leader
+
+pytestmark = pytest.mark.integration
+
+
+def test_first_start_takes_an_id_and_restart_keeps_it(cluster, tmp_path):
+    a = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "tcp://127.0.0.1:1", clock=time.time)
+    b = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "b", "b", "tcp://127.0.0.1:2", clock=time.time)
+    assert (a.broker_id, b.broker_id) == (1, 2)
+    again = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "tcp://127.0.0.1:9", clock=time.time)
+    assert again == a
+    record = json.loads(cluster.zk.get(cluster.paths.broker_id(1))[0])
+    assert record["address"] == "tcp://127.0.0.1:9" and record["register_code"] == a.register_code
+    assert not (tmp_path / "a" / META_TEMP).exists()
+
+
+def test_crash_after_apply_before_rename_resumes_with_the_same_id(cluster, tmp_path):
+    first = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+    # Simulate a crash between step 3 (ids/N created) and step 4 (rename): only the temp file remains.
+    meta = json.loads((tmp_path / "a" / META).read_text())
+    (tmp_path / "a" / META).unlink()
+    write_json_atomically(tmp_path / "a" / META_TEMP, meta)
+    resumed = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+    assert resumed == first
+    assert json.loads(cluster.zk.get(cluster.paths.next_broker_id)[0]) == 2
+
+
+def test_temp_file_whose_id_was_taken_gets_a_new_id(cluster, tmp_path):
+    other = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "other", "o", "x", clock=time.time)
+    (tmp_path / "a").mkdir()
+    write_json_atomically(tmp_path / "a" / META_TEMP, {"cluster": cluster.name, "name": "a",
+                                                       "broker_id": other.broker_id, "register_code": "mine"})
+    mine = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+    assert mine.broker_id != other.broker_id and mine.register_code != "mine"
+
+
+def test_data_dir_of_another_cluster_is_refused(cluster, tmp_path):
+    (tmp_path / "a").mkdir()
+    write_json_atomically(tmp_path / "a" / META, {"cluster": "elsewhere", "name": "a", "broker_id": 1,
+                                                  "register_code": "c"})
+    with pytest.raises(IdentityError, match="elsewhere"):
+        ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+
+
+def test_concurrent_starts_get_distinct_ids(cluster, tmp_path):
+    ids, errors = [], []
+
+    def start(i):
+        try:
+            ids.append(ensure_broker_id(cluster.zk, cluster.paths, tmp_path / str(i), str(i), "x",
+                                        clock=time.time).broker_id)
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert sorted(ids) == list(range(1, 7))
+
+
+def test_epoch_claims_are_unique_and_increasing(cluster):
+    claimed = []
+    threads = [threading.Thread(target=lambda i=i: claimed.append(claim_epoch(cluster.zk, cluster.paths, i)))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(claimed) == list(range(1, 9))
+    assert read_epoch(cluster.zk, cluster.paths)[0] == 8
+
+
+def test_leader_node_publish_and_retract(cluster):
+    publish_leader(cluster.zk, cluster.paths, {"broker_id": 1, "address": "a", "epoch": 1})
+    publish_leader(cluster.zk, cluster.paths, {"broker_id": 1, "address": "a", "epoch": 2})
+    assert read_leader(cluster.zk, cluster.paths)["epoch"] == 2
+    retract_leader(cluster.zk, cluster.paths)
+    assert read_leader(cluster.zk, cluster.paths) is None
