@@ -242,6 +242,39 @@ def bookie_start(data, listen, bookie_id, no_fsync, config_file, zk, cluster, de
     run_bookie(load_settings(BookieConfig, "bookie", flags, toml_path=config_file))
 
 
+# ---------------------------------------------------------------- broker
+@main.group("broker")
+def broker_group() -> None:
+    """Brokers: the servers that hold the task state; one of them leads."""
+
+
+@broker_group.command("start")
+@click.option("--data", default=None, type=click.Path(file_okay=False), help="Data directory [env FENCEPOST_DATA].")
+@click.option("--listen", default=None, help="Address to serve clients on, tcp://HOST:PORT [env FENCEPOST_LISTEN].")
+@click.option("--name", default=None, help="Broker name (default: the data dir's name).")
+@click.option("--learner", is_flag=True, default=None, help="Replicate only: never join the in-sync set nor lead.")
+@click.option("--zk-session-timeout", type=float, default=None,
+              help="ZooKeeper session timeout in seconds; bounds failover time [default 10].")
+@click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
+              help="File holding the cluster secret (for the hmac-sha256 digest).")
+@click.option("--no-fsync", "no_fsync", is_flag=True, default=None, help="Do not fsync the state store (tests only).")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="TOML file with a [broker] table [env FENCEPOST_CONFIG; default fencepost.toml].")
+@cluster_options
+def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, no_fsync, config_file,
+                 zk, cluster, dev_dir) -> None:
+    """Run one broker in the foreground until SIGTERM (which hands leadership over at once)."""
+    from broker.config import BrokerConfig
+    from broker.node import BrokerNode
+    from election.settings import load_settings
+
+    zk, cluster = resolve_cluster(zk, cluster, dev_dir)
+    flags = {"data": data, "listen": listen, "name": name, "learner": learner, "zk": zk, "cluster": cluster,
+             "zk_session_timeout": zk_session_timeout, "secret_file": secret_file,
+             "fsync": False if no_fsync else None}
+    sys.exit(BrokerNode(load_settings(BrokerConfig, "broker", flags, toml_path=config_file)).run())
+
+
 # ---------------------------------------------------------------- status
 @main.command("status")
 @cluster_options

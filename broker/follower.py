@@ -1,0 +1,96 @@
+"""Tailing the log into the store: how followers (and a new leader catching up) apply history.
+
+Each committed entry is one batch of events; it is applied together with its
+position in one LMDB transaction, so a crash never leaves a batch half applied
+or applied twice. A ``StateDigest`` that disagrees with this store's digest is
+divergence: the tail stops and reports it loudly rather than serve wrong state.
+
+Example::
+
+    tail = FollowerTail(ledger_client, store, on_fatal=node.fail)
+    tail.start()
+    ...
+    tail.stop(); tail.join()
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from broker import BrokerError
+from broker.events import decode_batch
+from ledger import LedgerError
+from ledger.log import START, LogGap
+
+log = logging.getLogger(__name__)
+
+
+class Diverged(BrokerError):
+    """This store's digest differs from the leader's at the same position."""
+
+
+def apply_entries(store, entries) -> int:
+    """Apply `(position, entry)` pairs in order; raise Diverged on a digest mismatch."""
+    for position, entry in entries:
+        results = store.apply_batch(decode_batch(entry.payload), position)
+        for res in results:
+            if not res.get("ok") and res.get("error") == "digest_mismatch":
+                raise Diverged(f"state digest mismatch at position {position}: {res.get('message', '')}")
+    return len(entries)
+
+
+def catch_up(ledgers, store, stop: threading.Event | None = None, batch: int = 500) -> int:
+    """Apply every entry committed now after the store's position; return how many."""
+    reader = ledgers.log_reader(after=store.position() or START)
+    applied = 0
+    while stop is None or not stop.is_set():
+        entries = reader.poll(batch, timeout=0.0)
+        if not entries:
+            return applied
+        applied += apply_entries(store, entries)
+    return applied
+
+
+class FollowerTail(threading.Thread):
+    """Long-polls the log and applies what gets committed, until stopped."""
+
+    def __init__(self, ledgers, store, on_fatal: Callable[[Exception], None],
+                 on_applied: Callable[[], None] = lambda: None, batch: int = 500) -> None:
+        super().__init__(name="follower-tail", daemon=True)
+        self.ledgers = ledgers
+        self.store = store
+        self.on_fatal = on_fatal
+        self.on_applied = on_applied
+        self.batch = batch
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        backoff = 0.1
+        reader = None
+        while not self._halt.is_set():
+            try:
+                if reader is None:
+                    reader = self.ledgers.log_reader(after=self.store.position() or START)
+                entries = reader.poll(self.batch, timeout=0.5)
+                if entries:
+                    apply_entries(self.store, entries)
+                    self.on_applied()
+                backoff = 0.1
+            except (Diverged, LogGap) as exc:
+                self.on_fatal(exc)
+                return
+            except (LedgerError, BrokerError, OSError) as exc:
+                log.warning("follower tail: %s; retrying in %.1fs", exc, backoff)
+                reader = None
+                self._halt.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+            except Exception as exc:  # a kazoo error while the session is down, for one
+                log.warning("follower tail: %s: %s; retrying", type(exc).__name__, exc)
+                reader = None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)

@@ -1,0 +1,136 @@
+"""The leader's group commit: many requests, one ledger entry, replies after apply.
+
+Requests that arrive while earlier entries are in flight are gathered into the
+next batch; up to ``max_inflight`` entries may be in flight at once. Entries
+complete in order (the ledger writer guarantees it), and only then is each
+batch applied to the store and each request answered, so no success is ever
+sent for a write that is not committed and applied.
+
+The class is driven by the server's poll loop and never blocks: the writer's
+completion callbacks only enqueue and wake the loop.
+
+Example::
+
+    gc = GroupCommit(writer, apply=store.apply_batch, reply=send, wake=poke)
+    gc.add(events, context)        # from the poll loop
+    gc.flush()                     # write the gathered batch if there is room
+    gc.drain_completed()           # apply finished entries, reply in order
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from broker import BrokerError
+from broker.events import encode_batch
+
+log = logging.getLogger(__name__)
+
+
+class WriteFailed(BrokerError):
+    """The ledger refused or lost a write; the leader must step down."""
+
+
+@dataclass
+class Batch:
+    """Events of one entry and, per request, the slice of events it owns."""
+
+    events: list[dict] = field(default_factory=list)
+    owners: list[tuple[Any, int, int]] = field(default_factory=list)
+    future: Future | None = None
+
+    def add(self, events: list[dict], context: Any) -> None:
+        start = len(self.events)
+        self.events.extend(events)
+        self.owners.append((context, start, len(self.events)))
+
+
+class GroupCommit:
+    """Batches events into ledger entries and answers each request after apply."""
+
+    def __init__(self, writer, apply: Callable[[list[dict], tuple[int, int]], list[dict]],
+                 reply: Callable[[Any, list[dict] | None, Exception | None], None],
+                 wake: Callable[[], None], max_inflight: int = 8, max_batch_events: int = 2000) -> None:
+        self.writer = writer
+        self.apply = apply
+        self.reply = reply
+        self.wake = wake
+        self.max_inflight = max_inflight
+        self.max_batch_events = max_batch_events
+        self.pending = Batch()
+        self.inflight: collections.deque[Batch] = collections.deque()
+        self.failed: Exception | None = None
+        self.entries_written = 0
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is gathered or in flight."""
+        return not self.pending.events and not self.inflight
+
+    def add(self, events: list[dict], context: Any) -> None:
+        """Gather a request's events into the next entry."""
+        if self.failed is not None:
+            self.reply(context, None, WriteFailed(str(self.failed)))
+            return
+        self.pending.add(events, context)
+
+    def flush(self) -> None:
+        """Write the gathered batch (in one or more entries) while there is room in flight."""
+        while self.pending.events and len(self.inflight) < self.max_inflight and self.failed is None:
+            batch = self._take()
+            batch.future = self.writer.add(encode_batch(batch.events))
+            batch.future.add_done_callback(lambda _f: self.wake())
+            self.inflight.append(batch)
+            self.entries_written += 1
+
+    def _take(self) -> Batch:
+        """The pending batch, split at request boundaries if it is over the size limit."""
+        batch = self.pending
+        if len(batch.events) <= self.max_batch_events or len(batch.owners) == 1:
+            self.pending = Batch()
+            return batch
+        head, rest = Batch(), Batch()
+        for context, start, end in batch.owners:
+            fits = not rest.owners and (not head.events or len(head.events) + end - start <= self.max_batch_events)
+            (head if fits else rest).add(batch.events[start:end], context)
+        self.pending = rest
+        return head
+
+    def drain_completed(self) -> int:
+        """Apply and answer every finished entry at the head of the queue; return how many."""
+        done = 0
+        while self.inflight and self.inflight[0].future.done():
+            batch = self.inflight.popleft()
+            exc = batch.future.exception()
+            if exc is not None:
+                self._fail(exc, batch)
+                return done
+            entry_id = batch.future.result()
+            results = self.apply(batch.events, (self.writer.ledger_id, entry_id))
+            for context, start, end in batch.owners:
+                self.reply(context, results[start:end], None)
+            done += 1
+        return done
+
+    def _fail(self, exc: BaseException, first: Batch) -> None:
+        """A write failed: every request in flight or gathered gets an error; nothing more is written."""
+        self.failed = WriteFailed(f"ledger write failed: {exc}")
+        log.error("ledger %s write failed: %s", self.writer.ledger_id, exc)
+        for batch in [first, *self.inflight, self.pending]:
+            for context, _start, _end in batch.owners:
+                self.reply(context, None, self.failed)
+        self.inflight.clear()
+        self.pending = Batch()
+
+    def abort(self, reason: Exception) -> None:
+        """Stop: answer everything still gathered or in flight with `reason` (stepping down)."""
+        for batch in [*self.inflight, self.pending]:
+            for context, _start, _end in batch.owners:
+                self.reply(context, None, reason)
+        self.inflight.clear()
+        self.pending = Batch()
+        if self.failed is None:
+            self.failed = reason

@@ -1,0 +1,280 @@
+"""One broker process: identity, store, follower tail, election, and the request loop.
+
+Threads: the main thread runs the request loop (:class:`BrokerServer`); an
+election thread stands for leadership and, once elected, runs the takeover
+steps of DESIGN.md section 5 (claim the epoch, recover and close the previous
+ledgers, catch up, open our ledger, CAS it onto the log, write
+``EpochStarted``, publish ``leader``); a follower tail applies the log while we
+do not lead. ZooKeeper state changes only flip flags: ``SUSPENDED`` stops
+writes at once, ``LOST`` makes the leader step down.
+
+Example::
+
+    node = BrokerNode(load_settings(BrokerConfig, "broker", flags))
+    sys.exit(node.run())
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from kazoo.client import KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+
+from broker import BrokerError
+from broker.config import BrokerConfig
+from broker.follower import FollowerTail, catch_up
+from broker.server import BrokerServer, LeaderSession
+from broker.state_store import StateStore
+from election import ElectionError
+from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.identity import ensure_broker_id
+from election.leader import (LeaderElection, LostLeadership, check_epoch, claim_epoch, publish_leader,
+                             retract_leader)
+from election.paths import ClusterPaths
+from election.zk import close, connect
+from ledger import LedgerError
+from ledger.ledgers import LedgerClient
+from ledger.log import append_ledger, read_log
+from ledger.metadata import CLOSED, read_metadata
+
+log = logging.getLogger(__name__)
+
+
+class BrokerNode:
+    """A broker process; :meth:`run` blocks until stopped and returns the exit code."""
+
+    def __init__(self, config: BrokerConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config.validate()
+        self.clock = clock
+        self.paths = ClusterPaths(config.cluster)
+        self.stop_event = threading.Event()
+        self.exit_code = 0
+        self._step_down = threading.Event()
+        self._tail: FollowerTail | None = None
+        self._election: LeaderElection | None = None
+        self._live_dirty = True
+        self._next_live = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        cfg = self.config
+        self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
+        try:
+            self.cluster = ensure_cluster_config(self.zk, self.paths, ClusterOptions(), clock=self.clock)
+            data = Path(cfg.data)
+            self.identity = ensure_broker_id(self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
+                                             cfg.listen, clock=self.clock)
+            log.info("broker %s starting on %s", self.identity, cfg.listen)
+            self.store = StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
+            self.ledgers = LedgerClient(self.zk, self.paths, secret=self._secret())
+            self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
+                                       max_payload=int(self.cluster["max_payload_bytes"]))
+            self.server.on_leadership_lost = self._leadership_lost
+            self.server.bind()
+            self.server.role = "learner" if cfg.learner else "follower"
+            self.zk.add_listener(self._on_zk_state)
+            self.zk.DataWatch(self.paths.leader, self._on_leader_node)
+            self._install_signals()
+            self._start_tail()
+            if not cfg.learner:
+                threading.Thread(target=self._stand, name="election", daemon=True).start()
+            while not self.stop_event.is_set():
+                self.server.serve_once()
+                self._update_live()
+            self._shutdown()
+        finally:
+            close(self.zk)
+        return self.exit_code
+
+    def _secret(self) -> bytes | None:
+        return Path(self.config.secret_file).read_bytes().strip() if self.config.secret_file else None
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+            signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+
+    def fail(self, exc: Exception) -> None:
+        """A fatal condition (divergence, a gap in the log): stop loudly with exit code 1."""
+        log.critical("stopping: %s", exc)
+        self.exit_code = 1
+        self.stop_event.set()
+        self.server.wake()
+
+    def _shutdown(self) -> None:
+        """Graceful stop: hand leadership over at once, then close everything."""
+        if self.server.session is not None:
+            self._step_down.set()
+            deadline = time.monotonic() + 10
+            while self.server.session is not None and time.monotonic() < deadline:
+                self.server.serve_once()
+        if self._election is not None:
+            self._election.cancel()
+        self._stop_tail()
+        self.ledgers.close()
+        self.server.close()
+        self.store.close()
+
+    # ------------------------------------------------------------ ZooKeeper state (never blocks)
+    def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.SUSPENDED:
+            self.server.writable = False
+        elif state == KazooState.LOST:
+            self.server.writable = False
+            self._step_down.set()
+            self._live_dirty = True
+        else:
+            self.server.writable = True
+            self._live_dirty = True
+
+    def _on_leader_node(self, data, _stat) -> None:
+        """Followers learn the leader's address from the `leader` node (for not_leader replies)."""
+        try:
+            info = json.loads(data) if data else None
+        except ValueError:
+            info = None
+        if self.server.session is None:
+            self.server.leader_address = info.get("address") if info else None
+
+    def _leadership_lost(self, reason: str) -> None:
+        log.warning("leadership lost: %s", reason)
+        self._step_down.set()
+
+    # ------------------------------------------------------------ follower tail
+    def _start_tail(self) -> None:
+        self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self.fail)
+        self._tail.start()
+
+    def _stop_tail(self) -> None:
+        if self._tail is not None:
+            self._tail.stop()
+            self._tail.join(30)
+            self._tail = None
+
+    # ------------------------------------------------------------ leadership
+    def _stand(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self._election = LeaderElection(self.zk, self.paths, self.identity.broker_id)
+                self._election.run(self._lead)
+            except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
+                log.warning("election: %s: %s", type(exc).__name__, exc)
+            except Exception:
+                log.exception("election thread error; standing again")
+            if not self.stop_event.is_set():
+                self.stop_event.wait(0.2)
+
+    def _lead(self) -> None:
+        if self.stop_event.is_set():
+            return
+        self._step_down.clear()
+        self._stop_tail()
+        writer = None
+        try:
+            epoch = claim_epoch(self.zk, self.paths, self.identity.broker_id)
+            log.info("elected; taking over with epoch %d", epoch)
+            self._close_previous_ledgers()
+            catch_up(self.ledgers, self.store, self._step_down)
+            writer = self.ledgers.create(epoch)
+            ledgers, version = read_log(self.zk, self.paths)
+            check_epoch(self.zk, self.paths, epoch)
+            append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
+            ready = threading.Event()
+            session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set)
+            started = {"type": "EpochStarted", "epoch": epoch, "broker_id": self.identity.broker_id,
+                       "now_ms": int(self.clock() * 1000)}
+            self.server.call_soon(lambda: self.server.start_leading(session, [started]))
+            while not ready.wait(0.05):
+                if self._step_down.is_set() or self.stop_event.is_set():
+                    raise LostLeadership("stepped down before serving")
+            self.server.leader_address = self.config.listen
+            publish_leader(self.zk, self.paths, {"broker_id": self.identity.broker_id,
+                                                 "address": self.config.listen, "epoch": epoch})
+            log.info("leading epoch %d with ledger %d", epoch, writer.ledger_id)
+            self._live_dirty = True
+            while not self._step_down.wait(0.1) and not self.stop_event.is_set():
+                pass
+        except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
+            log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
+        finally:
+            self._end_leadership(writer)
+
+    def _close_previous_ledgers(self) -> None:
+        for item in read_log(self.zk, self.paths)[0]:
+            meta, _ = read_metadata(self.zk, self.paths, item["id"])
+            if meta.state != CLOSED:
+                last = self.ledgers.recover_and_close(item["id"])
+                log.info("recovered ledger %d: last entry %d", item["id"], last)
+
+    def _end_leadership(self, writer) -> None:
+        session = self.server.session
+        graceful = (self.stop_event.is_set() and session is not None and session.group is not None
+                    and session.group.failed is None)
+        if graceful:
+            # Answer what is in flight before handing over, so a graceful stop loses no reply.
+            self.server.draining = True
+            deadline = time.monotonic() + 5
+            while not self.server.idle() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        done = threading.Event()
+
+        def stop_serving() -> None:
+            self.server.stop_leading("leadership ended: retry with the new leader")
+            done.set()
+
+        self.server.call_soon(stop_serving)
+        done.wait(15)
+        if writer is not None and graceful:
+            try:
+                writer.close(timeout=5)
+            except LedgerError as exc:
+                log.warning("closing ledger %d: %s", writer.ledger_id, exc)
+        try:
+            retract_leader(self.zk, self.paths)
+        except KazooException:
+            pass
+        self.server.leader_address = None
+        self._live_dirty = True
+        if not self.stop_event.is_set():
+            self._start_tail()
+
+    # ------------------------------------------------------------ brokers/live/<id>
+    def _update_live(self) -> None:
+        now = time.monotonic()
+        if now < self._next_live and not self._live_dirty:
+            return
+        self._next_live = now + self.config.live_update_ms / 1000.0
+        position = self.store.position()
+        info = {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
+                "position": list(position) if position else None, "epoch": self.store.epoch(),
+                "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock()}
+        path = self.paths.live_broker(self.identity.broker_id)
+        data = json.dumps(info).encode()
+        if self._live_dirty:
+            self._live_dirty = False
+            self.zk.create_async(path, data, ephemeral=True, makepath=True).rawlink(
+                lambda result: self._live_created(result, path, data))
+        else:
+            self.zk.set_async(path, data).rawlink(self._live_set)
+
+    def _live_set(self, result) -> None:
+        try:
+            result.get(timeout=0)
+        except Exception:  # gone with an expired session, or connection trouble: recreate it
+            self._live_dirty = True
+
+    def _live_created(self, result, path: str, data: bytes) -> None:
+        try:
+            result.get(timeout=0)
+        except NodeExistsError:
+            self.zk.set_async(path, data)
+        except NoNodeError:
+            self._live_dirty = True
+        except Exception:  # connection trouble: try again at the next update
+            self._live_dirty = True

@@ -1,0 +1,300 @@
+"""The broker's request loop: one ROUTER socket, one thread, every request answered once.
+
+On a follower every request but ``ping`` gets ``not_leader`` with the
+leader's address. On the leader, reads are answered from the store and writes
+become events that go through :class:`broker.group_commit.GroupCommit`.
+Leases that find nothing wait (long poll) until tasks are ready or their
+``wait_ms`` runs out. The leader's clock drives lease expiry: expired leases
+become ``LeaseExpired`` events, so replicas never read a clock.
+
+Other threads talk to the loop only through :meth:`call_soon` and the wake
+pipe, so sockets and the group commit are touched by this thread alone.
+
+Example::
+
+    server = BrokerServer(config, store, broker_id=1, clock=time.time)
+    server.bind()
+    while not stop.is_set():
+        server.serve_once()
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from broker import protocol
+from broker.group_commit import GroupCommit, WriteFailed
+from ledger import wire
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LeaderSession:
+    """What the server needs while it leads: the epoch's writer and its pipeline state."""
+
+    epoch: int
+    writer: Any
+    group: GroupCommit | None = None
+    ready: bool = False
+    on_ready: Callable[[], None] = lambda: None
+    parked: list = field(default_factory=list)
+    next_lease_check: float = 0.0
+    entries_since_digest: int = 0
+    lost_reported: bool = False
+
+
+class BrokerServer:
+    """Serves clients and workers; leads when handed a :class:`LeaderSession`."""
+
+    def __init__(self, config, store, broker_id: int, clock: Callable[[], float] = time.time,
+                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex, max_payload: int = 1 << 20) -> None:
+        self.config = config
+        self.store = store
+        self.broker_id = broker_id
+        self.clock = clock
+        self.new_id = new_id
+        self.max_payload = max_payload
+        self.role = "starting"
+        self.leader_address: str | None = None
+        self.writable = True
+        self.draining = False
+        self.session: LeaderSession | None = None
+        self.on_leadership_lost: Callable[[str], None] = lambda reason: None
+        self.counters = {"requests": 0, "bad_requests": 0}
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.poller = zmq.Poller()
+
+    def bind(self) -> None:
+        self.sock.bind(self.config.listen)
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # ------------------------------------------------------------ cross-thread
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the server thread at its next turn."""
+        self._calls.put(fn)
+        self.wake()
+
+    # ------------------------------------------------------------ loop
+    def serve_once(self) -> None:
+        timeout = self.config.tick_ms
+        events = dict(self.poller.poll(timeout))
+        if self._wake_r in events:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        while True:
+            try:
+                self._calls.get_nowait()()
+            except queue.Empty:
+                break
+        if self.sock in events:
+            self._read_requests()
+        if self.session is not None:
+            self._lead_turn()
+
+    def _read_requests(self) -> None:
+        for _ in range(self.config.max_batch_events):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.counters["requests"] += 1
+            if len(frames) < 2:
+                continue
+            self._handle(frames[:-1], frames[-1])
+
+    def _send(self, route: list[bytes], msg: dict) -> None:
+        try:
+            self.sock.send_multipart([*route, wire.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("reply dropped: %s", exc)
+
+    def _handle(self, route: list[bytes], frame: bytes) -> None:
+        rid = None
+        try:
+            msg = wire.decode_request(frame, protocol.OPS, self.config.max_frame_bytes)
+            rid = msg.get("rid")
+            req = protocol.check_request(msg, self.max_payload)
+        except wire.WireError as exc:
+            self.counters["bad_requests"] += 1
+            self._send(route, wire.error_reply(exc.rid, exc.code, exc.message))
+            return
+        except protocol.RequestError as exc:
+            self.counters["bad_requests"] += 1
+            self._send(route, wire.error_reply(rid, exc.code, exc.message))
+            return
+        self._dispatch(route, rid, req)
+
+    def _dispatch(self, route: list[bytes], rid: Any, req: dict) -> None:
+        op = req["op"]
+        if op == "ping":
+            self._send(route, wire.ok_reply(rid, broker_id=self.broker_id, role=self.role,
+                                            leader=self.leader_address))
+            return
+        if op == "status":
+            self._send(route, wire.ok_reply(rid, **self.status()))
+            return
+        if self.session is None:
+            self._send(route, wire.error_reply(rid, protocol.E_NOT_LEADER, "this broker is not the leader",
+                                               leader=self.leader_address))
+            return
+        if not self.session.ready or not self.writable or self.draining:
+            self._send(route, wire.error_reply(rid, protocol.E_UNAVAILABLE, "the leader is not accepting writes yet"))
+            return
+        if op == "get":
+            task = self.store.get_task(req["task_id"])
+            if task is None:
+                self._send(route, wire.error_reply(rid, "no_such_task", f"no task {req['task_id']!r}"))
+            else:
+                self._send(route, wire.ok_reply(rid, task=task))
+            return
+        if op == "lease" and req["wait_ms"]:
+            req["deadline"] = time.monotonic() + req["wait_ms"] / 1000.0
+        if op in ("lease", "heartbeat") and req.get("lease_ms") is None:
+            req["lease_ms"] = self.config.default_lease_ms
+        events = protocol.request_events(req, self._now_ms(), self.new_id)
+        self.session.group.add(events, (route, rid, req))
+
+    def status(self) -> dict:
+        position = self.store.position()
+        return {"broker_id": self.broker_id, "role": self.role, "leader": self.leader_address,
+                "epoch": self.session.epoch if self.session else self.store.epoch(),
+                "position": list(position) if position else None, "digest": self.store.digest(),
+                "queues": self.store.queue_depths(), "counters": dict(self.counters)}
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------ replies from the group commit
+    def _reply(self, context: Any, results: list[dict] | None, exc: Exception | None) -> None:
+        if context is None:  # an internal event (epoch start, lease expiry, digest)
+            self._internal_applied(results, exc)
+            return
+        route, rid, req = context
+        if exc is not None:
+            code = protocol.E_UNAVAILABLE if isinstance(exc, WriteFailed) else "internal"
+            self._send(route, wire.error_reply(rid, code, str(exc)))
+            return
+        try:
+            fields = protocol.reply_fields(req, results)
+        except protocol.RequestError as err:
+            self._send(route, wire.error_reply(rid, err.code, err.message))
+            return
+        if req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > time.monotonic():
+            self.session.parked.append((route, rid, req))
+            return
+        self._send(route, wire.ok_reply(rid, **fields))
+
+    def _internal_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
+        if exc is not None or self.session is None:
+            return
+        for res in results or []:
+            if not res.get("ok") and res.get("error") == "digest_mismatch":
+                log.critical("state digest mismatch on the leader itself: %s", res.get("message"))
+        if not self.session.ready:
+            self.session.ready = True
+            self.session.on_ready()
+
+    # ------------------------------------------------------------ leadership
+    def start_leading(self, session: LeaderSession, first_events: list[dict]) -> None:
+        """Adopt `session` (call on the server thread): write `first_events`, then serve once applied."""
+        session.group = GroupCommit(session.writer, apply=self.store.apply_batch, reply=self._reply,
+                                    wake=self.wake, max_inflight=self.config.max_inflight_entries,
+                                    max_batch_events=self.config.max_batch_events)
+        self.session = session
+        self.draining = False
+        self.role = "leader"
+        session.group.add(first_events, None)
+
+    def stop_leading(self, reason: str, role: str = "follower") -> None:
+        """Drop leadership (call on the server thread): everything not yet answered gets `unavailable`."""
+        session, self.session = self.session, None
+        self.role = role
+        self.draining = False
+        if session is None:
+            return
+        session.group.abort(WriteFailed(reason))
+        for route, rid, _req in session.parked:
+            self._send(route, wire.error_reply(rid, protocol.E_UNAVAILABLE, reason))
+
+    def idle(self) -> bool:
+        """True when the leader has nothing gathered or in flight (safe to read from any thread)."""
+        session = self.session
+        return session is None or session.group is None or session.group.idle
+
+    def _lead_turn(self) -> None:
+        session = self.session
+        group = session.group
+        group.drain_completed()
+        if group.failed is not None:
+            if not session.lost_reported:
+                session.lost_reported = True
+                self.on_leadership_lost(str(group.failed))
+            return
+        if session.ready and self.writable:
+            self._retry_parked(session)
+            self._expire_leases(session)
+            self._maybe_digest(session)
+        group.flush()
+
+    def _retry_parked(self, session: LeaderSession) -> None:
+        if not session.parked:
+            return
+        now = time.monotonic()
+        depths = self.store.queue_depths()
+        keep = []
+        for route, rid, req in session.parked:
+            if req["deadline"] <= now:
+                self._send(route, wire.ok_reply(rid, tasks=[]))
+            elif any(depths.get(q, {}).get("waiting", 0) for q in req["queues"]):
+                session.group.add(protocol.request_events(req, self._now_ms(), self.new_id), (route, rid, req))
+            else:
+                keep.append((route, rid, req))
+        session.parked = keep
+
+    def _expire_leases(self, session: LeaderSession) -> None:
+        now = time.monotonic()
+        if now < session.next_lease_check:
+            return
+        session.next_lease_check = now + self.config.lease_check_ms / 1000.0
+        deadline = self.store.next_lease_deadline()
+        now_ms = self._now_ms()
+        if deadline is not None and deadline <= now_ms:
+            session.group.add([{"type": "LeaseExpired", "now_ms": now_ms}], None)
+
+    def _maybe_digest(self, session: LeaderSession) -> None:
+        # The digest must describe the state just before the event, so it is only
+        # written when nothing is in flight and the store is exactly at the log's end.
+        group = session.group
+        written = group.entries_written
+        if written - session.entries_since_digest >= self.config.digest_every_entries and group.idle:
+            session.entries_since_digest = written
+            group.add([{"type": "StateDigest", "digest": self.store.digest()}], None)
