@@ -182,11 +182,19 @@ class ProcessManager:
             args.append("--no-fsync")
         return self.start("bookie", args, ready=_answers_ping, address=address, data_dir=data_dir)
 
+    def start_broker(self, cluster: TestCluster, data_dir: Path | None = None, session_timeout: float = 2.0,
+                     extra: list[str] | None = None) -> Proc:
+        data_dir = data_dir or self.workdir / f"broker-data-{next(self._counter)}"
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", cluster.hosts,
+                "--cluster", cluster.name, "--zk-session-timeout", str(session_timeout), *(extra or [])]
+        return self.start("broker", args, ready=_answers_ping, address=address, data_dir=data_dir)
+
     def restart(self, proc: Proc) -> Proc:
         """Start `proc` again with the same arguments and data dir (it must have stopped)."""
         if proc.alive():
             proc.kill()
-        ready = _answers_ping if proc.name == "bookie" else None
+        ready = _answers_ping
         return self.start(proc.name, proc.args, ready=ready, address=proc.address,
                           data_dir=proc.data_dir, env=proc.extra.get("env"))
 
@@ -241,3 +249,66 @@ def java_less_path(tmp_path) -> str:
         if found:
             (bin_dir / tool).symlink_to(found)
     return str(bin_dir)
+
+
+@dataclass
+class BrokerCluster:
+    """ZooKeeper (shared), bookies and brokers of one test."""
+
+    cluster: TestCluster
+    procs: ProcessManager
+    bookies: list[Proc]
+    brokers: list[Proc]
+
+    @property
+    def zk_hosts(self) -> str:
+        return self.cluster.hosts
+
+    def leader_info(self) -> dict | None:
+        from election.leader import read_leader
+
+        return read_leader(self.cluster.zk, self.cluster.paths)
+
+    def wait_leader(self, timeout: float = 30.0, not_id: int | None = None) -> dict:
+        """The leader node once a broker (other than `not_id`) serves as leader."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.leader_info()
+            if info and info.get("broker_id") != not_id:
+                return info
+            time.sleep(0.05)
+        raise AssertionError(f"no leader within {timeout}s")
+
+    def leader_proc(self) -> Proc:
+        address = self.wait_leader()["address"]
+        return next(p for p in self.brokers if p.address == address)
+
+    def status(self, address: str) -> dict:
+        return call(address, "status")
+
+
+def call(address: str, op: str, timeout: float = 5.0, **fields) -> dict:
+    """One request to a fencepost server; the reply map (raises on timeout)."""
+    import zmq
+
+    from ledger import wire
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+    try:
+        sock.connect(address)
+        sock.send(wire.encode(wire.request(op, 1, **fields)))
+        return wire.decode(sock.recv())
+    finally:
+        sock.close()
+
+
+@pytest.fixture
+def broker_cluster(cluster, procs):
+    """Three bookies and three brokers on a fresh cluster, with a leader serving."""
+    bookies = [procs.start_bookie(cluster) for _ in range(3)]
+    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
+    bc.wait_leader()
+    return bc

@@ -1,0 +1,378 @@
+"""The bookie server: stores ledger entries for writers and serves them to readers.
+
+One thread owns a ZeroMQ ROUTER socket and the LMDB store. Each turn of its poll
+loop drains every waiting frame (up to ``max_batch``), answers reads at once,
+gathers all adds into ONE store transaction (one fsync) and only then acks them:
+group commit, so throughput grows with load instead of paying an fsync per entry.
+Frames are never trusted: anything that does not decode, is too large, has the
+wrong protocol version, names an unknown operation or carries bad fields gets an
+error reply and is counted; the loop never dies on input.
+
+Long polls (``wait_lac``) are parked per ledger and answered as soon as an add
+batch (or a fence) moves that ledger, or at their deadline; the poll timeout is
+bounded by the nearest deadline so they are answered on time.
+
+ZooKeeper holds only the bookie's ephemeral registration (``bookies/<id>``:
+address, free space). A keeper thread re-registers after a session loss and
+refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
+
+Protocol (request fields -> reply fields; the envelope is ``ledger.wire``)::
+
+    ping                                     -> bookie_id, cluster_id
+    add      ledger, entry, data[, recovery] -> ledger, entry        errors: fenced, bad_entry
+    read     ledger, entry                   -> data                 errors: no_entry
+    read_lac ledger                          -> lac, last_entry, fenced
+    wait_lac ledger, after, timeout_ms       -> lac, last_entry, fenced  (once lac > after, or at the deadline)
+    write_lac ledger, lac                    -> lac, last_entry, fenced  (explicit LAC from an idle writer)
+    fence    ledger                          -> lac, last_entry, fenced=True
+    delete   ledger                          -> {}
+    stats                                    -> adds, reads, bad_requests, batches, ledgers, entries, uptime_s, bookie_id
+
+``recovery`` (optional, default false) marks a re-replication add made by ledger
+recovery; like BookKeeper's recovery adds it is accepted on a fenced ledger.
+
+``write_lac`` is BookKeeper's explicit LAC: a writer that has gone idle tells
+the bookies how far it has committed, since the LAC piggybacked on each add
+always trails by one entry and readers must not wait for the next add to see
+the last one. It is kept in memory only: after a restart the piggybacked LAC
+(and, for a dead writer, recovery) covers the same ground.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient
+
+from election import zk as zkutil
+from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.paths import ClusterPaths
+from ledger import LedgerError, wire
+from ledger.bookie_config import BookieConfig
+from ledger.bookie_registration import BookieRegistration
+from ledger.bookie_store import FENCED, STORED, BookieStore, check_or_write_cookie
+from ledger.codec import CorruptEntry, peek_header
+
+log = logging.getLogger(__name__)
+
+OPS = frozenset({"ping", "add", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
+E_FENCED, E_BAD_ENTRY, E_NO_ENTRY, E_BUSY = "fenced", "bad_entry", "no_entry", "busy"
+MAX_WAITERS = 100_000
+POLL_MS = 100
+_U64_MAX = (1 << 64) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass(eq=False)
+class _Waiter:
+    envelope: list
+    rid: Any
+    ledger: int
+    after: int
+    deadline: float
+    done: bool = False
+
+
+def _id(msg: dict, name: str) -> int:
+    value = wire.field(msg, name, int)
+    if not 0 <= value <= _U64_MAX:
+        raise wire.WireError(wire.E_BAD_REQUEST, f"field {name!r} must be in [0, 2^64)", msg.get("rid"))
+    return value
+
+
+def _info_fields(info: dict | None) -> dict:
+    info = info or {"fenced": False, "lac": -1, "last_entry": -1}
+    return {"lac": info["lac"], "last_entry": info["last_entry"], "fenced": bool(info["fenced"])}
+
+
+class Bookie:
+    """One bookie: a store, a ROUTER socket and a ZooKeeper registration.
+
+    Usage (``run_bookie(config)`` does this, plus SIGTERM/SIGINT handling)::
+
+        config = BookieConfig(data="/var/lib/bookie", listen="tcp://10.0.0.5:3181", zk="zk1:2181")
+        bookie = Bookie(config)
+        bookie.start()
+        try:
+            bookie.serve(stop_event)
+        finally:
+            bookie.close()
+    """
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config.validate()
+        self.bookie_id: str | None = None
+        self.cluster_id: str | None = None
+        self.counters = {"adds": 0, "reads": 0, "bad_requests": 0, "batches": 0}
+        self._started = time.monotonic()
+        self._zk: KazooClient | None = None
+        self._store: BookieStore | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._registration: BookieRegistration | None = None
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self._waiting = 0
+        self._explicit_lac: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Join the cluster: read its config, check the cookie, open the store, bind, register."""
+        cfg = self.config
+        try:
+            self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
+            paths = ClusterPaths(cfg.cluster)
+            cluster = ensure_cluster_config(self._zk, paths, ClusterOptions(), clock=time.time, check=False)
+            self.cluster_id = cluster["cluster_id"]
+            cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
+            self.bookie_id = cookie["bookie_id"]
+            self._store = BookieStore(cfg.data, map_size=cfg.map_size, sync=cfg.fsync)
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            # A frame somewhat over the limit still gets an "oversized" reply; a far larger
+            # one makes ZeroMQ drop the peer before the frame can take the memory.
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max(4 * cfg.max_frame_bytes, 64 * 1024 * 1024))
+            try:
+                self._sock.bind(cfg.listen)
+            except zmq.ZMQError as exc:
+                raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
+            self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data)
+            self._registration.register(wait_s=1.5 * cfg.zk_session_timeout_s + 1)
+            self._registration.start_keeper()
+        except BaseException:
+            self.close()
+            raise
+        self._started = time.monotonic()
+        log.info("bookie %s serving %s for cluster %s (%s), data in %s",
+                 self.bookie_id, cfg.listen, cfg.cluster, self.cluster_id, cfg.data)
+
+    def close(self) -> None:
+        """Release everything; safe to call twice and after a failed start."""
+        if self._registration is not None:
+            self._registration.stop()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._store is not None:
+            self._store.close()
+        if self._zk is not None:
+            try:
+                zkutil.close(self._zk)
+            except Exception:  # a dead session must not hide the error that got us here
+                log.debug("closing the ZooKeeper client failed", exc_info=True)
+        self._registration = self._sock = self._ctx = self._store = self._zk = None
+
+    def serve(self, stop: threading.Event) -> None:
+        """Run the poll loop until ``stop`` is set."""
+        assert self._sock is not None, "start() first"
+        while not stop.is_set():
+            if self._sock.poll(self._poll_timeout_ms(), zmq.POLLIN):
+                self._turn()
+            self._expire_waiters()
+            if self._registration is not None and self._registration.fatal:
+                raise LedgerError(self._registration.fatal)
+
+    # -- one turn: drain, handle, group-commit the adds, reply -----------------------
+
+    def _turn(self) -> None:
+        frames = []
+        while len(frames) < self.config.max_batch:
+            try:
+                frames.append(self._sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        adds: list[tuple] = []
+        for parts in frames:
+            envelope, body, rid = parts[:-1], parts[-1], None
+            try:
+                msg = wire.decode_request(body, OPS, self.config.max_frame_bytes)
+                rid = msg.get("rid")
+                reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
+            except wire.WireError as exc:
+                self.counters["bad_requests"] += 1
+                reply = wire.error_reply(exc.rid if exc.rid is not None else rid, exc.code, exc.message)
+            except Exception as exc:  # a bug or a store failure: answer, log, keep serving
+                log.exception("request failed")
+                reply = wire.error_reply(rid, wire.E_INTERNAL, f"{type(exc).__name__}: {exc}")
+            if reply is not None:
+                self._send(envelope, reply)
+        self._commit(adds)
+
+    def _send(self, envelope: list, reply: dict) -> None:
+        try:
+            frame = wire.encode(reply)
+        except Exception:  # a request id msgpack cannot echo back
+            frame = wire.encode(wire.error_reply(None, wire.E_MALFORMED, "request id cannot be echoed"))
+        try:
+            self._sock.send_multipart([*envelope, frame], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # the peer is gone or not reading
+            log.debug("reply dropped: %s", exc)
+
+    def _commit(self, adds: list[tuple]) -> None:
+        """Store the pending adds in one transaction, then ack each (group commit)."""
+        if not adds:
+            return
+        batch = list(adds)  # (envelope, rid, ledger, entry, data, recovery)
+        adds.clear()
+        try:
+            results = self._store.add_batch([a[2:] for a in batch])
+        except Exception as exc:
+            log.exception("add batch of %d entries failed", len(batch))
+            for envelope, rid, *_ in batch:
+                self._send(envelope, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
+            return
+        self.counters["batches"] += 1
+        for (envelope, rid, ledger, entry, _data, _rec), result in zip(batch, results):
+            if result == STORED:
+                self.counters["adds"] += 1
+                reply = wire.ok_reply(rid, ledger=ledger, entry=entry)
+            elif result == FENCED:
+                reply = wire.error_reply(rid, E_FENCED, f"ledger {ledger} is fenced")
+            else:
+                reply = wire.error_reply(rid, E_BAD_ENTRY, f"entry bytes do not match ledger {ledger} entry {entry}")
+            self._send(envelope, reply)
+        for ledger in {a[2] for a in batch}:
+            self._wake(ledger)
+
+    # -- operations: each returns its reply, or None when the reply comes later -------
+
+    def _op_ping(self, envelope, msg, adds):
+        return wire.ok_reply(msg["rid"], bookie_id=self.bookie_id, cluster_id=self.cluster_id)
+
+    def _op_add(self, envelope, msg, adds):
+        ledger, entry = _id(msg, "ledger"), _id(msg, "entry")
+        data = wire.field(msg, "data", bytes)
+        recovery = msg.get("recovery", False)
+        if not isinstance(recovery, bool):
+            raise wire.WireError(wire.E_BAD_REQUEST, "field 'recovery' must be a bool", msg["rid"])
+        try:
+            header = peek_header(data)
+            if header[:2] != (ledger, entry):
+                raise CorruptEntry(f"header says ledger {header[0]} entry {header[1]}, request says {ledger}/{entry}")
+        except CorruptEntry as exc:
+            self.counters["bad_requests"] += 1
+            return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
+        adds.append((envelope, msg["rid"], ledger, entry, data, recovery))
+        return None
+
+    def _op_read(self, envelope, msg, adds):
+        ledger, entry = _id(msg, "ledger"), _id(msg, "entry")
+        self.counters["reads"] += 1
+        data = self._store.read(ledger, entry)
+        if data is None:
+            return wire.error_reply(msg["rid"], E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
+        return wire.ok_reply(msg["rid"], data=data)
+
+    def _op_read_lac(self, envelope, msg, adds):
+        return wire.ok_reply(msg["rid"], **self._info(_id(msg, "ledger")))
+
+    def _op_wait_lac(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
+        if not _I64_MIN <= after <= _I64_MAX or timeout_ms < 0:
+            raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be an i64 and 'timeout_ms' >= 0", msg["rid"])
+        info = self._info(ledger)
+        timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
+        if info["lac"] > after or timeout_ms == 0:
+            return wire.ok_reply(msg["rid"], **info)
+        if self._waiting >= MAX_WAITERS:
+            return wire.error_reply(msg["rid"], E_BUSY, f"{MAX_WAITERS} long polls are already waiting")
+        waiter = _Waiter(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000)
+        self._waiters.setdefault(ledger, []).append(waiter)
+        heapq.heappush(self._deadlines, (waiter.deadline, next(self._seq), waiter))
+        self._waiting += 1
+        return None
+
+    def _info(self, ledger: int) -> dict:
+        info = _info_fields(self._store.ledger_info(ledger))
+        info["lac"] = max(info["lac"], self._explicit_lac.get(ledger, -1))
+        return info
+
+    def _op_write_lac(self, envelope, msg, adds):
+        ledger, lac = _id(msg, "ledger"), _id(msg, "lac")
+        if lac > self._explicit_lac.get(ledger, -1):
+            self._explicit_lac[ledger] = lac
+            self._wake(ledger)
+        return wire.ok_reply(msg["rid"], **self._info(ledger))
+
+    def _op_fence(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        info = self._store.fence(ledger)
+        self._wake(ledger, always=True)  # long pollers learn of the recovery at once
+        return wire.ok_reply(msg["rid"], **_info_fields(info))
+
+    def _op_delete(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        self._commit(adds)  # an add that arrived before the delete must not outlive it
+        log.info("deleted ledger %d (%d entries)", ledger, self._store.delete_ledger(ledger))
+        self._explicit_lac.pop(ledger, None)
+        return wire.ok_reply(msg["rid"])
+
+    def _op_stats(self, envelope, msg, adds):
+        return wire.ok_reply(msg["rid"], **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
+                             uptime_s=round(time.monotonic() - self._started, 3))
+
+    # -- long polls -----------------------------------------------------------------
+
+    def _finish(self, waiter: _Waiter, info: dict) -> None:
+        waiter.done = True
+        self._waiting -= 1
+        self._send(waiter.envelope, wire.ok_reply(waiter.rid, **info))
+
+    def _wake(self, ledger: int, always: bool = False) -> None:
+        """Answer the long polls on ``ledger`` that its LAC now satisfies (all if ``always``)."""
+        waiters = self._waiters.pop(ledger, [])
+        info = self._info(ledger) if waiters else {}
+        for w in waiters:
+            if always or info["lac"] > w.after:
+                self._finish(w, info)
+            else:
+                self._waiters.setdefault(ledger, []).append(w)
+
+    def _expire_waiters(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and (self._deadlines[0][2].done or self._deadlines[0][0] <= now):
+            w = heapq.heappop(self._deadlines)[2]
+            if not w.done:
+                self._finish(w, self._info(w.ledger))
+                rest = [x for x in self._waiters.pop(w.ledger, ()) if x is not w]
+                if rest:
+                    self._waiters[w.ledger] = rest
+
+    def _poll_timeout_ms(self) -> int:
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        if not self._deadlines:
+            return POLL_MS
+        return max(0, min(POLL_MS, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1))
+
+
+def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> None:
+    """Run a bookie until ``stop`` is set or, when called in the main thread, SIGTERM/SIGINT.
+
+    Raises LedgerError (e.g. :class:`ledger.bookie_store.WrongClusterError`) or
+    ElectionError when the bookie cannot start; the CLI prints it and exits 1.
+    """
+    stop = stop or threading.Event()
+    bookie = Bookie(config)
+    previous = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous.append((sig, signal.signal(sig, lambda signum, frame: stop.set())))
+    try:
+        bookie.start()
+        bookie.serve(stop)
+        log.info("bookie %s stopping", bookie.bookie_id)
+    finally:
+        bookie.close()
+        for sig, handler in previous:
+            signal.signal(sig, handler)

@@ -1,0 +1,274 @@
+"""A bookie's durable store: ledger entries in LMDB, plus the data directory's cookie.
+
+Why LMDB: one memory-mapped B+tree gives ordered keys (a ledger's entries are
+contiguous, so deleting a ledger is one range scan), crash safety without a
+separate WAL, and a single write transaction per group of adds, which is what
+group commit needs: the bookie collects every add that arrived in one poll turn,
+commits them with :meth:`BookieStore.add_batch` (one fsync) and only then acks.
+
+Named databases:
+
+``entries``  key ``>QQ`` (ledger, entry) -> the encoded entry exactly as received
+``ledgers``  key ``>Q`` ledger -> msgpack ``{fenced, lac, last_entry}``
+``meta``     store-wide facts (``format_version``)
+
+The LAC of a ledger is the largest ``lac`` field among its stored entries (the
+writer piggybacks its LAC on every add). A fence is persisted before it is
+acknowledged and every later add to that ledger is refused, which is what makes
+ledger recovery safe (DESIGN.md section 4).
+
+The cookie (``<data>/COOKIE``) ties a data directory to one cluster and one
+bookie id so that a bookie never serves one cluster's entries to another.
+
+Example::
+
+    store = BookieStore("/var/lib/fencepost/bookie", map_size=1 << 30)
+    store.add_batch([(3, 0, encoded_entry)])     # -> ["stored"]
+    store.fence(3)                               # -> {"fenced": True, "lac": -1, "last_entry": 0}
+    store.close()
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import uuid
+from typing import Sequence
+
+import lmdb
+import msgpack
+
+from ledger import LedgerError
+from ledger.codec import CorruptEntry, peek_header
+
+DEFAULT_MAP_SIZE = 8 * 1024 * 1024 * 1024  # sparse: costs address space, not disk
+DEFAULT_MAX_DBS = 8
+FORMAT_VERSION = 1
+COOKIE_NAME = "COOKIE"
+
+STORED = "stored"
+FENCED = "fenced"
+BAD_ENTRY = "bad_entry"
+
+_ENTRY_KEY = struct.Struct(">QQ")
+_LEDGER_KEY = struct.Struct(">Q")
+_U64_MAX = (1 << 64) - 1
+
+
+class CookieError(LedgerError):
+    """The data directory's cookie is unreadable or does not fit this bookie."""
+
+
+class WrongClusterError(CookieError):
+    """The data directory belongs to another cluster."""
+
+
+def _check_id(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U64_MAX:
+        raise LedgerError(f"{name} must be an integer in [0, 2^64), got {value!r}")
+
+
+def _empty_info() -> dict:
+    return {"fenced": False, "lac": -1, "last_entry": -1}
+
+
+class BookieStore:
+    """The LMDB environment of one bookie. Not thread-safe: one owner thread."""
+
+    def __init__(self, path: str | os.PathLike, map_size: int = DEFAULT_MAP_SIZE, sync: bool = True,
+                 max_dbs: int = DEFAULT_MAX_DBS) -> None:
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        try:
+            self._env = lmdb.open(self.path, subdir=True, sync=sync, metasync=sync, max_dbs=max_dbs,
+                                  map_size=map_size, readahead=False)
+        except lmdb.Error as exc:
+            raise LedgerError(f"cannot open the bookie store at {self.path}: {exc}") from None
+        self._entries = self._env.open_db(b"entries")
+        self._ledgers = self._env.open_db(b"ledgers")
+        self._meta = self._env.open_db(b"meta")
+        with self._env.begin(write=True) as txn:
+            version = txn.get(b"format_version", db=self._meta)
+            if version is None:
+                txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
+            elif int(version) != FORMAT_VERSION:
+                raise LedgerError(f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}")
+
+    # -- records -------------------------------------------------------------------
+
+    def _get_info(self, txn: lmdb.Transaction, ledger: int) -> dict | None:
+        raw = txn.get(_LEDGER_KEY.pack(ledger), db=self._ledgers)
+        return None if raw is None else msgpack.unpackb(raw)
+
+    def _put_info(self, txn: lmdb.Transaction, ledger: int, info: dict) -> None:
+        txn.put(_LEDGER_KEY.pack(ledger), msgpack.packb(info), db=self._ledgers)
+
+    # -- writes --------------------------------------------------------------------
+
+    def add_batch(self, items: Sequence[tuple]) -> list[str]:
+        """Store a group of entries in one write transaction; return one result per item.
+
+        Each item is ``(ledger_id, entry_id, data)`` or ``(ledger_id, entry_id,
+        data, recovery)``. A result is ``"stored"``, ``"fenced"`` (the ledger is
+        fenced and the item is not a recovery add) or ``"bad_entry"`` (the bytes
+        are not a well-framed entry for that ledger and entry id). Re-adding an
+        entry overwrites it, so retries are harmless. The transaction commits (and
+        fsyncs, unless the store was opened with ``sync=False``) before this returns.
+        """
+        results: list[str] = []
+        touched: dict[int, dict] = {}
+        with self._env.begin(write=True) as txn:
+            for item in items:
+                ledger, entry, data = item[0], item[1], item[2]
+                recovery = bool(item[3]) if len(item) > 3 else False
+                _check_id("ledger", ledger)
+                _check_id("entry", entry)
+                try:
+                    h_ledger, h_entry, lac, _epoch, _length = peek_header(data)
+                except CorruptEntry:
+                    results.append(BAD_ENTRY)
+                    continue
+                if (h_ledger, h_entry) != (ledger, entry):
+                    results.append(BAD_ENTRY)
+                    continue
+                info = touched.get(ledger)
+                if info is None:
+                    info = self._get_info(txn, ledger) or _empty_info()
+                    touched[ledger] = info
+                if info["fenced"] and not recovery:
+                    results.append(FENCED)
+                    continue
+                txn.put(_ENTRY_KEY.pack(ledger, entry), bytes(data), db=self._entries)
+                info["lac"] = max(info["lac"], lac)
+                info["last_entry"] = max(info["last_entry"], entry)
+                results.append(STORED)
+            for ledger, info in touched.items():
+                self._put_info(txn, ledger, info)
+        return results
+
+    def fence(self, ledger: int) -> dict:
+        """Persist the fence of ``ledger`` (creating its record if needed); return its info."""
+        _check_id("ledger", ledger)
+        with self._env.begin(write=True) as txn:
+            info = self._get_info(txn, ledger) or _empty_info()
+            if not info["fenced"]:
+                info["fenced"] = True
+                self._put_info(txn, ledger, info)
+        return info
+
+    def delete_ledger(self, ledger: int) -> int:
+        """Delete every entry of ``ledger`` and its record; return the number of entries deleted."""
+        _check_id("ledger", ledger)
+        deleted = 0
+        with self._env.begin(write=True) as txn:
+            with txn.cursor(db=self._entries) as cursor:
+                if cursor.set_range(_ENTRY_KEY.pack(ledger, 0)):
+                    while cursor.key() and _ENTRY_KEY.unpack(cursor.key())[0] == ledger:
+                        cursor.delete()  # moves to the next record
+                        deleted += 1
+            txn.delete(_LEDGER_KEY.pack(ledger), db=self._ledgers)
+        return deleted
+
+    # -- reads ---------------------------------------------------------------------
+
+    def read(self, ledger: int, entry: int) -> bytes | None:
+        """The stored bytes of one entry, or None."""
+        _check_id("ledger", ledger)
+        _check_id("entry", entry)
+        with self._env.begin() as txn:
+            return txn.get(_ENTRY_KEY.pack(ledger, entry), db=self._entries)
+
+    def ledger_info(self, ledger: int) -> dict | None:
+        """``{fenced, lac, last_entry}`` of a ledger, or None if this bookie never heard of it."""
+        _check_id("ledger", ledger)
+        with self._env.begin() as txn:
+            return self._get_info(txn, ledger)
+
+    def list_ledgers(self) -> list[int]:
+        """Every ledger this bookie holds a record for, in id order."""
+        with self._env.begin() as txn:
+            with txn.cursor(db=self._ledgers) as cursor:
+                return [_LEDGER_KEY.unpack(key)[0] for key in cursor.iternext(keys=True, values=False)]
+
+    def counts(self) -> dict:
+        """``{ledgers, entries}``: record counts, read from the B+tree headers (cheap)."""
+        with self._env.begin() as txn:
+            return {"ledgers": txn.stat(self._ledgers)["entries"], "entries": txn.stat(self._entries)["entries"]}
+
+    def close(self) -> None:
+        self._env.close()
+
+
+# -- cookie -------------------------------------------------------------------------
+
+def read_cookie(data_dir: str | os.PathLike) -> dict | None:
+    """The cookie of ``data_dir``, or None when there is none."""
+    path = os.path.join(os.fspath(data_dir), COOKIE_NAME)
+    try:
+        with open(path, "rb") as fh:
+            cookie = json.loads(fh.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CookieError(f"cannot read the cookie {path}: {exc}") from None
+    if not isinstance(cookie, dict) or not all(isinstance(cookie.get(k), str) for k in ("cluster_id", "bookie_id", "cluster")):
+        raise CookieError(f"the cookie {path} is not a map with cluster, cluster_id and bookie_id")
+    return cookie
+
+
+def write_cookie(data_dir: str | os.PathLike, cookie: dict) -> None:
+    """Write the cookie atomically: temp file, fsync, rename, fsync the directory."""
+    data_dir = os.fspath(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".COOKIE.", dir=data_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps(cookie, sort_keys=True).encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(data_dir, COOKIE_NAME))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id: str, bookie_id: str | None,
+                          default_bookie_id: str | None = None) -> dict:
+    """Check that ``data_dir`` belongs to this cluster, writing the cookie on first use.
+
+    Returns the cookie; its ``bookie_id`` is the bookie's identity: ``bookie_id``
+    if given, else the one already in the cookie, else ``default_bookie_id`` (or
+    a generated one), kept from then on. Raises :class:`WrongClusterError`,
+    naming both clusters, when the directory belongs to another cluster, and
+    :class:`CookieError` when it belongs to another bookie id or holds ledger
+    data without a cookie.
+    """
+    data_dir = os.fspath(data_dir)
+    cookie = read_cookie(data_dir)
+    if cookie is None:
+        if os.path.exists(os.path.join(data_dir, "data.mdb")):
+            raise CookieError(
+                f"{data_dir} holds ledger data but no {COOKIE_NAME}: refusing to adopt it for cluster {cluster!r}"
+            )
+        cookie = {"cluster": cluster, "cluster_id": cluster_id,
+                  "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}"}
+        write_cookie(data_dir, cookie)
+        return cookie
+    if cookie["cluster_id"] != cluster_id:
+        raise WrongClusterError(
+            f"data directory {data_dir} belongs to cluster {cookie['cluster']!r} (id {cookie['cluster_id']}), "
+            f"not to cluster {cluster!r} (id {cluster_id})"
+        )
+    if bookie_id is not None and bookie_id != cookie["bookie_id"]:
+        raise CookieError(
+            f"data directory {data_dir} belongs to bookie {cookie['bookie_id']!r}, not {bookie_id!r}"
+        )
+    return cookie
+

@@ -1,0 +1,67 @@
+"""The replicated broker serves, redirects, and refuses bad input while it keeps serving."""
+import time
+
+import pytest
+import zmq
+
+from ledger import wire
+from tests.conftest import call
+
+pytestmark = pytest.mark.integration
+
+
+def _raw(address, frame, timeout=5.0):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+    try:
+        sock.connect(address)
+        sock.send(frame)
+        return wire.decode(sock.recv())
+    finally:
+        sock.close()
+
+
+def test_submit_lease_complete_and_followers_redirect(broker_cluster):
+    leader = broker_cluster.wait_leader()
+    sub = call(leader["address"], "submit", queue="mail", payload=b"hi", key="k1")
+    assert sub["ok"], sub
+    again = call(leader["address"], "submit", queue="mail", payload=b"hi", key="k1")
+    assert again["task_id"] == sub["task_id"]
+    lease = call(leader["address"], "lease", worker="w", queues=["mail"], max_tasks=2)
+    assert [t["task_id"] for t in lease["tasks"]] == [sub["task_id"]]
+    task = lease["tasks"][0]
+    done = call(leader["address"], "complete", task_id=task["task_id"], attempt=task["attempt"], result=b"r")
+    assert done["ok"], done
+    got = call(leader["address"], "get", task_id=sub["task_id"])["task"]
+    assert got["state"] == "done" and got["result"] == b"r" and got["attempts"] == 1
+    followers = [p for p in broker_cluster.brokers if p.address != leader["address"]]
+    deadline = time.monotonic() + 10
+    while True:
+        reply = call(followers[0].address, "submit", queue="mail", payload=b"x")
+        if reply.get("leader") or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert reply["error"] == "not_leader" and reply["leader"] == leader["address"]
+
+
+def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker_cluster):
+    address = broker_cluster.wait_leader()["address"]
+    cases = [
+        (b"\x00garbage\xff", "malformed"),
+        (wire.encode({"v": 7, "op": "ping", "rid": 1}), "wrong_version"),
+        (wire.encode(wire.request("explode", 1)), "unknown_op"),
+        (wire.encode(wire.request("submit", 1, queue="bad queue!", payload=b"x")), "invalid_queue"),
+        (wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (1024 * 1024 + 1))), "payload_too_large"),
+        (wire.encode(wire.request("submit", 1, queue="q", payload="not bytes")), "bad_request"),
+        (wire.encode(wire.request("lease", 1, worker="w", queues="q")), "bad_request"),
+        (b"x" * (9 * 1024 * 1024), "oversized"),
+    ]
+    for frame, code in cases:
+        reply = _raw(address, frame)
+        assert reply["ok"] is False and reply["error"] == code, (code, reply)
+        assert reply["message"]
+    ok = call(address, "submit", queue="q", payload=b"still serving")
+    assert ok["ok"], ok
+    status = call(address, "status")
+    assert status["counters"]["bad_requests"] >= len(cases)

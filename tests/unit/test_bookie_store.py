@@ -1,0 +1,176 @@
+"""The bookie's LMDB store and its cookie, without sockets."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ledger import LedgerError
+from ledger.bookie_config import BookieConfig
+from ledger.bookie_store import (
+    BAD_ENTRY,
+    FENCED,
+    STORED,
+    BookieStore,
+    CookieError,
+    WrongClusterError,
+    check_or_write_cookie,
+    read_cookie,
+)
+from ledger.codec import Digest, Entry, encode_entry
+
+MAP = 64 * 1024 * 1024
+
+
+def entry(ledger: int, entry_id: int, lac: int = -1, payload: bytes = b"p") -> bytes:
+    return encode_entry(Entry(ledger, entry_id, lac, 1, payload), Digest.crc32c())
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = BookieStore(tmp_path / "store", map_size=MAP)
+    yield s
+    s.close()
+
+
+def test_add_batch_stores_and_tracks_lac_and_last_entry(store):
+    items = [(1, i, entry(1, i, lac=i - 1)) for i in range(5)] + [(2, 0, entry(2, 0))]
+    assert store.add_batch(items) == [STORED] * 6
+    assert store.read(1, 3) == items[3][2]
+    assert store.read(1, 99) is None and store.read(77, 0) is None
+    assert store.ledger_info(1) == {"fenced": False, "lac": 3, "last_entry": 4}
+    assert store.ledger_info(2) == {"fenced": False, "lac": -1, "last_entry": 0}
+    assert store.ledger_info(3) is None
+    assert store.list_ledgers() == [1, 2]
+    assert store.counts() == {"ledgers": 2, "entries": 6}
+
+
+def test_lac_never_moves_back(store):
+    store.add_batch([(1, 5, entry(1, 5, lac=4))])
+    store.add_batch([(1, 2, entry(1, 2, lac=1))])  # a late retry of an older entry
+    assert store.ledger_info(1) == {"fenced": False, "lac": 4, "last_entry": 5}
+
+
+def test_re_adding_is_idempotent(store):
+    data = entry(1, 0, payload=b"same")
+    assert store.add_batch([(1, 0, data)]) == [STORED]
+    assert store.add_batch([(1, 0, data), (1, 0, data)]) == [STORED, STORED]
+    assert store.read(1, 0) == data
+    assert store.counts()["entries"] == 1
+
+
+def test_bad_entries_are_refused_per_item(store):
+    results = store.add_batch([(1, 0, entry(1, 0)), (1, 1, b"junk"), (1, 2, entry(1, 3)), (1, 4, entry(9, 4))])
+    assert results == [STORED, BAD_ENTRY, BAD_ENTRY, BAD_ENTRY]
+    assert store.read(1, 1) is None and store.read(1, 2) is None
+    assert store.ledger_info(1)["last_entry"] == 0
+
+
+def test_fence_refuses_later_adds_but_not_recovery_adds(store):
+    store.add_batch([(1, 0, entry(1, 0))])
+    assert store.fence(1) == {"fenced": True, "lac": -1, "last_entry": 0}
+    assert store.add_batch([(1, 1, entry(1, 1)), (2, 0, entry(2, 0))]) == [FENCED, STORED]
+    assert store.read(1, 1) is None
+    assert store.add_batch([(1, 1, entry(1, 1, lac=0), True)]) == [STORED]
+    assert store.ledger_info(1) == {"fenced": True, "lac": 0, "last_entry": 1}
+
+
+def test_fence_of_an_unknown_ledger_creates_its_record(store):
+    assert store.fence(42) == {"fenced": True, "lac": -1, "last_entry": -1}
+    assert store.add_batch([(42, 0, entry(42, 0))]) == [FENCED]
+
+
+def test_fence_and_entries_survive_reopen(tmp_path):
+    path = tmp_path / "store"
+    s = BookieStore(path, map_size=MAP)
+    s.add_batch([(7, i, entry(7, i, lac=i - 1)) for i in range(3)])
+    s.fence(7)
+    s.close()
+    s = BookieStore(path, map_size=MAP)
+    try:
+        assert s.ledger_info(7) == {"fenced": True, "lac": 1, "last_entry": 2}
+        assert s.read(7, 2) == entry(7, 2, lac=1)
+        assert s.add_batch([(7, 3, entry(7, 3))]) == [FENCED]
+    finally:
+        s.close()
+
+
+def test_delete_ledger_removes_only_that_ledger(store):
+    store.add_batch([(l, i, entry(l, i)) for l in (1, 2, 3) for i in range(4)])
+    assert store.delete_ledger(2) == 4
+    assert store.read(2, 0) is None and store.ledger_info(2) is None
+    assert store.read(1, 3) is not None and store.read(3, 0) is not None
+    assert store.list_ledgers() == [1, 3]
+    assert store.delete_ledger(2) == 0  # deleting twice is fine
+    assert store.delete_ledger((1 << 64) - 1) == 0  # the last possible ledger id
+
+
+def test_ids_are_checked(store):
+    with pytest.raises(LedgerError):
+        store.read(-1, 0)
+    with pytest.raises(LedgerError):
+        store.fence(1 << 64)
+
+
+def test_cookie_is_written_once_and_checked(tmp_path):
+    data = tmp_path / "d"
+    cookie = check_or_write_cookie(data, "prod", "id-1", None, "bookie-h-1")
+    assert cookie == {"cluster": "prod", "cluster_id": "id-1", "bookie_id": "bookie-h-1"}
+    assert json.loads((data / "COOKIE").read_text()) == cookie
+    # Later starts keep the id even if the default would now be different.
+    assert check_or_write_cookie(data, "prod", "id-1", None, "bookie-h-2")["bookie_id"] == "bookie-h-1"
+    assert check_or_write_cookie(data, "prod", "id-1", "bookie-h-1")["bookie_id"] == "bookie-h-1"
+    with pytest.raises(CookieError, match="belongs to bookie 'bookie-h-1'"):
+        check_or_write_cookie(data, "prod", "id-1", "other-id")
+    assert not [p for p in data.iterdir() if p.name != "COOKIE"]  # no temp files left behind
+
+
+def test_cookie_of_another_cluster_names_both(tmp_path):
+    check_or_write_cookie(tmp_path, "alpha", "uuid-a", "b1")
+    with pytest.raises(WrongClusterError) as info:
+        check_or_write_cookie(tmp_path, "beta", "uuid-b", "b1")
+    message = str(info.value)
+    for word in ("alpha", "uuid-a", "beta", "uuid-b"):
+        assert word in message
+    # Same name, new cluster id (the cluster was re-created): still another cluster.
+    with pytest.raises(WrongClusterError, match="uuid-a"):
+        check_or_write_cookie(tmp_path, "alpha", "uuid-c", "b1")
+
+
+def test_generated_bookie_id_and_data_without_cookie(tmp_path):
+    cookie = check_or_write_cookie(tmp_path / "a", "dev", "x", None)
+    assert cookie["bookie_id"].startswith("bookie-")
+    BookieStore(tmp_path / "b", map_size=MAP).close()
+    with pytest.raises(CookieError, match="no COOKIE"):
+        check_or_write_cookie(tmp_path / "b", "dev", "x", None)
+
+
+def test_corrupt_cookie_is_an_error(tmp_path):
+    (tmp_path / "COOKIE").write_text("{not json")
+    with pytest.raises(CookieError):
+        read_cookie(tmp_path)
+    (tmp_path / "COOKIE").write_text('{"cluster": "dev"}')
+    with pytest.raises(CookieError, match="cluster_id"):
+        read_cookie(tmp_path)
+
+
+@pytest.mark.parametrize("changes, word", [
+    ({"listen": "127.0.0.1:3181"}, "listen"),
+    ({"listen": "tcp://127.0.0.1:0"}, "listen"),
+    ({"listen": "tcp://127.0.0.1"}, "listen"),
+    ({"cluster": "no/slash"}, "cluster"),
+    ({"bookie_id": "bad id"}, "bookie_id"),
+    ({"max_batch": 0}, "max_batch"),
+    ({"max_frame_bytes": True}, "max_frame_bytes"),
+    ({"map_size": 10}, "map_size"),
+    ({"fsync": "yes"}, "fsync"),
+])
+def test_bookie_config_validation(changes, word):
+    with pytest.raises(LedgerError, match=word):
+        BookieConfig(**changes).validate()
+
+
+def test_bookie_config_defaults_and_default_id():
+    config = BookieConfig(listen="tcp://10.1.2.3:4181").validate()
+    assert config.default_bookie_id() == "bookie-10.1.2.3-4181"
+    assert BookieConfig(listen="tcp://*:3181").default_bookie_id().endswith("-3181")
