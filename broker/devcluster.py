@@ -99,6 +99,14 @@ def stop_pid(pid: int, marker: str, timeout: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+def read_broker_id(data_dir: Path) -> int | None:
+    """The broker id a data dir has been given, or None before its first start completes."""
+    try:
+        return int(json.loads((data_dir / ".broker.meta").read_text())["broker_id"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def fencepost_command(*args: str) -> list[str]:
     """Command line that runs this fencepost's CLI with the current interpreter."""
     return [sys.executable, "-m", "cli", *args]
@@ -147,6 +155,10 @@ class DevCluster:
             for index in range(spec.bookies):
                 member = self._start_member(state, "bookie", index)
                 progress(f"bookie {index} listening on {member['address']}")
+            for index in range(spec.brokers):
+                member = self._start_member(state, "broker", index,
+                                            ["--zk-session-timeout", str(spec.zk_session_timeout)])
+                progress(f"broker {index} listening on {member['address']}")
         except Exception:
             self.down()
             raise
@@ -160,12 +172,12 @@ class DevCluster:
                                    "data_dir": str(data), "log": str(self.run_dir / "zookeeper.log")})
         self.write_state(state)
 
-    def _start_member(self, state: dict, kind: str, index: int) -> dict:
+    def _start_member(self, state: dict, kind: str, index: int, extra: list[str] | None = None) -> dict:
         data = self.run_dir / f"{kind}-{index}"
         data.mkdir(parents=True, exist_ok=True)
         address = f"tcp://127.0.0.1:{free_port()}"
         args = [kind, "start", "--data", str(data), "--listen", address,
-                "--zk", state["zk"], "--cluster", state["cluster"]]
+                "--zk", state["zk"], "--cluster", state["cluster"], *(extra or [])]
         log_path = self.run_dir / f"{kind}-{index}.log"
         member = {"kind": kind, "index": index, "address": address, "data_dir": str(data),
                   "log": str(log_path), "args": args}
@@ -227,6 +239,6 @@ class DevCluster:
             row = {k: member.get(k) for k in ("kind", "pid", "address", "data_dir")}
             row["alive"] = alive
             if member["kind"] == "broker":
-                row["broker_id"] = member.get("broker_id")
+                row["broker_id"] = read_broker_id(Path(member["data_dir"]))
             rows.append(row)
         return rows

@@ -19,11 +19,12 @@ def _run(procs, *args, timeout=120):
 @pytest.mark.timeout(240)
 def test_dev_up_status_down_leaves_no_process(procs, tmp_path):
     dev_dir = str(tmp_path / "dev")
-    _run(procs, "dev", "up", "--dev-dir", dev_dir, "--cluster", "devtest", "--bookies", "0", "--brokers", "0")
+    _run(procs, "dev", "up", "--dev-dir", dev_dir, "--cluster", "devtest")
     try:
         rows = json.loads(_run(procs, "dev", "status", "--dev-dir", dev_dir, "--json"))
         kinds = [r["kind"] for r in rows]
-        assert kinds.count("zookeeper") == 1
+        assert (kinds.count("zookeeper"), kinds.count("bookie"), kinds.count("broker")) == (1, 3, 3)
+        assert sorted(r["broker_id"] for r in rows if r["kind"] == "broker") == [1, 2, 3]
         assert all(r["alive"] for r in rows), rows
         for row in rows:
             assert {"kind", "pid", "address", "data_dir", "alive"} <= set(row)
@@ -34,7 +35,8 @@ def test_dev_up_status_down_leaves_no_process(procs, tmp_path):
         assert state["cluster"] == "devtest" and state["zk"] == zk["address"]
         status = procs.run(["status", "--dev-dir", dev_dir, "--json"])
         assert status.returncode == 0, status.stderr.decode()
-        assert json.loads(status.stdout)["cluster"] == "devtest"
+        view = json.loads(status.stdout)
+        assert view["cluster"] == "devtest" and len(view["bookies"]) == 3
     finally:
         _run(procs, "dev", "down", "--dev-dir", dev_dir)
     pids = [r["pid"] for r in rows]
