@@ -275,6 +275,99 @@ def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, n
     sys.exit(BrokerNode(load_settings(BrokerConfig, "broker", flags, toml_path=config_file)).run())
 
 
+# ---------------------------------------------------------------- tasks
+def _client(zk, cluster, dev_dir, timeout: float = 30.0):
+    from broker.client import Client
+
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    return Client(zk=hosts, cluster=name, timeout=timeout)
+
+
+@main.command("submit")
+@click.argument("queue")
+@click.argument("payload", required=False)
+@click.option("--key", default=None, help="Idempotency key: the same key returns the same task id.")
+@click.option("--priority", default=0, show_default=True, type=int, help="Higher runs first.")
+@click.option("--delay", default=0.0, show_default=True, type=float, help="Seconds before the task may run.")
+@click.option("--max-attempts", default=None, type=click.IntRange(1, 1000), help="Attempts before the task is dead.")
+@click.option("--wait", "wait_s", default=None, type=float, help="Wait up to this many seconds for the task to finish.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@cluster_options
+def submit(queue, payload, key, priority, delay, max_attempts, wait_s, as_json, zk, cluster, dev_dir) -> None:
+    """Submit a task to QUEUE; PAYLOAD is read from stdin when absent. Prints the task id once committed."""
+    data = payload.encode() if payload is not None else click.get_binary_stream("stdin").read()
+    with _client(zk, cluster, dev_dir) as client:
+        task_id = client.submit(queue, data, key=key, priority=priority, delay=delay, max_attempts=max_attempts)
+        task = client.wait(task_id, timeout=wait_s) if wait_s is not None else None
+    if as_json:
+        emit({"task_id": task_id, "task": _printable(task) if task else None}, True, None)
+    else:
+        click.echo(task_id)
+        if task:
+            click.echo(f"state: {task['state']}")
+
+
+def _printable(task: dict) -> dict:
+    out = {}
+    for name, value in task.items():
+        if isinstance(value, bytes):
+            try:
+                value = value.decode()
+            except UnicodeDecodeError:
+                value = "base64:" + __import__("base64").b64encode(value).decode()
+        out[name] = value
+    return out
+
+
+@main.group()
+def task() -> None:
+    """Look at tasks."""
+
+
+@task.command("show")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@cluster_options
+def task_show(task_id, as_json, zk, cluster, dev_dir) -> None:
+    """Show one task: queue, state, attempts, result, error."""
+    with _client(zk, cluster, dev_dir) as client:
+        info = _printable(client.get(task_id))
+
+    def human(t):
+        for name in ("id", "queue", "state", "attempts", "max_attempts", "priority", "worker", "result", "error"):
+            if t.get(name) is not None:
+                click.echo(f"{name:<13}{t[name]}")
+
+    emit(info, as_json, human)
+
+
+@main.group()
+def worker() -> None:
+    """Run workers."""
+
+
+@worker.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--queue", "queues", multiple=True, required=True, help="Queue to take tasks from (repeatable).")
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 256), help="Tasks run at once.")
+@click.option("--lease-ms", default=30000, show_default=True, type=click.IntRange(100), help="Lease length; heartbeats extend it.")
+@click.option("--timeout", "cmd_timeout", default=None, type=float, help="Fail an attempt whose command runs longer (seconds).")
+@click.option("--name", default=None, help="Worker name (default host-pid-random).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@cluster_options
+def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cluster, dev_dir) -> None:
+    """Run COMMAND once per task: payload on stdin, stdout is the result, a non-zero exit fails the attempt.
+
+    Example: fencepost worker run --queue thumbs -- convert - -resize 64x64 png:-
+    """
+    from broker.command_handler import CommandHandler
+    from broker.worker import Worker
+
+    hosts, name_ = resolve_cluster(zk, cluster, dev_dir)
+    handler = CommandHandler(list(command), timeout=cmd_timeout)
+    Worker(zk=hosts, cluster=name_, queues=list(queues), concurrency=concurrency, lease_ms=lease_ms, name=name,
+           handlers={q: handler for q in queues}).run()
+
+
 # ---------------------------------------------------------------- status
 @main.command("status")
 @cluster_options
