@@ -1,0 +1,187 @@
+"""Fencing and recovery of a ledger whose writer may still be alive (BookKeeper's procedure).
+
+1. CAS the metadata ``OPEN -> IN_RECOVERY`` (already CLOSED: return its
+   ``last_entry``; already IN_RECOVERY: a previous recoverer died, carry on).
+2. Send ``fence`` to every ensemble bookie and wait until at least
+   ``ensemble - ack_quorum + 1`` of them have persisted the fence. From then on
+   no add can reach an ack quorum, so the set of committed entries is frozen.
+3. Start from the highest LAC the fenced bookies report and read forward. An
+   entry is *found* if any bookie returns a valid copy; it is *absent* only if
+   at least ``ensemble - ack_quorum + 1`` fenced bookies say they have no copy
+   (then it cannot have been acknowledged to the writer). Anything in between
+   (bookies down, only corrupt copies) is undecidable: recovery fails with
+   :class:`RecoveryError` rather than guess, and can be retried.
+4. Re-replicate every found entry to all ensemble bookies with ``recovery:
+   true`` (a fenced bookie accepts those), needing ``ack_quorum`` acks each.
+5. CAS ``CLOSED`` with ``last_entry``. Losing a CAS means someone else
+   recovered: re-read and return their result. Running twice, or concurrently,
+   is therefore harmless.
+
+Entries up to the LAC are committed by definition and not re-replicated: they
+already sit on an ack quorum. Recovery may keep an entry the old writer never
+saw acknowledged (it reached one bookie): that is allowed, the writer had no
+answer for it. It never drops one that was acknowledged.
+
+Example::
+
+    last_entry = recover_and_close(zk, paths, pool, ledger_id=7, digest=Digest.crc32c())
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+
+from kazoo.client import KazooClient
+
+from election.paths import ClusterPaths
+from ledger import LedgerError
+from ledger.bookie_client import BookiePool, NoSuchEntry
+from ledger.codec import CorruptEntry, Digest, decode_entry
+from ledger.metadata import (
+    CLOSED,
+    IN_RECOVERY,
+    OPEN,
+    LedgerMetadata,
+    MetadataConflict,
+    NotEnoughBookies,
+    cas_metadata,
+    current_address,
+    read_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 5.0
+_WINDOW = 16  # entries probed in parallel while reading forward
+
+
+class RecoveryError(LedgerError):
+    """Recovery could not decide where the ledger ends; retry when more bookies are up."""
+
+
+def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout: float) -> dict[int, dict]:
+    """Fence every bookie; return the replies of those fenced, by ensemble index.
+
+    Returns as soon as every bookie answered, or once enough are fenced and the
+    rest had ``timeout`` to answer.
+    """
+    futures = {pool.request(a, "fence", timeout=timeout, ledger=meta.ledger_id): i for i, a in enumerate(addresses)}
+    fenced: dict[int, dict] = {}
+    errors: list[str] = []
+    pending = set(futures)
+    deadline = time.monotonic() + timeout + 1.0
+    while pending:
+        done, pending = wait_futures(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+        if not done:
+            break
+        for fut in done:
+            index = futures[fut]
+            try:
+                fenced[index] = fut.result()
+            except LedgerError as exc:
+                errors.append(f"{meta.ensemble[index]['bookie_id']}: {exc}")
+    if len(fenced) < meta.fence_quorum:
+        raise NotEnoughBookies(
+            f"ledger {meta.ledger_id}: fenced {len(fenced)} of {len(addresses)} bookies, need {meta.fence_quorum} "
+            f"so that no add can still reach an ack quorum of {meta.ack_quorum} ({'; '.join(errors) or 'no answer'})"
+        )
+    return fenced
+
+
+def _probe(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], fenced: set[int], entry_id: int,
+           digest: Digest, futures: list[Future]) -> bytes | None:
+    """The bytes of a valid copy of ``entry_id``, or None when it is provably absent."""
+    absent = 0
+    problems = []
+    for index, fut in enumerate(futures):
+        bookie_id = meta.ensemble[index]["bookie_id"]
+        try:
+            data = fut.result()["data"]
+            entry = decode_entry(data, digest)
+            if (entry.ledger_id, entry.entry_id) != (meta.ledger_id, entry_id):
+                raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id}")
+            return bytes(data)
+        except NoSuchEntry:
+            # Only a fenced bookie's "no" is final: it can no longer accept the add.
+            if index in fenced:
+                absent += 1
+            else:
+                problems.append(f"{bookie_id}: missing (not fenced)")
+        except CorruptEntry as exc:
+            log.warning("recovery of ledger %d: entry %d on bookie %s is corrupt (%s)",
+                        meta.ledger_id, entry_id, bookie_id, exc.reason)
+            problems.append(f"{bookie_id}: corrupt")
+        except (LedgerError, KeyError, TypeError) as exc:
+            problems.append(f"{bookie_id}: {exc}")
+    if absent >= meta.fence_quorum:
+        return None
+    raise RecoveryError(
+        f"ledger {meta.ledger_id}: cannot tell whether entry {entry_id} was committed: "
+        f"{absent} fenced bookies lack it, need {meta.fence_quorum} ({'; '.join(problems)})"
+    )
+
+
+def _replicate(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], entries: list[tuple[int, bytes]],
+               timeout: float) -> None:
+    """Write ``entries`` to every bookie with ``recovery: true``; each needs ``ack_quorum`` acks."""
+    sends = [(entry_id, [pool.request(a, "add", timeout=timeout, ledger=meta.ledger_id, entry=entry_id, data=data,
+                                      recovery=True) for a in addresses])
+             for entry_id, data in entries]
+    for entry_id, futures in sends:
+        acks, errors = 0, []
+        for index, fut in enumerate(futures):
+            try:
+                fut.result(timeout + 1.0)
+                acks += 1
+            except (LedgerError, TimeoutError) as exc:
+                errors.append(f"{meta.ensemble[index]['bookie_id']}: {exc}")
+        if acks < meta.ack_quorum:
+            raise RecoveryError(f"ledger {meta.ledger_id}: re-replicating entry {entry_id} reached {acks} bookies, "
+                                f"need {meta.ack_quorum} ({'; '.join(errors)})")
+
+
+def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
+                      timeout: float = DEFAULT_TIMEOUT) -> int:
+    """Fence ``ledger_id``, settle its last entry, close it; return ``last_entry``. Idempotent."""
+    while True:
+        meta, version = read_metadata(zk, paths, ledger_id)
+        if meta.state == CLOSED:
+            return meta.last_entry
+        if meta.state == OPEN:
+            try:
+                version = cas_metadata(zk, paths, meta.with_state(IN_RECOVERY), version)
+            except MetadataConflict:
+                continue  # the writer closed it, or another recoverer started: look again
+            meta = meta.with_state(IN_RECOVERY)
+        log.info("recovering ledger %d (epoch %d)", ledger_id, meta.epoch)
+        addresses = [current_address(zk, paths, m) for m in meta.ensemble]
+        fence_replies = _fence(pool, meta, addresses, timeout)
+        lac = max(int(r.get("lac", -1)) for r in fence_replies.values())
+        fenced = set(fence_replies)
+
+        # Read forward from lac+1, a window at a time, until an entry is absent.
+        last = lac
+        found: list[tuple[int, bytes]] = []
+        done = False
+        while not done:
+            window = range(last + 1, last + 1 + _WINDOW)
+            probes = [[pool.request(a, "read", timeout=timeout, ledger=ledger_id, entry=e) for a in addresses]
+                      for e in window]
+            for entry_id, futures in zip(window, probes):
+                data = _probe(pool, meta, addresses, fenced, entry_id, digest, futures)
+                if data is None:
+                    done = True
+                    break
+                found.append((entry_id, data))
+                last = entry_id
+        _replicate(pool, meta, addresses, found, timeout)
+
+        try:
+            cas_metadata(zk, paths, meta.with_state(CLOSED, last_entry=last), version)
+        except MetadataConflict:
+            continue  # a concurrent recoverer closed it first: return its answer
+        log.info("ledger %d recovered and closed at entry %d (LAC was %d, %d entries re-replicated)",
+                 ledger_id, last, lac, len(found))
+        return last

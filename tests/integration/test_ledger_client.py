@@ -1,0 +1,440 @@
+"""The ledger client against real ZooKeeper and real bookie processes.
+
+Also exercises the BookiePool against an in-process fake bookie (a ROUTER
+socket driven by the test) for timeouts, late replies and error mapping.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from concurrent.futures import wait as wait_futures
+
+import lmdb
+import pytest
+import zmq
+
+from ledger import LedgerError, wire
+from ledger.bookie_client import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
+from ledger.bookie_store import read_cookie
+from ledger.codec import HEADER_SIZE
+from ledger.ledgers import LedgerClient
+from ledger.log import LogConflict, LogReader, append_ledger, read_log, remove_ledgers
+from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
+from ledger.reader import EntryNotCommitted
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+# ---------------------------------------------------------------- helpers (also used by the chaos tests)
+
+
+def start_bookies(procs, cluster, n: int = 3) -> list:
+    return [procs.start_bookie(cluster) for _ in range(n)]
+
+
+def wait_registered(cluster, n: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cluster.zk.exists(cluster.paths.bookies) and len(cluster.zk.get_children(cluster.paths.bookies)) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} bookies registered within {timeout}s")
+
+
+def make_client(cluster, **kwargs) -> LedgerClient:
+    kwargs.setdefault("add_timeout", 2.0)
+    kwargs.setdefault("read_timeout", 1.0)
+    kwargs.setdefault("request_timeout", 2.0)
+    return LedgerClient(cluster.zk, cluster.paths, **kwargs)
+
+
+def bookie_id_of(proc) -> str:
+    return read_cookie(proc.data_dir)["bookie_id"]
+
+
+def procs_in_ensemble_order(bookies: list, meta) -> list:
+    by_id = {bookie_id_of(p): p for p in bookies}
+    return [by_id[m["bookie_id"]] for m in meta.ensemble]
+
+
+def corrupt_entry_on_disk(data_dir, ledger_id: int, entry_id: int) -> None:
+    """Flip one payload byte of a stored entry (the bookie must be stopped)."""
+    env = lmdb.open(str(data_dir), subdir=True, max_dbs=8, map_size=1 << 30)
+    try:
+        db = env.open_db(b"entries")
+        key = struct.pack(">QQ", ledger_id, entry_id)
+        with env.begin(write=True) as txn:
+            data = bytearray(txn.get(key, db=db))
+            data[HEADER_SIZE] ^= 0xFF
+            txn.put(key, bytes(data), db=db)
+    finally:
+        env.close()
+
+
+@pytest.fixture
+def ledger_env(cluster, procs):
+    bookies = start_bookies(procs, cluster, 3)
+    wait_registered(cluster, 3)
+    client = make_client(cluster)
+    yield cluster, bookies, client
+    client.close()
+
+
+# ---------------------------------------------------------------- BookiePool against a fake bookie
+
+
+class FakeBookie:
+    """A ROUTER socket in a thread; ``handler(msg) -> reply map or None (stay silent)``."""
+
+    def __init__(self, handler):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.handler = handler
+        self.stop = threading.Event()
+        self.seen = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            if self.sock.poll(20):
+                *env, body = self.sock.recv_multipart()
+                msg = wire.decode(body)
+                self.seen.append(msg)
+                reply = self.handler(msg)
+                if reply is not None:
+                    self.sock.send_multipart([*env, wire.encode(reply)])
+        self.sock.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.ctx.term()
+
+
+def test_pool_maps_replies_and_errors():
+    def handler(msg):
+        if msg["op"] == "ping":
+            return wire.ok_reply(msg["rid"], bookie_id="fake")
+        if msg["op"] == "add":
+            return wire.error_reply(msg["rid"], "fenced", "ledger 1 is fenced")
+        if msg["op"] == "read":
+            return wire.error_reply(msg["rid"], "no_entry", "none")
+        return wire.error_reply(msg["rid"], "unknown_op", "?")
+
+    fake = FakeBookie(handler)
+    pool = BookiePool(default_timeout=2.0)
+    try:
+        assert pool.request(fake.address, "ping").result(5)["bookie_id"] == "fake"
+        with pytest.raises(LedgerFencedError):
+            pool.request(fake.address, "add", ledger=1, entry=0, data=b"").result(5)
+        with pytest.raises(NoSuchEntry):
+            pool.request(fake.address, "read", ledger=1, entry=0).result(5)
+        with pytest.raises(wire.RemoteError) as info:
+            pool.request(fake.address, "stats").result(5)
+        assert info.value.code == "unknown_op"
+    finally:
+        pool.close()
+        fake.close()
+
+
+def test_pool_times_out_a_silent_bookie_and_drops_late_replies():
+    silent = threading.Event()
+    silent.set()
+    late = []
+
+    def handler(msg):
+        if silent.is_set():
+            late.append(msg["rid"])
+            return None
+        return wire.ok_reply(msg["rid"], n=msg.get("n"))
+
+    fake = FakeBookie(handler)
+    pool = BookiePool(default_timeout=0.5)
+    try:
+        started = time.monotonic()
+        futs = [pool.request(fake.address, "ping", n=i) for i in range(5)]
+        done, not_done = wait_futures(futs, timeout=3.0)
+        assert not not_done, "a silent bookie left futures hanging"
+        assert time.monotonic() - started < 2.5
+        for f in futs:
+            with pytest.raises(BookieUnavailable):
+                f.result()
+        assert pool.is_suspect(fake.address)
+        # The bookie answers again: a fresh request (on the recreated socket) works.
+        silent.clear()
+        assert len(late) == 5
+        assert pool.request(fake.address, "ping", n=99).result(5)["n"] == 99
+        assert not pool.is_suspect(fake.address)
+    finally:
+        pool.close()
+        fake.close()
+
+
+def test_pool_close_fails_outstanding_requests():
+    fake = FakeBookie(lambda msg: None)
+    pool = BookiePool(default_timeout=30.0)
+    fut = pool.request(fake.address, "ping")
+    time.sleep(0.1)
+    pool.close()
+    with pytest.raises(BookieUnavailable):
+        fut.result(5)
+    with pytest.raises(BookieUnavailable):
+        pool.request(fake.address, "ping").result(1)
+    fake.close()
+
+
+def test_pool_unreachable_address_fails_within_the_timeout():
+    pool = BookiePool(default_timeout=0.3)
+    try:
+        with pytest.raises(BookieUnavailable):
+            pool.request("tcp://127.0.0.1:1", "ping").result(3)
+    finally:
+        pool.close()
+
+
+# ---------------------------------------------------------------- writing and reading
+
+
+def test_write_close_read_round_trip(ledger_env):
+    cluster, _, client = ledger_env
+    writer = client.create(epoch=3)
+    futs = [writer.add(b"payload-%d" % i) for i in range(200)]
+    assert [f.result(10) for f in futs] == list(range(200))
+    assert writer.last_add_confirmed == 199
+    assert writer.close() == 199
+
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    assert (meta.state, meta.last_entry, meta.epoch) == (CLOSED, 199, 3)
+    assert len(meta.ensemble) == 3 and (meta.write_quorum, meta.ack_quorum) == (3, 2)
+
+    reader = client.open_reader(writer.ledger_id)
+    entries = reader.read_range(0, 199)
+    assert [e.payload for e in entries] == [b"payload-%d" % i for i in range(200)]
+    assert all(e.epoch == 3 and e.ledger_id == writer.ledger_id for e in entries)
+    assert reader.read(57).payload == b"payload-57"
+    with pytest.raises(EntryNotCommitted):
+        reader.read(200)
+    assert reader.corruptions == []
+    with pytest.raises(LedgerError):
+        writer.add(b"after close").result(1)
+
+
+def test_adds_from_many_threads_get_distinct_contiguous_ids(ledger_env):
+    _, _, client = ledger_env
+    writer = client.create(epoch=1)
+    results: dict[int, bytes] = {}
+    lock = threading.Lock()
+
+    def work(t):
+        for i in range(50):
+            payload = b"t%d-%d" % (t, i)
+            entry_id = writer.add_sync(payload, timeout=10)
+            with lock:
+                results[entry_id] = payload
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == list(range(200))
+    writer.close()
+    reader = client.open_reader(writer.ledger_id)
+    assert {e.entry_id: e.payload for e in reader.read_range(0, 199)} == results
+
+
+def test_open_ledger_reader_stops_at_the_lac_and_long_polls(ledger_env):
+    _, _, client = ledger_env
+    writer = client.create(epoch=1)
+    for i in range(5):
+        writer.add_sync(b"e%d" % i)
+    reader = client.open_reader(writer.ledger_id)
+    assert reader.metadata.state == OPEN
+    # The LAC rides on the next add; an idle writer publishes it explicitly, so the newest entry becomes readable.
+    deadline = time.monotonic() + 5
+    while reader.read_lac() < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lac = reader.read_lac()
+    assert lac == 4
+    assert [e.payload for e in reader.read_range(0, lac)] == [b"e0", b"e1", b"e2", b"e3", b"e4"]
+    with pytest.raises(EntryNotCommitted):
+        reader.read(5)
+
+    # A long poll returns as soon as the LAC moves past `after`.
+    threading.Timer(0.3, lambda: writer.add_sync(b"e5")).start()
+    started = time.monotonic()
+    assert reader.wait_for(4, timeout=5.0) >= 5
+    assert time.monotonic() - started < 3.0
+    assert reader.read(5).payload == b"e5"
+
+    # Nothing new: wait_for gives up at its timeout.
+    started = time.monotonic()
+    assert reader.wait_for(10, timeout=0.5) <= 5
+    assert 0.4 < time.monotonic() - started < 3.0
+    writer.close()
+
+
+def test_wait_for_returns_when_the_ledger_is_recovered(ledger_env):
+    _, _, client = ledger_env
+    writer = client.create(epoch=1)
+    writer.add_sync(b"only")
+    reader = client.open_reader(writer.ledger_id)
+    threading.Timer(0.3, lambda: client.recover_and_close(writer.ledger_id)).start()
+    started = time.monotonic()
+    # The idle writer publishes LAC 0; waiting past it returns when recovery fences the ledger.
+    assert reader.wait_for(0, timeout=10.0) == 0
+    assert time.monotonic() - started < 5.0
+    assert reader.closed and reader.read(0).payload == b"only"
+
+
+def test_corrupt_copy_is_detected_and_another_replica_is_read(ledger_env, procs):
+    cluster, bookies, client = ledger_env
+    writer = client.create(epoch=1)
+    for i in range(10):
+        writer.add_sync(b"value-%d" % i)
+    writer.close()
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    first = procs_in_ensemble_order(bookies, meta)[0]  # the replica a reader tries first
+    first.kill()
+    corrupt_entry_on_disk(first.data_dir, writer.ledger_id, 4)
+    procs.restart(first)
+
+    reader = client.open_reader(writer.ledger_id)
+    assert reader.read(4).payload == b"value-4"
+    assert [(b, l, e) for b, l, e, r in reader.corruptions if r.startswith("corrupt")] == \
+        [(meta.ensemble[0]["bookie_id"], writer.ledger_id, 4)]
+    assert "digest" in reader.corruptions[0][3]
+    # Other entries on that bookie are fine and read from it without complaint.
+    assert reader.read(5).payload == b"value-5"
+    assert len(reader.corruptions) == 1
+    # read_range falls back the same way.
+    assert [e.payload for e in reader.read_range(0, 9)] == [b"value-%d" % i for i in range(10)]
+    assert len(reader.corruptions) == 2
+
+
+def test_recovery_closes_an_abandoned_ledger_with_everything_acknowledged(ledger_env):
+    cluster, _, client = ledger_env
+    writer = client.create(epoch=2)
+    for i in range(20):
+        writer.add_sync(b"x%d" % i)
+    # The writer "dies" without closing: its last add's LAC was never piggybacked.
+    other = make_client(cluster)
+    try:
+        assert other.recover_and_close(writer.ledger_id) == 19
+        assert other.recover_and_close(writer.ledger_id) == 19  # idempotent
+        meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+        assert (meta.state, meta.last_entry) == (CLOSED, 19)
+        reader = other.open_reader(writer.ledger_id)
+        assert [e.payload for e in reader.read_range(0, 19)] == [b"x%d" % i for i in range(20)]
+    finally:
+        other.close()
+    with pytest.raises(LedgerFencedError):
+        writer.add(b"late").result(5)
+
+
+def test_recovery_of_an_empty_ledger(ledger_env):
+    _, _, client = ledger_env
+    writer = client.create(epoch=1)
+    assert client.recover_and_close(writer.ledger_id) == -1
+    with pytest.raises(EntryNotCommitted):
+        client.open_reader(writer.ledger_id).read(0)
+
+
+def test_delete_removes_entries_and_metadata(ledger_env):
+    cluster, _, client = ledger_env
+    writer = client.create(epoch=1)
+    writer.add_sync(b"a")
+    with pytest.raises(LedgerError, match="only a CLOSED"):
+        client.delete(writer.ledger_id)
+    writer.close()
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    assert writer.ledger_id in client.list_ledgers()
+    client.delete(writer.ledger_id)
+    assert writer.ledger_id not in client.list_ledgers()
+    with pytest.raises(NoSuchLedger):
+        client.open_reader(writer.ledger_id)
+    for member in meta.ensemble:
+        with pytest.raises(NoSuchEntry):
+            client.pool.request(member["address"], "read", ledger=writer.ledger_id, entry=0).result(5)
+
+
+def test_live_bookies_and_not_enough_bookies(cluster, procs):
+    bookies = start_bookies(procs, cluster, 2)
+    wait_registered(cluster, 2)
+    client = make_client(cluster)
+    try:
+        live = client.live_bookies()
+        assert sorted(b["bookie_id"] for b in live) == sorted(bookie_id_of(p) for p in bookies)
+        assert all(b["address"].startswith("tcp://") for b in live)
+        with pytest.raises(LedgerError, match="need 3 live bookies.*found 2"):
+            client.create(epoch=1)
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- the log
+
+
+def test_log_cas_append_and_remove(cluster):
+    zk, paths = cluster.zk, cluster.paths
+    assert read_log(zk, paths) == ([], -1)
+    v0 = append_ledger(zk, paths, 1, epoch=1, expected_version=-1)
+    with pytest.raises(LogConflict):
+        append_ledger(zk, paths, 2, epoch=2, expected_version=-1)  # someone created it first
+    v1 = append_ledger(zk, paths, 2, epoch=2, expected_version=v0)
+    with pytest.raises(LogConflict):
+        append_ledger(zk, paths, 3, epoch=3, expected_version=v0)  # stale version: another leader won
+    ledgers, version = read_log(zk, paths)
+    assert ledgers == [{"id": 1, "epoch": 1}, {"id": 2, "epoch": 2}] and version == v1
+    v2 = remove_ledgers(zk, paths, [1], expected_version=v1)
+    assert read_log(zk, paths) == ([{"id": 2, "epoch": 2}], v2)
+    with pytest.raises(LogConflict):
+        remove_ledgers(zk, paths, [2], expected_version=v1)
+
+
+def test_log_reader_crosses_two_ledgers_from_a_position(ledger_env):
+    cluster, _, client = ledger_env
+    zk, paths = cluster.zk, cluster.paths
+    first = client.create(epoch=1)
+    version = append_ledger(zk, paths, first.ledger_id, 1, expected_version=read_log(zk, paths)[1])
+    for i in range(5):
+        first.add_sync(b"one-%d" % i)
+    first.close()
+    second = client.create(epoch=2)
+    append_ledger(zk, paths, second.ledger_id, 2, expected_version=version)
+    for i in range(4):
+        second.add_sync(b"two-%d" % i)
+    second_reader = client.open_reader(second.ledger_id)
+    deadline = time.monotonic() + 5
+    while second_reader.read_lac() < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)  # the idle writer's explicit LAC is on its way
+
+    # From a position inside the first ledger: the rest of it, then the second up to its LAC.
+    reader = client.log_reader(after=(first.ledger_id, 2))
+    got = list(reader.entries())
+    assert [pos for pos, _ in got] == [(first.ledger_id, 3), (first.ledger_id, 4)] + \
+        [(second.ledger_id, i) for i in range(4)]
+    assert [e.payload for _, e in got] == [b"one-3", b"one-4", b"two-0", b"two-1", b"two-2", b"two-3"]
+    assert reader.position == (second.ledger_id, 3)
+
+    # Following: the next commit shows up through the long poll.
+    threading.Timer(0.3, lambda: second.add_sync(b"two-4")).start()
+    started = time.monotonic()
+    batch = reader.poll(timeout=5.0)
+    assert [(pos, e.payload) for pos, e in batch] == [((second.ledger_id, 4), b"two-4")]
+    assert time.monotonic() - started < 4.0
+    second.close()
+
+    # From the start of the log, everything in order.
+    everything = list(LogReader(zk, paths, client.pool, client.digest).entries())
+    assert len(everything) == 10
+    assert [p for p, _ in everything] == sorted(p for p, _ in everything)
+    # Nothing more: a follow with a deadline returns.
+    started = time.monotonic()
+    assert list(reader.entries(follow=True, deadline=time.monotonic() + 0.5)) == []
+    assert time.monotonic() - started < 3.0

@@ -1,0 +1,125 @@
+"""QuorumTracker: in-order completion once ack_quorum members acked, failure detection."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.writer import QuorumTracker
+
+
+def test_entry_completes_at_ack_quorum():
+    t = QuorumTracker(3, 2)
+    t.add(0)
+    assert t.ack(0, 0) == []
+    assert t.lac == -1
+    assert t.ack(0, 2) == [0]
+    assert t.lac == 0
+    assert t.ack(0, 1) == []  # the third ack of a complete entry changes nothing
+    assert t.pending == []
+
+
+def test_completion_is_in_order():
+    t = QuorumTracker(3, 2)
+    for e in range(3):
+        t.add(e)
+    assert t.ack(2, 0) == [] and t.ack(2, 1) == []
+    assert t.ack(1, 0) == [] and t.ack(1, 2) == []
+    assert t.lac == -1
+    assert t.ack(0, 1) == []
+    assert t.ack(0, 2) == [0, 1, 2]
+    assert t.lac == 2
+
+
+def test_duplicate_acks_from_one_member_count_once():
+    t = QuorumTracker(3, 2)
+    t.add(0)
+    assert t.ack(0, 1) == [] and t.ack(0, 1) == []
+    assert t.lac == -1
+
+
+def test_one_failure_of_three_still_completes():
+    t = QuorumTracker(3, 2)
+    t.add(0)
+    assert t.fail(0, 1) is False
+    assert t.ack(0, 0) == [] and t.ack(0, 2) == [0]
+
+
+def test_two_failures_of_three_lose_the_quorum():
+    t = QuorumTracker(3, 2)
+    t.add(0)
+    t.ack(0, 0)
+    assert t.fail(0, 1) is False
+    assert t.fail(0, 2) is True
+
+
+def test_a_failed_member_cannot_ack_and_an_acked_one_cannot_fail():
+    t = QuorumTracker(3, 2)
+    t.add(0)
+    t.fail(0, 1)
+    assert t.ack(0, 1) == []
+    t.ack(0, 0)
+    assert t.fail(0, 0) is False
+    assert t.lac == -1
+
+
+def test_abandon_drops_the_tail_only():
+    t = QuorumTracker(3, 2)
+    for e in range(4):
+        t.add(e)
+    assert t.abandon_from(2) == [2, 3]
+    assert t.pending == [0, 1]
+    assert t.ack(2, 0) == [] and t.ack(2, 1) == []  # abandoned entries never complete
+    t.ack(0, 0), t.ack(0, 1), t.ack(1, 0)
+    assert t.ack(1, 2) == [1] and t.lac == 1
+
+
+def test_entries_must_be_added_in_order():
+    t = QuorumTracker(3, 2)
+    t.add(0)
+    with pytest.raises(ValueError):
+        t.add(2)
+    with pytest.raises(ValueError):
+        QuorumTracker(2, 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 5).flatmap(lambda wq: st.tuples(st.just(wq), st.integers(1, wq))),
+    st.integers(1, 8),
+    st.data(),
+)
+def test_random_interleavings(quorums, n_entries, data):
+    """Whatever the order of acks and failures: completions form the prefix of entries
+    that have ack_quorum acks, reported once each, in order; and an entry is reported
+    unreachable exactly when too many members failed it."""
+    wq, aq = quorums
+    t = QuorumTracker(wq, aq)
+    for e in range(n_entries):
+        t.add(e)
+    events = [(e, m) for e in range(n_entries) for m in range(wq)]
+    events = data.draw(st.permutations(events))
+    outcome = {ev: data.draw(st.booleans()) for ev in events}  # True: ack, False: fail
+    acks = {e: set() for e in range(n_entries)}
+    fails = {e: set() for e in range(n_entries)}
+    completed: list[int] = []
+    lost: set[int] = set()
+    for e, m in events:
+        if outcome[(e, m)]:
+            acks[e].add(m)
+            completed += t.ack(e, m)
+        else:
+            fails[e].add(m)
+            if t.fail(e, m):
+                lost.add(e)
+        # invariant: completed is exactly the longest prefix with a quorum of acks
+        prefix = 0
+        while prefix < n_entries and len(acks[prefix]) >= aq:
+            prefix += 1
+        assert completed == list(range(prefix))
+        assert t.lac == prefix - 1
+    for e in range(n_entries):
+        could_complete = wq - len(fails[e]) >= aq
+        # an entry is reported lost only while still pending (not complete)
+        if e in lost:
+            assert not could_complete
