@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -65,6 +66,7 @@ class BrokerNode:
     def run(self) -> int:
         cfg = self.config
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
+        self._write_session_file()
         try:
             self.cluster = ensure_cluster_config(self.zk, self.paths, ClusterOptions(), clock=self.clock)
             data = Path(cfg.data)
@@ -132,6 +134,7 @@ class BrokerNode:
         else:
             self.server.writable = True
             self._live_dirty = True
+            self._write_session_file()
 
     def _on_leader_node(self, data, _stat) -> None:
         """Followers learn the leader's address from the `leader` node (for not_leader replies)."""
@@ -141,6 +144,21 @@ class BrokerNode:
             info = None
         if self.server.session is None:
             self.server.leader_address = info.get("address") if info else None
+
+    def _write_session_file(self) -> None:
+        """For fault-injection tests only: expose the ZooKeeper session so a harness can expire it.
+
+        Off unless ``FENCEPOST_ZK_SESSION_FILE`` names a file; written 0600 since the
+        password lets its reader act as this session.
+        """
+        path = os.environ.get("FENCEPOST_ZK_SESSION_FILE")
+        if not path:
+            return
+        session_id, password = self.zk.client_id
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"session_id": session_id, "password": password.hex()}, fh)
+        os.replace(path + ".tmp", path)
 
     def _leadership_lost(self, reason: str) -> None:
         log.warning("leadership lost: %s", reason)

@@ -72,6 +72,14 @@ def free_port() -> Callable[[], int]:
     return _free_port
 
 
+def expire_broker_session(hosts: str, proc: "Proc") -> None:
+    """Expire the ZooKeeper session of a broker started by the harness."""
+    import json as _json
+
+    info = _json.loads(Path(str(proc.data_dir) + ".zk-session").read_text())
+    expire_session(hosts, info["session_id"], bytes.fromhex(info["password"]))
+
+
 def expire_session(hosts: str, session_id: int, password: bytes, timeout: float = 10.0) -> None:
     """Expire a ZooKeeper session for real: open it from a second client, then close that client."""
     from kazoo.client import KazooClient
@@ -188,7 +196,8 @@ class ProcessManager:
         address = f"tcp://127.0.0.1:{_free_port()}"
         args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", cluster.hosts,
                 "--cluster", cluster.name, "--zk-session-timeout", str(session_timeout), *(extra or [])]
-        return self.start("broker", args, ready=_answers_ping, address=address, data_dir=data_dir)
+        env = {"FENCEPOST_ZK_SESSION_FILE": str(data_dir) + ".zk-session"}
+        return self.start("broker", args, ready=_answers_ping, address=address, data_dir=data_dir, env=env)
 
     def restart(self, proc: Proc) -> Proc:
         """Start `proc` again with the same arguments and data dir (it must have stopped)."""

@@ -119,3 +119,22 @@ def test_paused_leader_is_fenced_and_rejoins_as_follower(broker_cluster):
     assert not load.errors, load.errors[:3]
     assert_exactly_once(bc, load.acked)
     assert_replicas_agree(bc, bc.brokers)
+
+
+def test_expired_leader_session_steps_down_and_rejoins(broker_cluster):
+    from tests.conftest import expire_broker_session
+
+    bc = broker_cluster
+    with Producers(bc.zk_hosts, bc.cluster.name, threads=2) as load:
+        wait_for(lambda: load.count() > 100, 30, "load to start")
+        old = bc.leader_proc()
+        old_id = bc.leader_info()["broker_id"]
+        expire_broker_session(bc.zk_hosts, old)
+        bc.wait_leader(not_id=old_id, timeout=30)
+        wait_for(lambda: call(old.address, "status")["role"] == "follower", 30, "the old leader to step down")
+        before = load.count()
+        wait_for(lambda: load.count() > before + 100, 30, "load to go on with the new leader")
+    assert not load.errors, load.errors[:3]
+    assert old.alive()
+    assert_exactly_once(bc, load.acked)
+    assert_replicas_agree(bc, bc.brokers)
