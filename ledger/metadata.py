@@ -56,7 +56,14 @@ class NotEnoughBookies(LedgerError):
 
 @dataclass
 class LedgerMetadata:
-    """One ledger's metadata (the JSON stored at ``paths.ledger(id)``)."""
+    """One ledger's metadata (the JSON stored at ``paths.ledger(id)``).
+
+    Example::
+
+        meta, version = read_metadata(zk, paths, 7)
+        if meta.state == OPEN:
+            cas_metadata(zk, paths, meta.with_state(IN_RECOVERY), version)
+    """
 
     ledger_id: int
     ensemble: list[dict]  # [{"bookie_id": .., "address": ..}, ...] in write order

@@ -27,12 +27,13 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.bookie_client import BookiePool, BookieUnavailable, NoSuchEntry
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
-from ledger.metadata import CLOSED, LedgerMetadata, current_address, read_metadata
+from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
 from ledger.wire import RemoteError
 
 log = logging.getLogger(__name__)
@@ -91,19 +92,37 @@ class LedgerReader:
         return self.metadata.last_entry if self.closed else self._lac
 
     def read_lac(self) -> int:
-        """The highest committed entry id: ``last_entry`` if CLOSED, else the max LAC over the bookies."""
-        if self.closed or self.refresh().state == CLOSED:
+        """The highest committed entry id: ``last_entry`` if CLOSED, else the max LAC over the bookies.
+
+        Bookies that timed out recently are asked too, but not waited for, so
+        one dead bookie does not stall every call. The metadata is re-read only
+        when the bookies show no progress (the ledger may have been closed).
+        """
+        if self.closed:
             return self.metadata.last_entry
-        futures = [self._pool.request(a, "read_lac", timeout=self.timeout, ledger=self.ledger_id)
+        before = self._lac
+        futures = [(self._pool.is_suspect(a), self._pool.request(a, "read_lac", timeout=self.timeout,
+                                                                  ledger=self.ledger_id))
                    for a in self._addresses]
-        answered = 0
-        for fut in futures:
+        if not all(suspect for suspect, _ in futures):
+            wait_futures([f for suspect, f in futures if not suspect], timeout=self.timeout + 1.0)
+        else:
+            wait_futures([f for _, f in futures], timeout=self.timeout + 1.0)
+        answered, fenced = 0, False
+        for _, fut in futures:
+            if not fut.done():
+                continue
             try:
-                self._lac = max(self._lac, int(fut.result(self.timeout + 1.0)["lac"]))
+                reply = fut.result()
+                self._lac = max(self._lac, int(reply["lac"]))
+                fenced = fenced or bool(reply.get("fenced"))
                 answered += 1
-            except (LedgerError, TimeoutError, KeyError, ValueError, TypeError) as exc:
+            except (LedgerError, KeyError, ValueError, TypeError) as exc:
                 log.debug("read_lac of ledger %d: %s", self.ledger_id, exc)
-        if answered == 0:
+        if self._lac <= before or fenced or not answered:
+            if self.refresh().state == CLOSED:
+                return self.metadata.last_entry
+        if not answered:
             raise BookieUnavailable(",".join(self._addresses), f"no bookie of ledger {self.ledger_id} answered read_lac")
         return self._lac
 
@@ -204,6 +223,7 @@ class LedgerReader:
             futures = {self._pool.request(a, "wait_lac", timeout=poll + self.timeout, ledger=self.ledger_id,
                                           after=after, timeout_ms=int(poll * 1000)) for a in self._addresses}
             fenced = False
+            answered = 0
             pending = futures
             while pending and self._lac <= after:
                 done, pending = wait_futures(pending, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED)
@@ -214,10 +234,15 @@ class LedgerReader:
                         reply = fut.result()
                     except LedgerError:
                         continue
+                    answered += 1
                     self._lac = max(self._lac, int(reply.get("lac", -1)))
                     fenced = fenced or bool(reply.get("fenced"))
             if self._lac > after:
                 return self._lac
+            if not answered:
+                # Every bookie failed at once (e.g. unreachable): back off a little
+                # instead of spinning until the deadline.
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             if fenced:
                 # Recovery is running: the answer will be in the metadata. Wait for its change.
                 self._wait_metadata_change(deadline)
@@ -225,9 +250,14 @@ class LedgerReader:
                 self.refresh()
 
     def _wait_metadata_change(self, deadline: float) -> None:
-        changed = threading.Event()
-        data, _ = self._zk.get(self._paths.ledger(self.ledger_id), watch=lambda _event: changed.set())
-        self.metadata = LedgerMetadata.from_json(data, self.ledger_id)
-        if not self.closed:
-            changed.wait(max(0.0, deadline - time.monotonic()))
-            self.refresh()
+        """Wait (on ZooKeeper watches, not polling) until the ledger is CLOSED or ``deadline``."""
+        while True:
+            changed = threading.Event()
+            try:
+                data, _ = self._zk.get(self._paths.ledger(self.ledger_id), watch=lambda _event: changed.set())
+            except NoNodeError:
+                raise NoSuchLedger(f"ledger {self.ledger_id} was deleted") from None
+            self.metadata = LedgerMetadata.from_json(data, self.ledger_id)
+            left = deadline - time.monotonic()
+            if self.closed or left <= 0 or not changed.wait(left):
+                return

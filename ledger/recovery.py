@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
 _WINDOW = 16  # entries probed in parallel while reading forward
+_GRACE = 0.2  # how long the other bookies may still answer a fence once the quorum is fenced
 
 
 class RecoveryError(LedgerError):
@@ -64,8 +65,9 @@ class RecoveryError(LedgerError):
 def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout: float) -> dict[int, dict]:
     """Fence every bookie; return the replies of those fenced, by ensemble index.
 
-    Returns as soon as every bookie answered, or once enough are fenced and the
-    rest had ``timeout`` to answer.
+    Returns when every bookie answered, or a short grace after the fence
+    quorum is reached (a dead bookie must not cost a whole timeout: the
+    quorum is all safety needs), or at the timeout.
     """
     futures = {pool.request(a, "fence", timeout=timeout, ledger=meta.ledger_id): i for i, a in enumerate(addresses)}
     fenced: dict[int, dict] = {}
@@ -82,6 +84,8 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
                 fenced[index] = fut.result()
             except LedgerError as exc:
                 errors.append(f"{meta.ensemble[index]['bookie_id']}: {exc}")
+        if len(fenced) >= meta.fence_quorum:
+            deadline = min(deadline, time.monotonic() + _GRACE)
     if len(fenced) < meta.fence_quorum:
         raise NotEnoughBookies(
             f"ledger {meta.ledger_id}: fenced {len(fenced)} of {len(addresses)} bookies, need {meta.fence_quorum} "
@@ -90,15 +94,24 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
     return fenced
 
 
-def _probe(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], fenced: set[int], entry_id: int,
-           digest: Digest, futures: list[Future]) -> bytes | None:
-    """The bytes of a valid copy of ``entry_id``, or None when it is provably absent."""
+def _probe(meta: LedgerMetadata, fenced: set[int], entry_id: int, digest: Digest, futures: list[Future],
+           timeout: float) -> bytes | None:
+    """The bytes of a valid copy of ``entry_id``, or None when it is provably absent.
+
+    Every committed entry has a copy on some fenced bookie (an ack quorum and
+    the fence quorum always intersect), so the fenced bookies are asked first;
+    the others (often the dead ones) are waited for only when the fenced
+    answers do not settle it, e.g. because a copy is corrupt.
+    """
     absent = 0
     problems = []
-    for index, fut in enumerate(futures):
+    order = sorted(range(len(futures)), key=lambda i: i not in fenced)
+    for index in order:
         bookie_id = meta.ensemble[index]["bookie_id"]
+        if index not in fenced and absent >= meta.fence_quorum:
+            break
         try:
-            data = fut.result()["data"]
+            data = futures[index].result(timeout + 1.0)["data"]
             entry = decode_entry(data, digest)
             if (entry.ledger_id, entry.entry_id) != (meta.ledger_id, entry_id):
                 raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id}")
@@ -113,7 +126,7 @@ def _probe(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], fenced:
             log.warning("recovery of ledger %d: entry %d on bookie %s is corrupt (%s)",
                         meta.ledger_id, entry_id, bookie_id, exc.reason)
             problems.append(f"{bookie_id}: corrupt")
-        except (LedgerError, KeyError, TypeError) as exc:
+        except (LedgerError, KeyError, TypeError, TimeoutError) as exc:
             problems.append(f"{bookie_id}: {exc}")
     if absent >= meta.fence_quorum:
         return None
@@ -125,21 +138,32 @@ def _probe(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], fenced:
 
 def _replicate(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], entries: list[tuple[int, bytes]],
                timeout: float) -> None:
-    """Write ``entries`` to every bookie with ``recovery: true``; each needs ``ack_quorum`` acks."""
+    """Write ``entries`` to every bookie with ``recovery: true``; each needs ``ack_quorum`` acks.
+
+    Waits per entry only until its ack quorum is reached, not for bookies
+    that are down.
+    """
     sends = [(entry_id, [pool.request(a, "add", timeout=timeout, ledger=meta.ledger_id, entry=entry_id, data=data,
                                       recovery=True) for a in addresses])
              for entry_id, data in entries]
+    deadline = time.monotonic() + timeout + 1.0
     for entry_id, futures in sends:
         acks, errors = 0, []
-        for index, fut in enumerate(futures):
-            try:
-                fut.result(timeout + 1.0)
-                acks += 1
-            except (LedgerError, TimeoutError) as exc:
-                errors.append(f"{meta.ensemble[index]['bookie_id']}: {exc}")
+        pending = set(futures)
+        while pending and acks < meta.ack_quorum:
+            done, pending = wait_futures(pending, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=FIRST_COMPLETED)
+            if not done:
+                break
+            for fut in done:
+                try:
+                    fut.result()
+                    acks += 1
+                except LedgerError as exc:
+                    errors.append(f"{meta.ensemble[futures.index(fut)]['bookie_id']}: {exc}")
         if acks < meta.ack_quorum:
             raise RecoveryError(f"ledger {meta.ledger_id}: re-replicating entry {entry_id} reached {acks} bookies, "
-                                f"need {meta.ack_quorum} ({'; '.join(errors)})")
+                                f"need {meta.ack_quorum} ({'; '.join(errors) or 'no answer'})")
 
 
 def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
@@ -170,7 +194,7 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
             probes = [[pool.request(a, "read", timeout=timeout, ledger=ledger_id, entry=e) for a in addresses]
                       for e in window]
             for entry_id, futures in zip(window, probes):
-                data = _probe(pool, meta, addresses, fenced, entry_id, digest, futures)
+                data = _probe(meta, fenced, entry_id, digest, futures, timeout)
                 if data is None:
                     done = True
                     break

@@ -42,7 +42,7 @@ from kazoo.client import KazooClient
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.bookie_client import BookiePool, LedgerFencedError
+from ledger.bookie_client import BookiePool, BookieUnavailable, LedgerFencedError
 from ledger.codec import Digest, Entry, encode_entry
 from ledger.metadata import (
     CLOSED,
@@ -59,6 +59,10 @@ from ledger.metadata import (
 log = logging.getLogger(__name__)
 
 DEFAULT_ADD_TIMEOUT = 5.0
+
+
+def _ignore_reply(_index: int, _reply: dict | None, _exc: BaseException | None) -> None:
+    pass
 
 
 class LedgerWriteError(LedgerError):
@@ -161,6 +165,7 @@ class LedgerWriter:
         self._digest = digest
         self.add_timeout = add_timeout
         self._members = meta.ensemble[: meta.write_quorum]
+        self._addresses = [m["address"] for m in self._members]
         self._tracker = QuorumTracker(meta.write_quorum, meta.ack_quorum)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -209,21 +214,20 @@ class LedgerWriter:
             # Encode before touching state: a payload the codec refuses must not leave a gap.
             data = encode_entry(Entry(self.ledger_id, entry_id, self._tracker.lac, self.metadata.epoch, bytes(payload)),
                                 self._digest)
+            # Sent under the lock so that every bookie receives entries in id order.
+            # Replies are handled on the pool's I/O thread, which takes this lock, so
+            # none can be processed before the bookkeeping below is in place.
+            try:
+                self._pool.call_many(self._addresses, "add", partial(self._on_reply, entry_id),
+                                     timeout=self.add_timeout, ledger=self.ledger_id, entry=entry_id, data=data)
+            except BookieUnavailable as exc:  # the pool is closed
+                fut.set_exception(LedgerWriteError(f"ledger {self.ledger_id}: {exc}"))
+                return fut
             self._next_entry += 1
             self._lac_sent = max(self._lac_sent, self._tracker.lac)
             self._tracker.add(entry_id)
             self._futures[entry_id] = fut
             self._reasons[entry_id] = []
-            # Sent under the lock so that every bookie receives entries in id order.
-            sends = [
-                self._pool.request(m["address"], "add", timeout=self.add_timeout,
-                                   ledger=self.ledger_id, entry=entry_id, data=data)
-                for m in self._members
-            ]
-        # Callbacks are attached outside the lock: an already-failed future runs its
-        # callback right here, and the callback takes the lock.
-        for index, send in enumerate(sends):
-            send.add_done_callback(partial(self._on_reply, entry_id, index))
         return fut
 
     def add_sync(self, payload: bytes, timeout: float | None = None) -> int:
@@ -240,9 +244,8 @@ class LedgerWriter:
             return LedgerWriteError(f"ledger {self.ledger_id}: the writer is closed")
         return None
 
-    def _on_reply(self, entry_id: int, index: int, send: Future) -> None:
+    def _on_reply(self, entry_id: int, index: int, reply: dict | None, exc: BaseException | None) -> None:
         resolved: list[tuple[Future, int | None, BaseException | None]] = []
-        exc = send.exception()
         member = self._members[index]["bookie_id"]
         with self._lock:
             if exc is None:
@@ -291,8 +294,12 @@ class LedgerWriter:
         if self._error is not None or lac <= self._lac_sent:
             return
         self._lac_sent = lac
-        for member in self._members:
-            self._pool.request(member["address"], "write_lac", timeout=self.add_timeout, ledger=self.ledger_id, lac=lac)
+        try:
+            # Best effort: a bookie that misses it still learns the LAC from the next add.
+            self._pool.call_many(self._addresses, "write_lac", _ignore_reply, timeout=self.add_timeout,
+                                 ledger=self.ledger_id, lac=lac)
+        except BookieUnavailable:
+            pass  # the pool is closed
 
     def _abandon_from(self, entry_id: int, error: LedgerError) -> list[tuple[Future, None, LedgerError]]:
         out = []

@@ -142,6 +142,31 @@ def test_pool_maps_replies_and_errors():
         fake.close()
 
 
+def test_pool_call_many_sends_one_request_to_each_bookie():
+    fakes = [FakeBookie(lambda msg, i=i: wire.ok_reply(msg["rid"], who=i, n=msg["n"])) for i in range(3)]
+    pool = BookiePool(default_timeout=2.0)
+    got: dict[int, tuple] = {}
+    done = threading.Event()
+
+    def callback(index, reply, exc):
+        got[index] = (reply and reply["who"], reply and reply["n"], exc)
+        if len(got) == 3:
+            done.set()
+
+    try:
+        pool.call_many([f.address for f in fakes], "ping", callback, n=7)
+        assert done.wait(5)
+        assert got == {0: (0, 7, None), 1: (1, 7, None), 2: (2, 7, None)}
+        # The same request id went to every bookie: only unique per connection.
+        assert len({f.seen[0]["rid"] for f in fakes}) == 1
+    finally:
+        pool.close()
+        for f in fakes:
+            f.close()
+    with pytest.raises(BookieUnavailable):
+        pool.call_many([fakes[0].address], "ping", callback)
+
+
 def test_pool_times_out_a_silent_bookie_and_drops_late_replies():
     silent = threading.Event()
     silent.set()
@@ -170,6 +195,23 @@ def test_pool_times_out_a_silent_bookie_and_drops_late_replies():
         assert len(late) == 5
         assert pool.request(fake.address, "ping", n=99).result(5)["n"] == 99
         assert not pool.is_suspect(fake.address)
+    finally:
+        pool.close()
+        fake.close()
+
+
+def test_pool_window_holds_back_requests_and_their_timeout_still_runs():
+    fake = FakeBookie(lambda msg: None)  # never answers
+    pool = BookiePool(default_timeout=0.6, window=2)
+    try:
+        started = time.monotonic()
+        futs = [pool.request(fake.address, "ping", n=i) for i in range(5)]
+        time.sleep(0.3)
+        assert [m["n"] for m in fake.seen] == [0, 1]  # only a window's worth was sent
+        done, not_done = wait_futures(futs, timeout=3.0)
+        assert not not_done
+        assert all(isinstance(f.exception(), BookieUnavailable) for f in futs)
+        assert time.monotonic() - started < 2.0
     finally:
         pool.close()
         fake.close()
@@ -438,3 +480,44 @@ def test_log_reader_crosses_two_ledgers_from_a_position(ledger_env):
     started = time.monotonic()
     assert list(reader.entries(follow=True, deadline=time.monotonic() + 0.5)) == []
     assert time.monotonic() - started < 3.0
+
+
+def test_log_reader_follows_a_leader_change(ledger_env):
+    """A follower waiting at the end of an open ledger moves on once it is recovered and a new one appended."""
+    cluster, _, client = ledger_env
+    zk, paths = cluster.zk, cluster.paths
+    old = client.create(epoch=1)
+    version = append_ledger(zk, paths, old.ledger_id, 1, expected_version=read_log(zk, paths)[1])
+    for i in range(3):
+        old.add_sync(b"old-%d" % i)
+    reader = client.log_reader()
+    got = []
+    deadline = time.monotonic() + 5
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += reader.poll(timeout=1.0)
+    assert [e.payload for _, e in got] == [b"old-0", b"old-1", b"old-2"]
+
+    def new_leader():
+        other = make_client(cluster)
+        try:
+            other.recover_and_close(old.ledger_id)
+            new = other.create(epoch=2)
+            append_ledger(zk, paths, new.ledger_id, 2, expected_version=version)
+            new.add_sync(b"new-0")
+            new.add_sync(b"new-1")
+            new.close()
+        finally:
+            other.close()
+
+    thread = threading.Thread(target=new_leader)
+    thread.start()
+    started = time.monotonic()
+    more = []
+    while len(more) < 2 and time.monotonic() - started < 15:
+        more += reader.poll(timeout=1.0)
+    thread.join(15)
+    assert [e.payload for _, e in more] == [b"new-0", b"new-1"]
+    assert more[0][0][0] != old.ledger_id and [p[1] for p, _ in more] == [0, 1]
+    assert time.monotonic() - started < 10
+    with pytest.raises(LedgerFencedError):
+        old.add_sync(b"stale leader")
