@@ -92,6 +92,10 @@ class WaitTimeout(ClientError, TimeoutError):
         self.task = task
 
 
+# How often a call waiting for a reply checks whether the leader has changed.
+LEADER_CHECK_MS = 100
+
+
 class _Conn:
     """The calling thread's socket and the address it is connected to."""
 
@@ -447,6 +451,11 @@ class Client:
         if conn is not None:
             conn.release()
 
+    def _leader_moved(self, address: str) -> bool:
+        """True when ZooKeeper names a leader other than `address` (only known with `zk`)."""
+        with self._lock:
+            return self._zk is not None and self._leader is not None and self._leader != address
+
     def _exchange(self, address: str, op: str, fields: dict, timeout: float) -> dict:
         """One request, one reply (matched by rid); raise _Transient on no reply in time."""
         rid = next(self._rids)
@@ -465,7 +474,12 @@ class Client:
                 # read as the answer to a later request.
                 self._drop_socket()
                 raise _Transient(f"no reply within {timeout:g}s")
-            if not sock.poll(remaining_ms, zmq.POLLIN):
+            if not sock.poll(min(remaining_ms, LEADER_CHECK_MS), zmq.POLLIN):
+                if self._leader_moved(address):
+                    # The dead leader will never answer: go to the new one now instead of
+                    # waiting out the timeout (the request is safe to repeat).
+                    self._drop_socket()
+                    raise _Transient("the leader changed while waiting for a reply")
                 continue
             try:
                 raw = sock.recv(zmq.NOBLOCK)

@@ -112,6 +112,15 @@ def fencepost_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli", *args]
 
 
+def fencepost_env() -> dict:
+    """The environment for child processes: ours, with this fencepost's code importable from any cwd."""
+    import cli
+
+    root = str(Path(cli.__file__).resolve().parent)
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 class DevCluster:
     """The development cluster recorded in `run_dir`."""
 
@@ -191,7 +200,7 @@ class DevCluster:
         with open(member["log"], "ab") as out:
             proc = subprocess.Popen(
                 fencepost_command(*member["args"]), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir, env=fencepost_env(),
             )
         member["pid"] = proc.pid
 

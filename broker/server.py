@@ -76,6 +76,8 @@ class BrokerServer:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # The default limit of 1000 queued replies would silently drop replies under load.
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.poller = zmq.Poller()
 
     def bind(self) -> None:

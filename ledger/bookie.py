@@ -136,6 +136,8 @@ class Bookie:
             self._store = BookieStore(cfg.data, map_size=cfg.map_size, sync=cfg.fsync)
             self._ctx = zmq.Context()
             self._sock = self._ctx.socket(zmq.ROUTER)
+            # The default limit of 1000 queued replies silently drops acks under a deep pipeline.
+            self._sock.setsockopt(zmq.SNDHWM, 100_000)
             self._sock.setsockopt(zmq.LINGER, 0)
             # A frame somewhat over the limit still gets an "oversized" reply; a far larger
             # one makes ZeroMQ drop the peer before the frame can take the memory.
