@@ -373,14 +373,15 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cl
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(zk, cluster, dev_dir, as_json) -> None:
-    """The cluster: leader, epoch, brokers, bookies, ledgers."""
-    from election.cluster_view import cluster_status, format_status
+    """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues."""
+    from broker.status import full_status
+    from election.cluster_view import format_status
     from election.zk import close, connect
 
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
     client = connect(hosts, connect_timeout=5.0)
     try:
-        view = cluster_status(client, name)
+        view = full_status(client, name)
     finally:
         close(client)
     emit(view, as_json, lambda v: click.echo(format_status(v)))

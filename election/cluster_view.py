@@ -92,5 +92,6 @@ def format_status(view: dict) -> str:
     if view["queues"]:
         lines.append("queues:")
         for name, depth in sorted(view["queues"].items()):
-            lines.append(f"  {name:<20} {depth}")
+            counts = "  ".join(f"{state}={n}" for state, n in depth.items() if n)
+            lines.append(f"  {name:<20} {counts or 'empty'}")
     return "\n".join(lines)

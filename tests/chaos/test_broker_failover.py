@@ -138,3 +138,23 @@ def test_expired_leader_session_steps_down_and_rejoins(broker_cluster):
     assert old.alive()
     assert_exactly_once(bc, load.acked)
     assert_replicas_agree(bc, bc.brokers)
+
+
+def test_sigterm_hands_leadership_over_without_a_session_timeout(broker_cluster):
+    bc = broker_cluster
+    with Producers(bc.zk_hosts, bc.cluster.name, threads=2) as load:
+        wait_for(lambda: load.count() > 100, 30, "load to start")
+        old = bc.leader_proc()
+        old_id = bc.leader_info()["broker_id"]
+        started = time.monotonic()
+        assert old.terminate() == 0
+        new = bc.wait_leader(not_id=old_id, timeout=10)
+        handover = time.monotonic() - started
+        before = load.count()
+        wait_for(lambda: load.count() > before + 100, 30, "load to go on with the new leader")
+    assert not load.errors, load.errors[:3]
+    # Well under the 2 s session timeout: the old leader released leadership itself.
+    assert handover < 1.9, handover
+    assert new["epoch"] > 1
+    assert_exactly_once(bc, load.acked)
+    assert_replicas_agree(bc, [p for p in bc.brokers if p is not old])

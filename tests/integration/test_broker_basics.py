@@ -65,3 +65,27 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker_cluster
     assert ok["ok"], ok
     status = call(address, "status")
     assert status["counters"]["bad_requests"] >= len(cases)
+
+
+def test_status_json_names_leader_epoch_and_brokers(broker_cluster, procs):
+    bc = broker_cluster
+    leader = bc.wait_leader()
+    assert call(leader["address"], "submit", queue="jobs", payload=b"x")["ok"]
+    target = ["--zk", bc.zk_hosts, "--cluster", bc.cluster.name]
+    deadline = time.monotonic() + 15
+    while True:
+        result = procs.run(["status", "--json", *target])
+        assert result.returncode == 0, result.stderr.decode()
+        view = __import__("json").loads(result.stdout)
+        if len(view["brokers"]) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert view["leader"] == leader["broker_id"] and view["epoch"] == leader["epoch"]
+    roles = sorted(b["role"] for b in view["brokers"])
+    assert roles == ["follower", "follower", "leader"]
+    for b in view["brokers"]:
+        assert {"id", "role", "address", "position", "digest"} <= set(b)
+    assert view["queues"]["jobs"]["waiting"] == 1
+    assert len(view["bookies"]) == 3 and view["ledgers"]
+    human = procs.run(["status", *target])
+    assert "leader:" in human.stdout.decode() and "jobs" in human.stdout.decode()
