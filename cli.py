@@ -368,6 +368,34 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cl
            handlers={q: handler for q in queues}).run()
 
 
+# ---------------------------------------------------------------- bench
+BENCHMARKS = {
+    "ledger": "bench.ledger",
+    "tasks": "bench.tasks",
+    "failover": "bench.failover",
+    "memory": "bench.memory",
+}
+
+
+@main.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                         "allow_interspersed_args": False})
+@click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(name: str, args: tuple[str, ...]) -> None:
+    """Run benchmark NAME (ledger, tasks, failover, memory); `fencepost bench NAME --help` lists its options.
+
+    Each starts its own local cluster on loopback ports, stops it at the end, and with
+    --json prints one JSON object.
+    """
+    import importlib
+
+    try:
+        module = importlib.import_module(BENCHMARKS[name])
+    except ImportError as exc:
+        fail(f"benchmark {name} is not available: {exc}")
+    sys.exit(module.main(list(args)))
+
+
 # ---------------------------------------------------------------- status
 @main.command("status")
 @cluster_options
@@ -388,4 +416,4 @@ def status(zk, cluster, dev_dir, as_json) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="fencepost")
