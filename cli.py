@@ -258,11 +258,22 @@ def broker_group() -> None:
 @click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
               help="File holding the cluster secret (for the hmac-sha256 digest).")
 @click.option("--no-fsync", "no_fsync", is_flag=True, default=None, help="Do not fsync the state store (tests only).")
+@click.option("--checkpoint-entries", type=click.IntRange(1), default=None,
+              help="Snapshot after this many applied entries [default 50000].")
+@click.option("--checkpoint-seconds", type=float, default=None, help="Snapshot at least this often [default 600].")
+@click.option("--snapshots-kept", type=click.IntRange(1), default=None, help="Snapshots kept on disk [default 3].")
+@click.option("--retention-seconds", type=float, default=None,
+              help="Minimum age before a ledger covered by a snapshot may be deleted [default 3600].")
+@click.option("--ledger-max-entries", type=click.IntRange(1), default=None,
+              help="The leader rolls to a new ledger past this many entries [default 100000].")
+@click.option("--ledger-max-bytes", type=click.IntRange(1), default=None,
+              help="The leader rolls to a new ledger past this many bytes [default 256 MiB].")
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
               help="TOML file with a [broker] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options
-def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, no_fsync, config_file,
-                 zk, cluster, dev_dir) -> None:
+def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, no_fsync, checkpoint_entries,
+                 checkpoint_seconds, snapshots_kept, retention_seconds, ledger_max_entries, ledger_max_bytes,
+                 config_file, zk, cluster, dev_dir) -> None:
     """Run one broker in the foreground until SIGTERM (which hands leadership over at once)."""
     from broker.config import BrokerConfig
     from broker.node import BrokerNode
@@ -271,7 +282,10 @@ def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, n
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
     flags = {"data": data, "listen": listen, "name": name, "learner": learner, "zk": zk, "cluster": cluster,
              "zk_session_timeout": zk_session_timeout, "secret_file": secret_file,
-             "fsync": False if no_fsync else None}
+             "fsync": False if no_fsync else None, "checkpoint_entries": checkpoint_entries,
+             "checkpoint_seconds": checkpoint_seconds, "snapshots_kept": snapshots_kept,
+             "retention_seconds": retention_seconds, "ledger_max_entries": ledger_max_entries,
+             "ledger_max_bytes": ledger_max_bytes}
     sys.exit(BrokerNode(load_settings(BrokerConfig, "broker", flags, toml_path=config_file)).run())
 
 

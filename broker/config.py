@@ -40,6 +40,12 @@ class BrokerConfig:
     live_update_ms: int = 500
     map_size: int = 16 * 1024 ** 3
     fsync: bool = True
+    checkpoint_entries: int = 50_000
+    checkpoint_seconds: float = 600.0
+    snapshots_kept: int = 3
+    retention_seconds: float = 3600.0
+    ledger_max_entries: int = 100_000
+    ledger_max_bytes: int = 256 * 1024 * 1024
 
     def validate(self) -> "BrokerConfig":
         if not _TCP.match(self.listen):
@@ -50,6 +56,11 @@ class BrokerConfig:
                      "digest_every_entries", "default_lease_ms", "live_update_ms"):
             if getattr(self, name) < 1:
                 raise BrokerConfigError(f"{name} must be at least 1")
+        for name in ("checkpoint_entries", "snapshots_kept", "ledger_max_entries", "ledger_max_bytes"):
+            if getattr(self, name) < 1:
+                raise BrokerConfigError(f"{name} must be at least 1")
+        if self.checkpoint_seconds <= 0 or self.retention_seconds < 0:
+            raise BrokerConfigError("checkpoint_seconds must be > 0 and retention_seconds >= 0")
         if self.map_size < 1 << 20:
             raise BrokerConfigError("map_size must be at least 1 MiB")
         return self

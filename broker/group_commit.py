@@ -41,6 +41,7 @@ class Batch:
     events: list[dict] = field(default_factory=list)
     owners: list[tuple[Any, int, int]] = field(default_factory=list)
     future: Future | None = None
+    ledger_id: int = -1
 
     def add(self, events: list[dict], context: Any) -> None:
         start = len(self.events)
@@ -64,6 +65,10 @@ class GroupCommit:
         self.inflight: collections.deque[Batch] = collections.deque()
         self.failed: Exception | None = None
         self.entries_written = 0
+        # While held, nothing new is written: the leader is switching to a new ledger.
+        self.held = False
+        self.ledger_entries = 0
+        self.ledger_bytes = 0
 
     @property
     def idle(self) -> bool:
@@ -79,12 +84,25 @@ class GroupCommit:
 
     def flush(self) -> None:
         """Write the gathered batch (in one or more entries) while there is room in flight."""
-        while self.pending.events and len(self.inflight) < self.max_inflight and self.failed is None:
+        while self.pending.events and len(self.inflight) < self.max_inflight and self.failed is None and not self.held:
             batch = self._take()
-            batch.future = self.writer.add(encode_batch(batch.events))
+            data = encode_batch(batch.events)
+            batch.ledger_id = self.writer.ledger_id
+            batch.future = self.writer.add(data)
+            self.ledger_entries += 1
+            self.ledger_bytes += len(data)
             batch.future.add_done_callback(lambda _f: self.wake())
             self.inflight.append(batch)
             self.entries_written += 1
+
+    def switch_writer(self, writer) -> None:
+        """Go on writing to `writer` (a new ledger of the same epoch); call when nothing is in flight."""
+        if self.inflight:
+            raise WriteFailed("cannot switch ledgers with entries in flight")
+        self.writer = writer
+        self.ledger_entries = 0
+        self.ledger_bytes = 0
+        self.held = False
 
     def _take(self) -> Batch:
         """The pending batch, split at request boundaries if it is over the size limit."""
@@ -109,7 +127,7 @@ class GroupCommit:
                 self._fail(exc, batch)
                 return done
             entry_id = batch.future.result()
-            results = self.apply(batch.events, (self.writer.ledger_id, entry_id))
+            results = self.apply(batch.events, (batch.ledger_id, entry_id))
             for context, start, end in batch.owners:
                 self.reply(context, results[start:end], None)
             done += 1

@@ -61,6 +61,7 @@ class BrokerNode:
         self._election: LeaderElection | None = None
         self._live_dirty = True
         self._next_live = 0.0
+        self._session: LeaderSession | None = None
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -204,7 +205,11 @@ class BrokerNode:
             check_epoch(self.zk, self.paths, epoch)
             append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
             ready = threading.Event()
-            session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set)
+            session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set,
+                                    roll=lambda current: self._roll(epoch, current),
+                                    should_roll=lambda entries, size: (entries >= self.config.ledger_max_entries
+                                                                      or size >= self.config.ledger_max_bytes))
+            self._session = session
             started = {"type": "EpochStarted", "epoch": epoch, "broker_id": self.identity.broker_id,
                        "now_ms": int(self.clock() * 1000)}
             self.server.call_soon(lambda: self.server.start_leading(session, [started]))
@@ -221,7 +226,19 @@ class BrokerNode:
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
             log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
         finally:
-            self._end_leadership(writer)
+            session = getattr(self, "_session", None)
+            self._session = None
+            self._end_leadership(session.writer if session is not None else writer)
+
+    def _roll(self, epoch: int, current):
+        """Close the full ledger and continue in a new one of the same epoch (runs on the server thread)."""
+        current.close(timeout=5)
+        writer = self.ledgers.create(epoch)
+        _, version = read_log(self.zk, self.paths)
+        check_epoch(self.zk, self.paths, epoch)
+        append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
+        log.info("rolled from ledger %d to ledger %d (epoch %d)", current.ledger_id, writer.ledger_id, epoch)
+        return writer
 
     def _close_previous_ledgers(self) -> None:
         for item in read_log(self.zk, self.paths)[0]:

@@ -49,6 +49,9 @@ class LeaderSession:
     next_lease_check: float = 0.0
     entries_since_digest: int = 0
     lost_reported: bool = False
+    # Called with the current writer when the ledger is full; returns the next ledger's writer.
+    roll: Callable[[Any], Any] | None = None
+    should_roll: Callable[[int, int], bool] = lambda entries, size: False
 
 
 class BrokerServer:
@@ -265,7 +268,24 @@ class BrokerServer:
             self._retry_parked(session)
             self._expire_leases(session)
             self._maybe_digest(session)
+            self._maybe_roll(session)
         group.flush()
+
+    def _maybe_roll(self, session: LeaderSession) -> None:
+        """Move to a new ledger of the same epoch once the current one is full (so old ones can go)."""
+        group = session.group
+        if session.roll is None:
+            return
+        if not group.held and session.should_roll(group.ledger_entries, group.ledger_bytes):
+            group.held = True
+        if group.held and not group.inflight:
+            try:
+                writer = session.roll(group.writer)
+            except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
+                group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+                return
+            session.writer = writer
+            group.switch_writer(writer)
 
     def _retry_parked(self, session: LeaderSession) -> None:
         if not session.parked:

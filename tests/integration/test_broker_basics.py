@@ -89,3 +89,25 @@ def test_status_json_names_leader_epoch_and_brokers(broker_cluster, procs):
     assert len(view["bookies"]) == 3 and view["ledgers"]
     human = procs.run(["status", *target])
     assert "leader:" in human.stdout.decode() and "jobs" in human.stdout.decode()
+
+
+def test_leader_rolls_to_new_ledgers_in_the_same_epoch(cluster, procs):
+    for _ in range(3):
+        procs.start_bookie(cluster)
+    brokers = [procs.start_broker(cluster, extra=["--ledger-max-entries", "5"]) for _ in range(2)]
+    from tests.conftest import BrokerCluster
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=[], brokers=brokers)
+    leader = bc.wait_leader()
+    ids = [call(leader["address"], "submit", queue="roll", payload=b"%d" % i, key=f"k{i}")["task_id"]
+           for i in range(30)]
+    from ledger.log import read_log
+    ledgers, _ = read_log(cluster.zk, cluster.paths)
+    assert len(ledgers) >= 5 and {x["epoch"] for x in ledgers} == {leader["epoch"]}
+    status = call(leader["address"], "status")
+    assert status["queues"]["roll"]["waiting"] == 30
+    follower = next(p for p in brokers if p.address != leader["address"])
+    deadline = time.monotonic() + 15
+    while call(follower.address, "status")["position"] != status["position"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert call(follower.address, "status")["digest"] == status["digest"]
+    assert len(set(ids)) == 30

@@ -1,0 +1,432 @@
+"""`fencepost bench ledger`: ledger add throughput and latency, against a ZooKeeper baseline.
+
+Run as ``python -m bench.ledger [--json] [--seconds N]`` (or ``fencepost bench
+ledger``). Unless ``--zk``/``--cluster`` name an existing cluster, it starts a
+private ZooKeeper and three bookies (fsync on) in a temporary directory and
+stops them at the end, whatever happens. Then, on ledgers with ensemble 3,
+write quorum 3, ack quorum 2:
+
+1. **throughput** (``seconds/2``): one pipelined :class:`~ledger.writer.LedgerWriter`
+   keeps up to ``inflight`` adds of ``entry_size``-byte payloads outstanding;
+   entries/s, MB/s (payload bytes, 10^6) and add latency from ``add()`` to the
+   completion of its future;
+2. **paced** (``seconds/4``): an open-loop producer offers ``offered_rate``
+   adds/s on a fixed schedule; latency is measured from each add's *scheduled*
+   time, so a stalled producer cannot hide queueing (no coordinated omission);
+3. **ZooKeeper baseline** (``seconds/4``): the same payloads written as
+   sequential znodes with kazoo's ``create_async``, up to ``inflight``
+   outstanding; records/s.
+
+The first ~10% of each phase (at most 1 s) is warm-up and is not counted.
+See docs/benchmarks.md for every output field.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Callable
+
+from bench.common import BenchError, LocalCluster, emit, latency_summary, machine_info, rate
+
+ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
+TARGETS = {"entries_per_s": 20_000, "ratio_vs_zk": 5.0, "paced_p99_ms": 10.0}
+WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
+
+LABELS = {
+    "entries_per_s": "throughput (entries/s)",
+    "mb_per_s": "throughput (MB/s payload)",
+    "p50_ms": "add latency p50 (ms)",
+    "p99_ms": "add latency p99 (ms)",
+    "paced_rate": "paced: achieved rate (entries/s)",
+    "paced_offered_rate": "paced: offered rate (entries/s)",
+    "paced_p50_ms": "paced: latency p50 (ms)",
+    "paced_p99_ms": "paced: latency p99 (ms)",
+    "zk_baseline_per_s": "ZooKeeper baseline (records/s)",
+    "ratio_vs_zk": "ledger / ZooKeeper",
+}
+
+
+def _warmup(phase_s: float) -> float:
+    return min(WARMUP_MAX_S, phase_s * WARMUP_FRACTION)
+
+
+class _Window:
+    """Collects the latencies and counts of one phase's measured window."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.late: list[float] = []
+        self.completed = 0
+        self.errors = 0
+        self.first_error: str | None = None
+        self.start = 0.0
+        self.end = 0.0
+
+    def error(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------ phase 1: pipelined throughput
+
+
+def throughput_phase(writer, payload: bytes, seconds: float, inflight: int,
+                     clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> _Window:
+    """Keep up to ``inflight`` adds outstanding on ``writer`` for ``seconds``."""
+    slots = threading.BoundedSemaphore(inflight)
+    win = _Window()
+    lat = win.latencies
+    warm_until = clock() + _warmup(seconds)
+    win.start = warm_until
+    win.end = warm_until + (seconds - _warmup(seconds))
+
+    def done(t0: float, fut) -> None:
+        now = clock()
+        slots.release()
+        if fut.exception() is not None:
+            win.error(fut.exception())
+            return
+        if t0 >= warm_until:
+            lat.append(now - t0)
+        if win.start <= now <= win.end:
+            win.completed += 1
+
+    stop = stop or threading.Event()
+    add = writer.add
+    while True:
+        slots.acquire()
+        t0 = clock()
+        if t0 >= win.end or win.errors or stop.is_set():
+            slots.release()
+            break
+        fut = add(payload)
+        fut.add_done_callback(lambda f, t0=t0: done(t0, f))
+    _drain(slots, inflight)
+    return win
+
+
+def _drain(slots: threading.BoundedSemaphore, inflight: int, timeout: float = 30.0) -> None:
+    """Wait until every outstanding add has completed (all slots are back)."""
+    deadline = time.monotonic() + timeout
+    for _ in range(inflight):
+        if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise BenchError(f"adds still outstanding {timeout:g}s after the phase ended")
+    for _ in range(inflight):
+        slots.release()
+
+
+# ------------------------------------------------------------------ phase 2: paced, open loop
+
+
+def paced_phase(writer, payload: bytes, seconds: float, offered_rate: float, inflight: int,
+                clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> _Window:
+    """Offer ``offered_rate`` adds/s on a fixed schedule; latency from each scheduled time."""
+    slots = threading.BoundedSemaphore(inflight)
+    win = _Window()
+    lat = win.latencies
+    late = win.late  # how far behind its schedule each add was submitted (producer-side delay)
+    interval = 1.0 / offered_rate
+    begin = clock() + 0.05
+    warm_until = begin + _warmup(seconds)
+    win.start = warm_until
+    win.end = begin + seconds
+
+    def done(t_sched: float, fut) -> None:
+        now = clock()
+        slots.release()
+        if fut.exception() is not None:
+            win.error(fut.exception())
+            return
+        if t_sched >= warm_until:
+            lat.append(now - t_sched)
+        if win.start <= now <= win.end:
+            win.completed += 1
+
+    stop = stop or threading.Event()
+    add = writer.add
+    i = 0
+    while not win.errors and not stop.is_set():
+        t_sched = begin + i * interval
+        if t_sched >= win.end:
+            break
+        wait = t_sched - clock()
+        if wait > 0:
+            stop.wait(wait) if wait > 0.05 else time.sleep(wait)
+        slots.acquire()  # only blocks if the bookies fall `inflight` adds behind
+        if t_sched >= warm_until:
+            late.append(clock() - t_sched)
+        fut = add(payload)
+        fut.add_done_callback(lambda f, t=t_sched: done(t, f))
+        i += 1
+    _drain(slots, inflight)
+    return win
+
+
+# ------------------------------------------------------------------ phase 3: ZooKeeper baseline
+
+
+def zk_phase(zk, base_path: str, payload: bytes, seconds: float, inflight: int,
+             clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> _Window:
+    """Create sequential znodes under ``base_path`` with kazoo's async API, ``inflight`` outstanding."""
+    zk.ensure_path(base_path)
+    prefix = base_path + "/r-"
+    slots = threading.BoundedSemaphore(inflight)
+    win = _Window()
+    lat = win.latencies
+    warm_until = clock() + _warmup(seconds)
+    win.start = warm_until
+    win.end = warm_until + (seconds - _warmup(seconds))
+
+    def done(t0: float, res) -> None:
+        now = clock()
+        slots.release()
+        exc = res.exception
+        if exc is not None:
+            win.error(exc)
+            return
+        if t0 >= warm_until:
+            lat.append(now - t0)
+        if win.start <= now <= win.end:
+            win.completed += 1
+
+    stop = stop or threading.Event()
+    create = zk.create_async
+    while True:
+        slots.acquire()
+        t0 = clock()
+        if t0 >= win.end or win.errors or stop.is_set():
+            slots.release()
+            break
+        res = create(prefix, payload, sequence=True)
+        res.rawlink(lambda r, t0=t0: done(t0, r))
+    _drain(slots, inflight)
+    return win
+
+
+def _delete_tree_async(zk, base_path: str, inflight: int = 1000) -> None:
+    """Remove the baseline's znodes (only needed on a shared ZooKeeper), pipelined."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        children = zk.get_children(base_path)
+    except NoNodeError:
+        return
+    pending: deque = deque()
+    for child in children:
+        pending.append(zk.delete_async(f"{base_path}/{child}"))
+        if len(pending) >= inflight:
+            pending.popleft().wait(30)
+    for res in pending:
+        res.wait(30)
+    try:
+        zk.delete(base_path)
+        zk.delete(base_path.rsplit("/", 1)[0])  # the shared parent, if now empty
+    except Exception:
+        pass
+
+
+def _check(stop: threading.Event) -> None:
+    if stop.is_set():
+        raise KeyboardInterrupt
+
+
+def _discard_ledger(client, writer, progress: Callable[[str], None]) -> None:
+    """Close (if a phase failed before doing so) and delete one of the benchmark's ledgers."""
+    try:
+        writer.close(timeout=10.0)
+    except Exception:
+        pass  # a broken writer still leaves a ledger to delete
+    try:
+        client.delete(writer.ledger_id)
+    except Exception:
+        try:
+            client.delete(writer.ledger_id, force=True)  # ours, never read: drop it even if not CLOSED
+        except Exception as exc:
+            progress(f"could not delete benchmark ledger {writer.ledger_id}: {exc}")
+
+
+# ------------------------------------------------------------------ the benchmark
+
+
+def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, cluster: str | None = None,
+        offered_rate: float = 2000.0, inflight: int = 1000, progress: Callable[[str], None] | None = None) -> dict:
+    """Run the three phases; return the result dict (see docs/benchmarks.md).
+
+    With ``zk`` and ``cluster`` the bookies registered in that cluster are used
+    (at least three must be live) and the ledgers and znodes written are
+    deleted afterwards; otherwise a private ZooKeeper and three bookies are
+    started in a temporary directory and stopped at the end.
+    """
+    if seconds <= 0 or entry_size < 0 or offered_rate <= 0 or inflight < 1:
+        raise BenchError("need seconds > 0, entry_size >= 0, offered_rate > 0 and inflight >= 1")
+    if (zk is None) != (cluster is None):
+        raise BenchError("give both --zk and --cluster to use an existing cluster, or neither")
+    progress = progress or (lambda _msg: None)
+    with _interruptible() as stop:
+        if zk is None:
+            with LocalCluster(bookies=ENSEMBLE, fsync=True, progress=progress) as lc:
+                result = _run_phases(lc.zk_hosts, lc.cluster, seconds, entry_size, offered_rate, inflight,
+                                     private=True, progress=progress, stop=stop)
+                result["bookie_pids"] = lc.bookie_pids
+            return result
+        return _run_phases(zk, cluster, seconds, entry_size, offered_rate, inflight, private=False,
+                           progress=progress, stop=stop)
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Turn the first Ctrl-C into a stop request that the phases obey, then KeyboardInterrupt.
+
+    A KeyboardInterrupt raised at a random point would often land inside a
+    future's done-callback, where ``concurrent.futures`` logs and swallows it.
+    So the first SIGINT only sets the event; the phase loops stop, the
+    outstanding adds drain, and KeyboardInterrupt is raised from the main loop
+    (the cluster is then stopped by the ``with`` blocks). A second Ctrl-C
+    interrupts at once.
+    """
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_sigint(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offered_rate: float, inflight: int,
+                private: bool, progress: Callable[[str], None], stop: threading.Event) -> dict:
+    from election.cluster_config import ClusterOptions
+    from election.paths import ClusterPaths
+    from election.zk import close, connect
+    from ledger.ledgers import LedgerClient
+
+    payload = os.urandom(entry_size)
+    options = ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM, ensemble_size=ENSEMBLE)
+    zk = connect(hosts, session_timeout=10.0)
+    client = LedgerClient(zk, ClusterPaths(cluster), options=options)
+    writers: list = []
+    zk_base = f"/fencepost-bench/{uuid.uuid4().hex[:12]}"
+    started = time.time()
+    try:
+        t_phase = seconds / 2
+        progress(f"throughput phase: {t_phase:g}s, {inflight} adds in flight")
+        writer = client.create(epoch=1)
+        writers.append(writer)
+        tp = throughput_phase(writer, payload, t_phase, inflight, stop=stop)
+        writer.close()
+        _check(stop)
+
+        p_phase = seconds / 4
+        progress(f"paced phase: {p_phase:g}s at {offered_rate:g} entries/s")
+        writer = client.create(epoch=1)
+        writers.append(writer)
+        pc = paced_phase(writer, payload, p_phase, offered_rate, inflight, stop=stop)
+        writer.close()
+        _check(stop)
+
+        z_phase = seconds / 4
+        progress(f"ZooKeeper baseline: {z_phase:g}s, {inflight} creates in flight")
+        zb = zk_phase(zk, zk_base, payload, z_phase, inflight, stop=stop)
+        _check(stop)
+    finally:
+        if not private:  # a shared cluster: leave nothing behind
+            for writer in writers:
+                _discard_ledger(client, writer, progress)
+            _delete_tree_async(zk, zk_base)
+        client.close()
+        close(zk)
+
+    tp_stats = latency_summary(tp.latencies)
+    pc_stats = latency_summary(pc.latencies)
+    zb_stats = latency_summary(zb.latencies)
+    entries_per_s = rate(tp.completed, tp.end - tp.start)
+    zk_per_s = rate(zb.completed, zb.end - zb.start)
+    result = {
+        "benchmark": "ledger",
+        "entries_per_s": entries_per_s,
+        "mb_per_s": round(entries_per_s * entry_size / 1e6, 3),
+        "p50_ms": tp_stats["p50_ms"],
+        "p99_ms": tp_stats["p99_ms"],
+        "paced_offered_rate": offered_rate,
+        "paced_rate": rate(pc.completed, pc.end - pc.start),
+        "paced_p50_ms": pc_stats["p50_ms"],
+        "paced_p99_ms": pc_stats["p99_ms"],
+        "paced_submit_late_p99_ms": latency_summary(pc.late)["p99_ms"],
+        "zk_baseline_per_s": zk_per_s,
+        "zk_p50_ms": zb_stats["p50_ms"],
+        "zk_p99_ms": zb_stats["p99_ms"],
+        "ratio_vs_zk": round(entries_per_s / zk_per_s, 2) if zk_per_s else None,
+        "entry_bytes": entry_size,
+        "seconds": seconds,
+        "inflight": inflight,
+        "fsync": True if private else None,  # an existing cluster's bookies decide; unknown here
+        "ensemble": ENSEMBLE,
+        "write_quorum": WRITE_QUORUM,
+        "ack_quorum": ACK_QUORUM,
+        "bookies": "private" if private else f"cluster {cluster}",
+        "errors": tp.errors + pc.errors + zb.errors,
+        "throughput_latency": tp_stats,
+        "paced_latency": pc_stats,
+        "zk_latency": zb_stats,
+        "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+    }
+    first_error = tp.first_error or pc.first_error or zb.first_error
+    if first_error:
+        result["first_error"] = first_error
+    result["targets"] = dict(TARGETS)
+    result["targets_met"] = bool(
+        entries_per_s >= TARGETS["entries_per_s"]
+        and (result["ratio_vs_zk"] or 0) >= TARGETS["ratio_vs_zk"]
+        and pc_stats["p99_ms"] is not None and pc_stats["p99_ms"] < TARGETS["paced_p99_ms"]
+        and result["errors"] == 0
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ledger", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--seconds", type=float, default=10.0, help="total measuring time (default 10)")
+    parser.add_argument("--entry-size", type=int, default=100, help="payload bytes per entry (default 100)")
+    parser.add_argument("--rate", type=float, default=2000.0, help="offered rate of the paced phase (default 2000/s)")
+    parser.add_argument("--inflight", type=int, default=1000, help="outstanding adds/creates (default 1000)")
+    parser.add_argument("--zk", default=None, help="use this ZooKeeper's cluster instead of a private one")
+    parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
+    args = parser.parse_args(argv)
+    say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
+    try:
+        result = run(seconds=args.seconds, entry_size=args.entry_size, zk=args.zk, cluster=args.cluster,
+                     offered_rate=args.rate, inflight=args.inflight, progress=say)
+    except BenchError as exc:
+        print(f"bench ledger: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench ledger: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # LedgerError, ElectionError, ...: one line, exit 1 (DESIGN.md section 9)
+        print(f"bench ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    emit(result, args.json, LABELS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
