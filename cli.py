@@ -187,6 +187,16 @@ def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_ti
     click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
 
 
+@dev.command("add-broker")
+@dev_dir_option
+def dev_add_broker(dev_dir: str) -> None:
+    """Start one more broker with an empty data dir; it joins by snapshot and ledger replay."""
+    from broker.devcluster import DevCluster
+
+    member = DevCluster(Path(dev_dir)).add_broker(progress=click.echo)
+    click.echo(f"broker {member['index']} started (pid {member['pid']}, data {member['data_dir']})")
+
+
 @dev.command("down")
 @dev_dir_option
 def dev_down(dev_dir: str) -> None:
@@ -380,6 +390,93 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cl
     handler = CommandHandler(list(command), timeout=cmd_timeout)
     Worker(zk=hosts, cluster=name_, queues=list(queues), concurrency=concurrency, lease_ms=lease_ms, name=name,
            handlers={q: handler for q in queues}).run()
+
+
+# ---------------------------------------------------------------- snapshots
+@main.group()
+def snapshot() -> None:
+    """Snapshots: list, create, verify and restore."""
+
+
+def _zk_cluster_id(zk, cluster, dev_dir) -> str:
+    from broker.snapshot_admin import cluster_id_of
+    from election.zk import close, connect
+
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    client = connect(hosts, connect_timeout=5.0)
+    try:
+        return cluster_id_of(client, name)
+    finally:
+        close(client)
+
+
+@snapshot.command("list")
+@click.option("--data", default=None, type=click.Path(file_okay=False, exists=True),
+              help="A broker data dir; without it, the snapshots live brokers advertise.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@cluster_options
+def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
+    """List snapshots: of one data dir, or those the cluster's live brokers can serve."""
+    from broker import snapshot_admin
+
+    if data:
+        rows = snapshot_admin.list_snapshots(Path(data))
+    else:
+        from election.zk import close, connect
+
+        hosts, name = resolve_cluster(zk, cluster, dev_dir)
+        client = connect(hosts, connect_timeout=5.0)
+        try:
+            rows = snapshot_admin.advertised_snapshots(client, name)
+        finally:
+            close(client)
+
+    def human(rows):
+        if not rows:
+            click.echo("no snapshots")
+        for r in rows:
+            where = f"broker {r['broker_id']}  " if "broker_id" in r and not data else ""
+            state = f"DAMAGED: {r['error']}" if r.get("error") else f"position={r.get('position')} size={r.get('size')}"
+            click.echo(f"{where}{r.get('name')}  {state}")
+
+    emit(rows, as_json, human)
+
+
+@snapshot.command("create")
+@click.option("--data", required=True, type=click.Path(file_okay=False, exists=True), help="The broker's data dir.")
+@click.option("--keep", default=None, type=click.IntRange(1), help="Prune to this many snapshots afterwards.")
+@cluster_options
+def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
+    """Snapshot a broker's store now (safe while the broker runs)."""
+    from broker.snapshot_admin import create_snapshot
+
+    header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep)
+    click.echo(f"{header['path']}: position {header['position']}, {header['record_count']} records, {header['size']} bytes")
+
+
+@snapshot.command("verify")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--cluster-id", default=None, help="Also require the snapshot to belong to this cluster id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
+def snapshot_verify(file, cluster_id, as_json) -> None:
+    """Check a snapshot file completely; exit 1 with the reason if it is damaged or of another cluster."""
+    from broker.snapshot_admin import verify_file
+
+    header = verify_file(Path(file), cluster_id)
+    emit(header, as_json, lambda h: click.echo(
+        f"ok: cluster {h['cluster_id']}, position {h['position']}, {h['record_count']} records, digest {h['digest']}"))
+
+
+@snapshot.command("restore")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True))
+@click.option("--data", required=True, type=click.Path(file_okay=False), help="Broker data dir to restore into.")
+@cluster_options
+def snapshot_restore(file, data, zk, cluster, dev_dir) -> None:
+    """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster)."""
+    from broker.snapshot_admin import restore_into
+
+    header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir))
+    click.echo(f"restored position {header['position']} ({header['record_count']} records) into {data}")
 
 
 # ---------------------------------------------------------------- bench

@@ -173,6 +173,17 @@ class DevCluster:
             raise
         return state
 
+    def add_broker(self, progress: Callable[[str], None] = lambda _: None) -> dict:
+        """Start one more broker with an empty data dir (a joiner) in the running cluster."""
+        state = self.read_state()
+        if not state or not self.running():
+            raise DevClusterError(f"no dev cluster runs in {self.run_dir}: `fencepost dev up` first")
+        index = 1 + max((m["index"] for m in state["processes"] if m["kind"] == "broker"), default=-1)
+        member = self._start_member(state, "broker", index,
+                                    ["--zk-session-timeout", str(state.get("zk_session_timeout", 2.0))])
+        progress(f"broker {index} listening on {member['address']}")
+        return member
+
     def _start_zookeeper(self, state: dict, port: int) -> None:
         data = self.run_dir / "zookeeper"
         server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))

@@ -21,6 +21,7 @@ from typing import Callable
 
 from broker import BrokerError
 from broker.events import decode_batch
+from broker.state_store import StateDiverged
 from ledger import LedgerError
 from ledger.log import START, LogGap
 
@@ -57,7 +58,7 @@ class FollowerTail(threading.Thread):
     """Long-polls the log and applies what gets committed, until stopped."""
 
     def __init__(self, ledgers, store, on_fatal: Callable[[Exception], None],
-                 on_applied: Callable[[], None] = lambda: None, batch: int = 500) -> None:
+                 on_applied: Callable[[int], None] = lambda entries: None, batch: int = 500) -> None:
         super().__init__(name="follower-tail", daemon=True)
         self.ledgers = ledgers
         self.store = store
@@ -78,10 +79,9 @@ class FollowerTail(threading.Thread):
                     reader = self.ledgers.log_reader(after=self.store.position() or START)
                 entries = reader.poll(self.batch, timeout=0.5)
                 if entries:
-                    apply_entries(self.store, entries)
-                    self.on_applied()
+                    self.on_applied(apply_entries(self.store, entries))
                 backoff = 0.1
-            except (Diverged, LogGap) as exc:
+            except (Diverged, StateDiverged, LogGap) as exc:
                 self.on_fatal(exc)
                 return
             except (LedgerError, BrokerError, OSError) as exc:

@@ -29,7 +29,10 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from broker import BrokerError
 from broker.config import BrokerConfig
+from broker.checkpoints import Checkpointer
+from broker.datalock import DataDirLock
 from broker.follower import FollowerTail, catch_up
+from broker.join import broker_requester, install_snapshot, latest_snapshot_exists, needs_snapshot, snapshot_sources
 from broker.server import BrokerServer, LeaderSession
 from broker.state_store import StateStore
 from election import ElectionError
@@ -41,8 +44,12 @@ from election.paths import ClusterPaths
 from election.zk import close, connect
 from ledger import LedgerError
 from ledger.ledgers import LedgerClient
-from ledger.log import append_ledger, read_log
+from ledger.log import LogGap, append_ledger, read_log
 from ledger.metadata import CLOSED, read_metadata
+from snapshots import SnapshotError
+from snapshots.catalog import SnapshotCatalog
+from snapshots.format import cleanup_temp
+from snapshots.transfer import describe, read_chunk
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +69,14 @@ class BrokerNode:
         self._live_dirty = True
         self._next_live = 0.0
         self._session: LeaderSession | None = None
+        self._tail_applied = 0
+        self._served = False
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
         cfg = self.config
+        self.data_lock = DataDirLock(Path(cfg.data))
+        self.data_lock.acquire()
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
         self._write_session_file()
         try:
@@ -74,12 +85,18 @@ class BrokerNode:
             self.identity = ensure_broker_id(self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
                                              cfg.listen, clock=self.clock)
             log.info("broker %s starting on %s", self.identity, cfg.listen)
-            self.store = StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
+            self.catalog = SnapshotCatalog(data / "snapshots")
+            cleanup_temp(data / "snapshots")
             self.ledgers = LedgerClient(self.zk, self.paths, secret=self._secret())
+            self.store = self._open_store(join=True)
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
                                        max_payload=int(self.cluster["max_payload_bytes"]))
             self.server.on_leadership_lost = self._leadership_lost
+            self.server.describe_snapshot = lambda: describe(self.catalog)
+            self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
             self.server.bind()
+            self.checkpointer = Checkpointer(self)
+            self.checkpointer.start()
             self.server.role = "learner" if cfg.learner else "follower"
             self.zk.add_listener(self._on_zk_state)
             self.zk.DataWatch(self.paths.leader, self._on_leader_node)
@@ -93,7 +110,72 @@ class BrokerNode:
             self._shutdown()
         finally:
             close(self.zk)
+            self.data_lock.release()
         return self.exit_code
+
+    def _open_store(self, join: bool) -> StateStore:
+        """Open the state store, first installing a snapshot if the log alone cannot rebuild it."""
+        cfg, data = self.config, Path(self.config.data)
+        store = StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
+        log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
+        if not join or not needs_snapshot(store.position(), log_ids, latest_snapshot_exists(self.zk, self.paths)):
+            return store
+        log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
+        store.close()
+        sources = snapshot_sources(self.zk, self.paths, self.identity.broker_id)
+        install_snapshot(sources, data, self.cluster["cluster_id"], request_to=broker_requester)
+        return StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
+
+    def _rejoin(self) -> None:
+        """The tail found its position in a deleted ledger: install a snapshot, then tail again (server thread)."""
+        self._stop_tail()
+        with self.checkpointer.lock:
+            self.store.close()
+            try:
+                self.store = self._open_store(join=True)
+            except BrokerError as exc:
+                self.fail(exc)
+                return
+            self.server.store = self.store
+            self.checkpointer.latest = self.catalog.latest_valid()
+        self._start_tail()
+
+    def _on_tail_fatal(self, exc: Exception) -> None:
+        if isinstance(exc, LogGap):
+            log.warning("%s", exc)
+            self.server.call_soon(self._rejoin)
+        else:
+            self.fail(exc)
+
+    # ------------------------------------------------------------ what the checkpointer asks
+    def applied_entries(self) -> int:
+        return self.server.applied_entries + self._tail_applied
+
+    def _count_tail(self, entries: int) -> None:
+        self._tail_applied += entries
+
+    def leading(self) -> bool:
+        session = self.server.session
+        return session is not None and session.ready
+
+    def mark_live_dirty(self) -> None:
+        self._live_dirty = True
+
+    def _live_infos(self) -> dict[int, dict]:
+        out = {}
+        for child in self.zk.get_children(self.paths.live_brokers):
+            try:
+                out[int(child)] = json.loads(self.zk.get(self.paths.live_broker(int(child)))[0])
+            except (NoNodeError, ValueError):
+                continue
+        return out
+
+    def live_snapshot_of(self, broker_id: int) -> dict | None:
+        return self._live_infos().get(broker_id, {}).get("snapshot")
+
+    def servable_snapshot_positions(self) -> list[tuple[int, int]]:
+        """Positions of the snapshots that live brokers advertise (they can serve them to joiners)."""
+        return [tuple(info["snapshot"]["position"]) for info in self._live_infos().values() if info.get("snapshot")]
 
     def _secret(self) -> bytes | None:
         return Path(self.config.secret_file).read_bytes().strip() if self.config.secret_file else None
@@ -120,6 +202,11 @@ class BrokerNode:
         if self._election is not None:
             self._election.cancel()
         self._stop_tail()
+        try:
+            self.checkpointer.checkpoint()
+        except (SnapshotError, BrokerError, OSError) as exc:
+            log.warning("no checkpoint at shutdown: %s", exc)
+        self.checkpointer.stop()
         self.ledgers.close()
         self.server.close()
         self.store.close()
@@ -167,7 +254,8 @@ class BrokerNode:
 
     # ------------------------------------------------------------ follower tail
     def _start_tail(self) -> None:
-        self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self.fail)
+        self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self._on_tail_fatal,
+                                  on_applied=self._count_tail)
         self._tail.start()
 
     def _stop_tail(self) -> None:
@@ -178,7 +266,9 @@ class BrokerNode:
 
     # ------------------------------------------------------------ leadership
     def _stand(self) -> None:
+        backoff = 0.2
         while not self.stop_event.is_set():
+            self._served = False
             try:
                 self._election = LeaderElection(self.zk, self.paths, self.identity.broker_id)
                 self._election.run(self._lead)
@@ -186,8 +276,11 @@ class BrokerNode:
                 log.warning("election: %s: %s", type(exc).__name__, exc)
             except Exception:
                 log.exception("election thread error; standing again")
+            # A takeover that failed before serving (too few bookies, say) must not
+            # burn an epoch every few milliseconds: back off until one succeeds.
+            backoff = 0.2 if self._served else min(backoff * 2, 5.0)
             if not self.stop_event.is_set():
-                self.stop_event.wait(0.2)
+                self.stop_event.wait(backoff)
 
     def _lead(self) -> None:
         if self.stop_event.is_set():
@@ -216,10 +309,12 @@ class BrokerNode:
             while not ready.wait(0.05):
                 if self._step_down.is_set() or self.stop_event.is_set():
                     raise LostLeadership("stepped down before serving")
+            self._served = True
             self.server.leader_address = self.config.listen
             publish_leader(self.zk, self.paths, {"broker_id": self.identity.broker_id,
                                                  "address": self.config.listen, "epoch": epoch})
             log.info("leading epoch %d with ledger %d", epoch, writer.ledger_id)
+            self.checkpointer.request("won leadership")
             self._live_dirty = True
             while not self._step_down.wait(0.1) and not self.stop_event.is_set():
                 pass
@@ -288,7 +383,8 @@ class BrokerNode:
         position = self.store.position()
         info = {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
                 "position": list(position) if position else None, "epoch": self.store.epoch(),
-                "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock()}
+                "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
+                "snapshot": self._advertised_snapshot()}
         path = self.paths.live_broker(self.identity.broker_id)
         data = json.dumps(info).encode()
         if self._live_dirty:
@@ -303,6 +399,13 @@ class BrokerNode:
             result.get(timeout=0)
         except Exception:  # gone with an expired session, or connection trouble: recreate it
             self._live_dirty = True
+
+    def _advertised_snapshot(self) -> dict | None:
+        latest = self.checkpointer.latest
+        if not latest:
+            return None
+        return {"position": list(latest["position"]), "name": latest.get("name"), "size": latest.get("size"),
+                "checksum": latest.get("checksum")}
 
     def _live_created(self, result, path: str, data: bytes) -> None:
         try:

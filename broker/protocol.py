@@ -17,6 +17,8 @@ Operations (request fields -> reply fields):
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
 - ``fail`` ``task_id, attempt, error?, retry?`` -> ``{}``
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues``
+- ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
+- ``snapshot_chunk`` ``name, offset, length`` -> ``data, crc`` (any broker; for joining members)
 
 Errors any request may get: ``not_leader`` (with ``leader``, the leader's
 address, or null while unknown), ``unavailable`` (the leader is not serving
@@ -36,8 +38,8 @@ from typing import Any, Callable
 from broker import BrokerError
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
-                 "complete", "fail", "status"})
-READ_OPS = frozenset({"ping", "get", "status"})
+                 "complete", "fail", "status", "snapshot_info", "snapshot_chunk"})
+MAX_CHUNK = 4 * 1024 * 1024
 
 E_NOT_LEADER = "not_leader"
 E_UNAVAILABLE = "unavailable"
@@ -110,8 +112,14 @@ def check_submit(msg: dict, max_payload: int) -> dict:
 def check_request(msg: dict, max_payload: int) -> dict:
     """Validate a decoded request; return the normalized fields (plus ``op``)."""
     op = msg["op"]
-    if op in ("ping", "status"):
+    if op in ("ping", "status", "snapshot_info"):
         return {"op": op}
+    if op == "snapshot_chunk":
+        name = msg.get("name")
+        if not isinstance(name, str) or not 0 < len(name) <= 200:
+            raise RequestError(E_BAD_REQUEST, "name must be a snapshot name")
+        return {"op": op, "name": name, "offset": _int(msg, "offset", None, 0, 1 << 50),
+                "length": _int(msg, "length", None, 1, MAX_CHUNK)}
     if op == "submit":
         return {"op": op, **check_submit(msg, max_payload)}
     if op == "submit_many":

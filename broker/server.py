@@ -32,6 +32,7 @@ import zmq
 from broker import protocol
 from broker.group_commit import GroupCommit, WriteFailed
 from ledger import wire
+from snapshots.transfer import TransferError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ class BrokerServer:
         self.draining = False
         self.session: LeaderSession | None = None
         self.on_leadership_lost: Callable[[str], None] = lambda reason: None
+        # Set by the node: serve snapshots to joining members (`snapshot_info`, `snapshot_chunk`).
+        self.describe_snapshot: Callable[[], dict | None] = lambda: None
+        self.read_snapshot_chunk: Callable[[str, int, int], dict] | None = None
+        self.applied_entries = 0
         self.counters = {"requests": 0, "bad_requests": 0}
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -167,6 +172,9 @@ class BrokerServer:
         if op == "status":
             self._send(route, wire.ok_reply(rid, **self.status()))
             return
+        if op in ("snapshot_info", "snapshot_chunk"):
+            self._serve_snapshot(route, rid, req)
+            return
         if self.session is None:
             self._send(route, wire.error_reply(rid, protocol.E_NOT_LEADER, "this broker is not the leader",
                                                leader=self.leader_address))
@@ -187,6 +195,25 @@ class BrokerServer:
             req["lease_ms"] = self.config.default_lease_ms
         events = protocol.request_events(req, self._now_ms(), self.new_id)
         self.session.group.add(events, (route, rid, req))
+
+    def _serve_snapshot(self, route: list[bytes], rid: Any, req: dict) -> None:
+        try:
+            if req["op"] == "snapshot_info":
+                self._send(route, wire.ok_reply(rid, snapshot=self.describe_snapshot()))
+            elif self.read_snapshot_chunk is None:
+                self._send(route, wire.error_reply(rid, "no_snapshot", "this broker serves no snapshots"))
+            else:
+                chunk = self.read_snapshot_chunk(req["name"], req["offset"], req["length"])
+                self._send(route, wire.ok_reply(rid, **chunk))
+        except TransferError as exc:
+            self._send(route, wire.error_reply(rid, exc.code, exc.message))
+        except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
+            self._send(route, wire.error_reply(rid, "no_snapshot", str(exc)))
+
+    def _apply(self, events: list[dict], position: tuple[int, int]) -> list[dict]:
+        results = self.store.apply_batch(events, position)
+        self.applied_entries += 1
+        return results
 
     def status(self) -> dict:
         position = self.store.position()
@@ -231,7 +258,7 @@ class BrokerServer:
     # ------------------------------------------------------------ leadership
     def start_leading(self, session: LeaderSession, first_events: list[dict]) -> None:
         """Adopt `session` (call on the server thread): write `first_events`, then serve once applied."""
-        session.group = GroupCommit(session.writer, apply=self.store.apply_batch, reply=self._reply,
+        session.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply,
                                     wake=self.wake, max_inflight=self.config.max_inflight_entries,
                                     max_batch_events=self.config.max_batch_events)
         self.session = session
@@ -313,10 +340,15 @@ class BrokerServer:
             session.group.add([{"type": "LeaseExpired", "now_ms": now_ms}], None)
 
     def _maybe_digest(self, session: LeaderSession) -> None:
-        # The digest must describe the state just before the event, so it is only
-        # written when nothing is in flight and the store is exactly at the log's end.
+        # The digest must describe the state just before the event, so new entries are
+        # held back until everything in flight is applied; the pause is one round trip.
         group = session.group
-        written = group.entries_written
-        if written - session.entries_since_digest >= self.config.digest_every_entries and group.idle:
-            session.entries_since_digest = written
-            group.add([{"type": "StateDigest", "digest": self.store.digest()}], None)
+        if group.entries_written - session.entries_since_digest < self.config.digest_every_entries:
+            return
+        group.held = True
+        if group.inflight:
+            return
+        session.entries_since_digest = group.entries_written
+        group.pending.owners = [(None, 0, 1)] + [(c, a + 1, b + 1) for c, a, b in group.pending.owners]
+        group.pending.events.insert(0, {"type": "StateDigest", "digest": self.store.digest()})
+        group.held = False
