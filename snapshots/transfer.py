@@ -39,6 +39,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from election.identity import write_json_atomically
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog, parse_name
 from snapshots.format import SnapshotCorrupt, WrongCluster, crc32c, verify_snapshot
@@ -136,12 +137,7 @@ def _sidecar_doc(info: dict) -> dict:
 
 
 def _write_json(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".writing")
-    with open(tmp, "w") as fh:
-        json.dump(doc, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_json_atomically(path, doc)
 
 
 def _fsync_dir(directory: Path) -> None:

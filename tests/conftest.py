@@ -72,6 +72,17 @@ def free_port() -> Callable[[], int]:
     return _free_port
 
 
+def wait_for(predicate: Callable[[], object], timeout: float, what: str):
+    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def expire_broker_session(hosts: str, proc: "Proc") -> None:
     """Expire the ZooKeeper session of a broker started by the harness."""
     import json as _json

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from broker.client import Client
-from tests.conftest import call
+from tests.conftest import call, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
@@ -48,16 +48,6 @@ class Producers:
     def count(self):
         with self.lock:
             return len(self.acked)
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def assert_replicas_agree(bc, brokers, timeout=30):

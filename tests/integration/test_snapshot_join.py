@@ -6,21 +6,11 @@ from pathlib import Path
 import pytest
 
 from ledger.log import read_log
-from tests.conftest import BrokerCluster, call
+from tests.conftest import BrokerCluster, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 SMALL = ["--ledger-max-entries", "10", "--checkpoint-entries", "15", "--retention-seconds", "0"]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start(cluster, procs, brokers=2, extra=SMALL):
