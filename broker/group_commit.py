@@ -11,7 +11,7 @@ completion callbacks only enqueue and wake the loop.
 
 Example::
 
-    gc = GroupCommit(writer, apply=store.apply_batch, reply=send, wake=poke)
+    gc = GroupCommit(writer, apply=store.apply_batches, reply=send, wake=poke)
     gc.add(events, context)        # from the poll loop
     gc.flush()                     # write the gathered batch if there is room
     gc.drain_completed()           # apply finished entries, reply in order
@@ -52,7 +52,7 @@ class Batch:
 class GroupCommit:
     """Batches events into ledger entries and answers each request after apply."""
 
-    def __init__(self, writer, apply: Callable[[list[dict], tuple[int, int]], list[dict]],
+    def __init__(self, writer, apply: Callable[[list[tuple[list[dict], tuple[int, int]]]], list[list[dict]]],
                  reply: Callable[[Any, list[dict] | None, Exception | None], None],
                  wake: Callable[[], None], max_inflight: int = 8, max_batch_events: int = 2000) -> None:
         self.writer = writer
@@ -118,20 +118,27 @@ class GroupCommit:
         return head
 
     def drain_completed(self) -> int:
-        """Apply and answer every finished entry at the head of the queue; return how many."""
-        done = 0
+        """Apply and answer every finished entry at the head of the queue; return how many.
+
+        The finished entries are applied together (one store transaction), then
+        answered in order.
+        """
+        done: list[Batch] = []
+        failure = None
         while self.inflight and self.inflight[0].future.done():
             batch = self.inflight.popleft()
-            exc = batch.future.exception()
-            if exc is not None:
-                self._fail(exc, batch)
-                return done
-            entry_id = batch.future.result()
-            results = self.apply(batch.events, (batch.ledger_id, entry_id))
-            for context, start, end in batch.owners:
-                self.reply(context, results[start:end], None)
-            done += 1
-        return done
+            if batch.future.exception() is not None:
+                failure = batch
+                break
+            done.append(batch)
+        if done:
+            applied = self.apply([(b.events, (b.ledger_id, b.future.result())) for b in done])
+            for batch, results in zip(done, applied):
+                for context, start, end in batch.owners:
+                    self.reply(context, results[start:end], None)
+        if failure is not None:
+            self._fail(failure.future.exception(), failure)
+        return len(done)
 
     def _fail(self, exc: BaseException, first: Batch) -> None:
         """A write failed: every request in flight or gathered gets an error; nothing more is written."""

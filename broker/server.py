@@ -37,6 +37,15 @@ from snapshots.transfer import TransferError
 log = logging.getLogger(__name__)
 
 
+def time_ordered_id(clock: Callable[[], float]) -> str:
+    """A task id that sorts by creation time (48-bit milliseconds, then 80 random bits), UUIDv7-like.
+
+    Ids made close in time land next to each other in the store's B-trees, so
+    applying a batch touches a few pages instead of hundreds.
+    """
+    return f"{int(clock() * 1000) & ((1 << 48) - 1):012x}{uuid.uuid4().hex[:20]}"
+
+
 @dataclass
 class LeaderSession:
     """What the server needs while it leads: the epoch's writer and its pipeline state."""
@@ -59,12 +68,12 @@ class BrokerServer:
     """Serves clients and workers; leads when handed a :class:`LeaderSession`."""
 
     def __init__(self, config, store, broker_id: int, clock: Callable[[], float] = time.time,
-                 new_id: Callable[[], str] = lambda: uuid.uuid4().hex, max_payload: int = 1 << 20) -> None:
+                 new_id: Callable[[], str] | None = None, max_payload: int = 1 << 20) -> None:
         self.config = config
         self.store = store
         self.broker_id = broker_id
         self.clock = clock
-        self.new_id = new_id
+        self.new_id = new_id or (lambda: time_ordered_id(self.clock))
         self.max_payload = max_payload
         self.role = "starting"
         self.leader_address: str | None = None
@@ -210,9 +219,9 @@ class BrokerServer:
         except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
             self._send(route, wire.error_reply(rid, "no_snapshot", str(exc)))
 
-    def _apply(self, events: list[dict], position: tuple[int, int]) -> list[dict]:
-        results = self.store.apply_batch(events, position)
-        self.applied_entries += 1
+    def _apply(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
+        results = self.store.apply_batches(entries)
+        self.applied_entries += len(results)
         return results
 
     def status(self) -> dict:

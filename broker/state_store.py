@@ -107,24 +107,41 @@ class StateStore:
         failed StateDigest, :class:`StoreFull`; on any exception nothing of the
         batch (nor its position) is stored.
         """
-        pos = _check_position(position)
+        return self.apply_batches([(events, position)])[0]
+
+    def apply_batches(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
+        """Apply several committed entries, in order, in ONE write transaction.
+
+        Each entry is applied exactly as :meth:`apply_batch` would (its own
+        position and digest afterwards); sharing the transaction saves a commit
+        (and its fsyncs) per entry, which is what bounds replay speed. Applying
+        stops after an entry whose ``StateDigest`` failed, so the divergence is
+        recorded and nothing after it; the results then cover only the entries
+        applied. On an exception nothing of any entry is stored.
+        """
+        out: list[list[dict]] = []
         try:
             with self._env.begin(write=True) as txn:
                 raw = txn.get(META_POSITION, db=self._dbs["meta"])
-                if raw is not None and pos <= unpack_position(raw):
-                    raise PositionError(f"batch at {pos} is not after applied "
-                                        f"{unpack_position(raw)}")
-                diverged = txn.get(META_DIVERGED, db=self._dbs["meta"])
-                if diverged is not None:
-                    raise StateDiverged(f"state diverged earlier: {unpack(diverged)}")
-                digest = txn.get(META_DIGEST, db=self._dbs["meta"])
-                tx = StateTxn(txn, self._dbs, int.from_bytes(digest or b"", "big"), pos)
-                results = [apply_event(tx, ev) for ev in events]
-                tx.finish()
+                applied = unpack_position(raw) if raw is not None else None
+                for events, position in entries:
+                    pos = _check_position(position)
+                    if applied is not None and pos <= applied:
+                        raise PositionError(f"batch at {pos} is not after applied {applied}")
+                    diverged = txn.get(META_DIVERGED, db=self._dbs["meta"])
+                    if diverged is not None:
+                        if out:
+                            break
+                        raise StateDiverged(f"state diverged earlier: {unpack(diverged)}")
+                    digest = txn.get(META_DIGEST, db=self._dbs["meta"])
+                    tx = StateTxn(txn, self._dbs, int.from_bytes(digest or b"", "big"), pos)
+                    out.append([apply_event(tx, ev) for ev in events])
+                    tx.finish()
+                    applied = pos
         except lmdb.MapFullError as exc:
             raise StoreFull(f"state store map is full ({self._env.info()['map_size']} "
                             "bytes): reopen with a larger map_size") from exc
-        return results
+        return out
 
     def load_records(self, records: Iterable[tuple[str, bytes, bytes]]) -> str:
         """Bulk-load snapshot records into this empty store; return the digest (hex).

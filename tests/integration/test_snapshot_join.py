@@ -78,6 +78,7 @@ def test_broker_killed_while_writing_snapshots_restarts_intact(cluster, procs):
     feeder = threading.Thread(target=trickle, daemon=True)
     feeder.start()
     try:
+        wait_for(lambda: list(snapdir.glob("*.fps")), 30, "the victim's first complete snapshot")
         for _ in range(3):
             deadline = time.monotonic() + 30
             while not list(snapdir.glob("*.tmp")) and time.monotonic() < deadline:
