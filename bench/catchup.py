@@ -11,7 +11,7 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
    to the log with a CAS, starting with an ``EpochStarted`` entry, then entries
    of ``events_per_entry`` ``TaskSubmitted`` events encoded with
    :func:`broker.events.encode_batch` (time stamped by the writer, ~100-byte
-   payloads, uuid task ids), a ``StateDigest`` at the head of every 200th entry
+   payloads, time-ordered task ids as the leader makes them), a ``StateDigest`` at the head of every 200th entry
    (the broker's ``digest_every_entries``) computed from a leader-side store
    that applies each batch as the leader does. The last ledger stays OPEN, as
    the current leader's would. Then a fresh :class:`~ledger.ledgers.LedgerClient`
@@ -57,6 +57,7 @@ from typing import Callable
 
 from bench.common import BenchError, LocalCluster, _die_with_parent, child_env, emit, free_port, machine_info, \
     rate, stop_process
+from broker.server import time_ordered_id
 from election.paths import ClusterPaths
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
@@ -95,7 +96,7 @@ def _payload(i: int) -> bytes:
 
 def _submitted(i: int, now_ms: int) -> dict:
     """A TaskSubmitted event as the leader makes it (broker/protocol.py `_submitted`)."""
-    return {"type": "TaskSubmitted", "task_id": uuid.uuid4().hex, "queue": QUEUE, "payload": _payload(i),
+    return {"type": "TaskSubmitted", "task_id": time_ordered_id(time.time), "queue": QUEUE, "payload": _payload(i),
             "key": None, "priority": 0, "delay_ms": 0, "max_attempts": None, "now_ms": now_ms}
 
 
@@ -147,7 +148,7 @@ class _TimedReader:
 
 
 class _TimedStore:
-    """Passes ``position``/``apply_batch`` through, timing ``apply_batch``."""
+    """Passes ``position``/``apply_batches`` through, timing the applies."""
 
     def __init__(self, store) -> None:
         self._store = store
@@ -158,12 +159,12 @@ class _TimedStore:
     def position(self):
         return self._store.position()
 
-    def apply_batch(self, events, position):
+    def apply_batches(self, entries):
         t0 = time.perf_counter()
-        results = self._store.apply_batch(events, position)
+        results = self._store.apply_batches(entries)
         self.apply_s += time.perf_counter() - t0
-        self.events += len(events)
-        self.entries += 1
+        self.events += sum(len(events) for events, _ in entries[:len(results)])
+        self.entries += len(results)
         return results
 
 
