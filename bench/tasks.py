@@ -1,0 +1,532 @@
+"""`fencepost bench tasks`: end-to-end task throughput (submit, lease, complete) and submit latency.
+
+Run as ``python -m bench.tasks [--json] [--seconds N]`` (or ``fencepost bench
+tasks``). Unless ``--zk``/``--cluster`` name an existing cluster, it starts a
+private dev cluster (ZooKeeper, 3 bookies with fsync, 3 brokers) in a temporary
+directory and stops it at the end, whatever happens. Then:
+
+1. **throughput** (``seconds``): ``producers`` threads submit tasks with
+   ``submit_many`` in batches of ``batch``, while ``workers`` threads each
+   ``lease`` up to ``lease_max`` tasks per call (long-poll) and ``complete``
+   each one (one request per task, as a worker does). Producers pause while more
+   than ``max_backlog`` submitted tasks are not yet completed, so the queue stays short and the figure is a
+   steady state, not a backlog being drained. ``tasks_per_s`` counts completions
+   inside the measured window (the first ~10 %, at most 1 s, is warm-up).
+2. **single submits** (``max(2, seconds / 4)``): with the load stopped, one thread
+   submits one task per request with ``client.submit``: ``submit_p50_ms`` and
+   ``submit_p99_ms`` are the commit latency a non-batching caller sees on a quiet
+   cluster. (``batch_submit_p50_ms``/``p99`` are the ``submit_many`` calls of the
+   throughput phase, i.e. latency under load.)
+
+Defaults (2 producers x 100 tasks per ``submit_many``, 64 workers leasing up to
+50, 100-byte payloads) came from a sweep on a 2-core machine: throughput grows
+with the number of concurrent completers (the leader's group commit puts more
+events in each ledger entry) and flattens past ~64; batch sizes matter little.
+
+Diagnostics: ``entries_per_s`` and ``events_per_entry`` (the leader's ledger
+entries in the window), ``requests_per_s``, and per-process CPU use (leader,
+followers, bookies, ZooKeeper, this process) as cores busy and as CPU-ms per
+1,000 tasks. ``cpu_cores_busy.others`` is CPU used by anything else on the
+machine: when it is well above 0 another job shared the cores and the figures
+are low. ``--profile FILE`` also runs ``py-spy record --format raw --idle
+--threads`` on the leader during the throughput window.
+
+The cluster helpers here (:class:`BenchCluster`, :func:`leader_member`,
+:func:`proc_status_kb`, :func:`proc_cpu_s`) are shared with ``bench.failover``
+and ``bench.memory``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.common import BenchError, emit, latency_summary, machine_info, rate
+
+TARGETS = {"tasks_per_s": 5_000}
+WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
+DEFAULTS = {"producers": 2, "workers": 64, "batch": 100, "lease_max": 50, "payload_size": 100,
+            "max_backlog": 10_000}
+
+LABELS = {
+    "tasks_per_s": "end-to-end throughput (tasks/s)",
+    "submit_p50_ms": "single submit latency p50 (ms)",
+    "submit_p99_ms": "single submit latency p99 (ms)",
+    "batch_submit_p50_ms": "submit_many latency p50 (ms)",
+    "batch_submit_p99_ms": "submit_many latency p99 (ms)",
+}
+
+# ----------------------------------------------------------------- cluster helpers (shared)
+
+
+def _ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds used so far by process ``pid`` (all threads), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _ticks()
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds (all cores) the machine spent busy so far: /proc/stat minus idle and iowait."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _ticks()
+
+
+def proc_status_kb(pid: int) -> dict[str, int]:
+    """The ``kB`` fields of ``/proc/<pid>/status`` (VmRSS, RssAnon, RssFile, VmHWM, ...)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                parts = value.split()
+                if len(parts) == 2 and parts[1] == "kB":
+                    out[name] = int(parts[0])
+    except OSError:
+        pass
+    return out
+
+
+def quiet_logs() -> None:
+    """Connection resets and lease warnings are expected in benchmarks (leaders get killed)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("kazoo", "broker.client", "broker.worker", "ledger"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class BenchCluster:
+    """A private dev cluster (ZooKeeper, bookies, brokers) in a temporary directory, always stopped.
+
+    Use as a context manager. Attributes once started: ``zk``, ``cluster``,
+    ``run_dir``, ``dev`` (the :class:`~broker.devcluster.DevCluster`).
+    With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
+    """
+
+    def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
+                 zk_session_timeout: float = 2.0, keep: bool = False,
+                 progress: Callable[[str], None] | None = None) -> None:
+        if (zk is None) != (cluster is None):
+            raise BenchError("give both zk and cluster, or neither")
+        self.zk, self.cluster = zk, cluster
+        self.external = zk is not None
+        self.bookies, self.brokers, self.zk_session_timeout = bookies, brokers, zk_session_timeout
+        self.keep = keep
+        self.progress = progress or (lambda _msg: None)
+        self.run_dir: Path | None = None
+        self.dev = None
+        self.up_s: float | None = None
+
+    def __enter__(self) -> "BenchCluster":
+        if self.external:
+            return self
+        from broker.devcluster import DevCluster, DevClusterSpec
+
+        self.run_dir = Path(tempfile.mkdtemp(prefix="fencepost-devbench-"))
+        self.dev = DevCluster(self.run_dir)
+        self.cluster = f"bench{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        try:
+            state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
+                                               zk_session_timeout=self.zk_session_timeout), progress=self.progress)
+            self.zk = state["zk"]
+            self.wait_leader()
+        except BaseException:
+            self.stop()
+            raise
+        self.up_s = time.monotonic() - started
+        self.progress(f"cluster {self.cluster} up in {self.up_s:.1f}s in {self.run_dir}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every process of the cluster and remove its directory (unless ``keep``). Idempotent."""
+        if self.dev is None:
+            return
+        try:
+            self.dev.down()
+        finally:
+            if not self.keep and self.run_dir is not None:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.dev = None
+
+    def client(self, **kwargs: Any):
+        from broker.client import Client
+
+        return Client(zk=self.zk, cluster=self.cluster, **{"timeout": 60.0, **kwargs})
+
+    def wait_leader(self, timeout: float = 60.0) -> dict:
+        """Block until a leader answers ``status``; return the status."""
+        with self.client(timeout=timeout) as c:
+            return c.status()
+
+    def members(self, kind: str = "broker") -> list[dict]:
+        """The recorded processes of ``kind`` (with pid, address, data_dir, args, log)."""
+        if self.dev is None:
+            return []
+        return [m for m in self.dev.read_state()["processes"] if m["kind"] == kind]
+
+    def leader_info(self) -> dict | None:
+        """The ``leader`` znode's content (broker_id, address, epoch), or None."""
+        from election.leader import read_leader
+        from election.paths import ClusterPaths
+        from election.zk import close, connect
+
+        zk = connect(self.zk, session_timeout=10.0)
+        try:
+            return read_leader(zk, ClusterPaths(self.cluster))
+        finally:
+            close(zk)
+
+    def leader_and_followers(self) -> tuple[dict, list[dict]]:
+        """The leader broker's member record and the others' (needs a private cluster)."""
+        info = self.leader_info()
+        if not info:
+            raise BenchError("no leader is published")
+        brokers = self.members("broker")
+        leader = [m for m in brokers if m["address"] == info["address"]]
+        if not leader:
+            raise BenchError(f"the leader {info['address']} is not one of this cluster's brokers")
+        return leader[0], [m for m in brokers if m is not leader[0]]
+
+
+def leader_member(bc: BenchCluster) -> dict:
+    return bc.leader_and_followers()[0]
+
+
+# ----------------------------------------------------------------- the load
+
+
+class Counter:
+    """A thread-safe counter (a lock is cheap next to a round trip)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
+class Load:
+    """Producers (submit_many) and workers (lease N, complete each) on one queue."""
+
+    def __init__(self, bc: BenchCluster, queue: str, producers: int, workers: int, batch: int, lease_max: int,
+                 payload_size: int, max_backlog: int) -> None:
+        self.bc, self.queue = bc, queue
+        self.n_producers, self.n_workers = producers, workers
+        self.batch, self.lease_max = batch, lease_max
+        self.payload = b"x" * payload_size
+        self.max_backlog = max_backlog
+        self.submitted = Counter()
+        self.completed = Counter()
+        self.leases = Counter()
+        self.empty_leases = Counter()
+        self.errors: list[str] = []
+        self.batch_latencies: list[tuple[float, float]] = []  # (started, seconds); the window filters them
+        self._lat_lock = threading.Lock()
+        self.stop_producers = threading.Event()
+        self.stop_workers = threading.Event()
+        self.client = bc.client()
+        self.threads: list[threading.Thread] = []
+        self._closed = False
+        self.window: tuple[float, float] | None = None
+
+    def start(self) -> None:
+        for i in range(self.n_workers):
+            self.threads.append(threading.Thread(target=self._work, args=(i,), daemon=True, name=f"worker-{i}"))
+        for i in range(self.n_producers):
+            self.threads.append(threading.Thread(target=self._produce, args=(i,), daemon=True, name=f"producer-{i}"))
+        for t in self.threads:
+            t.start()
+
+    def _error(self, what: str, exc: BaseException) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+
+    def _produce(self, index: int) -> None:
+        n = 0
+        lat: list[tuple[float, float]] = []
+        while not self.stop_producers.is_set():
+            if self.submitted.value - self.completed.value > self.max_backlog:
+                time.sleep(0.002)
+                continue
+            tasks = [{"queue": self.queue, "payload": self.payload} for _ in range(self.batch)]
+            n += self.batch
+            t0 = time.monotonic()
+            try:
+                ids = self.client.submit_many(tasks)
+            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                self._error("submit_many", exc)
+                time.sleep(0.05)
+                continue
+            t1 = time.monotonic()
+            lat.append((t0, t1 - t0))
+            self.submitted.add(len(ids))
+        with self._lat_lock:
+            self.batch_latencies.extend(lat)
+
+    def _work(self, index: int) -> None:
+        name = f"bench-worker-{index}"
+        client = self.client
+        while not self.stop_workers.is_set():
+            try:
+                reply = client.call("lease", worker=name, queues=[self.queue], max_tasks=self.lease_max,
+                                    lease_ms=60_000, wait_ms=200, timeout=30)
+            except Exception as exc:  # noqa: BLE001
+                self._error("lease", exc)
+                time.sleep(0.05)
+                continue
+            tasks = reply.get("tasks") or []
+            self.leases.add(1)
+            if not tasks:
+                self.empty_leases.add(1)
+                continue
+            for task in tasks:
+                try:
+                    client.call("complete", task_id=task["task_id"], attempt=task["attempt"], result=b"ok",
+                                timeout=30)
+                except Exception as exc:  # noqa: BLE001
+                    self._error("complete", exc)
+                else:
+                    self.completed.add(1)
+
+    def stop(self) -> None:
+        """Stop producers and workers and close the client (idempotent)."""
+        self.stop_producers.set()
+        self.stop_workers.set()
+        for t in self.threads:
+            t.join(60)
+        self.threads = []
+        if not self._closed:
+            self._closed = True
+            self.client.close()
+
+
+def single_submit_phase(bc: BenchCluster, queue: str, seconds: float, payload: bytes) -> tuple[list[float], int]:
+    """One thread, one task per ``submit``: the latency a non-batching caller sees."""
+    latencies: list[float] = []
+    errors = 0
+    with bc.client() as client:
+        client.submit(queue, payload)  # connect and find the leader outside the measurement
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            try:
+                client.submit(queue, payload)
+            except Exception:  # noqa: BLE001
+                errors += 1
+                continue
+            latencies.append(time.monotonic() - t0)
+    return latencies, errors
+
+
+def _cpu_snapshot(pids: dict[str, int]) -> dict[str, float | None]:
+    snap = {name: proc_cpu_s(pid) for name, pid in pids.items()}
+    snap["machine"] = machine_busy_s()
+    return snap
+
+
+def _watched_pids(bc: BenchCluster) -> dict[str, int]:
+    pids = {"bench": os.getpid()}
+    if bc.external:
+        return pids
+    leader, followers = bc.leader_and_followers()
+    pids["leader"] = leader["pid"]
+    for i, m in enumerate(followers):
+        pids[f"follower{i}"] = m["pid"]
+    for m in bc.members("bookie"):
+        pids[f"bookie{m['index']}"] = m["pid"]
+    for m in bc.members("zookeeper"):
+        pids["zookeeper"] = m["pid"]
+    return pids
+
+
+def _leader_status(bc: BenchCluster) -> dict:
+    try:
+        with bc.client(timeout=10) as c:
+            return c.status()
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return {}
+
+
+def _entries_between(st0: dict, st1: dict) -> int | None:
+    """Ledger entries the leader wrote between two statuses (same ledger only)."""
+    p0, p1 = st0.get("position"), st1.get("position")
+    if not p0 or not p1 or p0[0] != p1[0]:
+        return None
+    return p1[1] - p0[1]
+
+
+def _start_profiler(pid: int, seconds: float, out: str) -> subprocess.Popen:
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    cmd = [pyspy, "record", "--format", "raw", "-d", str(max(1, int(seconds))), "-r", "200",
+           "--idle", "--threads", "--nonblocking", "-o", out, "--pid", str(pid)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: int = DEFAULTS["workers"],
+        batch: int = DEFAULTS["batch"], lease_max: int = DEFAULTS["lease_max"],
+        payload_size: int = DEFAULTS["payload_size"], max_backlog: int = DEFAULTS["max_backlog"],
+        zk: str | None = None, cluster: str | None = None, profile: str | None = None,
+        single_seconds: float | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Run the benchmark (see the module docstring); return the result dict."""
+    progress = progress or (lambda _msg: None)
+    if seconds <= 0 or producers < 1 or workers < 1 or not 1 <= batch <= 1000 or not 1 <= lease_max <= 1000:
+        raise BenchError("need seconds > 0, producers >= 1, workers >= 1, 1 <= batch, lease_max <= 1000")
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    single_s = max(2.0, seconds / 4) if single_seconds is None else single_seconds
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    with BenchCluster(zk=zk, cluster=cluster, progress=progress) as bc:
+        pids = _watched_pids(bc)
+        load = Load(bc, queue, producers, workers, batch, lease_max, payload_size, max_backlog)
+        prof = None
+        try:
+            load.start()
+            warm = min(WARMUP_MAX_S, seconds * WARMUP_FRACTION)
+            time.sleep(warm)
+            t0 = time.monotonic()
+            c0, s0, l0 = load.completed.value, load.submitted.value, load.leases.value
+            cpu0 = _cpu_snapshot(pids)
+            st0 = _leader_status(bc)
+            if profile and "leader" in pids:
+                prof = _start_profiler(pids["leader"], seconds, profile)
+            time.sleep(seconds)
+            t1 = time.monotonic()
+            c1, s1, l1 = load.completed.value, load.submitted.value, load.leases.value
+            cpu1 = _cpu_snapshot(pids)
+            st1 = _leader_status(bc)
+            progress(f"throughput phase: {c1 - c0} completed in {t1 - t0:.1f}s")
+            load.stop()  # the single submits run on a quiet cluster: commit latency, not queueing
+            single, single_errors = single_submit_phase(bc, queue, single_s, load.payload)
+        finally:
+            load.stop()
+            if prof is not None:
+                try:
+                    prof.wait(30)
+                except subprocess.TimeoutExpired:
+                    prof.kill()
+        elapsed = t1 - t0
+        completed = c1 - c0
+        batch_lat = [d for (ts, d) in load.batch_latencies if t0 <= ts and ts + d <= t1]
+        entries = _entries_between(st0, st1)
+        requests = (st1.get("counters", {}).get("requests", 0) - st0.get("counters", {}).get("requests", 0)
+                    if st0 and st1 else None)
+        cpu_per_1k = {}
+        for name in pids:
+            if cpu0.get(name) is not None and cpu1.get(name) is not None and completed:
+                cpu_per_1k[name] = round((cpu1[name] - cpu0[name]) * 1000 / completed * 1000, 1)
+        cpu_busy = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2)
+                    for name in [*pids, "machine"] if cpu0.get(name) is not None and cpu1.get(name) is not None}
+        if "machine" in cpu_busy:
+            # Anything else running on the machine (another benchmark...) makes these figures unreliable.
+            cpu_busy["others"] = round(max(0.0, cpu_busy["machine"] - sum(v for k, v in cpu_busy.items()
+                                                                           if k != "machine")), 2)
+        single_summary = latency_summary(single)
+        batch_summary = latency_summary(batch_lat)
+        result = {
+            "tasks_per_s": rate(completed, elapsed),
+            "submit_p50_ms": single_summary["p50_ms"],
+            "submit_p99_ms": single_summary["p99_ms"],
+            "batch_submit_p50_ms": batch_summary["p50_ms"],
+            "batch_submit_p99_ms": batch_summary["p99_ms"],
+            "submitted_per_s": rate(s1 - s0, elapsed),
+            "single_submits_per_s": rate(len(single), single_s),
+            "submitted": s1 - s0,
+            "completed": completed,
+            "seconds": round(elapsed, 2),
+            "producers": producers,
+            "workers": workers,
+            "batch": batch,
+            "lease_max": lease_max,
+            "tasks_per_lease": round(completed / max(1, (l1 - l0) - 0), 1),
+            "entries_per_s": rate(entries, elapsed) if entries is not None else None,
+            "events_per_entry": round((s1 - s0 + completed + l1 - l0) / entries, 1) if entries else None,
+            "requests_per_s": rate(requests, elapsed) if requests is not None else None,
+            "payload_bytes": payload_size,
+            "max_backlog": max_backlog,
+            "errors": len(load.errors) + single_errors,
+            "first_error": load.errors[0] if load.errors else None,
+            "cpu_ms_per_1k_tasks": cpu_per_1k,
+            "cpu_cores_busy": cpu_busy,
+            "single_latency": single_summary,
+            "batch_latency": batch_summary,
+            "cluster": "private (3 bookies fsync on, 3 brokers)" if not bc.external else f"cluster {bc.cluster}",
+            "cluster_up_s": round(bc.up_s, 1) if bc.up_s is not None else None,
+            "started_at": started_at,
+            "machine": machine_info(),
+        }
+    result["targets"] = dict(TARGETS)
+    result["targets_met"] = result["tasks_per_s"] >= TARGETS["tasks_per_s"] and result["errors"] == 0
+    if profile:
+        result["profile"] = profile
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tasks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--seconds", type=float, default=10.0, help="throughput phase length (default 10)")
+    parser.add_argument("--producers", type=int, default=DEFAULTS["producers"],
+                        help=f"submit_many threads (default {DEFAULTS['producers']})")
+    parser.add_argument("--workers", type=int, default=DEFAULTS["workers"],
+                        help=f"lease/complete threads (default {DEFAULTS['workers']})")
+    parser.add_argument("--batch", type=int, default=DEFAULTS["batch"],
+                        help=f"tasks per submit_many (default {DEFAULTS['batch']})")
+    parser.add_argument("--lease-max", type=int, default=DEFAULTS["lease_max"],
+                        help=f"max_tasks per lease (default {DEFAULTS['lease_max']})")
+    parser.add_argument("--payload-size", type=int, default=DEFAULTS["payload_size"],
+                        help=f"payload bytes (default {DEFAULTS['payload_size']})")
+    parser.add_argument("--max-backlog", type=int, default=DEFAULTS["max_backlog"],
+                        help=f"producers pause above this many waiting tasks (default {DEFAULTS['max_backlog']})")
+    parser.add_argument("--single-seconds", type=float, default=None,
+                        help="single-submit phase length (default max(2, seconds/4))")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="py-spy record (raw format) the leader during the throughput phase into FILE")
+    parser.add_argument("--zk", default=None, help="use this ZooKeeper's cluster instead of a private one")
+    parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
+    args = parser.parse_args(argv)
+    if (args.zk is None) != (args.cluster is None):
+        parser.error("give both --zk and --cluster, or neither")
+    quiet_logs()
+    progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
+    try:
+        result = run(seconds=args.seconds, producers=args.producers, workers=args.workers, batch=args.batch,
+                     lease_max=args.lease_max, payload_size=args.payload_size, max_backlog=args.max_backlog,
+                     zk=args.zk, cluster=args.cluster, profile=args.profile, single_seconds=args.single_seconds,
+                     progress=progress)
+    except BenchError as exc:
+        print(f"bench tasks: {exc}", file=sys.stderr)
+        return 1
+    emit(result, args.json, LABELS)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
