@@ -93,7 +93,7 @@ class WaitTimeout(ClientError, TimeoutError):
 
 
 # How often a call waiting for a reply checks whether the leader has changed.
-LEADER_CHECK_MS = 100
+LEADER_CHECK_MS = 20
 
 
 class _Conn:

@@ -95,7 +95,8 @@ class FollowerTail(threading.Thread):
             try:
                 if reader is None:
                     reader = self.ledgers.log_reader(after=self.store.position() or START)
-                entries = reader.poll(self.batch, timeout=0.5)
+                # Short, so that a broker taking over stops its tail quickly (the takeover waits for it).
+                entries = reader.poll(self.batch, timeout=0.1)
                 if entries:
                     self.on_applied(apply_entries(self.store, entries))
                 backoff = 0.1

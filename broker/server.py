@@ -324,18 +324,27 @@ class BrokerServer:
             group.switch_writer(writer)
 
     def _retry_parked(self, session: LeaderSession) -> None:
+        """Re-issue parked leases, but only as many as there are waiting tasks to hand out."""
         if not session.parked:
             return
         now = time.monotonic()
-        depths = self.store.queue_depths()
+        available = {q: d.get("waiting", 0) - d.get("delayed", 0) for q, d in self.store.queue_depths().items()}
+        now_ms = self._now_ms()
+        for q, count in available.items():
+            due = self.store.next_due_ms([q]) if count <= 0 else None
+            if due is not None and due <= now_ms:
+                available[q] = 1  # a delayed task is due: the lease event will promote it
         keep = []
         for route, rid, req in session.parked:
             if req["deadline"] <= now:
                 self._send(route, wire.ok_reply(rid, tasks=[]))
-            elif any(depths.get(q, {}).get("waiting", 0) for q in req["queues"]):
-                session.group.add(protocol.request_events(req, self._now_ms(), self.new_id), (route, rid, req))
-            else:
+                continue
+            queue = next((q for q in req["queues"] if available.get(q, 0) > 0), None)
+            if queue is None:
                 keep.append((route, rid, req))
+                continue
+            available[queue] -= req["max_tasks"]
+            session.group.add(protocol.request_events(req, self._now_ms(), self.new_id), (route, rid, req))
         session.parked = keep
 
     def _expire_leases(self, session: LeaderSession) -> None:

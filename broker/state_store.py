@@ -86,8 +86,10 @@ class StateStore:
     def __init__(self, path: str | os.PathLike, map_size: int = DEFAULT_MAP_SIZE,
                  sync: bool = True) -> None:
         os.makedirs(path, exist_ok=True)
+        # metasync off: a crash may undo the last transaction, never corrupt one; the ledgers
+        # hold every committed entry, so the tail re-applies it from the store's own position.
         self._env = lmdb.open(os.fspath(path), map_size=map_size, max_dbs=MAX_DBS,
-                              sync=sync, metasync=sync, readahead=False, subdir=True)
+                              sync=sync, metasync=False, readahead=False, subdir=True)
         try:
             self._dbs = {name: self._env.open_db(name.encode()) for name in DB_NAMES}
             if self._meta_raw(META_LOADING) is not None:
