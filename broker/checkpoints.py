@@ -148,7 +148,9 @@ class Checkpointer(threading.Thread):
         servable = self.node.servable_snapshot_positions()
         doomed = deletable_ledgers(ledgers, meta, servable, self.node.clock(), self.node.config.retention_seconds)
         if doomed:
-            # Out of the log first, so that no reader starts on a ledger about to vanish.
+            # Say first that history no longer starts at the log's head (an empty store must
+            # then install a snapshot), then take the ledgers out of the log, then delete them.
+            mark_log_start(zk, paths, first_kept=ledgers[len(doomed)]["id"], deleted_through=doomed[-1])
             remove_ledgers(zk, paths, doomed, expected_version=version)
             log.info("retention removed ledgers %s from the log (covered by snapshots at %s)", doomed, servable)
         self._delete_orphans([x["id"] for x in ledgers if x["id"] not in doomed])
@@ -165,6 +167,15 @@ class Checkpointer(threading.Thread):
                 self.node.ledgers.delete(ledger_id)
             except LedgerError as exc:
                 log.warning("ledger %d is out of the log but could not be deleted yet: %s", ledger_id, exc)
+
+
+def mark_log_start(zk, paths, first_kept: int, deleted_through: int) -> None:
+    """Record in `log_start` that ledgers up to `deleted_through` are gone for good."""
+    doc = json.dumps({"first_ledger": first_kept, "deleted_through": deleted_through}).encode()
+    try:
+        zk.create(paths.log_start, doc, makepath=True)
+    except NodeExistsError:
+        zk.set(paths.log_start, doc)
 
 
 def _order(position, ledger_ids: list[int]) -> tuple[int, int]:

@@ -10,7 +10,7 @@ never leaves a half-installed state. If one source fails the next is tried.
 
 Example::
 
-    if needs_snapshot(store.position(), log_ids, snapshot_exists=True):
+    if needs_snapshot(store.position(), log_ids, log_truncated=True):
         header = install_snapshot(sources, data_dir, cluster_id, request_to)
 """
 from __future__ import annotations
@@ -39,10 +39,14 @@ class JoinError(BrokerError):
     """No snapshot could be installed, so this store cannot catch up."""
 
 
-def needs_snapshot(position: tuple[int, int] | None, log_ids: list[int], snapshot_exists: bool) -> bool:
-    """True when replaying the log alone cannot rebuild this store's state."""
+def needs_snapshot(position: tuple[int, int] | None, log_ids: list[int], log_truncated: bool) -> bool:
+    """True when replaying the log alone cannot rebuild this store's state.
+
+    An empty store replays from the start unless ledgers were ever deleted
+    (`log_truncated`); a non-empty one replays if the log still holds its position.
+    """
     if position is None:
-        return snapshot_exists
+        return log_truncated
     try:
         position_after(position, log_ids)
     except LogGap:
@@ -98,8 +102,9 @@ def broker_requester(address: str, timeout: float = 10.0) -> Callable[[str, dict
     return request
 
 
-def latest_snapshot_exists(zk: KazooClient, paths: ClusterPaths) -> bool:
-    return zk.exists(paths.snapshots_latest) is not None
+def log_truncated(zk: KazooClient, paths: ClusterPaths) -> bool:
+    """True once retention has deleted ledgers (see :func:`broker.checkpoints.mark_log_start`)."""
+    return zk.exists(paths.log_start) is not None
 
 
 class ProgressLog:

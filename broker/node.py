@@ -32,7 +32,8 @@ from broker.config import BrokerConfig
 from broker.checkpoints import Checkpointer
 from broker.datalock import DataDirLock
 from broker.follower import FollowerTail, catch_up
-from broker.join import broker_requester, install_snapshot, latest_snapshot_exists, needs_snapshot, snapshot_sources
+from broker.join import (JoinError, broker_requester, install_snapshot, log_truncated, needs_snapshot,
+                         snapshot_sources)
 from broker.server import BrokerServer, LeaderSession
 from broker.state_store import StateStore
 from election import ElectionError
@@ -52,6 +53,9 @@ from snapshots.format import cleanup_temp
 from snapshots.transfer import describe, read_chunk
 
 log = logging.getLogger(__name__)
+
+# How long a store that needs a snapshot waits for a broker able to serve one.
+JOIN_PATIENCE_S = 120.0
 
 
 class BrokerNode:
@@ -118,12 +122,22 @@ class BrokerNode:
         cfg, data = self.config, Path(self.config.data)
         store = StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
         log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
-        if not join or not needs_snapshot(store.position(), log_ids, latest_snapshot_exists(self.zk, self.paths)):
+        if not join or not needs_snapshot(store.position(), log_ids, log_truncated(self.zk, self.paths)):
             return store
         log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
         store.close()
-        sources = snapshot_sources(self.zk, self.paths, self.identity.broker_id)
-        install_snapshot(sources, data, self.cluster["cluster_id"], request_to=broker_requester)
+        deadline = time.monotonic() + JOIN_PATIENCE_S
+        while True:
+            sources = snapshot_sources(self.zk, self.paths, self.identity.broker_id)
+            try:
+                install_snapshot(sources, data, self.cluster["cluster_id"], request_to=broker_requester)
+                break
+            except JoinError as exc:
+                # The brokers that serve snapshots may be restarting: wait for one, for a while.
+                if time.monotonic() > deadline or self.stop_event.is_set():
+                    raise
+                log.warning("%s; trying again", exc)
+                self.stop_event.wait(2.0)
         return StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
 
     def _rejoin(self) -> None:

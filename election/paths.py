@@ -110,6 +110,11 @@ class ClusterPaths:
         return f"{self.base}/log"
 
     @property
+    def log_start(self) -> str:
+        """Present once retention deleted ledgers: the log no longer starts at the beginning of history."""
+        return f"{self.base}/log_start"
+
+    @property
     def snapshots_latest(self) -> str:
         return f"{self.base}/snapshots/latest"
 

@@ -130,8 +130,10 @@ def test_damaged_or_foreign_snapshots_are_refused_with_a_reason(cluster, procs, 
 
 
 def test_join_falls_back_to_another_source_when_a_snapshot_is_damaged(cluster, procs):
-    bc = start(cluster, procs, extra=["--checkpoint-entries", "5"])
+    extra = ["--checkpoint-entries", "5", "--ledger-max-entries", "5", "--retention-seconds", "0"]
+    bc = start(cluster, procs, extra=extra)
     submit_many(bc, 20, "g")
+    wait_for(lambda: cluster.zk.exists(cluster.paths.log_start), 30, "retention to delete early ledgers")
 
     def advertised():
         infos = [json.loads(cluster.zk.get(cluster.paths.live_broker(int(c)))[0])
@@ -147,7 +149,7 @@ def test_join_falls_back_to_another_source_when_a_snapshot_is_damaged(cluster, p
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 2] ^= 0xFF
         path.write_bytes(bytes(raw))
-    joiner = procs.start_broker(cluster, extra=["--checkpoint-entries", "5"])
+    joiner = procs.start_broker(cluster, extra=extra)
     bc.brokers.append(joiner)
     state = wait_for(lambda: caught_up(bc, joiner), 60, "the joiner to catch up from the undamaged source")
     assert state["queues"]["snap"]["waiting"] == 20
