@@ -5,8 +5,11 @@ are not thread-safe, so every socket is created, used and closed by a single
 background thread; other threads hand requests over through a deque and wake
 the thread with one byte on a pipe. :meth:`BookiePool.request` returns a
 :class:`concurrent.futures.Future` of the reply map; :meth:`BookiePool.call_many`
-(the writer's hot path) encodes one frame for several bookies and calls a plain
-callback instead, which costs about half as much CPU per add. Failures:
+encodes one frame for several bookies and calls a plain callback instead, which
+costs about half as much CPU per request; :meth:`BookiePool.submit` runs a
+function on the I/O thread itself, which is how the writer coalesces every add
+queued since its last flush into one ``add_batch`` request per bookie (its
+hot path). Failures:
 
 - :class:`BookieUnavailable` when the bookie does not answer within the
   request's timeout (or the pool is closed). The timed-out bookie's socket is
@@ -53,9 +56,11 @@ DEFAULT_TIMEOUT = 5.0
 _SEND_HWM = 100_000
 # Requests outstanding per bookie; more wait in the pool (their timeout still
 # running). A bookie answers a whole group commit at once, and a ZeroMQ ROUTER
-# silently drops replies beyond its send high-water mark (1000 by default), so
-# an unbounded pipeline turns into lost replies and timeouts.
-DEFAULT_WINDOW = 512
+# silently drops replies beyond its send high-water mark, so an unbounded
+# pipeline turns into lost replies and timeouts. The bookie's ROUTER queues up
+# to 100,000 replies per peer (ledger/bookie.py), well above this window.
+DEFAULT_WINDOW = 10_000
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class BookieUnavailable(LedgerError):
@@ -130,6 +135,13 @@ def _deliver(req: _Request, reply: dict | None, exc: BaseException | None = None
         log.exception("a bookie reply callback failed (%s to %s)", req.op, req.address)
 
 
+def _run_task(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # a caller's bug must not kill the I/O thread
+        log.exception("a task submitted to the bookie pool failed")
+
+
 class BookiePool:
     """Connections to any number of bookies, driven by one background I/O thread.
 
@@ -160,8 +172,10 @@ class BookiePool:
         # Per-address failure bookkeeping, read by readers to try healthy bookies first.
         self._suspect_until: dict[str, float] = {}
         self.suspect_seconds = 10.0
+        self._io_ident: int | None = None
         self._thread = threading.Thread(target=self._run, name="bookie-pool-io", daemon=True)
         self._thread.start()
+        self._io_ident = self._thread.ident
 
     # ----------------------------------------------------------------- public
 
@@ -204,6 +218,25 @@ class BookiePool:
             self._cmds.extend(reqs)
         self._wake()
 
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the I/O thread, after the requests already submitted.
+
+        ``fn`` may call :meth:`call_many` (its requests are sent in the same
+        loop turn, in call order). Raises :class:`BookieUnavailable` at once if
+        the pool is closed; ``fn`` is still run (on the I/O thread, while it
+        shuts down) if the pool closes after accepting it, when its own
+        :meth:`call_many` calls then raise :class:`BookieUnavailable`.
+        """
+        with self._submit_lock:
+            if self._closed:
+                raise BookieUnavailable("-", "the bookie pool is closed")
+            self._cmds.append(fn)
+        self._wake()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def is_suspect(self, address: str) -> bool:
         """True if ``address`` timed out recently and has not answered since."""
         until = self._suspect_until.get(address)
@@ -239,8 +272,8 @@ class BookiePool:
         # draining the pipe) before it drains the command deque, so a command
         # appended later either finds the flag clear and writes a byte, or finds
         # it set by someone whose byte is still in the pipe.
-        if self._wake_flag and not force:
-            return
+        if (self._wake_flag and not force) or threading.get_ident() == self._io_ident:
+            return  # the I/O thread itself checks the deque again before it polls
         self._wake_flag = True
         try:
             os.write(self._wake_w, b"\0")
@@ -264,16 +297,20 @@ class BookiePool:
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
         stopping = False
+        wake_r = self._wake_r
+        piped = True
         try:
             while not stopping:
                 # Drain the pipe *before* clearing the flag: a byte written after the
                 # drain then stays in the pipe and wakes the next poll, so a command
-                # appended while the flag is still set is never left waiting.
-                try:
-                    while os.read(self._wake_r, 4096):
+                # appended while the flag is still set is never left waiting. It is
+                # read only when the poll saw it readable (a wake-up by replies alone
+                # costs no syscall); one read takes every byte a few writers left.
+                if piped:
+                    try:
+                        os.read(wake_r, 4096)
+                    except (BlockingIOError, OSError):
                         pass
-                except (BlockingIOError, OSError):
-                    pass
                 self._wake_flag = False
                 now = time.monotonic()
                 while self._cmds:
@@ -281,6 +318,9 @@ class BookiePool:
                     if req is None:
                         stopping = True
                         break
+                    if type(req) is not _Request:
+                        _run_task(req)
+                        continue
                     conn = conns.get(req.address)
                     if conn is None:
                         try:
@@ -301,12 +341,17 @@ class BookiePool:
                 if stopping:
                     break
                 wait_ms = None
-                if deadlines:
+                if self._cmds:
+                    wait_ms = 0  # submitted from this thread (a callback, a task): no wake byte
+                elif deadlines:
                     wait_ms = max(0, int((deadlines[0][0] - time.monotonic()) * 1000) + 1)
+                piped = False
                 for sock, _ in poller.poll(wait_ms):
                     conn = by_socket.get(sock)
                     if conn is not None:
                         self._drain(conn)
+                    elif sock == wake_r:
+                        piped = True
                 self._expire(deadlines, conns, by_socket, poller)
         except Exception:  # pragma: no cover - a bug here must not leave callers hanging
             log.exception("bookie pool I/O thread crashed")
@@ -320,8 +365,10 @@ class BookiePool:
                 leftover = list(self._cmds)
                 self._cmds.clear()
             for req in leftover:
-                if req is not None:
+                if type(req) is _Request:
                     _deliver(req, None, BookieUnavailable(req.address, "the bookie pool is closed"))
+                elif req is not None:
+                    _run_task(req)  # it learns of the closed pool from call_many
 
     def _send(self, conn: _Conn, req: _Request) -> None:
         try:
@@ -332,11 +379,15 @@ class BookiePool:
         conn.inflight[req.rid] = req
 
     def _drain(self, conn: _Conn) -> None:
-        while True:
+        sock = conn.socket
+        recv, getsockopt = sock.recv, sock.getsockopt
+        more = True
+        while more:
             try:
-                frame = conn.socket.recv(zmq.NOBLOCK)
+                frame = recv(_NOBLOCK)
             except zmq.Again:
                 break
+            more = getsockopt(_EVENTS) & _POLLIN  # cheaper than ending on a zmq.Again
             try:
                 msg = decode(frame)
             except WireError as exc:

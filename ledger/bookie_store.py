@@ -24,6 +24,7 @@ Example::
 
     store = BookieStore("/var/lib/fencepost/bookie", map_size=1 << 30)
     store.add_batch([(3, 0, encoded_entry)])     # -> ["stored"]
+    store.add_runs([(3, 1, [entry_1, entry_2], 0, False)])  # checked runs (the bookie's path) -> ["stored"]
     store.fence(3)                               # -> {"fenced": True, "lac": -1, "last_entry": 0}
     store.close()
 """
@@ -116,33 +117,64 @@ class BookieStore:
         entry overwrites it, so retries are harmless. The transaction commits (and
         fsyncs, unless the store was opened with ``sync=False``) before this returns.
         """
+        results: list[str | None] = []
+        runs: list[tuple] = []
+        for item in items:
+            ledger, entry, data = item[0], item[1], item[2]
+            recovery = bool(item[3]) if len(item) > 3 else False
+            _check_id("ledger", ledger)
+            _check_id("entry", entry)
+            try:
+                h_ledger, h_entry, lac, _epoch, _length = peek_header(data)
+            except CorruptEntry:
+                results.append(BAD_ENTRY)
+                continue
+            if (h_ledger, h_entry) != (ledger, entry):
+                results.append(BAD_ENTRY)
+                continue
+            results.append(None)
+            runs.append((ledger, entry, [bytes(data)], lac, recovery))
+        stored = iter(self.add_runs(runs))
+        return [next(stored) if r is None else r for r in results]
+
+    def add_runs(self, runs: Sequence[tuple]) -> list[str]:
+        """Store runs of consecutive, already checked entries in one write transaction.
+
+        Each run is ``(ledger_id, first_entry_id, entries, lac, recovery)``:
+        ``entries`` holds the encoded entries ``first_entry_id``,
+        ``first_entry_id + 1``, ... of ``ledger_id``, ``lac`` is the largest LAC
+        among their headers. The caller has checked all of it (the bookie does,
+        with :func:`ledger.codec.check_run` or :func:`~ledger.codec.peek_header`,
+        when it decodes the request), so nothing is parsed again here. One
+        result per run: ``"stored"`` (every entry of the run) or ``"fenced"``
+        (none: the ledger is fenced and the run is not a recovery add; within
+        one transaction a ledger is fenced for all of its runs or for none).
+        Commits (and fsyncs, unless ``sync=False``) before returning.
+        """
         results: list[str] = []
         touched: dict[int, dict] = {}
+        pack = _ENTRY_KEY.pack
         with self._env.begin(write=True) as txn:
-            for item in items:
-                ledger, entry, data = item[0], item[1], item[2]
-                recovery = bool(item[3]) if len(item) > 3 else False
-                _check_id("ledger", ledger)
-                _check_id("entry", entry)
-                try:
-                    h_ledger, h_entry, lac, _epoch, _length = peek_header(data)
-                except CorruptEntry:
-                    results.append(BAD_ENTRY)
-                    continue
-                if (h_ledger, h_entry) != (ledger, entry):
-                    results.append(BAD_ENTRY)
-                    continue
-                info = touched.get(ledger)
-                if info is None:
-                    info = self._get_info(txn, ledger) or _empty_info()
-                    touched[ledger] = info
-                if info["fenced"] and not recovery:
-                    results.append(FENCED)
-                    continue
-                txn.put(_ENTRY_KEY.pack(ledger, entry), bytes(data), db=self._entries)
-                info["lac"] = max(info["lac"], lac)
-                info["last_entry"] = max(info["last_entry"], entry)
-                results.append(STORED)
+            with txn.cursor(db=self._entries) as cursor:
+                putmulti = cursor.putmulti
+                for ledger, first, entries, lac, recovery in runs:
+                    info = touched.get(ledger)
+                    if info is None:
+                        info = self._get_info(txn, ledger) or _empty_info()
+                        touched[ledger] = info
+                    if info["fenced"] and not recovery:
+                        results.append(FENCED)
+                        continue
+                    if len(entries) == 1:
+                        cursor.put(pack(ledger, first), entries[0])
+                    else:
+                        putmulti([(pack(ledger, first + i), data) for i, data in enumerate(entries)])
+                    if lac > info["lac"]:
+                        info["lac"] = lac
+                    last = first + len(entries) - 1
+                    if last > info["last_entry"]:
+                        info["last_entry"] = last
+                    results.append(STORED)
             for ledger, info in touched.items():
                 self._put_info(txn, ledger, info)
         return results

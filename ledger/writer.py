@@ -4,7 +4,9 @@ Each entry goes to every bookie of the write quorum. An entry is **complete**
 (committed) once ``ack_quorum`` bookies acknowledged it *and* every earlier
 entry is complete, so completions are reported strictly in entry order. Each
 entry carries the writer's last-add-confirmed (LAC) at send time, which is how
-readers learn how far they may read.
+readers learn how far they may read. Adds queued while earlier ones are being
+sent travel together: one ``add_batch`` request per bookie, acknowledged once
+the bookie fsynced all of them (see :class:`LedgerWriter`).
 
 Failures never hang a caller:
 
@@ -30,6 +32,7 @@ Example::
 """
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import threading
@@ -43,7 +46,7 @@ from kazoo.client import KazooClient
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.bookie_client import BookiePool, BookieUnavailable, LedgerFencedError
-from ledger.codec import Digest, Entry, encode_entry
+from ledger.codec import Digest, Entry, encode_entry, encode_fields
 from ledger.metadata import (
     CLOSED,
     OPEN,
@@ -61,8 +64,26 @@ log = logging.getLogger(__name__)
 DEFAULT_ADD_TIMEOUT = 5.0
 
 
+# One add_batch request carries at most this many entries / encoded bytes (a bookie
+# takes up to ledger.bookie.MAX_ADD_BATCH entries in a frame of max_frame_bytes, 8 MiB by default).
+MAX_BATCH_ENTRIES = 1000
+MAX_BATCH_BYTES = 1 << 20
+_MAX_PAYLOAD = (1 << 32) - 1
+
+
 def _ignore_reply(_index: int, _reply: dict | None, _exc: BaseException | None) -> None:
     pass
+
+
+def _resolve(resolved: list[tuple[Future, int | None, BaseException | None]]) -> None:
+    for fut, value, err in resolved:
+        try:
+            if err is None:
+                fut.set_result(value)
+            else:
+                fut.set_exception(err)
+        except InvalidStateError:
+            pass  # cancelled by the caller
 
 
 class LedgerWriteError(LedgerError):
@@ -73,7 +94,9 @@ class QuorumTracker:
     """Pure ack bookkeeping for in-order quorum completion.
 
     Members are numbered ``0 .. write_quorum-1``. Entries must be registered in
-    order with :meth:`add`. Example::
+    order with :meth:`add`. Acks and failures are bit masks per pending entry
+    (plain ints), and :meth:`ack_range` / :meth:`fail_range` record a whole
+    ``add_batch`` reply at once. Example::
 
         t = QuorumTracker(write_quorum=3, ack_quorum=2)
         t.add(0); t.add(1)
@@ -89,8 +112,8 @@ class QuorumTracker:
         self.ack_quorum = ack_quorum
         self.lac = lac
         self._next = lac + 1
-        self._acks: dict[int, set[int]] = {}
-        self._fails: dict[int, set[int]] = {}
+        self._acks: dict[int, int] = {}  # pending entry -> mask of the members that acked it
+        self._fails: dict[int, int] = {}  # pending entry -> mask of the members that failed it (if any did)
 
     @property
     def pending(self) -> list[int]:
@@ -100,46 +123,71 @@ class QuorumTracker:
     def add(self, entry_id: int) -> None:
         if entry_id != self._next:
             raise ValueError(f"entry {entry_id} added out of order (expected {self._next})")
-        self._next += 1
-        self._acks[entry_id] = set()
-        self._fails[entry_id] = set()
+        self._next = entry_id + 1
+        self._acks[entry_id] = 0
 
     def ack(self, entry_id: int, member: int) -> list[int]:
         """Record an ack; return the entries that became complete, in order."""
-        acks = self._acks.get(entry_id)
-        if acks is None:
-            return []  # already complete or abandoned
-        if member in self._fails[entry_id]:
-            return []  # a member that failed this entry cannot also count as an ack
-        acks.add(member)
-        done = []
+        return list(self.ack_range(entry_id, 1, member))
+
+    def ack_range(self, first: int, count: int, member: int) -> range:
+        """Record ``member``'s acks of entries ``first .. first+count-1``; return the entries that became complete.
+
+        Entries already complete or abandoned are ignored, and so is the ack of
+        an entry that ``member`` failed earlier.
+        """
+        bit = 1 << member
+        acks, fails = self._acks, self._fails
+        get = acks.get
+        for e in range(first, first + count):
+            m = get(e)
+            if m is not None and not (fails and fails.get(e, 0) & bit):
+                acks[e] = m | bit
+        start = lac = self.lac
+        quorum = self.ack_quorum
         while True:
-            nxt = self.lac + 1
-            got = self._acks.get(nxt)
-            if got is None or len(got) < self.ack_quorum:
+            m = get(lac + 1)
+            if m is None or m.bit_count() < quorum:
                 break
-            del self._acks[nxt]
-            del self._fails[nxt]
-            self.lac = nxt
-            done.append(nxt)
-        return done
+            lac += 1
+            del acks[lac]
+            if fails:
+                fails.pop(lac, None)
+        self.lac = lac
+        return range(start + 1, lac + 1)
 
     def fail(self, entry_id: int, member: int) -> bool:
         """Record that ``member`` will not ack ``entry_id``; True if it can no longer complete."""
-        fails = self._fails.get(entry_id)
-        if fails is None:
-            return False
-        if member in self._acks[entry_id]:
-            return False  # acked already; a later error on the same copy changes nothing
-        fails.add(member)
-        return self.write_quorum - len(fails) < self.ack_quorum
+        return self.fail_range(entry_id, 1, member) is not None
+
+    def fail_range(self, first: int, count: int, member: int) -> int | None:
+        """Record that ``member`` will not ack ``first .. first+count-1``; return the lowest of them that can
+        no longer complete, or None. A member's failure of an entry it acked already changes nothing."""
+        bit = 1 << member
+        acks, fails = self._acks, self._fails
+        most = self.write_quorum - self.ack_quorum  # failures an entry survives
+        lost = None
+        for e in range(first, first + count):
+            m = acks.get(e)
+            if m is None or m & bit:
+                continue  # complete, abandoned, or acked by this member
+            f = fails.get(e, 0) | bit
+            fails[e] = f
+            if lost is None and f.bit_count() > most:
+                lost = e
+        return lost
+
+    def failed_members(self, entry_id: int) -> list[int]:
+        """The members that failed a pending entry, ascending."""
+        f = self._fails.get(entry_id, 0)
+        return [m for m in range(self.write_quorum) if f >> m & 1]
 
     def abandon_from(self, entry_id: int) -> list[int]:
         """Drop every pending entry ``>= entry_id``; return them in order."""
         dropped = sorted(e for e in self._acks if e >= entry_id)
         for e in dropped:
             del self._acks[e]
-            del self._fails[e]
+            self._fails.pop(e, None)
         return dropped
 
 
@@ -151,12 +199,22 @@ class LedgerWriter:
         fut = writer.add(b"payload")      # Future[int], the entry id once committed
         entry_id = writer.add_sync(b"x")  # same, waiting
         writer.close()
+
+    Adds are coalesced: ``add`` only queues the payload and, if no flush is
+    pending, asks the pool's I/O thread to run :meth:`_flush`, which encodes
+    every add queued since the last flush and sends them as ONE ``add_batch``
+    request per bookie (split at ``MAX_BATCH_ENTRIES`` entries or
+    ``MAX_BATCH_BYTES`` bytes). A bookie answers a batch once it is durable, and
+    the reply acks the whole range. An idle writer flushes each add at once, so
+    coalescing only happens when adds arrive faster than they are sent.
     """
 
     def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, meta: LedgerMetadata,
                  version: int, digest: Digest, add_timeout: float = DEFAULT_ADD_TIMEOUT) -> None:
         if meta.state != OPEN:
             raise LedgerError(f"ledger {meta.ledger_id} is {meta.state}, a writer needs it OPEN")
+        # The ids are checked once here, so the hot path can encode without range checks.
+        encode_entry(Entry(meta.ledger_id, 0, -1, meta.epoch, b""), digest)
         self._zk = zk
         self._paths = paths
         self._pool = pool
@@ -169,8 +227,10 @@ class LedgerWriter:
         self._tracker = QuorumTracker(meta.write_quorum, meta.ack_quorum)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._futures: dict[int, Future] = {}
-        self._reasons: dict[int, list[str]] = {}
+        self._futures: collections.deque[Future] = collections.deque()  # pending entries lac+1, lac+2, ...
+        self._unsent: list[bytes] = []  # payloads of the newest pending entries, not yet flushed
+        self._flush_scheduled = False
+        self._member_errors: dict[int, str] = {}  # member index -> its latest failure, for error messages
         self._next_entry = 0
         self._error: LedgerError | None = None  # set once: fenced or quorum lost
         self._closing = False
@@ -204,30 +264,28 @@ class LedgerWriter:
 
     def add(self, payload: bytes) -> Future:
         """Start adding ``payload``; return a future of its entry id, set once it is committed."""
+        payload = bytes(payload)  # a copy unless it is bytes already: later changes by the caller cannot leak in
+        if len(payload) > _MAX_PAYLOAD:
+            raise LedgerError(f"payload of {len(payload)} bytes is too large")
         fut: Future = Future()
         with self._lock:
-            refusal = self._refusal()
-            if refusal is not None:
-                fut.set_exception(refusal)
+            if self._error is not None or self._closing:
+                fut.set_exception(self._refusal())
                 return fut
+            if not self._flush_scheduled:
+                # The flush runs on the I/O thread and takes this lock, so it cannot
+                # start before the entry below is registered.
+                try:
+                    self._pool.submit(self._flush)
+                except BookieUnavailable as exc:  # the pool is closed
+                    fut.set_exception(LedgerWriteError(f"ledger {self.ledger_id}: {exc}"))
+                    return fut
+                self._flush_scheduled = True
             entry_id = self._next_entry
-            # Encode before touching state: a payload the codec refuses must not leave a gap.
-            data = encode_entry(Entry(self.ledger_id, entry_id, self._tracker.lac, self.metadata.epoch, bytes(payload)),
-                                self._digest)
-            # Sent under the lock so that every bookie receives entries in id order.
-            # Replies are handled on the pool's I/O thread, which takes this lock, so
-            # none can be processed before the bookkeeping below is in place.
-            try:
-                self._pool.call_many(self._addresses, "add", partial(self._on_reply, entry_id),
-                                     timeout=self.add_timeout, ledger=self.ledger_id, entry=entry_id, data=data)
-            except BookieUnavailable as exc:  # the pool is closed
-                fut.set_exception(LedgerWriteError(f"ledger {self.ledger_id}: {exc}"))
-                return fut
-            self._next_entry += 1
-            self._lac_sent = max(self._lac_sent, self._tracker.lac)
+            self._next_entry = entry_id + 1
             self._tracker.add(entry_id)
-            self._futures[entry_id] = fut
-            self._reasons[entry_id] = []
+            self._futures.append(fut)
+            self._unsent.append(payload)
         return fut
 
     def add_sync(self, payload: bytes, timeout: float | None = None) -> int:
@@ -244,45 +302,107 @@ class LedgerWriter:
             return LedgerWriteError(f"ledger {self.ledger_id}: the writer is closed")
         return None
 
-    def _on_reply(self, entry_id: int, index: int, reply: dict | None, exc: BaseException | None) -> None:
+    def _flush(self) -> None:
+        """Send every add queued since the last flush; runs on the pool's I/O thread.
+
+        Flushes run one after another on that thread, so every bookie receives
+        the entries in id order. Each entry carries the LAC at flush time.
+        """
+        with self._lock:
+            self._flush_scheduled = False
+            payloads = self._unsent
+            if not payloads:
+                return  # abandoned meanwhile (fenced or quorum lost)
+            self._unsent = []
+            first = self._next_entry - len(payloads)
+            lac = self._tracker.lac
+            if lac > self._lac_sent:
+                self._lac_sent = lac
+        # Encoded outside the lock: adds keep coming in while this runs.
+        ledger, epoch, digest = self.metadata.ledger_id, self.metadata.epoch, self._digest
+        try:
+            datas = [encode_fields(ledger, first + i, lac, epoch, p, digest) for i, p in enumerate(payloads)]
+        except Exception as exc:  # a bug (add() checked the payloads): fail the adds, never leave them hanging
+            log.exception("ledger %d: encoding entries %d.. failed", ledger, first)
+            self._fail_unsendable(first, LedgerWriteError(f"ledger {ledger} entry {first}: cannot encode: {exc}"))
+            return
+        n = len(datas)
+        if n <= MAX_BATCH_ENTRIES and (n == 1 or sum(map(len, datas)) <= MAX_BATCH_BYTES):
+            self._send_batch(first, datas)
+            return
+        start = 0
+        while start < n:
+            end, size = start, 0
+            while end < n and end - start < MAX_BATCH_ENTRIES and (end == start or size + len(datas[end]) <= MAX_BATCH_BYTES):
+                size += len(datas[end])
+                end += 1
+            if not self._send_batch(first + start, datas[start:end]):
+                return
+            start = end
+
+    def _send_batch(self, first: int, datas: list[bytes]) -> bool:
+        try:
+            self._pool.call_many(self._addresses, "add_batch", partial(self._on_batch_reply, first, len(datas)),
+                                 timeout=self.add_timeout, ledger=self.metadata.ledger_id, first=first, entries=datas)
+            return True
+        except BookieUnavailable as exc:  # the pool closed after accepting the flush
+            self._fail_unsendable(first, LedgerWriteError(f"ledger {self.ledger_id} entry {first}: {exc}"))
+            return False
+
+    def _fail_unsendable(self, first: int, error: LedgerWriteError) -> None:
+        """Entries from ``first`` on cannot be sent: fail them (and the writer, as ids must stay contiguous)."""
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            resolved = self._abandon_from(first, error)
+            if not self._futures:
+                self._idle.notify_all()
+        _resolve(resolved)
+
+    def _on_batch_reply(self, first: int, count: int, index: int, reply: dict | None, exc: BaseException | None) -> None:
+        """One bookie's answer to one add_batch (entries ``first .. first+count-1``), on the I/O thread."""
+        done: range | None = None
+        futures: list[Future] = []
         resolved: list[tuple[Future, int | None, BaseException | None]] = []
-        member = self._members[index]["bookie_id"]
         with self._lock:
             if exc is None:
-                for done in self._tracker.ack(entry_id, index):
-                    self._reasons.pop(done, None)
-                    resolved.append((self._futures.pop(done), done, None))
+                done = self._tracker.ack_range(first, count, index)
+                if done:
+                    popleft = self._futures.popleft
+                    futures = [popleft() for _ in done]
             elif isinstance(exc, LedgerFencedError):
                 if not isinstance(self._error, LedgerFencedError):
-                    log.warning("ledger %d is fenced (bookie %s refused entry %d): the writer stops",
-                                self.ledger_id, member, entry_id)
+                    member = self._members[index]["bookie_id"]
+                    log.warning("ledger %d is fenced (bookie %s refused entries %d..%d): the writer stops",
+                                self.ledger_id, member, first, first + count - 1)
                     self._error = LedgerFencedError("fenced", f"ledger {self.ledger_id} is fenced (bookie {member})")
-                resolved += self._abandon_from(0, self._error)
+                resolved = self._abandon_from(0, self._error)
             else:
-                reasons = self._reasons.get(entry_id)
-                if reasons is not None:
-                    reasons.append(f"{member}: {exc}")
-                if self._tracker.fail(entry_id, index):
+                self._member_errors[index] = f"{self._members[index]['bookie_id']}: {exc}"
+                lost = self._tracker.fail_range(first, count, index)
+                if lost is not None:
+                    reasons = [self._member_errors[m] for m in self._tracker.failed_members(lost)
+                               if m in self._member_errors]
                     error = LedgerWriteError(
-                        f"ledger {self.ledger_id} entry {entry_id}: fewer than {self.metadata.ack_quorum} of "
-                        f"{self.metadata.write_quorum} bookies can acknowledge it ({'; '.join(reasons or [])})"
+                        f"ledger {self.ledger_id} entry {lost}: fewer than {self.metadata.ack_quorum} of "
+                        f"{self.metadata.write_quorum} bookies can acknowledge it ({'; '.join(reasons)})"
                     )
                     if self._error is None:
                         log.warning("%s", error)
                         self._error = error
-                    resolved += self._abandon_from(entry_id, error)
+                    resolved = self._abandon_from(lost, error)
             if not self._futures:
                 self._idle.notify_all()
                 self._publish_lac()
         # User futures are resolved outside the lock: their callbacks may call add().
-        for fut, value, err in resolved:
-            try:
-                if err is None:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(err)
-            except InvalidStateError:
-                pass  # cancelled by the caller
+        if futures:
+            for fut, entry_id in zip(futures, done):
+                try:
+                    fut.set_result(entry_id)
+                except InvalidStateError:
+                    pass  # cancelled by the caller
+        if resolved:
+            _resolve(resolved)
 
     def _publish_lac(self) -> None:
         """Tell the bookies the LAC once idle (BookKeeper's explicit LAC); call with the lock held.
@@ -302,10 +422,14 @@ class LedgerWriter:
             pass  # the pool is closed
 
     def _abandon_from(self, entry_id: int, error: LedgerError) -> list[tuple[Future, None, LedgerError]]:
-        out = []
-        for e in self._tracker.abandon_from(entry_id):
-            self._reasons.pop(e, None)
-            out.append((self._futures.pop(e), None, error))
+        """Drop every pending entry ``>= entry_id`` (sent or not); call with the lock held."""
+        dropped = self._tracker.abandon_from(entry_id)
+        unsent_first = self._next_entry - len(self._unsent)
+        if self._unsent and entry_id <= unsent_first + len(self._unsent) - 1:
+            del self._unsent[max(0, entry_id - unsent_first):]
+        # Pending entries are lac+1, lac+2, ...: the dropped ones are the newest futures.
+        out = [(self._futures.pop(), None, error) for _ in dropped]
+        out.reverse()
         return out
 
     # ------------------------------------------------------------------ close

@@ -262,6 +262,101 @@ def test_many_concurrent_adds_are_group_committed(cluster, procs, client_for):
     assert stats["batches"] < n  # several adds shared each fsynced transaction
 
 
+def test_add_batch_stores_a_run_and_answers_once(cluster, procs, client_for):
+    bookie = procs.start_bookie(cluster)
+    c = client_for(bookie.address)
+    run = [entry(12, i, lac=i - 2) for i in range(5, 305)]
+    reply = c.call("add_batch", ledger=12, first=5, entries=run)
+    assert reply["ok"] and (reply["ledger"], reply["first"], reply["count"]) == (12, 5, 300)
+    assert not c.sock.poll(200, zmq.POLLIN)  # exactly one reply for the whole batch
+    assert [c.call("read", ledger=12, entry=i)["data"] for i in (5, 100, 304)] == [run[0], run[95], run[299]]
+    info = c.call("read_lac", ledger=12)
+    assert (info["lac"], info["last_entry"], info["fenced"]) == (302, 304, False)
+    # Pipelined batches and single adds share group commits; every request gets its one reply.
+    rids = [c.send("add_batch", ledger=13, first=10 * k, entries=[entry(13, 10 * k + i) for i in range(10)])
+            for k in range(50)]
+    rids.append(c.send("add", ledger=13, entry=500, data=entry(13, 500)))
+    replies = [c.recv(timeout_ms=10000) for _ in rids]
+    assert sorted(r["rid"] for r in replies) == sorted(rids) and all(r["ok"] for r in replies)
+    stats = c.call("stats")
+    assert stats["adds"] == 300 + 501 and stats["entries"] == 801 and stats["bad_requests"] == 0
+
+
+def test_add_batch_bad_input_gets_error_replies_and_the_bookie_keeps_serving(cluster, procs, client_for):
+    bookie = procs.start_bookie(cluster)
+    c = client_for(bookie.address, timeout_ms=20000)
+    good = [entry(1, 0), entry(1, 1)]
+    cases = [
+        (dict(ledger=1, first=0), wire.E_BAD_REQUEST),  # no entries
+        (dict(ledger=1, first=0, entries=b"".join(good)), wire.E_BAD_REQUEST),  # not a list
+        (dict(ledger=1, first=0, entries={"0": good[0]}), wire.E_BAD_REQUEST),
+        (dict(ledger=1, first=0, entries=[]), wire.E_BAD_REQUEST),  # empty
+        (dict(ledger=1, first=0, entries=[good[0]] * 10_001), wire.E_BAD_REQUEST),  # too many
+        (dict(ledger="1", first=0, entries=good), wire.E_BAD_REQUEST),
+        (dict(ledger=1, first=-1, entries=good), wire.E_BAD_REQUEST),
+        (dict(ledger=1, entries=good), wire.E_BAD_REQUEST),  # no first
+        (dict(ledger=1, first=(1 << 64) - 1, entries=good), wire.E_BAD_REQUEST),  # ids past 2^64
+        (dict(ledger=1, first=0, entries=good, recovery="yes"), wire.E_BAD_REQUEST),
+        (dict(ledger=1, first=0, entries=[good[0], "text"]), "bad_entry"),
+        (dict(ledger=1, first=0, entries=[good[0], 7]), "bad_entry"),
+        (dict(ledger=1, first=0, entries=[good[0], None]), "bad_entry"),
+        (dict(ledger=1, first=0, entries=[good[0], b"short"]), "bad_entry"),
+        (dict(ledger=1, first=0, entries=[good[0], good[1] + b"\0"]), "bad_entry"),  # framing
+        (dict(ledger=1, first=0, entries=[good[1], good[0]]), "bad_entry"),  # out of order
+        (dict(ledger=1, first=0, entries=[good[0], entry(1, 2)]), "bad_entry"),  # a gap
+        (dict(ledger=1, first=1, entries=good), "bad_entry"),  # first does not match
+        (dict(ledger=2, first=0, entries=good), "bad_entry"),  # another ledger's entries
+        (dict(ledger=1, first=0, entries=[good[0]] * 1000 + [b"x" * (8 * 1024 * 1024)]), wire.E_OVERSIZED),
+    ]
+    for i, (fields, code) in enumerate(cases):
+        rid = c.send("add_batch", **fields)
+        reply = c.recv()
+        if code == wire.E_OVERSIZED:
+            rid = None  # refused before it is parsed: the request id is unknown
+        assert reply["rid"] == rid and reply["ok"] is False, (i, reply)
+        assert reply["error"] == code and reply["message"], (i, reply)
+    # Nothing of a refused batch was stored, even its good first entry.
+    assert c.call("read", ledger=1, entry=0)["error"] == "no_entry"
+    assert c.call("read_lac", ledger=1)["last_entry"] == -1
+    stats = c.call("stats")
+    assert stats["bad_requests"] == len(cases) and stats["adds"] == 0 and stats["entries"] == 0
+    assert c.call("add_batch", ledger=1, first=0, entries=good)["count"] == 2
+    assert bookie.alive()
+
+
+def test_add_batch_on_a_fenced_ledger_refuses_every_entry(cluster, procs, client_for):
+    bookie = procs.start_bookie(cluster)
+    writer, recoverer = client_for(bookie.address), client_for(bookie.address)
+    assert writer.call("add_batch", ledger=3, first=0, entries=[entry(3, i, lac=i - 1) for i in range(4)])["ok"]
+    # Batches pipelined around a fence: each is stored whole or refused whole, with one reply,
+    # and nothing sent after the fence was acknowledged is stored.
+    before = [writer.send("add_batch", ledger=3, first=4 + 10 * k, entries=[entry(3, 4 + 10 * k + i) for i in range(10)])
+              for k in range(20)]
+    fence = recoverer.call("fence", ledger=3)
+    assert fence["fenced"] is True
+    fenced_at = fence["last_entry"]
+    after = writer.send("add_batch", ledger=3, first=204, entries=[entry(3, 204 + i) for i in range(10)])
+    replies = {r["rid"]: r for r in (writer.recv(timeout_ms=10000) for _ in range(len(before) + 1))}
+    assert sorted(replies) == sorted(before + [after])
+    assert replies[after]["ok"] is False and replies[after]["error"] == "fenced"
+    for k, rid in enumerate(before):
+        reply = replies[rid]
+        first = 4 + 10 * k
+        if reply["ok"]:
+            assert reply["count"] == 10 and first + 9 <= fenced_at
+        else:
+            assert reply["error"] == "fenced" and first > fenced_at
+            assert writer.call("read", ledger=3, entry=first)["error"] == "no_entry"
+    assert writer.call("read", ledger=3, entry=204)["error"] == "no_entry"
+    info = writer.call("read_lac", ledger=3)
+    assert info["fenced"] is True and info["last_entry"] == fenced_at
+    # A recovery batch is accepted on the fenced ledger.
+    redo = writer.call("add_batch", ledger=3, first=204, entries=[entry(3, 204), entry(3, 205)], recovery=True)
+    assert redo["ok"] and redo["count"] == 2
+    assert writer.call("read_lac", ledger=3)["last_entry"] == 205
+    assert writer.call("stats")["bad_requests"] == 0
+
+
 def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_port, client_for):
     import threading
 

@@ -239,6 +239,167 @@ def test_pool_unreachable_address_fails_within_the_timeout():
         pool.close()
 
 
+def test_pool_submit_runs_tasks_on_the_io_thread_in_order():
+    fake = FakeBookie(lambda msg: wire.ok_reply(msg["rid"], n=msg["n"]))
+    pool = BookiePool(default_timeout=2.0)
+    seen: list = []
+    replies: list = []
+    done = threading.Event()
+
+    def task(k):
+        seen.append((k, threading.current_thread().name))
+        # A task's requests go out in the same turn, without a wake-up byte.
+        pool.call(fake.address, "ping", lambda reply, exc: (replies.append(reply["n"]), len(replies) == 3 and done.set()),
+                  n=k)
+
+    try:
+        for k in range(3):
+            pool.submit(lambda k=k: task(k))
+        assert done.wait(5)
+        assert seen == [(0, "bookie-pool-io"), (1, "bookie-pool-io"), (2, "bookie-pool-io")]
+        assert sorted(replies) == [0, 1, 2]
+        pool.submit(lambda: 1 / 0)  # a failing task is logged; the I/O thread carries on
+        assert pool.request(fake.address, "ping", n=5).result(5)["n"] == 5
+    finally:
+        pool.close()
+        fake.close()
+    with pytest.raises(BookieUnavailable):
+        pool.submit(lambda: None)
+
+
+def _fake_writer(fakes, pool, add_timeout=2.0):
+    from ledger.codec import Digest
+    from ledger.metadata import LedgerMetadata
+    from ledger.writer import LedgerWriter
+
+    ensemble = [{"bookie_id": f"fake-{i}", "address": f.address} for i, f in enumerate(fakes)]
+    meta = LedgerMetadata(ledger_id=21, ensemble=ensemble, write_quorum=3, ack_quorum=2, epoch=4)
+    return LedgerWriter(None, None, pool, meta, 0, Digest.crc32c(), add_timeout=add_timeout)
+
+
+def test_writer_coalesces_a_burst_into_ordered_add_batch_requests():
+    from ledger.codec import check_run, decode_entry, Digest
+
+    def handler(msg):
+        if msg["op"] == "add_batch":
+            time.sleep(0.002)  # a group commit's fsync: adds pile up meanwhile
+            return wire.ok_reply(msg["rid"], ledger=msg["ledger"], first=msg["first"], count=len(msg["entries"]))
+        return wire.ok_reply(msg["rid"])
+
+    fakes = [FakeBookie(handler) for _ in range(3)]
+    pool = BookiePool(default_timeout=5.0)
+    try:
+        writer = _fake_writer(fakes, pool)
+        n = 5000
+        futs = [writer.add(b"e-%d" % i) for i in range(n)]
+        assert [f.result(10) for f in futs] == list(range(n))
+        assert writer.last_add_confirmed == n - 1
+        # Committed means 2 of 3: the slowest fake may still be working through its batches.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                sum(len(m["entries"]) for m in list(f.seen) if m["op"] == "add_batch") == n for f in fakes):
+            time.sleep(0.01)
+        for fake in fakes:
+            batches = [m for m in fake.seen if m["op"] == "add_batch"]
+            assert len(batches) < n / 5, "the adds were not coalesced"
+            # Every bookie got every entry once, in id order, as checked contiguous runs.
+            expected = 0
+            lac = -1
+            for m in batches:
+                assert m["ledger"] == 21 and m["first"] == expected
+                assert 1 <= len(m["entries"]) <= 1000
+                assert check_run(m["entries"], 21, expected) >= lac  # the piggybacked LAC never goes back
+                lac = check_run(m["entries"], 21, expected)
+                expected += len(m["entries"])
+            assert expected == n
+            last = decode_entry(batches[-1]["entries"][-1], Digest.crc32c())
+            assert (last.payload, last.epoch) == (b"e-%d" % (n - 1), 4)
+        # Idle again: the writer told the bookies its LAC explicitly.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(m["op"] == "write_lac" for m in (f.seen[-1] for f in fakes)):
+            time.sleep(0.01)
+        assert [f.seen[-1]["lac"] for f in fakes] == [n - 1] * 3
+    finally:
+        pool.close()
+        for f in fakes:
+            f.close()
+
+
+def test_writer_with_a_fenced_or_failing_bookie():
+    from ledger.writer import LedgerWriteError
+
+    mode = {"fenced": False}
+
+    def good(msg):
+        return wire.ok_reply(msg["rid"])
+
+    def fencing(msg):
+        if msg["op"] == "add_batch" and mode["fenced"]:
+            return wire.error_reply(msg["rid"], "fenced", "ledger 21 is fenced")
+        return wire.ok_reply(msg["rid"])
+
+    def broken(msg):
+        return wire.error_reply(msg["rid"], "bad_entry", "no")
+
+    fakes = [FakeBookie(good), FakeBookie(broken), FakeBookie(fencing)]
+    pool = BookiePool(default_timeout=2.0)
+    try:
+        writer = _fake_writer(fakes, pool)
+        # One bookie refusing every batch: 2 of 3 still commit everything.
+        futs = [writer.add(b"x") for _ in range(500)]
+        assert [f.result(5) for f in futs] == list(range(500))
+        assert writer.error is None
+        # A fenced reply to a batch fails every pending add, and every later one.
+        mode["fenced"] = True
+        futs = [writer.add(b"y") for _ in range(500)]
+        wait_futures(futs, timeout=5)
+        assert all(f.done() for f in futs)
+        assert all(isinstance(f.exception(), LedgerFencedError) for f in futs)
+        assert writer.fenced and writer.last_add_confirmed == 499
+        with pytest.raises(LedgerFencedError):
+            writer.add(b"late").result(1)
+    finally:
+        pool.close()
+        for f in fakes:
+            f.close()
+
+    # Two bookies refusing: the quorum is lost and the reasons are named.
+    fakes = [FakeBookie(good), FakeBookie(broken), FakeBookie(broken)]
+    pool = BookiePool(default_timeout=2.0)
+    try:
+        writer = _fake_writer(fakes, pool)
+        futs = [writer.add(b"z") for _ in range(200)]
+        wait_futures(futs, timeout=5)
+        errors = [f.exception() for f in futs]
+        assert all(isinstance(e, LedgerWriteError) for e in errors)
+        assert "fewer than 2 of 3 bookies can acknowledge it" in str(errors[0])
+        assert "fake-1: bad_entry: no" in str(errors[0]) and "fake-2: bad_entry: no" in str(errors[0])
+        with pytest.raises(LedgerWriteError, match="failed earlier"):
+            writer.add(b"late").result(1)
+    finally:
+        pool.close()
+        for f in fakes:
+            f.close()
+
+
+def test_writer_adds_fail_when_the_pool_closes():
+    from ledger.writer import LedgerWriteError
+
+    fakes = [FakeBookie(lambda msg: None) for _ in range(3)]  # silent: nothing completes
+    pool = BookiePool(default_timeout=30.0)
+    try:
+        writer = _fake_writer(fakes, pool, add_timeout=30.0)
+        futs = [writer.add(b"w") for _ in range(100)]
+        pool.close()
+        wait_futures(futs, timeout=5)
+        assert all(isinstance(f.exception(), LedgerWriteError) for f in futs)
+        with pytest.raises(LedgerWriteError):
+            writer.add(b"after").result(1)
+    finally:
+        for f in fakes:
+            f.close()
+
+
 # ---------------------------------------------------------------- writing and reading
 
 

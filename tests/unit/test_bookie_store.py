@@ -75,6 +75,28 @@ def test_fence_refuses_later_adds_but_not_recovery_adds(store):
     assert store.ledger_info(1) == {"fenced": True, "lac": 0, "last_entry": 1}
 
 
+def test_add_runs_stores_checked_runs_in_one_transaction(store):
+    run = [entry(5, i, lac=i - 1) for i in range(3, 7)]
+    assert store.add_runs([(5, 3, run, 5, False), (6, 0, [entry(6, 0)], -1, False)]) == [STORED, STORED]
+    assert [store.read(5, i) for i in range(3, 7)] == run
+    assert store.ledger_info(5) == {"fenced": False, "lac": 5, "last_entry": 6}
+    # An earlier run (a retry) overwrites and never moves lac or last_entry back.
+    assert store.add_runs([(5, 0, [entry(5, 0), entry(5, 1)], -1, False)]) == [STORED]
+    assert store.ledger_info(5) == {"fenced": False, "lac": 5, "last_entry": 6}
+    assert store.counts() == {"ledgers": 2, "entries": 7}
+
+
+def test_add_runs_on_a_fenced_ledger_store_nothing_unless_recovery(store):
+    store.add_runs([(1, 0, [entry(1, 0)], -1, False)])
+    store.fence(1)
+    run = [entry(1, 1, lac=0), entry(1, 2, lac=0)]
+    assert store.add_runs([(1, 1, run, 0, False), (2, 0, [entry(2, 0)], -1, False)]) == [FENCED, STORED]
+    assert store.read(1, 1) is None and store.read(1, 2) is None
+    assert store.ledger_info(1) == {"fenced": True, "lac": -1, "last_entry": 0}
+    assert store.add_runs([(1, 1, run, 0, True)]) == [STORED]
+    assert store.ledger_info(1) == {"fenced": True, "lac": 0, "last_entry": 2}
+
+
 def test_fence_of_an_unknown_ledger_creates_its_record(store):
     assert store.fence(42) == {"fenced": True, "lac": -1, "last_entry": -1}
     assert store.add_batch([(42, 0, entry(42, 0))]) == [FENCED]

@@ -10,8 +10,10 @@ from ledger.codec import (
     CorruptEntry,
     Digest,
     Entry,
+    check_run,
     decode_entry,
     encode_entry,
+    encode_fields,
     peek_header,
 )
 
@@ -95,3 +97,31 @@ def test_encode_refuses_out_of_range_fields(field, value):
     kwargs[field] = value
     with pytest.raises(LedgerError, match=field):
         encode_entry(Entry(**kwargs), Digest.crc32c())
+
+
+@given(entries, digests)
+def test_encode_fields_is_encode_entry_without_the_object(entry, digest):
+    data = encode_fields(entry.ledger_id, entry.entry_id, entry.lac, entry.epoch, entry.payload, digest)
+    assert data == encode_entry(entry, digest)
+
+
+def test_check_run_returns_the_largest_lac_and_refuses_bad_runs():
+    crc, mac = Digest.crc32c(), Digest.hmac_sha256(b"s")
+    run = [encode_entry(Entry(4, 10 + i, lac, 1, b"x" * i), crc if i % 2 else mac)
+           for i, lac in enumerate([7, 9, 8])]
+    assert check_run(run, 4, 10) == 9
+    assert check_run(run[:1], 4, 10) == 7
+    bad = [
+        (tuple(run), "must be a list"),
+        ([run[0], "text"], "not bytes"),
+        ([run[0], bytearray(run[1])], "not bytes"),
+        ([run[0], run[1][:HEADER_SIZE]], "too short"),
+        ([run[0], run[1] + b"\0"], "length mismatch"),
+        ([run[0], run[2]], "expected 4/11"),  # a gap
+        ([run[1], run[0]], "expected 4/10"),  # out of order
+    ]
+    for entries, reason in bad:
+        with pytest.raises(CorruptEntry, match=reason):
+            check_run(entries, 4, 10)
+    with pytest.raises(CorruptEntry, match="expected 5/10"):
+        check_run(run, 5, 10)  # another ledger

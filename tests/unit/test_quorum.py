@@ -83,6 +83,46 @@ def test_entries_must_be_added_in_order():
         QuorumTracker(2, 3)
 
 
+def test_ranges_ack_and_fail_many_entries_at_once():
+    t = QuorumTracker(3, 2)
+    for e in range(10):
+        t.add(e)
+    assert list(t.ack_range(2, 8, 0)) == []
+    assert list(t.ack_range(0, 5, 1)) == []  # 2..4 have two acks, but 0 and 1 only one
+    assert list(t.ack_range(0, 2, 2)) == [0, 1, 2, 3, 4]
+    assert t.lac == 4
+    assert t.fail_range(5, 5, 2) is None  # one failure each: 5..9 can still complete
+    assert t.failed_members(5) == [2]
+    assert t.fail_range(5, 5, 0) is None  # member 0 acked 5..9 already: nothing changes
+    assert t.fail_range(7, 3, 1) == 7  # 7..9 lost members 1 and 2
+    assert t.failed_members(7) == [1, 2]
+    assert list(t.ack_range(5, 5, 2)) == []  # a member that failed an entry cannot ack it
+    assert list(t.ack_range(5, 2, 1)) == [5, 6]
+    assert t.abandon_from(7) == [7, 8, 9] and t.pending == []
+    assert list(t.ack_range(0, 10, 2)) == []  # complete or abandoned: ignored
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_ranges_agree_with_single_acks(n_entries, data):
+    """Acking or failing a range is the same as acking or failing each of its entries in turn."""
+    one, ranged = QuorumTracker(3, 2), QuorumTracker(3, 2)
+    for e in range(n_entries):
+        one.add(e)
+        ranged.add(e)
+    for _ in range(data.draw(st.integers(1, 12))):
+        first = data.draw(st.integers(0, n_entries - 1))
+        count = data.draw(st.integers(1, n_entries - first))
+        member = data.draw(st.integers(0, 2))
+        if data.draw(st.booleans()):
+            singles = [done for e in range(first, first + count) for done in one.ack(e, member)]
+            assert list(ranged.ack_range(first, count, member)) == singles
+        else:
+            lost = [e for e in range(first, first + count) if one.fail(e, member)]
+            assert ranged.fail_range(first, count, member) == (lost[0] if lost else None)
+        assert (one.lac, one.pending) == (ranged.lac, ranged.pending)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.integers(1, 5).flatmap(lambda wq: st.tuples(st.just(wq), st.integers(1, wq))),
