@@ -159,9 +159,9 @@ class _TimedStore:
     def position(self):
         return self._store.position()
 
-    def apply_batches(self, entries):
+    def apply_batches(self, entries, validated=False):
         t0 = time.perf_counter()
-        results = self._store.apply_batches(entries)
+        results = self._store.apply_batches(entries, validated)
         self.apply_s += time.perf_counter() - t0
         self.events += sum(len(events) for events, _ in entries[:len(results)])
         self.entries += len(results)

@@ -54,7 +54,7 @@ def apply_entries(store, entries) -> int:
 
 
 def _apply_group(store, group: list) -> None:
-    for (events, position), results in zip(group, store.apply_batches(group)):
+    for (events, position), results in zip(group, store.apply_batches(group, validated=True)):
         for res in results:
             if not res.get("ok") and res.get("error") == "digest_mismatch":
                 raise Diverged(f"state digest mismatch at position {position}: {res.get('message', '')}")

@@ -111,7 +111,8 @@ class StateStore:
         """
         return self.apply_batches([(events, position)])[0]
 
-    def apply_batches(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
+    def apply_batches(self, entries: list[tuple[list[dict], tuple[int, int]]],
+                      validated: bool = False) -> list[list[dict]]:
         """Apply several committed entries, in order, in ONE write transaction.
 
         Each entry is applied exactly as :meth:`apply_batch` would (its own
@@ -119,7 +120,8 @@ class StateStore:
         (and its fsyncs) per entry, which is what bounds replay speed. Applying
         stops after an entry whose ``StateDigest`` failed, so the divergence is
         recorded and nothing after it; the results then cover only the entries
-        applied. On an exception nothing of any entry is stored.
+        applied. On an exception nothing of any entry is stored. ``validated``:
+        the events come from :func:`broker.events.decode_batch` (already checked).
         """
         out: list[list[dict]] = []
         try:
@@ -137,7 +139,7 @@ class StateStore:
                         raise StateDiverged(f"state diverged earlier: {unpack(diverged)}")
                     digest = txn.get(META_DIGEST, db=self._dbs["meta"])
                     tx = StateTxn(txn, self._dbs, int.from_bytes(digest or b"", "big"), pos)
-                    out.append([apply_event(tx, ev) for ev in events])
+                    out.append([apply_event(tx, ev, validated) for ev in events])
                     tx.finish()
                     applied = pos
         except lmdb.MapFullError as exc:
