@@ -286,8 +286,10 @@ class Worker:
                         if (task_id, attempt) not in self._active:
                             continue  # finished meanwhile: the error is about a closed attempt
                     if exc.code in LOST_LEASE_CODES:
-                        log.warning("task %s attempt %d: lease lost while running (%s); its result will be "
-                                    "dropped", task_id, attempt, exc)
+                        # Also seen when this worker's own complete was applied just before the
+                        # heartbeat: the result is then recorded; otherwise it will be dropped.
+                        log.info("task %s attempt %d: heartbeat refused (%s): the attempt is closed",
+                                 task_id, attempt, exc)
                     else:
                         log.warning("task %s attempt %d: heartbeat failed: %s", task_id, attempt, exc)
                 except Exception:
