@@ -69,6 +69,7 @@ from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.paths import ClusterPaths
 from ledger import LedgerError, wire
 from ledger.bookie_config import BookieConfig
+from ledger.bookie_cookie import bind_instance
 from ledger.bookie_registration import BookieRegistration
 from ledger.bookie_store import FENCED, STORED, BookieStore, check_or_write_cookie
 from ledger.codec import CorruptEntry, check_run, peek_header
@@ -151,6 +152,7 @@ class Bookie:
             cluster = ensure_cluster_config(self._zk, paths, ClusterOptions(), clock=time.time, check=False)
             self.cluster_id = cluster["cluster_id"]
             cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
+            cookie = bind_instance(self._zk, paths, cfg.data, cookie)
             self.bookie_id = cookie["bookie_id"]
             self._store = BookieStore(cfg.data, map_size=cfg.map_size, sync=cfg.fsync)
             self._ctx = zmq.Context()

@@ -79,7 +79,10 @@ def test_ping_registration_and_graceful_stop(cluster, procs, client_for):
     node = json.loads(cluster.zk.get(cluster.paths.bookie(reply["bookie_id"]))[0])
     assert node["address"] == bookie.address and node["bookie_id"] == reply["bookie_id"] and node["free_bytes"] > 0
     cookie = json.loads((bookie.data_dir / "COOKIE").read_text())
+    instance = cookie.pop("instance_id")
     assert cookie == {"cluster": cluster.name, "cluster_id": config["cluster_id"], "bookie_id": reply["bookie_id"]}
+    registered = json.loads(cluster.zk.get(f"{cluster.paths.base}/cookies/{reply['bookie_id']}")[0])
+    assert registered["instance_id"] == instance
     assert bookie.terminate() == 0
     assert cluster.zk.exists(cluster.paths.bookie(reply["bookie_id"])) is None
 
@@ -401,7 +404,20 @@ def test_two_live_bookies_cannot_share_an_id(cluster, procs, tmp_path, free_port
     bookie_id = json.loads((first.data_dir / "COOKIE").read_text())["bookie_id"]
     config = BookieConfig(data=str(tmp_path / "twin"), listen=f"tcp://127.0.0.1:{free_port()}", zk=cluster.hosts,
                           cluster=cluster.name, bookie_id=bookie_id, map_size=64 << 20, zk_session_timeout_s=1)
-    with pytest.raises(LedgerError, match="already registered by a live bookie"):
+    # Another data directory under the same id is refused by the ZooKeeper cookie already.
+    with pytest.raises(LedgerError, match="belongs to another data directory"):
         Bookie(config).start()
     assert json.loads(cluster.zk.get(cluster.paths.bookie(bookie_id))[0])["address"] == first.address
     assert first.alive()
+
+
+def test_a_wiped_data_dir_cannot_come_back_under_the_same_bookie_id(cluster, procs):
+    import shutil
+
+    bookie = procs.start_bookie(cluster)
+    bookie.terminate()
+    shutil.rmtree(bookie.data_dir)
+    again = procs.start("bookie", bookie.args)
+    assert again.wait(30) != 0
+    out = again.output()
+    assert "belongs to another data directory" in out and "--bookie-id" in out
