@@ -365,6 +365,16 @@ def task_show(task_id, as_json, zk, cluster, dev_dir) -> None:
     emit(info, as_json, human)
 
 
+@task.command("cancel")
+@click.argument("task_id")
+@cluster_options
+def task_cancel(task_id, zk, cluster, dev_dir) -> None:
+    """Cancel a task that is still waiting (a running task cannot be cancelled)."""
+    with _client(zk, cluster, dev_dir) as client:
+        client.cancel(task_id)
+    click.echo(f"cancelled {task_id}")
+
+
 @main.group()
 def worker() -> None:
     """Run workers."""

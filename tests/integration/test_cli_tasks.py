@@ -41,3 +41,14 @@ def test_task_show_unknown_id_fails_with_one_line(broker_cluster, procs):
     result = procs.run(["task", "show", "nope", "--zk", broker_cluster.zk_hosts, "--cluster", broker_cluster.cluster.name])
     assert result.returncode == 1
     assert result.stderr.decode().count("\n") == 1 and "nope" in result.stderr.decode()
+
+
+def test_task_cancel_from_the_cli(broker_cluster, procs):
+    target = ["--zk", broker_cluster.zk_hosts, "--cluster", broker_cluster.cluster.name]
+    task_id = procs.run(["submit", "later", "x", "--delay", "60", *target]).stdout.decode().strip()
+    cancelled = procs.run(["task", "cancel", task_id, *target])
+    assert cancelled.returncode == 0, cancelled.stderr.decode()
+    shown = json.loads(procs.run(["task", "show", task_id, "--json", *target]).stdout)
+    assert shown["state"] == "cancelled"
+    again = procs.run(["task", "cancel", "no-such-task", *target])
+    assert again.returncode == 1
