@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from broker import BrokerError
+from ledger.bookie_config import WILDCARD_HOSTS
 
 _TCP = re.compile(r"\Atcp://[^:/\s]+:\d{1,5}\Z")
 
@@ -50,6 +51,9 @@ class BrokerConfig:
     def validate(self) -> "BrokerConfig":
         if not _TCP.match(self.listen):
             raise BrokerConfigError(f"listen must look like tcp://HOST:PORT, got {self.listen!r}")
+        if self.listen.removeprefix("tcp://").rsplit(":", 1)[0] in WILDCARD_HOSTS:
+            raise BrokerConfigError(f"listen {self.listen!r} is also the address clients connect to: "
+                                    "give a reachable host or IP, not a wildcard")
         if not 0.4 <= self.zk_session_timeout <= 120:
             raise BrokerConfigError("zk_session_timeout must be between 0.4 and 120 seconds")
         for name in ("max_batch_events", "max_inflight_entries", "tick_ms", "lease_check_ms",

@@ -80,7 +80,7 @@ def format_status(view: dict) -> str:
     ]
     for b in view["brokers"]:
         lines.append(f"  {b['id']:<4} {b.get('role', '?'):<9} {b.get('address', '?')}  position={b.get('position')}  "
-                     f"lag={b.get('lag', '-')}  digest={str(b.get('digest', '-'))[:12]}")
+                     f"lag={'-' if b.get('lag') is None else b['lag']}  digest={str(b.get('digest', '-'))[:12]}")
     lines.append(f"in-sync: {view['insync']}")
     lines.append(f"bookies ({len(view['bookies'])}):")
     for b in view["bookies"]:

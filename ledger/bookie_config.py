@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import re
-import socket
 from dataclasses import dataclass
 
 from ledger import LedgerError
@@ -29,7 +28,14 @@ def parse_listen(listen: str) -> tuple[str, int]:
     match = _LISTEN.match(listen) if isinstance(listen, str) else None
     if not match or not 1 <= int(match.group("port")) <= 65535:
         raise LedgerError(f"listen must look like tcp://HOST:PORT with a port in 1-65535, got {listen!r}")
+    if match.group("host") in WILDCARD_HOSTS:
+        raise LedgerError(f"listen {listen!r} is also the address other processes connect to: "
+                          "give a reachable host or IP, not a wildcard")
     return match.group("host"), int(match.group("port"))
+
+
+# Addresses a server can bind but nobody can connect to; `listen` is advertised as is.
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "[::]", "::"})
 
 
 @dataclass
@@ -83,5 +89,5 @@ class BookieConfig:
         so moving the bookie to another port does not change its identity.
         """
         host, port = parse_listen(self.listen)
-        host = socket.gethostname() if host in ("*", "0.0.0.0", "[::]") else host.strip("[]")
+        host = host.strip("[]")
         return "bookie-" + "".join(c if c.isalnum() or c in "-." else "_" for c in host) + f"-{port}"

@@ -91,3 +91,15 @@ def test_wire_roundtrip_and_error_reply():
     with pytest.raises(wire.RemoteError) as info:
         wire.check_reply(wire.error_reply(9, "fenced", "ledger 3 is fenced"))
     assert info.value.code == "fenced"
+
+
+@pytest.mark.parametrize("listen", ["tcp://*:5601", "tcp://0.0.0.0:5601"])
+def test_wildcard_listen_addresses_are_refused_with_a_reason(listen):
+    from broker.config import BrokerConfig, BrokerConfigError
+    from ledger import LedgerError
+    from ledger.bookie_config import BookieConfig
+
+    with pytest.raises(BrokerConfigError, match="wildcard"):
+        BrokerConfig(listen=listen).validate()
+    with pytest.raises(LedgerError, match="wildcard"):
+        BookieConfig(listen=listen).validate()
