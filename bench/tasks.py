@@ -306,14 +306,13 @@ class Load:
             if not tasks:
                 self.empty_leases.add(1)
                 continue
-            for task in tasks:
-                try:
-                    client.call("complete", task_id=task["task_id"], attempt=task["attempt"], result=b"ok",
-                                timeout=30)
-                except Exception as exc:  # noqa: BLE001
-                    self._error("complete", exc)
-                else:
-                    self.completed.add(1)
+            try:
+                results = client.complete_many([{"task_id": t["task_id"], "attempt": t["attempt"], "result": b"ok"}
+                                                for t in tasks])
+            except Exception as exc:  # noqa: BLE001
+                self._error("complete", exc)
+            else:
+                self.completed.add(sum(1 for r in results if r.get("ok")))
 
     def stop(self) -> None:
         """Stop producers and workers and close the client (idempotent)."""

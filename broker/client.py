@@ -286,6 +286,16 @@ class Client:
                 pause = min(pause, remaining)
             time.sleep(pause)
 
+    def complete_many(self, completions: list[dict]) -> list[dict]:
+        """Complete several leased tasks in one request.
+
+        Each item has ``task_id``, ``attempt`` and optionally ``result`` (bytes);
+        returns one ``{ok, error?, message?}`` per item, in order: a stale attempt
+        fails that item only. Safe to retry (a repeated completion is a no-op).
+        """
+        fields = [{k: c[k] for k in ("task_id", "attempt", "result") if k in c} for c in completions]
+        return self.call("complete_many", tasks=fields)["results"]
+
     def cancel(self, task_id: str) -> None:
         """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine)."""
         self.call("cancel", task_id=task_id)

@@ -15,6 +15,8 @@ Operations (request fields -> reply fields):
 - ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload}]``
 - ``heartbeat`` ``worker, task_id, attempt, lease_ms?`` -> ``{}``
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
+- ``complete_many`` ``tasks: [{task_id, attempt, result?}]`` -> ``results: [{ok, error?, message?}]``
+  (one result per task, in order; one task's stale attempt does not fail the others)
 - ``fail`` ``task_id, attempt, error?, retry?`` -> ``{}``
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues``
 - ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
@@ -38,7 +40,7 @@ from typing import Any, Callable
 from broker import BrokerError
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
-                 "complete", "fail", "status", "snapshot_info", "snapshot_chunk"})
+                 "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk"})
 MAX_CHUNK = 4 * 1024 * 1024
 
 E_NOT_LEADER = "not_leader"
@@ -109,6 +111,22 @@ def check_submit(msg: dict, max_payload: int) -> dict:
     }
 
 
+def _check_attempt(msg: dict) -> dict:
+    task = {"task_id": _check_task_id(msg.get("task_id")), "attempt": _int(msg, "attempt", None, 1, 1 << 31)}
+    if task["attempt"] is None:
+        raise RequestError(E_BAD_REQUEST, "attempt is required")
+    return task
+
+
+def _check_completion(msg: dict, max_payload: int) -> dict:
+    result = msg.get("result")
+    if result is not None and not isinstance(result, bytes):
+        raise RequestError(E_BAD_REQUEST, "result must be bytes")
+    if result is not None and len(result) > max_payload:
+        raise RequestError(E_PAYLOAD_TOO_LARGE, f"result of {len(result)} bytes exceeds max_payload_bytes")
+    return {**_check_attempt(msg), "result": result}
+
+
 def check_request(msg: dict, max_payload: int) -> dict:
     """Validate a decoded request; return the normalized fields (plus ``op``)."""
     op = msg["op"]
@@ -137,19 +155,17 @@ def check_request(msg: dict, max_payload: int) -> dict:
                 "max_tasks": _int(msg, "max_tasks", 1, 1, 1000),
                 "lease_ms": _int(msg, "lease_ms", None, 100, 1 << 40),
                 "wait_ms": _int(msg, "wait_ms", 0, 0, MAX_WAIT_MS)}
-    task = {"task_id": _check_task_id(msg.get("task_id")), "attempt": _int(msg, "attempt", None, 1, 1 << 31)}
-    if task["attempt"] is None:
-        raise RequestError(E_BAD_REQUEST, "attempt is required")
+    if op == "complete_many":
+        tasks = msg.get("tasks")
+        if not isinstance(tasks, list) or not 0 < len(tasks) <= MAX_SUBMIT_MANY:
+            raise RequestError(E_BAD_REQUEST, f"tasks must be a list of 1-{MAX_SUBMIT_MANY} completions")
+        return {"op": op, "tasks": [_check_completion(t if isinstance(t, dict) else {}, max_payload) for t in tasks]}
+    task = _check_attempt(msg)
     if op == "heartbeat":
         return {"op": op, **task, "worker": _check_worker(msg.get("worker")),
                 "lease_ms": _int(msg, "lease_ms", None, 100, 1 << 40)}
     if op == "complete":
-        result = msg.get("result")
-        if result is not None and not isinstance(result, bytes):
-            raise RequestError(E_BAD_REQUEST, "result must be bytes")
-        if result is not None and len(result) > max_payload:
-            raise RequestError(E_PAYLOAD_TOO_LARGE, f"result of {len(result)} bytes exceeds max_payload_bytes")
-        return {"op": op, **task, "result": result}
+        return {"op": op, **_check_completion(msg, max_payload)}
     if op == "fail":
         error = msg.get("error", "")
         if not isinstance(error, str):
@@ -165,6 +181,11 @@ def _submitted(sub: dict, now_ms: int, new_id: Callable[[], str]) -> dict:
     return {"type": "TaskSubmitted", "task_id": new_id(), "queue": sub["queue"], "payload": sub["payload"],
             "key": sub["key"], "priority": sub["priority"], "delay_ms": sub["delay_ms"],
             "max_attempts": sub["max_attempts"], "now_ms": now_ms}
+
+
+def _completed(item: dict, now_ms: int) -> dict:
+    return {"type": "TaskCompleted", "task_id": item["task_id"], "attempt": item["attempt"],
+            "result": item["result"], "now_ms": now_ms}
 
 
 def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[dict]:
@@ -183,8 +204,9 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         return [{"type": "LeaseExtended", "task_id": req["task_id"], "attempt": req["attempt"],
                  "worker": req["worker"], "lease_ms": req["lease_ms"], "now_ms": now_ms}]
     if op == "complete":
-        return [{"type": "TaskCompleted", "task_id": req["task_id"], "attempt": req["attempt"],
-                 "result": req["result"], "now_ms": now_ms}]
+        return [_completed(req, now_ms)]
+    if op == "complete_many":
+        return [_completed(item, now_ms) for item in req["tasks"]]
     if op == "fail":
         return [{"type": "TaskFailed", "task_id": req["task_id"], "attempt": req["attempt"],
                  "error": req["error"], "retry": req["retry"], "now_ms": now_ms}]
@@ -197,6 +219,8 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
     Raises RequestError with the state machine's code if the request failed.
     """
     op = req["op"]
+    if op == "complete_many":
+        return {"results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]}
     if op == "submit_many":
         for res in results:
             if not res.get("ok"):

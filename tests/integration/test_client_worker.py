@@ -126,3 +126,19 @@ def test_submit_retries_across_a_leader_failover(broker_cluster, client):
     assert broker_cluster.wait_leader(not_id=old_id)["address"] != old.address
     assert client.submit("jobs", b"after", key="failover-key") == after
     assert client.get(before)["state"] == "waiting"
+
+
+def test_complete_many_reports_each_task(broker_cluster):
+    from broker.client import Client
+
+    with Client(zk=broker_cluster.zk_hosts, cluster=broker_cluster.cluster.name) as client:
+        ids = client.submit_many([{"queue": "many", "payload": b"%d" % i} for i in range(3)])
+        leased = client.call("lease", worker="w", queues=["many"], max_tasks=3)["tasks"]
+        assert sorted(t["task_id"] for t in leased) == sorted(ids)
+        items = [{"task_id": t["task_id"], "attempt": t["attempt"], "result": b"r"} for t in leased]
+        items[2]["attempt"] += 1  # a stale attempt fails that item only
+        results = client.complete_many(items)
+        assert [r["ok"] for r in results] == [True, True, False]
+        assert results[2]["error"] == "stale_attempt"
+        states = [client.get(t["task_id"])["state"] for t in leased]
+        assert states == ["done", "done", "running"]
