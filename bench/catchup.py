@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.common import BenchError, LocalCluster, _die_with_parent, child_env, emit, free_port, machine_info, \
+from bench.common import BenchError, finish, LocalCluster, _die_with_parent, child_env, free_port, machine_info, \
     rate, stop_process
 from broker.server import time_ordered_id
 from election.paths import ClusterPaths
@@ -583,23 +583,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
     args = parser.parse_args(argv)
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
+
+    replay_events = args.replay_events if args.replay_events is not None else 1_000 * args.events_per_entry
+
+    def measure() -> dict:
+        return run(tasks=args.tasks, zk=args.zk, cluster=args.cluster, events_per_entry=args.events_per_entry,
+                   replay_ledgers=args.ledgers, replay_events=replay_events, progress=say)
+
     try:
-        result = run(tasks=args.tasks, zk=args.zk, cluster=args.cluster, events_per_entry=args.events_per_entry,
-                     replay_ledgers=args.ledgers,
-                     replay_events=args.replay_events if args.replay_events is not None
-                     else 1_000 * args.events_per_entry,
-                     progress=say)
-    except BenchError as exc:
-        print(f"bench catchup: {exc}", file=sys.stderr)
-        return 1
+        return finish("catchup", measure, args.json, LABELS)
     except KeyboardInterrupt:
         print("bench catchup: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (DESIGN.md section 9)
         print(f"bench catchup: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    emit(result, args.json, LABELS)
-    return 0
 
 
 if __name__ == "__main__":

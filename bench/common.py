@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,6 +134,17 @@ def format_table(result: dict, labels: dict[str, str] | None = None) -> str:
 
 def emit(result: dict, as_json: bool, labels: dict[str, str] | None = None) -> None:
     print(to_json(result) if as_json else format_table(result, labels))
+
+
+def finish(name: str, measure: Callable[[], dict], as_json: bool, labels: dict[str, str] | None = None) -> int:
+    """Run `measure` and print its result; a BenchError becomes one line on stderr and exit code 1."""
+    try:
+        result = measure()
+    except BenchError as exc:
+        print(f"bench {name}: {exc}", file=sys.stderr)
+        return 1
+    emit(result, as_json, labels)
+    return 0
 
 
 # ----------------------------------------------------------------- processes

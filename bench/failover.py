@@ -42,8 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from bench.common import BenchError, emit, machine_info, percentile
-from bench.tasks import BenchCluster, quiet_logs
+from bench.common import BenchError, finish, machine_info, percentile
+from bench.devbench import BenchCluster, quiet_logs
 
 TARGETS = {"kill_median_s": 3.0, "graceful_median_s": 0.5}
 LABELS = {
@@ -378,15 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_logs()
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    try:
-        result = run(rounds=args.rounds, producers=args.producers, batch=args.batch,
-                     zk_session_timeout=args.zk_session_timeout, probe_timeout=args.probe_timeout, keep=args.keep,
-                     progress=progress)
-    except BenchError as exc:
-        print(f"bench failover: {exc}", file=sys.stderr)
-        return 1
-    emit(result, args.json, LABELS)
-    return 0
+
+    def measure() -> dict:
+        return run(rounds=args.rounds, producers=args.producers, batch=args.batch,
+                   zk_session_timeout=args.zk_session_timeout, probe_timeout=args.probe_timeout, keep=args.keep,
+                   progress=progress)
+
+    return finish("failover", measure, args.json, LABELS)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import uuid
 from collections import deque
 from typing import Callable
 
-from bench.common import BenchError, LocalCluster, emit, latency_summary, machine_info, rate
+from bench.common import BenchError, finish, LocalCluster, latency_summary, machine_info, rate
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 TARGETS = {"entries_per_s": 20_000, "ratio_vs_zk": 5.0, "paced_p99_ms": 10.0}
@@ -412,20 +412,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
     args = parser.parse_args(argv)
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
+
+    def measure() -> dict:
+        return run(seconds=args.seconds, entry_size=args.entry_size, zk=args.zk, cluster=args.cluster,
+                   offered_rate=args.rate, inflight=args.inflight, progress=say)
+
     try:
-        result = run(seconds=args.seconds, entry_size=args.entry_size, zk=args.zk, cluster=args.cluster,
-                     offered_rate=args.rate, inflight=args.inflight, progress=say)
-    except BenchError as exc:
-        print(f"bench ledger: {exc}", file=sys.stderr)
-        return 1
+        return finish("ledger", measure, args.json, LABELS)
     except KeyboardInterrupt:
         print("bench ledger: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # LedgerError, ElectionError, ...: one line, exit 1 (DESIGN.md section 9)
+    except Exception as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (DESIGN.md section 9)
         print(f"bench ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    emit(result, args.json, LABELS)
-    return 0
 
 
 if __name__ == "__main__":

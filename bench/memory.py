@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench.common import BenchError, emit, machine_info, rate
-from bench.tasks import BenchCluster, proc_status_kb, quiet_logs
+from bench.common import BenchError, finish, machine_info, rate
+from bench.devbench import BenchCluster, proc_status_kb, quiet_logs
 
 TARGETS = {"leader_rss_mb": 250.0, "follower_rss_mb": 250.0}
 LABELS = {
@@ -224,14 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_logs()
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    try:
-        result = run(tasks=args.tasks, producers=args.producers, batch=args.batch, payload_size=args.payload_size,
-                     progress=progress)
-    except BenchError as exc:
-        print(f"bench memory: {exc}", file=sys.stderr)
-        return 1
-    emit(result, args.json, LABELS)
-    return 0
+
+    def measure() -> dict:
+        return run(tasks=args.tasks, producers=args.producers, batch=args.batch, payload_size=args.payload_size,
+                   progress=progress)
+
+    return finish("memory", measure, args.json, LABELS)
 
 
 if __name__ == "__main__":

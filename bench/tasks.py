@@ -7,8 +7,8 @@ directory and stops it at the end, whatever happens. Then:
 
 1. **throughput** (``seconds``): ``producers`` threads submit tasks with
    ``submit_many`` in batches of ``batch``, while ``workers`` threads each
-   ``lease`` up to ``lease_max`` tasks per call (long-poll) and ``complete``
-   each one (one request per task, as a worker does). Producers pause while more
+   ``lease`` up to ``lease_max`` tasks per call (long-poll) and complete them
+   with one ``complete_many`` per lease. Producers pause while more
    than ``max_backlog`` submitted tasks are not yet completed, so the queue stays short and the figure is a
    steady state, not a backlog being drained. ``tasks_per_s`` counts completions
    inside the measured window (the first ~10 %, at most 1 s, is warm-up).
@@ -31,28 +31,25 @@ machine: when it is well above 0 another job shared the cores and the figures
 are low. ``--profile FILE`` also runs ``py-spy record --format raw --idle
 --threads`` on the leader during the throughput window.
 
-The cluster helpers here (:class:`BenchCluster`, :func:`leader_member`,
-:func:`proc_status_kb`, :func:`proc_cpu_s`) are shared with ``bench.failover``
-and ``bench.memory``.
+The cluster and /proc helpers live in :mod:`bench.devbench`.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
-import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from bench.common import BenchError, emit, latency_summary, machine_info, rate
+from bench.common import BenchError, finish, latency_summary, machine_info, rate
+from bench.devbench import BenchCluster, machine_busy_s, proc_cpu_s, quiet_logs
 
 TARGETS = {"tasks_per_s": 5_000}
 WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
@@ -66,156 +63,6 @@ LABELS = {
     "batch_submit_p50_ms": "submit_many latency p50 (ms)",
     "batch_submit_p99_ms": "submit_many latency p99 (ms)",
 }
-
-# ----------------------------------------------------------------- cluster helpers (shared)
-
-
-def _ticks() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds used so far by process ``pid`` (all threads), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _ticks()
-
-
-def machine_busy_s() -> float | None:
-    """CPU seconds (all cores) the machine spent busy so far: /proc/stat minus idle and iowait."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _ticks()
-
-
-def proc_status_kb(pid: int) -> dict[str, int]:
-    """The ``kB`` fields of ``/proc/<pid>/status`` (VmRSS, RssAnon, RssFile, VmHWM, ...)."""
-    out: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                name, _, value = line.partition(":")
-                parts = value.split()
-                if len(parts) == 2 and parts[1] == "kB":
-                    out[name] = int(parts[0])
-    except OSError:
-        pass
-    return out
-
-
-def quiet_logs() -> None:
-    """Connection resets and lease warnings are expected in benchmarks (leaders get killed)."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("kazoo", "broker.client", "broker.worker", "ledger"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-class BenchCluster:
-    """A private dev cluster (ZooKeeper, bookies, brokers) in a temporary directory, always stopped.
-
-    Use as a context manager. Attributes once started: ``zk``, ``cluster``,
-    ``run_dir``, ``dev`` (the :class:`~broker.devcluster.DevCluster`).
-    With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
-    """
-
-    def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
-                 zk_session_timeout: float = 2.0, keep: bool = False,
-                 progress: Callable[[str], None] | None = None) -> None:
-        if (zk is None) != (cluster is None):
-            raise BenchError("give both zk and cluster, or neither")
-        self.zk, self.cluster = zk, cluster
-        self.external = zk is not None
-        self.bookies, self.brokers, self.zk_session_timeout = bookies, brokers, zk_session_timeout
-        self.keep = keep
-        self.progress = progress or (lambda _msg: None)
-        self.run_dir: Path | None = None
-        self.dev = None
-        self.up_s: float | None = None
-
-    def __enter__(self) -> "BenchCluster":
-        if self.external:
-            return self
-        from broker.devcluster import DevCluster, DevClusterSpec
-
-        self.run_dir = Path(tempfile.mkdtemp(prefix="fencepost-devbench-"))
-        self.dev = DevCluster(self.run_dir)
-        self.cluster = f"bench{uuid.uuid4().hex[:8]}"
-        started = time.monotonic()
-        try:
-            state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
-                                               zk_session_timeout=self.zk_session_timeout), progress=self.progress)
-            self.zk = state["zk"]
-            self.wait_leader()
-        except BaseException:
-            self.stop()
-            raise
-        self.up_s = time.monotonic() - started
-        self.progress(f"cluster {self.cluster} up in {self.up_s:.1f}s in {self.run_dir}")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        """Stop every process of the cluster and remove its directory (unless ``keep``). Idempotent."""
-        if self.dev is None:
-            return
-        try:
-            self.dev.down()
-        finally:
-            if not self.keep and self.run_dir is not None:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-            self.dev = None
-
-    def client(self, **kwargs: Any):
-        from broker.client import Client
-
-        return Client(zk=self.zk, cluster=self.cluster, **{"timeout": 60.0, **kwargs})
-
-    def wait_leader(self, timeout: float = 60.0) -> dict:
-        """Block until a leader answers ``status``; return the status."""
-        with self.client(timeout=timeout) as c:
-            return c.status()
-
-    def members(self, kind: str = "broker") -> list[dict]:
-        """The recorded processes of ``kind`` (with pid, address, data_dir, args, log)."""
-        if self.dev is None:
-            return []
-        return [m for m in self.dev.read_state()["processes"] if m["kind"] == kind]
-
-    def leader_info(self) -> dict | None:
-        """The ``leader`` znode's content (broker_id, address, epoch), or None."""
-        from election.leader import read_leader
-        from election.paths import ClusterPaths
-        from election.zk import close, connect
-
-        zk = connect(self.zk, session_timeout=10.0)
-        try:
-            return read_leader(zk, ClusterPaths(self.cluster))
-        finally:
-            close(zk)
-
-    def leader_and_followers(self) -> tuple[dict, list[dict]]:
-        """The leader broker's member record and the others' (needs a private cluster)."""
-        info = self.leader_info()
-        if not info:
-            raise BenchError("no leader is published")
-        brokers = self.members("broker")
-        leader = [m for m in brokers if m["address"] == info["address"]]
-        if not leader:
-            raise BenchError(f"the leader {info['address']} is not one of this cluster's brokers")
-        return leader[0], [m for m in brokers if m is not leader[0]]
-
-
-def leader_member(bc: BenchCluster) -> dict:
-    return bc.leader_and_followers()[0]
-
 
 # ----------------------------------------------------------------- the load
 
@@ -514,16 +361,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give both --zk and --cluster, or neither")
     quiet_logs()
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    try:
-        result = run(seconds=args.seconds, producers=args.producers, workers=args.workers, batch=args.batch,
-                     lease_max=args.lease_max, payload_size=args.payload_size, max_backlog=args.max_backlog,
-                     zk=args.zk, cluster=args.cluster, profile=args.profile, single_seconds=args.single_seconds,
-                     progress=progress)
-    except BenchError as exc:
-        print(f"bench tasks: {exc}", file=sys.stderr)
-        return 1
-    emit(result, args.json, LABELS)
-    return 0
+
+    def measure() -> dict:
+        return run(seconds=args.seconds, producers=args.producers, workers=args.workers, batch=args.batch,
+                   lease_max=args.lease_max, payload_size=args.payload_size, max_backlog=args.max_backlog,
+                   zk=args.zk, cluster=args.cluster, profile=args.profile, single_seconds=args.single_seconds,
+                   progress=progress)
+
+    return finish("tasks", measure, args.json, LABELS)
 
 
 if __name__ == "__main__":

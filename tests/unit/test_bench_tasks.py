@@ -4,19 +4,19 @@ from __future__ import annotations
 import datetime
 import os
 
-from bench import failover, memory, tasks
+from bench import devbench, failover, memory, tasks
 
 
 def test_proc_readers_on_this_process():
-    status = tasks.proc_status_kb(os.getpid())
+    status = devbench.proc_status_kb(os.getpid())
     assert status["VmRSS"] > 0 and "RssAnon" in status
-    assert tasks.proc_cpu_s(os.getpid()) >= 0
-    assert tasks.machine_busy_s() > 0
+    assert devbench.proc_cpu_s(os.getpid()) >= 0
+    assert devbench.machine_busy_s() > 0
 
 
 def test_proc_readers_on_a_missing_process():
-    assert tasks.proc_status_kb(1 << 30) == {}
-    assert tasks.proc_cpu_s(1 << 30) is None
+    assert devbench.proc_status_kb(1 << 30) == {}
+    assert devbench.proc_cpu_s(1 << 30) is None
 
 
 def test_entries_between_same_ledger_only():

@@ -1,0 +1,167 @@
+"""A private dev cluster for the broker benchmarks, and /proc readings of its processes.
+
+Shared by ``bench.tasks``, ``bench.failover`` and ``bench.memory``.
+
+Example::
+
+    with BenchCluster(brokers=3) as bc:
+        leader, followers = bc.leader_and_followers()
+        proc_status_kb(leader["pid"])["RssAnon"]
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.common import BenchError
+
+
+
+def _ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds used so far by process ``pid`` (all threads), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _ticks()
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds (all cores) the machine spent busy so far: /proc/stat minus idle and iowait."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _ticks()
+
+
+def proc_status_kb(pid: int) -> dict[str, int]:
+    """The ``kB`` fields of ``/proc/<pid>/status`` (VmRSS, RssAnon, RssFile, VmHWM, ...)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                name, _, value = line.partition(":")
+                parts = value.split()
+                if len(parts) == 2 and parts[1] == "kB":
+                    out[name] = int(parts[0])
+    except OSError:
+        pass
+    return out
+
+
+def quiet_logs() -> None:
+    """Connection resets and lease warnings are expected in benchmarks (leaders get killed)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("kazoo", "broker.client", "broker.worker", "ledger"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+class BenchCluster:
+    """A private dev cluster (ZooKeeper, bookies, brokers) in a temporary directory, always stopped.
+
+    Use as a context manager. Attributes once started: ``zk``, ``cluster``,
+    ``run_dir``, ``dev`` (the :class:`~broker.devcluster.DevCluster`).
+    With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
+    """
+
+    def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
+                 zk_session_timeout: float = 2.0, keep: bool = False,
+                 progress: Callable[[str], None] | None = None) -> None:
+        if (zk is None) != (cluster is None):
+            raise BenchError("give both zk and cluster, or neither")
+        self.zk, self.cluster = zk, cluster
+        self.external = zk is not None
+        self.bookies, self.brokers, self.zk_session_timeout = bookies, brokers, zk_session_timeout
+        self.keep = keep
+        self.progress = progress or (lambda _msg: None)
+        self.run_dir: Path | None = None
+        self.dev = None
+        self.up_s: float | None = None
+
+    def __enter__(self) -> "BenchCluster":
+        if self.external:
+            return self
+        from broker.devcluster import DevCluster, DevClusterSpec
+
+        self.run_dir = Path(tempfile.mkdtemp(prefix="fencepost-devbench-"))
+        self.dev = DevCluster(self.run_dir)
+        self.cluster = f"bench{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        try:
+            state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
+                                               zk_session_timeout=self.zk_session_timeout), progress=self.progress)
+            self.zk = state["zk"]
+            self.wait_leader()
+        except BaseException:
+            self.stop()
+            raise
+        self.up_s = time.monotonic() - started
+        self.progress(f"cluster {self.cluster} up in {self.up_s:.1f}s in {self.run_dir}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every process of the cluster and remove its directory (unless ``keep``). Idempotent."""
+        if self.dev is None:
+            return
+        try:
+            self.dev.down()
+        finally:
+            if not self.keep and self.run_dir is not None:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.dev = None
+
+    def client(self, **kwargs: Any):
+        from broker.client import Client
+
+        return Client(zk=self.zk, cluster=self.cluster, **{"timeout": 60.0, **kwargs})
+
+    def wait_leader(self, timeout: float = 60.0) -> dict:
+        """Block until a leader answers ``status``; return the status."""
+        with self.client(timeout=timeout) as c:
+            return c.status()
+
+    def members(self, kind: str = "broker") -> list[dict]:
+        """The recorded processes of ``kind`` (with pid, address, data_dir, args, log)."""
+        if self.dev is None:
+            return []
+        return [m for m in self.dev.read_state()["processes"] if m["kind"] == kind]
+
+    def leader_info(self) -> dict | None:
+        """The ``leader`` znode's content (broker_id, address, epoch), or None."""
+        from election.leader import read_leader
+        from election.paths import ClusterPaths
+        from election.zk import close, connect
+
+        zk = connect(self.zk, session_timeout=10.0)
+        try:
+            return read_leader(zk, ClusterPaths(self.cluster))
+        finally:
+            close(zk)
+
+    def leader_and_followers(self) -> tuple[dict, list[dict]]:
+        """The leader broker's member record and the others' (needs a private cluster)."""
+        info = self.leader_info()
+        if not info:
+            raise BenchError("no leader is published")
+        brokers = self.members("broker")
+        leader = [m for m in brokers if m["address"] == info["address"]]
+        if not leader:
+            raise BenchError(f"the leader {info['address']} is not one of this cluster's brokers")
+        return leader[0], [m for m in brokers if m is not leader[0]]
+
