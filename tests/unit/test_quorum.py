@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.writer import QuorumTracker
+from ledger.quorum import QuorumTracker
 
 
 def test_entry_completes_at_ack_quorum():

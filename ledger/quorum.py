@@ -1,0 +1,107 @@
+"""Which entries of a ledger are committed: ack bookkeeping for in-order quorum completion.
+
+Pure logic, no I/O: the :class:`~ledger.writer.LedgerWriter` feeds it the
+bookies' replies and learns which entries just became complete.
+"""
+from __future__ import annotations
+
+
+class QuorumTracker:
+    """Pure ack bookkeeping for in-order quorum completion.
+
+    Members are numbered ``0 .. write_quorum-1``. Entries must be registered in
+    order with :meth:`add`. Acks and failures are bit masks per pending entry
+    (plain ints), and :meth:`ack_range` / :meth:`fail_range` record a whole
+    ``add_batch`` reply at once. Example::
+
+        t = QuorumTracker(write_quorum=3, ack_quorum=2)
+        t.add(0); t.add(1)
+        t.ack(1, 0); t.ack(1, 2)   # -> []   (entry 0 is not complete yet)
+        t.ack(0, 1); t.ack(0, 2)   # -> [0, 1]
+        t.lac                      # 1
+    """
+
+    def __init__(self, write_quorum: int, ack_quorum: int, lac: int = -1) -> None:
+        if not 1 <= ack_quorum <= write_quorum:
+            raise ValueError(f"need 1 <= ack_quorum <= write_quorum, got {ack_quorum}/{write_quorum}")
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self.lac = lac
+        self._next = lac + 1
+        self._acks: dict[int, int] = {}  # pending entry -> mask of the members that acked it
+        self._fails: dict[int, int] = {}  # pending entry -> mask of the members that failed it (if any did)
+
+    @property
+    def pending(self) -> list[int]:
+        """Entries added but neither complete nor abandoned, ascending."""
+        return sorted(self._acks)
+
+    def add(self, entry_id: int) -> None:
+        if entry_id != self._next:
+            raise ValueError(f"entry {entry_id} added out of order (expected {self._next})")
+        self._next = entry_id + 1
+        self._acks[entry_id] = 0
+
+    def ack(self, entry_id: int, member: int) -> list[int]:
+        """Record an ack; return the entries that became complete, in order."""
+        return list(self.ack_range(entry_id, 1, member))
+
+    def ack_range(self, first: int, count: int, member: int) -> range:
+        """Record ``member``'s acks of entries ``first .. first+count-1``; return the entries that became complete.
+
+        Entries already complete or abandoned are ignored, and so is the ack of
+        an entry that ``member`` failed earlier.
+        """
+        bit = 1 << member
+        acks, fails = self._acks, self._fails
+        get = acks.get
+        for e in range(first, first + count):
+            m = get(e)
+            if m is not None and not (fails and fails.get(e, 0) & bit):
+                acks[e] = m | bit
+        start = lac = self.lac
+        quorum = self.ack_quorum
+        while True:
+            m = get(lac + 1)
+            if m is None or m.bit_count() < quorum:
+                break
+            lac += 1
+            del acks[lac]
+            if fails:
+                fails.pop(lac, None)
+        self.lac = lac
+        return range(start + 1, lac + 1)
+
+    def fail(self, entry_id: int, member: int) -> bool:
+        """Record that ``member`` will not ack ``entry_id``; True if it can no longer complete."""
+        return self.fail_range(entry_id, 1, member) is not None
+
+    def fail_range(self, first: int, count: int, member: int) -> int | None:
+        """Record that ``member`` will not ack ``first .. first+count-1``; return the lowest of them that can
+        no longer complete, or None. A member's failure of an entry it acked already changes nothing."""
+        bit = 1 << member
+        acks, fails = self._acks, self._fails
+        most = self.write_quorum - self.ack_quorum  # failures an entry survives
+        lost = None
+        for e in range(first, first + count):
+            m = acks.get(e)
+            if m is None or m & bit:
+                continue  # complete, abandoned, or acked by this member
+            f = fails.get(e, 0) | bit
+            fails[e] = f
+            if lost is None and f.bit_count() > most:
+                lost = e
+        return lost
+
+    def failed_members(self, entry_id: int) -> list[int]:
+        """The members that failed a pending entry, ascending."""
+        f = self._fails.get(entry_id, 0)
+        return [m for m in range(self.write_quorum) if f >> m & 1]
+
+    def abandon_from(self, entry_id: int) -> list[int]:
+        """Drop every pending entry ``>= entry_id``; return them in order."""
+        dropped = sorted(e for e in self._acks if e >= entry_id)
+        for e in dropped:
+            del self._acks[e]
+            self._fails.pop(e, None)
+        return dropped
