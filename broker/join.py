@@ -26,6 +26,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from broker import BrokerError
+from broker.status import request_once
 from election.paths import ClusterPaths
 from ledger.log import LogGap, position_after
 from snapshots import SnapshotError
@@ -80,24 +81,8 @@ def snapshot_sources(zk: KazooClient, paths: ClusterPaths, own_id: int) -> list[
 
 def broker_requester(address: str, timeout: float = 10.0) -> Callable[[str, dict], dict]:
     """A function sending one request to the broker at `address` and returning its reply (raising on error)."""
-    import zmq
-
-    from ledger import wire
-
     def request(op: str, fields: dict) -> dict:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(address)
-            sock.send(wire.encode(wire.request(op, 1, **fields)))
-            if not sock.poll(int(timeout * 1000)):
-                raise JoinError(f"{address} did not answer {op} within {timeout:g}s")
-            reply = wire.decode(sock.recv(), max_bytes=64 * 1024 * 1024)
-        finally:
-            sock.close()
-        if not reply.get("ok"):
-            raise JoinError(f"{address}: {reply.get('error')}: {reply.get('message')}")
-        return reply
+        return request_once(address, op, timeout, max_bytes=64 * 1024 * 1024, **fields)
 
     return request
 

@@ -10,25 +10,45 @@ from __future__ import annotations
 import zmq
 from kazoo.client import KazooClient
 
+from broker import BrokerError
 from election.cluster_view import cluster_status
 from ledger import wire
 
 
-def ask(address: str, op: str, timeout: float = 2.0) -> dict | None:
-    """One request to a broker; None if it does not answer in time or refuses."""
+class BrokerUnreachable(BrokerError):
+    """A one-off request got no usable answer (timeout, refusal or a bad frame)."""
+
+
+def request_once(address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+                 **fields) -> dict:
+    """One request to the broker at `address` on a fresh socket; the reply, or BrokerUnreachable.
+
+    For tools and joiners that talk to a named broker once; clients that follow the
+    leader use :class:`broker.client.Client`.
+    """
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(address)
-        sock.send(wire.encode(wire.request(op, 1)))
+        sock.send(wire.encode(wire.request(op, 1, **fields)))
         if not sock.poll(int(timeout * 1000)):
-            return None
-        reply = wire.decode(sock.recv())
-        return reply if reply.get("ok") else None
-    except (zmq.ZMQError, wire.WireError):
-        return None
+            raise BrokerUnreachable(f"{address} did not answer {op} within {timeout:g}s")
+        reply = wire.decode(sock.recv(), max_bytes=max_bytes)
+    except (zmq.ZMQError, wire.WireError) as exc:
+        raise BrokerUnreachable(f"{address}: {exc}") from None
     finally:
         sock.close()
+    if not reply.get("ok"):
+        raise BrokerUnreachable(f"{address}: {reply.get('error')}: {reply.get('message')}")
+    return reply
+
+
+def ask(address: str, op: str, timeout: float = 2.0) -> dict | None:
+    """One request to a broker; None if it does not answer in time or refuses."""
+    try:
+        return request_once(address, op, timeout)
+    except BrokerUnreachable:
+        return None
 
 
 def lag(position: list | None, leader_position: list | None) -> int | None:
