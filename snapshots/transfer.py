@@ -136,10 +136,6 @@ def _sidecar_doc(info: dict) -> dict:
     return {"name": info["name"], "size": info["size"], "checksum": info["checksum"]}
 
 
-def _write_json(path: Path, doc: dict) -> None:
-    write_json_atomically(path, doc)
-
-
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -202,7 +198,7 @@ def download(request: Request, dest_dir: str | os.PathLike,
     _remove_parts(dest, except_name=name)
     offset = _resume_offset(part, sidecar, info)
     if offset == 0:
-        _write_json(sidecar, _sidecar_doc(info))
+        write_json_atomically(sidecar, _sidecar_doc(info))
     with open(part, "r+b" if offset else "wb") as fh:
         fh.truncate(offset)
         fh.seek(offset)
