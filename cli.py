@@ -345,7 +345,7 @@ def _printable(task: dict) -> dict:
 
 @main.group()
 def task() -> None:
-    """Look at tasks."""
+    """Look at tasks, or cancel one that is still waiting."""
 
 
 @task.command("show")
