@@ -44,6 +44,8 @@ class DevClusterSpec:
     bookies: int = 3
     brokers: int = 3
     zk_session_timeout: float = 2.0
+    # Fault-injection runs only: brokers expose their ZooKeeper session in <data>.zk-session.
+    session_files: bool = False
 
     def validate(self) -> "DevClusterSpec":
         check_cluster_name(self.cluster)
@@ -127,6 +129,8 @@ class DevCluster:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.state_path = self.run_dir / STATE_FILE
+        # The processes this object started, so their exit codes can be read (not only "gone").
+        self._popens: dict[int, subprocess.Popen] = {}
 
     def read_state(self) -> dict | None:
         try:
@@ -166,7 +170,8 @@ class DevCluster:
                 progress(f"bookie {index} listening on {member['address']}")
             for index in range(spec.brokers):
                 member = self._start_member(state, "broker", index,
-                                            ["--zk-session-timeout", str(spec.zk_session_timeout)])
+                                            ["--zk-session-timeout", str(spec.zk_session_timeout)],
+                                            session_file=spec.session_files)
                 progress(f"broker {index} listening on {member['address']}")
         except Exception:
             self.down()
@@ -184,16 +189,51 @@ class DevCluster:
         progress(f"broker {index} listening on {member['address']}")
         return member
 
+    def data_dir(self, kind: str, index: int) -> Path:
+        """Where `up` puts member `index` of `kind` (so a caller may prepare it first)."""
+        return self.run_dir / f"{kind}-{index}"
+
     def _start_zookeeper(self, state: dict, port: int) -> None:
         data = self.run_dir / "zookeeper"
         server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))
         proc = server.start(log_file=self.run_dir / "zookeeper.log")
+        self._popens[proc.pid] = proc
         state["processes"].append({"kind": "zookeeper", "pid": proc.pid, "address": state["zk"],
                                    "data_dir": str(data), "log": str(self.run_dir / "zookeeper.log")})
         self.write_state(state)
 
-    def _start_member(self, state: dict, kind: str, index: int, extra: list[str] | None = None) -> dict:
-        data = self.run_dir / f"{kind}-{index}"
+    def restart(self, member: dict) -> dict:
+        """Start a recorded member again (it must have stopped) with its address and data; return it."""
+        state = self.read_state()
+        if not state:
+            raise DevClusterError(f"no dev cluster recorded in {self.run_dir}")
+        current = next((m for m in state["processes"] if m["kind"] == member["kind"]
+                        and m.get("index") == member.get("index")), None)
+        if current is None:
+            raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
+        if pid_alive(current["pid"]) and _owns(current["pid"], str(self.run_dir)):
+            raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
+        if current["kind"] == "zookeeper":
+            port = int(current["address"].rsplit(":", 1)[1])
+            server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
+            proc = server.start(log_file=Path(current["log"]))
+            self._popens[proc.pid] = proc
+            current["pid"] = proc.pid
+            self.write_state(state)
+            return current
+        self._spawn(current)
+        self.write_state(state)
+        self._wait_member(current)
+        return current
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a process this object started, None while it runs or if unknown."""
+        proc = self._popens.get(pid)
+        return None if proc is None else proc.poll()
+
+    def _start_member(self, state: dict, kind: str, index: int, extra: list[str] | None = None,
+                      session_file: bool = False) -> dict:
+        data = self.data_dir(kind, index)
         data.mkdir(parents=True, exist_ok=True)
         address = f"tcp://127.0.0.1:{free_port()}"
         args = [kind, "start", "--data", str(data), "--listen", address,
@@ -201,6 +241,8 @@ class DevCluster:
         log_path = self.run_dir / f"{kind}-{index}.log"
         member = {"kind": kind, "index": index, "address": address, "data_dir": str(data),
                   "log": str(log_path), "args": args}
+        if session_file:
+            member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
         self._spawn(member)
         state["processes"].append(member)
         self.write_state(state)
@@ -211,9 +253,11 @@ class DevCluster:
         with open(member["log"], "ab") as out:
             proc = subprocess.Popen(
                 fencepost_command(*member["args"]), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir, env=fencepost_env(),
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+                env={**fencepost_env(), **member.get("env", {})},
             )
         member["pid"] = proc.pid
+        self._popens[proc.pid] = proc
 
     def _wait_member(self, member: dict, timeout: float = 30.0) -> None:
         host, port = member["address"].removeprefix("tcp://").rsplit(":", 1)
