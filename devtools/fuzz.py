@@ -1,0 +1,255 @@
+"""Hostile request frames for a broker, and a sender that counts how they were answered.
+
+A server must answer every frame (DESIGN.md section 1) and a request can only
+fail itself (section 5): :func:`fuzz_frames` makes a seeded corpus that tries to
+break both promises: garbage bytes, truncated msgpack, wrong protocol versions,
+unknown ops, and every op of the broker protocol with mutated fields (wrong
+types, nulls, huge ints, duplicate lists, over-long or NUL-bearing unicode,
+nested junk, unknown fields). The same seed gives the same frames, so a crash
+found by a chaos run can be replayed.
+
+:func:`send_frames` pipelines the frames to one server over a DEALER socket and
+returns how many replies carried each error code (``ok`` for successes) plus
+``no_reply``: frames that got no answer within ``timeout_s`` (a crashed or
+stuck server, or a frame the socket refused by disconnecting).
+
+Example::
+
+    frames = fuzz_frames(random.Random(7), 1000)
+    counts = send_frames("tcp://127.0.0.1:5601", frames)
+    assert counts.get("no_reply", 0) == 0
+"""
+from __future__ import annotations
+
+import collections
+import random
+import time
+from typing import Any, Callable, Iterable
+
+import msgpack
+import zmq
+
+from ledger.wire import PROTOCOL_VERSION
+
+NO_REPLY = "no_reply"
+UNDECODABLE_REPLY = "undecodable_reply"
+# Outstanding requests while sending: enough to fill group commits, few enough that
+# a stuck server is noticed after one timeout rather than thousands.
+WINDOW = 64
+
+QUEUES = ("fz", "fz.1", "fz-2")
+HUGE_INTS = (-1, 0, 1, 99, 100, 1000, 1001, 60_001, 1 << 31, (1 << 31) - 1, -(1 << 31) - 1, 1 << 40,
+             (1 << 40) + 1, 1 << 53, (1 << 53) + 1, (1 << 63) - 1, -(1 << 63), (1 << 64) - 1)
+LONG_TEXTS = ("", "\0", "m\0m", "é" * 100, "é" * 101, "é" * 150, "é" * 200, "a" * 128, "a" * 129,
+              "a" * 200, "a" * 201, "a" * 250, "a" * 251, "😀" * 50, "😀" * 63, "\u202e\ufeff", " ", "-a",
+              "a b", "../x")
+
+
+def _nested(rng: random.Random, depth: int) -> Any:
+    if depth <= 0:
+        return rng.choice([None, 1, "x", b"y", 2.5, True])
+    kind = rng.randrange(3)
+    if kind == 0:
+        return [_nested(rng, depth - 1) for _ in range(rng.randrange(1, 3))]
+    if kind == 1:
+        return {rng.choice(["a", "op", "v", 7]): _nested(rng, depth - 1)}
+    return _nested(rng, 0)
+
+
+def hostile_value(rng: random.Random) -> Any:
+    """One value of a wrong kind, an edge of a right kind, or junk."""
+    pick = rng.randrange(12)
+    if pick == 0:
+        return None
+    if pick == 1:
+        return rng.choice([True, False, 1.5, float("nan"), float("inf"), -0.0])
+    if pick in (2, 3):
+        return rng.choice(HUGE_INTS)
+    if pick in (4, 5):
+        return rng.choice(LONG_TEXTS)
+    if pick == 6:
+        return rng.choice([b"", b"\xff\xfe", b"x" * rng.randrange(1, 2000), bytes(rng.randrange(256) for _ in range(8))])
+    if pick == 7:
+        name = rng.choice(QUEUES)
+        return rng.choice([[], [name, name], [None], [name] * 65, [1, 2], ["é" * 150], [[name]]])
+    if pick == 8:
+        return rng.choice([{}, {"queue": "fz"}, {"a": [1, {"b": None}]}])
+    if pick == 9:
+        return _nested(rng, rng.randrange(1, 12))
+    if pick == 10:
+        # A task id or name of boundary length: right type, maybe wrong size.
+        return "".join(rng.choice("aé😀\0") for _ in range(rng.choice([1, 50, 199, 200, 201])))
+    return rng.randrange(-(1 << 63), 1 << 63)
+
+
+def _task_id(rng: random.Random) -> str:
+    return f"{rng.randrange(1 << 48):012x}{rng.randrange(1 << 80):020x}"
+
+
+def _submit(rng: random.Random) -> dict:
+    sub = {"queue": rng.choice(QUEUES), "payload": b"p" * rng.randrange(0, 64)}
+    for name, value in (("key", f"fz:{rng.randrange(1 << 30)}"), ("priority", rng.randrange(-5, 5)),
+                        ("delay_ms", rng.choice([0, 0, 10])), ("max_attempts", rng.randrange(1, 4))):
+        if rng.random() < 0.5:
+            sub[name] = value
+    return sub
+
+
+def _completion(rng: random.Random) -> dict:
+    return {"task_id": _task_id(rng), "attempt": rng.randrange(1, 3), "result": b"r"}
+
+
+# op -> a valid request's fields. Valid leases wait briefly at most, so that a
+# long poll is not mistaken for a stuck server.
+TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
+    "ping": lambda rng: {},
+    "status": lambda rng: {},
+    "snapshot_info": lambda rng: {},
+    "snapshot_chunk": lambda rng: {"name": "snap-fz", "offset": 0, "length": 16},
+    "submit": _submit,
+    "submit_many": lambda rng: {"tasks": [_submit(rng) for _ in range(rng.randrange(1, 4))]},
+    "get": lambda rng: {"task_id": _task_id(rng)},
+    "cancel": lambda rng: {"task_id": _task_id(rng)},
+    "lease": lambda rng: {"worker": "fz-w", "queues": rng.sample(QUEUES, rng.randrange(1, 3)),
+                          "max_tasks": rng.randrange(1, 5), "lease_ms": 60_000, "wait_ms": rng.choice([0, 0, 20])},
+    "heartbeat": lambda rng: {"worker": "fz-w", "task_id": _task_id(rng), "attempt": 1, "lease_ms": 5000},
+    "complete": _completion,
+    "complete_many": lambda rng: {"tasks": [_completion(rng) for _ in range(rng.randrange(1, 4))]},
+    "fail": lambda rng: {"task_id": _task_id(rng), "attempt": 1, "error": "fz", "retry": rng.random() < 0.5},
+}
+OPS = tuple(sorted(TEMPLATES))
+_FIELDS = sorted({"queue", "payload", "key", "priority", "delay_ms", "max_attempts", "tasks", "task_id",
+                  "worker", "queues", "max_tasks", "lease_ms", "wait_ms", "attempt", "result", "error",
+                  "retry", "name", "offset", "length"})
+
+
+def _mutate(rng: random.Random, fields: dict) -> dict:
+    """Change 1-3 fields: a hostile value, a deletion, or an unknown field; maybe inside a task list."""
+    for _ in range(rng.randrange(1, 4)):
+        target = fields
+        if isinstance(fields.get("tasks"), list) and fields["tasks"] and rng.random() < 0.4:
+            item = rng.choice(fields["tasks"])
+            target = item if isinstance(item, dict) else fields
+        action = rng.random()
+        if action < 0.15 and target:
+            target.pop(rng.choice(sorted(target, key=str)), None)
+        elif action < 0.25:
+            target[rng.choice(_FIELDS + ["zz", ""])] = hostile_value(rng)
+        elif target:
+            target[rng.choice(sorted(target, key=str))] = hostile_value(rng)
+        else:
+            target[rng.choice(_FIELDS)] = hostile_value(rng)
+    return fields
+
+
+def _pack(msg: Any) -> bytes:
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def _envelope(rng: random.Random, op: Any, fields: dict) -> dict:
+    return {"v": PROTOCOL_VERSION, "op": op, "rid": rng.randrange(1 << 31), **fields}
+
+
+def fuzz_frame(rng: random.Random) -> bytes:
+    """One hostile (or, now and then, valid) request frame."""
+    op = rng.choice(OPS)
+    kind = rng.random()
+    if kind < 0.04:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
+    if kind < 0.08:
+        frame = _pack(_envelope(rng, op, TEMPLATES[op](rng)))
+        return frame[:rng.randrange(0, len(frame))]
+    if kind < 0.12:
+        msg = _envelope(rng, op, TEMPLATES[op](rng))
+        which = rng.randrange(6)
+        if which == 0:
+            msg["v"] = rng.choice([0, 2, "1", None, 1.0, -1, [1]])
+        elif which == 1:
+            del msg["v"]
+        elif which == 2:
+            msg["op"] = rng.choice(["", "nope", "SUBMIT", "submit ", "é" * 300, None, 3, ["submit"]])
+        elif which == 3:
+            msg["rid"] = hostile_value(rng)
+        elif which == 4:
+            return _pack(rng.choice([[1, 2], 5, "submit", None, b"\x00", {1: 2, "v": 1}]))
+        else:
+            del msg["op"]
+        return _pack(msg)
+    fields = TEMPLATES[op](rng)
+    if kind >= 0.22:
+        fields = _mutate(rng, fields)
+    return _pack(_envelope(rng, op, fields))
+
+
+def fuzz_frames(rng: random.Random, count: int) -> list[bytes]:
+    """``count`` frames drawn from ``rng`` (seed it to replay a run)."""
+    return [fuzz_frame(rng) for _ in range(count)]
+
+
+def _reply_code(raw: bytes) -> str:
+    try:
+        msg = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception:  # any garbage from the server counts, it must not stop the count
+        return UNDECODABLE_REPLY
+    if not isinstance(msg, dict):
+        return UNDECODABLE_REPLY
+    return "ok" if msg.get("ok") is True else str(msg.get("error"))
+
+
+def send_frames(address: str, frames: Iterable[bytes], timeout_s: float = 2.0) -> dict:
+    """Send ``frames`` to ``address`` (at most :data:`WINDOW` unanswered at once); count the replies.
+
+    Returns ``{code: replies}`` with ``ok`` for successful replies and
+    ``no_reply`` for frames not answered within ``timeout_s`` of the last
+    progress. After such a stall the socket is replaced, so a late reply is
+    never counted twice.
+    """
+    counts: collections.Counter = collections.Counter()
+    ctx = zmq.Context.instance()
+    sock = None
+    outstanding = 0
+
+    def fresh_socket() -> zmq.Socket:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.connect(address)
+        return s
+
+    def receive(block_s: float) -> bool:
+        """Read every reply available within ``block_s``; False if none came."""
+        nonlocal outstanding
+        got = False
+        timeout_ms = int(block_s * 1000)
+        while outstanding and sock.poll(timeout_ms, zmq.POLLIN):
+            counts[_reply_code(sock.recv())] += 1
+            outstanding -= 1
+            got = True
+            timeout_ms = 0
+        return got
+
+    def give_up() -> None:
+        nonlocal sock, outstanding
+        counts[NO_REPLY] += outstanding
+        outstanding = 0
+        sock.close(0)
+        sock = fresh_socket()
+
+    sock = fresh_socket()
+    try:
+        for frame in frames:
+            while outstanding >= WINDOW:
+                if not receive(timeout_s):
+                    give_up()
+            sock.send(frame)
+            outstanding += 1
+            receive(0)
+        deadline = time.monotonic() + timeout_s
+        while outstanding:
+            if receive(max(deadline - time.monotonic(), 0)):
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() >= deadline:
+                give_up()
+    finally:
+        sock.close(0)
+    return dict(counts)
