@@ -1,0 +1,135 @@
+"""The fault schedule of a chaos run: a pure function of the seed and the run's length.
+
+Faults are grouped in *slots*; faults of one slot never overlap in the plan, so at
+most one broker and one bookie are down at a time (the cluster is 3/3/2: losing two
+bookies stops writes, which is allowed but proves nothing). A fault names a *kind*
+and a ``pick``: which leader, follower, bookie or worker it hits is only known at
+run time, so the executor chooses ``candidates[pick % len(candidates)]``.
+``down_s`` is how long the fault holds (the delay before a restart, a pause, an
+outage, a full disk); ``recover_s`` is the time the plan leaves after it before the
+next fault of the slot (the executor also waits for real recovery).
+
+Example::
+
+    faults = plan(seed=7, duration_s=60)
+    faults == plan(seed=7, duration_s=60)     # always
+    Counter(f.kind for f in faults)
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+
+KILL_LEADER = "kill_leader"
+KILL_FOLLOWER = "kill_follower"
+PAUSE_LEADER = "pause_leader"
+PAUSE_FOLLOWER = "pause_follower"
+EXPIRE_SESSION = "expire_session"
+KILL_BOOKIE = "kill_bookie"
+PAUSE_BOOKIE = "pause_bookie"
+FILL_DISK = "fill_disk"
+KILL_WORKER = "kill_worker"
+PAUSE_WORKER = "pause_worker"
+KILL_ZOOKEEPER = "kill_zookeeper"
+POISON = "poison"
+
+SLOT_BROKER = "broker"
+SLOT_BOOKIE = "bookie"
+SLOT_WORKER = "worker"
+SLOT_ZOOKEEPER = "zookeeper"
+SLOT_POISON = "poison"
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """How a kind of fault is drawn: its slot, weight, hold time range and recovery allowance."""
+
+    slot: str
+    weight: int
+    down_s: tuple[float, float]
+    recover_s: float
+
+
+KINDS: dict[str, KindSpec] = {
+    KILL_LEADER: KindSpec(SLOT_BROKER, 8, (0.2, 3.0), 4.0),
+    KILL_FOLLOWER: KindSpec(SLOT_BROKER, 5, (0.2, 3.0), 3.0),
+    # Some pauses outlast the 2 s session (the leader is fenced), some do not.
+    PAUSE_LEADER: KindSpec(SLOT_BROKER, 6, (0.5, 5.0), 4.0),
+    PAUSE_FOLLOWER: KindSpec(SLOT_BROKER, 4, (0.5, 5.0), 2.0),
+    EXPIRE_SESSION: KindSpec(SLOT_BROKER, 5, (0.0, 0.0), 4.0),
+    KILL_BOOKIE: KindSpec(SLOT_BOOKIE, 7, (0.2, 3.0), 1.5),
+    PAUSE_BOOKIE: KindSpec(SLOT_BOOKIE, 5, (0.5, 4.0), 1.0),
+    FILL_DISK: KindSpec(SLOT_BOOKIE, 4, (1.0, 5.0), 1.0),
+    KILL_WORKER: KindSpec(SLOT_WORKER, 5, (0.2, 2.0), 1.0),
+    PAUSE_WORKER: KindSpec(SLOT_WORKER, 5, (1.0, 5.0), 0.5),
+    KILL_ZOOKEEPER: KindSpec(SLOT_ZOOKEEPER, 2, (1.0, 6.0), 6.0),
+    POISON: KindSpec(SLOT_POISON, 6, (0.0, 0.0), 1.0),
+}
+
+# Frames per poison burst.
+POISON_FRAMES = (50, 400)
+# Mean gap between drawn faults is 1.75 s: about 300 in 10 minutes before slot limits.
+GAP_S = (0.5, 3.0)
+# Quiet time at the start (load warms up) and at the end (the last faults heal).
+WARMUP_S = 3.0
+COOLDOWN_S = 5.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault; ``at_s`` counts from the start of the load."""
+
+    seq: int
+    at_s: float
+    kind: str
+    slot: str
+    pick: int
+    down_s: float
+    recover_s: float
+    frames: int = 0
+    frame_seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan(seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None) -> list[Fault]:
+    """The faults of a run of ``duration_s`` seconds, sorted by time; the same seed gives the same list."""
+    kinds = KINDS if kinds is None else kinds
+    rng = random.Random(seed)
+    names = sorted(kinds)
+    weights = [kinds[name].weight for name in names]
+    slot_free: dict[str, float] = {}
+    end = duration_s - COOLDOWN_S
+    faults: list[Fault] = []
+    t = WARMUP_S
+    seq = 0
+    while True:
+        t += rng.uniform(*GAP_S)
+        if t >= end:
+            break
+        kind = rng.choices(names, weights)[0]
+        spec = kinds[kind]
+        down = round(rng.uniform(*spec.down_s), 3)
+        pick = rng.randrange(1 << 16)
+        frames, frame_seed = 0, 0
+        if kind == POISON:
+            frames, frame_seed = rng.randint(*POISON_FRAMES), rng.randrange(1 << 31)
+        # A busy slot pushes the fault later; one pushed past the end is dropped.
+        at = max(t, slot_free.get(spec.slot, 0.0))
+        if at + down > end:
+            continue
+        slot_free[spec.slot] = at + down + spec.recover_s
+        faults.append(Fault(seq=seq, at_s=round(at, 3), kind=kind, slot=spec.slot, pick=pick, down_s=down,
+                            recover_s=spec.recover_s, frames=frames, frame_seed=frame_seed))
+        seq += 1
+    faults.sort(key=lambda f: (f.at_s, f.seq))
+    return faults
+
+
+def by_slot(faults: list[Fault]) -> dict[str, list[Fault]]:
+    """The faults of each slot in time order (each slot is run by one executor thread)."""
+    out: dict[str, list[Fault]] = {}
+    for fault in faults:
+        out.setdefault(fault.slot, []).append(fault)
+    return out
