@@ -54,7 +54,13 @@ META_POSITION = b"position"
 META_DIGEST = b"digest"
 META_DIVERGED = b"diverged"
 META_LOADING = b"loading"
-META_UNHASHED = frozenset({META_POSITION, META_DIGEST, META_DIVERGED, META_LOADING})
+META_SEAL = b"seal"              # check of position + digest, so damage to them is told apart
+META_CLUSTER = b"cluster_id"     # the cluster this store was created for, with its own check
+META_CLEAN = b"clean"            # present only between an orderly close and the next open
+META_UNHASHED = frozenset({META_POSITION, META_DIGEST, META_DIVERGED, META_LOADING, META_SEAL,
+                           META_CLUSTER, META_CLEAN})
+# Bookkeeping of one replica that a snapshot must not carry into another store.
+META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META_CLEAN})
 
 # Task record fields, in the fixed order they are packed (so equal records are
 # equal bytes on every replica, whatever order the code filled them in).
@@ -160,6 +166,28 @@ def record_hash(db: str, key: bytes, value: bytes) -> int:
 def is_hashed(db: str, key: bytes) -> bool:
     """True if this record belongs to the replicated state covered by the digest."""
     return db != "meta" or bytes(key) not in META_UNHASHED
+
+
+def seal(position: bytes, digest: bytes) -> bytes:
+    """The check stored with every (position, digest) pair; a damaged pair no longer matches it."""
+    return hashlib.blake2b(b"seal" + bytes(position) + bytes(digest), digest_size=16).digest()
+
+
+def pack_cluster(cluster_id: str) -> bytes:
+    """The cluster id record: the id, then a 16-byte check of it."""
+    raw = text(cluster_id)
+    return raw + hashlib.blake2b(b"cluster" + raw, digest_size=16).digest()
+
+
+def unpack_cluster(b: bytes) -> str | None:
+    """The cluster id of a record made by :func:`pack_cluster`, or None if it is damaged."""
+    raw, check = bytes(b[:-16]), bytes(b[-16:])
+    if len(b) <= 16 or hashlib.blake2b(b"cluster" + raw, digest_size=16).digest() != check:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def digest_hex(d: int) -> str:

@@ -8,6 +8,12 @@ Python: every index lives in LMDB (layout in :mod:`broker.state_schema`), and
 the per-queue counters and the state digest are records too, so reads such as
 ``queue_depths`` and ``digest`` are O(queues) and O(1).
 
+The store verifies itself: :meth:`StateStore.verify` recomputes the digest from
+the records and compares it with the incremental one, and every snapshot view
+does the same while its records stream out, so a checkpoint of damaged state
+fails instead of being published. Any LMDB error, and any mismatch, is a
+:class:`StoreDamaged`: the store must be rebuilt, never served.
+
 Example::
 
     store = StateStore("/data/state", map_size=8 << 30)
@@ -26,11 +32,13 @@ from typing import Any, Iterable, Iterator
 import lmdb
 
 from broker import BrokerError
+from broker.lmdb_file import check_lmdb_file
 from broker.state_apply import apply_event
 from broker.state_schema import (
-    DB_NAMES, MAX_DBS, META_CLOCK, META_DIGEST, META_DIVERGED, META_EPOCH, META_LOADING,
-    META_POSITION, META_SHUTDOWN, digest_hex, is_hashed, queue_prefix, read_u64,
-    record_hash, text, unpack, unpack_position)
+    DB_NAMES, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
+    META_LOADING, META_LOCAL, META_POSITION, META_SEAL, META_SHUTDOWN, digest_hex, is_hashed,
+    pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack, unpack_cluster,
+    unpack_position)
 from broker.state_txn import StateTxn
 
 DEFAULT_MAP_SIZE = 4 << 30  # sparse on Linux; raise it for big backlogs
@@ -61,6 +69,22 @@ class DigestMismatch(StoreError):
     """Loaded records do not hash to the digest they claim."""
 
 
+class StoreDamaged(StateDiverged):
+    """The store's files are damaged (an LMDB error, or records that no longer hash to the
+    digest): it must be moved aside and rebuilt, never served. A kind of divergence, so
+    that whatever stops a diverged replica stops a damaged one too."""
+
+    def __init__(self, path: Any, reason: str) -> None:
+        super().__init__(f"state store {path} is damaged: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def _lmdb_reason(exc: lmdb.Error) -> str:
+    """An LMDB error as a short reason (its class name says which check failed)."""
+    return f"LMDB {type(exc).__name__}: {str(exc).strip() or 'no detail'}"[:300]
+
+
 def _check_position(position: Any) -> tuple[int, int]:
     if (not isinstance(position, (tuple, list)) or len(position) != 2
             or not all(type(x) is int and 0 <= x < 1 << 64 for x in position)):
@@ -84,17 +108,31 @@ class StateStore:
     """
 
     def __init__(self, path: str | os.PathLike, map_size: int = DEFAULT_MAP_SIZE,
-                 sync: bool = True) -> None:
-        os.makedirs(path, exist_ok=True)
-        # metasync off: a crash may undo the last transaction, never corrupt one; the ledgers
-        # hold every committed entry, so the tail re-applies it from the store's own position.
-        self._env = lmdb.open(os.fspath(path), map_size=map_size, max_dbs=MAX_DBS,
-                              sync=sync, metasync=False, readahead=False, subdir=True)
+                 sync: bool = True, readonly: bool = False) -> None:
+        self.path = os.fspath(path)
+        if not readonly:
+            os.makedirs(path, exist_ok=True)
+        # Before mapping: a data file shorter than its own meta pages say would SIGBUS.
+        problem = check_lmdb_file(os.path.join(self.path, "data.mdb"))
+        if problem:
+            raise StoreDamaged(self.path, problem)
         try:
-            self._dbs = {name: self._env.open_db(name.encode()) for name in DB_NAMES}
+            # metasync off: a crash may undo the last transaction, never corrupt one; the ledgers
+            # hold every committed entry, so the tail re-applies it from the store's own position.
+            self._env = lmdb.open(self.path, map_size=map_size, max_dbs=MAX_DBS, sync=sync,
+                                  metasync=False, readahead=False, subdir=True, readonly=readonly,
+                                  create=not readonly)
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        try:
+            self._dbs = {name: self._env.open_db(name.encode(), create=not readonly)
+                         for name in DB_NAMES}
             if self._meta_raw(META_LOADING) is not None:
                 raise StoreIncomplete(f"{path}: an interrupted snapshot load left this store "
                                       "partial; delete it and load again")
+        except lmdb.Error as exc:
+            self._env.close()
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         except BaseException:
             self._env.close()
             raise
@@ -145,15 +183,20 @@ class StateStore:
         except lmdb.MapFullError as exc:
             raise StoreFull(f"state store map is full ({self._env.info()['map_size']} "
                             "bytes): reopen with a larger map_size") from exc
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         return out
 
-    def load_records(self, records: Iterable[tuple[str, bytes, bytes]]) -> str:
+    def load_records(self, records: Iterable[tuple[str, bytes, bytes]],
+                     cluster_id: str | None = None) -> str:
         """Bulk-load snapshot records into this empty store; return the digest (hex).
 
         The digest is recomputed from the records; if they carry one that
         differs, :class:`DigestMismatch` is raised and the store stays marked
         incomplete. Loading is chunked into several transactions; a marker
         record makes an interrupted load visible (:class:`StoreIncomplete`).
+        The source's own bookkeeping (seal, cluster id, clean marker) is not
+        copied: the seal is computed anew and ``cluster_id``, if given, recorded.
         """
         with self._env.begin(write=True) as txn:
             if any(txn.stat(db)["entries"] for db in self._dbs.values()):
@@ -167,7 +210,7 @@ class StateStore:
                     if db not in self._dbs:
                         raise StoreError(f"snapshot record for unknown db {db!r}")
                     key, value = bytes(key), bytes(value)
-                    if db == "meta" and key in (META_DIGEST, META_LOADING):
+                    if db == "meta" and key in META_LOCAL:
                         claimed = value if key == META_DIGEST else claimed
                         continue
                     if is_hashed(db, key):
@@ -177,9 +220,85 @@ class StateStore:
         if claimed is not None and claimed != mine:
             raise DigestMismatch(f"records hash to {mine.hex()}, snapshot says {claimed.hex()}")
         with self._env.begin(write=True) as txn:
-            txn.put(META_DIGEST, mine, db=self._dbs["meta"])
-            txn.delete(META_LOADING, db=self._dbs["meta"])
+            meta = self._dbs["meta"]
+            txn.put(META_DIGEST, mine, db=meta)
+            position = txn.get(META_POSITION, db=meta)
+            if position is not None:
+                txn.put(META_SEAL, seal(position, mine), db=meta)
+            if cluster_id is not None:
+                txn.put(META_CLUSTER, pack_cluster(cluster_id), db=meta)
+            txn.delete(META_LOADING, db=meta)
         return mine.hex()
+
+    # -- what the store knows about itself ---------------------------------
+
+    def cluster_id(self) -> str | None:
+        """The cluster this store was created for (None for a store made before it was recorded)."""
+        raw = self._meta_raw(META_CLUSTER)
+        if raw is None:
+            return None
+        cluster_id = unpack_cluster(raw)
+        if cluster_id is None:
+            raise StoreDamaged(self.path, "its cluster id record fails its check")
+        return cluster_id
+
+    def set_cluster_id(self, cluster_id: str) -> None:
+        """Record the cluster this store belongs to (at creation, or adopting an old store)."""
+        self._put_meta(META_CLUSTER, pack_cluster(cluster_id))
+
+    def is_empty(self) -> bool:
+        """True if nothing was ever applied or loaded (bookkeeping such as the cluster id aside)."""
+        with self._env.begin() as txn:
+            return (txn.get(META_POSITION, db=self._dbs["meta"]) is None
+                    and not any(txn.stat(self._dbs[name])["entries"] for name in DB_NAMES[1:]))
+
+    def was_clean(self) -> bool:
+        """True if the last close was orderly (:meth:`mark_clean`) and nothing opened it since."""
+        return self._meta_raw(META_CLEAN) is not None
+
+    def mark_clean(self) -> None:
+        """Say that this store was closed in order; call last, right before :meth:`close`."""
+        self._put_meta(META_CLEAN, b"1")
+
+    def mark_dirty(self) -> None:
+        """Clear the clean marker: from now on an unexpected stop makes the next start verify."""
+        with self._env.begin(write=True) as txn:
+            txn.delete(META_CLEAN, db=self._dbs["meta"])
+
+    def _put_meta(self, key: bytes, value: bytes) -> None:
+        try:
+            with self._env.begin(write=True) as txn:
+                txn.put(key, value, db=self._dbs["meta"])
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+
+    def quick_check(self) -> None:
+        """The cheap checks (seal of position and digest, cluster id record); raise StoreDamaged."""
+        try:
+            with self._env.begin() as txn:
+                self._check_seal(txn)
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        self.cluster_id()
+
+    def verify(self) -> dict:
+        """Recompute the digest from every record and compare it with the incremental one.
+
+        Reads one transaction (safe while another thread or process writes).
+        Returns ``{"position", "digest", "records", "cluster_id", "clean"}``;
+        raises :class:`StoreDamaged` naming the first problem found.
+        """
+        count = 0
+        try:
+            with self._env.begin() as txn:
+                view = self._view(txn)
+                for _ in view["records"]:
+                    count += 1
+                clean = txn.get(META_CLEAN, db=self._dbs["meta"]) is not None
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        return {"position": view["position"], "digest": view["digest"], "records": count,
+                "cluster_id": self.cluster_id(), "clean": clean}
 
     # -- reads (each in its own read transaction) ---------------------------
 
@@ -204,9 +323,12 @@ class StateStore:
     def recompute_digest(self) -> str:
         """The digest computed by a full scan; equals :meth:`digest` unless damaged."""
         d = 0
-        for db, key, value in self.iter_records():
-            if is_hashed(db, key):
-                d ^= record_hash(db, key, value)
+        try:
+            for db, key, value in self.iter_records():
+                if is_hashed(db, key):
+                    d ^= record_hash(db, key, value)
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         return digest_hex(d)
 
     def epoch(self) -> int:
@@ -297,16 +419,56 @@ class StateStore:
     @contextlib.contextmanager
     def snapshot_view(self) -> Iterator[dict]:
         """A consistent view for a snapshot writer: ``position``, ``digest``,
-        ``epoch`` and a ``records`` iterator, all from one read transaction."""
-        with self._env.begin() as txn:
-            meta = self._dbs["meta"]
-            pos = txn.get(META_POSITION, db=meta)
-            epoch = txn.get(META_EPOCH, db=meta)
-            yield {"position": None if pos is None else unpack_position(pos),
-                   "digest": digest_hex(int.from_bytes(txn.get(META_DIGEST, db=meta) or b"",
-                                                       "big")),
-                   "epoch": 0 if epoch is None else unpack(epoch)["epoch"],
-                   "records": self._records(txn)}
+        ``epoch`` and a ``records`` iterator, all from one read transaction.
+
+        The records verify themselves as they stream: after the last one, if
+        they do not hash to ``digest``, the iterator raises :class:`StoreDamaged`
+        (so the writer, which is still consuming it, never publishes the file).
+        """
+        try:
+            with self._env.begin() as txn:
+                yield self._view(txn)
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+
+    def _view(self, txn: lmdb.Transaction) -> dict:
+        meta = self._dbs["meta"]
+        self._check_seal(txn)
+        pos = txn.get(META_POSITION, db=meta)
+        epoch = txn.get(META_EPOCH, db=meta)
+        digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
+        try:
+            epoch_no = 0 if epoch is None else unpack(epoch)["epoch"]
+        except Exception:  # msgpack raises several unrelated types on garbage
+            raise StoreDamaged(self.path, "its epoch record does not decode") from None
+        return {"position": None if pos is None else unpack_position(pos),
+                "digest": digest_hex(digest), "epoch": epoch_no,
+                "records": self._checked_records(txn, digest)}
+
+    def _check_seal(self, txn: lmdb.Transaction) -> None:
+        meta = self._dbs["meta"]
+        stored = txn.get(META_SEAL, db=meta)
+        if stored is None:
+            return  # a store written before seals existed; its next batch writes one
+        position, digest = txn.get(META_POSITION, db=meta), txn.get(META_DIGEST, db=meta)
+        if position is None or digest is None or len(position) != 16 \
+                or seal(position, digest) != bytes(stored):
+            raise StoreDamaged(self.path, "its position or digest record fails its seal")
+
+    def _checked_records(self, txn: lmdb.Transaction, expected: int) -> Iterator[tuple[str, bytes, bytes]]:
+        """Every record, hashing as it goes; raises StoreDamaged after the last if they
+        do not hash to ``expected`` (the incremental digest)."""
+        d = 0
+        try:
+            for db, key, value in self._records(txn):
+                if is_hashed(db, key):
+                    d ^= record_hash(db, key, value)
+                yield db, key, value
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        if d != expected:
+            raise StoreDamaged(self.path, f"its records hash to {digest_hex(d)}, "
+                                          f"its digest says {digest_hex(expected)}")
 
     def _records(self, txn: lmdb.Transaction) -> Iterator[tuple[str, bytes, bytes]]:
         for name in DB_NAMES:

@@ -26,8 +26,8 @@ import lmdb
 
 from broker import BrokerError
 from broker.state_schema import (
-    COUNT_NAMES, META_CLOCK, META_DIGEST, META_POSITION, META_SEQ, is_hashed, pack, pack_position,
-    pack_queue, pack_task, read_u64, record_hash, text, u64, unpack)
+    COUNT_NAMES, META_CLOCK, META_DIGEST, META_POSITION, META_SEAL, META_SEQ, is_hashed, pack,
+    pack_position, pack_queue, pack_task, read_u64, record_hash, seal, text, u64, unpack)
 
 
 class StateCorrupt(BrokerError):
@@ -179,7 +179,9 @@ class StateTxn:
             self._clock_dirty = False
 
     def finish(self) -> None:
-        """Flush and record the applied position and digest (outside the digest)."""
+        """Flush and record the applied position, the digest and their seal (outside the digest)."""
         self.flush()
-        self.put("meta", META_POSITION, pack_position(self.position))
-        self.put("meta", META_DIGEST, self.digest.to_bytes(16, "big"))
+        position, digest = pack_position(self.position), self.digest.to_bytes(16, "big")
+        self.put("meta", META_POSITION, position)
+        self.put("meta", META_DIGEST, digest)
+        self.put("meta", META_SEAL, seal(position, digest))

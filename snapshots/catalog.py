@@ -304,7 +304,7 @@ def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, clus
     # From here on the files are ours: any failure removes them.
     try:
         with store:
-            digest = store.load_records(iter_records(path))
+            digest = store.load_records(iter_records(path), cluster_id=header["cluster_id"])
             if digest != header["digest"]:
                 raise SnapshotCorrupt(path, f"records hash to {digest}, header says {header['digest']}")
             if store.position() != tuple(header["position"]):
