@@ -69,7 +69,9 @@ PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
 _REQUIRED = object()
 _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 
-# type -> {field: (kind, default or _REQUIRED)}. Kinds are checked by _check().
+# type -> {field: (kind, default or _REQUIRED)}. Kinds are checked by check_value(); the
+# request checks of broker/protocol.py use the same kinds, so a request they accept
+# always makes events that pass here.
 SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "QueueDeclared": {"queue": ("name", _REQUIRED), "max_attempts": ("attempts?", None),
                       "lease_ms": ("span?", None)},
@@ -143,10 +145,10 @@ def _is_name(v: Any) -> bool:
     return 0 < _utf8_len(v) <= MAX_NAME_BYTES and "\0" not in v
 
 
-def _check(kind: str, v: Any) -> bool:
-    """True if value ``v`` is acceptable for field kind ``kind``."""
+def check_value(kind: str, v: Any) -> bool:
+    """True if value ``v`` is acceptable for field kind ``kind`` (a kind of :data:`SCHEMAS`)."""
     if kind.endswith("?"):
-        return v is None or _check(kind[:-1], v)
+        return v is None or check_value(kind[:-1], v)
     if kind in _INT_RANGES:
         lo, hi = _INT_RANGES[kind]
         return type(v) is int and lo <= v <= hi  # bool is excluded on purpose
@@ -171,6 +173,27 @@ def _check(kind: str, v: Any) -> bool:
     if kind == "hex128":
         return isinstance(v, str) and _HEX128.match(v) is not None
     raise AssertionError(f"unknown field kind {kind}")
+
+
+def describe_kind(kind: str) -> str:
+    """What a value of ``kind`` must be, in words (for error messages)."""
+    if kind.endswith("?"):
+        return describe_kind(kind[:-1]) + " or null"
+    if kind in _INT_RANGES:
+        lo, hi = _INT_RANGES[kind]
+        return f"an integer between {lo} and {hi}"
+    return _KIND_TEXT[kind]
+
+
+_KIND_TEXT = {
+    "name": f"a string of 1-{MAX_NAME_BYTES} UTF-8 bytes without NUL",
+    "id": f"a string of 1-{MAX_ID_BYTES} UTF-8 bytes",
+    "key": f"a string of 1-{MAX_KEY_BYTES} UTF-8 bytes",
+    "bytes": "bytes", "text": f"a string of at most {MAX_ERROR_CHARS} characters", "bool": "true or false",
+    "names": f"a list of 1-{MAX_LIST} different names (1-{MAX_NAME_BYTES} UTF-8 bytes each, no NUL)",
+    "states": f"a list of different states among {', '.join(PURGEABLE_STATES)}",
+    "hex128": "32 lowercase hex digits",
+}
 
 
 def validate_event(ev: Any) -> dict:
@@ -198,7 +221,7 @@ def validate_event(ev: Any) -> dict:
             out[name] = default
             continue
         value = ev[name]
-        if not _check(kind, value):
+        if not check_value(kind, value):
             raise BadEvent(f"{etype}: bad value for {name!r} ({kind}): {value!r:.80}")
         out[name] = list(value) if isinstance(value, list) else value
     if etype == "TasksPurged" and out["before_ms"] is not None and WAITING in out["states"]:
@@ -213,10 +236,33 @@ def event(etype: str, **fields: Any) -> dict:
     return validate_event({"type": etype, **fields})
 
 
+def encode_events(events: Iterable[dict]) -> tuple[list[dict], bytes]:
+    """Validate ``events``; return their normalized copies and their encoding as batch items.
+
+    The bytes of several calls, joined by :func:`batch_payload`, are exactly
+    what :func:`encode_batch` makes of all the events at once: the leader
+    encodes each request when it arrives, so a request that cannot be encoded
+    fails alone and the gathered entry is never encoded twice.
+    """
+    checked = [validate_event(ev) for ev in events]
+    return checked, b"".join([msgpack.packb(ev, use_bin_type=True) for ev in checked])
+
+
+# The batch map {"v": .., "events": [..]} up to its array header; the items follow it.
+_BATCH_HEAD = (b"\x82" + msgpack.packb("v") + msgpack.packb(BATCH_FORMAT_VERSION)
+               + msgpack.packb("events"))
+
+
+def batch_payload(items: Iterable[bytes], count: int) -> bytes:
+    """A ledger entry payload holding ``count`` events already encoded by :func:`encode_events`."""
+    head = msgpack.Packer().pack_array_header(count)
+    return b"".join([_BATCH_HEAD, head, *items])
+
+
 def encode_batch(events: Iterable[dict]) -> bytes:
     """Validate ``events`` and encode them as one ledger entry payload."""
-    checked = [validate_event(ev) for ev in events]
-    return msgpack.packb({"v": BATCH_FORMAT_VERSION, "events": checked}, use_bin_type=True)
+    checked, data = encode_events(events)
+    return batch_payload([data], len(checked))
 
 
 def decode_batch(data: bytes) -> list[dict]:
