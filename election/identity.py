@@ -70,24 +70,41 @@ def write_json_atomically(path: Path, doc: dict) -> None:
         os.close(dir_fd)
 
 
+# The fields of `.broker.meta` and the type each must have.
+META_FIELDS = (("cluster", str), ("name", str), ("broker_id", int), ("register_code", str))
+
+
 def _read_meta(path: Path) -> dict | None:
+    """The identity document at `path`, None if absent; IdentityError naming the file and
+    the field when it is damaged."""
     try:
-        doc = json.loads(path.read_text())
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise IdentityError(f"{path} is unreadable ({exc.strerror}); restore it or remove the data dir") from None
+    try:
+        doc = json.loads(raw)
     except ValueError:
         # A torn temp file is harmless: it was never applied. A torn final file cannot
         # happen (rename is atomic), so refuse it loudly rather than guess.
         if path.name == META_TEMP:
             return None
-        raise IdentityError(f"{path} is unreadable; restore it or remove the data dir") from None
-    if not {"cluster", "name", "broker_id", "register_code"} <= set(doc):
-        raise IdentityError(f"{path} lacks identity fields")
+        raise IdentityError(f"{path} is not valid JSON; restore it or remove the data dir") from None
+    if not isinstance(doc, dict):
+        raise IdentityError(f"{path} is not a JSON object; restore it or remove the data dir")
+    for field, kind in META_FIELDS:
+        value = doc.get(field)
+        # bool is an int to Python, never a broker id.
+        if not isinstance(value, kind) or isinstance(value, bool) or value in ("", None) \
+                or (kind is int and value < 0):
+            what = "missing" if field not in doc else f"{value!r:.40} is not a valid {kind.__name__}"
+            raise IdentityError(f"{path}: field {field!r} {what}; restore it or remove the data dir")
     return doc
 
 
 def _identity(doc: dict) -> BrokerIdentity:
-    return BrokerIdentity(doc["cluster"], doc["name"], int(doc["broker_id"]), doc["register_code"])
+    return BrokerIdentity(doc["cluster"], doc["name"], doc["broker_id"], doc["register_code"])
 
 
 def _next_id(zk: KazooClient, paths: ClusterPaths) -> tuple[int, int]:

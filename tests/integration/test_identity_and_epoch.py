@@ -87,3 +87,21 @@ def test_leader_node_publish_and_retract(cluster):
     assert read_leader(cluster.zk, cluster.paths)["epoch"] == 2
     retract_leader(cluster.zk, cluster.paths)
     assert read_leader(cluster.zk, cluster.paths) is None
+
+
+@pytest.mark.parametrize("content, field", [
+    ('{"cluster": "%(c)s", "name": "a", "broker_id": "one", "register_code": "x"}', "broker_id"),
+    ('{"cluster": "%(c)s", "name": "a", "broker_id": true, "register_code": "x"}', "broker_id"),
+    ('{"cluster": "%(c)s", "name": "a", "register_code": "x"}', "broker_id"),
+    ('{"cluster": "%(c)s", "name": "a", "broker_id": 1, "register_code": 7}', "register_code"),
+    ('{"cluster": 3, "name": "a", "broker_id": 1, "register_code": "x"}', "cluster"),
+    ('["not", "a", "map"]', "JSON object"),
+    ('{"cluster": "%(c)s", "name": "a", "bro', "valid JSON"),
+])
+def test_damaged_broker_meta_is_named_with_its_field(cluster, tmp_path, content, field):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / META).write_text(content % {"c": cluster.name})
+    with pytest.raises(IdentityError) as info:
+        ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+    message = str(info.value)
+    assert str(tmp_path / "a" / META) in message and field in message and "\n" not in message
