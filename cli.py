@@ -278,12 +278,14 @@ def broker_group() -> None:
               help="The leader rolls to a new ledger past this many entries [default 100000].")
 @click.option("--ledger-max-bytes", type=click.IntRange(1), default=None,
               help="The leader rolls to a new ledger past this many bytes [default 256 MiB].")
+@click.option("--shutdown-timeout", type=float, default=None,
+              help="SIGTERM stops the broker within this many seconds, whatever ZooKeeper's state [default 10].")
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
               help="TOML file with a [broker] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options
 def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, no_fsync, checkpoint_entries,
                  checkpoint_seconds, snapshots_kept, retention_seconds, ledger_max_entries, ledger_max_bytes,
-                 config_file, zk, cluster, dev_dir) -> None:
+                 shutdown_timeout, config_file, zk, cluster, dev_dir) -> None:
     """Run one broker in the foreground until SIGTERM (which hands leadership over at once)."""
     from broker.config import BrokerConfig
     from broker.node import BrokerNode
@@ -295,7 +297,7 @@ def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, n
              "fsync": False if no_fsync else None, "checkpoint_entries": checkpoint_entries,
              "checkpoint_seconds": checkpoint_seconds, "snapshots_kept": snapshots_kept,
              "retention_seconds": retention_seconds, "ledger_max_entries": ledger_max_entries,
-             "ledger_max_bytes": ledger_max_bytes}
+             "ledger_max_bytes": ledger_max_bytes, "shutdown_timeout": shutdown_timeout}
     sys.exit(BrokerNode(load_settings(BrokerConfig, "broker", flags, toml_path=config_file)).run())
 
 

@@ -47,6 +47,7 @@ class BrokerConfig:
     retention_seconds: float = 3600.0
     ledger_max_entries: int = 100_000
     ledger_max_bytes: int = 256 * 1024 * 1024
+    shutdown_timeout: float = 10.0
 
     def validate(self) -> "BrokerConfig":
         if not _TCP.match(self.listen):
@@ -65,6 +66,8 @@ class BrokerConfig:
                 raise BrokerConfigError(f"{name} must be at least 1")
         if self.checkpoint_seconds <= 0 or self.retention_seconds < 0:
             raise BrokerConfigError("checkpoint_seconds must be > 0 and retention_seconds >= 0")
+        if not 1 <= self.shutdown_timeout <= 600:
+            raise BrokerConfigError("shutdown_timeout must be between 1 and 600 seconds")
         if self.map_size < 1 << 20:
             raise BrokerConfigError("map_size must be at least 1 MiB")
         return self
