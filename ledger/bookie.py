@@ -22,13 +22,22 @@ Protocol (request fields -> reply fields; the envelope is ``ledger.wire``)::
     add      ledger, entry, data[, recovery] -> ledger, entry        errors: fenced, bad_entry
     add_batch ledger, first, entries[, recovery]
                                              -> ledger, first, count errors: fenced, bad_entry, bad_request
-    read     ledger, entry                   -> data                 errors: no_entry
-    read_lac ledger                          -> lac, last_entry, fenced
+    read     ledger, entry                   -> data                 errors: no_entry, unknown
+    read_lac ledger                          -> lac, last_entry, fenced  errors: unknown
     wait_lac ledger, after, timeout_ms       -> lac, last_entry, fenced  (once lac > after, or at the deadline)
     write_lac ledger, lac                    -> lac, last_entry, fenced  (explicit LAC from an idle writer)
-    fence    ledger                          -> lac, last_entry, fenced=True
+    fence    ledger                          -> lac, last_entry, fenced=True   errors: unknown, readonly
     delete   ledger                          -> {}
-    stats                                    -> adds, reads, bad_requests, batches, ledgers, entries, uptime_s, bookie_id
+    stats                                    -> adds, reads, bad_requests, batches, ledgers, entries, uptime_s,
+                                                bookie_id, readonly, disk_full_events, readonly_refusals,
+                                                limbo_ledgers, unknown_replies, verified_at_start
+
+Adds (``add``, ``add_batch``) also fail with ``readonly`` while the disk is full.
+
+``unknown`` ("cannot vouch") is the answer for a ledger in limbo (see
+:mod:`ledger.bookie_integrity`): to a read of an entry the bookie does not
+hold, and to ``read_lac``/``wait_lac``/``write_lac``/``fence`` (a fence is
+still persisted). It is never ``no_entry``, which recovery counts as evidence.
 
 ``recovery`` (optional, default false) marks a re-replication add made by ledger
 recovery; like BookKeeper's recovery adds it is accepted on a fenced ledger.
@@ -70,14 +79,17 @@ from election.paths import ClusterPaths
 from ledger import LedgerError, wire
 from ledger.bookie_config import BookieConfig
 from ledger.bookie_cookie import bind_instance
+from ledger.bookie_integrity import open_vouched_store, prepare_store
 from ledger.bookie_registration import BookieRegistration
-from ledger.bookie_store import FENCED, STORED, BookieStore, check_or_write_cookie
+from ledger.bookie_store import FENCED, STORED, BookieStore, ReadOnlyGate, check_or_write_cookie, is_disk_full
 from ledger.codec import CorruptEntry, check_run, peek_header
 
 log = logging.getLogger(__name__)
 
 OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
 E_FENCED, E_BAD_ENTRY, E_NO_ENTRY, E_BUSY = "fenced", "bad_entry", "no_entry", "busy"
+E_UNKNOWN = "unknown"  # cannot vouch for this ledger (limbo): never counted as "no such entry"
+E_READONLY = "readonly"  # the disk is full: adds are refused until a commit succeeds again
 MAX_WAITERS = 100_000
 MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 POLL_MS = 100
@@ -130,7 +142,12 @@ class Bookie:
         self.config = config.validate()
         self.bookie_id: str | None = None
         self.cluster_id: str | None = None
-        self.counters = {"adds": 0, "reads": 0, "bad_requests": 0, "batches": 0}
+        self.counters = {"adds": 0, "reads": 0, "bad_requests": 0, "batches": 0, "readonly_refusals": 0,
+                         "unknown_replies": 0}
+        self.verified_at_start = False
+        self._limbo: dict[int, dict] = {}
+        self._gate = ReadOnlyGate()
+        self._vouching = False  # the clean-shutdown marker is cleared: close() must set it again
         self._started = time.monotonic()
         self._zk: KazooClient | None = None
         self._store: BookieStore | None = None
@@ -152,9 +169,12 @@ class Bookie:
             cluster = ensure_cluster_config(self._zk, paths, ClusterOptions(), clock=time.time, check=False)
             self.cluster_id = cluster["cluster_id"]
             cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
+            self._store, cookie = open_vouched_store(cfg, cookie)
             cookie = bind_instance(self._zk, paths, cfg.data, cookie)
             self.bookie_id = cookie["bookie_id"]
-            self._store = BookieStore(cfg.data, map_size=cfg.map_size, sync=cfg.fsync)
+            self.verified_at_start = not self._store.was_clean()
+            self._limbo = prepare_store(cfg, self.bookie_id, self._store)
+            self._vouching = True
             self._ctx = zmq.Context()
             self._sock = self._ctx.socket(zmq.ROUTER)
             # The default limit of 1000 queued replies silently drops acks under a deep pipeline.
@@ -186,6 +206,11 @@ class Bookie:
         if self._ctx is not None:
             self._ctx.term()
         if self._store is not None:
+            if self._vouching:
+                try:
+                    self._store.mark_clean()
+                except Exception as exc:  # a full disk: the next start verifies, which is only slower
+                    log.warning("could not record the clean shutdown of bookie %s: %s", self.bookie_id, exc)
             self._store.close()
         if self._zk is not None:
             try:
@@ -233,8 +258,11 @@ class Bookie:
                 self.counters["bad_requests"] += 1
                 reply = wire.error_reply(exc.rid if exc.rid is not None else rid, exc.code, exc.message)
             except Exception as exc:  # a bug or a store failure: answer, log, keep serving
-                log.exception("request failed")
-                reply = wire.error_reply(rid, wire.E_INTERNAL, f"{type(exc).__name__}: {exc}")
+                if is_disk_full(exc):
+                    reply = self._refuse_full(rid, exc)
+                else:
+                    log.exception("request failed")
+                    reply = wire.error_reply(rid, wire.E_INTERNAL, f"{type(exc).__name__}: {exc}")
             if reply is not None:
                 self._send(envelope, reply)
         self._commit(adds)
@@ -263,13 +291,25 @@ class Bookie:
             return
         batch = list(adds)
         adds.clear()
+        if not self._gate.may_try(time.monotonic()):
+            self.counters["readonly_refusals"] += len(batch)
+            for envelope, rid, *_ in batch:
+                self._send(envelope, self._readonly_reply(rid))
+            return
         try:
             results = self._store.add_runs([a[2:7] for a in batch])
         except Exception as exc:
+            if is_disk_full(exc):
+                for envelope, rid, *_ in batch:
+                    self._send(envelope, self._refuse_full(rid, exc))
+                return
             log.exception("add batch of %d requests failed", len(batch))
             for envelope, rid, *_ in batch:
                 self._send(envelope, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
             return
+        if self._gate.succeeded():
+            log.warning("bookie %s is writable again: a commit succeeded after %d refused adds",
+                        self.bookie_id, self.counters["readonly_refusals"])
         self.counters["batches"] += 1
         ledgers = set()
         for (envelope, rid, ledger, first, entries, _lac, _rec, is_batch), result in zip(batch, results):
@@ -287,6 +327,27 @@ class Bookie:
             self._send(envelope, reply)
         for ledger in ledgers:
             self._wake(ledger)
+
+    def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
+        """The reply to a request that hit a full disk; logs once per read-only episode."""
+        if self._gate.failed(time.monotonic()):
+            log.warning("bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "
+                        "a commit succeeds again (retried every %.0f s)", self.bookie_id, exc, E_READONLY,
+                        self._gate.probe_s)
+        self.counters["readonly_refusals"] += 1
+        return self._readonly_reply(rid)
+
+    def _readonly_reply(self, rid: Any) -> dict:
+        return wire.error_reply(rid, E_READONLY, f"bookie {self.bookie_id} is read-only: its disk is full")
+
+    def _unknown(self, rid: Any, ledger: int) -> dict | None:
+        """The ``unknown`` reply if ``ledger`` is in limbo, else None."""
+        limbo = self._limbo.get(ledger)
+        if limbo is None:
+            return None
+        self.counters["unknown_replies"] += 1
+        return wire.error_reply(rid, E_UNKNOWN, f"bookie {self.bookie_id} cannot vouch for ledger {ledger}: "
+                                                f"{limbo['reason']}")
 
     # -- operations: each returns its reply, or None when the reply comes later -------
 
@@ -335,17 +396,22 @@ class Bookie:
         self.counters["reads"] += 1
         data = self._store.read(ledger, entry)
         if data is None:
-            return wire.error_reply(msg["rid"], E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
+            return self._unknown(msg["rid"], ledger) or wire.error_reply(
+                msg["rid"], E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
         return wire.ok_reply(msg["rid"], data=data)
 
     def _op_read_lac(self, envelope, msg, adds):
-        return wire.ok_reply(msg["rid"], **self._info(_id(msg, "ledger")))
+        ledger = _id(msg, "ledger")
+        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **self._info(ledger))
 
     def _op_wait_lac(self, envelope, msg, adds):
         ledger = _id(msg, "ledger")
         after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
         if not _I64_MIN <= after <= _I64_MAX or timeout_ms < 0:
             raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be an i64 and 'timeout_ms' >= 0", msg["rid"])
+        unknown = self._unknown(msg["rid"], ledger)
+        if unknown is not None:
+            return unknown
         info = self._info(ledger)
         timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
         if info["lac"] > after or timeout_ms == 0:
@@ -365,6 +431,9 @@ class Bookie:
 
     def _op_write_lac(self, envelope, msg, adds):
         ledger, lac = _id(msg, "ledger"), _id(msg, "lac")
+        unknown = self._unknown(msg["rid"], ledger)
+        if unknown is not None:
+            return unknown
         if lac > self._explicit_lac.get(ledger, -1):
             self._explicit_lac[ledger] = lac
             self._wake(ledger)
@@ -372,20 +441,23 @@ class Bookie:
 
     def _op_fence(self, envelope, msg, adds):
         ledger = _id(msg, "ledger")
-        info = self._store.fence(ledger)
+        info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
         self._wake(ledger, always=True)  # long pollers learn of the recovery at once
-        return wire.ok_reply(msg["rid"], **_info_fields(info))
+        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **_info_fields(info))
 
     def _op_delete(self, envelope, msg, adds):
         ledger = _id(msg, "ledger")
         self._commit(adds)  # an add that arrived before the delete must not outlive it
         log.info("deleted ledger %d (%d entries)", ledger, self._store.delete_ledger(ledger))
         self._explicit_lac.pop(ledger, None)
+        self._limbo.pop(ledger, None)
         return wire.ok_reply(msg["rid"])
 
     def _op_stats(self, envelope, msg, adds):
         return wire.ok_reply(msg["rid"], **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
-                             uptime_s=round(time.monotonic() - self._started, 3))
+                             uptime_s=round(time.monotonic() - self._started, 3), readonly=self._gate.readonly,
+                             disk_full_events=self._gate.events, limbo_ledgers=len(self._limbo),
+                             verified_at_start=self.verified_at_start)
 
     # -- long polls -----------------------------------------------------------------
 

@@ -16,7 +16,9 @@ hot path). Failures:
   then thrown away and recreated, so replies that arrive late are dropped and
   messages still queued for a dead peer are not delivered after it returns;
 - :class:`LedgerFencedError` for a ``fenced`` error reply, :class:`NoSuchEntry`
-  for ``no_entry``, and :class:`~ledger.wire.RemoteError` for any other error.
+  for ``no_entry``, :class:`Unvouched` for ``unknown`` (the bookie cannot vouch
+  for that ledger: count it as a bookie that is down, never as "no such
+  entry"), and :class:`~ledger.wire.RemoteError` for any other error.
 
 Callbacks (and future callbacks) run on the I/O thread: they must be quick and
 must never wait on another pool request (that would deadlock the thread that
@@ -85,7 +87,14 @@ class NoSuchEntry(RemoteError):
         super().__init__(code, message)
 
 
-_ERRORS: dict[str, type[RemoteError]] = {"fenced": LedgerFencedError, "no_entry": NoSuchEntry}
+class Unvouched(RemoteError):
+    """The bookie cannot vouch for the ledger (its copy was damaged or lost): it does not count."""
+
+    def __init__(self, code: str = "unknown", message: str = "the bookie cannot vouch for this ledger") -> None:
+        super().__init__(code, message)
+
+
+_ERRORS: dict[str, type[RemoteError]] = {"fenced": LedgerFencedError, "no_entry": NoSuchEntry, "unknown": Unvouched}
 
 
 def remote_error(code: str, message: str) -> RemoteError:

@@ -10,7 +10,11 @@ Named databases:
 
 ``entries``  key ``>QQ`` (ledger, entry) -> the encoded entry exactly as received
 ``ledgers``  key ``>Q`` ledger -> msgpack ``{fenced, lac, last_entry}``
-``meta``     store-wide facts (``format_version``)
+``meta``     store-wide facts: ``format_version``, ``instance_id`` (the same id as the
+             cookie's, so a replaced or re-created data file is recognised) and
+             ``clean_shutdown`` (present only between an orderly close and the next start)
+``limbo``    key ``>Q`` ledger -> msgpack ``{reason, dropped}``: ledgers this bookie
+             cannot vouch for (see :mod:`ledger.bookie_integrity`)
 
 The LAC of a ledger is the largest ``lac`` field among its stored entries (the
 writer piggybacks its LAC on every add). A fence is persisted before it is
@@ -30,6 +34,7 @@ Example::
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -51,6 +56,9 @@ COOKIE_NAME = "COOKIE"
 STORED = "stored"
 FENCED = "fenced"
 BAD_ENTRY = "bad_entry"
+
+_INSTANCE_KEY = b"instance_id"
+_CLEAN_KEY = b"clean_shutdown"
 
 _ENTRY_KEY = struct.Struct(">QQ")
 _LEDGER_KEY = struct.Struct(">Q")
@@ -74,6 +82,54 @@ def _empty_info() -> dict:
     return {"fenced": False, "lac": -1, "last_entry": -1}
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """True if ``exc`` means the store cannot grow: LMDB's map is full or the disk is (ENOSPC)."""
+    if isinstance(exc, lmdb.MapFullError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    return isinstance(exc, lmdb.Error) and os.strerror(errno.ENOSPC) in str(exc)
+
+
+class ReadOnlyGate:
+    """Read-only mode of a bookie whose disk is full: one state change per episode, not one per write.
+
+    After a failed commit the bookie refuses adds at once and retries a real
+    commit only every ``probe_s`` seconds; the first success ends the episode.
+    The caller passes the time, so this is pure.
+
+    Example::
+
+        gate = ReadOnlyGate()
+        if gate.may_try(now):
+            ...commit; on a full disk: gate.failed(now) -> True the first time (log it)
+            ...on success: gate.succeeded() -> True if this ended read-only mode (log it)
+    """
+
+    def __init__(self, probe_s: float = 1.0) -> None:
+        self.probe_s = probe_s
+        self.readonly = False
+        self.events = 0
+        self._probe_at = 0.0
+
+    def may_try(self, now: float) -> bool:
+        return not self.readonly or now >= self._probe_at
+
+    def failed(self, now: float) -> bool:
+        """Record a full-disk failure; True if the bookie just became read-only."""
+        self._probe_at = now + self.probe_s
+        if self.readonly:
+            return False
+        self.readonly = True
+        self.events += 1
+        return True
+
+    def succeeded(self) -> bool:
+        """Record a successful commit; True if it ended read-only mode."""
+        was, self.readonly = self.readonly, False
+        return was
+
+
 class BookieStore:
     """The LMDB environment of one bookie. Not thread-safe: one owner thread."""
 
@@ -89,12 +145,79 @@ class BookieStore:
         self._entries = self._env.open_db(b"entries")
         self._ledgers = self._env.open_db(b"ledgers")
         self._meta = self._env.open_db(b"meta")
+        self._limbo = self._env.open_db(b"limbo")
         with self._env.begin(write=True) as txn:
             version = txn.get(b"format_version", db=self._meta)
+            # True when this open created the store: a file that should have held a bookie's
+            # data but holds no store at all is then told apart from an old one.
+            self.created = version is None
             if version is None:
                 txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
             elif int(version) != FORMAT_VERSION:
                 raise LedgerError(f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}")
+
+    # -- identity and shutdown marker -------------------------------------------------
+
+    def instance_id(self) -> str | None:
+        """The instance id stamped into the store, or None for a store made before instance ids."""
+        with self._env.begin() as txn:
+            raw = txn.get(_INSTANCE_KEY, db=self._meta)
+        return None if raw is None else raw.decode()
+
+    def set_instance_id(self, instance_id: str) -> None:
+        with self._env.begin(write=True) as txn:
+            txn.put(_INSTANCE_KEY, instance_id.encode(), db=self._meta)
+
+    def was_clean(self) -> bool:
+        """True if the last process using the store closed it in order (see :meth:`mark_clean`)."""
+        with self._env.begin() as txn:
+            return txn.get(_CLEAN_KEY, db=self._meta) is not None
+
+    def clear_clean(self) -> None:
+        """Drop the clean-shutdown marker (durably) before serving: a crash from now on is unclean."""
+        with self._env.begin(write=True) as txn:
+            txn.delete(_CLEAN_KEY, db=self._meta)
+
+    def mark_clean(self) -> None:
+        """Record an orderly close; call after the last write, just before :meth:`close`."""
+        self._env.sync(True)  # with fsync off, the data must reach the disk before the marker does
+        with self._env.begin(write=True) as txn:
+            txn.put(_CLEAN_KEY, b"1", db=self._meta)
+        self._env.sync(True)
+
+    # -- limbo: ledgers this bookie cannot vouch for ----------------------------------
+
+    def limbo(self) -> dict[int, dict]:
+        """``{ledger: {reason, dropped}}`` for every ledger in limbo."""
+        with self._env.begin() as txn:
+            with txn.cursor(db=self._limbo) as cursor:
+                return {_LEDGER_KEY.unpack(k)[0]: msgpack.unpackb(v) for k, v in cursor.iternext()}
+
+    def quarantine(self, ledger: int, reason: str, dropped: Sequence[int] = ()) -> None:
+        """Put ``ledger`` in limbo and drop the entries ``dropped``, in one transaction."""
+        _check_id("ledger", ledger)
+        with self._env.begin(write=True) as txn:
+            raw = txn.get(_LEDGER_KEY.pack(ledger), db=self._limbo)
+            record = msgpack.unpackb(raw) if raw is not None else {"reason": reason, "dropped": []}
+            record["dropped"] = sorted(set(record["dropped"]) | set(dropped))
+            for entry in dropped:
+                txn.delete(_ENTRY_KEY.pack(ledger, entry), db=self._entries)
+            txn.put(_LEDGER_KEY.pack(ledger), msgpack.packb(record), db=self._limbo)
+
+    def scan(self):
+        """Every stored entry as ``(ledger, entry, data)`` in key order (one read transaction)."""
+        unpack = _ENTRY_KEY.unpack
+        with self._env.begin(buffers=False) as txn:
+            with txn.cursor(db=self._entries) as cursor:
+                for key, value in cursor.iternext():
+                    ledger, entry = unpack(key)
+                    yield ledger, entry, value
+
+    def records(self) -> dict[int, dict]:
+        """Every ledger record, ``{ledger: {fenced, lac, last_entry}}``."""
+        with self._env.begin() as txn:
+            with txn.cursor(db=self._ledgers) as cursor:
+                return {_LEDGER_KEY.unpack(k)[0]: msgpack.unpackb(v) for k, v in cursor.iternext()}
 
     # -- records -------------------------------------------------------------------
 
@@ -200,6 +323,7 @@ class BookieStore:
                         cursor.delete()  # moves to the next record
                         deleted += 1
             txn.delete(_LEDGER_KEY.pack(ledger), db=self._ledgers)
+            txn.delete(_LEDGER_KEY.pack(ledger), db=self._limbo)
         return deleted
 
     # -- reads ---------------------------------------------------------------------

@@ -9,7 +9,9 @@ bookie that timed out recently is tried last, so one dead bookie does not cost
 a timeout per read). A copy that is missing or fails its digest is skipped and
 the next bookie is tried; the event is appended to :attr:`LedgerReader.corruptions`
 as ``(bookie_id, ledger_id, entry_id, reason)`` and a corrupt copy is logged as a
-warning, so audits and operators see under-replication and bit rot.
+warning, so audits and operators see under-replication and bit rot. A bookie
+answering ``unknown`` (it cannot vouch for the ledger) is treated like one that
+is down: it is skipped (reason ``"unknown"``), and its ``read_lac`` does not count.
 
 Example::
 
@@ -31,7 +33,7 @@ from kazoo.exceptions import NoNodeError
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.bookie_client import BookiePool, BookieUnavailable, NoSuchEntry
+from ledger.bookie_client import BookiePool, BookieUnavailable, NoSuchEntry, Unvouched
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
 from ledger.wire import RemoteError
@@ -157,6 +159,11 @@ class LedgerReader:
         except NoSuchEntry:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "missing"))
             log.info("ledger %d entry %d: bookie %s has no copy; trying another", self.ledger_id, entry_id, bookie_id)
+            return None
+        except Unvouched as exc:
+            self.corruptions.append((bookie_id, self.ledger_id, entry_id, "unknown"))
+            log.info("ledger %d entry %d: bookie %s cannot vouch for it (%s); trying another",
+                     self.ledger_id, entry_id, bookie_id, exc.message)
             return None
         except (BookieUnavailable, RemoteError, TimeoutError) as exc:
             log.info("ledger %d entry %d: bookie %s: %s; trying another", self.ledger_id, entry_id, bookie_id, exc)

@@ -7,10 +7,14 @@
    no add can reach an ack quorum, so the set of committed entries is frozen.
 3. Start from the highest LAC the fenced bookies report and read forward. An
    entry is *found* if any bookie returns a valid copy; it is *absent* only if
-   at least ``ensemble - ack_quorum + 1`` fenced bookies say they have no copy
-   (then it cannot have been acknowledged to the writer). Anything in between
-   (bookies down, only corrupt copies) is undecidable: recovery fails with
-   :class:`RecoveryError` rather than guess, and can be retried.
+   at least ``ensemble - ack_quorum + 1`` (= Qw - Qa + 1) fenced bookies
+   positively say ``no_entry`` (then it cannot have been acknowledged to the
+   writer). A bookie that answers ``unknown`` (it cannot vouch for the ledger,
+   see :mod:`ledger.bookie_integrity`) counts exactly like one that is down:
+   not fenced, and never as a "no". Anything in between (bookies down or
+   unvouched, only corrupt copies) is undecidable: recovery fails with
+   :class:`RecoveryError` naming the bookies rather than guess, and can be
+   retried (:func:`entry_verdict` is that decision, pure).
 4. Re-replicate every found entry to all ensemble bookies with ``recovery:
    true`` (a fenced bookie accepts those), needing ``ack_quorum`` acks each.
 5. CAS ``CLOSED`` with ``last_entry``. Losing a CAS means someone else
@@ -37,7 +41,7 @@ from kazoo.client import KazooClient
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.bookie_client import BookiePool, NoSuchEntry
+from ledger.bookie_client import BookiePool, NoSuchEntry, Unvouched
 from ledger.codec import CorruptEntry, Digest, decode_entry
 from ledger.metadata import (
     CLOSED,
@@ -58,8 +62,37 @@ _WINDOW = 16  # entries probed in parallel while reading forward
 _GRACE = 0.2  # how long the other bookies may still answer a fence once the quorum is fenced
 
 
+# One bookie's answer to a recovery read, and the verdict on an entry.
+HAS, NO_ENTRY, UNVOUCHED, NO_ANSWER, CORRUPT = "has", "no_entry", "unvouched", "no_answer", "corrupt"
+FOUND, ABSENT, UNDECIDED = "found", "absent", "undecided"
+
+
 class RecoveryError(LedgerError):
     """Recovery could not decide where the ledger ends; retry when more bookies are up."""
+
+
+def entry_verdict(answers: dict[int, str], fenced: set[int], fence_quorum: int) -> str:
+    """FOUND, ABSENT or UNDECIDED for one entry, from the answers received so far (by ensemble index).
+
+    ABSENT needs ``fence_quorum`` explicit ``no_entry`` answers from fenced
+    bookies: with fewer, the entry may sit on an ack quorum made of the
+    bookies that did not answer, answered ``unknown`` or hold a corrupt copy.
+    """
+    if HAS in answers.values():
+        return FOUND
+    noes = sum(1 for index, answer in answers.items() if answer == NO_ENTRY and index in fenced)
+    return ABSENT if noes >= fence_quorum else UNDECIDED
+
+
+def _describe(meta: LedgerMetadata, answers: dict[int, str], fenced: set[int]) -> str:
+    """``unknown (cannot vouch): b2; no answer: b3; ...`` for an error message."""
+    groups: dict[str, list[str]] = {}
+    for index, answer in sorted(answers.items()):
+        if answer == NO_ENTRY and index not in fenced:
+            answer = "no_entry but not fenced"
+        label = {UNVOUCHED: "unknown (cannot vouch)", NO_ANSWER: "no answer", CORRUPT: "corrupt copy"}.get(answer, answer)
+        groups.setdefault(label, []).append(meta.ensemble[index]["bookie_id"])
+    return "; ".join(f"{label}: {', '.join(ids)}" for label, ids in groups.items())
 
 
 def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout: float) -> dict[int, dict]:
@@ -67,10 +100,12 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
 
     Returns when every bookie answered, or a short grace after the fence
     quorum is reached (a dead bookie must not cost a whole timeout: the
-    quorum is all safety needs), or at the timeout.
+    quorum is all safety needs), or at the timeout. A bookie answering
+    ``unknown`` persisted the fence but cannot vouch for its LAC: not counted.
     """
     futures = {pool.request(a, "fence", timeout=timeout, ledger=meta.ledger_id): i for i, a in enumerate(addresses)}
     fenced: dict[int, dict] = {}
+    answers: dict[int, str] = {i: NO_ANSWER for i in range(len(addresses))}
     errors: list[str] = []
     pending = set(futures)
     deadline = time.monotonic() + timeout + 1.0
@@ -82,6 +117,9 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
             index = futures[fut]
             try:
                 fenced[index] = fut.result()
+                answers[index] = "fenced"
+            except Unvouched:
+                answers[index] = UNVOUCHED
             except LedgerError as exc:
                 errors.append(f"{meta.ensemble[index]['bookie_id']}: {exc}")
         if len(fenced) >= meta.fence_quorum:
@@ -89,7 +127,8 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
     if len(fenced) < meta.fence_quorum:
         raise NotEnoughBookies(
             f"ledger {meta.ledger_id}: fenced {len(fenced)} of {len(addresses)} bookies, need {meta.fence_quorum} "
-            f"so that no add can still reach an ack quorum of {meta.ack_quorum} ({'; '.join(errors) or 'no answer'})"
+            f"so that no add can still reach an ack quorum of {meta.ack_quorum}; waiting for a bookie that can "
+            f"vouch for it ({_describe(meta, answers, set(fenced))}; {'; '.join(errors) or 'no other error'})"
         )
     return fenced
 
@@ -103,13 +142,12 @@ def _probe(meta: LedgerMetadata, fenced: set[int], entry_id: int, digest: Digest
     the others (often the dead ones) are waited for only when the fenced
     answers do not settle it, e.g. because a copy is corrupt.
     """
-    absent = 0
-    problems = []
+    answers: dict[int, str] = {}
     order = sorted(range(len(futures)), key=lambda i: i not in fenced)
     for index in order:
-        bookie_id = meta.ensemble[index]["bookie_id"]
-        if index not in fenced and absent >= meta.fence_quorum:
+        if index not in fenced and entry_verdict(answers, fenced, meta.fence_quorum) == ABSENT:
             break
+        bookie_id = meta.ensemble[index]["bookie_id"]
         try:
             data = futures[index].result(timeout + 1.0)["data"]
             entry = decode_entry(data, digest)
@@ -117,22 +155,22 @@ def _probe(meta: LedgerMetadata, fenced: set[int], entry_id: int, digest: Digest
                 raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id}")
             return bytes(data)
         except NoSuchEntry:
-            # Only a fenced bookie's "no" is final: it can no longer accept the add.
-            if index in fenced:
-                absent += 1
-            else:
-                problems.append(f"{bookie_id}: missing (not fenced)")
+            answers[index] = NO_ENTRY  # final only from a fenced bookie: it can no longer accept the add
+        except Unvouched:
+            answers[index] = UNVOUCHED
         except CorruptEntry as exc:
             log.warning("recovery of ledger %d: entry %d on bookie %s is corrupt (%s)",
                         meta.ledger_id, entry_id, bookie_id, exc.reason)
-            problems.append(f"{bookie_id}: corrupt")
-        except (LedgerError, KeyError, TypeError, TimeoutError) as exc:
-            problems.append(f"{bookie_id}: {exc}")
-    if absent >= meta.fence_quorum:
+            answers[index] = CORRUPT
+        except (LedgerError, KeyError, TypeError, TimeoutError):
+            answers[index] = NO_ANSWER
+    if entry_verdict(answers, fenced, meta.fence_quorum) == ABSENT:
         return None
+    noes = sum(1 for i, a in answers.items() if a == NO_ENTRY and i in fenced)
     raise RecoveryError(
-        f"ledger {meta.ledger_id}: cannot tell whether entry {entry_id} was committed: "
-        f"{absent} fenced bookies lack it, need {meta.fence_quorum} ({'; '.join(problems)})"
+        f"ledger {meta.ledger_id}: cannot tell whether entry {entry_id} was committed: {noes} fenced bookies "
+        f"answered no_entry, need {meta.fence_quorum}; waiting for a bookie that can vouch for it "
+        f"({_describe(meta, answers, fenced)})"
     )
 
 
