@@ -2,7 +2,8 @@
 
 The task's payload goes to the command's stdin; its stdout becomes the task's
 result; a non-zero exit status (or a timeout) fails the attempt, with the tail
-of stderr as the error, so the broker retries it.
+of stderr as the error, so the broker retries it. A task's ``max_run_ms``
+shortens the timeout: the command is killed when its attempt runs out.
 
 Example::
 
@@ -35,11 +36,15 @@ class CommandHandler:
     def __call__(self, task) -> bytes:
         env = {**os.environ, "FENCEPOST_TASK_ID": task.task_id, "FENCEPOST_ATTEMPT": str(task.attempt),
                "FENCEPOST_QUEUE": task.queue}
+        timeout = self.timeout
+        max_run_ms = getattr(task, "max_run_ms", None)
+        if max_run_ms is not None:
+            timeout = min(timeout or float("inf"), max_run_ms / 1000)
         try:
-            done = subprocess.run(self.argv, input=task.payload, capture_output=True, timeout=self.timeout,
+            done = subprocess.run(self.argv, input=task.payload, capture_output=True, timeout=timeout,
                                   env=env, check=False)
         except subprocess.TimeoutExpired:
-            raise CommandFailed(f"{self.argv[0]} ran longer than {self.timeout:g}s") from None
+            raise CommandFailed(f"{self.argv[0]} ran longer than {timeout:g}s") from None
         except OSError as exc:
             raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
         if done.returncode != 0:

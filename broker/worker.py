@@ -6,6 +6,13 @@ task and call the queue's handler with a :class:`Task`. What the handler returns
 (``retry=True``: the broker retries the task until its ``max_attempts``, then marks
 it dead). A heartbeat thread extends every running lease each ``lease_ms / 3``.
 
+A task submitted with ``max_run_ms`` (or leased from a queue that has one) may
+run that long and no longer: past it the worker abandons the attempt (fails it
+with ``retry=True`` and drops whatever the handler returns later) and the leader
+expires the lease even if heartbeats go on. Python cannot stop a thread, so an
+abandoned handler keeps its thread until it returns; :class:`CommandHandler`
+kills its command instead.
+
 ``complete``, ``fail`` and ``heartbeat`` name the lease's ``(task_id, attempt)``.
 If the broker says the attempt is stale (the lease expired and the task was handed
 to someone else, or the task was cancelled), the worker logs it and drops the
@@ -35,6 +42,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Union
@@ -61,6 +69,7 @@ class Task:
     attempt: int
     queue: str
     payload: bytes
+    max_run_ms: int | None = None
 
 
 Handler = Callable[[Task], Union[bytes, str, None]]
@@ -119,8 +128,13 @@ class Worker:
             self._handlers[self._checked(queue)] = fn
         self._lock = threading.Lock()
         self._active: set[tuple[str, int]] = set()
+        # (task_id, attempt) -> monotonic time past which the attempt is abandoned.
+        self._run_deadlines: dict[tuple[str, int], float] = {}
+        # Lease threads stuck in an abandoned handler: stop() does not wait for them.
+        self._handler_threads: dict[tuple[str, int], int] = {}
+        self._abandoned_threads: set[int] = set()
         self._stopping = threading.Event()
-        self.stats = {"completed": 0, "failed": 0, "lost": 0, "unreported": 0}
+        self.stats = {"completed": 0, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0}
 
     @staticmethod
     def _checked(queue: str) -> str:
@@ -187,7 +201,8 @@ class Worker:
             log.info("worker %s: interrupted, finishing the tasks in hand", self.name)
         self._stopping.set()
         for t in threads:
-            t.join()
+            while t.is_alive() and t.ident not in self._abandoned_threads:
+                t.join(0.1)
         # Heartbeats last until every task in hand is reported.
         heartbeats_done.set()
         beat.join()
@@ -226,8 +241,10 @@ class Worker:
             # A task leased while stopping is still ours: run it rather than let it time out.
             for raw in reply.get("tasks") or []:
                 try:
+                    max_run_ms = raw.get("max_run_ms")
                     task = Task(task_id=str(raw["task_id"]), attempt=int(raw["attempt"]),
-                                queue=str(raw["queue"]), payload=bytes(raw.get("payload") or b""))
+                                queue=str(raw["queue"]), payload=bytes(raw.get("payload") or b""),
+                                max_run_ms=int(max_run_ms) if max_run_ms is not None else None)
                 except (KeyError, TypeError, ValueError):
                     log.error("worker %s: ignoring a malformed leased task %r", self.name, raw)
                     continue
@@ -237,17 +254,54 @@ class Worker:
         key = (task.task_id, task.attempt)
         with self._lock:
             self._active.add(key)
+            self._handler_threads[key] = threading.get_ident()
+            if task.max_run_ms is not None:
+                self._run_deadlines[key] = time.monotonic() + task.max_run_ms / 1000
         try:
             try:
                 result = result_bytes(self._handlers[task.queue](task))
             except Exception as exc:
-                log.info("task %s attempt %d (%s) failed: %s", task.task_id, task.attempt, task.queue, exc)
-                self._report(client, "fail", task, error=error_text(exc), retry=True)
+                if self._claim_report(key):
+                    log.info("task %s attempt %d (%s) failed: %s", task.task_id, task.attempt, task.queue, exc)
+                    self._report(client, "fail", task, error=error_text(exc), retry=True)
             else:
-                self._report(client, "complete", task, result=result)
+                if self._claim_report(key):
+                    self._report(client, "complete", task, result=result)
         finally:
             with self._lock:
                 self._active.discard(key)
+                self._abandoned_threads.discard(self._handler_threads.pop(key, -1))
+
+    def _claim_report(self, key: tuple[str, int]) -> bool:
+        """True if the handler's outcome is still ours to report (the watchdog has not abandoned it)."""
+        with self._lock:
+            if key not in self._active:
+                log.warning("task %s attempt %d: the handler returned after max_run_ms; its outcome is dropped",
+                            *key)
+                return False
+            self._run_deadlines.pop(key, None)
+            return True
+
+    def _abandon_overdue(self, client: Client) -> None:
+        """Fail every attempt that has run past its max_run_ms (the leader will not wait for it either)."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [key for key, deadline in self._run_deadlines.items() if deadline <= now]
+            for key in overdue:
+                del self._run_deadlines[key]
+                self._active.discard(key)
+                self._abandoned_threads.add(self._handler_threads.get(key, -1))
+        for task_id, attempt in overdue:
+            log.warning("task %s attempt %d: ran longer than its max_run_ms; abandoning it", task_id, attempt)
+            self._count("abandoned")
+            try:
+                client.call("fail", task_id=task_id, attempt=attempt, retry=True,
+                            error="abandoned: the handler ran longer than max_run_ms")
+            except ClientError as exc:
+                log.info("task %s attempt %d: could not fail the abandoned attempt (%s); its lease expires",
+                         task_id, attempt, exc)
+            except Exception:
+                log.exception("task %s attempt %d: unexpected error while abandoning it", task_id, attempt)
 
     def _report(self, client: Client, op: str, task: Task, **fields: object) -> None:
         """Send complete/fail for the task's attempt; log, never raise, if that fails."""
@@ -274,7 +328,14 @@ class Worker:
 
     def _heartbeat_loop(self, client: Client, done: threading.Event) -> None:
         interval = self.lease_ms / 3000
-        while not done.wait(interval):
+        # The watchdog for max_run_ms needs a finer tick than the heartbeats.
+        tick = min(interval, 0.1)
+        next_beat = time.monotonic() + interval
+        while not done.wait(tick):
+            self._abandon_overdue(client)
+            if time.monotonic() < next_beat:
+                continue
+            next_beat = time.monotonic() + interval
             with self._lock:
                 active = sorted(self._active)
             for task_id, attempt in active:

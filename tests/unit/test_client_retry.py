@@ -355,7 +355,7 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
     stop.set()
     runner.join(10)
     assert not runner.is_alive()
-    assert worker.stats == {"completed": 1, "failed": 1, "lost": 1, "unreported": 0}
+    assert worker.stats == {"completed": 1, "failed": 1, "lost": 1, "unreported": 0, "abandoned": 0}
     (done,) = [m for m in fake.ops("complete") if m["task_id"] == "a"]
     assert done["attempt"] == 1 and done["result"] == b"OK"
     (failed,) = fake.ops("fail")
@@ -371,3 +371,53 @@ def test_worker_checks_its_configuration():
         Worker(brokers=["tcp://127.0.0.1:1"], queues=["bad name"])
     with pytest.raises(ValueError, match="no handler"):
         Worker(brokers=["tcp://127.0.0.1:1"], queues=["q"]).run(threading.Event())
+
+
+def test_worker_abandons_an_attempt_past_max_run_ms_and_drops_its_late_result(fakes):
+    pending = [{"task_id": "slow", "attempt": 1, "queue": "q", "payload": b"x", "max_run_ms": 300}]
+    reports: list[dict] = []
+    lock = threading.Lock()
+
+    def respond(msg):
+        op = msg["op"]
+        if op == "lease":
+            with lock:
+                tasks = [pending.pop(0)] if pending else []
+            if not tasks:
+                time.sleep(0.02)
+            return wire.ok_reply(msg["rid"], tasks=tasks)
+        if op in ("complete", "fail", "heartbeat"):
+            with lock:
+                reports.append(msg)
+            return wire.ok_reply(msg["rid"])
+        return leader_ping(msg)
+
+    fake = fakes(respond)
+    release = threading.Event()
+    stop = threading.Event()
+    worker = Worker(brokers=[fake.address], queues=["q"], lease_ms=3000, wait_ms=50, request_timeout=0.5, name="w1")
+
+    @worker.handler("q")
+    def handle(task: Task) -> bytes:
+        assert task.max_run_ms == 300
+        release.wait(10)  # a handler that does not return in time
+        return b"too late"
+
+    runner = threading.Thread(target=worker.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and worker.stats["abandoned"] < 1:
+            time.sleep(0.02)
+        assert worker.stats["abandoned"] == 1
+        # stop() returns although the abandoned handler is still running.
+        stop.set()
+        runner.join(5)
+        assert not runner.is_alive()
+    finally:
+        release.set()
+    time.sleep(0.3)  # the handler returns now: its result must not be reported
+    with lock:
+        outcomes = [m for m in reports if m["op"] in ("complete", "fail")]
+    assert [(m["op"], m["task_id"], m["attempt"], m["retry"]) for m in outcomes] == [("fail", "slow", 1, True)]
+    assert "max_run_ms" in outcomes[0]["error"]
