@@ -153,6 +153,7 @@ class BookieStore:
             self.created = version is None
             if version is None:
                 txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
+                txn.put(_CLEAN_KEY, b"1", db=self._meta)  # nothing in it to verify
             elif int(version) != FORMAT_VERSION:
                 raise LedgerError(f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}")
 
