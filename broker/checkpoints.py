@@ -3,7 +3,10 @@
 Every broker snapshots its store every ``checkpoint_entries`` applied entries or
 ``checkpoint_seconds`` seconds, on winning leadership and at orderly shutdown.
 A snapshot is written from one LMDB read transaction on this thread while the
-writer goes on, so the leader's writes never stall. The newest snapshot's
+writer goes on, so the leader's writes never stall. Writing it recomputes the
+state digest from the records it streams; if they do not hash to the store's
+incremental digest the snapshot is discarded and the node told that its store
+is damaged (it then rebuilds it), so damaged state is never published. The newest snapshot's
 position is advertised in the broker's live node and, when it is the newest in
 the cluster, in ``snapshots/latest``.
 
@@ -29,6 +32,7 @@ import time
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from broker import BrokerError
+from broker.state_store import StoreDamaged
 from ledger import LedgerError
 from ledger.log import read_log, remove_ledgers
 from ledger.metadata import read_metadata
@@ -74,7 +78,11 @@ class Checkpointer(threading.Thread):
             try:
                 if self._wanted.is_set() or self._due():
                     self._wanted.clear()
-                    self.checkpoint()
+                    try:
+                        self.checkpoint()
+                    except StoreDamaged as exc:
+                        self.node.store_damaged(exc)
+                        continue
                 if self.node.leading() and time.monotonic() >= self._next_retention:
                     self._next_retention = time.monotonic() + RETENTION_EVERY_S
                     self.apply_retention()
@@ -86,8 +94,12 @@ class Checkpointer(threading.Thread):
         return entries > self._last_entries and self.policy.due(
             entries - self._last_entries, time.monotonic() - self._last_time)
 
-    def checkpoint(self) -> dict | None:
-        """Snapshot the store now (unless nothing changed since the last one); return its header."""
+    def checkpoint(self, publish: bool = True) -> dict | None:
+        """Snapshot the store now (unless nothing changed since the last one); return its header.
+
+        Raises StoreDamaged (and keeps no file) when the records do not hash to the store's
+        digest. ``publish=False`` skips `snapshots/latest` (ZooKeeper is unreachable at shutdown).
+        """
         with self.lock:
             store = self.node.store
             position = store.position()
@@ -103,7 +115,8 @@ class Checkpointer(threading.Thread):
             log.info("checkpoint at %s: %d records, %d bytes in %.2fs", tuple(header["position"]),
                      header.get("record_count", 0), header.get("size", 0), time.monotonic() - started)
         self.node.mark_live_dirty()
-        self._publish_latest(header)
+        if publish:
+            self._publish_latest(header)
         return header
 
     def _publish_latest(self, header: dict) -> None:

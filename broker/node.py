@@ -8,6 +8,13 @@ ledgers, catch up, open our ledger, CAS it onto the log, write
 do not lead. ZooKeeper state changes only flip flags: ``SUSPENDED`` stops
 writes at once, ``LOST`` makes the leader step down.
 
+The store is checked before it is trusted (:mod:`broker.store_guard`): another
+cluster's store, or one beyond the log, stops the broker ("wrong store"); a
+store that was not closed in order is verified in full; a damaged one (found
+then, by a checkpoint, or by the tail) is never served: it is moved aside and
+rebuilt from a snapshot and the ledgers while the broker keeps running.
+SIGTERM stops the broker within ``shutdown_timeout`` whatever ZooKeeper's state.
+
 Example::
 
     node = BrokerNode(load_settings(BrokerConfig, "broker", flags))
@@ -32,10 +39,10 @@ from broker.config import BrokerConfig
 from broker.checkpoints import Checkpointer
 from broker.datalock import DataDirLock
 from broker.follower import FollowerTail, catch_up
-from broker.join import (JoinError, broker_requester, install_snapshot, log_truncated, needs_snapshot,
-                         snapshot_sources)
 from broker.server import BrokerServer, LeaderSession
-from broker.state_store import StateStore
+from broker.state_store import StoreDamaged
+from broker.store_guard import quarantine
+from broker.store_keeper import StoreKeeper
 from election import ElectionError
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
@@ -54,8 +61,8 @@ from snapshots.transfer import describe, read_chunk
 
 log = logging.getLogger(__name__)
 
-# How long a store that needs a snapshot waits for a broker able to serve one.
-JOIN_PATIENCE_S = 120.0
+# Share of shutdown_timeout a leader may spend handing over; the rest is for local steps.
+HANDOVER_SHARE = 0.5
 
 
 class BrokerNode:
@@ -75,24 +82,36 @@ class BrokerNode:
         self._session: LeaderSession | None = None
         self._tail_applied = 0
         self._served = False
+        self._damaged = threading.Event()
+        self._damage_lock = threading.Lock()
+        self._in_lead = False
+        self._stop_deadline: float | None = None
+        self._exited = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
         cfg = self.config
         self.data_lock = DataDirLock(Path(cfg.data))
         self.data_lock.acquire()
+        self._install_signals()
+        threading.Thread(target=self._watchdog, name="shutdown-watchdog", daemon=True).start()
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
         self._write_session_file()
         try:
             self.cluster = ensure_cluster_config(self.zk, self.paths, ClusterOptions(), clock=self.clock)
             data = Path(cfg.data)
+            # Before the identity: a foreign store is refused without registering anything.
+            self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
+                                      self.stop_event)
+            store = self.keeper.checked()
             self.identity = ensure_broker_id(self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
                                              cfg.listen, clock=self.clock)
             log.info("broker %s starting on %s", self.identity, cfg.listen)
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")
             self.ledgers = LedgerClient(self.zk, self.paths, secret=self._secret())
-            self.store = self._open_store(join=True)
+            self.keeper.attach(self.identity.broker_id, self.catalog)
+            self.store = self.keeper.verified(store)
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
                                        max_payload=int(self.cluster["max_payload_bytes"]))
             self.server.on_leadership_lost = self._leadership_lost
@@ -104,7 +123,6 @@ class BrokerNode:
             self.server.role = "learner" if cfg.learner else "follower"
             self.zk.add_listener(self._on_zk_state)
             self.zk.DataWatch(self.paths.leader, self._on_leader_node)
-            self._install_signals()
             self._start_tail()
             if not cfg.learner:
                 threading.Thread(target=self._stand, name="election", daemon=True).start()
@@ -113,32 +131,10 @@ class BrokerNode:
                 self._update_live()
             self._shutdown()
         finally:
-            close(self.zk)
+            self._close_zk()
             self.data_lock.release()
+            self._exited.set()
         return self.exit_code
-
-    def _open_store(self, join: bool) -> StateStore:
-        """Open the state store, first installing a snapshot if the log alone cannot rebuild it."""
-        cfg, data = self.config, Path(self.config.data)
-        store = StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
-        log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
-        if not join or not needs_snapshot(store.position(), log_ids, log_truncated(self.zk, self.paths)):
-            return store
-        log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
-        store.close()
-        deadline = time.monotonic() + JOIN_PATIENCE_S
-        while True:
-            sources = snapshot_sources(self.zk, self.paths, self.identity.broker_id)
-            try:
-                install_snapshot(sources, data, self.cluster["cluster_id"], request_to=broker_requester)
-                break
-            except JoinError as exc:
-                # The brokers that serve snapshots may be restarting: wait for one, for a while.
-                if time.monotonic() > deadline or self.stop_event.is_set():
-                    raise
-                log.warning("%s; trying again", exc)
-                self.stop_event.wait(2.0)
-        return StateStore(data / "state", map_size=cfg.map_size, sync=cfg.fsync)
 
     def _rejoin(self) -> None:
         """The tail found its position in a deleted ledger: install a snapshot, then tail again (server thread)."""
@@ -146,7 +142,7 @@ class BrokerNode:
         with self.checkpointer.lock:
             self.store.close()
             try:
-                self.store = self._open_store(join=True)
+                self.store = self.keeper.open(join=True)
             except BrokerError as exc:
                 self.fail(exc)
                 return
@@ -154,11 +150,57 @@ class BrokerNode:
             self.checkpointer.latest = self.catalog.latest_valid()
         self._start_tail()
 
+    def store_damaged(self, exc: Exception) -> None:
+        """The running store is damaged (any thread): stop writing and leading now, rebuild it once
+        leadership has ended."""
+        with self._damage_lock:
+            if self._damaged.is_set() or self.stop_event.is_set():
+                return
+            self._damaged.set()
+        log.critical("%s; not serving or leading from it any more: moving it aside and rebuilding it", exc)
+        self.server.writable = False
+        self._step_down.set()
+        threading.Thread(target=self._rebuild_when_idle, name="store-rebuild", daemon=True).start()
+
+    def _rebuild_when_idle(self) -> None:
+        while (self._in_lead or self.server.session is not None) and not self.stop_event.is_set():
+            time.sleep(0.05)
+        if not self.stop_event.is_set():
+            self.server.call_soon(self._rebuild_running)
+
+    def _rebuild_running(self) -> None:
+        """Swap the damaged store for a rebuilt one (server thread, so no request reads it meanwhile)."""
+        self._stop_tail()
+        with self.checkpointer.lock:
+            self.store.close()
+            try:
+                aside = quarantine(self.keeper.state_dir, self.clock)
+                log.info("damaged state store moved to %s", aside)
+                self.store = self.keeper.rebuild()
+                self.store.mark_dirty()
+            except (BrokerError, SnapshotError, LedgerError, OSError) as exc:
+                self.fail(exc)
+                return
+            self.server.store = self.store
+            self.checkpointer.latest = self.catalog.latest_valid()
+        self._damaged.clear()
+        self.server.writable = self.zk.connected
+        self._live_dirty = True
+        self._start_tail()
+
     def _on_tail_fatal(self, exc: Exception) -> None:
         if isinstance(exc, LogGap):
             log.warning("%s", exc)
             self.server.call_soon(self._rejoin)
+        elif isinstance(exc, StoreDamaged):
+            self.store_damaged(exc)
         else:
+            # A digest mismatch is local damage if the records no longer hash to our own digest.
+            try:
+                self.store.verify()
+            except StoreDamaged as damage:
+                self.store_damaged(damage)
+                return
             self.fail(exc)
 
     # ------------------------------------------------------------ what the checkpointer asks
@@ -196,8 +238,31 @@ class BrokerNode:
 
     def _install_signals(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
-            signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+
+    def stop(self) -> None:
+        """Begin an orderly stop; the process ends within ``shutdown_timeout`` whatever happens."""
+        self.stop_event.set()
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.wake()
+
+    def _watchdog(self) -> None:
+        """The bound on stopping: a ZooKeeper call without a timeout must not keep the process alive."""
+        self.stop_event.wait()
+        self._stop_deadline = time.monotonic() + self.config.shutdown_timeout
+        if not self._exited.wait(self.config.shutdown_timeout):
+            log.warning("stopping took longer than shutdown_timeout (%gs; ZooKeeper unreachable?): "
+                        "exiting now", self.config.shutdown_timeout)
+            logging.shutdown()
+            os._exit(self.exit_code)
+
+    def _remaining(self, cap: float) -> float:
+        """Seconds left before the shutdown deadline, at most ``cap``."""
+        if self._stop_deadline is None:
+            return cap
+        return max(0.0, min(cap, self._stop_deadline - time.monotonic()))
 
     def fail(self, exc: Exception) -> None:
         """A fatal condition (divergence, a gap in the log): stop loudly with exit code 1."""
@@ -207,23 +272,39 @@ class BrokerNode:
         self.server.wake()
 
     def _shutdown(self) -> None:
-        """Graceful stop: hand leadership over at once, then close everything."""
+        """Graceful stop: hand leadership over if ZooKeeper lets us, checkpoint, mark the store clean.
+
+        Every wait is bounded by what is left of ``shutdown_timeout``; the ZooKeeper steps
+        are skipped while it is unreachable (the ledger's fencing stops a stale leader).
+        """
         if self.server.session is not None:
             self._step_down.set()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + self._remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
             while self.server.session is not None and time.monotonic() < deadline:
                 self.server.serve_once()
         if self._election is not None:
             self._election.cancel()
-        self._stop_tail()
+        self._stop_tail(timeout=self._remaining(5.0))
+        clean = not self._damaged.is_set()
         try:
-            self.checkpointer.checkpoint()
+            self.checkpointer.checkpoint(publish=self.zk.connected)
+        except StoreDamaged as exc:
+            log.critical("%s; not marking it clean, so the next start rebuilds it", exc)
+            clean = False
         except (SnapshotError, BrokerError, OSError) as exc:
             log.warning("no checkpoint at shutdown: %s", exc)
         self.checkpointer.stop()
+        if clean and (self._tail is None or not self._tail.is_alive()):
+            self.store.mark_clean()
         self.ledgers.close()
         self.server.close()
         self.store.close()
+
+    def _close_zk(self) -> None:
+        """Close the ZooKeeper session, waiting no longer than the shutdown deadline allows."""
+        closer = threading.Thread(target=close, args=(self.zk,), name="zk-close", daemon=True)
+        closer.start()
+        closer.join(self._remaining(self.config.shutdown_timeout))
 
     # ------------------------------------------------------------ ZooKeeper state (never blocks)
     def _on_zk_state(self, state: str) -> None:
@@ -272,11 +353,12 @@ class BrokerNode:
                                   on_applied=self._count_tail)
         self._tail.start()
 
-    def _stop_tail(self) -> None:
+    def _stop_tail(self, timeout: float = 30.0) -> None:
         if self._tail is not None:
             self._tail.stop()
-            self._tail.join(30)
-            self._tail = None
+            self._tail.join(timeout)
+            if not self._tail.is_alive():
+                self._tail = None
 
     # ------------------------------------------------------------ leadership
     def _stand(self) -> None:
@@ -297,8 +379,15 @@ class BrokerNode:
                 self.stop_event.wait(backoff)
 
     def _lead(self) -> None:
-        if self.stop_event.is_set():
-            return
+        if self.stop_event.is_set() or self._damaged.is_set():
+            return  # never lead from a store that is being rebuilt
+        self._in_lead = True
+        try:
+            self._lead_epoch()
+        finally:
+            self._in_lead = False
+
+    def _lead_epoch(self) -> None:
         self._step_down.clear()
         self._stop_tail()
         writer = None
@@ -385,7 +474,7 @@ class BrokerNode:
             pass
         self.server.leader_address = None
         self._live_dirty = True
-        if not self.stop_event.is_set():
+        if not self.stop_event.is_set() and not self._damaged.is_set():
             self._start_tail()
 
     # ------------------------------------------------------------ brokers/live/<id>
