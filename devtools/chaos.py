@@ -28,6 +28,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from broker import BrokerError
 from broker.client import Client, ClientError, TaskNotFound
@@ -70,7 +71,7 @@ class ChaosConfig:
 class ChaosRun:
     """One chaos run (see the module docstring); :meth:`run` returns the report."""
 
-    def __init__(self, config: ChaosConfig, progress=lambda _msg: None) -> None:
+    def __init__(self, config: ChaosConfig, progress: Callable[[str], None] = lambda _msg: None) -> None:
         self.config = config
         self.seed = config.seed if config.seed is not None else random.randrange(1 << 31)
         self.progress = progress
