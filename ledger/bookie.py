@@ -39,6 +39,11 @@ Adds (``add``, ``add_batch``) also fail with ``readonly`` while the disk is full
 hold, and to ``read_lac``/``wait_lac``/``write_lac``/``fence`` (a fence is
 still persisted). It is never ``no_entry``, which recovery counts as evidence.
 
+Any request may name the bookie it is meant for (``bookie``, optional); another
+bookie answers ``wrong_bookie``. Recovery and readers name it, so a bookie
+re-registered under a new id on the address of a lost one is never taken for
+it (its empty "no such entry" would otherwise count as the old bookie's).
+
 ``recovery`` (optional, default false) marks a re-replication add made by ledger
 recovery; like BookKeeper's recovery adds it is accepted on a fenced ledger.
 
@@ -90,6 +95,7 @@ OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "wr
 E_FENCED, E_BAD_ENTRY, E_NO_ENTRY, E_BUSY = "fenced", "bad_entry", "no_entry", "busy"
 E_UNKNOWN = "unknown"  # cannot vouch for this ledger (limbo): never counted as "no such entry"
 E_READONLY = "readonly"  # the disk is full: adds are refused until a commit succeeds again
+E_WRONG_BOOKIE = "wrong_bookie"  # the request names another bookie id (a new bookie on an old address)
 MAX_WAITERS = 100_000
 MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 POLL_MS = 100
@@ -253,7 +259,11 @@ class Bookie:
             try:
                 msg = wire.decode_request(body, OPS, max_frame)
                 rid = msg.get("rid")
-                reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
+                expected = msg.get("bookie")
+                if expected is not None and expected != self.bookie_id:
+                    reply = wire.error_reply(rid, E_WRONG_BOOKIE, f"this is bookie {self.bookie_id}, not {expected!r}")
+                else:
+                    reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
             except wire.WireError as exc:
                 self.counters["bad_requests"] += 1
                 reply = wire.error_reply(exc.rid if exc.rid is not None else rid, exc.code, exc.message)

@@ -74,6 +74,7 @@ class LedgerReader:
         self.metadata: LedgerMetadata
         self.metadata, _ = read_metadata(zk, paths, ledger_id)
         self._addresses = [current_address(zk, paths, m) for m in self.metadata.ensemble]
+        self._ids = [m["bookie_id"] for m in self.metadata.ensemble]  # named in requests: never an impostor
         self._lac = -1
         self.corruptions: list[tuple[str, int, int, str]] = []
 
@@ -104,8 +105,8 @@ class LedgerReader:
             return self.metadata.last_entry
         before = self._lac
         futures = [(self._pool.is_suspect(a), self._pool.request(a, "read_lac", timeout=self.timeout,
-                                                                  ledger=self.ledger_id))
-                   for a in self._addresses]
+                                                                  ledger=self.ledger_id, bookie=self._ids[i]))
+                   for i, a in enumerate(self._addresses)]
         if not all(suspect for suspect, _ in futures):
             wait_futures([f for suspect, f in futures if not suspect], timeout=self.timeout + 1.0)
         else:
@@ -149,7 +150,7 @@ class LedgerReader:
 
     def _request(self, index: int, entry_id: int) -> Future:
         return self._pool.request(self._addresses[index], "read", timeout=self.timeout,
-                                  ledger=self.ledger_id, entry=entry_id)
+                                  ledger=self.ledger_id, entry=entry_id, bookie=self._ids[index])
 
     def _accept(self, index: int, entry_id: int, fut: Future) -> Entry | None:
         """The verified entry from one bookie's reply, or None (and the event recorded)."""
@@ -228,7 +229,8 @@ class LedgerReader:
                 return self.last_readable
             poll = min(left, _MAX_LONG_POLL)
             futures = {self._pool.request(a, "wait_lac", timeout=poll + self.timeout, ledger=self.ledger_id,
-                                          after=after, timeout_ms=int(poll * 1000)) for a in self._addresses}
+                                          after=after, timeout_ms=int(poll * 1000), bookie=self._ids[i])
+                       for i, a in enumerate(self._addresses)}
             fenced = False
             answered = 0
             pending = futures

@@ -103,7 +103,8 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
     quorum is all safety needs), or at the timeout. A bookie answering
     ``unknown`` persisted the fence but cannot vouch for its LAC: not counted.
     """
-    futures = {pool.request(a, "fence", timeout=timeout, ledger=meta.ledger_id): i for i, a in enumerate(addresses)}
+    futures = {pool.request(a, "fence", timeout=timeout, ledger=meta.ledger_id, bookie=meta.ensemble[i]["bookie_id"]): i
+               for i, a in enumerate(addresses)}
     fenced: dict[int, dict] = {}
     answers: dict[int, str] = {i: NO_ANSWER for i in range(len(addresses))}
     errors: list[str] = []
@@ -182,7 +183,8 @@ def _replicate(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], ent
     that are down.
     """
     sends = [(entry_id, [pool.request(a, "add", timeout=timeout, ledger=meta.ledger_id, entry=entry_id, data=data,
-                                      recovery=True) for a in addresses])
+                                      recovery=True, bookie=meta.ensemble[i]["bookie_id"])
+                         for i, a in enumerate(addresses)])
              for entry_id, data in entries]
     deadline = time.monotonic() + timeout + 1.0
     for entry_id, futures in sends:
@@ -229,7 +231,8 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
         done = False
         while not done:
             window = range(last + 1, last + 1 + _WINDOW)
-            probes = [[pool.request(a, "read", timeout=timeout, ledger=ledger_id, entry=e) for a in addresses]
+            probes = [[pool.request(a, "read", timeout=timeout, ledger=ledger_id, entry=e,
+                                    bookie=meta.ensemble[i]["bookie_id"]) for i, a in enumerate(addresses)]
                       for e in window]
             for entry_id, futures in zip(window, probes):
                 data = _probe(meta, fenced, entry_id, digest, futures, timeout)
