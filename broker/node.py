@@ -284,7 +284,9 @@ class BrokerNode:
                 self.server.serve_once()
         if self._election is not None:
             self._election.cancel()
-        self._stop_tail(timeout=self._remaining(5.0))
+        # A tail blocked in a ZooKeeper call never touches the store again before we exit: do not
+        # spend the budget the checkpoint and the clean marker need waiting for it.
+        self._stop_tail(timeout=self._remaining(5.0 if self.zk.connected else 1.0))
         clean = not self._damaged.is_set()
         try:
             self.checkpointer.checkpoint(publish=self.zk.connected)
@@ -294,7 +296,7 @@ class BrokerNode:
         except (SnapshotError, BrokerError, OSError) as exc:
             log.warning("no checkpoint at shutdown: %s", exc)
         self.checkpointer.stop()
-        if clean and (self._tail is None or not self._tail.is_alive()):
+        if clean:
             self.store.mark_clean()
         self.ledgers.close()
         self.server.close()
