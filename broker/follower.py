@@ -4,6 +4,10 @@ Each committed entry is one batch of events; it is applied together with its
 position in one LMDB transaction, so a crash never leaves a batch half applied
 or applied twice. A ``StateDigest`` that disagrees with this store's digest is
 divergence: the tail stops and reports it loudly rather than serve wrong state.
+So is a committed entry this broker cannot decode or apply (an event type it
+does not know, a bug, a full store): skipping it would diverge silently, and
+retrying cannot help, so :class:`Diverged` names its position and the reason
+and the broker stops (a catching-up leader too).
 
 Example::
 
@@ -21,7 +25,8 @@ from typing import Callable
 
 from broker import BrokerError
 from broker.events import decode_batch
-from broker.state_store import StateDiverged
+from broker.events import BadEvent
+from broker.state_store import PositionError, StateDiverged
 from ledger import LedgerError
 from ledger.log import START, LogGap
 
@@ -38,11 +43,20 @@ APPLY_GROUP_EVENTS = 20_000
 
 
 def apply_entries(store, entries) -> int:
-    """Apply `(position, entry)` pairs in order; raise Diverged on a digest mismatch."""
+    """Apply `(position, entry)` pairs in order; raise Diverged on a digest mismatch or an unusable entry.
+
+    The entries before an undecodable one are applied first, so the store
+    stops right before the entry named in the error.
+    """
     group: list = []
     size = 0
     for position, entry in entries:
-        events = decode_batch(entry.payload)
+        try:
+            events = decode_batch(entry.payload)
+        except BadEvent as exc:
+            if group:
+                _apply_group(store, group)
+            raise Diverged(f"committed entry at position {position} cannot be decoded: {exc.message}") from None
         group.append((events, position))
         size += len(events)
         if size >= APPLY_GROUP_EVENTS:
@@ -54,7 +68,18 @@ def apply_entries(store, entries) -> int:
 
 
 def _apply_group(store, group: list) -> None:
-    for (events, position), results in zip(group, store.apply_batches(group, validated=True)):
+    try:
+        applied = store.apply_batches(group, validated=True)
+    except (StateDiverged, PositionError):  # diverged earlier / a stale reader: handled by the caller
+        raise
+    except Exception as exc:  # nothing of the group was stored: find the entry that fails
+        if len(group) > 1:
+            for one in group:
+                _apply_group(store, [one])
+            return
+        raise Diverged(f"committed entry at position {group[0][1]} cannot be applied: "
+                       f"{type(exc).__name__}: {exc}") from exc
+    for (events, position), results in zip(group, applied):
         for res in results:
             if not res.get("ok") and res.get("error") == "digest_mismatch":
                 raise Diverged(f"state digest mismatch at position {position}: {res.get('message', '')}")

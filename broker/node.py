@@ -38,7 +38,7 @@ from broker import BrokerError
 from broker.config import BrokerConfig
 from broker.checkpoints import Checkpointer
 from broker.datalock import DataDirLock
-from broker.follower import FollowerTail, catch_up
+from broker.follower import Diverged, FollowerTail, catch_up
 from broker.server import BrokerServer, LeaderSession
 from broker.state_store import StoreDamaged
 from broker.store_guard import quarantine
@@ -115,6 +115,7 @@ class BrokerNode:
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
                                        max_payload=int(self.cluster["max_payload_bytes"]))
             self.server.on_leadership_lost = self._leadership_lost
+            self.server.on_fatal = self.fail
             self.server.describe_snapshot = lambda: describe(self.catalog)
             self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
             self.server.bind()
@@ -423,6 +424,8 @@ class BrokerNode:
             self._live_dirty = True
             while not self._step_down.wait(0.1) and not self.stop_event.is_set():
                 pass
+        except Diverged as exc:  # catching up hit an entry we cannot apply: stop, never skip it
+            self.fail(exc)
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
             log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
         finally:

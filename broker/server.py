@@ -10,6 +10,14 @@ become ``LeaseExpired`` events, so replicas never read a clock.
 Other threads talk to the loop only through :meth:`call_soon` and the wake
 pipe, so sockets and the group commit are touched by this thread alone.
 
+A request can only fail itself: whatever goes wrong while one request is
+checked, turned into events, encoded or answered becomes an ``internal`` error
+reply to that request (logged once, with its op) and the loop goes on. Frames
+over ``max_frame_bytes`` are refused by the socket itself (ZMQ_MAXMSGSIZE: the
+peer is disconnected before the frame is received whole). A committed entry
+the leader cannot apply is not a request's failure: :attr:`on_fatal` stops
+the broker.
+
 Example::
 
     server = BrokerServer(config, store, broker_id=1, clock=time.time)
@@ -30,7 +38,7 @@ from typing import Any, Callable
 import zmq
 
 from broker import protocol
-from broker.group_commit import GroupCommit, WriteFailed
+from broker.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from ledger import wire
 from snapshots.transfer import TransferError
 
@@ -81,11 +89,13 @@ class BrokerServer:
         self.draining = False
         self.session: LeaderSession | None = None
         self.on_leadership_lost: Callable[[str], None] = lambda reason: None
+        # Set by the node: stop the broker (a committed entry that cannot be applied).
+        self.on_fatal: Callable[[Exception], None] = _raise
         # Set by the node: serve snapshots to joining members (`snapshot_info`, `snapshot_chunk`).
         self.describe_snapshot: Callable[[], dict | None] = lambda: None
         self.read_snapshot_chunk: Callable[[str, int, int], dict] | None = None
         self.applied_entries = 0
-        self.counters = {"requests": 0, "bad_requests": 0}
+        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0}
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -95,6 +105,8 @@ class BrokerServer:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         # The default limit of 1000 queued replies would silently drop replies under load.
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        # Refuse oversized frames while they arrive, not after buffering them whole.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
         self.poller = zmq.Poller()
 
     def bind(self) -> None:
@@ -152,25 +164,50 @@ class BrokerServer:
 
     def _send(self, route: list[bytes], msg: dict) -> None:
         try:
-            self.sock.send_multipart([*route, wire.encode(msg)], zmq.NOBLOCK)
+            frame = wire.encode(msg)
+        except Exception as exc:  # a reply we cannot encode must still be a reply
+            log.error("cannot encode a reply: %s: %s", type(exc).__name__, exc)
+            frame = wire.encode(wire.error_reply(_plain_rid(msg.get("rid")), protocol.E_INTERNAL,
+                                                 "the broker could not encode its reply"))
+        try:
+            self.sock.send_multipart([*route, frame], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("reply dropped: %s", exc)
 
+    def _internal_error(self, route: list[bytes], rid: Any, op: Any, exc: Exception) -> None:
+        """The safety net: one request failed inside the broker; answer it, log it once, go on."""
+        self.counters["internal_errors"] += 1
+        log.error("request %.40r failed inside the broker: %s: %.300s", op, type(exc).__name__, exc)
+        log.debug("request %.40r failure", op, exc_info=exc)
+        self._send(route, wire.error_reply(rid, protocol.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
+
     def _handle(self, route: list[bytes], frame: bytes) -> None:
-        rid = None
+        rid = op = None
         try:
             msg = wire.decode_request(frame, protocol.OPS, self.config.max_frame_bytes)
-            rid = msg.get("rid")
+            rid, op = msg.get("rid"), msg["op"]
             req = protocol.check_request(msg, self.max_payload)
+            self._dispatch(route, rid, req)
         except wire.WireError as exc:
             self.counters["bad_requests"] += 1
             self._send(route, wire.error_reply(exc.rid, exc.code, exc.message))
-            return
         except protocol.RequestError as exc:
             self.counters["bad_requests"] += 1
             self._send(route, wire.error_reply(rid, exc.code, exc.message))
-            return
-        self._dispatch(route, rid, req)
+        except Exception as exc:
+            self._internal_error(route, rid, op, exc)
+
+    def _write(self, route: list[bytes], rid: Any, req: dict) -> None:
+        """Turn a checked write into events and gather them; a failure here fails this request only."""
+        try:
+            events = protocol.request_events(req, self._now_ms(), self.new_id)
+            self.session.group.add(events, (route, rid, req))
+        except protocol.RequestError as exc:
+            self._send(route, wire.error_reply(rid, exc.code, exc.message))
+        except EntryTooLarge as exc:
+            self._send(route, wire.error_reply(rid, protocol.E_PAYLOAD_TOO_LARGE, str(exc)))
+        except Exception as exc:
+            self._internal_error(route, rid, req.get("op"), exc)
 
     def _dispatch(self, route: list[bytes], rid: Any, req: dict) -> None:
         op = req["op"]
@@ -202,8 +239,7 @@ class BrokerServer:
             req["deadline"] = time.monotonic() + req["wait_ms"] / 1000.0
         if op in ("lease", "heartbeat") and req.get("lease_ms") is None:
             req["lease_ms"] = self.config.default_lease_ms
-        events = protocol.request_events(req, self._now_ms(), self.new_id)
-        self.session.group.add(events, (route, rid, req))
+        self._write(route, rid, req)
 
     def _serve_snapshot(self, route: list[bytes], rid: Any, req: dict) -> None:
         try:
@@ -220,7 +256,8 @@ class BrokerServer:
             self._send(route, wire.error_reply(rid, "no_snapshot", str(exc)))
 
     def _apply(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
-        results = self.store.apply_batches(entries)
+        # The group commit validated every event when it was gathered.
+        results = self.store.apply_batches(entries, validated=True)
         self.applied_entries += len(results)
         return results
 
@@ -241,13 +278,16 @@ class BrokerServer:
             return
         route, rid, req = context
         if exc is not None:
-            code = protocol.E_UNAVAILABLE if isinstance(exc, WriteFailed) else "internal"
+            code = protocol.E_UNAVAILABLE if isinstance(exc, WriteFailed) else protocol.E_INTERNAL
             self._send(route, wire.error_reply(rid, code, str(exc)))
             return
         try:
             fields = protocol.reply_fields(req, results)
         except protocol.RequestError as err:
             self._send(route, wire.error_reply(rid, err.code, err.message))
+            return
+        except Exception as err:
+            self._internal_error(route, rid, req.get("op"), err)
             return
         if req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > time.monotonic():
             self.session.parked.append((route, rid, req))
@@ -273,7 +313,11 @@ class BrokerServer:
         self.session = session
         self.draining = False
         self.role = "leader"
-        session.group.add(first_events, None)
+        try:
+            session.group.add(first_events, None)
+        except Exception as exc:  # a bug in what the node built: we cannot lead with it
+            log.error("cannot write the first events of epoch %d: %s: %s", session.epoch, type(exc).__name__, exc)
+            session.group.abort(WriteFailed(f"first events refused: {exc}"))
 
     def stop_leading(self, reason: str, role: str = "follower") -> None:
         """Drop leadership (call on the server thread): everything not yet answered gets `unavailable`."""
@@ -294,7 +338,10 @@ class BrokerServer:
     def _lead_turn(self) -> None:
         session = self.session
         group = session.group
-        group.drain_completed()
+        try:
+            group.drain_completed()
+        except ApplyFailed as exc:
+            self.on_fatal(exc)
         if group.failed is not None:
             if not session.lost_reported:
                 session.lost_reported = True
@@ -344,7 +391,7 @@ class BrokerServer:
                 keep.append((route, rid, req))
                 continue
             available[queue] -= req["max_tasks"]
-            session.group.add(protocol.request_events(req, self._now_ms(), self.new_id), (route, rid, req))
+            self._write(route, rid, req)
         session.parked = keep
 
     def _expire_leases(self, session: LeaderSession) -> None:
@@ -355,7 +402,7 @@ class BrokerServer:
         deadline = self.store.next_lease_deadline()
         now_ms = self._now_ms()
         if deadline is not None and deadline <= now_ms:
-            session.group.add([{"type": "LeaseExpired", "now_ms": now_ms}], None)
+            self._add_internal(session, [{"type": "LeaseExpired", "now_ms": now_ms}])
 
     def _maybe_digest(self, session: LeaderSession) -> None:
         # The digest must describe the state just before the event, so new entries are
@@ -367,6 +414,24 @@ class BrokerServer:
         if group.inflight:
             return
         session.entries_since_digest = group.entries_written
-        group.pending.owners = [(None, 0, 1)] + [(c, a + 1, b + 1) for c, a, b in group.pending.owners]
-        group.pending.events.insert(0, {"type": "StateDigest", "digest": self.store.digest()})
+        self._add_internal(session, [{"type": "StateDigest", "digest": self.store.digest()}], first=True)
         group.held = False
+
+    def _add_internal(self, session: LeaderSession, events: list[dict], first: bool = False) -> None:
+        """Gather the leader's own events; one it cannot encode is left out (and logged), not written."""
+        try:
+            if first:
+                session.group.prepend(events, None)
+            else:
+                session.group.add(events, None)
+        except Exception as exc:
+            log.error("leader event %s left out: %s: %s", events[0].get("type"), type(exc).__name__, exc)
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
+def _plain_rid(rid: Any) -> Any:
+    """The request id if it is a plain value that surely encodes, else None."""
+    return rid if rid is None or type(rid) in (int, str, bytes) else None
