@@ -241,7 +241,13 @@ def bookie() -> None:
               help="TOML file with a [bookie] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options
 def bookie_start(data, listen, bookie_id, no_fsync, config_file, zk, cluster, dev_dir) -> None:
-    """Run one bookie in the foreground until SIGTERM or Ctrl-C."""
+    """Run one bookie in the foreground until SIGTERM or Ctrl-C.
+
+    It refuses (exit 1, one line) a data directory it cannot vouch for (data.mdb
+    missing, empty, truncated, unreadable or of another instance), naming the
+    command that re-registers it as a new bookie; after a crash it verifies its
+    store before serving.
+    """
     from election.settings import load_settings
     from ledger.bookie import run_bookie
     from ledger.bookie_config import BookieConfig
