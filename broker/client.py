@@ -7,6 +7,13 @@ deadline, then raises :class:`BrokerUnavailable`. Errors that a retry cannot fix
 (``invalid_queue``, ``payload_too_large``, ``stale_attempt``, ...) raise at once
 as :class:`ClientError` with the wire ``code``.
 
+Requests too large for a broker to take are refused here, at once, with
+``payload_too_large``: a frame over ``max_frame_bytes`` (a broker disconnects
+the sender of such a frame, so waiting for a reply would only time out), and
+a submit payload over the cluster's ``max_payload_bytes`` (read once from the
+``config`` node when the client uses ZooKeeper). ``submit_many`` sends chunks
+that each fit in a frame.
+
 Retrying is safe for ``submit``: a submit without a ``key`` gets a generated
 ``auto:<uuid>`` key that every retry of that call reuses, so a submit whose
 reply was lost in a failover never creates a second task.
@@ -39,12 +46,13 @@ from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.events import FINAL_STATES
-from broker.protocol import E_NOT_LEADER, E_UNAVAILABLE, MAX_SUBMIT_MANY
+from broker.protocol import E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE, MAX_SUBMIT_MANY
 from election import ElectionError
+from election.cluster_config import read_cluster_config
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
-from ledger.wire import WireError, decode, encode, request as make_request
+from ledger.wire import DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, request as make_request
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +68,8 @@ MAX_REPLY_BYTES = 1 << 28
 # Redirects followed at once before backing off: two brokers that disagree about
 # the leader for a moment must not make us spin.
 FREE_REDIRECTS = 3
+# Room in a frame for the envelope and the field names around a submit_many's payloads.
+SUBMIT_OVERHEAD_BYTES = 512
 _SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts"})
 _ENVELOPE = ("v", "rid", "ok")
 
@@ -184,15 +194,19 @@ class Client:
     is given) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``).
     ``timeout`` is the overall deadline of one call in seconds, retries included;
     ``request_timeout`` bounds each attempt (a long-poll adds its ``wait_ms``).
+    ``max_frame_bytes`` is the brokers' frame limit (their ``max_frame_bytes``).
     """
 
     def __init__(self, zk: str | None = None, cluster: str = "dev", brokers: list[str] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         if zk is not None and brokers:
             raise ValueError("give zk or brokers, not both")
         self.cluster = cluster
         self.timeout = float(timeout)
         self.request_timeout = float(request_timeout)
+        self.max_frame_bytes = int(max_frame_bytes)
+        self._max_payload: int | None = None  # the cluster's max_payload_bytes, once read
         # Reentrant: a thread-end socket finalizer may run while this thread holds it.
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -237,6 +251,7 @@ class Client:
                delay: float = 0, max_attempts: int | None = None) -> str:
         """Submit one task; return its id once committed. The same ``key`` returns the same id."""
         fields = submit_fields(queue, payload, key, priority, delay, max_attempts)
+        self._check_payload(fields["payload"])
         return self.call("submit", **fields)["task_id"]
 
     def submit_many(self, tasks: list[dict]) -> list[str]:
@@ -251,10 +266,41 @@ class Client:
             if unknown:
                 raise ValueError(f"unknown submit option(s): {', '.join(sorted(unknown))}")
             subs.append(submit_fields(**task))
+            self._check_payload(subs[-1]["payload"])
         ids: list[str] = []
-        for start in range(0, len(subs), MAX_SUBMIT_MANY):
-            ids.extend(self.call("submit_many", tasks=subs[start:start + MAX_SUBMIT_MANY])["task_ids"])
+        for chunk in self._frame_chunks(subs):
+            ids.extend(self.call("submit_many", tasks=chunk)["task_ids"])
         return ids
+
+    def _frame_chunks(self, subs: list[dict]) -> list[list[dict]]:
+        """``subs`` cut into requests of at most 1000 submits that each fit in a frame."""
+        chunks: list[list[dict]] = [[]]
+        size = SUBMIT_OVERHEAD_BYTES
+        for sub in subs:
+            # Payload, key and queue plus the field names of one submit: an upper bound of its encoding.
+            need = len(sub["payload"]) + len(sub["key"].encode()) + len(sub["queue"].encode()) + 96
+            if chunks[-1] and (len(chunks[-1]) >= MAX_SUBMIT_MANY or size + need > self.max_frame_bytes):
+                chunks.append([])
+                size = SUBMIT_OVERHEAD_BYTES
+            chunks[-1].append(sub)
+            size += need
+        return chunks if chunks[0] else []
+
+    def _check_payload(self, payload: bytes) -> None:
+        limit = self._payload_limit()
+        if limit is not None and len(payload) > limit:
+            raise ClientError(E_PAYLOAD_TOO_LARGE,
+                              f"payload of {len(payload)} bytes exceeds max_payload_bytes={limit}")
+
+    def _payload_limit(self) -> int | None:
+        """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
+        if self._max_payload is None and self._zk is not None:
+            try:
+                config = read_cluster_config(self._zk, self._paths) or {}
+                self._max_payload = int(config["max_payload_bytes"])
+            except (KazooException, KeyError, TypeError, ValueError) as exc:
+                log.debug("cluster payload limit unknown: %s", exc)
+        return self._max_payload
 
     def get(self, task_id: str, timeout: float | None = None) -> dict:
         """The task's record (``id, queue, state, attempts, result, ...``); :class:`TaskNotFound` if unknown."""
@@ -470,6 +516,10 @@ class Client:
         """One request, one reply (matched by rid); raise _Transient on no reply in time."""
         rid = next(self._rids)
         frame = encode(make_request(op, rid, **fields))
+        if len(frame) > self.max_frame_bytes:
+            # The broker would drop the connection, not answer: say so now instead of timing out.
+            raise ClientError(E_PAYLOAD_TOO_LARGE, f"{op} request of {len(frame)} bytes exceeds the "
+                                                   f"brokers' frame limit of {self.max_frame_bytes} bytes")
         sock = self._socket(address)
         try:
             sock.send(frame, zmq.NOBLOCK)
