@@ -121,3 +121,46 @@ def test_a_bookie_that_lost_entries_in_a_crash_answers_unknown_and_is_not_counte
 
     procs.restart(c)
     check_recovered(cluster, ledger_id)
+
+
+@pytest.mark.timeout(240)
+def test_broker_takeover_with_a_wiped_bookie_loses_no_acknowledged_task(broker_cluster, procs):
+    from broker.client import Client
+    from ledger.log import read_log
+    from tests.conftest import wait_for
+
+    bc = broker_cluster
+    cluster = bc.cluster
+    ledger_id = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
+    meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+    a, b, c = procs_in_ensemble_order(bc.bookies, meta)
+    a.kill()
+    acked: dict[str, str] = {}
+    with Client(zk=bc.zk_hosts, cluster=cluster.name, timeout=30) as client:
+        for i in range(ENTRIES):
+            acked[f"k{i}"] = client.submit("wiped", b"task %d" % i, key=f"k{i}")
+    assert len(set(acked.values())) == ENTRIES
+
+    bc.leader_proc().kill()  # its ledger is left open: the next leader must recover it
+    b.terminate()
+    os.unlink(b.data_dir / "data.mdb")
+    c.kill()
+    procs.restart(a)
+    procs.start_bookie(cluster)  # a spare, so that a new ledger can be made once recovery succeeds
+    wiped = procs.start("bookie-wiped", b.args)
+    assert wiped.wait(60) == 1 and "is missing although the cookie" in wiped.output()
+
+    # The takeover waits, and says why, instead of closing the ledger short.
+    survivors = [p for p in bc.brokers if p.alive()]
+    wait_for(lambda: any(f"ledger {ledger_id}: fenced 1 of 3 bookies" in p.output() for p in survivors), 60,
+             "a broker to report the recovery it cannot finish")
+    meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+    assert meta.state != CLOSED
+
+    procs.restart(c)
+    with Client(zk=bc.zk_hosts, cluster=cluster.name, timeout=60) as client:
+        for key, task_id in acked.items():
+            assert client.submit("wiped", b"again", key=key) == task_id, f"acknowledged task {key} lost"
+            assert client.get(task_id)["id"] == task_id
+    meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+    assert meta.state == CLOSED
