@@ -1,0 +1,184 @@
+"""Broker stores that verify themselves and know their cluster, on real processes."""
+import json
+import uuid
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from broker.events import event
+from broker.state_schema import META_CLUSTER
+from broker.state_store import StateStore
+from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.identity import META
+from tests.conftest import BrokerCluster, call, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+FAST_CHECKPOINTS = ["--checkpoint-entries", "5"]
+
+
+def start(cluster, procs, extra=FAST_CHECKPOINTS):
+    bookies = [procs.start_bookie(cluster) for _ in range(3)]
+    brokers = [procs.start_broker(cluster, extra=extra) for _ in range(2)]
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
+    bc.wait_leader()
+    return bc
+
+
+def finished_task(address: str, payload: bytes) -> str:
+    """Submit, lease and complete one task; its id."""
+    task_id = call(address, "submit", queue="q", payload=payload, key="marked")["task_id"]
+    [lease] = call(address, "lease", worker="w", queues=["q"], max_tasks=1)["tasks"]
+    assert lease["task_id"] == task_id
+    assert call(address, "complete", task_id=task_id, attempt=lease["attempt"], result=b"ok")["ok"]
+    return task_id
+
+
+def submit_some(address: str, n: int, prefix: str) -> None:
+    for i in range(n):
+        assert call(address, "submit", queue="other", payload=b"x", key=f"{prefix}{i}")["ok"]
+
+
+def caught_up(bc, proc):
+    leader = call(bc.wait_leader()["address"], "status")
+    mine = call(proc.address, "status")
+    return mine if (mine["position"], mine["digest"]) == (leader["position"], leader["digest"]) else None
+
+
+def flip_payload_byte(data_dir: Path, marker: bytes) -> int:
+    """Flip one byte inside every copy of the marked payload in the store's data.mdb; how many copies."""
+    path = Path(data_dir) / "state" / "data.mdb"
+    data = bytearray(path.read_bytes())
+    copies, at = 0, data.find(marker)
+    while at >= 0:
+        data[at + len(marker) // 2] ^= 0x20
+        copies += 1
+        at = data.find(marker, at + 1)
+    path.write_bytes(bytes(data))
+    return copies
+
+
+def setup_damaged_follower(cluster, procs, kill: bool):
+    """A cluster whose follower holds a finished task whose payload byte was flipped while it was down."""
+    bc = start(cluster, procs)
+    leader = bc.leader_proc()
+    follower = next(p for p in bc.brokers if p is not leader)
+    marker = b"MARKER-" + uuid.uuid4().hex.encode()
+    payload = marker * 100  # big enough for its own overflow page
+    task_id = finished_task(leader.address, payload)
+    submit_some(leader.address, 12, "a")  # a few checkpoints, all of sound state
+    wait_for(lambda: caught_up(bc, follower), 30, "the follower to catch up")
+    if kill:
+        follower.kill()
+    else:
+        assert follower.terminate() == 0
+    sound = procs.run(["store", "verify", str(follower.data_dir)])
+    assert sound.returncode == 0, sound.stderr.decode()
+    assert flip_payload_byte(follower.data_dir, marker) >= 1
+    damaged = procs.run(["store", "verify", "--json", str(follower.data_dir)])
+    assert damaged.returncode == 1 and json.loads(damaged.stdout)["ok"] is False
+    reason = damaged.stderr.decode().strip().splitlines()
+    assert len(reason) == 1 and "damaged" in reason[0] and "Traceback" not in damaged.stderr.decode()
+    return bc, leader, follower, task_id, payload
+
+
+def assert_rebuilt(data_dir: Path, output: str) -> None:
+    critical = [line for line in output.splitlines() if "CRITICAL" in line]
+    assert len(critical) == 1 and "damaged" in critical[0], critical
+    assert list(Path(data_dir).glob("state.damaged-*")), "the damaged copy was not kept aside"
+    assert "Traceback" not in output
+
+
+def test_flipped_payload_byte_is_found_at_the_next_checkpoint_and_the_store_rebuilt(cluster, procs):
+    bc, leader, follower, task_id, payload = setup_damaged_follower(cluster, procs, kill=False)
+    follower = procs.restart(follower)  # closed in order: not verified at start
+    bc.brokers = [leader, follower]
+    submit_some(leader.address, 12, "b")  # enough entries for its next checkpoint
+    wait_for(lambda: "rebuilt the state store" in follower.output(), 60, "the follower to rebuild its store")
+    wait_for(lambda: caught_up(bc, follower), 60, "the rebuilt follower to reach the leader's digest")
+    assert_rebuilt(follower.data_dir, follower.output())
+    # Now let it lead: it must serve the payload that was acknowledged, not the damaged one.
+    assert leader.terminate() == 0
+    wait_for(lambda: (bc.leader_info() or {}).get("address") == follower.address, 30, "the follower to lead")
+    got = wait_for(lambda: call(follower.address, "get", task_id=task_id).get("task"), 30, "get from the new leader")
+    assert got["payload"] == payload and got["state"] == "done"
+
+
+def test_flipped_payload_byte_after_an_unclean_stop_is_found_at_start(cluster, procs):
+    bc, leader, follower, task_id, payload = setup_damaged_follower(cluster, procs, kill=True)
+    follower = procs.restart(follower)
+    bc.brokers = [leader, follower]
+    submit_some(leader.address, 3, "b")
+    state = wait_for(lambda: caught_up(bc, follower), 60, "the rebuilt follower to reach the leader's digest")
+    output = follower.output()
+    assert "not closed in order: verifying" in output
+    assert_rebuilt(follower.data_dir, output)
+    assert follower.terminate() == 0
+    with StateStore(Path(follower.data_dir) / "state", readonly=True) as store:
+        assert store.get_task(task_id)["payload"] == payload
+        assert store.digest() == state["digest"] == store.verify()["digest"]
+
+
+def _foreign_store(data_dir: Path, cluster_id: str | None, position=(0, 0)) -> None:
+    with StateStore(data_dir / "state", map_size=64 << 20) as store:
+        store.apply_batch([event("EpochStarted", epoch=1, broker_id=1, now_ms=1),
+                           event("TaskSubmitted", task_id="t1", queue="q", payload=b"theirs", now_ms=2)],
+                          position)
+        if cluster_id:
+            store.set_cluster_id(cluster_id)
+
+
+@pytest.mark.parametrize("foreign_id, expect", [
+    ("0b9e4c9e-another-cluster", "belongs to cluster 0b9e4c9e-another-cluster"),
+    (None, "beyond the cluster's log"),
+])
+def test_a_foreign_state_dir_without_broker_meta_is_refused(cluster, procs, tmp_path, foreign_id, expect):
+    config = ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=lambda: 1.0)
+    data = tmp_path / "foreign"
+    _foreign_store(data, foreign_id)
+    assert not (data / META).exists()
+    result = procs.run(["broker", "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1",
+                        "--zk", cluster.hosts, "--cluster", cluster.name], timeout=60)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fencepost: wrong store") and expect in last and config["cluster_id"] in last, last
+    assert "Traceback" not in err
+    assert not (data / META).exists() and not cluster.zk.exists(cluster.paths.broker_id(1))
+
+
+@pytest.mark.parametrize("content, field", [
+    ('{"cluster": "%s", "name": "b", "broker_id": "one", "register_code": "c"}', "broker_id"),
+    ('{"cluster": "%s", "name": "b", "broker_id": 1', "valid JSON"),
+])
+def test_a_damaged_broker_meta_stops_the_broker_with_one_line(cluster, procs, tmp_path, content, field):
+    data = tmp_path / "b"
+    data.mkdir()
+    (data / META).write_text(content % cluster.name if "%s" in content else content)
+    result = procs.run(["broker", "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1",
+                        "--zk", cluster.hosts, "--cluster", cluster.name], timeout=60)
+    err = result.stderr.decode()
+    last = err.strip().splitlines()[-1]
+    assert result.returncode == 1 and "Traceback" not in err
+    assert last.startswith("fencepost: ") and str(data / META) in last and field in last, last
+
+
+def test_a_store_without_cluster_id_consistent_with_the_log_is_adopted(cluster, procs):
+    bc = start(cluster, procs, extra=[])
+    leader = bc.leader_proc()
+    follower = next(p for p in bc.brokers if p is not leader)
+    submit_some(leader.address, 5, "c")
+    wait_for(lambda: caught_up(bc, follower), 30, "the follower to catch up")
+    assert follower.terminate() == 0
+    env = lmdb.open(str(Path(follower.data_dir) / "state"), max_dbs=16, map_size=1 << 30)
+    with env.begin(write=True) as txn:  # as a store made before cluster ids were recorded
+        assert txn.delete(META_CLUSTER, db=env.open_db(b"meta", txn=txn))
+    env.close()
+    follower = procs.restart(follower)
+    bc.brokers = [leader, follower]
+    wait_for(lambda: "adopting cluster" in follower.output(), 30, "the adoption line")
+    assert follower.terminate() == 0
+    report = json.loads(procs.run(["store", "verify", "--json", str(follower.data_dir)]).stdout)
+    config = json.loads(cluster.zk.get(cluster.paths.config)[0])
+    assert report["cluster_id"] == config["cluster_id"]
