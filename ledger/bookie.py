@@ -66,13 +66,10 @@ the last one. It is kept in memory only: after a restart the piggybacked LAC
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -85,6 +82,7 @@ from ledger import LedgerError, wire
 from ledger.bookie_config import BookieConfig
 from ledger.bookie_cookie import bind_instance
 from ledger.bookie_integrity import open_vouched_store, prepare_store
+from ledger.bookie_polls import LongPolls
 from ledger.bookie_registration import BookieRegistration
 from ledger.bookie_store import FENCED, STORED, BookieStore, ReadOnlyGate, check_or_write_cookie, is_disk_full
 from ledger.codec import CorruptEntry, check_run, peek_header
@@ -96,7 +94,6 @@ E_FENCED, E_BAD_ENTRY, E_NO_ENTRY, E_BUSY = "fenced", "bad_entry", "no_entry", "
 E_UNKNOWN = "unknown"  # cannot vouch for this ledger (limbo): never counted as "no such entry"
 E_READONLY = "readonly"  # the disk is full: adds are refused until a commit succeeds again
 E_WRONG_BOOKIE = "wrong_bookie"  # the request names another bookie id (a new bookie on an old address)
-MAX_WAITERS = 100_000
 MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 POLL_MS = 100
 _U64_MAX = (1 << 64) - 1
@@ -106,16 +103,6 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
-
-
-@dataclass(eq=False)
-class _Waiter:
-    envelope: list
-    rid: Any
-    ledger: int
-    after: int
-    deadline: float
-    done: bool = False
 
 
 def _id(msg: dict, name: str) -> int:
@@ -160,10 +147,7 @@ class Bookie:
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._registration: BookieRegistration | None = None
-        self._waiters: dict[int, list[_Waiter]] = {}
-        self._deadlines: list[tuple[float, int, _Waiter]] = []
-        self._seq = itertools.count()
-        self._waiting = 0
+        self._polls = LongPolls(self._info, self._send)
         self._explicit_lac: dict[int, int] = {}
 
     def start(self) -> None:
@@ -229,9 +213,9 @@ class Bookie:
         """Run the poll loop until ``stop`` is set."""
         assert self._sock is not None, "start() first"
         while not stop.is_set():
-            if self._sock.poll(self._poll_timeout_ms(), zmq.POLLIN):
+            if self._sock.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS), zmq.POLLIN):
                 self._turn()
-            self._expire_waiters()
+            self._polls.expire(time.monotonic())
             if self._registration is not None and self._registration.fatal:
                 raise LedgerError(self._registration.fatal)
 
@@ -336,7 +320,7 @@ class Bookie:
                 reply = wire.error_reply(rid, wire.E_INTERNAL, f"store answered {result!r}")
             self._send(envelope, reply)
         for ledger in ledgers:
-            self._wake(ledger)
+            self._polls.wake(ledger)
 
     def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
         """The reply to a request that hit a full disk; logs once per read-only episode."""
@@ -426,12 +410,8 @@ class Bookie:
         timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
         if info["lac"] > after or timeout_ms == 0:
             return wire.ok_reply(msg["rid"], **info)
-        if self._waiting >= MAX_WAITERS:
-            return wire.error_reply(msg["rid"], E_BUSY, f"{MAX_WAITERS} long polls are already waiting")
-        waiter = _Waiter(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000)
-        self._waiters.setdefault(ledger, []).append(waiter)
-        heapq.heappush(self._deadlines, (waiter.deadline, next(self._seq), waiter))
-        self._waiting += 1
+        if not self._polls.park(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000):
+            return wire.error_reply(msg["rid"], E_BUSY, f"{self._polls.limit} long polls are already waiting")
         return None
 
     def _info(self, ledger: int) -> dict:
@@ -446,13 +426,13 @@ class Bookie:
             return unknown
         if lac > self._explicit_lac.get(ledger, -1):
             self._explicit_lac[ledger] = lac
-            self._wake(ledger)
+            self._polls.wake(ledger)
         return wire.ok_reply(msg["rid"], **self._info(ledger))
 
     def _op_fence(self, envelope, msg, adds):
         ledger = _id(msg, "ledger")
         info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
-        self._wake(ledger, always=True)  # long pollers learn of the recovery at once
+        self._polls.wake(ledger, always=True)  # long pollers learn of the recovery at once
         return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **_info_fields(info))
 
     def _op_delete(self, envelope, msg, adds):
@@ -468,40 +448,6 @@ class Bookie:
                              uptime_s=round(time.monotonic() - self._started, 3), readonly=self._gate.readonly,
                              disk_full_events=self._gate.events, limbo_ledgers=len(self._limbo),
                              verified_at_start=self.verified_at_start)
-
-    # -- long polls -----------------------------------------------------------------
-
-    def _finish(self, waiter: _Waiter, info: dict) -> None:
-        waiter.done = True
-        self._waiting -= 1
-        self._send(waiter.envelope, wire.ok_reply(waiter.rid, **info))
-
-    def _wake(self, ledger: int, always: bool = False) -> None:
-        """Answer the long polls on ``ledger`` that its LAC now satisfies (all if ``always``)."""
-        waiters = self._waiters.pop(ledger, [])
-        info = self._info(ledger) if waiters else {}
-        for w in waiters:
-            if always or info["lac"] > w.after:
-                self._finish(w, info)
-            else:
-                self._waiters.setdefault(ledger, []).append(w)
-
-    def _expire_waiters(self) -> None:
-        now = time.monotonic()
-        while self._deadlines and (self._deadlines[0][2].done or self._deadlines[0][0] <= now):
-            w = heapq.heappop(self._deadlines)[2]
-            if not w.done:
-                self._finish(w, self._info(w.ledger))
-                rest = [x for x in self._waiters.pop(w.ledger, ()) if x is not w]
-                if rest:
-                    self._waiters[w.ledger] = rest
-
-    def _poll_timeout_ms(self) -> int:
-        while self._deadlines and self._deadlines[0][2].done:
-            heapq.heappop(self._deadlines)
-        if not self._deadlines:
-            return POLL_MS
-        return max(0, min(POLL_MS, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1))
 
 
 def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> None:

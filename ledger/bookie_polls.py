@@ -1,0 +1,91 @@
+"""The bookie's parked long polls (``wait_lac``): answered when their ledger moves or at their deadline.
+
+Waiters are kept per ledger (an add batch, an explicit LAC or a fence wakes
+only that ledger's) and in a heap of deadlines (the poll loop sleeps no longer
+than the nearest one, so every waiter is answered on time). Not thread-safe:
+the bookie's serving thread owns it.
+
+Example::
+
+    polls = LongPolls(info=store_info, send=send_reply)
+    if not polls.park(envelope, rid, ledger=7, after=3, deadline=time.monotonic() + 5):
+        ...answer "busy"
+    polls.wake(7)                               # after an add batch to ledger 7
+    polls.expire(time.monotonic())              # each loop turn
+    sock.poll(polls.timeout_ms(time.monotonic(), 100))
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ledger import wire
+
+MAX_WAITERS = 100_000
+
+
+@dataclass(eq=False)
+class _Waiter:
+    envelope: list
+    rid: Any
+    ledger: int
+    after: int
+    deadline: float
+    done: bool = False
+
+
+class LongPolls:
+    """Parked ``wait_lac`` requests; ``info(ledger)`` gives the reply fields, ``send(envelope, reply)`` sends."""
+
+    def __init__(self, info: Callable[[int], dict], send: Callable[[list, dict], None],
+                 limit: int = MAX_WAITERS) -> None:
+        self._info, self._send, self.limit = info, send, limit
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._deadlines: list[tuple[float, int, _Waiter]] = []
+        self._seq = itertools.count()
+        self.waiting = 0
+
+    def park(self, envelope: list, rid: Any, ledger: int, after: int, deadline: float) -> bool:
+        """Park a poll until ``ledger``'s LAC passes ``after`` or ``deadline``; False when full."""
+        if self.waiting >= self.limit:
+            return False
+        waiter = _Waiter(envelope, rid, ledger, after, deadline)
+        self._waiters.setdefault(ledger, []).append(waiter)
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
+        self.waiting += 1
+        return True
+
+    def _finish(self, waiter: _Waiter, info: dict) -> None:
+        waiter.done = True
+        self.waiting -= 1
+        self._send(waiter.envelope, wire.ok_reply(waiter.rid, **info))
+
+    def wake(self, ledger: int, always: bool = False) -> None:
+        """Answer the polls on ``ledger`` that its LAC now satisfies (all if ``always``)."""
+        waiters = self._waiters.pop(ledger, [])
+        info = self._info(ledger) if waiters else {}
+        for w in waiters:
+            if always or info["lac"] > w.after:
+                self._finish(w, info)
+            else:
+                self._waiters.setdefault(ledger, []).append(w)
+
+    def expire(self, now: float) -> None:
+        """Answer every poll whose deadline has passed."""
+        while self._deadlines and (self._deadlines[0][2].done or self._deadlines[0][0] <= now):
+            w = heapq.heappop(self._deadlines)[2]
+            if not w.done:
+                self._finish(w, self._info(w.ledger))
+                rest = [x for x in self._waiters.pop(w.ledger, ()) if x is not w]
+                if rest:
+                    self._waiters[w.ledger] = rest
+
+    def timeout_ms(self, now: float, longest: int) -> int:
+        """How long the loop may sleep: ``longest`` ms, or less if a deadline comes first."""
+        while self._deadlines and self._deadlines[0][2].done:
+            heapq.heappop(self._deadlines)
+        if not self._deadlines:
+            return longest
+        return max(0, min(longest, int((self._deadlines[0][0] - now) * 1000) + 1))
