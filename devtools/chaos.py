@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import tempfile
@@ -46,6 +47,8 @@ CLUSTER = "chaos"
 MONITOR_EVERY_S = 0.5
 RESUBMIT_CHUNK = 500
 LOOKUP_THREADS = 4
+# The last line of a Python traceback: "package.ErrorType: message".
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*")
 
 
 class ChaosError(BrokerError):
@@ -76,6 +79,8 @@ class ChaosRun:
         self.seed = config.seed if config.seed is not None else random.randrange(1 << 31)
         self.progress = progress
         self.deaths: list[dict] = []
+        # Findings that are not anomalies of the history (tracebacks in bookie logs).
+        self.notes: list[str] = []
         self._seen_dead: set[int] = set()
 
     def run(self) -> dict:
@@ -219,6 +224,8 @@ class ChaosRun:
                 text = Path(member["log"]).read_text(errors="replace")
                 obs.log_lines += [[injector.name_of(member), line] for line in crash_lines(text)]
         obs.deaths = self.deaths + injector.restart_failures
+        self.notes = [note for member in dev.read_state()["processes"] if member["kind"] == "bookie"
+                      for note in [log_note(injector.name_of(member), Path(member["log"]))] if note]
         return obs
 
     def _settle(self, dev: DevCluster) -> tuple[bool, str, list[dict]]:
@@ -271,9 +278,21 @@ class ChaosRun:
             },
             "poison_replies": dict(sorted(injector.poison_counts.items())),
             "brokers": history.observed.brokers,
+            "notes": self.notes,
             "anomalies": [a.to_dict() for a in anomalies],
             "reproduce": f"fencepost chaos --seconds {self.config.seconds:g} --seed {self.seed}",
         }
+
+
+def log_note(name: str, path: Path) -> str:
+    """One line on the crash lines of a (bookie) log and its most frequent error, or ''."""
+    text = path.read_text(errors="replace")
+    crashes = crash_lines(text)
+    if not crashes:
+        return ""
+    errors = Counter(line.strip() for line in text.splitlines() if ERROR_LINE.match(line))
+    top = f"; most frequent: {errors.most_common(1)[0][0][:160]} ({errors.most_common(1)[0][1]})" if errors else ""
+    return f"{name}: {len(crashes)} traceback/crash lines in its log{top}"
 
 
 def format_report(report: dict) -> str:
@@ -292,6 +311,7 @@ def format_report(report: dict) -> str:
                  f"{ops['queue_total']} tasks in the queue")
     if report.get("poison_replies"):
         lines.append("poison replies: " + ", ".join(f"{k} {n}" for k, n in report["poison_replies"].items()))
+    lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append(f"anomalies: {len(report['anomalies'])}")
     lines += [f"  {a['kind']} ({a['count']}): {a['detail']}" for a in report["anomalies"]]
     lines.append(f"reproduce: {report['reproduce']}")

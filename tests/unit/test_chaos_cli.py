@@ -52,3 +52,19 @@ def test_anomalies_exit_1_with_one_line_naming_them(monkeypatch):
     assert "lost_task (2)" in result.output
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("fencepost: 1 anomalies: lost_task (2)") and "seed 5" in last
+
+
+def test_log_note_names_the_most_frequent_error(tmp_path):
+    log = tmp_path / "bookie-0.log"
+    trace = ("ERROR ledger.bookie: add batch failed\nTraceback (most recent call last):\n"
+             "  File \"x.py\", line 1, in f\nlmdb.Error: mdb_txn_commit: Input/output error\n")
+    log.write_text("INFO serving\n" + trace * 3 + "Traceback (most recent call last):\nValueError: other\n")
+    note = chaos.log_note("bookie-0", log)
+    assert note.startswith("bookie-0: 4 traceback/crash lines")
+    assert "lmdb.Error: mdb_txn_commit: Input/output error (3)" in note
+
+
+def test_log_note_is_empty_for_a_clean_log(tmp_path):
+    log = tmp_path / "bookie-1.log"
+    log.write_text("INFO serving\nWARNING is read-only: its store is full\n")
+    assert chaos.log_note("bookie-1", log) == ""
