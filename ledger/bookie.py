@@ -302,6 +302,7 @@ class Bookie:
                 self._send(envelope, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
             return
         if self._gate.succeeded():
+            self._publish_readonly(False)
             log.warning("bookie %s is writable again: a commit succeeded after %d refused adds",
                         self.bookie_id, self.counters["readonly_refusals"])
         self.counters["batches"] += 1
@@ -325,11 +326,16 @@ class Bookie:
     def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
         """The reply to a request that hit a full disk; logs once per read-only episode."""
         if self._gate.failed(time.monotonic()):
+            self._publish_readonly(True)
             log.warning("bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "
                         "a commit succeeds again (retried every %.0f s)", self.bookie_id, exc, E_READONLY,
                         self._gate.probe_s)
         self.counters["readonly_refusals"] += 1
         return self._readonly_reply(rid)
+
+    def _publish_readonly(self, readonly: bool) -> None:
+        if self._registration is not None:
+            self._registration.set_readonly(readonly)
 
     def _readonly_reply(self, rid: Any) -> dict:
         return wire.error_reply(rid, E_READONLY, f"bookie {self.bookie_id} is read-only: its disk is full")

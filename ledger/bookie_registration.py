@@ -1,7 +1,8 @@
 """A bookie's ephemeral registration under `bookies/` in ZooKeeper.
 
-The node carries the bookie's address and free space. A keeper thread
-re-registers after a session loss and refreshes the free space, so no
+The node carries the bookie's address, free space and whether it is read-only
+(its disk is full: new ledgers then leave it out of their ensemble). A keeper
+thread re-registers after a session loss and refreshes the node, so no
 ZooKeeper call ever blocks the bookie's serving loop.
 
 Example::
@@ -9,6 +10,7 @@ Example::
     registration = BookieRegistration(zk, paths, "bookie-1", "tcp://127.0.0.1:3181", "/data")
     registration.register(wait_s=5.0)
     registration.start_keeper()
+    registration.set_readonly(True)    # published by the keeper within half a second
 """
 from __future__ import annotations
 
@@ -51,13 +53,20 @@ class BookieRegistration:
         self.fatal: str | None = None
         self._zk, self._paths, self._id, self._address, self._data_dir = zk, paths, bookie_id, address, data_dir
         self._path, self._wait_s = paths.bookie(bookie_id), 10.0
-        self._lost, self._stop = threading.Event(), threading.Event()
+        self._lost, self._stop, self._changed = threading.Event(), threading.Event(), threading.Event()
+        self._readonly = False
         self._thread: threading.Thread | None = None
         zk.add_listener(self._on_state)
 
     def _data(self) -> bytes:
         free = shutil.disk_usage(self._data_dir).free
-        return json.dumps({"address": self._address, "free_bytes": free, "bookie_id": self._id}).encode()
+        return json.dumps({"address": self._address, "free_bytes": free, "bookie_id": self._id,
+                           "readonly": self._readonly}).encode()
+
+    def set_readonly(self, readonly: bool) -> None:
+        """Publish the read-only state (from any thread; the keeper writes it)."""
+        self._readonly = readonly
+        self._changed.set()
 
     def register(self, wait_s: float) -> None:
         """Create the node, settling a leftover one as the class docstring says."""
@@ -105,7 +114,8 @@ class BookieRegistration:
                     self.register(self._wait_s)
                     self._lost.clear()
                     log.info("re-registered bookie %s after a ZooKeeper session loss", self._id)
-                elif time.monotonic() >= next_refresh and self._zk.connected:
+                elif (self._changed.is_set() or time.monotonic() >= next_refresh) and self._zk.connected:
+                    self._changed.clear()
                     next_refresh = time.monotonic() + self.REFRESH_S
                     self._zk.set(self._path, self._data())
             except LedgerError as exc:

@@ -148,17 +148,23 @@ def choose_ensemble(bookies: list[dict], size: int, rng: random.Random) -> list[
 
     Input dicts need ``bookie_id`` and ``address`` (as registered in
     ``bookies/<id>``). The result is deterministic for a given ``rng`` state.
+    Bookies registered ``readonly`` (full disk) are left out while enough others are live.
     """
     usable = {}
+    readonly = set()
     for b in bookies:
         if isinstance(b, dict) and b.get("bookie_id") and b.get("address"):
             usable[str(b["bookie_id"])] = str(b["address"])
+            if b.get("readonly") is True:
+                readonly.add(str(b["bookie_id"]))
     if len(usable) < size:
         raise NotEnoughBookies(
             f"need {size} live bookies for a ledger ensemble, found {len(usable)}"
             + (f" ({', '.join(sorted(usable))})" if usable else "")
         )
-    chosen = rng.sample(sorted(usable), size)
+    # A read-only bookie (full disk) refuses adds: use it only when there is no other way.
+    writable = sorted(set(usable) - readonly)
+    chosen = rng.sample(writable if len(writable) >= size else sorted(usable), size)
     return [{"bookie_id": bid, "address": usable[bid]} for bid in chosen]
 
 

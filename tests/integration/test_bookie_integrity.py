@@ -2,6 +2,7 @@
 read-only mode on a full disk."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -157,6 +158,8 @@ def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(cluste
         assert c.call("add", ledger=2, entry=refused_at + i, data=entry(2, refused_at + i))["error"] == "readonly"
     stats = c.call("stats")
     assert stats["readonly"] is True and stats["disk_full_events"] == 1 and stats["readonly_refusals"] >= 201
+    node = cluster.paths.bookie(stats["bookie_id"])
+    wait_for(lambda: json.loads(cluster.zk.get(node)[0])["readonly"] is True, 10, "the registration to say readonly")
     assert c.call("read", ledger=2, entry=0)["ok"]  # reads go on
 
     assert c.call("delete", ledger=1)["ok"]
@@ -164,6 +167,7 @@ def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(cluste
     wait_for(lambda: c.call("add", ledger=3, entry=0, data=entry(3, 0))["ok"], 15, "an add after the delete")
     stats = c.call("stats")
     assert stats["readonly"] is False and stats["disk_full_events"] == 1
+    wait_for(lambda: json.loads(cluster.zk.get(node)[0])["readonly"] is False, 10, "the registration to say writable")
     output = bookie.output()
     assert output.count("is read-only: its store is full") == 1, output
     assert output.count("is writable again") == 1, output

@@ -273,3 +273,15 @@ def test_verdict_never_drops_an_acknowledged_entry(ensemble, ack_quorum):
                 if verdict == ABSENT:
                     noes = [i for i in fenced if answers[i] == NO_ENTRY]
                     assert len(noes) >= fence_quorum and UNVOUCHED not in [answers[i] for i in noes]
+
+
+def test_new_ensembles_leave_out_read_only_bookies_while_they_can():
+    import random
+
+    from ledger.metadata import choose_ensemble
+
+    bookies = [{"bookie_id": f"b{i}", "address": f"tcp://127.0.0.1:{4000 + i}", "readonly": i == 0} for i in range(4)]
+    for seed in range(30):
+        assert "b0" not in {m["bookie_id"] for m in choose_ensemble(bookies, 3, random.Random(seed))}
+    chosen = choose_ensemble(bookies[:3], 3, random.Random(1))  # no other way: it is used
+    assert {m["bookie_id"] for m in chosen} == {"b0", "b1", "b2"}
