@@ -288,9 +288,10 @@ class BrokerNode:
         # A tail blocked in a ZooKeeper call never touches the store again before we exit: do not
         # spend the budget the checkpoint and the clean marker need waiting for it.
         self._stop_tail(timeout=self._remaining(5.0 if self.zk.connected else 1.0))
-        clean = not self._damaged.is_set()
+        clean = not self._damaged.is_set()  # a store awaiting its rebuild stays unclean: verified at start
         try:
-            self.checkpointer.checkpoint(publish=self.zk.connected)
+            if clean:
+                self.checkpointer.checkpoint(publish=self.zk.connected)
         except StoreDamaged as exc:
             log.critical("%s; not marking it clean, so the next start rebuilds it", exc)
             clean = False

@@ -1,5 +1,6 @@
 """Broker stores that verify themselves and know their cluster, on real processes."""
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -182,3 +183,33 @@ def test_a_store_without_cluster_id_consistent_with_the_log_is_adopted(cluster, 
     report = json.loads(procs.run(["store", "verify", "--json", str(follower.data_dir)]).stdout)
     config = json.loads(cluster.zk.get(cluster.paths.config)[0])
     assert report["cluster_id"] == config["cluster_id"]
+
+
+def test_a_leader_whose_store_is_damaged_while_it_runs_hands_over_and_rebuilds(cluster, procs):
+    bc = start(cluster, procs)
+    leader = bc.leader_proc()
+    follower = next(p for p in bc.brokers if p is not leader)
+    marker = b"MARKER-" + uuid.uuid4().hex.encode()
+    payload = marker * 100
+    task_id = finished_task(leader.address, payload)
+    submit_some(leader.address, 12, "a")
+    # Damage the running leader's file in place: LMDB maps it, so its next read sees the flip.
+    path = Path(leader.data_dir) / "state" / "data.mdb"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        data = path.read_bytes()
+        at = data.find(marker)
+        while at >= 0:
+            os.pwrite(fd, bytes([data[at + 20] ^ 0x20]), at + 20)
+            at = data.find(marker, at + 1)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    submit_some(leader.address, 8, "b")  # its next checkpoint reads the damaged payload
+    wait_for(lambda: "rebuilt the state store" in leader.output(), 60, "the leader to find the damage and rebuild")
+    new = bc.wait_leader(timeout=30)
+    assert new["address"] == follower.address, "a broker rebuilding its store must not lead"
+    got = wait_for(lambda: call(follower.address, "get", task_id=task_id).get("task"), 30, "get from the new leader")
+    assert got["payload"] == payload
+    wait_for(lambda: caught_up(bc, leader), 60, "the rebuilt broker to reach the new leader's digest")
+    assert_rebuilt(leader.data_dir, leader.output())
