@@ -129,3 +129,22 @@ def test_valid_submits_roundtrip(fields):
         except BadEvent:
             pass  # text() may produce surrogates; those are refused, never crash
     assert decode_batch(encode_batch(batch)) == batch
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 65_535, 65_536])
+def test_requests_encoded_one_by_one_join_into_the_same_entry(count):
+    from broker.events import batch_payload, encode_events
+
+    evs = [{"type": "TaskCancelled", "task_id": f"t{i}", "now_ms": i} for i in range(count)]
+    parts = [encode_events(evs[i:i + 7]) for i in range(0, count, 7)]
+    joined = batch_payload([data for _checked, data in parts], count)
+    assert joined == encode_batch(evs)
+    assert decode_batch(joined) == [ev for checked, _data in parts for ev in checked]
+
+
+def test_describe_kind_says_what_the_check_wants():
+    from broker.events import check_value, describe_kind
+
+    assert describe_kind("id") == "a string of 1-200 UTF-8 bytes"
+    assert describe_kind("attempts?") == "an integer between 1 and 2147483648 or null"
+    assert not check_value("id", "é" * 101) and check_value("id", "é" * 100)
