@@ -266,7 +266,14 @@ class BrokerNode:
         return max(0.0, min(cap, self._stop_deadline - time.monotonic()))
 
     def fail(self, exc: Exception) -> None:
-        """A fatal condition (divergence, a gap in the log): stop loudly with exit code 1."""
+        """A fatal condition (divergence, a gap in the log): stop loudly with exit code 1.
+
+        A damaged store is not fatal (nor the entry's fault): it is rebuilt instead.
+        """
+        damage = exc if isinstance(exc, StoreDamaged) else exc.__cause__
+        if isinstance(damage, StoreDamaged) and not self._damaged.is_set():
+            self.store_damaged(damage)
+            return
         log.critical("stopping: %s", exc)
         self.exit_code = 1
         self.stop_event.set()
@@ -425,6 +432,8 @@ class BrokerNode:
             self._live_dirty = True
             while not self._step_down.wait(0.1) and not self.stop_event.is_set():
                 pass
+        except StoreDamaged as exc:  # our store, not the entry, is at fault: rebuild it
+            self.store_damaged(exc)
         except Diverged as exc:  # catching up hit an entry we cannot apply: stop, never skip it
             self.fail(exc)
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
