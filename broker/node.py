@@ -297,8 +297,9 @@ class BrokerNode:
         self._stop_tail(timeout=self._remaining(5.0 if self.zk.connected else 1.0))
         clean = not self._damaged.is_set()  # a store awaiting its rebuild stays unclean: verified at start
         try:
-            if clean:
-                self.checkpointer.checkpoint(publish=self.zk.connected)
+            before = self.checkpointer.latest
+            if clean and self.checkpointer.checkpoint(publish=self.zk.connected) is before:
+                self.store.verify()  # nothing new to snapshot: "clean" still means checked at close
         except StoreDamaged as exc:
             log.critical("%s; not marking it clean, so the next start rebuilds it", exc)
             clean = False
