@@ -322,14 +322,18 @@ def _client(zk, cluster, dev_dir, timeout: float = 30.0):
 @click.option("--priority", default=0, show_default=True, type=int, help="Higher runs first.")
 @click.option("--delay", default=0.0, show_default=True, type=float, help="Seconds before the task may run.")
 @click.option("--max-attempts", default=None, type=click.IntRange(1, 1000), help="Attempts before the task is dead.")
+@click.option("--max-run", default=None, type=click.FloatRange(min=0.1),
+              help="Seconds one attempt may run: past it the worker abandons it (killing a `worker run` command) "
+                   "and the leader expires its lease even if heartbeats go on.")
 @click.option("--wait", "wait_s", default=None, type=float, help="Wait up to this many seconds for the task to finish.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @cluster_options
-def submit(queue, payload, key, priority, delay, max_attempts, wait_s, as_json, zk, cluster, dev_dir) -> None:
+def submit(queue, payload, key, priority, delay, max_attempts, max_run, wait_s, as_json, zk, cluster, dev_dir) -> None:
     """Submit a task to QUEUE; PAYLOAD is read from stdin when absent. Prints the task id once committed."""
     data = payload.encode() if payload is not None else click.get_binary_stream("stdin").read()
     with _client(zk, cluster, dev_dir) as client:
-        task_id = client.submit(queue, data, key=key, priority=priority, delay=delay, max_attempts=max_attempts)
+        task_id = client.submit(queue, data, key=key, priority=priority, delay=delay, max_attempts=max_attempts,
+                                max_run=max_run)
         task = client.wait(task_id, timeout=wait_s) if wait_s is not None else None
     if as_json:
         emit({"task_id": task_id, "task": _printable(task) if task else None}, True, None)

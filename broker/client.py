@@ -70,7 +70,7 @@ MAX_REPLY_BYTES = 1 << 28
 FREE_REDIRECTS = 3
 # Room in a frame for the envelope and the field names around a submit_many's payloads.
 SUBMIT_OVERHEAD_BYTES = 512
-_SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts"})
+_SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run"})
 _ENVELOPE = ("v", "rid", "ok")
 
 
@@ -164,7 +164,7 @@ def auto_key() -> str:
 
 
 def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-                  delay: float = 0, max_attempts: int | None = None) -> dict:
+                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> dict:
     """The wire fields of one submit; the key is fixed here, once, so every retry resends it."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
@@ -174,6 +174,10 @@ def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: 
               "priority": int(priority), "delay_ms": int(round(delay * 1000))}
     if max_attempts is not None:
         fields["max_attempts"] = int(max_attempts)
+    if max_run is not None:
+        if max_run <= 0:
+            raise ValueError("max_run must be > 0 seconds")
+        fields["max_run_ms"] = int(round(max_run * 1000))
     return fields
 
 
@@ -248,9 +252,13 @@ class Client:
     # ------------------------------------------------------------ public API
 
     def submit(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-               delay: float = 0, max_attempts: int | None = None) -> str:
-        """Submit one task; return its id once committed. The same ``key`` returns the same id."""
-        fields = submit_fields(queue, payload, key, priority, delay, max_attempts)
+               delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> str:
+        """Submit one task; return its id once committed. The same ``key`` returns the same id.
+
+        ``max_run`` (seconds) bounds each attempt: past it the worker abandons the
+        attempt and the leader expires its lease even if heartbeats go on.
+        """
+        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run)
         self._check_payload(fields["payload"])
         return self.call("submit", **fields)["task_id"]
 

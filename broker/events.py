@@ -74,11 +74,12 @@ _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 # always makes events that pass here.
 SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "QueueDeclared": {"queue": ("name", _REQUIRED), "max_attempts": ("attempts?", None),
-                      "lease_ms": ("span?", None)},
+                      "lease_ms": ("span?", None), "max_run_ms": ("span?", None)},
     "TaskSubmitted": {"task_id": ("id", _REQUIRED), "queue": ("name", _REQUIRED),
                       "payload": ("bytes", _REQUIRED), "key": ("key?", None),
                       "priority": ("priority", 0), "delay_ms": ("delay", 0),
-                      "max_attempts": ("attempts?", None), "now_ms": ("time", _REQUIRED)},
+                      "max_attempts": ("attempts?", None), "max_run_ms": ("span?", None),
+                      "now_ms": ("time", _REQUIRED)},
     "TaskLeased": {"worker": ("name", _REQUIRED), "queues": ("names", _REQUIRED),
                    "max_tasks": ("max_tasks", 1), "lease_ms": ("span?", None),
                    "now_ms": ("time", _REQUIRED)},

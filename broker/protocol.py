@@ -8,11 +8,11 @@ the events' results become the reply.
 Operations (request fields -> reply fields):
 
 - ``ping`` -> ``broker_id, role, leader``
-- ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?`` -> ``task_id``
+- ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?`` -> ``task_id``
 - ``submit_many`` ``tasks: [submit fields]`` -> ``task_ids``
 - ``get`` ``task_id`` -> ``task``
 - ``cancel`` ``task_id`` -> ``{}``
-- ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload}]``
+- ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload, max_run_ms}]``
 - ``heartbeat`` ``worker, task_id, attempt, lease_ms?`` -> ``{}``
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
 - ``complete_many`` ``tasks: [{task_id, attempt, result?}]`` -> ``results: [{ok, error?, message?}]``
@@ -58,7 +58,7 @@ import re
 from typing import Any, Callable
 
 from broker import BrokerError
-from broker.events import MAX_ERROR_CHARS, MAX_LIST, SCHEMAS, check_value, describe_kind
+from broker.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk"})
@@ -103,6 +103,7 @@ K_KEY = _kind("TaskSubmitted", "key")
 K_PRIORITY = _kind("TaskSubmitted", "priority")
 K_DELAY = _kind("TaskSubmitted", "delay_ms")
 K_MAX_ATTEMPTS = _kind("TaskSubmitted", "max_attempts")
+K_MAX_RUN_MS = _kind("TaskSubmitted", "max_run_ms")
 K_TASK_ID = _kind("TaskCancelled", "task_id")
 K_WORKER = _kind("TaskLeased", "worker")
 K_MAX_TASKS = _kind("TaskLeased", "max_tasks")
@@ -155,6 +156,7 @@ def check_submit(msg: dict, max_payload: int) -> dict:
         "priority": _field(msg, "priority", K_PRIORITY, 0),
         "delay_ms": _field(msg, "delay_ms", K_DELAY, 0),
         "max_attempts": _field(msg, "max_attempts", K_MAX_ATTEMPTS, None, 1, MAX_ATTEMPTS),
+        "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
     }
 
 
@@ -232,7 +234,7 @@ def check_request(msg: dict, max_payload: int) -> dict:
 def _submitted(sub: dict, now_ms: int, new_id: Callable[[], str]) -> dict:
     return {"type": "TaskSubmitted", "task_id": new_id(), "queue": sub["queue"], "payload": sub["payload"],
             "key": sub["key"], "priority": sub["priority"], "delay_ms": sub["delay_ms"],
-            "max_attempts": sub["max_attempts"], "now_ms": now_ms}
+            "max_attempts": sub["max_attempts"], "max_run_ms": sub["max_run_ms"], "now_ms": now_ms}
 
 
 def _completed(item: dict, now_ms: int) -> dict:

@@ -97,6 +97,7 @@ def _enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
 def _finish(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
     rec["finished_ms"] = now_ms
     rec["lease_deadline_ms"] = None
+    rec["run_deadline_ms"] = None
     _enter(tx, rec, state, now_ms)
 
 
@@ -106,10 +107,17 @@ def _release(tx: StateTxn, rec: dict, now_ms: int, error: str, delay_ms: int = 0
     rec["error"] = error
     if rec["attempts"] < rec["max_attempts"]:
         rec["lease_deadline_ms"] = None
+        rec["run_deadline_ms"] = None
         rec["not_before_ms"] = now_ms + delay_ms
         _enter(tx, rec, WAITING, now_ms)
     else:
         _finish(tx, rec, DEAD, now_ms)
+
+
+def _capped(deadline_ms: int, rec: dict) -> int:
+    """A lease deadline, never past the attempt's max_run_ms: heartbeats cannot keep a stuck attempt."""
+    run_deadline = rec.get("run_deadline_ms")
+    return deadline_ms if run_deadline is None else min(deadline_ms, run_deadline)
 
 
 def _check_attempt(rec: dict | None, task_id: str, attempt: int) -> dict | None:
@@ -144,8 +152,11 @@ def _queue_declared(tx: StateTxn, ev: dict) -> dict:
         q["max_attempts"] = ev["max_attempts"]
     if ev["lease_ms"] is not None:
         q["lease_ms"] = ev["lease_ms"]
+    if ev["max_run_ms"] is not None:
+        q["max_run_ms"] = ev["max_run_ms"]
     tx.touch_queue(name)
-    return ok(queue=name, created=created, max_attempts=q["max_attempts"], lease_ms=q["lease_ms"])
+    return ok(queue=name, created=created, max_attempts=q["max_attempts"], lease_ms=q["lease_ms"],
+              max_run_ms=q.get("max_run_ms"))
 
 
 def _task_submitted(tx: StateTxn, ev: dict) -> dict:
@@ -161,7 +172,8 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
            "priority": ev["priority"], "seq": tx.next_seq(), "attempts": 0,
            "max_attempts": ev["max_attempts"] or q["max_attempts"], "submitted_ms": now,
            "not_before_ms": now + ev["delay_ms"], "started_ms": None, "finished_ms": None,
-           "worker": None, "lease_deadline_ms": None, "result": None, "error": None}
+           "worker": None, "lease_deadline_ms": None, "result": None, "error": None,
+           "max_run_ms": ev["max_run_ms"]}
     tx.put("payloads", text(tid), ev["payload"])
     if ev["key"] is not None:
         tx.put("keys", idem_key(name, ev["key"]), text(tid))
@@ -191,6 +203,7 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
             continue
         _promote_due(tx, name, now)
         lease_ms = ev["lease_ms"] or q["lease_ms"]
+        queue_max_run_ms = q.get("max_run_ms")
         prefix = queue_prefix(name)
         while len(tasks) < want:
             found = tx.first("ready", prefix)  # highest priority, then oldest
@@ -201,10 +214,12 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
             rec["attempts"] += 1
             rec["worker"] = worker
             rec["started_ms"] = now
-            rec["lease_deadline_ms"] = now + lease_ms
+            max_run_ms = rec.get("max_run_ms") or queue_max_run_ms
+            rec["run_deadline_ms"] = now + max_run_ms if max_run_ms else None
+            rec["lease_deadline_ms"] = _capped(now + lease_ms, rec)
             _enter(tx, rec, RUNNING, now)
             tasks.append({"task_id": rec["id"], "attempt": rec["attempts"], "queue": name,
-                          "payload": tx.get("payloads", found[1])})
+                          "payload": tx.get("payloads", found[1]), "max_run_ms": max_run_ms})
     _touch_worker(tx, worker, now)
     return ok(tasks=tasks)
 
@@ -219,7 +234,7 @@ def _lease_extended(tx: StateTxn, ev: dict) -> dict:
         return err(E_NOT_OWNER, f"attempt {ev['attempt']} is leased to another worker")
     lease_ms = ev["lease_ms"] or tx.queue(rec["queue"])["lease_ms"]
     tx.must_delete("leases", lease_key(rec["lease_deadline_ms"], tid))
-    rec["lease_deadline_ms"] = now + lease_ms
+    rec["lease_deadline_ms"] = _capped(now + lease_ms, rec)
     tx.put("leases", lease_key(rec["lease_deadline_ms"], tid), b"")
     tx.save_task(rec)
     _touch_worker(tx, ev["worker"], now)

@@ -67,6 +67,8 @@ META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META
 TASK_FIELDS = ("id", "queue", "state", "key", "priority", "seq", "attempts", "max_attempts",
                "submitted_ms", "not_before_ms", "started_ms", "finished_ms", "worker",
                "lease_deadline_ms", "result", "error")
+# Stored only when set, so tasks and queues without them keep their records (and digests) unchanged.
+TASK_OPTIONAL_FIELDS = ("max_run_ms", "run_deadline_ms")
 QUEUE_FIELDS = ("max_attempts", "lease_ms", "counts")
 COUNT_NAMES = ("waiting", "running", "done", "failed", "dead", "cancelled", "delayed")
 
@@ -140,13 +142,20 @@ def unpack(b: bytes) -> Any:
 
 
 def pack_task(rec: dict) -> bytes:
-    return pack({f: rec[f] for f in TASK_FIELDS})
+    doc = {f: rec[f] for f in TASK_FIELDS}
+    for name in TASK_OPTIONAL_FIELDS:
+        if rec.get(name) is not None:
+            doc[name] = rec[name]
+    return pack(doc)
 
 
 def pack_queue(rec: dict) -> bytes:
     counts = rec["counts"]
-    return pack({"max_attempts": rec["max_attempts"], "lease_ms": rec["lease_ms"],
-                 "counts": {c: counts[c] for c in COUNT_NAMES}})
+    doc = {"max_attempts": rec["max_attempts"], "lease_ms": rec["lease_ms"],
+           "counts": {c: counts[c] for c in COUNT_NAMES}}
+    if rec.get("max_run_ms") is not None:
+        doc["max_run_ms"] = rec["max_run_ms"]
+    return pack(doc)
 
 
 def record_hash(db: str, key: bytes, value: bytes) -> int:

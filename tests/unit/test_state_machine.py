@@ -56,7 +56,7 @@ def r(tmp_path):
 def test_submit_lease_complete(r):
     assert r.submit("t1", now_ms=5) == {"ok": True, "task_id": "t1", "created": True}
     res = r.do("TaskLeased", worker="w1", queues=["q"], max_tasks=5, lease_ms=100, now_ms=7)
-    assert res["tasks"] == [{"task_id": "t1", "attempt": 1, "queue": "q", "payload": b"t1"}]
+    assert res["tasks"] == [{"task_id": "t1", "attempt": 1, "queue": "q", "payload": b"t1", "max_run_ms": None}]
     task = r.store.get_task("t1")
     assert (task["state"], task["worker"], task["started_ms"], task["lease_deadline_ms"]) == \
         ("running", "w1", 7, 107)
@@ -136,6 +136,31 @@ def test_heartbeat_extends_lease(r):
     assert r.do("LeaseExpired", now_ms=60)["expired"] == []
     assert r.do("LeaseExtended", task_id="t", attempt=1, worker="other", now_ms=41)["error"] \
         == "not_owner"
+
+
+def test_max_run_ms_caps_the_lease_and_heartbeats_cannot_extend_it(r):
+    r.submit("t", max_run_ms=1000, max_attempts=2)
+    res = r.do("TaskLeased", worker="w", queues=["q"], max_tasks=1, lease_ms=600, now_ms=0)
+    assert res["tasks"][0]["max_run_ms"] == 1000
+    assert r.store.get_task("t")["lease_deadline_ms"] == 600
+    # A heartbeat extends the lease, but never past started + max_run_ms.
+    assert r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=600, now_ms=500)["lease_deadline_ms"] == 1000
+    assert r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=600, now_ms=900)["lease_deadline_ms"] == 1000
+    assert r.do("LeaseExpired", now_ms=999)["expired"] == []
+    assert r.do("LeaseExpired", now_ms=1000)["expired"] == [{"task_id": "t", "attempt": 1, "state": "waiting"}]
+    # The next attempt gets its own max_run_ms from its own start.
+    r.do("TaskLeased", worker="w", queues=["q"], max_tasks=1, lease_ms=5000, now_ms=2000)
+    assert r.store.get_task("t")["lease_deadline_ms"] == 3000
+
+
+def test_queue_max_run_ms_applies_to_tasks_without_their_own(r):
+    assert r.do("QueueDeclared", queue="q", max_run_ms=200)["max_run_ms"] == 200
+    r.submit("plain")
+    r.submit("own", max_run_ms=50)
+    res = r.do("TaskLeased", worker="w", queues=["q"], max_tasks=2, lease_ms=10_000, now_ms=0)
+    assert {t["task_id"]: t["max_run_ms"] for t in res["tasks"]} == {"plain": 200, "own": 50}
+    assert r.store.get_task("plain")["lease_deadline_ms"] == 200
+    assert r.store.get_task("own")["lease_deadline_ms"] == 50
 
 
 def test_stale_attempt_rejected(r):
