@@ -35,10 +35,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import lmdb
 import zmq
 
 from broker import protocol
 from broker.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.state_store import StoreDamaged
 from ledger import wire
 from snapshots.transfer import TransferError
 
@@ -180,6 +182,12 @@ class BrokerServer:
         log.error("request %.40r failed inside the broker: %s: %.300s", op, type(exc).__name__, exc)
         log.debug("request %.40r failure", op, exc_info=exc)
         self._send(route, wire.error_reply(rid, protocol.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
+        # A read that hit a damaged store is not this request's fault: the broker must stop
+        # serving from that store now, not at its next checkpoint.
+        if isinstance(exc, lmdb.Error):
+            exc = StoreDamaged(self.store.path, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, StoreDamaged):
+            self.on_fatal(exc)
 
     def _handle(self, route: list[bytes], frame: bytes) -> None:
         rid = op = None
