@@ -47,6 +47,8 @@ CLUSTER = "chaos"
 MONITOR_EVERY_S = 0.5
 RESUBMIT_CHUNK = 500
 LOOKUP_THREADS = 4
+# How long an interrupted run waits for the fault in progress to heal.
+HEAL_TIMEOUT_S = 60.0
 # The last line of a Python traceback: "package.ErrorType: message".
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*")
 
@@ -93,15 +95,17 @@ class ChaosRun:
         if dev.running():
             raise ChaosError(f"a dev cluster already runs in {run_dir}: give the chaos run a directory of its own")
         faults = S.plan(self.seed, cfg.seconds)
-        disks, reason = DiskFiller.prepare(dev, cfg.bookies)
-        skip = {} if disks else {S.FILL_DISK: reason}
-        try:
-            import devtools.fuzz  # noqa: F401  (another part provides it; without it poison is skipped)
-        except ImportError as exc:
-            skip[S.POISON] = f"devtools.fuzz is not available: {exc}"
-        producers = workers = None
+        producers = workers = disks = faulting = None
+        stop = threading.Event()
         report: dict = {}
+        previous_term = _interrupt_on_sigterm()
         try:
+            disks, reason = DiskFiller.prepare(dev, cfg.bookies)
+            skip = {} if disks else {S.FILL_DISK: reason}
+            try:
+                import devtools.fuzz  # noqa: F401  (another part provides it; without it poison is skipped)
+            except ImportError as exc:
+                skip[S.POISON] = f"devtools.fuzz is not available: {exc}"
             state = dev.up(DevClusterSpec(cluster=CLUSTER, bookies=cfg.bookies, brokers=cfg.brokers,
                                           session_files=True), progress=self.progress)
             zk = state["zk"]
@@ -111,7 +115,6 @@ class ChaosRun:
             producers = Producers(zk, CLUSTER, QUEUE, threads=cfg.producers, rate=cfg.rate)
             workers = WorkerPool(run_dir, zk, CLUSTER, QUEUE, count=cfg.workers)
             injector = Injector(dev, workers, disks=disks, skip=skip)
-            stop = threading.Event()
             monitor = threading.Thread(target=self._monitor, args=(dev, injector, workers, stop), daemon=True)
             producers.start()
             workers.start()
@@ -132,6 +135,10 @@ class ChaosRun:
             anomalies = check(history)
             report = self._report(history, injector, anomalies, faults, skip, started)
         finally:
+            # Interrupted: let the fault in progress heal first, or it could restart a member after `down`.
+            stop.set()
+            if faulting is not None:
+                faulting.join(HEAL_TIMEOUT_S)
             if producers is not None:
                 producers.stop(timeout=1.0)
             if workers is not None:
@@ -146,6 +153,8 @@ class ChaosRun:
             dev.down()
             if disks is not None:
                 disks.unmount()
+            if previous_term is not None:
+                signal.signal(signal.SIGTERM, previous_term)
             keep = cfg.keep or bool(report.get("anomalies"))
             if temp and not keep:
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -282,6 +291,17 @@ class ChaosRun:
             "anomalies": [a.to_dict() for a in anomalies],
             "reproduce": f"fencepost chaos --seconds {self.config.seconds:g} --seed {self.seed}",
         }
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM (a CI timeout) stops the run like Ctrl-C, so `finally` stops the cluster; the old handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)
 
 
 def log_note(name: str, path: Path) -> str:

@@ -1,12 +1,14 @@
 """`fencepost chaos` end to end: a 60-second seeded fault run on its own cluster finds no anomaly."""
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 SEED = 20240607
 
@@ -15,8 +17,7 @@ SEED = 20240607
 @pytest.mark.timeout(420)
 def test_sixty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
     run_dir = tmp_path / "chaos"
-    done = subprocess.run([sys.executable, "-m", "cli", "chaos", "--seconds", "60", "--seed", str(SEED), "--json",
-                           "--dir", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=400)
+    done = run_chaos(["--seconds", "60", "--seed", str(SEED), "--json", "--dir", str(run_dir)], timeout=400)
     report = json.loads(done.stdout)
     assert report["seed"] == SEED
     assert report["faults"]["injected"] > 0, report["faults"]
@@ -31,6 +32,43 @@ def test_sixty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
     state = json.loads((run_dir / "cluster.json").read_text())
     assert state["processes"] == []
     assert not processes_mentioning(str(run_dir))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+def test_sigterm_stops_the_run_and_everything_it_started(tmp_path):
+    run_dir = tmp_path / "chaos"
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "chaos", "--seconds", "600", "--seed", "3",
+                             "--dir", str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        # Wait until the load and the faults run: the cluster is up and the workers started.
+        wait_for(lambda: (run_dir / "worker-1.log").exists(), 90, "the chaos run's workers")
+        time.sleep(5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and "interrupted" in err
+    assert not processes_mentioning(str(run_dir))
+    assert str(run_dir) not in Path("/proc/mounts").read_text()
+
+
+def run_chaos(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run `fencepost chaos`; past `timeout`, SIGTERM it so it stops its cluster, then fail."""
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "chaos", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+        raise AssertionError(f"chaos run still running after {timeout}s:\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def processes_mentioning(text: str) -> list[int]:
