@@ -17,7 +17,7 @@ SEED = 20240607
 @pytest.mark.timeout(420)
 def test_sixty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
     run_dir = tmp_path / "chaos"
-    done = run_chaos(["--seconds", "60", "--seed", str(SEED), "--json", "--dir", str(run_dir)], timeout=400)
+    done = run_chaos(["--seconds", "60", "--seed", str(SEED), "--json", "--dir", str(run_dir)], timeout=300)
     report = json.loads(done.stdout)
     assert report["seed"] == SEED
     assert report["faults"]["injected"] > 0, report["faults"]
@@ -62,8 +62,8 @@ def run_chaos(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.terminate()
-        out, err = proc.communicate(timeout=120)
+        proc.terminate()  # the run heals the fault in progress and stops its cluster
+        out, err = proc.communicate(timeout=90)
         raise AssertionError(f"chaos run still running after {timeout}s:\n{err[-3000:]}")
     finally:
         if proc.poll() is None:
