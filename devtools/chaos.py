@@ -262,6 +262,8 @@ class ChaosRun:
         injected = Counter(e["kind"] for e in events if e["injected"])
         not_injected = Counter(e["kind"] for e in events if not e["injected"])
         submits_ok = [s for s in history.submits if s.ok]
+        why_not = Counter((e["kind"], e["note"]) for e in events if not e["injected"] and e["kind"] not in skip)
+        notes = self.notes + [f"{kind} not injected ({n}): {why}" for (kind, why), n in sorted(why_not.items())]
         return {
             "seed": self.seed,
             "seconds": self.config.seconds,
@@ -287,7 +289,7 @@ class ChaosRun:
             },
             "poison_replies": dict(sorted(injector.poison_counts.items())),
             "brokers": history.observed.brokers,
-            "notes": self.notes,
+            "notes": notes,
             "anomalies": [a.to_dict() for a in anomalies],
             "reproduce": f"fencepost chaos --seconds {self.config.seconds:g} --seed {self.seed}",
         }
