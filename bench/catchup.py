@@ -32,7 +32,7 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
    requester (:func:`broker.join.broker_requester`) from a separate server
    process answering ``snapshot_info``/``snapshot_chunk`` on a real ZeroMQ
    ROUTER on 127.0.0.1 (as the broker's request loop does), and
-   :func:`snapshots.catalog.restore_snapshot` into a new state directory
+   :func:`broker.state_restore.restore_snapshot` into a new state directory
    (verification, load, digest check). The restored store must have the
    source's position and digest.
 
@@ -432,8 +432,9 @@ def _dir_bytes(path: Path) -> int:
 
 def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[str], None]) -> dict:
     from broker.join import broker_requester
+    from broker.state_restore import restore_snapshot
     from broker.state_store import StateStore
-    from snapshots.catalog import SnapshotCatalog, restore_snapshot
+    from snapshots.catalog import SnapshotCatalog
     from snapshots.transfer import download
 
     progress(f"building a store of {tasks:,} tasks")

@@ -116,9 +116,9 @@ def fencepost_command(*args: str) -> list[str]:
 
 def fencepost_env() -> dict:
     """The environment for child processes: ours, with this fencepost's code importable from any cwd."""
-    import cli
-
-    root = str(Path(cli.__file__).resolve().parent)
+    # The repository root (where cli.py lives) is this package's parent; importing cli to find
+    # it would make broker and cli import each other.
+    root = str(Path(__file__).resolve().parents[1])
     paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 

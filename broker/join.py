@@ -26,6 +26,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from broker import BrokerError
+from broker.state_restore import restore_snapshot
 from broker.status import request_once
 from election.paths import ClusterPaths
 from ledger.log import LogGap, position_after
@@ -126,18 +127,18 @@ def install_snapshot(sources: list[dict], data_dir: Path, cluster_id: str,
             path = download(request_to(source["address"]), catalog.directory,
                             progress=ProgressLog(f"snapshot from broker {source['broker_id']}"),
                             cluster_id=cluster_id)
-            return _replace_state(path, data_dir, cluster_id, catalog)
+            return _replace_state(path, data_dir, cluster_id)
         except (SnapshotError, BrokerError, OSError) as exc:
             log.warning("snapshot from broker %s failed: %s", source["broker_id"], exc)
             errors.append(f"broker {source['broker_id']}: {exc}")
     raise JoinError("no snapshot could be installed: " + "; ".join(errors))
 
 
-def _replace_state(path: Path, data_dir: Path, cluster_id: str, catalog: SnapshotCatalog) -> dict:
+def _replace_state(path: Path, data_dir: Path, cluster_id: str) -> dict:
     fresh, state, old = data_dir / "state.joining", data_dir / "state", data_dir / "state.replaced"
     shutil.rmtree(fresh, ignore_errors=True)
     started = time.monotonic()
-    header = catalog.restore(path, fresh, cluster_id)
+    header = restore_snapshot(path, fresh, cluster_id)
     shutil.rmtree(old, ignore_errors=True)
     if state.exists():
         state.rename(old)

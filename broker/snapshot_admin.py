@@ -16,11 +16,12 @@ from kazoo.client import KazooClient
 
 from broker import BrokerError
 from broker.datalock import DataDirLock
+from broker.state_restore import restore_snapshot
 from broker.state_store import StateStore
 from election.cluster_config import read_cluster_config
 from election.identity import META
 from election.paths import ClusterPaths
-from snapshots.catalog import SnapshotCatalog, restore_snapshot
+from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
 
 

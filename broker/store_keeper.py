@@ -27,12 +27,13 @@ from kazoo.client import KazooClient
 
 from broker.join import (JoinError, broker_requester, install_snapshot, log_truncated, needs_snapshot,
                          snapshot_sources)
+from broker.state_restore import restore_snapshot
 from broker.state_store import StateStore, StoreDamaged, StoreIncomplete
 from broker.store_guard import check_store_cluster, quarantine
 from election.paths import ClusterPaths
 from ledger.log import read_log
 from snapshots import SnapshotError
-from snapshots.catalog import SnapshotCatalog, restore_snapshot
+from snapshots.catalog import SnapshotCatalog
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The snapshots a broker keeps on disk: list, create, prune, restore.
+"""The snapshots a broker keeps on disk: list, create, prune.
 
 Snapshots live in ``<broker data>/snapshots/`` named
 ``snap-<ledger:010d>-<entry:010d>.fps`` after the position they hold, so
@@ -19,8 +19,9 @@ Example::
     info = catalog.create(store, cluster_id="dev", broker_id=3, clock=time.time)
     catalog.prune(keep=3)
     newest = catalog.latest_valid()         # header + path, or None
-    # on a new member, before opening its StateStore:
-    catalog.restore(newest["path"], data_dir / "state", cluster_id="dev")
+
+Restoring a snapshot into a state store is :func:`broker.state_restore.restore_snapshot`
+(the store is the broker's; this package stays below it).
 """
 from __future__ import annotations
 
@@ -32,11 +33,10 @@ from typing import Any, Callable, Iterator, Protocol
 
 from snapshots import SnapshotError
 from snapshots.format import (
-    SnapshotCorrupt, iter_records, read_header, verify_snapshot, write_snapshot)
+    SnapshotCorrupt, read_header, verify_snapshot, write_snapshot)
 
 NAME_RE = re.compile(r"\Asnap-(\d{10,20})-(\d{10,20})\.fps\Z")
 SUBDIR = "snapshots"
-LMDB_FILES = ("data.mdb", "lock.mdb")
 
 
 class EmptyStore(SnapshotError):
@@ -233,86 +233,3 @@ class SnapshotCatalog:
                 with self._lock:
                     self._verified.pop(name, None)
         return deleted
-
-    # ------------------------------------------------------------ restoring
-
-    def restore(self, path: str | os.PathLike, state_dir: str | os.PathLike,
-                cluster_id: str, map_size: int | None = None) -> dict:
-        """Install the snapshot at ``path`` as the state store in ``state_dir``.
-
-        Verifies the whole file first (damage or another cluster: nothing is
-        touched). Refuses a ``state_dir`` whose store holds any state. A store
-        left incomplete by an interrupted earlier restore is removed and
-        loaded again. On any failure during loading the LMDB files are
-        removed, so no half-installed store remains. Returns the header.
-        """
-        return restore_snapshot(path, state_dir, cluster_id, map_size)
-
-
-def _remove_store(state_dir: Path, created_dir: bool) -> None:
-    for name in LMDB_FILES:
-        try:
-            os.unlink(state_dir / name)
-        except FileNotFoundError:
-            pass
-    if created_dir:
-        try:
-            state_dir.rmdir()
-        except OSError:
-            pass
-
-
-def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, cluster_id: str,
-                     map_size: int | None = None) -> dict:
-    """See :meth:`SnapshotCatalog.restore` (usable without a catalog, e.g. from the CLI)."""
-    # Imported here: broker depends on snapshots, and only restoring needs the store
-    # class (a module-level import would make the packages import each other).
-    import lmdb
-    from broker.state_store import DEFAULT_MAP_SIZE, StateStore, StoreError, StoreIncomplete
-
-    header = verify_snapshot(path, cluster_id)
-    state_dir = Path(state_dir)
-    created_dir = not state_dir.exists()
-    kw = {"map_size": map_size or DEFAULT_MAP_SIZE}
-    try:
-        try:
-            store = StateStore(state_dir, **kw)
-        except StoreIncomplete:
-            # The marker proves these files are our own interrupted load, never real state.
-            _remove_store(state_dir, created_dir=False)
-            store = StateStore(state_dir, **kw)
-    except (StoreError, lmdb.Error) as exc:
-        if created_dir:
-            _remove_store(state_dir, created_dir)
-        raise RestoreRefused(f"cannot open the state store in {state_dir}: {exc}") from None
-    try:
-        position = store.position()
-        records = store.iter_records()
-        try:
-            first = next(records, None)
-        finally:
-            records.close()  # it holds a read transaction
-        if position is not None or first is not None:
-            raise RestoreRefused(
-                f"{state_dir} already holds state (position {list(position) if position else None}); "
-                "restoring would overwrite it: move that directory away first")
-    except BaseException:
-        store.close()
-        if created_dir:
-            _remove_store(state_dir, created_dir)
-        raise
-    # From here on the files are ours: any failure removes them.
-    try:
-        with store:
-            digest = store.load_records(iter_records(path), cluster_id=header["cluster_id"])
-            if digest != header["digest"]:
-                raise SnapshotCorrupt(path, f"records hash to {digest}, header says {header['digest']}")
-            if store.position() != tuple(header["position"]):
-                raise SnapshotCorrupt(path, f"restored position {store.position()} is not the "
-                                            f"header's {header['position']}")
-    except BaseException as exc:
-        _remove_store(state_dir, created_dir)
-        if isinstance(exc, StoreError):
-            raise SnapshotError(f"restoring {os.fspath(path)} failed: {exc}") from exc
-        raise
-    return header

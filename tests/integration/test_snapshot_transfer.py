@@ -13,6 +13,7 @@ import pytest
 import zmq
 
 from broker.events import event
+from broker.state_restore import restore_snapshot
 from broker.state_store import StateStore
 from ledger import wire
 from snapshots.catalog import SnapshotCatalog
@@ -107,7 +108,7 @@ def test_download_and_restore_over_zeromq(source, tmp_path, free_port):
     try:
         dest = SnapshotCatalog(tmp_path / "new" / "snapshots")
         path = download(requester(address), dest.dir, chunk=256 << 10, cluster_id="dev")
-        header = dest.restore(path, tmp_path / "new" / "state", cluster_id="dev")
+        header = restore_snapshot(path, tmp_path / "new" / "state", cluster_id="dev")
     finally:
         halt.set()
         thread.join(5)

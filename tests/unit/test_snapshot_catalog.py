@@ -8,10 +8,11 @@ import pytest
 
 from broker.events import event
 from broker.state_schema import META_LOCAL
+from broker.state_restore import restore_snapshot
 from broker.state_store import StateStore, StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import (
-    EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, restore_snapshot, snapshot_name)
+    EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, snapshot_name)
 from snapshots.format import SnapshotCorrupt, WrongCluster, read_header, write_snapshot
 
 MAP = 64 << 20
@@ -101,7 +102,7 @@ def test_create_then_restore_gives_the_same_state(replica, catalog, tmp_path):
     assert info["existing"] is False
     assert os.path.getsize(info["path"]) == info["size"]
 
-    header = catalog.restore(info["path"], tmp_path / "new-state", cluster_id="dev")
+    header = restore_snapshot(info["path"], tmp_path / "new-state", cluster_id="dev")
     assert header["digest"] == replica.store.digest()
     with StateStore(tmp_path / "new-state", map_size=MAP) as restored:
         same_state(replica.store, restored)
@@ -147,7 +148,7 @@ def test_create_reads_one_transaction_while_writes_go_on(replica, catalog, tmp_p
     info = catalog.create(Busy(), "dev", 1, Clock())
     assert (tuple(info["position"]), info["digest"]) == before
     assert replica.store.position() > before[0]
-    catalog.restore(info["path"], tmp_path / "r", cluster_id="dev")
+    restore_snapshot(info["path"], tmp_path / "r", cluster_id="dev")
     with StateStore(tmp_path / "r", map_size=MAP) as restored:
         assert (restored.position(), restored.digest()) == before
         assert restored.get_task(f"t{replica.n}") is None
@@ -238,10 +239,10 @@ def test_restore_refuses_a_store_with_state(replica, catalog, tmp_path):
     digest = replica.store.digest()
     # While the broker has it open (same process): refused, not crashed.
     with pytest.raises(RestoreRefused, match="cannot open the state store"):
-        catalog.restore(info["path"], tmp_path / "state", cluster_id="dev")
+        restore_snapshot(info["path"], tmp_path / "state", cluster_id="dev")
     replica.store.close()
     with pytest.raises(RestoreRefused, match="already holds state"):
-        catalog.restore(info["path"], tmp_path / "state", cluster_id="dev")
+        restore_snapshot(info["path"], tmp_path / "state", cluster_id="dev")
     replica.store = StateStore(tmp_path / "state", map_size=MAP)  # untouched
     assert replica.store.get_task("t1") is not None
     assert replica.store.recompute_digest() == replica.store.digest() == digest
@@ -250,7 +251,7 @@ def test_restore_refuses_a_store_with_state(replica, catalog, tmp_path):
 def test_restore_into_an_existing_empty_store_dir(replica, catalog, tmp_path):
     info = catalog.create(replica.store, "dev", 1, Clock())
     StateStore(tmp_path / "fresh", map_size=MAP).close()
-    catalog.restore(info["path"], tmp_path / "fresh", cluster_id="dev")
+    restore_snapshot(info["path"], tmp_path / "fresh", cluster_id="dev")
     with StateStore(tmp_path / "fresh", map_size=MAP) as restored:
         same_state(replica.store, restored)
 
@@ -258,7 +259,7 @@ def test_restore_into_an_existing_empty_store_dir(replica, catalog, tmp_path):
 def test_restore_refuses_damage_and_other_clusters_touching_nothing(replica, catalog, tmp_path):
     info = catalog.create(replica.store, "dev", 1, Clock())
     with pytest.raises(WrongCluster, match="wrong cluster: snapshot is of dev, this cluster is prod"):
-        catalog.restore(info["path"], tmp_path / "r1", cluster_id="prod")
+        restore_snapshot(info["path"], tmp_path / "r1", cluster_id="prod")
     data = bytearray(open(info["path"], "rb").read())
     data[200] ^= 1
     bad = tmp_path / "bad.fps"
@@ -303,7 +304,7 @@ def test_restore_replaces_an_interrupted_load(replica, catalog, tmp_path):
     store.close()
     with pytest.raises(StoreIncomplete):
         StateStore(target, map_size=MAP)
-    catalog.restore(info["path"], target, cluster_id="dev")
+    restore_snapshot(info["path"], target, cluster_id="dev")
     with StateStore(target, map_size=MAP) as restored:
         same_state(replica.store, restored)
 

@@ -7,8 +7,9 @@ import pytest
 from broker.events import event
 from broker.lmdb_file import check_lmdb_file
 from broker.state_schema import META_CLUSTER, META_POSITION, pack_position
+from broker.state_restore import restore_snapshot
 from broker.state_store import StateStore, StoreDamaged
-from snapshots.catalog import SnapshotCatalog, restore_snapshot
+from snapshots.catalog import SnapshotCatalog
 
 MAP = 64 << 20
 MARKER = b"MARKER-payload-7f3a"

@@ -1,0 +1,162 @@
+"""The package layers of docs/architecture.md, checked on the source (parsed, never imported).
+
+Layers only point down: ``election`` <- ``ledger``, ``snapshots`` <- ``broker`` <- ``cli``,
+``bench``; ``pipeline`` reads through ``ledger``, ``snapshots``, ``election`` and the broker's
+state modules; ``devtools`` may use anything, but nothing in the product imports it. Imports
+inside functions count as much as module-level ones: a lazy import is still a dependency.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("election", "ledger", "snapshots", "broker", "pipeline", "devtools", "bench")
+TOP_MODULES = ("cli",)
+
+# What each top-level name may import besides itself. A name missing from a set is a higher
+# (or sideways) layer.
+ALLOWED: dict[str, set[str]] = {
+    "election": set(),
+    "ledger": {"election"},
+    "snapshots": {"election"},
+    "broker": {"election", "ledger", "snapshots"},
+    "pipeline": {"election", "ledger", "snapshots", "broker"},
+    "cli": {"election", "ledger", "snapshots", "broker", "pipeline", "devtools", "bench"},
+    "bench": {"election", "ledger", "snapshots", "broker", "pipeline", "devtools"},
+    "devtools": {"election", "ledger", "snapshots", "broker", "pipeline", "bench", "cli"},
+}
+
+# pipeline may read the broker's replicated state, not its server or client side.
+PIPELINE_BROKER_MODULES = ("broker", "broker.events", "broker.state_", "broker.state.")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the project by dotted name (a package by its own name)."""
+    found: dict[str, Path] = {}
+    for name in TOP_MODULES:
+        found[name] = ROOT / f"{name}.py"
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its file, resolved to the deepest known module."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    targets: set[str] = set()
+
+    def deepest(dotted: str) -> str | None:
+        while dotted:
+            if dotted in known:
+                return dotted
+            dotted = dotted.rpartition(".")[0]
+        return None
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        candidates: list[str] = []
+        if isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # "from pkg import mod" imports the module pkg.mod when there is one.
+            candidates = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+        for candidate in candidates:
+            target = deepest(candidate)
+            if target is not None and target != name:
+                targets.add(target)
+    return targets
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = module_files()
+    known = set(files)
+    return {name: imports_of(name, path, known) for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for module, targets in sorted(graph.items()):
+        layer = module.split(".")[0]
+        for target in sorted(targets):
+            other = target.split(".")[0]
+            if other == layer:
+                continue
+            if other not in ALLOWED[layer]:
+                problems.append(f"{module} -> {target} ({layer} may not import {other})")
+            elif layer == "pipeline" and other == "broker" and not (
+                target == "broker" or target.startswith(PIPELINE_BROKER_MODULES[1:])
+            ):
+                problems.append(f"{module} -> {target} (pipeline may use only the broker's state modules)")
+    return problems
+
+
+def test_the_walk_sees_every_package_and_lazy_imports():
+    graph = import_graph()
+    for package in PACKAGES + TOP_MODULES:
+        assert package in graph, package
+    # cli imports the broker both at module level and inside commands; both are seen.
+    assert any(target.startswith("broker") for target in graph["cli"])
+
+
+def test_cycle_and_layer_checks_catch_what_they_name():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    bad = {"election.x": {"broker.node"}, "broker.node": set(), "pipeline.y": {"broker.server"},
+           "broker.server": set(), "ledger.z": {"devtools.chaos"}, "devtools.chaos": set()}
+    assert layer_violations(bad) == [
+        "election.x -> broker.node (election may not import broker)",
+        "ledger.z -> devtools.chaos (ledger may not import devtools)",
+        "pipeline.y -> broker.server (pipeline may use only the broker's state modules)",
+    ]
+
+
+def test_lazy_import_inside_a_function_counts(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text("def f():\n    from broker.state_store import StateStore\n")
+    assert imports_of("snapshots.mod", source, {"broker.state_store", "broker"}) == {"broker.state_store"}
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layers_only_point_down():
+    problems = layer_violations(import_graph())
+    assert not problems, "layer violations:\n" + "\n".join(problems)
