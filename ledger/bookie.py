@@ -252,7 +252,7 @@ class Bookie:
                 self.counters["bad_requests"] += 1
                 reply = wire.error_reply(exc.rid if exc.rid is not None else rid, exc.code, exc.message)
             except Exception as exc:  # a bug or a store failure: answer, log, keep serving
-                if is_disk_full(exc):
+                if is_disk_full(exc, self._store.path):
                     reply = self._refuse_full(rid, exc)
                 else:
                     log.exception("request failed")
@@ -293,7 +293,7 @@ class Bookie:
         try:
             results = self._store.add_runs([a[2:7] for a in batch])
         except Exception as exc:
-            if is_disk_full(exc):
+            if is_disk_full(exc, self._store.path):
                 for envelope, rid, *_ in batch:
                     self._send(envelope, self._refuse_full(rid, exc))
                 return

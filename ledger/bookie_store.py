@@ -82,13 +82,40 @@ def _empty_info() -> dict:
     return {"fenced": False, "lac": -1, "last_entry": -1}
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """True if ``exc`` means the store cannot grow: LMDB's map is full or the disk is (ENOSPC)."""
+# Below this many free bytes, an I/O error while committing is taken for a full disk.
+NEARLY_FULL_BYTES = 16 * 1024 * 1024
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of ``path``, or None if unknown."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(exc: BaseException, path: str | os.PathLike | None = None) -> bool:
+    """True if ``exc`` means the store cannot grow: LMDB's map is full or the disk is.
+
+    LMDB reports a write that ran out of space either as ENOSPC or, when the page
+    write comes up short, as EIO ("Input/output error"); with ``path`` given, an
+    EIO on a filesystem with almost no free space counts as a full disk too.
+    """
     if isinstance(exc, lmdb.MapFullError):
         return True
     if isinstance(exc, OSError):
-        return exc.errno == errno.ENOSPC
-    return isinstance(exc, lmdb.Error) and os.strerror(errno.ENOSPC) in str(exc)
+        if exc.errno == errno.ENOSPC:
+            return True
+    elif not isinstance(exc, lmdb.Error):
+        return False
+    elif os.strerror(errno.ENOSPC) in str(exc):
+        return True
+    io_error = (isinstance(exc, OSError) and exc.errno == errno.EIO) or os.strerror(errno.EIO) in str(exc)
+    if not io_error or path is None:
+        return False
+    free = free_bytes(path)
+    return free is not None and free < NEARLY_FULL_BYTES
 
 
 class ReadOnlyGate:

@@ -24,6 +24,7 @@ from ledger.bookie_integrity import (
     prepare_store,
     verify_store,
 )
+from ledger import bookie_store
 from ledger.bookie_store import BookieStore, ReadOnlyGate, is_disk_full, read_cookie, write_cookie
 from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
 from ledger.recovery import ABSENT, CORRUPT, FOUND, HAS, NO_ANSWER, NO_ENTRY, UNDECIDED, UNVOUCHED, entry_verdict
@@ -239,6 +240,17 @@ def test_a_full_map_is_recognised(tmp_path):
         assert store.read(1, 0) is not None  # the failed transaction left the store as it was
     finally:
         store.close()
+
+
+def test_an_io_error_on_a_nearly_full_filesystem_is_a_full_disk(tmp_path, monkeypatch):
+    # LMDB reports a page write that ran out of space as EIO, not ENOSPC.
+    short_write = lmdb.Error("mdb_txn_commit: Input/output error")
+    assert not is_disk_full(short_write)  # no path: cannot tell, so not taken for a full disk
+    assert not is_disk_full(short_write, tmp_path)  # plenty of space: a real I/O error
+    monkeypatch.setattr(bookie_store, "free_bytes", lambda path: 1 << 20)
+    assert is_disk_full(short_write, tmp_path)
+    assert is_disk_full(OSError(5, "Input/output error"), tmp_path)
+    assert not is_disk_full(lmdb.CorruptedError("mdb_get: MDB_CORRUPTED"), tmp_path)
 
 
 # -- recovery's verdict on one entry -------------------------------------------------------------
