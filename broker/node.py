@@ -366,10 +366,12 @@ class BrokerNode:
         self._tail.start()
 
     def _stop_tail(self, timeout: float = 30.0) -> None:
-        if self._tail is not None:
-            self._tail.stop()
-            self._tail.join(timeout)
-            if not self._tail.is_alive():
+        # The shutdown and the takeover may both stop the tail: read the attribute once.
+        tail = self._tail
+        if tail is not None:
+            tail.stop()
+            tail.join(timeout)
+            if not tail.is_alive() and self._tail is tail:
                 self._tail = None
 
     # ------------------------------------------------------------ leadership
