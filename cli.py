@@ -17,6 +17,9 @@ import election
 import ledger
 import pipeline
 import snapshots
+from broker.config import BrokerConfig
+from cli_options import config_options, settings_flags
+from ledger.bookie_config import BookieConfig
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
 _ROOT_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError,
@@ -233,14 +236,11 @@ def bookie() -> None:
 
 
 @bookie.command("start")
-@click.option("--data", default=None, type=click.Path(file_okay=False), help="Data directory [env FENCEPOST_DATA].")
-@click.option("--listen", default=None, help="Address to serve on, tcp://HOST:PORT [env FENCEPOST_LISTEN].")
-@click.option("--bookie-id", default=None, help="Stable bookie id (default: kept in the data dir's cookie).")
-@click.option("--no-fsync", "no_fsync", is_flag=True, default=None, help="Do not fsync (tests only: loses acked data on a crash).")
+@config_options(BookieConfig, skip=("zk", "cluster"))  # those two come from cluster_options
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
               help="TOML file with a [bookie] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options
-def bookie_start(data, listen, bookie_id, no_fsync, config_file, zk, cluster, dev_dir) -> None:
+def bookie_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     """Run one bookie in the foreground until SIGTERM or Ctrl-C.
 
     It refuses (exit 1, one line) a data directory it cannot vouch for (data.mdb
@@ -250,11 +250,9 @@ def bookie_start(data, listen, bookie_id, no_fsync, config_file, zk, cluster, de
     """
     from election.settings import load_settings
     from ledger.bookie import run_bookie
-    from ledger.bookie_config import BookieConfig
 
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
-    flags = {"data": data, "listen": listen, "bookie_id": bookie_id, "zk": zk, "cluster": cluster,
-             "fsync": False if no_fsync else None}
+    flags = {**settings_flags(BookieConfig, settings), "zk": zk, "cluster": cluster}
     run_bookie(load_settings(BookieConfig, "bookie", flags, toml_path=config_file))
 
 
@@ -265,45 +263,17 @@ def broker_group() -> None:
 
 
 @broker_group.command("start")
-@click.option("--data", default=None, type=click.Path(file_okay=False), help="Data directory [env FENCEPOST_DATA].")
-@click.option("--listen", default=None, help="Address to serve clients on, tcp://HOST:PORT [env FENCEPOST_LISTEN].")
-@click.option("--name", default=None, help="Broker name (default: the data dir's name).")
-@click.option("--learner", is_flag=True, default=None, help="Replicate only: never join the in-sync set nor lead.")
-@click.option("--zk-session-timeout", type=float, default=None,
-              help="ZooKeeper session timeout in seconds; bounds failover time [default 10].")
-@click.option("--secret-file", default=None, type=click.Path(dir_okay=False),
-              help="File holding the cluster secret (for the hmac-sha256 digest).")
-@click.option("--no-fsync", "no_fsync", is_flag=True, default=None, help="Do not fsync the state store (tests only).")
-@click.option("--checkpoint-entries", type=click.IntRange(1), default=None,
-              help="Snapshot after this many applied entries [default 50000].")
-@click.option("--checkpoint-seconds", type=float, default=None, help="Snapshot at least this often [default 600].")
-@click.option("--snapshots-kept", type=click.IntRange(1), default=None, help="Snapshots kept on disk [default 3].")
-@click.option("--retention-seconds", type=float, default=None,
-              help="Minimum age before a ledger covered by a snapshot may be deleted [default 3600].")
-@click.option("--ledger-max-entries", type=click.IntRange(1), default=None,
-              help="The leader rolls to a new ledger past this many entries [default 100000].")
-@click.option("--ledger-max-bytes", type=click.IntRange(1), default=None,
-              help="The leader rolls to a new ledger past this many bytes [default 256 MiB].")
-@click.option("--shutdown-timeout", type=float, default=None,
-              help="SIGTERM stops the broker within this many seconds, whatever ZooKeeper's state [default 10].")
+@config_options(BrokerConfig, skip=("zk", "cluster"))  # those two come from cluster_options
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
               help="TOML file with a [broker] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options
-def broker_start(data, listen, name, learner, zk_session_timeout, secret_file, no_fsync, checkpoint_entries,
-                 checkpoint_seconds, snapshots_kept, retention_seconds, ledger_max_entries, ledger_max_bytes,
-                 shutdown_timeout, config_file, zk, cluster, dev_dir) -> None:
+def broker_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     """Run one broker in the foreground until SIGTERM (which hands leadership over at once)."""
-    from broker.config import BrokerConfig
     from broker.node import BrokerNode
     from election.settings import load_settings
 
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
-    flags = {"data": data, "listen": listen, "name": name, "learner": learner, "zk": zk, "cluster": cluster,
-             "zk_session_timeout": zk_session_timeout, "secret_file": secret_file,
-             "fsync": False if no_fsync else None, "checkpoint_entries": checkpoint_entries,
-             "checkpoint_seconds": checkpoint_seconds, "snapshots_kept": snapshots_kept,
-             "retention_seconds": retention_seconds, "ledger_max_entries": ledger_max_entries,
-             "ledger_max_bytes": ledger_max_bytes, "shutdown_timeout": shutdown_timeout}
+    flags = {**settings_flags(BrokerConfig, settings), "zk": zk, "cluster": cluster}
     sys.exit(BrokerNode(load_settings(BrokerConfig, "broker", flags, toml_path=config_file)).run())
 
 

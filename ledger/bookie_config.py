@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ledger import LedgerError
 from ledger.bookie_store import DEFAULT_MAP_SIZE
@@ -40,19 +40,30 @@ WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "[::]", "::"})
 
 @dataclass
 class BookieConfig:
-    """Every option of a bookie; see docs/configuration for the reference."""
+    """Every option of a bookie; see docs/configuration for the reference.
 
-    data: str = "./bookie-data"
-    listen: str = "tcp://127.0.0.1:3181"
-    zk: str = "127.0.0.1:2181"
-    cluster: str = "dev"
-    bookie_id: str | None = None
-    max_frame_bytes: int = 8 * 1024 * 1024
-    max_batch: int = 1000
-    long_poll_max_ms: int = 30000
-    fsync: bool = True
-    map_size: int = DEFAULT_MAP_SIZE
-    zk_session_timeout_s: float = 10.0
+    The ``metadata`` of each field is its command-line option's help (``cli_options.py``
+    generates ``bookie start``'s options from these fields).
+    """
+
+    data: str = field(default="./bookie-data", metadata={"help": "Data directory.", "path": "dir"})
+    listen: str = field(default="tcp://127.0.0.1:3181", metadata={
+        "help": "Address to serve on, tcp://HOST:PORT."})
+    zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
+    cluster: str = field(default="dev", metadata={"help": "Cluster name."})
+    bookie_id: str | None = field(default=None, metadata={
+        "help": "Stable bookie id.", "default_text": "kept in the data dir's cookie"})
+    max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
+        "help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1024})
+    max_batch: int = field(default=1000, metadata={
+        "help": "Frames drained per poll turn: the most adds in one group commit.", "min": 1})
+    long_poll_max_ms: int = field(default=30000, metadata={"help": "Cap on a wait_lac long poll.", "min": 0})
+    fsync: bool = field(default=True, metadata={"help": "Do not fsync (tests only: loses acked data on a crash)."})
+    map_size: int = field(default=DEFAULT_MAP_SIZE, metadata={
+        "help": "LMDB map size in bytes, the most the store can hold (sparse).",
+        "default_text": f"{DEFAULT_MAP_SIZE >> 30} GiB", "min": 1 << 20})
+    zk_session_timeout_s: float = field(default=10.0, metadata={
+        "help": "ZooKeeper session timeout in seconds: how long a dead bookie stays registered."})
 
     def validate(self) -> "BookieConfig":
         """Check every option; raise LedgerError naming the first bad one."""

@@ -1,0 +1,123 @@
+"""Click options generated from a process's config dataclass, so a setting is declared once.
+
+Each field of the dataclass (``BrokerConfig``, ``BookieConfig``) becomes one option named after
+it (``zk_session_timeout`` -> ``--zk-session-timeout``). What the option needs beyond the
+field's name, type and default lives in the field's metadata, read here and nowhere else:
+
+- ``help``: the option's help text (for a bool field: what the flag does);
+- ``default_text``: how the default reads in the help, where its value would not say it
+  (``"256 MiB"``, ``"the data dir's name"``); an empty default with none is not shown;
+- ``min``: the smallest value the option accepts (an integer or float range);
+- ``path``: ``"dir"`` or ``"file"`` for a path option.
+
+A bool field defaulting to true becomes ``--no-<name>``, one defaulting to false ``--<name>``.
+Every option defaults to None, and :func:`settings_flags` keeps an absent flag out of the
+flags, so ``FENCEPOST_<FIELD>``, ``fencepost.toml`` and the dataclass default still apply
+(:func:`election.settings.load_settings`).
+
+Example::
+
+    @broker_group.command("start")
+    @config_options(BrokerConfig, skip=("zk", "cluster"))   # those come from cluster_options
+    @cluster_options
+    def broker_start(config_file, zk, cluster, dev_dir, **settings):
+        flags = settings_flags(BrokerConfig, settings)
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Callable, Iterable
+
+import click
+
+from election.settings import ENV_PREFIX
+
+
+def _base_type(hint: Any) -> Any:
+    """``str | None`` -> ``str``; other hints unchanged."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _param_name(field: dataclasses.Field, base: Any) -> str:
+    # A true-by-default bool is turned off by its flag, so the flag is named for that.
+    return f"no_{field.name}" if base is bool and field.default is True else field.name
+
+
+def option_name(field: dataclasses.Field, hint: Any) -> str:
+    """The command-line name of ``field``'s option, e.g. ``--no-fsync``."""
+    return "--" + _param_name(field, _base_type(hint)).replace("_", "-")
+
+
+def _default_text(field: dataclasses.Field, base: Any) -> str | None:
+    text = field.metadata.get("default_text")
+    if text is not None:
+        return text
+    if base is bool or field.default in (None, "") or field.default is dataclasses.MISSING:
+        return None
+    return str(field.default)
+
+
+def _click_type(field: dataclasses.Field, base: Any) -> Any:
+    low = field.metadata.get("min")
+    path = field.metadata.get("path")
+    if path is not None:
+        return click.Path(file_okay=path != "dir", dir_okay=path != "file")
+    if base is int:
+        return click.IntRange(low) if low is not None else int
+    if base is float:
+        return click.FloatRange(low) if low is not None else float
+    return str
+
+
+def config_options(cls: type, skip: Iterable[str] = ()) -> Callable[[Callable], Callable]:
+    """A decorator adding one option per field of ``cls`` (except ``skip``), in field order."""
+    hints = typing.get_type_hints(cls)
+    skipped = set(skip)
+    decorators = []
+    for field in dataclasses.fields(cls):
+        if field.name in skipped:
+            continue
+        if "help" not in field.metadata:
+            raise TypeError(f"{cls.__name__}.{field.name} has no help text in its metadata")
+        base = _base_type(hints[field.name])
+        notes = [f"env {ENV_PREFIX}{field.name.upper()}"]
+        shown = _default_text(field, base)
+        if shown is not None:
+            notes.append(f"default {shown}")
+        help_text = f"{field.metadata['help']} [{'; '.join(notes)}]"
+        name = option_name(field, hints[field.name])
+        if base is bool:
+            decorators.append(click.option(name, _param_name(field, base), is_flag=True, default=None,
+                                           help=help_text))
+        else:
+            decorators.append(click.option(name, field.name, type=_click_type(field, base), default=None,
+                                           help=help_text))
+
+    def apply(fn: Callable) -> Callable:
+        # click lists options in the order their decorators are applied, innermost last.
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return apply
+
+
+def settings_flags(cls: type, params: dict[str, Any]) -> dict[str, Any]:
+    """The ``flags`` for ``load_settings`` from a command's generated options (None: not given)."""
+    hints = typing.get_type_hints(cls)
+    flags: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        base = _base_type(hints[field.name])
+        param = _param_name(field, base)
+        if param not in params:
+            continue
+        value = params[param]
+        if base is bool:
+            # A flag only ever says "the non-default": absent means "let env/TOML decide".
+            value = (not field.default) if value else None
+        flags[field.name] = value
+    return flags

@@ -1,0 +1,88 @@
+"""`broker start` and `bookie start` options are generated from the config dataclasses."""
+import dataclasses
+import typing
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import cli
+from broker.config import BrokerConfig
+from cli_options import config_options, option_name, settings_flags
+from ledger.bookie_config import BookieConfig
+
+# Options of these commands that are not settings of the process.
+NOT_SETTINGS = {"--config", "--dev-dir", "--help"}
+COMMANDS = [(cli.broker_start, BrokerConfig), (cli.bookie_start, BookieConfig)]
+
+
+def _option_names(command: click.Command) -> list[str]:
+    return [opt for param in command.params if isinstance(param, click.Option) for opt in param.opts]
+
+
+@pytest.mark.parametrize("command, cls", COMMANDS, ids=["broker", "bookie"])
+def test_every_field_has_exactly_one_option_and_every_option_a_field(command, cls):
+    names = _option_names(command)
+    assert len(names) == len(set(names)), names
+    hints = typing.get_type_hints(cls)
+    wanted = {option_name(f, hints[f.name]) for f in dataclasses.fields(cls)}
+    assert len(wanted) == len(dataclasses.fields(cls))
+    assert set(names) - NOT_SETTINGS == wanted
+
+
+@pytest.mark.parametrize("command, cls", COMMANDS, ids=["broker", "bookie"])
+def test_every_field_has_help_and_the_help_names_its_env_variable(command, cls):
+    helps = {param.opts[0]: param.help for param in command.params if isinstance(param, click.Option)}
+    for f in dataclasses.fields(cls):
+        assert f.metadata.get("help"), f.name
+        if f.name in ("zk", "cluster"):
+            continue  # cluster_options declares these two, with the dev-cluster fallback
+        flag = next(o for o in helps if o.lstrip("-").removeprefix("no-").replace("-", "_") == f.name)
+        assert f"FENCEPOST_{f.name.upper()}" in helps[flag]
+
+
+def test_options_keep_their_names_types_and_shown_defaults():
+    result = CliRunner().invoke(cli.main, ["broker", "start", "--help"])
+    assert result.exit_code == 0
+    for text in ("--no-fsync", "--learner", "--zk-session-timeout FLOAT", "--checkpoint-entries INTEGER RANGE",
+                 "default 256 MiB", "--data DIRECTORY", "--secret-file FILE", "--shutdown-timeout FLOAT"):
+        assert text in result.output, text
+    result = CliRunner().invoke(cli.main, ["broker", "start", "--snapshots-kept", "0"])
+    assert result.exit_code == 2 and "--snapshots-kept" in result.output
+
+
+def _captured(cls, args):
+    """The flags a generated command hands to load_settings for ``args``."""
+    seen = {}
+
+    @click.command()
+    @config_options(cls)
+    def command(**settings):
+        seen.update(settings_flags(cls, settings))
+
+    result = CliRunner().invoke(command, args)
+    assert result.exit_code == 0, result.output
+    return seen
+
+
+def test_absent_options_leave_env_and_toml_in_charge():
+    flags = _captured(BrokerConfig, [])
+    assert set(flags) == {f.name for f in dataclasses.fields(BrokerConfig)}
+    assert all(value is None for value in flags.values())
+
+
+def test_given_options_become_typed_flags():
+    flags = _captured(BrokerConfig, ["--no-fsync", "--learner", "--tick-ms", "7", "--checkpoint-seconds", "1.5",
+                                     "--name", "b9"])
+    assert (flags["fsync"], flags["learner"], flags["tick_ms"], flags["checkpoint_seconds"], flags["name"]) == (
+        False, True, 7, 1.5, "b9")
+    assert _captured(BookieConfig, ["--bookie-id", "bk-1", "--map-size", "2097152"])["bookie_id"] == "bk-1"
+
+
+def test_a_field_without_help_is_refused():
+    @dataclasses.dataclass
+    class Bare:
+        port: int = 1
+
+    with pytest.raises(TypeError, match="Bare.port has no help"):
+        config_options(Bare)
