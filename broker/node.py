@@ -74,6 +74,7 @@ class BrokerNode:
         self.paths = ClusterPaths(config.cluster)
         self.stop_event = threading.Event()
         self.exit_code = 0
+        self._failing = False
         self._step_down = threading.Event()
         self._tail: FollowerTail | None = None
         self._election: LeaderElection | None = None
@@ -273,6 +274,11 @@ class BrokerNode:
         damage = exc if isinstance(exc, StoreDamaged) else exc.__cause__
         if isinstance(damage, StoreDamaged) and not self._damaged.is_set():
             self.store_damaged(damage)
+            return
+        with self._damage_lock:
+            first, self._failing = not self._failing, True
+        if not first:  # the tail and a takeover may both meet the same bad entry: say it once
+            log.info("also stopping: %s", exc)
             return
         log.critical("stopping: %s", exc)
         self.exit_code = 1
