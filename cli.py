@@ -17,9 +17,9 @@ import election
 import ledger
 import pipeline
 import snapshots
-from broker.config import BrokerConfig
+from broker.server.config import BrokerConfig
 from cli_options import config_options, settings_flags
-from ledger.bookie_config import BookieConfig
+from ledger.bookie.config import BookieConfig
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
 _ROOT_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError,
@@ -79,7 +79,7 @@ def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[
     cluster = cluster or os.environ.get("FENCEPOST_CLUSTER")
     if zk and cluster:
         return zk, cluster
-    from broker.devcluster import DevCluster
+    from devtools.devcluster import DevCluster
 
     state = DevCluster(Path(dev_dir)).read_state()
     if not zk:
@@ -131,7 +131,7 @@ def zk() -> None:
 @click.option("--foreground", is_flag=True, help="Run in the foreground until interrupted.")
 def zk_start(port: int, host: str, data: str, tick_ms: int, foreground: bool) -> None:
     """Start ZooKeeper and wait until it answers."""
-    from election.zkserver import ZkServerConfig, ZooKeeperServer
+    from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 
     server = ZooKeeperServer(ZkServerConfig(port=port, host=host, data=data, tick_ms=tick_ms,
                                             min_session_ms=2 * tick_ms))
@@ -153,7 +153,7 @@ def zk_start(port: int, host: str, data: str, tick_ms: int, foreground: bool) ->
               help="Data directory given to `zk start`.")
 def zk_stop(data: str) -> None:
     """Stop the ZooKeeper started in the background by `zk start --data DIR`."""
-    from broker.devcluster import stop_pid
+    from devtools.devcluster import stop_pid
 
     pid_file = Path(data).resolve() / "zookeeper.pid"
     if not pid_file.exists():
@@ -183,7 +183,7 @@ def dev_dir_option(fn):
               help="ZooKeeper session timeout of the brokers, in seconds.")
 def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float) -> None:
     """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json."""
-    from broker.devcluster import DevCluster, DevClusterSpec
+    from devtools.devcluster import DevCluster, DevClusterSpec
 
     spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout)
     state = DevCluster(Path(dev_dir)).up(spec, progress=click.echo)
@@ -194,7 +194,7 @@ def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_ti
 @dev_dir_option
 def dev_add_broker(dev_dir: str) -> None:
     """Start one more broker with an empty data dir; it joins by snapshot and ledger replay."""
-    from broker.devcluster import DevCluster
+    from devtools.devcluster import DevCluster
 
     member = DevCluster(Path(dev_dir)).add_broker(progress=click.echo)
     click.echo(f"broker {member['index']} started (pid {member['pid']}, data {member['data_dir']})")
@@ -204,7 +204,7 @@ def dev_add_broker(dev_dir: str) -> None:
 @dev_dir_option
 def dev_down(dev_dir: str) -> None:
     """Stop exactly the processes `dev up` started."""
-    from broker.devcluster import DevCluster
+    from devtools.devcluster import DevCluster
 
     stopped = DevCluster(Path(dev_dir)).down()
     click.echo(f"stopped {len(stopped)} processes")
@@ -215,7 +215,7 @@ def dev_down(dev_dir: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def dev_status(dev_dir: str, as_json: bool) -> None:
     """What runs where in the dev cluster."""
-    from broker.devcluster import DevCluster
+    from devtools.devcluster import DevCluster
 
     rows = DevCluster(Path(dev_dir)).status()
 
@@ -249,7 +249,7 @@ def bookie_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     store before serving.
     """
     from election.settings import load_settings
-    from ledger.bookie import run_bookie
+    from ledger.bookie.server import run_bookie
 
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
     flags = {**settings_flags(BookieConfig, settings), "zk": zk, "cluster": cluster}
@@ -269,7 +269,7 @@ def broker_group() -> None:
 @cluster_options
 def broker_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     """Run one broker in the foreground until SIGTERM (which hands leadership over at once)."""
-    from broker.node import BrokerNode
+    from broker.server.node import BrokerNode
     from election.settings import load_settings
 
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
@@ -279,7 +279,7 @@ def broker_start(config_file, zk, cluster, dev_dir, **settings) -> None:
 
 # ---------------------------------------------------------------- tasks
 def _client(zk, cluster, dev_dir, timeout: float = 30.0):
-    from broker.client import Client
+    from broker.api.client import Client
 
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
     return Client(zk=hosts, cluster=name, timeout=timeout)
@@ -375,8 +375,8 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cl
 
     Example: fencepost worker run --queue thumbs -- convert - -resize 64x64 png:-
     """
-    from broker.command_handler import CommandHandler
-    from broker.worker import Worker
+    from broker.api.command_handler import CommandHandler
+    from broker.api.worker import Worker
 
     hosts, name_ = resolve_cluster(zk, cluster, dev_dir)
     handler = CommandHandler(list(command), timeout=cmd_timeout)
@@ -391,7 +391,7 @@ def snapshot() -> None:
 
 
 def _zk_cluster_id(zk, cluster, dev_dir) -> str:
-    from broker.snapshot_admin import cluster_id_of
+    from broker.admin import cluster_id_of
     from election.zk import close, connect
 
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
@@ -409,17 +409,17 @@ def _zk_cluster_id(zk, cluster, dev_dir) -> str:
 @cluster_options
 def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
     """List snapshots: of one data dir, or those the cluster's live brokers can serve."""
-    from broker import snapshot_admin
+    from broker import admin
 
     if data:
-        rows = snapshot_admin.list_snapshots(Path(data))
+        rows = admin.list_snapshots(Path(data))
     else:
         from election.zk import close, connect
 
         hosts, name = resolve_cluster(zk, cluster, dev_dir)
         client = connect(hosts, connect_timeout=5.0)
         try:
-            rows = snapshot_admin.advertised_snapshots(client, name)
+            rows = admin.advertised_snapshots(client, name)
         finally:
             close(client)
 
@@ -440,7 +440,7 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
 @cluster_options
 def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
     """Snapshot a broker's store now (safe while the broker runs)."""
-    from broker.snapshot_admin import create_snapshot
+    from broker.admin import create_snapshot
 
     header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep)
     click.echo(f"{header['path']}: position {header['position']}, {header['record_count']} records, {header['size']} bytes")
@@ -452,7 +452,7 @@ def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
 def snapshot_verify(file, cluster_id, as_json) -> None:
     """Check a snapshot file completely; exit 1 with the reason if it is damaged or of another cluster."""
-    from broker.snapshot_admin import verify_file
+    from broker.admin import verify_file
 
     header = verify_file(Path(file), cluster_id)
     emit(header, as_json, lambda h: click.echo(
@@ -465,7 +465,7 @@ def snapshot_verify(file, cluster_id, as_json) -> None:
 @cluster_options
 def snapshot_restore(file, data, zk, cluster, dev_dir) -> None:
     """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster)."""
-    from broker.snapshot_admin import restore_into
+    from broker.admin import restore_into
 
     header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir))
     click.echo(f"restored position {header['position']} ({header['record_count']} records) into {data}")
@@ -487,7 +487,7 @@ def store_verify(data, cluster_id, as_json) -> None:
     DATA is a broker data dir (or its state/ dir). Read-only: safe on a stopped broker
     and on a running one. Exit 0 if the store is sound, 1 with the reason if not.
     """
-    from broker.store_guard import verify_store_dir
+    from broker.server.store_guard import verify_store_dir
 
     try:
         report = verify_store_dir(Path(data), cluster_id)
@@ -554,7 +554,7 @@ def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
         raise click.UsageError("give --minutes or --seconds, not both")
     length = seconds if seconds is not None else (minutes if minutes is not None else 3.0) * 60
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-    logging.getLogger("broker.client").setLevel(logging.ERROR)
+    logging.getLogger("broker.api.client").setLevel(logging.ERROR)
     config = ChaosConfig(seconds=length, seed=seed, run_dir=Path(run_dir) if run_dir else None, keep=keep)
     progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
     report = ChaosRun(config, progress=progress).run()
@@ -570,7 +570,7 @@ def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(zk, cluster, dev_dir, as_json) -> None:
     """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues."""
-    from broker.status import full_status
+    from broker.admin import full_status
     from election.cluster_view import format_status
     from election.zk import close, connect
 

@@ -10,13 +10,13 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
    it: one ledger per epoch (ensemble 3, write quorum 3, ack quorum 2), appended
    to the log with a CAS, starting with an ``EpochStarted`` entry, then entries
    of ``events_per_entry`` ``TaskSubmitted`` events encoded with
-   :func:`broker.events.encode_batch` (time stamped by the writer, ~100-byte
+   :func:`broker.state.events.encode_batch` (time stamped by the writer, ~100-byte
    payloads, time-ordered task ids as the leader makes them), a ``StateDigest`` at the head of every 200th entry
    (the broker's ``digest_every_entries``) computed from a leader-side store
    that applies each batch as the leader does. The last ledger stays OPEN, as
-   the current leader's would. Then a fresh :class:`~ledger.ledgers.LedgerClient`
-   (its own bookie pool) and an empty :class:`~broker.state_store.StateStore`
-   with its default settings (fsync on) run :func:`broker.follower.catch_up`,
+   the current leader's would. Then a fresh :class:`~ledger.client.facade.LedgerClient`
+   (its own bookie pool) and an empty :class:`~broker.state.store.StateStore`
+   with its default settings (fsync on) run :func:`broker.server.follower.catch_up`,
    the follower's own code; events/s and entries/s are measured around it.
    Thin wrappers around the log reader and the store split that time into
    reading (``LogReader.poll``: bookie round trips, digest checks), applying
@@ -29,10 +29,10 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
    (batches of 10,000 ``TaskSubmitted`` events, ``sync=False``), then timed:
    ``SnapshotCatalog.create`` (the checkpoint), the download with
    :func:`snapshots.transfer.download` through the joining broker's own
-   requester (:func:`broker.join.broker_requester`) from a separate server
+   requester (:func:`broker.server.join.broker_requester`) from a separate server
    process answering ``snapshot_info``/``snapshot_chunk`` on a real ZeroMQ
    ROUTER on 127.0.0.1 (as the broker's request loop does), and
-   :func:`broker.state_restore.restore_snapshot` into a new state directory
+   :func:`broker.state.restore.restore_snapshot` into a new state directory
    (verification, load, digest check). The restored store must have the
    source's position and digest.
 
@@ -57,7 +57,7 @@ from typing import Callable
 
 from bench.common import BenchError, finish, LocalCluster, _die_with_parent, child_env, free_port, machine_info, \
     rate, stop_process
-from broker.server import time_ordered_id
+from broker.server.request_loop import time_ordered_id
 from election.paths import ClusterPaths
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
@@ -176,7 +176,7 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
     provides the ``StateDigest`` events. Returns what was written; the last
     writer is left OPEN in ``result["open_writer"]``.
     """
-    from broker.events import encode_batch
+    from broker.state.events import encode_batch
     from ledger.log import append_ledger, read_log
 
     per_ledger = [entries // ledgers + (1 if i < entries % ledgers else 0) for i in range(ledgers)]
@@ -245,11 +245,11 @@ def _wait_readable(client, ledger_id: int, last: int, timeout: float = 10.0) -> 
 
 def replay_phase(hosts: str, cluster: str, entries: int, ledgers: int, events_per_entry: int, work: Path,
                  private: bool, progress: Callable[[str], None]) -> dict:
-    from broker.follower import catch_up
-    from broker.state_store import StateStore
+    from broker.server.follower import catch_up
+    from broker.state.store import StateStore
     from election.cluster_config import ClusterOptions
     from election.zk import close, connect
-    from ledger.ledgers import LedgerClient
+    from ledger.client.facade import LedgerClient
 
     options = ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM, ensemble_size=ENSEMBLE)
     if private:
@@ -335,7 +335,7 @@ def _cleanup_ledgers(client, zk, paths, written: dict, private: bool, progress: 
 
 def build_store(path: Path, tasks: int, progress: Callable[[str], None]):
     """A StateStore (sync off) holding ``tasks`` waiting tasks; returns it open."""
-    from broker.state_store import StateStore
+    from broker.state.store import StateStore
 
     store = StateStore(path, map_size=SNAPSHOT_MAP_SIZE, sync=False)
     try:
@@ -431,9 +431,9 @@ def _dir_bytes(path: Path) -> int:
 
 
 def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[str], None]) -> dict:
-    from broker.join import broker_requester
-    from broker.state_restore import restore_snapshot
-    from broker.state_store import StateStore
+    from broker.server.join import broker_requester
+    from broker.state.restore import restore_snapshot
+    from broker.state.store import StateStore
     from snapshots.catalog import SnapshotCatalog
     from snapshots.transfer import download
 

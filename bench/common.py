@@ -151,7 +151,7 @@ def finish(name: str, measure: Callable[[], dict], as_json: bool, labels: dict[s
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    from broker.devcluster import free_port as _free_port
+    from devtools.devcluster import free_port as _free_port
 
     return _free_port(host)
 
@@ -283,7 +283,7 @@ class LocalCluster:
     # -- ZooKeeper
 
     def _start_zookeeper(self) -> None:
-        from election.zkserver import ZkServerConfig, ZooKeeperServer
+        from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 
         server = ZooKeeperServer(ZkServerConfig(port=free_port(), data=str(self.run_dir / "zookeeper")))
         cmd = server.command()

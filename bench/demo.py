@@ -21,9 +21,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from broker.client import Client
-from broker.devcluster import DevCluster, DevClusterSpec, read_broker_id
-from broker.worker import Worker
+from broker.api.client import Client
+from devtools.devcluster import DevCluster, DevClusterSpec, read_broker_id
+from broker.api.worker import Worker
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect

@@ -65,7 +65,7 @@ def proc_status_kb(pid: int) -> dict[str, int]:
 def quiet_logs() -> None:
     """Connection resets and lease warnings are expected in benchmarks (leaders get killed)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for name in ("kazoo", "broker.client", "broker.worker", "ledger"):
+    for name in ("kazoo", "broker.api.client", "broker.api.worker", "ledger"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -73,7 +73,7 @@ class BenchCluster:
     """A private dev cluster (ZooKeeper, bookies, brokers) in a temporary directory, always stopped.
 
     Use as a context manager. Attributes once started: ``zk``, ``cluster``,
-    ``run_dir``, ``dev`` (the :class:`~broker.devcluster.DevCluster`).
+    ``run_dir``, ``dev`` (the :class:`~devtools.devcluster.DevCluster`).
     With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
     """
 
@@ -94,7 +94,7 @@ class BenchCluster:
     def __enter__(self) -> "BenchCluster":
         if self.external:
             return self
-        from broker.devcluster import DevCluster, DevClusterSpec
+        from devtools.devcluster import DevCluster, DevClusterSpec
 
         self.run_dir = Path(tempfile.mkdtemp(prefix="fencepost-devbench-"))
         self.dev = DevCluster(self.run_dir)
@@ -127,7 +127,7 @@ class BenchCluster:
             self.dev = None
 
     def client(self, **kwargs: Any):
-        from broker.client import Client
+        from broker.api.client import Client
 
         return Client(zk=self.zk, cluster=self.cluster, **{"timeout": 60.0, **kwargs})
 

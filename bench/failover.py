@@ -143,7 +143,7 @@ def probe_first_write(client, queue: str, old: str, since: float, call_timeout: 
     moment; those acknowledgements do not count (the client's current leader
     after the call is the broker that answered).
     """
-    from broker.client import submit_fields
+    from broker.api.client import submit_fields
 
     deadline = since + give_up
     while time.monotonic() < deadline:
@@ -192,14 +192,14 @@ def takeover_phases(bc: BenchCluster, since_wall: float) -> dict:
 
 
 def _broker_id(member: dict) -> int | None:
-    from broker.devcluster import read_broker_id
+    from devtools.devcluster import read_broker_id
 
     return read_broker_id(Path(member["data_dir"]))
 
 
 def restart_member(bc: BenchCluster, member: dict) -> dict:
     """Start a stopped broker again with its recorded command line; record its new pid in cluster.json."""
-    from broker.devcluster import fencepost_command, fencepost_env, pid_alive
+    from devtools.devcluster import fencepost_command, fencepost_env, pid_alive
 
     if pid_alive(member["pid"]):
         raise BenchError(f"broker {member['index']} (pid {member['pid']}) still runs")
@@ -242,9 +242,9 @@ def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> flo
 def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str, sig: int,
               probe_timeout: float, progress: Callable[[str], None]) -> tuple[dict, dict]:
     """Signal the leader with ``sig``; return the measurements and the leader's member record."""
-    from broker.devcluster import pid_alive
+    from devtools.devcluster import pid_alive
 
-    from broker.client import submit_fields
+    from broker.api.client import submit_fields
 
     leader, _followers = bc.leader_and_followers()
     old = leader["address"]

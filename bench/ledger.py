@@ -6,7 +6,7 @@ private ZooKeeper and three bookies (fsync on) in a temporary directory and
 stops them at the end, whatever happens. Then, on ledgers with ensemble 3,
 write quorum 3, ack quorum 2:
 
-1. **throughput** (``seconds/2``): one pipelined :class:`~ledger.writer.LedgerWriter`
+1. **throughput** (``seconds/2``): one pipelined :class:`~ledger.client.writer.LedgerWriter`
    keeps up to ``inflight`` adds of ``entry_size``-byte payloads outstanding;
    entries/s, MB/s (payload bytes, 10^6) and add latency from ``add()`` to the
    completion of its future;
@@ -315,7 +315,7 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
     from election.cluster_config import ClusterOptions
     from election.paths import ClusterPaths
     from election.zk import close, connect
-    from ledger.ledgers import LedgerClient
+    from ledger.client.facade import LedgerClient
 
     payload = os.urandom(entry_size)
     options = ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM, ensemble_size=ENSEMBLE)

@@ -29,12 +29,12 @@ it keeps serving), plus the request's own errors such as ``invalid_queue``,
 ``bad_request``, ``payload_too_large``, ``stale_attempt``, ``no_such_task``.
 
 Request checks. Every field that ends up in an event is checked against that
-event field's kind in :data:`broker.events.SCHEMAS` (byte lengths in UTF-8,
+event field's kind in :data:`broker.state.events.SCHEMAS` (byte lengths in UTF-8,
 integer ranges, no NUL in names), then against the protocol's own, narrower
 limits (``max_tasks`` up to 1000, ``lease_ms`` from 100, queue names of
 ASCII letters, digits and ``_.:-``). So a request that :func:`check_request`
-accepts always makes events that :func:`broker.events.validate_event` accepts
-and :func:`broker.events.encode_batch` can encode; a Hypothesis property test
+accepts always makes events that :func:`broker.state.events.validate_event` accepts
+and :func:`broker.state.events.encode_batch` can encode; a Hypothesis property test
 proves it for every op. Where a request is not exact, the choice is:
 
 - an explicit null is the same as leaving the field out (its default applies),
@@ -58,7 +58,7 @@ import re
 from typing import Any, Callable
 
 from broker import BrokerError
-from broker.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
+from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk"})

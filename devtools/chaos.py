@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Callable
 
 from broker import BrokerError
-from broker.client import Client, ClientError, TaskNotFound
-from broker.devcluster import DevCluster, DevClusterSpec, pid_alive
-from broker.status import ask
+from broker.api.client import Client, ClientError, TaskNotFound
+from devtools.devcluster import DevCluster, DevClusterSpec, pid_alive
+from broker.admin import ask
 from devtools import schedule as S
 from devtools.faults import DiskFiller, Injector
 from devtools.history import History, Observed, check, crash_lines

@@ -32,8 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from broker.devcluster import DevCluster, DevClusterError, pid_alive
-from broker.status import ask
+from devtools.devcluster import DevCluster, DevClusterError, pid_alive
+from broker.admin import ask
 from devtools import schedule as S
 from devtools.load import WorkerPool
 

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from broker.client import BrokerUnavailable, Client, ClientError
+from broker.api.client import BrokerUnavailable, Client, ClientError
 from devtools.history import Completion, Submit
 
 SUBMIT_TIMEOUT_S = 20.0
@@ -128,7 +128,7 @@ class WorkerPool:
 
     def start(self, name: str | None = None) -> None:
         """Start every worker, or the one named (again, after a kill)."""
-        from broker.devcluster import fencepost_env
+        from devtools.devcluster import fencepost_env
 
         for n in [name] if name else self.names:
             cmd = [sys.executable, "-m", "devtools.load", "worker", "--zk", self.zk, "--cluster", self.cluster,
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Lost connections are what this process is for: only errors are worth a line.
-    for noisy in ("kazoo", "broker.client"):
+    for noisy in ("kazoo", "broker.api.client"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     return run_worker(args.zk, args.cluster, args.queue, args.name, args.out)
 

@@ -131,7 +131,7 @@ def encode_fields(ledger_id: int, entry_id: int, lac: int, epoch: int, payload: 
     """:func:`encode_entry` without the :class:`Entry` object or the range checks: the writer's fast path.
 
     For callers whose ids are already known to be in range and whose ``payload``
-    is ``bytes`` of at most 2^32-1 bytes (:class:`~ledger.writer.LedgerWriter`
+    is ``bytes`` of at most 2^32-1 bytes (:class:`~ledger.client.writer.LedgerWriter`
     checks both once). An out-of-range field still fails (``struct.error``), never
     encodes wrongly.
     """

@@ -34,10 +34,10 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.bookie_client import BookiePool
+from ledger.client.bookie_pool import BookiePool
 from ledger.codec import Digest, Entry
 from ledger.metadata import NoSuchLedger
-from ledger.reader import LedgerReader
+from ledger.client.reader import LedgerReader
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Which entries of a ledger are committed: ack bookkeeping for in-order quorum completion.
 
-Pure logic, no I/O: the :class:`~ledger.writer.LedgerWriter` feeds it the
+Pure logic, no I/O: the :class:`~ledger.client.writer.LedgerWriter` feeds it the
 bookies' replies and learns which entries just became complete.
 """
 from __future__ import annotations

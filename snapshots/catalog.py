@@ -20,7 +20,7 @@ Example::
     catalog.prune(keep=3)
     newest = catalog.latest_valid()         # header + path, or None
 
-Restoring a snapshot into a state store is :func:`broker.state_restore.restore_snapshot`
+Restoring a snapshot into a state store is :func:`broker.state.restore.restore_snapshot`
 (the store is the broker's; this package stays below it).
 """
 from __future__ import annotations

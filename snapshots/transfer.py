@@ -29,7 +29,7 @@ Example::
         return client.call(op, **fields)      # raises on an error reply
     path = download(request, data_dir / "snapshots", cluster_id="dev",
                     progress=lambda done, total: print(done, "/", total))
-    broker.state_restore.restore_snapshot(path, data_dir / "state", cluster_id="dev")
+    broker.state.restore.restore_snapshot(path, data_dir / "state", cluster_id="dev")
 """
 from __future__ import annotations
 

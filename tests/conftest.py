@@ -25,11 +25,11 @@ from typing import Callable
 
 import pytest
 
-from broker.devcluster import free_port as _free_port
-from broker.devcluster import pid_alive
+from devtools.devcluster import free_port as _free_port
+from devtools.devcluster import pid_alive
 from election.paths import ClusterPaths
 from election.zk import close, connect
-from election.zkserver import ZkServerConfig, ZooKeeperServer
+from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 
 REPO = Path(__file__).resolve().parent.parent
 

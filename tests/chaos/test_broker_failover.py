@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from broker.client import Client
+from broker.api.client import Client
 from tests.conftest import call, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]

@@ -8,10 +8,10 @@ from concurrent.futures import wait as wait_futures
 import pytest
 
 from ledger import LedgerError
-from ledger.bookie_client import LedgerFencedError
+from ledger.client.bookie_pool import LedgerFencedError
 from ledger.metadata import CLOSED, IN_RECOVERY, NotEnoughBookies, read_metadata
-from ledger.reader import EntryNotCommitted
-from ledger.writer import LedgerWriteError
+from ledger.client.reader import EntryNotCommitted
+from ledger.client.writer import LedgerWriteError
 from tests.integration.test_ledger_client import (
     make_client,
     procs_in_ensemble_order,

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from broker.client import Client
-from broker.worker import Worker
+from broker.api.client import Client
+from broker.api.worker import Worker
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from broker.devcluster import free_port
+from devtools.devcluster import free_port
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect
-from election.zkserver import ZkServerConfig, ZooKeeperServer
+from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from tests.conftest import TestCluster as ClusterInfo
 from tests.conftest import wait_for
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from broker.client import Client, ClientError, TaskNotFound, WaitTimeout
-from broker.worker import Task, Worker
+from broker.api.client import Client, ClientError, TaskNotFound, WaitTimeout
+from broker.api.worker import Task, Worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -129,7 +129,7 @@ def test_submit_retries_across_a_leader_failover(broker_cluster, client):
 
 
 def test_complete_many_reports_each_task(broker_cluster):
-    from broker.client import Client
+    from broker.api.client import Client
 
     with Client(zk=broker_cluster.zk_hosts, cluster=broker_cluster.cluster.name) as client:
         ids = client.submit_many([{"queue": "many", "payload": b"%d" % i} for i in range(3)])

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from broker.devcluster import pid_alive
-from election.zkserver import four_letter
+from devtools.devcluster import pid_alive
+from devtools.zkserver import four_letter
 
 pytestmark = pytest.mark.integration
 

@@ -15,13 +15,13 @@ import pytest
 import zmq
 
 from ledger import LedgerError, wire
-from ledger.bookie_client import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
-from ledger.bookie_store import read_cookie
+from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
+from ledger.bookie.store import read_cookie
 from ledger.codec import HEADER_SIZE
-from ledger.ledgers import LedgerClient
+from ledger.client.facade import LedgerClient
 from ledger.log import LogConflict, LogReader, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
-from ledger.reader import EntryNotCommitted
+from ledger.client.reader import EntryNotCommitted
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -270,7 +270,7 @@ def test_pool_submit_runs_tasks_on_the_io_thread_in_order():
 def _fake_writer(fakes, pool, add_timeout=2.0):
     from ledger.codec import Digest
     from ledger.metadata import LedgerMetadata
-    from ledger.writer import LedgerWriter
+    from ledger.client.writer import LedgerWriter
 
     ensemble = [{"bookie_id": f"fake-{i}", "address": f.address} for i, f in enumerate(fakes)]
     meta = LedgerMetadata(ledger_id=21, ensemble=ensemble, write_quorum=3, ack_quorum=2, epoch=4)
@@ -326,7 +326,7 @@ def test_writer_coalesces_a_burst_into_ordered_add_batch_requests():
 
 
 def test_writer_with_a_fenced_or_failing_bookie():
-    from ledger.writer import LedgerWriteError
+    from ledger.client.writer import LedgerWriteError
 
     mode = {"fenced": False}
 
@@ -383,7 +383,7 @@ def test_writer_with_a_fenced_or_failing_bookie():
 
 
 def test_writer_adds_fail_when_the_pool_closes():
-    from ledger.writer import LedgerWriteError
+    from ledger.client.writer import LedgerWriteError
 
     fakes = [FakeBookie(lambda msg: None) for _ in range(3)]  # silent: nothing completes
     pool = BookiePool(default_timeout=30.0)

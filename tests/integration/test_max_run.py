@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from broker.client import Client, ClientError
-from broker.command_handler import CommandFailed, CommandHandler
-from broker.worker import Task, Worker
+from broker.api.client import Client, ClientError
+from broker.api.command_handler import CommandFailed, CommandHandler
+from broker.api.worker import Task, Worker
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -12,13 +12,13 @@ import time
 import pytest
 import zmq
 
-from broker.client import Client, ClientError
-from broker.events import encode_batch
-from broker.worker import Worker
+from broker.api.client import Client, ClientError
+from broker.state.events import encode_batch
+from broker.api.worker import Worker
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.leader import claim_epoch
 from ledger import wire
-from ledger.ledgers import LedgerClient
+from ledger.client.facade import LedgerClient
 from ledger.log import append_ledger, read_log
 from tests.conftest import call, wait_for
 

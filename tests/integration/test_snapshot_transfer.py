@@ -12,9 +12,9 @@ import threading
 import pytest
 import zmq
 
-from broker.events import event
-from broker.state_restore import restore_snapshot
-from broker.state_store import StateStore
+from broker.state.events import event
+from broker.state.restore import restore_snapshot
+from broker.state.store import StateStore
 from ledger import wire
 from snapshots.catalog import SnapshotCatalog
 from snapshots.transfer import OP_CHUNK, OP_INFO, TransferError, describe, download, read_chunk

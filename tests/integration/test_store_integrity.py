@@ -7,9 +7,9 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from broker.events import event
-from broker.state_schema import META_CLUSTER
-from broker.state_store import StateStore
+from broker.state.events import event
+from broker.state.schema import META_CLUSTER
+from broker.state.store import StateStore
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import META
 from tests.conftest import BrokerCluster, call, wait_for

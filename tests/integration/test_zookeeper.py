@@ -5,7 +5,7 @@ import pytest
 from kazoo.exceptions import NoNodeError
 
 from election.zk import close, connect
-from election.zkserver import four_letter
+from devtools.zkserver import four_letter
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import struct
 import lmdb
 import pytest
 
-from ledger.bookie_config import BookieConfig
-from ledger.bookie_integrity import (
+from ledger.bookie.config import BookieConfig
+from ledger.bookie.integrity import (
     EMPTY,
     FOREIGN,
     MISSING,
@@ -24,10 +24,10 @@ from ledger.bookie_integrity import (
     prepare_store,
     verify_store,
 )
-from ledger import bookie_store
-from ledger.bookie_store import BookieStore, ReadOnlyGate, is_disk_full, read_cookie, write_cookie
+from ledger.bookie import store as bookie_store
+from ledger.bookie.store import BookieStore, ReadOnlyGate, is_disk_full, read_cookie, write_cookie
 from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
-from ledger.recovery import ABSENT, CORRUPT, FOUND, HAS, NO_ANSWER, NO_ENTRY, UNDECIDED, UNVOUCHED, entry_verdict
+from ledger.client.recovery import ABSENT, CORRUPT, FOUND, HAS, NO_ANSWER, NO_ENTRY, UNDECIDED, UNVOUCHED, entry_verdict
 
 MAP = 64 * 1024 * 1024
 

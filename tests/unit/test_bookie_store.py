@@ -6,8 +6,8 @@ import json
 import pytest
 
 from ledger import LedgerError
-from ledger.bookie_config import BookieConfig
-from ledger.bookie_store import (
+from ledger.bookie.config import BookieConfig
+from ledger.bookie.store import (
     BAD_ENTRY,
     FENCED,
     STORED,

@@ -56,7 +56,7 @@ def test_anomalies_exit_1_with_one_line_naming_them(monkeypatch):
 
 def test_log_note_names_the_most_frequent_error(tmp_path):
     log = tmp_path / "bookie-0.log"
-    trace = ("ERROR ledger.bookie: add batch failed\nTraceback (most recent call last):\n"
+    trace = ("ERROR ledger.bookie.server: add batch failed\nTraceback (most recent call last):\n"
              "  File \"x.py\", line 1, in f\nlmdb.Error: mdb_txn_commit: Input/output error\n")
     log.write_text("INFO serving\n" + trace * 3 + "Traceback (most recent call last):\nValueError: other\n")
     note = chaos.log_note("bookie-0", log)

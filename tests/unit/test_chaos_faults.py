@@ -1,7 +1,7 @@
 """The full-disk fault is skipped with a recorded reason where a tmpfs cannot be mounted."""
 import subprocess
 
-from broker.devcluster import DevCluster
+from devtools.devcluster import DevCluster
 from devtools import faults
 from devtools.faults import DiskFiller
 

@@ -119,16 +119,16 @@ def test_brokers_at_different_positions_are_not_divergence_but_not_settled():
 
 def test_crash_lines_in_broker_logs_and_unexpected_deaths():
     hist = clean()
-    hist.observed.log_lines = [["broker-1", "CRITICAL broker.node: stopping: state digest mismatch"]]
+    hist.observed.log_lines = [["broker-1", "CRITICAL broker.server.node: stopping: state digest mismatch"]]
     hist.observed.deaths = [{"member": "broker-1", "exit_code": 1}]
     assert kinds(hist) == [h.A_LOG_CRASH, h.A_DIED]
 
 
 @pytest.mark.parametrize("line, crash", [
-    ("2024 INFO broker.node: broker 1 starting", False),
-    ("2024 WARNI broker.node: leadership lost: session expired", False),
+    ("2024 INFO broker.server.node: broker 1 starting", False),
+    ("2024 WARNI broker.server.node: leadership lost: session expired", False),
     ("Traceback (most recent call last):", True),
-    ("2024 CRITICAL broker.node: stopping: wrong store", True),
+    ("2024 CRITICAL broker.server.node: stopping: wrong store", True),
     ("Fatal Python error: Bus error", True),
 ])
 def test_crash_lines(line, crash):

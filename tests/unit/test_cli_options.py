@@ -7,9 +7,9 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from broker.config import BrokerConfig
+from broker.server.config import BrokerConfig
 from cli_options import config_options, option_name, settings_flags
-from ledger.bookie_config import BookieConfig
+from ledger.bookie.config import BookieConfig
 
 # Options of these commands that are not settings of the process.
 NOT_SETTINGS = {"--config", "--dev-dir", "--help"}

@@ -13,10 +13,10 @@ import pytest
 import zmq
 
 from broker import BrokerError
-from broker.client import (
+from broker.api.client import (
     AUTO_KEY_PREFIX, Backoff, BrokerUnavailable, Client, ClientError, TaskNotFound, WaitTimeout,
     classify, leader_address, submit_fields)
-from broker.worker import Task, Worker, error_text, result_bytes
+from broker.api.worker import Task, Worker, error_text, result_bytes
 from ledger import wire
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import BrokerError
-from broker.events import (
+from broker.state.events import (
     BATCH_FORMAT_VERSION, E_BAD_EVENT, E_UNKNOWN_EVENT, EVENT_TYPES, BadEvent, decode_batch,
     encode_batch, event, validate_event)
 
@@ -134,7 +134,7 @@ def test_valid_submits_roundtrip(fields):
 
 @pytest.mark.parametrize("count", [0, 1, 15, 16, 65_535, 65_536])
 def test_requests_encoded_one_by_one_join_into_the_same_entry(count):
-    from broker.events import batch_payload, encode_events
+    from broker.state.events import batch_payload, encode_events
 
     evs = [{"type": "TaskCancelled", "task_id": f"t{i}", "now_ms": i} for i in range(count)]
     parts = [encode_events(evs[i:i + 7]) for i in range(0, count, 7)]
@@ -144,7 +144,7 @@ def test_requests_encoded_one_by_one_join_into_the_same_entry(count):
 
 
 def test_describe_kind_says_what_the_check_wants():
-    from broker.events import check_value, describe_kind
+    from broker.state.events import check_value, describe_kind
 
     assert describe_kind("id") == "a string of 1-200 UTF-8 bytes"
     assert describe_kind("attempts?") == "an integer between 1 and 2147483648 or null"

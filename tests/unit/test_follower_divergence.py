@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from broker.events import encode_batch
-from broker.follower import Diverged, FollowerTail, apply_entries
-from broker.state_store import StateStore
+from broker.state.events import encode_batch
+from broker.server.follower import Diverged, FollowerTail, apply_entries
+from broker.state.store import StateStore
 from ledger.codec import Entry
 
 

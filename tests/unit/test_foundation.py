@@ -7,7 +7,7 @@ from election import ElectionError
 from election.cluster_config import ClusterOptions
 from election.paths import ClusterPaths
 from election.settings import SettingsError, load_settings
-from election.zkserver import ZooKeeperServerError, parse_java_version
+from devtools.zkserver import ZooKeeperServerError, parse_java_version
 from ledger import wire
 
 
@@ -95,9 +95,9 @@ def test_wire_roundtrip_and_error_reply():
 
 @pytest.mark.parametrize("listen", ["tcp://*:5601", "tcp://0.0.0.0:5601"])
 def test_wildcard_listen_addresses_are_refused_with_a_reason(listen):
-    from broker.config import BrokerConfig, BrokerConfigError
+    from broker.server.config import BrokerConfig, BrokerConfigError
     from ledger import LedgerError
-    from ledger.bookie_config import BookieConfig
+    from ledger.bookie.config import BookieConfig
 
     with pytest.raises(BrokerConfigError, match="wildcard"):
         BrokerConfig(listen=listen).validate()

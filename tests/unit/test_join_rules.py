@@ -1,5 +1,5 @@
 """When a store can replay the log and when it must install a snapshot first."""
-from broker.join import needs_snapshot
+from broker.server.join import needs_snapshot
 
 
 def test_empty_store_replays_while_history_is_complete():

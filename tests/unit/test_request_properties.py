@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.events import decode_batch, encode_batch, validate_event
+from broker.state.events import decode_batch, encode_batch, validate_event
 from broker.protocol import (E_BAD_REQUEST, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE, OPS, QUEUE_NAME,
                              RequestError, check_request, request_events)
 

@@ -1,9 +1,9 @@
 """A read that hits a damaged state store fails that request and reports the damage at once."""
 from __future__ import annotations
 
-from broker.config import BrokerConfig
-from broker.server import BrokerServer, LeaderSession
-from broker.state_store import StateStore, StoreDamaged
+from broker.server.config import BrokerConfig
+from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.state.store import StateStore, StoreDamaged
 from ledger import wire
 
 

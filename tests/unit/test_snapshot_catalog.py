@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from broker.events import event
-from broker.state_schema import META_LOCAL
-from broker.state_restore import restore_snapshot
-from broker.state_store import StateStore, StoreIncomplete
+from broker.state.events import event
+from broker.state.schema import META_LOCAL
+from broker.state.restore import restore_snapshot
+from broker.state.store import StateStore, StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import (
     EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, snapshot_name)

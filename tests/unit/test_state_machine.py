@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import state_apply
-from broker.state_schema import unpack
-from broker.state_store import (
+from broker.state import apply as state_apply
+from broker.state.schema import unpack
+from broker.state.store import (
     DigestMismatch, PositionError, StateDiverged, StateStore, StoreError, StoreFull,
     StoreIncomplete)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import lmdb
 import pytest
 
-from broker.events import event
-from broker.lmdb_file import check_lmdb_file
-from broker.state_schema import META_CLUSTER, META_POSITION, pack_position
-from broker.state_restore import restore_snapshot
-from broker.state_store import StateStore, StoreDamaged
+from broker.state.events import event
+from broker.state.lmdb_file import check_lmdb_file
+from broker.state.schema import META_CLUSTER, META_POSITION, pack_position
+from broker.state.restore import restore_snapshot
+from broker.state.store import StateStore, StoreDamaged
 from snapshots.catalog import SnapshotCatalog
 
 MAP = 64 << 20

@@ -1,0 +1,153 @@
+"""The back-ends of the operator commands: `status` and `snapshot list|create|verify|restore`.
+
+The CLI only parses options and calls these. `status` is the ZooKeeper view of a
+cluster completed by the leader's own report; the snapshot functions work on a
+broker's data dir (safe while the broker runs, except `restore_into`, which needs
+a data dir no broker uses).
+
+Example::
+
+    view = full_status(zk, "dev")
+    view["brokers"][0]["lag"]
+    rows = list_snapshots(Path("broker-data"))
+    header = create_snapshot(Path("broker-data"), cluster_id)
+    restore_into(Path("snap-0000000003-0000000041.fps"), Path("new-broker"), cluster_id)
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import zmq
+from kazoo.client import KazooClient
+
+from broker import BrokerError
+from broker.server.datalock import DataDirLock
+from broker.state.restore import restore_snapshot
+from broker.state.store import StateStore
+from election.cluster_config import read_cluster_config
+from election.cluster_view import cluster_status
+from election.identity import META
+from election.paths import ClusterPaths
+from ledger import wire
+from snapshots.catalog import SnapshotCatalog
+from snapshots.format import verify_snapshot
+
+
+class BrokerUnreachable(BrokerError):
+    """A one-off request got no usable answer (timeout, refusal or a bad frame)."""
+
+
+def request_once(address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+                 **fields) -> dict:
+    """One request to the broker at `address` on a fresh socket; the reply, or BrokerUnreachable.
+
+    For tools and joiners that talk to a named broker once; clients that follow the
+    leader use :class:`broker.api.client.Client`.
+    """
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(wire.encode(wire.request(op, 1, **fields)))
+        if not sock.poll(int(timeout * 1000)):
+            raise BrokerUnreachable(f"{address} did not answer {op} within {timeout:g}s")
+        reply = wire.decode(sock.recv(), max_bytes=max_bytes)
+    except (zmq.ZMQError, wire.WireError) as exc:
+        raise BrokerUnreachable(f"{address}: {exc}") from None
+    finally:
+        sock.close()
+    if not reply.get("ok"):
+        raise BrokerUnreachable(f"{address}: {reply.get('error')}: {reply.get('message')}")
+    return reply
+
+
+def ask(address: str, op: str, timeout: float = 2.0) -> dict | None:
+    """One request to a broker; None if it does not answer in time or refuses."""
+    try:
+        return request_once(address, op, timeout)
+    except BrokerUnreachable:
+        return None
+
+
+def lag(position: list | None, leader_position: list | None) -> int | None:
+    """Entries a broker is behind the leader, when both are in the same ledger; else None."""
+    if not position or not leader_position:
+        return None if leader_position else 0
+    if position[0] == leader_position[0]:
+        return max(0, leader_position[1] - position[1])
+    return None
+
+
+def full_status(zk: KazooClient, cluster: str) -> dict:
+    """The cluster view with queue depths and per-broker lag filled in from the leader."""
+    view = cluster_status(zk, cluster)
+    report = ask(view["leader_address"], "status") if view.get("leader_address") else None
+    leader_position = report.get("position") if report else None
+    if report:
+        view["queues"] = report.get("queues", {})
+    for broker in view["brokers"]:
+        if broker.get("role") == "leader" and leader_position:
+            broker["position"] = leader_position
+            broker["digest"] = report.get("digest", broker.get("digest"))
+        broker["lag"] = lag(broker.get("position"), leader_position)
+    return view
+
+
+
+def cluster_id_of(zk: KazooClient, cluster: str) -> str:
+    config = read_cluster_config(zk, ClusterPaths(cluster))
+    if config is None:
+        raise BrokerError(f"cluster {cluster!r} is not initialized in ZooKeeper")
+    return config["cluster_id"]
+
+
+def list_snapshots(data_dir: Path) -> list[dict]:
+    """The snapshot files of one broker data dir, newest first (damaged ones carry `error`)."""
+    if not (data_dir / "snapshots").is_dir():
+        raise BrokerError(f"{data_dir} has no snapshots directory (is it a broker data dir?)")
+    return SnapshotCatalog.in_data_dir(data_dir).list()
+
+
+def advertised_snapshots(zk: KazooClient, cluster: str) -> list[dict]:
+    """The snapshot each live broker advertises, for a cluster-wide listing."""
+    paths = ClusterPaths(cluster)
+    rows = []
+    for child in sorted(zk.get_children(paths.live_brokers) if zk.exists(paths.live_brokers) else []):
+        info = json.loads(zk.get(paths.live_broker(int(child)))[0])
+        if info.get("snapshot"):
+            rows.append({"broker_id": int(child), "address": info.get("address"), **info["snapshot"]})
+    return rows
+
+
+def create_snapshot(data_dir: Path, cluster_id: str, keep: int | None = None) -> dict:
+    """Snapshot a broker's store now (from a read transaction: the broker may be running)."""
+    try:
+        broker_id = json.loads((data_dir / META).read_text())["broker_id"]
+    except (OSError, ValueError, KeyError):
+        raise BrokerError(f"{data_dir} is not a broker data dir (no readable {META})") from None
+    store = StateStore(data_dir / "state")
+    try:
+        catalog = SnapshotCatalog.in_data_dir(data_dir)
+        header = catalog.create(store, cluster_id, broker_id, clock=time.time)
+        if keep:
+            catalog.prune(keep)
+        return header
+    finally:
+        store.close()
+
+
+def verify_file(path: Path, cluster_id: str | None = None) -> dict:
+    """Check every block and the footer of a snapshot file; raise with the reason if it is bad."""
+    return verify_snapshot(path, cluster_id)
+
+
+def restore_into(path: Path, data_dir: Path, cluster_id: str) -> dict:
+    """Install a snapshot as the state of a broker data dir that no broker is using."""
+    lock = DataDirLock(data_dir)
+    lock.acquire()
+    try:
+        return restore_snapshot(path, data_dir / "state", cluster_id)
+    finally:
+        lock.release()

@@ -1,0 +1,1 @@
+"""What applications import: the Client, the Worker and the command handler of `worker run`."""

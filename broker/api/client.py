@@ -1,0 +1,566 @@
+"""The Python client of a fencepost cluster: submit tasks, look them up, wait for them.
+
+A :class:`Client` finds the leader broker (from ZooKeeper's ``leader`` node, or by
+pinging a list of broker addresses), follows ``not_leader`` redirects and retries
+with exponential backoff and jitter across failovers until the call's overall
+deadline, then raises :class:`BrokerUnavailable`. Errors that a retry cannot fix
+(``invalid_queue``, ``payload_too_large``, ``stale_attempt``, ...) raise at once
+as :class:`ClientError` with the wire ``code``.
+
+Requests too large for a broker to take are refused here, at once, with
+``payload_too_large``: a frame over ``max_frame_bytes`` (a broker disconnects
+the sender of such a frame, so waiting for a reply would only time out), and
+a submit payload over the cluster's ``max_payload_bytes`` (read once from the
+``config`` node when the client uses ZooKeeper). ``submit_many`` sends chunks
+that each fit in a frame.
+
+Retrying is safe for ``submit``: a submit without a ``key`` gets a generated
+``auto:<uuid>`` key that every retry of that call reuses, so a submit whose
+reply was lost in a failover never creates a second task.
+
+Threads: a Client may be shared by several threads. Each thread gets its own
+DEALER socket (``threading.local``), so a long-polling ``lease`` in one thread
+never blocks a ``submit`` in another; ``close()`` must only be called once no
+call is in flight (it closes every thread's socket).
+
+Example::
+
+    with Client(zk="127.0.0.1:2181", cluster="dev") as client:
+        task_id = client.submit("mail", b'{"to": "ann"}', priority=5)
+        print(client.wait(task_id, timeout=60)["state"])
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Callable
+
+import zmq
+from kazoo.exceptions import KazooException
+
+from broker import BrokerError
+from broker.state.events import FINAL_STATES
+from broker.protocol import E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE, MAX_SUBMIT_MANY
+from election import ElectionError
+from election.cluster_config import read_cluster_config
+from election.leader import read_leader
+from election.paths import ClusterPaths
+from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
+from ledger.wire import DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, request as make_request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ZK = "127.0.0.1:2181"
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_REQUEST_TIMEOUT = 5.0
+BACKOFF_START = 0.05
+BACKOFF_CAP = 1.0
+AUTO_KEY_PREFIX = "auto:"
+# A broker's reply may carry a payload and a result of up to max_payload_bytes each;
+# the client trusts its own cluster more than a server trusts its clients.
+MAX_REPLY_BYTES = 1 << 28
+# Redirects followed at once before backing off: two brokers that disagree about
+# the leader for a moment must not make us spin.
+FREE_REDIRECTS = 3
+# Room in a frame for the envelope and the field names around a submit_many's payloads.
+SUBMIT_OVERHEAD_BYTES = 512
+_SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run"})
+_ENVELOPE = ("v", "rid", "ok")
+
+
+class ClientError(BrokerError):
+    """An error reply from the broker, or a call that cannot be made; ``code`` is the wire word."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class BrokerUnavailable(ClientError):
+    """No leader answered before the call's deadline (retries were exhausted)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(E_UNAVAILABLE, message)
+
+
+class TaskNotFound(ClientError):
+    """The task id is unknown to the cluster (never submitted, or purged)."""
+
+
+class WaitTimeout(ClientError, TimeoutError):
+    """:meth:`Client.wait` ran out of time; ``task`` is the last state seen."""
+
+    def __init__(self, task_id: str, timeout: float, task: dict) -> None:
+        super().__init__("wait_timeout", f"task {task_id} still {task.get('state')} after {timeout:g}s")
+        self.task = task
+
+
+# How often a call waiting for a reply checks whether the leader has changed.
+LEADER_CHECK_MS = 20
+
+
+class _Conn:
+    """The calling thread's socket and the address it is connected to."""
+
+    __slots__ = ("sock", "address", "release", "__weakref__")
+
+    def __init__(self, sock: zmq.Socket, address: str) -> None:
+        self.sock, self.address = sock, address
+
+
+def _release_socket(sockets: set, lock: threading.RLock, sock: zmq.Socket) -> None:
+    # Whoever removes the socket from the set closes it, so it is closed exactly once.
+    with lock:
+        if sock not in sockets:
+            return
+        sockets.discard(sock)
+    sock.close(linger=0)
+
+
+class _Transient(Exception):
+    """One attempt failed in a way a retry may fix (no reply, send/connect failure)."""
+
+
+
+def classify(code: str) -> str:
+    """How a call reacts to an error reply: ``redirect``, ``retry`` or ``fatal``."""
+    if code == E_NOT_LEADER:
+        return "redirect"
+    if code == E_UNAVAILABLE:
+        return "retry"
+    return "fatal"
+
+
+def error_for(code: str, message: str) -> ClientError:
+    """The exception raised for a non-retryable error reply."""
+    if code == "no_such_task":
+        return TaskNotFound(code, message)
+    return ClientError(code, message)
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": delay n is in [b/2, b], b = min(cap, start * 2**n)."""
+
+    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP,
+                 rng: Callable[[], float] = random.random) -> None:
+        self.start, self.cap, self._rng, self._n = start, cap, rng, 0
+
+    def next_delay(self) -> float:
+        base = min(self.cap, self.start * (2 ** self._n))
+        self._n = min(self._n + 1, 60)  # keeps 2**n finite however long a call retries
+        return base * (0.5 + 0.5 * self._rng())
+
+
+def auto_key() -> str:
+    """A fresh idempotency key for a submit the caller gave no key."""
+    return AUTO_KEY_PREFIX + uuid.uuid4().hex
+
+
+def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: int = 0,
+                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> dict:
+    """The wire fields of one submit; the key is fixed here, once, so every retry resends it."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+    if delay < 0:
+        raise ValueError("delay must be >= 0 seconds")
+    fields = {"queue": queue, "payload": bytes(payload), "key": auto_key() if key is None else key,
+              "priority": int(priority), "delay_ms": int(round(delay * 1000))}
+    if max_attempts is not None:
+        fields["max_attempts"] = int(max_attempts)
+    if max_run is not None:
+        if max_run <= 0:
+            raise ValueError("max_run must be > 0 seconds")
+        fields["max_run_ms"] = int(round(max_run * 1000))
+    return fields
+
+
+def leader_address(value: Any) -> str | None:
+    """The address in a ``leader`` field: a string, a leader-node map, or null."""
+    if isinstance(value, dict):
+        value = value.get("address")
+    return value if isinstance(value, str) and value else None
+
+
+# ---------------------------------------------------------------- the client
+
+
+class Client:
+    """A connection to one fencepost cluster (see the module docstring).
+
+    Give either ``zk`` (ZooKeeper hosts; the default ``127.0.0.1:2181`` when neither
+    is given) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``).
+    ``timeout`` is the overall deadline of one call in seconds, retries included;
+    ``request_timeout`` bounds each attempt (a long-poll adds its ``wait_ms``).
+    ``max_frame_bytes`` is the brokers' frame limit (their ``max_frame_bytes``).
+    """
+
+    def __init__(self, zk: str | None = None, cluster: str = "dev", brokers: list[str] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if zk is not None and brokers:
+            raise ValueError("give zk or brokers, not both")
+        self.cluster = cluster
+        self.timeout = float(timeout)
+        self.request_timeout = float(request_timeout)
+        self.max_frame_bytes = int(max_frame_bytes)
+        self._max_payload: int | None = None  # the cluster's max_payload_bytes, once read
+        # Reentrant: a thread-end socket finalizer may run while this thread holds it.
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._sockets: set[zmq.Socket] = set()  # every thread's socket, for close()
+        self._rids = itertools.count(random.randrange(1 << 30))
+        self._leader: str | None = None
+        self._closed = False
+        self._known = list(dict.fromkeys(brokers or []))
+        self._zk = None
+        self._ctx = zmq.Context()
+        if not self._known:
+            self._open_zk(zk or DEFAULT_ZK, cluster)
+
+    def _open_zk(self, hosts: str, cluster: str) -> None:
+        try:
+            self._paths = ClusterPaths(cluster)
+            self._zk = zk_connect(hosts, session_timeout=10.0, connect_timeout=min(self.timeout, 10.0))
+        except ZooKeeperUnavailable as exc:
+            self._ctx.destroy(linger=0)
+            raise BrokerUnavailable(str(exc)) from None
+        except ElectionError as exc:
+            self._ctx.destroy(linger=0)
+            raise ValueError(str(exc)) from None
+        # The watch keeps the cached leader current across failovers; a failed
+        # request also drops the cache, so a missed event only costs a re-read.
+        self._zk.DataWatch(self._paths.leader, self._on_leader_node)
+
+    def _on_leader_node(self, data: bytes | None, *_: Any) -> bool | None:
+        if self._closed:
+            return False  # stops the watch
+        try:
+            address = leader_address(json.loads(data)) if data else None
+        except ValueError:
+            address = None
+        with self._lock:
+            self._leader = address
+        return None
+
+    # ------------------------------------------------------------ public API
+
+    def submit(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
+               delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> str:
+        """Submit one task; return its id once committed. The same ``key`` returns the same id.
+
+        ``max_run`` (seconds) bounds each attempt: past it the worker abandons the
+        attempt and the leader expires its lease even if heartbeats go on.
+        """
+        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run)
+        self._check_payload(fields["payload"])
+        return self.call("submit", **fields)["task_id"]
+
+    def submit_many(self, tasks: list[dict]) -> list[str]:
+        """Submit several tasks (dicts with :meth:`submit`'s arguments); return their ids in order.
+
+        Up to 1000 tasks go in one request and commit together; a longer list is
+        sent in chunks, so if a later chunk fails the earlier ones stay submitted.
+        """
+        subs = []
+        for task in tasks:
+            unknown = set(task) - _SUBMIT_OPTIONS
+            if unknown:
+                raise ValueError(f"unknown submit option(s): {', '.join(sorted(unknown))}")
+            subs.append(submit_fields(**task))
+            self._check_payload(subs[-1]["payload"])
+        ids: list[str] = []
+        for chunk in self._frame_chunks(subs):
+            ids.extend(self.call("submit_many", tasks=chunk)["task_ids"])
+        return ids
+
+    def _frame_chunks(self, subs: list[dict]) -> list[list[dict]]:
+        """``subs`` cut into requests of at most 1000 submits that each fit in a frame."""
+        chunks: list[list[dict]] = [[]]
+        size = SUBMIT_OVERHEAD_BYTES
+        for sub in subs:
+            # Payload, key and queue plus the field names of one submit: an upper bound of its encoding.
+            need = len(sub["payload"]) + len(sub["key"].encode()) + len(sub["queue"].encode()) + 96
+            if chunks[-1] and (len(chunks[-1]) >= MAX_SUBMIT_MANY or size + need > self.max_frame_bytes):
+                chunks.append([])
+                size = SUBMIT_OVERHEAD_BYTES
+            chunks[-1].append(sub)
+            size += need
+        return chunks if chunks[0] else []
+
+    def _check_payload(self, payload: bytes) -> None:
+        limit = self._payload_limit()
+        if limit is not None and len(payload) > limit:
+            raise ClientError(E_PAYLOAD_TOO_LARGE,
+                              f"payload of {len(payload)} bytes exceeds max_payload_bytes={limit}")
+
+    def _payload_limit(self) -> int | None:
+        """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
+        if self._max_payload is None and self._zk is not None:
+            try:
+                config = read_cluster_config(self._zk, self._paths) or {}
+                self._max_payload = int(config["max_payload_bytes"])
+            except (KazooException, KeyError, TypeError, ValueError) as exc:
+                log.debug("cluster payload limit unknown: %s", exc)
+        return self._max_payload
+
+    def get(self, task_id: str, timeout: float | None = None) -> dict:
+        """The task's record (``id, queue, state, attempts, result, ...``); :class:`TaskNotFound` if unknown."""
+        task = dict(self.call("get", task_id=task_id, timeout=timeout)["task"])
+        task.setdefault("id", task_id)
+        return task
+
+    def wait(self, task_id: str, timeout: float | None = None) -> dict:
+        """Poll until the task is done, failed, dead or cancelled; return its record.
+
+        ``timeout`` in seconds (None: no limit); raises :class:`WaitTimeout` when it
+        passes, or :class:`BrokerUnavailable` if no leader answers meanwhile.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        poll = Backoff(start=0.02, cap=0.5)
+        while True:
+            call_timeout = None
+            if deadline is not None:
+                # Never give up on the last poll just because little time is left.
+                call_timeout = max(deadline - time.monotonic(), min(self.request_timeout, 1.0))
+            task = self.get(task_id, timeout=call_timeout)
+            if task.get("state") in FINAL_STATES:
+                return task
+            pause = poll.next_delay()
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WaitTimeout(task_id, timeout, task)
+                pause = min(pause, remaining)
+            time.sleep(pause)
+
+    def complete_many(self, completions: list[dict]) -> list[dict]:
+        """Complete several leased tasks in one request.
+
+        Each item has ``task_id``, ``attempt`` and optionally ``result`` (bytes);
+        returns one ``{ok, error?, message?}`` per item, in order: a stale attempt
+        fails that item only. Safe to retry (a repeated completion is a no-op).
+        """
+        fields = [{k: c[k] for k in ("task_id", "attempt", "result") if k in c} for c in completions]
+        return self.call("complete_many", tasks=fields)["results"]
+
+    def cancel(self, task_id: str) -> None:
+        """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine)."""
+        self.call("cancel", task_id=task_id)
+
+    def status(self) -> dict:
+        """The leader's status: ``broker_id, role, epoch, position, digest, queues``."""
+        return self.call("status")
+
+    @property
+    def leader(self) -> str | None:
+        """The leader address this client currently believes in (None until found)."""
+        with self._lock:
+            return self._leader
+
+    def call(self, op: str, /, *, timeout: float | None = None, **fields: Any) -> dict:
+        """Send ``op`` with wire ``fields`` to the leader, retrying until ``timeout``; return the reply.
+
+        The reply map comes back without the envelope (``v``, ``rid``, ``ok``).
+        Only use this for operations that are safe to repeat (the broker's own ops are:
+        submits carry keys, complete/fail/heartbeat name an attempt).
+        """
+        total = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + total
+        # A long-poll is allowed its wait on top of the usual answer time.
+        per_attempt = self.request_timeout + max(0, fields.get("wait_ms", 0) or 0) / 1000
+        backoff = Backoff()
+        redirects = 0
+        last = "no attempt made"
+        while True:
+            self._check_open()
+            address = self._current_leader(deadline)
+            if address is None:
+                last = "no leader is known"
+            else:
+                attempt_timeout = min(per_attempt, max(deadline - time.monotonic(), 0.01))
+                try:
+                    reply = self._exchange(address, op, fields, attempt_timeout)
+                except _Transient as exc:
+                    last = f"{address}: {exc}"
+                    self._forget_leader(address)
+                else:
+                    if reply.get("ok"):
+                        return {k: v for k, v in reply.items() if k not in _ENVELOPE}
+                    code, message = str(reply.get("error") or "internal"), str(reply.get("message", ""))
+                    kind = classify(code)
+                    if kind == "fatal":
+                        raise error_for(code, message)
+                    last = f"{address}: {code}: {message}"
+                    if kind == "redirect":
+                        self._forget_leader(address)
+                        target = leader_address(reply.get("leader"))
+                        if target and target != address:
+                            self._set_leader(target)
+                            redirects += 1
+                            if redirects <= FREE_REDIRECTS:
+                                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerUnavailable(f"{op} gave up after {total:g}s: {last}")
+            delay = min(backoff.next_delay(), remaining)
+            log.debug("%s: retrying in %.3fs (%s)", op, delay, last)
+            time.sleep(delay)
+
+    def close(self) -> None:
+        """Close every socket and the ZooKeeper session. Call it when no call is in flight."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            sockets = list(self._sockets)
+            self._sockets.clear()  # so a thread's finalizer does not close them again
+        for sock in sockets:
+            sock.close(linger=0)
+        if self._zk is not None:
+            zk_close(self._zk)
+        self._ctx.destroy(linger=0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------- leader tracking
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientError("closed", "the client is closed")
+
+    def _set_leader(self, address: str) -> None:
+        with self._lock:
+            self._leader = address
+            if self._zk is None and address not in self._known:
+                self._known.append(address)  # a later discovery may ask it too
+
+    def _forget_leader(self, address: str) -> None:
+        with self._lock:
+            if self._leader == address:
+                self._leader = None
+
+    def _current_leader(self, deadline: float) -> str | None:
+        with self._lock:
+            if self._leader:
+                return self._leader
+        address = self._discover_zk() if self._zk is not None else self._discover_brokers(deadline)
+        if address:
+            self._set_leader(address)
+        return address
+
+    def _discover_zk(self) -> str | None:
+        try:
+            return leader_address(read_leader(self._zk, self._paths))
+        except (KazooException, ValueError) as exc:  # ZooKeeper unreachable, or a bad node
+            log.debug("cannot read the leader node: %s", exc)
+            return None
+
+    def _discover_brokers(self, deadline: float) -> str | None:
+        """Ping the known brokers in turn; the first that is, or names, the leader wins."""
+        with self._lock:
+            known = list(self._known)
+        for address in known:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                # A live broker answers a ping at once; do not wait long on a dead one.
+                reply = self._exchange(address, "ping", {}, min(self.request_timeout, 1.0, remaining))
+            except _Transient:
+                continue
+            if reply.get("ok") and reply.get("role") == "leader":
+                return address
+            named = leader_address(reply.get("leader"))
+            if named:
+                return named
+        return None
+
+    # ----------------------------------------------------------- transport
+
+    def _socket(self, address: str) -> zmq.Socket:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and conn.address == address:
+            return conn.sock
+        self._drop_socket()
+        with self._lock:
+            self._check_open()
+            sock = self._ctx.socket(zmq.DEALER)
+            self._sockets.add(sock)
+        # LINGER 0: a dropped socket discards what it still queues for a dead peer.
+        sock.setsockopt(zmq.LINGER, 0)
+        conn = self._local.conn = _Conn(sock, address)
+        # When the thread ends its thread-local goes, and with it the socket.
+        conn.release = weakref.finalize(conn, _release_socket, self._sockets, self._lock, sock)
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            self._drop_socket()
+            raise _Transient(f"cannot connect: {exc}") from None
+        return sock
+
+    def _drop_socket(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.release()
+
+    def _leader_moved(self, address: str) -> bool:
+        """True when ZooKeeper names a leader other than `address` (only known with `zk`)."""
+        with self._lock:
+            return self._zk is not None and self._leader is not None and self._leader != address
+
+    def _exchange(self, address: str, op: str, fields: dict, timeout: float) -> dict:
+        """One request, one reply (matched by rid); raise _Transient on no reply in time."""
+        rid = next(self._rids)
+        frame = encode(make_request(op, rid, **fields))
+        if len(frame) > self.max_frame_bytes:
+            # The broker would drop the connection, not answer: say so now instead of timing out.
+            raise ClientError(E_PAYLOAD_TOO_LARGE, f"{op} request of {len(frame)} bytes exceeds the "
+                                                   f"brokers' frame limit of {self.max_frame_bytes} bytes")
+        sock = self._socket(address)
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self._drop_socket()
+            raise _Transient(f"send failed: {exc}") from None
+        end = time.monotonic() + timeout
+        while True:
+            remaining_ms = int((end - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                # A new socket next time: a reply that arrives late must never be
+                # read as the answer to a later request.
+                self._drop_socket()
+                raise _Transient(f"no reply within {timeout:g}s")
+            if not sock.poll(min(remaining_ms, LEADER_CHECK_MS), zmq.POLLIN):
+                if self._leader_moved(address):
+                    # The dead leader will never answer: go to the new one now instead of
+                    # waiting out the timeout (the request is safe to repeat).
+                    self._drop_socket()
+                    raise _Transient("the leader changed while waiting for a reply")
+                continue
+            try:
+                raw = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            try:
+                msg = decode(raw, MAX_REPLY_BYTES)
+            except WireError as exc:
+                if exc.rid == rid:  # e.g. the broker speaks another protocol version
+                    raise ClientError(exc.code, exc.message) from None
+                log.debug("dropping an undecodable reply from %s: %s", address, exc)
+                continue
+            if msg.get("rid") != rid:
+                log.debug("dropping a reply to another request (rid %r) from %s", msg.get("rid"), address)
+                continue
+            return msg

@@ -1,0 +1,98 @@
+"""Configuration of one broker process (`fencepost broker start`).
+
+Example::
+
+    config = load_settings(BrokerConfig, "broker", flags={"data": "b1", "listen": "tcp://127.0.0.1:5601"})
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from broker import BrokerError
+from ledger.bookie.config import WILDCARD_HOSTS
+
+_TCP = re.compile(r"\Atcp://[^:/\s]+:\d{1,5}\Z")
+
+
+class BrokerConfigError(BrokerError):
+    """A broker setting is missing or out of range."""
+
+
+@dataclass
+class BrokerConfig:
+    """Every setting of a broker; see docs/configuration.md for each one's meaning.
+
+    The ``metadata`` of each field is its command-line option's help (``cli_options.py``
+    generates ``broker start``'s options from these fields).
+    """
+
+    data: str = field(default="./broker-data", metadata={
+        "help": "Data directory.", "path": "dir"})
+    listen: str = field(default="tcp://127.0.0.1:5601", metadata={
+        "help": "Address to serve clients on, tcp://HOST:PORT."})
+    zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
+    cluster: str = field(default="dev", metadata={"help": "Cluster name."})
+    name: str = field(default="", metadata={
+        "help": "Broker name.", "default_text": "the data dir's name"})
+    zk_session_timeout: float = field(default=10.0, metadata={
+        "help": "ZooKeeper session timeout in seconds; bounds failover time."})
+    learner: bool = field(default=False, metadata={
+        "help": "Replicate only: never join the in-sync set nor lead."})
+    secret_file: str = field(default="", metadata={
+        "help": "File holding the cluster secret (for the hmac-sha256 digest).", "path": "file"})
+    max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
+        "help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1})
+    max_batch_events: int = field(default=2000, metadata={
+        "help": "Most events in one ledger entry; also the most requests read per loop turn.", "min": 1})
+    max_inflight_entries: int = field(default=8, metadata={
+        "help": "Ledger entries the leader keeps in flight at once.", "min": 1})
+    tick_ms: int = field(default=50, metadata={"help": "Longest wait of one request-loop turn.", "min": 1})
+    lease_check_ms: int = field(default=200, metadata={
+        "help": "How often the leader looks for expired leases.", "min": 1})
+    digest_every_entries: int = field(default=200, metadata={
+        "help": "The leader writes a state digest after this many entries.", "min": 1})
+    default_lease_ms: int = field(default=30_000, metadata={
+        "help": "Lease length for a lease or heartbeat that names none.", "min": 1})
+    live_update_ms: int = field(default=500, metadata={
+        "help": "How often this broker's live node is refreshed.", "min": 1})
+    map_size: int = field(default=16 * 1024 ** 3, metadata={
+        "help": "LMDB map size of the state store in bytes (sparse).", "default_text": "16 GiB",
+        "min": 1 << 20})
+    fsync: bool = field(default=True, metadata={"help": "Do not fsync the state store (tests only)."})
+    checkpoint_entries: int = field(default=50_000, metadata={
+        "help": "Snapshot after this many applied entries.", "min": 1})
+    checkpoint_seconds: float = field(default=600.0, metadata={"help": "Snapshot at least this often."})
+    snapshots_kept: int = field(default=3, metadata={"help": "Snapshots kept on disk.", "min": 1})
+    retention_seconds: float = field(default=3600.0, metadata={
+        "help": "Minimum age before a ledger covered by a snapshot may be deleted."})
+    ledger_max_entries: int = field(default=100_000, metadata={
+        "help": "The leader rolls to a new ledger past this many entries.", "min": 1})
+    ledger_max_bytes: int = field(default=256 * 1024 * 1024, metadata={
+        "help": "The leader rolls to a new ledger past this many bytes.", "default_text": "256 MiB",
+        "min": 1})
+    shutdown_timeout: float = field(default=10.0, metadata={
+        "help": "SIGTERM stops the broker within this many seconds, whatever ZooKeeper's state."})
+
+    def validate(self) -> "BrokerConfig":
+        if not _TCP.match(self.listen):
+            raise BrokerConfigError(f"listen must look like tcp://HOST:PORT, got {self.listen!r}")
+        if self.listen.removeprefix("tcp://").rsplit(":", 1)[0] in WILDCARD_HOSTS:
+            raise BrokerConfigError(f"listen {self.listen!r} is also the address clients connect to: "
+                                    "give a reachable host or IP, not a wildcard")
+        if not 0.4 <= self.zk_session_timeout <= 120:
+            raise BrokerConfigError("zk_session_timeout must be between 0.4 and 120 seconds")
+        for name in ("max_batch_events", "max_inflight_entries", "tick_ms", "lease_check_ms",
+                     "digest_every_entries", "default_lease_ms", "live_update_ms"):
+            if getattr(self, name) < 1:
+                raise BrokerConfigError(f"{name} must be at least 1")
+        for name in ("checkpoint_entries", "snapshots_kept", "ledger_max_entries", "ledger_max_bytes"):
+            if getattr(self, name) < 1:
+                raise BrokerConfigError(f"{name} must be at least 1")
+        if self.checkpoint_seconds <= 0 or self.retention_seconds < 0:
+            raise BrokerConfigError("checkpoint_seconds must be > 0 and retention_seconds >= 0")
+        if not 1 <= self.shutdown_timeout <= 600:
+            raise BrokerConfigError("shutdown_timeout must be between 1 and 600 seconds")
+        if self.map_size < 1 << 20:
+            raise BrokerConfigError("map_size must be at least 1 MiB")
+        return self

@@ -1,0 +1,545 @@
+"""One broker process: identity, store, follower tail, election, and the request loop.
+
+Threads: the main thread runs the request loop (:class:`BrokerServer`); an
+election thread stands for leadership and, once elected, runs the takeover
+steps of DESIGN.md section 5 (claim the epoch, recover and close the previous
+ledgers, catch up, open our ledger, CAS it onto the log, write
+``EpochStarted``, publish ``leader``); a follower tail applies the log while we
+do not lead. ZooKeeper state changes only flip flags: ``SUSPENDED`` stops
+writes at once, ``LOST`` makes the leader step down.
+
+The store is checked before it is trusted (:mod:`broker.server.store_guard`): another
+cluster's store, or one beyond the log, stops the broker ("wrong store"); a
+store that was not closed in order is verified in full; a damaged one (found
+then, by a checkpoint, or by the tail) is never served: it is moved aside and
+rebuilt from a snapshot and the ledgers while the broker keeps running.
+SIGTERM stops the broker within ``shutdown_timeout`` whatever ZooKeeper's state.
+
+Example::
+
+    node = BrokerNode(load_settings(BrokerConfig, "broker", flags))
+    sys.exit(node.run())
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from kazoo.client import KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+
+from broker import BrokerError
+from broker.server.config import BrokerConfig
+from broker.server.checkpoints import Checkpointer
+from broker.server.datalock import DataDirLock
+from broker.server.follower import Diverged, FollowerTail, catch_up
+from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.state.store import StoreDamaged
+from broker.server.store_guard import quarantine
+from broker.server.store_keeper import StoreKeeper
+from election import ElectionError
+from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.identity import ensure_broker_id
+from election.leader import (LeaderElection, LostLeadership, check_epoch, claim_epoch, publish_leader,
+                             retract_leader)
+from election.paths import ClusterPaths
+from election.zk import close, connect
+from ledger import LedgerError
+from ledger.client.facade import LedgerClient
+from ledger.log import LogGap, append_ledger, read_log
+from ledger.metadata import CLOSED, read_metadata
+from snapshots import SnapshotError
+from snapshots.catalog import SnapshotCatalog
+from snapshots.format import cleanup_temp
+from snapshots.transfer import describe, read_chunk
+
+log = logging.getLogger(__name__)
+
+# Share of shutdown_timeout a leader may spend handing over; the rest is for local steps.
+HANDOVER_SHARE = 0.5
+
+
+class BrokerNode:
+    """A broker process; :meth:`run` blocks until stopped and returns the exit code."""
+
+    def __init__(self, config: BrokerConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config.validate()
+        self.clock = clock
+        self.paths = ClusterPaths(config.cluster)
+        self.stop_event = threading.Event()
+        self.exit_code = 0
+        self._failing = False
+        self._step_down = threading.Event()
+        self._tail: FollowerTail | None = None
+        self._election: LeaderElection | None = None
+        self._live_dirty = True
+        self._next_live = 0.0
+        self._session: LeaderSession | None = None
+        self._tail_applied = 0
+        self._served = False
+        self._damaged = threading.Event()
+        self._damage_lock = threading.Lock()
+        self._in_lead = False
+        self._stop_deadline: float | None = None
+        self._exited = threading.Event()
+
+    # ------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        cfg = self.config
+        self.data_lock = DataDirLock(Path(cfg.data))
+        self.data_lock.acquire()
+        self._install_signals()
+        threading.Thread(target=self._watchdog, name="shutdown-watchdog", daemon=True).start()
+        self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
+        self._write_session_file()
+        try:
+            self.cluster = ensure_cluster_config(self.zk, self.paths, ClusterOptions(), clock=self.clock)
+            data = Path(cfg.data)
+            # Before the identity: a foreign store is refused without registering anything.
+            self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
+                                      self.stop_event)
+            store = self.keeper.checked()
+            self.identity = ensure_broker_id(self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
+                                             cfg.listen, clock=self.clock)
+            log.info("broker %s starting on %s", self.identity, cfg.listen)
+            self.catalog = SnapshotCatalog(data / "snapshots")
+            cleanup_temp(data / "snapshots")
+            self.ledgers = LedgerClient(self.zk, self.paths, secret=self._secret())
+            self.keeper.attach(self.identity.broker_id, self.catalog)
+            self.store = self.keeper.verified(store)
+            self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
+                                       max_payload=int(self.cluster["max_payload_bytes"]))
+            self.server.on_leadership_lost = self._leadership_lost
+            self.server.on_fatal = self.fail
+            self.server.describe_snapshot = lambda: describe(self.catalog)
+            self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
+            self.server.bind()
+            self.checkpointer = Checkpointer(self)
+            self.checkpointer.start()
+            self.server.role = "learner" if cfg.learner else "follower"
+            self.zk.add_listener(self._on_zk_state)
+            self.zk.DataWatch(self.paths.leader, self._on_leader_node)
+            self._start_tail()
+            if not cfg.learner:
+                threading.Thread(target=self._stand, name="election", daemon=True).start()
+            while not self.stop_event.is_set():
+                self.server.serve_once()
+                self._update_live()
+            self._shutdown()
+        finally:
+            self._close_zk()
+            self.data_lock.release()
+            self._exited.set()
+        return self.exit_code
+
+    def _rejoin(self) -> None:
+        """The tail found its position in a deleted ledger: install a snapshot, then tail again (server thread)."""
+        self._stop_tail()
+        with self.checkpointer.lock:
+            self.store.close()
+            try:
+                self.store = self.keeper.open(join=True)
+            except BrokerError as exc:
+                self.fail(exc)
+                return
+            self.server.store = self.store
+            self.checkpointer.latest = self.catalog.latest_valid()
+        self._start_tail()
+
+    def store_damaged(self, exc: Exception) -> None:
+        """The running store is damaged (any thread): stop writing and leading now, rebuild it once
+        leadership has ended."""
+        with self._damage_lock:
+            if self._damaged.is_set() or self.stop_event.is_set():
+                return
+            self._damaged.set()
+        log.critical("%s; not serving or leading from it any more: moving it aside and rebuilding it", exc)
+        self.server.writable = False
+        self._step_down.set()
+        threading.Thread(target=self._rebuild_when_idle, name="store-rebuild", daemon=True).start()
+
+    def _rebuild_when_idle(self) -> None:
+        while (self._in_lead or self.server.session is not None) and not self.stop_event.is_set():
+            time.sleep(0.05)
+        if not self.stop_event.is_set():
+            self.server.call_soon(self._rebuild_running)
+
+    def _rebuild_running(self) -> None:
+        """Swap the damaged store for a rebuilt one (server thread, so no request reads it meanwhile)."""
+        self._stop_tail()
+        with self.checkpointer.lock:
+            self.store.close()
+            try:
+                aside = quarantine(self.keeper.state_dir, self.clock)
+                log.info("damaged state store moved to %s", aside)
+                self.store = self.keeper.rebuild()
+                self.store.mark_dirty()
+            except (BrokerError, SnapshotError, LedgerError, OSError) as exc:
+                self.fail(exc)
+                return
+            self.server.store = self.store
+            self.checkpointer.latest = self.catalog.latest_valid()
+        self._damaged.clear()
+        self.server.writable = self.zk.connected
+        self._live_dirty = True
+        self._start_tail()
+
+    def _on_tail_fatal(self, exc: Exception) -> None:
+        if isinstance(exc, LogGap):
+            log.warning("%s", exc)
+            self.server.call_soon(self._rejoin)
+        elif isinstance(exc, StoreDamaged):
+            self.store_damaged(exc)
+        else:
+            # A digest mismatch is local damage if the records no longer hash to our own digest.
+            try:
+                self.store.verify()
+            except StoreDamaged as damage:
+                self.store_damaged(damage)
+                return
+            self.fail(exc)
+
+    # ------------------------------------------------------------ what the checkpointer asks
+    def applied_entries(self) -> int:
+        return self.server.applied_entries + self._tail_applied
+
+    def _count_tail(self, entries: int) -> None:
+        self._tail_applied += entries
+
+    def leading(self) -> bool:
+        session = self.server.session
+        return session is not None and session.ready
+
+    def mark_live_dirty(self) -> None:
+        self._live_dirty = True
+
+    def _live_infos(self) -> dict[int, dict]:
+        out = {}
+        for child in self.zk.get_children(self.paths.live_brokers):
+            try:
+                out[int(child)] = json.loads(self.zk.get(self.paths.live_broker(int(child)))[0])
+            except (NoNodeError, ValueError):
+                continue
+        return out
+
+    def live_snapshot_of(self, broker_id: int) -> dict | None:
+        return self._live_infos().get(broker_id, {}).get("snapshot")
+
+    def servable_snapshot_positions(self) -> list[tuple[int, int]]:
+        """Positions of the snapshots that live brokers advertise (they can serve them to joiners)."""
+        return [tuple(info["snapshot"]["position"]) for info in self._live_infos().values() if info.get("snapshot")]
+
+    def _secret(self) -> bytes | None:
+        return Path(self.config.secret_file).read_bytes().strip() if self.config.secret_file else None
+
+    def _install_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+
+    def stop(self) -> None:
+        """Begin an orderly stop; the process ends within ``shutdown_timeout`` whatever happens."""
+        self.stop_event.set()
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.wake()
+
+    def _watchdog(self) -> None:
+        """The bound on stopping: a ZooKeeper call without a timeout must not keep the process alive."""
+        self.stop_event.wait()
+        self._stop_deadline = time.monotonic() + self.config.shutdown_timeout
+        if not self._exited.wait(self.config.shutdown_timeout):
+            log.warning("stopping took longer than shutdown_timeout (%gs; ZooKeeper unreachable?): "
+                        "exiting now", self.config.shutdown_timeout)
+            logging.shutdown()
+            os._exit(self.exit_code)
+
+    def _remaining(self, cap: float) -> float:
+        """Seconds left before the shutdown deadline, at most ``cap``."""
+        if self._stop_deadline is None:
+            return cap
+        return max(0.0, min(cap, self._stop_deadline - time.monotonic()))
+
+    def fail(self, exc: Exception) -> None:
+        """A fatal condition (divergence, a gap in the log): stop loudly with exit code 1.
+
+        A damaged store is not fatal (nor the entry's fault): it is rebuilt instead.
+        """
+        damage = exc if isinstance(exc, StoreDamaged) else exc.__cause__
+        if isinstance(damage, StoreDamaged) and not self._damaged.is_set():
+            self.store_damaged(damage)
+            return
+        with self._damage_lock:
+            first, self._failing = not self._failing, True
+        if not first:  # the tail and a takeover may both meet the same bad entry: say it once
+            log.info("also stopping: %s", exc)
+            return
+        log.critical("stopping: %s", exc)
+        self.exit_code = 1
+        self.stop_event.set()
+        self.server.wake()
+
+    def _shutdown(self) -> None:
+        """Graceful stop: hand leadership over if ZooKeeper lets us, checkpoint, mark the store clean.
+
+        Every wait is bounded by what is left of ``shutdown_timeout``; the ZooKeeper steps
+        are skipped while it is unreachable (the ledger's fencing stops a stale leader).
+        """
+        if self.server.session is not None:
+            self._step_down.set()
+            deadline = time.monotonic() + self._remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
+            while self.server.session is not None and time.monotonic() < deadline:
+                self.server.serve_once()
+        if self._election is not None:
+            self._election.cancel()
+        # A tail blocked in a ZooKeeper call never touches the store again before we exit: do not
+        # spend the budget the checkpoint and the clean marker need waiting for it.
+        self._stop_tail(timeout=self._remaining(5.0 if self.zk.connected else 1.0))
+        clean = not self._damaged.is_set()  # a store awaiting its rebuild stays unclean: verified at start
+        try:
+            before = self.checkpointer.latest
+            if clean and self.checkpointer.checkpoint(publish=self.zk.connected) is before:
+                self.store.verify()  # nothing new to snapshot: "clean" still means checked at close
+        except StoreDamaged as exc:
+            log.critical("%s; not marking it clean, so the next start rebuilds it", exc)
+            clean = False
+        except (SnapshotError, BrokerError, OSError) as exc:
+            log.warning("no checkpoint at shutdown: %s", exc)
+        self.checkpointer.stop()
+        if clean:
+            self.store.mark_clean()
+        self.ledgers.close()
+        self.server.close()
+        self.store.close()
+
+    def _close_zk(self) -> None:
+        """Close the ZooKeeper session, waiting no longer than the shutdown deadline allows."""
+        closer = threading.Thread(target=close, args=(self.zk,), name="zk-close", daemon=True)
+        closer.start()
+        closer.join(self._remaining(self.config.shutdown_timeout))
+
+    # ------------------------------------------------------------ ZooKeeper state (never blocks)
+    def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.SUSPENDED:
+            self.server.writable = False
+        elif state == KazooState.LOST:
+            self.server.writable = False
+            self._step_down.set()
+            self._live_dirty = True
+        else:
+            self.server.writable = True
+            self._live_dirty = True
+            self._write_session_file()
+
+    def _on_leader_node(self, data, _stat) -> None:
+        """Followers learn the leader's address from the `leader` node (for not_leader replies)."""
+        try:
+            info = json.loads(data) if data else None
+        except ValueError:
+            info = None
+        if self.server.session is None:
+            self.server.leader_address = info.get("address") if info else None
+
+    def _write_session_file(self) -> None:
+        """For fault-injection tests only: expose the ZooKeeper session so a harness can expire it.
+
+        Off unless ``FENCEPOST_ZK_SESSION_FILE`` names a file; written 0600 since the
+        password lets its reader act as this session.
+        """
+        path = os.environ.get("FENCEPOST_ZK_SESSION_FILE")
+        if not path:
+            return
+        session_id, password = self.zk.client_id
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"session_id": session_id, "password": password.hex()}, fh)
+        os.replace(path + ".tmp", path)
+
+    def _leadership_lost(self, reason: str) -> None:
+        log.warning("leadership lost: %s", reason)
+        self._step_down.set()
+
+    # ------------------------------------------------------------ follower tail
+    def _start_tail(self) -> None:
+        self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self._on_tail_fatal,
+                                  on_applied=self._count_tail)
+        self._tail.start()
+
+    def _stop_tail(self, timeout: float = 30.0) -> None:
+        # The shutdown and the takeover may both stop the tail: read the attribute once.
+        tail = self._tail
+        if tail is not None:
+            tail.stop()
+            tail.join(timeout)
+            if not tail.is_alive() and self._tail is tail:
+                self._tail = None
+
+    # ------------------------------------------------------------ leadership
+    def _stand(self) -> None:
+        backoff = 0.2
+        while not self.stop_event.is_set():
+            self._served = False
+            try:
+                self._election = LeaderElection(self.zk, self.paths, self.identity.broker_id)
+                self._election.run(self._lead)
+            except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
+                log.warning("election: %s: %s", type(exc).__name__, exc)
+            except Exception:
+                log.exception("election thread error; standing again")
+            # A takeover that failed before serving (too few bookies, say) must not
+            # burn an epoch every few milliseconds: back off until one succeeds.
+            backoff = 0.2 if self._served else min(backoff * 2, 5.0)
+            if not self.stop_event.is_set():
+                self.stop_event.wait(backoff)
+
+    def _lead(self) -> None:
+        if self.stop_event.is_set() or self._damaged.is_set():
+            return  # never lead from a store that is being rebuilt
+        self._in_lead = True
+        try:
+            self._lead_epoch()
+        finally:
+            self._in_lead = False
+
+    def _lead_epoch(self) -> None:
+        self._step_down.clear()
+        self._stop_tail()
+        writer = None
+        try:
+            epoch = claim_epoch(self.zk, self.paths, self.identity.broker_id)
+            log.info("elected; taking over with epoch %d", epoch)
+            self._close_previous_ledgers()
+            catch_up(self.ledgers, self.store, self._step_down)
+            writer = self.ledgers.create(epoch)
+            ledgers, version = read_log(self.zk, self.paths)
+            check_epoch(self.zk, self.paths, epoch)
+            append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
+            ready = threading.Event()
+            session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set,
+                                    roll=lambda current: self._roll(epoch, current),
+                                    should_roll=lambda entries, size: (entries >= self.config.ledger_max_entries
+                                                                      or size >= self.config.ledger_max_bytes))
+            self._session = session
+            started = {"type": "EpochStarted", "epoch": epoch, "broker_id": self.identity.broker_id,
+                       "now_ms": int(self.clock() * 1000)}
+            self.server.call_soon(lambda: self.server.start_leading(session, [started]))
+            while not ready.wait(0.05):
+                if self._step_down.is_set() or self.stop_event.is_set():
+                    raise LostLeadership("stepped down before serving")
+            self._served = True
+            self.server.leader_address = self.config.listen
+            publish_leader(self.zk, self.paths, {"broker_id": self.identity.broker_id,
+                                                 "address": self.config.listen, "epoch": epoch})
+            log.info("leading epoch %d with ledger %d", epoch, writer.ledger_id)
+            self.checkpointer.request("won leadership")
+            self._live_dirty = True
+            while not self._step_down.wait(0.1) and not self.stop_event.is_set():
+                pass
+        except StoreDamaged as exc:  # our store, not the entry, is at fault: rebuild it
+            self.store_damaged(exc)
+        except Diverged as exc:  # catching up hit an entry we cannot apply: stop, never skip it
+            self.fail(exc)
+        except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
+            log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
+        finally:
+            session = getattr(self, "_session", None)
+            self._session = None
+            self._end_leadership(session.writer if session is not None else writer)
+
+    def _roll(self, epoch: int, current):
+        """Close the full ledger and continue in a new one of the same epoch (runs on the server thread)."""
+        current.close(timeout=5)
+        writer = self.ledgers.create(epoch)
+        _, version = read_log(self.zk, self.paths)
+        check_epoch(self.zk, self.paths, epoch)
+        append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
+        log.info("rolled from ledger %d to ledger %d (epoch %d)", current.ledger_id, writer.ledger_id, epoch)
+        return writer
+
+    def _close_previous_ledgers(self) -> None:
+        for item in read_log(self.zk, self.paths)[0]:
+            meta, _ = read_metadata(self.zk, self.paths, item["id"])
+            if meta.state != CLOSED:
+                last = self.ledgers.recover_and_close(item["id"])
+                log.info("recovered ledger %d: last entry %d", item["id"], last)
+
+    def _end_leadership(self, writer) -> None:
+        session = self.server.session
+        graceful = (self.stop_event.is_set() and session is not None and session.group is not None
+                    and session.group.failed is None)
+        if graceful:
+            # Answer what is in flight before handing over, so a graceful stop loses no reply.
+            self.server.draining = True
+            deadline = time.monotonic() + 5
+            while not self.server.idle() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        done = threading.Event()
+
+        def stop_serving() -> None:
+            self.server.stop_leading("leadership ended: retry with the new leader")
+            done.set()
+
+        self.server.call_soon(stop_serving)
+        done.wait(15)
+        if writer is not None and graceful:
+            try:
+                writer.close(timeout=5)
+            except LedgerError as exc:
+                log.warning("closing ledger %d: %s", writer.ledger_id, exc)
+        try:
+            retract_leader(self.zk, self.paths)
+        except KazooException:
+            pass
+        self.server.leader_address = None
+        self._live_dirty = True
+        if not self.stop_event.is_set() and not self._damaged.is_set():
+            self._start_tail()
+
+    # ------------------------------------------------------------ brokers/live/<id>
+    def _update_live(self) -> None:
+        now = time.monotonic()
+        if now < self._next_live and not self._live_dirty:
+            return
+        self._next_live = now + self.config.live_update_ms / 1000.0
+        position = self.store.position()
+        info = {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
+                "position": list(position) if position else None, "epoch": self.store.epoch(),
+                "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
+                "snapshot": self._advertised_snapshot()}
+        path = self.paths.live_broker(self.identity.broker_id)
+        data = json.dumps(info).encode()
+        if self._live_dirty:
+            self._live_dirty = False
+            self.zk.create_async(path, data, ephemeral=True, makepath=True).rawlink(
+                lambda result: self._live_created(result, path, data))
+        else:
+            self.zk.set_async(path, data).rawlink(self._live_set)
+
+    def _live_set(self, result) -> None:
+        try:
+            result.get(timeout=0)
+        except Exception:  # gone with an expired session, or connection trouble: recreate it
+            self._live_dirty = True
+
+    def _advertised_snapshot(self) -> dict | None:
+        latest = self.checkpointer.latest
+        if not latest:
+            return None
+        return {"position": list(latest["position"]), "name": latest.get("name"), "size": latest.get("size"),
+                "checksum": latest.get("checksum")}
+
+    def _live_created(self, result, path: str, data: bytes) -> None:
+        try:
+            result.get(timeout=0)
+        except NodeExistsError:
+            self.zk.set_async(path, data)
+        except NoNodeError:
+            self._live_dirty = True
+        except Exception:  # connection trouble: try again at the next update
+            self._live_dirty = True

@@ -1,0 +1,445 @@
+"""The broker's request loop: one ROUTER socket, one thread, every request answered once.
+
+On a follower every request but ``ping`` gets ``not_leader`` with the
+leader's address. On the leader, reads are answered from the store and writes
+become events that go through :class:`broker.server.group_commit.GroupCommit`.
+Leases that find nothing wait (long poll) until tasks are ready or their
+``wait_ms`` runs out. The leader's clock drives lease expiry: expired leases
+become ``LeaseExpired`` events, so replicas never read a clock.
+
+Other threads talk to the loop only through :meth:`call_soon` and the wake
+pipe, so sockets and the group commit are touched by this thread alone.
+
+A request can only fail itself: whatever goes wrong while one request is
+checked, turned into events, encoded or answered becomes an ``internal`` error
+reply to that request (logged once, with its op) and the loop goes on. Frames
+over ``max_frame_bytes`` are refused by the socket itself (ZMQ_MAXMSGSIZE: the
+peer is disconnected before the frame is received whole). A committed entry
+the leader cannot apply is not a request's failure: :attr:`on_fatal` stops
+the broker.
+
+Example::
+
+    server = BrokerServer(config, store, broker_id=1, clock=time.time)
+    server.bind()
+    while not stop.is_set():
+        server.serve_once()
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import lmdb
+import zmq
+
+from broker import protocol
+from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.state.store import StoreDamaged
+from ledger import wire
+from snapshots.transfer import TransferError
+
+log = logging.getLogger(__name__)
+
+
+def time_ordered_id(clock: Callable[[], float]) -> str:
+    """A task id that sorts by creation time (48-bit milliseconds, then 80 random bits), UUIDv7-like.
+
+    Ids made close in time land next to each other in the store's B-trees, so
+    applying a batch touches a few pages instead of hundreds.
+    """
+    return f"{int(clock() * 1000) & ((1 << 48) - 1):012x}{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class LeaderSession:
+    """What the server needs while it leads: the epoch's writer and its pipeline state."""
+
+    epoch: int
+    writer: Any
+    group: GroupCommit | None = None
+    ready: bool = False
+    on_ready: Callable[[], None] = lambda: None
+    parked: list = field(default_factory=list)
+    next_lease_check: float = 0.0
+    entries_since_digest: int = 0
+    lost_reported: bool = False
+    # Called with the current writer when the ledger is full; returns the next ledger's writer.
+    roll: Callable[[Any], Any] | None = None
+    should_roll: Callable[[int, int], bool] = lambda entries, size: False
+
+
+class BrokerServer:
+    """Serves clients and workers; leads when handed a :class:`LeaderSession`."""
+
+    def __init__(self, config, store, broker_id: int, clock: Callable[[], float] = time.time,
+                 new_id: Callable[[], str] | None = None, max_payload: int = 1 << 20) -> None:
+        self.config = config
+        self.store = store
+        self.broker_id = broker_id
+        self.clock = clock
+        self.new_id = new_id or (lambda: time_ordered_id(self.clock))
+        self.max_payload = max_payload
+        self.role = "starting"
+        self.leader_address: str | None = None
+        self.writable = True
+        self.draining = False
+        self.session: LeaderSession | None = None
+        self.on_leadership_lost: Callable[[str], None] = lambda reason: None
+        # Set by the node: stop the broker (a committed entry that cannot be applied).
+        self.on_fatal: Callable[[Exception], None] = _raise
+        # Set by the node: serve snapshots to joining members (`snapshot_info`, `snapshot_chunk`).
+        self.describe_snapshot: Callable[[], dict | None] = lambda: None
+        self.read_snapshot_chunk: Callable[[str, int, int], dict] | None = None
+        self.applied_entries = 0
+        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0}
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # The default limit of 1000 queued replies would silently drop replies under load.
+        self.sock.setsockopt(zmq.SNDHWM, 100_000)
+        # Refuse oversized frames while they arrive, not after buffering them whole.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+        self.poller = zmq.Poller()
+
+    def bind(self) -> None:
+        self.sock.bind(self.config.listen)
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    # ------------------------------------------------------------ cross-thread
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the server thread at its next turn."""
+        self._calls.put(fn)
+        self.wake()
+
+    # ------------------------------------------------------------ loop
+    def serve_once(self) -> None:
+        timeout = self.config.tick_ms
+        events = dict(self.poller.poll(timeout))
+        if self._wake_r in events:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        while True:
+            try:
+                self._calls.get_nowait()()
+            except queue.Empty:
+                break
+        if self.sock in events:
+            self._read_requests()
+        if self.session is not None:
+            self._lead_turn()
+
+    def _read_requests(self) -> None:
+        for _ in range(self.config.max_batch_events):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.counters["requests"] += 1
+            if len(frames) < 2:
+                continue
+            self._handle(frames[:-1], frames[-1])
+
+    def _send(self, route: list[bytes], msg: dict) -> None:
+        try:
+            frame = wire.encode(msg)
+        except Exception as exc:  # a reply we cannot encode must still be a reply
+            log.error("cannot encode a reply: %s: %s", type(exc).__name__, exc)
+            frame = wire.encode(wire.error_reply(_plain_rid(msg.get("rid")), protocol.E_INTERNAL,
+                                                 "the broker could not encode its reply"))
+        try:
+            self.sock.send_multipart([*route, frame], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("reply dropped: %s", exc)
+
+    def _internal_error(self, route: list[bytes], rid: Any, op: Any, exc: Exception) -> None:
+        """The safety net: one request failed inside the broker; answer it, log it once, go on."""
+        self.counters["internal_errors"] += 1
+        log.error("request %.40r failed inside the broker: %s: %.300s", op, type(exc).__name__, exc)
+        log.debug("request %.40r failure", op, exc_info=exc)
+        self._send(route, wire.error_reply(rid, protocol.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
+        # A read that hit a damaged store is not this request's fault: the broker must stop
+        # serving from that store now, not at its next checkpoint.
+        if isinstance(exc, lmdb.Error):
+            exc = StoreDamaged(self.store.path, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, StoreDamaged):
+            self.on_fatal(exc)
+
+    def _handle(self, route: list[bytes], frame: bytes) -> None:
+        rid = op = None
+        try:
+            msg = wire.decode_request(frame, protocol.OPS, self.config.max_frame_bytes)
+            rid, op = msg.get("rid"), msg["op"]
+            req = protocol.check_request(msg, self.max_payload)
+            self._dispatch(route, rid, req)
+        except wire.WireError as exc:
+            self.counters["bad_requests"] += 1
+            self._send(route, wire.error_reply(exc.rid, exc.code, exc.message))
+        except protocol.RequestError as exc:
+            self.counters["bad_requests"] += 1
+            self._send(route, wire.error_reply(rid, exc.code, exc.message))
+        except Exception as exc:
+            self._internal_error(route, rid, op, exc)
+
+    def _write(self, route: list[bytes], rid: Any, req: dict) -> None:
+        """Turn a checked write into events and gather them; a failure here fails this request only."""
+        try:
+            events = protocol.request_events(req, self._now_ms(), self.new_id)
+            self.session.group.add(events, (route, rid, req))
+        except protocol.RequestError as exc:
+            self._send(route, wire.error_reply(rid, exc.code, exc.message))
+        except EntryTooLarge as exc:
+            self._send(route, wire.error_reply(rid, protocol.E_PAYLOAD_TOO_LARGE, str(exc)))
+        except Exception as exc:
+            self._internal_error(route, rid, req.get("op"), exc)
+
+    def _dispatch(self, route: list[bytes], rid: Any, req: dict) -> None:
+        op = req["op"]
+        if op == "ping":
+            self._send(route, wire.ok_reply(rid, broker_id=self.broker_id, role=self.role,
+                                            leader=self.leader_address))
+            return
+        if op == "status":
+            self._send(route, wire.ok_reply(rid, **self.status()))
+            return
+        if op in ("snapshot_info", "snapshot_chunk"):
+            self._serve_snapshot(route, rid, req)
+            return
+        if self.session is None:
+            self._send(route, wire.error_reply(rid, protocol.E_NOT_LEADER, "this broker is not the leader",
+                                               leader=self.leader_address))
+            return
+        if not self.session.ready or not self.writable or self.draining:
+            self._send(route, wire.error_reply(rid, protocol.E_UNAVAILABLE, "the leader is not accepting writes yet"))
+            return
+        if op == "get":
+            task = self.store.get_task(req["task_id"])
+            if task is None:
+                self._send(route, wire.error_reply(rid, "no_such_task", f"no task {req['task_id']!r}"))
+            else:
+                self._send(route, wire.ok_reply(rid, task=task))
+            return
+        if op == "lease" and req["wait_ms"]:
+            req["deadline"] = time.monotonic() + req["wait_ms"] / 1000.0
+        if op in ("lease", "heartbeat") and req.get("lease_ms") is None:
+            req["lease_ms"] = self.config.default_lease_ms
+        self._write(route, rid, req)
+
+    def _serve_snapshot(self, route: list[bytes], rid: Any, req: dict) -> None:
+        try:
+            if req["op"] == "snapshot_info":
+                self._send(route, wire.ok_reply(rid, snapshot=self.describe_snapshot()))
+            elif self.read_snapshot_chunk is None:
+                self._send(route, wire.error_reply(rid, "no_snapshot", "this broker serves no snapshots"))
+            else:
+                chunk = self.read_snapshot_chunk(req["name"], req["offset"], req["length"])
+                self._send(route, wire.ok_reply(rid, **chunk))
+        except TransferError as exc:
+            self._send(route, wire.error_reply(rid, exc.code, exc.message))
+        except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
+            self._send(route, wire.error_reply(rid, "no_snapshot", str(exc)))
+
+    def _apply(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
+        # The group commit validated every event when it was gathered.
+        results = self.store.apply_batches(entries, validated=True)
+        self.applied_entries += len(results)
+        return results
+
+    def status(self) -> dict:
+        position = self.store.position()
+        return {"broker_id": self.broker_id, "role": self.role, "leader": self.leader_address,
+                "epoch": self.session.epoch if self.session else self.store.epoch(),
+                "position": list(position) if position else None, "digest": self.store.digest(),
+                "queues": self.store.queue_depths(), "counters": dict(self.counters)}
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------ replies from the group commit
+    def _reply(self, context: Any, results: list[dict] | None, exc: Exception | None) -> None:
+        if context is None:  # an internal event (epoch start, lease expiry, digest)
+            self._internal_applied(results, exc)
+            return
+        route, rid, req = context
+        if exc is not None:
+            code = protocol.E_UNAVAILABLE if isinstance(exc, WriteFailed) else protocol.E_INTERNAL
+            self._send(route, wire.error_reply(rid, code, str(exc)))
+            return
+        try:
+            fields = protocol.reply_fields(req, results)
+        except protocol.RequestError as err:
+            self._send(route, wire.error_reply(rid, err.code, err.message))
+            return
+        except Exception as err:
+            self._internal_error(route, rid, req.get("op"), err)
+            return
+        if req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > time.monotonic():
+            self.session.parked.append((route, rid, req))
+            return
+        self._send(route, wire.ok_reply(rid, **fields))
+
+    def _internal_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
+        if exc is not None or self.session is None:
+            return
+        for res in results or []:
+            if not res.get("ok") and res.get("error") == "digest_mismatch":
+                log.critical("state digest mismatch on the leader itself: %s", res.get("message"))
+        if not self.session.ready:
+            self.session.ready = True
+            self.session.on_ready()
+
+    # ------------------------------------------------------------ leadership
+    def start_leading(self, session: LeaderSession, first_events: list[dict]) -> None:
+        """Adopt `session` (call on the server thread): write `first_events`, then serve once applied."""
+        session.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply,
+                                    wake=self.wake, max_inflight=self.config.max_inflight_entries,
+                                    max_batch_events=self.config.max_batch_events)
+        self.session = session
+        self.draining = False
+        self.role = "leader"
+        try:
+            session.group.add(first_events, None)
+        except Exception as exc:  # a bug in what the node built: we cannot lead with it
+            log.error("cannot write the first events of epoch %d: %s: %s", session.epoch, type(exc).__name__, exc)
+            session.group.abort(WriteFailed(f"first events refused: {exc}"))
+
+    def stop_leading(self, reason: str, role: str = "follower") -> None:
+        """Drop leadership (call on the server thread): everything not yet answered gets `unavailable`."""
+        session, self.session = self.session, None
+        self.role = role
+        self.draining = False
+        if session is None:
+            return
+        session.group.abort(WriteFailed(reason))
+        for route, rid, _req in session.parked:
+            self._send(route, wire.error_reply(rid, protocol.E_UNAVAILABLE, reason))
+
+    def idle(self) -> bool:
+        """True when the leader has nothing gathered or in flight (safe to read from any thread)."""
+        session = self.session
+        return session is None or session.group is None or session.group.idle
+
+    def _lead_turn(self) -> None:
+        session = self.session
+        group = session.group
+        try:
+            group.drain_completed()
+        except ApplyFailed as exc:
+            self.on_fatal(exc)
+        if group.failed is not None:
+            if not session.lost_reported:
+                session.lost_reported = True
+                self.on_leadership_lost(str(group.failed))
+            return
+        if session.ready and self.writable:
+            self._retry_parked(session)
+            self._expire_leases(session)
+            self._maybe_digest(session)
+            self._maybe_roll(session)
+        group.flush()
+
+    def _maybe_roll(self, session: LeaderSession) -> None:
+        """Move to a new ledger of the same epoch once the current one is full (so old ones can go)."""
+        group = session.group
+        if session.roll is None:
+            return
+        if not group.held and session.should_roll(group.ledger_entries, group.ledger_bytes):
+            group.held = True
+        if group.held and not group.inflight:
+            try:
+                writer = session.roll(group.writer)
+            except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
+                group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+                return
+            session.writer = writer
+            group.switch_writer(writer)
+
+    def _retry_parked(self, session: LeaderSession) -> None:
+        """Re-issue parked leases, but only as many as there are waiting tasks to hand out."""
+        if not session.parked:
+            return
+        now = time.monotonic()
+        available = {q: d.get("waiting", 0) - d.get("delayed", 0) for q, d in self.store.queue_depths().items()}
+        now_ms = self._now_ms()
+        for q, count in available.items():
+            due = self.store.next_due_ms([q]) if count <= 0 else None
+            if due is not None and due <= now_ms:
+                available[q] = 1  # a delayed task is due: the lease event will promote it
+        keep = []
+        for route, rid, req in session.parked:
+            if req["deadline"] <= now:
+                self._send(route, wire.ok_reply(rid, tasks=[]))
+                continue
+            queue = next((q for q in req["queues"] if available.get(q, 0) > 0), None)
+            if queue is None:
+                keep.append((route, rid, req))
+                continue
+            available[queue] -= req["max_tasks"]
+            self._write(route, rid, req)
+        session.parked = keep
+
+    def _expire_leases(self, session: LeaderSession) -> None:
+        now = time.monotonic()
+        if now < session.next_lease_check:
+            return
+        session.next_lease_check = now + self.config.lease_check_ms / 1000.0
+        deadline = self.store.next_lease_deadline()
+        now_ms = self._now_ms()
+        if deadline is not None and deadline <= now_ms:
+            self._add_internal(session, [{"type": "LeaseExpired", "now_ms": now_ms}])
+
+    def _maybe_digest(self, session: LeaderSession) -> None:
+        # The digest must describe the state just before the event, so new entries are
+        # held back until everything in flight is applied; the pause is one round trip.
+        group = session.group
+        if group.entries_written - session.entries_since_digest < self.config.digest_every_entries:
+            return
+        group.held = True
+        if group.inflight:
+            return
+        session.entries_since_digest = group.entries_written
+        self._add_internal(session, [{"type": "StateDigest", "digest": self.store.digest()}], first=True)
+        group.held = False
+
+    def _add_internal(self, session: LeaderSession, events: list[dict], first: bool = False) -> None:
+        """Gather the leader's own events; one it cannot encode is left out (and logged), not written."""
+        try:
+            if first:
+                session.group.prepend(events, None)
+            else:
+                session.group.add(events, None)
+        except Exception as exc:
+            log.error("leader event %s left out: %s: %s", events[0].get("type"), type(exc).__name__, exc)
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
+def _plain_rid(rid: Any) -> Any:
+    """The request id if it is a plain value that surely encodes, else None."""
+    return rid if rid is None or type(rid) in (int, str, bytes) else None

@@ -1,0 +1,297 @@
+"""State-machine events: names, field schemas, validation and the batch codec.
+
+The leader turns client requests into *commands* (events) stamped with the time
+(``now_ms``, integer milliseconds) and any ids it chose, writes a batch of them
+as one ledger entry, and every replica applies the batch after commit (see
+:class:`broker.state.store.StateStore`). Events are plain msgpack-able dicts with
+a ``"type"`` key; nothing here reads a clock or a random source.
+
+Apply decides conflicts itself, so the events are requests, not outcomes: a
+``TaskLeased`` says "give this worker up to N ready tasks", and apply picks them.
+
+Validation is strict (unknown fields and unknown types are refused) because a
+replica that silently skipped something it did not understand would diverge.
+:func:`validate_event` returns a normalized copy with every optional field
+filled in, so apply never has to guess a default.
+
+Example::
+
+    ev = event("TaskSubmitted", task_id="t1", queue="mail", payload=b"hi", now_ms=1000)
+    data = encode_batch([ev])
+    assert decode_batch(data) == [ev]
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import msgpack
+
+from broker import BrokerError
+
+BATCH_FORMAT_VERSION = 1
+
+# Task states. FINAL_STATES never change again (except by purge).
+WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED = (
+    "waiting", "running", "done", "failed", "dead", "cancelled")
+STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED)
+FINAL_STATES = (DONE, FAILED, DEAD, CANCELLED)
+PURGEABLE_STATES = (WAITING,) + FINAL_STATES
+
+# Queue defaults used when a queue is auto-declared by its first submit.
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_LEASE_MS = 30_000
+
+# Result error codes (stable words; clients match on them).
+E_BAD_EVENT = "bad_event"
+E_UNKNOWN_EVENT = "unknown_event"
+E_NO_SUCH_TASK = "no_such_task"
+E_STALE_ATTEMPT = "stale_attempt"
+E_NOT_RUNNING = "not_running"
+E_NOT_OWNER = "not_owner"
+E_BAD_STATE = "bad_state"
+E_DUPLICATE_TASK_ID = "duplicate_task_id"
+E_STALE_EPOCH = "stale_epoch"
+E_DIGEST_MISMATCH = "digest_mismatch"
+
+# Bounds (in UTF-8 bytes) keep every key inside LMDB's 511-byte key limit and every sum of
+# times inside u64 (now_ms + lease_ms never overflows a big-endian u64 key).
+MAX_NAME_BYTES = 200
+MAX_ID_BYTES = 200
+MAX_KEY_BYTES = 250
+MAX_ERROR_CHARS = 65_536
+MAX_TIME_MS = 1 << 53
+MAX_SPAN_MS = 1 << 40
+MAX_LIST = 64
+MAX_LEASE_TASKS = 10_000
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
+
+_REQUIRED = object()
+_HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
+
+# type -> {field: (kind, default or _REQUIRED)}. Kinds are checked by check_value(); the
+# request checks of broker/protocol.py use the same kinds, so a request they accept
+# always makes events that pass here.
+SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
+    "QueueDeclared": {"queue": ("name", _REQUIRED), "max_attempts": ("attempts?", None),
+                      "lease_ms": ("span?", None), "max_run_ms": ("span?", None)},
+    "TaskSubmitted": {"task_id": ("id", _REQUIRED), "queue": ("name", _REQUIRED),
+                      "payload": ("bytes", _REQUIRED), "key": ("key?", None),
+                      "priority": ("priority", 0), "delay_ms": ("delay", 0),
+                      "max_attempts": ("attempts?", None), "max_run_ms": ("span?", None),
+                      "now_ms": ("time", _REQUIRED)},
+    "TaskLeased": {"worker": ("name", _REQUIRED), "queues": ("names", _REQUIRED),
+                   "max_tasks": ("max_tasks", 1), "lease_ms": ("span?", None),
+                   "now_ms": ("time", _REQUIRED)},
+    "LeaseExtended": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
+                      "worker": ("name", _REQUIRED), "lease_ms": ("span?", None),
+                      "now_ms": ("time", _REQUIRED)},
+    "TaskCompleted": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
+                      "result": ("bytes?", None), "now_ms": ("time", _REQUIRED)},
+    "TaskFailed": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
+                   "error": ("text", ""), "retry": ("bool", True),
+                   "retry_delay_ms": ("delay", 0), "now_ms": ("time", _REQUIRED)},
+    "LeaseExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
+    "TaskCancelled": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    "WorkerLost": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    "TasksPurged": {"queue": ("name", _REQUIRED), "states": ("states", _REQUIRED),
+                    "before_ms": ("time?", None), "limit": ("limit?", None),
+                    "now_ms": ("time", _REQUIRED)},
+    "EpochStarted": {"epoch": ("epoch", _REQUIRED), "broker_id": ("broker_id", _REQUIRED),
+                     "now_ms": ("time", _REQUIRED)},
+    "ClusterShutdown": {"shutdown_id": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    "StateDigest": {"digest": ("hex128", _REQUIRED)},
+}
+EVENT_TYPES = tuple(SCHEMAS)
+
+# Integer kinds: (lowest, highest) allowed value.
+_INT_RANGES = {
+    "time": (0, MAX_TIME_MS), "span": (1, MAX_SPAN_MS), "delay": (0, MAX_SPAN_MS),
+    "attempts": (1, 1 << 31), "priority": (PRIORITY_MIN, PRIORITY_MAX),
+    "max_tasks": (1, MAX_LEASE_TASKS), "limit": (1, 1 << 31), "epoch": (1, 1 << 62),
+    "broker_id": (0, 1 << 62),
+}
+
+
+class BadEvent(BrokerError):
+    """An event or batch that cannot be accepted; ``code`` is a result error code.
+
+    Example::
+
+        try:
+            events = decode_batch(entry_payload)
+        except BadEvent as exc:   # a committed entry we cannot apply: stop loudly
+            log.critical("cannot apply entry: %s", exc.message)
+    """
+
+    def __init__(self, message: str, code: str = E_BAD_EVENT) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _utf8_len(v: Any) -> int:
+    """Length in UTF-8 bytes, or -1 if ``v`` is not a str that encodes (lone surrogates)."""
+    if not isinstance(v, str):
+        return -1
+    try:
+        return len(v.encode("utf-8"))
+    except UnicodeEncodeError:
+        return -1
+
+
+def _is_name(v: Any) -> bool:
+    # Names are used as LMDB key prefixes terminated by b"\0", so NUL is banned.
+    return 0 < _utf8_len(v) <= MAX_NAME_BYTES and "\0" not in v
+
+
+def check_value(kind: str, v: Any) -> bool:
+    """True if value ``v`` is acceptable for field kind ``kind`` (a kind of :data:`SCHEMAS`)."""
+    if kind.endswith("?"):
+        return v is None or check_value(kind[:-1], v)
+    if kind in _INT_RANGES:
+        lo, hi = _INT_RANGES[kind]
+        return type(v) is int and lo <= v <= hi  # bool is excluded on purpose
+    if kind == "name":
+        return _is_name(v)
+    if kind == "id":
+        return 0 < _utf8_len(v) <= MAX_ID_BYTES
+    if kind == "key":
+        return 0 < _utf8_len(v) <= MAX_KEY_BYTES
+    if kind == "bytes":
+        return isinstance(v, bytes)
+    if kind == "text":
+        return 0 <= _utf8_len(v) and len(v) <= MAX_ERROR_CHARS
+    if kind == "bool":
+        return type(v) is bool
+    if kind == "names":
+        return (isinstance(v, list) and 0 < len(v) <= MAX_LIST
+                and all(_is_name(x) for x in v) and len(set(v)) == len(v))
+    if kind == "states":
+        return (isinstance(v, list) and 0 < len(v) <= len(PURGEABLE_STATES)
+                and all(x in PURGEABLE_STATES for x in v) and len(set(v)) == len(v))
+    if kind == "hex128":
+        return isinstance(v, str) and _HEX128.match(v) is not None
+    raise AssertionError(f"unknown field kind {kind}")
+
+
+def describe_kind(kind: str) -> str:
+    """What a value of ``kind`` must be, in words (for error messages)."""
+    if kind.endswith("?"):
+        return describe_kind(kind[:-1]) + " or null"
+    if kind in _INT_RANGES:
+        lo, hi = _INT_RANGES[kind]
+        return f"an integer between {lo} and {hi}"
+    return _KIND_TEXT[kind]
+
+
+_KIND_TEXT = {
+    "name": f"a string of 1-{MAX_NAME_BYTES} UTF-8 bytes without NUL",
+    "id": f"a string of 1-{MAX_ID_BYTES} UTF-8 bytes",
+    "key": f"a string of 1-{MAX_KEY_BYTES} UTF-8 bytes",
+    "bytes": "bytes", "text": f"a string of at most {MAX_ERROR_CHARS} characters", "bool": "true or false",
+    "names": f"a list of 1-{MAX_LIST} different names (1-{MAX_NAME_BYTES} UTF-8 bytes each, no NUL)",
+    "states": f"a list of different states among {', '.join(PURGEABLE_STATES)}",
+    "hex128": "32 lowercase hex digits",
+}
+
+
+def validate_event(ev: Any) -> dict:
+    """Return a normalized copy of ``ev`` (defaults filled in) or raise :class:`BadEvent`.
+
+    An unknown ``type`` raises with ``code == "unknown_event"``; anything else
+    wrong raises with ``code == "bad_event"``.
+    """
+    if not isinstance(ev, dict):
+        raise BadEvent(f"event must be a map, got {type(ev).__name__}")
+    etype = ev.get("type")
+    if not isinstance(etype, str):
+        raise BadEvent("event has no string 'type'")
+    schema = SCHEMAS.get(etype)
+    if schema is None:
+        raise BadEvent(f"unknown event type {etype[:64]!r}", E_UNKNOWN_EVENT)
+    extra = [k for k in ev if k != "type" and k not in schema]
+    if extra:
+        raise BadEvent(f"{etype}: unknown field(s) {sorted(map(str, extra))[:5]}")
+    out: dict = {"type": etype}
+    for name, (kind, default) in schema.items():
+        if name not in ev:
+            if default is _REQUIRED:
+                raise BadEvent(f"{etype}: missing field {name!r}")
+            out[name] = default
+            continue
+        value = ev[name]
+        if not check_value(kind, value):
+            raise BadEvent(f"{etype}: bad value for {name!r} ({kind}): {value!r:.80}")
+        out[name] = list(value) if isinstance(value, list) else value
+    if etype == "TasksPurged" and out["before_ms"] is not None and WAITING in out["states"]:
+        # Waiting tasks are indexed by priority, not by time: a time bound on
+        # them would need a full scan, so it is refused rather than slow.
+        raise BadEvent("TasksPurged: before_ms applies to final states only, not 'waiting'")
+    return out
+
+
+def event(etype: str, **fields: Any) -> dict:
+    """Build and validate one event; the usual way for the leader to make events."""
+    return validate_event({"type": etype, **fields})
+
+
+def encode_events(events: Iterable[dict]) -> tuple[list[dict], bytes]:
+    """Validate ``events``; return their normalized copies and their encoding as batch items.
+
+    The bytes of several calls, joined by :func:`batch_payload`, are exactly
+    what :func:`encode_batch` makes of all the events at once: the leader
+    encodes each request when it arrives, so a request that cannot be encoded
+    fails alone and the gathered entry is never encoded twice.
+    """
+    checked = [validate_event(ev) for ev in events]
+    return checked, b"".join([msgpack.packb(ev, use_bin_type=True) for ev in checked])
+
+
+# The batch map {"v": .., "events": [..]} up to its array header; the items follow it.
+_BATCH_HEAD = (b"\x82" + msgpack.packb("v") + msgpack.packb(BATCH_FORMAT_VERSION)
+               + msgpack.packb("events"))
+
+
+def batch_payload(items: Iterable[bytes], count: int) -> bytes:
+    """A ledger entry payload holding ``count`` events already encoded by :func:`encode_events`."""
+    head = msgpack.Packer().pack_array_header(count)
+    return b"".join([_BATCH_HEAD, head, *items])
+
+
+def encode_batch(events: Iterable[dict]) -> bytes:
+    """Validate ``events`` and encode them as one ledger entry payload."""
+    checked, data = encode_events(events)
+    return batch_payload([data], len(checked))
+
+
+def decode_batch(data: bytes) -> list[dict]:
+    """Decode and validate a ledger entry payload; raise :class:`BadEvent` if malformed.
+
+    An unknown event type also raises: a replica must stop rather than skip a
+    command a newer leader wrote (skipping would make it diverge silently).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadEvent("batch must be bytes")
+    try:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise BadEvent(f"batch is not valid msgpack: {exc}") from None
+    if not isinstance(doc, dict) or set(doc) != {"v", "events"}:
+        raise BadEvent("batch must be a map with exactly 'v' and 'events'")
+    if doc["v"] != BATCH_FORMAT_VERSION:
+        raise BadEvent(f"unsupported batch format version {doc['v']!r:.20}")
+    if not isinstance(doc["events"], list):
+        raise BadEvent("batch 'events' must be a list")
+    return [validate_event(ev) for ev in doc["events"]]
+
+
+def ok(**fields: Any) -> dict:
+    """A successful apply result."""
+    return {"ok": True, **fields}
+
+
+def err(code: str, message: str, **fields: Any) -> dict:
+    """A failed apply result; the event changed nothing."""
+    return {"ok": False, "error": code, "message": message, **fields}

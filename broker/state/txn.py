@@ -1,0 +1,187 @@
+"""One LMDB write transaction over the task state, keeping the digest current.
+
+Every change to replicated state goes through :meth:`StateTxn.put` and
+:meth:`StateTxn.delete`, which XOR the old record's hash out of the running
+digest and the new one in, so the digest costs O(1) per write and reading it is
+O(1). Apply code never touches the raw ``lmdb.Transaction``.
+
+Queue records (which hold the per-state counters behind ``queue_depths``) are
+cached for the life of one batch and written once by :meth:`flush`: a batch
+that leases 100 tasks from one queue then rewrites that record once, not 200
+times. The cache is bounded by the number of queues a batch touches, never by
+the number of tasks.
+
+Example::
+
+    with env.begin(write=True) as txn:
+        tx = StateTxn(txn, dbs, digest=0, position=(1, 0))
+        tx.put("workers", b"w1", b"...")
+        tx.finish()          # writes position, digest and cached records
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lmdb
+
+from broker import BrokerError
+from broker.state.schema import (
+    COUNT_NAMES, META_CLOCK, META_DIGEST, META_POSITION, META_SEAL, META_SEQ, is_hashed, pack,
+    pack_position, pack_queue, pack_task, read_u64, record_hash, seal, text, u64, unpack)
+
+
+class StateCorrupt(BrokerError):
+    """An index and the task records disagree: the store is damaged; stop this replica."""
+
+
+class StateTxn:
+    """Digest-keeping access to the state databases inside one write transaction.
+
+    Example::
+
+        tx = StateTxn(txn, dbs, digest=0, position=(1, 0))
+        tx.save_task(rec)        # XORs the old record out of tx.digest, the new in
+        tx.finish()
+    """
+
+    def __init__(self, txn: lmdb.Transaction, dbs: dict[str, Any], digest: int,
+                 position: tuple[int, int]) -> None:
+        self.txn = txn
+        self.dbs = dbs
+        self.digest = digest
+        self.position = position
+        self._queues: dict[str, dict] = {}
+        self._dirty: set[str] = set()
+        self._clock: int | None = None
+        self._clock_dirty = False
+
+    # -- raw records -------------------------------------------------------
+
+    def get(self, db: str, key: bytes) -> bytes | None:
+        return self.txn.get(key, db=self.dbs[db])
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        old = self.txn.get(key, db=self.dbs[db])
+        if old == value:
+            return  # no change; also keeps the digest untouched
+        if is_hashed(db, key):
+            if old is not None:
+                self.digest ^= record_hash(db, key, old)
+            self.digest ^= record_hash(db, key, value)
+        self.txn.put(key, value, db=self.dbs[db])
+
+    def delete(self, db: str, key: bytes) -> bool:
+        old = self.txn.get(key, db=self.dbs[db])
+        if old is None:
+            return False
+        if is_hashed(db, key):
+            self.digest ^= record_hash(db, key, old)
+        self.txn.delete(key, db=self.dbs[db])
+        return True
+
+    def must_delete(self, db: str, key: bytes) -> None:
+        """Delete an index entry that the task record says exists."""
+        if not self.delete(db, key):
+            raise StateCorrupt(f"missing {db} entry {bytes(key)!r}")
+
+    def first(self, db: str, prefix: bytes = b"") -> tuple[bytes, bytes] | None:
+        """The smallest (key, value) in ``db`` starting with ``prefix``, or None.
+
+        A fresh cursor per call: callers delete what they find and ask again,
+        which is O(log n) per step and never walks a cursor over deleted keys.
+        """
+        with self.txn.cursor(db=self.dbs[db]) as cur:
+            found = cur.set_range(prefix) if prefix else cur.first()
+            if not found:
+                return None
+            key = cur.key()
+            if not key.startswith(prefix):
+                return None
+            return key, cur.value()
+
+    # -- typed records -----------------------------------------------------
+
+    def task(self, task_id: str) -> dict | None:
+        raw = self.get("tasks", text(task_id))
+        return None if raw is None else unpack(raw)
+
+    def indexed_task(self, db: str, task_id: bytes) -> dict:
+        """The task an index entry points at; a dangling index means corruption."""
+        raw = self.get("tasks", task_id)
+        if raw is None:
+            raise StateCorrupt(f"{db} index points at missing task {bytes(task_id)!r}")
+        return unpack(raw)
+
+    def save_task(self, rec: dict) -> None:
+        self.put("tasks", text(rec["id"]), pack_task(rec))
+
+    def queue(self, name: str) -> dict | None:
+        rec = self._queues.get(name)
+        if rec is None:
+            raw = self.get("queues", text(name))
+            if raw is None:
+                return None
+            rec = self._queues[name] = unpack(raw)
+        return rec
+
+    def new_queue(self, name: str, max_attempts: int, lease_ms: int) -> dict:
+        rec = {"max_attempts": max_attempts, "lease_ms": lease_ms,
+               "counts": {c: 0 for c in COUNT_NAMES}}
+        self._queues[name] = rec
+        self._dirty.add(name)
+        return rec
+
+    def touch_queue(self, name: str) -> None:
+        """Mark a cached queue record changed (config edits by QueueDeclared)."""
+        self._dirty.add(name)
+
+    def count(self, queue: str, name: str, delta: int) -> None:
+        rec = self.queue(queue)
+        if rec is None:
+            raise StateCorrupt(f"task refers to undeclared queue {queue!r}")
+        rec["counts"][name] += delta
+        self._dirty.add(queue)
+
+    def next_seq(self) -> int:
+        """Next submit sequence number: the FIFO tie-breaker inside a priority."""
+        raw = self.get("meta", META_SEQ)
+        seq = (read_u64(raw) if raw is not None else 0) + 1
+        self.put("meta", META_SEQ, u64(seq))
+        return seq
+
+    def see_time(self, now_ms: int) -> None:
+        """Track the highest ``now_ms`` applied, so a new leader can stamp time that
+        never goes backwards (see ``StateStore.clock_ms``). Apply itself never
+        clamps time: events are applied exactly as the leader stamped them."""
+        if self._clock is None:
+            raw = self.get("meta", META_CLOCK)
+            self._clock = read_u64(raw) if raw is not None else 0
+        if now_ms > self._clock:
+            self._clock = now_ms
+            self._clock_dirty = True
+
+    def meta(self, key: bytes) -> Any:
+        raw = self.get("meta", key)
+        return None if raw is None else unpack(raw)
+
+    def set_meta(self, key: bytes, value: Any) -> None:
+        self.put("meta", key, pack(value))
+
+    # -- end of batch ------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write cached queue records and the clock, so that ``self.digest`` is exact."""
+        for name in sorted(self._dirty):
+            self.put("queues", text(name), pack_queue(self._queues[name]))
+        self._dirty.clear()
+        if self._clock_dirty:
+            self.put("meta", META_CLOCK, u64(self._clock))
+            self._clock_dirty = False
+
+    def finish(self) -> None:
+        """Flush and record the applied position, the digest and their seal (outside the digest)."""
+        self.flush()
+        position, digest = pack_position(self.position), self.digest.to_bytes(16, "big")
+        self.put("meta", META_POSITION, position)
+        self.put("meta", META_DIGEST, digest)
+        self.put("meta", META_SEAL, seal(position, digest))

@@ -1,0 +1,308 @@
+"""A local development cluster: ZooKeeper, bookies and brokers in the background.
+
+Everything lives under one run directory (default ``./.fencepost-dev``) so that
+several clusters can coexist. ``cluster.json`` records the ZooKeeper address,
+the cluster name and every process started (kind, pid, address, data dir, log),
+so ``down`` stops exactly those processes and nothing else.
+
+Example::
+
+    dev = DevCluster(Path(".fencepost-dev"))
+    dev.up(DevClusterSpec(bookies=3))
+    dev.status()      # [{"kind": "zookeeper", "pid": ..., "alive": True, ...}, ...]
+    dev.down()
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from broker import BrokerError
+from election.paths import check_cluster_name
+from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
+
+STATE_FILE = "cluster.json"
+
+
+class DevClusterError(BrokerError):
+    """The local development cluster could not be started, read or stopped."""
+
+
+@dataclass
+class DevClusterSpec:
+    """What `dev up` starts."""
+
+    cluster: str = "dev"
+    bookies: int = 3
+    brokers: int = 3
+    zk_session_timeout: float = 2.0
+    # Fault-injection runs only: brokers expose their ZooKeeper session in <data>.zk-session.
+    session_files: bool = False
+
+    def validate(self) -> "DevClusterSpec":
+        check_cluster_name(self.cluster)
+        if not 0 <= self.bookies <= 16 or not 0 <= self.brokers <= 16:
+            raise DevClusterError("--bookies and --brokers must be between 0 and 16")
+        return self
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` runs and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _owns(pid: int, marker: str) -> bool:
+    """True if process `pid` has `marker` on its command line (guards against pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return marker.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def stop_pid(pid: int, marker: str, timeout: float = 10.0) -> None:
+    """SIGTERM the process group of `pid` if it is ours, then SIGKILL what remains."""
+    if not pid_alive(pid) or not _owns(pid, marker):
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return
+            time.sleep(0.05)
+
+
+def read_broker_id(data_dir: Path) -> int | None:
+    """The broker id a data dir has been given, or None before its first start completes."""
+    try:
+        return int(json.loads((data_dir / ".broker.meta").read_text())["broker_id"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def fencepost_command(*args: str) -> list[str]:
+    """Command line that runs this fencepost's CLI with the current interpreter."""
+    return [sys.executable, "-m", "cli", *args]
+
+
+def fencepost_env() -> dict:
+    """The environment for child processes: ours, with this fencepost's code importable from any cwd."""
+    # The repository root (where cli.py lives) is this package's parent; importing cli to find
+    # it would make broker and cli import each other.
+    root = str(Path(__file__).resolve().parents[1])
+    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+class DevCluster:
+    """The development cluster recorded in `run_dir`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.state_path = self.run_dir / STATE_FILE
+        # The processes this object started, so their exit codes can be read (not only "gone").
+        self._popens: dict[int, subprocess.Popen] = {}
+
+    def read_state(self) -> dict | None:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise DevClusterError(f"cannot read {self.state_path}: {exc}") from None
+
+    def write_state(self, state: dict) -> None:
+        """Replace cluster.json atomically so a crash never leaves half a record."""
+        tmp = self.state_path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(state, fh, indent=2)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.state_path)
+
+    def running(self) -> bool:
+        state = self.read_state()
+        return bool(state) and any(pid_alive(p["pid"]) for p in state["processes"])
+
+    def up(self, spec: DevClusterSpec, progress: Callable[[str], None] = lambda _: None) -> dict:
+        """Start the cluster; refuse if this run directory already has one running."""
+        spec.validate()
+        if self.running():
+            raise DevClusterError(f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        zk_port = free_port()
+        state = {"cluster": spec.cluster, "zk": f"127.0.0.1:{zk_port}", "run_dir": str(self.run_dir),
+                 "zk_session_timeout": spec.zk_session_timeout, "processes": []}
+        try:
+            self._start_zookeeper(state, zk_port)
+            progress(f"zookeeper listening on {state['zk']}")
+            for index in range(spec.bookies):
+                member = self._start_member(state, "bookie", index)
+                progress(f"bookie {index} listening on {member['address']}")
+            for index in range(spec.brokers):
+                member = self._start_member(state, "broker", index,
+                                            ["--zk-session-timeout", str(spec.zk_session_timeout)],
+                                            session_file=spec.session_files)
+                progress(f"broker {index} listening on {member['address']}")
+        except Exception:
+            self.down()
+            raise
+        return state
+
+    def add_broker(self, progress: Callable[[str], None] = lambda _: None) -> dict:
+        """Start one more broker with an empty data dir (a joiner) in the running cluster."""
+        state = self.read_state()
+        if not state or not self.running():
+            raise DevClusterError(f"no dev cluster runs in {self.run_dir}: `fencepost dev up` first")
+        index = 1 + max((m["index"] for m in state["processes"] if m["kind"] == "broker"), default=-1)
+        member = self._start_member(state, "broker", index,
+                                    ["--zk-session-timeout", str(state.get("zk_session_timeout", 2.0))])
+        progress(f"broker {index} listening on {member['address']}")
+        return member
+
+    def data_dir(self, kind: str, index: int) -> Path:
+        """Where `up` puts member `index` of `kind` (so a caller may prepare it first)."""
+        return self.run_dir / f"{kind}-{index}"
+
+    def _start_zookeeper(self, state: dict, port: int) -> None:
+        data = self.run_dir / "zookeeper"
+        server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))
+        proc = server.start(log_file=self.run_dir / "zookeeper.log")
+        self._popens[proc.pid] = proc
+        state["processes"].append({"kind": "zookeeper", "pid": proc.pid, "address": state["zk"],
+                                   "data_dir": str(data), "log": str(self.run_dir / "zookeeper.log")})
+        self.write_state(state)
+
+    def restart(self, member: dict) -> dict:
+        """Start a recorded member again (it must have stopped) with its address and data; return it."""
+        state = self.read_state()
+        if not state:
+            raise DevClusterError(f"no dev cluster recorded in {self.run_dir}")
+        current = next((m for m in state["processes"] if m["kind"] == member["kind"]
+                        and m.get("index") == member.get("index")), None)
+        if current is None:
+            raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
+        if pid_alive(current["pid"]) and _owns(current["pid"], str(self.run_dir)):
+            raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
+        if current["kind"] == "zookeeper":
+            port = int(current["address"].rsplit(":", 1)[1])
+            server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
+            proc = server.start(log_file=Path(current["log"]))
+            self._popens[proc.pid] = proc
+            current["pid"] = proc.pid
+            self.write_state(state)
+            return current
+        self._spawn(current)
+        self.write_state(state)
+        self._wait_member(current)
+        return current
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a process this object started, None while it runs or if unknown."""
+        proc = self._popens.get(pid)
+        return None if proc is None else proc.poll()
+
+    def _start_member(self, state: dict, kind: str, index: int, extra: list[str] | None = None,
+                      session_file: bool = False) -> dict:
+        data = self.data_dir(kind, index)
+        data.mkdir(parents=True, exist_ok=True)
+        address = f"tcp://127.0.0.1:{free_port()}"
+        args = [kind, "start", "--data", str(data), "--listen", address,
+                "--zk", state["zk"], "--cluster", state["cluster"], *(extra or [])]
+        log_path = self.run_dir / f"{kind}-{index}.log"
+        member = {"kind": kind, "index": index, "address": address, "data_dir": str(data),
+                  "log": str(log_path), "args": args}
+        if session_file:
+            member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
+        self._spawn(member)
+        state["processes"].append(member)
+        self.write_state(state)
+        self._wait_member(member)
+        return member
+
+    def _spawn(self, member: dict) -> None:
+        with open(member["log"], "ab") as out:
+            proc = subprocess.Popen(
+                fencepost_command(*member["args"]), stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
+                env={**fencepost_env(), **member.get("env", {})},
+            )
+        member["pid"] = proc.pid
+        self._popens[proc.pid] = proc
+
+    def _wait_member(self, member: dict, timeout: float = 30.0) -> None:
+        host, port = member["address"].removeprefix("tcp://").rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(member["pid"]):
+                tail = Path(member["log"]).read_text(errors="replace")[-1500:]
+                raise DevClusterError(f"{member['kind']} {member['index']} exited during start:\n{tail}")
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise DevClusterError(f"{member['kind']} {member['index']} did not listen on {member['address']} in {timeout:g}s")
+
+    def down(self) -> list[dict]:
+        """Stop every recorded process, brokers first and ZooKeeper last."""
+        state = self.read_state()
+        if not state:
+            return []
+        order = {"broker": 0, "bookie": 1, "zookeeper": 2}
+        stopped = []
+        for member in sorted(state["processes"], key=lambda m: order.get(m["kind"], 0)):
+            if "pid" in member:
+                marker = str(self.run_dir)
+                stop_pid(member["pid"], marker)
+                stopped.append(member)
+        state["processes"] = []
+        self.write_state(state)
+        return stopped
+
+    def status(self) -> list[dict]:
+        """One row per recorded process: kind, pid, address, data_dir, alive."""
+        state = self.read_state()
+        if not state:
+            return []
+        rows = []
+        for member in state["processes"]:
+            alive = pid_alive(member["pid"]) and _owns(member["pid"], str(self.run_dir))
+            if member["kind"] == "zookeeper" and alive:
+                host, port = member["address"].rsplit(":", 1)
+                alive = four_letter(host, int(port)) == "imok"
+            row = {k: member.get(k) for k in ("kind", "pid", "address", "data_dir")}
+            row["alive"] = alive
+            if member["kind"] == "broker":
+                row["broker_id"] = read_broker_id(Path(member["data_dir"]))
+            rows.append(row)
+        return rows

@@ -1,0 +1,1 @@
+"""The bookie process: server, store, integrity checks, cookie, registration, long polls, config."""

@@ -1,0 +1,104 @@
+"""Configuration of one bookie process (``fencepost bookie start``).
+
+Values come from flags, ``FENCEPOST_<FIELD>`` environment variables and the
+``[bookie]`` table of ``fencepost.toml`` through
+:func:`election.settings.load_settings`; :meth:`BookieConfig.validate` runs last
+so that a bad value stops the process with a message naming the option, before
+it touches ZooKeeper or the data directory.
+
+Example::
+
+    config = load_settings(BookieConfig, "bookie", flags={"listen": "tcp://127.0.0.1:3181"})
+    run_bookie(config)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ledger import LedgerError
+from ledger.bookie.store import DEFAULT_MAP_SIZE
+
+_LISTEN = re.compile(r"^tcp://(?P<host>\*|\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
+_BOOKIE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Split ``tcp://host:port`` into ``(host, port)``; raise LedgerError if malformed."""
+    match = _LISTEN.match(listen) if isinstance(listen, str) else None
+    if not match or not 1 <= int(match.group("port")) <= 65535:
+        raise LedgerError(f"listen must look like tcp://HOST:PORT with a port in 1-65535, got {listen!r}")
+    if match.group("host") in WILDCARD_HOSTS:
+        raise LedgerError(f"listen {listen!r} is also the address other processes connect to: "
+                          "give a reachable host or IP, not a wildcard")
+    return match.group("host"), int(match.group("port"))
+
+
+# Addresses a server can bind but nobody can connect to; `listen` is advertised as is.
+WILDCARD_HOSTS = frozenset({"*", "0.0.0.0", "[::]", "::"})
+
+
+@dataclass
+class BookieConfig:
+    """Every option of a bookie; see docs/configuration for the reference.
+
+    The ``metadata`` of each field is its command-line option's help (``cli_options.py``
+    generates ``bookie start``'s options from these fields).
+    """
+
+    data: str = field(default="./bookie-data", metadata={"help": "Data directory.", "path": "dir"})
+    listen: str = field(default="tcp://127.0.0.1:3181", metadata={
+        "help": "Address to serve on, tcp://HOST:PORT."})
+    zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
+    cluster: str = field(default="dev", metadata={"help": "Cluster name."})
+    bookie_id: str | None = field(default=None, metadata={
+        "help": "Stable bookie id.", "default_text": "kept in the data dir's cookie"})
+    max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
+        "help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1024})
+    max_batch: int = field(default=1000, metadata={
+        "help": "Frames drained per poll turn: the most adds in one group commit.", "min": 1})
+    long_poll_max_ms: int = field(default=30000, metadata={"help": "Cap on a wait_lac long poll.", "min": 0})
+    fsync: bool = field(default=True, metadata={"help": "Do not fsync (tests only: loses acked data on a crash)."})
+    map_size: int = field(default=DEFAULT_MAP_SIZE, metadata={
+        "help": "LMDB map size in bytes, the most the store can hold (sparse).",
+        "default_text": f"{DEFAULT_MAP_SIZE >> 30} GiB", "min": 1 << 20})
+    zk_session_timeout_s: float = field(default=10.0, metadata={
+        "help": "ZooKeeper session timeout in seconds: how long a dead bookie stays registered."})
+
+    def validate(self) -> "BookieConfig":
+        """Check every option; raise LedgerError naming the first bad one."""
+        if not isinstance(self.data, str) or not self.data:
+            raise LedgerError("data must be a directory path")
+        parse_listen(self.listen)
+        if not isinstance(self.zk, str) or not self.zk.strip():
+            raise LedgerError("zk must list ZooKeeper servers as host:port[,host:port...]")
+        if not isinstance(self.cluster, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", self.cluster):
+            raise LedgerError(f"cluster must be 1-64 letters, digits, '.', '_' or '-', got {self.cluster!r}")
+        if self.bookie_id is not None and (not isinstance(self.bookie_id, str) or not _BOOKIE_ID.match(self.bookie_id)):
+            raise LedgerError(
+                f"bookie_id must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, got {self.bookie_id!r}"
+            )
+        for name, low, high in (
+            ("max_frame_bytes", 1024, 256 * 1024 * 1024),
+            ("max_batch", 1, 1_000_000),
+            ("long_poll_max_ms", 0, 3_600_000),
+            ("map_size", 1024 * 1024, 1 << 46),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise LedgerError(f"{name} must be an integer between {low} and {high}, got {value!r}")
+        if not isinstance(self.fsync, bool):
+            raise LedgerError(f"fsync must be true or false, got {self.fsync!r}")
+        if not isinstance(self.zk_session_timeout_s, (int, float)) or not 1 <= self.zk_session_timeout_s <= 600:
+            raise LedgerError(f"zk_session_timeout_s must be between 1 and 600 seconds, got {self.zk_session_timeout_s!r}")
+        return self
+
+    def default_bookie_id(self) -> str:
+        """``bookie-<host>-<port>`` from ``listen``: the id used when none is configured.
+
+        It only names a fresh data directory: the id is then kept in the cookie,
+        so moving the bookie to another port does not change its identity.
+        """
+        host, port = parse_listen(self.listen)
+        host = host.strip("[]")
+        return "bookie-" + "".join(c if c.isalnum() or c in "-." else "_" for c in host) + f"-{port}"

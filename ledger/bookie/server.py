@@ -1,0 +1,478 @@
+"""The bookie server: stores ledger entries for writers and serves them to readers.
+
+One thread owns a ZeroMQ ROUTER socket and the LMDB store. Each turn of its poll
+loop drains every waiting frame (up to ``max_batch``), answers reads at once,
+gathers all adds into ONE store transaction (one fsync) and only then acks them:
+group commit, so throughput grows with load instead of paying an fsync per entry.
+Frames are never trusted: anything that does not decode, is too large, has the
+wrong protocol version, names an unknown operation or carries bad fields gets an
+error reply and is counted; the loop never dies on input.
+
+Long polls (``wait_lac``) are parked per ledger and answered as soon as an add
+batch (or a fence) moves that ledger, or at their deadline; the poll timeout is
+bounded by the nearest deadline so they are answered on time.
+
+ZooKeeper holds only the bookie's ephemeral registration (``bookies/<id>``:
+address, free space). A keeper thread re-registers after a session loss and
+refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
+
+Protocol (request fields -> reply fields; the envelope is ``ledger.wire``)::
+
+    ping                                     -> bookie_id, cluster_id
+    add      ledger, entry, data[, recovery] -> ledger, entry        errors: fenced, bad_entry
+    add_batch ledger, first, entries[, recovery]
+                                             -> ledger, first, count errors: fenced, bad_entry, bad_request
+    read     ledger, entry                   -> data                 errors: no_entry, unknown
+    read_lac ledger                          -> lac, last_entry, fenced  errors: unknown
+    wait_lac ledger, after, timeout_ms       -> lac, last_entry, fenced  (once lac > after, or at the deadline)
+    write_lac ledger, lac                    -> lac, last_entry, fenced  (explicit LAC from an idle writer)
+    fence    ledger                          -> lac, last_entry, fenced=True   errors: unknown, readonly
+    delete   ledger                          -> {}
+    stats                                    -> adds, reads, bad_requests, batches, ledgers, entries, uptime_s,
+                                                bookie_id, readonly, disk_full_events, readonly_refusals,
+                                                limbo_ledgers, unknown_replies, verified_at_start
+
+Adds (``add``, ``add_batch``) also fail with ``readonly`` while the disk is full.
+
+``unknown`` ("cannot vouch") is the answer for a ledger in limbo (see
+:mod:`ledger.bookie.integrity`): to a read of an entry the bookie does not
+hold, and to ``read_lac``/``wait_lac``/``write_lac``/``fence`` (a fence is
+still persisted). It is never ``no_entry``, which recovery counts as evidence.
+
+Any request may name the bookie it is meant for (``bookie``, optional); another
+bookie answers ``wrong_bookie``. Recovery and readers name it, so a bookie
+re-registered under a new id on the address of a lost one is never taken for
+it (its empty "no such entry" would otherwise count as the old bookie's).
+
+``recovery`` (optional, default false) marks a re-replication add made by ledger
+recovery; like BookKeeper's recovery adds it is accepted on a fenced ledger.
+
+``add_batch`` is the writer's hot path: ``entries`` is a list of 1 to
+``MAX_ADD_BATCH`` encoded entries of ``ledger`` with ids ``first``,
+``first + 1``, ... in order. The whole list goes into the turn's group commit
+and gets ONE reply once it is durable (``count`` = entries stored), so a
+pipelined writer pays one frame per bookie per batch instead of one per entry.
+It is all or nothing: a list that is not a list of bytes, is empty or too long
+(``bad_request``), or holds an entry whose header does not name
+``ledger``/``first + i`` or is badly framed (``bad_entry``) is refused before
+anything is stored; on a fenced ledger every entry is refused (``fenced``)
+unless ``recovery`` is true. ``add`` stays for single adds (ledger recovery).
+
+``write_lac`` is BookKeeper's explicit LAC: a writer that has gone idle tells
+the bookies how far it has committed, since the LAC piggybacked on each add
+always trails by one entry and readers must not wait for the next add to see
+the last one. It is kept in memory only: after a restart the piggybacked LAC
+(and, for a dead writer, recovery) covers the same ground.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+import zmq
+from kazoo.client import KazooClient
+
+from election import zk as zkutil
+from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.paths import ClusterPaths
+from ledger import LedgerError, wire
+from ledger.bookie.config import BookieConfig
+from ledger.bookie.cookie import bind_instance
+from ledger.bookie.integrity import open_vouched_store, prepare_store
+from ledger.bookie.polls import LongPolls
+from ledger.bookie.registration import BookieRegistration
+from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, check_or_write_cookie, is_disk_full
+from ledger.codec import CorruptEntry, check_run, peek_header
+
+log = logging.getLogger(__name__)
+
+OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
+E_FENCED, E_BAD_ENTRY, E_NO_ENTRY, E_BUSY = "fenced", "bad_entry", "no_entry", "busy"
+E_UNKNOWN = "unknown"  # cannot vouch for this ledger (limbo): never counted as "no such entry"
+E_READONLY = "readonly"  # the disk is full: adds are refused until a commit succeeds again
+E_WRONG_BOOKIE = "wrong_bookie"  # the request names another bookie id (a new bookie on an old address)
+MAX_ADD_BATCH = 10_000  # entries in one add_batch request
+POLL_MS = 100
+_U64_MAX = (1 << 64) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+# Plain ints: pyzmq's flag enums cost a conversion on every call of the hot loop.
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+def _id(msg: dict, name: str) -> int:
+    value = wire.field(msg, name, int)
+    if not 0 <= value <= _U64_MAX:
+        raise wire.WireError(wire.E_BAD_REQUEST, f"field {name!r} must be in [0, 2^64)", msg.get("rid"))
+    return value
+
+
+def _info_fields(info: dict | None) -> dict:
+    info = info or {"fenced": False, "lac": -1, "last_entry": -1}
+    return {"lac": info["lac"], "last_entry": info["last_entry"], "fenced": bool(info["fenced"])}
+
+
+class Bookie:
+    """One bookie: a store, a ROUTER socket and a ZooKeeper registration.
+
+    Usage (``run_bookie(config)`` does this, plus SIGTERM/SIGINT handling)::
+
+        config = BookieConfig(data="/var/lib/bookie", listen="tcp://10.0.0.5:3181", zk="zk1:2181")
+        bookie = Bookie(config)
+        bookie.start()
+        try:
+            bookie.serve(stop_event)
+        finally:
+            bookie.close()
+    """
+
+    def __init__(self, config: BookieConfig) -> None:
+        self.config = config.validate()
+        self.bookie_id: str | None = None
+        self.cluster_id: str | None = None
+        self.counters = {"adds": 0, "reads": 0, "bad_requests": 0, "batches": 0, "readonly_refusals": 0,
+                         "unknown_replies": 0}
+        self.verified_at_start = False
+        self._limbo: dict[int, dict] = {}
+        self._gate = ReadOnlyGate()
+        self._vouching = False  # the clean-shutdown marker is cleared: close() must set it again
+        self._started = time.monotonic()
+        self._zk: KazooClient | None = None
+        self._store: BookieStore | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._registration: BookieRegistration | None = None
+        self._polls = LongPolls(self._info, self._send)
+        self._explicit_lac: dict[int, int] = {}
+
+    def start(self) -> None:
+        """Join the cluster: read its config, check the cookie, open the store, bind, register."""
+        cfg = self.config
+        try:
+            self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
+            paths = ClusterPaths(cfg.cluster)
+            cluster = ensure_cluster_config(self._zk, paths, ClusterOptions(), clock=time.time, check=False)
+            self.cluster_id = cluster["cluster_id"]
+            cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
+            self._store, cookie = open_vouched_store(cfg, cookie)
+            cookie = bind_instance(self._zk, paths, cfg.data, cookie)
+            self.bookie_id = cookie["bookie_id"]
+            self.verified_at_start = not self._store.was_clean()
+            self._limbo = prepare_store(cfg, self.bookie_id, self._store)
+            self._vouching = True
+            self._ctx = zmq.Context()
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            # The default limit of 1000 queued replies silently drops acks under a deep pipeline.
+            self._sock.setsockopt(zmq.SNDHWM, 100_000)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            # A frame somewhat over the limit still gets an "oversized" reply; a far larger
+            # one makes ZeroMQ drop the peer before the frame can take the memory.
+            self._sock.setsockopt(zmq.MAXMSGSIZE, max(4 * cfg.max_frame_bytes, 64 * 1024 * 1024))
+            try:
+                self._sock.bind(cfg.listen)
+            except zmq.ZMQError as exc:
+                raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
+            self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data)
+            self._registration.register(wait_s=1.5 * cfg.zk_session_timeout_s + 1)
+            self._registration.start_keeper()
+        except BaseException:
+            self.close()
+            raise
+        self._started = time.monotonic()
+        log.info("bookie %s serving %s for cluster %s (%s), data in %s",
+                 self.bookie_id, cfg.listen, cfg.cluster, self.cluster_id, cfg.data)
+
+    def close(self) -> None:
+        """Release everything; safe to call twice and after a failed start."""
+        if self._registration is not None:
+            self._registration.stop()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._store is not None:
+            if self._vouching:
+                try:
+                    self._store.mark_clean()
+                except Exception as exc:  # a full disk: the next start verifies, which is only slower
+                    log.warning("could not record the clean shutdown of bookie %s: %s", self.bookie_id, exc)
+            self._store.close()
+        if self._zk is not None:
+            try:
+                zkutil.close(self._zk)
+            except Exception:  # a dead session must not hide the error that got us here
+                log.debug("closing the ZooKeeper client failed", exc_info=True)
+        self._registration = self._sock = self._ctx = self._store = self._zk = None
+
+    def serve(self, stop: threading.Event) -> None:
+        """Run the poll loop until ``stop`` is set."""
+        assert self._sock is not None, "start() first"
+        while not stop.is_set():
+            if self._sock.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS), zmq.POLLIN):
+                self._turn()
+            self._polls.expire(time.monotonic())
+            if self._registration is not None and self._registration.fatal:
+                raise LedgerError(self._registration.fatal)
+
+    # -- one turn: drain, handle, group-commit the adds, reply -----------------------
+
+    def _turn(self) -> None:
+        sock = self._sock
+        recv, getsockopt = sock.recv, sock.getsockopt
+        frames = []
+        max_batch = self.config.max_batch
+        more = True
+        while more and len(frames) < max_batch:
+            try:
+                parts = [recv(_NOBLOCK)]
+            except zmq.Again:
+                break
+            while getsockopt(_RCVMORE):  # the rest of this message is already here
+                parts.append(recv(_NOBLOCK))
+            frames.append(parts)
+            more = getsockopt(_EVENTS) & _POLLIN  # cheaper than ending the turn on a zmq.Again
+        adds: list[tuple] = []
+        max_frame = self.config.max_frame_bytes
+        for parts in frames:
+            envelope, body, rid = parts[:-1], parts[-1], None
+            try:
+                msg = wire.decode_request(body, OPS, max_frame)
+                rid = msg.get("rid")
+                expected = msg.get("bookie")
+                if expected is not None and expected != self.bookie_id:
+                    reply = wire.error_reply(rid, E_WRONG_BOOKIE, f"this is bookie {self.bookie_id}, not {expected!r}")
+                else:
+                    reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
+            except wire.WireError as exc:
+                self.counters["bad_requests"] += 1
+                reply = wire.error_reply(exc.rid if exc.rid is not None else rid, exc.code, exc.message)
+            except Exception as exc:  # a bug or a store failure: answer, log, keep serving
+                if is_disk_full(exc, self._store.path):
+                    reply = self._refuse_full(rid, exc)
+                else:
+                    log.exception("request failed")
+                    reply = wire.error_reply(rid, wire.E_INTERNAL, f"{type(exc).__name__}: {exc}")
+            if reply is not None:
+                self._send(envelope, reply)
+        self._commit(adds)
+
+    def _send(self, envelope: list, reply: dict) -> None:
+        try:
+            frame = wire.encode(reply)
+        except Exception:  # a request id msgpack cannot echo back
+            frame = wire.encode(wire.error_reply(None, wire.E_MALFORMED, "request id cannot be echoed"))
+        send = self._sock.send
+        try:
+            for part in envelope:
+                send(part, _SNDMORE_NOBLOCK)
+            send(frame, _NOBLOCK)
+        except zmq.ZMQError as exc:  # the peer is gone or not reading
+            log.debug("reply dropped: %s", exc)
+
+    def _commit(self, adds: list[tuple]) -> None:
+        """Store the pending adds in one transaction, then ack each (group commit).
+
+        An item of ``adds`` is ``(envelope, rid, ledger, first, entries, lac,
+        recovery, batch)``: one checked run of entries from an ``add`` (``batch``
+        false, one entry) or an ``add_batch`` request, answered once.
+        """
+        if not adds:
+            return
+        batch = list(adds)
+        adds.clear()
+        if not self._gate.may_try(time.monotonic()):
+            self.counters["readonly_refusals"] += len(batch)
+            for envelope, rid, *_ in batch:
+                self._send(envelope, self._readonly_reply(rid))
+            return
+        try:
+            results = self._store.add_runs([a[2:7] for a in batch])
+        except Exception as exc:
+            if is_disk_full(exc, self._store.path):
+                for envelope, rid, *_ in batch:
+                    self._send(envelope, self._refuse_full(rid, exc))
+                return
+            log.exception("add batch of %d requests failed", len(batch))
+            for envelope, rid, *_ in batch:
+                self._send(envelope, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
+            return
+        if self._gate.succeeded():
+            self._publish_readonly(False)
+            log.warning("bookie %s is writable again: a commit succeeded after %d refused adds",
+                        self.bookie_id, self.counters["readonly_refusals"])
+        self.counters["batches"] += 1
+        ledgers = set()
+        for (envelope, rid, ledger, first, entries, _lac, _rec, is_batch), result in zip(batch, results):
+            ledgers.add(ledger)
+            if result == STORED:
+                self.counters["adds"] += len(entries)
+                if is_batch:
+                    reply = wire.ok_reply(rid, ledger=ledger, first=first, count=len(entries))
+                else:
+                    reply = wire.ok_reply(rid, ledger=ledger, entry=first)
+            elif result == FENCED:
+                reply = wire.error_reply(rid, E_FENCED, f"ledger {ledger} is fenced")
+            else:  # pragma: no cover - add_runs answers stored or fenced only
+                reply = wire.error_reply(rid, wire.E_INTERNAL, f"store answered {result!r}")
+            self._send(envelope, reply)
+        for ledger in ledgers:
+            self._polls.wake(ledger)
+
+    def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
+        """The reply to a request that hit a full disk; logs once per read-only episode."""
+        if self._gate.failed(time.monotonic()):
+            self._publish_readonly(True)
+            log.warning("bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "
+                        "a commit succeeds again (retried every %.0f s)", self.bookie_id, exc, E_READONLY,
+                        self._gate.probe_s)
+        self.counters["readonly_refusals"] += 1
+        return self._readonly_reply(rid)
+
+    def _publish_readonly(self, readonly: bool) -> None:
+        if self._registration is not None:
+            self._registration.set_readonly(readonly)
+
+    def _readonly_reply(self, rid: Any) -> dict:
+        return wire.error_reply(rid, E_READONLY, f"bookie {self.bookie_id} is read-only: its disk is full")
+
+    def _unknown(self, rid: Any, ledger: int) -> dict | None:
+        """The ``unknown`` reply if ``ledger`` is in limbo, else None."""
+        limbo = self._limbo.get(ledger)
+        if limbo is None:
+            return None
+        self.counters["unknown_replies"] += 1
+        return wire.error_reply(rid, E_UNKNOWN, f"bookie {self.bookie_id} cannot vouch for ledger {ledger}: "
+                                                f"{limbo['reason']}")
+
+    # -- operations: each returns its reply, or None when the reply comes later -------
+
+    def _op_ping(self, envelope, msg, adds):
+        return wire.ok_reply(msg["rid"], bookie_id=self.bookie_id, cluster_id=self.cluster_id)
+
+    def _recovery_flag(self, msg: dict) -> bool:
+        recovery = msg.get("recovery", False)
+        if not isinstance(recovery, bool):
+            raise wire.WireError(wire.E_BAD_REQUEST, "field 'recovery' must be a bool", msg["rid"])
+        return recovery
+
+    def _op_add(self, envelope, msg, adds):
+        ledger, entry = _id(msg, "ledger"), _id(msg, "entry")
+        data = wire.field(msg, "data", bytes)
+        recovery = self._recovery_flag(msg)
+        try:
+            header = peek_header(data)
+            if header[:2] != (ledger, entry):
+                raise CorruptEntry(f"header says ledger {header[0]} entry {header[1]}, request says {ledger}/{entry}")
+        except CorruptEntry as exc:
+            self.counters["bad_requests"] += 1
+            return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
+        adds.append((envelope, msg["rid"], ledger, entry, [data], header[2], recovery, False))
+        return None
+
+    def _op_add_batch(self, envelope, msg, adds):
+        ledger, first = _id(msg, "ledger"), _id(msg, "first")
+        entries = wire.field(msg, "entries", list)
+        recovery = self._recovery_flag(msg)
+        if not 1 <= len(entries) <= MAX_ADD_BATCH:
+            raise wire.WireError(wire.E_BAD_REQUEST, f"'entries' must hold 1 to {MAX_ADD_BATCH} entries, "
+                                 f"got {len(entries)}", msg["rid"])
+        if first + len(entries) - 1 > _U64_MAX:
+            raise wire.WireError(wire.E_BAD_REQUEST, "entry ids would pass 2^64", msg["rid"])
+        try:
+            lac = check_run(entries, ledger, first)
+        except CorruptEntry as exc:
+            self.counters["bad_requests"] += 1
+            return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
+        adds.append((envelope, msg["rid"], ledger, first, entries, lac, recovery, True))
+        return None
+
+    def _op_read(self, envelope, msg, adds):
+        ledger, entry = _id(msg, "ledger"), _id(msg, "entry")
+        self.counters["reads"] += 1
+        data = self._store.read(ledger, entry)
+        if data is None:
+            return self._unknown(msg["rid"], ledger) or wire.error_reply(
+                msg["rid"], E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
+        return wire.ok_reply(msg["rid"], data=data)
+
+    def _op_read_lac(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **self._info(ledger))
+
+    def _op_wait_lac(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
+        if not _I64_MIN <= after <= _I64_MAX or timeout_ms < 0:
+            raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be an i64 and 'timeout_ms' >= 0", msg["rid"])
+        unknown = self._unknown(msg["rid"], ledger)
+        if unknown is not None:
+            return unknown
+        info = self._info(ledger)
+        timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
+        if info["lac"] > after or timeout_ms == 0:
+            return wire.ok_reply(msg["rid"], **info)
+        if not self._polls.park(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000):
+            return wire.error_reply(msg["rid"], E_BUSY, f"{self._polls.limit} long polls are already waiting")
+        return None
+
+    def _info(self, ledger: int) -> dict:
+        info = _info_fields(self._store.ledger_info(ledger))
+        info["lac"] = max(info["lac"], self._explicit_lac.get(ledger, -1))
+        return info
+
+    def _op_write_lac(self, envelope, msg, adds):
+        ledger, lac = _id(msg, "ledger"), _id(msg, "lac")
+        unknown = self._unknown(msg["rid"], ledger)
+        if unknown is not None:
+            return unknown
+        if lac > self._explicit_lac.get(ledger, -1):
+            self._explicit_lac[ledger] = lac
+            self._polls.wake(ledger)
+        return wire.ok_reply(msg["rid"], **self._info(ledger))
+
+    def _op_fence(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
+        self._polls.wake(ledger, always=True)  # long pollers learn of the recovery at once
+        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **_info_fields(info))
+
+    def _op_delete(self, envelope, msg, adds):
+        ledger = _id(msg, "ledger")
+        self._commit(adds)  # an add that arrived before the delete must not outlive it
+        log.info("deleted ledger %d (%d entries)", ledger, self._store.delete_ledger(ledger))
+        self._explicit_lac.pop(ledger, None)
+        self._limbo.pop(ledger, None)
+        return wire.ok_reply(msg["rid"])
+
+    def _op_stats(self, envelope, msg, adds):
+        return wire.ok_reply(msg["rid"], **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
+                             uptime_s=round(time.monotonic() - self._started, 3), readonly=self._gate.readonly,
+                             disk_full_events=self._gate.events, limbo_ledgers=len(self._limbo),
+                             verified_at_start=self.verified_at_start)
+
+
+def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> None:
+    """Run a bookie until ``stop`` is set or, when called in the main thread, SIGTERM/SIGINT.
+
+    Raises LedgerError (e.g. :class:`ledger.bookie.store.WrongClusterError`) or
+    ElectionError when the bookie cannot start; the CLI prints it and exits 1.
+    """
+    stop = stop or threading.Event()
+    bookie = Bookie(config)
+    previous = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous.append((sig, signal.signal(sig, lambda signum, frame: stop.set())))
+    try:
+        bookie.start()
+        bookie.serve(stop)
+        log.info("bookie %s stopping", bookie.bookie_id)
+    finally:
+        bookie.close()
+        for sig, handler in previous:
+            signal.signal(sig, handler)

@@ -1,0 +1,458 @@
+"""A bookie's durable store: ledger entries in LMDB, plus the data directory's cookie.
+
+Why LMDB: one memory-mapped B+tree gives ordered keys (a ledger's entries are
+contiguous, so deleting a ledger is one range scan), crash safety without a
+separate WAL, and a single write transaction per group of adds, which is what
+group commit needs: the bookie collects every add that arrived in one poll turn,
+commits them with :meth:`BookieStore.add_batch` (one fsync) and only then acks.
+
+Named databases:
+
+``entries``  key ``>QQ`` (ledger, entry) -> the encoded entry exactly as received
+``ledgers``  key ``>Q`` ledger -> msgpack ``{fenced, lac, last_entry}``
+``meta``     store-wide facts: ``format_version``, ``instance_id`` (the same id as the
+             cookie's, so a replaced or re-created data file is recognised) and
+             ``clean_shutdown`` (present only between an orderly close and the next start)
+``limbo``    key ``>Q`` ledger -> msgpack ``{reason, dropped}``: ledgers this bookie
+             cannot vouch for (see :mod:`ledger.bookie.integrity`)
+
+The LAC of a ledger is the largest ``lac`` field among its stored entries (the
+writer piggybacks its LAC on every add). A fence is persisted before it is
+acknowledged and every later add to that ledger is refused, which is what makes
+ledger recovery safe (DESIGN.md section 4).
+
+The cookie (``<data>/COOKIE``) ties a data directory to one cluster and one
+bookie id so that a bookie never serves one cluster's entries to another.
+
+Example::
+
+    store = BookieStore("/var/lib/fencepost/bookie", map_size=1 << 30)
+    store.add_batch([(3, 0, encoded_entry)])     # -> ["stored"]
+    store.add_runs([(3, 1, [entry_1, entry_2], 0, False)])  # checked runs (the bookie's path) -> ["stored"]
+    store.fence(3)                               # -> {"fenced": True, "lac": -1, "last_entry": 0}
+    store.close()
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+import tempfile
+import uuid
+from typing import Sequence
+
+import lmdb
+import msgpack
+
+from ledger import LedgerError
+from ledger.codec import CorruptEntry, peek_header
+
+DEFAULT_MAP_SIZE = 8 * 1024 * 1024 * 1024  # sparse: costs address space, not disk
+DEFAULT_MAX_DBS = 8
+FORMAT_VERSION = 1
+COOKIE_NAME = "COOKIE"
+
+STORED = "stored"
+FENCED = "fenced"
+BAD_ENTRY = "bad_entry"
+
+_INSTANCE_KEY = b"instance_id"
+_CLEAN_KEY = b"clean_shutdown"
+
+_ENTRY_KEY = struct.Struct(">QQ")
+_LEDGER_KEY = struct.Struct(">Q")
+_U64_MAX = (1 << 64) - 1
+
+
+class CookieError(LedgerError):
+    """The data directory's cookie is unreadable or does not fit this bookie."""
+
+
+class WrongClusterError(CookieError):
+    """The data directory belongs to another cluster."""
+
+
+def _check_id(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _U64_MAX:
+        raise LedgerError(f"{name} must be an integer in [0, 2^64), got {value!r}")
+
+
+def _empty_info() -> dict:
+    return {"fenced": False, "lac": -1, "last_entry": -1}
+
+
+# Below this many free bytes, an I/O error while committing is taken for a full disk.
+NEARLY_FULL_BYTES = 16 * 1024 * 1024
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of ``path``, or None if unknown."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(exc: BaseException, path: str | os.PathLike | None = None) -> bool:
+    """True if ``exc`` means the store cannot grow: LMDB's map is full or the disk is.
+
+    LMDB reports a write that ran out of space either as ENOSPC or, when the page
+    write comes up short, as EIO ("Input/output error"); with ``path`` given, an
+    EIO on a filesystem with almost no free space counts as a full disk too.
+    """
+    if isinstance(exc, lmdb.MapFullError):
+        return True
+    if isinstance(exc, OSError):
+        if exc.errno == errno.ENOSPC:
+            return True
+    elif not isinstance(exc, lmdb.Error):
+        return False
+    elif os.strerror(errno.ENOSPC) in str(exc):
+        return True
+    io_error = (isinstance(exc, OSError) and exc.errno == errno.EIO) or os.strerror(errno.EIO) in str(exc)
+    if not io_error or path is None:
+        return False
+    free = free_bytes(path)
+    return free is not None and free < NEARLY_FULL_BYTES
+
+
+class ReadOnlyGate:
+    """Read-only mode of a bookie whose disk is full: one state change per episode, not one per write.
+
+    After a failed commit the bookie refuses adds at once and retries a real
+    commit only every ``probe_s`` seconds; the first success ends the episode.
+    The caller passes the time, so this is pure.
+
+    Example::
+
+        gate = ReadOnlyGate()
+        if gate.may_try(now):
+            ...commit; on a full disk: gate.failed(now) -> True the first time (log it)
+            ...on success: gate.succeeded() -> True if this ended read-only mode (log it)
+    """
+
+    def __init__(self, probe_s: float = 1.0) -> None:
+        self.probe_s = probe_s
+        self.readonly = False
+        self.events = 0
+        self._probe_at = 0.0
+
+    def may_try(self, now: float) -> bool:
+        return not self.readonly or now >= self._probe_at
+
+    def failed(self, now: float) -> bool:
+        """Record a full-disk failure; True if the bookie just became read-only."""
+        self._probe_at = now + self.probe_s
+        if self.readonly:
+            return False
+        self.readonly = True
+        self.events += 1
+        return True
+
+    def succeeded(self) -> bool:
+        """Record a successful commit; True if it ended read-only mode."""
+        was, self.readonly = self.readonly, False
+        return was
+
+
+class BookieStore:
+    """The LMDB environment of one bookie. Not thread-safe: one owner thread."""
+
+    def __init__(self, path: str | os.PathLike, map_size: int = DEFAULT_MAP_SIZE, sync: bool = True,
+                 max_dbs: int = DEFAULT_MAX_DBS) -> None:
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        try:
+            self._env = lmdb.open(self.path, subdir=True, sync=sync, metasync=sync, max_dbs=max_dbs,
+                                  map_size=map_size, readahead=False)
+        except lmdb.Error as exc:
+            raise LedgerError(f"cannot open the bookie store at {self.path}: {exc}") from None
+        self._entries = self._env.open_db(b"entries")
+        self._ledgers = self._env.open_db(b"ledgers")
+        self._meta = self._env.open_db(b"meta")
+        self._limbo = self._env.open_db(b"limbo")
+        with self._env.begin(write=True) as txn:
+            version = txn.get(b"format_version", db=self._meta)
+            # True when this open created the store: a file that should have held a bookie's
+            # data but holds no store at all is then told apart from an old one.
+            self.created = version is None
+            if version is None:
+                txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
+                txn.put(_CLEAN_KEY, b"1", db=self._meta)  # nothing in it to verify
+            elif int(version) != FORMAT_VERSION:
+                raise LedgerError(f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}")
+
+    # -- identity and shutdown marker -------------------------------------------------
+
+    def instance_id(self) -> str | None:
+        """The instance id stamped into the store, or None for a store made before instance ids."""
+        with self._env.begin() as txn:
+            raw = txn.get(_INSTANCE_KEY, db=self._meta)
+        return None if raw is None else raw.decode()
+
+    def set_instance_id(self, instance_id: str) -> None:
+        with self._env.begin(write=True) as txn:
+            txn.put(_INSTANCE_KEY, instance_id.encode(), db=self._meta)
+
+    def was_clean(self) -> bool:
+        """True if the last process using the store closed it in order (see :meth:`mark_clean`)."""
+        with self._env.begin() as txn:
+            return txn.get(_CLEAN_KEY, db=self._meta) is not None
+
+    def clear_clean(self) -> None:
+        """Drop the clean-shutdown marker (durably) before serving: a crash from now on is unclean."""
+        with self._env.begin(write=True) as txn:
+            txn.delete(_CLEAN_KEY, db=self._meta)
+
+    def mark_clean(self) -> None:
+        """Record an orderly close; call after the last write, just before :meth:`close`."""
+        self._env.sync(True)  # with fsync off, the data must reach the disk before the marker does
+        with self._env.begin(write=True) as txn:
+            txn.put(_CLEAN_KEY, b"1", db=self._meta)
+        self._env.sync(True)
+
+    # -- limbo: ledgers this bookie cannot vouch for ----------------------------------
+
+    def limbo(self) -> dict[int, dict]:
+        """``{ledger: {reason, dropped}}`` for every ledger in limbo."""
+        with self._env.begin() as txn:
+            with txn.cursor(db=self._limbo) as cursor:
+                return {_LEDGER_KEY.unpack(k)[0]: msgpack.unpackb(v) for k, v in cursor.iternext()}
+
+    def quarantine(self, ledger: int, reason: str, dropped: Sequence[int] = ()) -> None:
+        """Put ``ledger`` in limbo and drop the entries ``dropped``, in one transaction."""
+        _check_id("ledger", ledger)
+        with self._env.begin(write=True) as txn:
+            raw = txn.get(_LEDGER_KEY.pack(ledger), db=self._limbo)
+            record = msgpack.unpackb(raw) if raw is not None else {"reason": reason, "dropped": []}
+            record["dropped"] = sorted(set(record["dropped"]) | set(dropped))
+            for entry in dropped:
+                txn.delete(_ENTRY_KEY.pack(ledger, entry), db=self._entries)
+            txn.put(_LEDGER_KEY.pack(ledger), msgpack.packb(record), db=self._limbo)
+
+    def scan(self):
+        """Every stored entry as ``(ledger, entry, data)`` in key order (one read transaction)."""
+        unpack = _ENTRY_KEY.unpack
+        with self._env.begin(buffers=False) as txn:
+            with txn.cursor(db=self._entries) as cursor:
+                for key, value in cursor.iternext():
+                    ledger, entry = unpack(key)
+                    yield ledger, entry, value
+
+    def records(self) -> dict[int, dict]:
+        """Every ledger record, ``{ledger: {fenced, lac, last_entry}}``."""
+        with self._env.begin() as txn:
+            with txn.cursor(db=self._ledgers) as cursor:
+                return {_LEDGER_KEY.unpack(k)[0]: msgpack.unpackb(v) for k, v in cursor.iternext()}
+
+    # -- records -------------------------------------------------------------------
+
+    def _get_info(self, txn: lmdb.Transaction, ledger: int) -> dict | None:
+        raw = txn.get(_LEDGER_KEY.pack(ledger), db=self._ledgers)
+        return None if raw is None else msgpack.unpackb(raw)
+
+    def _put_info(self, txn: lmdb.Transaction, ledger: int, info: dict) -> None:
+        txn.put(_LEDGER_KEY.pack(ledger), msgpack.packb(info), db=self._ledgers)
+
+    # -- writes --------------------------------------------------------------------
+
+    def add_batch(self, items: Sequence[tuple]) -> list[str]:
+        """Store a group of entries in one write transaction; return one result per item.
+
+        Each item is ``(ledger_id, entry_id, data)`` or ``(ledger_id, entry_id,
+        data, recovery)``. A result is ``"stored"``, ``"fenced"`` (the ledger is
+        fenced and the item is not a recovery add) or ``"bad_entry"`` (the bytes
+        are not a well-framed entry for that ledger and entry id). Re-adding an
+        entry overwrites it, so retries are harmless. The transaction commits (and
+        fsyncs, unless the store was opened with ``sync=False``) before this returns.
+        """
+        results: list[str | None] = []
+        runs: list[tuple] = []
+        for item in items:
+            ledger, entry, data = item[0], item[1], item[2]
+            recovery = bool(item[3]) if len(item) > 3 else False
+            _check_id("ledger", ledger)
+            _check_id("entry", entry)
+            try:
+                h_ledger, h_entry, lac, _epoch, _length = peek_header(data)
+            except CorruptEntry:
+                results.append(BAD_ENTRY)
+                continue
+            if (h_ledger, h_entry) != (ledger, entry):
+                results.append(BAD_ENTRY)
+                continue
+            results.append(None)
+            runs.append((ledger, entry, [bytes(data)], lac, recovery))
+        stored = iter(self.add_runs(runs))
+        return [next(stored) if r is None else r for r in results]
+
+    def add_runs(self, runs: Sequence[tuple]) -> list[str]:
+        """Store runs of consecutive, already checked entries in one write transaction.
+
+        Each run is ``(ledger_id, first_entry_id, entries, lac, recovery)``:
+        ``entries`` holds the encoded entries ``first_entry_id``,
+        ``first_entry_id + 1``, ... of ``ledger_id``, ``lac`` is the largest LAC
+        among their headers. The caller has checked all of it (the bookie does,
+        with :func:`ledger.codec.check_run` or :func:`~ledger.codec.peek_header`,
+        when it decodes the request), so nothing is parsed again here. One
+        result per run: ``"stored"`` (every entry of the run) or ``"fenced"``
+        (none: the ledger is fenced and the run is not a recovery add; within
+        one transaction a ledger is fenced for all of its runs or for none).
+        Commits (and fsyncs, unless ``sync=False``) before returning.
+        """
+        results: list[str] = []
+        touched: dict[int, dict] = {}
+        pack = _ENTRY_KEY.pack
+        with self._env.begin(write=True) as txn:
+            with txn.cursor(db=self._entries) as cursor:
+                putmulti = cursor.putmulti
+                for ledger, first, entries, lac, recovery in runs:
+                    info = touched.get(ledger)
+                    if info is None:
+                        info = self._get_info(txn, ledger) or _empty_info()
+                        touched[ledger] = info
+                    if info["fenced"] and not recovery:
+                        results.append(FENCED)
+                        continue
+                    if len(entries) == 1:
+                        cursor.put(pack(ledger, first), entries[0])
+                    else:
+                        putmulti([(pack(ledger, first + i), data) for i, data in enumerate(entries)])
+                    if lac > info["lac"]:
+                        info["lac"] = lac
+                    last = first + len(entries) - 1
+                    if last > info["last_entry"]:
+                        info["last_entry"] = last
+                    results.append(STORED)
+            for ledger, info in touched.items():
+                self._put_info(txn, ledger, info)
+        return results
+
+    def fence(self, ledger: int) -> dict:
+        """Persist the fence of ``ledger`` (creating its record if needed); return its info."""
+        _check_id("ledger", ledger)
+        with self._env.begin(write=True) as txn:
+            info = self._get_info(txn, ledger) or _empty_info()
+            if not info["fenced"]:
+                info["fenced"] = True
+                self._put_info(txn, ledger, info)
+        return info
+
+    def delete_ledger(self, ledger: int) -> int:
+        """Delete every entry of ``ledger`` and its record; return the number of entries deleted."""
+        _check_id("ledger", ledger)
+        deleted = 0
+        with self._env.begin(write=True) as txn:
+            with txn.cursor(db=self._entries) as cursor:
+                if cursor.set_range(_ENTRY_KEY.pack(ledger, 0)):
+                    while cursor.key() and _ENTRY_KEY.unpack(cursor.key())[0] == ledger:
+                        cursor.delete()  # moves to the next record
+                        deleted += 1
+            txn.delete(_LEDGER_KEY.pack(ledger), db=self._ledgers)
+            txn.delete(_LEDGER_KEY.pack(ledger), db=self._limbo)
+        return deleted
+
+    # -- reads ---------------------------------------------------------------------
+
+    def read(self, ledger: int, entry: int) -> bytes | None:
+        """The stored bytes of one entry, or None."""
+        _check_id("ledger", ledger)
+        _check_id("entry", entry)
+        with self._env.begin() as txn:
+            return txn.get(_ENTRY_KEY.pack(ledger, entry), db=self._entries)
+
+    def ledger_info(self, ledger: int) -> dict | None:
+        """``{fenced, lac, last_entry}`` of a ledger, or None if this bookie never heard of it."""
+        _check_id("ledger", ledger)
+        with self._env.begin() as txn:
+            return self._get_info(txn, ledger)
+
+    def list_ledgers(self) -> list[int]:
+        """Every ledger this bookie holds a record for, in id order."""
+        with self._env.begin() as txn:
+            with txn.cursor(db=self._ledgers) as cursor:
+                return [_LEDGER_KEY.unpack(key)[0] for key in cursor.iternext(keys=True, values=False)]
+
+    def counts(self) -> dict:
+        """``{ledgers, entries}``: record counts, read from the B+tree headers (cheap)."""
+        with self._env.begin() as txn:
+            return {"ledgers": txn.stat(self._ledgers)["entries"], "entries": txn.stat(self._entries)["entries"]}
+
+    def close(self) -> None:
+        self._env.close()
+
+
+# -- cookie -------------------------------------------------------------------------
+
+def read_cookie(data_dir: str | os.PathLike) -> dict | None:
+    """The cookie of ``data_dir``, or None when there is none."""
+    path = os.path.join(os.fspath(data_dir), COOKIE_NAME)
+    try:
+        with open(path, "rb") as fh:
+            cookie = json.loads(fh.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CookieError(f"cannot read the cookie {path}: {exc}") from None
+    if not isinstance(cookie, dict) or not all(isinstance(cookie.get(k), str) for k in ("cluster_id", "bookie_id", "cluster")):
+        raise CookieError(f"the cookie {path} is not a map with cluster, cluster_id and bookie_id")
+    return cookie
+
+
+def write_cookie(data_dir: str | os.PathLike, cookie: dict) -> None:
+    """Write the cookie atomically: temp file, fsync, rename, fsync the directory."""
+    data_dir = os.fspath(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".COOKIE.", dir=data_dir)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps(cookie, sort_keys=True).encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, os.path.join(data_dir, COOKIE_NAME))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id: str, bookie_id: str | None,
+                          default_bookie_id: str | None = None) -> dict:
+    """Check that ``data_dir`` belongs to this cluster, writing the cookie on first use.
+
+    Returns the cookie; its ``bookie_id`` is the bookie's identity: ``bookie_id``
+    if given, else the one already in the cookie, else ``default_bookie_id`` (or
+    a generated one), kept from then on. Raises :class:`WrongClusterError`,
+    naming both clusters, when the directory belongs to another cluster, and
+    :class:`CookieError` when it belongs to another bookie id or holds ledger
+    data without a cookie.
+    """
+    data_dir = os.fspath(data_dir)
+    cookie = read_cookie(data_dir)
+    if cookie is None:
+        if os.path.exists(os.path.join(data_dir, "data.mdb")):
+            raise CookieError(
+                f"{data_dir} holds ledger data but no {COOKIE_NAME}: refusing to adopt it for cluster {cluster!r}"
+            )
+        cookie = {"cluster": cluster, "cluster_id": cluster_id,
+                  "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}"}
+        write_cookie(data_dir, cookie)
+        return cookie
+    if cookie["cluster_id"] != cluster_id:
+        raise WrongClusterError(
+            f"data directory {data_dir} belongs to cluster {cookie['cluster']!r} (id {cookie['cluster_id']}), "
+            f"not to cluster {cluster!r} (id {cluster_id})"
+        )
+    if bookie_id is not None and bookie_id != cookie["bookie_id"]:
+        raise CookieError(
+            f"data directory {data_dir} belongs to bookie {cookie['bookie_id']!r}, not {bookie_id!r}"
+        )
+    return cookie
+

@@ -1,0 +1,1 @@
+"""The ledger client a broker uses: facade, bookie pool, writer, reader, recovery."""

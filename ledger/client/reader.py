@@ -1,0 +1,272 @@
+"""Reading a ledger: committed entries only, verified by digest, from any good replica.
+
+A reader never returns an entry past what is known to be committed: the LAC
+(the highest LAC any bookie has seen piggybacked on an add) for an OPEN or
+IN_RECOVERY ledger, ``last_entry`` for a CLOSED one.
+
+Each entry is read from the ensemble's bookies in order, healthy ones first (a
+bookie that timed out recently is tried last, so one dead bookie does not cost
+a timeout per read). A copy that is missing or fails its digest is skipped and
+the next bookie is tried; the event is appended to :attr:`LedgerReader.corruptions`
+as ``(bookie_id, ledger_id, entry_id, reason)`` and a corrupt copy is logged as a
+warning, so audits and operators see under-replication and bit rot. A bookie
+answering ``unknown`` (it cannot vouch for the ledger) is treated like one that
+is down: it is skipped (reason ``"unknown"``), and its ``read_lac`` does not count.
+
+Example::
+
+    reader = LedgerReader(zk, paths, pool, ledger_id=7, digest=Digest.crc32c())
+    last = reader.wait_for(after=-1, timeout=5.0)      # long-poll until something is committed
+    for entry in reader.read_range(0, last):
+        handle(entry.payload)
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from election.paths import ClusterPaths
+from ledger import LedgerError
+from ledger.client.bookie_pool import BookiePool, BookieUnavailable, NoSuchEntry, Unvouched
+from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
+from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
+from ledger.wire import RemoteError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_READ_TIMEOUT = 2.0
+_READ_WINDOW = 256  # reads in flight at once in read_range
+_MAX_LONG_POLL = 5.0  # one wait_lac round; longer waits are several rounds
+
+
+class LedgerReadError(LedgerError):
+    """No bookie returned a valid copy of an entry."""
+
+
+class EntryNotCommitted(LedgerError):
+    """The entry is past the LAC (or past ``last_entry`` of a closed ledger)."""
+
+
+class LedgerReader:
+    """Reads one ledger. Safe to use from one thread at a time.
+
+    Example::
+
+        reader = LedgerReader(zk, paths, pool, 7, digest)
+        entry = reader.read(0)
+        reader.corruptions     # [(bookie_id, ledger_id, entry_id, reason), ...]
+    """
+
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
+                 timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+        self._zk = zk
+        self._paths = paths
+        self._pool = pool
+        self._digest = digest
+        self.timeout = timeout
+        self.ledger_id = ledger_id
+        self.metadata: LedgerMetadata
+        self.metadata, _ = read_metadata(zk, paths, ledger_id)
+        self._addresses = [current_address(zk, paths, m) for m in self.metadata.ensemble]
+        self._ids = [m["bookie_id"] for m in self.metadata.ensemble]  # named in requests: never an impostor
+        self._lac = -1
+        self.corruptions: list[tuple[str, int, int, str]] = []
+
+    # ------------------------------------------------------------ boundaries
+
+    def refresh(self) -> LedgerMetadata:
+        """Re-read the metadata (an OPEN ledger may have been closed by recovery)."""
+        self.metadata, _ = read_metadata(self._zk, self._paths, self.ledger_id)
+        return self.metadata
+
+    @property
+    def closed(self) -> bool:
+        return self.metadata.state == CLOSED
+
+    @property
+    def last_readable(self) -> int:
+        """The highest entry id known to be committed, without asking anyone."""
+        return self.metadata.last_entry if self.closed else self._lac
+
+    def read_lac(self) -> int:
+        """The highest committed entry id: ``last_entry`` if CLOSED, else the max LAC over the bookies.
+
+        Bookies that timed out recently are asked too, but not waited for, so
+        one dead bookie does not stall every call. The metadata is re-read only
+        when the bookies show no progress (the ledger may have been closed).
+        """
+        if self.closed:
+            return self.metadata.last_entry
+        before = self._lac
+        futures = [(self._pool.is_suspect(a), self._pool.request(a, "read_lac", timeout=self.timeout,
+                                                                  ledger=self.ledger_id, bookie=self._ids[i]))
+                   for i, a in enumerate(self._addresses)]
+        if not all(suspect for suspect, _ in futures):
+            wait_futures([f for suspect, f in futures if not suspect], timeout=self.timeout + 1.0)
+        else:
+            wait_futures([f for _, f in futures], timeout=self.timeout + 1.0)
+        answered, fenced = 0, False
+        for _, fut in futures:
+            if not fut.done():
+                continue
+            try:
+                reply = fut.result()
+                self._lac = max(self._lac, int(reply["lac"]))
+                fenced = fenced or bool(reply.get("fenced"))
+                answered += 1
+            except (LedgerError, KeyError, ValueError, TypeError) as exc:
+                log.debug("read_lac of ledger %d: %s", self.ledger_id, exc)
+        if self._lac <= before or fenced or not answered:
+            if self.refresh().state == CLOSED:
+                return self.metadata.last_entry
+        if not answered:
+            raise BookieUnavailable(",".join(self._addresses), f"no bookie of ledger {self.ledger_id} answered read_lac")
+        return self._lac
+
+    def _check_committed(self, entry_id: int) -> None:
+        if entry_id < 0:
+            raise EntryNotCommitted(f"ledger {self.ledger_id}: bad entry id {entry_id}")
+        if entry_id <= self.last_readable:
+            return
+        if entry_id <= self.read_lac():
+            return
+        if self.closed:
+            raise EntryNotCommitted(
+                f"ledger {self.ledger_id} is closed at entry {self.metadata.last_entry}; entry {entry_id} does not exist")
+        raise EntryNotCommitted(f"ledger {self.ledger_id}: entry {entry_id} is past the LAC {self._lac}")
+
+    # ----------------------------------------------------------------- reads
+
+    def _order(self) -> list[int]:
+        # Healthy bookies first, in ensemble order; recently timed-out ones last.
+        indices = range(len(self._addresses))
+        return sorted(indices, key=lambda i: self._pool.is_suspect(self._addresses[i]))
+
+    def _request(self, index: int, entry_id: int) -> Future:
+        return self._pool.request(self._addresses[index], "read", timeout=self.timeout,
+                                  ledger=self.ledger_id, entry=entry_id, bookie=self._ids[index])
+
+    def _accept(self, index: int, entry_id: int, fut: Future) -> Entry | None:
+        """The verified entry from one bookie's reply, or None (and the event recorded)."""
+        bookie_id = self.metadata.ensemble[index]["bookie_id"]
+        try:
+            reply = fut.result(self.timeout + 1.0)
+        except NoSuchEntry:
+            self.corruptions.append((bookie_id, self.ledger_id, entry_id, "missing"))
+            log.info("ledger %d entry %d: bookie %s has no copy; trying another", self.ledger_id, entry_id, bookie_id)
+            return None
+        except Unvouched as exc:
+            self.corruptions.append((bookie_id, self.ledger_id, entry_id, "unknown"))
+            log.info("ledger %d entry %d: bookie %s cannot vouch for it (%s); trying another",
+                     self.ledger_id, entry_id, bookie_id, exc.message)
+            return None
+        except (BookieUnavailable, RemoteError, TimeoutError) as exc:
+            log.info("ledger %d entry %d: bookie %s: %s; trying another", self.ledger_id, entry_id, bookie_id, exc)
+            # It may have come back elsewhere (restarted on another port).
+            self._addresses[index] = current_address(self._zk, self._paths, self.metadata.ensemble[index])
+            return None
+        try:
+            entry = decode_entry(reply.get("data", b""), self._digest)
+            if (entry.ledger_id, entry.entry_id) != (self.ledger_id, entry_id):
+                raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id} instead")
+        except CorruptEntry as exc:
+            self.corruptions.append((bookie_id, self.ledger_id, entry_id, f"corrupt: {exc.reason}"))
+            log.warning("ledger %d entry %d: the copy on bookie %s is corrupt (%s); reading another replica",
+                        self.ledger_id, entry_id, bookie_id, exc.reason)
+            return None
+        return entry
+
+    def _read_from(self, entry_id: int, order: list[int]) -> Entry:
+        for index in order:
+            entry = self._accept(index, entry_id, self._request(index, entry_id))
+            if entry is not None:
+                return entry
+        raise LedgerReadError(f"ledger {self.ledger_id} entry {entry_id}: no bookie returned a valid copy "
+                              f"(tried {', '.join(self.metadata.ensemble[i]['bookie_id'] for i in order)})")
+
+    def read(self, entry_id: int) -> Entry:
+        """One committed entry, verified; raises :class:`EntryNotCommitted` past the LAC."""
+        self._check_committed(entry_id)
+        return self._read_from(entry_id, self._order())
+
+    def read_range(self, first: int, last: int) -> list[Entry]:
+        """Entries ``first..last`` inclusive, pipelined; all must be committed."""
+        if last < first:
+            return []
+        self._check_committed(last)
+        out: list[Entry] = []
+        order = self._order()
+        for start in range(first, last + 1, _READ_WINDOW):
+            stop = min(last, start + _READ_WINDOW - 1)
+            # Ask the preferred bookie for the whole window at once; fall back
+            # entry by entry to the others for whatever it could not serve.
+            futures = [(e, self._request(order[0], e)) for e in range(start, stop + 1)]
+            for entry_id, fut in futures:
+                entry = self._accept(order[0], entry_id, fut)
+                if entry is None:
+                    entry = self._read_from(entry_id, order[1:])
+                out.append(entry)
+        return out
+
+    def wait_for(self, after: int, timeout: float) -> int:
+        """Wait until an entry past ``after`` is committed (or ``timeout``); return the readable limit.
+
+        Long-polls every bookie with ``wait_lac``; returns early once the
+        ledger is closed (nothing more will come).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.last_readable > after or self.closed:
+                return self.last_readable
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self.last_readable
+            poll = min(left, _MAX_LONG_POLL)
+            futures = {self._pool.request(a, "wait_lac", timeout=poll + self.timeout, ledger=self.ledger_id,
+                                          after=after, timeout_ms=int(poll * 1000), bookie=self._ids[i])
+                       for i, a in enumerate(self._addresses)}
+            fenced = False
+            answered = 0
+            pending = futures
+            while pending and self._lac <= after:
+                done, pending = wait_futures(pending, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED)
+                if not done:
+                    break
+                for fut in done:
+                    try:
+                        reply = fut.result()
+                    except LedgerError:
+                        continue
+                    answered += 1
+                    self._lac = max(self._lac, int(reply.get("lac", -1)))
+                    fenced = fenced or bool(reply.get("fenced"))
+            if self._lac > after:
+                return self._lac
+            if not answered:
+                # Every bookie failed at once (e.g. unreachable): back off a little
+                # instead of spinning until the deadline.
+                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            if fenced:
+                # Recovery is running: the answer will be in the metadata. Wait for its change.
+                self._wait_metadata_change(deadline)
+            else:
+                self.refresh()
+
+    def _wait_metadata_change(self, deadline: float) -> None:
+        """Wait (on ZooKeeper watches, not polling) until the ledger is CLOSED or ``deadline``."""
+        while True:
+            changed = threading.Event()
+            try:
+                data, _ = self._zk.get(self._paths.ledger(self.ledger_id), watch=lambda _event: changed.set())
+            except NoNodeError:
+                raise NoSuchLedger(f"ledger {self.ledger_id} was deleted") from None
+            self.metadata = LedgerMetadata.from_json(data, self.ledger_id)
+            left = deadline - time.monotonic()
+            if self.closed or left <= 0 or not changed.wait(left):
+                return
