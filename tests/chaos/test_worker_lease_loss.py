@@ -6,6 +6,7 @@ import pytest
 
 from broker.api.client import Client
 from broker.api.worker import Worker
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 
@@ -13,30 +14,37 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 def test_paused_worker_loses_its_lease_and_cannot_complete(broker_cluster, procs):
     bc = broker_cluster
     target = ["--zk", bc.zk_hosts, "--cluster", bc.cluster.name]
-    with Client(zk=bc.zk_hosts, cluster=bc.cluster.name) as client:
-        task_id = client.submit("slow", b"work", max_attempts=5)
-        script = "import sys, time; sys.stdin.read(); time.sleep(2); print('first', end='')"
-        slow = procs.start("worker", ["worker", "run", "--queue", "slow", "--lease-ms", "1000",
-                                      "--name", "paused-worker", *target, "--", "python3", "-c", script])
-        deadline = time.monotonic() + 30
-        while client.get(task_id)["state"] != "running" and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert client.get(task_id)["worker"] == "paused-worker"
-        slow.pause()  # no heartbeats from now on: the 1 s lease runs out
-        stop = threading.Event()
-        second = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, queues=["slow"], name="second-worker",
-                        handlers={"slow": lambda task: b"second"})
-        runner = threading.Thread(target=second.run, args=(stop,), daemon=True)
-        runner.start()
+    stop = threading.Event()
+    second = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, queues=["slow"], name="second-worker",
+                    handlers={"slow": lambda task: b"second"})
+    runner = threading.Thread(target=second.run, args=(stop,), daemon=True)
+    slow = None
+    # Every wait below is bounded and every stop is in `finally`: a failed assertion must end
+    # the test at once, not leave a paused worker or a leasing thread behind.
+    with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=10.0) as client:
         try:
-            done = client.wait(task_id, timeout=30)
-            assert done["state"] == "done" and done["result"] == b"second" and done["attempts"] == 2
+            task_id = client.submit("slow", b"work", max_attempts=5)
+            script = "import sys, time; sys.stdin.read(); time.sleep(2); print('first', end='')"
+            slow = procs.start("worker", ["worker", "run", "--queue", "slow", "--lease-ms", "1000",
+                                          "--name", "paused-worker", *target, "--", "python3", "-c", script])
+            wait_for(lambda: client.get(task_id)["state"] == "running", 30, "the first worker to lease the task")
+            assert client.get(task_id)["worker"] == "paused-worker"
+            slow.pause()  # no heartbeats from now on: the 1 s lease runs out
+            runner.start()
+            try:
+                done = client.wait(task_id, timeout=30)
+                assert done["state"] == "done" and done["result"] == b"second" and done["attempts"] == 2
+            finally:
+                slow.resume()
+            time.sleep(3.5)  # the first worker's command finishes and it tries to complete attempt 1
+            after = client.get(task_id)
         finally:
-            slow.resume()
-        time.sleep(3.5)  # the first worker's command finishes and it tries to complete attempt 1
-        after = client.get(task_id)
-        stop.set()
-        second.stop()
-        runner.join(15)
+            stop.set()
+            second.stop()
+            if slow is not None:
+                slow.resume()
+            if runner.is_alive():
+                runner.join(15)
+    assert not runner.is_alive(), "the second worker did not stop within 15 s"
     assert (after["state"], after["result"], after["attempts"]) == ("done", b"second", 2)
     assert "stale" in slow.output() or "lost" in slow.output().lower()
