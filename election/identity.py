@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from election import ElectionError
+from election.files import write_json_atomically
 from election.paths import ClusterPaths
 
 META = ".broker.meta"
@@ -53,21 +53,6 @@ class BrokerIdentity:
 
     def __str__(self) -> str:
         return f"{self.cluster}:{self.name}:{self.broker_id}"
-
-
-def write_json_atomically(path: Path, doc: dict) -> None:
-    """Write `doc` to `path` so that a crash leaves either the old or the new file whole."""
-    tmp = path.with_name(path.name + ".writing")
-    with open(tmp, "w") as fh:
-        json.dump(doc, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # The fields of `.broker.meta` and the type each must have.

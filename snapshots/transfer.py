@@ -1,7 +1,7 @@
 """Downloading a snapshot from a broker: chunked, checksummed, resumable.
 
 Two operations on the broker's request socket (the envelope of
-:mod:`ledger.wire`):
+:mod:`election.wire`):
 
 - ``snapshot_info`` (no fields) -> ``snapshot``: :func:`describe` of the
   broker's newest valid snapshot (``name, size, checksum, position, epoch,
@@ -39,7 +39,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from election.identity import write_json_atomically
+from election.files import fsync_dir, write_json_atomically
+from election.codes import E_BAD_CHUNK, E_BAD_REPLY, E_BAD_REQUEST, E_NO_SNAPSHOT, E_NO_SUCH_SNAPSHOT
+from election.wire import CodedError
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog, parse_name
 from snapshots.format import SnapshotCorrupt, WrongCluster, crc32c, verify_snapshot
@@ -50,8 +52,6 @@ MAX_CHUNK = 1 << 20
 PART = ".part"
 SIDECAR = ".part.json"
 
-E_NO_SNAPSHOT = "no_such_snapshot"
-E_BAD_REQUEST = "bad_request"
 
 Request = Callable[[str, dict], dict]
 
@@ -59,18 +59,13 @@ _INFO_FIELDS = ("name", "size", "checksum", "position", "epoch", "cluster_id", "
                 "created_at", "record_count")
 
 
-class TransferError(SnapshotError):
+class TransferError(CodedError, SnapshotError):
     """A transfer request the server refuses, or a reply the client refuses.
 
     ``code`` is the wire error code the broker should reply with
     (``no_such_snapshot``, ``bad_request``) or, on the client, ``bad_reply``
-    / ``bad_chunk`` / ``no_snapshot``.
+    / ``bad_chunk`` / ``no_snapshot`` (the words are in :mod:`election.codes`).
     """
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 # ---------------------------------------------------------------- server side
@@ -104,10 +99,10 @@ def read_chunk(catalog: SnapshotCatalog, name: Any, offset: Any, length: Any) ->
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
-        raise TransferError(E_NO_SNAPSHOT, f"no snapshot {name} here (it may have been pruned; "
+        raise TransferError(E_NO_SUCH_SNAPSHOT, f"no snapshot {name} here (it may have been pruned; "
                                            "ask snapshot_info again)") from None
     except OSError as exc:
-        raise TransferError(E_NO_SNAPSHOT, f"cannot read snapshot {name}: {exc.strerror}") from None
+        raise TransferError(E_NO_SUCH_SNAPSHOT, f"cannot read snapshot {name}: {exc.strerror}") from None
     try:
         size = os.fstat(fd).st_size
         if offset > size:
@@ -122,26 +117,18 @@ def read_chunk(catalog: SnapshotCatalog, name: Any, offset: Any, length: Any) ->
 
 def _check_info(info: Any) -> dict:
     if info is None:
-        raise TransferError("no_snapshot", "the broker has no valid snapshot to offer")
+        raise TransferError(E_NO_SNAPSHOT, "the broker has no valid snapshot to offer")
     if not isinstance(info, dict) or not all(k in info for k in _INFO_FIELDS):
-        raise TransferError("bad_reply", "snapshot_info reply lacks fields")
+        raise TransferError(E_BAD_REPLY, "snapshot_info reply lacks fields")
     if not isinstance(info["name"], str) or parse_name(info["name"]) is None:
-        raise TransferError("bad_reply", f"snapshot_info names no snapshot: {info['name']!r:.80}")
+        raise TransferError(E_BAD_REPLY, f"snapshot_info names no snapshot: {info['name']!r:.80}")
     if type(info["size"]) is not int or info["size"] < 0 or type(info["checksum"]) is not int:
-        raise TransferError("bad_reply", "snapshot_info size or checksum is not an integer")
+        raise TransferError(E_BAD_REPLY, "snapshot_info size or checksum is not an integer")
     return info
 
 
 def _sidecar_doc(info: dict) -> dict:
     return {"name": info["name"], "size": info["size"], "checksum": info["checksum"]}
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_parts(dest: Path, except_name: str | None = None) -> None:
@@ -207,13 +194,13 @@ def download(request: Request, dest_dir: str | os.PathLike,
             reply = request(OP_CHUNK, {"name": name, "offset": offset, "length": want})
             data, crc = reply.get("data"), reply.get("crc")
             if not isinstance(data, bytes) or not 0 < len(data) <= want:
-                raise TransferError("bad_chunk", f"chunk at offset {offset} of {name} has "
+                raise TransferError(E_BAD_CHUNK, f"chunk at offset {offset} of {name} has "
                                                  f"{len(data) if isinstance(data, bytes) else 'no'} bytes")
             if reply.get("size", size) != size:
-                raise TransferError("bad_chunk", f"{name} changed size on the server "
+                raise TransferError(E_BAD_CHUNK, f"{name} changed size on the server "
                                                  f"({reply['size']} != {size})")
             if type(crc) is not int or crc32c(data) != crc:
-                raise TransferError("bad_chunk", f"chunk at offset {offset} of {name} fails its crc")
+                raise TransferError(E_BAD_CHUNK, f"chunk at offset {offset} of {name} fails its crc")
             fh.write(data)
             offset += len(data)
             if progress is not None:
@@ -231,7 +218,7 @@ def download(request: Request, dest_dir: str | os.PathLike,
                 os.unlink(p)
         raise
     os.replace(part, final)
-    _fsync_dir(dest)
+    fsync_dir(dest)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(sidecar)
     return final

@@ -44,6 +44,7 @@ from broker.state.store import StoreDamaged
 from broker.server.store_guard import quarantine
 from broker.server.store_keeper import StoreKeeper
 from election import ElectionError
+from election.files import write_json_atomically
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
 from election.leader import (LeaderElection, LostLeadership, check_epoch, claim_epoch, publish_leader,
@@ -356,10 +357,7 @@ class BrokerNode:
         if not path:
             return
         session_id, password = self.zk.client_id
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"session_id": session_id, "password": password.hex()}, fh)
-        os.replace(path + ".tmp", path)
+        write_json_atomically(path, {"session_id": session_id, "password": password.hex()}, mode=0o600)
 
     def _leadership_lost(self, reason: str) -> None:
         log.warning("leadership lost: %s", reason)
