@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Callable
 
 from broker import BrokerError
 from election.paths import check_cluster_name
+from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, spawn, stop_pid
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
 
 STATE_FILE = "cluster.json"
@@ -54,73 +53,12 @@ class DevClusterSpec:
         return self
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    """True if `pid` runs and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _owns(pid: int, marker: str) -> bool:
-    """True if process `pid` has `marker` on its command line (guards against pid reuse)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return marker.encode() in fh.read()
-    except OSError:
-        return False
-
-
-def stop_pid(pid: int, marker: str, timeout: float = 10.0) -> None:
-    """SIGTERM the process group of `pid` if it is ours, then SIGKILL what remains."""
-    if not pid_alive(pid) or not _owns(pid, marker):
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not pid_alive(pid):
-                return
-            time.sleep(0.05)
-
-
 def read_broker_id(data_dir: Path) -> int | None:
     """The broker id a data dir has been given, or None before its first start completes."""
     try:
         return int(json.loads((data_dir / ".broker.meta").read_text())["broker_id"])
     except (OSError, ValueError, KeyError):
         return None
-
-
-def fencepost_command(*args: str) -> list[str]:
-    """Command line that runs this fencepost's CLI with the current interpreter."""
-    return [sys.executable, "-m", "cli", *args]
-
-
-def fencepost_env() -> dict:
-    """The environment for child processes: ours, with this fencepost's code importable from any cwd."""
-    # The repository root (where cli.py lives) is this package's parent; importing cli to find
-    # it would make broker and cli import each other.
-    root = str(Path(__file__).resolve().parents[1])
-    paths = [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 class DevCluster:
@@ -211,7 +149,7 @@ class DevCluster:
                         and m.get("index") == member.get("index")), None)
         if current is None:
             raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
-        if pid_alive(current["pid"]) and _owns(current["pid"], str(self.run_dir)):
+        if pid_alive(current["pid"]) and owns(current["pid"], str(self.run_dir)):
             raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
         if current["kind"] == "zookeeper":
             port = int(current["address"].rsplit(":", 1)[1])
@@ -250,12 +188,8 @@ class DevCluster:
         return member
 
     def _spawn(self, member: dict) -> None:
-        with open(member["log"], "ab") as out:
-            proc = subprocess.Popen(
-                fencepost_command(*member["args"]), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.run_dir,
-                env={**fencepost_env(), **member.get("env", {})},
-            )
+        proc = spawn(fencepost_command(*member["args"]), Path(member["log"]), cwd=self.run_dir,
+                     env=fencepost_env(member.get("env")))
         member["pid"] = proc.pid
         self._popens[proc.pid] = proc
 
@@ -296,7 +230,7 @@ class DevCluster:
             return []
         rows = []
         for member in state["processes"]:
-            alive = pid_alive(member["pid"]) and _owns(member["pid"], str(self.run_dir))
+            alive = pid_alive(member["pid"]) and owns(member["pid"], str(self.run_dir))
             if member["kind"] == "zookeeper" and alive:
                 host, port = member["address"].rsplit(":", 1)
                 alive = four_letter(host, int(port)) == "imok"

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.procs import spawn
 from election import ElectionError
 
 log = logging.getLogger(__name__)
@@ -191,23 +192,23 @@ class ZooKeeperServer:
             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.data_dir / "zoo.cfg"),
         ]
 
-    def start(self, log_file: Path | None = None, foreground: bool = False) -> subprocess.Popen:
-        """Start the JVM and return once it answers; raise a clear error otherwise."""
+    def start(self, log_file: Path | None = None, foreground: bool = False,
+              die_with_parent: bool = False) -> subprocess.Popen:
+        """Start the JVM and return once it answers; raise a clear error otherwise.
+
+        In the background it runs in its own session with its output in the log
+        (`die_with_parent`: it gets SIGTERM when this process dies, for the benchmarks).
+        """
         c = self.config
         if port_in_use(c.host, c.port):
             raise ZooKeeperServerError(f"port {c.port} on {c.host} is already in use: pick another with --port")
         cmd = self.command()
         self.write_config()
         log_path = log_file or self.data_dir / "zookeeper.log"
-        out = None if foreground else open(log_path, "ab")
-        try:
-            self.process = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=not foreground,
-            )
-        finally:
-            if out is not None:
-                out.close()
+        if foreground:
+            self.process = subprocess.Popen(cmd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        else:
+            self.process = spawn(cmd, log_path, die_with_parent=die_with_parent)
         self.wait_ready(log_path)
         return self.process
 
