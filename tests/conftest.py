@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,8 +24,8 @@ from typing import Callable
 
 import pytest
 
-from devtools.devcluster import free_port as _free_port
-from devtools.devcluster import pid_alive
+from devtools.procs import fencepost_command, kill_process, pid_alive, signal_group, spawn
+from devtools.procs import free_port as _free_port
 from election.paths import ClusterPaths
 from election.zk import close, connect
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
@@ -121,17 +120,11 @@ class Proc:
         return self.popen.poll() is None and pid_alive(self.pid)
 
     def _signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_group(self.popen, sig)
 
     def kill(self) -> None:
         """SIGKILL, and reap it."""
-        self._signal(signal.SIGCONT)
-        self._signal(signal.SIGKILL)
-        self.popen.wait(10)
+        kill_process(self.popen)
 
     def pause(self) -> None:
         self._signal(signal.SIGSTOP)
@@ -167,10 +160,7 @@ class ProcessManager:
               timeout: float = 30.0, env: dict | None = None, **attrs) -> Proc:
         log_path = self.workdir / f"{name}-{next(self._counter)}.log"
         full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
-        with open(log_path, "ab") as out:
-            popen = subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=REPO, stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=full_env, start_new_session=True)
+        popen = spawn(fencepost_command(*args), log_path, env=full_env, cwd=REPO)
         proc = Proc(name=name, args=args, log_path=log_path, popen=popen, **attrs)
         proc.extra["env"] = env
         self.procs.append(proc)
@@ -188,7 +178,7 @@ class ProcessManager:
             input: bytes | None = None) -> subprocess.CompletedProcess:
         """Run a fencepost command to completion."""
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-        return subprocess.run([sys.executable, "-m", "cli", *args], cwd=REPO, capture_output=True,
+        return subprocess.run(fencepost_command(*args), cwd=REPO, capture_output=True,
                               timeout=timeout, env=full_env, input=input)
 
     def start_bookie(self, cluster: TestCluster, data_dir: Path | None = None, fsync: bool = True,
