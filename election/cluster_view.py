@@ -12,6 +12,7 @@ import json
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from election.live import live_brokers
 from election.paths import ClusterPaths
 
 
@@ -46,11 +47,7 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
         ledgers.append({"id": ClusterPaths.ledger_id_of(node), "state": meta.get("state"),
                         "epoch": meta.get("epoch"), "last_entry": meta.get("last_entry"),
                         "ensemble": [m.get("bookie_id") for m in meta.get("ensemble", [])]})
-    brokers = []
-    for node in _children(zk, paths.live_brokers):
-        info = _read_json(zk, paths.live_broker(int(node))) if node.isdigit() else None
-        if info:
-            brokers.append({"id": int(node), **info})
+    brokers = [{"id": broker_id, **info} for broker_id, info in live_brokers(zk, paths).items()]
     log = _read_json(zk, paths.log) or {"ledgers": []}
     insync = _read_json(zk, paths.insync)
     return {
