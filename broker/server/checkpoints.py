@@ -18,7 +18,7 @@ without is never deleted.
 
 Example::
 
-    checkpointer = Checkpointer(node)
+    checkpointer = Checkpointer(CheckpointHost(zk=zk, paths=paths, ledgers=ledgers, catalog=catalog, ...))
     checkpointer.start()
     checkpointer.request("leadership")   # a checkpoint soon, whatever the policy says
 """
@@ -28,15 +28,22 @@ import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 
+from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 
 from broker import BrokerError
-from broker.state.store import StoreDamaged
+from broker.server.live import live_snapshot_of, servable_snapshot_positions
+from broker.state.store import StateStore, StoreDamaged
+from election.paths import ClusterPaths
 from ledger import LedgerError
+from ledger.client.facade import LedgerClient
 from ledger.log import read_log, remove_ledgers
 from ledger.metadata import read_metadata
 from snapshots import SnapshotError
+from snapshots.catalog import SnapshotCatalog
 from snapshots.policy import CheckpointPolicy
 from snapshots.retention import deletable_ledgers
 
@@ -45,21 +52,43 @@ log = logging.getLogger(__name__)
 RETENTION_EVERY_S = 5.0
 
 
-class Checkpointer(threading.Thread):
-    """Takes checkpoints for a :class:`broker.server.node.BrokerNode` and, while it leads, applies retention."""
+@dataclass(frozen=True)
+class CheckpointHost:
+    """What the checkpointer needs of its broker: its cluster, its files, and a few callbacks.
 
-    def __init__(self, node) -> None:
+    ``store`` is a callable because the running store is replaced when it is rebuilt.
+    """
+    zk: KazooClient
+    paths: ClusterPaths
+    ledgers: LedgerClient
+    catalog: SnapshotCatalog
+    cluster_id: str
+    broker_id: int
+    clock: Callable[[], float]
+    policy: CheckpointPolicy
+    snapshots_kept: int
+    retention_seconds: float
+    store: Callable[[], StateStore]
+    applied_entries: Callable[[], int]
+    leading: Callable[[], bool]
+    store_damaged: Callable[[Exception], None]
+    live_changed: Callable[[], None]
+
+
+class Checkpointer(threading.Thread):
+    """Takes checkpoints for a broker (a :class:`CheckpointHost`) and, while it leads, applies retention."""
+
+    def __init__(self, host: CheckpointHost) -> None:
         super().__init__(name="checkpointer", daemon=True)
-        self.node = node
-        cfg = node.config
-        self.policy = CheckpointPolicy(cfg.checkpoint_entries, cfg.checkpoint_seconds)
+        self.host = host
+        self.policy = host.policy
         self._halt = threading.Event()
         self._wanted = threading.Event()
         self.lock = threading.Lock()
         self._last_entries = 0
         self._last_time = time.monotonic()
         self._next_retention = 0.0
-        self.latest: dict | None = node.catalog.latest_valid()
+        self.latest: dict | None = host.catalog.latest_valid()
 
     def stop(self) -> None:
         self._halt.set()
@@ -81,16 +110,16 @@ class Checkpointer(threading.Thread):
                     try:
                         self.checkpoint()
                     except StoreDamaged as exc:
-                        self.node.store_damaged(exc)
+                        self.host.store_damaged(exc)
                         continue
-                if self.node.leading() and time.monotonic() >= self._next_retention:
+                if self.host.leading() and time.monotonic() >= self._next_retention:
                     self._next_retention = time.monotonic() + RETENTION_EVERY_S
                     self.apply_retention()
             except (SnapshotError, BrokerError, LedgerError, KazooException, OSError) as exc:
                 log.warning("checkpoint/retention: %s: %s", type(exc).__name__, exc)
 
     def _due(self) -> bool:
-        entries = self.node.applied_entries()
+        entries = self.host.applied_entries()
         return entries > self._last_entries and self.policy.due(
             entries - self._last_entries, time.monotonic() - self._last_time)
 
@@ -101,28 +130,28 @@ class Checkpointer(threading.Thread):
         digest. ``publish=False`` skips `snapshots/latest` (ZooKeeper is unreachable at shutdown).
         """
         with self.lock:
-            store = self.node.store
+            store = self.host.store()
             position = store.position()
             if position is None or (self.latest and tuple(self.latest["position"]) == tuple(position)):
                 return self.latest
-            entries = self.node.applied_entries()
+            entries = self.host.applied_entries()
             started = time.monotonic()
-            header = self.node.catalog.create(store, self.node.cluster["cluster_id"],
-                                              self.node.identity.broker_id, clock=self.node.clock)
-            self.node.catalog.prune(self.node.config.snapshots_kept)
+            header = self.host.catalog.create(store, self.host.cluster_id, self.host.broker_id,
+                                              clock=self.host.clock)
+            self.host.catalog.prune(self.host.snapshots_kept)
             self._last_entries, self._last_time = entries, time.monotonic()
             self.latest = header
             log.info("checkpoint at %s: %d records, %d bytes in %.2fs", tuple(header["position"]),
                      header.get("record_count", 0), header.get("size", 0), time.monotonic() - started)
-        self.node.mark_live_dirty()
+        self.host.live_changed()
         if publish:
             self._publish_latest(header)
         return header
 
     def _publish_latest(self, header: dict) -> None:
         """Point `snapshots/latest` at this snapshot if it is newer than the one named there."""
-        zk, paths = self.node.zk, self.node.paths
-        doc = {"broker_id": self.node.identity.broker_id, "position": list(header["position"]),
+        zk, paths = self.host.zk, self.host.paths
+        doc = {"broker_id": self.host.broker_id, "position": list(header["position"]),
                "checksum": header.get("checksum"), "size": header.get("size"), "name": header.get("name")}
         for _ in range(5):
             try:
@@ -146,20 +175,21 @@ class Checkpointer(threading.Thread):
         """True when `current` names a live broker's snapshot at least as new as ours."""
         if not current.get("position") or current.get("broker_id") == doc["broker_id"]:
             return False
-        ids = [x["id"] for x in read_log(self.node.zk, self.node.paths)[0]]
-        return (self.node.live_snapshot_of(current["broker_id"]) is not None
+        zk, paths = self.host.zk, self.host.paths
+        ids = [x["id"] for x in read_log(zk, paths)[0]]
+        return (live_snapshot_of(zk, paths, current["broker_id"]) is not None
                 and _order(current["position"], ids) >= _order(doc["position"], ids))
 
     def apply_retention(self) -> list[int]:
         """Delete the oldest ledgers that live snapshots cover and retention allows; return their ids."""
-        zk, paths = self.node.zk, self.node.paths
+        zk, paths = self.host.zk, self.host.paths
         ledgers, version = read_log(zk, paths)
         meta = {}
         for item in ledgers[:-1]:
             m, _ = read_metadata(zk, paths, item["id"])
             meta[item["id"]] = {"state": m.state, "last_entry": m.last_entry, "created_at": m.created_at}
-        servable = self.node.servable_snapshot_positions()
-        doomed = deletable_ledgers(ledgers, meta, servable, self.node.clock(), self.node.config.retention_seconds)
+        servable = servable_snapshot_positions(zk, paths)
+        doomed = deletable_ledgers(ledgers, meta, servable, self.host.clock(), self.host.retention_seconds)
         if doomed:
             # Say first that history no longer starts at the log's head (an empty store must
             # then install a snapshot), then take the ledgers out of the log, then delete them.
@@ -173,11 +203,11 @@ class Checkpointer(threading.Thread):
         """Delete the data of closed ledgers older than the log (a delete that failed before is retried)."""
         if not log_ids:
             return
-        for ledger_id in self.node.ledgers.list_ledgers():
+        for ledger_id in self.host.ledgers.list_ledgers():
             if ledger_id >= log_ids[0]:
                 break
             try:
-                self.node.ledgers.delete(ledger_id)
+                self.host.ledgers.delete(ledger_id)
             except LedgerError as exc:
                 log.warning("ledger %d is out of the log but could not be deleted yet: %s", ledger_id, exc)
 

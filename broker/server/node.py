@@ -32,32 +32,33 @@ from pathlib import Path
 from typing import Callable
 
 from kazoo.client import KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.server.config import BrokerConfig
-from broker.server.checkpoints import Checkpointer
+from broker.server.checkpoints import CheckpointHost, Checkpointer
 from broker.server.datalock import DataDirLock
-from broker.server.follower import Diverged, FollowerTail, catch_up
-from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.server.follower import Diverged, FollowerTail
+from broker.server.live import LivePublisher, advertised_snapshot
+from broker.server.request_loop import BrokerServer
 from broker.state.store import StoreDamaged
 from broker.server.store_guard import quarantine
 from broker.server.store_keeper import StoreKeeper
+from broker.server.takeover import Takeover
 from election import ElectionError
 from election.files import write_json_atomically
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
-from election.leader import (LeaderElection, LostLeadership, check_epoch, claim_epoch, publish_leader,
-                             retract_leader)
+from election.leader import LeaderElection, retract_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
-from ledger.log import LogGap, append_ledger, read_log
-from ledger.metadata import CLOSED, read_metadata
+from ledger.log import LogGap
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import cleanup_temp
+from snapshots.policy import CheckpointPolicy
 from snapshots.transfer import describe, read_chunk
 
 log = logging.getLogger(__name__)
@@ -79,9 +80,6 @@ class BrokerNode:
         self._step_down = threading.Event()
         self._tail: FollowerTail | None = None
         self._election: LeaderElection | None = None
-        self._live_dirty = True
-        self._next_live = 0.0
-        self._session: LeaderSession | None = None
         self._tail_applied = 0
         self._served = False
         self._damaged = threading.Event()
@@ -121,7 +119,9 @@ class BrokerNode:
             self.server.describe_snapshot = lambda: describe(self.catalog)
             self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
             self.server.bind()
-            self.checkpointer = Checkpointer(self)
+            self.live = LivePublisher(self.zk, self.paths, self.identity.broker_id, describe=self._live_info,
+                                      every_s=cfg.live_update_ms / 1000.0)
+            self.checkpointer = Checkpointer(self._checkpoint_host())
             self.checkpointer.start()
             self.server.role = "learner" if cfg.learner else "follower"
             self.zk.add_listener(self._on_zk_state)
@@ -131,7 +131,7 @@ class BrokerNode:
                 threading.Thread(target=self._stand, name="election", daemon=True).start()
             while not self.stop_event.is_set():
                 self.server.serve_once()
-                self._update_live()
+                self.live.update()
             self._shutdown()
         finally:
             self._close_zk()
@@ -188,7 +188,7 @@ class BrokerNode:
             self.checkpointer.latest = self.catalog.latest_valid()
         self._damaged.clear()
         self.server.writable = self.zk.connected
-        self._live_dirty = True
+        self.live.mark_dirty()
         self._start_tail()
 
     def _on_tail_fatal(self, exc: Exception) -> None:
@@ -207,6 +207,16 @@ class BrokerNode:
             self.fail(exc)
 
     # ------------------------------------------------------------ what the checkpointer asks
+    def _checkpoint_host(self) -> CheckpointHost:
+        cfg = self.config
+        return CheckpointHost(
+            zk=self.zk, paths=self.paths, ledgers=self.ledgers, catalog=self.catalog,
+            cluster_id=self.cluster["cluster_id"], broker_id=self.identity.broker_id, clock=self.clock,
+            policy=CheckpointPolicy(cfg.checkpoint_entries, cfg.checkpoint_seconds),
+            snapshots_kept=cfg.snapshots_kept, retention_seconds=cfg.retention_seconds,
+            store=lambda: self.store, applied_entries=self.applied_entries, leading=self.leading,
+            store_damaged=self.store_damaged, live_changed=lambda: self.live.mark_dirty())
+
     def applied_entries(self) -> int:
         return self.server.applied_entries + self._tail_applied
 
@@ -216,25 +226,6 @@ class BrokerNode:
     def leading(self) -> bool:
         session = self.server.session
         return session is not None and session.ready
-
-    def mark_live_dirty(self) -> None:
-        self._live_dirty = True
-
-    def _live_infos(self) -> dict[int, dict]:
-        out = {}
-        for child in self.zk.get_children(self.paths.live_brokers):
-            try:
-                out[int(child)] = json.loads(self.zk.get(self.paths.live_broker(int(child)))[0])
-            except (NoNodeError, ValueError):
-                continue
-        return out
-
-    def live_snapshot_of(self, broker_id: int) -> dict | None:
-        return self._live_infos().get(broker_id, {}).get("snapshot")
-
-    def servable_snapshot_positions(self) -> list[tuple[int, int]]:
-        """Positions of the snapshots that live brokers advertise (they can serve them to joiners)."""
-        return [tuple(info["snapshot"]["position"]) for info in self._live_infos().values() if info.get("snapshot")]
 
     def _secret(self) -> bytes | None:
         return Path(self.config.secret_file).read_bytes().strip() if self.config.secret_file else None
@@ -332,10 +323,10 @@ class BrokerNode:
         elif state == KazooState.LOST:
             self.server.writable = False
             self._step_down.set()
-            self._live_dirty = True
+            self.live.mark_dirty()
         else:
             self.server.writable = True
-            self._live_dirty = True
+            self.live.mark_dirty()
             self._write_session_file()
 
     def _on_leader_node(self, data, _stat) -> None:
@@ -408,35 +399,12 @@ class BrokerNode:
     def _lead_epoch(self) -> None:
         self._step_down.clear()
         self._stop_tail()
-        writer = None
+        takeover = Takeover(self.zk, self.paths, self.ledgers, self.store, self.server, self.identity.broker_id,
+                            self.config, self.clock, step_down=self._step_down, stopping=self.stop_event)
         try:
-            epoch = claim_epoch(self.zk, self.paths, self.identity.broker_id)
-            log.info("elected; taking over with epoch %d", epoch)
-            self._close_previous_ledgers()
-            catch_up(self.ledgers, self.store, self._step_down)
-            writer = self.ledgers.create(epoch)
-            ledgers, version = read_log(self.zk, self.paths)
-            check_epoch(self.zk, self.paths, epoch)
-            append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
-            ready = threading.Event()
-            session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set,
-                                    roll=lambda current: self._roll(epoch, current),
-                                    should_roll=lambda entries, size: (entries >= self.config.ledger_max_entries
-                                                                      or size >= self.config.ledger_max_bytes))
-            self._session = session
-            started = {"type": "EpochStarted", "epoch": epoch, "broker_id": self.identity.broker_id,
-                       "now_ms": int(self.clock() * 1000)}
-            self.server.call_soon(lambda: self.server.start_leading(session, [started]))
-            while not ready.wait(0.05):
-                if self._step_down.is_set() or self.stop_event.is_set():
-                    raise LostLeadership("stepped down before serving")
-            self._served = True
-            self.server.leader_address = self.config.listen
-            publish_leader(self.zk, self.paths, {"broker_id": self.identity.broker_id,
-                                                 "address": self.config.listen, "epoch": epoch})
-            log.info("leading epoch %d with ledger %d", epoch, writer.ledger_id)
+            takeover.run()
             self.checkpointer.request("won leadership")
-            self._live_dirty = True
+            self.live.mark_dirty()
             while not self._step_down.wait(0.1) and not self.stop_event.is_set():
                 pass
         except StoreDamaged as exc:  # our store, not the entry, is at fault: rebuild it
@@ -446,26 +414,10 @@ class BrokerNode:
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
             log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
         finally:
-            session = getattr(self, "_session", None)
-            self._session = None
-            self._end_leadership(session.writer if session is not None else writer)
-
-    def _roll(self, epoch: int, current):
-        """Close the full ledger and continue in a new one of the same epoch (runs on the server thread)."""
-        current.close(timeout=5)
-        writer = self.ledgers.create(epoch)
-        _, version = read_log(self.zk, self.paths)
-        check_epoch(self.zk, self.paths, epoch)
-        append_ledger(self.zk, self.paths, writer.ledger_id, epoch, version)
-        log.info("rolled from ledger %d to ledger %d (epoch %d)", current.ledger_id, writer.ledger_id, epoch)
-        return writer
-
-    def _close_previous_ledgers(self) -> None:
-        for item in read_log(self.zk, self.paths)[0]:
-            meta, _ = read_metadata(self.zk, self.paths, item["id"])
-            if meta.state != CLOSED:
-                last = self.ledgers.recover_and_close(item["id"])
-                log.info("recovered ledger %d: last entry %d", item["id"], last)
+            self._served = self._served or takeover.serving
+            # The session's writer is the current one: the session may have rolled since.
+            session = takeover.session
+            self._end_leadership(session.writer if session is not None else takeover.writer)
 
     def _end_leadership(self, writer) -> None:
         session = self.server.session
@@ -495,49 +447,15 @@ class BrokerNode:
         except KazooException:
             pass
         self.server.leader_address = None
-        self._live_dirty = True
+        self.live.mark_dirty()
         if not self.stop_event.is_set() and not self._damaged.is_set():
             self._start_tail()
 
     # ------------------------------------------------------------ brokers/live/<id>
-    def _update_live(self) -> None:
-        now = time.monotonic()
-        if now < self._next_live and not self._live_dirty:
-            return
-        self._next_live = now + self.config.live_update_ms / 1000.0
+    def _live_info(self) -> dict:
+        """What our live node advertises (see :mod:`broker.server.live`)."""
         position = self.store.position()
-        info = {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
+        return {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
                 "position": list(position) if position else None, "epoch": self.store.epoch(),
                 "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
-                "snapshot": self._advertised_snapshot()}
-        path = self.paths.live_broker(self.identity.broker_id)
-        data = json.dumps(info).encode()
-        if self._live_dirty:
-            self._live_dirty = False
-            self.zk.create_async(path, data, ephemeral=True, makepath=True).rawlink(
-                lambda result: self._live_created(result, path, data))
-        else:
-            self.zk.set_async(path, data).rawlink(self._live_set)
-
-    def _live_set(self, result) -> None:
-        try:
-            result.get(timeout=0)
-        except Exception:  # gone with an expired session, or connection trouble: recreate it
-            self._live_dirty = True
-
-    def _advertised_snapshot(self) -> dict | None:
-        latest = self.checkpointer.latest
-        if not latest:
-            return None
-        return {"position": list(latest["position"]), "name": latest.get("name"), "size": latest.get("size"),
-                "checksum": latest.get("checksum")}
-
-    def _live_created(self, result, path: str, data: bytes) -> None:
-        try:
-            result.get(timeout=0)
-        except NodeExistsError:
-            self.zk.set_async(path, data)
-        except NoNodeError:
-            self._live_dirty = True
-        except Exception:  # connection trouble: try again at the next update
-            self._live_dirty = True
+                "snapshot": advertised_snapshot(self.checkpointer.latest)}

@@ -167,3 +167,12 @@ def test_no_import_cycle():
 def test_layers_only_point_down():
     problems = layer_violations(import_graph())
     assert not problems, "layer violations:\n" + "\n".join(problems)
+
+
+def test_node_parts_do_not_reach_back_into_the_node():
+    # The takeover, the live publisher and the checkpointer get what they need passed in
+    # (CheckpointHost, constructor arguments): none of them may import the node.
+    graph = import_graph()
+    for part in ("broker.server.takeover", "broker.server.live", "broker.server.checkpoints"):
+        assert "broker.server.node" not in graph[part], f"{part} imports broker.server.node"
+    assert {"broker.server.takeover", "broker.server.live", "broker.server.checkpoints"} <= graph["broker.server.node"]
