@@ -19,11 +19,12 @@ import pipeline
 import snapshots
 from broker.server.config import BrokerConfig
 from cli_options import config_options, settings_flags
+from election.wire import CodedError
 from ledger.bookie.config import BookieConfig
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
 _ROOT_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError,
-                snapshots.SnapshotError, pipeline.PipelineError)
+                snapshots.SnapshotError, pipeline.PipelineError, CodedError)
 
 
 class JsonLogFormatter(logging.Formatter):

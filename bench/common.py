@@ -192,7 +192,7 @@ def ping_bookie(address: str, timeout: float = 0.5, context=None) -> dict | None
     """One ``ping`` to the bookie at ``address``; its reply map, or None if it did not answer in time."""
     import zmq
 
-    from ledger import wire
+    from election import wire
 
     ctx = context or zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)

@@ -30,7 +30,7 @@ from election.cluster_config import read_cluster_config
 from election.cluster_view import cluster_status
 from election.identity import META
 from election.paths import ClusterPaths
-from ledger import wire
+from election import wire
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
 

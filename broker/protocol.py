@@ -1,6 +1,6 @@
 """The client/worker protocol of a broker: operations, request checks, and events.
 
-Pure functions only. Frames use the shared envelope of :mod:`ledger.wire`
+Pure functions only. Frames use the shared envelope of :mod:`election.wire`
 (``v``, ``op``, ``rid``; one reply per request). A request is checked here,
 then turned into state-machine events stamped by the leader (time, task ids);
 the events' results become the reply.
@@ -58,18 +58,14 @@ import re
 from typing import Any, Callable
 
 from broker import BrokerError
+from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE
+from election.wire import CodedError
 from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk"})
 MAX_CHUNK = 4 * 1024 * 1024
 
-E_NOT_LEADER = "not_leader"
-E_UNAVAILABLE = "unavailable"
-E_INVALID_QUEUE = "invalid_queue"
-E_PAYLOAD_TOO_LARGE = "payload_too_large"
-E_BAD_REQUEST = "bad_request"
-E_INTERNAL = "internal"
 
 MAX_SUBMIT_MANY = 1000
 MAX_WAIT_MS = 60_000
@@ -82,13 +78,8 @@ QUEUE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 _REQUIRED = object()
 
 
-class RequestError(BrokerError):
+class RequestError(CodedError, BrokerError):
     """A request the broker refuses; ``code`` goes on the wire."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 def _kind(etype: str, field: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 import zmq
 
-from ledger.wire import PROTOCOL_VERSION
+from election.wire import PROTOCOL_VERSION
 
 NO_REPLY = "no_reply"
 UNDECODABLE_REPLY = "undecodable_reply"

@@ -222,7 +222,7 @@ def _answers_ping(proc: Proc) -> bool:
     """True once the server at proc.address replies to a ping."""
     import zmq
 
-    from ledger import wire
+    from election import wire
 
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
@@ -301,7 +301,7 @@ def call(address: str, op: str, timeout: float = 5.0, **fields) -> dict:
     """One request to a fencepost server; the reply map (raises on timeout)."""
     import zmq
 
-    from ledger import wire
+    from election import wire
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -46,13 +46,16 @@ from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.state.events import FINAL_STATES
-from broker.protocol import E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE, MAX_SUBMIT_MANY
+from broker.protocol import MAX_SUBMIT_MANY
 from election import ElectionError
+from election.codes import (E_CLOSED, E_INTERNAL, E_NO_SUCH_TASK, E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE,
+                            E_WAIT_TIMEOUT)
 from election.cluster_config import read_cluster_config
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
-from ledger.wire import DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, request as make_request
+from election.wire import (DEFAULT_MAX_FRAME_BYTES, CodedError, WireError, decode, encode, error_for,
+                           request as make_request)
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +77,8 @@ _SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "ma
 _ENVELOPE = ("v", "rid", "ok")
 
 
-class ClientError(BrokerError):
+class ClientError(CodedError, BrokerError):
     """An error reply from the broker, or a call that cannot be made; ``code`` is the wire word."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
 
 
 class BrokerUnavailable(ClientError):
@@ -90,7 +88,7 @@ class BrokerUnavailable(ClientError):
         super().__init__(E_UNAVAILABLE, message)
 
 
-class TaskNotFound(ClientError):
+class TaskNotFound(ClientError, code=E_NO_SUCH_TASK):
     """The task id is unknown to the cluster (never submitted, or purged)."""
 
 
@@ -98,7 +96,7 @@ class WaitTimeout(ClientError, TimeoutError):
     """:meth:`Client.wait` ran out of time; ``task`` is the last state seen."""
 
     def __init__(self, task_id: str, timeout: float, task: dict) -> None:
-        super().__init__("wait_timeout", f"task {task_id} still {task.get('state')} after {timeout:g}s")
+        super().__init__(E_WAIT_TIMEOUT, f"task {task_id} still {task.get('state')} after {timeout:g}s")
         self.task = task
 
 
@@ -136,13 +134,6 @@ def classify(code: str) -> str:
     if code == E_UNAVAILABLE:
         return "retry"
     return "fatal"
-
-
-def error_for(code: str, message: str) -> ClientError:
-    """The exception raised for a non-retryable error reply."""
-    if code == "no_such_task":
-        return TaskNotFound(code, message)
-    return ClientError(code, message)
 
 
 class Backoff:
@@ -393,10 +384,10 @@ class Client:
                 else:
                     if reply.get("ok"):
                         return {k: v for k, v in reply.items() if k not in _ENVELOPE}
-                    code, message = str(reply.get("error") or "internal"), str(reply.get("message", ""))
+                    code, message = str(reply.get("error") or E_INTERNAL), str(reply.get("message", ""))
                     kind = classify(code)
                     if kind == "fatal":
-                        raise error_for(code, message)
+                        raise error_for(ClientError, code, message)
                     last = f"{address}: {code}: {message}"
                     if kind == "redirect":
                         self._forget_leader(address)
@@ -437,7 +428,7 @@ class Client:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ClientError("closed", "the client is closed")
+            raise ClientError(E_CLOSED, "the client is closed")
 
     def _set_leader(self, address: str) -> None:
         with self._lock:

@@ -50,13 +50,14 @@ from typing import Callable, Union
 from broker.api.client import (
     DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
 from broker.protocol import RequestError, check_queue
+from election.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_STALE_ATTEMPT
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_WAIT_MS = 2_000
 # Error replies to complete/fail/heartbeat which mean "this attempt is no longer yours".
-LOST_LEASE_CODES = frozenset({"stale_attempt", "not_running", "no_such_task", "not_owner"})
+LOST_LEASE_CODES = frozenset({E_STALE_ATTEMPT, E_NOT_RUNNING, E_NO_SUCH_TASK, E_NOT_OWNER})
 # Enough of a traceback to debug with, small enough to keep task records small.
 MAX_ERROR_CHARS = 16_384
 

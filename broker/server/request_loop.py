@@ -41,7 +41,7 @@ import zmq
 from broker import protocol
 from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.state.store import StoreDamaged
-from ledger import wire
+from election import codes, wire
 from snapshots.transfer import TransferError
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class BrokerServer:
             frame = wire.encode(msg)
         except Exception as exc:  # a reply we cannot encode must still be a reply
             log.error("cannot encode a reply: %s: %s", type(exc).__name__, exc)
-            frame = wire.encode(wire.error_reply(_plain_rid(msg.get("rid")), protocol.E_INTERNAL,
+            frame = wire.encode(wire.error_reply(_plain_rid(msg.get("rid")), codes.E_INTERNAL,
                                                  "the broker could not encode its reply"))
         try:
             self.sock.send_multipart([*route, frame], zmq.NOBLOCK)
@@ -181,7 +181,7 @@ class BrokerServer:
         self.counters["internal_errors"] += 1
         log.error("request %.40r failed inside the broker: %s: %.300s", op, type(exc).__name__, exc)
         log.debug("request %.40r failure", op, exc_info=exc)
-        self._send(route, wire.error_reply(rid, protocol.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
+        self._send(route, wire.error_reply(rid, codes.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
         # A read that hit a damaged store is not this request's fault: the broker must stop
         # serving from that store now, not at its next checkpoint.
         if isinstance(exc, lmdb.Error):
@@ -213,7 +213,7 @@ class BrokerServer:
         except protocol.RequestError as exc:
             self._send(route, wire.error_reply(rid, exc.code, exc.message))
         except EntryTooLarge as exc:
-            self._send(route, wire.error_reply(rid, protocol.E_PAYLOAD_TOO_LARGE, str(exc)))
+            self._send(route, wire.error_reply(rid, codes.E_PAYLOAD_TOO_LARGE, str(exc)))
         except Exception as exc:
             self._internal_error(route, rid, req.get("op"), exc)
 
@@ -230,16 +230,16 @@ class BrokerServer:
             self._serve_snapshot(route, rid, req)
             return
         if self.session is None:
-            self._send(route, wire.error_reply(rid, protocol.E_NOT_LEADER, "this broker is not the leader",
+            self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader",
                                                leader=self.leader_address))
             return
         if not self.session.ready or not self.writable or self.draining:
-            self._send(route, wire.error_reply(rid, protocol.E_UNAVAILABLE, "the leader is not accepting writes yet"))
+            self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
             return
         if op == "get":
             task = self.store.get_task(req["task_id"])
             if task is None:
-                self._send(route, wire.error_reply(rid, "no_such_task", f"no task {req['task_id']!r}"))
+                self._send(route, wire.error_reply(rid, codes.E_NO_SUCH_TASK, f"no task {req['task_id']!r}"))
             else:
                 self._send(route, wire.ok_reply(rid, task=task))
             return
@@ -254,14 +254,14 @@ class BrokerServer:
             if req["op"] == "snapshot_info":
                 self._send(route, wire.ok_reply(rid, snapshot=self.describe_snapshot()))
             elif self.read_snapshot_chunk is None:
-                self._send(route, wire.error_reply(rid, "no_snapshot", "this broker serves no snapshots"))
+                self._send(route, wire.error_reply(rid, codes.E_NO_SNAPSHOT, "this broker serves no snapshots"))
             else:
                 chunk = self.read_snapshot_chunk(req["name"], req["offset"], req["length"])
                 self._send(route, wire.ok_reply(rid, **chunk))
         except TransferError as exc:
             self._send(route, wire.error_reply(rid, exc.code, exc.message))
         except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
-            self._send(route, wire.error_reply(rid, "no_snapshot", str(exc)))
+            self._send(route, wire.error_reply(rid, codes.E_NO_SNAPSHOT, str(exc)))
 
     def _apply(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
         # The group commit validated every event when it was gathered.
@@ -286,7 +286,7 @@ class BrokerServer:
             return
         route, rid, req = context
         if exc is not None:
-            code = protocol.E_UNAVAILABLE if isinstance(exc, WriteFailed) else protocol.E_INTERNAL
+            code = codes.E_UNAVAILABLE if isinstance(exc, WriteFailed) else codes.E_INTERNAL
             self._send(route, wire.error_reply(rid, code, str(exc)))
             return
         try:
@@ -306,7 +306,7 @@ class BrokerServer:
         if exc is not None or self.session is None:
             return
         for res in results or []:
-            if not res.get("ok") and res.get("error") == "digest_mismatch":
+            if not res.get("ok") and res.get("error") == codes.E_DIGEST_MISMATCH:
                 log.critical("state digest mismatch on the leader itself: %s", res.get("message"))
         if not self.session.ready:
             self.session.ready = True
@@ -336,7 +336,7 @@ class BrokerServer:
             return
         session.group.abort(WriteFailed(reason))
         for route, rid, _req in session.parked:
-            self._send(route, wire.error_reply(rid, protocol.E_UNAVAILABLE, reason))
+            self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
 
     def idle(self) -> bool:
         """True when the leader has nothing gathered or in flight (safe to read from any thread)."""

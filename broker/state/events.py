@@ -28,6 +28,11 @@ from typing import Any, Iterable
 import msgpack
 
 from broker import BrokerError
+# The result error codes (stable words; clients match on them) live with every other
+# wire code in election/codes.py; the state machine returns them, so they are named here too.
+from election.codes import (E_BAD_EVENT, E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID,  # noqa: F401
+                            E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH,
+                            E_UNKNOWN_EVENT)
 
 BATCH_FORMAT_VERSION = 1
 
@@ -42,17 +47,6 @@ PURGEABLE_STATES = (WAITING,) + FINAL_STATES
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_LEASE_MS = 30_000
 
-# Result error codes (stable words; clients match on them).
-E_BAD_EVENT = "bad_event"
-E_UNKNOWN_EVENT = "unknown_event"
-E_NO_SUCH_TASK = "no_such_task"
-E_STALE_ATTEMPT = "stale_attempt"
-E_NOT_RUNNING = "not_running"
-E_NOT_OWNER = "not_owner"
-E_BAD_STATE = "bad_state"
-E_DUPLICATE_TASK_ID = "duplicate_task_id"
-E_STALE_EPOCH = "stale_epoch"
-E_DIGEST_MISMATCH = "digest_mismatch"
 
 # Bounds (in UTF-8 bytes) keep every key inside LMDB's 511-byte key limit and every sum of
 # times inside u64 (now_ms + lease_ms never overflows a big-endian u64 key).

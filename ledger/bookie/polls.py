@@ -21,7 +21,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ledger import wire
+from election import wire
 
 MAX_WAITERS = 100_000
 

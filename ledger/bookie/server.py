@@ -16,7 +16,7 @@ ZooKeeper holds only the bookie's ephemeral registration (``bookies/<id>``:
 address, free space). A keeper thread re-registers after a session loss and
 refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
 
-Protocol (request fields -> reply fields; the envelope is ``ledger.wire``)::
+Protocol (request fields -> reply fields; the envelope is ``election.wire``)::
 
     ping                                     -> bookie_id, cluster_id
     add      ledger, entry, data[, recovery] -> ledger, entry        errors: fenced, bad_entry
@@ -78,7 +78,9 @@ from kazoo.client import KazooClient
 from election import zk as zkutil
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.paths import ClusterPaths
-from ledger import LedgerError, wire
+from election import wire
+from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
+from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance
 from ledger.bookie.integrity import open_vouched_store, prepare_store
@@ -90,10 +92,6 @@ from ledger.codec import CorruptEntry, check_run, peek_header
 log = logging.getLogger(__name__)
 
 OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
-E_FENCED, E_BAD_ENTRY, E_NO_ENTRY, E_BUSY = "fenced", "bad_entry", "no_entry", "busy"
-E_UNKNOWN = "unknown"  # cannot vouch for this ledger (limbo): never counted as "no such entry"
-E_READONLY = "readonly"  # the disk is full: adds are refused until a commit succeeds again
-E_WRONG_BOOKIE = "wrong_bookie"  # the request names another bookie id (a new bookie on an old address)
 MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 POLL_MS = 100
 _U64_MAX = (1 << 64) - 1

@@ -18,7 +18,7 @@ hot path). Failures:
 - :class:`LedgerFencedError` for a ``fenced`` error reply, :class:`NoSuchEntry`
   for ``no_entry``, :class:`Unvouched` for ``unknown`` (the bookie cannot vouch
   for that ledger: count it as a bookie that is down, never as "no such
-  entry"), and :class:`~ledger.wire.RemoteError` for any other error.
+  entry"), and :class:`BookieError` (a RemoteError and a LedgerError) for any other error.
 
 Callbacks (and future callbacks) run on the I/O thread: they must be quick and
 must never wait on another pool request (that would deadlock the thread that
@@ -48,7 +48,8 @@ from typing import Any, Callable, Optional
 import zmq
 
 from ledger import LedgerError
-from ledger.wire import RemoteError, WireError, decode, encode, request as make_request
+from election.codes import E_FENCED, E_INTERNAL, E_NO_ENTRY, E_UNKNOWN
+from election.wire import RemoteError, WireError, decode, encode, error_for, request as make_request
 
 log = logging.getLogger(__name__)
 
@@ -73,33 +74,29 @@ class BookieUnavailable(LedgerError):
         self.address = address
 
 
-class LedgerFencedError(RemoteError):
+class BookieError(RemoteError, LedgerError):
+    """An error reply from a bookie: a wire error that is also a ledger error."""
+
+
+class LedgerFencedError(BookieError, code=E_FENCED):
     """The ledger is fenced: its writer must stop (another client recovers or closed it)."""
 
-    def __init__(self, code: str = "fenced", message: str = "ledger is fenced") -> None:
+    def __init__(self, code: str = E_FENCED, message: str = "ledger is fenced") -> None:
         super().__init__(code, message)
 
 
-class NoSuchEntry(RemoteError):
+class NoSuchEntry(BookieError, code=E_NO_ENTRY):
     """The bookie holds no copy of the requested entry."""
 
-    def __init__(self, code: str = "no_entry", message: str = "no such entry") -> None:
+    def __init__(self, code: str = E_NO_ENTRY, message: str = "no such entry") -> None:
         super().__init__(code, message)
 
 
-class Unvouched(RemoteError):
+class Unvouched(BookieError, code=E_UNKNOWN):
     """The bookie cannot vouch for the ledger (its copy was damaged or lost): it does not count."""
 
-    def __init__(self, code: str = "unknown", message: str = "the bookie cannot vouch for this ledger") -> None:
+    def __init__(self, code: str = E_UNKNOWN, message: str = "the bookie cannot vouch for this ledger") -> None:
         super().__init__(code, message)
-
-
-_ERRORS: dict[str, type[RemoteError]] = {"fenced": LedgerFencedError, "no_entry": NoSuchEntry, "unknown": Unvouched}
-
-
-def remote_error(code: str, message: str) -> RemoteError:
-    """The exception for an error reply with wire code ``code``."""
-    return _ERRORS.get(code, RemoteError)(code, message)
 
 
 Callback = Callable[[Optional[dict], Optional[BaseException]], None]
@@ -409,7 +406,8 @@ class BookiePool:
             if msg.get("ok"):
                 _deliver(req, msg)
             else:
-                _deliver(req, None, remote_error(str(msg.get("error", "internal")), str(msg.get("message", ""))))
+                _deliver(req, None, error_for(BookieError, str(msg.get("error", E_INTERNAL)),
+                                           str(msg.get("message", ""))))
         # Replies freed window slots: send what was held back, oldest first.
         while conn.queued and len(conn.inflight) < self.window:
             rid = next(iter(conn.queued))

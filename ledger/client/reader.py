@@ -36,7 +36,7 @@ from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, NoSuchEntry, Unvouched
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
-from ledger.wire import RemoteError
+from election.wire import RemoteError
 
 log = logging.getLogger(__name__)
 

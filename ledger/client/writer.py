@@ -43,6 +43,7 @@ from typing import Callable
 
 from kazoo.client import KazooClient
 
+from election.codes import E_FENCED
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError
@@ -195,7 +196,7 @@ class LedgerWriter:
 
     def _refusal(self) -> LedgerError | None:
         if isinstance(self._error, LedgerFencedError):
-            return LedgerFencedError("fenced", f"ledger {self.ledger_id} is fenced: another client recovered it")
+            return LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced: another client recovered it")
         if self._error is not None:
             return LedgerWriteError(f"ledger {self.ledger_id}: the writer failed earlier ({self._error})")
         if self._closing:
@@ -275,7 +276,7 @@ class LedgerWriter:
                     member = self._members[index]["bookie_id"]
                     log.warning("ledger %d is fenced (bookie %s refused entries %d..%d): the writer stops",
                                 self.ledger_id, member, first, first + count - 1)
-                    self._error = LedgerFencedError("fenced", f"ledger {self.ledger_id} is fenced (bookie {member})")
+                    self._error = LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced (bookie {member})")
                 resolved = self._abandon_from(0, self._error)
             else:
                 self._member_errors[index] = f"{self._members[index]['bookie_id']}: {exc}"
@@ -354,7 +355,7 @@ class LedgerWriter:
             error = self._error
             last = self._tracker.lac
         if isinstance(error, LedgerFencedError):
-            raise LedgerFencedError("fenced", f"ledger {self.ledger_id} is fenced: its metadata belongs to the recoverer")
+            raise LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced: its metadata belongs to the recoverer")
         closed = self.metadata.with_state(CLOSED, last_entry=last)
         try:
             self._version = cas_metadata(self._zk, self._paths, closed, self._version)
@@ -368,7 +369,7 @@ class LedgerWriter:
                 last = current.last_entry
             else:
                 raise LedgerFencedError(
-                    "fenced", f"ledger {self.ledger_id} was taken over ({current.state}, last_entry {current.last_entry})"
+                    E_FENCED, f"ledger {self.ledger_id} was taken over ({current.state}, last_entry {current.last_entry})"
                 ) from None
         with self._lock:
             self._closed_last = last

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from election.paths import ClusterPaths
-from ledger import wire
+from election import wire
 from ledger.codec import Digest, Entry, encode_entry
 
 pytestmark = pytest.mark.integration

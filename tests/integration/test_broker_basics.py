@@ -4,7 +4,7 @@ import time
 import pytest
 import zmq
 
-from ledger import wire
+from election import wire
 from tests.conftest import call
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,9 @@ import lmdb
 import pytest
 import zmq
 
-from ledger import LedgerError, wire
+from election import wire
+
+from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
 from ledger.bookie.store import read_cookie
 from ledger.codec import HEADER_SIZE

@@ -17,7 +17,7 @@ from broker.state.events import encode_batch
 from broker.api.worker import Worker
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.leader import claim_epoch
-from ledger import wire
+from election import wire
 from ledger.client.facade import LedgerClient
 from ledger.log import append_ledger, read_log
 from tests.conftest import call, wait_for

@@ -1,7 +1,7 @@
 """Snapshot transfer over real ZeroMQ sockets: a ROUTER serving a catalog, a DEALER downloading.
 
 The server here is a minimal stand-in for the broker's request loop: it
-decodes frames with :mod:`ledger.wire`, answers ``snapshot_info`` and
+decodes frames with :mod:`election.wire`, answers ``snapshot_info`` and
 ``snapshot_chunk`` through :mod:`snapshots.transfer`, and turns a
 :class:`TransferError` into an error reply with its code, as the broker should.
 """
@@ -15,7 +15,7 @@ import zmq
 from broker.state.events import event
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore
-from ledger import wire
+from election import wire
 from snapshots.catalog import SnapshotCatalog
 from snapshots.transfer import OP_CHUNK, OP_INFO, TransferError, describe, download, read_chunk
 

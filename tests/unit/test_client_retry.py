@@ -17,7 +17,7 @@ from broker.api.client import (
     AUTO_KEY_PREFIX, Backoff, BrokerUnavailable, Client, ClientError, TaskNotFound, WaitTimeout,
     classify, leader_address, submit_fields)
 from broker.api.worker import Task, Worker, error_text, result_bytes
-from ledger import wire
+from election import wire
 
 pytestmark = pytest.mark.timeout(30)
 

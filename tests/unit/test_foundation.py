@@ -8,7 +8,7 @@ from election.cluster_config import ClusterOptions
 from election.paths import ClusterPaths
 from election.settings import SettingsError, load_settings
 from devtools.zkserver import ZooKeeperServerError, parse_java_version
-from ledger import wire
+from election import wire
 
 
 def test_paths_follow_the_design_layout():

@@ -4,7 +4,7 @@ from __future__ import annotations
 from broker.server.config import BrokerConfig
 from broker.server.request_loop import BrokerServer, LeaderSession
 from broker.state.store import StateStore, StoreDamaged
-from ledger import wire
+from election import wire
 
 
 def test_a_read_on_a_damaged_store_is_answered_internal_and_reported(tmp_path):

@@ -10,6 +10,11 @@ Encoding and decoding are pure so they can be tested without sockets. Decoding
 never trusts its input: bad bytes raise :class:`WireError`, which a server turns
 into an error reply (see :func:`error_reply`) before carrying on.
 
+Every error that carries a wire code derives from :class:`CodedError`; a
+subclass that stands for one code declares it (``class X(..., code=E_FENCED)``)
+and :func:`error_for` turns an error reply into the most specific one. The
+codes themselves are in :mod:`election.codes`.
+
 Example::
 
     frame = encode(request("read", 7, ledger=3, entry=0))
@@ -18,41 +23,64 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
-from ledger import LedgerError
+from election.codes import E_BAD_REQUEST, E_INTERNAL, E_MALFORMED, E_OVERSIZED, E_UNKNOWN_OP, E_VERSION
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
-# Error codes that cross the wire. Clients match on these words.
-E_MALFORMED = "malformed"
-E_OVERSIZED = "oversized"
-E_VERSION = "wrong_version"
-E_UNKNOWN_OP = "unknown_op"
-E_BAD_REQUEST = "bad_request"
-E_INTERNAL = "internal"
+__all__ = ["CodedError", "WireError", "RemoteError", "error_for", "encode", "decode", "decode_request",
+           "request", "ok_reply", "error_reply", "check_reply", "field", "PROTOCOL_VERSION",
+           "DEFAULT_MAX_FRAME_BYTES", "E_MALFORMED", "E_OVERSIZED", "E_VERSION", "E_UNKNOWN_OP",
+           "E_BAD_REQUEST", "E_INTERNAL"]
+
+# The one code -> exception table, filled by the subclasses that declare a code.
+_BY_CODE: dict[str, list[type["CodedError"]]] = {}
+E = TypeVar("E", bound="CodedError")
 
 
-class WireError(LedgerError):
-    """A frame that cannot be accepted; ``code`` is the wire error code."""
+class CodedError(Exception):
+    """An error with a stable wire ``code`` and a human ``message``.
 
-    def __init__(self, code: str, message: str, rid: Any = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.rid = rid
+    Package errors derive from it and from their package root, so both kinds of
+    ``except`` catch them::
 
+        class LedgerFencedError(BookieError, code=E_FENCED): ...
+        raise error_for(BookieError, reply["error"], reply["message"])
+    """
 
-class RemoteError(LedgerError):
-    """An error reply received from a server."""
+    def __init_subclass__(cls, code: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            _BY_CODE.setdefault(code, []).append(cls)
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+def error_for(root: type[E], code: str, message: str) -> E:
+    """The exception for an error reply: the subclass of ``root`` declared for ``code``, else ``root``."""
+    for cls in _BY_CODE.get(code, ()):
+        if issubclass(cls, root):
+            return cls(code, message)
+    return root(code, message)
+
+
+class WireError(CodedError):
+    """A frame that cannot be accepted; ``code`` is the wire error code."""
+
+    def __init__(self, code: str, message: str, rid: Any = None) -> None:
+        super().__init__(code, message)
+        self.rid = rid
+
+
+class RemoteError(CodedError):
+    """An error reply received from a server."""
 
 
 def encode(msg: dict) -> bytes:
