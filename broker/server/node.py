@@ -43,6 +43,7 @@ from broker.server.live import LivePublisher, advertised_snapshot
 from broker.server.request_loop import BrokerServer
 from broker.state.store import StoreDamaged
 from broker.server.store_guard import quarantine
+from broker.server.stop_budget import StopBudget
 from broker.server.store_keeper import StoreKeeper
 from broker.server.takeover import Takeover
 from election import ElectionError
@@ -51,7 +52,7 @@ from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
 from election.leader import LeaderElection, retract_leader
 from election.paths import ClusterPaths
-from election.zk import close, connect
+from election.zk import connect
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
 from ledger.log import LogGap
@@ -85,8 +86,7 @@ class BrokerNode:
         self._damaged = threading.Event()
         self._damage_lock = threading.Lock()
         self._in_lead = False
-        self._stop_deadline: float | None = None
-        self._exited = threading.Event()
+        self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -94,7 +94,7 @@ class BrokerNode:
         self.data_lock = DataDirLock(Path(cfg.data))
         self.data_lock.acquire()
         self._install_signals()
-        threading.Thread(target=self._watchdog, name="shutdown-watchdog", daemon=True).start()
+        self.stop_budget.start()
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
         self._write_session_file()
         try:
@@ -134,9 +134,9 @@ class BrokerNode:
                 self.live.update()
             self._shutdown()
         finally:
-            self._close_zk()
+            self.stop_budget.close_zk(self.zk)
             self.data_lock.release()
-            self._exited.set()
+            self.stop_budget.done()
         return self.exit_code
 
     def _rejoin(self) -> None:
@@ -242,22 +242,6 @@ class BrokerNode:
         if server is not None:
             server.wake()
 
-    def _watchdog(self) -> None:
-        """The bound on stopping: a ZooKeeper call without a timeout must not keep the process alive."""
-        self.stop_event.wait()
-        self._stop_deadline = time.monotonic() + self.config.shutdown_timeout
-        if not self._exited.wait(self.config.shutdown_timeout):
-            log.warning("stopping took longer than shutdown_timeout (%gs; ZooKeeper unreachable?): "
-                        "exiting now", self.config.shutdown_timeout)
-            logging.shutdown()
-            os._exit(self.exit_code)
-
-    def _remaining(self, cap: float) -> float:
-        """Seconds left before the shutdown deadline, at most ``cap``."""
-        if self._stop_deadline is None:
-            return cap
-        return max(0.0, min(cap, self._stop_deadline - time.monotonic()))
-
     def fail(self, exc: Exception) -> None:
         """A fatal condition (divergence, a gap in the log): stop loudly with exit code 1.
 
@@ -285,14 +269,14 @@ class BrokerNode:
         """
         if self.server.session is not None:
             self._step_down.set()
-            deadline = time.monotonic() + self._remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
+            deadline = time.monotonic() + self.stop_budget.remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
             while self.server.session is not None and time.monotonic() < deadline:
                 self.server.serve_once()
         if self._election is not None:
             self._election.cancel()
         # A tail blocked in a ZooKeeper call never touches the store again before we exit: do not
         # spend the budget the checkpoint and the clean marker need waiting for it.
-        self._stop_tail(timeout=self._remaining(5.0 if self.zk.connected else 1.0))
+        self._stop_tail(timeout=self.stop_budget.remaining(5.0 if self.zk.connected else 1.0))
         clean = not self._damaged.is_set()  # a store awaiting its rebuild stays unclean: verified at start
         try:
             before = self.checkpointer.latest
@@ -309,12 +293,6 @@ class BrokerNode:
         self.ledgers.close()
         self.server.close()
         self.store.close()
-
-    def _close_zk(self) -> None:
-        """Close the ZooKeeper session, waiting no longer than the shutdown deadline allows."""
-        closer = threading.Thread(target=close, args=(self.zk,), name="zk-close", daemon=True)
-        closer.start()
-        closer.join(self._remaining(self.config.shutdown_timeout))
 
     # ------------------------------------------------------------ ZooKeeper state (never blocks)
     def _on_zk_state(self, state: str) -> None:
