@@ -4,9 +4,12 @@ Threads: the main thread runs the request loop (:class:`BrokerServer`); an
 election thread stands for leadership and, once elected, runs the takeover
 steps of DESIGN.md section 5 (claim the epoch, recover and close the previous
 ledgers, catch up, open our ledger, CAS it onto the log, write
-``EpochStarted``, publish ``leader``); a follower tail applies the log while we
-do not lead. ZooKeeper state changes only flip flags: ``SUSPENDED`` stops
-writes at once, ``LOST`` makes the leader step down.
+``EpochStarted``, publish ``leader``: :mod:`broker.server.takeover`); a
+follower tail applies the log while we do not lead. ZooKeeper state changes
+only flip flags: ``SUSPENDED`` stops writes at once, ``LOST`` makes the leader
+step down. The live node (:mod:`broker.server.live`), the checkpoints
+(:mod:`broker.server.checkpoints`) and the bound on stopping
+(:mod:`broker.server.stop_budget`) are their own units; this class wires them.
 
 The store is checked before it is trusted (:mod:`broker.server.store_guard`): another
 cluster's store, or one beyond the log, stops the broker ("wrong store"); a
