@@ -107,6 +107,3 @@ class LeaderElection:
     def cancel(self) -> None:
         """Stop standing (or release leadership at once if held)."""
         self._recipe.cancel()
-
-    def contenders(self) -> list[str]:
-        return self._recipe.contenders()

@@ -1,18 +1,14 @@
-"""When to checkpoint (take a snapshot) and when the leader rolls to a new ledger.
+"""When to checkpoint (take a snapshot).
 
-Both are pure decisions over counters the caller keeps; neither reads a clock
-(the caller passes elapsed seconds from its own monotonic clock), so they are
-unit-tested as tables.
+A pure decision over counters the caller keeps; it reads no clock (the caller
+passes elapsed seconds from its own monotonic clock), so it is unit-tested as a
+table.
 
 Example::
 
     checkpoints = CheckpointPolicy(every_entries=50_000, every_seconds=600.0)
     if checkpoints.due(entries_since=applied - at_last, seconds_since=now - last_time):
         catalog.create(store, cluster_id, broker_id, clock=time.time)
-
-    rolls = RollPolicy(max_entries=100_000, max_bytes=256 << 20)
-    if rolls.should_roll(entries_in_ledger=n, bytes_in_ledger=size):
-        ...  # close this ledger, open the next
 """
 from __future__ import annotations
 
@@ -62,31 +58,3 @@ class CheckpointPolicy:
         if self.every_entries is not None and entries_since >= self.every_entries:
             return True
         return self.every_seconds is not None and seconds_since >= self.every_seconds
-
-
-@dataclass(frozen=True)
-class RollPolicy:
-    """Roll to a new ledger once the current one holds ``max_entries`` entries or
-    ``max_bytes`` payload bytes (either None to disable it).
-
-    Rolling keeps ledgers small enough to be deleted soon after a snapshot
-    covers them (see :mod:`snapshots.retention`): a ledger is only deleted
-    whole, and never while it is the last one in the log.
-
-    Example::
-
-        RollPolicy(max_entries=100_000, max_bytes=256 << 20).should_roll(100_000, 10)  # True
-    """
-
-    max_entries: int | None
-    max_bytes: int | None
-
-    def __post_init__(self) -> None:
-        _check_threshold("max_entries", self.max_entries)
-        _check_threshold("max_bytes", self.max_bytes)
-
-    def should_roll(self, entries_in_ledger: int, bytes_in_ledger: int) -> bool:
-        """True when the leader should close the current ledger and open a new one."""
-        if self.max_entries is not None and entries_in_ledger >= self.max_entries:
-            return True
-        return self.max_bytes is not None and bytes_in_ledger >= self.max_bytes

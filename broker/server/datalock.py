@@ -45,12 +45,3 @@ class DataDirLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def held_elsewhere(self) -> bool:
-        """True if another process holds the lock now (for tools that must not touch a live store)."""
-        try:
-            self.acquire()
-        except DataDirInUse:
-            return True
-        self.release()
-        return False

@@ -374,15 +374,6 @@ class StateStore:
             rec["payload"] = txn.get(key, db=self._dbs["payloads"])
         return rec
 
-    def get_queue(self, name: str) -> dict | None:
-        """``{"max_attempts", "lease_ms", "counts"}`` of a declared queue, or None."""
-        key = self._key(name)
-        if key is None:
-            return None
-        with self._env.begin() as txn:
-            raw = txn.get(key, db=self._dbs["queues"])
-        return None if raw is None else unpack(raw)
-
     def queue_depths(self) -> dict[str, dict[str, int]]:
         """Per queue, the number of tasks in each state (plus ``delayed``, a subset
         of ``waiting`` not yet promoted to the ready index). O(queues)."""

@@ -1,32 +1,103 @@
-"""The ZooKeeper half of a bookie's cookie: one data directory per bookie id, for good.
+"""A bookie data directory's cookie: which cluster and bookie id it belongs to, for good.
 
-The local cookie (`<data>/COOKIE`) stops a bookie from using another cluster's
-directory. It cannot catch the opposite mistake: a bookie id whose directory
-was wiped or replaced coming back empty. Recovery would then take that
-bookie's "no such entry" answers as evidence and could close a ledger before
-an entry that was committed. As in BookKeeper, the id is therefore bound in
-ZooKeeper (`cookies/<bookie_id>`, persistent) to an instance id kept in the
-local cookie; a directory with another instance id is refused.
+The local cookie (``<data>/COOKIE``, JSON ``{cluster, cluster_id, bookie_id,
+instance_id}``) ties a data directory to one cluster and one bookie id so that a
+bookie never serves one cluster's entries to another (:func:`check_or_write_cookie`).
+
+It cannot catch the opposite mistake: a bookie id whose directory was wiped or
+replaced coming back empty. Recovery would then take that bookie's "no such
+entry" answers as evidence and could close a ledger before an entry that was
+committed. As in BookKeeper, the id is therefore bound in ZooKeeper
+(``cookies/<bookie_id>``, persistent) to an instance id kept in the local
+cookie; a directory with another instance id is refused (:func:`bind_instance`).
 
 Example::
 
+    cookie = check_or_write_cookie(data_dir, "prod", cluster_id, None, "bookie-host-1")
     cookie = bind_instance(zk, paths, data_dir, cookie)   # raises InstanceMismatch
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from election.files import write_json_atomically
 from election.paths import ClusterPaths
-from ledger.bookie.store import CookieError, write_cookie
+from ledger import LedgerError
+
+COOKIE_NAME = "COOKIE"
+
+
+class CookieError(LedgerError):
+    """The data directory's cookie is unreadable or does not fit this bookie."""
+
+
+class WrongClusterError(CookieError):
+    """The data directory belongs to another cluster."""
 
 
 class InstanceMismatch(CookieError):
     """This bookie id belongs to another data directory (wiped or replaced)."""
+
+
+def read_cookie(data_dir: str | os.PathLike) -> dict | None:
+    """The cookie of ``data_dir``, or None when there is none."""
+    path = os.path.join(os.fspath(data_dir), COOKIE_NAME)
+    try:
+        with open(path, "rb") as fh:
+            cookie = json.loads(fh.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CookieError(f"cannot read the cookie {path}: {exc}") from None
+    if not isinstance(cookie, dict) or not all(isinstance(cookie.get(k), str) for k in ("cluster_id", "bookie_id", "cluster")):
+        raise CookieError(f"the cookie {path} is not a map with cluster, cluster_id and bookie_id")
+    return cookie
+
+
+def write_cookie(data_dir: str | os.PathLike, cookie: dict) -> None:
+    """Write the cookie whole or not at all (temp file, fsync, rename, fsync the directory)."""
+    os.makedirs(data_dir, exist_ok=True)
+    write_json_atomically(os.path.join(os.fspath(data_dir), COOKIE_NAME), cookie, mode=0o600, sort_keys=True)
+
+
+def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id: str, bookie_id: str | None,
+                          default_bookie_id: str | None = None) -> dict:
+    """Check that ``data_dir`` belongs to this cluster, writing the cookie on first use.
+
+    Returns the cookie; its ``bookie_id`` is the bookie's identity: ``bookie_id``
+    if given, else the one already in the cookie, else ``default_bookie_id`` (or
+    a generated one), kept from then on. Raises :class:`WrongClusterError`,
+    naming both clusters, when the directory belongs to another cluster, and
+    :class:`CookieError` when it belongs to another bookie id or holds ledger
+    data without a cookie.
+    """
+    data_dir = os.fspath(data_dir)
+    cookie = read_cookie(data_dir)
+    if cookie is None:
+        if os.path.exists(os.path.join(data_dir, "data.mdb")):
+            raise CookieError(
+                f"{data_dir} holds ledger data but no {COOKIE_NAME}: refusing to adopt it for cluster {cluster!r}"
+            )
+        cookie = {"cluster": cluster, "cluster_id": cluster_id,
+                  "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}"}
+        write_cookie(data_dir, cookie)
+        return cookie
+    if cookie["cluster_id"] != cluster_id:
+        raise WrongClusterError(
+            f"data directory {data_dir} belongs to cluster {cookie['cluster']!r} (id {cookie['cluster_id']}), "
+            f"not to cluster {cluster!r} (id {cluster_id})"
+        )
+    if bookie_id is not None and bookie_id != cookie["bookie_id"]:
+        raise CookieError(
+            f"data directory {data_dir} belongs to bookie {cookie['bookie_id']!r}, not {bookie_id!r}"
+        )
+    return cookie
 
 
 def cookie_path(paths: ClusterPaths, bookie_id: str) -> str:

@@ -42,7 +42,8 @@ import lmdb
 
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
-from ledger.bookie.store import BookieStore, write_cookie
+from ledger.bookie.cookie import write_cookie
+from ledger.bookie.store import BookieStore
 from ledger.codec import CRC32C_SIZE, HEADER, HEADER_SIZE, CorruptEntry, peek_header
 
 log = logging.getLogger(__name__)

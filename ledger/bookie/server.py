@@ -82,11 +82,11 @@ from election import wire
 from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
-from ledger.bookie.cookie import bind_instance
+from ledger.bookie.cookie import bind_instance, check_or_write_cookie
 from ledger.bookie.integrity import open_vouched_store, prepare_store
 from ledger.bookie.polls import LongPolls
 from ledger.bookie.registration import BookieRegistration
-from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, check_or_write_cookie, is_disk_full
+from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, is_disk_full
 from ledger.codec import CorruptEntry, check_run, peek_header
 
 log = logging.getLogger(__name__)
@@ -457,7 +457,7 @@ class Bookie:
 def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> None:
     """Run a bookie until ``stop`` is set or, when called in the main thread, SIGTERM/SIGINT.
 
-    Raises LedgerError (e.g. :class:`ledger.bookie.store.WrongClusterError`) or
+    Raises LedgerError (e.g. :class:`ledger.bookie.cookie.WrongClusterError`) or
     ElectionError when the bookie cannot start; the CLI prints it and exits 1.
     """
     stop = stop or threading.Event()

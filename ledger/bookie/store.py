@@ -1,10 +1,10 @@
-"""A bookie's durable store: ledger entries in LMDB, plus the data directory's cookie.
+"""A bookie's durable store: ledger entries in LMDB.
 
 Why LMDB: one memory-mapped B+tree gives ordered keys (a ledger's entries are
 contiguous, so deleting a ledger is one range scan), crash safety without a
 separate WAL, and a single write transaction per group of adds, which is what
 group commit needs: the bookie collects every add that arrived in one poll turn,
-commits them with :meth:`BookieStore.add_batch` (one fsync) and only then acks.
+commits them with :meth:`BookieStore.add_runs` (one fsync) and only then acks.
 
 Named databases:
 
@@ -21,41 +21,34 @@ writer piggybacks its LAC on every add). A fence is persisted before it is
 acknowledged and every later add to that ledger is refused, which is what makes
 ledger recovery safe (DESIGN.md section 4).
 
-The cookie (``<data>/COOKIE``) ties a data directory to one cluster and one
-bookie id so that a bookie never serves one cluster's entries to another.
+The data directory's cookie (which cluster and bookie id it belongs to) is in
+:mod:`ledger.bookie.cookie`.
 
 Example::
 
     store = BookieStore("/var/lib/fencepost/bookie", map_size=1 << 30)
-    store.add_batch([(3, 0, encoded_entry)])     # -> ["stored"]
-    store.add_runs([(3, 1, [entry_1, entry_2], 0, False)])  # checked runs (the bookie's path) -> ["stored"]
+    store.add_runs([(3, 0, [entry_0, entry_1], 0, False)])  # checked runs -> ["stored"]
     store.fence(3)                               # -> {"fenced": True, "lac": -1, "last_entry": 0}
     store.close()
 """
 from __future__ import annotations
 
 import errno
-import json
 import os
 import struct
-import tempfile
-import uuid
 from typing import Sequence
 
 import lmdb
 import msgpack
 
 from ledger import LedgerError
-from ledger.codec import CorruptEntry, peek_header
 
 DEFAULT_MAP_SIZE = 8 * 1024 * 1024 * 1024  # sparse: costs address space, not disk
 DEFAULT_MAX_DBS = 8
 FORMAT_VERSION = 1
-COOKIE_NAME = "COOKIE"
 
 STORED = "stored"
 FENCED = "fenced"
-BAD_ENTRY = "bad_entry"
 
 _INSTANCE_KEY = b"instance_id"
 _CLEAN_KEY = b"clean_shutdown"
@@ -63,14 +56,6 @@ _CLEAN_KEY = b"clean_shutdown"
 _ENTRY_KEY = struct.Struct(">QQ")
 _LEDGER_KEY = struct.Struct(">Q")
 _U64_MAX = (1 << 64) - 1
-
-
-class CookieError(LedgerError):
-    """The data directory's cookie is unreadable or does not fit this bookie."""
-
-
-class WrongClusterError(CookieError):
-    """The data directory belongs to another cluster."""
 
 
 def _check_id(name: str, value: int) -> None:
@@ -258,36 +243,6 @@ class BookieStore:
 
     # -- writes --------------------------------------------------------------------
 
-    def add_batch(self, items: Sequence[tuple]) -> list[str]:
-        """Store a group of entries in one write transaction; return one result per item.
-
-        Each item is ``(ledger_id, entry_id, data)`` or ``(ledger_id, entry_id,
-        data, recovery)``. A result is ``"stored"``, ``"fenced"`` (the ledger is
-        fenced and the item is not a recovery add) or ``"bad_entry"`` (the bytes
-        are not a well-framed entry for that ledger and entry id). Re-adding an
-        entry overwrites it, so retries are harmless. The transaction commits (and
-        fsyncs, unless the store was opened with ``sync=False``) before this returns.
-        """
-        results: list[str | None] = []
-        runs: list[tuple] = []
-        for item in items:
-            ledger, entry, data = item[0], item[1], item[2]
-            recovery = bool(item[3]) if len(item) > 3 else False
-            _check_id("ledger", ledger)
-            _check_id("entry", entry)
-            try:
-                h_ledger, h_entry, lac, _epoch, _length = peek_header(data)
-            except CorruptEntry:
-                results.append(BAD_ENTRY)
-                continue
-            if (h_ledger, h_entry) != (ledger, entry):
-                results.append(BAD_ENTRY)
-                continue
-            results.append(None)
-            runs.append((ledger, entry, [bytes(data)], lac, recovery))
-        stored = iter(self.add_runs(runs))
-        return [next(stored) if r is None else r for r in results]
-
     def add_runs(self, runs: Sequence[tuple]) -> list[str]:
         """Store runs of consecutive, already checked entries in one write transaction.
 
@@ -382,77 +337,3 @@ class BookieStore:
 
     def close(self) -> None:
         self._env.close()
-
-
-# -- cookie -------------------------------------------------------------------------
-
-def read_cookie(data_dir: str | os.PathLike) -> dict | None:
-    """The cookie of ``data_dir``, or None when there is none."""
-    path = os.path.join(os.fspath(data_dir), COOKIE_NAME)
-    try:
-        with open(path, "rb") as fh:
-            cookie = json.loads(fh.read())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise CookieError(f"cannot read the cookie {path}: {exc}") from None
-    if not isinstance(cookie, dict) or not all(isinstance(cookie.get(k), str) for k in ("cluster_id", "bookie_id", "cluster")):
-        raise CookieError(f"the cookie {path} is not a map with cluster, cluster_id and bookie_id")
-    return cookie
-
-
-def write_cookie(data_dir: str | os.PathLike, cookie: dict) -> None:
-    """Write the cookie atomically: temp file, fsync, rename, fsync the directory."""
-    data_dir = os.fspath(data_dir)
-    os.makedirs(data_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".COOKIE.", dir=data_dir)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(json.dumps(cookie, sort_keys=True).encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, os.path.join(data_dir, COOKIE_NAME))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(data_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id: str, bookie_id: str | None,
-                          default_bookie_id: str | None = None) -> dict:
-    """Check that ``data_dir`` belongs to this cluster, writing the cookie on first use.
-
-    Returns the cookie; its ``bookie_id`` is the bookie's identity: ``bookie_id``
-    if given, else the one already in the cookie, else ``default_bookie_id`` (or
-    a generated one), kept from then on. Raises :class:`WrongClusterError`,
-    naming both clusters, when the directory belongs to another cluster, and
-    :class:`CookieError` when it belongs to another bookie id or holds ledger
-    data without a cookie.
-    """
-    data_dir = os.fspath(data_dir)
-    cookie = read_cookie(data_dir)
-    if cookie is None:
-        if os.path.exists(os.path.join(data_dir, "data.mdb")):
-            raise CookieError(
-                f"{data_dir} holds ledger data but no {COOKIE_NAME}: refusing to adopt it for cluster {cluster!r}"
-            )
-        cookie = {"cluster": cluster, "cluster_id": cluster_id,
-                  "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}"}
-        write_cookie(data_dir, cookie)
-        return cookie
-    if cookie["cluster_id"] != cluster_id:
-        raise WrongClusterError(
-            f"data directory {data_dir} belongs to cluster {cookie['cluster']!r} (id {cookie['cluster_id']}), "
-            f"not to cluster {cluster!r} (id {cluster_id})"
-        )
-    if bookie_id is not None and bookie_id != cookie["bookie_id"]:
-        raise CookieError(
-            f"data directory {data_dir} belongs to bookie {cookie['bookie_id']!r}, not {bookie_id!r}"
-        )
-    return cookie
-

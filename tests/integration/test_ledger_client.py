@@ -18,7 +18,7 @@ from election import wire
 
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
-from ledger.bookie.store import read_cookie
+from ledger.bookie.cookie import read_cookie
 from ledger.codec import HEADER_SIZE
 from ledger.client.facade import LedgerClient
 from ledger.log import LogConflict, LogReader, append_ledger, read_log, remove_ledgers

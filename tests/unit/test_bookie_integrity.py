@@ -25,8 +25,10 @@ from ledger.bookie.integrity import (
     verify_store,
 )
 from ledger.bookie import store as bookie_store
-from ledger.bookie.store import BookieStore, ReadOnlyGate, is_disk_full, read_cookie, write_cookie
+from ledger.bookie.cookie import read_cookie, write_cookie
+from ledger.bookie.store import BookieStore, ReadOnlyGate, is_disk_full
 from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
+from tests.unit.bookie_helpers import add_entries
 from ledger.client.recovery import ABSENT, CORRUPT, FOUND, HAS, NO_ANSWER, NO_ENTRY, UNDECIDED, UNVOUCHED, entry_verdict
 
 MAP = 64 * 1024 * 1024
@@ -46,7 +48,7 @@ def fresh(tmp_path, n: int = 50) -> tuple[BookieConfig, dict]:
     cfg = config(tmp_path)
     write_cookie(cfg.data, {"cluster": "c1", "cluster_id": "cid", "bookie_id": "b1"})
     store, cookie = open_vouched_store(cfg, read_cookie(cfg.data))
-    store.add_batch([(1, i, entry(1, i, lac=i - 1, payload=os.urandom(300))) for i in range(n)])
+    add_entries(store, [(1, i, entry(1, i, lac=i - 1, payload=os.urandom(300))) for i in range(n)])
     store.mark_clean()
     store.close()
     return cfg, cookie
@@ -140,7 +142,7 @@ def test_a_store_the_cookie_does_not_vouch_for_is_refused_with_the_command(tmp_p
 def test_a_store_from_before_instance_ids_is_adopted_and_verified(tmp_path):
     cfg = config(tmp_path)
     old = BookieStore(cfg.data, map_size=MAP)
-    old.add_batch([(1, 0, entry(1, 0))])
+    add_entries(old, [(1, 0, entry(1, 0))])
     old.mark_clean()
     old.close()
     write_cookie(cfg.data, {"cluster": "c1", "cluster_id": "cid", "bookie_id": "b1", "instance_id": "i1"})
@@ -178,7 +180,7 @@ def test_a_damaged_entry_is_dropped_and_its_ledger_put_in_limbo(tmp_path, caplog
     cfg, cookie = fresh(tmp_path)
     store, _ = open_vouched_store(cfg, cookie)
     assert prepare_store(cfg, "b1", store) == {} and not store.was_clean()  # serving: marker cleared
-    store.add_batch([(2, i, entry(2, i, lac=i - 1)) for i in range(3)])
+    add_entries(store, [(2, i, entry(2, i, lac=i - 1)) for i in range(3)])
     store.close()  # without mark_clean: a crash
     flip(cfg, 1, 17)
     store, _ = open_vouched_store(cfg, cookie)
@@ -234,7 +236,7 @@ def test_a_full_map_is_recognised(tmp_path):
     try:
         with pytest.raises(lmdb.MapFullError) as info:
             for i in range(10_000):
-                store.add_batch([(1, i, entry(1, i, payload=os.urandom(2000)))])
+                add_entries(store, [(1, i, entry(1, i, payload=os.urandom(2000)))])
         assert is_disk_full(info.value)
         assert is_disk_full(OSError(28, "No space left on device")) and not is_disk_full(ValueError("x"))
         assert store.read(1, 0) is not None  # the failed transaction left the store as it was

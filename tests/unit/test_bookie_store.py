@@ -7,17 +7,10 @@ import pytest
 
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
-from ledger.bookie.store import (
-    BAD_ENTRY,
-    FENCED,
-    STORED,
-    BookieStore,
-    CookieError,
-    WrongClusterError,
-    check_or_write_cookie,
-    read_cookie,
-)
+from ledger.bookie.cookie import CookieError, WrongClusterError, check_or_write_cookie, read_cookie
+from ledger.bookie.store import FENCED, STORED, BookieStore
 from ledger.codec import Digest, Entry, encode_entry
+from tests.unit.bookie_helpers import add_entries
 
 MAP = 64 * 1024 * 1024
 
@@ -33,9 +26,9 @@ def store(tmp_path):
     s.close()
 
 
-def test_add_batch_stores_and_tracks_lac_and_last_entry(store):
+def test_adds_store_and_track_lac_and_last_entry(store):
     items = [(1, i, entry(1, i, lac=i - 1)) for i in range(5)] + [(2, 0, entry(2, 0))]
-    assert store.add_batch(items) == [STORED] * 6
+    assert add_entries(store, items) == [STORED] * 6
     assert store.read(1, 3) == items[3][2]
     assert store.read(1, 99) is None and store.read(77, 0) is None
     assert store.ledger_info(1) == {"fenced": False, "lac": 3, "last_entry": 4}
@@ -46,32 +39,25 @@ def test_add_batch_stores_and_tracks_lac_and_last_entry(store):
 
 
 def test_lac_never_moves_back(store):
-    store.add_batch([(1, 5, entry(1, 5, lac=4))])
-    store.add_batch([(1, 2, entry(1, 2, lac=1))])  # a late retry of an older entry
+    add_entries(store, [(1, 5, entry(1, 5, lac=4))])
+    add_entries(store, [(1, 2, entry(1, 2, lac=1))])  # a late retry of an older entry
     assert store.ledger_info(1) == {"fenced": False, "lac": 4, "last_entry": 5}
 
 
 def test_re_adding_is_idempotent(store):
     data = entry(1, 0, payload=b"same")
-    assert store.add_batch([(1, 0, data)]) == [STORED]
-    assert store.add_batch([(1, 0, data), (1, 0, data)]) == [STORED, STORED]
+    assert add_entries(store, [(1, 0, data)]) == [STORED]
+    assert add_entries(store, [(1, 0, data), (1, 0, data)]) == [STORED, STORED]
     assert store.read(1, 0) == data
     assert store.counts()["entries"] == 1
 
 
-def test_bad_entries_are_refused_per_item(store):
-    results = store.add_batch([(1, 0, entry(1, 0)), (1, 1, b"junk"), (1, 2, entry(1, 3)), (1, 4, entry(9, 4))])
-    assert results == [STORED, BAD_ENTRY, BAD_ENTRY, BAD_ENTRY]
-    assert store.read(1, 1) is None and store.read(1, 2) is None
-    assert store.ledger_info(1)["last_entry"] == 0
-
-
 def test_fence_refuses_later_adds_but_not_recovery_adds(store):
-    store.add_batch([(1, 0, entry(1, 0))])
+    add_entries(store, [(1, 0, entry(1, 0))])
     assert store.fence(1) == {"fenced": True, "lac": -1, "last_entry": 0}
-    assert store.add_batch([(1, 1, entry(1, 1)), (2, 0, entry(2, 0))]) == [FENCED, STORED]
+    assert add_entries(store, [(1, 1, entry(1, 1)), (2, 0, entry(2, 0))]) == [FENCED, STORED]
     assert store.read(1, 1) is None
-    assert store.add_batch([(1, 1, entry(1, 1, lac=0), True)]) == [STORED]
+    assert add_entries(store, [(1, 1, entry(1, 1, lac=0), True)]) == [STORED]
     assert store.ledger_info(1) == {"fenced": True, "lac": 0, "last_entry": 1}
 
 
@@ -99,26 +85,26 @@ def test_add_runs_on_a_fenced_ledger_store_nothing_unless_recovery(store):
 
 def test_fence_of_an_unknown_ledger_creates_its_record(store):
     assert store.fence(42) == {"fenced": True, "lac": -1, "last_entry": -1}
-    assert store.add_batch([(42, 0, entry(42, 0))]) == [FENCED]
+    assert add_entries(store, [(42, 0, entry(42, 0))]) == [FENCED]
 
 
 def test_fence_and_entries_survive_reopen(tmp_path):
     path = tmp_path / "store"
     s = BookieStore(path, map_size=MAP)
-    s.add_batch([(7, i, entry(7, i, lac=i - 1)) for i in range(3)])
+    add_entries(s, [(7, i, entry(7, i, lac=i - 1)) for i in range(3)])
     s.fence(7)
     s.close()
     s = BookieStore(path, map_size=MAP)
     try:
         assert s.ledger_info(7) == {"fenced": True, "lac": 1, "last_entry": 2}
         assert s.read(7, 2) == entry(7, 2, lac=1)
-        assert s.add_batch([(7, 3, entry(7, 3))]) == [FENCED]
+        assert add_entries(s, [(7, 3, entry(7, 3))]) == [FENCED]
     finally:
         s.close()
 
 
 def test_delete_ledger_removes_only_that_ledger(store):
-    store.add_batch([(l, i, entry(l, i)) for l in (1, 2, 3) for i in range(4)])
+    add_entries(store, [(l, i, entry(l, i)) for l in (1, 2, 3) for i in range(4)])
     assert store.delete_ledger(2) == 4
     assert store.read(2, 0) is None and store.ledger_info(2) is None
     assert store.read(1, 3) is not None and store.read(3, 0) is not None

@@ -88,3 +88,15 @@ def test_every_code_constant_is_defined_once():
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
                 names = [t.id for t in node.targets if isinstance(t, ast.Name)]
                 assert not any(n.startswith("E_") for n in names), f"{path.relative_to(ROOT)} defines {names}"
+
+
+def test_the_wire_sits_below_ledger_and_broker():
+    from tests.unit.test_layers import import_graph
+
+    graph = import_graph()
+    assert "ledger.wire" not in graph
+    for module in ("election.wire", "election.codes"):
+        assert all(t.split(".")[0] == "election" for t in graph[module]), graph[module]
+    # The broker answers and calls through election.wire: none of these climbs into ledger.
+    for module in ("broker.protocol", "broker.server.request_loop", "broker.api.client", "broker.admin"):
+        assert not any(t.split(".")[0] == "ledger" for t in graph[module]), (module, graph[module])

@@ -1,9 +1,9 @@
-"""Checkpoint and ledger-roll policies: decision tables."""
+"""The checkpoint policy: a decision table."""
 from __future__ import annotations
 
 import pytest
 
-from snapshots.policy import CheckpointPolicy, PolicyError, RollPolicy
+from snapshots.policy import CheckpointPolicy, PolicyError
 
 
 @pytest.mark.parametrize("entries, seconds, due", [
@@ -37,19 +37,3 @@ def test_checkpoint_triggers_can_be_disabled():
 def test_checkpoint_refuses_nonsense(kw):
     with pytest.raises(PolicyError):
         CheckpointPolicy(**kw)
-
-
-@pytest.mark.parametrize("entries, size, roll", [
-    (0, 0, False), (99, 1023, False), (100, 0, True), (0, 1024, True), (150, 5000, True)])
-def test_roll(entries, size, roll):
-    assert RollPolicy(max_entries=100, max_bytes=1024).should_roll(entries, size) is roll
-
-
-def test_roll_triggers_can_be_disabled_and_refuse_nonsense():
-    assert not RollPolicy(None, 10).should_roll(10**9, 9)
-    assert RollPolicy(None, 10).should_roll(0, 10)
-    assert not RollPolicy(5, None).should_roll(4, 10**12)
-    with pytest.raises(PolicyError):
-        RollPolicy(0, 10)
-    with pytest.raises(PolicyError):
-        RollPolicy(10, -1)
