@@ -55,8 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.common import BenchError, finish, LocalCluster, _die_with_parent, child_env, free_port, machine_info, \
-    rate, stop_process
+from bench.common import BenchError, finish, machine_info, rate
+from bench.devbench import BenchCluster
+from devtools.procs import free_port, new_session_dying_with_parent, private_env, stop_process
 from broker.server.request_loop import time_ordered_id
 from election.paths import ClusterPaths
 
@@ -368,7 +369,7 @@ def serve_snapshots(catalog_dir: str, address: str) -> None:
     import zmq
 
     from broker import protocol
-    from election import wire
+    from ledger import wire
     from snapshots.catalog import SnapshotCatalog
     from snapshots.transfer import TransferError, describe, read_chunk
 
@@ -404,8 +405,8 @@ def _start_server(catalog_dir: Path, log_path: Path) -> tuple[subprocess.Popen, 
     code = ("import sys; from bench.catchup import serve_snapshots; serve_snapshots(sys.argv[1], sys.argv[2])")
     with open(log_path, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-c", code, str(catalog_dir), address], stdout=subprocess.PIPE,
-                                stderr=err, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                env=child_env(), cwd=catalog_dir)
+                                stderr=err, stdin=subprocess.DEVNULL, preexec_fn=new_session_dying_with_parent,
+                                env=private_env(), cwd=catalog_dir)
     line = proc.stdout.readline()  # the server verifies the snapshot first: no timeout short of a hang
     if line.strip() != b"ready":
         stop_process(proc)
@@ -528,8 +529,8 @@ def run(tasks: int = 1_000_000, replay_entries: int = 1_000, zk: str | None = No
         if replay_entries:
             ledgers = min(replay_ledgers, replay_entries)
             if zk is None:
-                with LocalCluster(bookies=ENSEMBLE, fsync=True, progress=progress) as lc:
-                    replay = replay_phase(lc.zk_hosts, lc.cluster, replay_entries, ledgers, events_per_entry,
+                with BenchCluster(bookies=ENSEMBLE, brokers=0, progress=progress) as lc:
+                    replay = replay_phase(lc.zk, lc.cluster, replay_entries, ledgers, events_per_entry,
                                           work, private=True, progress=progress)
                     replay["bookie_pids"] = lc.bookie_pids
             else:

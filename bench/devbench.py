@@ -1,12 +1,17 @@
-"""A private dev cluster for the broker benchmarks, and /proc readings of its processes.
+"""A private dev cluster for the benchmarks, and /proc readings of its processes.
 
-Shared by ``bench.tasks``, ``bench.failover`` and ``bench.memory``.
+Shared by every benchmark that starts a cluster: ``bench.tasks``, ``bench.failover``,
+``bench.memory`` and ``bench.fuzz`` (brokers), ``bench.ledger`` and ``bench.catchup``
+(bookies only, ``brokers=0``). It is a :class:`~devtools.devcluster.DevCluster` in a
+temporary directory whose processes die with the benchmark.
 
 Example::
 
     with BenchCluster(brokers=3) as bc:
         leader, followers = bc.leader_and_followers()
         proc_status_kb(leader["pid"])["RssAnon"]
+    with BenchCluster(bookies=3, brokers=0) as bc:   # bc.zk, bc.cluster, bc.bookie_pids
+        ...
 """
 from __future__ import annotations
 
@@ -72,8 +77,10 @@ def quiet_logs() -> None:
 class BenchCluster:
     """A private dev cluster (ZooKeeper, bookies, brokers) in a temporary directory, always stopped.
 
-    Use as a context manager. Attributes once started: ``zk``, ``cluster``,
-    ``run_dir``, ``dev`` (the :class:`~devtools.devcluster.DevCluster`).
+    Use as a context manager: an error or Ctrl-C still stops the processes. Attributes
+    once started: ``zk``, ``cluster``, ``run_dir``, ``dev`` (the
+    :class:`~devtools.devcluster.DevCluster`), ``bookie_pids``. With brokers it returns
+    once a leader answers; with ``brokers=0`` once every bookie is registered.
     With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
     """
 
@@ -94,17 +101,23 @@ class BenchCluster:
     def __enter__(self) -> "BenchCluster":
         if self.external:
             return self
-        from devtools.devcluster import DevCluster, DevClusterSpec
+        from devtools.devcluster import DevCluster, DevClusterError, DevClusterSpec
 
         self.run_dir = Path(tempfile.mkdtemp(prefix="fencepost-devbench-"))
-        self.dev = DevCluster(self.run_dir)
+        self.dev = DevCluster(self.run_dir, private=True)
         self.cluster = f"bench{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         try:
             state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
                                                zk_session_timeout=self.zk_session_timeout), progress=self.progress)
             self.zk = state["zk"]
-            self.wait_leader()
+            if self.brokers:
+                self.wait_leader()
+            else:
+                self.wait_bookies()
+        except DevClusterError as exc:  # one line from `bench`, like its other set-up failures
+            self.stop()
+            raise BenchError(str(exc)) from None
         except BaseException:
             self.stop()
             raise
@@ -135,6 +148,27 @@ class BenchCluster:
         """Block until a leader answers ``status``; return the status."""
         with self.client(timeout=timeout) as c:
             return c.status()
+
+    def wait_bookies(self, timeout: float = 60.0) -> None:
+        """Block until every bookie of the cluster is registered in ZooKeeper."""
+        from election.paths import ClusterPaths
+        from election.zk import close, connect
+        from ledger.metadata import live_bookies
+
+        deadline = time.monotonic() + timeout
+        zk = connect(self.zk, session_timeout=10.0)
+        try:
+            paths = ClusterPaths(self.cluster)
+            while len(live_bookies(zk, paths)) < self.bookies:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"only {len(live_bookies(zk, paths))} of {self.bookies} bookies registered")
+                time.sleep(0.05)
+        finally:
+            close(zk)
+
+    @property
+    def bookie_pids(self) -> list[int]:
+        return [m["pid"] for m in self.members("bookie")]
 
     def members(self, kind: str = "broker") -> list[dict]:
         """The recorded processes of ``kind`` (with pid, address, data_dir, args, log)."""

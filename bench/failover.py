@@ -34,7 +34,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -198,21 +197,13 @@ def _broker_id(member: dict) -> int | None:
 
 
 def restart_member(bc: BenchCluster, member: dict) -> dict:
-    """Start a stopped broker again with its recorded command line; record its new pid in cluster.json."""
-    from devtools.devcluster import fencepost_command, fencepost_env, pid_alive
+    """Start a stopped broker again with its recorded command line (its new pid is recorded in cluster.json)."""
+    from devtools.devcluster import DevClusterError
 
-    if pid_alive(member["pid"]):
-        raise BenchError(f"broker {member['index']} (pid {member['pid']}) still runs")
-    with open(member["log"], "ab") as out:
-        proc = subprocess.Popen(fencepost_command(*member["args"]), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=bc.run_dir,
-                                env=fencepost_env())
-    state = bc.dev.read_state()
-    for m in state["processes"]:
-        if m.get("kind") == member["kind"] and m.get("index") == member["index"]:
-            m["pid"] = proc.pid
-    bc.dev.write_state(state)  # so that `down` stops the new process
-    return {**member, "pid": proc.pid}
+    try:
+        return dict(bc.dev.restart(member, wait=False))
+    except DevClusterError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> float:

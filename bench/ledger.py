@@ -34,7 +34,8 @@ import uuid
 from collections import deque
 from typing import Callable
 
-from bench.common import BenchError, finish, LocalCluster, latency_summary, machine_info, rate
+from bench.common import BenchError, finish, latency_summary, machine_info, rate
+from bench.devbench import BenchCluster
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 TARGETS = {"entries_per_s": 20_000, "ratio_vs_zk": 5.0, "paced_p99_ms": 10.0}
@@ -273,8 +274,8 @@ def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, clu
     progress = progress or (lambda _msg: None)
     with _interruptible() as stop:
         if zk is None:
-            with LocalCluster(bookies=ENSEMBLE, fsync=True, progress=progress) as lc:
-                result = _run_phases(lc.zk_hosts, lc.cluster, seconds, entry_size, offered_rate, inflight,
+            with BenchCluster(bookies=ENSEMBLE, brokers=0, progress=progress) as lc:
+                result = _run_phases(lc.zk, lc.cluster, seconds, entry_size, offered_rate, inflight,
                                      private=True, progress=progress, stop=stop)
                 result["bookie_pids"] = lc.bookie_pids
             return result

@@ -25,7 +25,7 @@ from typing import Callable
 
 from broker import BrokerError
 from election.paths import check_cluster_name
-from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, spawn, stop_pid
+from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn, stop_pid
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
 
 STATE_FILE = "cluster.json"
@@ -64,8 +64,11 @@ def read_broker_id(data_dir: Path) -> int | None:
 class DevCluster:
     """The development cluster recorded in `run_dir`."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, private: bool = False) -> None:
         self.run_dir = Path(run_dir).resolve()
+        # A benchmark's throwaway cluster: its processes die with the benchmark and ignore
+        # the FENCEPOST_* settings of the shell; a `dev up` cluster outlives the command.
+        self.private = private
         self.state_path = self.run_dir / STATE_FILE
         # The processes this object started, so their exit codes can be read (not only "gone").
         self._popens: dict[int, subprocess.Popen] = {}
@@ -134,14 +137,17 @@ class DevCluster:
     def _start_zookeeper(self, state: dict, port: int) -> None:
         data = self.run_dir / "zookeeper"
         server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))
-        proc = server.start(log_file=self.run_dir / "zookeeper.log")
+        proc = server.start(log_file=self.run_dir / "zookeeper.log", die_with_parent=self.private)
         self._popens[proc.pid] = proc
         state["processes"].append({"kind": "zookeeper", "pid": proc.pid, "address": state["zk"],
                                    "data_dir": str(data), "log": str(self.run_dir / "zookeeper.log")})
         self.write_state(state)
 
-    def restart(self, member: dict) -> dict:
-        """Start a recorded member again (it must have stopped) with its address and data; return it."""
+    def restart(self, member: dict, wait: bool = True) -> dict:
+        """Start a recorded member again (it must have stopped) with its address and data; return it.
+
+        `wait` False returns as soon as the process is started (a benchmark times its start itself).
+        """
         state = self.read_state()
         if not state:
             raise DevClusterError(f"no dev cluster recorded in {self.run_dir}")
@@ -154,14 +160,15 @@ class DevCluster:
         if current["kind"] == "zookeeper":
             port = int(current["address"].rsplit(":", 1)[1])
             server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
-            proc = server.start(log_file=Path(current["log"]))
+            proc = server.start(log_file=Path(current["log"]), die_with_parent=self.private)
             self._popens[proc.pid] = proc
             current["pid"] = proc.pid
             self.write_state(state)
             return current
         self._spawn(current)
         self.write_state(state)
-        self._wait_member(current)
+        if wait:
+            self._wait_member(current)
         return current
 
     def exit_code(self, pid: int) -> int | None:
@@ -188,8 +195,9 @@ class DevCluster:
         return member
 
     def _spawn(self, member: dict) -> None:
-        proc = spawn(fencepost_command(*member["args"]), Path(member["log"]), cwd=self.run_dir,
-                     env=fencepost_env(member.get("env")))
+        env = (private_env if self.private else fencepost_env)(member.get("env"))
+        proc = spawn(fencepost_command(*member["args"]), Path(member["log"]), cwd=self.run_dir, env=env,
+                     die_with_parent=self.private)
         member["pid"] = proc.pid
         self._popens[proc.pid] = proc
 

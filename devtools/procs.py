@@ -91,8 +91,17 @@ def fencepost_env(extra: dict | None = None) -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **(extra or {})}
 
 
-def _new_session_dying_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Own session, and ask Linux to SIGTERM the child when its parent dies (PR_SET_PDEATHSIG)."""
+def private_env(extra: dict | None = None) -> dict:
+    """The environment for a benchmark's throwaway cluster: no FENCEPOST_* settings of the caller's shell."""
+    env = {k: v for k, v in fencepost_env().items() if not k.startswith("FENCEPOST_")}
+    return {**env, **(extra or {})}
+
+
+def new_session_dying_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Own session, and ask Linux to SIGTERM the child when its parent dies (PR_SET_PDEATHSIG).
+
+    A ``preexec_fn`` for children that must not outlive a benchmark.
+    """
     os.setsid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
@@ -110,7 +119,7 @@ def spawn(command: list[str], log_path: Path, env: dict | None = None, cwd: Path
     with open(log_path, "ab") as out:
         if die_with_parent:
             return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_new_session_dying_with_parent, cwd=cwd, env=env)
+                                    preexec_fn=new_session_dying_with_parent, cwd=cwd, env=env)
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=cwd, env=env)
 
