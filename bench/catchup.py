@@ -369,7 +369,7 @@ def serve_snapshots(catalog_dir: str, address: str) -> None:
     import zmq
 
     from broker import protocol
-    from ledger import wire
+    from election import wire
     from snapshots.catalog import SnapshotCatalog
     from snapshots.transfer import TransferError, describe, read_chunk
 
