@@ -220,22 +220,9 @@ class ProcessManager:
 
 def _answers_ping(proc: Proc) -> bool:
     """True once the server at proc.address replies to a ping."""
-    import zmq
+    from broker.admin import ask
 
-    from election import wire
-
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, 200)
-    try:
-        sock.connect(proc.address)
-        sock.send(wire.encode(wire.request("ping", 1)))
-        return wire.decode(sock.recv()).get("ok", False)
-    except zmq.Again:
-        return False
-    finally:
-        sock.close()
+    return ask(proc.address, "ping", timeout=0.2) is not None
 
 
 @pytest.fixture
