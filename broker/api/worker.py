@@ -50,7 +50,7 @@ from typing import Callable, Union
 from broker.api.client import (
     DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
 from broker.protocol import RequestError, check_queue
-from election.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_STALE_ATTEMPT
+from election.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_PAYLOAD_TOO_LARGE, E_STALE_ATTEMPT
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class Worker:
             if exc.code in LOST_LEASE_CODES:
                 log.warning("task %s attempt %d: lease lost (%s); dropping it", task.task_id, task.attempt, exc)
                 self._count("lost")
-            elif op == "complete" and exc.code == "payload_too_large":
+            elif op == "complete" and exc.code == E_PAYLOAD_TOO_LARGE:
                 # Retrying would produce the same too-large result: fail for good.
                 log.error("task %s: result too large: %s", task.task_id, exc.message)
                 self._report(client, "fail", task, error=f"result too large: {exc.message}", retry=False)

@@ -27,6 +27,7 @@ from broker import BrokerError
 from broker.state.events import decode_batch
 from broker.state.events import BadEvent
 from broker.state.store import PositionError, StateDiverged
+from election.codes import E_DIGEST_MISMATCH
 from ledger import LedgerError
 from ledger.log import START, LogGap
 
@@ -81,7 +82,7 @@ def _apply_group(store, group: list) -> None:
                        f"{type(exc).__name__}: {exc}") from exc
     for (events, position), results in zip(group, applied):
         for res in results:
-            if not res.get("ok") and res.get("error") == "digest_mismatch":
+            if not res.get("ok") and res.get("error") == E_DIGEST_MISMATCH:
                 raise Diverged(f"state digest mismatch at position {position}: {res.get('message', '')}")
 
 

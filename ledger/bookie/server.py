@@ -16,53 +16,8 @@ ZooKeeper holds only the bookie's ephemeral registration (``bookies/<id>``:
 address, free space). A keeper thread re-registers after a session loss and
 refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
 
-Protocol (request fields -> reply fields; the envelope is ``election.wire``)::
-
-    ping                                     -> bookie_id, cluster_id
-    add      ledger, entry, data[, recovery] -> ledger, entry        errors: fenced, bad_entry
-    add_batch ledger, first, entries[, recovery]
-                                             -> ledger, first, count errors: fenced, bad_entry, bad_request
-    read     ledger, entry                   -> data                 errors: no_entry, unknown
-    read_lac ledger                          -> lac, last_entry, fenced  errors: unknown
-    wait_lac ledger, after, timeout_ms       -> lac, last_entry, fenced  (once lac > after, or at the deadline)
-    write_lac ledger, lac                    -> lac, last_entry, fenced  (explicit LAC from an idle writer)
-    fence    ledger                          -> lac, last_entry, fenced=True   errors: unknown, readonly
-    delete   ledger                          -> {}
-    stats                                    -> adds, reads, bad_requests, batches, ledgers, entries, uptime_s,
-                                                bookie_id, readonly, disk_full_events, readonly_refusals,
-                                                limbo_ledgers, unknown_replies, verified_at_start
-
-Adds (``add``, ``add_batch``) also fail with ``readonly`` while the disk is full.
-
-``unknown`` ("cannot vouch") is the answer for a ledger in limbo (see
-:mod:`ledger.bookie.integrity`): to a read of an entry the bookie does not
-hold, and to ``read_lac``/``wait_lac``/``write_lac``/``fence`` (a fence is
-still persisted). It is never ``no_entry``, which recovery counts as evidence.
-
-Any request may name the bookie it is meant for (``bookie``, optional); another
-bookie answers ``wrong_bookie``. Recovery and readers name it, so a bookie
-re-registered under a new id on the address of a lost one is never taken for
-it (its empty "no such entry" would otherwise count as the old bookie's).
-
-``recovery`` (optional, default false) marks a re-replication add made by ledger
-recovery; like BookKeeper's recovery adds it is accepted on a fenced ledger.
-
-``add_batch`` is the writer's hot path: ``entries`` is a list of 1 to
-``MAX_ADD_BATCH`` encoded entries of ``ledger`` with ids ``first``,
-``first + 1``, ... in order. The whole list goes into the turn's group commit
-and gets ONE reply once it is durable (``count`` = entries stored), so a
-pipelined writer pays one frame per bookie per batch instead of one per entry.
-It is all or nothing: a list that is not a list of bytes, is empty or too long
-(``bad_request``), or holds an entry whose header does not name
-``ledger``/``first + i`` or is badly framed (``bad_entry``) is refused before
-anything is stored; on a fenced ledger every entry is refused (``fenced``)
-unless ``recovery`` is true. ``add`` stays for single adds (ledger recovery).
-
-``write_lac`` is BookKeeper's explicit LAC: a writer that has gone idle tells
-the bookies how far it has committed, since the LAC piggybacked on each add
-always trails by one entry and readers must not wait for the next add to see
-the last one. It is kept in memory only: after a restart the piggybacked LAC
-(and, for a dead writer, recovery) covers the same ground.
+The request protocol (operations, fields, error codes) is described and
+checked in :mod:`ledger.bookie.protocol`; the envelope is ``election.wire``.
 """
 from __future__ import annotations
 
@@ -85,34 +40,19 @@ from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance, check_or_write_cookie
 from ledger.bookie.integrity import open_vouched_store, prepare_store
 from ledger.bookie.polls import LongPolls
+from ledger.bookie.protocol import OPS, entity_id, info_fields, parse_add, parse_add_batch, parse_wait_lac
 from ledger.bookie.registration import BookieRegistration
 from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, is_disk_full
-from ledger.codec import CorruptEntry, check_run, peek_header
+from ledger.codec import CorruptEntry
 
 log = logging.getLogger(__name__)
 
-OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
-MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 POLL_MS = 100
-_U64_MAX = (1 << 64) - 1
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 # Plain ints: pyzmq's flag enums cost a conversion on every call of the hot loop.
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
-
-
-def _id(msg: dict, name: str) -> int:
-    value = wire.field(msg, name, int)
-    if not 0 <= value <= _U64_MAX:
-        raise wire.WireError(wire.E_BAD_REQUEST, f"field {name!r} must be in [0, 2^64)", msg.get("rid"))
-    return value
-
-
-def _info_fields(info: dict | None) -> dict:
-    info = info or {"fenced": False, "lac": -1, "last_entry": -1}
-    return {"lac": info["lac"], "last_entry": info["last_entry"], "fenced": bool(info["fenced"])}
 
 
 class Bookie:
@@ -352,37 +292,18 @@ class Bookie:
     def _op_ping(self, envelope, msg, adds):
         return wire.ok_reply(msg["rid"], bookie_id=self.bookie_id, cluster_id=self.cluster_id)
 
-    def _recovery_flag(self, msg: dict) -> bool:
-        recovery = msg.get("recovery", False)
-        if not isinstance(recovery, bool):
-            raise wire.WireError(wire.E_BAD_REQUEST, "field 'recovery' must be a bool", msg["rid"])
-        return recovery
-
     def _op_add(self, envelope, msg, adds):
-        ledger, entry = _id(msg, "ledger"), _id(msg, "entry")
-        data = wire.field(msg, "data", bytes)
-        recovery = self._recovery_flag(msg)
         try:
-            header = peek_header(data)
-            if header[:2] != (ledger, entry):
-                raise CorruptEntry(f"header says ledger {header[0]} entry {header[1]}, request says {ledger}/{entry}")
+            ledger, entry, data, lac, recovery = parse_add(msg)
         except CorruptEntry as exc:
             self.counters["bad_requests"] += 1
             return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
-        adds.append((envelope, msg["rid"], ledger, entry, [data], header[2], recovery, False))
+        adds.append((envelope, msg["rid"], ledger, entry, [data], lac, recovery, False))
         return None
 
     def _op_add_batch(self, envelope, msg, adds):
-        ledger, first = _id(msg, "ledger"), _id(msg, "first")
-        entries = wire.field(msg, "entries", list)
-        recovery = self._recovery_flag(msg)
-        if not 1 <= len(entries) <= MAX_ADD_BATCH:
-            raise wire.WireError(wire.E_BAD_REQUEST, f"'entries' must hold 1 to {MAX_ADD_BATCH} entries, "
-                                 f"got {len(entries)}", msg["rid"])
-        if first + len(entries) - 1 > _U64_MAX:
-            raise wire.WireError(wire.E_BAD_REQUEST, "entry ids would pass 2^64", msg["rid"])
         try:
-            lac = check_run(entries, ledger, first)
+            ledger, first, entries, lac, recovery = parse_add_batch(msg)
         except CorruptEntry as exc:
             self.counters["bad_requests"] += 1
             return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
@@ -390,7 +311,7 @@ class Bookie:
         return None
 
     def _op_read(self, envelope, msg, adds):
-        ledger, entry = _id(msg, "ledger"), _id(msg, "entry")
+        ledger, entry = entity_id(msg, "ledger"), entity_id(msg, "entry")
         self.counters["reads"] += 1
         data = self._store.read(ledger, entry)
         if data is None:
@@ -399,14 +320,11 @@ class Bookie:
         return wire.ok_reply(msg["rid"], data=data)
 
     def _op_read_lac(self, envelope, msg, adds):
-        ledger = _id(msg, "ledger")
+        ledger = entity_id(msg, "ledger")
         return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **self._info(ledger))
 
     def _op_wait_lac(self, envelope, msg, adds):
-        ledger = _id(msg, "ledger")
-        after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
-        if not _I64_MIN <= after <= _I64_MAX or timeout_ms < 0:
-            raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be an i64 and 'timeout_ms' >= 0", msg["rid"])
+        ledger, after, timeout_ms = parse_wait_lac(msg)
         unknown = self._unknown(msg["rid"], ledger)
         if unknown is not None:
             return unknown
@@ -419,12 +337,12 @@ class Bookie:
         return None
 
     def _info(self, ledger: int) -> dict:
-        info = _info_fields(self._store.ledger_info(ledger))
+        info = info_fields(self._store.ledger_info(ledger))
         info["lac"] = max(info["lac"], self._explicit_lac.get(ledger, -1))
         return info
 
     def _op_write_lac(self, envelope, msg, adds):
-        ledger, lac = _id(msg, "ledger"), _id(msg, "lac")
+        ledger, lac = entity_id(msg, "ledger"), entity_id(msg, "lac")
         unknown = self._unknown(msg["rid"], ledger)
         if unknown is not None:
             return unknown
@@ -434,13 +352,13 @@ class Bookie:
         return wire.ok_reply(msg["rid"], **self._info(ledger))
 
     def _op_fence(self, envelope, msg, adds):
-        ledger = _id(msg, "ledger")
+        ledger = entity_id(msg, "ledger")
         info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
         self._polls.wake(ledger, always=True)  # long pollers learn of the recovery at once
-        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **_info_fields(info))
+        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **info_fields(info))
 
     def _op_delete(self, envelope, msg, adds):
-        ledger = _id(msg, "ledger")
+        ledger = entity_id(msg, "ledger")
         self._commit(adds)  # an add that arrived before the delete must not outlive it
         log.info("deleted ledger %d (%d entries)", ledger, self._store.delete_ledger(ledger))
         self._explicit_lac.pop(ledger, None)

@@ -67,7 +67,7 @@ DEFAULT_ADD_TIMEOUT = 5.0
 
 
 # One add_batch request carries at most this many entries / encoded bytes (a bookie
-# takes up to ledger.bookie.server.MAX_ADD_BATCH entries in a frame of max_frame_bytes, 8 MiB by default).
+# takes up to ledger.bookie.protocol.MAX_ADD_BATCH entries in a frame of max_frame_bytes, 8 MiB by default).
 MAX_BATCH_ENTRIES = 1000
 MAX_BATCH_BYTES = 1 << 20
 _MAX_PAYLOAD = (1 << 32) - 1

@@ -80,6 +80,22 @@ def test_no_bare_string_codes_where_errors_are_built():
     assert found == []
 
 
+def test_no_bare_string_codes_where_codes_are_compared():
+    """``exc.code == ...`` and ``reply.get("error") == ...`` name the code by its constant."""
+    words = {v for k, v in vars(codes).items() if k.startswith("E_")}
+    found = []
+    for path in _product_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            text = " ".join(ast.unparse(side) for side in sides)
+            if ("code" in text or "error" in text) and any(
+                    isinstance(side, ast.Constant) and side.value in words for side in sides):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
 def test_every_code_constant_is_defined_once():
     for path in _product_files():
         if path == ROOT / "election" / "codes.py":
