@@ -154,7 +154,7 @@ def zk_start(port: int, host: str, data: str, tick_ms: int, foreground: bool) ->
               help="Data directory given to `zk start`.")
 def zk_stop(data: str) -> None:
     """Stop the ZooKeeper started in the background by `zk start --data DIR`."""
-    from devtools.devcluster import stop_pid
+    from devtools.procs import stop_pid
 
     pid_file = Path(data).resolve() / "zookeeper.pid"
     if not pid_file.exists():

@@ -208,6 +208,7 @@ def restart_member(bc: BenchCluster, member: dict) -> dict:
 
 def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> float:
     """Wait until the broker's ``brokers/live/<id>`` position reaches the leader's current one; seconds waited."""
+    from election.live import read_live_broker
     from election.paths import ClusterPaths
     from election.zk import close, connect
 
@@ -219,8 +220,8 @@ def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> flo
     try:
         while time.monotonic() - started < timeout:
             broker_id = _broker_id(member)
-            if broker_id is not None and zk.exists(paths.live_broker(broker_id)):
-                info = json.loads(zk.get(paths.live_broker(broker_id))[0])
+            info = read_live_broker(zk, paths, broker_id) if broker_id is not None else None
+            if info:
                 pos = info.get("position")
                 if pos and (not target or tuple(pos) >= tuple(target)):
                     return time.monotonic() - started
@@ -233,7 +234,7 @@ def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> flo
 def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str, sig: int,
               probe_timeout: float, progress: Callable[[str], None]) -> tuple[dict, dict]:
     """Signal the leader with ``sig``; return the measurements and the leader's member record."""
-    from devtools.devcluster import pid_alive
+    from devtools.procs import pid_alive
 
     from broker.api.client import submit_fields
 

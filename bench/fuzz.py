@@ -24,7 +24,7 @@ from typing import Callable
 
 from bench.common import BenchError, finish, machine_info, rate
 from bench.devbench import BenchCluster, quiet_logs
-from devtools.devcluster import pid_alive
+from devtools.procs import pid_alive
 from devtools.fuzz import NO_REPLY, fuzz_frames, send_frames
 
 CHUNK = 2000

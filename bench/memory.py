@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import sys
 import threading
@@ -113,6 +112,7 @@ class Loader:
 def wait_followers(bc: BenchCluster, followers: list[dict], timeout: float) -> float:
     """Wait until every follower's live position reaches the leader's; return the seconds waited."""
     from devtools.devcluster import read_broker_id
+    from election.live import read_live_broker
     from election.paths import ClusterPaths
     from election.zk import close, connect
 
@@ -129,7 +129,7 @@ def wait_followers(bc: BenchCluster, followers: list[dict], timeout: float) -> f
             for m in list(pending):
                 broker_id = read_broker_id(Path(m["data_dir"]))
                 with contextlib.suppress(Exception):
-                    info = json.loads(zk.get(paths.live_broker(broker_id))[0])
+                    info = read_live_broker(zk, paths, broker_id) or {}
                     if info.get("position") and tuple(info["position"]) >= target:
                         pending.remove(m)
             time.sleep(0.2)

@@ -33,7 +33,8 @@ from typing import Callable
 
 from broker import BrokerError
 from broker.api.client import Client, ClientError, TaskNotFound
-from devtools.devcluster import DevCluster, DevClusterSpec, pid_alive
+from devtools.devcluster import DevCluster, DevClusterSpec
+from devtools.procs import pid_alive
 from broker.admin import ask
 from devtools import schedule as S
 from devtools.faults import DiskFiller, Injector

@@ -32,7 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from devtools.devcluster import DevCluster, DevClusterError, pid_alive
+from devtools.devcluster import DevCluster, DevClusterError
+from devtools.procs import pid_alive
 from broker.admin import ask
 from devtools import schedule as S
 from devtools.load import WorkerPool

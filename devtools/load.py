@@ -128,7 +128,7 @@ class WorkerPool:
 
     def start(self, name: str | None = None) -> None:
         """Start every worker, or the one named (again, after a kill)."""
-        from devtools.devcluster import fencepost_env
+        from devtools.procs import fencepost_env
 
         for n in [name] if name else self.names:
             cmd = [sys.executable, "-m", "devtools.load", "worker", "--zk", self.zk, "--cluster", self.cluster,

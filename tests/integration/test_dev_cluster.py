@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from devtools.devcluster import pid_alive
+from devtools.procs import pid_alive
 from devtools.zkserver import four_letter
 
 pytestmark = pytest.mark.integration
