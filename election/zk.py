@@ -11,14 +11,16 @@ Example::
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry
+from kazoo.retry import KazooRetry, RetryFailedError
 
 from election import ElectionError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ZooKeeperUnavailable(ElectionError):
@@ -40,6 +42,24 @@ def connect(hosts: str, session_timeout: float = 10.0, connect_timeout: float = 
         zk.close()
         raise ZooKeeperUnavailable(f"no ZooKeeper answered at {hosts} within {connect_timeout:g}s") from None
     return zk
+
+
+# How long a process that is starting waits for ZooKeeper to come back (a restart, a blip).
+START_PATIENCE_S = 60.0
+
+
+def patiently(fn: Callable[..., T], *args: Any, what: str, deadline_s: float = START_PATIENCE_S, **kwargs: Any) -> T:
+    """Run an idempotent ZooKeeper step, retrying through connection and session loss for `deadline_s`.
+
+    For the steps of a process start (register, read the cluster config): ZooKeeper
+    being restarted must delay the start, not kill the process with a traceback.
+    Raises ZooKeeperUnavailable, naming `what`, when ZooKeeper stays away.
+    """
+    retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, deadline=deadline_s, ignore_expire=True)
+    try:
+        return retry(fn, *args, **kwargs)
+    except RetryFailedError:
+        raise ZooKeeperUnavailable(f"ZooKeeper did not answer for {deadline_s:g}s while {what}") from None
 
 
 def close(zk: KazooClient) -> None:

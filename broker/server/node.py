@@ -55,7 +55,7 @@ from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
 from election.leader import LeaderElection, retract_leader
 from election.paths import ClusterPaths
-from election.zk import connect
+from election.zk import connect, patiently
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
 from ledger.log import LogGap
@@ -101,14 +101,15 @@ class BrokerNode:
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
         self._write_session_file()
         try:
-            self.cluster = ensure_cluster_config(self.zk, self.paths, ClusterOptions(), clock=self.clock)
+            self.cluster = patiently(ensure_cluster_config, self.zk, self.paths, ClusterOptions(), clock=self.clock,
+                                     what="reading the cluster config")
             data = Path(cfg.data)
             # Before the identity: a foreign store is refused without registering anything.
             self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
                                       self.stop_event)
             store = self.keeper.checked()
-            self.identity = ensure_broker_id(self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
-                                             cfg.listen, clock=self.clock)
+            self.identity = patiently(ensure_broker_id, self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
+                                      cfg.listen, clock=self.clock, what="claiming the broker id")
             log.info("broker %s starting on %s", self.identity, cfg.listen)
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")

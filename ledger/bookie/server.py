@@ -94,11 +94,12 @@ class Bookie:
         try:
             self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
             paths = ClusterPaths(cfg.cluster)
-            cluster = ensure_cluster_config(self._zk, paths, ClusterOptions(), clock=time.time, check=False)
+            cluster = zkutil.patiently(ensure_cluster_config, self._zk, paths, ClusterOptions(), clock=time.time,
+                                       check=False, what="reading the cluster config")
             self.cluster_id = cluster["cluster_id"]
             cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
             self._store, cookie = open_vouched_store(cfg, cookie)
-            cookie = bind_instance(self._zk, paths, cfg.data, cookie)
+            cookie = zkutil.patiently(bind_instance, self._zk, paths, cfg.data, cookie, what="binding the cookie")
             self.bookie_id = cookie["bookie_id"]
             self.verified_at_start = not self._store.was_clean()
             self._limbo = prepare_store(cfg, self.bookie_id, self._store)
@@ -116,7 +117,8 @@ class Bookie:
             except zmq.ZMQError as exc:
                 raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
             self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data)
-            self._registration.register(wait_s=1.5 * cfg.zk_session_timeout_s + 1)
+            zkutil.patiently(self._registration.register, wait_s=1.5 * cfg.zk_session_timeout_s + 1,
+                             what="registering the bookie")
             self._registration.start_keeper()
         except BaseException:
             self.close()
