@@ -166,23 +166,30 @@ class ChaosRun:
     def _monitor(self, dev: DevCluster, injector: Injector, workers: WorkerPool, stop: threading.Event) -> None:
         """Find processes that died without a fault, record them, and start them again."""
         while not stop.wait(MONITOR_EVERY_S):
-            for member in dev.read_state()["processes"]:
-                name = injector.name_of(member)
-                pid = member["pid"]
-                if injector.busy(name) or pid_alive(pid) or injector.killed_pid(pid) or pid in self._seen_dead:
-                    continue
-                self._seen_dead.add(pid)
-                self.deaths.append({"member": name, "exit_code": dev.exit_code(pid)})
-                log.warning("%s (pid %s) died without a fault; starting it again", name, pid)
-                injector.revive(member)
-            for name in workers.names:
-                pid = workers.pid(name)
-                if injector.busy(name) or workers.exit_code(name) is None or injector.killed_pid(pid) \
-                        or pid in self._seen_dead:
-                    continue
-                self._seen_dead.add(pid)
-                self.deaths.append({"member": name, "exit_code": workers.exit_code(name)})
-                workers.start(name)
+            try:
+                self._revive_dead(dev, injector, workers)
+            except Exception as exc:  # the monitor must outlive any one bad turn, or deaths go unseen
+                log.warning("chaos monitor: %s: %s; going on", type(exc).__name__, exc)
+
+    def _revive_dead(self, dev: DevCluster, injector: Injector, workers: WorkerPool) -> None:
+        """One turn of the monitor."""
+        for member in dev.read_state()["processes"]:
+            name = injector.name_of(member)
+            pid = member["pid"]
+            if injector.busy(name) or pid_alive(pid) or injector.killed_pid(pid) or pid in self._seen_dead:
+                continue
+            self._seen_dead.add(pid)
+            self.deaths.append({"member": name, "exit_code": dev.exit_code(pid)})
+            log.warning("%s (pid %s) died without a fault; starting it again", name, pid)
+            injector.revive(member)
+        for name in workers.names:
+            pid = workers.pid(name)
+            if injector.busy(name) or workers.exit_code(name) is None or injector.killed_pid(pid) \
+                    or pid in self._seen_dead:
+                continue
+            self._seen_dead.add(pid)
+            self.deaths.append({"member": name, "exit_code": workers.exit_code(name)})
+            workers.start(name)
 
     # ------------------------------------------------------------ after the run
     def _observe(self, dev: DevCluster, zk: str, history: History, injector: Injector) -> Observed:

@@ -15,15 +15,16 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from broker import BrokerError
+from election.files import write_json_atomically
 from election.paths import check_cluster_name
 from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn, stop_pid
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
@@ -72,6 +73,9 @@ class DevCluster:
         self.state_path = self.run_dir / STATE_FILE
         # The processes this object started, so their exit codes can be read (not only "gone").
         self._popens: dict[int, subprocess.Popen] = {}
+        # Threads of one run (a chaos fault and the monitor) restart members at once: each
+        # read-modify-write of cluster.json holds this, so no pid update is lost.
+        self._state_lock = threading.RLock()
 
     def read_state(self) -> dict | None:
         try:
@@ -83,12 +87,8 @@ class DevCluster:
 
     def write_state(self, state: dict) -> None:
         """Replace cluster.json atomically so a crash never leaves half a record."""
-        tmp = self.state_path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(state, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.state_path)
+        with self._state_lock:
+            write_json_atomically(self.state_path, state, indent=2)
 
     def running(self) -> bool:
         state = self.read_state()
@@ -148,25 +148,26 @@ class DevCluster:
 
         `wait` False returns as soon as the process is started (a benchmark times its start itself).
         """
-        state = self.read_state()
-        if not state:
-            raise DevClusterError(f"no dev cluster recorded in {self.run_dir}")
-        current = next((m for m in state["processes"] if m["kind"] == member["kind"]
-                        and m.get("index") == member.get("index")), None)
-        if current is None:
-            raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
-        if pid_alive(current["pid"]) and owns(current["pid"], str(self.run_dir)):
-            raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
-        if current["kind"] == "zookeeper":
-            port = int(current["address"].rsplit(":", 1)[1])
-            server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
-            proc = server.start(log_file=Path(current["log"]), die_with_parent=self.private)
-            self._popens[proc.pid] = proc
-            current["pid"] = proc.pid
+        with self._state_lock:
+            state = self.read_state()
+            if not state:
+                raise DevClusterError(f"no dev cluster recorded in {self.run_dir}")
+            current = next((m for m in state["processes"] if m["kind"] == member["kind"]
+                            and m.get("index") == member.get("index")), None)
+            if current is None:
+                raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
+            if pid_alive(current["pid"]) and owns(current["pid"], str(self.run_dir)):
+                raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
+            if current["kind"] == "zookeeper":
+                port = int(current["address"].rsplit(":", 1)[1])
+                server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
+                proc = server.start(log_file=Path(current["log"]), die_with_parent=self.private)
+                self._popens[proc.pid] = proc
+                current["pid"] = proc.pid
+                self.write_state(state)
+                return current
+            self._spawn(current)
             self.write_state(state)
-            return current
-        self._spawn(current)
-        self.write_state(state)
         if wait:
             self._wait_member(current)
         return current

@@ -294,7 +294,9 @@ class Injector:
         for _ in range(RESTART_TRIES):
             with self.zk_lock:
                 try:
-                    self.dev.restart(member)
+                    started = self.dev.restart(member)
+                    with self._lock:  # a reused pid must not pass for one a fault killed
+                        self._killed.discard(started.get("pid"))
                     return "" if not problems else f" (after {len(problems)} failed start(s))"
                 except DevClusterError as exc:
                     problems.append(str(exc).splitlines()[0])
