@@ -19,18 +19,18 @@ import json
 import time
 from pathlib import Path
 
-import zmq
 from kazoo.client import KazooClient
 
 from broker import BrokerError
 from broker.server.datalock import DataDirLock
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore
+from election import wire
 from election.cluster_config import read_cluster_config
 from election.cluster_view import cluster_status
+from election.exchange import NoReply, exchange
 from election.identity import META
 from election.paths import ClusterPaths
-from election import wire
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
 
@@ -46,18 +46,12 @@ def request_once(address: str, op: str, timeout: float = 2.0, max_bytes: int = w
     For tools and joiners that talk to a named broker once; clients that follow the
     leader use :class:`broker.api.client.Client`.
     """
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(address)
-        sock.send(wire.encode(wire.request(op, 1, **fields)))
-        if not sock.poll(int(timeout * 1000)):
-            raise BrokerUnreachable(f"{address} did not answer {op} within {timeout:g}s")
-        reply = wire.decode(sock.recv(), max_bytes=max_bytes)
-    except (zmq.ZMQError, wire.WireError) as exc:
+        reply = exchange(address, op, timeout, max_bytes, **fields)
+    except NoReply as exc:
+        raise BrokerUnreachable(exc.message) from None
+    except wire.WireError as exc:
         raise BrokerUnreachable(f"{address}: {exc}") from None
-    finally:
-        sock.close()
     if not reply.get("ok"):
         raise BrokerUnreachable(f"{address}: {reply.get('error')}: {reply.get('message')}")
     return reply

@@ -61,3 +61,4 @@ E_BAD_CHUNK = "bad_chunk"  # client side: a chunk of the wrong size or checksum
 # Client side only: raised by broker.api.client, never sent by a server.
 E_CLOSED = "closed"
 E_WAIT_TIMEOUT = "wait_timeout"
+E_NO_REPLY = "no_reply"  # a one-off request got no reply in time (election/exchange.py)

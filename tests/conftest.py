@@ -26,6 +26,7 @@ import pytest
 
 from devtools.procs import fencepost_command, kill_process, pid_alive, signal_group, spawn
 from devtools.procs import free_port as _free_port
+from election.exchange import exchange
 from election.paths import ClusterPaths
 from election.zk import close, connect
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
@@ -285,20 +286,8 @@ class BrokerCluster:
 
 
 def call(address: str, op: str, timeout: float = 5.0, **fields) -> dict:
-    """One request to a fencepost server; the reply map (raises on timeout)."""
-    import zmq
-
-    from election import wire
-
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
-    try:
-        sock.connect(address)
-        sock.send(wire.encode(wire.request(op, 1, **fields)))
-        return wire.decode(sock.recv())
-    finally:
-        sock.close()
+    """One request to a fencepost server; the reply map, error replies included (NoReply on timeout)."""
+    return exchange(address, op, timeout, **fields)
 
 
 @pytest.fixture
