@@ -92,6 +92,11 @@ class ClusterPaths:
         return f"{self.base}/insync"
 
     @property
+    def elect(self) -> str:
+        """A pending `fencepost admin elect` request (persistent; the leader watches it)."""
+        return f"{self.base}/elect"
+
+    @property
     def ledgers(self) -> str:
         return f"{self.base}/ledgers"
 

@@ -39,6 +39,14 @@ class BrokerConfig:
         "help": "ZooKeeper session timeout in seconds; bounds failover time."})
     learner: bool = field(default=False, metadata={
         "help": "Replicate only: never join the in-sync set nor lead."})
+    max_lag_entries: int = field(default=1000, metadata={
+        "help": "A follower within this many entries of the leader may be in the in-sync set.", "min": 0})
+    max_time_not_caught_up: float = field(default=10.0, metadata={
+        "help": "Seconds a follower may go without reaching the leader's position before it leaves the in-sync set."})
+    allow_lagging_leader: bool = field(default=True, metadata={
+        "help": "Never let a broker outside the in-sync set lead, even when no member is alive."})
+    insync_check_ms: int = field(default=200, metadata={
+        "help": "How often the leader re-checks the in-sync set and a pending admin elect.", "min": 1})
     secret_file: str = field(default="", metadata={
         "help": "File holding the cluster secret (for the hmac-sha256 digest).", "path": "file"})
     max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
@@ -93,6 +101,8 @@ class BrokerConfig:
             raise BrokerConfigError("checkpoint_seconds must be > 0 and retention_seconds >= 0")
         if not 1 <= self.shutdown_timeout <= 600:
             raise BrokerConfigError("shutdown_timeout must be between 1 and 600 seconds")
+        if self.max_lag_entries < 0 or self.max_time_not_caught_up <= 0 or self.insync_check_ms < 1:
+            raise BrokerConfigError("max_lag_entries must be >= 0, max_time_not_caught_up > 0, insync_check_ms >= 1")
         if self.map_size < 1 << 20:
             raise BrokerConfigError("map_size must be at least 1 MiB")
         return self
