@@ -1,4 +1,5 @@
-"""The back-ends of the operator commands: `status` and `snapshot list|create|verify|restore`.
+"""The back-ends of the operator commands: `status`, `admin insync|epochs|elect` and
+`snapshot list|create|verify|restore`.
 
 The CLI only parses options and calls these. `status` is the ZooKeeper view of a
 cluster completed by the leader's own report; the snapshot functions work on a
@@ -9,6 +10,8 @@ Example::
 
     view = full_status(zk, "dev")
     view["brokers"][0]["lag"]
+    insync_report(zk, "dev")["members"]
+    elect(zk, "dev", 3)                   # returns once broker 3 leads, or raises with the reason
     rows = list_snapshots(Path("broker-data"))
     header = create_snapshot(Path("broker-data"), cluster_id)
     restore_into(Path("snap-0000000003-0000000041.fps"), Path("new-broker"), cluster_id)
@@ -22,6 +25,8 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from broker import BrokerError
+from broker.server.epochs import epoch_history  # noqa: F401 - the `admin epochs` back-end
+from broker.server.insync import follower_lags, refusal
 from broker.server.datalock import DataDirLock
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore
@@ -30,6 +35,9 @@ from election.cluster_config import read_cluster_config
 from election.cluster_view import cluster_status
 from election.exchange import NoReply, exchange
 from election.identity import META
+from election.insync import clear_elect, read_elect, read_insync, request_elect
+from election.leader import read_leader
+from election.live import live_brokers
 from election.paths import ClusterPaths
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
@@ -86,7 +94,57 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
             broker["position"] = leader_position
             broker["digest"] = report.get("digest", broker.get("digest"))
         broker["lag"] = lag(broker.get("position"), leader_position)
+        broker["in_sync"] = broker["id"] in view["insync"]
     return view
+
+
+# ---------------------------------------------------------------- leadership
+def insync_report(zk: KazooClient, cluster: str) -> dict:
+    """The in-sync set, its epochs, and each live broker's lag behind the leader (entries)."""
+    paths = ClusterPaths(cluster)
+    doc, _ = read_insync(zk, paths)
+    leader = read_leader(zk, paths) or {}
+    leader_id = leader.get("broker_id")
+    live = live_brokers(zk, paths)
+    lags, _ = follower_lags(zk, paths, (live.get(leader_id) or {}).get("position"), {}, leader_id)
+    members = (doc or {}).get("members", [])
+    return {"members": members, "insync_epoch": (doc or {}).get("insync_epoch"),
+            "leader_epoch": (doc or {}).get("leader_epoch"), "leader": leader_id,
+            "brokers": [{"id": broker_id, "address": info.get("address"), "learner": bool(info.get("learner")),
+                         "in_sync": broker_id in members, "lag": 0 if broker_id == leader_id else lags.get(broker_id)}
+                        for broker_id, info in live.items()]}
+
+
+def elect(zk: KazooClient, cluster: str, target: int, timeout: float = 15.0) -> dict:
+    """Hand leadership to broker ``target``; the new leader node, or BrokerError with the reason."""
+    paths = ClusterPaths(cluster)
+    if not zk.exists(paths.broker_id(target)):
+        raise BrokerError(f"no broker with id {target} in cluster {cluster!r}")
+    leader = read_leader(zk, paths) or {}
+    if leader.get("broker_id") == target:
+        return leader
+    if not leader:
+        raise BrokerError("no leader serves now: nothing to hand over")
+    report = insync_report(zk, cluster)
+    live = {row["id"]: row for row in report["brokers"]}
+    lags = {row["id"]: row["lag"] for row in report["brokers"]}
+    reason = refusal(target, leader["broker_id"], set(report["members"]), live, lags, max_lag=1 << 62)
+    if reason:
+        raise BrokerError(f"cannot hand leadership to broker {target}: {reason}")
+    request_elect(zk, paths, target, time.time())
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now_leader = read_leader(zk, paths) or {}
+            if now_leader.get("broker_id") == target:
+                return now_leader
+            pending = read_elect(zk, paths) or {}
+            if pending.get("refused"):
+                raise BrokerError(f"cannot hand leadership to broker {target}: {pending['refused']}")
+            time.sleep(0.02)
+        raise BrokerError(f"broker {target} did not take over within {timeout:.0f} s")
+    finally:
+        clear_elect(zk, paths, target)
 
 
 

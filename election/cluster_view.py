@@ -76,9 +76,12 @@ def format_status(view: dict) -> str:
         f"brokers ({len(view['brokers'])}):",
     ]
     for b in view["brokers"]:
-        lines.append(f"  {b['id']:<4} {b.get('role', '?'):<9} {b.get('address', '?')}  position={b.get('position')}  "
-                     f"lag={'-' if b.get('lag') is None else b['lag']}  digest={str(b.get('digest', '-'))[:12]}")
-    lines.append(f"in-sync: {view['insync']}")
+        # Who may lead: in-sync members, and learners (which never may) marked apart.
+        mark = "in-sync" if b["id"] in view["insync"] else ("learner" if b.get("learner") else "-")
+        lines.append(f"  {b['id']:<4} {b.get('role', '?'):<9} {mark:<8} {b.get('address', '?')}  "
+                     f"position={b.get('position')}  lag={'-' if b.get('lag') is None else b['lag']}  "
+                     f"digest={str(b.get('digest', '-'))[:12]}")
+    lines.append(f"in-sync: {view['insync']}  (learners: {[b['id'] for b in view['brokers'] if b.get('learner')]})")
     lines.append(f"bookies ({len(view['bookies'])}):")
     for b in view["bookies"]:
         lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free={b.get('free_bytes', '?')}")

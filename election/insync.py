@@ -167,6 +167,23 @@ def write_insync(zk: KazooClient, paths: ClusterPaths, members: set[int], leader
     raise LostLeadership("could not write the in-sync set: it keeps changing")
 
 
+def election_contenders(zk: KazooClient, paths: ClusterPaths) -> list[str]:
+    """The broker ids queued in ``election/`` in queue order (the holder first), as strings."""
+    try:
+        children = zk.get_children(paths.election)
+    except NoNodeError:
+        return []
+    out = []
+    # kazoo's lock nodes end in a sequence number and hold the contender's identifier.
+    for child in sorted(children, key=lambda name: name[-10:]):
+        try:
+            data, _ = zk.get(f"{paths.election}/{child}")
+        except NoNodeError:
+            continue
+        out.append(data.decode("utf-8", "replace"))
+    return out
+
+
 # ---------------------------------------------------------------- the elect request
 def read_elect(zk: KazooClient, paths: ClusterPaths) -> dict | None:
     """The pending ``admin elect`` request, or None."""

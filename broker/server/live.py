@@ -21,10 +21,58 @@ import time
 from typing import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from broker import BrokerError
+from election.identity import META
 from election.live import live_brokers, read_live_broker
 from election.paths import ClusterPaths
+
+
+class BrokerIdTaken(BrokerError):
+    """Another live process holds this broker id (a copied data directory, say)."""
+
+
+def claim_live_node(zk: KazooClient, paths: ClusterPaths, broker_id: int, address: str, data: bytes,
+                    wait_s: float) -> None:
+    """Create ``brokers/live/<broker_id>`` for our session, or raise BrokerIdTaken.
+
+    A node left by a previous run of ours that died goes with its session: we wait up to
+    ``wait_s`` (a session timeout) for that. A node advertising our own address is taken
+    over at once, since we just bound that address: its process is gone. Any other node
+    that outlives the wait belongs to a live process with the same id.
+    """
+    path = paths.live_broker(broker_id)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            zk.create(path, data, ephemeral=True, makepath=True)
+            return
+        except NodeExistsError:
+            pass
+        try:
+            raw, stat = zk.get(path)
+        except NoNodeError:
+            continue
+        if stat.ephemeralOwner == zk.client_id[0]:
+            zk.set(path, data)
+            return
+        try:
+            other = json.loads(raw).get("address")
+        except (ValueError, AttributeError):
+            other = None
+        if other == address:
+            try:
+                zk.delete(path, version=stat.version)
+            except (NoNodeError, BadVersionError):
+                pass
+            continue
+        if time.monotonic() > deadline:
+            raise BrokerIdTaken(
+                f"broker id {broker_id} is already live at {other or 'an unknown address'} (another process "
+                f"with this id, e.g. a copy of this data directory): stop that broker, or give this copy its "
+                f"own id by deleting {META} from its data directory before starting it")
+        time.sleep(0.2)
 
 
 class LivePublisher:

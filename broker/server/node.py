@@ -42,7 +42,8 @@ from broker.server.config import BrokerConfig
 from broker.server.checkpoints import CheckpointHost, Checkpointer
 from broker.server.datalock import DataDirLock
 from broker.server.follower import Diverged, FollowerTail
-from broker.server.live import LivePublisher, advertised_snapshot
+from broker.server.insync import InSyncTracker, standing
+from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
 from broker.server.request_loop import BrokerServer
 from broker.state.store import StoreDamaged
 from broker.server.store_guard import quarantine
@@ -53,6 +54,7 @@ from election import ElectionError
 from election.files import write_json_atomically
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
+from election.insync import clear_elect, election_contenders
 from election.leader import LeaderElection, retract_leader
 from election.paths import ClusterPaths
 from election.zk import connect, patiently
@@ -69,6 +71,8 @@ log = logging.getLogger(__name__)
 
 # Share of shutdown_timeout a leader may spend handing over; the rest is for local steps.
 HANDOVER_SHARE = 0.5
+# How often a broker that may not stand looks again (and a queued one checks it still may).
+STANDING_POLL_S = 0.1
 
 
 class BrokerNode:
@@ -89,6 +93,9 @@ class BrokerNode:
         self._damaged = threading.Event()
         self._damage_lock = threading.Lock()
         self._in_lead = False
+        self._handing_over = False
+        self._declined = False
+        self._standing_reason = ""
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
 
     # ------------------------------------------------------------ lifecycle
@@ -123,6 +130,9 @@ class BrokerNode:
             self.server.describe_snapshot = lambda: describe(self.catalog)
             self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
             self.server.bind()
+            # One live process per broker id: a copy of this data dir must not pose as us.
+            claim_live_node(self.zk, self.paths, self.identity.broker_id, cfg.listen,
+                            json.dumps({"address": cfg.listen, "learner": cfg.learner}).encode(), wait_s=cfg.zk_session_timeout * 1.5 + 1)
             self.live = LivePublisher(self.zk, self.paths, self.identity.broker_id, describe=self._live_info,
                                       every_s=cfg.live_update_ms / 1000.0)
             self.checkpointer = Checkpointer(self._checkpoint_host())
@@ -332,6 +342,11 @@ class BrokerNode:
         session_id, password = self.zk.client_id
         write_json_atomically(path, {"session_id": session_id, "password": password.hex()}, mode=0o600)
 
+    def _hand_over(self, target: int) -> None:
+        """An admin elect's target is next in line: step down gracefully so that it leads next."""
+        self._handing_over = True
+        self._step_down.set()
+
     def _leadership_lost(self, reason: str) -> None:
         log.warning("leadership lost: %s", reason)
         self._step_down.set()
@@ -352,26 +367,57 @@ class BrokerNode:
                 self._tail = None
 
     # ------------------------------------------------------------ leadership
+    def _may_stand(self) -> bool:
+        """Whether we may stand now (in the in-sync set, or no member alive; see election.insync)."""
+        try:
+            ok, why = standing(self.zk, self.paths, self.identity.broker_id, self.config)
+        except (KazooException, ElectionError) as exc:
+            ok, why = False, f"cannot read the in-sync set: {exc}"
+        if why != self._standing_reason:
+            self._standing_reason = why
+            log.info("%s", f"not standing for election: {why}" if why else "standing for election")
+        return ok
+
+    def _watch_standing(self, election: LeaderElection, done: threading.Event) -> None:
+        """Leave the election queue once we may no longer stand (unless we already lead)."""
+        while not done.wait(STANDING_POLL_S) and not self.stop_event.is_set():
+            if not self._in_lead and not self._may_stand():
+                election.cancel()
+                return
+
     def _stand(self) -> None:
         backoff = 0.2
         while not self.stop_event.is_set():
-            self._served = False
+            self._served = self._declined = False
+            if not self._may_stand():
+                self.stop_event.wait(STANDING_POLL_S)
+                continue
+            done = threading.Event()
             try:
                 self._election = LeaderElection(self.zk, self.paths, self.identity.broker_id)
+                threading.Thread(target=self._watch_standing, args=(self._election, done), name="standing",
+                                 daemon=True).start()
                 self._election.run(self._lead)
             except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
                 log.warning("election: %s: %s", type(exc).__name__, exc)
             except Exception:
                 log.exception("election thread error; standing again")
+            finally:
+                done.set()
             # A takeover that failed before serving (too few bookies, say) must not
             # burn an epoch every few milliseconds: back off until one succeeds.
             backoff = 0.2 if self._served else min(backoff * 2, 5.0)
+            if self._declined or self._standing_reason:
+                backoff = STANDING_POLL_S  # we did not try to lead: nothing to back off from
             if not self.stop_event.is_set():
                 self.stop_event.wait(backoff)
 
     def _lead(self) -> None:
         if self.stop_event.is_set() or self._damaged.is_set():
             return  # never lead from a store that is being rebuilt
+        if not self._may_stand():  # the set changed while we queued: let the next one in line lead
+            self._declined = True
+            return
         self._in_lead = True
         try:
             self._lead_epoch()
@@ -380,15 +426,24 @@ class BrokerNode:
 
     def _lead_epoch(self) -> None:
         self._step_down.clear()
+        self._handing_over = False
         self._stop_tail()
         takeover = Takeover(self.zk, self.paths, self.ledgers, self.store, self.server, self.identity.broker_id,
                             self.config, self.clock, step_down=self._step_down, stopping=self.stop_event)
         try:
-            takeover.run()
+            session = takeover.run()
             self.checkpointer.request("won leadership")
             self.live.mark_dirty()
-            while not self._step_down.wait(0.1) and not self.stop_event.is_set():
-                pass
+            tracker = InSyncTracker(self.zk, self.paths, self.config, self.identity.broker_id, session.epoch,
+                                    position=lambda: self.store.position(), contenders=lambda: election_contenders(self.zk, self.paths),
+                                    hand_over=self._hand_over, lost=self._leadership_lost)
+            clear_elect(self.zk, self.paths, target=self.identity.broker_id)  # an admin elect made us leader
+            tracker.start()
+            try:
+                while not self._step_down.wait(0.1) and not self.stop_event.is_set():
+                    pass
+            finally:
+                tracker.stop()
         except StoreDamaged as exc:  # our store, not the entry, is at fault: rebuild it
             self.store_damaged(exc)
         except Diverged as exc:  # catching up hit an entry we cannot apply: stop, never skip it
@@ -403,7 +458,7 @@ class BrokerNode:
 
     def _end_leadership(self, writer) -> None:
         session = self.server.session
-        graceful = (self.stop_event.is_set() and session is not None and session.group is not None
+        graceful = ((self.stop_event.is_set() or self._handing_over) and session is not None and session.group is not None
                     and session.group.failed is None)
         if graceful:
             # Answer what is in flight before handing over, so a graceful stop loses no reply.

@@ -1,0 +1,169 @@
+"""The leader's in-sync tracker and the follower's standing check (DESIGN.md section 6).
+
+While it leads, a broker runs an :class:`InSyncTracker` thread: every
+``insync_check_ms`` it reads the log, the closed ledgers' lengths and the live
+nodes, measures each follower's lag, and rewrites ``insync`` when the set
+changed (an epoch-checked CAS: a stale leader's write fails and it steps down).
+It also serves a pending ``admin elect``: it refuses a target that is not a
+live, in-sync, caught-up non-learner, and otherwise steps down once the target
+is the only other contender in the election queue, so the target wins next.
+
+:func:`standing` is what a non-leader asks before (and while) it stands.
+
+Example::
+
+    tracker = InSyncTracker(zk, paths, config, broker_id=1, epoch=7, position=store.position,
+                            contenders=election.contenders, hand_over=node.hand_over)
+    tracker.start()
+    ...
+    tracker.stop()
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+
+from broker.server.config import BrokerConfig
+from election import ElectionError
+from election.insync import (CatchUpClock, answer_elect, entries_behind, may_stand, read_elect, read_insync,
+                             write_insync)
+from election.leader import LostLeadership
+from election.live import live_brokers
+from election.paths import ClusterPaths
+from ledger import LedgerError
+from ledger.log import read_log
+from ledger.metadata import CLOSED, read_metadata
+
+log = logging.getLogger(__name__)
+
+# How long the leader waits for an elect target to be next in line before refusing.
+ELECT_READY_TIMEOUT_S = 10.0
+
+
+def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig) -> tuple[bool, str]:
+    """Whether this broker may stand for election now (:func:`election.insync.may_stand` on live data)."""
+    doc, _ = read_insync(zk, paths)
+    alive = set(live_brokers(zk, paths))
+    elect = read_elect(zk, paths)
+    target = elect.get("target") if elect and "refused" not in elect else None
+    members = set(doc["members"]) if doc else None
+    return may_stand(broker_id, config.learner, members, alive, config.allow_lagging_leader, target)
+
+
+def follower_lags(zk: KazooClient, paths: ClusterPaths, leader_position, lengths: dict[int, int],
+                  leader_id: int) -> tuple[dict[int, int | None], dict[int, dict]]:
+    """Each live follower's entries behind ``leader_position`` (``lengths`` caches closed ledgers)."""
+    ledgers, _ = read_log(zk, paths)
+    ids = [entry["id"] for entry in ledgers]
+    for ledger_id in ids:
+        if ledger_id not in lengths:
+            meta, _ = read_metadata(zk, paths, ledger_id)
+            if meta.state == CLOSED:
+                lengths[ledger_id] = meta.last_entry
+    live = {broker_id: info for broker_id, info in live_brokers(zk, paths).items() if broker_id != leader_id}
+    lags = {broker_id: entries_behind(info.get("position"), leader_position, ids, lengths)
+            for broker_id, info in live.items()}
+    return lags, live
+
+
+class InSyncTracker:
+    """Keeps ``insync`` current while we lead, and serves ``admin elect`` requests."""
+
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, config: BrokerConfig, broker_id: int, epoch: int,
+                 position: Callable[[], object], contenders: Callable[[], list[str]],
+                 hand_over: Callable[[int], None], lost: Callable[[str], None]) -> None:
+        self.zk, self.paths, self.config = zk, paths, config
+        self.broker_id, self.epoch = broker_id, epoch
+        self.position, self.contenders, self.hand_over, self.lost = position, contenders, hand_over, lost
+        self.clock = CatchUpClock(config.max_lag_entries, config.max_time_not_caught_up)
+        self.members: set[int] | None = None
+        self._lengths: dict[int, int] = {}
+        self._previous_position = None
+        self._elect_since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="insync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        every = self.config.insync_check_ms / 1000.0
+        while not self._stop.is_set():
+            try:
+                self.check(time.monotonic())
+            except LostLeadership as exc:
+                self.lost(str(exc))
+                return
+            except (KazooException, ElectionError, LedgerError, ValueError) as exc:
+                log.debug("in-sync check: %s", exc)  # the next turn tries again
+            self._stop.wait(every)
+
+    def check(self, now: float) -> None:
+        """One turn: measure, rewrite the set if it changed, then look at a pending elect request."""
+        position = self.position()
+        position = list(position) if position else None
+        lags, live = follower_lags(self.zk, self.paths, position, self._lengths, self.broker_id)
+        previous = {}
+        if self._previous_position is not None:
+            previous, _ = follower_lags(self.zk, self.paths, self._previous_position, self._lengths, self.broker_id)
+        self._previous_position = position
+        learners = {broker_id for broker_id, info in live.items() if info.get("learner")}
+        members = self.clock.members(self.broker_id, lags, previous, learners, now)
+        if members != self.members:
+            write_insync(self.zk, self.paths, members, self.epoch)
+            if self.members is not None:
+                log.info("in-sync set %s -> %s", sorted(self.members), sorted(members))
+            self.members = members
+        self._serve_elect(lags, live, now)
+
+    def _serve_elect(self, lags: dict[int, int | None], live: dict[int, dict], now: float) -> None:
+        request = read_elect(self.zk, self.paths)
+        if request is None or "refused" in request:
+            self._elect_since = None
+            return
+        target = request.get("target")
+        reason = refusal(target, self.broker_id, self.members or set(), live, lags, self.config.max_lag_entries)
+        if reason:
+            answer_elect(self.zk, self.paths, reason)
+            return
+        if target == self.broker_id:
+            answer_elect(self.zk, self.paths, f"broker {target} already leads")
+            return
+        self._elect_since = self._elect_since or now
+        waiting = [c for c in self.contenders() if c != str(self.broker_id)]
+        if waiting[:1] == [str(target)] and len(waiting) == 1:
+            log.info("handing leadership to broker %s (admin elect)", target)
+            self.hand_over(target)
+            self._stop.set()
+        elif now - self._elect_since > ELECT_READY_TIMEOUT_S:
+            answer_elect(self.zk, self.paths, f"broker {target} was not next in line within "
+                                              f"{ELECT_READY_TIMEOUT_S:.0f} s (queue: {waiting})")
+
+
+def refusal(target, leader_id: int, members: set[int], live: dict[int, dict], lags: dict[int, int | None],
+            max_lag: int) -> str:
+    """Why leadership cannot go to ``target`` ("" if it can)."""
+    if not isinstance(target, int):
+        return f"not a broker id: {target!r}"
+    if target == leader_id:
+        return ""
+    info = live.get(target)
+    if info is None:
+        return f"broker {target} is not alive"
+    if info.get("learner"):
+        return f"broker {target} is a learner: learners never lead"
+    lag = lags.get(target)
+    if target not in members or lag is None or lag > max_lag:
+        return f"broker {target} is lagging ({'unknown' if lag is None else lag} entries behind; " \
+               f"in-sync set {sorted(members)})"
+    return ""
