@@ -15,7 +15,14 @@ round:
 2. restarts the killed broker (same command line, recorded in ``cluster.json``)
    and waits until it has caught up with the leader;
 3. **graceful**: SIGTERMs the (new) leader, which hands leadership over at once;
-   measured the same way; then restarts that broker too.
+   measured the same way; then restarts that broker too;
+4. **elect**: ``admin elect`` hands leadership to an in-sync follower (the leader steps
+   down once the target is next in line); measured the same way.
+
+After the rounds, one **lagging joiner** round: a broker with an empty data dir joins
+(it replays the whole history, so it is not in the in-sync set) and the leader is
+SIGKILLed at once; an in-sync follower must take over within the kill target
+(``lagging_joiner_kill_s``; ``lagging_joiner_led`` must be false).
 
 Also reported per event: when the new leader was elected and how long its
 takeover took (``*_elected_s``, ``*_takeover_s``, from the brokers' logs), when
@@ -44,12 +51,14 @@ from typing import Callable
 from bench.common import BenchError, finish, machine_info, percentile
 from bench.devbench import BenchCluster, quiet_logs
 
-TARGETS = {"kill_median_s": 3.0, "graceful_median_s": 0.5}
+TARGETS = {"kill_median_s": 3.0, "graceful_median_s": 0.5, "elect_median_s": 0.5, "lagging_joiner_kill_s": 3.0}
 LABELS = {
     "kill_median_s": "SIGKILL leader: first new write, median (s)",
     "kill_max_s": "SIGKILL leader: first new write, max (s)",
     "graceful_median_s": "SIGTERM leader: first new write, median (s)",
     "graceful_max_s": "SIGTERM leader: first new write, max (s)",
+    "elect_median_s": "admin elect: first new write, median (s)",
+    "lagging_joiner_kill_s": "SIGKILL leader with a lagging joiner: first new write (s)",
 }
 
 
@@ -231,9 +240,43 @@ def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> flo
     raise BenchError(f"broker {member['index']} did not catch up within {timeout:g}s")
 
 
+def signal_leader(sig: int) -> Callable[[dict], None]:
+    return lambda leader: os.killpg(leader["pid"], sig)
+
+
+def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
+    """An event that runs ``admin elect`` of an in-sync follower in a thread (the probe runs meanwhile)."""
+    from broker.admin import elect
+    from election.insync import read_insync
+    from election.paths import ClusterPaths
+    from election.zk import close, connect
+
+    def act(leader: dict) -> None:
+        zk = connect(bc.zk, session_timeout=10.0)
+        doc, _ = read_insync(zk, ClusterPaths(bc.cluster))
+        targets = [m for m in (doc or {}).get("members", []) if m != _broker_id(leader)]
+        if not targets:
+            close(zk)
+            raise BenchError(f"no in-sync follower to elect (in-sync set {doc})")
+
+        def run() -> None:
+            try:
+                elect(zk, bc.cluster, targets[0])
+            except Exception as exc:  # noqa: BLE001 - reported in the result
+                errors.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                close(zk)
+
+        threading.Thread(target=run, daemon=True, name="elect").start()
+
+    return act
+
+
 def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str, sig: int,
-              probe_timeout: float, progress: Callable[[str], None]) -> tuple[dict, dict]:
-    """Signal the leader with ``sig``; return the measurements and the leader's member record."""
+              probe_timeout: float, progress: Callable[[str], None],
+              act: Callable[[dict], None] | None = None) -> tuple[dict, dict]:
+    """Signal the leader with ``sig`` (or run ``act`` on its member record instead); return the
+    measurements and the leader's member record."""
     from devtools.procs import pid_alive
 
     from broker.api.client import submit_fields
@@ -245,7 +288,7 @@ def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue:
         # The probe is connected and knows the old leader before the event, like any client.
         probe.call("submit", timeout=30.0, **submit_fields(probe_queue, b"warm-up"))
         t_event, t_wall = time.monotonic(), time.time()
-        os.killpg(leader["pid"], sig)
+        (act or signal_leader(sig))(leader)
         first_write = probe_first_write(probe, probe_queue, old, t_event, probe_timeout)
     stall = None
     deadline = time.monotonic() + 30
@@ -255,15 +298,37 @@ def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue:
             time.sleep(0.02)
     # A graceful stop must also end the process; wait for it before restarting it.
     end = time.monotonic() + 30
-    while pid_alive(leader["pid"]) and time.monotonic() < end:
+    while act is None and pid_alive(leader["pid"]) and time.monotonic() < end:
         time.sleep(0.02)
     out = {"first_write_s": round(first_write, 3),
            "published_s": _round(watch.published_after(t_event, old)),
            "producer_stall_s": _round(stall),
            "exited": not pid_alive(leader["pid"]),
            **takeover_phases(bc, t_wall)}
-    progress(f"{'SIGKILL' if sig == signal.SIGKILL else 'SIGTERM'} broker {leader['index']}: {out}")
+    what = "elect" if act is not None else ("SIGKILL" if sig == signal.SIGKILL else "SIGTERM")
+    progress(f"{what} (leader was broker {leader['index']}): {out}")
     return out, leader
+
+
+def lagging_joiner_round(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str,
+                         probe_timeout: float, progress: Callable[[str], None]) -> dict:
+    """Add a broker with an empty data dir and SIGKILL the leader while it replays."""
+    from broker.admin import insync_report
+    from election.zk import close, connect
+
+    joiner = bc.dev.add_broker()
+    joiner_id = _broker_id(joiner)
+    zk = connect(bc.zk, session_timeout=10.0)
+    try:
+        rows = {row["id"]: row for row in insync_report(zk, bc.cluster)["brokers"]}
+    finally:
+        close(zk)
+    joiner_lag = (rows.get(joiner_id) or {}).get("lag")
+    out, _ = one_event(bc, producers, watch, queue, signal.SIGKILL, probe_timeout, progress)
+    new_leader = bc.leader_info() or {}
+    out.update(joiner_id=joiner_id, joiner_lag=joiner_lag, joiner_led=new_leader.get("address") == joiner["address"])
+    progress(f"lagging joiner round: {out}")
+    return out
 
 
 def _round(v: float | None) -> float | None:
@@ -291,6 +356,8 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
     queue = f"failover-{uuid.uuid4().hex[:8]}"
     kills: list[dict] = []
     graceful: list[dict] = []
+    elects: list[dict] = []
+    elect_errors: list[str] = []
     catch_up: list[float] = []
     with BenchCluster(zk_session_timeout=zk_session_timeout, keep=keep, progress=progress) as bc:
         run_dir = str(bc.run_dir)
@@ -307,6 +374,12 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
                     member = restart_member(bc, member)
                     catch_up.append(round(wait_caught_up(bc, member), 3))
                     time.sleep(settle_s)  # steady load again before the next event
+                out, _ = one_event(bc, prod, watch, queue, 0, probe_timeout, progress,
+                                   act=elect_other(bc, elect_errors))
+                out["round"] = r + 1
+                elects.append(out)
+                time.sleep(settle_s)
+            joiner = lagging_joiner_round(bc, prod, watch, queue, probe_timeout, progress)
         finally:
             prod.stop()
             watch.close()
@@ -321,6 +394,11 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
         "kill_max_s": _max(kill_times),
         "graceful_median_s": _median(graceful_times),
         "graceful_max_s": _max(graceful_times),
+        "elect_median_s": _median([e["first_write_s"] for e in elects]),
+        "elect_max_s": _max([e["first_write_s"] for e in elects]),
+        "lagging_joiner_kill_s": joiner["first_write_s"],
+        "lagging_joiner_lag": joiner["joiner_lag"],
+        "lagging_joiner_led": joiner["joiner_led"],
         "rounds": rounds,
         "kill_elected_median_s": _median([k.get("elected_s") for k in kills]),
         "kill_takeover_median_s": _median([k.get("takeover_s") for k in kills]),
@@ -342,6 +420,9 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
         "first_error": prod.errors[0] if prod.errors else None,
         "kills": kills,
         "graceful": graceful,
+        "elects": elects,
+        "elect_errors": elect_errors,
+        "lagging_joiner": joiner,
         "started_at": started_at,
         "machine": machine_info(),
     }
@@ -351,7 +432,11 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
     result["targets_met"] = (result["kill_median_s"] is not None and result["kill_median_s"] <= TARGETS["kill_median_s"]
                              and result["graceful_median_s"] is not None
                              and result["graceful_median_s"] <= TARGETS["graceful_median_s"]
-                             and result["lost"] == 0 and result["duplicated"] == 0)
+                             and result["lost"] == 0 and result["duplicated"] == 0
+                             and not elect_errors and result["elect_median_s"] is not None
+                             and result["elect_median_s"] <= TARGETS["elect_median_s"]
+                             and not joiner["joiner_led"]
+                             and joiner["first_write_s"] <= TARGETS["lagging_joiner_kill_s"])
     return result
 
 

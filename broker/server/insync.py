@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 # How long the leader waits for an elect target to be next in line before refusing.
 ELECT_READY_TIMEOUT_S = 10.0
+# How often the leader looks while an elect request waits for the queue to clear (it is quick).
+ELECT_CHECK_S = 0.02
 
 
 def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig) -> tuple[bool, str]:
@@ -106,7 +108,7 @@ class InSyncTracker:
                 return
             except (KazooException, ElectionError, LedgerError, ValueError) as exc:
                 log.debug("in-sync check: %s", exc)  # the next turn tries again
-            self._stop.wait(every)
+            self._stop.wait(ELECT_CHECK_S if self._elect_since is not None else every)
 
     def check(self, now: float) -> None:
         """One turn: measure, rewrite the set if it changed, then look at a pending elect request."""

@@ -96,6 +96,7 @@ class BrokerNode:
         self._handing_over = False
         self._declined = False
         self._standing_reason = ""
+        self._standing_changed = threading.Event()  # the elect request changed: look again now
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
 
     # ------------------------------------------------------------ lifecycle
@@ -140,6 +141,7 @@ class BrokerNode:
             self.server.role = "learner" if cfg.learner else "follower"
             self.zk.add_listener(self._on_zk_state)
             self.zk.DataWatch(self.paths.leader, self._on_leader_node)
+            self.zk.DataWatch(self.paths.elect, lambda *_: self._standing_changed.set())
             self._start_tail()
             if not cfg.learner:
                 threading.Thread(target=self._stand, name="election", daemon=True).start()
@@ -380,8 +382,10 @@ class BrokerNode:
 
     def _watch_standing(self, election: LeaderElection, done: threading.Event) -> None:
         """Leave the election queue once we may no longer stand (unless we already lead)."""
-        while not done.wait(STANDING_POLL_S) and not self.stop_event.is_set():
-            if not self._in_lead and not self._may_stand():
+        while not done.is_set() and not self.stop_event.is_set():
+            self._standing_changed.wait(STANDING_POLL_S)
+            self._standing_changed.clear()
+            if not done.is_set() and not self._in_lead and not self._may_stand():
                 election.cancel()
                 return
 
