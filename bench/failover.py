@@ -245,14 +245,18 @@ def signal_leader(sig: int) -> Callable[[dict], None]:
 
 
 def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
-    """An event that runs ``admin elect`` of an in-sync follower in a thread (the probe runs meanwhile)."""
+    """An event that runs ``admin elect`` of an in-sync follower in a thread (the probe runs meanwhile).
+
+    The ZooKeeper session is opened beforehand, as the command has one before it asks.
+    """
     from broker.admin import elect
     from election.insync import read_insync
     from election.paths import ClusterPaths
     from election.zk import close, connect
 
+    zk = connect(bc.zk, session_timeout=10.0)
+
     def act(leader: dict) -> None:
-        zk = connect(bc.zk, session_timeout=10.0)
         doc, _ = read_insync(zk, ClusterPaths(bc.cluster))
         targets = [m for m in (doc or {}).get("members", []) if m != _broker_id(leader)]
         if not targets:

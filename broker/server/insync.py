@@ -30,8 +30,8 @@ from kazoo.exceptions import KazooException
 
 from broker.server.config import BrokerConfig
 from election import ElectionError
-from election.insync import (CatchUpClock, answer_elect, entries_behind, may_stand, read_elect, read_insync,
-                             write_insync)
+from election.insync import (CatchUpClock, answer_elect, clear_elect, entries_behind, may_stand, read_elect,
+                             read_insync, write_insync)
 from election.leader import LostLeadership
 from election.live import live_brokers
 from election.paths import ClusterPaths
@@ -87,14 +87,24 @@ class InSyncTracker:
         self._lengths: dict[int, int] = {}
         self._previous_position = None
         self._elect_since: float | None = None
+        self._elect_target: int | None = None  # a checked request, waiting for the queue to clear
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an elect request arrived or changed: look now
         self._thread = threading.Thread(target=self._run, name="insync", daemon=True)
 
     def start(self) -> None:
+        # Both watches only wake the thread: a handover starts as soon as the queue is ready.
+        self.zk.DataWatch(self.paths.elect, self._on_change)
+        self.zk.ChildrenWatch(self.paths.election, self._on_change, send_event=True)
         self._thread.start()
+
+    def _on_change(self, *_args) -> bool:
+        self._wake.set()
+        return not self._stop.is_set()  # False ends kazoo's watch
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5)
 
@@ -108,10 +118,16 @@ class InSyncTracker:
                 return
             except (KazooException, ElectionError, LedgerError, ValueError) as exc:
                 log.debug("in-sync check: %s", exc)  # the next turn tries again
-            self._stop.wait(ELECT_CHECK_S if self._elect_since is not None else every)
+            self._wake.wait(ELECT_CHECK_S if self._elect_since is not None else every)
+            self._wake.clear()
 
     def check(self, now: float) -> None:
-        """One turn: measure, rewrite the set if it changed, then look at a pending elect request."""
+        """One turn: measure, rewrite the set if it changed, then look at a pending elect request.
+
+        While a checked request waits for the queue, a turn only looks at the queue: it is quick.
+        """
+        if self._elect_target is not None and self._try_hand_over(now):
+            return
         position = self.position()
         position = list(position) if position else None
         lags, live = follower_lags(self.zk, self.paths, position, self._lengths, self.broker_id)
@@ -131,25 +147,35 @@ class InSyncTracker:
     def _serve_elect(self, lags: dict[int, int | None], live: dict[int, dict], now: float) -> None:
         request = read_elect(self.zk, self.paths)
         if request is None or "refused" in request:
-            self._elect_since = None
             return
         target = request.get("target")
         reason = refusal(target, self.broker_id, self.members or set(), live, lags, self.config.max_lag_entries)
         if reason:
             answer_elect(self.zk, self.paths, reason)
             return
-        if target == self.broker_id:
-            answer_elect(self.zk, self.paths, f"broker {target} already leads")
+        if target == self.broker_id:  # the request made us leader: it is done
+            clear_elect(self.zk, self.paths, target)
             return
-        self._elect_since = self._elect_since or now
+        self._elect_target, self._elect_since = target, now
+        self._try_hand_over(now)
+
+    def _try_hand_over(self, now: float) -> bool:
+        """Step down if the checked target is the only other contender; False if the request is gone."""
+        request = read_elect(self.zk, self.paths)
+        target = self._elect_target
+        if request is None or "refused" in request or request.get("target") != target:
+            self._elect_target = self._elect_since = None
+            return False
         waiting = [c for c in self.contenders() if c != str(self.broker_id)]
-        if waiting[:1] == [str(target)] and len(waiting) == 1:
+        if waiting == [str(target)]:
             log.info("handing leadership to broker %s (admin elect)", target)
             self.hand_over(target)
             self._stop.set()
         elif now - self._elect_since > ELECT_READY_TIMEOUT_S:
             answer_elect(self.zk, self.paths, f"broker {target} was not next in line within "
                                               f"{ELECT_READY_TIMEOUT_S:.0f} s (queue: {waiting})")
+            self._elect_target = self._elect_since = None
+        return True
 
 
 def refusal(target, leader_id: int, members: set[int], live: dict[int, dict], lags: dict[int, int | None],

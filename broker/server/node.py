@@ -54,7 +54,7 @@ from election import ElectionError
 from election.files import write_json_atomically
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
-from election.insync import clear_elect, election_contenders
+from election.insync import election_contenders
 from election.leader import LeaderElection, retract_leader
 from election.paths import ClusterPaths
 from election.zk import connect, patiently
@@ -441,7 +441,6 @@ class BrokerNode:
             tracker = InSyncTracker(self.zk, self.paths, self.config, self.identity.broker_id, session.epoch,
                                     position=lambda: self.store.position(), contenders=lambda: election_contenders(self.zk, self.paths),
                                     hand_over=self._hand_over, lost=self._leadership_lost)
-            clear_elect(self.zk, self.paths, target=self.identity.broker_id)  # an admin elect made us leader
             tracker.start()
             try:
                 while not self._step_down.wait(0.1) and not self.stop_event.is_set():
