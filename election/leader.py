@@ -1,8 +1,13 @@
 """Leader election with epochs: who leads, and the fencing token they lead with.
 
 Contenders queue on kazoo's election recipe under ``election/``. The winner
-CAS-increments ``epoch`` (so two leaders can never hold the same epoch), and
-later publishes the ephemeral ``leader`` node once it serves. Returning from
+CAS-increments ``epoch`` (so two leaders can never hold the same epoch) and
+keeps the :class:`EpochClaim`: the epoch and the ``epoch`` znode version it
+wrote. Every later change the leader makes (the log, the ``leader`` node) is a
+multi-op that checks that version, so once a newer epoch is claimed nothing
+the older leader does can land. The ephemeral ``leader`` node is published
+once the leader serves; it only ever replaces a lower epoch's node and is
+deleted with its version, so a stale leader cannot remove the real one's. Returning from
 the leadership function hands leadership to the next contender at once; that
 is the graceful handover, with no session timeout to wait for.
 
@@ -10,11 +15,13 @@ Example::
 
     election = LeaderElection(zk, paths, broker_id=3)
     election.run(lambda: lead())          # blocks; lead() runs while we lead
-    epoch = claim_epoch(zk, paths, 3)     # inside lead()
+    claim = claim_epoch(zk, paths, 3)     # inside lead(): claim.epoch, claim.version
+    publish_leader(zk, paths, {"broker_id": 3, "address": "tcp://...", "epoch": claim.epoch}, claim)
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -38,50 +45,87 @@ def read_epoch(zk: KazooClient, paths: ClusterPaths) -> tuple[int, int]:
     return int(doc["epoch"] if isinstance(doc, dict) else doc), stat.version
 
 
-def claim_epoch(zk: KazooClient, paths: ClusterPaths, broker_id: int, max_tries: int = 20) -> int:
-    """CAS-increment the epoch and return ours; it is the fencing token of this leadership."""
+@dataclass(frozen=True)
+class EpochClaim:
+    """An epoch this broker claimed, and the ``epoch`` znode version its claim wrote (the fencing token)."""
+
+    epoch: int
+    version: int
+
+
+def claim_epoch(zk: KazooClient, paths: ClusterPaths, broker_id: int, max_tries: int = 20) -> EpochClaim:
+    """CAS-increment the epoch and return our claim; it is the fencing token of this leadership."""
     for _ in range(max_tries):
         current, version = read_epoch(zk, paths)
         doc = json.dumps({"epoch": current + 1, "broker_id": broker_id}).encode()
         try:
             if version < 0:
                 zk.create(paths.epoch, doc, makepath=True)
-            else:
-                zk.set(paths.epoch, doc, version=version)
-            return current + 1
+                return EpochClaim(current + 1, 0)
+            return EpochClaim(current + 1, zk.set(paths.epoch, doc, version=version).version)
         except (BadVersionError, NodeExistsError):
             continue
     raise LostLeadership("could not claim an epoch: the epoch node keeps changing")
 
 
 def check_epoch(zk: KazooClient, paths: ClusterPaths, epoch: int) -> None:
-    """Raise LostLeadership if a newer epoch was claimed."""
+    """Raise LostLeadership if a newer epoch was claimed (advisory: changes are guarded by multi-ops)."""
     current, _ = read_epoch(zk, paths)
     if current != epoch:
         raise LostLeadership(f"epoch {current} was claimed after ours ({epoch})")
 
 
-def publish_leader(zk: KazooClient, paths: ClusterPaths, info: dict) -> None:
-    """Create the ephemeral `leader` node, replacing one our predecessor left behind."""
+def publish_leader(zk: KazooClient, paths: ClusterPaths, info: dict, claim: EpochClaim,
+                   max_tries: int = 20) -> None:
+    """Create the ephemeral `leader` node, in one multi-op with the check that our epoch is current.
+
+    A node of a lower epoch (our predecessor's, its session not yet expired) is deleted with
+    its version in the same multi-op; one of our epoch or higher is never touched. Raises
+    LostLeadership when a newer epoch was claimed.
+    """
     data = json.dumps(info).encode()
-    try:
-        zk.create(paths.leader, data, ephemeral=True, makepath=True)
-    except NodeExistsError:
-        _, stat = zk.get(paths.leader)
-        if stat.ephemeralOwner == zk.client_id[0]:
-            zk.set(paths.leader, data)
+    for _ in range(max_tries):
+        try:
+            existing, stat = zk.get(paths.leader)
+        except NoNodeError:
+            existing, stat = None, None
+        txn = zk.transaction()
+        txn.check(paths.epoch, claim.version)
+        if stat is not None:
+            if stat.ephemeralOwner == zk.client_id[0]:
+                txn.set_data(paths.leader, data, version=stat.version)
+            elif _epoch_of(existing) >= claim.epoch:
+                raise LostLeadership(f"the leader node holds epoch {_epoch_of(existing)}, not below ours "
+                                     f"({claim.epoch})")
+            else:
+                txn.delete(paths.leader, version=stat.version)
+                txn.create(paths.leader, data, ephemeral=True)
+        else:
+            txn.create(paths.leader, data, ephemeral=True)
+        results = txn.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if not failed:
             return
-        zk.delete(paths.leader)
-        zk.create(paths.leader, data, ephemeral=True)
+        if isinstance(results[0], BadVersionError):
+            raise LostLeadership(f"epoch {claim.epoch} is no longer current: not publishing the leader node")
+        # The leader node changed under us (our predecessor's session expired): look again.
+    raise LostLeadership("could not publish the leader node: it keeps changing")
+
+
+def _epoch_of(data: bytes | None) -> int:
+    try:
+        return int(json.loads(data)["epoch"])
+    except (ValueError, KeyError, TypeError):
+        return -1  # unreadable: treat as older than any claim, so a leader can replace it
 
 
 def retract_leader(zk: KazooClient, paths: ClusterPaths) -> None:
-    """Delete the `leader` node if it is ours (on stepping down)."""
+    """Delete the `leader` node if it is ours (on stepping down), with its version: never another's."""
     try:
         _, stat = zk.get(paths.leader)
         if stat.ephemeralOwner == zk.client_id[0]:
-            zk.delete(paths.leader)
-    except NoNodeError:
+            zk.delete(paths.leader, version=stat.version)
+    except (NoNodeError, BadVersionError):
         pass
 
 

@@ -1,9 +1,11 @@
 """The log: the ordered list of ledgers in ZooKeeper, and reading across it.
 
 The ``log`` znode holds ``{"ledgers": [{"id": .., "epoch": ..}, ...]}`` in
-order (DESIGN.md section 3). Every change is a CAS on the znode version; a lost
-CAS raises :class:`LogConflict` (for a leader this means another leader exists:
-step down). The list logic is pure (:func:`appended`, :func:`without`) so it is
+order (DESIGN.md section 3). Every change is one ZooKeeper multi-op: a CAS on
+the log's version plus, for a leader, a check of the ``epoch`` znode's version
+as its claim wrote it (:class:`election.leader.EpochClaim`). A newer epoch
+fails the change with :class:`StaleEpoch` (step down); a log changed since it
+was read fails it with :class:`LogConflict` (re-read and decide again). The list logic is pure (:func:`appended`, :func:`without`) so it is
 unit-tested without ZooKeeper.
 
 A **position** is ``(ledger_id, entry_id)``. :class:`LogReader` yields the
@@ -14,7 +16,7 @@ when following, long-polls for more.
 Example::
 
     ledgers, version = read_log(zk, paths)
-    version = append_ledger(zk, paths, writer.ledger_id, epoch=4, expected_version=version)
+    version = append_ledger(zk, paths, writer.ledger_id, epoch=4, expected_version=version, claim=claim)
 
     reader = LogReader(zk, paths, pool, digest, after=(3, 41))
     for position, entry in reader.entries():          # what is committed now
@@ -32,6 +34,7 @@ from typing import Iterator
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from election.leader import EpochClaim
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool
@@ -47,6 +50,10 @@ START: Position = (-1, -1)  # before the first entry of the first ledger
 
 class LogConflict(LedgerError):
     """The log changed since it was read (a lost CAS)."""
+
+
+class StaleEpoch(LogConflict):
+    """A newer epoch was claimed than the one the change was made under: the writer must step down."""
 
 
 class LogGap(LedgerError):
@@ -127,31 +134,47 @@ def read_log(zk: KazooClient, paths: ClusterPaths) -> tuple[list[dict], int]:
     return parse_log(data), stat.version
 
 
-def _write_log(zk: KazooClient, paths: ClusterPaths, ledgers: list[dict], expected_version: int) -> int:
-    try:
-        if expected_version == -1:
-            zk.ensure_path(paths.base)
-            zk.create(paths.log, format_log(ledgers))
-            return 0
-        return zk.set(paths.log, format_log(ledgers), version=expected_version).version
-    except (BadVersionError, NodeExistsError, NoNodeError):
-        raise LogConflict(f"the log changed since version {expected_version}") from None
+def write_log(zk: KazooClient, paths: ClusterPaths, ledgers: list[dict], expected_version: int,
+              claim: EpochClaim | None) -> int:
+    """Write the whole ledger list as one multi-op: CAS on the log, checked against ``claim``; the new version.
+
+    ``claim`` None is only for tools working on a cluster with no leader (tests, benchmarks).
+    """
+    txn = zk.transaction()
+    if claim is not None:
+        txn.check(paths.epoch, claim.version)
+    if expected_version == -1:
+        zk.ensure_path(paths.base)
+        txn.create(paths.log, format_log(ledgers))
+    else:
+        txn.set_data(paths.log, format_log(ledgers), version=expected_version)
+    results = txn.commit()
+    if claim is not None and isinstance(results[0], BadVersionError):
+        raise StaleEpoch(f"epoch {claim.epoch} is no longer current: the log was not changed")
+    outcome = results[-1]
+    if isinstance(outcome, (BadVersionError, NodeExistsError, NoNodeError)):
+        raise LogConflict(f"the log changed since version {expected_version}")
+    if isinstance(outcome, Exception):
+        raise outcome
+    return 0 if expected_version == -1 else outcome.version
 
 
-def append_ledger(zk: KazooClient, paths: ClusterPaths, ledger_id: int, epoch: int, expected_version: int) -> int:
-    """CAS-append a ledger to the log (``expected_version`` from :func:`read_log`); return the new version."""
+def append_ledger(zk: KazooClient, paths: ClusterPaths, ledger_id: int, epoch: int, expected_version: int,
+                  claim: EpochClaim | None = None) -> int:
+    """Append a ledger to the log (``expected_version`` from :func:`read_log`); return the new version."""
     ledgers, version = read_log(zk, paths)
     if version != expected_version:
         raise LogConflict(f"the log is at version {version}, expected {expected_version}")
-    return _write_log(zk, paths, appended(ledgers, ledger_id, epoch), expected_version)
+    return write_log(zk, paths, appended(ledgers, ledger_id, epoch), expected_version, claim)
 
 
-def remove_ledgers(zk: KazooClient, paths: ClusterPaths, ledger_ids, expected_version: int) -> int:
-    """CAS-remove the oldest ledgers from the log; return the new version."""
+def remove_ledgers(zk: KazooClient, paths: ClusterPaths, ledger_ids, expected_version: int,
+                   claim: EpochClaim | None = None) -> int:
+    """Remove the oldest ledgers from the log; return the new version."""
     ledgers, version = read_log(zk, paths)
     if version != expected_version:
         raise LogConflict(f"the log is at version {version}, expected {expected_version}")
-    return _write_log(zk, paths, without(ledgers, ledger_ids), expected_version)
+    return write_log(zk, paths, without(ledgers, ledger_ids), expected_version, claim)
 
 
 # ---------------------------------------------------------------- reading

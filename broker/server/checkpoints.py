@@ -73,6 +73,8 @@ class CheckpointHost:
     leading: Callable[[], bool]
     store_damaged: Callable[[Exception], None]
     live_changed: Callable[[], None]
+    # The leader's EpochClaim (None when not leading): retention's log change is checked against it.
+    epoch_claim: Callable[[], object] = lambda: None
 
 
 class Checkpointer(threading.Thread):
@@ -183,6 +185,9 @@ class Checkpointer(threading.Thread):
     def apply_retention(self) -> list[int]:
         """Delete the oldest ledgers that live snapshots cover and retention allows; return their ids."""
         zk, paths = self.host.zk, self.host.paths
+        claim = self.host.epoch_claim()
+        if claim is None:
+            return []  # only a leader changes the log, and only under its epoch claim
         ledgers, version = read_log(zk, paths)
         meta = {}
         for item in ledgers[:-1]:
@@ -194,7 +199,8 @@ class Checkpointer(threading.Thread):
             # Say first that history no longer starts at the log's head (an empty store must
             # then install a snapshot), then take the ledgers out of the log, then delete them.
             mark_log_start(zk, paths, first_kept=ledgers[len(doomed)]["id"], deleted_through=doomed[-1])
-            remove_ledgers(zk, paths, doomed, expected_version=version)
+            # StaleEpoch (a newer leader) and LogConflict (a roll since we read) skip this round.
+            remove_ledgers(zk, paths, doomed, expected_version=version, claim=claim)
             log.info("retention removed ledgers %s from the log (covered by snapshots at %s)", doomed, servable)
         self._delete_orphans([x["id"] for x in ledgers if x["id"] not in doomed])
         return doomed

@@ -231,7 +231,12 @@ class BrokerNode:
             policy=CheckpointPolicy(cfg.checkpoint_entries, cfg.checkpoint_seconds),
             snapshots_kept=cfg.snapshots_kept, retention_seconds=cfg.retention_seconds,
             store=lambda: self.store, applied_entries=self.applied_entries, leading=self.leading,
-            store_damaged=self.store_damaged, live_changed=lambda: self.live.mark_dirty())
+            store_damaged=self.store_damaged, live_changed=lambda: self.live.mark_dirty(),
+            epoch_claim=self._epoch_claim)
+
+    def _epoch_claim(self):
+        session = self.server.session
+        return session.claim if session is not None and session.ready else None
 
     def applied_entries(self) -> int:
         return self.server.applied_entries + self._tail_applied

@@ -39,7 +39,9 @@ import lmdb
 import zmq
 
 from broker import protocol
+from broker.server.follower import Diverged
 from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.server.leader_clock import LeaderClock
 from broker.state.store import StoreDamaged
 from election import codes, wire
 from snapshots.transfer import TransferError
@@ -62,6 +64,8 @@ class LeaderSession:
 
     epoch: int
     writer: Any
+    # The EpochClaim every change of the log made while leading is checked against.
+    claim: Any = None
     group: GroupCommit | None = None
     ready: bool = False
     on_ready: Callable[[], None] = lambda: None
@@ -97,6 +101,8 @@ class BrokerServer:
         self.describe_snapshot: Callable[[], dict | None] = lambda: None
         self.read_snapshot_chunk: Callable[[str, int, int], dict] | None = None
         self.applied_entries = 0
+        # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
+        self.leader_clock = LeaderClock(wall=clock)
         self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0}
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -152,6 +158,8 @@ class BrokerServer:
             self._read_requests()
         if self.session is not None:
             self._lead_turn()
+        else:
+            self.leader_clock.observe(self.store.clock_ms())
 
     def _read_requests(self) -> None:
         for _ in range(self.config.max_batch_events):
@@ -233,6 +241,11 @@ class BrokerServer:
             self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader",
                                                leader=self.leader_address))
             return
+        if self.session.group is not None and self.session.group.failed is not None:
+            # Fenced or lost: we know we are deposed, so our store is no longer the truth to read from.
+            self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is no longer the leader",
+                                               leader=None))
+            return
         if not self.session.ready or not self.writable or self.draining:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
             return
@@ -277,7 +290,7 @@ class BrokerServer:
                 "queues": self.store.queue_depths(), "counters": dict(self.counters)}
 
     def _now_ms(self) -> int:
-        return int(self.clock() * 1000)
+        return self.leader_clock.now_ms()
 
     # ------------------------------------------------------------ replies from the group commit
     def _reply(self, context: Any, results: list[dict] | None, exc: Exception | None) -> None:
@@ -307,14 +320,17 @@ class BrokerServer:
             return
         for res in results or []:
             if not res.get("ok") and res.get("error") == codes.E_DIGEST_MISMATCH:
-                log.critical("state digest mismatch on the leader itself: %s", res.get("message"))
+                # The same rule as on a follower: a store that disagrees with the log is never served.
+                self.on_fatal(Diverged(f"state digest mismatch on the leader itself: {res.get('message')}"))
+                return
         if not self.session.ready:
             self.session.ready = True
             self.session.on_ready()
 
     # ------------------------------------------------------------ leadership
-    def start_leading(self, session: LeaderSession, first_events: list[dict]) -> None:
-        """Adopt `session` (call on the server thread): write `first_events`, then serve once applied."""
+    def start_leading(self, session: LeaderSession, first_events: Callable[[int], list[dict]]) -> None:
+        """Adopt `session` (call on the server thread): write ``first_events(now_ms)``, then serve once applied."""
+        self.leader_clock.start(self.store.clock_ms())
         session.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply,
                                     wake=self.wake, max_inflight=self.config.max_inflight_entries,
                                     max_batch_events=self.config.max_batch_events)
@@ -322,7 +338,7 @@ class BrokerServer:
         self.draining = False
         self.role = "leader"
         try:
-            session.group.add(first_events, None)
+            session.group.add(first_events(self._now_ms()), None)
         except Exception as exc:  # a bug in what the node built: we cannot lead with it
             log.error("cannot write the first events of epoch %d: %s: %s", session.epoch, type(exc).__name__, exc)
             session.group.abort(WriteFailed(f"first events refused: {exc}"))
@@ -330,6 +346,7 @@ class BrokerServer:
     def stop_leading(self, reason: str, role: str = "follower") -> None:
         """Drop leadership (call on the server thread): everything not yet answered gets `unavailable`."""
         session, self.session = self.session, None
+        self.leader_clock.stop()
         self.role = role
         self.draining = False
         if session is None:

@@ -72,7 +72,7 @@ def test_concurrent_starts_get_distinct_ids(cluster, tmp_path):
 
 def test_epoch_claims_are_unique_and_increasing(cluster):
     claimed = []
-    threads = [threading.Thread(target=lambda i=i: claimed.append(claim_epoch(cluster.zk, cluster.paths, i)))
+    threads = [threading.Thread(target=lambda i=i: claimed.append(claim_epoch(cluster.zk, cluster.paths, i).epoch))
                for i in range(8)]
     for t in threads:
         t.start()
@@ -83,9 +83,11 @@ def test_epoch_claims_are_unique_and_increasing(cluster):
 
 
 def test_leader_node_publish_and_retract(cluster):
-    publish_leader(cluster.zk, cluster.paths, {"broker_id": 1, "address": "a", "epoch": 1})
-    publish_leader(cluster.zk, cluster.paths, {"broker_id": 1, "address": "a", "epoch": 2})
-    assert read_leader(cluster.zk, cluster.paths)["epoch"] == 2
+    first = claim_epoch(cluster.zk, cluster.paths, 1)
+    publish_leader(cluster.zk, cluster.paths, {"broker_id": 1, "address": "a", "epoch": first.epoch}, first)
+    second = claim_epoch(cluster.zk, cluster.paths, 1)
+    publish_leader(cluster.zk, cluster.paths, {"broker_id": 1, "address": "a", "epoch": second.epoch}, second)
+    assert read_leader(cluster.zk, cluster.paths)["epoch"] == second.epoch
     retract_leader(cluster.zk, cluster.paths)
     assert read_leader(cluster.zk, cluster.paths) is None
 

@@ -153,7 +153,7 @@ def test_a_committed_entry_no_broker_can_decode_stops_them_loudly(cluster, procs
     wait_for(lambda: cluster.zk.exists(cluster.paths.bookies)
              and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3, 20, "3 bookies")
     ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=time.time)
-    epoch = claim_epoch(cluster.zk, cluster.paths, 0)
+    epoch = claim_epoch(cluster.zk, cluster.paths, 0).epoch
     ledgers = LedgerClient(cluster.zk, cluster.paths)
     try:
         writer = ledgers.create(epoch)

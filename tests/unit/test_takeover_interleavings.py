@@ -1,0 +1,323 @@
+"""Every interleaving of brokers' takeover and roll steps, checked against the fencing invariants.
+
+The brokers run the real decisions of :mod:`broker.server.takeover_steps` (the
+same generators the takeover and the roll drive against ZooKeeper) over an
+in-memory model of ZooKeeper's CAS and multi-op semantics and of bookie
+fencing. Each step is one atomic ZooKeeper or bookie operation; a session
+expiry may strike between any two steps (the broker's ephemeral node goes, and
+the broker, not knowing, goes on with a new session, as kazoo does). Checked:
+
+(a) no entry is acknowledged in a ledger of epoch e once a ledger of a higher epoch is in the log;
+(b) every acknowledged entry is read back by a reader from the start of the log;
+(c) readers never block on an OPEN ledger of a dead epoch (only the last ledger may be OPEN);
+(d) the `leader` node only ever holds the highest epoch published so far.
+
+The pre-fix decisions (an epoch read, then a log CAS checking only the log's
+version; a `leader` node replaced whatever it held) are kept here as
+``legacy`` programs, and the test asserts that the explorer catches them.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, LedgerStates, ReadLog, RecoverAndClose,
+                                          WriteLog, append_fenced, close_previous)
+from election.leader import EpochClaim, LostLeadership
+from ledger import LedgerError
+from ledger.log import appended
+
+OPEN, CLOSED = "OPEN", "CLOSED"
+
+
+class World:
+    """ZooKeeper (epoch, log, leader nodes with versions and owners) and the bookies' ledgers."""
+
+    def __init__(self) -> None:
+        self.epoch, self.epoch_version = 0, -1
+        self.log: list[dict] = []
+        self.log_version = -1
+        self.leader: tuple | None = None  # (epoch, owner session, version)
+        self.ledgers: dict[int, list] = {}  # id -> [epoch, state, fenced, acked entries]
+        self.next_ledger = 0
+        self.sessions: dict[str, int] = {}
+        self.published = 0
+        self.acked: set = set()
+        self.violations: list[str] = []
+
+    def key(self):
+        return (self.epoch, self.epoch_version, tuple((x["id"], x["epoch"]) for x in self.log), self.log_version,
+                self.leader, tuple(sorted((k, tuple(v)) for k, v in self.ledgers.items())), self.next_ledger,
+                tuple(sorted(self.sessions.items())), self.published, tuple(sorted(self.acked)),
+                tuple(self.violations))
+
+    # ---------------------------------------------------------------- ZooKeeper
+    def claim(self) -> EpochClaim:
+        self.epoch, self.epoch_version = self.epoch + 1, self.epoch_version + 1
+        return EpochClaim(self.epoch, self.epoch_version)
+
+    def write_log(self, ledgers, expected_version: int, claim: EpochClaim | None) -> str:
+        """One multi-op: check the epoch version (if a claim is given), CAS the log."""
+        if claim is not None and claim.version != self.epoch_version:
+            return STALE
+        if expected_version != self.log_version:
+            return CONFLICT
+        self.log, self.log_version = [dict(x) for x in ledgers], self.log_version + 1
+        return WRITTEN
+
+    def create_ledger(self, epoch: int) -> int:
+        ledger_id, self.next_ledger = self.next_ledger, self.next_ledger + 1
+        self.ledgers[ledger_id] = [epoch, OPEN, False, 0]
+        return ledger_id
+
+    def publish(self, broker: str, claim: EpochClaim) -> bool:
+        """The fixed publish_leader: a multi-op checking our claim, replacing only a lower epoch."""
+        if claim.version != self.epoch_version:
+            return False
+        session = self.sessions[broker]
+        if self.leader is not None and self.leader[1] != session and self.leader[0] >= claim.epoch:
+            return False
+        self._set_leader(claim.epoch, session)
+        return True
+
+    def publish_legacy(self, broker: str, epoch: int) -> bool:
+        """The pre-fix publish_leader: whatever node is there is deleted and ours created."""
+        self._set_leader(epoch, self.sessions[broker])
+        return True
+
+    def _set_leader(self, epoch: int, session: int) -> None:
+        version = 0 if self.leader is None else self.leader[2] + 1
+        self.leader = (epoch, session, version)
+        self.published = max(self.published, epoch)
+        if epoch < self.published:
+            self.violations.append(f"(d) leader node of epoch {epoch} after epoch {self.published} was published")
+
+    def expire(self, broker: str) -> None:
+        old = self.sessions[broker]
+        self.sessions[broker] = old + 10
+        if self.leader is not None and self.leader[1] == old:
+            self.leader = None
+
+    # ---------------------------------------------------------------- bookies
+    def add(self, ledger_id: int) -> bool:
+        epoch, state, fenced, count = self.ledgers[ledger_id]
+        if fenced or state == CLOSED:
+            return False
+        self.ledgers[ledger_id][3] = count + 1
+        self.acked.add((ledger_id, count))
+        if any(x["epoch"] > epoch for x in self.log):
+            self.violations.append(f"(a) entry {count} acknowledged in ledger {ledger_id} of epoch {epoch} "
+                                   f"after a ledger of a higher epoch is in the log")
+        return True
+
+    def close_own(self, ledger_id: int) -> bool:
+        """The writer's own close: fails once the ledger is fenced."""
+        entry = self.ledgers[ledger_id]
+        if entry[2]:
+            return False
+        entry[1] = CLOSED
+        return True
+
+    def recover_and_close(self, ledger_id: int) -> int:
+        entry = self.ledgers[ledger_id]
+        entry[1], entry[2] = CLOSED, True
+        return entry[3] - 1
+
+    def perform(self, broker: str, action):
+        if isinstance(action, ReadLog):
+            return [dict(x) for x in self.log], self.log_version
+        if isinstance(action, LedgerStates):
+            return {i: self.ledgers[i][1] for i in action.ids}
+        if isinstance(action, RecoverAndClose):
+            return self.recover_and_close(action.ledger_id)
+        if isinstance(action, WriteLog):
+            return self.write_log(action.ledgers, action.expected_version, action.claim)
+        kind, *args = action
+        return {"claim": lambda: self.claim(), "create": lambda: self.create_ledger(*args),
+                "publish": lambda: self.publish(broker, *args), "publish_legacy": lambda: self.publish_legacy(broker, *args),
+                "add": lambda: self.add(*args), "close": lambda: self.close_own(*args),
+                "read_epoch": lambda: self.epoch,
+                "write_log_legacy": lambda: self.write_log(args[0], args[1], None)}[kind]()
+
+    # ---------------------------------------------------------------- what a reader sees
+    def check_state(self) -> None:
+        for item in self.log[:-1]:
+            if self.ledgers[item["id"]][1] != CLOSED:
+                self.violations.append(f"(c) ledger {item['id']} of epoch {item['epoch']} is OPEN before "
+                                       f"ledger {self.log[-1]['id']}: readers block on it")
+
+    def check_final(self) -> None:
+        read = set()
+        for item in self.log:
+            _, state, _, count = self.ledgers[item["id"]]
+            read.update((item["id"], i) for i in range(count))
+            if state != CLOSED and item is not self.log[-1]:
+                break
+        lost = self.acked - read
+        if lost:
+            self.violations.append(f"(b) acknowledged entries {sorted(lost)} are not read back from the log")
+
+
+# -------------------------------------------------------------------- broker programs
+
+
+def fixed_append(ledger_id: int, claim: EpochClaim):
+    return (yield from append_fenced(ledger_id, claim))
+
+
+def legacy_append(ledger_id: int, claim: EpochClaim):
+    """The pre-fix open_ledger: read the log, check the epoch, then CAS the log on its version alone."""
+    ledgers, version = yield ReadLog()
+    if (yield ("read_epoch",)) != claim.epoch:
+        raise LostLeadership("stale")
+    outcome = yield ("write_log_legacy", appended(ledgers, ledger_id, claim.epoch), version)
+    if outcome != WRITTEN:
+        raise LostLeadership("lost CAS")
+
+
+def old_leader_rolls(claim: EpochClaim, ledger_id: int, legacy: bool):
+    """A leader of `claim` writing to `ledger_id`: one more entry, a roll, an entry in the new ledger."""
+    try:
+        if not (yield ("add", ledger_id)):
+            return
+        if not (yield ("close", ledger_id)):
+            return
+        new = yield ("create", claim.epoch)
+        yield from (legacy_append if legacy else fixed_append)(new, claim)
+        yield ("add", new)
+    except (LostLeadership, LedgerError):  # LedgerError: the old log check refusing an older ledger id
+        return
+
+
+def takes_over(legacy: bool, adds: int = 1):
+    """A newly elected broker: claim, recover, open its ledger, publish, write."""
+    try:
+        claim = yield ("claim",)
+        yield from close_previous()
+        new = yield ("create", claim.epoch)
+        yield from (legacy_append if legacy else fixed_append)(new, claim)
+        published = yield (("publish_legacy", claim.epoch) if legacy else ("publish", claim))
+        if not published:
+            return
+        for _ in range(adds):
+            if not (yield ("add", new)):
+                return
+    except (LostLeadership, LedgerError):
+        return
+
+
+class Broker:
+    """A program plus the results it was sent so far (a generator cannot be copied: it is replayed)."""
+
+    def __init__(self, make, history=()) -> None:
+        self.make, self.history = make, tuple(history)
+        self.gen = make()
+        self.pending = None
+        self.done = False
+        try:
+            self.pending = next(self.gen)
+            for result in self.history:
+                self.pending = self.gen.send(result)
+        except StopIteration:
+            self.done = True
+
+    def after(self, result) -> "Broker":
+        return Broker(self.make, self.history + (result,))
+
+
+class Explorer:
+    """Depth-first over every interleaving, with state memoization; counts complete interleavings."""
+
+    def __init__(self, expiries: int) -> None:
+        self.expiries = expiries
+        self.memo: dict = {}
+        self.violations: set[str] = set()
+        self.states = 0
+
+    def run(self, world: World, brokers: dict[str, Broker]) -> int:
+        return self._explore(world, brokers, self.expiries)
+
+    def _explore(self, world: World, brokers: dict[str, Broker], expiries: int) -> int:
+        key = (world.key(), tuple((n, repr(b.history)) for n, b in sorted(brokers.items())), expiries)
+        if key in self.memo:
+            return self.memo[key]
+        self.states += 1
+        world.check_state()
+        self.violations.update(world.violations)
+        paths = 0
+        live = [n for n, b in brokers.items() if not b.done]
+        for name in live:
+            nxt = copy.deepcopy(world)
+            result = nxt.perform(name, brokers[name].pending)
+            paths += self._explore(nxt, {**brokers, name: brokers[name].after(result)}, expiries)
+        if expiries and live:
+            for name in brokers:
+                nxt = copy.deepcopy(world)
+                nxt.expire(name)
+                paths += self._explore(nxt, brokers, expiries - 1)
+        if not live:
+            world.check_final()
+            self.violations.update(world.violations)
+            paths = 1
+        self.memo[key] = paths
+        return paths
+
+
+def old_leader_world(brokers: list[str]) -> tuple[World, EpochClaim, int]:
+    """Epoch 1's leader `a` serves from ledger 0 (OPEN, one entry acknowledged), its leader node published."""
+    world = World()
+    for name in brokers:
+        world.sessions[name] = len(world.sessions) + 1
+    claim = world.claim()
+    ledger = world.create_ledger(claim.epoch)
+    assert world.write_log(appended([], ledger, claim.epoch), -1, claim) == WRITTEN
+    assert world.publish("a", claim)
+    assert world.add(ledger)
+    return world, claim, ledger
+
+
+def explore(brokers: dict, names: list[str], expiries: int) -> Explorer:
+    world, claim, ledger = old_leader_world(names)
+    explorer = Explorer(expiries)
+    explorer.paths = explorer.run(world, {n: Broker(lambda make=make: make(claim, ledger)) for n, make in
+                                          brokers.items()})
+    return explorer
+
+
+def scenario(legacy: bool, three: bool):
+    programs = {"a": lambda claim, ledger: old_leader_rolls(claim, ledger, legacy),
+                "b": lambda claim, ledger: takes_over(legacy)}
+    if three:
+        programs["c"] = lambda claim, ledger: takes_over(legacy)
+    return programs
+
+
+@pytest.mark.parametrize("three, expiries", [(False, 2), (True, 0)], ids=["two-brokers", "three-brokers"])
+def test_every_interleaving_keeps_the_fencing_invariants(three, expiries):
+    programs = scenario(legacy=False, three=three)
+    explorer = explore(programs, list(programs), expiries)
+    print(f"{len(programs)} brokers, up to {expiries} session expiries: {explorer.paths} interleavings "
+          f"explored ({explorer.states} distinct states)")
+    assert explorer.paths > 1000
+    assert not explorer.violations, sorted(explorer.violations)[:5]
+
+
+def test_the_pre_fix_logic_is_caught():
+    """The old decisions (epoch read then a log CAS; publish replacing any node) break (a), (b), (c) and (d)."""
+    programs = scenario(legacy=True, three=True)
+    explorer = explore(programs, list(programs), expiries=0)
+    found = {v[:3] for v in explorer.violations}
+    print(f"pre-fix logic: {explorer.paths} interleavings, violations of {sorted(found)}")
+    assert {"(a)", "(b)", "(c)", "(d)"} <= found
+
+
+def test_a_stale_append_is_refused_by_the_epoch_check():
+    """The reproduction of the issue, as one schedule: the old leader's log change lands after epoch 2's claim."""
+    world, claim, ledger = old_leader_world(["a", "b"])
+    assert world.close_own(ledger)
+    stale = world.create_ledger(claim.epoch)
+    _, version = world.log, world.log_version
+    world.claim()  # epoch 2, while `a` is paused between its epoch check and its log change
+    assert world.write_log(appended(world.log, stale, claim.epoch), version, claim) == STALE
+    assert world.write_log(appended(world.log, stale, claim.epoch), version, None) == WRITTEN  # the old CAS
