@@ -56,3 +56,17 @@ def test_an_elect_request_lets_only_its_live_target_stand():
     assert not ok and "handed to broker 3" in why
     # a dead target does not block the election
     assert may_stand(2, False, {1, 2, 3}, alive={2}, allow_lagging=True, elect_target=3)[0]
+
+
+def test_elect_refusals_name_the_reason():
+    from broker.server.insync import refusal
+
+    live = {1: {"address": "a1"}, 2: {"address": "a2"}, 3: {"address": "a3", "learner": True}, 4: {"address": "a4"}}
+    lags = {2: 0, 3: 0, 4: 5000}
+    assert refusal(2, 1, {1, 2}, live, lags, max_lag=10) == ""
+    assert "is a learner" in refusal(3, 1, {1, 2}, live, lags, max_lag=10)
+    assert "is lagging (5000 entries behind" in refusal(4, 1, {1, 2}, live, lags, max_lag=10)
+    assert "is not alive" in refusal(7, 1, {1, 2}, live, lags, max_lag=10)
+    assert "not a broker id" in refusal("2", 1, {1, 2}, live, lags, max_lag=10)
+    # in the set a moment ago but now beyond the leader's own limit: refused too
+    assert "lagging" in refusal(2, 1, {1, 2}, live, {2: 11}, max_lag=10)
