@@ -438,7 +438,7 @@ class BrokerNode:
         self._handing_over = False
         self._stop_tail()
         takeover = Takeover(self.zk, self.paths, self.ledgers, self.store, self.server, self.identity.broker_id,
-                            self.config, self.clock, step_down=self._step_down, stopping=self.stop_event)
+                            self.config, step_down=self._step_down, stopping=self.stop_event)
         try:
             session = takeover.run()
             self.checkpointer.request("won leadership")

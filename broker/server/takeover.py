@@ -15,7 +15,7 @@ Rolling to a new ledger of the same epoch (:func:`roll_ledger`) reuses the
 
 Example::
 
-    takeover = Takeover(zk, paths, ledgers, store, server, broker_id, config, clock,
+    takeover = Takeover(zk, paths, ledgers, store, server, broker_id, config,
                         step_down=step_down, stopping=stop_event)
     session = takeover.run()   # serving and published; raises if a step fails
 """
@@ -136,10 +136,10 @@ class Takeover:
     """
 
     def __init__(self, zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, store: StateStore,
-                 server: BrokerServer, broker_id: int, config: BrokerConfig, clock: Callable[[], float],
+                 server: BrokerServer, broker_id: int, config: BrokerConfig,
                  step_down: threading.Event, stopping: threading.Event) -> None:
         self.zk, self.paths, self.ledgers, self.store = zk, paths, ledgers, store
-        self.server, self.broker_id, self.config, self.clock = server, broker_id, config, clock
+        self.server, self.broker_id, self.config = server, broker_id, config
         self.step_down, self.stopping = step_down, stopping
         self.writer: LedgerWriter | None = None
         self.session: LeaderSession | None = None
