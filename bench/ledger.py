@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bench ledger: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (DESIGN.md section 9)
+    except Exception as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
         print(f"bench ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 

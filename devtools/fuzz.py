@@ -1,7 +1,7 @@
 """Hostile request frames for a broker, and a sender that counts how they were answered.
 
-A server must answer every frame (DESIGN.md section 1) and a request can only
-fail itself (section 5): :func:`fuzz_frames` makes a seeded corpus that tries to
+A server must answer every frame (docs/architecture.md, "The wire envelope") and a request can only
+fail itself ("The request loop"): :func:`fuzz_frames` makes a seeded corpus that tries to
 break both promises: garbage bytes, truncated msgpack, wrong protocol versions,
 unknown ops, and every op of the broker protocol with mutated fields (wrong
 types, nulls, huge ints, duplicate lists, over-long or NUL-bearing unicode,

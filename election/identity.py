@@ -1,4 +1,4 @@
-"""Persistent broker ids (DESIGN.md section 6, after RocketMQ's persistent unique BrokerId).
+"""Persistent broker ids (docs/architecture.md, "ZooKeeper layout"; after RocketMQ's persistent unique BrokerId).
 
 A broker is `cluster:name:id`, never its address. The id is agreed with
 ZooKeeper in steps that each survive a crash:

@@ -1,4 +1,4 @@
-"""Leader eligibility (DESIGN.md section 6, RIP-44): the in-sync set and who may stand.
+"""Leader eligibility (docs/architecture.md, "Who may lead"; after RocketMQ RIP-44): the in-sync set and who may stand.
 
 The pure rules come first and never touch ZooKeeper or a clock (the caller
 passes ``now``): :func:`entries_behind` measures a follower's lag across

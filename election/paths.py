@@ -1,4 +1,4 @@
-"""The ZooKeeper layout of one fencepost cluster (DESIGN.md section 3).
+"""The ZooKeeper layout of one fencepost cluster (docs/architecture.md, "ZooKeeper layout").
 
 Every node lives under ``/fencepost/<cluster>``. Code never builds these
 strings by hand; it asks a :class:`ClusterPaths`.

@@ -1,6 +1,6 @@
 """The ledger entry codec: the bytes an entry has on the wire and on a bookie's disk.
 
-Layout (DESIGN.md section 4), all integers big-endian::
+Layout (docs/architecture.md, "Entries"), all integers big-endian::
 
     ledger_id u64 | entry_id u64 | lac i64 | epoch u64 | length u32 | payload | digest
 

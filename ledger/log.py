@@ -1,7 +1,7 @@
 """The log: the ordered list of ledgers in ZooKeeper, and reading across it.
 
 The ``log`` znode holds ``{"ledgers": [{"id": .., "epoch": ..}, ...]}`` in
-order (DESIGN.md section 3). Every change is one ZooKeeper multi-op: a CAS on
+order (docs/architecture.md, "The log and positions"). Every change is one ZooKeeper multi-op: a CAS on
 the log's version plus, for a leader, a check of the ``epoch`` znode's version
 as its claim wrote it (:class:`election.leader.EpochClaim`). A newer epoch
 fails the change with :class:`StaleEpoch` (step down); a log changed since it

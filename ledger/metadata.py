@@ -1,6 +1,6 @@
 """Ledger metadata in ZooKeeper: ids, ensemble choice, JSON form and CAS updates.
 
-Each ledger's metadata lives at ``ledgers/L<10 digits>`` (DESIGN.md section 3).
+Each ledger's metadata lives at ``ledgers/L<10 digits>`` (docs/architecture.md, "ZooKeeper layout").
 The id is the sequence number ZooKeeper appends to a sequential node, so ids
 only grow. Every change (``OPEN -> IN_RECOVERY -> CLOSED``) is a compare-and-set
 on the znode version: whoever loses a race gets :class:`MetadataConflict` and

@@ -1,4 +1,4 @@
-"""The snapshot file format: write, read, verify (DESIGN.md section 7).
+"""The snapshot file format: write, read, verify (docs/architecture.md, "Snapshots, checkpoints, retention and joining").
 
 One snapshot is one file. All integers are big-endian::
 

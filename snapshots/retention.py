@@ -1,4 +1,4 @@
-"""Which ledgers may be deleted (DESIGN.md section 4, last bullet).
+"""Which ledgers may be deleted (docs/architecture.md, "Snapshots, checkpoints, retention and joining").
 
 A ledger may go only when no member could ever need to read it again: every
 entry of it must be covered by a snapshot that a *live* broker can serve (a

@@ -1,4 +1,4 @@
-"""The leader's in-sync tracker and the follower's standing check (DESIGN.md section 6).
+"""The leader's in-sync tracker and the follower's standing check (docs/architecture.md, "Who may lead").
 
 While it leads, a broker runs an :class:`InSyncTracker` thread: every
 ``insync_check_ms`` it reads the log, the closed ledgers' lengths and the live

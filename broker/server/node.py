@@ -2,7 +2,7 @@
 
 Threads: the main thread runs the request loop (:class:`BrokerServer`); an
 election thread stands for leadership and, once elected, runs the takeover
-steps of DESIGN.md section 5 (claim the epoch, recover and close the previous
+steps of docs/architecture.md, "Takeover" (claim the epoch, recover and close the previous
 ledgers, catch up, open our ledger, CAS it onto the log, write
 ``EpochStarted``, publish ``leader``: :mod:`broker.server.takeover`); a
 follower tail applies the log while we do not lead. ZooKeeper state changes

@@ -1,4 +1,4 @@
-"""The takeover: the steps a newly elected broker takes before it serves (DESIGN.md section 5).
+"""The takeover: the steps a newly elected broker takes before it serves (docs/architecture.md, "Takeover").
 
 In order: claim the next epoch (fencing every older leader), recover and close
 the ledgers the previous leaders left open, catch the store up with the log,

@@ -2,7 +2,7 @@
 
 A bookie's "no such entry" is evidence in ledger recovery: two of them end a
 ledger. A bookie must therefore never answer it from a store that lost data.
-Three layers (DESIGN.md section 4, "a bookie vouches for its data or stays
+Three layers (docs/architecture.md, "Bookies and group commit": "a bookie vouches for its data or stays
 silent"; BookKeeper's cookie, data-integrity check and limbo ledgers):
 
 1. :func:`open_vouched_store` refuses to start on a data file that is missing

@@ -19,7 +19,7 @@ Named databases:
 The LAC of a ledger is the largest ``lac`` field among its stored entries (the
 writer piggybacks its LAC on every add). A fence is persisted before it is
 acknowledged and every later add to that ledger is refused, which is what makes
-ledger recovery safe (DESIGN.md section 4).
+ledger recovery safe (docs/architecture.md, "Fencing and recovery").
 
 The data directory's cookie (which cluster and bookie id it belongs to) is in
 :mod:`ledger.bookie.cookie`.

@@ -1,4 +1,4 @@
-"""Who may lead (DESIGN.md section 6): the in-sync set, learners, lagging joiners, admin elect,
+"""Who may lead (docs/architecture.md, "Who may lead"): the in-sync set, learners, lagging joiners, admin elect,
 and one live process per broker id. Real ZooKeeper, bookies and brokers."""
 import json
 import shutil
