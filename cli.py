@@ -19,11 +19,11 @@ import ledger
 import pipeline
 import snapshots
 from broker.server.config import BrokerConfig
-from cli_options import config_options, settings_flags
+from cli_options import cluster_options, config_options, emit, fail, resolve_cluster, settings_flags, with_zk
+from devtools.commands import bench, chaos, dev, zk
 from election.wire import CodedError
 from ledger.bookie.config import BookieConfig
 
-DEFAULT_DEV_DIR = ".fencepost-dev"
 _ROOT_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError,
                 snapshots.SnapshotError, pipeline.PipelineError, CodedError)
 
@@ -49,12 +49,6 @@ def setup_logging(level: str, as_json: bool) -> None:
     logging.getLogger("kazoo").setLevel(max(logging.WARNING, root.level))
 
 
-def fail(message: str) -> None:
-    """Print a one-line reason and exit 1."""
-    click.echo(f"fencepost: {message}", err=True)
-    sys.exit(1)
-
-
 class FencepostGroup(click.Group):
     """Turns the packages' errors into a one-line reason and exit code 1."""
 
@@ -65,39 +59,6 @@ class FencepostGroup(click.Group):
             fail(str(exc))
         except KeyboardInterrupt:
             fail("interrupted")
-
-
-def emit(data, as_json: bool, human) -> None:
-    """Print `data` as JSON, or through the `human` formatter."""
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
-    else:
-        human(data)
-
-
-def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[str, str]:
-    """ZooKeeper hosts and cluster name: flags, then FENCEPOST_ZK/FENCEPOST_CLUSTER, then the dev cluster."""
-    zk = zk or os.environ.get("FENCEPOST_ZK")
-    cluster = cluster or os.environ.get("FENCEPOST_CLUSTER")
-    if zk and cluster:
-        return zk, cluster
-    from devtools.devcluster import DevCluster
-
-    state = DevCluster(Path(dev_dir)).read_state()
-    if not zk:
-        if not state:
-            raise click.UsageError(f"no --zk given, FENCEPOST_ZK unset, and no dev cluster in {dev_dir}")
-        zk = state["zk"]
-    return zk, cluster or (state or {}).get("cluster") or "dev"
-
-
-def cluster_options(fn):
-    """--zk/--cluster/--dev-dir, shared by every command that talks to a cluster."""
-    fn = click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True,
-                      help="Dev cluster to use when neither --zk nor FENCEPOST_ZK is set.")(fn)
-    fn = click.option("--cluster", default=None, help="Cluster name [env FENCEPOST_CLUSTER; default: the dev cluster's, else dev].")(fn)
-    fn = click.option("--zk", default=None, help="ZooKeeper hosts host:port,... [env FENCEPOST_ZK].")(fn)
-    return fn
 
 
 @click.group(cls=FencepostGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,118 +78,9 @@ def main(log_level: str, log_json: bool) -> None:
     setup_logging(log_level, log_json or bool(os.environ.get("FENCEPOST_LOG_JSON")))
 
 
-# ---------------------------------------------------------------- zk
-@main.group()
-def zk() -> None:
-    """A development ZooKeeper server from the jars bundled in pyspark."""
-
-
-@zk.command("start")
-@click.option("--port", default=2181, show_default=True, type=click.IntRange(1, 65535), help="Client port.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--data", default="./zk-data", show_default=True, type=click.Path(file_okay=False),
-              help="Data directory (config, snapshots, log, pid file).")
-@click.option("--tick-ms", default=200, show_default=True, type=int,
-              help="ZooKeeper tick; sessions may be as short as 2 ticks.")
-@click.option("--foreground", is_flag=True, help="Run in the foreground until interrupted.")
-def zk_start(port: int, host: str, data: str, tick_ms: int, foreground: bool) -> None:
-    """Start ZooKeeper and wait until it answers."""
-    from devtools.zkserver import ZkServerConfig, ZooKeeperServer
-
-    server = ZooKeeperServer(ZkServerConfig(port=port, host=host, data=data, tick_ms=tick_ms,
-                                            min_session_ms=2 * tick_ms))
-    if foreground:
-        proc = server.start(foreground=True)
-        click.echo(f"zookeeper listening on {server.hosts} (pid {proc.pid}); Ctrl-C stops it")
-        try:
-            proc.wait()
-        except KeyboardInterrupt:
-            server.stop()
-        return
-    proc = server.start()
-    (server.data_dir / "zookeeper.pid").write_text(str(proc.pid))
-    click.echo(f"zookeeper listening on {server.hosts} (pid {proc.pid}, data {server.data_dir})")
-
-
-@zk.command("stop")
-@click.option("--data", default="./zk-data", show_default=True, type=click.Path(file_okay=False),
-              help="Data directory given to `zk start`.")
-def zk_stop(data: str) -> None:
-    """Stop the ZooKeeper started in the background by `zk start --data DIR`."""
-    from devtools.procs import stop_pid
-
-    pid_file = Path(data).resolve() / "zookeeper.pid"
-    if not pid_file.exists():
-        fail(f"no ZooKeeper pid file in {pid_file.parent}")
-    stop_pid(int(pid_file.read_text()), str(pid_file.parent))
-    pid_file.unlink()
-    click.echo("zookeeper stopped")
-
-
-# ---------------------------------------------------------------- dev
-@main.group()
-def dev() -> None:
-    """A local cluster (ZooKeeper, bookies, brokers) running in the background."""
-
-
-def dev_dir_option(fn):
-    return click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True, type=click.Path(file_okay=False),
-                        help="Run directory of the dev cluster; several can coexist.")(fn)
-
-
-@dev.command("up")
-@dev_dir_option
-@click.option("--cluster", default="dev", show_default=True, help="Cluster name.")
-@click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 16), help="Bookies to start.")
-@click.option("--brokers", default=3, show_default=True, type=click.IntRange(0, 16), help="Brokers to start.")
-@click.option("--zk-session-timeout", default=2.0, show_default=True, type=float,
-              help="ZooKeeper session timeout of the brokers, in seconds.")
-def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float) -> None:
-    """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json."""
-    from devtools.devcluster import DevCluster, DevClusterSpec
-
-    spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout)
-    state = DevCluster(Path(dev_dir)).up(spec, progress=click.echo)
-    click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
-
-
-@dev.command("add-broker")
-@dev_dir_option
-def dev_add_broker(dev_dir: str) -> None:
-    """Start one more broker with an empty data dir; it joins by snapshot and ledger replay."""
-    from devtools.devcluster import DevCluster
-
-    member = DevCluster(Path(dev_dir)).add_broker(progress=click.echo)
-    click.echo(f"broker {member['index']} started (pid {member['pid']}, data {member['data_dir']})")
-
-
-@dev.command("down")
-@dev_dir_option
-def dev_down(dev_dir: str) -> None:
-    """Stop exactly the processes `dev up` started."""
-    from devtools.devcluster import DevCluster
-
-    stopped = DevCluster(Path(dev_dir)).down()
-    click.echo(f"stopped {len(stopped)} processes")
-
-
-@dev.command("status")
-@dev_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-def dev_status(dev_dir: str, as_json: bool) -> None:
-    """What runs where in the dev cluster."""
-    from devtools.devcluster import DevCluster
-
-    rows = DevCluster(Path(dev_dir)).status()
-
-    def human(rows):
-        if not rows:
-            click.echo(f"no dev cluster in {dev_dir}")
-        for r in rows:
-            extra = f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
-            click.echo(f"{r['kind']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  {r['data_dir']}")
-
-    emit(rows, as_json, human)
+# The development commands (ZooKeeper runner, dev cluster, benchmarks, chaos) live with the dev tools.
+for _command in (zk, dev, bench, chaos):
+    main.add_command(_command)
 
 
 # ---------------------------------------------------------------- bookie
@@ -394,14 +246,8 @@ def snapshot() -> None:
 
 def _zk_cluster_id(zk, cluster, dev_dir) -> str:
     from broker.admin import cluster_id_of
-    from election.zk import close, connect
 
-    hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    client = connect(hosts, connect_timeout=5.0)
-    try:
-        return cluster_id_of(client, name)
-    finally:
-        close(client)
+    return with_zk(zk, cluster, dev_dir, cluster_id_of)
 
 
 @snapshot.command("list")
@@ -416,14 +262,7 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
     if data:
         rows = admin.list_snapshots(Path(data))
     else:
-        from election.zk import close, connect
-
-        hosts, name = resolve_cluster(zk, cluster, dev_dir)
-        client = connect(hosts, connect_timeout=5.0)
-        try:
-            rows = admin.advertised_snapshots(client, name)
-        finally:
-            close(client)
+        rows = with_zk(zk, cluster, dev_dir, admin.advertised_snapshots)
 
     def human(rows):
         if not rows:
@@ -502,85 +341,10 @@ def store_verify(data, cluster_id, as_json) -> None:
         f"cluster {r['cluster_id'] or '(not recorded)'}, {'closed in order' if r['clean'] else 'not closed in order'}"))
 
 
-# ---------------------------------------------------------------- bench
-BENCHMARKS = {
-    "ledger": "bench.ledger",
-    "tasks": "bench.tasks",
-    "failover": "bench.failover",
-    "memory": "bench.memory",
-    "catchup": "bench.catchup",
-    "fuzz": "bench.fuzz",
-}
-
-
-@main.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                         "allow_interspersed_args": False})
-@click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(name: str, args: tuple[str, ...]) -> None:
-    """Run benchmark NAME (ledger, tasks, failover, memory, catchup, fuzz); `fencepost bench NAME --help` lists its options.
-
-    Each starts its own local cluster on loopback ports, stops it at the end, and with
-    --json prints one JSON object.
-    """
-    import importlib
-
-    try:
-        module = importlib.import_module(BENCHMARKS[name])
-    except ImportError as exc:
-        fail(f"benchmark {name} is not available: {exc}")
-    sys.exit(module.main(list(args)))
-
-
-# ---------------------------------------------------------------- chaos
-@main.command("chaos")
-@click.option("--minutes", default=None, type=click.FloatRange(0.1), help="Minutes of faults [default 3].")
-@click.option("--seconds", default=None, type=click.FloatRange(10), help="Seconds of faults (for short runs).")
-@click.option("--seed", default=None, type=int, help="Seed of the fault schedule (printed; replays the same schedule).")
-@click.option("--dir", "run_dir", default=None, type=click.Path(file_okay=False),
-              help="Run directory of the private cluster [default: a temporary one].")
-@click.option("--keep", is_flag=True, help="Keep the run directory (logs, data) afterwards; kept anyway on anomalies.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
-    """Inject random faults into a private cluster under keyed load, then check the history.
-
-    Starts its own ZooKeeper, 3 bookies and 3 brokers, kills and pauses leaders,
-    followers, bookies and workers, restarts ZooKeeper, expires sessions, fills a
-    bookie's disk (as root) and sends poison requests, then checks that every
-    acknowledged task is there exactly once, no task completed twice, and all brokers
-    agree. Exit 0 with no anomaly, 1 otherwise.
-    """
-    from devtools.chaos import ChaosConfig, ChaosRun, format_report
-
-    if minutes is not None and seconds is not None:
-        raise click.UsageError("give --minutes or --seconds, not both")
-    length = seconds if seconds is not None else (minutes if minutes is not None else 3.0) * 60
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-    logging.getLogger("broker.api.client").setLevel(logging.ERROR)
-    config = ChaosConfig(seconds=length, seed=seed, run_dir=Path(run_dir) if run_dir else None, keep=keep)
-    progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
-    report = ChaosRun(config, progress=progress).run()
-    emit(report, as_json, lambda r: click.echo(format_report(r)))
-    if report["anomalies"]:
-        fail(f"{len(report['anomalies'])} anomalies: " + "; ".join(
-            f"{a['kind']} ({a['count']})" for a in report["anomalies"]) + f"; seed {report['seed']}")
-
-
 # ---------------------------------------------------------------- admin
 @main.group()
 def admin() -> None:
     """Leadership: the in-sync set, the epoch history, handing leadership over."""
-
-
-def _with_zk(zk, cluster, dev_dir, action):
-    from election.zk import close, connect
-
-    hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    client = connect(hosts, connect_timeout=5.0)
-    try:
-        return action(client, name)
-    finally:
-        close(client)
 
 
 @admin.command("insync")
@@ -597,7 +361,7 @@ def admin_insync(zk, cluster, dev_dir, as_json) -> None:
             mark = "in-sync" if b["in_sync"] else ("learner" if b["learner"] else "out")
             click.echo(f"  {b['id']:<4} {mark:<8} {b['address']}  lag={'-' if b['lag'] is None else b['lag']}")
 
-    emit(_with_zk(zk, cluster, dev_dir, insync_report), as_json, human)
+    emit(with_zk(zk, cluster, dev_dir, insync_report), as_json, human)
 
 
 @admin.command("epochs")
@@ -614,7 +378,7 @@ def admin_epochs(zk, cluster, dev_dir, as_json) -> None:
             click.echo(f"epoch {r['epoch']:<5} leader={r['broker_id'] if r['broker_id'] is not None else '?':<4} "
                        f"first={r['first_position']}  started={started}  ledgers={r['ledgers']}")
 
-    emit(_with_zk(zk, cluster, dev_dir, epoch_history), as_json, human)
+    emit(with_zk(zk, cluster, dev_dir, epoch_history), as_json, human)
 
 
 @admin.command("elect")
@@ -625,7 +389,7 @@ def admin_elect(broker_id, timeout, zk, cluster, dev_dir) -> None:
     """Hand leadership to BROKER_ID (a live, in-sync, non-learner broker); the leader steps down once it is next."""
     from broker.admin import elect
 
-    leader = _with_zk(zk, cluster, dev_dir, lambda client, name: elect(client, name, broker_id, timeout))
+    leader = with_zk(zk, cluster, dev_dir, lambda client, name: elect(client, name, broker_id, timeout))
     click.echo(f"broker {leader['broker_id']} leads (epoch {leader.get('epoch')}) at {leader.get('address')}")
 
 
@@ -637,14 +401,8 @@ def status(zk, cluster, dev_dir, as_json) -> None:
     """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues."""
     from broker.admin import full_status
     from election.cluster_view import format_status
-    from election.zk import close, connect
 
-    hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    client = connect(hosts, connect_timeout=5.0)
-    try:
-        view = full_status(client, name)
-    finally:
-        close(client)
+    view = with_zk(zk, cluster, dev_dir, full_status)
     emit(view, as_json, lambda v: click.echo(format_status(v)))
 
 

@@ -1,4 +1,10 @@
-"""Click options generated from a process's config dataclass, so a setting is declared once.
+"""The options and output shared by the commands, and options generated from config dataclasses.
+
+Shared by `cli.py` and the development commands (`devtools/commands.py`): ``cluster_options``
+(``--zk/--cluster/--dev-dir``) and :func:`resolve_cluster`, :func:`with_zk` for a short
+ZooKeeper session, :func:`emit` (JSON or text) and :func:`fail` (one line, exit 1).
+
+Generated options: a setting of a process's config dataclass is declared once.
 
 Each field of the dataclass (``BrokerConfig``, ``BookieConfig``) becomes one option named after
 it (``zk_session_timeout`` -> ``--zk-session-timeout``). What the option needs beyond the
@@ -26,13 +32,70 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import click
 
 from election.settings import ENV_PREFIX
+
+DEFAULT_DEV_DIR = ".fencepost-dev"
+
+
+def fail(message: str) -> None:
+    """Print a one-line reason and exit 1."""
+    click.echo(f"fencepost: {message}", err=True)
+    sys.exit(1)
+
+
+def emit(data, as_json: bool, human) -> None:
+    """Print `data` as JSON, or through the `human` formatter."""
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        human(data)
+
+
+def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[str, str]:
+    """ZooKeeper hosts and cluster name: flags, then FENCEPOST_ZK/FENCEPOST_CLUSTER, then the dev cluster."""
+    zk = zk or os.environ.get("FENCEPOST_ZK")
+    cluster = cluster or os.environ.get("FENCEPOST_CLUSTER")
+    if zk and cluster:
+        return zk, cluster
+    from devtools.devcluster import DevCluster
+
+    state = DevCluster(Path(dev_dir)).read_state()
+    if not zk:
+        if not state:
+            raise click.UsageError(f"no --zk given, FENCEPOST_ZK unset, and no dev cluster in {dev_dir}")
+        zk = state["zk"]
+    return zk, cluster or (state or {}).get("cluster") or "dev"
+
+
+def with_zk(zk, cluster, dev_dir, action):
+    """Run ``action(kazoo_client, cluster_name)`` on a short ZooKeeper session to the resolved cluster."""
+    from election.zk import close, connect
+
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    client = connect(hosts, connect_timeout=5.0)
+    try:
+        return action(client, name)
+    finally:
+        close(client)
+
+
+def cluster_options(fn):
+    """--zk/--cluster/--dev-dir, shared by every command that talks to a cluster."""
+    fn = click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True,
+                      help="Dev cluster to use when neither --zk nor FENCEPOST_ZK is set.")(fn)
+    fn = click.option("--cluster", default=None, help="Cluster name [env FENCEPOST_CLUSTER; default: the dev cluster's, else dev].")(fn)
+    fn = click.option("--zk", default=None, help="ZooKeeper hosts host:port,... [env FENCEPOST_ZK].")(fn)
+    return fn
 
 
 def _base_type(hint: Any) -> Any:
