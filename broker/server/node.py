@@ -39,10 +39,11 @@ from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.server.config import BrokerConfig
+from broker.server.candidacy import Candidacy
 from broker.server.checkpoints import CheckpointHost, Checkpointer
 from broker.server.datalock import DataDirLock
 from broker.server.follower import Diverged, FollowerTail
-from broker.server.insync import InSyncTracker, standing
+from broker.server.insync import InSyncTracker
 from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
 from broker.server.request_loop import BrokerServer
 from broker.state.store import StoreDamaged
@@ -55,7 +56,7 @@ from election.files import write_json_atomically
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import ensure_broker_id
 from election.insync import election_contenders
-from election.leader import LeaderElection, retract_leader
+from election.leader import retract_leader
 from election.paths import ClusterPaths
 from election.zk import connect, patiently
 from ledger import LedgerError
@@ -71,8 +72,6 @@ log = logging.getLogger(__name__)
 
 # Share of shutdown_timeout a leader may spend handing over; the rest is for local steps.
 HANDOVER_SHARE = 0.5
-# How often a broker that may not stand looks again (and a queued one checks it still may).
-STANDING_POLL_S = 0.1
 
 
 class BrokerNode:
@@ -87,16 +86,10 @@ class BrokerNode:
         self._failing = False
         self._step_down = threading.Event()
         self._tail: FollowerTail | None = None
-        self._election: LeaderElection | None = None
         self._tail_applied = 0
-        self._served = False
         self._damaged = threading.Event()
         self._damage_lock = threading.Lock()
-        self._in_lead = False
         self._handing_over = False
-        self._declined = False
-        self._standing_reason = ""
-        self._standing_changed = threading.Event()  # the elect request changed: look again now
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
 
     # ------------------------------------------------------------ lifecycle
@@ -141,10 +134,13 @@ class BrokerNode:
             self.server.role = "learner" if cfg.learner else "follower"
             self.zk.add_listener(self._on_zk_state)
             self.zk.DataWatch(self.paths.leader, self._on_leader_node)
-            self.zk.DataWatch(self.paths.elect, lambda *_: self._standing_changed.set())
+            self.candidacy = Candidacy(self.zk, self.paths, self.identity.broker_id, cfg, lead=self._lead_epoch,
+                                       may_lead=lambda: not (self.stop_event.is_set() or self._damaged.is_set()),
+                                       stop=self.stop_event)
+            self.zk.DataWatch(self.paths.elect, lambda *_: self.candidacy.poke())
             self._start_tail()
             if not cfg.learner:
-                threading.Thread(target=self._stand, name="election", daemon=True).start()
+                threading.Thread(target=self.candidacy.run, name="election", daemon=True).start()
             while not self.stop_event.is_set():
                 self.server.serve_once()
                 self.live.update()
@@ -182,7 +178,7 @@ class BrokerNode:
         threading.Thread(target=self._rebuild_when_idle, name="store-rebuild", daemon=True).start()
 
     def _rebuild_when_idle(self) -> None:
-        while (self._in_lead or self.server.session is not None) and not self.stop_event.is_set():
+        while (self.candidacy.in_lead or self.server.session is not None) and not self.stop_event.is_set():
             time.sleep(0.05)
         if not self.stop_event.is_set():
             self.server.call_soon(self._rebuild_running)
@@ -293,8 +289,7 @@ class BrokerNode:
             deadline = time.monotonic() + self.stop_budget.remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
             while self.server.session is not None and time.monotonic() < deadline:
                 self.server.serve_once()
-        if self._election is not None:
-            self._election.cancel()
+        self.candidacy.cancel()
         # A tail blocked in a ZooKeeper call never touches the store again before we exit: do not
         # spend the budget the checkpoint and the clean marker need waiting for it.
         self._stop_tail(timeout=self.stop_budget.remaining(5.0 if self.zk.connected else 1.0))
@@ -374,65 +369,6 @@ class BrokerNode:
                 self._tail = None
 
     # ------------------------------------------------------------ leadership
-    def _may_stand(self) -> bool:
-        """Whether we may stand now (in the in-sync set, or no member alive; see election.insync)."""
-        try:
-            ok, why = standing(self.zk, self.paths, self.identity.broker_id, self.config)
-        except (KazooException, ElectionError) as exc:
-            ok, why = False, f"cannot read the in-sync set: {exc}"
-        if why != self._standing_reason:
-            self._standing_reason = why
-            log.info("%s", f"not standing for election: {why}" if why else "standing for election")
-        return ok
-
-    def _watch_standing(self, election: LeaderElection, done: threading.Event) -> None:
-        """Leave the election queue once we may no longer stand (unless we already lead)."""
-        while not done.is_set() and not self.stop_event.is_set():
-            self._standing_changed.wait(STANDING_POLL_S)
-            self._standing_changed.clear()
-            if not done.is_set() and not self._in_lead and not self._may_stand():
-                election.cancel()
-                return
-
-    def _stand(self) -> None:
-        backoff = 0.2
-        while not self.stop_event.is_set():
-            self._served = self._declined = False
-            if not self._may_stand():
-                self.stop_event.wait(STANDING_POLL_S)
-                continue
-            done = threading.Event()
-            try:
-                self._election = LeaderElection(self.zk, self.paths, self.identity.broker_id)
-                threading.Thread(target=self._watch_standing, args=(self._election, done), name="standing",
-                                 daemon=True).start()
-                self._election.run(self._lead)
-            except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
-                log.warning("election: %s: %s", type(exc).__name__, exc)
-            except Exception:
-                log.exception("election thread error; standing again")
-            finally:
-                done.set()
-            # A takeover that failed before serving (too few bookies, say) must not
-            # burn an epoch every few milliseconds: back off until one succeeds.
-            backoff = 0.2 if self._served else min(backoff * 2, 5.0)
-            if self._declined or self._standing_reason:
-                backoff = STANDING_POLL_S  # we did not try to lead: nothing to back off from
-            if not self.stop_event.is_set():
-                self.stop_event.wait(backoff)
-
-    def _lead(self) -> None:
-        if self.stop_event.is_set() or self._damaged.is_set():
-            return  # never lead from a store that is being rebuilt
-        if not self._may_stand():  # the set changed while we queued: let the next one in line lead
-            self._declined = True
-            return
-        self._in_lead = True
-        try:
-            self._lead_epoch()
-        finally:
-            self._in_lead = False
-
     def _lead_epoch(self) -> None:
         self._step_down.clear()
         self._handing_over = False
@@ -459,7 +395,8 @@ class BrokerNode:
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
             log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
         finally:
-            self._served = self._served or takeover.serving
+            if takeover.serving:
+                self.candidacy.mark_served()
             # The session's writer is the current one: the session may have rolled since.
             session = takeover.session
             self._end_leadership(session.writer if session is not None else takeover.writer)
