@@ -37,34 +37,36 @@ import logging
 import random
 import threading
 import time
-import uuid
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 from kazoo.exceptions import KazooException
 
-from broker import BrokerError
+from broker.api.requests import (AUTO_KEY_PREFIX, SUBMIT_OPTIONS, Backoff, BrokerUnavailable, ClientError,
+                                 TaskNotFound, WaitTimeout, auto_key, classify, leader_address, submit_fields)
 from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
 from election import ElectionError
-from election.codes import (E_CLOSED, E_INTERNAL, E_NO_SUCH_TASK, E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE,
-                            E_WAIT_TIMEOUT)
+from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
 from election.cluster_config import read_cluster_config
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
-from election.wire import (DEFAULT_MAX_FRAME_BYTES, CodedError, WireError, decode, encode, error_for,
+from election.wire import (DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, error_for,
                            request as make_request)
+
+# The request helpers and error classes are part of this module's interface (and of
+# broker.client's): they live in broker.api.requests and are re-exported here.
+__all__ = ["AUTO_KEY_PREFIX", "Backoff", "BrokerUnavailable", "Client", "ClientError", "DEFAULT_REQUEST_TIMEOUT",
+           "DEFAULT_TIMEOUT", "DEFAULT_ZK", "TaskNotFound", "WaitTimeout", "auto_key", "classify",
+           "leader_address", "submit_fields"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
-BACKOFF_START = 0.05
-BACKOFF_CAP = 1.0
-AUTO_KEY_PREFIX = "auto:"
 # A broker's reply may carry a payload and a result of up to max_payload_bytes each;
 # the client trusts its own cluster more than a server trusts its clients.
 MAX_REPLY_BYTES = 1 << 28
@@ -73,31 +75,7 @@ MAX_REPLY_BYTES = 1 << 28
 FREE_REDIRECTS = 3
 # Room in a frame for the envelope and the field names around a submit_many's payloads.
 SUBMIT_OVERHEAD_BYTES = 512
-_SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run"})
 _ENVELOPE = ("v", "rid", "ok")
-
-
-class ClientError(CodedError, BrokerError):
-    """An error reply from the broker, or a call that cannot be made; ``code`` is the wire word."""
-
-
-class BrokerUnavailable(ClientError):
-    """No leader answered before the call's deadline (retries were exhausted)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(E_UNAVAILABLE, message)
-
-
-class TaskNotFound(ClientError, code=E_NO_SUCH_TASK):
-    """The task id is unknown to the cluster (never submitted, or purged)."""
-
-
-class WaitTimeout(ClientError, TimeoutError):
-    """:meth:`Client.wait` ran out of time; ``task`` is the last state seen."""
-
-    def __init__(self, task_id: str, timeout: float, task: dict) -> None:
-        super().__init__(E_WAIT_TIMEOUT, f"task {task_id} still {task.get('state')} after {timeout:g}s")
-        self.task = task
 
 
 # How often a call waiting for a reply checks whether the leader has changed.
@@ -125,58 +103,6 @@ def _release_socket(sockets: set, lock: threading.RLock, sock: zmq.Socket) -> No
 class _Transient(Exception):
     """One attempt failed in a way a retry may fix (no reply, send/connect failure)."""
 
-
-
-def classify(code: str) -> str:
-    """How a call reacts to an error reply: ``redirect``, ``retry`` or ``fatal``."""
-    if code == E_NOT_LEADER:
-        return "redirect"
-    if code == E_UNAVAILABLE:
-        return "retry"
-    return "fatal"
-
-
-class Backoff:
-    """Exponential backoff with "equal jitter": delay n is in [b/2, b], b = min(cap, start * 2**n)."""
-
-    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP,
-                 rng: Callable[[], float] = random.random) -> None:
-        self.start, self.cap, self._rng, self._n = start, cap, rng, 0
-
-    def next_delay(self) -> float:
-        base = min(self.cap, self.start * (2 ** self._n))
-        self._n = min(self._n + 1, 60)  # keeps 2**n finite however long a call retries
-        return base * (0.5 + 0.5 * self._rng())
-
-
-def auto_key() -> str:
-    """A fresh idempotency key for a submit the caller gave no key."""
-    return AUTO_KEY_PREFIX + uuid.uuid4().hex
-
-
-def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> dict:
-    """The wire fields of one submit; the key is fixed here, once, so every retry resends it."""
-    if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-    if delay < 0:
-        raise ValueError("delay must be >= 0 seconds")
-    fields = {"queue": queue, "payload": bytes(payload), "key": auto_key() if key is None else key,
-              "priority": int(priority), "delay_ms": int(round(delay * 1000))}
-    if max_attempts is not None:
-        fields["max_attempts"] = int(max_attempts)
-    if max_run is not None:
-        if max_run <= 0:
-            raise ValueError("max_run must be > 0 seconds")
-        fields["max_run_ms"] = int(round(max_run * 1000))
-    return fields
-
-
-def leader_address(value: Any) -> str | None:
-    """The address in a ``leader`` field: a string, a leader-node map, or null."""
-    if isinstance(value, dict):
-        value = value.get("address")
-    return value if isinstance(value, str) and value else None
 
 
 # ---------------------------------------------------------------- the client
@@ -261,7 +187,7 @@ class Client:
         """
         subs = []
         for task in tasks:
-            unknown = set(task) - _SUBMIT_OPTIONS
+            unknown = set(task) - SUBMIT_OPTIONS
             if unknown:
                 raise ValueError(f"unknown submit option(s): {', '.join(sorted(unknown))}")
             subs.append(submit_fields(**task))

@@ -1,0 +1,102 @@
+"""What a client call is made of, apart from sockets: submit fields, keys, retry rules, errors.
+
+Pure and unit-tested: :func:`submit_fields` (the wire fields of one submit, with its
+idempotency key fixed once so every retry resends it), :func:`classify` (how a call
+reacts to an error reply), :class:`Backoff` (exponential, with jitter), and the
+client's error classes. :mod:`broker.api.client` uses them and re-exports them.
+
+Example::
+
+    fields = submit_fields("mail", b"hi")          # key "auto:<uuid>", reused by every retry
+    classify("not_leader")                         # -> "redirect"
+    delay = Backoff().next_delay()
+"""
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any, Callable
+
+from broker import BrokerError
+from election.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_WAIT_TIMEOUT
+from election.wire import CodedError
+
+BACKOFF_START = 0.05
+BACKOFF_CAP = 1.0
+AUTO_KEY_PREFIX = "auto:"
+SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run"})
+
+
+class ClientError(CodedError, BrokerError):
+    """An error reply from the broker, or a call that cannot be made; ``code`` is the wire word."""
+
+
+class BrokerUnavailable(ClientError):
+    """No leader answered before the call's deadline (retries were exhausted)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(E_UNAVAILABLE, message)
+
+
+class TaskNotFound(ClientError, code=E_NO_SUCH_TASK):
+    """The task id is unknown to the cluster (never submitted, or purged)."""
+
+
+class WaitTimeout(ClientError, TimeoutError):
+    """:meth:`Client.wait` ran out of time; ``task`` is the last state seen."""
+
+    def __init__(self, task_id: str, timeout: float, task: dict) -> None:
+        super().__init__(E_WAIT_TIMEOUT, f"task {task_id} still {task.get('state')} after {timeout:g}s")
+        self.task = task
+
+
+def classify(code: str) -> str:
+    """How a call reacts to an error reply: ``redirect``, ``retry`` or ``fatal``."""
+    if code == E_NOT_LEADER:
+        return "redirect"
+    if code == E_UNAVAILABLE:
+        return "retry"
+    return "fatal"
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": delay n is in [b/2, b], b = min(cap, start * 2**n)."""
+
+    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP,
+                 rng: Callable[[], float] = random.random) -> None:
+        self.start, self.cap, self._rng, self._n = start, cap, rng, 0
+
+    def next_delay(self) -> float:
+        base = min(self.cap, self.start * (2 ** self._n))
+        self._n = min(self._n + 1, 60)  # keeps 2**n finite however long a call retries
+        return base * (0.5 + 0.5 * self._rng())
+
+
+def auto_key() -> str:
+    """A fresh idempotency key for a submit the caller gave no key."""
+    return AUTO_KEY_PREFIX + uuid.uuid4().hex
+
+
+def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: int = 0,
+                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> dict:
+    """The wire fields of one submit; the key is fixed here, once, so every retry resends it."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+    if delay < 0:
+        raise ValueError("delay must be >= 0 seconds")
+    fields = {"queue": queue, "payload": bytes(payload), "key": auto_key() if key is None else key,
+              "priority": int(priority), "delay_ms": int(round(delay * 1000))}
+    if max_attempts is not None:
+        fields["max_attempts"] = int(max_attempts)
+    if max_run is not None:
+        if max_run <= 0:
+            raise ValueError("max_run must be > 0 seconds")
+        fields["max_run_ms"] = int(round(max_run * 1000))
+    return fields
+
+
+def leader_address(value: Any) -> str | None:
+    """The address in a ``leader`` field: a string, a leader-node map, or null."""
+    if isinstance(value, dict):
+        value = value.get("address")
+    return value if isinstance(value, str) and value else None
