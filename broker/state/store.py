@@ -32,7 +32,6 @@ from typing import Any, Iterable, Iterator
 import lmdb
 
 from broker import BrokerError
-from broker.state.lmdb_file import check_lmdb_file
 from broker.state.apply import apply_event
 from broker.state.schema import (
     DB_NAMES, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
@@ -40,6 +39,7 @@ from broker.state.schema import (
     pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack, unpack_cluster,
     unpack_position)
 from broker.state.txn import StateTxn
+from election.lmdb_file import check_lmdb_file
 
 DEFAULT_MAP_SIZE = 4 << 30  # sparse on Linux; raise it for big backlogs
 LOAD_CHUNK = 10_000         # records per write transaction in load_records

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import struct
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 import crc32c
 import lmdb
 
+from election.lmdb_file import UNREADABLE, LmdbFileDamaged, MetaFacts, read_meta_facts
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import write_cookie
@@ -49,17 +49,10 @@ from ledger.codec import CRC32C_SIZE, HEADER, HEADER_SIZE, CorruptEntry, peek_he
 log = logging.getLogger(__name__)
 
 DATA_FILE = "data.mdb"
-# LMDB 0.9 on a 64-bit host: a 16-byte page header, then MDB_meta. Offsets within the meta page.
-_PAGE_HEADER = 16
-_META = struct.Struct("<II8x8x")  # magic, version, (address), (mapsize)
-_PSIZE = struct.Struct("<I")  # md_pad of the free-list MDB_db holds the page size
-_TAIL = struct.Struct("<QQ")  # last page number, txn id
-_PSIZE_OFF, _TAIL_OFF = _PAGE_HEADER + 24, _PAGE_HEADER + 120
-_MAGIC, _VERSION = 0xBEEFC0DE, 1
-_MIN_PAGE = 512
 
 # The reasons a bookie refuses its store (stable words, also in the one-line error).
-MISSING, EMPTY, TRUNCATED, UNREADABLE, FOREIGN = "missing", "empty", "truncated", "unreadable", "instance_mismatch"
+# EMPTY, TRUNCATED and UNREADABLE are the data file's own kinds of damage (election.lmdb_file).
+MISSING, FOREIGN = "missing", "instance_mismatch"
 _WARN_LIMIT = 20  # damaged entries named per ledger in one WARNING
 
 
@@ -71,61 +64,12 @@ class StoreRefused(LedgerError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class MetaFacts:
-    """What LMDB's newer meta page says about the data file."""
-
-    page_size: int
-    last_page: int
-    txn_id: int
-
-    @property
-    def needed_bytes(self) -> int:
-        return (self.last_page + 1) * self.page_size
-
-
-def _meta_at(head: bytes, offset: int) -> MetaFacts | None:
-    page = head[offset:offset + _TAIL_OFF + _TAIL.size]
-    if len(page) < _TAIL_OFF + _TAIL.size:
-        return None
-    magic, version = _META.unpack_from(page, _PAGE_HEADER)
-    (page_size,) = _PSIZE.unpack_from(page, _PSIZE_OFF)
-    if magic != _MAGIC or version != _VERSION or page_size < _MIN_PAGE or page_size & (page_size - 1):
-        return None
-    return MetaFacts(page_size, *_TAIL.unpack_from(page, _TAIL_OFF))
-
-
-def parse_meta_pages(head: bytes) -> MetaFacts:
-    """What LMDB would use from the first two pages in ``head``: the valid meta page with the newest txn.
-
-    Like LMDB, the first page must be valid (it gives the page size that
-    locates the second). Raises ValueError when it is not.
-    """
-    first = _meta_at(head, 0)
-    if first is None:
-        raise ValueError("no valid LMDB meta page at the start of the file")
-    second = _meta_at(head, first.page_size)
-    return second if second is not None and second.txn_id > first.txn_id else first
-
-
 def check_data_file(path: str) -> MetaFacts:
     """Check ``path`` (a data.mdb) with plain reads; raise StoreRefused (EMPTY/TRUNCATED/UNREADABLE)."""
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            head = fh.read(2 * 65536)
-    except OSError as exc:
-        raise StoreRefused(UNREADABLE, f"cannot read {path}: {exc.strerror}") from None
-    if size == 0:
-        raise StoreRefused(EMPTY, f"{path} is empty (0 bytes)")
-    try:
-        facts = parse_meta_pages(head)
-    except ValueError as exc:
-        raise StoreRefused(UNREADABLE if size >= 2 * _MIN_PAGE else TRUNCATED, f"{path}: {exc}") from None
-    if size < max(2 * facts.page_size, facts.needed_bytes):
-        raise StoreRefused(TRUNCATED, f"{path} is truncated: {size} bytes, LMDB's meta page says "
-                           f"{facts.needed_bytes} ({facts.last_page + 1} pages of {facts.page_size})")
-    return facts
+        return read_meta_facts(path)
+    except LmdbFileDamaged as exc:
+        raise StoreRefused(exc.kind, str(exc)) from None
 
 
 def reregister_command(config: BookieConfig, bookie_id: str) -> str:

@@ -9,18 +9,15 @@ import struct
 import lmdb
 import pytest
 
+from election.lmdb_file import EMPTY, TRUNCATED, UNREADABLE, parse_meta_pages
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.integrity import (
-    EMPTY,
     FOREIGN,
     MISSING,
-    TRUNCATED,
-    UNREADABLE,
     StoreRefused,
     check_data_file,
     check_entry,
     open_vouched_store,
-    parse_meta_pages,
     prepare_store,
     verify_store,
 )
