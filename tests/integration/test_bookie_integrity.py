@@ -10,23 +10,10 @@ import shutil
 import pytest
 
 from tests.conftest import _answers_ping, wait_for
-from tests.integration.test_bookie import Client, entry
+from tests.integration.bookie_client import entry
 from tests.integration.test_ledger_client import corrupt_entry_on_disk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def client_for():
-    clients = []
-
-    def make(address: str, timeout_ms: int = 5000) -> Client:
-        clients.append(Client(address, timeout_ms))
-        return clients[-1]
-
-    yield make
-    for c in clients:
-        c.close()
 
 
 def filled_bookie(procs, cluster, client_for, entries: int = 3000):

@@ -1,0 +1,19 @@
+"""Fixtures shared by the integration tests."""
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.bookie_client import Client
+
+
+@pytest.fixture
+def client_for():
+    clients = []
+
+    def make(address: str, timeout_ms: int = 5000) -> Client:
+        clients.append(Client(address, timeout_ms))
+        return clients[-1]
+
+    yield make
+    for c in clients:
+        c.close()
