@@ -58,6 +58,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 import crc32c as _crc32c
 import msgpack
 
+from election.files import fsync_dir
 from snapshots import SnapshotError
 
 MAGIC = b"FPSNAP01"
@@ -164,14 +165,6 @@ def _parse_region(region: bytes, path: Any) -> dict:
 
 # ---------------------------------------------------------------- writing
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _file_crc(fh: BinaryIO, end: int) -> int:
     fh.seek(0)
     crc, left = 0, end
@@ -238,7 +231,7 @@ def write_snapshot(path: str | os.PathLike, header: dict,
             os.fsync(fh.fileno())
             size = fh.tell()
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path) or ".")
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -35,6 +35,7 @@ from kazoo.client import KazooClient
 
 from broker import BrokerError
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
+from election.files import fsync_dir
 from election.paths import ClusterPaths
 from ledger.log import read_log
 from ledger.metadata import CLOSED, NoSuchLedger, read_metadata
@@ -135,11 +136,7 @@ def quarantine(state_dir: Path, clock: Callable[[], float] = time.time) -> Path:
         n += 1
         target = state_dir.with_name(f"{DAMAGED_PREFIX}{stamp}-{n}")
     state_dir.rename(target)
-    fd = os.open(state_dir.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(state_dir.parent)
     return target
 
 
