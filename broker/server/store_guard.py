@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Callable
