@@ -58,7 +58,7 @@ import re
 from typing import Any, Callable
 
 from broker import BrokerError
-from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_NOT_LEADER, E_PAYLOAD_TOO_LARGE, E_UNAVAILABLE
+from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 from election.wire import CodedError
 from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
 

@@ -103,10 +103,6 @@ class ChaosRun:
         try:
             disks, reason = DiskFiller.prepare(dev, cfg.bookies)
             skip = {} if disks else {S.FILL_DISK: reason}
-            try:
-                import devtools.fuzz  # noqa: F401  (another part provides it; without it poison is skipped)
-            except ImportError as exc:
-                skip[S.POISON] = f"devtools.fuzz is not available: {exc}"
             state = dev.up(DevClusterSpec(cluster=CLUSTER, bookies=cfg.bookies, brokers=cfg.brokers,
                                           session_files=True), progress=self.progress)
             zk = state["zk"]

@@ -42,15 +42,15 @@ from __future__ import annotations
 from typing import Callable
 
 from broker.state.events import (
-    CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, E_BAD_STATE,
-    E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING,
-    E_STALE_ATTEMPT, E_STALE_EPOCH, EVENT_TYPES, FAILED, RUNNING, WAITING, BadEvent, err,
-    ok, validate_event)
+    CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, EVENT_TYPES, FAILED, RUNNING, WAITING,
+    BadEvent, err, ok, validate_event)
 from broker.state.schema import (
     FINISHED_CODE, META_DIVERGED, META_EPOCH, META_SHUTDOWN, delayed_key, digest_hex,
     finished_key, idem_key, lease_key, pack, queue_prefix, read_u64, ready_key, text, unpack,
     untext, worker_lease_key)
 from broker.state.txn import StateTxn
+from election.codes import (E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER,
+                            E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH)
 
 PROMOTE_LIMIT = 10_000
 EXPIRED_ERROR = "lease_expired"

@@ -29,10 +29,8 @@ import msgpack
 
 from broker import BrokerError
 # The result error codes (stable words; clients match on them) live with every other
-# wire code in election/codes.py; the state machine returns them, so they are named here too.
-from election.codes import (E_BAD_EVENT, E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID,  # noqa: F401
-                            E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH,
-                            E_UNKNOWN_EVENT)
+# wire code in election/codes.py.
+from election.codes import E_BAD_EVENT, E_UNKNOWN_EVENT
 
 BATCH_FORMAT_VERSION = 1
 
