@@ -35,7 +35,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import lmdb
 import zmq
 
 from broker import protocol
@@ -192,8 +191,6 @@ class BrokerServer:
         self._send(route, wire.error_reply(rid, codes.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
         # A read that hit a damaged store is not this request's fault: the broker must stop
         # serving from that store now, not at its next checkpoint.
-        if isinstance(exc, lmdb.Error):
-            exc = StoreDamaged(self.store.path, f"{type(exc).__name__}: {exc}")
         if isinstance(exc, StoreDamaged):
             self.on_fatal(exc)
 

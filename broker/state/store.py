@@ -124,6 +124,7 @@ class StateStore:
                                   create=not readonly)
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        self._max_key = self._env.max_key_size()
         try:
             self._dbs = {name: self._env.open_db(name.encode(), create=not readonly)
                          for name in DB_NAMES}
@@ -302,8 +303,17 @@ class StateStore:
 
     # -- reads (each in its own read transaction) ---------------------------
 
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction whose LMDB errors say the store is damaged (it is then never served)."""
+        try:
+            with self._env.begin() as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+
     def _meta_raw(self, key: bytes) -> bytes | None:
-        with self._env.begin() as txn:
+        with self._read() as txn:
             return txn.get(key, db=self._dbs["meta"])
 
     def _meta(self, key: bytes) -> Any:
@@ -359,14 +369,14 @@ class StateStore:
             key = text(name)
         except (AttributeError, UnicodeEncodeError):
             return None
-        return key if 0 < len(key) <= self._env.max_key_size() else None
+        return key if 0 < len(key) <= self._max_key else None
 
     def get_task(self, task_id: str) -> dict | None:
         """The task record (with its ``payload``) or None."""
         key = self._key(task_id)
         if key is None:
             return None
-        with self._env.begin() as txn:
+        with self._read() as txn:
             raw = txn.get(key, db=self._dbs["tasks"])
             if raw is None:
                 return None
@@ -377,19 +387,19 @@ class StateStore:
     def queue_depths(self) -> dict[str, dict[str, int]]:
         """Per queue, the number of tasks in each state (plus ``delayed``, a subset
         of ``waiting`` not yet promoted to the ready index). O(queues)."""
-        with self._env.begin() as txn, txn.cursor(db=self._dbs["queues"]) as cur:
+        with self._read() as txn, txn.cursor(db=self._dbs["queues"]) as cur:
             return {bytes(k).decode(): unpack(v)["counts"] for k, v in cur}
 
     def next_lease_deadline(self) -> int | None:
         """The earliest lease deadline (ms), for scheduling the next LeaseExpired."""
-        with self._env.begin() as txn, txn.cursor(db=self._dbs["leases"]) as cur:
+        with self._read() as txn, txn.cursor(db=self._dbs["leases"]) as cur:
             return read_u64(cur.key()) if cur.first() else None
 
     def next_due_ms(self, queues: Iterable[str]) -> int | None:
         """The earliest not-before time of a delayed task in ``queues``, or None:
         when a long-polling lease on those queues is worth retrying."""
         best = None
-        with self._env.begin() as txn, txn.cursor(db=self._dbs["delayed"]) as cur:
+        with self._read() as txn, txn.cursor(db=self._dbs["delayed"]) as cur:
             for name in queues:
                 prefix = queue_prefix(name)
                 if cur.set_range(prefix) and cur.key().startswith(prefix):
@@ -416,11 +426,8 @@ class StateStore:
         they do not hash to ``digest``, the iterator raises :class:`StoreDamaged`
         (so the writer, which is still consuming it, never publishes the file).
         """
-        try:
-            with self._env.begin() as txn:
-                yield self._view(txn)
-        except lmdb.Error as exc:
-            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        with self._read() as txn:
+            yield self._view(txn)
 
     def _view(self, txn: lmdb.Transaction) -> dict:
         meta = self._dbs["meta"]
