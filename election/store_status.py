@@ -148,7 +148,8 @@ def mark_dirty(data_dir: str | os.PathLike) -> StoreStatus:
         raise StoreStatusError(f"{status_path(data_dir)} does not exist: the store has no signature to mark")
     if status.state == DIRTY:
         return status
-    return write_status(data_dir, replace(status, state=DIRTY))
+    # The final signature described the state at the shutdown; from now on the state moves.
+    return write_status(data_dir, replace(status, state=DIRTY, shutdown_id=None, position=None))
 
 
 def mark_clean(data_dir: str | os.PathLike, shutdown_id: str, position: tuple[int, int] | None) -> StoreStatus:
