@@ -122,6 +122,18 @@ def position_after(position: Position, ledger_ids: list[int]) -> Position:
     return (newer[0], 0) if newer else (ledger_id, entry_id + 1)
 
 
+def resume_position(position: Position, seed: Position | None) -> Position:
+    """``position``, or :data:`START` when it is the seed the log was re-created from.
+
+    After a cluster is re-initialized from a clean store (its ZooKeeper data was
+    lost), the new log continues that store's state: the seed position, recorded in
+    ``log_start``, lies just before the log's first ledger.
+    """
+    if seed is not None and tuple(position) == tuple(seed):
+        return START
+    return tuple(position)
+
+
 # ---------------------------------------------------------------- ZooKeeper
 
 
@@ -177,6 +189,31 @@ def remove_ledgers(zk: KazooClient, paths: ClusterPaths, ledger_ids, expected_ve
     return write_log(zk, paths, without(ledgers, ledger_ids), expected_version, claim)
 
 
+def read_log_start(zk: KazooClient, paths: ClusterPaths) -> dict | None:
+    """The ``log_start`` document, or None while the log still starts at the beginning of history.
+
+    ``{"first_ledger", "deleted_through"}`` once retention deleted ledgers, and
+    ``{"seed": {"shutdown_id", "position"}, ...}`` when the log was re-created from a
+    clean store's state (until retention replaces it).
+    """
+    try:
+        data, _ = zk.get(paths.log_start)
+    except NoNodeError:
+        return None
+    try:
+        doc = json.loads(data or b"{}")
+    except ValueError as exc:
+        raise LedgerError(f"the log_start znode is unreadable: {exc}") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def log_seed(zk: KazooClient, paths: ClusterPaths) -> Position | None:
+    """The position the log was re-created from (see :func:`resume_position`), or None."""
+    seed = (read_log_start(zk, paths) or {}).get("seed")
+    position = seed.get("position") if isinstance(seed, dict) else None
+    return (int(position[0]), int(position[1])) if isinstance(position, list) and len(position) == 2 else None
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -198,7 +235,8 @@ class LogReader:
         self._pool = pool
         self._digest = digest
         self._read_timeout = read_timeout
-        self.position: Position = tuple(after)
+        # A store re-created the log from its own state: its position is the log's start.
+        self.position: Position = resume_position(after, log_seed(zk, paths)) if after != START else START
         self._reader: LedgerReader | None = None
         self._ids: list[int] | None = None  # the log's ledger ids, re-read only when they may have changed
         self.corruptions: list[tuple[str, int, int, str]] = []

@@ -220,6 +220,32 @@ def create_metadata(zk: KazooClient, paths: ClusterPaths, meta: LedgerMetadata) 
     return ledger_id, stat.version
 
 
+def advance_ledger_ids(zk: KazooClient, paths: ClusterPaths, above: int, batch: int = 500) -> int:
+    """Make every ledger id created from now on greater than ``above``; return the next id.
+
+    Only needed when a cluster's ZooKeeper data was re-created while brokers kept
+    stores whose positions name old ledger ids: positions are compared in ledger id
+    order, so the new log must continue above them. ZooKeeper names a sequential
+    node after its parent's child-change count (``cversion``), so each create and
+    delete of a placeholder child moves the next id on by one; both happen inside
+    one multi-op, so nobody ever sees the placeholder. Idempotent.
+    """
+    zk.ensure_path(paths.ledgers)
+    placeholder = paths.ledgers + "/advancing-ids"
+    while True:
+        cversion = zk.exists(paths.ledgers).cversion
+        missing = above + 1 - cversion
+        if missing <= 0:
+            return cversion
+        txn = zk.transaction()
+        for _ in range(min(batch, (missing + 1) // 2)):
+            txn.create(placeholder)
+            txn.delete(placeholder)
+        for result in txn.commit():
+            if isinstance(result, Exception):
+                raise result
+
+
 def read_metadata(zk: KazooClient, paths: ClusterPaths, ledger_id: int) -> tuple[LedgerMetadata, int]:
     """The ledger's metadata and its znode version (for a later CAS)."""
     try:

@@ -41,14 +41,18 @@ class JoinError(BrokerError):
     """No snapshot could be installed, so this store cannot catch up."""
 
 
-def needs_snapshot(position: tuple[int, int] | None, log_ids: list[int], log_truncated: bool) -> bool:
+def needs_snapshot(position: tuple[int, int] | None, log_ids: list[int], log_truncated: bool,
+                   seed: tuple[int, int] | None = None) -> bool:
     """True when replaying the log alone cannot rebuild this store's state.
 
     An empty store replays from the start unless ledgers were ever deleted
-    (`log_truncated`); a non-empty one replays if the log still holds its position.
+    (`log_truncated`); a non-empty one replays if the log still holds its position,
+    or if it is the ``seed`` the log was re-created from (``ledger.log.log_seed``).
     """
     if position is None:
         return log_truncated
+    if seed is not None and tuple(position) == tuple(seed):
+        return False
     try:
         position_after(position, log_ids)
     except LogGap:

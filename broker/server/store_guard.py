@@ -36,7 +36,7 @@ from broker import BrokerError
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
 from election.files import fsync_dir
 from election.paths import ClusterPaths
-from ledger.log import read_log
+from ledger.log import log_seed, read_log
 from ledger.metadata import CLOSED, NoSuchLedger, read_metadata
 
 log = logging.getLogger(__name__)
@@ -49,14 +49,16 @@ class WrongStore(BrokerError):
 
 
 def position_problem(position: tuple[int, int] | None, log_ids: list[int],
-                     ledger_state: tuple[str, int | None] | None) -> str | None:
+                     ledger_state: tuple[str, int | None] | None,
+                     seed: tuple[int, int] | None = None) -> str | None:
     """Why the log with ``log_ids`` cannot have produced ``position``, or None.
 
     ``ledger_state`` is ``(state, last_entry)`` of the position's ledger when it is
     in the log. A ledger older than the log's first one is not a problem here: it
     was deleted by retention and the store needs a snapshot (see ``broker.server.join``).
+    The ``seed`` a re-initialized log was created from lies just before the log.
     """
-    if position is None:
+    if position is None or (seed is not None and tuple(position) == tuple(seed)):
         return None
     ledger, entry = position
     if not log_ids:
@@ -113,7 +115,8 @@ def check_store_cluster(store: StateStore, zk: KazooClient, paths: ClusterPaths,
     log_ids = [x["id"] for x in ledgers]
     position = store.position()
     in_log = position is not None and position[0] in log_ids
-    problem = position_problem(position, log_ids, _ledger_state(zk, paths, position[0]) if in_log else None)
+    problem = position_problem(position, log_ids, _ledger_state(zk, paths, position[0]) if in_log else None,
+                               log_seed(zk, paths))
     if problem is None and recorded is None:
         problem = adoption_problem(position, store.epoch(), ledgers)
     if problem is not None:

@@ -31,7 +31,7 @@ from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
 from broker.server.store_guard import check_store_cluster, quarantine
 from election.paths import ClusterPaths
-from ledger.log import read_log
+from ledger.log import log_seed, read_log
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog
 
@@ -113,7 +113,8 @@ class StoreKeeper:
         log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
         truncated = log_truncated(self.zk, self.paths)
         for snap in self.catalog.list() if self.catalog is not None else []:
-            if snap.get("error") or needs_snapshot(tuple(snap["position"]), log_ids, truncated):
+            if snap.get("error") or needs_snapshot(tuple(snap["position"]), log_ids, truncated,
+                                                   log_seed(self.zk, self.paths)):
                 continue
             try:
                 restore_snapshot(snap["path"], self.state_dir, self.cluster_id, self.config.map_size)
@@ -133,7 +134,8 @@ class StoreKeeper:
         """The store, first installing a snapshot if the log alone cannot bring it up to date."""
         store = store or self.new_store()
         log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
-        if not join or not needs_snapshot(store.position(), log_ids, log_truncated(self.zk, self.paths)):
+        if not join or not needs_snapshot(store.position(), log_ids, log_truncated(self.zk, self.paths),
+                                          log_seed(self.zk, self.paths)):
             return store
         log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
         store.close()
