@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from election import ElectionError
 from election.files import write_json_atomically
 from election.paths import ClusterPaths
+
+log = logging.getLogger(__name__)
 
 META = ".broker.meta"
 META_TEMP = ".broker.meta.temp"
@@ -121,13 +124,39 @@ def _apply_id(zk: KazooClient, paths: ClusterPaths, doc: dict, next_version: int
     return json.loads(data).get("register_code") == doc["register_code"]
 
 
+def _reregister(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, clock, max_tries: int = 20) -> None:
+    """ZooKeeper lost ``ids/N`` (its data was re-created): claim it again with the code kept in
+    ``.broker.meta``, moving ``next_id`` past N in the same multi-op so that no newcomer gets N."""
+    n = identity.broker_id
+    doc = {"name": identity.name, "broker_id": n, "register_code": identity.register_code}
+    record = json.dumps({"name": identity.name, "register_code": identity.register_code,
+                         "address": None, "updated_at": clock()}).encode()
+    for _ in range(max_tries):
+        next_id, version = _next_id(zk, paths)
+        if next_id > n:
+            try:
+                zk.create(paths.broker_id(n), record)
+            except NodeExistsError:
+                pass  # compared below
+            break
+        if _apply_id(zk, paths, doc, version, clock) or zk.exists(paths.broker_id(n)):
+            break
+    else:
+        raise IdentityError(f"could not register broker id {n} again (next_id keeps changing)")
+    if json.loads(zk.get(paths.broker_id(n))[0]).get("register_code") != identity.register_code:
+        raise IdentityError(f"broker id {n} belongs to another broker (register code differs)")
+    log.warning("broker id %d was not registered in ZooKeeper (its data was lost or re-created): "
+                "registered it again from .broker.meta", n)
+
+
 def _register(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, address: str, clock) -> None:
     """Step 5: record our address; the record must still carry our code."""
     node = paths.broker_id(identity.broker_id)
     try:
         data, stat = zk.get(node)
     except NoNodeError:
-        raise IdentityError(f"broker id {identity.broker_id} is not registered in ZooKeeper any more") from None
+        _reregister(zk, paths, identity, clock)
+        data, stat = zk.get(node)
     record = json.loads(data)
     if record.get("register_code") != identity.register_code:
         raise IdentityError(f"broker id {identity.broker_id} belongs to another broker (register code differs)")

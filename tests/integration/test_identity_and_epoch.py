@@ -108,3 +108,38 @@ def test_damaged_broker_meta_is_named_with_its_field(cluster, tmp_path, content,
         ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
     message = str(info.value)
     assert str(tmp_path / "a" / META) in message and field in message and "\n" not in message
+
+
+def test_ids_lost_with_zookeepers_data_are_registered_again_from_broker_meta(cluster, tmp_path):
+    a = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+    b = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "b", "b", "x", clock=time.time)
+    cluster.zk.delete(cluster.paths.brokers, recursive=True)  # as if ZooKeeper's data were re-created
+    again_b = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "b", "b", "y", clock=time.time)
+    again_a = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "y", clock=time.time)
+    assert (again_a, again_b) == (a, b)
+    for ident in (a, b):
+        record = json.loads(cluster.zk.get(cluster.paths.broker_id(ident.broker_id))[0])
+        assert record["register_code"] == ident.register_code and record["address"] == "y"
+    # A newcomer never gets an id that a kept store still holds.
+    c = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "c", "c", "z", clock=time.time)
+    assert c.broker_id == 3
+
+
+def test_a_lost_id_taken_by_another_broker_is_refused(cluster, tmp_path):
+    a = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+    cluster.zk.delete(cluster.paths.brokers, recursive=True)
+    ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "new", "new", "x", clock=time.time)  # takes id 1
+    with pytest.raises(IdentityError, match=f"broker id {a.broker_id} belongs to another broker"):
+        ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
+
+
+def test_advance_ledger_ids_keeps_new_ledgers_above_a_kept_position(cluster):
+    from ledger.metadata import advance_ledger_ids
+
+    cluster.zk.ensure_path(cluster.paths.ledgers)
+    next_id = advance_ledger_ids(cluster.zk, cluster.paths, above=1234)
+    assert 1234 < next_id <= 1236
+    assert cluster.zk.get_children(cluster.paths.ledgers) == []
+    created = cluster.zk.create(cluster.paths.ledgers + "/L", b"{}", sequence=True)
+    assert cluster.paths.ledger_id_of(created.rsplit("/", 1)[1]) == next_id
+    assert advance_ledger_ids(cluster.zk, cluster.paths, above=10) > next_id  # never backwards
