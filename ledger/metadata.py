@@ -221,24 +221,25 @@ def create_metadata(zk: KazooClient, paths: ClusterPaths, meta: LedgerMetadata) 
 
 
 def advance_ledger_ids(zk: KazooClient, paths: ClusterPaths, above: int, batch: int = 500) -> int:
-    """Make every ledger id created from now on greater than ``above``; return the next id.
+    """Make every ledger id created from now on greater than ``above``; return the last id used.
 
     Only needed when a cluster's ZooKeeper data was re-created while brokers kept
     stores whose positions name old ledger ids: positions are compared in ledger id
-    order, so the new log must continue above them. ZooKeeper names a sequential
-    node after its parent's child-change count (``cversion``), so each create and
-    delete of a placeholder child moves the next id on by one; both happen inside
-    one multi-op, so nobody ever sees the placeholder. Idempotent.
+    order, so the new log must continue above them. ZooKeeper numbers sequential
+    children from a per-parent counter that only creates move on, so placeholder
+    children are created and deleted (each pair inside one multi-op, so nobody
+    sees them) until a probe's number passes ``above``. Idempotent.
     """
     zk.ensure_path(paths.ledgers)
     placeholder = paths.ledgers + "/advancing-ids"
     while True:
-        cversion = zk.exists(paths.ledgers).cversion
-        missing = above + 1 - cversion
-        if missing <= 0:
-            return cversion
+        probe = zk.create(paths.ledgers + "/advancing-ids-", sequence=True)
+        zk.delete(probe)
+        used = int(probe.rsplit("-", 1)[1])
+        if used >= above:
+            return used
         txn = zk.transaction()
-        for _ in range(min(batch, (missing + 1) // 2)):
+        for _ in range(min(batch, above - used)):
             txn.create(placeholder)
             txn.delete(placeholder)
         for result in txn.commit():
