@@ -126,3 +126,19 @@ class ClusterPaths:
     @property
     def shutdown(self) -> str:
         return f"{self.base}/shutdown"
+
+    @property
+    def init(self) -> str:
+        """How a cluster with no log starts (``init/members/<id>`` ephemeral, ``init/decision``)."""
+        return f"{self.base}/init"
+
+    @property
+    def init_members(self) -> str:
+        return f"{self.init}/members"
+
+    def init_member(self, broker_id: int) -> str:
+        return f"{self.init_members}/{broker_id}"
+
+    @property
+    def init_decision(self) -> str:
+        return f"{self.init}/decision"
