@@ -20,7 +20,7 @@ def test_unknown_command_exits_2():
 IMPLEMENTED_COMMANDS = {
     "bench": [], "bookie": ["start"], "broker": ["start"], "chaos": [],
     "dev": ["up", "down", "status", "add-broker"], "snapshot": ["list", "create", "verify", "restore"],
-    "status": [], "store": ["verify"], "submit": [], "task": ["show", "cancel"], "worker": ["run"],
+    "status": [], "store": ["verify", "inspect", "mark-clean"], "submit": [], "task": ["show", "cancel"], "worker": ["run"],
     "zk": ["start", "stop"],
 }
 
