@@ -131,6 +131,54 @@ def broker_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     sys.exit(BrokerNode(load_settings(BrokerConfig, "broker", flags, toml_path=config_file)).run())
 
 
+# ---------------------------------------------------------------- cluster
+@main.group("cluster")
+def cluster_group() -> None:
+    """The cluster as a whole: its cluster-wide options (`init`)."""
+
+
+@cluster_group.command("init")
+@click.option("--write-quorum", type=click.IntRange(1), default=3, show_default=True,
+              help="Bookies each entry is written to (must equal --ensemble-size).")
+@click.option("--ack-quorum", type=click.IntRange(1), default=2, show_default=True,
+              help="Acks that commit an entry (at most --write-quorum).")
+@click.option("--ensemble-size", type=click.IntRange(1), default=3, show_default=True,
+              help="Bookies per ledger; a new ledger needs this many live bookies.")
+@click.option("--digest", type=click.Choice(["crc32c", "hmac-sha256"]), default="crc32c", show_default=True,
+              help="Entry digest; hmac-sha256 is keyed by the secret in --secret-file.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="File holding the cluster secret (needed with, and only with, --digest hmac-sha256). "
+                   "The secret is never written to ZooKeeper: give every broker the same file.")
+@click.option("--max-payload-bytes", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024,
+              show_default=True, help="Largest task payload or result.")
+@click.option("--json", "as_json", is_flag=True, help="Print the config written, as JSON.")
+@cluster_options
+def cluster_init(write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes, as_json,
+                 zk, cluster, dev_dir) -> None:
+    """Create the cluster: its `config` node with a new cluster id and the options every member shares.
+
+    Run once, before (or while) the bookies and brokers start: members started
+    earlier wait for it. A second init is refused (exit 1), naming the cluster id.
+    """
+    import time
+
+    from election.cluster_config import ClusterOptions, check_secret_choice, init_cluster, read_secret
+    from election.paths import ClusterPaths
+
+    # Everything is checked before ZooKeeper is touched.
+    options = ClusterOptions(write_quorum=write_quorum, ack_quorum=ack_quorum, ensemble_size=ensemble_size,
+                             digest=digest, max_payload_bytes=max_payload_bytes).validate()
+    secret = read_secret(secret_file) if secret_file else None
+    check_secret_choice(options, secret)
+    config = with_zk(zk, cluster, dev_dir,
+                     lambda client, name: {"cluster": name, **init_cluster(client, ClusterPaths(name), options,
+                                                                          clock=time.time, secret=secret)})
+    emit(config, as_json, lambda c: click.echo(
+        f"cluster {c['cluster']} initialized: id {c['cluster_id']}, write quorum {c['write_quorum']}, "
+        f"ack quorum {c['ack_quorum']}, ensemble {c['ensemble_size']}, digest {c['digest']}, "
+        f"max payload {c['max_payload_bytes']} bytes"))
+
+
 # ---------------------------------------------------------------- tasks
 def _client(zk, cluster, dev_dir, timeout: float = 30.0):
     from broker.api.client import Client

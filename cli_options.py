@@ -14,7 +14,8 @@ field's name, type and default lives in the field's metadata, read here and nowh
 - ``default_text``: how the default reads in the help, where its value would not say it
   (``"256 MiB"``, ``"the data dir's name"``); an empty default with none is not shown;
 - ``min``: the smallest value the option accepts (an integer or float range);
-- ``path``: ``"dir"`` or ``"file"`` for a path option.
+- ``path``: ``"dir"`` or ``"file"`` for a path option;
+- ``choices``: the values a string option accepts (anything else is a usage error).
 
 A bool field defaulting to true becomes ``--no-<name>``, one defaulting to false ``--<name>``.
 Every option defaults to None, and :func:`settings_flags` keeps an absent flag out of the
@@ -127,6 +128,8 @@ def _default_text(field: dataclasses.Field, base: Any) -> str | None:
 def _click_type(field: dataclasses.Field, base: Any) -> Any:
     low = field.metadata.get("min")
     path = field.metadata.get("path")
+    if field.metadata.get("choices") is not None:
+        return click.Choice(list(field.metadata["choices"]))
     if path is not None:
         return click.Path(file_okay=path != "dir", dir_okay=path != "file")
     if base is int:

@@ -79,11 +79,32 @@ def dev_dir_option(fn):
 @click.option("--brokers", default=3, show_default=True, type=click.IntRange(0, 16), help="Brokers to start.")
 @click.option("--zk-session-timeout", default=2.0, show_default=True, type=float,
               help="ZooKeeper session timeout of the brokers, in seconds.")
-def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float) -> None:
-    """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json."""
+@click.option("--write-quorum", type=click.IntRange(1), default=None,
+              help="For `cluster init`: bookies each entry is written to [default 3].")
+@click.option("--ack-quorum", type=click.IntRange(1), default=None,
+              help="For `cluster init`: acks that commit an entry [default 2].")
+@click.option("--ensemble-size", type=click.IntRange(1), default=None,
+              help="For `cluster init`: bookies per ledger [default 3].")
+@click.option("--digest", type=click.Choice(["crc32c", "hmac-sha256"]), default=None,
+              help="For `cluster init`: entry digest [default crc32c].")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster secret, for --digest hmac-sha256; given to every broker "
+                   "[default: the one of the previous `dev up` in DEV_DIR].")
+@click.option("--max-payload-bytes", type=click.IntRange(1, 64 * 1024 * 1024), default=None,
+              help="For `cluster init`: largest task payload [default 1048576].")
+def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float,
+           write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes) -> None:
+    """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json.
+
+    It runs `cluster init` with the cluster-wide options given (the defaults otherwise)
+    before starting any member; over directories whose cluster already exists it keeps
+    that cluster's config (options given must agree with it).
+    """
     from devtools.devcluster import DevCluster, DevClusterSpec
 
-    spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout)
+    spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout,
+                          write_quorum=write_quorum, ack_quorum=ack_quorum, ensemble_size=ensemble_size,
+                          digest=digest, secret_file=secret_file, max_payload_bytes=max_payload_bytes)
     state = DevCluster(Path(dev_dir)).up(spec, progress=click.echo)
     click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
 

@@ -5,16 +5,22 @@ several clusters can coexist. ``cluster.json`` records the ZooKeeper address,
 the cluster name and every process started (kind, pid, address, data dir, log),
 so ``down`` stops exactly those processes and nothing else.
 
+``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
+with the spec's cluster-wide options before it starts any member; over a run directory
+whose ZooKeeper already holds the cluster's `config` it keeps that config (the options
+given must agree with it). Brokers get the spec's ``--secret-file``; bookies need none.
+
 Example::
 
     dev = DevCluster(Path(".fencepost-dev"))
-    dev.up(DevClusterSpec(bookies=3))
+    dev.up(DevClusterSpec(bookies=3, digest="hmac-sha256", secret_file="secret"))
     dev.status()      # [{"kind": "zookeeper", "pid": ..., "alive": True, ...}, ...]
     dev.down()
 """
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import threading
@@ -24,7 +30,12 @@ from pathlib import Path
 from typing import Callable
 
 from broker import BrokerError
+from election import ElectionError
+from election.cluster_config import (SHARED_OPTIONS, ClusterAlreadyInitialized, ClusterOptions, check_member_secret,
+                                     check_secret_choice, init_cluster, option_differences, read_cluster_config,
+                                     read_secret)
 from election.files import write_json_atomically
+from election.paths import ClusterPaths
 from election.paths import check_cluster_name
 from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn, stop_pid
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
@@ -46,12 +57,27 @@ class DevClusterSpec:
     zk_session_timeout: float = 2.0
     # Fault-injection runs only: brokers expose their ZooKeeper session in <data>.zk-session.
     session_files: bool = False
+    # The cluster-wide options `up` gives `cluster init` (None: init's default, or the existing config's).
+    write_quorum: int | None = None
+    ack_quorum: int | None = None
+    ensemble_size: int | None = None
+    digest: str | None = None
+    max_payload_bytes: int | None = None
+    # The cluster secret (for hmac-sha256): handed to `cluster init` and to every broker.
+    secret_file: str | None = None
 
     def validate(self) -> "DevClusterSpec":
         check_cluster_name(self.cluster)
         if not 0 <= self.bookies <= 16 or not 0 <= self.brokers <= 16:
             raise DevClusterError("--bookies and --brokers must be between 0 and 16")
+        if self.brokers and self.ensemble_size is not None and self.ensemble_size > self.bookies:
+            raise DevClusterError(f"--ensemble-size {self.ensemble_size} needs at least that many bookies, "
+                                  f"not {self.bookies}: no leader could open a ledger")
         return self
+
+    def cluster_options(self) -> dict:
+        """The shared options this spec sets (None: not set)."""
+        return {name: getattr(self, name) for name in SHARED_OPTIONS}
 
 
 def read_broker_id(data_dir: Path) -> int | None:
@@ -99,25 +125,75 @@ class DevCluster:
         spec.validate()
         if self.running():
             raise DevClusterError(f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first")
+        # A restart of the same cluster keeps the secret file of its first `up` unless given another.
+        secret_file = spec.secret_file or (self.read_state() or {}).get("secret_file")
+        secret_file = str(Path(secret_file).resolve()) if secret_file else None  # members run in run_dir
+        secret = self._secret(secret_file)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         zk_port = free_port()
         state = {"cluster": spec.cluster, "zk": f"127.0.0.1:{zk_port}", "run_dir": str(self.run_dir),
                  "zk_session_timeout": spec.zk_session_timeout, "processes": []}
+        if secret_file:
+            state["secret_file"] = secret_file
+        broker_args = ["--zk-session-timeout", str(spec.zk_session_timeout)]
+        if secret_file:
+            broker_args += ["--secret-file", secret_file]
         try:
             self._start_zookeeper(state, zk_port)
             progress(f"zookeeper listening on {state['zk']}")
+            progress(self._init_cluster(state, spec, secret, secret_file))
             for index in range(spec.bookies):
                 member = self._start_member(state, "bookie", index)
                 progress(f"bookie {index} listening on {member['address']}")
             for index in range(spec.brokers):
-                member = self._start_member(state, "broker", index,
-                                            ["--zk-session-timeout", str(spec.zk_session_timeout)],
-                                            session_file=spec.session_files)
+                member = self._start_member(state, "broker", index, broker_args, session_file=spec.session_files)
                 progress(f"broker {index} listening on {member['address']}")
         except Exception:
             self.down()
             raise
         return state
+
+    @staticmethod
+    def _secret(secret_file: str | None) -> bytes | None:
+        try:
+            return read_secret(secret_file) if secret_file else None
+        except ElectionError as exc:
+            raise DevClusterError(str(exc)) from None
+
+    def _init_cluster(self, state: dict, spec: DevClusterSpec, secret: bytes | None, secret_file: str | None) -> str:
+        """`cluster init` with the spec's options; an existing config is kept if the spec agrees with it."""
+        from election.zk import close, connect
+
+        paths = ClusterPaths(spec.cluster)
+        # ZooKeeper has just said "imok" but may still drop the first connections: not worth a warning.
+        kazoo_log = logging.getLogger("kazoo")
+        level = kazoo_log.level
+        kazoo_log.setLevel(logging.ERROR)
+        zk = connect(state["zk"], connect_timeout=15.0)
+        kazoo_log.setLevel(level)
+        try:
+            options = ClusterOptions.with_overrides(spec.cluster_options())
+            try:
+                check_secret_choice(options.validate(), secret)
+                config = init_cluster(zk, paths, options, clock=time.time, secret=secret)
+                return f"cluster {spec.cluster} initialized (cluster id {config['cluster_id']})"
+            except ClusterAlreadyInitialized:
+                config = read_cluster_config(zk, paths) or {}
+            except ElectionError as exc:
+                if read_cluster_config(zk, paths) is None:
+                    raise DevClusterError(str(exc)) from None
+                config = read_cluster_config(zk, paths) or {}
+            # `dev up` again over the same directories: the cluster exists; keep it, if the flags agree.
+            differences = option_differences(config, spec.cluster_options())
+            if differences:
+                raise DevClusterError(f"cluster {spec.cluster} exists with other options: " + "; ".join(differences))
+            try:
+                check_member_secret(config, secret, spec.cluster, source=secret_file or "--secret-file")
+            except ElectionError as exc:
+                raise DevClusterError(str(exc)) from None
+            return f"cluster {spec.cluster} already initialized (cluster id {config['cluster_id']}): keeping its options"
+        finally:
+            close(zk)
 
     def add_broker(self, progress: Callable[[str], None] = lambda _: None) -> dict:
         """Start one more broker with an empty data dir (a joiner) in the running cluster."""
@@ -125,8 +201,10 @@ class DevCluster:
         if not state or not self.running():
             raise DevClusterError(f"no dev cluster runs in {self.run_dir}: `fencepost dev up` first")
         index = 1 + max((m["index"] for m in state["processes"] if m["kind"] == "broker"), default=-1)
-        member = self._start_member(state, "broker", index,
-                                    ["--zk-session-timeout", str(state.get("zk_session_timeout", 2.0))])
+        args = ["--zk-session-timeout", str(state.get("zk_session_timeout", 2.0))]
+        if state.get("secret_file"):
+            args += ["--secret-file", state["secret_file"]]
+        member = self._start_member(state, "broker", index, args)
         progress(f"broker {index} listening on {member['address']}")
         return member
 

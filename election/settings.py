@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -82,7 +83,8 @@ def load_settings(
     values: dict[str, Any] = {}
     for name in names:
         kind = hints[name]
-        base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind
+        # ``int | None`` (a types.UnionType) as well as ``Optional[int]``: coerce to the int.
+        base = typing.get_args(kind)[0] if typing.get_origin(kind) in (typing.Union, types.UnionType) else kind
         if flags and flags.get(name) is not None:
             values[name] = flags[name]
         elif ENV_PREFIX + name.upper() in env:

@@ -6,6 +6,10 @@ Fixtures:
   connected kazoo client: ``.name``, ``.zk``, ``.paths``, ``.hosts``.
 - ``procs``: starts ``python -m cli ...`` processes, kills (SIGKILL), pauses
   (SIGSTOP/SIGCONT), restarts them; prints their logs when the test fails.
+  Its processes get ``FENCEPOST_INIT_IF_MISSING=1``: a bookie or broker of a test
+  creates the cluster's ``config`` (default options) instead of waiting for
+  ``fencepost cluster init``; pass ``env={"FENCEPOST_INIT_IF_MISSING": "0"}`` (or
+  ``init_if_missing=False`` to ``start_bookie``/``start_broker``) to see them wait.
 - ``free_port``: a callable returning a free loopback port.
 - ``expire_session(session_id, password)``: expires a real ZooKeeper session.
 """
@@ -149,6 +153,10 @@ class Proc:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+# Members started by the harness create the cluster's `config` if no `cluster init` ran.
+HARNESS_ENV = {"FENCEPOST_INIT_IF_MISSING": "1"}
+
+
 class ProcessManager:
     """Starts and tracks the processes of one test; stops them all at the end."""
 
@@ -160,7 +168,7 @@ class ProcessManager:
     def start(self, name: str, args: list[str], ready: Callable[[Proc], bool] | None = None,
               timeout: float = 30.0, env: dict | None = None, **attrs) -> Proc:
         log_path = self.workdir / f"{name}-{next(self._counter)}.log"
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **HARNESS_ENV, **(env or {})}
         popen = spawn(fencepost_command(*args), log_path, env=full_env, cwd=REPO)
         proc = Proc(name=name, args=args, log_path=log_path, popen=popen, **attrs)
         proc.extra["env"] = env
@@ -178,28 +186,35 @@ class ProcessManager:
     def run(self, args: list[str], timeout: float = 60.0, env: dict | None = None,
             input: bytes | None = None) -> subprocess.CompletedProcess:
         """Run a fencepost command to completion."""
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), **HARNESS_ENV, **(env or {})}
         return subprocess.run(fencepost_command(*args), cwd=REPO, capture_output=True,
                               timeout=timeout, env=full_env, input=input)
 
     def start_bookie(self, cluster: TestCluster, data_dir: Path | None = None, fsync: bool = True,
-                     address: str | None = None) -> Proc:
+                     address: str | None = None, extra: list[str] | None = None, init_if_missing: bool = True,
+                     ready: bool = True) -> Proc:
+        """A bookie; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
         data_dir = data_dir or self.workdir / f"bookie-data-{next(self._counter)}"
         address = address or f"tcp://127.0.0.1:{_free_port()}"
         args = ["bookie", "start", "--data", str(data_dir), "--listen", address,
-                "--zk", cluster.hosts, "--cluster", cluster.name]
+                "--zk", cluster.hosts, "--cluster", cluster.name, *(extra or [])]
         if not fsync:
             args.append("--no-fsync")
-        return self.start("bookie", args, ready=_answers_ping, address=address, data_dir=data_dir)
+        env = {"FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0"}
+        return self.start("bookie", args, ready=_answers_ping if ready else None, address=address,
+                          data_dir=data_dir, env=env)
 
     def start_broker(self, cluster: TestCluster, data_dir: Path | None = None, session_timeout: float = 2.0,
-                     extra: list[str] | None = None) -> Proc:
+                     extra: list[str] | None = None, init_if_missing: bool = True, ready: bool = True) -> Proc:
+        """A broker; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
         data_dir = data_dir or self.workdir / f"broker-data-{next(self._counter)}"
         address = f"tcp://127.0.0.1:{_free_port()}"
         args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", cluster.hosts,
                 "--cluster", cluster.name, "--zk-session-timeout", str(session_timeout), *(extra or [])]
-        env = {"FENCEPOST_ZK_SESSION_FILE": str(data_dir) + ".zk-session"}
-        return self.start("broker", args, ready=_answers_ping, address=address, data_dir=data_dir, env=env)
+        env = {"FENCEPOST_ZK_SESSION_FILE": str(data_dir) + ".zk-session",
+               "FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0"}
+        return self.start("broker", args, ready=_answers_ping if ready else None, address=address,
+                          data_dir=data_dir, env=env)
 
     def restart(self, proc: Proc) -> Proc:
         """Start `proc` again with the same arguments and data dir (it must have stopped)."""

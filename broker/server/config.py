@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from broker import BrokerError
+from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger.bookie.config import WILDCARD_HOSTS
 
 _TCP = re.compile(r"\Atcp://[^:/\s]+:\d{1,5}\Z")
@@ -48,7 +49,16 @@ class BrokerConfig:
     insync_check_ms: int = field(default=200, metadata={
         "help": "How often the leader re-checks the in-sync set and a pending admin elect.", "min": 1})
     secret_file: str = field(default="", metadata={
-        "help": "File holding the cluster secret (for the hmac-sha256 digest).", "path": "file"})
+        "help": "File holding the cluster secret; required when the cluster's digest is hmac-sha256.",
+        "path": "file"})
+    # The cluster-wide options (the `config` node): None takes the cluster's; a value that
+    # differs from the cluster's stops the broker at start, naming the difference.
+    write_quorum: int | None = cluster_option_field("write_quorum")
+    ack_quorum: int | None = cluster_option_field("ack_quorum")
+    ensemble_size: int | None = cluster_option_field("ensemble_size")
+    digest: str | None = cluster_option_field("digest")
+    max_payload_bytes: int | None = cluster_option_field("max_payload_bytes")
+    init_if_missing: bool = init_if_missing_field()
     max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
         "help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1})
     max_batch_events: int = field(default=2000, metadata={
@@ -105,4 +115,7 @@ class BrokerConfig:
             raise BrokerConfigError("max_lag_entries must be >= 0, max_time_not_caught_up > 0, insync_check_ms >= 1")
         if self.map_size < 1 << 20:
             raise BrokerConfigError("map_size must be at least 1 MiB")
+        validate_member_options(self, BrokerConfigError)
+        if self.digest == "hmac-sha256" and not self.secret_file:
+            raise BrokerConfigError("digest hmac-sha256 needs --secret-file with the cluster secret")
         return self

@@ -53,7 +53,7 @@ from broker.server.store_keeper import StoreKeeper
 from broker.server.takeover import Takeover
 from election import ElectionError
 from election.files import write_json_atomically
-from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
 from election.identity import ensure_broker_id
 from election.insync import election_contenders
 from election.leader import retract_leader
@@ -102,8 +102,15 @@ class BrokerNode:
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
         self._write_session_file()
         try:
-            self.cluster = patiently(ensure_cluster_config, self.zk, self.paths, ClusterOptions(), clock=self.clock,
-                                     what="reading the cluster config")
+            secret = read_secret(cfg.secret_file) if cfg.secret_file else None
+            # Before `fencepost cluster init` this waits (or, with init_if_missing, creates `config`).
+            cluster = join_cluster(self.zk, self.paths, member_options(cfg), cluster=cfg.cluster,
+                                   init_if_missing=cfg.init_if_missing, clock=self.clock, stop=self.stop_event,
+                                   secret=secret)
+            if cluster is None:  # stopped while waiting for the cluster to be initialized
+                return self.exit_code
+            self.cluster = cluster
+            self._cluster_secret = check_member_secret(cluster, secret, cfg.cluster, source=cfg.secret_file)
             data = Path(cfg.data)
             # Before the identity: a foreign store is refused without registering anything.
             self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
@@ -114,7 +121,7 @@ class BrokerNode:
             log.info("broker %s starting on %s", self.identity, cfg.listen)
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")
-            self.ledgers = LedgerClient(self.zk, self.paths, secret=self._secret())
+            self.ledgers = LedgerClient(self.zk, self.paths, secret=self._cluster_secret)
             self.keeper.attach(self.identity.broker_id, self.catalog)
             self.store = self.keeper.verified(store)
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
@@ -243,9 +250,6 @@ class BrokerNode:
     def leading(self) -> bool:
         session = self.server.session
         return session is not None and session.ready
-
-    def _secret(self) -> bytes | None:
-        return Path(self.config.secret_file).read_bytes().strip() if self.config.secret_file else None
 
     def _install_signals(self) -> None:
         if threading.current_thread() is threading.main_thread():

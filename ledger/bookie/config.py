@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger import LedgerError
 from ledger.bookie.store import DEFAULT_MAP_SIZE
 
@@ -44,6 +45,11 @@ class BookieConfig:
 
     The ``metadata`` of each field is its command-line option's help (``cli_options.py``
     generates ``bookie start``'s options from these fields).
+
+    A bookie has no ``secret_file``: it never verifies an ``hmac-sha256`` digest (it
+    checks an entry's framing, and a CRC32C digest after a crash, and stores the bytes;
+    the readers verify), so it needs no cluster secret. It still compares the shared
+    options it is given (``digest`` included) with the cluster's.
     """
 
     data: str = field(default="./bookie-data", metadata={"help": "Data directory.", "path": "dir"})
@@ -64,6 +70,14 @@ class BookieConfig:
         "default_text": f"{DEFAULT_MAP_SIZE >> 30} GiB", "min": 1 << 20})
     zk_session_timeout_s: float = field(default=10.0, metadata={
         "help": "ZooKeeper session timeout in seconds: how long a dead bookie stays registered."})
+    # The cluster-wide options (the `config` node): None takes the cluster's; a value that
+    # differs from the cluster's stops the bookie at start, naming the difference.
+    write_quorum: int | None = cluster_option_field("write_quorum")
+    ack_quorum: int | None = cluster_option_field("ack_quorum")
+    ensemble_size: int | None = cluster_option_field("ensemble_size")
+    digest: str | None = cluster_option_field("digest")
+    max_payload_bytes: int | None = cluster_option_field("max_payload_bytes")
+    init_if_missing: bool = init_if_missing_field()
 
     def validate(self) -> "BookieConfig":
         """Check every option; raise LedgerError naming the first bad one."""
@@ -91,6 +105,9 @@ class BookieConfig:
             raise LedgerError(f"fsync must be true or false, got {self.fsync!r}")
         if not isinstance(self.zk_session_timeout_s, (int, float)) or not 1 <= self.zk_session_timeout_s <= 600:
             raise LedgerError(f"zk_session_timeout_s must be between 1 and 600 seconds, got {self.zk_session_timeout_s!r}")
+        validate_member_options(self, LedgerError)
+        if not isinstance(self.init_if_missing, bool):
+            raise LedgerError(f"init_if_missing must be true or false, got {self.init_if_missing!r}")
         return self
 
     def default_bookie_id(self) -> str:

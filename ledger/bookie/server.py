@@ -31,7 +31,7 @@ import zmq
 from kazoo.client import KazooClient
 
 from election import zk as zkutil
-from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.cluster_config import join_cluster, member_options
 from election.paths import ClusterPaths
 from election import wire
 from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
@@ -88,14 +88,23 @@ class Bookie:
         self._polls = LongPolls(self._info, self._send)
         self._explicit_lac: dict[int, int] = {}
 
-    def start(self) -> None:
-        """Join the cluster: read its config, check the cookie, open the store, bind, register."""
+    def start(self, stop: threading.Event | None = None) -> bool:
+        """Join the cluster: read its config, check the cookie, open the store, bind, register.
+
+        Before `fencepost cluster init` it waits for the cluster's config (or creates it with
+        ``init_if_missing``); False if ``stop`` was set meanwhile (nothing to serve or close).
+        Options that differ from the cluster's raise ConfigMismatch, naming each.
+        """
         cfg = self.config
         try:
             self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
             paths = ClusterPaths(cfg.cluster)
-            cluster = zkutil.patiently(ensure_cluster_config, self._zk, paths, ClusterOptions(), clock=time.time,
-                                       check=False, what="reading the cluster config")
+            cluster = join_cluster(self._zk, paths, member_options(cfg), cluster=cfg.cluster,
+                                   init_if_missing=cfg.init_if_missing, clock=time.time,
+                                   stop=stop or threading.Event())
+            if cluster is None:
+                self.close()
+                return False
             self.cluster_id = cluster["cluster_id"]
             cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
             self._store, cookie = open_vouched_store(cfg, cookie)
@@ -126,6 +135,7 @@ class Bookie:
         self._started = time.monotonic()
         log.info("bookie %s serving %s for cluster %s (%s), data in %s",
                  self.bookie_id, cfg.listen, cfg.cluster, self.cluster_id, cfg.data)
+        return True
 
     def close(self) -> None:
         """Release everything; safe to call twice and after a failed start."""
@@ -387,9 +397,9 @@ def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> Non
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous.append((sig, signal.signal(sig, lambda signum, frame: stop.set())))
     try:
-        bookie.start()
-        bookie.serve(stop)
-        log.info("bookie %s stopping", bookie.bookie_id)
+        if bookie.start(stop):
+            bookie.serve(stop)
+            log.info("bookie %s stopping", bookie.bookie_id)
     finally:
         bookie.close()
         for sig, handler in previous:

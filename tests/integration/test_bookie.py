@@ -314,7 +314,8 @@ def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_
     from tests.conftest import expire_session
 
     config = BookieConfig(data=str(tmp_path / "b"), listen=f"tcp://127.0.0.1:{free_port()}", zk=cluster.hosts,
-                          cluster=cluster.name, bookie_id="in-process", map_size=64 << 20, zk_session_timeout_s=4)
+                          cluster=cluster.name, bookie_id="in-process", map_size=64 << 20, zk_session_timeout_s=4,
+                          init_if_missing=True)
     bookie, stop = Bookie(config), threading.Event()
     bookie.start()
     thread = threading.Thread(target=bookie.serve, args=(stop,), daemon=True)
