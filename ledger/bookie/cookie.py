@@ -19,7 +19,9 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 import time
 import uuid
 
@@ -29,6 +31,8 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from election.files import write_json_atomically
 from election.paths import ClusterPaths
 from ledger import LedgerError
+
+log = logging.getLogger(__name__)
 
 COOKIE_NAME = "COOKIE"
 
@@ -67,7 +71,7 @@ def write_cookie(data_dir: str | os.PathLike, cookie: dict) -> None:
 
 
 def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id: str, bookie_id: str | None,
-                          default_bookie_id: str | None = None) -> dict:
+                          default_bookie_id: str | None = None, replaced_cluster_id: str | None = None) -> dict:
     """Check that ``data_dir`` belongs to this cluster, writing the cookie on first use.
 
     Returns the cookie; its ``bookie_id`` is the bookie's identity: ``bookie_id``
@@ -75,7 +79,9 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
     a generated one), kept from then on. Raises :class:`WrongClusterError`,
     naming both clusters, when the directory belongs to another cluster, and
     :class:`CookieError` when it belongs to another bookie id or holds ledger
-    data without a cookie.
+    data without a cookie. A cookie of ``replaced_cluster_id`` (the id a
+    re-initialized cluster replaced by its stores' id, see ``broker.server.cluster_start``)
+    is the same cluster: it is rewritten with ``cluster_id``.
     """
     data_dir = os.fspath(data_dir)
     cookie = read_cookie(data_dir)
@@ -88,6 +94,9 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
                   "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}"}
         write_cookie(data_dir, cookie)
         return cookie
+    if replaced_cluster_id is not None and cookie["cluster_id"] == replaced_cluster_id:
+        cookie = {**cookie, "cluster_id": cluster_id}
+        write_cookie(data_dir, cookie)
     if cookie["cluster_id"] != cluster_id:
         raise WrongClusterError(
             f"data directory {data_dir} belongs to cluster {cookie['cluster']!r} (id {cookie['cluster_id']}), "
@@ -98,6 +107,41 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
             f"data directory {data_dir} belongs to bookie {cookie['bookie_id']!r}, not {bookie_id!r}"
         )
     return cookie
+
+
+def join_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, config: dict, bookie_id: str | None,
+                 default_bookie_id: str | None, stop: threading.Event | None = None, poll_s: float = 1.0) -> tuple[dict, dict]:
+    """The checked cookie and the cluster config it was checked against.
+
+    A data directory of another cluster id is refused at once when the cluster has a
+    log. While it has none, the brokers may still take their stores' cluster id back
+    after ZooKeeper lost its data (``broker.server.cluster_start``), which is the id
+    such a bookie's cookie names: it waits for that, saying so once.
+    """
+    said = False
+    stop = stop or threading.Event()
+    while True:
+        replaced = (config.get("reinitialized") or {}).get("replaced_cluster_id")
+        try:
+            return check_or_write_cookie(data_dir, paths.cluster, config["cluster_id"], bookie_id, default_bookie_id,
+                                         replaced_cluster_id=replaced), config
+        except WrongClusterError as exc:
+            if _has_log(zk, paths) or stop.is_set():
+                raise
+            if not said:
+                log.warning("%s; the cluster has no log yet, so its brokers may still restore that id from "
+                            "their stores: waiting", exc)
+                said = True
+        stop.wait(poll_s)
+        config = json.loads(zk.get(paths.config)[0])
+
+
+def _has_log(zk: KazooClient, paths: ClusterPaths) -> bool:
+    try:
+        data, _ = zk.get(paths.log)
+    except NoNodeError:
+        return False
+    return bool(data) and bool(json.loads(data).get("ledgers"))
 
 
 def cookie_path(paths: ClusterPaths, bookie_id: str) -> str:

@@ -181,3 +181,13 @@ def test_bookie_config_validation(changes, word):
 def test_bookie_config_defaults_and_default_id():
     config = BookieConfig(listen="tcp://10.1.2.3:4181").validate()
     assert config.default_bookie_id() == "bookie-10.1.2.3-4181"
+
+
+def test_a_cookie_of_the_id_a_reinitialized_cluster_replaced_is_rewritten(tmp_path):
+    from ledger.bookie.cookie import WrongClusterError, check_or_write_cookie, read_cookie
+
+    check_or_write_cookie(tmp_path, "prod", "fresh-id", None, "b1")  # signed while ZooKeeper had a new id
+    cookie = check_or_write_cookie(tmp_path, "prod", "stores-id", None, replaced_cluster_id="fresh-id")
+    assert cookie["cluster_id"] == read_cookie(tmp_path)["cluster_id"] == "stores-id"
+    with pytest.raises(WrongClusterError):
+        check_or_write_cookie(tmp_path, "prod", "other-id", None, replaced_cluster_id="fresh-id")
