@@ -59,6 +59,10 @@ class BrokerConfig:
     digest: str | None = cluster_option_field("digest")
     max_payload_bytes: int | None = cluster_option_field("max_payload_bytes")
     init_if_missing: bool = init_if_missing_field()
+    wait_for: int = field(default=0, metadata={
+        "help": "Stand for election (so serve clients) only once this many brokers are live, this one "
+                "included; 0 or 1: at once. Once seen, the condition holds for the rest of the process.",
+        "min": 0})
     max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
         "help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1})
     max_batch_events: int = field(default=2000, metadata={
@@ -113,6 +117,8 @@ class BrokerConfig:
             raise BrokerConfigError("shutdown_timeout must be between 1 and 600 seconds")
         if self.max_lag_entries < 0 or self.max_time_not_caught_up <= 0 or self.insync_check_ms < 1:
             raise BrokerConfigError("max_lag_entries must be >= 0, max_time_not_caught_up > 0, insync_check_ms >= 1")
+        if self.wait_for < 0:
+            raise BrokerConfigError("wait_for must be >= 0")
         if self.map_size < 1 << 20:
             raise BrokerConfigError("map_size must be at least 1 MiB")
         validate_member_options(self, BrokerConfigError)
