@@ -40,6 +40,7 @@ from kazoo.exceptions import KazooException
 from broker import BrokerError
 from broker.server.config import BrokerConfig
 from broker.server.candidacy import Candidacy
+from broker.server.cluster_start import ClusterStart
 from broker.server.checkpoints import CheckpointHost, Checkpointer
 from broker.server.datalock import DataDirLock
 from broker.server.follower import Diverged, FollowerTail
@@ -54,7 +55,7 @@ from broker.server.takeover import Takeover
 from election import ElectionError
 from election.files import write_json_atomically
 from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
-from election.identity import ensure_broker_id
+from election.identity import BrokerIdentity, ensure_broker_id
 from election.insync import election_contenders
 from election.leader import retract_leader
 from election.paths import ClusterPaths
@@ -112,12 +113,15 @@ class BrokerNode:
             self.cluster = cluster
             self._cluster_secret = check_member_secret(cluster, secret, cfg.cluster, source=cfg.secret_file)
             data = Path(cfg.data)
+            # A cluster without a log may be restarting after ZooKeeper lost its data: the stores decide.
+            self.cluster = ClusterStart(self.zk, self.paths, data, broker_id=lambda: self._claim_identity(data).broker_id,
+                                        wait_for=getattr(cfg, "wait_for", 0), clock=self.clock,
+                                        stop=self.stop_event).run(self.cluster)
             # Before the identity: a foreign store is refused without registering anything.
             self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
                                       self.stop_event)
             store = self.keeper.checked()
-            self.identity = patiently(ensure_broker_id, self.zk, self.paths, data, cfg.name or Path(cfg.data).name,
-                                      cfg.listen, clock=self.clock, what="claiming the broker id")
+            self.identity = self._claim_identity(data)
             log.info("broker %s starting on %s", self.identity, cfg.listen)
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")
@@ -157,6 +161,10 @@ class BrokerNode:
             self.data_lock.release()
             self.stop_budget.done()
         return self.exit_code
+
+    def _claim_identity(self, data: Path) -> BrokerIdentity:
+        return patiently(ensure_broker_id, self.zk, self.paths, data, self.config.name or data.name,
+                         self.config.listen, clock=self.clock, what="claiming the broker id")
 
     def _rejoin(self) -> None:
         """The tail found its position in a deleted ledger: install a snapshot, then tail again (server thread)."""

@@ -109,14 +109,15 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
     return cookie
 
 
-def join_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, config: dict, bookie_id: str | None,
+def cookie_for_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, config: dict, bookie_id: str | None,
                  default_bookie_id: str | None, stop: threading.Event | None = None, poll_s: float = 1.0) -> tuple[dict, dict]:
     """The checked cookie and the cluster config it was checked against.
 
-    A data directory of another cluster id is refused at once when the cluster has a
-    log. While it has none, the brokers may still take their stores' cluster id back
-    after ZooKeeper lost its data (``broker.server.cluster_start``), which is the id
-    such a bookie's cookie names: it waits for that, saying so once.
+    A data directory of another cluster is refused at once, and so is one of this
+    cluster's name but another id when the cluster has a log. While it has none, its
+    brokers may still take their stores' cluster id back after ZooKeeper lost its
+    data (``broker.server.cluster_start``), which is the id such a bookie's cookie
+    names: it waits for that, saying so once.
     """
     said = False
     stop = stop or threading.Event()
@@ -126,7 +127,8 @@ def join_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, config: di
             return check_or_write_cookie(data_dir, paths.cluster, config["cluster_id"], bookie_id, default_bookie_id,
                                          replaced_cluster_id=replaced), config
         except WrongClusterError as exc:
-            if _has_log(zk, paths) or stop.is_set():
+            if (read_cookie(data_dir) or {}).get("cluster") != paths.cluster or _has_log(zk, paths) \
+                    or stop.is_set():
                 raise
             if not said:
                 log.warning("%s; the cluster has no log yet, so its brokers may still restore that id from "

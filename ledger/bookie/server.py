@@ -37,7 +37,7 @@ from election import wire
 from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
-from ledger.bookie.cookie import bind_instance, check_or_write_cookie
+from ledger.bookie.cookie import bind_instance, cookie_for_cluster
 from ledger.bookie.integrity import open_vouched_store, prepare_store
 from ledger.bookie.polls import LongPolls
 from ledger.bookie.protocol import OPS, entity_id, info_fields, parse_add, parse_add_batch, parse_wait_lac
@@ -99,14 +99,15 @@ class Bookie:
         try:
             self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
             paths = ClusterPaths(cfg.cluster)
+            stop = stop or threading.Event()
             cluster = join_cluster(self._zk, paths, member_options(cfg), cluster=cfg.cluster,
-                                   init_if_missing=cfg.init_if_missing, clock=time.time,
-                                   stop=stop or threading.Event())
+                                   init_if_missing=cfg.init_if_missing, clock=time.time, stop=stop)
             if cluster is None:
                 self.close()
                 return False
+            cookie, cluster = cookie_for_cluster(self._zk, paths, cfg.data, cluster, cfg.bookie_id,
+                                                 cfg.default_bookie_id(), stop=stop)
             self.cluster_id = cluster["cluster_id"]
-            cookie = check_or_write_cookie(cfg.data, cfg.cluster, self.cluster_id, cfg.bookie_id, cfg.default_bookie_id())
             self._store, cookie = open_vouched_store(cfg, cookie)
             cookie = zkutil.patiently(bind_instance, self._zk, paths, cfg.data, cookie, what="binding the cookie")
             self.bookie_id = cookie["bookie_id"]
