@@ -192,7 +192,7 @@ class ProcessManager:
 
     def start_bookie(self, cluster: TestCluster, data_dir: Path | None = None, fsync: bool = True,
                      address: str | None = None, extra: list[str] | None = None, init_if_missing: bool = True,
-                     ready: bool = True) -> Proc:
+                     ready: bool = True, env: dict | None = None) -> Proc:
         """A bookie; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
         data_dir = data_dir or self.workdir / f"bookie-data-{next(self._counter)}"
         address = address or f"tcp://127.0.0.1:{_free_port()}"
@@ -200,19 +200,20 @@ class ProcessManager:
                 "--zk", cluster.hosts, "--cluster", cluster.name, *(extra or [])]
         if not fsync:
             args.append("--no-fsync")
-        env = {"FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0"}
+        env = {"FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0", **(env or {})}
         return self.start("bookie", args, ready=_answers_ping if ready else None, address=address,
                           data_dir=data_dir, env=env)
 
     def start_broker(self, cluster: TestCluster, data_dir: Path | None = None, session_timeout: float = 2.0,
-                     extra: list[str] | None = None, init_if_missing: bool = True, ready: bool = True) -> Proc:
+                     extra: list[str] | None = None, init_if_missing: bool = True, ready: bool = True,
+                     env: dict | None = None) -> Proc:
         """A broker; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
         data_dir = data_dir or self.workdir / f"broker-data-{next(self._counter)}"
         address = f"tcp://127.0.0.1:{_free_port()}"
         args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", cluster.hosts,
                 "--cluster", cluster.name, "--zk-session-timeout", str(session_timeout), *(extra or [])]
         env = {"FENCEPOST_ZK_SESSION_FILE": str(data_dir) + ".zk-session",
-               "FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0"}
+               "FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0", **(env or {})}
         return self.start("broker", args, ready=_answers_ping if ready else None, address=address,
                           data_dir=data_dir, env=env)
 
