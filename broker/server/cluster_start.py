@@ -11,7 +11,7 @@ so every member follows the same one) from the pure rules of
   present member stops with the reason ("manual recovery needed: ...").
 - ``restore``: the cluster continues the clean stores' state. Before serving,
   every member (idempotently) makes ZooKeeper fit that state: ``config`` takes the
-  stores' ``cluster_id`` back (its replaced id is kept so that bookies which
+  stores' initial signature back (its replaced id is kept so that bookies which
   signed their cookies in between are still accepted), the ``epoch`` node starts
   at the stores' last epoch, new ledger ids continue above the stores' ledger ids
   (:func:`ledger.metadata.advance_ledger_ids`), and ``log_start`` names the seed
@@ -180,6 +180,7 @@ class ClusterStart:
         if decision.action == RESTORE:
             source = next(m for m in members if m.member == decision.source)
             doc["seed"] = {"shutdown_id": source.status.shutdown_id, "position": list(source.status.position)}
+            doc["created_at"] = source.status.created_at
         try:
             self.zk.create(self.paths.init_decision, json.dumps(doc).encode(), makepath=True)
         except NodeExistsError:
@@ -208,7 +209,7 @@ class ClusterStart:
     def _fit_zookeeper(self, decision: dict, config: dict) -> dict:
         """Make ZooKeeper continue the kept stores' history (idempotent; every member runs it)."""
         seed = seed_of(decision)
-        config = self._adopt_cluster_id(decision["cluster_id"])
+        config = self._adopt_signature(decision["cluster_id"], decision["created_at"])
         self._raise_epoch(int(decision["epoch"]))
         advance_ledger_ids(self.zk, self.paths, above=int(seed["position"][0]))
         if read_log_start(self.zk, self.paths) is None:
@@ -218,13 +219,14 @@ class ClusterStart:
                 pass
         return config
 
-    def _adopt_cluster_id(self, cluster_id: str) -> dict:
+    def _adopt_signature(self, cluster_id: str, created_at: float) -> dict:
+        """``config`` takes the kept stores' initial signature back (CAS; the replaced id is kept)."""
         while True:
             data, stat = self.zk.get(self.paths.config)
             config = json.loads(data)
             if config["cluster_id"] == cluster_id:
                 return config
-            adopted = {**config, "cluster_id": cluster_id,
+            adopted = {**config, "cluster_id": cluster_id, "created_at": created_at,
                        "reinitialized": {"at": self.clock(), "replaced_cluster_id": config["cluster_id"]}}
             try:
                 self.zk.set(self.paths.config, json.dumps(adopted).encode(), version=stat.version)
