@@ -115,7 +115,7 @@ class BrokerNode:
             data = Path(cfg.data)
             # A cluster without a log may be restarting after ZooKeeper lost its data: the stores decide.
             self.cluster = ClusterStart(self.zk, self.paths, data, broker_id=lambda: self._claim_identity(data).broker_id,
-                                        wait_for=getattr(cfg, "wait_for", 0), clock=self.clock,
+                                        wait_for=cfg.wait_for, clock=self.clock,
                                         stop=self.stop_event).run(self.cluster)
             # Before the identity: a foreign store is refused without registering anything.
             self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
