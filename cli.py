@@ -465,9 +465,14 @@ def admin_insync(zk, cluster, dev_dir, as_json) -> None:
 @admin.command("epochs")
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
-def admin_epochs(zk, cluster, dev_dir, as_json) -> None:
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster secret, to read the ledgers of an hmac-sha256 cluster.")
+def admin_epochs(zk, cluster, dev_dir, as_json, secret_file) -> None:
     """The epoch history still in the log: each epoch's leader, first position and start time."""
     from broker.admin import epoch_history
+    from election.cluster_config import read_secret
+
+    secret = read_secret(secret_file) if secret_file else None
 
     def human(rows):
         for r in rows:
@@ -476,7 +481,8 @@ def admin_epochs(zk, cluster, dev_dir, as_json) -> None:
             click.echo(f"epoch {r['epoch']:<5} leader={r['broker_id'] if r['broker_id'] is not None else '?':<4} "
                        f"first={r['first_position']}  started={started}  ledgers={r['ledgers']}")
 
-    emit(with_zk(zk, cluster, dev_dir, epoch_history), as_json, human)
+    emit(with_zk(zk, cluster, dev_dir, lambda client, name: epoch_history(client, name, secret=secret)),
+         as_json, human)
 
 
 @admin.command("elect")

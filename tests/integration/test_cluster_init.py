@@ -232,6 +232,13 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
     data = raw["data"]
     length = struct.unpack_from(">QQqQI", data)[4]
     assert len(data) == HEADER_SIZE + length + 32 and _hmac_entry_ok(data, SECRET)
+    # Commands reading the ledgers themselves need the secret too.
+    where = ["--zk", cluster.hosts, "--cluster", cluster.name]
+    epochs = procs.run(["admin", "epochs", *where, "--json", "--secret-file", str(secret_file)], timeout=60)
+    assert epochs.returncode == 0, epochs.stderr.decode()
+    assert [row["broker_id"] for row in json.loads(epochs.stdout)] == [leader["broker_id"]]
+    no_secret = procs.run(["admin", "epochs", *where], timeout=60)
+    assert no_secret.returncode == 1 and "hmac-sha256" in _one_line(no_secret)
 
     # Readers: a copy forged on disk is treated as missing, another replica read, the forgery reported.
     client = make_client(cluster, secret=SECRET)
@@ -288,7 +295,7 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
     assert status.returncode == 0, status.stderr.decode()
     json.loads(status.stdout)
     texts = {"status": status.stdout + status.stderr, "init": result.stdout + result.stderr,
-             "refused brokers": missing.stderr + wrong.stderr}
+             "refused brokers": missing.stderr + wrong.stderr, "epochs": epochs.stdout + epochs.stderr}
     for path, data in _walk(cluster.zk, cluster.paths.base):
         texts[path] = data
     for proc in procs.procs:
