@@ -21,6 +21,9 @@ Operations (request fields -> reply fields):
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues``
 - ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
 - ``snapshot_chunk`` ``name, offset, length`` -> ``data, crc`` (any broker; for joining members)
+- ``cluster_shutdown`` ``shutdown_id`` -> ``shutdown_id, position`` (the leader writes
+  ``ClusterShutdown`` as the last entry of the cluster's life, answers once it is committed and
+  applied, and from then on refuses writes with ``shutting_down``; ``fencepost cluster shutdown``)
 
 Errors any request may get: ``not_leader`` (with ``leader``, the leader's
 address, or null while unknown), ``unavailable`` (the leader is not serving
@@ -63,7 +66,8 @@ from election.wire import CodedError
 from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
-                 "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk"})
+                 "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk",
+                 "cluster_shutdown"})
 MAX_CHUNK = 4 * 1024 * 1024
 
 
@@ -103,6 +107,7 @@ K_ATTEMPT = _kind("TaskCompleted", "attempt")
 K_RESULT = _kind("TaskCompleted", "result")
 K_ERROR = _kind("TaskFailed", "error")
 K_RETRY = _kind("TaskFailed", "retry")
+K_SHUTDOWN_ID = _kind("ClusterShutdown", "shutdown_id")
 # Fields that never reach an event borrow an integer kind at least as wide as their own
 # limits: a wait is a delay on the leader; a snapshot offset is bounded like a time.
 K_WAIT = K_DELAY
@@ -204,6 +209,8 @@ def check_request(msg: dict, max_payload: int) -> dict:
         return {"op": op, "tasks": _check_items(msg, "submits", lambda t: check_submit(t, max_payload))}
     if op in ("get", "cancel"):
         return {"op": op, "task_id": _field(msg, "task_id", K_TASK_ID)}
+    if op == "cluster_shutdown":
+        return {"op": op, "shutdown_id": _field(msg, "shutdown_id", K_SHUTDOWN_ID)}
     if op == "lease":
         return {"op": op, "worker": _field(msg, "worker", K_WORKER), "queues": _check_queues(msg),
                 "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
@@ -255,6 +262,8 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
     if op == "fail":
         return [{"type": "TaskFailed", "task_id": req["task_id"], "attempt": req["attempt"],
                  "error": req["error"], "retry": req["retry"], "now_ms": now_ms}]
+    if op == "cluster_shutdown":
+        return [{"type": "ClusterShutdown", "shutdown_id": req["shutdown_id"], "now_ms": now_ms}]
     raise RequestError(E_BAD_REQUEST, f"{op} is not a write")
 
 
@@ -278,4 +287,6 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
         return {"task_id": res["task_id"]}
     if op == "lease":
         return {"tasks": res.get("tasks", [])}
+    if op == "cluster_shutdown":
+        return {"shutdown_id": res["shutdown_id"], "position": res["position"]}
     return {}

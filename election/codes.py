@@ -35,6 +35,8 @@ E_NOT_LEADER = "not_leader"
 E_UNAVAILABLE = "unavailable"
 E_INVALID_QUEUE = "invalid_queue"
 E_PAYLOAD_TOO_LARGE = "payload_too_large"
+# The leader wrote (or is writing) a ClusterShutdown: it accepts no more writes (reads go on).
+E_SHUTTING_DOWN = "shutting_down"
 
 # State-machine results (broker/state/apply.py), returned in replies as they are.
 E_BAD_EVENT = "bad_event"

@@ -125,7 +125,12 @@ class ClusterPaths:
 
     @property
     def shutdown(self) -> str:
+        """Present during an orderly whole-cluster shutdown (``election.shutdown_node``)."""
         return f"{self.base}/shutdown"
+
+    def shutdown_member(self, broker_id: int) -> str:
+        """Broker ``broker_id`` stopped at the shutdown's entry (its position, clean or not)."""
+        return f"{self.shutdown}/{broker_id}"
 
     @property
     def init(self) -> str:

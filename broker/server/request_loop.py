@@ -10,6 +10,12 @@ become ``LeaseExpired`` events, so replicas never read a clock.
 Other threads talk to the loop only through :meth:`call_soon` and the wake
 pipe, so sockets and the group commit are touched by this thread alone.
 
+An orderly cluster shutdown (``cluster_shutdown``) makes the leader refuse every
+later write with ``shutting_down`` at once; what was gathered before is written,
+then ``ClusterShutdown`` as the last entry (no lease expiry, digest or roll after
+it). The request is answered once that entry is applied, and
+:attr:`on_cluster_shutdown` tells the node where it lies.
+
 A request can only fail itself: whatever goes wrong while one request is
 checked, turned into events, encoded or answered becomes an ``internal`` error
 reply to that request (logged once, with its op) and the loop goes on. Frames
@@ -58,6 +64,20 @@ def time_ordered_id(clock: Callable[[], float]) -> str:
 
 
 @dataclass
+class ShutdownState:
+    """A cluster shutdown the leader was asked for: its requests wait for the ``ClusterShutdown`` entry."""
+
+    shutdown_id: str
+    waiters: list = field(default_factory=list)
+    written: bool = False
+    position: list | None = None
+
+
+# The group-commit context of the ClusterShutdown entry (its requests wait in ShutdownState).
+_SHUTDOWN_ENTRY = object()
+
+
+@dataclass
 class LeaderSession:
     """What the server needs while it leads: the epoch's writer and its pipeline state."""
 
@@ -71,6 +91,7 @@ class LeaderSession:
     parked: list = field(default_factory=list)
     next_lease_check: float = 0.0
     entries_since_digest: int = 0
+    digest_due: bool = False
     lost_reported: bool = False
     # Called with the current writer when the ledger is full; returns the next ledger's writer.
     roll: Callable[[Any], Any] | None = None
@@ -94,6 +115,11 @@ class BrokerServer:
         self.draining = False
         self.session: LeaderSession | None = None
         self.on_leadership_lost: Callable[[str], None] = lambda reason: None
+        # Set by the node: the ClusterShutdown entry is applied at this position (server thread).
+        self.on_cluster_shutdown: Callable[[str, tuple[int, int]], None] = lambda shutdown_id, position: None
+        # Set by the node: why no broker serves yet (a wait for members), added to not_leader replies.
+        self.not_leader_note: Callable[[], str] = lambda: ""
+        self.shutdown: ShutdownState | None = None
         # Set by the node: stop the broker (a committed entry that cannot be applied).
         self.on_fatal: Callable[[Exception], None] = _raise
         # Set by the node: serve snapshots to joining members (`snapshot_info`, `snapshot_chunk`).
@@ -102,7 +128,7 @@ class BrokerServer:
         self.applied_entries = 0
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
         self.leader_clock = LeaderClock(wall=clock)
-        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0}
+        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0, "refused_shutting_down": 0}
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -235,13 +261,21 @@ class BrokerServer:
             self._serve_snapshot(route, rid, req)
             return
         if self.session is None:
-            self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader",
-                                               leader=self.leader_address))
+            note = self.not_leader_note()
+            self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader"
+                                               + (f": {note}" if note else ""), leader=self.leader_address))
             return
         if self.session.group is not None and self.session.group.failed is not None:
             # Fenced or lost: we know we are deposed, so our store is no longer the truth to read from.
             self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is no longer the leader",
                                                leader=None))
+            return
+        if op == "cluster_shutdown":
+            self._cluster_shutdown(route, rid, req)
+            return
+        if self.shutdown is not None and op != "get":
+            self.counters["refused_shutting_down"] += 1
+            self._send(route, wire.error_reply(rid, codes.E_SHUTTING_DOWN, self._shutdown_message()))
             return
         if not self.session.ready or not self.writable or self.draining:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
@@ -258,6 +292,70 @@ class BrokerServer:
         if op in ("lease", "heartbeat") and req.get("lease_ms") is None:
             req["lease_ms"] = self.config.default_lease_ms
         self._write(route, rid, req)
+
+    # ------------------------------------------------------------ orderly cluster shutdown
+    def _shutdown_message(self) -> str:
+        return (f"the cluster is shutting down (shutdown {self.shutdown.shutdown_id}): "
+                "no writes are accepted until it is restarted")
+
+    def _cluster_shutdown(self, route: list[bytes], rid: Any, req: dict) -> None:
+        """Begin (or wait for) the shutdown: refuse writes from now on; ClusterShutdown follows what is gathered."""
+        state = self.shutdown
+        shutdown_id = req["shutdown_id"]
+        if state is not None:
+            if state.shutdown_id != shutdown_id:
+                self._send(route, wire.error_reply(rid, codes.E_SHUTTING_DOWN, self._shutdown_message()))
+            elif state.position is not None:  # a retry of the request: the entry is already there
+                self._send(route, wire.ok_reply(rid, shutdown_id=shutdown_id, position=state.position))
+            else:
+                state.waiters.append((route, rid, req))
+            return
+        if not self.session.ready or not self.writable or self.draining:
+            self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
+            return
+        self.shutdown = ShutdownState(shutdown_id, [(route, rid, req)])
+        log.warning("cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
+                    "in flight", shutdown_id, len(self.session.group.inflight))
+        # A parked lease would become a write after the last entry: answer it now.
+        for parked_route, parked_rid, _req in self.session.parked:
+            self._send(parked_route, wire.error_reply(parked_rid, codes.E_SHUTTING_DOWN, self._shutdown_message()))
+        self.session.parked = []
+
+    def _shutdown_turn(self, session: "LeaderSession") -> None:
+        """Write ClusterShutdown once everything before it is written (a digest or a roll under way ends first)."""
+        state = self.shutdown
+        if state.written:
+            return  # nothing may follow the last entry: no lease expiry, digest or roll
+        self._maybe_digest(session, start=False)  # one already holding the pipeline; no new one
+        self._maybe_roll(session)
+        group = session.group
+        if not group.idle or group.held or group.failed is not None:
+            return
+        state.written = True
+        try:
+            group.add([{"type": "ClusterShutdown", "shutdown_id": state.shutdown_id, "now_ms": self._now_ms()}],
+                      _SHUTDOWN_ENTRY)
+        except Exception as exc:  # cannot happen with a checked id; never leave the requests unanswered
+            self._shutdown_applied(None, exc)
+
+    def _shutdown_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
+        state = self.shutdown
+        if state is None:
+            return
+        waiters, state.waiters = state.waiters, []
+        result = (results or [{}])[0]
+        if exc is not None or not result.get("ok"):
+            reason = str(exc) if exc is not None else f"{result.get('error')}: {result.get('message')}"
+            for route, rid, _req in waiters:
+                self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, f"the shutdown entry failed: {reason}"))
+            log.error("cluster shutdown %s: the ClusterShutdown entry failed: %s", state.shutdown_id, reason)
+            return
+        state.position = list(result["position"])
+        for route, rid, _req in waiters:
+            self._send(route, wire.ok_reply(rid, shutdown_id=state.shutdown_id, position=state.position))
+        log.warning("cluster shutdown %s: ClusterShutdown committed and applied at %s (%d writes refused)",
+                    state.shutdown_id, state.position, self.counters["refused_shutting_down"])
+        self.on_cluster_shutdown(state.shutdown_id, (state.position[0], state.position[1]))
 
     def _serve_snapshot(self, route: list[bytes], rid: Any, req: dict) -> None:
         try:
@@ -284,7 +382,8 @@ class BrokerServer:
         return {"broker_id": self.broker_id, "role": self.role, "leader": self.leader_address,
                 "epoch": self.session.epoch if self.session else self.store.epoch(),
                 "position": list(position) if position else None, "digest": self.store.digest(),
-                "queues": self.store.queue_depths(), "counters": dict(self.counters)}
+                "queues": self.store.queue_depths(), "counters": dict(self.counters),
+                "shutting_down": self.shutdown.shutdown_id if self.shutdown is not None else None}
 
     def _now_ms(self) -> int:
         return self.leader_clock.now_ms()
@@ -293,6 +392,9 @@ class BrokerServer:
     def _reply(self, context: Any, results: list[dict] | None, exc: Exception | None) -> None:
         if context is None:  # an internal event (epoch start, lease expiry, digest)
             self._internal_applied(results, exc)
+            return
+        if context is _SHUTDOWN_ENTRY:
+            self._shutdown_applied(results, exc)
             return
         route, rid, req = context
         if exc is not None:
@@ -307,7 +409,8 @@ class BrokerServer:
         except Exception as err:
             self._internal_error(route, rid, req.get("op"), err)
             return
-        if req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > time.monotonic():
+        if (req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > time.monotonic()
+                and self.shutdown is None):
             self.session.parked.append((route, rid, req))
             return
         self._send(route, wire.ok_reply(rid, **fields))
@@ -333,6 +436,7 @@ class BrokerServer:
                                     max_batch_events=self.config.max_batch_events)
         self.session = session
         self.draining = False
+        self.shutdown = None
         self.role = "leader"
         try:
             session.group.add(first_events(self._now_ms()), None)
@@ -351,6 +455,11 @@ class BrokerServer:
         session.group.abort(WriteFailed(reason))
         for route, rid, _req in session.parked:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
+        if self.shutdown is not None and self.shutdown.position is None:
+            # Not written: the requester asks the next leader (its entry may still be committed).
+            for route, rid, _req in self.shutdown.waiters:
+                self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
+            self.shutdown = None
 
     def idle(self) -> bool:
         """True when the leader has nothing gathered or in flight (safe to read from any thread)."""
@@ -370,10 +479,13 @@ class BrokerServer:
                 self.on_leadership_lost(str(group.failed))
             return
         if session.ready and self.writable:
-            self._retry_parked(session)
-            self._expire_leases(session)
-            self._maybe_digest(session)
-            self._maybe_roll(session)
+            if self.shutdown is not None:
+                self._shutdown_turn(session)
+            else:
+                self._retry_parked(session)
+                self._expire_leases(session)
+                self._maybe_digest(session)
+                self._maybe_roll(session)
         group.flush()
 
     def _maybe_roll(self, session: LeaderSession) -> None:
@@ -426,15 +538,19 @@ class BrokerServer:
         if deadline is not None and deadline <= now_ms:
             self._add_internal(session, [{"type": "LeaseExpired", "now_ms": now_ms}])
 
-    def _maybe_digest(self, session: LeaderSession) -> None:
+    def _maybe_digest(self, session: LeaderSession, start: bool = True) -> None:
+        """Write a StateDigest when one is due; ``start`` False only finishes one already begun."""
         # The digest must describe the state just before the event, so new entries are
         # held back until everything in flight is applied; the pause is one round trip.
         group = session.group
-        if group.entries_written - session.entries_since_digest < self.config.digest_every_entries:
-            return
+        if not session.digest_due:
+            if not start or group.entries_written - session.entries_since_digest < self.config.digest_every_entries:
+                return
+            session.digest_due = True
         group.held = True
         if group.inflight:
             return
+        session.digest_due = False
         session.entries_since_digest = group.entries_written
         self._add_internal(session, [{"type": "StateDigest", "digest": self.store.digest()}], first=True)
         group.held = False

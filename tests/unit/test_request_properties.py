@@ -44,6 +44,7 @@ FIELDS = {
     "heartbeat": ["worker", "task_id", "attempt", "lease_ms"],
     "complete": ["task_id", "attempt", "result"], "complete_many": ["tasks"],
     "fail": ["task_id", "attempt", "error", "retry"],
+    "cluster_shutdown": ["shutdown_id"],
 }
 # Per field: valid values (so that many requests pass and the property is not vacuous),
 # values near the edges, and anything at all.
@@ -59,9 +60,10 @@ VALID = {
     "max_tasks": st.integers(1, 1000), "lease_ms": st.one_of(st.none(), st.integers(100, 1 << 40)),
     "wait_ms": st.integers(0, 60_000), "attempt": st.integers(1, 1 << 31), "error": st.text(max_size=40),
     "retry": st.booleans(), "offset": st.integers(0, 1 << 50), "length": st.integers(1, 4 << 20),
+    "shutdown_id": st.one_of(st.just("c5f0" * 8), st.text(min_size=1, max_size=40)),
 }
 NEAR = {
-    "queue": NAMES, "worker": NAMES, "task_id": NAMES, "name": NAMES, "key": TEXT,
+    "queue": NAMES, "worker": NAMES, "task_id": NAMES, "name": NAMES, "key": TEXT, "shutdown_id": NAMES,
     "payload": st.one_of(st.binary(min_size=MAX_PAYLOAD - 1, max_size=MAX_PAYLOAD + 2), TEXT), "queues": LISTS,
     "error": st.builds(lambda ch, n: ch * n, st.sampled_from(["x", "é", "\ud800"]),
                        st.sampled_from([65_535, 65_536, 65_537])),
