@@ -312,3 +312,56 @@ def _walk(zk, path: str):
     yield path, data or b""
     for child in zk.get_children(path):
         yield from _walk(zk, f"{path}/{child}")
+
+
+# ------------------------------------------------------------------ dev up
+def _dev(procs, *args: str, timeout: float = 180):
+    return procs.run(["dev", *args], timeout=timeout)
+
+
+def _dev_config(dev_dir, cluster: str) -> dict:
+    from election.paths import ClusterPaths
+    from election.zk import close, connect
+
+    state = json.loads((dev_dir / "cluster.json").read_text())
+    zk = connect(state["zk"])
+    try:
+        return read_cluster_config(zk, ClusterPaths(cluster))
+    finally:
+        close(zk)
+
+
+@pytest.mark.timeout(400)
+def test_dev_up_runs_init_with_its_flags_and_keeps_the_config_on_a_second_up(procs, tmp_path):
+    dev_dir = tmp_path / "dev"
+    secret_file = _secret_file(tmp_path)
+    where = ["--dev-dir", str(dev_dir)]
+    try:
+        up = _dev(procs, "up", *where, "--cluster", "dv", "--bookies", "3", "--brokers", "1",
+                  "--digest", "hmac-sha256", "--secret-file", str(secret_file), "--max-payload-bytes", "2048")
+        assert up.returncode == 0, up.stderr.decode()
+        assert "cluster dv initialized (cluster id" in up.stdout.decode()
+        config = _dev_config(dev_dir, "dv")
+        assert (config["digest"], config["max_payload_bytes"], config["write_quorum"]) == ("hmac-sha256", 2048, 3)
+        state = json.loads((dev_dir / "cluster.json").read_text())
+        broker = next(m for m in state["processes"] if m["kind"] == "broker")
+        assert str(secret_file.resolve()) in broker["args"]  # brokers get the secret file; bookies need none
+        assert all("--secret-file" not in m.get("args", []) for m in state["processes"] if m["kind"] == "bookie")
+        submit = procs.run(["submit", *where, "q", "x"], timeout=60)
+        assert submit.returncode == 0, submit.stderr.decode()
+        assert _dev(procs, "down", *where).returncode == 0
+
+        # Again over the same directories, without flags: the config is kept (and so is the secret file).
+        again = _dev(procs, "up", *where, "--cluster", "dv", "--bookies", "3", "--brokers", "1")
+        assert again.returncode == 0, again.stderr.decode()
+        assert f"already initialized (cluster id {config['cluster_id']})" in again.stdout.decode()
+        assert _dev_config(dev_dir, "dv") == config
+        assert _dev(procs, "down", *where).returncode == 0
+
+        # With flags that disagree with the existing config: refused, naming the difference.
+        other = _dev(procs, "up", *where, "--cluster", "dv", "--bookies", "0", "--brokers", "0",
+                     "--max-payload-bytes", "4096")
+        assert other.returncode == 1
+        assert "max_payload_bytes: cluster has 2048" in _one_line(other)
+    finally:
+        _dev(procs, "down", *where)
