@@ -9,9 +9,13 @@ does not know, a bug, a full store): skipping it would diverge silently, and
 retrying cannot help, so :class:`Diverged` names its position and the reason
 and the broker stops (a catching-up leader too).
 
+An applied ``ClusterShutdown`` (an orderly whole-cluster shutdown) ends the
+tail's batch right after it and is reported through ``on_shutdown``: a member
+of that shutdown stops there, any other broker goes on tailing.
+
 Example::
 
-    tail = FollowerTail(ledger_client, store, on_fatal=node.fail)
+    tail = FollowerTail(ledger_client, store, on_fatal=node.fail, on_shutdown=node.shutdown_applied)
     tail.start()
     ...
     tail.stop(); tail.join()
@@ -43,14 +47,17 @@ class Diverged(BrokerError):
 APPLY_GROUP_EVENTS = 20_000
 
 
-def apply_entries(store, entries) -> int:
+def apply_entries(store, entries, stop_at_shutdown: bool = False) -> int:
     """Apply `(position, entry)` pairs in order; raise Diverged on a digest mismatch or an unusable entry.
 
     The entries before an undecodable one are applied first, so the store
-    stops right before the entry named in the error.
+    stops right before the entry named in the error. With ``stop_at_shutdown``
+    nothing after an entry holding ``ClusterShutdown`` is applied. Returns how many
+    entries were applied.
     """
     group: list = []
     size = 0
+    applied = 0
     for position, entry in entries:
         try:
             events = decode_batch(entry.payload)
@@ -59,13 +66,16 @@ def apply_entries(store, entries) -> int:
                 _apply_group(store, group)
             raise Diverged(f"committed entry at position {position} cannot be decoded: {exc.message}") from None
         group.append((events, position))
+        applied += 1
         size += len(events)
+        if stop_at_shutdown and any(ev["type"] == "ClusterShutdown" for ev in events):
+            break
         if size >= APPLY_GROUP_EVENTS:
             _apply_group(store, group)
             group, size = [], 0
     if group:
         _apply_group(store, group)
-    return len(entries)
+    return applied
 
 
 def _apply_group(store, group: list) -> None:
@@ -102,12 +112,15 @@ class FollowerTail(threading.Thread):
     """Long-polls the log and applies what gets committed, until stopped."""
 
     def __init__(self, ledgers, store, on_fatal: Callable[[Exception], None],
-                 on_applied: Callable[[int], None] = lambda entries: None, batch: int = 500) -> None:
+                 on_applied: Callable[[int], None] = lambda entries: None, batch: int = 500,
+                 on_shutdown: Callable[[str, tuple[int, int]], bool] | None = None) -> None:
         super().__init__(name="follower-tail", daemon=True)
         self.ledgers = ledgers
         self.store = store
         self.on_fatal = on_fatal
         self.on_applied = on_applied
+        # Called with (shutdown_id, position) of a ClusterShutdown just applied; True stops the tail there.
+        self.on_shutdown = on_shutdown
         self.batch = batch
         self._halt = threading.Event()
 
@@ -117,6 +130,9 @@ class FollowerTail(threading.Thread):
     def run(self) -> None:
         backoff = 0.1
         reader = None
+        watch = self.on_shutdown is not None
+        # A shutdown applied before this tail began (a restart after it) is not news.
+        seen = self.store.shutdown_info() if watch else None
         while not self._halt.is_set():
             try:
                 if reader is None:
@@ -124,7 +140,14 @@ class FollowerTail(threading.Thread):
                 # Short, so that a broker taking over stops its tail quickly (the takeover waits for it).
                 entries = reader.poll(self.batch, timeout=0.1)
                 if entries:
-                    self.on_applied(apply_entries(self.store, entries))
+                    applied = apply_entries(self.store, entries, stop_at_shutdown=watch)
+                    self.on_applied(applied)
+                    if applied < len(entries):
+                        reader = None  # the rest of this poll was not applied: read it again if we go on
+                    if watch and self.store.shutdown_info() != seen:
+                        seen = self.store.shutdown_info()
+                        if self.on_shutdown(seen["shutdown_id"], (seen["position"][0], seen["position"][1])):
+                            return
                 backoff = 0.1
             except (Diverged, StateDiverged, LogGap) as exc:
                 self.on_fatal(exc)
