@@ -116,3 +116,49 @@ def test_new_config_validates_the_options():
         new_config(ClusterOptions(ack_quorum=4), clock=lambda: 1.0)
     config = new_config(ClusterOptions(write_quorum=5, ensemble_size=5), clock=lambda: 1.0)
     assert config["created_at"] == 1.0 and config["write_quorum"] == 5 and "secret_check" not in config
+
+
+class _FakeZk:
+    """Just enough of a kazoo client for the wait: `config` appears when the test says so."""
+
+    def __init__(self):
+        self.data = None
+        self.watchers = set()
+
+    def exists(self, path, watch=None):
+        if watch is not None:
+            self.watchers.add(watch)
+        return object() if self.data is not None else None
+
+    def get(self, path):
+        from kazoo.exceptions import NoNodeError
+
+        if self.data is None:
+            raise NoNodeError()
+        return self.data, None
+
+    def create_config(self, config):
+        self.data = json.dumps(config).encode()
+        for watch in list(self.watchers):
+            watch(None)
+
+
+def test_the_wait_for_init_wakes_on_the_watch_and_ends_on_stop():
+    import threading
+    import time
+
+    from election.cluster_config import wait_for_cluster_config
+    from election.paths import ClusterPaths
+
+    zk, stop = _FakeZk(), threading.Event()
+    threading.Timer(0.3, zk.create_config, args=(CONFIG,)).start()
+    started = time.monotonic()
+    assert wait_for_cluster_config(zk, ClusterPaths("dev"), stop, poll_s=30.0) == CONFIG
+    assert time.monotonic() - started < 2.0  # the watch, not the 30 s poll
+    assert len(zk.watchers) == 1  # re-arming the watch adds no second watcher
+
+    zk = _FakeZk()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    assert wait_for_cluster_config(zk, ClusterPaths("dev"), stop, poll_s=30.0) is None
+    assert time.monotonic() - started < 2.0
