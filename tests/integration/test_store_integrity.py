@@ -12,6 +12,7 @@ from broker.state.schema import META_CLUSTER
 from broker.state.store import StateStore
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import META
+from ledger.log import write_log
 from tests.conftest import BrokerCluster, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -144,8 +145,10 @@ def _foreign_store(data_dir: Path, cluster_id: str | None, position=(0, 0)) -> N
 ])
 def test_a_foreign_state_dir_without_broker_meta_is_refused(cluster, procs, tmp_path, foreign_id, expect):
     config = ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=lambda: 1.0)
+    # An active cluster (its log has a ledger): a cluster without one decides by the join rules instead.
+    write_log(cluster.zk, cluster.paths, [{"id": 0, "epoch": 1}], expected_version=-1, claim=None)
     data = tmp_path / "foreign"
-    _foreign_store(data, foreign_id)
+    _foreign_store(data, foreign_id, position=(5, 0))
     assert not (data / META).exists()
     result = procs.run(["broker", "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1",
                         "--zk", cluster.hosts, "--cluster", cluster.name], timeout=60)
