@@ -137,7 +137,8 @@ class ClusterStart:
 
     def _publish(self, me: MemberStore) -> None:
         node = self.paths.init_member(me.member)
-        data = json.dumps(member_doc(me)).encode()
+        # wait_for lets `fencepost status` say what the cluster is waiting for.
+        data = json.dumps({**member_doc(me), "wait_for": self.wait_for}).encode()
         try:
             self.zk.create(node, data, ephemeral=True, makepath=True)
         except NodeExistsError:
