@@ -92,9 +92,14 @@ def dev_dir_option(fn):
                    "[default: the one of the previous `dev up` in DEV_DIR].")
 @click.option("--max-payload-bytes", type=click.IntRange(1, 64 * 1024 * 1024), default=None,
               help="For `cluster init`: largest task payload [default 1048576].")
+@click.option("--wait-for", type=click.IntRange(0), default=0, show_default=True,
+              help="Each broker's --wait-for: no broker serves before this many are live.")
 def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float,
-           write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes) -> None:
+           write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes, wait_for) -> None:
     """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json.
+
+    Over a DEV_DIR whose processes stopped it starts them again on the same data; if only
+    some stopped (the brokers after `fencepost cluster shutdown`) it restarts just those.
 
     It runs `cluster init` with the cluster-wide options given (the defaults otherwise)
     before starting any member; over directories whose cluster already exists it keeps
@@ -104,7 +109,8 @@ def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_ti
 
     spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout,
                           write_quorum=write_quorum, ack_quorum=ack_quorum, ensemble_size=ensemble_size,
-                          digest=digest, secret_file=secret_file, max_payload_bytes=max_payload_bytes)
+                          digest=digest, secret_file=secret_file, max_payload_bytes=max_payload_bytes,
+                          wait_for=wait_for)
     state = DevCluster(Path(dev_dir)).up(spec, progress=click.echo)
     click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
 

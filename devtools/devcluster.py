@@ -5,7 +5,10 @@ several clusters can coexist. ``cluster.json`` records the ZooKeeper address,
 the cluster name and every process started (kind, pid, address, data dir, log),
 so ``down`` stops exactly those processes and nothing else.
 
-``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
+``up`` on a run directory whose recorded processes all stopped starts them again on the
+same data dirs (ZooKeeper's too); on one where only some stopped (the brokers after
+``fencepost cluster shutdown``, whose bookies keep running) it restarts exactly those, with
+their recorded addresses and data. ``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
 with the spec's cluster-wide options before it starts any member; over a run directory
 whose ZooKeeper already holds the cluster's `config` it keeps that config (the options
 given must agree with it). Brokers get the spec's ``--secret-file``; bookies need none.
@@ -65,11 +68,15 @@ class DevClusterSpec:
     max_payload_bytes: int | None = None
     # The cluster secret (for hmac-sha256): handed to `cluster init` and to every broker.
     secret_file: str | None = None
+    # `broker start --wait-for N` for every broker (0: none): nobody serves before N are live.
+    wait_for: int = 0
 
     def validate(self) -> "DevClusterSpec":
         check_cluster_name(self.cluster)
         if not 0 <= self.bookies <= 16 or not 0 <= self.brokers <= 16:
             raise DevClusterError("--bookies and --brokers must be between 0 and 16")
+        if self.wait_for < 0:
+            raise DevClusterError("--wait-for must be >= 0")
         if self.brokers and self.ensemble_size is not None and self.ensemble_size > self.bookies:
             raise DevClusterError(f"--ensemble-size {self.ensemble_size} needs at least that many bookies, "
                                   f"not {self.bookies}: no leader could open a ledger")
@@ -78,6 +85,19 @@ class DevClusterSpec:
     def cluster_options(self) -> dict:
         """The shared options this spec sets (None: not set)."""
         return {name: getattr(self, name) for name in SHARED_OPTIONS}
+
+
+def with_wait_for(args: list[str], wait_for: int) -> list[str]:
+    """A broker's command line with ``--wait-for wait_for`` (replacing one it had)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--wait-for":
+            skip = True
+        else:
+            out.append(arg)
+    return [*out, "--wait-for", str(wait_for)]
 
 
 def read_broker_id(data_dir: Path) -> int | None:
@@ -124,7 +144,7 @@ class DevCluster:
         """Start the cluster; refuse if this run directory already has one running."""
         spec.validate()
         if self.running():
-            raise DevClusterError(f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first")
+            return self._restart_stopped(spec, progress)
         # A restart of the same cluster keeps the secret file of its first `up` unless given another.
         secret_file = spec.secret_file or (self.read_state() or {}).get("secret_file")
         secret_file = str(Path(secret_file).resolve()) if secret_file else None  # members run in run_dir
@@ -138,6 +158,8 @@ class DevCluster:
         broker_args = ["--zk-session-timeout", str(spec.zk_session_timeout)]
         if secret_file:
             broker_args += ["--secret-file", secret_file]
+        if spec.wait_for:
+            broker_args += ["--wait-for", str(spec.wait_for)]
         try:
             self._start_zookeeper(state, zk_port)
             progress(f"zookeeper listening on {state['zk']}")
@@ -152,6 +174,27 @@ class DevCluster:
             self.down()
             raise
         return state
+
+    def _restart_stopped(self, spec: DevClusterSpec, progress: Callable[[str], None]) -> dict:
+        """Some recorded processes run, some stopped (say the brokers after `cluster shutdown`): start
+        the stopped ones again as they were recorded (``spec.wait_for``, if given, replaces theirs)."""
+        with self._state_lock:
+            state = self.read_state()
+            stopped = [m for m in state["processes"]
+                       if not (pid_alive(m["pid"]) and owns(m["pid"], str(self.run_dir)))]
+            if not stopped:
+                raise DevClusterError(f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first")
+            if spec.wait_for:
+                for member in stopped:
+                    if member["kind"] == "broker":
+                        member["args"] = with_wait_for(member["args"], spec.wait_for)
+                self.write_state(state)
+        order = {"zookeeper": 0, "bookie": 1, "broker": 2}
+        for member in sorted(stopped, key=lambda m: (order.get(m["kind"], 3), m.get("index", 0))):
+            self.restart(member)
+            progress(f"{member['kind']} {member.get('index', '')} restarted on {member['address']} "
+                     f"(data {member['data_dir']})")
+        return self.read_state()
 
     @staticmethod
     def _secret(secret_file: str | None) -> bytes | None:

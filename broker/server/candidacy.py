@@ -2,7 +2,9 @@
 
 A broker stands only while the in-sync rules let it (:func:`broker.server.insync.standing`:
 a member of the in-sync set, or, with no member alive, when ``allow_lagging_leader`` is on;
-never a learner, and only the target while an ``admin elect`` request waits). A watcher
+never a learner, and only the target while an ``admin elect`` request waits), and while
+nothing the node checks first holds it back (``hold``: a wait for members, a cluster
+shutdown under way). A watcher
 thread leaves the queue as soon as that stops being true, and the rules are checked once
 more on winning, since the set may have changed while we queued. A takeover that fails
 before serving backs off, so a cluster short of bookies does not burn an epoch every few
@@ -48,9 +50,12 @@ class Candidacy:
     """
 
     def __init__(self, zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig,
-                 lead: Callable[[], None], may_lead: Callable[[], bool], stop: threading.Event) -> None:
+                 lead: Callable[[], None], may_lead: Callable[[], bool], stop: threading.Event,
+                 hold: Callable[[], str] = lambda: "") -> None:
         self.zk, self.paths, self.broker_id, self.config = zk, paths, broker_id, config
         self.lead, self.may_lead, self.stop = lead, may_lead, stop
+        # Why not to stand before the in-sync rules are even asked ("" for none); may read ZooKeeper.
+        self.hold = hold
         self.in_lead = False
         self._election: LeaderElection | None = None
         self._served = False
@@ -74,7 +79,8 @@ class Candidacy:
     def may_stand(self) -> bool:
         """Whether we may stand now; each change of the reason is logged once."""
         try:
-            ok, why = standing(self.zk, self.paths, self.broker_id, self.config)
+            why = self.hold()
+            ok, why = (False, why) if why else standing(self.zk, self.paths, self.broker_id, self.config)
         except (KazooException, ElectionError) as exc:
             ok, why = False, f"cannot read the in-sync set: {exc}"
         if why != self._reason:

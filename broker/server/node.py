@@ -46,8 +46,10 @@ from broker.server.datalock import DataDirLock
 from broker.server.follower import Diverged, FollowerTail
 from broker.server.insync import InSyncTracker
 from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
+from broker.server.member_wait import MemberWait
 from broker.server.request_loop import BrokerServer
 from broker.state.store import StoreDamaged
+from broker.server.shutdown_member import ShutdownMember
 from broker.server.store_guard import quarantine
 from broker.server.stop_budget import StopBudget
 from broker.server.store_keeper import StoreKeeper
@@ -128,9 +130,16 @@ class BrokerNode:
             self.ledgers = LedgerClient(self.zk, self.paths, secret=self._cluster_secret)
             self.keeper.attach(self.identity.broker_id, self.catalog)
             self.store = self.keeper.verified(store)
+            # Who may stand besides the in-sync rules: --wait-for N, and a cluster shutdown under way.
+            self.member_wait = MemberWait(self.zk, self.paths, 0 if cfg.learner else cfg.wait_for,
+                                          changed=self._live_changed)
+            self.shutdown_member = ShutdownMember(self.zk, self.paths, data, self.identity.broker_id,
+                                                  self.identity.name, self.keeper.start_status)
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
                                        max_payload=int(self.cluster["max_payload_bytes"]))
             self.server.on_leadership_lost = self._leadership_lost
+            self.server.on_cluster_shutdown = self._cluster_shutdown_committed
+            self.server.not_leader_note = self.member_wait.reason
             self.server.on_fatal = self.fail
             self.server.describe_snapshot = lambda: describe(self.catalog)
             self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
@@ -147,7 +156,8 @@ class BrokerNode:
             self.zk.DataWatch(self.paths.leader, self._on_leader_node)
             self.candidacy = Candidacy(self.zk, self.paths, self.identity.broker_id, cfg, lead=self._lead_epoch,
                                        may_lead=lambda: not (self.stop_event.is_set() or self._damaged.is_set()),
-                                       stop=self.stop_event)
+                                       stop=self.stop_event,
+                                       hold=lambda: self.member_wait.hold() or self.shutdown_member.hold())
             self.zk.DataWatch(self.paths.elect, lambda *_: self.candidacy.poke())
             self._start_tail()
             if not cfg.learner:
@@ -301,6 +311,10 @@ class BrokerNode:
             deadline = time.monotonic() + self.stop_budget.remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
             while self.server.session is not None and time.monotonic() < deadline:
                 self.server.serve_once()
+            # The ledger is closed and the leader node retracted after the session ends: let that
+            # finish before the ledger client goes (a cluster shutdown's last entry is then final).
+            while self.candidacy.in_lead and time.monotonic() < deadline:
+                time.sleep(0.01)
         self.candidacy.cancel()
         # A tail blocked in a ZooKeeper call never touches the store again before we exit: do not
         # spend the budget the checkpoint and the clean marker need waiting for it.
@@ -318,6 +332,7 @@ class BrokerNode:
         self.checkpointer.stop()
         if clean:
             self.store.mark_clean()
+        self.shutdown_member.finish(self.store, sound=clean, connected=self.zk.connected)
         self.ledgers.close()
         self.server.close()
         self.store.close()
@@ -356,6 +371,24 @@ class BrokerNode:
         session_id, password = self.zk.client_id
         write_json_atomically(path, {"session_id": session_id, "password": password.hex()}, mode=0o600)
 
+    # ------------------------------------------------------------ orderly cluster shutdown
+    def _cluster_shutdown_committed(self, shutdown_id: str, position: tuple[int, int]) -> None:
+        """Our ClusterShutdown entry is applied (server thread): stop in order, handing leadership to nobody."""
+        self.shutdown_member.leader_committed(shutdown_id, position)
+        self.stop()
+
+    def _cluster_shutdown_applied(self, shutdown_id: str, position: tuple[int, int]) -> bool:
+        """The tail applied a ClusterShutdown (tail thread); True, and an orderly stop, if we are a member."""
+        if not self.shutdown_member.follower_applied(shutdown_id, position):
+            return False
+        self.stop()
+        return True
+
+    def _live_changed(self) -> None:
+        live = getattr(self, "live", None)
+        if live is not None:
+            live.mark_dirty()
+
     def _hand_over(self, target: int) -> None:
         """An admin elect's target is next in line: step down gracefully so that it leads next."""
         self._handing_over = True
@@ -368,7 +401,7 @@ class BrokerNode:
     # ------------------------------------------------------------ follower tail
     def _start_tail(self) -> None:
         self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self._on_tail_fatal,
-                                  on_applied=self._count_tail)
+                                  on_applied=self._count_tail, on_shutdown=self._cluster_shutdown_applied)
         self._tail.start()
 
     def _stop_tail(self, timeout: float = 30.0) -> None:
@@ -389,6 +422,7 @@ class BrokerNode:
                             self.config, step_down=self._step_down, stopping=self.stop_event)
         try:
             session = takeover.run()
+            self.shutdown_member.served()  # a cluster restarted after a shutdown: that shutdown is over
             self.checkpointer.request("won leadership")
             self.live.mark_dirty()
             tracker = InSyncTracker(self.zk, self.paths, self.config, self.identity.broker_id, session.epoch,
@@ -452,4 +486,4 @@ class BrokerNode:
         return {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
                 "position": list(position) if position else None, "epoch": self.store.epoch(),
                 "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
-                "snapshot": advertised_snapshot(self.checkpointer.latest)}
+                "snapshot": advertised_snapshot(self.checkpointer.latest), **self.member_wait.live_fields()}

@@ -1,7 +1,8 @@
 """What a broker checks before it trusts its state store: its cluster, its position, its bytes.
 
-A store records the ``cluster_id`` it was created for. A broker refuses a store
-of another cluster, and one whose position the cluster's log cannot have
+A store records the ``cluster_id`` it was created for, in its LMDB ``meta`` and in
+``<data>/store.status`` (:mod:`election.store_status`). A broker refuses a store
+of another cluster (either record; both say it the same way), and one whose position the cluster's log cannot have
 produced (a ledger past the log's last one, or an entry past a CLOSED ledger's
 last entry), whatever ``.broker.meta`` says: serving such a state would spread
 another history. A store made before the id was recorded adopts the cluster once,
@@ -35,6 +36,7 @@ from kazoo.client import KazooClient
 from broker import BrokerError
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
 from election.files import fsync_dir
+from election.store_status import StoreStatus, read_status
 from election.paths import ClusterPaths
 from ledger.log import log_seed, read_log
 from ledger.metadata import CLOSED, NoSuchLedger, read_metadata
@@ -46,6 +48,19 @@ DAMAGED_PREFIX = "state.damaged-"
 
 class WrongStore(BrokerError):
     """The state store belongs to another cluster, or to a history this cluster's log does not hold."""
+
+
+def wrong_cluster(where: Path | str, theirs: str, cluster: str, ours: str) -> WrongStore:
+    """The one wording of "this store is another cluster's", for store.status and the LMDB record alike."""
+    return WrongStore(f"wrong store: {where} belongs to cluster {theirs}, this cluster ({cluster}) is {ours}")
+
+
+def check_status_cluster(data_dir: Path, cluster: str, cluster_id: str) -> StoreStatus | None:
+    """``<data>/store.status`` as it is, refused (WrongStore) if it names another cluster id."""
+    status = read_status(data_dir)
+    if status is not None and status.cluster_id != cluster_id:
+        raise wrong_cluster(data_dir, status.cluster_id, cluster, cluster_id)
+    return status
 
 
 def position_problem(position: tuple[int, int] | None, log_ids: list[int],
@@ -105,8 +120,7 @@ def check_store_cluster(store: StateStore, zk: KazooClient, paths: ClusterPaths,
     adopt it for an old one that is consistent with the log."""
     recorded = store.cluster_id()
     if recorded is not None and recorded != cluster_id:
-        raise WrongStore(f"wrong store: {store.path} belongs to cluster {recorded}, "
-                         f"this cluster ({paths.cluster}) is {cluster_id}")
+        raise wrong_cluster(store.path, recorded, paths.cluster, cluster_id)
     if store.is_empty():
         if recorded is None:
             store.set_cluster_id(cluster_id)

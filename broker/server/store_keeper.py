@@ -1,7 +1,9 @@
 """Opening a broker's state store: checked, verified, rebuilt or joined before it is served.
 
-At start the store is opened and refused if it belongs to another cluster or
-lies beyond the log (:mod:`broker.server.store_guard`); a store that was not closed in
+At start the store is opened and refused if it belongs to another cluster (its
+``store.status`` or its LMDB record) or lies beyond the log (:mod:`broker.server.store_guard`);
+a store without ``store.status`` gets one (its initial signature: the cluster id and
+now), and the status is marked dirty before the broker serves or tails; a store that was not closed in
 order is verified in full; a damaged one is moved aside (one CRITICAL line) and
 rebuilt: from this broker's newest snapshot that verifies and that the log
 covers, else from the ledgers alone while the log still starts at the
@@ -29,8 +31,9 @@ from broker.server.join import (JoinError, broker_requester, install_snapshot, l
                          snapshot_sources)
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
-from broker.server.store_guard import check_store_cluster, quarantine
+from broker.server.store_guard import check_status_cluster, check_store_cluster, quarantine
 from election.paths import ClusterPaths
+from election.store_status import StoreStatus, ensure_status, mark_dirty
 from ledger.log import log_seed, read_log
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog
@@ -56,6 +59,9 @@ class StoreKeeper:
         self.state_dir = self.data / "state"
         self.broker_id: int | None = None
         self.catalog: SnapshotCatalog | None = None
+        # store.status as it was at start, before the broker marked it dirty (who may lead
+        # after a cluster shutdown depends on it).
+        self.start_status: StoreStatus | None = None
 
     def attach(self, broker_id: int, catalog: SnapshotCatalog) -> None:
         """What rebuilding needs once the broker knows who it is: its id and its snapshots."""
@@ -67,7 +73,14 @@ class StoreKeeper:
 
     def checked(self) -> StateStore | None:
         """The store, refused (WrongStore) if of another cluster or beyond the log; None if it was
-        damaged (then it is already moved aside)."""
+        damaged (then it is already moved aside). The store is signed (store.status) if it was not."""
+        check_status_cluster(self.data, self.paths.cluster, self.cluster_id)
+        store = self._checked_store()
+        # A rebuilt or re-joined store keeps the data dir's status: the initial signature stays.
+        self.start_status = ensure_status(self.data, self.cluster_id, created_at=self.clock())
+        return store
+
+    def _checked_store(self) -> StateStore | None:
         try:
             store = self.new_store()
         except (StoreDamaged, StoreIncomplete) as exc:
@@ -100,6 +113,7 @@ class StoreKeeper:
                 store = None
         store = self.rebuild() if store is None else self.open(join=True, store=store)
         store.mark_dirty()
+        mark_dirty(self.data)  # from now on the state moves: no longer the one a shutdown left
         return store
 
     def set_aside(self, exc: Exception) -> Path | None:
