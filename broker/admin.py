@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from broker import BrokerError
 from broker.server.epochs import epoch_history  # noqa: F401 - the `admin epochs` back-end
@@ -39,6 +40,7 @@ from election.insync import clear_elect, read_elect, read_insync, request_elect
 from election.leader import read_leader
 from election.live import live_brokers
 from election.paths import ClusterPaths
+from election.shutdown_node import read_shutdown
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
 
@@ -95,7 +97,43 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
             broker["digest"] = report.get("digest", broker.get("digest"))
         broker["lag"] = lag(broker.get("position"), leader_position)
         broker["in_sync"] = broker["id"] in view["insync"]
+    view["waiting"] = waiting_for_members(view, _init_members(zk, ClusterPaths(cluster)))
+    view["shutdown"] = read_shutdown(zk, ClusterPaths(cluster))
     return view
+
+
+def _init_members(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
+    """The reports of brokers waiting to start a cluster that has no log (``init/members``)."""
+    docs = []
+    try:
+        children = zk.get_children(paths.init_members)
+    except NoNodeError:
+        return []
+    for child in children:
+        try:
+            doc = json.loads(zk.get(f"{paths.init_members}/{child}")[0])
+        except (NoNodeError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return docs
+
+
+def waiting_for_members(view: dict, init_members: list[dict] = ()) -> dict | None:
+    """``{"waiting_for": N, "present": M}`` when no leader serves and brokers wait for N members (--wait-for).
+
+    Running brokers say it in their live nodes; brokers still deciding how a cluster
+    without a log starts say it in ``init/members``.
+    """
+    if view.get("leader") is not None:
+        return None
+    waits = [b["waiting_for"] for b in view["brokers"] if b.get("waiting_for")]
+    if waits:
+        return {"waiting_for": max(waits), "present": len(view["brokers"])}
+    waits = [m["wait_for"] for m in init_members if isinstance(m.get("wait_for"), int) and m["wait_for"] > 1]
+    if waits:
+        return {"waiting_for": max(waits), "present": len(init_members)}
+    return None
 
 
 # ---------------------------------------------------------------- leadership

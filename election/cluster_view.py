@@ -73,8 +73,15 @@ def format_status(view: dict) -> str:
     lines = [
         f"cluster {view['cluster']} ({view['cluster_id']})",
         f"leader: {view['leader'] if view['leader'] is not None else '-'}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
-        f"brokers ({len(view['brokers'])}):",
     ]
+    # Why nobody leads, when the brokers say (`broker start --wait-for`, `cluster shutdown`).
+    if view.get("waiting"):
+        lines.append(f"no leader: waiting for {view['waiting']['waiting_for']} members "
+                     f"({view['waiting']['present']} present)")
+    if view.get("shutdown"):
+        lines.append(f"cluster shutdown {view['shutdown'].get('shutdown_id')} recorded (members "
+                     f"{view['shutdown'].get('members')}): only brokers restarted on the stores it left clean may lead")
+    lines.append(f"brokers ({len(view['brokers'])}):")
     for b in view["brokers"]:
         # Who may lead: in-sync members, and learners (which never may) marked apart.
         mark = "in-sync" if b["id"] in view["insync"] else ("learner" if b.get("learner") else "-")
