@@ -121,7 +121,7 @@ class BrokerNode:
                                         stop=self.stop_event).run(self.cluster)
             # Before the identity: a foreign store is refused without registering anything.
             self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
-                                      self.stop_event)
+                                      self.stop_event, created_at=self.cluster.get("created_at"))
             store = self.keeper.checked()
             self.identity = self._claim_identity(data)
             log.info("broker %s starting on %s", self.identity, cfg.listen)

@@ -2,8 +2,9 @@
 
 At start the store is opened and refused if it belongs to another cluster (its
 ``store.status`` or its LMDB record) or lies beyond the log (:mod:`broker.server.store_guard`);
-a store without ``store.status`` gets one (its initial signature: the cluster id and
-now), and the status is marked dirty before the broker serves or tails; a store that was not closed in
+a store without ``store.status`` gets one (its initial signature: the cluster's id and
+creation time from ``config``, the same for every member, so that the stores of one
+cluster agree), and the status is marked dirty before the broker serves or tails; a store that was not closed in
 order is verified in full; a damaged one is moved aside (one CRITICAL line) and
 rebuilt: from this broker's newest snapshot that verifies and that the log
 covers, else from the ledgers alone while the log still starts at the
@@ -48,11 +49,13 @@ class StoreKeeper:
     """Brings one broker's state store (``<data>/state``) to a state it may serve from."""
 
     def __init__(self, config, zk: KazooClient, paths: ClusterPaths, cluster_id: str,
-                 clock: Callable[[], float], stop: threading.Event) -> None:
+                 clock: Callable[[], float], stop: threading.Event, created_at: float | None = None) -> None:
         self.config = config
         self.zk = zk
         self.paths = paths
         self.cluster_id = cluster_id
+        # The cluster's creation time (its `config`): the second half of every store's initial signature.
+        self.created_at = created_at
         self.clock = clock
         self.stop = stop
         self.data = Path(config.data)
@@ -77,7 +80,8 @@ class StoreKeeper:
         check_status_cluster(self.data, self.paths.cluster, self.cluster_id)
         store = self._checked_store()
         # A rebuilt or re-joined store keeps the data dir's status: the initial signature stays.
-        self.start_status = ensure_status(self.data, self.cluster_id, created_at=self.clock())
+        created_at = self.created_at if self.created_at is not None else self.clock()
+        self.start_status = ensure_status(self.data, self.cluster_id, created_at=created_at)
         return store
 
     def _checked_store(self) -> StateStore | None:

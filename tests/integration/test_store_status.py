@@ -37,7 +37,10 @@ def test_the_signature_is_set_once_and_the_store_is_dirty_while_a_broker_runs(br
     config = json.loads(bc.cluster.zk.get(bc.cluster.paths.config)[0])
     proc = next(p for p in bc.brokers if p is not bc.leader_proc())
     first = read_status(proc.data_dir)
-    assert first is not None and first.cluster_id == config["cluster_id"] and first.state == "dirty"
+    # The cluster's signature, the same in every member's store.
+    assert first is not None and first.state == "dirty"
+    assert first.initial_signature == (config["cluster_id"], config["created_at"])
+    assert {read_status(p.data_dir).initial_signature for p in bc.brokers} == {first.initial_signature}
     assert proc.terminate() == 0
     assert read_status(proc.data_dir) == first  # an ordinary stop is not a cluster shutdown
     proc = bc.procs.restart(proc)
@@ -47,4 +50,4 @@ def test_the_signature_is_set_once_and_the_store_is_dirty_while_a_broker_runs(br
     status_path(proc.data_dir).unlink()
     proc = bc.procs.restart(proc)
     again = wait_for(lambda: read_status(proc.data_dir), 10, "the store to be signed")
-    assert again.cluster_id == config["cluster_id"] and again.state == "dirty"
+    assert again.initial_signature == first.initial_signature and again.state == "dirty"
