@@ -1,0 +1,206 @@
+"""ZooKeeper loses its data while the cluster is down; bookies and brokers keep theirs.
+
+A private ZooKeeper is stopped, its data directory wiped and started again on the
+same port. After an orderly `cluster shutdown`, `cluster init` plus starting the
+brokers again restores every acknowledged task; after a dirty stop the start
+aborts with "manual recovery needed" until `store mark-clean` names the newest store.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from broker.api.client import Client
+from devtools.zkserver import ZkServerConfig, ZooKeeperServer
+from election.paths import ClusterPaths
+from election.store_status import read_status
+from election.zk import close, connect
+from tests.conftest import TestCluster as ZkCluster, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TASKS = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PrivateZooKeeper:
+    """A ZooKeeper of this test alone, so that its data directory can be wiped."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server = ZooKeeperServer(ZkServerConfig(port=_free_port(), data=str(root)))
+        self.zk = None
+
+    def start(self) -> None:
+        self.server.start()
+        self.zk = connect(self.server.hosts, session_timeout=4.0)
+
+    def wipe(self) -> None:
+        """Stop it, delete every byte it stored, start it again empty on the same port."""
+        close(self.zk)
+        self.server.stop()
+        shutil.rmtree(self.root / "data")
+        self.start()
+
+    def stop(self) -> None:
+        if self.zk is not None:
+            close(self.zk)
+        self.server.stop()
+
+
+@pytest.fixture
+def private_zk(tmp_path):
+    zk = PrivateZooKeeper(tmp_path / "zookeeper")
+    zk.start()
+    try:
+        yield zk
+    finally:
+        zk.stop()
+
+
+def _cluster(private_zk: PrivateZooKeeper) -> ZkCluster:
+    name = "survivor"
+    return ZkCluster(name=name, hosts=private_zk.server.hosts, zk=private_zk.zk, paths=ClusterPaths(name))
+
+
+def _start(procs, tc: ZkCluster) -> tuple[list, list]:
+    """Three bookies, then three brokers that each wait for the other two (so none answers alone)."""
+    bookies = [procs.start_bookie(tc) for _ in range(3)]
+    brokers = []
+    for i in range(3):
+        data_dir = procs.workdir / f"broker-data-{i}"
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", tc.hosts,
+                "--cluster", tc.name, "--zk-session-timeout", "2.0", "--wait-for", "3"]
+        brokers.append(procs.start("broker", args, address=address, data_dir=data_dir))
+    return bookies, brokers
+
+
+def _submit(tc: ZkCluster, n: int) -> dict[str, str]:
+    acked = {}
+    with Client(zk=tc.hosts, cluster=tc.name, timeout=30) as client:
+        for i in range(n):
+            acked[f"k{i}"] = client.submit("survive", f"task {i}".encode(), key=f"k{i}")
+    return acked
+
+
+def _restart_bookies(procs, bookies) -> None:
+    """Bookies may wait (for the brokers' decision) before they answer: do not wait for them."""
+    for proc in bookies:
+        procs.start(proc.name, proc.args, address=proc.address, data_dir=proc.data_dir)
+
+
+def _restart_brokers(procs, brokers) -> list:
+    """Each waits for the other two (--wait-for 3) before it answers: do not wait for them."""
+    return [procs.start(p.name, p.args, address=p.address, data_dir=p.data_dir) for p in brokers]
+
+
+def _same_dir(reported: str, data_dir: Path) -> bool:
+    return Path(reported).resolve() in (data_dir.resolve(), (data_dir / "state").resolve())
+
+
+def _leader(tc: ZkCluster, zk, timeout: float = 90.0) -> dict:
+    def read():
+        try:
+            return json.loads(zk.get(tc.paths.leader)[0])
+        except Exception:
+            return None
+    return wait_for(read, timeout, "a leader")
+
+
+def _assert_every_task(tc: ZkCluster, acked: dict[str, str]) -> None:
+    with Client(zk=tc.hosts, cluster=tc.name, timeout=60) as client:
+        for key, task_id in acked.items():
+            task = client.get(task_id)
+            assert task["id"] == task_id and task["payload"] == f"task {key[1:]}".encode(), task
+        # The same key still names the same task: no duplicate on a retried submit.
+        assert client.submit("survive", b"task 0", key="k0") == acked["k0"]
+
+
+def _init(procs, tc: ZkCluster) -> None:
+    result = procs.run(["cluster", "init", "--zk", tc.hosts, "--cluster", tc.name])
+    assert result.returncode == 0, result.stderr.decode()
+
+
+def test_orderly_shutdown_then_zookeeper_wiped_restores_every_task(procs, private_zk):
+    tc = _cluster(private_zk)
+    _init(procs, tc)
+    bookies, brokers = _start(procs, tc)
+    _leader(tc, private_zk.zk)
+    acked = _submit(tc, TASKS)
+    old_epoch = json.loads(private_zk.zk.get(tc.paths.epoch)[0])["epoch"]
+
+    result = procs.run(["cluster", "shutdown", "--zk", tc.hosts, "--cluster", tc.name, "--json"], timeout=90)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    for proc in brokers:
+        assert proc.wait(30) == 0
+    for proc in bookies:
+        assert proc.terminate() == 0
+    statuses = [read_status(p.data_dir) for p in brokers]
+    assert all(s.clean for s in statuses) and len({s.final_signature for s in statuses}) == 1
+    old_cluster_id = statuses[0].cluster_id
+
+    private_zk.wipe()
+    _init(procs, tc)
+    _restart_bookies(procs, bookies)
+    restarted = _restart_brokers(procs, brokers)
+    leader = _leader(tc, private_zk.zk)
+    config = json.loads(private_zk.zk.get(tc.paths.config)[0])
+    assert config["cluster_id"] == old_cluster_id  # the stores' cluster continues
+    assert leader["epoch"] > old_epoch
+    _assert_every_task(tc, acked)
+    # Every store was clean with the same final signature: all kept, nothing downloaded.
+    wait_for(lambda: all("restarts from the state this store kept" in p.output() for p in restarted), 30,
+             "every broker to keep its store")
+    assert not any("installing a snapshot" in p.output() for p in restarted)
+    assert not any(list(p.data_dir.glob("state.before-init-*")) for p in brokers)
+
+
+def test_zookeeper_wiped_after_a_dirty_stop_needs_mark_clean_of_the_newest_store(procs, private_zk):
+    tc = _cluster(private_zk)
+    _init(procs, tc)
+    bookies, brokers = _start(procs, tc)
+    _leader(tc, private_zk.zk)
+    acked = _submit(tc, TASKS)
+    for proc in brokers + bookies:
+        proc.kill()
+    for proc in brokers + bookies:
+        proc.wait(10)
+
+    private_zk.wipe()
+    _init(procs, tc)
+    _restart_bookies(procs, bookies)
+    restarted = _restart_brokers(procs, brokers)
+    for proc in restarted:
+        assert proc.wait(60) == 1
+        assert "manual recovery needed" in proc.output(), proc.output()[-2000:]
+    assert private_zk.zk.exists(tc.paths.init_decision) is None  # an abort is never recorded
+
+    dirs = [str(p.data_dir) for p in brokers]
+    inspect = procs.run(["store", "inspect", *dirs, "--json"])
+    assert inspect.returncode == 0, inspect.stderr.decode()
+    newest = json.loads(inspect.stdout)["newest"]
+    marked = procs.run(["store", "mark-clean", newest, "--yes"])
+    assert marked.returncode == 0, marked.stderr.decode()
+
+    restarted = _restart_brokers(procs, brokers)
+    _leader(tc, private_zk.zk)
+    _assert_every_task(tc, acked)
+    # The other two stores were dirty: moved aside (kept for inspection), their state from a snapshot.
+    for proc, broker in zip(restarted, brokers):
+        if _same_dir(newest, broker.data_dir):
+            assert not list(broker.data_dir.glob("state.before-init-*"))
+        else:
+            assert list(broker.data_dir.glob("state.before-init-*"))
+            wait_for(lambda: "installed snapshot" in proc.output(), 90,
+                     "the moved-aside member to install a snapshot")
+    assert all(p.alive() for p in restarted)
