@@ -183,8 +183,11 @@ def cluster_init(write_quorum, ack_quorum, ensemble_size, digest, secret_file, m
 @click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(1),
               help="Seconds to wait for every broker to stop.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report (shutdown_id, position, members) as JSON.")
+@click.option("--abandon", is_flag=True,
+              help="Instead: forget a recorded shutdown whose brokers all stopped (none clean, say), so that "
+                   "brokers restarted on dirty stores may lead again.")
 @cluster_options
-def cluster_shutdown(timeout, as_json, zk, cluster, dev_dir) -> None:
+def cluster_shutdown(timeout, as_json, abandon, zk, cluster, dev_dir) -> None:
     """Stop every broker in order at one entry: the leader writes ClusterShutdown and refuses writes,
     each broker applies up to it, marks its store clean and exits 0.
 
@@ -192,8 +195,13 @@ def cluster_shutdown(timeout, as_json, zk, cluster, dev_dir) -> None:
     hold no broker state). Restarting the brokers on the same data dirs then serves every task
     without a snapshot download.
     """
-    from broker.cluster_shutdown import format_report, shutdown_cluster
+    from broker.cluster_shutdown import abandon_shutdown, format_report, shutdown_cluster
 
+    if abandon:
+        done = with_zk(zk, cluster, dev_dir, abandon_shutdown)
+        emit(done, as_json, lambda d: click.echo(f"cluster shutdown {d['shutdown_id']} abandoned: the brokers "
+                                                 "stand for election by the usual rules again"))
+        return
     report = with_zk(zk, cluster, dev_dir, lambda client, name: shutdown_cluster(client, name, timeout))
     emit(report, as_json, lambda r: click.echo(format_report(r)))
     if not report["ok"]:

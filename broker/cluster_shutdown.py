@@ -10,6 +10,10 @@
 4. Wait (``timeout``) until every member recorded ``shutdown/<id>`` or is gone, and
    report each one. Bookies are not stopped: they hold no broker state.
 
+A recorded shutdown whose members all stopped but none clean (say every member was
+killed during it) would keep every broker from leading; :func:`abandon_shutdown`
+(``cluster shutdown --abandon``) deletes its node so the ordinary rules apply again.
+
 Example::
 
     report = shutdown_cluster(zk, "dev", timeout=60)
@@ -115,6 +119,22 @@ def shutdown_cluster(zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIM
     return {"cluster": cluster, "shutdown_id": shutdown_id, "position": position, "members": members,
             "ok": all(m["clean"] and m["position"] == position for m in members),
             "seconds": round(time.monotonic() - started, 3)}
+
+
+def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
+    """Delete the recorded shutdown's node once none of its members runs any more; what was deleted."""
+    paths = ClusterPaths(cluster)
+    doc = read_shutdown(zk, paths)
+    if doc is None:
+        raise ShutdownFailed(f"no cluster shutdown is recorded for cluster {cluster}")
+    stops = read_stops(zk, paths, doc["shutdown_id"])
+    running = in_progress(doc, stops, set(live_brokers(zk, paths)))
+    if running:
+        raise ShutdownFailed(f"the cluster shutdown {doc['shutdown_id']} is in progress: brokers "
+                             f"{', '.join(map(str, running))} have not stopped yet")
+    clear_shutdown(zk, paths, doc["shutdown_id"])
+    return {"cluster": cluster, "shutdown_id": doc["shutdown_id"], "abandoned": True,
+            "clean": sorted(m for m, stop in stops.items() if stop.get("state") == CLEAN)}
 
 
 def _wait_for_members(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int],

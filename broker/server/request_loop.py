@@ -47,6 +47,7 @@ from broker import protocol
 from broker.server.follower import Diverged
 from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leader_clock import LeaderClock
+from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.state.store import StoreDamaged
 from election import codes, wire
 from snapshots.transfer import TransferError
@@ -61,20 +62,6 @@ def time_ordered_id(clock: Callable[[], float]) -> str:
     applying a batch touches a few pages instead of hundreds.
     """
     return f"{int(clock() * 1000) & ((1 << 48) - 1):012x}{uuid.uuid4().hex[:20]}"
-
-
-@dataclass
-class ShutdownState:
-    """A cluster shutdown the leader was asked for: its requests wait for the ``ClusterShutdown`` entry."""
-
-    shutdown_id: str
-    waiters: list = field(default_factory=list)
-    written: bool = False
-    position: list | None = None
-
-
-# The group-commit context of the ClusterShutdown entry (its requests wait in ShutdownState).
-_SHUTDOWN_ENTRY = object()
 
 
 @dataclass
@@ -119,7 +106,7 @@ class BrokerServer:
         self.on_cluster_shutdown: Callable[[str, tuple[int, int]], None] = lambda shutdown_id, position: None
         # Set by the node: why no broker serves yet (a wait for members), added to not_leader replies.
         self.not_leader_note: Callable[[], str] = lambda: ""
-        self.shutdown: ShutdownState | None = None
+        self.shutdown: LeaderShutdown | None = None
         # Set by the node: stop the broker (a committed entry that cannot be applied).
         self.on_fatal: Callable[[Exception], None] = _raise
         # Set by the node: serve snapshots to joining members (`snapshot_info`, `snapshot_chunk`).
@@ -275,7 +262,7 @@ class BrokerServer:
             return
         if self.shutdown is not None and op != "get":
             self.counters["refused_shutting_down"] += 1
-            self._send(route, wire.error_reply(rid, codes.E_SHUTTING_DOWN, self._shutdown_message()))
+            self.shutdown.refuse(route, rid)
             return
         if not self.session.ready or not self.writable or self.draining:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
@@ -294,68 +281,39 @@ class BrokerServer:
         self._write(route, rid, req)
 
     # ------------------------------------------------------------ orderly cluster shutdown
-    def _shutdown_message(self) -> str:
-        return (f"the cluster is shutting down (shutdown {self.shutdown.shutdown_id}): "
-                "no writes are accepted until it is restarted")
-
     def _cluster_shutdown(self, route: list[bytes], rid: Any, req: dict) -> None:
         """Begin (or wait for) the shutdown: refuse writes from now on; ClusterShutdown follows what is gathered."""
-        state = self.shutdown
-        shutdown_id = req["shutdown_id"]
-        if state is not None:
-            if state.shutdown_id != shutdown_id:
-                self._send(route, wire.error_reply(rid, codes.E_SHUTTING_DOWN, self._shutdown_message()))
-            elif state.position is not None:  # a retry of the request: the entry is already there
-                self._send(route, wire.ok_reply(rid, shutdown_id=shutdown_id, position=state.position))
-            else:
-                state.waiters.append((route, rid, req))
-            return
-        if not self.session.ready or not self.writable or self.draining:
-            self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
-            return
-        self.shutdown = ShutdownState(shutdown_id, [(route, rid, req)])
-        log.warning("cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
-                    "in flight", shutdown_id, len(self.session.group.inflight))
-        # A parked lease would become a write after the last entry: answer it now.
-        for parked_route, parked_rid, _req in self.session.parked:
-            self._send(parked_route, wire.error_reply(parked_rid, codes.E_SHUTTING_DOWN, self._shutdown_message()))
-        self.session.parked = []
+        if self.shutdown is None:
+            if not self.session.ready or not self.writable or self.draining:
+                self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
+                return
+            self.shutdown = LeaderShutdown(req["shutdown_id"], self._send)
+            log.warning("cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
+                        "in flight", self.shutdown.shutdown_id, len(self.session.group.inflight))
+            # A parked lease would become a write after the last entry: answer it now.
+            for parked_route, parked_rid, _req in self.session.parked:
+                self.shutdown.refuse(parked_route, parked_rid)
+            self.session.parked = []
+        self.shutdown.request(route, rid, req)
 
-    def _shutdown_turn(self, session: "LeaderSession") -> None:
-        """Write ClusterShutdown once everything before it is written (a digest or a roll under way ends first)."""
-        state = self.shutdown
-        if state.written:
-            return  # nothing may follow the last entry: no lease expiry, digest or roll
+    def _shutdown_turn(self, session: LeaderSession) -> None:
+        """Write ClusterShutdown once everything before it is written; nothing may follow it."""
+        if self.shutdown.written:
+            return  # no lease expiry, digest or roll after the last entry
         self._maybe_digest(session, start=False)  # one already holding the pipeline; no new one
         self._maybe_roll(session)
-        group = session.group
-        if not group.idle or group.held or group.failed is not None:
-            return
-        state.written = True
-        try:
-            group.add([{"type": "ClusterShutdown", "shutdown_id": state.shutdown_id, "now_ms": self._now_ms()}],
-                      _SHUTDOWN_ENTRY)
-        except Exception as exc:  # cannot happen with a checked id; never leave the requests unanswered
-            self._shutdown_applied(None, exc)
+        if self.shutdown.due(session.group):
+            try:
+                session.group.add(self.shutdown.entry(self._now_ms()), SHUTDOWN_ENTRY)
+            except Exception as exc:  # cannot happen with a checked id; never leave the requests unanswered
+                self._shutdown_applied(None, exc)
 
     def _shutdown_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
-        state = self.shutdown
-        if state is None:
-            return
-        waiters, state.waiters = state.waiters, []
-        result = (results or [{}])[0]
-        if exc is not None or not result.get("ok"):
-            reason = str(exc) if exc is not None else f"{result.get('error')}: {result.get('message')}"
-            for route, rid, _req in waiters:
-                self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, f"the shutdown entry failed: {reason}"))
-            log.error("cluster shutdown %s: the ClusterShutdown entry failed: %s", state.shutdown_id, reason)
-            return
-        state.position = list(result["position"])
-        for route, rid, _req in waiters:
-            self._send(route, wire.ok_reply(rid, shutdown_id=state.shutdown_id, position=state.position))
-        log.warning("cluster shutdown %s: ClusterShutdown committed and applied at %s (%d writes refused)",
-                    state.shutdown_id, state.position, self.counters["refused_shutting_down"])
-        self.on_cluster_shutdown(state.shutdown_id, (state.position[0], state.position[1]))
+        position = self.shutdown.applied(results, exc) if self.shutdown is not None else None
+        if position is not None:
+            log.warning("cluster shutdown %s: ClusterShutdown committed and applied at %s (%d writes refused)",
+                        self.shutdown.shutdown_id, list(position), self.counters["refused_shutting_down"])
+            self.on_cluster_shutdown(self.shutdown.shutdown_id, position)
 
     def _serve_snapshot(self, route: list[bytes], rid: Any, req: dict) -> None:
         try:
@@ -393,7 +351,7 @@ class BrokerServer:
         if context is None:  # an internal event (epoch start, lease expiry, digest)
             self._internal_applied(results, exc)
             return
-        if context is _SHUTDOWN_ENTRY:
+        if context is SHUTDOWN_ENTRY:
             self._shutdown_applied(results, exc)
             return
         route, rid, req = context
@@ -456,9 +414,8 @@ class BrokerServer:
         for route, rid, _req in session.parked:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
         if self.shutdown is not None and self.shutdown.position is None:
-            # Not written: the requester asks the next leader (its entry may still be committed).
-            for route, rid, _req in self.shutdown.waiters:
-                self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
+            # Not applied: the requester asks the next leader (its entry may still be committed).
+            self.shutdown.abandon(reason)
             self.shutdown = None
 
     def idle(self) -> bool:

@@ -84,3 +84,18 @@ def test_a_leader_that_never_writes_the_entry_leaves_the_cluster_as_it_was(clust
     with pytest.raises(ShutdownFailed, match="did not write the shutdown entry.*the cluster goes on"):
         shutdown_cluster(cluster.zk, cluster.name, timeout=5)
     assert read_shutdown(cluster.zk, cluster.paths) is None  # elections are not blocked
+
+
+def test_abandon_forgets_a_finished_shutdown_but_not_one_in_progress(cluster):
+    from broker.cluster_shutdown import abandon_shutdown
+
+    with pytest.raises(ShutdownFailed, match="no cluster shutdown is recorded"):
+        abandon_shutdown(cluster.zk, cluster.name)
+    _live(cluster, 1)
+    create_shutdown(cluster.zk, cluster.paths, "s0", [1, 2], clock=lambda: 5.0)
+    with pytest.raises(ShutdownFailed, match="in progress: brokers 1 have not stopped"):
+        abandon_shutdown(cluster.zk, cluster.name)
+    cluster.zk.delete(cluster.paths.live_broker(1))  # it died without recording a stop
+    assert abandon_shutdown(cluster.zk, cluster.name) == {"cluster": cluster.name, "shutdown_id": "s0",
+                                                          "abandoned": True, "clean": []}
+    assert read_shutdown(cluster.zk, cluster.paths) is None
