@@ -147,3 +147,8 @@ class ClusterPaths:
     @property
     def init_decision(self) -> str:
         return f"{self.init}/decision"
+
+    @property
+    def init_aborted(self) -> str:
+        """The last abort of a cluster start: its reason and the starts (tokens) it stops."""
+        return f"{self.init}/aborted"

@@ -7,8 +7,9 @@ so every member follows the same one) from the pure rules of
 :mod:`election.cluster_join`:
 
 - ``start_empty``: nobody kept anything; the cluster starts as a new one.
-- ``abort``: the stores disagree or none is clean; nothing is written, every
-  present member stops with the reason ("manual recovery needed: ...").
+- ``abort``: the stores disagree or none is clean; ``init/aborted`` names the
+  starts it was decided on, each of those members stops with the reason ("manual
+  recovery needed: ..."), and a later start decides again.
 - ``restore``: the cluster continues the clean stores' state. Before serving,
   every member (idempotently) makes ZooKeeper fit that state: ``config`` takes the
   stores' initial signature back (its replaced id is kept so that bookies which
@@ -35,6 +36,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -113,6 +115,9 @@ class ClusterStart:
                  wait_for: int, clock: Callable[[], float], stop: threading.Event) -> None:
         self.zk, self.paths, self.data = zk, paths, Path(data_dir)
         self.broker_id, self.wait_for, self.clock, self.stop = broker_id, max(1, wait_for), clock, stop
+        self.token = uuid.uuid4().hex
+        # True once this start followed a decision (made with the members present).
+        self.decided = False
 
     def run(self, config: dict) -> dict:
         """Return the cluster config to run with, once this broker may go on starting."""
@@ -137,21 +142,32 @@ class ClusterStart:
 
     def _publish(self, me: MemberStore) -> None:
         node = self.paths.init_member(me.member)
-        # wait_for lets `fencepost status` say what the cluster is waiting for.
-        data = json.dumps({**member_doc(me), "wait_for": self.wait_for}).encode()
+        # wait_for lets `fencepost status` say what the cluster is waiting for; the token
+        # names this start, so that an abort decided on it reaches us after its deciders left.
+        data = json.dumps({**member_doc(me), "wait_for": self.wait_for, "token": self.token}).encode()
         try:
             self.zk.create(node, data, ephemeral=True, makepath=True)
         except NodeExistsError:
             self.zk.set(node, data)  # our own node from an earlier attempt of this session
 
-    def _present(self) -> list[MemberStore]:
+    def _present(self) -> list[tuple[MemberStore, str]]:
+        """Each present member's report and the token of its start."""
         members = []
         for child in self.zk.get_children(self.paths.init_members):
             try:
-                members.append(member_of(json.loads(self.zk.get(self.paths.init_members + "/" + child)[0])))
+                doc = json.loads(self.zk.get(self.paths.init_members + "/" + child)[0])
             except NoNodeError:
                 continue
-        return sorted(members, key=lambda m: m.member)
+            members.append((member_of(doc), doc.get("token", "")))
+        return sorted(members, key=lambda m: m[0].member)
+
+    def _aborted(self) -> str | None:
+        """The reason of an abort decided on this start (its deciders may have left already)."""
+        try:
+            doc = json.loads(self.zk.get(self.paths.init_aborted)[0])
+        except NoNodeError:
+            return None
+        return doc.get("reason") if self.token in doc.get("tokens", []) else None
 
     def _decide(self) -> dict:
         said = False
@@ -160,22 +176,34 @@ class ClusterStart:
             decision = self._read_decision()
             if decision is not None:
                 return decision
+            reason = self._aborted()
+            if reason is not None:
+                raise ClusterStartAborted(f"cannot start the cluster: {reason}")
             changed.clear()
             self.zk.get_children(self.paths.init_members, watch=lambda _e: changed.set())
-            members = self._present()
-            if len(members) >= self.wait_for:
-                return self._settle(decide_initialization(members, initial_members=len(members)), members)
+            self.zk.exists(self.paths.init_aborted, watch=lambda _e: changed.set())
+            present = self._present()
+            if len(present) >= self.wait_for:
+                members = [m for m, _ in present]
+                decision = decide_initialization(members, initial_members=len(members))
+                return self._settle(decision, members, [token for _, token in present])
             if not said:
                 log.info("the cluster has no log: waiting for %d members to decide how it starts (%d present)",
-                         self.wait_for, len(members))
+                         self.wait_for, len(present))
                 said = True
             changed.wait(POLL_S)
         raise ClusterStartAborted("stopped while waiting for the cluster's members")
 
-    def _settle(self, decision: InitDecision, members: list[MemberStore]) -> dict:
-        """Record ``decision`` unless another member recorded one first; an abort is never recorded,
-        so that a later start with more members may decide again."""
+    def _settle(self, decision: InitDecision, members: list[MemberStore], tokens: list[str]) -> dict:
+        """Record ``decision`` unless another member recorded one first. An abort is recorded
+        apart (``init/aborted``, naming the starts it was decided on) so that it stops every
+        member it concerns while a later start, with other members, may decide again."""
         if decision.action == ABORT:
+            doc = json.dumps({"reason": decision.reason, "tokens": tokens, "decided_at": self.clock()}).encode()
+            try:
+                self.zk.create(self.paths.init_aborted, doc, makepath=True)
+            except NodeExistsError:
+                self.zk.set(self.paths.init_aborted, doc)
             raise ClusterStartAborted(f"cannot start the cluster: {decision.reason}")
         doc = {**asdict(decision), "members": [m.member for m in members], "decided_at": self.clock()}
         if decision.action == RESTORE:
@@ -191,6 +219,7 @@ class ClusterStart:
 
     # ------------------------------------------------------------ following
     def _follow(self, decision: dict, me: MemberStore, config: dict) -> dict:
+        self.decided = True
         if decision["action"] != RESTORE:
             return config  # start_empty: an empty store joins a new cluster; any other is refused later
         config = self._fit_zookeeper(decision, config)

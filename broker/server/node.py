@@ -116,9 +116,9 @@ class BrokerNode:
             self._cluster_secret = check_member_secret(cluster, secret, cfg.cluster, source=cfg.secret_file)
             data = Path(cfg.data)
             # A cluster without a log may be restarting after ZooKeeper lost its data: the stores decide.
-            self.cluster = ClusterStart(self.zk, self.paths, data, broker_id=lambda: self._claim_identity(data).broker_id,
-                                        wait_for=cfg.wait_for, clock=self.clock,
-                                        stop=self.stop_event).run(self.cluster)
+            start = ClusterStart(self.zk, self.paths, data, broker_id=lambda: self._claim_identity(data).broker_id,
+                                 wait_for=cfg.wait_for, clock=self.clock, stop=self.stop_event)
+            self.cluster = start.run(self.cluster)
             # Before the identity: a foreign store is refused without registering anything.
             self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
                                       self.stop_event, created_at=self.cluster.get("created_at"))
@@ -131,7 +131,9 @@ class BrokerNode:
             self.keeper.attach(self.identity.broker_id, self.catalog)
             self.store = self.keeper.verified(store)
             # Who may stand besides the in-sync rules: --wait-for N, and a cluster shutdown under way.
-            self.member_wait = MemberWait(self.zk, self.paths, 0 if cfg.learner else cfg.wait_for,
+            # A start decided with the members present already waited for them: members that take
+            # their state from a snapshot only go live once a leader serves one.
+            self.member_wait = MemberWait(self.zk, self.paths, 0 if cfg.learner or start.decided else cfg.wait_for,
                                           changed=self._live_changed)
             self.shutdown_member = ShutdownMember(self.zk, self.paths, data, self.identity.broker_id,
                                                   self.identity.name, self.keeper.start_status)
