@@ -30,6 +30,8 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
+# Placement is its own pure module; both names stay importable from here.
+from ledger.placement import NotEnoughBookies, choose_ensemble  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +50,6 @@ class MetadataConflict(LedgerError):
 
 class NoSuchLedger(LedgerError):
     """No metadata exists for the requested ledger id."""
-
-
-class NotEnoughBookies(LedgerError):
-    """Fewer live (or reachable) bookies than the operation needs."""
 
 
 @dataclass
@@ -141,31 +139,6 @@ class LedgerMetadata:
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"ledger {ledger_id}: unreadable metadata ({exc})") from None
         return meta.validate()
-
-
-def choose_ensemble(bookies: list[dict], size: int, rng: random.Random) -> list[dict]:
-    """Pick ``size`` distinct bookies at random from the live ``bookies``.
-
-    Input dicts need ``bookie_id`` and ``address`` (as registered in
-    ``bookies/<id>``). The result is deterministic for a given ``rng`` state.
-    Bookies registered ``readonly`` (full disk) are left out while enough others are live.
-    """
-    usable = {}
-    readonly = set()
-    for b in bookies:
-        if isinstance(b, dict) and b.get("bookie_id") and b.get("address"):
-            usable[str(b["bookie_id"])] = str(b["address"])
-            if b.get("readonly") is True:
-                readonly.add(str(b["bookie_id"]))
-    if len(usable) < size:
-        raise NotEnoughBookies(
-            f"need {size} live bookies for a ledger ensemble, found {len(usable)}"
-            + (f" ({', '.join(sorted(usable))})" if usable else "")
-        )
-    # A read-only bookie (full disk) refuses adds: use it only when there is no other way.
-    writable = sorted(set(usable) - readonly)
-    chosen = rng.sample(writable if len(writable) >= size else sorted(usable), size)
-    return [{"bookie_id": bid, "address": usable[bid]} for bid in chosen]
 
 
 def live_bookies(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
