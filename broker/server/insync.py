@@ -90,17 +90,32 @@ class InSyncTracker:
         self._elect_target: int | None = None  # a checked request, waiting for the queue to clear
         self._stop = threading.Event()
         self._wake = threading.Event()  # an elect request arrived or changed: look now
+        self._armed = False
         self._thread = threading.Thread(target=self._run, name="insync", daemon=True)
 
     def start(self) -> None:
-        # Both watches only wake the thread: a handover starts as soon as the queue is ready.
-        self.zk.DataWatch(self.paths.elect, self._on_change)
-        self.zk.ChildrenWatch(self.paths.election, self._on_change, send_event=True)
         self._thread.start()
 
-    def _on_change(self, *_args) -> bool:
+    def _arm_watches(self) -> None:
+        """One-shot watches on the elect request and the election queue, re-armed by the thread.
+
+        Both only wake the thread: a handover starts as soon as the queue is ready. Unlike
+        kazoo's watch recipes, whose worker-thread reads die with a traceback when the
+        session expires, a failed read here is just this turn's error.
+        """
+        if self._armed:
+            return
+        self._armed = True  # before the reads: a watch firing meanwhile clears it again
+        try:
+            self.zk.exists(self.paths.elect, watch=self._on_change)
+            self.zk.get_children(self.paths.election, watch=self._on_change)
+        except BaseException:
+            self._armed = False
+            raise
+
+    def _on_change(self, _event) -> None:
+        self._armed = False
         self._wake.set()
-        return not self._stop.is_set()  # False ends kazoo's watch
 
     def stop(self) -> None:
         self._stop.set()
@@ -112,6 +127,7 @@ class InSyncTracker:
         every = self.config.insync_check_ms / 1000.0
         while not self._stop.is_set():
             try:
+                self._arm_watches()
                 self.check(time.monotonic())
             except LostLeadership as exc:
                 self.lost(str(exc))
