@@ -98,6 +98,7 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
         broker["lag"] = lag(broker.get("position"), leader_position)
         broker["in_sync"] = broker["id"] in view["insync"]
     view["waiting"] = waiting_for_members(view, _init_members(zk, ClusterPaths(cluster)))
+    view["waiting_bookies"] = waiting_for_bookies(view)
     view["shutdown"] = read_shutdown(zk, ClusterPaths(cluster))
     return view
 
@@ -134,6 +135,21 @@ def waiting_for_members(view: dict, init_members: list[dict] = ()) -> dict | Non
     if waits:
         return {"waiting_for": max(waits), "present": len(init_members)}
     return None
+
+
+def waiting_for_bookies(view: dict) -> dict | None:
+    """``{"waiting_for": N, "live": M}`` when no leader serves and brokers wait for bookies for a new ledger.
+
+    Each broker short of bookies says so in its live node (``waiting_for_bookies``,
+    ``live_bookies``); the highest count seen is the freshest.
+    """
+    if view.get("leader") is not None:
+        return None
+    waits = [b for b in view["brokers"] if b.get("waiting_for_bookies")]
+    if not waits:
+        return None
+    return {"waiting_for": max(b["waiting_for_bookies"] for b in waits),
+            "live": max(int(b.get("live_bookies") or 0) for b in waits)}
 
 
 # ---------------------------------------------------------------- leadership

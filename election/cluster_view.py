@@ -74,10 +74,13 @@ def format_status(view: dict) -> str:
         f"cluster {view['cluster']} ({view['cluster_id']})",
         f"leader: {view['leader'] if view['leader'] is not None else '-'}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
     ]
-    # Why nobody leads, when the brokers say (`broker start --wait-for`, `cluster shutdown`).
+    # Why nobody leads, when the brokers say (`broker start --wait-for`, too few bookies, `cluster shutdown`).
     if view.get("waiting"):
         lines.append(f"no leader: waiting for {view['waiting']['waiting_for']} members "
                      f"({view['waiting']['present']} present)")
+    if view.get("waiting_bookies"):
+        lines.append(f"no leader: waiting for {view['waiting_bookies']['waiting_for']} bookies, "
+                     f"{view['waiting_bookies']['live']} live (a new ledger needs them; see `bookies` below)")
     if view.get("shutdown"):
         lines.append(f"cluster shutdown {view['shutdown'].get('shutdown_id')} recorded (members "
                      f"{view['shutdown'].get('members')}): only brokers restarted on the stores it left clean may lead")
@@ -91,7 +94,8 @@ def format_status(view: dict) -> str:
     lines.append(f"in-sync: {view['insync']}  (learners: {[b['id'] for b in view['brokers'] if b.get('learner')]})")
     lines.append(f"bookies ({len(view['bookies'])}):")
     for b in view["bookies"]:
-        lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free={b.get('free_bytes', '?')}")
+        lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free={b.get('free_bytes', '?')}"
+                     + ("  read-only" if b.get("readonly") else ""))
     lines.append(f"ledgers ({len(view['ledgers'])}):")
     for led in view["ledgers"]:
         lines.append(f"  L{led['id']:<10} {led['state'] or '?':<11} epoch={led['epoch']} last_entry={led['last_entry']} "

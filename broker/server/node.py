@@ -39,6 +39,7 @@ from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.server.config import BrokerConfig
+from broker.server.bookie_wait import BookieWait
 from broker.server.candidacy import Candidacy
 from broker.server.cluster_start import ClusterStart
 from broker.server.checkpoints import CheckpointHost, Checkpointer
@@ -54,6 +55,7 @@ from broker.server.store_guard import quarantine
 from broker.server.stop_budget import StopBudget
 from broker.server.store_keeper import StoreKeeper
 from broker.server.takeover import Takeover
+from broker.server.takeover_steps import WaitingForBookies
 from election import ElectionError
 from election.files import write_json_atomically
 from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
@@ -137,11 +139,15 @@ class BrokerNode:
                                           changed=self._live_changed)
             self.shutdown_member = ShutdownMember(self.zk, self.paths, data, self.identity.broker_id,
                                                   self.identity.name, self.keeper.start_status)
+            # A takeover needs bookies for its ledger: short of them, stand later rather than burn epochs.
+            self.bookie_wait = BookieWait(self.zk, self.paths, self.ledgers.options.ensemble_size,
+                                          changed=self._live_changed)
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
                                        max_payload=int(self.cluster["max_payload_bytes"]))
             self.server.on_leadership_lost = self._leadership_lost
             self.server.on_cluster_shutdown = self._cluster_shutdown_committed
-            self.server.not_leader_note = self.member_wait.reason
+            self.server.not_leader_note = lambda: self.member_wait.reason() or (
+                self.bookie_wait.reason() if self.server.leader_address is None else "")
             self.server.on_fatal = self.fail
             self.server.describe_snapshot = lambda: describe(self.catalog)
             self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
@@ -159,7 +165,8 @@ class BrokerNode:
             self.candidacy = Candidacy(self.zk, self.paths, self.identity.broker_id, cfg, lead=self._lead_epoch,
                                        may_lead=lambda: not (self.stop_event.is_set() or self._damaged.is_set()),
                                        stop=self.stop_event,
-                                       hold=lambda: self.member_wait.hold() or self.shutdown_member.hold())
+                                       hold=lambda: (self.member_wait.hold() or self.shutdown_member.hold()
+                                                     or self.bookie_wait.hold()))
             self.zk.DataWatch(self.paths.elect, lambda *_: self.candidacy.poke())
             self._start_tail()
             if not cfg.learner:
@@ -440,6 +447,8 @@ class BrokerNode:
             self.store_damaged(exc)
         except Diverged as exc:  # catching up hit an entry we cannot apply: stop, never skip it
             self.fail(exc)
+        except WaitingForBookies as exc:  # nothing claimed: the candidacy's hold says it and waits
+            self.bookie_wait.saw(exc.live)
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
             log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
         finally:
@@ -482,10 +491,15 @@ class BrokerNode:
             self._start_tail()
 
     # ------------------------------------------------------------ brokers/live/<id>
+    def _bookie_wait_fields(self) -> dict:
+        # A leader goes on in its ledger whatever new ledgers would need: only a would-be leader waits.
+        return {} if self.server.session is not None else self.bookie_wait.live_fields()
+
     def _live_info(self) -> dict:
         """What our live node advertises (see :mod:`broker.server.live`)."""
         position = self.store.position()
         return {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
                 "position": list(position) if position else None, "epoch": self.store.epoch(),
                 "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
-                "snapshot": advertised_snapshot(self.checkpointer.latest), **self.member_wait.live_fields()}
+                "snapshot": advertised_snapshot(self.checkpointer.latest), **self.member_wait.live_fields(),
+                **self._bookie_wait_fields()}

@@ -48,11 +48,15 @@ from broker.server.follower import Diverged
 from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leader_clock import LeaderClock
 from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
+from broker.server.takeover_steps import RollPostponed
 from broker.state.store import StoreDamaged
 from election import codes, wire
 from snapshots.transfer import TransferError
 
 log = logging.getLogger(__name__)
+
+# How long a leader whose roll found too few bookies writes on in its ledger before it looks again.
+ROLL_RETRY_S = 1.0
 
 
 def time_ordered_id(clock: Callable[[], float]) -> str:
@@ -83,6 +87,9 @@ class LeaderSession:
     # Called with the current writer when the ledger is full; returns the next ledger's writer.
     roll: Callable[[Any], Any] | None = None
     should_roll: Callable[[int, int], bool] = lambda entries, size: False
+    # A roll postponed for want of bookies (RollPostponed): not tried again before this (monotonic).
+    roll_after: float = 0.0
+    roll_postponed: bool = False
 
 
 class BrokerServer:
@@ -450,14 +457,25 @@ class BrokerServer:
         group = session.group
         if session.roll is None:
             return
-        if not group.held and session.should_roll(group.ledger_entries, group.ledger_bytes):
+        if (not group.held and time.monotonic() >= session.roll_after
+                and session.should_roll(group.ledger_entries, group.ledger_bytes)):
             group.held = True
         if group.held and not group.inflight:
             try:
                 writer = session.roll(group.writer)
+            except RollPostponed as exc:  # nothing was closed: go on in this ledger, try again later
+                group.held = False
+                session.roll_after = time.monotonic() + ROLL_RETRY_S
+                if not session.roll_postponed:
+                    log.warning("%s; going on in it", exc)
+                    session.roll_postponed = True
+                return
             except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
                 group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
                 return
+            if session.roll_postponed:
+                log.info("rolled to ledger %d after waiting for bookies", writer.ledger_id)
+                session.roll_postponed = False
             session.writer = writer
             group.switch_writer(writer)
 

@@ -1,6 +1,8 @@
 """The takeover: the steps a newly elected broker takes before it serves (docs/architecture.md, "Takeover").
 
-In order: claim the next epoch (fencing every older leader), recover and close
+In order: check that a ledger could be created now (enough live bookies; else
+:class:`~broker.server.takeover_steps.WaitingForBookies` and nothing was claimed),
+claim the next epoch (fencing every older leader), recover and close
 the ledgers the previous leaders left open, catch the store up with the log,
 open this epoch's ledger (create it, then append it with the fenced steps of
 :mod:`broker.server.takeover_steps`: close whatever is still open in the log
@@ -34,14 +36,16 @@ from broker.server.config import BrokerConfig
 from broker.server.follower import catch_up
 from broker.server.request_loop import BrokerServer, LeaderSession
 from broker.state.store import StateStore
-from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, LedgerStates, ReadLog, RecoverAndClose,
-                                          WriteLog, append_fenced, close_previous, drive)
+from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
+                                          RecoverAndClose, RollPostponed, WriteLog, append_fenced,
+                                          bookie_wait_reason, close_previous, drive, ready_to_claim)
 from election.leader import EpochClaim, LostLeadership, claim_epoch, publish_leader
 from election.paths import ClusterPaths
 from ledger.client.facade import LedgerClient
 from ledger.client.writer import LedgerWriter
 from ledger.log import LogConflict, StaleEpoch, read_log, write_log
-from ledger.metadata import read_metadata
+from ledger.metadata import live_bookies, read_metadata
+from ledger.placement import placeable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,8 @@ class RealEffects:
         self.before_write = before_write
 
     def __call__(self, effect):
+        if isinstance(effect, CountBookies):
+            return placeable(live_bookies(self.zk, self.paths))
         if isinstance(effect, ReadLog):
             return read_log(self.zk, self.paths)
         if isinstance(effect, LedgerStates):
@@ -115,7 +121,15 @@ def open_ledger(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, cla
 
 def roll_ledger(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, claim: EpochClaim,
                 current: LedgerWriter) -> LedgerWriter:
-    """Close the full ledger and continue in a new one of the same epoch (runs on the server thread)."""
+    """Close the full ledger and continue in a new one of the same epoch (runs on the server thread).
+
+    Short of bookies for the new ledger, raises RollPostponed before closing anything: the
+    current ledger is "full" only by our own limit, and going on in it beats stepping down.
+    """
+    need, live = ledgers.options.ensemble_size, placeable(live_bookies(zk, paths))
+    if live < need:
+        raise RollPostponed(f"ledger {current.ledger_id} is full but the next one cannot be created: "
+                            f"{bookie_wait_reason(need, live)}")
     current.close(timeout=5)
     writer = open_ledger(zk, paths, ledgers, claim, before_write=ROLL_FAULT)
     log.info("rolled from ledger %d to ledger %d (epoch %d)", current.ledger_id, writer.ledger_id, claim.epoch)
@@ -146,6 +160,8 @@ class Takeover:
         self.serving = False
 
     def run(self) -> LeaderSession:
+        # Before anything irreversible: an epoch claimed without bookies for its ledger is burned.
+        drive(ready_to_claim(self.ledgers.options.ensemble_size), RealEffects(self.zk, self.paths, self.ledgers))
         claim = claim_epoch(self.zk, self.paths, self.broker_id)
         epoch = claim.epoch
         log.info("elected; taking over with epoch %d", epoch)

@@ -12,8 +12,14 @@ their results sent back, so the same decisions run against real ZooKeeper and
 bookies (:func:`drive` with the takeover's executor) and against the in-memory
 model of the interleaving test (tests/unit/test_takeover_interleavings.py).
 
+Before any of that, :func:`ready_to_claim` checks that a ledger could be created at all
+(enough writable bookies on distinct addresses): a would-be leader short of bookies raises
+:class:`WaitingForBookies` before it claims an epoch, so a cluster that lost a bookie does
+not burn an epoch per attempt while it waits for one.
+
 Example::
 
+    drive(ready_to_claim(ensemble_size=3), perform)   # WaitingForBookies: claim nothing, wait
     steps = append_fenced(ledger_id=7, claim=claim)
     drive(steps, perform)       # perform(effect) does the real call and returns its result
 """
@@ -24,6 +30,7 @@ from typing import Any, Callable, Generator
 
 from election.leader import EpochClaim, LostLeadership
 from ledger.log import appended
+from ledger.placement import NotEnoughBookies
 
 CLOSED = "CLOSED"
 
@@ -34,6 +41,28 @@ STALE = "stale"  # a newer epoch was claimed: step down
 
 # How often a leader re-reads the log after lost CASes before it gives up (the log should not churn).
 MAX_LOG_TRIES = 20
+
+
+def bookie_wait_reason(need: int, live: int) -> str:
+    """How the log, the live node and ``status`` say it: ``waiting for 3 bookies, 2 live``."""
+    return f"waiting for {need} bookies, {live} live"
+
+
+class WaitingForBookies(NotEnoughBookies):
+    """Too few bookies for a new ledger: the takeover stops before its epoch claim and waits."""
+
+    def __init__(self, need: int, live: int) -> None:
+        super().__init__(bookie_wait_reason(need, live))
+        self.need, self.live = need, live
+
+
+class RollPostponed(NotEnoughBookies):
+    """The current ledger is full but the next one cannot be created: the leader goes on in it."""
+
+
+@dataclass(frozen=True)
+class CountBookies:
+    """Result: how many members a new ledger could get now (:func:`ledger.placement.placeable`)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +119,16 @@ def append_fenced(ledger_id: int, claim: EpochClaim) -> Steps:
             raise LostLeadership(f"epoch {claim.epoch} is no longer current: ledger {ledger_id} "
                                  f"was not added to the log")
     raise LostLeadership(f"the log kept changing: ledger {ledger_id} was not added to it")
+
+
+def ready_to_claim(ensemble_size: int) -> Steps:
+    """The takeover's first step: raise WaitingForBookies unless a ledger of ``ensemble_size`` could be
+    created now. Nothing irreversible happened yet, so the broker can wait and try again; a bookie
+    lost between this check and the ledger's creation still costs that one attempt its epoch."""
+    live = yield CountBookies()
+    if live < ensemble_size:
+        raise WaitingForBookies(ensemble_size, live)
+    return live
 
 
 def close_previous() -> Steps:

@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 class Producers:
     """Several threads submitting with keys through a retrying client until stopped."""
 
-    def __init__(self, zk_hosts, cluster, threads=4):
+    def __init__(self, zk_hosts, cluster, threads=4, timeout=30):
+        self.timeout = timeout  # how long one submit may retry (a takeover waiting for bookies takes longer)
         self.acked: dict[str, str] = {}
         self.errors: list[Exception] = []
         self.stop = threading.Event()
@@ -22,7 +23,7 @@ class Producers:
                         for i in range(threads)]
 
     def _run(self, zk_hosts, cluster, index):
-        with Client(zk=zk_hosts, cluster=cluster, timeout=30) as client:
+        with Client(zk=zk_hosts, cluster=cluster, timeout=self.timeout) as client:
             n = 0
             while not self.stop.is_set():
                 key = f"p{index}-{n}"

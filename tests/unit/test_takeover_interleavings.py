@@ -10,7 +10,10 @@ the broker, not knowing, goes on with a new session, as kazoo does). Checked:
 (a) no entry is acknowledged in a ledger of epoch e once a ledger of a higher epoch is in the log;
 (b) every acknowledged entry is read back by a reader from the start of the log;
 (c) readers never block on an OPEN ledger of a dead epoch (only the last ledger may be OPEN);
-(d) the `leader` node only ever holds the highest epoch published so far.
+(d) the `leader` node only ever holds the highest epoch published so far;
+(e) no epoch is claimed while fewer bookies are live than a ledger needs (the takeover checks
+    first, :func:`ready_to_claim`, and waits instead of burning an epoch);
+(f) once the bookies are back, a waiting takeover completes: the highest epoch claimed is published.
 
 The pre-fix decisions (an epoch read, then a log CAS checking only the log's
 version; a `leader` node replaced whatever it held) are kept here as
@@ -22,13 +25,15 @@ import copy
 
 import pytest
 
-from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, LedgerStates, ReadLog, RecoverAndClose,
-                                          WriteLog, append_fenced, close_previous)
+from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
+                                          RecoverAndClose, WaitingForBookies, WriteLog, append_fenced,
+                                          close_previous, ready_to_claim)
 from election.leader import EpochClaim, LostLeadership
 from ledger import LedgerError
 from ledger.log import appended
 
 OPEN, CLOSED = "OPEN", "CLOSED"
+ENSEMBLE = 3  # bookies a new ledger needs
 
 
 class World:
@@ -44,17 +49,21 @@ class World:
         self.sessions: dict[str, int] = {}
         self.published = 0
         self.acked: set = set()
+        self.bookies = ENSEMBLE  # live bookies
+        self.burned = 0  # epochs claimed whose ledger could not be created
         self.violations: list[str] = []
 
     def key(self):
         return (self.epoch, self.epoch_version, tuple((x["id"], x["epoch"]) for x in self.log), self.log_version,
                 self.leader, tuple(sorted((k, tuple(v)) for k, v in self.ledgers.items())), self.next_ledger,
                 tuple(sorted(self.sessions.items())), self.published, tuple(sorted(self.acked)),
-                tuple(self.violations))
+                self.bookies, self.burned, tuple(self.violations))
 
     # ---------------------------------------------------------------- ZooKeeper
     def claim(self) -> EpochClaim:
         self.epoch, self.epoch_version = self.epoch + 1, self.epoch_version + 1
+        if self.bookies < ENSEMBLE:
+            self.violations.append(f"(e) epoch {self.epoch} claimed with {self.bookies} of {ENSEMBLE} bookies live")
         return EpochClaim(self.epoch, self.epoch_version)
 
     def write_log(self, ledgers, expected_version: int, claim: EpochClaim | None) -> str:
@@ -66,7 +75,11 @@ class World:
         self.log, self.log_version = [dict(x) for x in ledgers], self.log_version + 1
         return WRITTEN
 
-    def create_ledger(self, epoch: int) -> int:
+    def create_ledger(self, epoch: int) -> int | None:
+        """None when too few bookies are live: the attempt ends and its epoch is burned."""
+        if self.bookies < ENSEMBLE:
+            self.burned += 1
+            return None
         ledger_id, self.next_ledger = self.next_ledger, self.next_ledger + 1
         self.ledgers[ledger_id] = [epoch, OPEN, False, 0]
         return ledger_id
@@ -124,7 +137,13 @@ class World:
         entry[1], entry[2] = CLOSED, True
         return entry[3] - 1
 
+    def enabled(self, action) -> bool:
+        """A broker waiting for bookies (out of the election) moves only once they are back."""
+        return action != ("await_bookies",) or self.bookies >= ENSEMBLE
+
     def perform(self, broker: str, action):
+        if isinstance(action, CountBookies):
+            return self.bookies
         if isinstance(action, ReadLog):
             return [dict(x) for x in self.log], self.log_version
         if isinstance(action, LedgerStates):
@@ -137,7 +156,7 @@ class World:
         return {"claim": lambda: self.claim(), "create": lambda: self.create_ledger(*args),
                 "publish": lambda: self.publish(broker, *args), "publish_legacy": lambda: self.publish_legacy(broker, *args),
                 "add": lambda: self.add(*args), "close": lambda: self.close_own(*args),
-                "read_epoch": lambda: self.epoch,
+                "read_epoch": lambda: self.epoch, "await_bookies": lambda: None,
                 "write_log_legacy": lambda: self.write_log(args[0], args[1], None)}[kind]()
 
     # ---------------------------------------------------------------- what a reader sees
@@ -148,6 +167,9 @@ class World:
                                        f"ledger {self.log[-1]['id']}: readers block on it")
 
     def check_final(self) -> None:
+        if self.bookies >= ENSEMBLE and self.published != self.epoch:
+            self.violations.append(f"(f) bookies are back but epoch {self.epoch} was never published "
+                                   f"(published {self.published}, {self.burned} epochs burned)")
         read = set()
         for item in self.log:
             _, state, _, count = self.ledgers[item["id"]]
@@ -184,18 +206,33 @@ def old_leader_rolls(claim: EpochClaim, ledger_id: int, legacy: bool):
         if not (yield ("close", ledger_id)):
             return
         new = yield ("create", claim.epoch)
+        if new is None:
+            return
         yield from (legacy_append if legacy else fixed_append)(new, claim)
         yield ("add", new)
     except (LostLeadership, LedgerError):  # LedgerError: the old log check refusing an older ledger id
         return
 
 
+def wait_for_bookies():
+    """The takeover's check before its claim; short of bookies, out of the election until they return."""
+    while True:
+        try:
+            return (yield from ready_to_claim(ENSEMBLE))
+        except WaitingForBookies:
+            yield ("await_bookies",)
+
+
 def takes_over(legacy: bool, adds: int = 1):
-    """A newly elected broker: claim, recover, open its ledger, publish, write."""
+    """A newly elected broker: check the bookies, claim, recover, open its ledger, publish, write."""
     try:
+        if not legacy:
+            yield from wait_for_bookies()
         claim = yield ("claim",)
         yield from close_previous()
         new = yield ("create", claim.epoch)
+        if new is None:
+            return
         yield from (legacy_append if legacy else fixed_append)(new, claim)
         published = yield (("publish_legacy", claim.epoch) if legacy else ("publish", claim))
         if not published:
@@ -229,33 +266,39 @@ class Broker:
 class Explorer:
     """Depth-first over every interleaving, with state memoization; counts complete interleavings."""
 
-    def __init__(self, expiries: int) -> None:
+    def __init__(self, expiries: int, returns: int = 0) -> None:
         self.expiries = expiries
+        self.returns = returns  # how many times a lost bookie may come back
         self.memo: dict = {}
         self.violations: set[str] = set()
         self.states = 0
 
     def run(self, world: World, brokers: dict[str, Broker]) -> int:
-        return self._explore(world, brokers, self.expiries)
+        return self._explore(world, brokers, self.expiries, self.returns)
 
-    def _explore(self, world: World, brokers: dict[str, Broker], expiries: int) -> int:
-        key = (world.key(), tuple((n, repr(b.history)) for n, b in sorted(brokers.items())), expiries)
+    def _explore(self, world: World, brokers: dict[str, Broker], expiries: int, returns: int) -> int:
+        key = (world.key(), tuple((n, repr(b.history)) for n, b in sorted(brokers.items())), expiries, returns)
         if key in self.memo:
             return self.memo[key]
         self.states += 1
         world.check_state()
         self.violations.update(world.violations)
         paths = 0
-        live = [n for n, b in brokers.items() if not b.done]
+        live = [n for n, b in brokers.items() if not b.done and world.enabled(b.pending)]
         for name in live:
             nxt = copy.deepcopy(world)
             result = nxt.perform(name, brokers[name].pending)
-            paths += self._explore(nxt, {**brokers, name: brokers[name].after(result)}, expiries)
+            paths += self._explore(nxt, {**brokers, name: brokers[name].after(result)}, expiries, returns)
         if expiries and live:
             for name in brokers:
                 nxt = copy.deepcopy(world)
                 nxt.expire(name)
-                paths += self._explore(nxt, brokers, expiries - 1)
+                paths += self._explore(nxt, brokers, expiries - 1, returns)
+        if returns and world.bookies < ENSEMBLE:
+            nxt = copy.deepcopy(world)
+            nxt.bookies += 1
+            live = live or ["a bookie came back"]
+            paths += self._explore(nxt, brokers, expiries, returns - 1)
         if not live:
             world.check_final()
             self.violations.update(world.violations)
@@ -321,3 +364,29 @@ def test_a_stale_append_is_refused_by_the_epoch_check():
     world.claim()  # epoch 2, while `a` is paused between its epoch check and its log change
     assert world.write_log(appended(world.log, stale, claim.epoch), version, claim) == STALE
     assert world.write_log(appended(world.log, stale, claim.epoch), version, None) == WRITTEN  # the old CAS
+
+
+def short_of_bookies(legacy: bool, three: bool, returns: int, expiries: int = 0) -> Explorer:
+    """Epoch 1's leader `a` died after a bookie did: `b` (and `c`) take over with one bookie too few."""
+    names = ["a", "b", "c"] if three else ["a", "b"]
+    world, _claim, _ledger = old_leader_world(names)
+    world.bookies = ENSEMBLE - 1
+    explorer = Explorer(expiries, returns)
+    explorer.paths = explorer.run(world, {n: Broker(lambda: takes_over(legacy)) for n in names[1:]})
+    return explorer
+
+
+@pytest.mark.parametrize("three", [False, True], ids=["one-taker", "two-takers"])
+def test_a_takeover_short_of_bookies_claims_no_epoch_and_completes_once_they_return(three):
+    """(e) and (f): no claim while short, whatever the interleaving; the takeover completes after the return."""
+    for returns in (0, 1):
+        explorer = short_of_bookies(legacy=False, three=three, returns=returns, expiries=1)
+        print(f"short of bookies, {returns} return(s): {explorer.paths} interleavings ({explorer.states} states)")
+        assert not explorer.violations, sorted(explorer.violations)[:5]
+
+
+def test_a_takeover_without_the_check_burns_epochs():
+    """The pre-fix takeover claims first and fails to create its ledger: (e) and, with no retry, (f) break."""
+    explorer = short_of_bookies(legacy=True, three=True, returns=1)
+    found = {v[:3] for v in explorer.violations}
+    assert {"(e)", "(f)"} <= found, sorted(explorer.violations)[:5]

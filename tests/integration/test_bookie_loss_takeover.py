@@ -1,0 +1,126 @@
+"""Three bookies, one SIGKILLed under keyed load, then the leader SIGKILLed: the takeover waits for
+bookies without claiming epochs and says why (log, `status`, `not_leader`); once the bookie is back
+on its data directory the takeover completes, and every acknowledged task is there exactly once.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from election import codes
+from election.leader import read_leader
+from tests.chaos.test_broker_failover import Producers, assert_exactly_once, assert_replicas_agree
+from tests.conftest import BrokerCluster, call, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+WAITING = "waiting for 3 bookies, 2 live"
+# Short, so that a SIGKILLed bookie's registration goes within the test's patience.
+BOOKIE_SESSION = ["--zk-session-timeout-s", "2"]
+
+
+def epoch_node(cluster) -> tuple[bytes, int]:
+    data, stat = cluster.zk.get(cluster.paths.epoch)
+    return data, stat.version
+
+
+def status(procs, cluster) -> tuple[str, dict]:
+    args = ["status", "--zk", cluster.hosts, "--cluster", cluster.name]
+    text, doc = procs.run(args), procs.run([*args, "--json"])
+    assert text.returncode == 0 and doc.returncode == 0, (text.stderr, doc.stderr)
+    return text.stdout.decode(), json.loads(doc.stdout)
+
+
+def test_takeover_waits_for_a_lost_bookie_without_burning_epochs(cluster, procs):
+    bookies = [procs.start_bookie(cluster, extra=BOOKIE_SESSION) for _ in range(3)]
+    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
+    bc.wait_leader()
+    with Producers(bc.zk_hosts, cluster.name, threads=3, timeout=90) as load:
+        wait_for(lambda: load.count() > 100, 30, "load to start")
+
+        # A bookie dies: writes go on (2 of 3 still make the ack quorum) once its registration is gone.
+        lost = bookies[0]
+        lost.kill()
+        wait_for(lambda: len(cluster.zk.get_children(cluster.paths.bookies)) == 2, 20,
+                 "the dead bookie's registration to expire")
+        before = load.count()
+        wait_for(lambda: load.count() > before + 50, 30, "writes to go on with two bookies")
+
+        # Then the leader dies: no broker can create a ledger on three bookies.
+        old = bc.leader_proc()
+        old_id = bc.leader_info()["broker_id"]
+        old.kill()
+        survivors = [p for p in brokers if p is not old]
+        wait_for(lambda: read_leader(cluster.zk, cluster.paths) is None, 20, "the dead leader's node to go")
+        epoch_before = epoch_node(cluster)
+        waited_from = time.monotonic()
+        text, doc = wait_for(lambda: (lambda s: s if WAITING in s[0] else None)(status(procs, cluster)),
+                             20, "status to say why nobody leads")
+        assert f"no leader: {WAITING}" in text, text
+        assert doc["waiting_bookies"] == {"waiting_for": 3, "live": 2}
+        assert doc["leader"] is None
+        reply = call(survivors[0].address, "get", task_id="t-none")
+        assert reply["error"] == codes.E_NOT_LEADER and WAITING in reply["message"], reply
+        # Ten seconds without a leader: the epoch node does not move (no epoch is claimed and burned).
+        while time.monotonic() - waited_from < 10:
+            assert epoch_node(cluster) == epoch_before
+            assert read_leader(cluster.zk, cluster.paths) is None
+            time.sleep(0.5)
+        for p in survivors:
+            said = p.output().count(f"not standing for election: {WAITING}")
+            assert said == 1, f"broker log says it {said} times:\n{p.output()[-3000:]}"
+            assert "need 3 live bookies" not in p.output(), p.output()[-3000:]
+
+        # The bookie comes back on its data directory: the takeover completes, with the next epoch.
+        procs.restart(lost)
+        leader = bc.wait_leader(not_id=old_id, timeout=60)
+        claimed = json.loads(epoch_node(cluster)[0])
+        assert leader["epoch"] == claimed["epoch"]
+        assert claimed["epoch"] == json.loads(epoch_before[0])["epoch"] + 1, (claimed, epoch_before)
+        before = load.count()
+        wait_for(lambda: load.count() > before + 100, 60, "load to go on with the new leader")
+    assert not load.errors, load.errors[:3]
+    text, doc = status(procs, cluster)
+    assert "waiting for" not in text and doc["waiting_bookies"] is None
+    assert_exactly_once(bc, load.acked)
+    assert_replicas_agree(bc, survivors)
+
+
+def test_with_a_spare_bookie_a_takeover_needs_no_operator(cluster, procs):
+    """Four bookies, one SIGKILLed, then the leader: a follower takes over at once, on the three live
+    bookies, with the next epoch; nothing lost or duplicated."""
+    bookies = [procs.start_bookie(cluster, extra=BOOKIE_SESSION) for _ in range(4)]
+    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
+    bc.wait_leader()
+    with Producers(bc.zk_hosts, cluster.name, threads=3) as load:
+        wait_for(lambda: load.count() > 100, 30, "load to start")
+        lost = bookies[0]
+        lost_id = next(child for child in cluster.zk.get_children(cluster.paths.bookies)
+                       if json.loads(cluster.zk.get(cluster.paths.bookie(child))[0])["address"] == lost.address)
+        lost.kill()
+        wait_for(lambda: len(cluster.zk.get_children(cluster.paths.bookies)) == 3, 20,
+                 "the dead bookie's registration to expire")
+        old_id = bc.leader_info()["broker_id"]
+        epoch = bc.leader_info()["epoch"]
+        old = bc.leader_proc()
+        old.kill()
+        killed = time.monotonic()
+        leader = bc.wait_leader(not_id=old_id, timeout=30)
+        failover = time.monotonic() - killed
+        assert leader["epoch"] == epoch + 1
+        before = load.count()
+        wait_for(lambda: load.count() > before + 100, 30, "load to go on with the new leader")
+    assert not load.errors, load.errors[:3]
+    # Session timeout (2 s) plus the takeover; well below a wait for an operator.
+    assert failover < 10, failover
+    newest = cluster.zk.get_children(cluster.paths.ledgers)
+    meta = json.loads(cluster.zk.get(f"{cluster.paths.ledgers}/{max(newest)}")[0])
+    assert meta["epoch"] == epoch + 1
+    assert lost_id not in {m["bookie_id"] for m in meta["ensemble"]}, meta
+    survivors = [p for p in brokers if p is not old]
+    assert_exactly_once(bc, load.acked)
+    assert_replicas_agree(bc, survivors)

@@ -1,0 +1,61 @@
+"""A leader whose ledger is full while too few bookies are live goes on in it, and rolls once they return.
+
+Runs the real request loop and store with a fake writer (tests/unit/test_cluster_shutdown_leader.py).
+"""
+from __future__ import annotations
+
+import broker.server.request_loop as request_loop
+from broker.server.config import BrokerConfig
+from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.server.takeover_steps import RollPostponed
+from broker.state.store import StateStore
+from election import wire
+from tests.unit.test_cluster_shutdown_leader import FakeWriter
+
+
+def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(request_loop, "ROLL_RETRY_S", 0.0)
+    store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
+    server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1", lease_check_ms=1), store, broker_id=1)
+    sent: list[dict] = []
+    server._send = lambda route, msg: sent.append(msg)
+    first, second = FakeWriter(), FakeWriter()
+    second.ledger_id = 8
+    bookies = {"live": 2}
+    rolls = []
+
+    def roll(current):
+        rolls.append(current.ledger_id)
+        if bookies["live"] < 3:
+            raise RollPostponed(f"ledger {current.ledger_id} is full but the next one cannot be created: "
+                                f"waiting for 3 bookies, {bookies['live']} live")
+        return second
+
+    session = LeaderSession(epoch=1, writer=first, roll=roll, should_roll=lambda entries, size: entries >= 2)
+    server.start_leading(session, lambda now_ms: [{"type": "EpochStarted", "epoch": 1, "broker_id": 1,
+                                                    "now_ms": now_ms}])
+
+    def turn(writer):
+        server._lead_turn()
+        writer.commit_all()
+        server._lead_turn()
+
+    try:
+        turn(first)
+        assert session.ready
+        for rid in range(1, 6):
+            server._handle([b"peer"], wire.encode(wire.request("submit", rid, queue="q", payload=b"x")))
+            turn(first)
+        assert rolls and set(rolls) == {7}  # tried, postponed, tried again
+        assert session.group.failed is None and session.writer is first
+        assert all(m.get("ok") for m in sent), sent  # every submit answered from the full ledger
+        assert len([r for r in caplog.records if "cannot be created" in r.getMessage()]) == 1  # said once
+        bookies["live"] = 3
+        turn(first)
+        assert session.writer is second and not session.roll_postponed
+        server._handle([b"peer"], wire.encode(wire.request("submit", 9, queue="q", payload=b"y")))
+        turn(second)
+        assert sent[-1]["ok"] and second.entries
+    finally:
+        server.close()
+        store.close()
