@@ -1,6 +1,6 @@
 """`make demo`: the main job on a local cluster, with a leader killed half-way.
 
-Starts ZooKeeper, 3 bookies and 3 brokers (``fencepost dev up``), runs producers
+Starts ZooKeeper, 4 bookies and 3 brokers (``fencepost dev up``'s defaults), runs producers
 that submit a few thousand tasks with idempotency keys and workers that run
 them, SIGKILLs the leader broker half-way, and prints what happened: tasks
 submitted and completed, lost and duplicated (both must be 0), the failover
@@ -93,9 +93,11 @@ def run(tasks: int, dev_dir: str, keep: bool) -> int:
     if dev.running():
         dev.down()
     up_started = time.monotonic()
-    state = dev.up(DevClusterSpec(cluster="demo", bookies=3, brokers=3), progress=print)
+    spec = DevClusterSpec(cluster="demo", brokers=3)  # the bookies `dev up` starts by default
+    state = dev.up(spec, progress=print)
     zk_hosts, cluster = state["zk"], state["cluster"]
-    print(f"cluster up in {time.monotonic() - up_started:.1f}s: ZooKeeper {zk_hosts}, 3 bookies, 3 brokers")
+    print(f"cluster up in {time.monotonic() - up_started:.1f}s: ZooKeeper {zk_hosts}, {spec.bookies} bookies, "
+          f"{spec.brokers} brokers")
     try:
         with Client(zk=zk_hosts, cluster=cluster, timeout=60) as client:
             client.status()

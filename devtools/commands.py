@@ -75,7 +75,8 @@ def dev_dir_option(fn):
 @dev.command("up")
 @dev_dir_option
 @click.option("--cluster", default="dev", show_default=True, help="Cluster name.")
-@click.option("--bookies", default=3, show_default=True, type=click.IntRange(0, 16), help="Bookies to start.")
+@click.option("--bookies", default=4, show_default=True, type=click.IntRange(0, 16),
+              help="Bookies to start (one spare over the default ensemble of 3, so losing one stops nothing).")
 @click.option("--brokers", default=3, show_default=True, type=click.IntRange(0, 16), help="Brokers to start.")
 @click.option("--zk-session-timeout", default=2.0, show_default=True, type=float,
               help="ZooKeeper session timeout of the brokers, in seconds.")

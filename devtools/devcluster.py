@@ -16,7 +16,7 @@ given must agree with it). Brokers get the spec's ``--secret-file``; bookies nee
 Example::
 
     dev = DevCluster(Path(".fencepost-dev"))
-    dev.up(DevClusterSpec(bookies=3, digest="hmac-sha256", secret_file="secret"))
+    dev.up(DevClusterSpec(bookies=4, digest="hmac-sha256", secret_file="secret"))
     dev.status()      # [{"kind": "zookeeper", "pid": ..., "alive": True, ...}, ...]
     dev.down()
 """
@@ -44,6 +44,9 @@ from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pi
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
 
 STATE_FILE = "cluster.json"
+# One more bookie than the default ensemble (3): with one bookie dead a new ledger still finds
+# three, so a broker failover or a ledger roll needs no operator.
+DEFAULT_BOOKIES = 4
 
 
 class DevClusterError(BrokerError):
@@ -55,7 +58,7 @@ class DevClusterSpec:
     """What `dev up` starts."""
 
     cluster: str = "dev"
-    bookies: int = 3
+    bookies: int = DEFAULT_BOOKIES
     brokers: int = 3
     zk_session_timeout: float = 2.0
     # Fault-injection runs only: brokers expose their ZooKeeper session in <data>.zk-session.

@@ -23,7 +23,8 @@ def test_dev_up_status_down_leaves_no_process(procs, tmp_path):
     try:
         rows = json.loads(_run(procs, "dev", "status", "--dev-dir", dev_dir, "--json"))
         kinds = [r["kind"] for r in rows]
-        assert (kinds.count("zookeeper"), kinds.count("bookie"), kinds.count("broker")) == (1, 3, 3)
+        # Four bookies by default: one spare over the ensemble of 3.
+        assert (kinds.count("zookeeper"), kinds.count("bookie"), kinds.count("broker")) == (1, 4, 3)
         assert sorted(r["broker_id"] for r in rows if r["kind"] == "broker") == [1, 2, 3]
         assert all(r["alive"] for r in rows), rows
         for row in rows:
@@ -36,7 +37,7 @@ def test_dev_up_status_down_leaves_no_process(procs, tmp_path):
         status = procs.run(["status", "--dev-dir", dev_dir, "--json"])
         assert status.returncode == 0, status.stderr.decode()
         view = json.loads(status.stdout)
-        assert view["cluster"] == "devtest" and len(view["bookies"]) == 3
+        assert view["cluster"] == "devtest" and len(view["bookies"]) == 4
     finally:
         _run(procs, "dev", "down", "--dev-dir", dev_dir)
     pids = [r["pid"] for r in rows]
