@@ -48,6 +48,9 @@ from ledger.codec import CorruptEntry
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+# A read-only bookie that saw no add for this long probes the disk with a commit of its own: new
+# ledgers leave it out, so without the probe it would never learn that space came back.
+IDLE_PROBE_S = 3.0
 # Plain ints: pyzmq's flag enums cost a conversion on every call of the hot loop.
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
@@ -78,6 +81,7 @@ class Bookie:
         self.verified_at_start = False
         self._limbo: dict[int, dict] = {}
         self._gate = ReadOnlyGate()
+        self._adds_seen_at = 0.0  # monotonic time of the last turn with adds
         self._vouching = False  # the clean-shutdown marker is cleared: close() must set it again
         self._started = time.monotonic()
         self._zk: KazooClient | None = None
@@ -166,7 +170,10 @@ class Bookie:
         while not stop.is_set():
             if self._sock.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS), zmq.POLLIN):
                 self._turn()
-            self._polls.expire(time.monotonic())
+            now = time.monotonic()
+            self._polls.expire(now)
+            if self._gate.readonly and now - self._adds_seen_at >= IDLE_PROBE_S and self._gate.may_try(now):
+                self._probe_disk(now)
             if self._registration is not None and self._registration.fatal:
                 raise LedgerError(self._registration.fatal)
 
@@ -234,6 +241,7 @@ class Bookie:
         """
         if not adds:
             return
+        self._adds_seen_at = time.monotonic()
         batch = list(adds)
         adds.clear()
         if not self._gate.may_try(time.monotonic()):
@@ -273,6 +281,20 @@ class Bookie:
             self._send(envelope, reply)
         for ledger in ledgers:
             self._polls.wake(ledger)
+
+    def _probe_disk(self, now: float) -> None:
+        """Read-only with no adds coming: a commit of our own tells whether space came back."""
+        try:
+            self._store.probe_write()
+        except Exception as exc:
+            if not is_disk_full(exc, self._store.path):
+                log.warning("bookie %s: disk probe failed: %s: %s", self.bookie_id, type(exc).__name__, exc)
+            self._gate.failed(now)  # still read-only: probe again in probe_s
+            return
+        if self._gate.succeeded():
+            self._publish_readonly(False)
+            log.warning("bookie %s is writable again: a probe commit succeeded after %d refused adds",
+                        self.bookie_id, self.counters["readonly_refusals"])
 
     def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
         """The reply to a request that hit a full disk; logs once per read-only episode."""

@@ -52,6 +52,8 @@ FENCED = "fenced"
 
 _INSTANCE_KEY = b"instance_id"
 _CLEAN_KEY = b"clean_shutdown"
+_PROBE_KEY = b"probe-"
+_PROBE_VALUE = 4000  # bytes: one overflow page each (4 KiB pages)
 
 _ENTRY_KEY = struct.Struct(">QQ")
 _LEDGER_KEY = struct.Struct(">Q")
@@ -284,6 +286,25 @@ class BookieStore:
             for ledger, info in touched.items():
                 self._put_info(txn, ledger, info)
         return results
+
+    def probe_write(self, pages: int = 64) -> None:
+        """Commit ``pages`` pages of data, then delete them: raises as an add would while the disk or map is full.
+
+        A read-only bookie gets no adds (new ledgers leave it out), so it tries this
+        itself to find out that space came back. One value per page, so that pages a
+        delete freed here and there count (one big value would need them contiguous).
+        """
+        keys = [_PROBE_KEY + struct.pack(">I", i) for i in range(pages)]
+        # A small commit first: LMDB reuses the pages a transaction freed (a deleted ledger's)
+        # only two transactions later, and a failed probe does not count as one.
+        with self._env.begin(write=True) as txn:
+            txn.put(_PROBE_KEY + b"tick", b"1", db=self._meta)
+        with self._env.begin(write=True) as txn:
+            for key in keys:
+                txn.put(key, bytes(_PROBE_VALUE), db=self._meta)
+        with self._env.begin(write=True) as txn:
+            for key in [*keys, _PROBE_KEY + b"tick"]:
+                txn.delete(key, db=self._meta)
 
     def fence(self, ledger: int) -> dict:
         """Persist the fence of ``ledger`` (creating its record if needed); return its info."""

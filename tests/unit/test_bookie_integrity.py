@@ -297,3 +297,28 @@ def test_new_ensembles_never_take_a_read_only_bookie():
     # A full disk refuses every add: a ledger waits for a writable bookie rather than start one copy short.
     with pytest.raises(NotEnoughBookies, match="found 2 .*read-only: b0"):
         choose_ensemble(bookies[:3], 3, random.Random(1))
+
+
+def test_a_read_only_bookie_without_adds_probes_the_disk_itself(tmp_path):
+    """New ledgers leave a read-only bookie out, so no add would ever end its read-only episode:
+    its own probe commit does, once space came back (and not before)."""
+    from ledger.bookie.config import BookieConfig
+    from ledger.bookie.server import Bookie
+
+    bookie = Bookie(BookieConfig(data=str(tmp_path / "b"), listen="tcp://127.0.0.1:1", zk="127.0.0.1:1"))
+    store = BookieStore(tmp_path / "tiny", map_size=1 << 20)
+    bookie._store = store
+    try:
+        # Fill the map with big entries of ledger 1, freed at once when it is deleted.
+        with pytest.raises(lmdb.MapFullError):
+            for i in range(1000):
+                add_entries(store, [(1, i, entry(1, i, payload=bytes(20_000)))])
+        assert bookie._gate.failed(0.0)
+        bookie._probe_disk(5.0)
+        assert bookie._gate.readonly and not bookie._gate.may_try(5.5)  # still full: next probe in 1 s
+        store.delete_ledger(1)
+        bookie._probe_disk(7.0)
+        assert not bookie._gate.readonly
+        assert store.read(1, 0) is None and store.counts()  # the probe left nothing behind
+    finally:
+        store.close()
