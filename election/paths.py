@@ -111,6 +111,15 @@ class ClusterPaths:
         return int(node_name[1:])
 
     @property
+    def underreplicated(self) -> str:
+        """Ledgers with entries on fewer than write-quorum bookies, until re-replicated."""
+        return f"{self.base}/underreplicated"
+
+    def underreplicated_ledger(self, ledger_id: int) -> str:
+        """The mark of one under-replicated ledger: named like its ``ledgers/`` node."""
+        return f"{self.underreplicated}/L{ledger_id:010d}"
+
+    @property
     def log(self) -> str:
         return f"{self.base}/log"
 

@@ -2,9 +2,17 @@
 
 Each ledger's metadata lives at ``ledgers/L<10 digits>`` (docs/architecture.md, "ZooKeeper layout").
 The id is the sequence number ZooKeeper appends to a sequential node, so ids
-only grow. Every change (``OPEN -> IN_RECOVERY -> CLOSED``) is a compare-and-set
-on the znode version: whoever loses a race gets :class:`MetadataConflict` and
-re-reads.
+only grow. Every change (``OPEN -> IN_RECOVERY -> CLOSED``, a new fragment) is
+a compare-and-set on the znode version: whoever loses a race gets
+:class:`MetadataConflict` and re-reads.
+
+A ledger's entries are split into **fragments** (BookKeeper's ``ensembles``
+map, entry -> ensemble): ``fragments`` lists ``{"first_entry", "ensemble"}`` in
+order, the first starting at 0 with the creation ensemble. A fragment holds the
+entries from its ``first_entry`` up to the next fragment's. The writer adds one
+when it swaps a failed bookie out (``ledger.client.ensemble_change``).
+``ensemble`` is kept as the last fragment's bookies, and a node written before
+fragments existed (``ensemble`` only) reads as one fragment from entry 0.
 
 Example::
 
@@ -15,9 +23,11 @@ Example::
     meta, version = read_metadata(zk, paths, ledger_id)
     meta = meta.with_state(CLOSED, last_entry=41)
     version = cas_metadata(zk, paths, meta, version)
+    meta.ensemble_for(12)                               # the bookies that hold entry 12
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import logging
@@ -52,19 +62,36 @@ class NoSuchLedger(LedgerError):
     """No metadata exists for the requested ledger id."""
 
 
+def _member(member: Any) -> dict:
+    """``{"bookie_id", "address"}`` of one ensemble member, or LedgerError."""
+    if not isinstance(member, dict) or not member.get("bookie_id") or not member.get("address"):
+        raise LedgerError(f"bad ensemble member {member!r}")
+    return {"bookie_id": str(member["bookie_id"]), "address": str(member["address"])}
+
+
+def _same_bookies(a: list[dict], b: list[dict]) -> bool:
+    return [(m.get("bookie_id"), m.get("address")) for m in a] == [(m.get("bookie_id"), m.get("address")) for m in b]
+
+
 @dataclass
 class LedgerMetadata:
     """One ledger's metadata (the JSON stored at ``paths.ledger(id)``).
+
+    ``fragments`` is ``[{"first_entry": 0, "ensemble": [...]}, ...]`` in entry
+    order, built from ``ensemble`` when not given; ``ensemble`` is always the
+    last fragment's bookies (where new entries go).
 
     Example::
 
         meta, version = read_metadata(zk, paths, 7)
         if meta.state == OPEN:
             cas_metadata(zk, paths, meta.with_state(IN_RECOVERY), version)
+        meta.ensemble_for(0)                     # the creation ensemble
+        meta.with_fragment(120, new_ensemble)    # a copy: entries 120.. on new_ensemble
     """
 
     ledger_id: int
-    ensemble: list[dict]  # [{"bookie_id": .., "address": ..}, ...] in write order
+    ensemble: list[dict]  # [{"bookie_id": .., "address": ..}, ...] in write order: the last fragment's
     write_quorum: int
     ack_quorum: int
     state: str = OPEN
@@ -73,6 +100,11 @@ class LedgerMetadata:
     created_at: float = 0.0
     digest: str = "crc32c"
     extra: dict = field(default_factory=dict)  # unknown keys, kept so a rewrite does not drop them
+    fragments: list[dict] = field(default_factory=list)  # [{"first_entry", "ensemble"}] ascending; [0] starts at 0
+
+    def __post_init__(self) -> None:
+        if not self.fragments:
+            self.fragments = [{"first_entry": 0, "ensemble": list(self.ensemble)}]
 
     def validate(self) -> "LedgerMetadata":
         if self.state not in STATES:
@@ -82,17 +114,76 @@ class LedgerMetadata:
                 f"ledger {self.ledger_id}: need 1 <= ack_quorum <= write_quorum <= ensemble size, got "
                 f"{self.ack_quorum}/{self.write_quorum}/{len(self.ensemble)}"
             )
-        for member in self.ensemble:
-            if not isinstance(member, dict) or not member.get("bookie_id") or not member.get("address"):
-                raise LedgerError(f"ledger {self.ledger_id}: bad ensemble member {member!r}")
         if self.last_entry < -1:
             raise LedgerError(f"ledger {self.ledger_id}: bad last_entry {self.last_entry}")
+        previous = -1
+        for fragment in self.fragments:
+            if not isinstance(fragment, dict) or not isinstance(fragment.get("ensemble"), list):
+                raise LedgerError(f"ledger {self.ledger_id}: bad fragment {fragment!r}")
+            first = fragment.get("first_entry")
+            if type(first) is not int or first <= previous or (previous == -1 and first != 0):
+                raise LedgerError(f"ledger {self.ledger_id}: fragments must start at entry 0 and go up, "
+                                  f"got first_entry {first!r} after {previous}")
+            previous = first
+            members = fragment["ensemble"]
+            for member in members:
+                if not isinstance(member, dict) or not member.get("bookie_id") or not member.get("address"):
+                    raise LedgerError(f"ledger {self.ledger_id}: bad ensemble member {member!r}")
+            if len(members) != len(self.ensemble) or len({m["bookie_id"] for m in members}) != len(members):
+                raise LedgerError(f"ledger {self.ledger_id}: the fragment at entry {first} needs "
+                                  f"{len(self.ensemble)} distinct bookies, got {members!r}")
+        if not _same_bookies(self.fragments[-1]["ensemble"], self.ensemble):
+            raise LedgerError(f"ledger {self.ledger_id}: ensemble differs from the last fragment's")
         return self
 
     @property
     def fence_quorum(self) -> int:
         """How many fenced bookies guarantee that no add can still reach an ack quorum."""
         return len(self.ensemble) - self.ack_quorum + 1
+
+    @property
+    def last_fragment_start(self) -> int:
+        """The first entry of the last fragment.
+
+        Every entry before it is committed: the writer starts a fragment at its LAC + 1.
+        """
+        return int(self.fragments[-1]["first_entry"])
+
+    def ensemble_for(self, entry_id: int) -> list[dict]:
+        """The bookies of the fragment holding ``entry_id`` (BookKeeper's ``getEnsemble(entryId)``).
+
+        Example: with fragments at 0 and 120, ``ensemble_for(119)`` is the first
+        ensemble and ``ensemble_for(120)`` (or any later id) the second.
+        """
+        if entry_id < 0:
+            raise LedgerError(f"ledger {self.ledger_id}: bad entry id {entry_id}")
+        starts = [int(f["first_entry"]) for f in self.fragments]
+        return self.fragments[bisect.bisect_right(starts, entry_id) - 1]["ensemble"]
+
+    def with_fragment(self, first_entry: int, ensemble: list[dict]) -> "LedgerMetadata":
+        """A copy whose entries from ``first_entry`` on go to ``ensemble``.
+
+        A fragment starting where the last one starts replaces it (nothing in
+        the last fragment was committed yet: the writer changed its ensemble
+        twice before its LAC moved). Going back before the last fragment is
+        refused: earlier entries are committed on their ensembles.
+        """
+        members = [_member(m) for m in ensemble]
+        last = self.last_fragment_start
+        if first_entry < last:
+            raise LedgerError(f"ledger {self.ledger_id}: a new fragment cannot start at entry {first_entry}, "
+                              f"before the last one (entry {last})")
+        kept = self.fragments[:-1] if first_entry == last else list(self.fragments)
+        fragments = kept + [{"first_entry": int(first_entry), "ensemble": members}]
+        return dataclasses.replace(self, ensemble=members, fragments=fragments).validate()
+
+    def all_bookies(self) -> list[dict]:
+        """Every bookie of any fragment, once each, in order of first appearance."""
+        seen: dict[str, dict] = {}
+        for fragment in self.fragments:
+            for member in fragment["ensemble"]:
+                seen.setdefault(member["bookie_id"], member)
+        return list(seen.values())
 
     def with_state(self, state: str, last_entry: int | None = None) -> "LedgerMetadata":
         """A copy in ``state`` (and ``last_entry``), refusing transitions that go backwards."""
@@ -107,7 +198,9 @@ class LedgerMetadata:
         doc = dict(self.extra)
         doc.update(
             ledger_id=self.ledger_id,
-            ensemble=[{"bookie_id": m["bookie_id"], "address": m["address"]} for m in self.ensemble],
+            ensemble=[_member(m) for m in self.ensemble],
+            fragments=[{"first_entry": int(f["first_entry"]), "ensemble": [_member(m) for m in f["ensemble"]]}
+                       for f in self.fragments],
             write_quorum=self.write_quorum,
             ack_quorum=self.ack_quorum,
             state=self.state,
@@ -120,13 +213,19 @@ class LedgerMetadata:
 
     @classmethod
     def from_json(cls, data: bytes, ledger_id: int | None = None) -> "LedgerMetadata":
-        """Parse metadata; ``ledger_id`` (from the znode name) wins over the stored one."""
+        """Parse metadata; ``ledger_id`` (from the znode name) wins over the stored one.
+
+        A node without ``fragments`` (written before ensemble changes) is one
+        fragment from entry 0; one without ``ensemble`` takes the last fragment's.
+        """
         try:
             doc = json.loads(data)
             known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+            fragments = [dict(f) for f in doc.get("fragments") or []]
+            ensemble = doc["ensemble"] if "ensemble" in doc or not fragments else fragments[-1]["ensemble"]
             meta = cls(
                 ledger_id=int(ledger_id if ledger_id is not None else doc["ledger_id"]),
-                ensemble=list(doc["ensemble"]),
+                ensemble=list(ensemble),
                 write_quorum=int(doc["write_quorum"]),
                 ack_quorum=int(doc["ack_quorum"]),
                 state=str(doc["state"]),
@@ -135,8 +234,9 @@ class LedgerMetadata:
                 created_at=float(doc.get("created_at", 0.0)),
                 digest=str(doc.get("digest", "crc32c")),
                 extra={k: v for k, v in doc.items() if k not in known},
+                fragments=fragments,
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LedgerError(f"ledger {ledger_id}: unreadable metadata ({exc})") from None
         return meta.validate()
 

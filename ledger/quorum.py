@@ -1,7 +1,11 @@
 """Which entries of a ledger are committed: ack bookkeeping for in-order quorum completion.
 
 Pure logic, no I/O: the :class:`~ledger.client.writer.LedgerWriter` feeds it the
-bookies' replies and learns which entries just became complete.
+bookies' replies and learns which entries just became complete. Members are the
+slots of the ensemble; when the bookie of a slot is replaced (an ensemble
+change), :meth:`QuorumTracker.forget_member` drops what the old bookie did for
+the entries of the new fragment, so each entry's ack quorum is counted against
+its own fragment's ensemble.
 """
 from __future__ import annotations
 
@@ -97,6 +101,29 @@ class QuorumTracker:
         """The members that failed a pending entry, ascending."""
         f = self._fails.get(entry_id, 0)
         return [m for m in range(self.write_quorum) if f >> m & 1]
+
+    def forget_member(self, member: int, first: int) -> None:
+        """Forget ``member``'s acks and failures of the pending entries ``>= first``.
+
+        Used when the bookie in slot ``member`` is swapped out (an ensemble
+        change): entries from ``first`` on belong to the new fragment, where only
+        the replacement's acks count in that slot. Forgetting acks never
+        completes an entry. Example::
+
+            t = QuorumTracker(3, 2); t.add(0); t.add(1)
+            t.ack(1, 0)                 # the bookie in slot 0 acked entry 1, then failed
+            t.forget_member(0, 0)       # entries 0.. move to a new fragment
+            t.ack(1, 1)                 # -> [] : slot 0's old ack no longer counts
+        """
+        keep = ~(1 << member)
+        acks, fails = self._acks, self._fails
+        for e in acks:
+            if e >= first:
+                acks[e] &= keep
+                if e in fails:
+                    fails[e] &= keep
+                    if not fails[e]:
+                        del fails[e]
 
     def abandon_from(self, entry_id: int) -> list[int]:
         """Drop every pending entry ``>= entry_id``; return them in order."""

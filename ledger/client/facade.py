@@ -99,7 +99,7 @@ class LedgerClient:
         return recover_and_close(self.zk, self.paths, self.pool, ledger_id, self.digest, timeout=self.add_timeout)
 
     def delete(self, ledger_id: int, force: bool = False) -> None:
-        """Delete a CLOSED ledger from every ensemble bookie, then its metadata.
+        """Delete a CLOSED ledger from every bookie of any of its fragments, then its metadata.
 
         Every bookie must confirm, so that no copy is stranded without metadata
         pointing at it; ``force`` skips that check (and the CLOSED check) for
@@ -114,10 +114,11 @@ class LedgerClient:
             raise
         if meta.state != CLOSED and not force:
             raise LedgerError(f"ledger {ledger_id} is {meta.state}: only a CLOSED ledger may be deleted")
-        addresses = [current_address(self.zk, self.paths, m) for m in meta.ensemble]
-        futures = [self.pool.request(a, "delete", ledger=ledger_id) for a in addresses]
+        members = meta.all_bookies()  # every fragment's: an ensemble change leaves copies on both sides
+        futures = [self.pool.request(current_address(self.zk, self.paths, m), "delete", ledger=ledger_id)
+                   for m in members]
         errors = []
-        for member, fut in zip(meta.ensemble, futures):
+        for member, fut in zip(members, futures):
             try:
                 fut.result(self.pool.default_timeout + 1.0)
             except (LedgerError, TimeoutError) as exc:

@@ -4,9 +4,13 @@ A reader never returns an entry past what is known to be committed: the LAC
 (the highest LAC any bookie has seen piggybacked on an add) for an OPEN or
 IN_RECOVERY ledger, ``last_entry`` for a CLOSED one.
 
-Each entry is read from the ensemble's bookies in order, healthy ones first (a
-bookie that timed out recently is tried last, so one dead bookie does not cost
-a timeout per read). A copy that is missing or fails its digest is skipped and
+Each entry is read from the bookies of its fragment (``meta.ensemble_for``: a
+writer that swapped a failed bookie out put later entries on another ensemble),
+healthy ones first (a bookie that timed out recently is tried last, so one dead
+bookie does not cost a timeout per read). The LAC is asked of the last
+fragment's bookies, where the writer sends. A reader whose metadata is older
+than a fragment change reads its metadata again when no bookie it knows has an
+entry. A copy that is missing or fails its digest is skipped and
 the next bookie is tried; the event is appended to :attr:`LedgerReader.corruptions`
 as ``(bookie_id, ledger_id, entry_id, reason)`` and a corrupt copy is logged as a
 warning, so audits and operators see under-replication and bit rot. A bookie
@@ -73,10 +77,21 @@ class LedgerReader:
         self.ledger_id = ledger_id
         self.metadata: LedgerMetadata
         self.metadata, _ = read_metadata(zk, paths, ledger_id)
-        self._addresses = [current_address(zk, paths, m) for m in self.metadata.ensemble]
-        self._ids = [m["bookie_id"] for m in self.metadata.ensemble]  # named in requests: never an impostor
+        self._address_of: dict[str, str] = {}  # bookie id -> where it is registered now (looked up once)
         self._lac = -1
         self.corruptions: list[tuple[str, int, int, str]] = []
+
+    def _address(self, member: dict) -> str:
+        """The current address of an ensemble member (a bookie restarted elsewhere keeps its id)."""
+        bookie_id = member["bookie_id"]
+        address = self._address_of.get(bookie_id)
+        if address is None:
+            address = self._address_of[bookie_id] = current_address(self._zk, self._paths, member)
+        return address
+
+    def _last_members(self) -> list[dict]:
+        """The last fragment's bookies: where the writer sends, so where the LAC is."""
+        return self.metadata.ensemble
 
     # ------------------------------------------------------------ boundaries
 
@@ -104,9 +119,26 @@ class LedgerReader:
         if self.closed:
             return self.metadata.last_entry
         before = self._lac
+        for _ in range(2):
+            members = self._last_members()
+            answered, fenced = self._ask_lac(members)
+            if answered or [m["bookie_id"] for m in self.refresh().ensemble] == [m["bookie_id"] for m in members]:
+                break
+            # No bookie of the ensemble we knew answered, and the writer moved to others: ask them.
+        if self._lac <= before or fenced or not answered:
+            if self.refresh().state == CLOSED:
+                return self.metadata.last_entry
+        if not answered:
+            raise BookieUnavailable(",".join(self._address(m) for m in members),
+                                    f"no bookie of ledger {self.ledger_id} answered read_lac")
+        return self._lac
+
+    def _ask_lac(self, members: list[dict]) -> tuple[int, bool]:
+        """``read_lac`` of ``members`` into ``self._lac``; return (how many answered, whether one is fenced)."""
+        addresses = [self._address(m) for m in members]
         futures = [(self._pool.is_suspect(a), self._pool.request(a, "read_lac", timeout=self.timeout,
-                                                                  ledger=self.ledger_id, bookie=self._ids[i]))
-                   for i, a in enumerate(self._addresses)]
+                                                                  ledger=self.ledger_id, bookie=m["bookie_id"]))
+                   for m, a in zip(members, addresses)]
         if not all(suspect for suspect, _ in futures):
             wait_futures([f for suspect, f in futures if not suspect], timeout=self.timeout + 1.0)
         else:
@@ -122,12 +154,7 @@ class LedgerReader:
                 answered += 1
             except (LedgerError, KeyError, ValueError, TypeError) as exc:
                 log.debug("read_lac of ledger %d: %s", self.ledger_id, exc)
-        if self._lac <= before or fenced or not answered:
-            if self.refresh().state == CLOSED:
-                return self.metadata.last_entry
-        if not answered:
-            raise BookieUnavailable(",".join(self._addresses), f"no bookie of ledger {self.ledger_id} answered read_lac")
-        return self._lac
+        return answered, fenced
 
     def _check_committed(self, entry_id: int) -> None:
         if entry_id < 0:
@@ -143,18 +170,17 @@ class LedgerReader:
 
     # ----------------------------------------------------------------- reads
 
-    def _order(self) -> list[int]:
+    def _order(self, members: list[dict]) -> list[dict]:
         # Healthy bookies first, in ensemble order; recently timed-out ones last.
-        indices = range(len(self._addresses))
-        return sorted(indices, key=lambda i: self._pool.is_suspect(self._addresses[i]))
+        return sorted(members, key=lambda m: self._pool.is_suspect(self._address(m)))
 
-    def _request(self, index: int, entry_id: int) -> Future:
-        return self._pool.request(self._addresses[index], "read", timeout=self.timeout,
-                                  ledger=self.ledger_id, entry=entry_id, bookie=self._ids[index])
+    def _request(self, member: dict, entry_id: int) -> Future:
+        return self._pool.request(self._address(member), "read", timeout=self.timeout,
+                                  ledger=self.ledger_id, entry=entry_id, bookie=member["bookie_id"])
 
-    def _accept(self, index: int, entry_id: int, fut: Future) -> Entry | None:
+    def _accept(self, member: dict, entry_id: int, fut: Future) -> Entry | None:
         """The verified entry from one bookie's reply, or None (and the event recorded)."""
-        bookie_id = self.metadata.ensemble[index]["bookie_id"]
+        bookie_id = member["bookie_id"]
         try:
             reply = fut.result(self.timeout + 1.0)
         except NoSuchEntry:
@@ -168,8 +194,8 @@ class LedgerReader:
             return None
         except (BookieUnavailable, RemoteError, TimeoutError) as exc:
             log.info("ledger %d entry %d: bookie %s: %s; trying another", self.ledger_id, entry_id, bookie_id, exc)
-            # It may have come back elsewhere (restarted on another port).
-            self._addresses[index] = current_address(self._zk, self._paths, self.metadata.ensemble[index])
+            # It may have come back elsewhere (restarted on another port): look it up again next time.
+            self._address_of.pop(bookie_id, None)
             return None
         try:
             entry = decode_entry(reply.get("data", b""), self._digest)
@@ -182,18 +208,31 @@ class LedgerReader:
             return None
         return entry
 
-    def _read_from(self, entry_id: int, order: list[int]) -> Entry:
-        for index in order:
-            entry = self._accept(index, entry_id, self._request(index, entry_id))
+    def _read_from(self, entry_id: int, order: list[dict]) -> Entry:
+        """``entry_id`` from the first of ``order`` with a valid copy; else from a newer fragment, if any."""
+        for member in order:
+            entry = self._accept(member, entry_id, self._request(member, entry_id))
             if entry is not None:
                 return entry
+        tried = order
+        if not self.closed:
+            # Our metadata may predate a fragment change: the entry may be on a replacement.
+            known = [m["bookie_id"] for m in self.metadata.ensemble_for(entry_id)]
+            fresh = self.refresh().ensemble_for(entry_id)
+            if [m["bookie_id"] for m in fresh] != known:
+                tried = [m for m in self._order(fresh) if m["bookie_id"] not in known]
+                for member in tried:
+                    entry = self._accept(member, entry_id, self._request(member, entry_id))
+                    if entry is not None:
+                        return entry
+                tried = order + tried
         raise LedgerReadError(f"ledger {self.ledger_id} entry {entry_id}: no bookie returned a valid copy "
-                              f"(tried {', '.join(self.metadata.ensemble[i]['bookie_id'] for i in order)})")
+                              f"(tried {', '.join(m['bookie_id'] for m in tried)})")
 
     def read(self, entry_id: int) -> Entry:
         """One committed entry, verified; raises :class:`EntryNotCommitted` past the LAC."""
         self._check_committed(entry_id)
-        return self._read_from(entry_id, self._order())
+        return self._read_from(entry_id, self._order(self.metadata.ensemble_for(entry_id)))
 
     def read_range(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, pipelined; all must be committed."""
@@ -201,13 +240,19 @@ class LedgerReader:
             return []
         self._check_committed(last)
         out: list[Entry] = []
-        order = self._order()
         for start in range(first, last + 1, _READ_WINDOW):
             stop = min(last, start + _READ_WINDOW - 1)
-            # Ask the preferred bookie for the whole window at once; fall back
-            # entry by entry to the others for whatever it could not serve.
-            futures = [(e, self._request(order[0], e)) for e in range(start, stop + 1)]
-            for entry_id, fut in futures:
+            # Ask each entry's preferred bookie (of its fragment) for the whole window at
+            # once; fall back entry by entry to the others for whatever it could not serve.
+            orders: dict[int, list[dict]] = {}  # id() of a fragment's ensemble -> its bookies, healthy first
+            futures = []
+            for e in range(start, stop + 1):
+                members = self.metadata.ensemble_for(e)
+                order = orders.get(id(members))
+                if order is None:
+                    order = orders[id(members)] = self._order(members)
+                futures.append((e, order, self._request(order[0], e)))
+            for entry_id, order, fut in futures:
                 entry = self._accept(order[0], entry_id, fut)
                 if entry is None:
                     entry = self._read_from(entry_id, order[1:])
@@ -228,9 +273,10 @@ class LedgerReader:
             if left <= 0:
                 return self.last_readable
             poll = min(left, _MAX_LONG_POLL)
-            futures = {self._pool.request(a, "wait_lac", timeout=poll + self.timeout, ledger=self.ledger_id,
-                                          after=after, timeout_ms=int(poll * 1000), bookie=self._ids[i])
-                       for i, a in enumerate(self._addresses)}
+            futures = {self._pool.request(self._address(m), "wait_lac", timeout=poll + self.timeout,
+                                          ledger=self.ledger_id, after=after, timeout_ms=int(poll * 1000),
+                                          bookie=m["bookie_id"])
+                       for m in self._last_members()}
             fenced = False
             answered = 0
             pending = futures

@@ -2,10 +2,17 @@
 
 1. CAS the metadata ``OPEN -> IN_RECOVERY`` (already CLOSED: return its
    ``last_entry``; already IN_RECOVERY: a previous recoverer died, carry on).
-2. Send ``fence`` to every ensemble bookie and wait until at least
-   ``ensemble - ack_quorum + 1`` of them have persisted the fence. From then on
-   no add can reach an ack quorum, so the set of committed entries is frozen.
-3. Start from the highest LAC the fenced bookies report and read forward. An
+   The CAS also settles the fragments: a writer's later ensemble change fails
+   on it, and that writer stops.
+2. Send ``fence`` to every bookie of the **last fragment** (BookKeeper fences
+   the last ensemble) and wait until at least ``ensemble - ack_quorum + 1`` of
+   them have persisted the fence. A writer starts a fragment at its LAC + 1 and
+   re-sends every pending entry to it, so every entry that could still be
+   acknowledged needs an ack quorum of the last fragment: from then on none can
+   reach one, and the set of committed entries is frozen.
+3. Start from the highest LAC the fenced bookies report, or from the last
+   fragment's start if that is later (every entry before it is committed), and
+   read forward, each entry from its fragment's bookies. An
    entry is *found* if any bookie returns a valid copy; it is *absent* only if
    at least ``ensemble - ack_quorum + 1`` (= Qw - Qa + 1) fenced bookies
    positively say ``no_entry`` (then it cannot have been acknowledged to the
@@ -15,7 +22,7 @@
    unvouched, only corrupt copies) is undecidable: recovery fails with
    :class:`RecoveryError` naming the bookies rather than guess, and can be
    retried (:func:`entry_verdict` is that decision, pure).
-4. Re-replicate every found entry to all ensemble bookies with ``recovery:
+4. Re-replicate every found entry to all its fragment's bookies with ``recovery:
    true`` (a fenced bookie accepts those), needing ``ack_quorum`` acks each.
 5. CAS ``CLOSED`` with ``last_entry``. Losing a CAS means someone else
    recovered: re-read and return their result. Running twice, or concurrently,
@@ -219,14 +226,18 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
             except MetadataConflict:
                 continue  # the writer closed it, or another recoverer started: look again
             meta = meta.with_state(IN_RECOVERY)
-        log.info("recovering ledger %d (epoch %d)", ledger_id, meta.epoch)
+        log.info("recovering ledger %d (epoch %d, %d fragment(s))", ledger_id, meta.epoch, len(meta.fragments))
+        # meta.ensemble is the last fragment's: the only one fenced, and the only one
+        # read from below (every entry past the start is in it).
         addresses = [current_address(zk, paths, m) for m in meta.ensemble]
         fence_replies = _fence(pool, meta, addresses, timeout)
         lac = max(int(r.get("lac", -1)) for r in fence_replies.values())
         fenced = set(fence_replies)
 
-        # Read forward from lac+1, a window at a time, until an entry is absent.
-        last = lac
+        # Read forward from lac+1, a window at a time, until an entry is absent. The
+        # entries before the last fragment are committed (it starts at the writer's
+        # LAC + 1), even if the bookies' piggybacked LAC lags behind.
+        last = max(lac, meta.last_fragment_start - 1)
         found: list[tuple[int, bytes]] = []
         done = False
         while not done:
@@ -247,6 +258,6 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
             cas_metadata(zk, paths, meta.with_state(CLOSED, last_entry=last), version)
         except MetadataConflict:
             continue  # a concurrent recoverer closed it first: return its answer
-        log.info("ledger %d recovered and closed at entry %d (LAC was %d, %d entries re-replicated)",
-                 ledger_id, last, lac, len(found))
+        log.info("ledger %d recovered and closed at entry %d (LAC was %d, last fragment from %d, "
+                 "%d entries re-replicated)", ledger_id, last, lac, meta.last_fragment_start, len(found))
         return last

@@ -10,17 +10,23 @@ the bookie fsynced all of them (see :class:`LedgerWriter`).
 
 Failures never hang a caller:
 
-- a bookie that does not answer within ``add_timeout`` counts as a failed copy;
-  as soon as an entry can no longer reach its ack quorum it fails with
-  :class:`LedgerWriteError`, and so does every later pending entry (entry ids
-  must stay contiguous, so nothing after a gap can be committed). The writer
-  then refuses new adds; ``close()`` still records the committed prefix.
-- a ``fenced`` reply from any bookie means another client is recovering the
-  ledger: every pending add fails with :class:`LedgerFencedError` and so does
-  every later add. The writer must stop; it does not touch the metadata again.
+- a bookie that fails (no answer within ``add_timeout``, a connection error,
+  an error reply other than ``fenced``) is swapped out of the ensemble
+  (:mod:`ledger.client.ensemble_change`): a live replacement gets a new
+  fragment from the LAC + 1 on, CASed into the metadata, and the pending
+  entries are re-sent to it. Entries keep completing on the other bookies
+  meanwhile whenever they make an ack quorum. With no spare bookie the writer
+  goes on without it while the ack quorum holds (the ledger is marked in
+  ``underreplicated/``); below it every pending and later add fails with
+  :class:`LedgerWriteError` (entry ids must stay contiguous, so nothing after a
+  gap can be committed) and ``close()`` still records the committed prefix.
+- a ``fenced`` reply from any bookie, or a metadata CAS that finds the ledger
+  IN_RECOVERY or CLOSED, means another client is recovering the ledger: every
+  pending add fails with :class:`LedgerFencedError` and so does every later
+  add. The writer must stop; it does not touch the metadata again.
 
-:class:`QuorumTracker` is the pure bookkeeping behind this and is unit-tested
-alone. Completion callbacks run on the bookie pool's I/O thread; never call
+:class:`QuorumTracker` is the pure bookkeeping behind this (the tracker's
+members are the ensemble's slots) and is unit-tested alone. Completion callbacks run on the bookie pool's I/O thread; never call
 ``add_sync`` or ``Future.result`` from a callback of a writer future.
 
 Example::
@@ -47,6 +53,7 @@ from election.codes import E_FENCED
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError
+from ledger.client.writer_ensemble import EnsembleChanges
 from ledger.codec import Digest, Entry, encode_entry, encode_fields
 from ledger.metadata import (
     CLOSED,
@@ -92,7 +99,10 @@ class LedgerWriteError(LedgerError):
     """An add could not be committed (its ack quorum is unreachable), or the writer is broken or closed."""
 
 
-class LedgerWriter:
+Targets = tuple  # ((slot, generation), ...): who a request went to, so that stale replies are recognised
+
+
+class LedgerWriter(EnsembleChanges):
     """The single writer of one OPEN ledger. Thread-safe: ``add`` may be called from many threads.
 
     Build one with :func:`create_ledger`. Example::
@@ -108,10 +118,17 @@ class LedgerWriter:
     ``MAX_BATCH_BYTES`` bytes). A bookie answers a batch once it is durable, and
     the reply acks the whole range. An idle writer flushes each add at once, so
     coalescing only happens when adds arrive faster than they are sent.
+
+    Each ensemble position is a *slot* with a generation, bumped when its
+    bookie fails or is replaced: a reply counts only if it comes from the
+    slot's current generation, so a failed bookie's late acks never count for
+    entries that moved to a new fragment. The encoded batches of pending entries
+    are kept until committed, to re-send them to a replacement.
     """
 
     def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, meta: LedgerMetadata,
-                 version: int, digest: Digest, add_timeout: float = DEFAULT_ADD_TIMEOUT) -> None:
+                 version: int, digest: Digest, add_timeout: float = DEFAULT_ADD_TIMEOUT,
+                 rng: random.Random | None = None) -> None:
         if meta.state != OPEN:
             raise LedgerError(f"ledger {meta.ledger_id} is {meta.state}, a writer needs it OPEN")
         # The ids are checked once here, so the hot path can encode without range checks.
@@ -123,20 +140,33 @@ class LedgerWriter:
         self._version = version
         self._digest = digest
         self.add_timeout = add_timeout
-        self._members = meta.ensemble[: meta.write_quorum]
-        self._addresses = [m["address"] for m in self._members]
+        self._rng = rng or random.Random()
+        self._slots: list[dict] = [dict(m) for m in meta.ensemble[: meta.write_quorum]]
+        self._addresses = [m["address"] for m in self._slots]
+        self._gens = [0] * len(self._slots)
         self._tracker = QuorumTracker(meta.write_quorum, meta.ack_quorum)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._futures: collections.deque[Future] = collections.deque()  # pending entries lac+1, lac+2, ...
         self._unsent: list[bytes] = []  # payloads of the newest pending entries, not yet flushed
+        self._sent: collections.deque[tuple[int, list[bytes]]] = collections.deque()  # (first, encoded) not all committed
         self._flush_scheduled = False
-        self._member_errors: dict[int, str] = {}  # member index -> its latest failure, for error messages
         self._next_entry = 0
         self._error: LedgerError | None = None  # set once: fenced or quorum lost
         self._closing = False
         self._closed_last: int | None = None
         self._lac_sent = -1  # the highest LAC the bookies have been told (piggybacked or explicit)
+        # Ensemble change state (ledger.client.ensemble_change).
+        self._failed: dict[int, tuple[str, int]] = {}  # slot -> (why, first entry it may lack): not replaced yet
+        self._degraded: set[int] = set()  # failed slots that found no spare: tried again at _retry_at
+        self._failed_bookies: dict[str, dict] = {}  # every bookie that failed this writer: never chosen again
+        self._marked: set[str] = set()  # bookie ids already recorded in underreplicated/
+        self._changing = False  # the change thread runs
+        self._retry_at = 0.0
+        self._pin: int | None = None  # while a change runs: keep the encoded entries from here on
+        self._resends = 0  # re-sends handed to the I/O thread and not run yet
+        self._meta_lock = threading.Lock()  # one metadata CAS at a time: a fragment or the close
+        self.ensemble_changes = 0  # fragments written by this writer
 
     # ------------------------------------------------------------------ state
 
@@ -160,6 +190,18 @@ class LedgerWriter:
         """Why the writer stopped accepting adds, or None while it is healthy."""
         with self._lock:
             return self._error
+
+    @property
+    def ensemble(self) -> list[dict]:
+        """The bookies new entries go to now, by slot (a failed, unreplaced one included)."""
+        with self._lock:
+            return [dict(m) for m in self._slots]
+
+    @property
+    def failed_bookies(self) -> list[str]:
+        """The ids of the ensemble's bookies that failed and have no replacement yet."""
+        with self._lock:
+            return [self._slots[s]["bookie_id"] for s in sorted(self._failed)]
 
     # ------------------------------------------------------------------- adds
 
@@ -203,6 +245,11 @@ class LedgerWriter:
             return LedgerWriteError(f"ledger {self.ledger_id}: the writer is closed")
         return None
 
+    def _targets(self) -> Targets:
+        """The slots new requests go to (not failed), with their generations; call with the lock held."""
+        failed = self._failed
+        return tuple((s, g) for s, g in enumerate(self._gens) if s not in failed)
+
     def _flush(self) -> None:
         """Send every add queued since the last flush; runs on the pool's I/O thread.
 
@@ -219,6 +266,9 @@ class LedgerWriter:
             lac = self._tracker.lac
             if lac > self._lac_sent:
                 self._lac_sent = lac
+            if self._degraded and not self._changing and time.monotonic() >= self._retry_at:
+                self._degraded.clear()  # a spare may have registered since: try the change again
+                self._start_change()
         # Encoded outside the lock: adds keep coming in while this runs.
         ledger, epoch, digest = self.metadata.ledger_id, self.metadata.epoch, self._digest
         try:
@@ -227,9 +277,20 @@ class LedgerWriter:
             log.exception("ledger %d: encoding entries %d.. failed", ledger, first)
             self._fail_unsendable(first, LedgerWriteError(f"ledger {ledger} entry {first}: cannot encode: {exc}"))
             return
+        with self._lock:
+            if self._error is not None:
+                return  # the entries were failed meanwhile
+            # Kept before sending: a replacement installed from now on gets them from here.
+            self._sent.append((first, datas))
+            targets = self._targets()
+            addresses = [self._addresses[s] for s, _ in targets]
+        self._send_run(first, datas, addresses, targets)
+
+    def _send_run(self, first: int, datas: list[bytes], addresses: list[str], targets: Targets) -> None:
+        """Send entries ``first ..`` as add_batch requests within the batch limits."""
         n = len(datas)
         if n <= MAX_BATCH_ENTRIES and (n == 1 or sum(map(len, datas)) <= MAX_BATCH_BYTES):
-            self._send_batch(first, datas)
+            self._send_batch(first, datas, addresses, targets)
             return
         start = 0
         while start < n:
@@ -237,13 +298,13 @@ class LedgerWriter:
             while end < n and end - start < MAX_BATCH_ENTRIES and (end == start or size + len(datas[end]) <= MAX_BATCH_BYTES):
                 size += len(datas[end])
                 end += 1
-            if not self._send_batch(first + start, datas[start:end]):
+            if not self._send_batch(first + start, datas[start:end], addresses, targets):
                 return
             start = end
 
-    def _send_batch(self, first: int, datas: list[bytes]) -> bool:
+    def _send_batch(self, first: int, datas: list[bytes], addresses: list[str], targets: Targets) -> bool:
         try:
-            self._pool.call_many(self._addresses, "add_batch", partial(self._on_batch_reply, first, len(datas)),
+            self._pool.call_many(addresses, "add_batch", partial(self._on_batch_reply, first, len(datas), targets),
                                  timeout=self.add_timeout, ledger=self.metadata.ledger_id, first=first, entries=datas)
             return True
         except BookieUnavailable as exc:  # the pool closed after accepting the flush
@@ -260,38 +321,36 @@ class LedgerWriter:
                 self._idle.notify_all()
         _resolve(resolved)
 
-    def _on_batch_reply(self, first: int, count: int, index: int, reply: dict | None, exc: BaseException | None) -> None:
+    def _on_batch_reply(self, first: int, count: int, targets: Targets, index: int, reply: dict | None,
+                        exc: BaseException | None) -> None:
         """One bookie's answer to one add_batch (entries ``first .. first+count-1``), on the I/O thread."""
+        slot, gen = targets[index]
         done: range | None = None
         futures: list[Future] = []
         resolved: list[tuple[Future, int | None, BaseException | None]] = []
         with self._lock:
+            current = self._gens[slot] == gen
             if exc is None:
-                done = self._tracker.ack_range(first, count, index)
-                if done:
-                    popleft = self._futures.popleft
-                    futures = [popleft() for _ in done]
+                if current:  # a replaced or failed bookie's late ack does not count
+                    done = self._tracker.ack_range(first, count, slot)
+                    if done:
+                        popleft = self._futures.popleft
+                        futures = [popleft() for _ in done]
+                        sent, keep = self._sent, self._tracker.lac + 1
+                        if self._pin is not None and self._pin < keep:
+                            keep = self._pin  # a change is under way: its fragment's entries may be re-sent
+                        while sent and sent[0][0] + len(sent[0][1]) <= keep:
+                            sent.popleft()  # committed: never re-sent
             elif isinstance(exc, LedgerFencedError):
+                # From any bookie, even a replaced one: somebody is recovering the ledger.
                 if not isinstance(self._error, LedgerFencedError):
-                    member = self._members[index]["bookie_id"]
                     log.warning("ledger %d is fenced (bookie %s refused entries %d..%d): the writer stops",
-                                self.ledger_id, member, first, first + count - 1)
-                    self._error = LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced (bookie {member})")
+                                self.ledger_id, self._slots[slot]["bookie_id"], first, first + count - 1)
+                    self._error = LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced "
+                                                              f"(bookie {self._slots[slot]['bookie_id']})")
                 resolved = self._abandon_from(0, self._error)
-            else:
-                self._member_errors[index] = f"{self._members[index]['bookie_id']}: {exc}"
-                lost = self._tracker.fail_range(first, count, index)
-                if lost is not None:
-                    reasons = [self._member_errors[m] for m in self._tracker.failed_members(lost)
-                               if m in self._member_errors]
-                    error = LedgerWriteError(
-                        f"ledger {self.ledger_id} entry {lost}: fewer than {self.metadata.ack_quorum} of "
-                        f"{self.metadata.write_quorum} bookies can acknowledge it ({'; '.join(reasons)})"
-                    )
-                    if self._error is None:
-                        log.warning("%s", error)
-                        self._error = error
-                    resolved = self._abandon_from(lost, error)
+            elif current:
+                resolved = self._fail_slot(slot, exc)
             if not self._futures:
                 self._idle.notify_all()
                 self._publish_lac()
@@ -317,8 +376,8 @@ class LedgerWriter:
         self._lac_sent = lac
         try:
             # Best effort: a bookie that misses it still learns the LAC from the next add.
-            self._pool.call_many(self._addresses, "write_lac", _ignore_reply, timeout=self.add_timeout,
-                                 ledger=self.ledger_id, lac=lac)
+            self._pool.call_many([self._addresses[s] for s, _ in self._targets()], "write_lac", _ignore_reply,
+                                 timeout=self.add_timeout, ledger=self.ledger_id, lac=lac)
         except BookieUnavailable:
             pass  # the pool is closed
 
@@ -328,10 +387,25 @@ class LedgerWriter:
         unsent_first = self._next_entry - len(self._unsent)
         if self._unsent and entry_id <= unsent_first + len(self._unsent) - 1:
             del self._unsent[max(0, entry_id - unsent_first):]
+        if dropped:
+            self._sent.clear()  # only ever abandoned on an error, after which nothing is re-sent
         # Pending entries are lac+1, lac+2, ...: the dropped ones are the newest futures.
         out = [(self._futures.pop(), None, error) for _ in dropped]
         out.reverse()
         return out
+
+    def _fail_writer(self, error: LedgerError) -> None:
+        """Fail every pending and later add with ``error`` (the first error wins)."""
+        with self._lock:
+            if self._error is None:
+                log.warning("%s", error)
+                self._error = error
+            resolved = self._abandon_from(0, self._error)
+            self._idle.notify_all()
+        _resolve(resolved)
+
+    def _write_error(self, text: str) -> LedgerError:
+        return LedgerWriteError(text)
 
     # ------------------------------------------------------------------ close
 
@@ -356,23 +430,27 @@ class LedgerWriter:
             last = self._tracker.lac
         if isinstance(error, LedgerFencedError):
             raise LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced: its metadata belongs to the recoverer")
-        closed = self.metadata.with_state(CLOSED, last_entry=last)
-        try:
-            self._version = cas_metadata(self._zk, self._paths, closed, self._version)
-            self.metadata = closed
-        except MetadataConflict:
-            # Someone else changed the metadata: only recovery does that. Its
-            # result is fine if it kept everything we reported committed.
-            current, self._version = read_metadata(self._zk, self._paths, self.ledger_id)
-            if current.state == CLOSED and current.last_entry >= last:
-                self.metadata = current
-                last = current.last_entry
-            else:
-                raise LedgerFencedError(
-                    E_FENCED, f"ledger {self.ledger_id} was taken over ({current.state}, last_entry {current.last_entry})"
-                ) from None
-        with self._lock:
-            self._closed_last = last
+        # Under the metadata lock: an ensemble change CASes the same node, and its
+        # fragment (if written first) is in self.metadata and self._version.
+        with self._meta_lock:
+            closed = self.metadata.with_state(CLOSED, last_entry=last)
+            try:
+                self._version = cas_metadata(self._zk, self._paths, closed, self._version)
+                self.metadata = closed
+            except MetadataConflict:
+                # Someone else changed the metadata: only recovery does that. Its
+                # result is fine if it kept everything we reported committed.
+                current, self._version = read_metadata(self._zk, self._paths, self.ledger_id)
+                if current.state == CLOSED and current.last_entry >= last:
+                    self.metadata = current
+                    last = current.last_entry
+                else:
+                    raise LedgerFencedError(
+                        E_FENCED, f"ledger {self.ledger_id} was taken over ({current.state}, "
+                                  f"last_entry {current.last_entry})"
+                    ) from None
+            with self._lock:
+                self._closed_last = last
         return last
 
 
@@ -401,4 +479,4 @@ def create_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, option
     _, version = create_metadata(zk, paths, meta)
     log.info("created ledger %d on %s (epoch %d)", meta.ledger_id,
              ", ".join(m["bookie_id"] for m in ensemble), epoch)
-    return LedgerWriter(zk, paths, pool, meta, version, digest, add_timeout=add_timeout)
+    return LedgerWriter(zk, paths, pool, meta, version, digest, add_timeout=add_timeout, rng=rng)

@@ -78,6 +78,96 @@ def test_fence_quorum_is_ensemble_minus_ack_quorum_plus_one():
     assert make_meta(ack_quorum=1, write_quorum=3).fence_quorum == 3
 
 
+
+# ------------------------------------------------------------------ fragments
+
+OTHER = {"bookie_id": "b9", "address": "tcp://127.0.0.1:4009"}
+SPARE = {"bookie_id": "b8", "address": "tcp://127.0.0.1:4008"}
+
+
+def test_a_new_ledger_is_one_fragment_from_entry_0():
+    meta = make_meta()
+    assert meta.fragments == [{"first_entry": 0, "ensemble": ENSEMBLE}]
+    assert meta.ensemble_for(0) == meta.ensemble_for(10**9) == ENSEMBLE
+    assert meta.last_fragment_start == 0
+    assert json.loads(meta.to_json())["fragments"] == [{"first_entry": 0, "ensemble": ENSEMBLE}]
+
+
+def test_old_metadata_without_fragments_reads_as_one_fragment():
+    doc = json.loads(make_meta().to_json())
+    del doc["fragments"]
+    meta = LedgerMetadata.from_json(json.dumps(doc).encode())
+    assert meta.fragments == [{"first_entry": 0, "ensemble": ENSEMBLE}]
+    assert meta == make_meta()
+    assert "fragments" not in meta.extra
+
+
+def test_with_fragment_moves_later_entries_to_the_new_ensemble():
+    meta = make_meta()
+    changed = meta.with_fragment(120, [OTHER, ENSEMBLE[1], ENSEMBLE[2]])
+    assert meta.fragments == [{"first_entry": 0, "ensemble": ENSEMBLE}]  # the original is untouched
+    assert changed.ensemble == [OTHER, ENSEMBLE[1], ENSEMBLE[2]]
+    assert changed.ensemble_for(119) == ENSEMBLE
+    assert changed.ensemble_for(120) == changed.ensemble_for(5000) == changed.ensemble
+    assert changed.last_fragment_start == 120
+    assert [m["bookie_id"] for m in changed.all_bookies()] == ["b0", "b1", "b2", "b9"]
+    back = LedgerMetadata.from_json(changed.to_json())
+    assert back == changed
+    doc = json.loads(changed.to_json())
+    assert doc["ensemble"] == changed.ensemble  # old readers see where new entries go
+    assert [f["first_entry"] for f in doc["fragments"]] == [0, 120]
+
+
+def test_a_fragment_at_the_same_entry_replaces_the_last_one_and_earlier_is_refused():
+    meta = make_meta().with_fragment(50, [OTHER, ENSEMBLE[1], ENSEMBLE[2]])
+    again = meta.with_fragment(50, [OTHER, SPARE, ENSEMBLE[2]])
+    assert [f["first_entry"] for f in again.fragments] == [0, 50]
+    assert again.ensemble_for(50) == [OTHER, SPARE, ENSEMBLE[2]]
+    with pytest.raises(LedgerError, match="before the last one"):
+        meta.with_fragment(49, [SPARE, ENSEMBLE[1], ENSEMBLE[2]])
+    # A change before anything was written replaces the creation ensemble.
+    assert make_meta().with_fragment(0, [SPARE, ENSEMBLE[1], ENSEMBLE[2]]).fragments == [
+        {"first_entry": 0, "ensemble": [SPARE, ENSEMBLE[1], ENSEMBLE[2]]}]
+
+
+@pytest.mark.parametrize("fragments, why", [
+    ([{"first_entry": 5, "ensemble": ENSEMBLE}], "start at entry 0"),
+    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 0, "ensemble": ENSEMBLE}], "go up"),
+    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": ENSEMBLE[:2]}], "3 distinct"),
+    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": [ENSEMBLE[0]] * 3}], "3 distinct"),
+    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": [OTHER, ENSEMBLE[1], {"x": 1}]}],
+     "bad ensemble member"),
+    ([{"first_entry": 0, "ensemble": [OTHER, ENSEMBLE[1], ENSEMBLE[2]]}], "differs from the last fragment"),
+    (["junk"], "unreadable metadata"),
+    ([{"first_entry": 0}], "bad fragment"),
+])
+def test_bad_fragments_are_refused(fragments, why):
+    doc = json.loads(make_meta().to_json())
+    doc["fragments"] = fragments
+    with pytest.raises(LedgerError, match=why):
+        LedgerMetadata.from_json(json.dumps(doc).encode())
+
+
+def test_fragments_without_ensemble_take_the_last_fragments():
+    doc = json.loads(make_meta().with_fragment(7, [OTHER, ENSEMBLE[1], ENSEMBLE[2]]).to_json())
+    del doc["ensemble"]
+    assert LedgerMetadata.from_json(json.dumps(doc).encode()).ensemble == [OTHER, ENSEMBLE[1], ENSEMBLE[2]]
+
+
+@given(st.lists(st.integers(1, 40), max_size=6), st.integers(0, 400))
+def test_ensemble_for_is_the_last_fragment_starting_at_or_before_the_entry(steps, entry):
+    meta = make_meta()
+    start = 0
+    for i, step in enumerate(steps):
+        start += step
+        meta = meta.with_fragment(start, [{"bookie_id": f"n{i}", "address": f"tcp://n:{i}"}, ENSEMBLE[1], ENSEMBLE[2]])
+    expected = [f for f in meta.fragments if f["first_entry"] <= entry][-1]["ensemble"]
+    assert meta.ensemble_for(entry) == expected
+    assert LedgerMetadata.from_json(meta.to_json()).ensemble_for(entry) == expected
+    with pytest.raises(LedgerError):
+        meta.ensemble_for(-1)
+
+
 # ------------------------------------------------------------------ ensemble choice
 
 

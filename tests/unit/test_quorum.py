@@ -163,3 +163,62 @@ def test_random_interleavings(quorums, n_entries, data):
         # an entry is reported lost only while still pending (not complete)
         if e in lost:
             assert not could_complete
+
+
+# ------------------------------------------------------------------ across an ensemble change
+
+
+def test_a_replaced_members_acks_do_not_count_in_the_new_fragment():
+    t = QuorumTracker(3, 2)
+    for e in range(4):
+        t.add(e)
+    assert t.ack_range(0, 4, 0) == range(0, 0)  # slot 0 acked everything, then is swapped out
+    assert t.ack(0, 1) == [0]  # entry 0 had slot 0's ack and one more: committed before the change
+    t.forget_member(0, 1)  # the new fragment starts at LAC + 1 = 1
+    assert t.ack_range(1, 3, 1) == range(2, 2)  # one ack each: slot 0's old ones are gone
+    assert t.lac == 0
+    assert t.ack_range(1, 3, 0) == range(1, 4)  # the replacement in slot 0 acks them
+    assert t.lac == 3 and t.pending == []
+
+
+def test_forgetting_keeps_earlier_entries_and_clears_failures():
+    t = QuorumTracker(3, 2)
+    for e in range(3):
+        t.add(e)
+    t.ack(0, 0)
+    t.ack(2, 0)
+    t.fail(1, 2)
+    t.fail(2, 2)
+    t.forget_member(0, 2)
+    t.forget_member(2, 2)
+    assert t.failed_members(1) == [2] and t.failed_members(2) == []
+    assert t.ack(0, 1) == [0]  # slot 0's ack of entry 0 (before the fragment) still counts
+    assert t.ack(2, 2) == []  # slot 2's replacement may ack entry 2 now
+    assert t.ack(1, 1) == []
+    assert t.ack(1, 0) == [1]
+    assert t.ack(2, 1) == [2]
+
+
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), max_size=60), st.integers(0, 2), st.integers(0, 10),
+       st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), max_size=30))
+@settings(max_examples=300)
+def test_after_forgetting_a_slot_each_entry_counts_its_own_fragments_acks(before, slot, first, after):
+    """Model: an entry's acks are a set of slots; the change removes ``slot`` from entries >= first."""
+    t = QuorumTracker(3, 2)
+    for e in range(10):
+        t.add(e)
+    seen: dict[int, set[int]] = {e: set() for e in range(10)}
+    for entry, member in before:
+        t.ack(entry, member)
+        seen[entry].add(member)
+    first = max(first, t.lac + 1)  # a fragment starts past the committed entries
+    t.forget_member(slot, first)
+    for e in range(first, 10):
+        seen[e].discard(slot)
+    for entry, member in after:
+        t.ack(entry, member)
+        seen[entry].add(member)
+    lac = -1
+    while lac + 1 < 10 and len(seen[lac + 1]) >= 2:
+        lac += 1
+    assert t.lac == lac
