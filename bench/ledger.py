@@ -2,8 +2,8 @@
 
 Run as ``python -m bench.ledger [--json] [--seconds N]`` (or ``fencepost bench
 ledger``). Unless ``--zk``/``--cluster`` name an existing cluster, it starts a
-private ZooKeeper and three bookies (fsync on) in a temporary directory and
-stops them at the end, whatever happens. Then, on ledgers with ensemble 3,
+private ZooKeeper and four bookies (fsync on; one spare for the ensemble-change
+phase) in a temporary directory and stops them at the end, whatever happens. Then, on ledgers with ensemble 3,
 write quorum 3, ack quorum 2:
 
 1. **throughput** (``seconds/2``): one pipelined :class:`~ledger.client.writer.LedgerWriter`
@@ -16,6 +16,11 @@ write quorum 3, ack quorum 2:
 3. **ZooKeeper baseline** (``seconds/4``): the same payloads written as
    sequential znodes with kazoo's ``create_async``, up to ``inflight``
    outstanding; records/s.
+4. **ensemble change** (private cluster only: it starts four bookies): paced
+   adds on a fresh ledger, one of its bookies SIGKILLed after a second; the
+   longest gap between acknowledged adds from the kill until a second after the
+   writer swapped the bookie out (``ensemble_change_stall_ms``, target at most
+   twice the add timeout).
 
 The first ~10% of each phase (at most 1 s) is warm-up and is not counted.
 See docs/benchmarks.md for every output field.
@@ -38,7 +43,9 @@ from bench.common import BenchError, finish, latency_summary, machine_info, rate
 from bench.devbench import BenchCluster
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
+PRIVATE_BOOKIES = ENSEMBLE + 1  # a spare, so that the ensemble-change phase has a replacement
 TARGETS = {"entries_per_s": 20_000, "ratio_vs_zk": 5.0, "paced_p99_ms": 10.0}
+STALL_TARGET_ADD_TIMEOUTS = 2.0  # ensemble_change_stall_ms <= this many add timeouts
 WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
 
 LABELS = {
@@ -52,6 +59,8 @@ LABELS = {
     "paced_p99_ms": "paced: latency p99 (ms)",
     "zk_baseline_per_s": "ZooKeeper baseline (records/s)",
     "ratio_vs_zk": "ledger / ZooKeeper",
+    "ensemble_change_stall_ms": "bookie killed: longest gap between acks (ms)",
+    "ensemble_change_after_s": "bookie killed: swapped out after (s)",
 }
 
 
@@ -213,6 +222,90 @@ def zk_phase(zk, base_path: str, payload: bytes, seconds: float, inflight: int,
     return win
 
 
+# ------------------------------------------------------------------ phase 4: a bookie killed mid-run
+
+
+class _Stall:
+    """What the ensemble-change phase saw: ack times, errors, when the bookie died and was swapped out."""
+
+    def __init__(self) -> None:
+        self.ack_times: list[float] = []
+        self.errors = 0
+        self.first_error: str | None = None
+        self.killed_at: float | None = None
+        self.changed_at: float | None = None
+        self.end = 0.0
+
+    def longest_gap_ms(self) -> float | None:
+        """The longest time without an ack from the kill to the end (the kill itself counts as a point)."""
+        if self.killed_at is None:
+            return None
+        points = [self.killed_at] + sorted(t for t in self.ack_times if self.killed_at <= t <= self.end) + [self.end]
+        return round(max(b - a for a, b in zip(points, points[1:])) * 1000, 1)
+
+
+def stall_phase(writer, payload: bytes, offered_rate: float, inflight: int, kill: Callable[[dict], None],
+                add_timeout: float, settle_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                stop: threading.Event | None = None) -> _Stall:
+    """Offer ``offered_rate`` adds/s; after ``settle_s`` ``kill`` a bookie of the writer's ensemble.
+
+    Runs until ``settle_s`` after the writer's ensemble change (or three add
+    timeouts after the kill if none comes) and records every ack's time.
+    """
+    slots = threading.BoundedSemaphore(inflight)
+    out = _Stall()
+    stop = stop or threading.Event()
+
+    def done(fut) -> None:
+        now = clock()
+        slots.release()
+        if fut.exception() is not None:
+            out.errors += 1
+            out.first_error = out.first_error or f"{type(fut.exception()).__name__}: {fut.exception()}"
+            return
+        out.ack_times.append(now)
+
+    interval = 1.0 / offered_rate
+    begin = clock()
+    give_up = None
+    i = 0
+    while not stop.is_set() and not out.errors:
+        now = clock()
+        if out.killed_at is None and now >= begin + settle_s:
+            kill(writer.ensemble[1])
+            out.killed_at = clock()
+            give_up = out.killed_at + 3 * add_timeout
+        if out.killed_at is not None:
+            if out.changed_at is None and writer.ensemble_changes:
+                out.changed_at = clock()
+            if now >= give_up or (out.changed_at is not None and now >= out.changed_at + settle_s):
+                break
+        wait = begin + i * interval - clock()
+        if wait > 0:
+            time.sleep(wait)
+        slots.acquire()
+        writer.add(payload).add_done_callback(done)
+        i += 1
+    out.end = clock()
+    _drain(slots, inflight)
+    return out
+
+
+def _bookie_killer(members: list[dict]) -> Callable[[dict], None]:
+    """SIGKILL the private bookie listening on an ensemble member's address."""
+    by_address = {m["address"]: m["pid"] for m in members}
+
+    def kill(member: dict) -> None:
+        pid = by_address.get(member["address"])
+        if pid is None:
+            raise BenchError(f"bookie {member['bookie_id']} ({member['address']}) is not one of this benchmark's")
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return kill
+
+
 def _delete_tree_async(zk, base_path: str, inflight: int = 1000) -> None:
     """Remove the baseline's znodes (only needed on a shared ZooKeeper), pipelined."""
     from kazoo.exceptions import NoNodeError
@@ -274,10 +367,12 @@ def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, clu
     progress = progress or (lambda _msg: None)
     with _interruptible() as stop:
         if zk is None:
-            with BenchCluster(bookies=ENSEMBLE, brokers=0, progress=progress) as lc:
+            with BenchCluster(bookies=PRIVATE_BOOKIES, brokers=0, progress=progress) as lc:
+                pids = lc.bookie_pids  # before the kill: every bookie the run had
                 result = _run_phases(lc.zk, lc.cluster, seconds, entry_size, offered_rate, inflight,
-                                     private=True, progress=progress, stop=stop)
-                result["bookie_pids"] = lc.bookie_pids
+                                     private=True, progress=progress, stop=stop,
+                                     kill_bookie=_bookie_killer(lc.members("bookie")))
+                result["bookie_pids"] = pids
             return result
         return _run_phases(zk, cluster, seconds, entry_size, offered_rate, inflight, private=False,
                            progress=progress, stop=stop)
@@ -312,7 +407,8 @@ def _interruptible():
 
 
 def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offered_rate: float, inflight: int,
-                private: bool, progress: Callable[[str], None], stop: threading.Event) -> dict:
+                private: bool, progress: Callable[[str], None], stop: threading.Event,
+                kill_bookie: Callable[[dict], None] | None = None) -> dict:
     from election.cluster_config import ClusterOptions
     from election.paths import ClusterPaths
     from election.zk import close, connect
@@ -346,6 +442,16 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         progress(f"ZooKeeper baseline: {z_phase:g}s, {inflight} creates in flight")
         zb = zk_phase(zk, zk_base, payload, z_phase, inflight, stop=stop)
         _check(stop)
+
+        st = None
+        if kill_bookie is not None:  # last: the cluster has one bookie fewer afterwards
+            progress(f"ensemble change: a bookie killed under {offered_rate:g} entries/s "
+                     f"(add timeout {client.add_timeout:g}s)")
+            writer = client.create(epoch=1)
+            writers.append(writer)
+            st = stall_phase(writer, payload, offered_rate, inflight, kill_bookie, client.add_timeout, stop=stop)
+            writer.close()
+            _check(stop)
     finally:
         if not private:  # a shared cluster: leave nothing behind
             for writer in writers:
@@ -382,21 +488,33 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         "write_quorum": WRITE_QUORUM,
         "ack_quorum": ACK_QUORUM,
         "bookies": "private" if private else f"cluster {cluster}",
-        "errors": tp.errors + pc.errors + zb.errors,
+        "errors": tp.errors + pc.errors + zb.errors + (st.errors if st else 0),
         "throughput_latency": tp_stats,
         "paced_latency": pc_stats,
         "zk_latency": zb_stats,
+        "ensemble_change_stall_ms": st.longest_gap_ms() if st else None,
+        "ensemble_change_after_s": (round(st.changed_at - st.killed_at, 2)
+                                    if st and st.changed_at is not None and st.killed_at is not None else None),
+        "ensemble_change_add_timeout_s": client.add_timeout if st else None,
         "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
     }
-    first_error = tp.first_error or pc.first_error or zb.first_error
+    first_error = tp.first_error or pc.first_error or zb.first_error or (st.first_error if st else None)
     if first_error:
         result["first_error"] = first_error
     result["targets"] = dict(TARGETS)
+    stall_ok = True
+    if st is not None:
+        # Only measured on a private cluster (the benchmark kills one of its own bookies).
+        result["targets"]["ensemble_change_stall_ms"] = STALL_TARGET_ADD_TIMEOUTS * client.add_timeout * 1000
+        stall = result["ensemble_change_stall_ms"]
+        stall_ok = (stall is not None and st.changed_at is not None
+                    and stall <= result["targets"]["ensemble_change_stall_ms"])
     result["targets_met"] = bool(
         entries_per_s >= TARGETS["entries_per_s"]
         and (result["ratio_vs_zk"] or 0) >= TARGETS["ratio_vs_zk"]
         and pc_stats["p99_ms"] is not None and pc_stats["p99_ms"] < TARGETS["paced_p99_ms"]
+        and stall_ok
         and result["errors"] == 0
     )
     return result
