@@ -1,0 +1,145 @@
+"""The writer's ensemble change against in-process fake bookies and a real ZooKeeper.
+
+The fakes (``FakeBookie`` of test_ledger_client) let a test decide exactly which
+bookie fails and when, and see every request each one got.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import wait as wait_futures
+
+import pytest
+
+from election import wire
+from ledger.client.bookie_pool import BookiePool, LedgerFencedError
+from ledger.client.writer import LedgerWriteError, LedgerWriter
+from ledger.codec import Digest, decode_entry
+from ledger.metadata import IN_RECOVERY, OPEN, LedgerMetadata, cas_metadata, create_metadata, read_metadata
+from ledger.underreplication import read_underreplicated
+from tests.conftest import wait_for
+from tests.integration.test_ledger_client import FakeBookie
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+class Switch:
+    """A fake bookie's behaviour: ``ok`` answers adds, ``error`` refuses them, ``silent`` never answers."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        self.mode = mode
+        self.delay = 0.0  # seconds per add_batch: a slow disk
+
+    def __call__(self, msg: dict):
+        if msg["op"] in ("add_batch", "add"):
+            if self.mode == "error":
+                return wire.error_reply(msg["rid"], "bad_entry", "disk trouble")
+            if self.mode == "silent":
+                return None
+            time.sleep(self.delay)
+        return wire.ok_reply(msg["rid"])
+
+
+def register(cluster, fake: FakeBookie, bookie_id: str, free_gib: int = 10) -> None:
+    doc = {"bookie_id": bookie_id, "address": fake.address, "free_bytes": free_gib << 30}
+    cluster.zk.create(cluster.paths.bookie(bookie_id), json.dumps(doc).encode(), ephemeral=True, makepath=True)
+
+
+def entries_seen(fake: FakeBookie) -> list[int]:
+    ids = []
+    for msg in list(fake.seen):
+        if msg["op"] == "add_batch":
+            ids.extend(range(msg["first"], msg["first"] + len(msg["entries"])))
+    return ids
+
+
+@pytest.fixture
+def fakes(cluster):
+    switches = [Switch() for _ in range(4)]
+    bookies = [FakeBookie(s) for s in switches]
+    for i, fake in enumerate(bookies):
+        register(cluster, fake, f"fake-{i}", free_gib=10 + i)
+    pool = BookiePool(default_timeout=2.0)
+    ensemble = [{"bookie_id": f"fake-{i}", "address": bookies[i].address} for i in range(3)]
+    meta = LedgerMetadata(ledger_id=-1, ensemble=ensemble, write_quorum=3, ack_quorum=2, epoch=4)
+    _, version = create_metadata(cluster.zk, cluster.paths, meta)
+    writer = LedgerWriter(cluster.zk, cluster.paths, pool, meta, version, Digest.crc32c(), add_timeout=1.0)
+    yield cluster, writer, bookies, switches
+    pool.close()
+    for fake in bookies:
+        fake.close()
+
+
+def test_a_refusing_bookie_is_replaced_and_the_spare_gets_the_new_fragment(fakes):
+    cluster, writer, bookies, switches = fakes
+    assert [writer.add_sync(b"a-%d" % i) for i in range(10)] == list(range(10))
+    switches[1].mode = "error"
+    switches[2].delay = 0.05  # slow: entries are still pending while the fragment is written
+    futs = [writer.add(b"b-%d" % i) for i in range(200)]
+    assert [f.result(10) for f in futs] == list(range(10, 210))
+    wait_for(lambda: writer.ensemble_changes == 1, 5, "the ensemble change")
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    start = meta.last_fragment_start
+    assert [f["first_entry"] for f in meta.fragments] == [0, start] and 10 <= start < 200
+    assert [m["bookie_id"] for m in meta.ensemble] == ["fake-0", "fake-3", "fake-2"]
+    # The spare got every entry of its fragment, none before, each once per send and in a valid frame.
+    wait_for(lambda: set(range(start, 210)) <= set(entries_seen(bookies[3])), 5, "the spare's copies")
+    assert min(entries_seen(bookies[3])) == start
+    msg = next(m for m in bookies[3].seen if m["op"] == "add_batch")
+    entry = decode_entry(msg["entries"][0], Digest.crc32c())
+    assert (entry.ledger_id, entry.entry_id, entry.epoch) == (writer.ledger_id, start, 4)
+    # Nothing more went to the refusing bookie after the change.
+    assert max(entries_seen(bookies[1])) < start + 200
+    later = [writer.add_sync(b"c-%d" % i) for i in range(5)]
+    assert max(entries_seen(bookies[1])) < later[0]
+    assert set(later) <= set(entries_seen(bookies[3]))
+    assert writer.close() == later[-1]
+
+
+def test_a_silent_bookie_is_replaced_after_the_add_timeout_without_stalling_acks(fakes):
+    cluster, writer, bookies, switches = fakes
+    writer.add_sync(b"first")
+    switches[0].mode = "silent"
+    started = time.monotonic()
+    acks = [writer.add_sync(b"s-%d" % i) for i in range(20)]
+    assert acks == list(range(1, 21))
+    assert time.monotonic() - started < 0.9  # two bookies made every quorum: no wait for the silent one
+    wait_for(lambda: writer.ensemble_changes == 1, 4, "the change after the add timeout")
+    assert [m["bookie_id"] for m in writer.ensemble] == ["fake-3", "fake-1", "fake-2"]
+    assert writer.close() == 20
+
+
+def test_an_ensemble_change_on_a_ledger_in_recovery_fences_the_writer(fakes):
+    cluster, writer, bookies, switches = fakes
+    for i in range(5):
+        writer.add_sync(b"r-%d" % i)
+    # A new leader starts recovering (it has not reached the bookies yet), then a bookie fails.
+    meta, version = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    cas_metadata(cluster.zk, cluster.paths, meta.with_state(IN_RECOVERY), version)
+    switches[2].mode = "error"
+    futs = [writer.add(b"late-%d" % i) for i in range(20)]
+    wait_for(lambda: writer.fenced, 5, "the writer fenced by the CAS")
+    done, not_done = wait_futures(futs, timeout=5)
+    assert not not_done
+    # The two others may have acked them all first; whatever was pending then failed as fenced.
+    assert all(isinstance(f.exception(), LedgerFencedError) for f in futs if f.exception() is not None)
+    with pytest.raises(LedgerFencedError):
+        writer.add(b"after").result(1)
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    assert meta.state == IN_RECOVERY and len(meta.fragments) == 1  # the writer wrote nothing
+
+
+def test_without_a_spare_below_the_ack_quorum_the_writer_fails_and_the_mark_names_the_first(fakes):
+    cluster, writer, bookies, switches = fakes
+    cluster.zk.delete(cluster.paths.bookie("fake-3"))  # no spare
+    writer.add_sync(b"x")
+    switches[0].mode = "error"
+    assert writer.add_sync(b"y") == 1  # two left: the quorum holds
+    mark = wait_for(lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id), 5, "the mark")
+    assert [m["bookie_id"] for m in mark["missing"]] == ["fake-0"]
+    switches[1].mode = "error"
+    with pytest.raises(LedgerWriteError, match="fewer than 2 of 3 bookies can acknowledge it"):
+        writer.add_sync(b"z")
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    assert meta.state == OPEN and len(meta.fragments) == 1
+    assert writer.close() == 1
