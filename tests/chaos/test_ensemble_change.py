@@ -14,7 +14,8 @@ from ledger.client.bookie_pool import LedgerFencedError
 from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, OPEN, read_metadata
 from ledger.underreplication import read_underreplicated
-from tests.conftest import wait_for
+from tests.chaos.test_broker_failover import Producers, assert_exactly_once, assert_replicas_agree
+from tests.conftest import BrokerCluster, wait_for
 from tests.integration.bookie_client import Client
 from tests.integration.test_ledger_client import bookie_id_of, make_client, start_bookies, wait_registered
 
@@ -351,3 +352,62 @@ def test_a_reader_with_metadata_from_before_the_changes_finds_later_entries(clus
     finally:
         other.close()
         client.close()
+
+
+# ---------------------------------------------------------------- a broker's ledger
+
+
+class TimedProducers(Producers):
+    """Producers that also record the longest time one submit took (retries included)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.longest = 0.0
+
+    def _run(self, zk_hosts, cluster, index):
+        from broker.api.client import Client
+
+        with Client(zk=zk_hosts, cluster=cluster, timeout=self.timeout) as client:
+            n = 0
+            while not self.stop.is_set():
+                key = f"p{index}-{n}"
+                started = time.monotonic()
+                try:
+                    task_id = client.submit("load", f"task {key}".encode(), key=key)
+                except Exception as exc:  # recorded: the test fails on any
+                    self.errors.append(exc)
+                    return
+                with self.lock:
+                    self.longest = max(self.longest, time.monotonic() - started)
+                    self.acked[key] = task_id
+                n += 1
+
+
+def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):
+    """The leader's writer swaps the dead bookie out: no submit waits, nothing lost or duplicated."""
+    from ledger.log import read_log
+
+    bookies = start_bookies(procs, cluster, 4)
+    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
+    bc.wait_leader()
+    with TimedProducers(bc.zk_hosts, cluster.name, threads=3) as load:
+        wait_for(lambda: load.count() > 200, 30, "load to start")
+        ledger_id = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
+        meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+        victim = meta.ensemble[0]["bookie_id"]
+        by_id(bookies)[victim].kill()
+        load.longest = 0.0
+        changed = wait_for(lambda: (lambda m: m if len(m.fragments) == 2 else None)(
+            read_metadata(cluster.zk, cluster.paths, ledger_id)[0]), 30, "the ensemble change")
+        before = load.count()
+        wait_for(lambda: load.count() > before + 200, 30, "load to go on after the change")
+    assert not load.errors, load.errors[:3]
+    # The broker's add timeout is 5 s; the two live bookies acknowledged every entry meanwhile.
+    print(f"longest submit after the kill: {load.longest * 1000:.0f} ms; {load.count()} tasks")
+    assert load.longest < 5.0, f"a submit took {load.longest:.1f}s"
+    assert victim in {m["bookie_id"] for m in changed.fragments[0]["ensemble"]}
+    assert victim not in {m["bookie_id"] for m in changed.ensemble}
+    assert read_log(cluster.zk, cluster.paths)[0][-1]["id"] == ledger_id  # the same leader, the same ledger
+    assert_exactly_once(bc, load.acked)
+    assert_replicas_agree(bc, brokers)
