@@ -114,8 +114,8 @@ class EnsembleChanges:
         first = self._write_fragment(plan) if plan.replaced else None
         replaced = plan.replaced if first is not None else {}
         with self._lock:
-            if self._error is not None:
-                return
+            if self._error is not None or (first is None and self._closed_last is not None):
+                return  # fenced or failed meanwhile, or closed: nothing left to change
             for slot, member in replaced.items():
                 self._slots[slot] = dict(member)
                 self._addresses[slot] = member["address"]
