@@ -143,3 +143,51 @@ def test_without_a_spare_below_the_ack_quorum_the_writer_fails_and_the_mark_name
     meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
     assert meta.state == OPEN and len(meta.fragments) == 1
     assert writer.close() == 1
+
+
+def test_recovery_starts_at_the_last_fragment_when_the_fenced_lacs_lag(cluster):
+    """Entries before the last fragment are committed: they are never probed, even if no LAC covers them.
+
+    The last fragment's bookies hold entries 10..14 but report LAC -1 (explicit LACs are
+    kept in memory only, so restarted bookies forget them). Probing from entry 0 would find
+    two fenced ``no_entry`` answers (the replacement never had entry 0, and another bookie
+    lost it) and close the ledger empty; recovery starts at the fragment instead.
+    """
+    from ledger.client.recovery import recover_and_close
+    from ledger.codec import Entry, encode_entry
+
+    digest = Digest.crc32c()
+    seen: dict[str, list[dict]] = {}
+
+    def bookie(name: str, holds: range):
+        def handler(msg):
+            seen.setdefault(name, []).append(msg)
+            if msg["op"] == "fence":
+                return wire.ok_reply(msg["rid"], lac=-1, last_entry=max(holds, default=-1), fenced=True)
+            if msg["op"] == "read":
+                if msg["entry"] in holds:
+                    data = encode_entry(Entry(msg["ledger"], msg["entry"], -1, 4, b"e-%d" % msg["entry"]), digest)
+                    return wire.ok_reply(msg["rid"], data=data)
+                return wire.error_reply(msg["rid"], "no_entry", "none")
+            return wire.ok_reply(msg["rid"])
+        return handler
+
+    fakes = {"a": FakeBookie(bookie("a", range(5, 15))), "b": FakeBookie(bookie("b", range(10, 15))),
+             "c": FakeBookie(bookie("c", range(0, 10))), "d": FakeBookie(bookie("d", range(10, 15)))}
+    pool = BookiePool(default_timeout=2.0)
+    try:
+        member = {k: {"bookie_id": k, "address": f.address} for k, f in fakes.items()}
+        meta = LedgerMetadata(ledger_id=-1, ensemble=[member["a"], member["b"], member["c"]], write_quorum=3,
+                              ack_quorum=2, epoch=4)
+        meta = meta.with_fragment(10, [member["a"], member["b"], member["d"]])
+        ledger_id, _ = create_metadata(cluster.zk, cluster.paths, meta)
+        assert recover_and_close(cluster.zk, cluster.paths, pool, ledger_id, digest, timeout=2.0) == 14
+        closed, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+        assert closed.last_entry == 14 and closed.fragments == meta.fragments
+        assert "c" not in seen  # the first fragment's own bookie is neither fenced nor read
+        probed = sorted({m["entry"] for m in seen["d"] if m["op"] == "read"})
+        assert probed[0] == 10 and 15 in probed
+    finally:
+        pool.close()
+        for f in fakes.values():
+            f.close()
