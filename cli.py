@@ -110,6 +110,17 @@ def bookie_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     run_bookie(load_settings(BookieConfig, "bookie", flags, toml_path=config_file))
 
 
+@bookie.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@cluster_options
+def bookie_list(as_json, zk, cluster, dev_dir) -> None:
+    """Each bookie: id, state (up, or gone: named by ledger metadata but not registered), address,
+    free space, read-only, ledgers held (in any fragment) and under-replicated ledgers among them."""
+    from broker.bookie_admin import bookie_list as list_bookies, format_bookie_list
+
+    emit(with_zk(zk, cluster, dev_dir, list_bookies), as_json, lambda rows: click.echo(format_bookie_list(rows)))
+
+
 # ---------------------------------------------------------------- broker
 @main.group("broker")
 def broker_group() -> None:

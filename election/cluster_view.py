@@ -12,6 +12,7 @@ import json
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from election import ElectionError
 from election.live import live_brokers
 from election.paths import ClusterPaths
 
@@ -34,6 +35,25 @@ def _children(zk: KazooClient, path: str) -> list[str]:
         return []
 
 
+def fragment_count(meta: dict) -> int:
+    """How many fragments a ledger's metadata JSON lists (a node written before fragments has one). Pure."""
+    fragments = meta.get("fragments") if isinstance(meta, dict) else None
+    if isinstance(fragments, list) and fragments:
+        return len(fragments)
+    return 1 if isinstance(meta, dict) and meta.get("ensemble") else 0
+
+
+def underreplicated_ids(children: list[str]) -> list[int]:
+    """The ledger ids of ``underreplicated/`` node names (``L<10 digits>``), ascending; others ignored. Pure."""
+    ids = []
+    for child in children:
+        try:
+            ids.append(ClusterPaths.ledger_id_of(child))
+        except ElectionError:
+            continue
+    return sorted(ids)
+
+
 def cluster_status(zk: KazooClient, cluster: str) -> dict:
     """Everything `fencepost status` shows, as one JSON-ready dict."""
     paths = ClusterPaths(cluster)
@@ -41,12 +61,16 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
     leader = _read_json(zk, paths.leader)
     epoch = _read_json(zk, paths.epoch)
     bookies = [{"id": b, **(_read_json(zk, paths.bookie(b)) or {})} for b in _children(zk, paths.bookies)]
+    underreplicated = underreplicated_ids(_children(zk, paths.underreplicated))
     ledgers = []
     for node in _children(zk, paths.ledgers):
         meta = _read_json(zk, f"{paths.ledgers}/{node}") or {}
-        ledgers.append({"id": ClusterPaths.ledger_id_of(node), "state": meta.get("state"),
+        ledger_id = ClusterPaths.ledger_id_of(node)
+        ledgers.append({"id": ledger_id, "state": meta.get("state"),
                         "epoch": meta.get("epoch"), "last_entry": meta.get("last_entry"),
-                        "ensemble": [m.get("bookie_id") for m in meta.get("ensemble", [])]})
+                        "ensemble": [m.get("bookie_id") for m in meta.get("ensemble", [])],
+                        "fragments": fragment_count(meta),
+                        "underreplicated": ledger_id in underreplicated})
     brokers = [{"id": broker_id, **info} for broker_id, info in live_brokers(zk, paths).items()]
     log = _read_json(zk, paths.log) or {"ledgers": []}
     insync = _read_json(zk, paths.insync)
@@ -61,6 +85,7 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
         "insync": (insync or {}).get("members", []),
         "bookies": bookies,
         "ledgers": ledgers,
+        "underreplicated": {"count": len(underreplicated), "ledgers": underreplicated},
         "log": [entry.get("id") for entry in log.get("ledgers", [])],
         "queues": (leader or {}).get("queues", {}),
     }
@@ -99,7 +124,12 @@ def format_status(view: dict) -> str:
     lines.append(f"ledgers ({len(view['ledgers'])}):")
     for led in view["ledgers"]:
         lines.append(f"  L{led['id']:<10} {led['state'] or '?':<11} epoch={led['epoch']} last_entry={led['last_entry']} "
-                     f"ensemble={','.join(str(e) for e in led['ensemble'])}")
+                     f"fragments={led.get('fragments', '?')} ensemble={','.join(str(e) for e in led['ensemble'])}"
+                     + ("  UNDER-REPLICATED" if led.get("underreplicated") else ""))
+    under = view.get("underreplicated") or {"count": 0, "ledgers": []}
+    lines.append(f"under-replicated ledgers: {under['count']}"
+                 + (f" ({', '.join(f'L{i}' for i in under['ledgers'])}; see `fencepost bookie list`)"
+                    if under["count"] else ""))
     if view["queues"]:
         lines.append("queues:")
         for name, depth in sorted(view["queues"].items()):
