@@ -50,7 +50,6 @@ from ledger.metadata import (
     LedgerMetadata,
     MetadataConflict,
     cas_metadata,
-    current_address,
     live_bookies,
     read_metadata,
 )
@@ -214,3 +213,162 @@ class TokenBucket:
                 wait = (need - self._tokens) / self.rate
             self._sleep(wait)
             slept += wait
+
+
+# ------------------------------------------------------------------ copying
+
+
+def _read_copy(pool: BookiePool, addresses: dict[str, str], sources: list[dict], ledger_id: int, entry_id: int,
+               digest: Digest, timeout: float) -> bytes:
+    """A verified copy of one entry from the first source that has a valid one."""
+    problems = []
+    for member in sources:
+        try:
+            reply = pool.request(addresses[member["bookie_id"]], "read", timeout=timeout, ledger=ledger_id,
+                                 entry=entry_id, bookie=member["bookie_id"]).result(timeout + 1.0)
+            data = bytes(reply["data"])
+            entry = decode_entry(data, digest)
+            if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
+                raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id}")
+            return data
+        except CorruptEntry as exc:
+            log.warning("re-replication of ledger %d: entry %d on bookie %s is corrupt (%s); trying another",
+                        ledger_id, entry_id, member["bookie_id"], exc.reason)
+            problems.append(f"{member['bookie_id']}: corrupt")
+        except (LedgerError, KeyError, TypeError, TimeoutError) as exc:
+            problems.append(f"{member['bookie_id']}: {exc}")
+    raise RereplicationError(f"ledger {ledger_id} entry {entry_id}: no valid copy to re-replicate "
+                             f"({'; '.join(problems) or 'no surviving replica'})")
+
+
+def _read_window(pool: BookiePool, addresses: dict[str, str], sources: list[dict], ledger_id: int,
+                 entries: range, digest: Digest, timeout: float) -> list[bytes]:
+    """Verified copies of ``entries``: asked of the first source in parallel, the others for what failed."""
+    first = sources[0]
+    futures = [pool.request(addresses[first["bookie_id"]], "read", timeout=timeout, ledger=ledger_id, entry=e,
+                            bookie=first["bookie_id"]) for e in entries]
+    out = []
+    for entry_id, fut in zip(entries, futures):
+        try:
+            data = bytes(fut.result(timeout + 1.0)["data"])
+            entry = decode_entry(data, digest)
+            if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
+                raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id}")
+            out.append(data)
+            continue
+        except CorruptEntry as exc:
+            log.warning("re-replication of ledger %d: entry %d on bookie %s is corrupt (%s); trying another",
+                        ledger_id, entry_id, first["bookie_id"], exc.reason)
+        except (LedgerError, KeyError, TypeError, TimeoutError):
+            pass
+        out.append(_read_copy(pool, addresses, sources[1:], ledger_id, entry_id, digest, timeout))
+    return out
+
+
+def copy_fragment(pool: BookiePool, addresses: dict[str, str], meta: LedgerMetadata, r: Replacement,
+                  digest: Digest, throttle: TokenBucket | None = None, timeout: float = DEFAULT_TIMEOUT) -> int:
+    """Copy the entries of ``r``'s fragment to ``r.replacement``; return the bytes copied.
+
+    Reads from the fragment's surviving holders (the first ``write_quorum``
+    members, lost ones excluded); writes ``add_batch`` with ``recovery: true``.
+    """
+    if not r.copy:
+        return 0
+    members = meta.fragments[r.fragment]["ensemble"][: meta.write_quorum]
+    sources = [m for m in members if m["bookie_id"] != r.lost["bookie_id"] and m["bookie_id"] in addresses]
+    if not sources:
+        raise RereplicationError(f"ledger {meta.ledger_id}: no surviving replica of entries "
+                                 f"{r.first_entry}..{r.last_entry}")
+    target = r.replacement
+    target_address = addresses.get(target["bookie_id"], target["address"])
+    copied = 0
+    entry_id = r.first_entry
+    while entry_id <= r.last_entry:
+        window = range(entry_id, min(r.last_entry, entry_id + BATCH_ENTRIES - 1) + 1)
+        datas = _read_window(pool, addresses, sources, meta.ledger_id, window, digest, timeout)
+        # Cut the window into batches of at most BATCH_BYTES (at least one entry each).
+        start = 0
+        while start < len(datas):
+            end, size = start, 0
+            while end < len(datas) and (end == start or size + len(datas[end]) <= BATCH_BYTES):
+                size += len(datas[end])
+                end += 1
+            if throttle is not None:
+                throttle.acquire(size)
+            try:
+                pool.request(target_address, "add_batch", timeout=timeout, ledger=meta.ledger_id,
+                             first=window[start], entries=datas[start:end], recovery=True,
+                             bookie=target["bookie_id"]).result(timeout + 1.0)
+            except (LedgerError, TimeoutError) as exc:
+                raise RereplicationError(f"ledger {meta.ledger_id}: bookie {target['bookie_id']} refused entries "
+                                         f"{window[start]}..{window[end - 1]}: {exc}") from None
+            copied += size
+            start = end
+        entry_id = window[-1] + 1
+    return copied
+
+
+@dataclass
+class RereplicationResult:
+    ledger_id: int
+    replaced: list[tuple[int, str, str]]  # (fragment first entry, lost bookie id, replacement bookie id)
+    bytes_copied: int
+    entries_copied: int
+
+
+def clear_mark(zk: KazooClient, paths: ClusterPaths, ledger_id: int) -> None:
+    """Delete ``underreplicated/<ledger>`` if it is there."""
+    try:
+        zk.delete(paths.underreplicated_ledger(ledger_id))
+    except NoNodeError:
+        pass
+
+
+def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
+                       throttle: TokenBucket | None = None, rng: random.Random | None = None,
+                       lost_ids: Iterable[str] | None = None, timeout: float = DEFAULT_TIMEOUT,
+                       max_rounds: int = 10) -> RereplicationResult:
+    """Bring every fragment of closed ``ledger_id`` back to ``write_quorum`` live bookies; clear its mark.
+
+    ``lost_ids`` (default: every member not registered under ``bookies/``) are the
+    members to replace. The new fragments are CASed only if the metadata did not
+    change since it was read; otherwise the plan is made again (up to
+    ``max_rounds`` times). Raises :class:`RereplicationError` (or
+    :class:`NotEnoughBookies`) when it cannot finish; the mark then stays.
+    """
+    rng = rng or random.Random()
+    lost_arg = set(lost_ids) if lost_ids is not None else None
+    total = RereplicationResult(ledger_id, [], 0, 0)
+    for _ in range(max_rounds):
+        meta, version = read_metadata(zk, paths, ledger_id)
+        if meta.state != CLOSED:
+            raise RereplicationError(f"ledger {ledger_id} is {meta.state}: only closed ledgers are re-replicated "
+                                     f"(its writer or recovery handles it)")
+        bookies = live_bookies(zk, paths)
+        plan = plan_rereplication(meta, bookies, rng, lost_ids=lost_arg)
+        if not plan:
+            clear_mark(zk, paths, ledger_id)
+            return total
+        # Where each live bookie is registered now; the lost ones are never read from.
+        addresses = {str(b["bookie_id"]): str(b["address"]) for b in bookies
+                     if b.get("address") and str(b["bookie_id"]) not in (lost_arg or ())}
+        started = time.monotonic()
+        for r in plan:
+            copied = copy_fragment(pool, addresses, meta, r, digest, throttle, timeout)
+            total.bytes_copied += copied
+            if r.copy:
+                total.entries_copied += r.last_entry - r.first_entry + 1
+        try:
+            cas_metadata(zk, paths, replaced_metadata(meta, plan), version)
+        except MetadataConflict:
+            log.info("ledger %d: its metadata changed during re-replication; planning again", ledger_id)
+            continue
+        total.replaced.extend((r.first_entry, r.lost["bookie_id"], r.replacement["bookie_id"]) for r in plan)
+        log.info("ledger %d re-replicated: %s; %d entries (%d bytes) in %.2f s", ledger_id,
+                 ", ".join(f"{lost} -> {new} from entry {first}" for first, lost, new in total.replaced),
+                 total.entries_copied, total.bytes_copied, time.monotonic() - started)
+        if lost_arg is not None:  # the named bookies may still be live: the next plan would not be empty
+            clear_mark(zk, paths, ledger_id)
+            return total
+        # Otherwise look once more: the plan should now be empty, which clears the mark.
+    raise RereplicationError(f"ledger {ledger_id}: the metadata kept changing during re-replication")

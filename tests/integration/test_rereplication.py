@@ -1,0 +1,85 @@
+"""Re-replication of a closed ledger after a bookie is lost for good (real bookies, real ZooKeeper)."""
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from ledger.codec import decode_entry
+from ledger.metadata import CLOSED, read_metadata
+from ledger.rereplication import TokenBucket, rereplicate_ledger
+from ledger.underreplication import mark_underreplicated, read_underreplicated
+from tests.conftest import wait_for
+from tests.integration.bookie_client import DIGEST, Client
+from tests.integration.test_ledger_client import bookie_id_of, make_client, start_bookies, wait_registered
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+ENTRIES = 300
+
+
+def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
+    bookies = start_bookies(procs, cluster, 4)
+    wait_registered(cluster, 4)
+    by_id = {bookie_id_of(p): p for p in bookies}
+    client = make_client(cluster)
+    try:
+        writer = client.create(epoch=1)
+        payloads = [b"entry-%d-" % i + bytes(random.Random(i).randbytes(200)) for i in range(ENTRIES)]
+        futs = [writer.add(p) for p in payloads]
+        assert [f.result(10) for f in futs] == list(range(ENTRIES))
+        assert writer.close() == ENTRIES - 1
+        ledger_id = writer.ledger_id
+        meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+        members = [m["bookie_id"] for m in meta.ensemble]
+        assert len(members) == 3 and meta.state == CLOSED
+        spare = next(b for b in by_id if b not in members)
+
+        # Lose one member for good: SIGKILL, data directory deleted.
+        lost = members[1]
+        by_id[lost].kill()
+        shutil.rmtree(by_id[lost].data_dir)
+        wait_for(lambda: lost not in cluster.zk.get_children(cluster.paths.bookies), 30,
+                 "the killed bookie's registration to expire")
+        mark_underreplicated(cluster.zk, cluster.paths, ledger_id, [meta.ensemble[1]], from_entry=0, by="test")
+
+        result = rereplicate_ledger(cluster.zk, cluster.paths, client.pool, ledger_id, client.digest,
+                                    throttle=TokenBucket(50e6))
+        assert result.replaced == [(0, lost, spare)]
+        assert result.entries_copied == ENTRIES and result.bytes_copied > ENTRIES * 200
+        assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is None
+
+        meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+        assert meta.state == CLOSED and meta.last_entry == ENTRIES - 1
+        now = [m["bookie_id"] for m in meta.ensemble]
+        assert now == [members[0], spare, members[2]]
+        assert [[m["bookie_id"] for m in f["ensemble"]] for f in meta.fragments] == [now]
+
+        # Every entry is on each of the three live members, read directly and digest-checked.
+        for bookie_id in now:
+            c = Client(by_id[bookie_id].address)
+            try:
+                for entry_id in range(ENTRIES):
+                    reply = c.call("read", ledger=ledger_id, entry=entry_id)
+                    assert reply.get("ok"), (bookie_id, entry_id, reply)
+                    entry = decode_entry(reply["data"], DIGEST)
+                    assert (entry.ledger_id, entry.entry_id, entry.payload) == (ledger_id, entry_id,
+                                                                                 payloads[entry_id])
+            finally:
+                c.close()
+
+        # Running it again finds nothing to do.
+        again = rereplicate_ledger(cluster.zk, cluster.paths, client.pool, ledger_id, client.digest)
+        assert again.replaced == [] and again.bytes_copied == 0
+    finally:
+        client.close()
+
+    # One more bookie down: a fresh reader still reads everything.
+    by_id[members[0]].kill()
+    reader_client = make_client(cluster)
+    try:
+        reader = reader_client.open_reader(ledger_id)
+        assert [e.payload for e in reader.read_range(0, ENTRIES - 1)] == payloads
+    finally:
+        reader_client.close()
