@@ -79,15 +79,28 @@ def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[
 
 
 def with_zk(zk, cluster, dev_dir, action):
-    """Run ``action(kazoo_client, cluster_name)`` on a short ZooKeeper session to the resolved cluster."""
+    """Run ``action(kazoo_client, cluster_name)`` on a short ZooKeeper session to the resolved cluster.
+
+    kazoo's connection-retry warnings are kept quiet (unless --log-level debug): a command that
+    cannot reach ZooKeeper fails with one line, not a warning per retry.
+    """
+    import logging
+
     from election.zk import close, connect
 
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    client = connect(hosts, connect_timeout=5.0)
+    kazoo_log = logging.getLogger("kazoo")
+    previous = kazoo_log.level
+    if kazoo_log.getEffectiveLevel() > logging.DEBUG:
+        kazoo_log.setLevel(logging.ERROR)
     try:
-        return action(client, name)
+        client = connect(hosts, connect_timeout=5.0)
+        try:
+            return action(client, name)
+        finally:
+            close(client)
     finally:
-        close(client)
+        kazoo_log.setLevel(previous)
 
 
 def cluster_options(fn):
