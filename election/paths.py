@@ -120,6 +120,19 @@ class ClusterPaths:
         return f"{self.underreplicated}/L{ledger_id:010d}"
 
     @property
+    def auditor(self) -> str:
+        """The auditor's lock: the one AutoRecovery process that marks ledgers of lost bookies."""
+        return f"{self.base}/auditor"
+
+    @property
+    def rereplication_locks(self) -> str:
+        """Ephemeral claims of the re-replication workers, one per ledger being copied."""
+        return f"{self.base}/rereplication-locks"
+
+    def rereplication_lock(self, ledger_id: int) -> str:
+        return f"{self.rereplication_locks}/L{ledger_id:010d}"
+
+    @property
     def log(self) -> str:
         return f"{self.base}/log"
 

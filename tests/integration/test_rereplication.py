@@ -83,3 +83,57 @@ def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
         assert [e.payload for e in reader.read_range(0, ENTRIES - 1)] == payloads
     finally:
         reader_client.close()
+
+
+def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
+    from ledger.auditor import AutoRecovery
+
+    bookies = start_bookies(procs, cluster, 4)
+    wait_registered(cluster, 4)
+    by_id = {bookie_id_of(p): p for p in bookies}
+    client = make_client(cluster)
+    now = [1000.0]
+    auto = AutoRecovery(cluster.zk, cluster.paths, client.pool, client.digest, "test-auditor",
+                        lost_bookie_grace_s=30, max_bytes_per_s=0, clock=lambda: now[0])
+    try:
+        closed_writer = client.create(epoch=1)
+        for f in [closed_writer.add(b"closed-%d" % i) for i in range(50)]:
+            f.result(10)
+        closed_writer.close()
+        meta, _ = read_metadata(cluster.zk, cluster.paths, closed_writer.ledger_id)
+        lost = meta.ensemble[0]["bookie_id"]
+        spare = next(b for b in by_id if b not in {m["bookie_id"] for m in meta.ensemble})
+
+        by_id[lost].kill()
+        shutil.rmtree(by_id[lost].data_dir)
+        wait_for(lambda: lost not in cluster.zk.get_children(cluster.paths.bookies), 30,
+                 "the killed bookie's registration to expire")
+
+        auto.round()  # elected; notes the bookie missing, within the grace: nothing marked
+        assert auto.is_auditor and auto.auditor.missing_since == {lost: 1000.0}
+        assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
+        assert read_metadata(cluster.zk, cluster.paths, closed_writer.ledger_id)[0].ensemble == meta.ensemble
+
+        now[0] += 31
+        assert auto.auditor.audit_once() == [closed_writer.ledger_id]
+        mark = read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id)
+        assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in mark["missing"]] == [(lost, 0, "auditor")]
+        assert auto.worker.run_once() == [closed_writer.ledger_id]
+        assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
+        after, _ = read_metadata(cluster.zk, cluster.paths, closed_writer.ledger_id)
+        assert [m["bookie_id"] for m in after.ensemble] == [spare] + [m["bookie_id"] for m in meta.ensemble[1:]]
+        assert cluster.zk.get_children(cluster.paths.rereplication_locks) == []
+
+        c = Client(by_id[spare].address)
+        try:
+            for entry_id in range(50):
+                reply = c.call("read", ledger=closed_writer.ledger_id, entry=entry_id)
+                assert decode_entry(reply["data"], DIGEST).payload == b"closed-%d" % entry_id
+        finally:
+            c.close()
+
+        auto.round()  # nothing left to do, nothing marked again
+        assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
+    finally:
+        auto.stop()
+        client.close()
