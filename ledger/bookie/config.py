@@ -70,6 +70,15 @@ class BookieConfig:
         "default_text": f"{DEFAULT_MAP_SIZE >> 30} GiB", "min": 1 << 20})
     zk_session_timeout_s: float = field(default=10.0, metadata={
         "help": "ZooKeeper session timeout in seconds: how long a dead bookie stays registered."})
+    autorecovery: bool = field(default=True, metadata={
+        "help": "Do not run AutoRecovery in this bookie (the elected auditor that marks closed ledgers of lost "
+                "bookies under-replicated, and the worker that re-replicates them)."})
+    lost_bookie_grace_s: float = field(default=60.0, metadata={
+        "help": "Seconds a bookie may stay unregistered before the auditor marks its closed ledgers "
+                "under-replicated and re-replication replaces it.", "min": 1})
+    rereplication_max_bytes_per_s: int = field(default=20 * 1024 * 1024, metadata={
+        "help": "Throttle of re-replication copies in bytes per second (0: unlimited), so that it does not "
+                "take the leader's write bandwidth.", "default_text": "20 MiB", "min": 0})
     # The cluster-wide options (the `config` node): None takes the cluster's; a value that
     # differs from the cluster's stops the bookie at start, naming the difference.
     write_quorum: int | None = cluster_option_field("write_quorum")
@@ -105,6 +114,16 @@ class BookieConfig:
             raise LedgerError(f"fsync must be true or false, got {self.fsync!r}")
         if not isinstance(self.zk_session_timeout_s, (int, float)) or not 1 <= self.zk_session_timeout_s <= 600:
             raise LedgerError(f"zk_session_timeout_s must be between 1 and 600 seconds, got {self.zk_session_timeout_s!r}")
+        if not isinstance(self.autorecovery, bool):
+            raise LedgerError(f"autorecovery must be true or false, got {self.autorecovery!r}")
+        if (not isinstance(self.lost_bookie_grace_s, (int, float)) or isinstance(self.lost_bookie_grace_s, bool)
+                or not 1 <= self.lost_bookie_grace_s <= 30 * 86400):
+            raise LedgerError(f"lost_bookie_grace_s must be between 1 and 2592000 seconds, "
+                              f"got {self.lost_bookie_grace_s!r}")
+        rate = self.rereplication_max_bytes_per_s
+        if not isinstance(rate, int) or isinstance(rate, bool) or not 0 <= rate <= 1 << 40:
+            raise LedgerError(f"rereplication_max_bytes_per_s must be an integer between 0 and {1 << 40}, "
+                              f"got {rate!r}")
         validate_member_options(self, LedgerError)
         if not isinstance(self.init_if_missing, bool):
             raise LedgerError(f"init_if_missing must be true or false, got {self.init_if_missing!r}")

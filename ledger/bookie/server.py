@@ -89,6 +89,8 @@ class Bookie:
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._registration: BookieRegistration | None = None
+        self._autorecovery = None  # ledger.auditor.AutoRecovery, when the config runs it
+        self._recovery_pool = None
         self._polls = LongPolls(self._info, self._send)
         self._explicit_lac: dict[int, int] = {}
 
@@ -134,6 +136,8 @@ class Bookie:
             zkutil.patiently(self._registration.register, wait_s=1.5 * cfg.zk_session_timeout_s + 1,
                              what="registering the bookie")
             self._registration.start_keeper()
+            if cfg.autorecovery:
+                self._start_autorecovery(paths)
         except BaseException:
             self.close()
             raise
@@ -142,8 +146,34 @@ class Bookie:
                  self.bookie_id, cfg.listen, cfg.cluster, self.cluster_id, cfg.data)
         return True
 
+    def _start_autorecovery(self, paths: ClusterPaths) -> None:
+        """Run the auditor election and a re-replication worker in this process (``autorecovery``)."""
+        from election.cluster_config import read_cluster_config
+        from ledger.auditor import AutoRecovery
+        from ledger.client.bookie_pool import BookiePool
+        from ledger.codec import Digest
+
+        cfg = self.config
+        digest_name = str((read_cluster_config(self._zk, paths) or {}).get("digest", "crc32c"))
+        if digest_name != "crc32c":
+            # A bookie holds no secret: it cannot verify the copies it would re-replicate.
+            log.warning("autorecovery is off in bookie %s: the cluster's %s digest needs the secret to verify "
+                        "copies", self.bookie_id, digest_name)
+            return
+        self._recovery_pool = BookiePool()
+        self._autorecovery = AutoRecovery(self._zk, paths, self._recovery_pool, Digest.crc32c(), self.bookie_id,
+                                          lost_bookie_grace_s=cfg.lost_bookie_grace_s,
+                                          max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
+        self._autorecovery.start()
+
     def close(self) -> None:
         """Release everything; safe to call twice and after a failed start."""
+        if self._autorecovery is not None:
+            self._autorecovery.stop()
+            self._autorecovery = None
+        if self._recovery_pool is not None:
+            self._recovery_pool.close()
+            self._recovery_pool = None
         if self._registration is not None:
             self._registration.stop()
         if self._sock is not None:

@@ -137,3 +137,47 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
     finally:
         auto.stop()
         client.close()
+
+
+def test_bookie_processes_re_replicate_a_lost_bookies_closed_ledgers(cluster, procs):
+    flags = ["--lost-bookie-grace-s", "2", "--zk-session-timeout-s", "3"]
+    bookies = [procs.start_bookie(cluster, extra=flags) for _ in range(4)]
+    wait_registered(cluster, 4)
+    by_id = {bookie_id_of(p): p for p in bookies}
+    client = make_client(cluster)
+    try:
+        ledgers = []
+        for epoch in (1, 2):
+            writer = client.create(epoch=epoch)
+            for f in [writer.add(b"e%d-%d" % (epoch, i)) for i in range(100)]:
+                f.result(10)
+            writer.close()
+            ledgers.append(writer.ledger_id)
+        named = set()
+        for ledger_id in ledgers:
+            named.update(m["bookie_id"] for m in read_metadata(cluster.zk, cluster.paths, ledger_id)[0].ensemble)
+        lost = sorted(named)[0]
+        by_id[lost].kill()
+        shutil.rmtree(by_id[lost].data_dir)
+
+        def repaired():
+            for ledger_id in ledgers:
+                meta = read_metadata(cluster.zk, cluster.paths, ledger_id)[0]
+                if any(m["bookie_id"] == lost for m in meta.all_bookies()):
+                    return False
+            return not cluster.zk.exists(cluster.paths.underreplicated) or \
+                cluster.zk.get_children(cluster.paths.underreplicated) == []
+
+        wait_for(repaired, 60, "the lost bookie's ledgers to be re-replicated by the bookies' AutoRecovery")
+        for ledger_id in ledgers:
+            meta = read_metadata(cluster.zk, cluster.paths, ledger_id)[0]
+            for member in meta.ensemble:
+                c = Client(by_id[member["bookie_id"]].address)
+                try:
+                    for entry_id in range(100):
+                        reply = c.call("read", ledger=ledger_id, entry=entry_id)
+                        assert reply.get("ok"), (member, ledger_id, entry_id, reply)
+                finally:
+                    c.close()
+    finally:
+        client.close()
