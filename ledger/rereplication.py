@@ -49,6 +49,7 @@ from ledger.metadata import (
     CLOSED,
     LedgerMetadata,
     MetadataConflict,
+    NoSuchLedger,
     cas_metadata,
     live_bookies,
     read_metadata,
@@ -340,7 +341,11 @@ def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, l
     lost_arg = set(lost_ids) if lost_ids is not None else None
     total = RereplicationResult(ledger_id, [], 0, 0)
     for _ in range(max_rounds):
-        meta, version = read_metadata(zk, paths, ledger_id)
+        try:
+            meta, version = read_metadata(zk, paths, ledger_id)
+        except NoSuchLedger:
+            clear_mark(zk, paths, ledger_id)  # deleted (retention): nothing left to protect
+            return total
         if meta.state != CLOSED:
             raise RereplicationError(f"ledger {ledger_id} is {meta.state}: only closed ledgers are re-replicated "
                                      f"(its writer or recovery handles it)")
@@ -363,6 +368,9 @@ def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, l
         except MetadataConflict:
             log.info("ledger %d: its metadata changed during re-replication; planning again", ledger_id)
             continue
+        except NoSuchLedger:
+            clear_mark(zk, paths, ledger_id)
+            return total
         total.replaced.extend((r.first_entry, r.lost["bookie_id"], r.replacement["bookie_id"]) for r in plan)
         log.info("ledger %d re-replicated: %s; %d entries (%d bytes) in %.2f s", ledger_id,
                  ", ".join(f"{lost} -> {new} from entry {first}" for first, lost, new in total.replaced),

@@ -12,7 +12,7 @@ from ledger.rereplication import TokenBucket, rereplicate_ledger
 from ledger.underreplication import mark_underreplicated, read_underreplicated
 from tests.conftest import wait_for
 from tests.integration.bookie_client import DIGEST, Client
-from tests.integration.test_ledger_client import bookie_id_of, make_client, start_bookies, wait_registered
+from tests.integration.test_ledger_client import bookie_id_of, make_client, wait_registered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -20,7 +20,7 @@ ENTRIES = 300
 
 
 def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
-    bookies = start_bookies(procs, cluster, 4)
+    bookies = [procs.start_bookie(cluster, extra=["--no-autorecovery"]) for _ in range(4)]  # driven by hand
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)
@@ -88,7 +88,7 @@ def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
 def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
     from ledger.auditor import AutoRecovery
 
-    bookies = start_bookies(procs, cluster, 4)
+    bookies = [procs.start_bookie(cluster, extra=["--no-autorecovery"]) for _ in range(4)]  # driven by hand
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)
