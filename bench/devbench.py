@@ -86,13 +86,14 @@ class BenchCluster:
 
     def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
                  zk_session_timeout: float = 2.0, keep: bool = False,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, bookie_args: tuple[str, ...] = ()) -> None:
         if (zk is None) != (cluster is None):
             raise BenchError("give both zk and cluster, or neither")
         self.zk, self.cluster = zk, cluster
         self.external = zk is not None
         self.bookies, self.brokers, self.zk_session_timeout = bookies, brokers, zk_session_timeout
         self.keep = keep
+        self.bookie_args = tuple(bookie_args)
         self.progress = progress or (lambda _msg: None)
         self.run_dir: Path | None = None
         self.dev = None
@@ -109,7 +110,8 @@ class BenchCluster:
         started = time.monotonic()
         try:
             state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
-                                               zk_session_timeout=self.zk_session_timeout), progress=self.progress)
+                                               zk_session_timeout=self.zk_session_timeout,
+                                               bookie_args=self.bookie_args), progress=self.progress)
             self.zk = state["zk"]
             if self.brokers:
                 self.wait_leader()

@@ -2,8 +2,8 @@
 
 Run as ``python -m bench.ledger [--json] [--seconds N]`` (or ``fencepost bench
 ledger``). Unless ``--zk``/``--cluster`` name an existing cluster, it starts a
-private ZooKeeper and four bookies (fsync on; one spare for the ensemble-change
-phase) in a temporary directory and stops them at the end, whatever happens. Then, on ledgers with ensemble 3,
+private ZooKeeper and five bookies (fsync on, AutoRecovery off; a spare each for
+the re-replication and ensemble-change phases) in a temporary directory and stops them at the end, whatever happens. Then, on ledgers with ensemble 3,
 write quorum 3, ack quorum 2:
 
 1. **throughput** (``seconds/2``): one pipelined :class:`~ledger.client.writer.LedgerWriter`
@@ -16,11 +16,16 @@ write quorum 3, ack quorum 2:
 3. **ZooKeeper baseline** (``seconds/4``): the same payloads written as
    sequential znodes with kazoo's ``create_async``, up to ``inflight``
    outstanding; records/s.
-4. **ensemble change** (private cluster only: it starts four bookies): paced
+4. **ensemble change** (private cluster only: it kills one of its bookies): paced
    adds on a fresh ledger, one of its bookies SIGKILLed after a second; the
    longest gap between acknowledged adds from the kill until a second after the
    writer swapped the bookie out (``ensemble_change_stall_ms``, target at most
    twice the add timeout).
+5. **re-replication** (private cluster only, before phase 4): ~30 MB of closed
+   ledgers written, the bookie in most of them SIGKILLed, and
+   ``rereplicate_ledger`` timed, unthrottled, for each ledger it held
+   (``rereplication_mb_per_s``, ``rereplication_bytes``; bench/rereplication.py).
+   The private bookies run without AutoRecovery, so only this phase copies.
 
 The first ~10% of each phase (at most 1 s) is warm-up and is not counted.
 See docs/benchmarks.md for every output field.
@@ -43,7 +48,7 @@ from bench.common import BenchError, finish, latency_summary, machine_info, rate
 from bench.devbench import BenchCluster
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
-PRIVATE_BOOKIES = ENSEMBLE + 1  # a spare, so that the ensemble-change phase has a replacement
+PRIVATE_BOOKIES = ENSEMBLE + 2  # a spare for each phase that kills a bookie (re-replication, ensemble change)
 TARGETS = {"entries_per_s": 20_000, "ratio_vs_zk": 5.0, "paced_p99_ms": 10.0}
 STALL_TARGET_ADD_TIMEOUTS = 2.0  # ensemble_change_stall_ms <= this many add timeouts
 WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
@@ -61,6 +66,8 @@ LABELS = {
     "ratio_vs_zk": "ledger / ZooKeeper",
     "ensemble_change_stall_ms": "bookie killed: longest gap between acks (ms)",
     "ensemble_change_after_s": "bookie killed: swapped out after (s)",
+    "rereplication_mb_per_s": "lost bookie re-replicated (MB/s, unthrottled)",
+    "rereplication_bytes": "lost bookie re-replicated (bytes)",
 }
 
 
@@ -353,11 +360,11 @@ def _discard_ledger(client, writer, progress: Callable[[str], None]) -> None:
 
 def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, cluster: str | None = None,
         offered_rate: float = 2000.0, inflight: int = 1000, progress: Callable[[str], None] | None = None) -> dict:
-    """Run the three phases; return the result dict (see docs/benchmarks.md).
+    """Run the phases; return the result dict (see docs/benchmarks.md).
 
     With ``zk`` and ``cluster`` the bookies registered in that cluster are used
     (at least three must be live) and the ledgers and znodes written are
-    deleted afterwards; otherwise a private ZooKeeper and three bookies are
+    deleted afterwards; otherwise a private ZooKeeper and five bookies are
     started in a temporary directory and stopped at the end.
     """
     if seconds <= 0 or entry_size < 0 or offered_rate <= 0 or inflight < 1:
@@ -367,7 +374,8 @@ def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, clu
     progress = progress or (lambda _msg: None)
     with _interruptible() as stop:
         if zk is None:
-            with BenchCluster(bookies=PRIVATE_BOOKIES, brokers=0, progress=progress) as lc:
+            with BenchCluster(bookies=PRIVATE_BOOKIES, brokers=0, progress=progress,
+                              bookie_args=("--no-autorecovery",)) as lc:
                 pids = lc.bookie_pids  # before the kill: every bookie the run had
                 result = _run_phases(lc.zk, lc.cluster, seconds, entry_size, offered_rate, inflight,
                                      private=True, progress=progress, stop=stop,
@@ -443,6 +451,13 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         zb = zk_phase(zk, zk_base, payload, z_phase, inflight, stop=stop)
         _check(stop)
 
+        rr = None
+        if kill_bookie is not None:  # a bookie fewer afterwards: one spare is left for the ensemble change
+            from bench.rereplication import rereplication_phase
+            progress("re-replication: closed ledgers written, a member killed, re-replicated unthrottled")
+            rr = rereplication_phase(client, kill_bookie, stop, progress=progress)
+            _check(stop)
+
         st = None
         if kill_bookie is not None:  # last: the cluster has one bookie fewer afterwards
             progress(f"ensemble change: a bookie killed under {offered_rate:g} entries/s "
@@ -496,6 +511,10 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         "ensemble_change_after_s": (round(st.changed_at - st.killed_at, 2)
                                     if st and st.changed_at is not None and st.killed_at is not None else None),
         "ensemble_change_add_timeout_s": client.add_timeout if st else None,
+        "rereplication_mb_per_s": rr["mb_per_s"] if rr else None,
+        "rereplication_bytes": rr["bytes"] if rr else None,
+        "rereplication_s": rr["seconds"] if rr else None,
+        "rereplication_ledgers": rr["ledgers"] if rr else None,
         "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),
     }

@@ -73,6 +73,8 @@ class DevClusterSpec:
     secret_file: str | None = None
     # `broker start --wait-for N` for every broker (0: none): nobody serves before N are live.
     wait_for: int = 0
+    # Extra `bookie start` arguments for every bookie (e.g. ["--no-autorecovery"]).
+    bookie_args: tuple[str, ...] = ()
 
     def validate(self) -> "DevClusterSpec":
         check_cluster_name(self.cluster)
@@ -168,7 +170,7 @@ class DevCluster:
             progress(f"zookeeper listening on {state['zk']}")
             progress(self._init_cluster(state, spec, secret, secret_file))
             for index in range(spec.bookies):
-                member = self._start_member(state, "bookie", index)
+                member = self._start_member(state, "bookie", index, list(spec.bookie_args))
                 progress(f"bookie {index} listening on {member['address']}")
             for index in range(spec.brokers):
                 member = self._start_member(state, "broker", index, broker_args, session_file=spec.session_files)
