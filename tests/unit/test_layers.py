@@ -12,9 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("election", "ledger", "snapshots", "broker", "pipeline", "devtools", "bench")
-TOP_MODULES = ("cli", "cli_options")
+TOP_MODULES = ("cli", "cli_options", "cli_lifecycle")
 # Top-level modules that belong to another name's layer.
-LAYER_OF = {"cli_options": "cli"}
+LAYER_OF = {"cli_options": "cli", "cli_lifecycle": "cli"}
 
 # What each top-level name may import besides itself. A name missing from a set is a higher
 # (or sideways) layer.
