@@ -1,4 +1,5 @@
-"""What a cluster does when it starts without a log but its members have stores (DESIGN.md section 6).
+"""What a cluster does when it starts without a log but its members have stores
+(docs/architecture.md, "Starting a cluster that has no log").
 
 ZooKeeper holds no log for the cluster (its data was lost, or the cluster is new)
 while the initial members report their stores. With I initial members, C clean,
@@ -12,7 +13,7 @@ D dirty, E empty and T transient (no store at all):
 3. No clean store: ``abort`` with "manual recovery needed: run `fencepost store inspect`".
 4. A dirty store newer than the clean ones (a later epoch, or the same epoch and a
    later position) also needs manual recovery: restoring from the clean stores would
-   silently drop what the cluster did after their shutdown. (Not in DESIGN.md; a
+   silently drop what the cluster did after their shutdown. (Added to the cluster-join design; a
    clean store goes stale when its broker stays down while the others run on.)
 5. Else ``restore``: the clean stores are kept, the cluster restarts from their state
    (``source`` is the lowest clean member), and every other member takes its state

@@ -1,4 +1,4 @@
-"""The initialization decision table of DESIGN.md section 6 (election/cluster_join.py): one test per row,
+"""The initialization decision table (election/cluster_join.py; docs/architecture.md, "Starting a cluster that has no log"): one test per row,
 then properties over every small member set."""
 from __future__ import annotations
 
