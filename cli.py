@@ -123,6 +123,57 @@ def bookie_list(as_json, zk, cluster, dev_dir) -> None:
     emit(with_zk(zk, cluster, dev_dir, list_bookies), as_json, lambda rows: click.echo(format_bookie_list(rows)))
 
 
+@bookie.command("decommission")
+@click.argument("bookie_id")
+@click.option("--timeout", default=0.0, show_default=True, type=float,
+              help="Give up (exit 1) after this many seconds; 0 waits until done. The decommission stays under "
+                   "way: run the command again to go on.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster secret, to verify copies in an hmac-sha256 cluster.")
+@click.option("--rereplication-max-bytes-per-s", default=0.0, show_default=True, type=float,
+              help="Throttle for the copies this command makes (0: unthrottled).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final progress as JSON.")
+@cluster_options
+def bookie_decommission(bookie_id, timeout, secret_file, rereplication_max_bytes_per_s, as_json, zk, cluster,
+                        dev_dir) -> None:
+    """Move every ledger copy off BOOKIE_ID, then forget it (its cookie is deleted).
+
+    From the start the bookie gets no new ledger or copy; the leader rolls a
+    ledger whose ensemble names it; every closed ledger that names it is
+    re-replicated to other bookies (by this command and by the bookies'
+    AutoRecovery). The bookie may be live or already dead. Once no ledger names
+    it, it can be stopped with nothing lost. Refused if the other bookies could
+    not hold a new ledger.
+    """
+    from broker.bookie_admin import decommission_bookie, format_progress
+    from election.cluster_config import read_secret
+
+    secret = read_secret(secret_file) if secret_file else None
+    tty = sys.stderr.isatty() and not as_json
+    shown = {"line": ""}
+
+    def on_progress(progress: dict) -> None:
+        line = format_progress(progress)
+        if line == shown["line"] or progress["done"]:
+            return
+        shown["line"] = line
+        if tty:
+            click.echo(f"\r\033[K{line}", nl=False, err=True)
+        elif not as_json:
+            click.echo(line, err=True)
+
+    try:
+        result = with_zk(zk, cluster, dev_dir, lambda client, name: decommission_bookie(
+            client, name, bookie_id, secret=secret, timeout=timeout,
+            max_bytes_per_s=rereplication_max_bytes_per_s, on_progress=on_progress))
+    finally:
+        if tty and shown["line"]:
+            click.echo("", err=True)
+    emit(result, as_json, lambda r: click.echo(
+        f"bookie {bookie_id} decommissioned: {r['total']} ledger(s) moved off it, its cookie deleted; "
+        f"it holds nothing the cluster needs and can be stopped"))
+
+
 # ---------------------------------------------------------------- broker
 @main.group("broker")
 def broker_group() -> None:

@@ -20,6 +20,8 @@ Example::
 from __future__ import annotations
 
 import json
+import time
+from typing import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -46,8 +48,12 @@ def human_bytes(count) -> str:
     return "-"  # not reached
 
 
-def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[int, dict]) -> list[dict]:
+def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[int, dict],
+                leaving: dict[str, dict] | None = None) -> list[dict]:
     """One row per bookie, registered first then gone ones, each sorted by id. Pure.
+
+    ``leaving``: the ``decommissioning/<id>`` nodes; such a bookie's mode and
+    ``decommissioning`` are ``leaving``, or ``retired`` once it is done.
 
     ``registered``: bookie id -> its ``bookies/<id>`` node (``address``, ``free_bytes``, ``readonly``).
     ``ledgers``: ``{"id", "fragments": [{"first_entry", "ensemble": [{"bookie_id", "address"}]}]}``.
@@ -61,6 +67,7 @@ def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[in
                            {3: {"missing": [{"bookie_id": "b2"}]}})
         rows[1]["state"], rows[1]["underreplicated"]      # "gone", 1
     """
+    leaving = leaving or {}
     held: dict[str, set[int]] = {}
     last_address: dict[str, str] = {}
     holders_of: dict[int, set[str]] = {}
@@ -86,6 +93,8 @@ def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[in
         return {"id": bookie_id, "state": UP if node or bookie_id in registered else GONE,
                 "address": node.get("address") or last_address.get(bookie_id),
                 "free_bytes": free, "free": human_bytes(free), "readonly": bool(node.get("readonly")),
+                "decommissioning": (None if bookie_id not in leaving
+                                    else "retired" if leaving[bookie_id].get("done") else "leaving"),
                 "ledgers_held": len(held.get(bookie_id, ())), "ledgers": sorted(held.get(bookie_id, ())),
                 "underreplicated": len(under.get(bookie_id, ())),
                 "underreplicated_ledgers": sorted(under.get(bookie_id, ()))}
@@ -103,7 +112,7 @@ def format_bookie_list(rows: list[dict]) -> str:
     lines = [f"{'ID':<{width}}  {'STATE':<5}  {'ADDRESS':<24}  {'FREE':>10}  {'MODE':<9}  {'LEDGERS':>7}  "
              f"{'UNDER-REPL':>10}"]
     for r in rows:
-        mode = "-" if r["state"] == GONE else ("read-only" if r["readonly"] else "writable")
+        mode = ("-" if r["state"] == GONE else r["decommissioning"] or ("read-only" if r["readonly"] else "writable"))
         lines.append(f"{r['id']:<{width}}  {r['state']:<5}  {r['address'] or '-':<24}  {r['free']:>10}  "
                      f"{mode:<9}  {r['ledgers_held']:>7}  {r['underreplicated']:>10}")
     return "\n".join(lines)
@@ -128,8 +137,10 @@ def _children(zk: KazooClient, path: str) -> list[str]:
         return []
 
 
-def read_bookie_view(zk: KazooClient, cluster: str) -> tuple[dict[str, dict], list[dict], dict[int, dict]]:
-    """The registrations, the ledgers' fragments and the under-replication marks (inputs of :func:`bookie_rows`)."""
+def read_bookie_view(zk: KazooClient, cluster: str) -> tuple[dict[str, dict], list[dict], dict[int, dict],
+                                                             dict[str, dict]]:
+    """The registrations, the ledgers' fragments, the under-replication marks and the bookies being
+    decommissioned (the inputs of :func:`bookie_rows`)."""
     paths = ClusterPaths(cluster)
     registered = {}
     for child in _children(zk, paths.bookies):
@@ -150,9 +161,77 @@ def read_bookie_view(zk: KazooClient, cluster: str) -> tuple[dict[str, dict], li
         mark = read_underreplicated(zk, paths, ledger_id)
         if mark is not None:
             marks[ledger_id] = mark
-    return registered, ledgers, marks
+    leaving = {}
+    for child in _children(zk, paths.decommissioning):
+        node = _json_node(zk, paths.decommissioning_bookie(child))
+        if node is not None:
+            leaving[child] = node
+    return registered, ledgers, marks, leaving
 
 
 def bookie_list(zk: KazooClient, cluster: str) -> list[dict]:
     """Every bookie of ``cluster`` as :func:`bookie_rows` describes it."""
     return bookie_rows(*read_bookie_view(zk, cluster))
+
+
+def format_progress(progress: dict) -> str:
+    """One line about a decommission under way (``DecommissionProgress.as_dict()``). Pure."""
+    moved = len(progress["moved"])
+    text = (f"decommissioning {progress['bookie_id']}: {progress['total'] - progress['remaining']}/"
+            f"{progress['total']} ledgers moved off it")
+    if progress["waiting"]:
+        text += f"; waiting for {len(progress['waiting'])} open ledger(s) to close ({_ids(progress['waiting'])})"
+    if progress["problems"]:
+        ledger_id, problem = next(iter(sorted(progress["problems"].items())))
+        text += f"; retrying ledger {ledger_id}: {problem}"
+    if moved and not progress["done"]:
+        text += f" ({moved} copied by this command)"
+    return text
+
+
+def _ids(ids: list[int], limit: int = 5) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def decommission_bookie(zk: KazooClient, cluster: str, bookie_id: str, secret: bytes | None = None,
+                        timeout: float | None = None, max_bytes_per_s: float = 0.0,
+                        on_progress: Callable[[dict], None] = lambda progress: None, poll_s: float = 1.0,
+                        clock: Callable[[], float] = time.monotonic) -> dict:
+    """Decommission ``bookie_id`` (the steps of :mod:`ledger.decommission`); return the last progress.
+
+    Raises :class:`ledger.decommission.DecommissionError` when it cannot start, or when
+    ``timeout`` seconds pass first (the decommission stays
+    under way: the bookie gets no new copies, and running the command again goes on).
+    """
+    from election.cluster_config import check_member_secret, read_cluster_config
+    from ledger.auditor import ReplicationWorker
+    from ledger.client.bookie_pool import BookiePool
+    from ledger.codec import Digest
+    from ledger.decommission import DecommissionError, decommission_round, finish_decommission, start_decommission
+    from ledger.rereplication import TokenBucket
+
+    paths = ClusterPaths(cluster)
+    config = read_cluster_config(zk, paths)
+    if config is None:
+        raise LedgerError(f"cluster {cluster!r} is not initialized")
+    digest = Digest.for_config(str(config.get("digest", "crc32c")), check_member_secret(config, secret, cluster))
+    start_decommission(zk, paths, bookie_id, int(config.get("ensemble_size", 3)))
+    deadline = None if not timeout else clock() + timeout
+    pool = BookiePool()
+    try:
+        worker = ReplicationWorker(zk, paths, pool, digest, f"decommission-{bookie_id}",
+                                   throttle=TokenBucket(max_bytes_per_s))
+        progress = None
+        while True:
+            progress = decommission_round(zk, paths, bookie_id, worker, progress)
+            on_progress(progress.as_dict())
+            if progress.done:
+                finish_decommission(zk, paths, bookie_id)
+                return progress.as_dict()
+            if deadline is not None and clock() >= deadline:
+                raise DecommissionError(f"{format_progress(progress.as_dict())} after {timeout:.0f} s; the bookie gets "
+                                   f"no new copies meanwhile: run the command again to go on")
+            time.sleep(poll_s)
+    finally:
+        pool.close()

@@ -133,6 +133,14 @@ class ClusterPaths:
         return f"{self.rereplication_locks}/L{ledger_id:010d}"
 
     @property
+    def decommissioning(self) -> str:
+        """Bookies being decommissioned: no new copies go there, their ledgers move elsewhere."""
+        return f"{self.base}/decommissioning"
+
+    def decommissioning_bookie(self, bookie_id: str) -> str:
+        return f"{self.decommissioning}/{bookie_id}"
+
+    @property
     def log(self) -> str:
         return f"{self.base}/log"
 

@@ -117,12 +117,14 @@ class ReplicationWorker:
         self.timeout = timeout
         self.failures: dict[int, str] = {}
 
-    def run_once(self, stop: threading.Event | None = None) -> list[int]:
-        """Try every marked ledger once; returns the ids re-replicated (mark cleared)."""
+    def run_once(self, stop: threading.Event | None = None, only: set[int] | None = None) -> list[int]:
+        """Try every marked ledger (of ``only``, if given) once; returns the ids re-replicated (mark cleared)."""
         done = []
         for ledger_id in list_underreplicated(self.zk, self.paths):
             if stop is not None and stop.is_set():
                 break
+            if only is not None and ledger_id not in only:
+                continue
             lock = self.paths.rereplication_lock(ledger_id)
             try:
                 self.zk.create(lock, self.identifier.encode(), ephemeral=True, makepath=True)

@@ -241,12 +241,26 @@ class LedgerMetadata:
         return meta.validate()
 
 
+def decommissioning_bookies(zk: KazooClient, paths: ClusterPaths) -> set[str]:
+    """The ids of the bookies being decommissioned (``decommissioning/<id>``)."""
+    try:
+        return set(zk.get_children(paths.decommissioning))
+    except NoNodeError:
+        return set()
+
+
 def live_bookies(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
-    """The registrations of every live bookie, sorted by bookie id."""
+    """The registrations of every live bookie, sorted by bookie id.
+
+    A bookie being decommissioned is listed (it still serves reads, so it is a
+    source of copies) but as ``readonly`` with ``decommissioning: true``: the
+    placement rules give it no new ledger, replacement or copy.
+    """
     try:
         children = zk.get_children(paths.bookies)
     except NoNodeError:
         return []
+    leaving = decommissioning_bookies(zk, paths) if children else set()
     out = []
     for child in sorted(children):
         try:
@@ -259,6 +273,8 @@ def live_bookies(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
             continue
         if isinstance(doc, dict):
             doc.setdefault("bookie_id", child)
+            if child in leaving:
+                doc.update(readonly=True, decommissioning=True)
             out.append(doc)
     return out
 

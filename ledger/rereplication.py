@@ -128,13 +128,14 @@ def plan_rereplication(meta: LedgerMetadata, bookies: list[dict], rng: random.Ra
     """Which members of which fragments to replace, and by whom. Pure.
 
     ``bookies`` are the live registrations; ``lost_ids`` the members to replace
-    (default: every member not among ``bookies``). Every fragment with a lost
+    (default: every member not among ``bookies``, or listed there as
+    ``decommissioning``). Every fragment with a lost
     member gets a replacement for it (also the fragments whose lost member held
     nothing: the metadata then names no lost bookie), chosen by the placement
     rules beside the members that stay and the replacements already chosen for
     that fragment. Raises :class:`NotEnoughBookies` when no bookie fits.
     """
-    live_ids = {str(b.get("bookie_id")) for b in bookies if isinstance(b, dict)}
+    live_ids = {str(b.get("bookie_id")) for b in bookies if isinstance(b, dict) and not b.get("decommissioning")}
     lost = set(lost_ids) if lost_ids is not None else {m["bookie_id"] for m in meta.all_bookies()} - live_ids
     candidates = [b for b in bookies if isinstance(b, dict) and str(b.get("bookie_id")) not in lost]
     plan: list[Replacement] = []
@@ -331,8 +332,8 @@ def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, l
                        max_rounds: int = 10) -> RereplicationResult:
     """Bring every fragment of closed ``ledger_id`` back to ``write_quorum`` live bookies; clear its mark.
 
-    ``lost_ids`` (default: every member not registered under ``bookies/``) are the
-    members to replace. The new fragments are CASed only if the metadata did not
+    ``lost_ids`` (default: every member not registered under ``bookies/``, and every
+    one being decommissioned) are the members to replace. The new fragments are CASed only if the metadata did not
     change since it was read; otherwise the plan is made again (up to
     ``max_rounds`` times). Raises :class:`RereplicationError` (or
     :class:`NotEnoughBookies`) when it cannot finish; the mark then stays.

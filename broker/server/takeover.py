@@ -35,6 +35,7 @@ from kazoo.exceptions import KazooException
 from broker.server.config import BrokerConfig
 from broker.server.follower import catch_up
 from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.server.roll_triggers import RollTriggers
 from broker.state.store import StateStore
 from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
                                           RecoverAndClose, RollPostponed, WriteLog, append_fenced,
@@ -211,10 +212,12 @@ class Takeover:
         ready = threading.Event()
         cfg = self.config
         epoch = claim.epoch
+        triggers = RollTriggers(self.zk, self.paths)
         session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set, claim=claim,
                                 roll=lambda current: roll_ledger(self.zk, self.paths, self.ledgers, claim, current),
                                 should_roll=lambda entries, size: (entries >= cfg.ledger_max_entries
-                                                                   or size >= cfg.ledger_max_bytes))
+                                                                   or size >= cfg.ledger_max_bytes
+                                                                   or triggers.reason(session.writer) is not None))
         self.session = session
         broker_id = self.broker_id
         self.server.call_soon(lambda: self.server.start_leading(

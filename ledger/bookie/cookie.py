@@ -159,9 +159,14 @@ def bind_instance(zk: KazooClient, paths: ClusterPaths, data_dir: str, cookie: d
     doc = {"instance_id": cookie["instance_id"], "created_at": time.time()}
     try:
         zk.create(node, json.dumps(doc).encode(), makepath=True)
-        return cookie
     except NodeExistsError:
         pass
+    else:
+        from ledger.decommission import clear_finished_decommission  # it names cookies: imported late
+
+        if clear_finished_decommission(zk, paths, cookie["bookie_id"]):
+            log.info("bookie %s was decommissioned; it joins again as a new member", cookie["bookie_id"])
+        return cookie
     try:
         registered = json.loads(zk.get(node)[0])
     except NoNodeError:

@@ -408,6 +408,10 @@ def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):
     assert load.longest < 5.0, f"a submit took {load.longest:.1f}s"
     assert victim in {m["bookie_id"] for m in changed.fragments[0]["ensemble"]}
     assert victim not in {m["bookie_id"] for m in changed.ensemble}
-    assert read_log(cluster.zk, cluster.paths)[0][-1]["id"] == ledger_id  # the same leader, the same ledger
+    # The same leader goes on, and rolls the changed ledger so that it can be re-replicated once closed.
+    log_ledgers = read_log(cluster.zk, cluster.paths)[0]
+    assert {entry["epoch"] for entry in log_ledgers if entry["id"] >= ledger_id} == {changed.epoch}
+    wait_for(lambda: read_metadata(cluster.zk, cluster.paths, ledger_id)[0].state == CLOSED, 10,
+             "the changed ledger to be rolled")
     assert_exactly_once(bc, load.acked)
     assert_replicas_agree(bc, brokers)
