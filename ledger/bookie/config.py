@@ -79,6 +79,9 @@ class BookieConfig:
     rereplication_max_bytes_per_s: int = field(default=20 * 1024 * 1024, metadata={
         "help": "Throttle of re-replication copies in bytes per second (0: unlimited), so that it does not "
                 "take the leader's write bandwidth.", "default_text": "20 MiB", "min": 0})
+    gc_interval_s: float = field(default=60.0, metadata={
+        "help": "Seconds between garbage-collection passes, which delete the local copies of ledgers whose "
+                "metadata no longer names this bookie (one pass also runs at start, before serving)."})
     # The cluster-wide options (the `config` node): None takes the cluster's; a value that
     # differs from the cluster's stops the bookie at start, naming the difference.
     write_quorum: int | None = cluster_option_field("write_quorum")
@@ -124,6 +127,10 @@ class BookieConfig:
         if not isinstance(rate, int) or isinstance(rate, bool) or not 0 <= rate <= 1 << 40:
             raise LedgerError(f"rereplication_max_bytes_per_s must be an integer between 0 and {1 << 40}, "
                               f"got {rate!r}")
+        if (not isinstance(self.gc_interval_s, (int, float)) or isinstance(self.gc_interval_s, bool)
+                or not 0 < self.gc_interval_s <= 30 * 86400):
+            raise LedgerError(f"gc_interval_s must be more than 0 and at most 2592000 seconds, "
+                              f"got {self.gc_interval_s!r}")
         validate_member_options(self, LedgerError)
         if not isinstance(self.init_if_missing, bool):
             raise LedgerError(f"init_if_missing must be true or false, got {self.init_if_missing!r}")

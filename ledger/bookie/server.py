@@ -38,6 +38,7 @@ from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance, cookie_for_cluster
+from ledger.bookie.gc import GarbageCollector, Handoff
 from ledger.bookie.integrity import open_vouched_store, prepare_store
 from ledger.bookie.polls import LongPolls
 from ledger.bookie.protocol import OPS, entity_id, info_fields, parse_add, parse_add_batch, parse_wait_lac
@@ -93,6 +94,8 @@ class Bookie:
         self._recovery_pool = None
         self._polls = LongPolls(self._info, self._send)
         self._explicit_lac: dict[int, int] = {}
+        self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
+        self._gc: GarbageCollector | None = None
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Join the cluster: read its config, check the cookie, open the store, bind, register.
@@ -120,6 +123,9 @@ class Bookie:
             self.verified_at_start = not self._store.was_clean()
             self._limbo = prepare_store(cfg, self.bookie_id, self._store)
             self._vouching = True
+            self._gc = GarbageCollector(self._zk, paths, self.bookie_id, self._local_ledgers, self._forget_ledger,
+                                        self._handoff, cfg.gc_interval_s)
+            self._gc.collect_once(inline=True)  # before binding: never serve a ledger this bookie lost
             self._ctx = zmq.Context()
             self._sock = self._ctx.socket(zmq.ROUTER)
             # The default limit of 1000 queued replies silently drops acks under a deep pipeline.
@@ -136,6 +142,7 @@ class Bookie:
             zkutil.patiently(self._registration.register, wait_s=1.5 * cfg.zk_session_timeout_s + 1,
                              what="registering the bookie")
             self._registration.start_keeper()
+            self._gc.start()
             if cfg.autorecovery:
                 self._start_autorecovery(paths)
         except BaseException:
@@ -168,6 +175,10 @@ class Bookie:
 
     def close(self) -> None:
         """Release everything; safe to call twice and after a failed start."""
+        self._handoff.close()  # the loop no longer runs: a waiting collector must not wait for it
+        if self._gc is not None:
+            self._gc.stop()
+            self._gc = None
         if self._autorecovery is not None:
             self._autorecovery.stop()
             self._autorecovery = None
@@ -200,6 +211,8 @@ class Bookie:
         while not stop.is_set():
             if self._sock.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS), zmq.POLLIN):
                 self._turn()
+            if self._handoff:
+                self._handoff.run_pending()
             now = time.monotonic()
             self._polls.expire(now)
             if self._gate.readonly and now - self._adds_seen_at >= IDLE_PROBE_S and self._gate.may_try(now):
@@ -425,10 +438,19 @@ class Bookie:
     def _op_delete(self, envelope, msg, adds):
         ledger = entity_id(msg, "ledger")
         self._commit(adds)  # an add that arrived before the delete must not outlive it
-        log.info("deleted ledger %d (%d entries)", ledger, self._store.delete_ledger(ledger))
+        log.info("deleted ledger %d (%d entries)", ledger, self._forget_ledger(ledger))
+        return wire.ok_reply(msg["rid"])
+
+    def _forget_ledger(self, ledger: int) -> int:
+        """Delete a ledger's entries and everything the loop keeps about it; the number of entries deleted."""
+        deleted = self._store.delete_ledger(ledger)
         self._explicit_lac.pop(ledger, None)
         self._limbo.pop(ledger, None)
-        return wire.ok_reply(msg["rid"])
+        self._polls.wake(ledger, always=True)  # parked polls learn now, not at their deadline
+        return deleted
+
+    def _local_ledgers(self) -> list[int]:
+        return sorted(set(self._store.list_ledgers()) | set(self._limbo))
 
     def _op_stats(self, envelope, msg, adds):
         return wire.ok_reply(msg["rid"], **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
