@@ -148,8 +148,12 @@ def waiting_for_bookies(view: dict) -> dict | None:
     waits = [b for b in view["brokers"] if b.get("waiting_for_bookies")]
     if not waits:
         return None
-    return {"waiting_for": max(b["waiting_for_bookies"] for b in waits),
-            "live": max(int(b.get("live_bookies") or 0) for b in waits)}
+    out = {"waiting_for": max(b["waiting_for_bookies"] for b in waits),
+           "live": max(int(b.get("live_bookies") or 0) for b in waits)}
+    reasons = sorted({b["waiting_reason"] for b in waits if b.get("waiting_reason")})
+    if reasons:
+        out["reason"] = reasons[0]  # an open ledger's recovery, not the count, holds the takeover
+    return out
 
 
 # ---------------------------------------------------------------- leadership

@@ -103,7 +103,9 @@ def format_status(view: dict) -> str:
     if view.get("waiting"):
         lines.append(f"no leader: waiting for {view['waiting']['waiting_for']} members "
                      f"({view['waiting']['present']} present)")
-    if view.get("waiting_bookies"):
+    if (view.get("waiting_bookies") or {}).get("reason"):
+        lines.append(f"no leader: {view['waiting_bookies']['reason']}")
+    elif view.get("waiting_bookies"):
         lines.append(f"no leader: waiting for {view['waiting_bookies']['waiting_for']} bookies, "
                      f"{view['waiting_bookies']['live']} live (a new ledger needs them; see `bookies` below)")
     if view.get("shutdown"):

@@ -132,6 +132,10 @@ class ClusterPaths:
     def rereplication_lock(self, ledger_id: int) -> str:
         return f"{self.rereplication_locks}/L{ledger_id:010d}"
 
+    def cookie(self, bookie_id: str) -> str:
+        """Binds a bookie id to one data directory (its instance id)."""
+        return f"{self.base}/cookies/{bookie_id}"
+
     @property
     def decommissioning(self) -> str:
         """Bookies being decommissioned: no new copies go there, their ledgers move elsewhere."""

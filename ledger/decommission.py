@@ -46,7 +46,6 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.bookie.cookie import cookie_path
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, list_ledgers, live_bookies, read_metadata
 from ledger.placement import placeable
 from ledger.underreplication import mark_underreplicated, read_underreplicated
@@ -123,7 +122,7 @@ def start_decommission(zk: KazooClient, paths: ClusterPaths, bookie_id: str, ens
     """
     bookies = live_bookies(zk, paths)
     registered = {str(b.get("bookie_id")) for b in bookies}
-    known = (bookie_id in registered or zk.exists(cookie_path(paths, bookie_id)) is not None
+    known = (bookie_id in registered or zk.exists(paths.cookie(bookie_id)) is not None
              or any(holding_fragments(m, bookie_id) for m in _read_all(zk, paths)))
     if not known:
         raise DecommissionError(f"no bookie {bookie_id!r}: it is not registered, has no cookie and no ledger names it")
@@ -193,8 +192,8 @@ def finish_decommission(zk: KazooClient, paths: ClusterPaths, bookie_id: str,
             raise DecommissionError(f"bookie {bookie_id} is not being decommissioned") from None
         doc = {**_json(data), "bookie_id": bookie_id, "done": True, "finished_at": clock()}
         txn = zk.transaction()
-        if zk.exists(cookie_path(paths, bookie_id)) is not None:
-            txn.delete(cookie_path(paths, bookie_id))
+        if zk.exists(paths.cookie(bookie_id)) is not None:
+            txn.delete(paths.cookie(bookie_id))
         txn.set_data(node, json.dumps(doc).encode(), version=stat.version)
         if not any(isinstance(r, Exception) for r in txn.commit()):
             return

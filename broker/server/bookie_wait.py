@@ -37,6 +37,8 @@ from ledger.placement import placeable
 
 # The longest a change of a registration's data (read-only, free space) goes unseen.
 POLL_S = 1.0
+# How long a broker stays out after its takeover found an open ledger it could not recover.
+RECOVERY_HOLD_S = 2.0
 
 
 class BookieWait:
@@ -49,6 +51,7 @@ class BookieWait:
         self.live: int | None = None  # unknown until first read: nothing to say yet
         self._next_read = 0.0
         self._stale = threading.Event()  # set by the watch: re-read at the next hold()
+        self._recovery: tuple[str, float] | None = None  # (why, until): an open ledger cannot be recovered
 
     def hold(self) -> str:
         """Why we may not stand ("" when a ledger could be created); reads ``bookies/`` when due."""
@@ -56,10 +59,19 @@ class BookieWait:
             self._read()
         return self._reason()
 
-    def saw(self, live: int) -> None:
-        """A fresh count from elsewhere (the takeover's check before its claim)."""
-        self._set(live)
+    def saw(self, live: int, reason: str | None = None) -> None:
+        """A fresh count from elsewhere (the takeover's check before its claim).
+
+        ``reason``: the check found an open ledger that cannot be recovered yet (too few
+        of its last ensemble live); that holds the broker out for :data:`RECOVERY_HOLD_S`,
+        after which the takeover checks again (the count alone cannot tell).
+        """
+        was = self._reason()
+        self._recovery = (reason, self.clock() + RECOVERY_HOLD_S) if reason else None
+        self.live = live
         self._next_read = self.clock() + self.poll_s
+        if self._reason() != was:
+            self.changed()
 
     def reason(self) -> str:
         """The last known reason, without reading ZooKeeper (for the request loop's ``not_leader``)."""
@@ -67,11 +79,18 @@ class BookieWait:
         return f"no broker can lead yet: {why}" if why else ""
 
     def live_fields(self) -> dict:
+        why = self._reason()
+        if why and self._recovery is not None:
+            return {"waiting_for_bookies": self.need, "live_bookies": self.live, "waiting_reason": why}
         if self.live is None or self.live >= self.need:
             return {}
         return {"waiting_for_bookies": self.need, "live_bookies": self.live}
 
     def _reason(self) -> str:
+        if self._recovery is not None:
+            if self.clock() < self._recovery[1]:
+                return self._recovery[0]
+            self._recovery = None
         return "" if self.live is None or self.live >= self.need else bookie_wait_reason(self.need, self.live)
 
     def _read(self) -> None:

@@ -448,7 +448,7 @@ class BrokerNode:
         except Diverged as exc:  # catching up hit an entry we cannot apply: stop, never skip it
             self.fail(exc)
         except WaitingForBookies as exc:  # nothing claimed: the candidacy's hold says it and waits
-            self.bookie_wait.saw(exc.live)
+            self.bookie_wait.saw(exc.live, exc.reason)
         except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
             log.warning("leadership ended: %s: %s", type(exc).__name__, exc)
         finally:

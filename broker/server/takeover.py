@@ -38,14 +38,14 @@ from broker.server.request_loop import BrokerServer, LeaderSession
 from broker.server.roll_triggers import RollTriggers
 from broker.state.store import StateStore
 from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
-                                          RecoverAndClose, RollPostponed, WriteLog, append_fenced,
+                                          RecoverAndClose, RecoveryShortfall, RollPostponed, WriteLog, append_fenced,
                                           bookie_wait_reason, close_previous, drive, ready_to_claim)
 from election.leader import EpochClaim, LostLeadership, claim_epoch, publish_leader
 from election.paths import ClusterPaths
 from ledger.client.facade import LedgerClient
 from ledger.client.writer import LedgerWriter
 from ledger.log import LogConflict, StaleEpoch, read_log, write_log
-from ledger.metadata import live_bookies, read_metadata
+from ledger.metadata import CLOSED, NoSuchLedger, live_bookies, read_metadata
 from ledger.placement import placeable
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,24 @@ class StopOnce:
 ROLL_FAULT = StopOnce(os.environ.get(FAULT_ENV) == "1")
 
 
+def recovery_shortfall(zk: KazooClient, paths: ClusterPaths, ids) -> list[tuple[int, int, int]]:
+    """The :class:`RecoveryShortfall` effect: open ledgers of ``ids`` whose last ensemble is too short of live bookies."""
+    registered = {str(b.get("bookie_id")) for b in live_bookies(zk, paths)}
+    short = []
+    for ledger_id in ids:
+        try:
+            meta, _ = read_metadata(zk, paths, ledger_id)
+        except NoSuchLedger:
+            continue  # recovery says what is wrong with it
+        if meta.state == CLOSED:
+            continue
+        need = max(meta.fence_quorum, meta.ack_quorum)
+        live = sum(1 for m in meta.fragments[-1]["ensemble"] if m["bookie_id"] in registered)
+        if live < need:
+            short.append((ledger_id, need, live))
+    return short
+
+
 class RealEffects:
     """Performs the effects of :mod:`broker.server.takeover_steps` on ZooKeeper and the bookies."""
 
@@ -86,6 +104,8 @@ class RealEffects:
     def __call__(self, effect):
         if isinstance(effect, CountBookies):
             return placeable(live_bookies(self.zk, self.paths))
+        if isinstance(effect, RecoveryShortfall):
+            return recovery_shortfall(self.zk, self.paths, effect.ids)
         if isinstance(effect, ReadLog):
             return read_log(self.zk, self.paths)
         if isinstance(effect, LedgerStates):

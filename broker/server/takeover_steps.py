@@ -13,9 +13,10 @@ bookies (:func:`drive` with the takeover's executor) and against the in-memory
 model of the interleaving test (tests/unit/test_takeover_interleavings.py).
 
 Before any of that, :func:`ready_to_claim` checks that a ledger could be created at all
-(enough writable bookies on distinct addresses): a would-be leader short of bookies raises
-:class:`WaitingForBookies` before it claims an epoch, so a cluster that lost a bookie does
-not burn an epoch per attempt while it waits for one.
+(enough writable bookies on distinct addresses) and that every open ledger of the log could
+be recovered (enough live bookies in its last ensemble): a would-be leader short of bookies
+raises :class:`WaitingForBookies` before it claims an epoch, so a cluster that lost bookies
+does not burn an epoch per attempt while it waits for them.
 
 Example::
 
@@ -48,12 +49,20 @@ def bookie_wait_reason(need: int, live: int) -> str:
     return f"waiting for {need} bookies, {live} live"
 
 
-class WaitingForBookies(NotEnoughBookies):
-    """Too few bookies for a new ledger: the takeover stops before its epoch claim and waits."""
+def recovery_wait_reason(ledger_id: int, need: int, live: int) -> str:
+    """Why a takeover waits for bookies of an open ledger's last ensemble."""
+    return (f"waiting for the bookies of ledger {ledger_id}: {live} of its last ensemble live, "
+            f"recovery needs {need}")
 
-    def __init__(self, need: int, live: int) -> None:
-        super().__init__(bookie_wait_reason(need, live))
+
+class WaitingForBookies(NotEnoughBookies):
+    """Too few bookies for a new ledger, or to recover an open one: the takeover stops before its
+    epoch claim and waits. ``reason`` says which; ``live`` is the placeable count either way."""
+
+    def __init__(self, need: int, live: int, reason: str | None = None) -> None:
+        super().__init__(reason or bookie_wait_reason(need, live))
         self.need, self.live = need, live
+        self.reason = reason
 
 
 class RollPostponed(NotEnoughBookies):
@@ -63,6 +72,13 @@ class RollPostponed(NotEnoughBookies):
 @dataclass(frozen=True)
 class CountBookies:
     """Result: how many members a new ledger could get now (:func:`ledger.placement.placeable`)."""
+
+
+@dataclass(frozen=True)
+class RecoveryShortfall:
+    """Result: ``[(ledger_id, need, live), ...]`` for each ledger of ``ids`` that is not CLOSED and has
+    fewer live bookies in its last fragment than its recovery needs (fence and ack quorums)."""
+    ids: tuple
 
 
 @dataclass(frozen=True)
@@ -123,11 +139,17 @@ def append_fenced(ledger_id: int, claim: EpochClaim) -> Steps:
 
 def ready_to_claim(ensemble_size: int) -> Steps:
     """The takeover's first step: raise WaitingForBookies unless a ledger of ``ensemble_size`` could be
-    created now. Nothing irreversible happened yet, so the broker can wait and try again; a bookie
-    lost between this check and the ledger's creation still costs that one attempt its epoch."""
+    created now and every open ledger of the log could be recovered (enough of its last ensemble is
+    live). Nothing irreversible happened yet, so the broker can wait and try again; a bookie lost
+    between this check and the ledger's creation still costs that one attempt its epoch."""
     live = yield CountBookies()
     if live < ensemble_size:
         raise WaitingForBookies(ensemble_size, live)
+    ledgers, _ = yield ReadLog()
+    short = yield RecoveryShortfall(tuple(x["id"] for x in ledgers))
+    if short:
+        ledger_id, need, members = short[0]
+        raise WaitingForBookies(ensemble_size, live, recovery_wait_reason(ledger_id, need, members))
     return live
 
 

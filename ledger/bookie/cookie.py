@@ -31,6 +31,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 from election.files import write_json_atomically
 from election.paths import ClusterPaths
 from ledger import LedgerError
+from ledger.decommission import clear_finished_decommission
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ def _has_log(zk: KazooClient, paths: ClusterPaths) -> bool:
 
 
 def cookie_path(paths: ClusterPaths, bookie_id: str) -> str:
-    return f"{paths.base}/cookies/{bookie_id}"
+    return paths.cookie(bookie_id)
 
 
 def bind_instance(zk: KazooClient, paths: ClusterPaths, data_dir: str, cookie: dict) -> dict:
@@ -162,8 +163,6 @@ def bind_instance(zk: KazooClient, paths: ClusterPaths, data_dir: str, cookie: d
     except NodeExistsError:
         pass
     else:
-        from ledger.decommission import clear_finished_decommission  # it names cookies: imported late
-
         if clear_finished_decommission(zk, paths, cookie["bookie_id"]):
             log.info("bookie %s was decommissioned; it joins again as a new member", cookie["bookie_id"])
         return cookie

@@ -124,3 +124,45 @@ def test_with_a_spare_bookie_a_takeover_needs_no_operator(cluster, procs):
     survivors = [p for p in brokers if p is not old]
     assert_exactly_once(bc, load.acked)
     assert_replicas_agree(bc, survivors)
+
+
+def test_takeover_waits_for_an_open_ledgers_bookies_though_a_new_ledger_fits(cluster, procs):
+    """Five bookies; two of the leader's ensemble and the leader SIGKILLed: three bookies could hold a
+    new ledger, but the open one cannot be fenced and recovered. The takeover waits without claiming
+    epochs and says why; one of its bookies back, it completes with nothing lost."""
+    from ledger.log import read_log
+    from ledger.metadata import read_metadata
+    from tests.integration.test_ledger_client import bookie_id_of
+
+    bookies = [procs.start_bookie(cluster, extra=BOOKIE_SESSION) for _ in range(5)]
+    brokers = [procs.start_broker(cluster) for _ in range(2)]
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
+    bc.wait_leader()
+    with Producers(bc.zk_hosts, cluster.name, threads=2, timeout=90) as load:
+        wait_for(lambda: load.count() > 100, 30, "load to start")
+        ledger_id = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
+        ensemble = [m["bookie_id"] for m in read_metadata(cluster.zk, cluster.paths, ledger_id)[0].ensemble]
+        victims = [p for p in bookies if bookie_id_of(p) in ensemble[:2]]
+        old = bc.leader_proc()
+        old_id = bc.leader_info()["broker_id"]
+        for p in [old, *victims]:
+            p.kill()
+        survivor = next(p for p in brokers if p is not old)
+        waiting = f"waiting for the bookies of ledger {ledger_id}: 1 of its last ensemble live, recovery needs 2"
+        text, doc = wait_for(lambda: (lambda s: s if waiting in s[0] else None)(status(procs, cluster)),
+                             30, "status to say why nobody leads")
+        assert doc["leader"] is None and doc["waiting_bookies"]["reason"] == waiting
+        epoch_before = epoch_node(cluster)
+        held_from = time.monotonic()
+        while time.monotonic() - held_from < 6:
+            assert epoch_node(cluster) == epoch_before, "an epoch was claimed while the ledger cannot be recovered"
+            time.sleep(0.5)
+
+        procs.restart(victims[0])
+        leader = bc.wait_leader(not_id=old_id, timeout=60)
+        assert leader["epoch"] == json.loads(epoch_before[0])["epoch"] + 1
+        before = load.count()
+        wait_for(lambda: load.count() > before + 100, 60, "load to go on with the new leader")
+    assert not load.errors, load.errors[:3]
+    assert_exactly_once(bc, load.acked)
+    assert_replicas_agree(bc, [survivor])

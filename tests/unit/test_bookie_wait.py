@@ -25,6 +25,8 @@ class FakeZk:
     def get_children(self, path, watch=None):
         if self.down:
             raise ConnectionLoss()
+        if path == PATHS.decommissioning:
+            raise NoNodeError()  # no bookie is being decommissioned
         self.reads += 1
         if self.bookies is None:
             raise NoNodeError()
@@ -147,3 +149,24 @@ def test_status_says_no_leader_waiting_for_bookies():
     assert "read-only" in text
     assert waiting_for_bookies(view(leader=1, brokers=brokers)) is None
     assert waiting_for_bookies(view(brokers=[{"id": 3, "role": "follower"}])) is None
+
+
+def test_an_open_ledger_that_cannot_be_recovered_holds_for_a_while_and_status_says_why():
+    zk = FakeZk()
+    for i in (1, 2, 3):
+        zk.register(f"b{i}", i)
+    wait, clock, changes = make(zk)
+    assert wait.hold() == ""
+    why = "waiting for the bookies of ledger 7: 1 of its last ensemble live, recovery needs 2"
+    wait.saw(3, why)  # the takeover's check found the open ledger short
+    assert wait.hold() == why and wait.reason() == f"no broker can lead yet: {why}"
+    assert wait.live_fields() == {"waiting_for_bookies": 3, "live_bookies": 3, "waiting_reason": why}
+    assert changes[-1]["waiting_reason"] == why
+    clock.now += 2.5  # then the takeover may check again
+    assert wait.hold() == "" and wait.live_fields() == {}
+
+    v = view(brokers=[{"id": 1, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 3,
+                       "waiting_reason": why}])
+    v["waiting_bookies"] = waiting_for_bookies(v)
+    assert v["waiting_bookies"]["reason"] == why
+    assert f"no leader: {why}" in format_status(v)

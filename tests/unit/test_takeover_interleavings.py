@@ -26,7 +26,7 @@ import copy
 import pytest
 
 from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
-                                          RecoverAndClose, WaitingForBookies, WriteLog, append_fenced,
+                                          RecoverAndClose, RecoveryShortfall, WaitingForBookies, WriteLog, append_fenced,
                                           close_previous, ready_to_claim)
 from election.leader import EpochClaim, LostLeadership
 from ledger import LedgerError
@@ -144,6 +144,8 @@ class World:
     def perform(self, broker: str, action):
         if isinstance(action, CountBookies):
             return self.bookies
+        if isinstance(action, RecoveryShortfall):
+            return []  # the model's bookies are all up or too few for any ledger: the count decides
         if isinstance(action, ReadLog):
             return [dict(x) for x in self.log], self.log_version
         if isinstance(action, LedgerStates):
