@@ -7,9 +7,10 @@ Each round:
   ``auditor``): notes when each bookie named by a ledger's fragments stopped
   being registered under ``bookies/``; once one has been gone longer than
   ``lost_bookie_grace_s``, every CLOSED ledger with entries on it gets an
-  ``underreplicated/<ledger>`` mark (``by: "auditor"``). The memory of when a
-  bookie went missing is the auditor's own: a newly elected auditor waits the
-  grace again (a bookie back in the meantime is forgotten).
+  ``underreplicated/<ledger>`` mark (``by: "auditor"``). When each bookie went
+  missing is kept (wall-clock seconds) in the data of the ``auditor`` node, so
+  a newly elected auditor goes on from there instead of waiting the whole grace
+  again (a bookie back in the meantime is forgotten).
 * **worker** (every process): for each marked CLOSED ledger, claims it with an
   ephemeral ``rereplication-locks/<ledger>`` node (one worker per ledger) and
   runs :func:`ledger.rereplication.rereplicate_ledger`, which copies the lost
@@ -26,6 +27,7 @@ Example::
 """
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -50,12 +52,44 @@ class Auditor:
     """Marks closed ledgers with entries on a bookie gone longer than the grace. Call only while elected."""
 
     def __init__(self, zk: KazooClient, paths: ClusterPaths, lost_bookie_grace_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.zk = zk
         self.paths = paths
         self.grace_s = lost_bookie_grace_s
         self._clock = clock
-        self.missing_since: dict[str, float] = {}
+        self._wall = wall
+        self.missing_since: dict[str, float] = {}  # in ``clock`` time
+        self._saved: dict[str, float] = {}  # what the auditor node holds, in wall-clock time
+
+    def resume(self) -> None:
+        """Take over the previous auditor's memory of missing bookies (call on being elected)."""
+        self.missing_since.clear()
+        try:
+            data, _ = self.zk.get(self.paths.auditor)
+            saved = json.loads(data).get("missing_since") if data else None
+        except (NoNodeError, ValueError, AttributeError):
+            saved = None
+        if not isinstance(saved, dict):
+            saved = {}
+        now, wall = self._clock(), self._wall()
+        for bookie_id, since in saved.items():
+            if isinstance(since, (int, float)) and not isinstance(since, bool):
+                # A wall time in the future (clocks differ between hosts) counts as "just now".
+                self.missing_since[str(bookie_id)] = now - max(0.0, wall - since)
+        self._saved = dict(saved)
+
+    def _remember(self) -> None:
+        """Write when each bookie went missing into the auditor node, if that changed."""
+        now, wall = self._clock(), self._wall()
+        keep = {b: self._saved[b] for b in self.missing_since if b in self._saved}
+        keep.update({b: wall - (now - since) for b, since in self.missing_since.items() if b not in keep})
+        if keep == self._saved:
+            return
+        try:
+            self.zk.set(self.paths.auditor, json.dumps({"missing_since": keep}, sort_keys=True).encode())
+            self._saved = keep
+        except KazooException as exc:
+            log.debug("could not record the missing bookies in the auditor node: %s", exc)
 
     def audit_once(self) -> list[int]:
         """One audit; returns the ids of the ledgers it marked."""
@@ -78,6 +112,7 @@ class Auditor:
                 self.missing_since[bookie_id] = now
                 log.info("auditor: bookie %s is not registered; its ledgers are marked under-replicated if it is "
                          "still gone in %.0f s", bookie_id, self.grace_s)
+        self._remember()
         marked = []
         for meta in metas:
             if meta.state != CLOSED:
@@ -158,11 +193,11 @@ class AutoRecovery:
 
     def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, digest: Digest, identifier: str,
                  lost_bookie_grace_s: float, max_bytes_per_s: float = 0, interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.zk = zk
         self.paths = paths
         self.interval_s = interval_s
-        self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock)
+        self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock, wall=wall)
         self.worker = ReplicationWorker(zk, paths, pool, digest, identifier, throttle=TokenBucket(max_bytes_per_s))
         self._lock = zk.Lock(paths.auditor, identifier)
         self._stop = threading.Event()
@@ -188,8 +223,9 @@ class AutoRecovery:
         if not self._lock.is_acquired:
             try:
                 if self._lock.acquire(blocking=False):
-                    log.info("this process is the auditor now")
-                    self.auditor.missing_since.clear()
+                    self.auditor.resume()
+                    log.info("this process is the auditor now%s", "; bookies missing already: " + ", ".join(
+                        sorted(self.auditor.missing_since)) if self.auditor.missing_since else "")
             except KazooException as exc:
                 log.debug("auditor election: %s", exc)
         if self._lock.is_acquired:

@@ -94,7 +94,7 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
     client = make_client(cluster)
     now = [1000.0]
     auto = AutoRecovery(cluster.zk, cluster.paths, client.pool, client.digest, "test-auditor",
-                        lost_bookie_grace_s=30, max_bytes_per_s=0, clock=lambda: now[0])
+                        lost_bookie_grace_s=30, max_bytes_per_s=0, clock=lambda: now[0], wall=lambda: now[0])
     try:
         closed_writer = client.create(epoch=1)
         for f in [closed_writer.add(b"closed-%d" % i) for i in range(50)]:
@@ -114,7 +114,15 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
         assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
         assert read_metadata(cluster.zk, cluster.paths, closed_writer.ledger_id)[0].ensemble == meta.ensemble
 
-        now[0] += 31
+        # The auditor is replaced: its successor remembers since when the bookie is missing.
+        now[0] += 20
+        auto.stop()
+        auto = AutoRecovery(cluster.zk, cluster.paths, client.pool, client.digest, "test-auditor-2",
+                            lost_bookie_grace_s=30, max_bytes_per_s=0, clock=lambda: now[0], wall=lambda: now[0])
+        auto.round()  # within the grace still: nothing marked, so its worker has nothing to do
+        assert auto.is_auditor and auto.auditor.missing_since == {lost: 1000.0}
+        assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
+        now[0] += 11  # 31 s after it went missing, not 31 s after the new auditor was elected
         assert auto.auditor.audit_once() == [closed_writer.ledger_id]
         mark = read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id)
         assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in mark["missing"]] == [(lost, 0, "auditor")]
