@@ -14,6 +14,8 @@ Operations (request fields -> reply fields):
 - ``cancel`` ``task_id`` -> ``{}``
 - ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload, max_run_ms}]``
 - ``heartbeat`` ``worker, task_id, attempt, lease_ms?`` -> ``{}``
+- ``heartbeat_many`` ``worker, tasks: [{task_id, attempt}], lease_ms?`` -> ``results: [{ok, error?, message?}]``
+  (one lease extension per task, one result per task, in order, as for ``complete_many``)
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
 - ``complete_many`` ``tasks: [{task_id, attempt, result?}]`` -> ``results: [{ok, error?, message?}]``
   (one result per task, in order; one task's stale attempt does not fail the others)
@@ -65,7 +67,7 @@ from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD
 from election.wire import CodedError
 from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
 
-OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat",
+OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat", "heartbeat_many",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk",
                  "cluster_shutdown"})
 MAX_CHUNK = 4 * 1024 * 1024
@@ -221,6 +223,10 @@ def check_request(msg: dict, max_payload: int) -> dict:
     if op == "heartbeat":
         return {"op": op, **_check_attempt(msg), "worker": _field(msg, "worker", K_WORKER),
                 "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
+    if op == "heartbeat_many":
+        return {"op": op, "worker": _field(msg, "worker", K_WORKER),
+                "tasks": _check_items(msg, "leases", _check_attempt),
+                "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
     if op == "complete":
         return {"op": op, **_check_completion(msg, max_payload)}
     if op == "fail":
@@ -240,6 +246,11 @@ def _completed(item: dict, now_ms: int) -> dict:
             "result": item["result"], "now_ms": now_ms}
 
 
+def _extended(req: dict, item: dict, now_ms: int) -> dict:
+    return {"type": "LeaseExtended", "task_id": item["task_id"], "attempt": item["attempt"],
+            "worker": req["worker"], "lease_ms": req["lease_ms"], "now_ms": now_ms}
+
+
 def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[dict]:
     """The events that carry out a checked write request (stamped by the leader)."""
     op = req["op"]
@@ -253,8 +264,9 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         return [{"type": "TaskLeased", "worker": req["worker"], "queues": req["queues"],
                  "max_tasks": req["max_tasks"], "lease_ms": req["lease_ms"], "now_ms": now_ms}]
     if op == "heartbeat":
-        return [{"type": "LeaseExtended", "task_id": req["task_id"], "attempt": req["attempt"],
-                 "worker": req["worker"], "lease_ms": req["lease_ms"], "now_ms": now_ms}]
+        return [_extended(req, req, now_ms)]
+    if op == "heartbeat_many":
+        return [_extended(req, item, now_ms) for item in req["tasks"]]
     if op == "complete":
         return [_completed(req, now_ms)]
     if op == "complete_many":
@@ -273,7 +285,7 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
     Raises RequestError with the state machine's code if the request failed.
     """
     op = req["op"]
-    if op == "complete_many":
+    if op in ("complete_many", "heartbeat_many"):
         return {"results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]}
     if op == "submit_many":
         for res in results:

@@ -113,6 +113,8 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
     "lease": lambda rng: {"worker": "fz-w", "queues": rng.sample(QUEUES, rng.randrange(1, 3)),
                           "max_tasks": rng.randrange(1, 5), "lease_ms": 60_000, "wait_ms": rng.choice([0, 0, 20])},
     "heartbeat": lambda rng: {"worker": "fz-w", "task_id": _task_id(rng), "attempt": 1, "lease_ms": 5000},
+    "heartbeat_many": lambda rng: {"worker": "fz-w", "lease_ms": 5000, "tasks": [
+        {"task_id": _task_id(rng), "attempt": 1} for _ in range(rng.randrange(1, 4))]},
     "complete": _completion,
     "complete_many": lambda rng: {"tasks": [_completion(rng) for _ in range(rng.randrange(1, 4))]},
     "fail": lambda rng: {"task_id": _task_id(rng), "attempt": 1, "error": "fz", "retry": rng.random() < 0.5},

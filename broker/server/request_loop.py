@@ -283,7 +283,7 @@ class BrokerServer:
             return
         if op == "lease" and req["wait_ms"]:
             req["deadline"] = time.monotonic() + req["wait_ms"] / 1000.0
-        if op in ("lease", "heartbeat") and req.get("lease_ms") is None:
+        if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
             req["lease_ms"] = self.config.default_lease_ms
         self._write(route, rid, req)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker.state.events import decode_batch, encode_batch, validate_event
 from broker.protocol import (E_BAD_REQUEST, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE, OPS, QUEUE_NAME,
-                             RequestError, check_request, request_events)
+                             RequestError, check_request, reply_fields, request_events)
 
 MAX_PAYLOAD = 64
 DEFAULT_LEASE_MS = 30_000
@@ -42,6 +42,7 @@ FIELDS = {
     "submit_many": ["tasks"], "get": ["task_id"], "cancel": ["task_id"],
     "lease": ["worker", "queues", "max_tasks", "lease_ms", "wait_ms"],
     "heartbeat": ["worker", "task_id", "attempt", "lease_ms"],
+    "heartbeat_many": ["worker", "lease_ms", "tasks"],
     "complete": ["task_id", "attempt", "result"], "complete_many": ["tasks"],
     "fail": ["task_id", "attempt", "error", "retry"],
     "cluster_shutdown": ["shutdown_id"],
@@ -92,8 +93,9 @@ def request_fields(draw, names: list[str]) -> dict:
 
 def fields_for(op: str) -> st.SearchStrategy:
     fixed = request_fields([n for n in FIELDS.get(op, []) if n != "tasks"])
-    if op in ("submit_many", "complete_many"):
-        names = FIELDS["submit" if op == "submit_many" else "complete"]
+    if op in ("submit_many", "complete_many", "heartbeat_many"):
+        names = {"submit_many": FIELDS["submit"], "complete_many": FIELDS["complete"],
+                 "heartbeat_many": ["task_id", "attempt"]}[op]
         valid = st.fixed_dictionaries({n: VALID[n] for n in names})
         item = st.one_of(valid, valid, valid, request_fields(names), ANY)
         fixed = st.one_of(st.fixed_dictionaries({"tasks": st.lists(item, min_size=1, max_size=3)}),
@@ -105,7 +107,7 @@ def fields_for(op: str) -> st.SearchStrategy:
 
 def stamped_events(req: dict) -> list[dict]:
     """The events as the leader makes them: its lease default, a valid time and task ids."""
-    if req["op"] in ("lease", "heartbeat") and req.get("lease_ms") is None:
+    if req["op"] in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
         req["lease_ms"] = DEFAULT_LEASE_MS
     ids = iter(range(10_000))
     return request_events(req, now_ms=1_700_000_000_000, new_id=lambda: f"{next(ids):032x}")
@@ -194,3 +196,19 @@ def test_oversized_payloads_and_results_are_payload_too_large():
 def test_a_long_error_text_is_cut_not_refused():
     [ev] = ok_events({"op": "fail", "task_id": "t", "attempt": 1, "error": "é" * 70_000})
     assert len(ev["error"]) == 65_536
+
+
+def test_heartbeat_many_extends_each_lease_and_answers_per_item():
+    events = ok_events({"op": "heartbeat_many", "worker": "w", "lease_ms": 900,
+                        "tasks": [{"task_id": "a", "attempt": 1}, {"task_id": "b", "attempt": 3}]})
+    assert [(ev["type"], ev["task_id"], ev["attempt"], ev["worker"], ev["lease_ms"]) for ev in events] == [
+        ("LeaseExtended", "a", 1, "w", 900), ("LeaseExtended", "b", 3, "w", 900)]
+    req = check_request({"op": "heartbeat_many", "worker": "w", "tasks": [{"task_id": "a", "attempt": 1}] * 2},
+                        MAX_PAYLOAD)
+    results = [{"ok": True, "task_id": "a", "lease_deadline_ms": 5},
+               {"ok": False, "error": "stale_attempt", "message": "attempt 1 is not the current attempt 2"}]
+    assert reply_fields(req, results) == {"results": [
+        {"ok": True}, {"ok": False, "error": "stale_attempt", "message": "attempt 1 is not the current attempt 2"}]}
+    with pytest.raises(RequestError) as info:
+        check_request({"op": "heartbeat_many", "worker": "w", "tasks": [{"task_id": "a"}]}, MAX_PAYLOAD)
+    assert info.value.message.startswith("tasks[0]: attempt is required")
