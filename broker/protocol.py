@@ -9,7 +9,10 @@ Operations (request fields -> reply fields):
 
 - ``ping`` -> ``broker_id, role, leader``
 - ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?`` -> ``task_id``
-- ``submit_many`` ``tasks: [submit fields]`` -> ``task_ids``
+- ``submit_many`` ``tasks: [submit fields], each?`` -> ``task_ids`` (a failed submit fails the request,
+  though the others' events are committed), or with ``each: true`` -> ``results: [{ok, task_id} |
+  {ok: false, error, message}]``, one per task in order (what a client coalescing the submits of
+  several callers needs: one caller's failed submit does not fail the others)
 - ``get`` ``task_id`` -> ``task``
 - ``cancel`` ``task_id`` -> ``{}``
 - ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload, max_run_ms}]``
@@ -208,7 +211,8 @@ def check_request(msg: dict, max_payload: int) -> dict:
     if op == "submit":
         return {"op": op, **check_submit(msg, max_payload)}
     if op == "submit_many":
-        return {"op": op, "tasks": _check_items(msg, "submits", lambda t: check_submit(t, max_payload))}
+        return {"op": op, "tasks": _check_items(msg, "submits", lambda t: check_submit(t, max_payload)),
+                "each": _field(msg, "each", K_RETRY, False)}
     if op in ("get", "cancel"):
         return {"op": op, "task_id": _field(msg, "task_id", K_TASK_ID)}
     if op == "cluster_shutdown":
@@ -287,6 +291,10 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
     op = req["op"]
     if op in ("complete_many", "heartbeat_many"):
         return {"results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]}
+    if op == "submit_many" and req.get("each"):
+        return {"results": [{"ok": True, "task_id": res["task_id"]} if res.get("ok") else
+                            {"ok": False, "error": res.get("error", E_INTERNAL), "message": res.get("message", "")}
+                            for res in results]}
     if op == "submit_many":
         for res in results:
             if not res.get("ok"):
