@@ -4,7 +4,8 @@ On a follower every request but ``ping`` gets ``not_leader`` with the
 leader's address. On the leader, reads are answered from the store and writes
 become events that go through :class:`broker.server.group_commit.GroupCommit`.
 Leases that find nothing wait (long poll) until tasks are ready or their
-``wait_ms`` runs out. The leader's clock drives lease expiry: expired leases
+``wait_ms`` runs out, and write nothing until then: an idle fleet's polls
+leave the ledger alone. The leader's clock drives lease expiry: expired leases
 become ``LeaseExpired`` events, so replicas never read a clock.
 
 Other threads talk to the loop only through :meth:`call_soon` and the wake
@@ -285,6 +286,14 @@ class BrokerServer:
             req["deadline"] = time.monotonic() + req["wait_ms"] / 1000.0
         if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
             req["lease_ms"] = self.config.default_lease_ms
+        if op == "lease" and not self._lease_finds_work(req["queues"]):
+            # A TaskLeased that hands out nothing would only record that a worker asked:
+            # an idle fleet's long polls must not fill the ledger.
+            if "deadline" in req:
+                self.session.parked.append((route, rid, req))
+            else:
+                self._send(route, wire.ok_reply(rid, tasks=[]))
+            return
         self._write(route, rid, req)
 
     # ------------------------------------------------------------ orderly cluster shutdown
@@ -502,6 +511,14 @@ class BrokerServer:
             available[queue] -= req["max_tasks"]
             self._write(route, rid, req)
         session.parked = keep
+
+    def _lease_finds_work(self, queues: list[str]) -> bool:
+        """True if one of ``queues`` has a task to lease now: a ready one, or a delayed one that is due."""
+        depths = self.store.queue_depths()
+        if any(d.get("waiting", 0) - d.get("delayed", 0) > 0 for q, d in depths.items() if q in queues):
+            return True
+        due = self.store.next_due_ms(queues)
+        return due is not None and due <= self._now_ms()
 
     def _expire_leases(self, session: LeaderSession) -> None:
         now = time.monotonic()
