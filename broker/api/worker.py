@@ -1,28 +1,46 @@
 """Run handler functions on the tasks of some queues: the worker side of fencepost.
 
-A :class:`Worker` runs ``concurrency`` threads that each long-poll ``lease`` for one
-task and call the queue's handler with a :class:`Task`. What the handler returns
-(bytes, str or None) is sent with ``complete``; an exception is sent with ``fail``
-(``retry=True``: the broker retries the task until its ``max_attempts``, then marks
-it dead). A heartbeat thread extends every running lease each ``lease_ms / 3``.
+A :class:`Worker` keeps up to ``prefetch`` tasks in hand (default: its
+``concurrency``). One lease thread long-polls ``lease`` for as many tasks as
+that leaves room for and queues them locally; ``concurrency`` handler threads
+take tasks from that queue and call the queue's handler with a :class:`Task`.
+What the handler returns (bytes, str or None) is a completion; an exception is
+a failure (``retry=True``: the broker retries the task until its
+``max_attempts``, then marks it dead). Outcomes go to an outbox that a sender
+thread delivers in the background, every completion ready at that moment in
+one ``complete_many`` (a failure is one ``fail``), so a handler thread goes on
+to its next task without waiting for a commit. A heartbeat thread extends every
+lease in hand (queued, running, or finished but not yet acknowledged) with one
+``heartbeat_many`` each ``lease_ms / 3``. A long-poll that finds nothing costs
+the cluster no ledger write: an idle fleet writes nothing.
+
+At-least-once, as before: a task is done only once its completion is committed.
+A worker that dies loses the tasks in its hand and the outcomes not yet
+acknowledged; their leases expire and the tasks run again elsewhere.
 
 A task submitted with ``max_run_ms`` (or leased from a queue that has one) may
-run that long and no longer: past it the worker abandons the attempt (fails it
-with ``retry=True`` and drops whatever the handler returns later) and the leader
-expires the lease even if heartbeats go on. Python cannot stop a thread, so an
-abandoned handler keeps its thread until it returns; :class:`CommandHandler`
-kills its command instead.
+run that long from its lease and no longer: past it the worker abandons the
+attempt (fails it with ``retry=True`` and drops whatever the handler returns
+later, or drops it unstarted if it was still queued) and the leader expires the
+lease even if heartbeats go on. Python cannot stop a thread, so an abandoned
+handler keeps its thread until it returns; :class:`CommandHandler` kills its
+command instead.
 
-``complete``, ``fail`` and ``heartbeat`` name the lease's ``(task_id, attempt)``.
-If the broker says the attempt is stale (the lease expired and the task was handed
-to someone else, or the task was cancelled), the worker logs it and drops the
-task: its result is not recorded, another attempt runs it. ``run()`` never raises
-for broker errors or failovers; it logs and keeps going until stopped.
+Outcomes and heartbeats name the lease's ``(task_id, attempt)``. If the broker
+says the attempt is stale (the lease expired and the task was handed to someone
+else, or the task was cancelled), the worker logs it and drops the task: its
+result is not recorded, another attempt runs it; a queued task whose heartbeat
+is refused is dropped before it runs. ``run()`` never raises for broker errors
+or failovers; it logs and keeps going until stopped.
 
 A handler may run more than once for one task (at-least-once delivery), so
 handlers should be idempotent. A ``lease`` whose reply is lost in a failover is
 retried; a task the lost reply may have leased goes back to its queue when the
 lease expires (using up one attempt).
+
+``prefetch`` above ``concurrency`` keeps tasks queued for threads that finish
+short handlers, at the cost of leases (and ``max_run_ms``) running while a task
+waits; below it, some threads stay idle.
 
 Example::
 
@@ -44,12 +62,13 @@ import socket
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Iterator, Union
 
 from broker.api.client import (
     DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
-from broker.protocol import RequestError, check_queue
+from broker.protocol import MAX_LEASE_TASKS, MAX_SUBMIT_MANY, RequestError, check_queue
 from election.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_PAYLOAD_TOO_LARGE, E_STALE_ATTEMPT
 
 log = logging.getLogger(__name__)
@@ -60,6 +79,8 @@ DEFAULT_WAIT_MS = 2_000
 LOST_LEASE_CODES = frozenset({E_STALE_ATTEMPT, E_NOT_RUNNING, E_NO_SUCH_TASK, E_NOT_OWNER})
 # Enough of a traceback to debug with, small enough to keep task records small.
 MAX_ERROR_CHARS = 16_384
+# Results per complete_many, well inside a frame; one larger result goes alone.
+MAX_BATCH_RESULT_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -103,22 +124,32 @@ class Worker:
 
     ``queues`` are the queues leased (default: every queue with a handler).
     Give either ``zk`` or ``brokers`` as for :class:`~broker.api.client.Client`, or a
-    ready ``client`` (it is then not closed by the worker). A Worker runs once:
-    ``run()`` returns after ``stop()`` and cannot be started again.
+    ready ``client`` (it is then not closed by the worker). ``prefetch`` is how many
+    tasks the worker holds at once, queued or running (default: ``concurrency``).
+    A Worker runs once: ``run()`` returns after ``stop()`` and cannot be started again.
+
+    Example::
+
+        worker = Worker(zk="127.0.0.1:2181", queues=["thumbs"], concurrency=8, prefetch=16,
+                        handlers={"thumbs": make_thumbnail})
+        worker.run()
     """
 
     def __init__(self, zk: str | None = None, cluster: str = "dev", brokers: list[str] | None = None,
                  queues: list[str] | None = None, concurrency: int = 1, lease_ms: int = DEFAULT_LEASE_MS,
                  name: str | None = None, handlers: dict[str, Handler] | None = None,
                  wait_ms: int = DEFAULT_WAIT_MS, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 client: Client | None = None) -> None:
+                 client: Client | None = None, prefetch: int | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch is not None and prefetch < 1:
+            raise ValueError("prefetch must be at least 1")
         if lease_ms < 100:
             raise ValueError("lease_ms must be at least 100")
         self.name = name or default_worker_name()
         self.queues = [self._checked(q) for q in queues] if queues is not None else None
         self.concurrency = concurrency
+        self.prefetch = concurrency if prefetch is None else int(prefetch)
         self.lease_ms = int(lease_ms)
         self.wait_ms = int(wait_ms)
         self.request_timeout = request_timeout
@@ -128,12 +159,25 @@ class Worker:
         for queue, fn in (handlers or {}).items():
             self._handlers[self._checked(queue)] = fn
         self._lock = threading.Lock()
-        self._active: set[tuple[str, int]] = set()
+        # Signalled whenever the queue, the outbox or the threads' progress changes.
+        self._changed = threading.Condition(self._lock)
+        # Every lease in hand, heartbeated until its outcome is acknowledged: (task_id, attempt) -> Task.
+        self._held: dict[tuple[str, int], Task] = {}
+        # Leased, waiting for a handler thread.
+        self._queue: deque[Task] = deque()
+        # Handler threads inside a handler, abandoned ones included: they take no other task.
+        self._busy = 0
+        # Running attempts whose outcome is still ours to report (not abandoned).
+        self._running: set[tuple[str, int]] = set()
+        # (op, task, fields) for the sender: op is "complete", "fail" or "abandon" (a fail already counted).
+        self._outbox: list[tuple[str, Task, dict]] = []
         # (task_id, attempt) -> monotonic time past which the attempt is abandoned.
         self._run_deadlines: dict[tuple[str, int], float] = {}
-        # Lease threads stuck in an abandoned handler: stop() does not wait for them.
+        # Handler threads stuck in an abandoned handler: stop() does not wait for them.
         self._handler_threads: dict[tuple[str, int], int] = {}
         self._abandoned_threads: set[int] = set()
+        self._leasing_done = False
+        self._handlers_done = False
         self._stopping = threading.Event()
         self.stats = {"completed": 0, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0}
 
@@ -153,12 +197,8 @@ class Worker:
         return register
 
     def stop(self) -> None:
-        """Stop leasing; ``run()`` returns once the tasks in hand are finished and reported."""
+        """Stop leasing; ``run()`` returns once the tasks in hand are finished and their outcomes sent."""
         self._stopping.set()
-
-    def _count(self, what: str) -> None:
-        with self._lock:
-            self.stats[what] += 1
 
     # ---------------------------------------------------------------- run
 
@@ -177,23 +217,20 @@ class Worker:
         try:
             self._run(queues, stop)
         except KeyboardInterrupt:
-            # Ctrl-C during the final join: the lease threads are daemons and die with us.
+            # Ctrl-C during the final join: the worker's threads are daemons and die with us.
             log.warning("worker %s interrupted", self.name)
 
     def _run(self, queues: list[str], stop: threading.Event | None) -> None:
         client = self._client or self._open_client(stop)
         if client is None:
             return
-        log.info("worker %s leasing from %s with %d thread(s)", self.name, ", ".join(queues), self.concurrency)
+        log.info("worker %s leasing from %s with %d thread(s), prefetch %d", self.name, ", ".join(queues),
+                 self.concurrency, self.prefetch)
         heartbeats_done = threading.Event()
-        beat = threading.Thread(target=self._heartbeat_loop, args=(client, heartbeats_done),
-                                name=f"fencepost-heartbeat-{self.name}", daemon=True)
-        threads = [threading.Thread(target=self._lease_loop, args=(client, queues),
-                                    name=f"fencepost-worker-{i}", daemon=True)
-                   for i in range(self.concurrency)]
-        beat.start()
-        for t in threads:
-            t.start()
+        beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
+        sender = self._start(self._send_loop, f"sender-{self.name}", client)
+        leaser = self._start(self._lease_loop, f"lease-{self.name}", client, queues)
+        handlers = [self._start(self._handle_loop, f"worker-{i}") for i in range(self.concurrency)]
         try:
             while not (stop is not None and stop.is_set()):
                 if self._stopping.wait(0.1):
@@ -201,15 +238,29 @@ class Worker:
         except KeyboardInterrupt:
             log.info("worker %s: interrupted, finishing the tasks in hand", self.name)
         self._stopping.set()
-        for t in threads:
+        while leaser.is_alive():
+            leaser.join(0.1)
+        for t in handlers:
             while t.is_alive() and t.ident not in self._abandoned_threads:
                 t.join(0.1)
-        # Heartbeats last until every task in hand is reported.
+        with self._changed:
+            self._handlers_done = True
+            self._changed.notify_all()
+        # The outbox is flushed: each of its requests is bounded by the client's timeout.
+        while sender.is_alive():
+            sender.join(0.1)
+        # Heartbeats last until every outcome is acknowledged.
         heartbeats_done.set()
         beat.join()
         if self._client is None:
             client.close()
         log.info("worker %s stopped: %s", self.name, self.stats)
+
+    @staticmethod
+    def _start(target: Callable[..., None], name: str, *args: object) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=f"fencepost-{name}", daemon=True)
+        thread.start()
+        return thread
 
     def _open_client(self, stop: threading.Event | None) -> Client | None:
         backoff = Backoff(start=0.1, cap=5.0)
@@ -221,111 +272,219 @@ class Worker:
                 self._stopping.wait(backoff.next_delay())
         return None
 
+    # ---------------------------------------------------------------- leasing
+
     def _lease_loop(self, client: Client, queues: list[str]) -> None:
         backoff = Backoff(start=0.1, cap=2.0)
         # Long enough for the long-poll plus a failover's worth of retries, short
         # enough that an outage is logged and stop() is honoured reasonably soon.
         call_timeout = self.wait_ms / 1000 + 2 * self.request_timeout
-        while not self._stopping.is_set():
-            try:
-                reply = client.call("lease", worker=self.name, queues=queues, max_tasks=1,
-                                    lease_ms=self.lease_ms, wait_ms=self.wait_ms, timeout=call_timeout)
-            except ClientError as exc:  # BrokerUnavailable included: keep trying
-                log.warning("worker %s: lease failed: %s", self.name, exc)
-                self._stopping.wait(backoff.next_delay())
-                continue
-            except Exception:
-                log.exception("worker %s: unexpected error while leasing", self.name)
-                self._stopping.wait(backoff.next_delay())
-                continue
-            backoff = Backoff(start=0.1, cap=2.0)
-            # A task leased while stopping is still ours: run it rather than let it time out.
-            for raw in reply.get("tasks") or []:
-                try:
-                    max_run_ms = raw.get("max_run_ms")
-                    task = Task(task_id=str(raw["task_id"]), attempt=int(raw["attempt"]),
-                                queue=str(raw["queue"]), payload=bytes(raw.get("payload") or b""),
-                                max_run_ms=int(max_run_ms) if max_run_ms is not None else None)
-                except (KeyError, TypeError, ValueError):
-                    log.error("worker %s: ignoring a malformed leased task %r", self.name, raw)
-                    continue
-                self._process(client, task)
-
-    def _process(self, client: Client, task: Task) -> None:
-        key = (task.task_id, task.attempt)
-        with self._lock:
-            self._active.add(key)
-            self._handler_threads[key] = threading.get_ident()
-            if task.max_run_ms is not None:
-                self._run_deadlines[key] = time.monotonic() + task.max_run_ms / 1000
         try:
-            try:
-                result = result_bytes(self._handlers[task.queue](task))
-            except Exception as exc:
-                if self._claim_report(key):
-                    log.info("task %s attempt %d (%s) failed: %s", task.task_id, task.attempt, task.queue, exc)
-                    self._report(client, "fail", task, error=error_text(exc), retry=True)
-            else:
-                if self._claim_report(key):
-                    self._report(client, "complete", task, result=result)
+            while not self._stopping.is_set():
+                with self._changed:
+                    room = self.prefetch - len(self._queue) - self._busy
+                    if room <= 0:
+                        self._changed.wait(0.1)
+                        continue
+                try:
+                    reply = client.call("lease", worker=self.name, queues=queues,
+                                        max_tasks=min(room, MAX_LEASE_TASKS), lease_ms=self.lease_ms,
+                                        wait_ms=self.wait_ms, timeout=call_timeout)
+                except ClientError as exc:  # BrokerUnavailable included: keep trying
+                    log.warning("worker %s: lease failed: %s", self.name, exc)
+                    self._stopping.wait(backoff.next_delay())
+                    continue
+                except Exception:
+                    log.exception("worker %s: unexpected error while leasing", self.name)
+                    self._stopping.wait(backoff.next_delay())
+                    continue
+                backoff = Backoff(start=0.1, cap=2.0)
+                # A task leased while stopping is still ours: run it rather than let it time out.
+                self._take(reply.get("tasks") or [])
         finally:
-            with self._lock:
-                self._active.discard(key)
-                self._abandoned_threads.discard(self._handler_threads.pop(key, -1))
+            with self._changed:
+                self._leasing_done = True
+                self._changed.notify_all()
+
+    def _take(self, leased: list) -> None:
+        """Queue leased tasks for the handler threads; a max_run_ms counts from the lease, as on the leader."""
+        now = time.monotonic()
+        tasks = []
+        for raw in leased:
+            try:
+                max_run_ms = raw.get("max_run_ms")
+                tasks.append(Task(task_id=str(raw["task_id"]), attempt=int(raw["attempt"]),
+                                  queue=str(raw["queue"]), payload=bytes(raw.get("payload") or b""),
+                                  max_run_ms=int(max_run_ms) if max_run_ms is not None else None))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                log.error("worker %s: ignoring a malformed leased task %r", self.name, raw)
+        with self._changed:
+            for task in tasks:
+                key = (task.task_id, task.attempt)
+                self._held[key] = task
+                self._queue.append(task)
+                if task.max_run_ms is not None:
+                    self._run_deadlines[key] = now + task.max_run_ms / 1000
+            self._changed.notify_all()
+
+    # ---------------------------------------------------------------- handling
+
+    def _handle_loop(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue:
+                    if self._leasing_done:
+                        return
+                    self._changed.wait(0.5)
+                task = self._queue.popleft()
+                key = (task.task_id, task.attempt)
+                self._busy += 1
+                self._running.add(key)
+                self._handler_threads[key] = threading.get_ident()
+            try:
+                self._process(task)
+            finally:
+                with self._changed:
+                    self._busy -= 1
+                    self._running.discard(key)
+                    self._abandoned_threads.discard(self._handler_threads.pop(key, -1))
+                    self._changed.notify_all()
+
+    def _process(self, task: Task) -> None:
+        key = (task.task_id, task.attempt)
+        try:
+            result = result_bytes(self._handlers[task.queue](task))
+        except Exception as exc:
+            if self._claim_report(key):
+                log.info("task %s attempt %d (%s) failed: %s", task.task_id, task.attempt, task.queue, exc)
+                self._post("fail", task, error=error_text(exc), retry=True)
+        else:
+            if self._claim_report(key):
+                self._post("complete", task, result=result)
 
     def _claim_report(self, key: tuple[str, int]) -> bool:
         """True if the handler's outcome is still ours to report (the watchdog has not abandoned it)."""
         with self._lock:
-            if key not in self._active:
+            if key not in self._running:
                 log.warning("task %s attempt %d: the handler returned after max_run_ms; its outcome is dropped",
                             *key)
                 return False
+            self._running.discard(key)
             self._run_deadlines.pop(key, None)
             return True
 
-    def _abandon_overdue(self, client: Client) -> None:
-        """Fail every attempt that has run past its max_run_ms (the leader will not wait for it either)."""
+    def _post(self, op: str, task: Task, **fields: object) -> None:
+        with self._changed:
+            self._outbox.append((op, task, fields))
+            self._changed.notify_all()
+
+    def _abandon_overdue(self) -> None:
+        """Give up every attempt past its max_run_ms (the leader will not wait for it either)."""
         now = time.monotonic()
-        with self._lock:
+        with self._changed:
             overdue = [key for key, deadline in self._run_deadlines.items() if deadline <= now]
             for key in overdue:
                 del self._run_deadlines[key]
-                self._active.discard(key)
-                self._abandoned_threads.add(self._handler_threads.get(key, -1))
-        for task_id, attempt in overdue:
-            log.warning("task %s attempt %d: ran longer than its max_run_ms; abandoning it", task_id, attempt)
-            self._count("abandoned")
-            try:
-                client.call("fail", task_id=task_id, attempt=attempt, retry=True,
-                            error="abandoned: the handler ran longer than max_run_ms")
-            except ClientError as exc:
-                log.info("task %s attempt %d: could not fail the abandoned attempt (%s); its lease expires",
-                         task_id, attempt, exc)
-            except Exception:
-                log.exception("task %s attempt %d: unexpected error while abandoning it", task_id, attempt)
+                task = self._held.pop(key)
+                if key in self._running:
+                    self._running.discard(key)
+                    self._abandoned_threads.add(self._handler_threads.get(key, -1))
+                    why = "the handler ran longer than max_run_ms"
+                else:
+                    self._queue.remove(task)
+                    why = "it waited for a free thread past max_run_ms"
+                log.warning("task %s attempt %d: %s; abandoning it", task.task_id, task.attempt, why)
+                self.stats["abandoned"] += 1
+                self._outbox.append(("abandon", task, {"error": f"abandoned: {why}", "retry": True}))
+            if overdue:
+                self._changed.notify_all()
 
-    def _report(self, client: Client, op: str, task: Task, **fields: object) -> None:
-        """Send complete/fail for the task's attempt; log, never raise, if that fails."""
+    # ---------------------------------------------------------------- reporting
+
+    def _send_loop(self, client: Client) -> None:
+        while True:
+            with self._changed:
+                while not self._outbox:
+                    if self._handlers_done:
+                        return
+                    self._changed.wait(0.5)
+                batch, self._outbox = self._outbox, []
+            completions = [(task, fields) for op, task, fields in batch if op == "complete"]
+            for chunk in _result_batches(completions):
+                self._complete(client, chunk)
+            for op, task, fields in batch:
+                if op != "complete":
+                    self._fail(client, task, counted=op == "fail", **fields)
+
+    def _settle(self, task: Task, outcome: str | None) -> None:
+        """The attempt's outcome is known (or given up on): stop its heartbeats, count it."""
+        with self._lock:
+            self._held.pop((task.task_id, task.attempt), None)
+            if outcome is not None:
+                self.stats[outcome] += 1
+
+    def _complete(self, client: Client, chunk: list[tuple[Task, dict]]) -> None:
+        """Send one complete_many; log, never raise, if that fails."""
+        items = [{"task_id": task.task_id, "attempt": task.attempt, "result": fields["result"]}
+                 for task, fields in chunk]
         try:
-            client.call(op, task_id=task.task_id, attempt=task.attempt, **fields)
+            results = client.call("complete_many", tasks=items)["results"]
         except ClientError as exc:
-            if exc.code in LOST_LEASE_CODES:
-                log.warning("task %s attempt %d: lease lost (%s); dropping it", task.task_id, task.attempt, exc)
-                self._count("lost")
-            elif op == "complete" and exc.code == E_PAYLOAD_TOO_LARGE:
+            if exc.code == E_PAYLOAD_TOO_LARGE and len(chunk) > 1:
+                # One result too large refuses the whole request: the others go on alone.
+                for one in chunk:
+                    self._complete(client, [one])
+            elif exc.code == E_PAYLOAD_TOO_LARGE:
                 # Retrying would produce the same too-large result: fail for good.
+                task = chunk[0][0]
                 log.error("task %s: result too large: %s", task.task_id, exc.message)
-                self._report(client, "fail", task, error=f"result too large: {exc.message}", retry=False)
+                self._fail(client, task, counted=True, error=f"result too large: {exc.message}", retry=False)
             else:
-                # The lease expires and the task runs again elsewhere: nothing is lost.
-                log.error("task %s attempt %d: could not %s: %s", task.task_id, task.attempt, op, exc)
-                self._count("unreported")
+                # The leases expire and the tasks run again elsewhere: nothing is lost.
+                log.error("worker %s: could not complete %d task(s): %s", self.name, len(chunk), exc)
+                for task, _ in chunk:
+                    self._settle(task, "unreported")
             return
         except Exception:
-            log.exception("task %s attempt %d: unexpected error in %s", task.task_id, task.attempt, op)
-            self._count("unreported")
+            log.exception("worker %s: unexpected error completing %d task(s)", self.name, len(chunk))
+            for task, _ in chunk:
+                self._settle(task, "unreported")
             return
-        self._count("completed" if op == "complete" else "failed")
+        for (task, _), res in zip(chunk, results):
+            if res.get("ok"):
+                self._settle(task, "completed")
+            elif res.get("error") in LOST_LEASE_CODES:
+                log.warning("task %s attempt %d: lease lost (%s: %s); dropping it", task.task_id, task.attempt,
+                            res.get("error"), res.get("message", ""))
+                self._settle(task, "lost")
+            else:
+                log.error("task %s attempt %d: could not complete: %s: %s", task.task_id, task.attempt,
+                          res.get("error"), res.get("message", ""))
+                self._settle(task, "unreported")
+
+    def _fail(self, client: Client, task: Task, counted: bool, **fields: object) -> None:
+        """Send fail for the task's attempt (``counted`` False: an abandoned one, counted already)."""
+        try:
+            client.call("fail", task_id=task.task_id, attempt=task.attempt, **fields)
+        except ClientError as exc:
+            if not counted:
+                log.info("task %s attempt %d: could not fail the abandoned attempt (%s); its lease expires",
+                         task.task_id, task.attempt, exc)
+                self._settle(task, None)
+            elif exc.code in LOST_LEASE_CODES:
+                log.warning("task %s attempt %d: lease lost (%s); dropping it", task.task_id, task.attempt, exc)
+                self._settle(task, "lost")
+            else:
+                log.error("task %s attempt %d: could not fail: %s", task.task_id, task.attempt, exc)
+                self._settle(task, "unreported")
+            return
+        except Exception:
+            log.exception("task %s attempt %d: unexpected error in fail", task.task_id, task.attempt)
+            self._settle(task, "unreported" if counted else None)
+            return
+        self._settle(task, "failed" if counted else None)
+
+    # ---------------------------------------------------------------- heartbeats
 
     def _heartbeat_loop(self, client: Client, done: threading.Event) -> None:
         interval = self.lease_ms / 3000
@@ -333,26 +492,63 @@ class Worker:
         tick = min(interval, 0.1)
         next_beat = time.monotonic() + interval
         while not done.wait(tick):
-            self._abandon_overdue(client)
+            self._abandon_overdue()
             if time.monotonic() < next_beat:
                 continue
             next_beat = time.monotonic() + interval
             with self._lock:
-                active = sorted(self._active)
-            for task_id, attempt in active:
-                try:
-                    client.call("heartbeat", worker=self.name, task_id=task_id, attempt=attempt,
-                                lease_ms=self.lease_ms, timeout=max(interval, 0.5))
-                except ClientError as exc:
-                    with self._lock:
-                        if (task_id, attempt) not in self._active:
-                            continue  # finished meanwhile: the error is about a closed attempt
-                    if exc.code in LOST_LEASE_CODES:
-                        # Also seen when this worker's own complete was applied just before the
-                        # heartbeat: the result is then recorded; otherwise it will be dropped.
-                        log.info("task %s attempt %d: heartbeat refused (%s): the attempt is closed",
-                                 task_id, attempt, exc)
-                    else:
-                        log.warning("task %s attempt %d: heartbeat failed: %s", task_id, attempt, exc)
-                except Exception:
-                    log.exception("task %s attempt %d: unexpected error in heartbeat", task_id, attempt)
+                held = sorted(self._held)
+            for start in range(0, len(held), MAX_SUBMIT_MANY):
+                self._beat(client, held[start:start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
+
+    def _beat(self, client: Client, keys: list[tuple[str, int]], timeout: float) -> None:
+        """Extend these leases with one heartbeat_many; drop a queued task whose lease is gone."""
+        try:
+            reply = client.call("heartbeat_many", worker=self.name, lease_ms=self.lease_ms, timeout=timeout,
+                                tasks=[{"task_id": task_id, "attempt": attempt} for task_id, attempt in keys])
+        except ClientError as exc:
+            log.warning("worker %s: heartbeat of %d lease(s) failed: %s", self.name, len(keys), exc)
+            return
+        except Exception:
+            log.exception("worker %s: unexpected error in heartbeat", self.name)
+            return
+        for (task_id, attempt), res in zip(keys, reply.get("results") or []):
+            if res.get("ok"):
+                continue
+            code, message = res.get("error"), res.get("message", "")
+            if code not in LOST_LEASE_CODES:
+                log.warning("task %s attempt %d: heartbeat failed: %s: %s", task_id, attempt, code, message)
+            elif self._drop_queued((task_id, attempt)):
+                log.warning("task %s attempt %d: lease lost before it ran (%s); dropping it", task_id, attempt, code)
+            else:
+                # Also seen when this worker's own completion was applied just before the
+                # heartbeat: the result is then recorded; otherwise it will be dropped.
+                log.info("task %s attempt %d: heartbeat refused (%s): the attempt is closed", task_id, attempt, code)
+
+    def _drop_queued(self, key: tuple[str, int]) -> bool:
+        """Forget a task still waiting for a thread (its lease is gone); False if it ran or is running."""
+        with self._changed:
+            task = self._held.get(key)
+            if task is None or task not in self._queue:
+                return False
+            self._queue.remove(task)
+            del self._held[key]
+            self._run_deadlines.pop(key, None)
+            self.stats["lost"] += 1
+            self._changed.notify_all()
+            return True
+
+
+def _result_batches(completions: list[tuple[Task, dict]]) -> Iterator[list[tuple[Task, dict]]]:
+    """Completions in complete_many-sized batches (by count and by result bytes)."""
+    batch: list[tuple[Task, dict]] = []
+    size = 0
+    for task, fields in completions:
+        n = len(fields["result"] or b"")
+        if batch and (len(batch) >= MAX_SUBMIT_MANY or size + n > MAX_BATCH_RESULT_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append((task, fields))
+        size += n
+    if batch:
+        yield batch
