@@ -81,7 +81,12 @@ class BrokerConfig:
     map_size: int = field(default=16 * 1024 ** 3, metadata={
         "help": "LMDB map size of the state store in bytes (sparse).", "default_text": "16 GiB",
         "min": 1 << 20})
-    fsync: bool = field(default=True, metadata={"help": "Do not fsync the state store (tests only)."})
+    fsync: bool = field(default=True, metadata={
+        "help": "Do not fsync the state store even at an orderly close (tests only)."})
+    fsync_each_apply: bool = field(default=False, metadata={
+        "help": "fsync the state store on every applied entry. Not needed for safety: the ledgers hold "
+                "every committed entry, and a store not closed in order is verified in full at start "
+                "and rebuilt if a machine crash tore it."})
     checkpoint_entries: int = field(default=50_000, metadata={
         "help": "Snapshot after this many applied entries.", "min": 1})
     checkpoint_seconds: float = field(default=600.0, metadata={"help": "Snapshot at least this often."})

@@ -49,6 +49,7 @@ from broker.server.insync import InSyncTracker
 from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
 from broker.server.member_wait import MemberWait
 from broker.server.request_loop import BrokerServer
+from broker.state.crash_check import clear_in_use
 from broker.state.store import StoreDamaged
 from broker.server.shutdown_member import ShutdownMember
 from broker.server.store_guard import quarantine
@@ -345,6 +346,8 @@ class BrokerNode:
         self.ledgers.close()
         self.server.close()
         self.store.close()
+        if self.config.fsync:
+            clear_in_use(self.config.data)  # closed and flushed: nothing left for a machine crash to tear
 
     # ------------------------------------------------------------ ZooKeeper state (never blocks)
     def _on_zk_state(self, state: str) -> None:

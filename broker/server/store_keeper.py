@@ -30,6 +30,7 @@ from kazoo.client import KazooClient
 
 from broker.server.join import (JoinError, broker_requester, install_snapshot, log_truncated, needs_snapshot,
                          snapshot_sources)
+from broker.state.crash_check import machine_crashed, mark_in_use, verify_in_child
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
 from broker.server.store_guard import check_status_cluster, check_store_cluster, quarantine
@@ -72,17 +73,32 @@ class StoreKeeper:
         self.catalog = catalog
 
     def new_store(self) -> StateStore:
-        return StateStore(self.state_dir, map_size=self.config.map_size, sync=self.config.fsync)
+        return StateStore(self.state_dir, map_size=self.config.map_size,
+                          sync=self.config.fsync and self.config.fsync_each_apply,
+                          sync_on_close=self.config.fsync)
 
     def checked(self) -> StateStore | None:
         """The store, refused (WrongStore) if of another cluster or beyond the log; None if it was
         damaged (then it is already moved aside). The store is signed (store.status) if it was not."""
         check_status_cluster(self.data, self.paths.cluster, self.cluster_id)
-        store = self._checked_store()
+        store = self._checked_store() if self._survived_machine_crash() else None
         # A rebuilt or re-joined store keeps the data dir's status: the initial signature stays.
         created_at = self.created_at if self.created_at is not None else self.clock()
         self.start_status = ensure_status(self.data, self.cluster_id, created_at=created_at)
         return store
+
+    def _survived_machine_crash(self) -> bool:
+        """False if the machine went down with the store open and the store is torn (then it is
+        already moved aside); checked in a child process, since LMDB may abort on a torn file."""
+        if not machine_crashed(self.data):
+            return True
+        log.warning("the machine went down while the state store was open: checking it in a child process")
+        problem = verify_in_child(self.state_dir)
+        if problem is None:
+            log.info("the state store survived the machine crash")
+            return True
+        self.set_aside(StoreDamaged(self.state_dir, problem))
+        return False
 
     def _checked_store(self) -> StateStore | None:
         try:
@@ -116,6 +132,7 @@ class StoreKeeper:
                 self.set_aside(exc)
                 store = None
         store = self.rebuild() if store is None else self.open(join=True, store=store)
+        mark_in_use(self.data)  # before the first write that is not fsynced
         store.mark_dirty()
         mark_dirty(self.data)  # from now on the state moves: no longer the one a shutdown left
         return store
