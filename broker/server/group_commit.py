@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from broker import BrokerError
+from broker.server.commit_timings import CommitTimings
 from broker.state.events import batch_payload, encode_events
 
 log = logging.getLogger(__name__)
@@ -63,8 +66,14 @@ class Batch:
     size: int = 0
     future: Future | None = None
     ledger_id: int = -1
+    # monotonic times of the stages (broker.server.commit_timings)
+    gathered_at: float = 0.0
+    sent_at: float = 0.0
+    committed_at: float = 0.0
 
     def add(self, events: list[dict], data: bytes, context: Any) -> None:
+        if not self.owners:
+            self.gathered_at = time.monotonic()
         start = len(self.events)
         self.events.extend(events)
         self.owners.append((context, start, len(self.events)))
@@ -101,6 +110,7 @@ class GroupCommit:
         self.held = False
         self.ledger_entries = 0
         self.ledger_bytes = 0
+        self.timings = CommitTimings()
 
     @property
     def idle(self) -> bool:
@@ -137,6 +147,7 @@ class GroupCommit:
             batch = self._take()
             data = batch_payload(batch.chunks, len(batch.events))
             batch.ledger_id = self.writer.ledger_id
+            batch.sent_at = time.monotonic()
             try:
                 batch.future = self.writer.add(data)
             except Exception as exc:  # the writer refused at once: like a failed write, we stop writing
@@ -144,9 +155,14 @@ class GroupCommit:
                 return
             self.ledger_entries += 1
             self.ledger_bytes += len(data)
-            batch.future.add_done_callback(lambda _f: self.wake())
+            batch.future.add_done_callback(partial(self._committed, batch))
             self.inflight.append(batch)
             self.entries_written += 1
+
+    def _committed(self, batch: Batch, _future: Future) -> None:
+        """The writer's callback (its I/O thread): note the time, wake the server loop."""
+        batch.committed_at = time.monotonic()
+        self.wake()
 
     def switch_writer(self, writer) -> None:
         """Go on writing to `writer` (a new ledger of the same epoch); call when nothing is in flight."""
@@ -187,10 +203,16 @@ class GroupCommit:
             done.append(batch)
         if done:
             entries = [(b.events, (b.ledger_id, b.future.result())) for b in done]
+            taken = time.monotonic()
             try:
                 applied = self.apply(entries)
             except Exception as exc:  # committed but not appliable: never skip it, stop
                 self._fail_apply(exc, done, entries)
+            applied_in = time.monotonic() - taken
+            for b in done:
+                committed = b.committed_at or taken
+                self.timings.record(b.sent_at - (b.gathered_at or b.sent_at), committed - b.sent_at,
+                                    taken - committed, applied_in, len(b.events))
             for batch, results in zip(done, applied):
                 for context, start, end in batch.owners:
                     self.reply(context, results[start:end], None)

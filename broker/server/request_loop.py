@@ -357,7 +357,9 @@ class BrokerServer:
                 "epoch": self.session.epoch if self.session else self.store.epoch(),
                 "position": list(position) if position else None, "digest": self.store.digest(),
                 "queues": self.store.queue_depths(), "counters": dict(self.counters),
-                "shutting_down": self.shutdown.shutdown_id if self.shutdown is not None else None}
+                "shutting_down": self.shutdown.shutdown_id if self.shutdown is not None else None,
+                **({"commit_stages": self.session.group.timings.summary()}
+                   if self.session is not None and self.session.group is not None else {})}
 
     def _now_ms(self) -> int:
         return self.leader_clock.now_ms()
