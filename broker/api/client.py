@@ -18,6 +18,12 @@ Retrying is safe for ``submit``: a submit without a ``key`` gets a generated
 ``auto:<uuid>`` key that every retry of that call reuses, so a submit whose
 reply was lost in a failover never creates a second task.
 
+Many submits in flight: :meth:`Client.submit_async` returns a future of the task id
+at once; the submits waiting together, from any thread, are coalesced into one
+request and pipelined on one socket by the client's sender thread
+(:mod:`broker.api.pipeline`), each with the keys, retries and errors of ``submit``.
+:mod:`broker.aio` wraps this for asyncio.
+
 Threads: a Client may be shared by several threads. Each thread gets its own
 DEALER socket (``threading.local``), so a long-polling ``lease`` in one thread
 never blocks a ``submit`` in another; ``close()`` must only be called once no
@@ -38,13 +44,16 @@ import random
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
 from kazoo.exceptions import KazooException
 
-from broker.api.requests import (AUTO_KEY_PREFIX, SUBMIT_OPTIONS, Backoff, BrokerUnavailable, ClientError,
-                                 TaskNotFound, WaitTimeout, auto_key, classify, leader_address, submit_fields)
+from broker.api.pipeline import SubmitPipeline
+from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
+                                 SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, TaskNotFound,
+                                 WaitTimeout, auto_key, classify, leader_address, submit_cost, submit_fields)
 from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
 from election import ElectionError
@@ -67,19 +76,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
-# A broker's reply may carry a payload and a result of up to max_payload_bytes each;
-# the client trusts its own cluster more than a server trusts its clients.
-MAX_REPLY_BYTES = 1 << 28
-# Redirects followed at once before backing off: two brokers that disagree about
-# the leader for a moment must not make us spin.
-FREE_REDIRECTS = 3
-# Room in a frame for the envelope and the field names around a submit_many's payloads.
-SUBMIT_OVERHEAD_BYTES = 512
 _ENVELOPE = ("v", "rid", "ok")
-
-
-# How often a call waiting for a reply checks whether the leader has changed.
-LEADER_CHECK_MS = 20
 
 
 class _Conn:
@@ -138,6 +135,7 @@ class Client:
         self._known = list(dict.fromkeys(brokers or []))
         self._zk = None
         self._ctx = zmq.Context()
+        self._pipeline = SubmitPipeline(self)
         if not self._known:
             self._open_zk(zk or DEFAULT_ZK, cluster)
 
@@ -179,6 +177,26 @@ class Client:
         self._check_payload(fields["payload"])
         return self.call("submit", **fields)["task_id"]
 
+    def submit_async(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
+                     delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
+                     timeout: float | None = None) -> "Future[str]":
+        """Submit one task without waiting: a future of its id (or of the :class:`ClientError` ``submit`` raises).
+
+        The submits waiting at the same moment, from any thread, go to the leader
+        together in one request, several requests in flight on one socket; each is
+        retried with its own key until ``timeout`` (the client's by default), so it
+        never makes a second task. Bad arguments raise here, at once.
+        Example: ``ids = [f.result() for f in [client.submit_async("q", p) for p in payloads]]``.
+        """
+        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run)
+        try:
+            self._check_payload(fields["payload"])
+        except ClientError as exc:
+            future: Future = Future()
+            future.set_exception(exc)
+            return future
+        return self._pipeline.submit(fields, self.timeout if timeout is None else float(timeout))
+
     def submit_many(self, tasks: list[dict]) -> list[str]:
         """Submit several tasks (dicts with :meth:`submit`'s arguments); return their ids in order.
 
@@ -202,8 +220,7 @@ class Client:
         chunks: list[list[dict]] = [[]]
         size = SUBMIT_OVERHEAD_BYTES
         for sub in subs:
-            # Payload, key and queue plus the field names of one submit: an upper bound of its encoding.
-            need = len(sub["payload"]) + len(sub["key"].encode()) + len(sub["queue"].encode()) + 96
+            need = submit_cost(sub)
             if chunks[-1] and (len(chunks[-1]) >= MAX_SUBMIT_MANY or size + need > self.max_frame_bytes):
                 chunks.append([])
                 size = SUBMIT_OVERHEAD_BYTES
@@ -338,6 +355,7 @@ class Client:
             self._closed = True
             sockets = list(self._sockets)
             self._sockets.clear()  # so a thread's finalizer does not close them again
+        self._pipeline.close()
         for sock in sockets:
             sock.close(linger=0)
         if self._zk is not None:
@@ -459,7 +477,7 @@ class Client:
                 # read as the answer to a later request.
                 self._drop_socket()
                 raise _Transient(f"no reply within {timeout:g}s")
-            if not sock.poll(min(remaining_ms, LEADER_CHECK_MS), zmq.POLLIN):
+            if not sock.poll(min(remaining_ms, int(LEADER_CHECK_S * 1000)), zmq.POLLIN):
                 if self._leader_moved(address):
                     # The dead leader will never answer: go to the new one now instead of
                     # waiting out the timeout (the request is safe to repeat).

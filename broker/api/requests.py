@@ -1,7 +1,8 @@
 """What a client call is made of, apart from sockets: submit fields, keys, retry rules, errors.
 
 Pure and unit-tested: :func:`submit_fields` (the wire fields of one submit, with its
-idempotency key fixed once so every retry resends it), :func:`classify` (how a call
+idempotency key fixed once so every retry resends it), :func:`submit_cost` (its room
+in a frame), :func:`classify` (how a call
 reacts to an error reply), :class:`Backoff` (exponential, with jitter), and the
 client's error classes. :mod:`broker.api.client` uses them and re-exports them.
 
@@ -25,6 +26,16 @@ BACKOFF_START = 0.05
 BACKOFF_CAP = 1.0
 AUTO_KEY_PREFIX = "auto:"
 SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run"})
+# Room in a frame for the envelope and the field names around a submit_many's payloads.
+SUBMIT_OVERHEAD_BYTES = 512
+# A broker's reply may carry a payload and a result of up to max_payload_bytes each;
+# the client trusts its own cluster more than a server trusts its clients.
+MAX_REPLY_BYTES = 1 << 28
+# Redirects followed at once before backing off: two brokers that disagree about
+# the leader for a moment must not make us spin.
+FREE_REDIRECTS = 3
+# How often a request waiting for a reply checks whether the leader has changed.
+LEADER_CHECK_S = 0.02
 
 
 class ClientError(CodedError, BrokerError):
@@ -93,6 +104,11 @@ def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: 
             raise ValueError("max_run must be > 0 seconds")
         fields["max_run_ms"] = int(round(max_run * 1000))
     return fields
+
+
+def submit_cost(fields: dict) -> int:
+    """An upper bound of the bytes one submit's fields take in a request (payload, key, queue, names)."""
+    return len(fields["payload"]) + len(fields["key"].encode()) + len(fields["queue"].encode()) + 96
 
 
 def leader_address(value: Any) -> str | None:
