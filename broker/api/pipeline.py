@@ -87,12 +87,10 @@ class SubmitPipeline:
         self._incoming: list[_Item] = []
         self._signalled = False
         self._closed = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # The thread and its wake-up pipe come with the first submit: most clients never make one.
         self._thread: threading.Thread | None = None
+        self._wake_r = self._wake_w = -1
         self._poller = zmq.Poller()
-        self._poller.register(self._wake_r, zmq.POLLIN)
         # The rest belongs to the sender thread alone.
         self._waiting: collections.deque[_Item] = collections.deque()
         self._inflight: dict[int, _Batch] = {}
@@ -118,6 +116,10 @@ class SubmitPipeline:
                 return future
             self._incoming.append(_Item(fields, future, timeout))
             if self._thread is None:
+                self._wake_r, self._wake_w = os.pipe()
+                os.set_blocking(self._wake_r, False)
+                os.set_blocking(self._wake_w, False)
+                self._poller.register(self._wake_r, zmq.POLLIN)
                 self._thread = threading.Thread(target=self._run, name="fencepost-submits", daemon=True)
                 self._thread.start()
             if not self._signalled:
@@ -133,9 +135,7 @@ class SubmitPipeline:
                 return
             self._closed = True
             thread = self._thread
-            if thread is None:
-                self._close_pipe()
-            else:
+            if thread is not None:
                 os.write(self._wake_w, b"x")
         if thread is not None:
             thread.join(timeout)
