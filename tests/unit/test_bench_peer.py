@@ -1,0 +1,301 @@
+"""bench peer without real processes: the load harness, the report's shape, the RabbitMQ set-up rules."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+
+from bench import peer, peer_load, peer_systems, rabbitmq
+from bench.common import to_json
+
+
+# ----------------------------------------------------------------- the load harness
+
+
+def test_backlog_bound():
+    assert peer_load.backlog_allows(submitted=100, handled=0, max_backlog=100)
+    assert not peer_load.backlog_allows(submitted=101, handled=0, max_backlog=100)
+    assert peer_load.backlog_allows(submitted=2_500, handled=600, max_backlog=2_000)
+
+
+def test_meter_keeps_only_the_calls_inside_the_window():
+    m = peer_load.Meter(max_backlog=10)
+    m.on_submitted(0.5, 0.1)   # started before the window
+    m.on_submitted(1.2, 0.3)   # inside
+    m.on_submitted(1.9, 0.2)   # ends after the window
+    m.on_handled()
+    m.on_error("submit", ValueError("boom"))
+    m.on_error("submit", ValueError("later"))
+    assert m.window_latencies(1.0, 2.0) == [0.3]
+    assert (m.submitted, m.handled, m.errors) == (3, 1, 2)
+    assert m.first_error == "submit: ValueError: boom"
+
+
+def test_sync_producers_stop_at_the_backlog_bound_without_consumers():
+    m = peer_load.Meter(max_backlog=10)
+    stop = threading.Event()
+    threads = [threading.Thread(target=peer_load.sync_producer, args=(m, lambda p: None, b"x", stop))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join(5)
+    # Each producer checks the bound before its call: at most one over it per producer.
+    assert 11 <= m.submitted <= 12
+
+
+def test_measure_counts_handled_tasks_in_the_window():
+    m = peer_load.Meter(max_backlog=50)
+    done = threading.Event()
+
+    def consume() -> None:  # a consumer as fast as the producers
+        while not done.is_set():
+            if m.handled < m.submitted:
+                m.on_handled()
+            else:
+                time.sleep(0.0005)
+
+    c = threading.Thread(target=consume)
+    c.start()
+    try:
+        producers = [lambda stop: peer_load.sync_producer(m, lambda p: time.sleep(0.001), b"x", stop)]
+        result = peer_load.measure(m, producers, seconds=0.3, warmup_s=0.05)
+    finally:
+        done.set()
+        c.join(5)
+    assert result["tasks_per_s"] > 0 and result["handled"] > 0
+    assert result["submit_p50_ms"] >= 1.0 and result["submit_p99_ms"] >= result["submit_p50_ms"]
+    assert result["errors"] == 0 and result["first_error"] is None
+
+
+def test_future_producer_keeps_at_most_in_flight_outstanding():
+    m = peer_load.Meter(max_backlog=1_000_000)
+    outstanding, peak, lock = [0], [0], threading.Lock()
+    pool = ThreadPoolExecutor(8)
+
+    def job() -> str:
+        time.sleep(0.002)
+        with lock:
+            outstanding[0] -= 1
+        return "id"
+
+    def submit_future(_payload: bytes) -> Future:
+        with lock:
+            outstanding[0] += 1
+            peak[0] = max(peak[0], outstanding[0])
+        return pool.submit(job)
+
+    stop = threading.Event()
+    t = threading.Thread(target=peer_load.future_producer, args=(m, submit_future, b"x", stop, 5))
+    t.start()
+    time.sleep(0.2)
+    stop.set()
+    t.join(10)
+    pool.shutdown()
+    assert m.submitted > 5 and peak[0] <= 5 and outstanding[0] == 0
+
+
+def test_coroutine_producer_runs_its_session_in_its_own_loop():
+    m = peer_load.Meter(max_backlog=20)
+    opened = []
+
+    @contextlib.asynccontextmanager
+    async def session():
+        opened.append(asyncio.get_running_loop())
+
+        async def submit(_payload: bytes) -> str:
+            await asyncio.sleep(0.001)
+            return "id"
+
+        yield submit
+
+    stop = threading.Event()
+    t = threading.Thread(target=peer_load.coroutine_producer, args=(m, session, b"x", stop, 4))
+    t.start()
+    time.sleep(0.2)
+    stop.set()
+    t.join(10)
+    assert len(opened) == 1 and 20 <= m.submitted <= 24 and m.errors == 0
+
+
+def test_coroutine_producer_reports_a_client_that_cannot_open():
+    m = peer_load.Meter(max_backlog=20)
+
+    @contextlib.asynccontextmanager
+    async def session():
+        raise ConnectionError("no cluster")
+        yield  # pragma: no cover
+
+    peer_load.coroutine_producer(m, session, b"x", threading.Event(), 4)
+    assert m.errors == 1 and "no cluster" in m.first_error
+
+
+# ----------------------------------------------------------------- shaping the report
+
+
+def test_parse_shape():
+    assert peer.parse_shape("4x4") == (4, 4) and peer.parse_shape("16X2") == (16, 2)
+    for bad in ("4", "0x4", "ax4", "4x"):
+        with pytest.raises(ValueError):
+            peer.parse_shape(bad)
+
+
+def test_ratio():
+    assert peer.ratio({"tasks_per_s": 500.0}, {"tasks_per_s": 2000.0}) == 0.25
+    assert peer.ratio({"tasks_per_s": 500.0}, None) is None
+    assert peer.ratio({"tasks_per_s": 500.0}, {"tasks_per_s": 0.0}) is None
+    assert peer.ratio(None, {"tasks_per_s": 1.0}) is None
+
+
+def test_summarize_takes_medians_and_sums_errors():
+    runs = [{"tasks_per_s": 100.0, "submit_p50_ms": 5.0, "submit_p99_ms": 50.0, "submitted_per_s": 101.0,
+             "errors": 0, "first_error": None, "worker_prefetch": 100},
+            {"tasks_per_s": 300.0, "submit_p50_ms": 3.0, "submit_p99_ms": 30.0, "submitted_per_s": 301.0,
+             "errors": 2, "first_error": "submit: X: y", "worker_prefetch": 100},
+            {"tasks_per_s": 200.0, "submit_p50_ms": 4.0, "submit_p99_ms": 40.0, "submitted_per_s": 201.0,
+             "errors": 0, "first_error": None, "worker_prefetch": 100}]
+    s = peer.summarize(runs)
+    assert (s["tasks_per_s"], s["submit_p50_ms"], s["submit_p99_ms"]) == (200.0, 4.0, 40.0)
+    assert s["errors"] == 2 and s["first_error"] == "submit: X: y"
+    assert s["runs_tasks_per_s"] == [100.0, 300.0, 200.0] and s["worker_prefetch"] == 100
+    assert "runs_tasks_per_s" not in peer.summarize(runs[:1])
+
+
+class _FakeCluster:
+    zk, cluster = "127.0.0.1:1", "fake"
+
+    def __init__(self, **_kw):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+class _FakeNode(_FakeCluster):
+    version, up_s = "3.x", 1.0
+
+
+def _fake_round(tasks_per_s: float):
+    def round_(_system, producers, consumers, _settings):
+        return {"tasks_per_s": tasks_per_s * producers, "submit_p50_ms": 2.0, "submit_p99_ms": 9.0,
+                "submitted_per_s": tasks_per_s * producers, "errors": 0, "first_error": None}
+    return round_
+
+
+@pytest.fixture
+def fake_systems(monkeypatch):
+    monkeypatch.setattr(peer, "BenchCluster", _FakeCluster)
+    monkeypatch.setattr(peer, "RabbitNode", _FakeNode)
+    monkeypatch.setattr(peer, "fencepost_round", _fake_round(100.0))
+    monkeypatch.setattr(peer, "rabbitmq_round", _fake_round(400.0))
+    monkeypatch.setattr(peer, "async_api", lambda: None)
+
+
+def test_report_per_shape_with_rabbitmq(fake_systems, monkeypatch):
+    monkeypatch.setattr(peer, "missing_message", lambda: None)
+    result = peer.run(settings=peer_systems.Settings(seconds=1, warmup_s=0))
+    assert list(result["shapes"]) == ["4x4", "16x16"]
+    s = result["shapes"]["16x16"]
+    assert s["fencepost"]["tasks_per_s"] == 1600.0 and s["rabbitmq"]["tasks_per_s"] == 6400.0
+    assert s["ratio_vs_rabbitmq"] == 0.25
+    for system in ("fencepost", "rabbitmq"):
+        assert {"tasks_per_s", "submit_p50_ms", "submit_p99_ms"} <= set(s[system])
+    assert result["rabbitmq"]["version"] == "3.x"
+    assert "skipped" in result["async"] and result["async"]["target_tasks_per_s"] == 10_000
+    json.loads(to_json(result))
+
+
+def test_without_rabbitmq_the_report_says_how_to_install_it(fake_systems, monkeypatch):
+    monkeypatch.setattr(peer, "missing_message", lambda: rabbitmq.missing_message(server=None, pika_ok=False))
+    result = peer.run(shapes=((1, 1),), settings=peer_systems.Settings(seconds=1, warmup_s=0))
+    s = result["shapes"]["1x1"]
+    assert s["fencepost"]["tasks_per_s"] == 100.0
+    assert s["rabbitmq"] is None and s["ratio_vs_rabbitmq"] is None
+    note = result["rabbitmq"]["skipped"]
+    assert "apt-get install rabbitmq-server" in note and ".[bench]" in note
+    assert note.startswith("rabbitmq-server and pika not found")
+
+
+def test_bad_settings_are_a_bench_error(fake_systems):
+    from bench.common import BenchError
+
+    with pytest.raises(BenchError):
+        peer.run(settings=peer_systems.Settings(seconds=0))
+
+
+# ----------------------------------------------------------------- set-up rules
+
+
+def test_missing_message():
+    assert rabbitmq.missing_message(server="/usr/lib/rabbitmq/bin/rabbitmq-server", pika_ok=True) is None
+    assert rabbitmq.missing_message(server="/x", pika_ok=False).startswith("pika not found")
+    assert rabbitmq.missing_message(server=None, pika_ok=True).startswith("rabbitmq-server not found")
+
+
+def test_worker_prefetch_only_when_the_constructor_takes_it():
+    class Old:
+        def __init__(self, zk=None, concurrency=1):
+            pass
+
+    class New:
+        def __init__(self, zk=None, concurrency=1, prefetch=None):
+            pass
+
+    assert peer_systems.worker_options(100, Old) == {}
+    assert peer_systems.worker_options(100, New) == {"prefetch": 100}
+    assert peer_systems.worker_options(None, New) == {}
+
+
+def test_node_env_is_private_and_on_loopback(tmp_path):
+    env = rabbitmq.node_env(tmp_path, node_port=5999, dist_port=25999, epmd_port=4999, name="n@localhost")
+    assert env["RABBITMQ_NODE_IP_ADDRESS"] == "127.0.0.1" and env["ERL_EPMD_ADDRESS"] == "127.0.0.1"
+    assert "{127,0,0,1}" in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+    assert (env["RABBITMQ_NODE_PORT"], env["RABBITMQ_DIST_PORT"], env["ERL_EPMD_PORT"]) == ("5999", "25999", "4999")
+    for key in ("HOME", "RABBITMQ_MNESIA_BASE", "RABBITMQ_LOG_BASE", "RABBITMQ_CONFIG_FILE",
+                "RABBITMQ_CONF_ENV_FILE", "RABBITMQ_ENABLED_PLUGINS_FILE"):
+        assert env[key].startswith(str(tmp_path)), key
+    assert "127.0.0.1:5999" in (tmp_path / "rabbitmq.conf").read_text()
+    assert (tmp_path / "enabled_plugins").read_text().strip() == "[]."
+
+
+def test_free_port_is_bindable_on_loopback():
+    import socket
+
+    port = rabbitmq.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+# ----------------------------------------------------------------- smoke (real processes, ~15 s each)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_smoke_fencepost_round_on_a_private_cluster():
+    settings = peer_systems.Settings(seconds=1.5, warmup_s=0.5)
+    result = peer.run(shapes=((1, 1),), settings=settings, with_async=False, with_rabbitmq=False)
+    fp = result["shapes"]["1x1"]["fencepost"]
+    assert fp["tasks_per_s"] > 0 and fp["errors"] == 0 and fp["submit_p50_ms"] > 0
+    assert result["rabbitmq"] == {"skipped": "not requested (--no-rabbitmq)"}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_smoke_rabbitmq_round_on_a_private_node():
+    if rabbitmq.missing_message() is not None:
+        pytest.skip("rabbitmq-server or pika is not installed")
+    with rabbitmq.RabbitNode() as node:
+        base = node.base
+        result = peer_systems.rabbitmq_round(node, 1, 1, peer_systems.Settings(seconds=1.0, warmup_s=0.3))
+    assert result["tasks_per_s"] > 0 and result["errors"] == 0
+    assert not base.exists()  # stopped and cleaned up
