@@ -269,7 +269,9 @@ class LogReader:
                 continue
             if reader is not None:
                 limit = reader.last_readable
-                if limit < next_entry and not reader.closed:
+                if limit < next_entry and not reader.closed and timeout <= 0:
+                    # With time to wait, the long-poll below answers at once if the LAC moved:
+                    # asking read_lac first would cost a round trip to every bookie per poll.
                     limit = reader.read_lac()
                 if limit >= next_entry:
                     entries = reader.read_range(next_entry, min(limit, next_entry + max_entries - 1))

@@ -33,7 +33,7 @@ import json
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
@@ -336,10 +336,11 @@ def advance_ledger_ids(zk: KazooClient, paths: ClusterPaths, above: int, batch: 
                 raise result
 
 
-def read_metadata(zk: KazooClient, paths: ClusterPaths, ledger_id: int) -> tuple[LedgerMetadata, int]:
-    """The ledger's metadata and its znode version (for a later CAS)."""
+def read_metadata(zk: KazooClient, paths: ClusterPaths, ledger_id: int,
+                  watch: Callable[[Any], None] | None = None) -> tuple[LedgerMetadata, int]:
+    """The ledger's metadata and its znode version (for a later CAS); ``watch`` is armed on the node."""
     try:
-        data, stat = zk.get(paths.ledger(ledger_id))
+        data, stat = zk.get(paths.ledger(ledger_id), watch=watch)
     except NoNodeError:
         raise NoSuchLedger(f"ledger {ledger_id} does not exist") from None
     return LedgerMetadata.from_json(data, ledger_id), stat.version

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 DEFAULT_READ_TIMEOUT = 2.0
 _READ_WINDOW = 256  # reads in flight at once in read_range
 _MAX_LONG_POLL = 5.0  # one wait_lac round; longer waits are several rounds
+# A tail long-polls in short rounds (to stop quickly); re-reading the metadata after every round
+# without progress cost each idle follower ten ZooKeeper reads a second. A watch on the node says
+# when it changed; this is the fallback should a watch be lost with a ZooKeeper session.
+_REFRESH_EVERY_S = 1.0
 
 
 class LedgerReadError(LedgerError):
@@ -76,10 +80,14 @@ class LedgerReader:
         self.timeout = timeout
         self.ledger_id = ledger_id
         self.metadata: LedgerMetadata
-        self.metadata, _ = read_metadata(zk, paths, ledger_id)
+        self._metadata_changed = threading.Event()
+        self.metadata, _ = read_metadata(zk, paths, ledger_id, watch=self._on_metadata_change)
         self._address_of: dict[str, str] = {}  # bookie id -> where it is registered now (looked up once)
         self._lac = -1
         self.corruptions: list[tuple[str, int, int, str]] = []
+        self._refreshed_at = time.monotonic()
+        self._ask_one = True  # wait_lac goes to one bookie while that one answers
+        self._turn = 0
 
     def _address(self, member: dict) -> str:
         """The current address of an ensemble member (a bookie restarted elsewhere keeps its id)."""
@@ -96,9 +104,17 @@ class LedgerReader:
     # ------------------------------------------------------------ boundaries
 
     def refresh(self) -> LedgerMetadata:
-        """Re-read the metadata (an OPEN ledger may have been closed by recovery)."""
-        self.metadata, _ = read_metadata(self._zk, self._paths, self.ledger_id)
+        """Re-read the metadata (an OPEN ledger may have been closed by recovery, or rolled).
+
+        Arms a watch on the node: :meth:`wait_for` re-reads as soon as it changes.
+        """
+        self._metadata_changed.clear()
+        self.metadata, _ = read_metadata(self._zk, self._paths, self.ledger_id, watch=self._on_metadata_change)
+        self._refreshed_at = time.monotonic()
         return self.metadata
+
+    def _on_metadata_change(self, _event) -> None:
+        self._metadata_changed.set()
 
     @property
     def closed(self) -> bool:
@@ -262,8 +278,14 @@ class LedgerReader:
     def wait_for(self, after: int, timeout: float) -> int:
         """Wait until an entry past ``after`` is committed (or ``timeout``); return the readable limit.
 
-        Long-polls every bookie with ``wait_lac``; returns early once the
-        ledger is closed (nothing more will come).
+        Long-polls one healthy bookie of the last fragment with ``wait_lac`` (each
+        of them receives every entry with the writer's LAC on it, so any one tells),
+        every bookie of it after a round in which the one asked did not answer;
+        returns early once the ledger is closed (nothing more will come). A round
+        without progress re-reads the metadata, at most every
+        :data:`_REFRESH_EVERY_S` (recovery may have closed the ledger, or an
+        ensemble change moved the writer to other bookies); a fenced bookie's
+        answer waits for the metadata change at once.
         """
         deadline = time.monotonic() + timeout
         while True:
@@ -273,10 +295,15 @@ class LedgerReader:
             if left <= 0:
                 return self.last_readable
             poll = min(left, _MAX_LONG_POLL)
+            members = self._last_members()
+            if self._ask_one:
+                healthy = [m for m in members if not self._pool.is_suspect(self._address(m))]
+                members = [healthy[self._turn % len(healthy)]] if healthy else members
+                self._turn += 1
             futures = {self._pool.request(self._address(m), "wait_lac", timeout=poll + self.timeout,
                                           ledger=self.ledger_id, after=after, timeout_ms=int(poll * 1000),
                                           bookie=m["bookie_id"])
-                       for m in self._last_members()}
+                       for m in members}
             fenced = False
             answered = 0
             pending = futures
@@ -292,16 +319,19 @@ class LedgerReader:
                     answered += 1
                     self._lac = max(self._lac, int(reply.get("lac", -1)))
                     fenced = fenced or bool(reply.get("fenced"))
+            # Asked one bookie and it did not answer: ask them all next time.
+            self._ask_one = answered > 0 or len(futures) > 1
             if self._lac > after:
                 return self._lac
             if not answered:
-                # Every bookie failed at once (e.g. unreachable): back off a little
+                # Every bookie asked failed at once (e.g. unreachable): back off a little
                 # instead of spinning until the deadline.
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
             if fenced:
                 # Recovery is running: the answer will be in the metadata. Wait for its change.
                 self._wait_metadata_change(deadline)
-            else:
+            elif (not answered or self._metadata_changed.is_set()
+                  or time.monotonic() - self._refreshed_at >= _REFRESH_EVERY_S):
                 self.refresh()
 
     def _wait_metadata_change(self, deadline: float) -> None:
