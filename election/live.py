@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+from typing import Any, Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -35,6 +36,17 @@ def read_live_broker(zk: KazooClient, paths: ClusterPaths, broker_id: int) -> di
         info = None
     # An unreadable node is still a live broker: say so rather than hide it from `status`.
     return info if isinstance(info, dict) else {"error": f"unreadable node {path}"}
+
+
+def live_broker_ids(zk: KazooClient, paths: ClusterPaths, watch: Callable[[Any], None] | None = None) -> list[int]:
+    """The ids of the live brokers (one read; ``watch`` fires when one comes or goes)."""
+    try:
+        children = zk.get_children(paths.live_brokers, watch=watch)
+    except NoNodeError:
+        if watch is not None:
+            zk.exists(paths.live_brokers, watch=watch)
+        return []
+    return sorted(int(child) for child in children if child.isdigit())
 
 
 def live_brokers(zk: KazooClient, paths: ClusterPaths) -> dict[int, dict]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
@@ -33,7 +33,7 @@ from election import ElectionError
 from election.insync import (CatchUpClock, answer_elect, clear_elect, entries_behind, may_stand, read_elect,
                              read_insync, write_insync)
 from election.leader import LostLeadership
-from election.live import live_brokers
+from election.live import live_broker_ids, live_brokers
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.log import read_log
@@ -47,10 +47,18 @@ ELECT_READY_TIMEOUT_S = 10.0
 ELECT_CHECK_S = 0.02
 
 
-def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig) -> tuple[bool, str]:
-    """Whether this broker may stand for election now (:func:`election.insync.may_stand` on live data)."""
+def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig,
+             watch: Callable[[Any], None] | None = None) -> tuple[bool, str]:
+    """Whether this broker may stand for election now (:func:`election.insync.may_stand` on live data).
+
+    ``watch`` is armed on what the answer depends on (the in-sync set, the live brokers,
+    the elect request): it fires once when any of them changes.
+    """
+    if watch is not None:
+        zk.exists(paths.insync, watch=watch)
+        zk.exists(paths.elect, watch=watch)
     doc, _ = read_insync(zk, paths)
-    alive = set(live_brokers(zk, paths))
+    alive = set(live_broker_ids(zk, paths, watch=watch))
     elect = read_elect(zk, paths)
     target = elect.get("target") if elect and "refused" not in elect else None
     members = set(doc["members"]) if doc else None
