@@ -164,7 +164,7 @@ def insync_report(zk: KazooClient, cluster: str) -> dict:
     leader = read_leader(zk, paths) or {}
     leader_id = leader.get("broker_id")
     live = live_brokers(zk, paths)
-    lags, _ = follower_lags(zk, paths, (live.get(leader_id) or {}).get("position"), {}, leader_id)
+    [lags], _ = follower_lags(zk, paths, [(live.get(leader_id) or {}).get("position")], {}, leader_id)
     members = (doc or {}).get("members", [])
     return {"members": members, "insync_epoch": (doc or {}).get("insync_epoch"),
             "leader_epoch": (doc or {}).get("leader_epoch"), "leader": leader_id,

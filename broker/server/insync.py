@@ -65,19 +65,21 @@ def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: Broke
     return may_stand(broker_id, config.learner, members, alive, config.allow_lagging_leader, target)
 
 
-def follower_lags(zk: KazooClient, paths: ClusterPaths, leader_position, lengths: dict[int, int],
-                  leader_id: int) -> tuple[dict[int, int | None], dict[int, dict]]:
-    """Each live follower's entries behind ``leader_position`` (``lengths`` caches closed ledgers)."""
+def follower_lags(zk: KazooClient, paths: ClusterPaths, leader_positions: list, lengths: dict[int, int],
+                  leader_id: int) -> tuple[list[dict[int, int | None]], dict[int, dict]]:
+    """Each live follower's entries behind each of ``leader_positions``, from one reading of the
+    log and the live nodes (``lengths`` caches closed ledgers)."""
     ledgers, _ = read_log(zk, paths)
     ids = [entry["id"] for entry in ledgers]
-    for ledger_id in ids:
+    # The last ledger of the log is the one we write: open while we lead, so never read.
+    for ledger_id in ids[:-1]:
         if ledger_id not in lengths:
             meta, _ = read_metadata(zk, paths, ledger_id)
             if meta.state == CLOSED:
                 lengths[ledger_id] = meta.last_entry
     live = {broker_id: info for broker_id, info in live_brokers(zk, paths).items() if broker_id != leader_id}
-    lags = {broker_id: entries_behind(info.get("position"), leader_position, ids, lengths)
-            for broker_id, info in live.items()}
+    lags = [{broker_id: entries_behind(info.get("position"), position, ids, lengths)
+             for broker_id, info in live.items()} for position in leader_positions]
     return lags, live
 
 
@@ -154,10 +156,9 @@ class InSyncTracker:
             return
         position = self.position()
         position = list(position) if position else None
-        lags, live = follower_lags(self.zk, self.paths, position, self._lengths, self.broker_id)
-        previous = {}
-        if self._previous_position is not None:
-            previous, _ = follower_lags(self.zk, self.paths, self._previous_position, self._lengths, self.broker_id)
+        wanted = [position] if self._previous_position is None else [position, self._previous_position]
+        found, live = follower_lags(self.zk, self.paths, wanted, self._lengths, self.broker_id)
+        lags, previous = found[0], (found[1] if len(found) > 1 else {})
         self._previous_position = position
         learners = {broker_id for broker_id, info in live.items() if info.get("learner")}
         members = self.clock.members(self.broker_id, lags, previous, learners, now)
