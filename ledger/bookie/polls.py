@@ -33,25 +33,31 @@ class _Waiter:
     ledger: int
     after: int
     deadline: float
+    max_entries: int = 0
     done: bool = False
 
 
 class LongPolls:
-    """Parked ``wait_lac`` requests; ``info(ledger)`` gives the reply fields, ``send(envelope, reply)`` sends."""
+    """Parked ``wait_lac`` requests; ``info(ledger)`` gives the reply fields, ``send(envelope, reply)`` sends.
+
+    ``entries(ledger, after, lac, max_entries)`` gives the entries that ride on the reply of a
+    poll that asked for them (``max_entries``), as a dict of extra reply fields.
+    """
 
     def __init__(self, info: Callable[[int], dict], send: Callable[[list, dict], None],
-                 limit: int = MAX_WAITERS) -> None:
-        self._info, self._send, self.limit = info, send, limit
+                 limit: int = MAX_WAITERS,
+                 entries: Callable[[int, int, int, int], dict] = lambda ledger, after, lac, n: {}) -> None:
+        self._info, self._send, self.limit, self._entries = info, send, limit, entries
         self._waiters: dict[int, list[_Waiter]] = {}
         self._deadlines: list[tuple[float, int, _Waiter]] = []
         self._seq = itertools.count()
         self.waiting = 0
 
-    def park(self, envelope: list, rid: Any, ledger: int, after: int, deadline: float) -> bool:
+    def park(self, envelope: list, rid: Any, ledger: int, after: int, deadline: float, max_entries: int = 0) -> bool:
         """Park a poll until ``ledger``'s LAC passes ``after`` or ``deadline``; False when full."""
         if self.waiting >= self.limit:
             return False
-        waiter = _Waiter(envelope, rid, ledger, after, deadline)
+        waiter = _Waiter(envelope, rid, ledger, after, deadline, max_entries)
         self._waiters.setdefault(ledger, []).append(waiter)
         heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
         self.waiting += 1
@@ -60,7 +66,9 @@ class LongPolls:
     def _finish(self, waiter: _Waiter, info: dict) -> None:
         waiter.done = True
         self.waiting -= 1
-        self._send(waiter.envelope, wire.ok_reply(waiter.rid, **info))
+        extra = (self._entries(waiter.ledger, waiter.after, info["lac"], waiter.max_entries)
+                 if waiter.max_entries and info["lac"] > waiter.after else {})
+        self._send(waiter.envelope, wire.ok_reply(waiter.rid, **info, **extra))
 
     def wake(self, ledger: int, always: bool = False) -> None:
         """Answer the polls on ``ledger`` that its LAC now satisfies (all if ``always``)."""

@@ -17,7 +17,11 @@ Protocol (request fields -> reply fields; the envelope is ``election.wire``)::
                                              -> ledger, first, count errors: fenced, bad_entry, bad_request
     read     ledger, entry                   -> data                 errors: no_entry, unknown
     read_lac ledger                          -> lac, last_entry, fenced  errors: unknown
-    wait_lac ledger, after, timeout_ms       -> lac, last_entry, fenced  (once lac > after, or at the deadline)
+    wait_lac ledger, after, timeout_ms[, max_entries]
+                                             -> lac, last_entry, fenced[, entries]
+                                                (once lac > after, or at the deadline; with max_entries,
+                                                ``entries`` holds the stored entries after..lac, at most
+                                                that many: a tailing reader needs no separate read)
     write_lac ledger, lac                    -> lac, last_entry, fenced  (explicit LAC from an idle writer)
     fence    ledger                          -> lac, last_entry, fenced=True   errors: unknown, readonly
     delete   ledger                          -> {}
@@ -113,10 +117,19 @@ def parse_add_batch(msg: dict) -> tuple[int, int, list, int, bool]:
     return ledger, first, entries, check_run(entries, ledger, first), recovery
 
 
-def parse_wait_lac(msg: dict) -> tuple[int, int, int]:
-    """``(ledger, after, timeout_ms)`` of a ``wait_lac``."""
+MAX_PIGGYBACK_ENTRIES = 1000
+# Entries that ride on a wait_lac reply stop at this many bytes (at least one is sent).
+MAX_PIGGYBACK_BYTES = 1 << 20
+
+
+def parse_wait_lac(msg: dict) -> tuple[int, int, int, int]:
+    """``(ledger, after, timeout_ms, max_entries)`` of a ``wait_lac`` (``max_entries`` 0 when absent)."""
     ledger = entity_id(msg, "ledger")
     after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
     if not _I64_MIN <= after <= _I64_MAX or timeout_ms < 0:
         raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be an i64 and 'timeout_ms' >= 0", msg["rid"])
-    return ledger, after, timeout_ms
+    max_entries = msg.get("max_entries", 0)
+    if type(max_entries) is not int or not 0 <= max_entries <= MAX_PIGGYBACK_ENTRIES:
+        raise wire.WireError(wire.E_BAD_REQUEST, f"'max_entries' must be an int in 0..{MAX_PIGGYBACK_ENTRIES}",
+                             msg["rid"])
+    return ledger, after, timeout_ms, max_entries

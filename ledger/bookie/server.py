@@ -41,7 +41,8 @@ from ledger.bookie.cookie import bind_instance, cookie_for_cluster
 from ledger.bookie.gc import GarbageCollector, Handoff
 from ledger.bookie.integrity import open_vouched_store, prepare_store
 from ledger.bookie.polls import LongPolls
-from ledger.bookie.protocol import OPS, entity_id, info_fields, parse_add, parse_add_batch, parse_wait_lac
+from ledger.bookie.protocol import (MAX_PIGGYBACK_BYTES, OPS, entity_id, info_fields, parse_add, parse_add_batch,
+                                   parse_wait_lac)
 from ledger.bookie.registration import BookieRegistration
 from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, is_disk_full
 from ledger.codec import CorruptEntry
@@ -92,7 +93,7 @@ class Bookie:
         self._registration: BookieRegistration | None = None
         self._autorecovery = None  # ledger.auditor.AutoRecovery, when the config runs it
         self._recovery_pool = None
-        self._polls = LongPolls(self._info, self._send)
+        self._polls = LongPolls(self._info, self._send, entries=self._entries_after)
         self._explicit_lac: dict[int, int] = {}
         self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
         self._gc: GarbageCollector | None = None
@@ -402,17 +403,32 @@ class Bookie:
         return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **self._info(ledger))
 
     def _op_wait_lac(self, envelope, msg, adds):
-        ledger, after, timeout_ms = parse_wait_lac(msg)
+        ledger, after, timeout_ms, max_entries = parse_wait_lac(msg)
         unknown = self._unknown(msg["rid"], ledger)
         if unknown is not None:
             return unknown
         info = self._info(ledger)
         timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
         if info["lac"] > after or timeout_ms == 0:
-            return wire.ok_reply(msg["rid"], **info)
-        if not self._polls.park(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000):
+            extra = self._entries_after(ledger, after, info["lac"], max_entries) if max_entries else {}
+            return wire.ok_reply(msg["rid"], **info, **extra)
+        if not self._polls.park(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000,
+                                max_entries):
             return wire.error_reply(msg["rid"], E_BUSY, f"{self._polls.limit} long polls are already waiting")
         return None
+
+    def _entries_after(self, ledger: int, after: int, lac: int, max_entries: int) -> dict:
+        """``{"entries": [...]}``: the stored entries after..lac (committed), as many as fit, in order."""
+        out, size = [], 0
+        for entry_id in range(after + 1, min(lac, after + max_entries) + 1):
+            data = self._store.read(ledger, entry_id)
+            if data is None:
+                break  # not here (a striped ensemble, a replaced member): the reader reads it elsewhere
+            out.append(data)
+            size += len(data)
+            if size >= MAX_PIGGYBACK_BYTES:
+                break
+        return {"entries": out}
 
     def _info(self, ledger: int) -> dict:
         info = info_fields(self._store.ledger_info(ledger))

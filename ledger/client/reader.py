@@ -51,6 +51,9 @@ _MAX_LONG_POLL = 5.0  # one wait_lac round; longer waits are several rounds
 # without progress cost each idle follower ten ZooKeeper reads a second. A watch on the node says
 # when it changed; this is the fallback should a watch be lost with a ZooKeeper session.
 _REFRESH_EVERY_S = 1.0
+# Entries asked to ride on each wait_lac reply: a tail then reads what it waited for without
+# another round trip (the bookie stops at 1 MiB).
+_PIGGYBACK_ENTRIES = 256
 
 
 class LedgerReadError(LedgerError):
@@ -88,6 +91,8 @@ class LedgerReader:
         self._refreshed_at = time.monotonic()
         self._ask_one = True  # wait_lac goes to one bookie while that one answers
         self._turn = 0
+        # Committed entries that came with a wait_lac reply, by id, until read_range takes them.
+        self._piggybacked: dict[int, Entry] = {}
 
     def _address(self, member: dict) -> str:
         """The current address of an ensemble member (a bookie restarted elsewhere keeps its id)."""
@@ -250,12 +255,36 @@ class LedgerReader:
         self._check_committed(entry_id)
         return self._read_from(entry_id, self._order(self.metadata.ensemble_for(entry_id)))
 
+    def _keep_piggybacked(self, after: int, datas) -> None:
+        """Keep the verified entries that rode on a ``wait_lac`` reply (entries after..its LAC)."""
+        if not isinstance(datas, list):
+            return
+        for entry_id, data in enumerate(datas, start=after + 1):
+            if entry_id in self._piggybacked:
+                continue
+            try:
+                entry = decode_entry(bytes(data), self._digest)
+                if (entry.ledger_id, entry.entry_id) != (self.ledger_id, entry_id):
+                    raise CorruptEntry("not the entry asked for")
+            except (CorruptEntry, TypeError, ValueError):
+                return  # read_range reads it (and reports a corrupt copy) the usual way
+            self._piggybacked[entry_id] = entry
+
     def read_range(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, pipelined; all must be committed."""
         if last < first:
             return []
         self._check_committed(last)
         out: list[Entry] = []
+        kept = self._piggybacked
+        if kept:
+            while first <= last and first in kept:
+                out.append(kept.pop(first))
+                first += 1
+            for entry_id in [e for e in kept if e < first]:
+                del kept[entry_id]  # passed by: never asked for again
+            if first > last:
+                return out
         for start in range(first, last + 1, _READ_WINDOW):
             stop = min(last, start + _READ_WINDOW - 1)
             # Ask each entry's preferred bookie (of its fragment) for the whole window at
@@ -302,7 +331,7 @@ class LedgerReader:
                 self._turn += 1
             futures = {self._pool.request(self._address(m), "wait_lac", timeout=poll + self.timeout,
                                           ledger=self.ledger_id, after=after, timeout_ms=int(poll * 1000),
-                                          bookie=m["bookie_id"])
+                                          bookie=m["bookie_id"], max_entries=_PIGGYBACK_ENTRIES)
                        for m in members}
             fenced = False
             answered = 0
@@ -319,6 +348,7 @@ class LedgerReader:
                     answered += 1
                     self._lac = max(self._lac, int(reply.get("lac", -1)))
                     fenced = fenced or bool(reply.get("fenced"))
+                    self._keep_piggybacked(after, reply.get("entries"))
             # Asked one bookie and it did not answer: ask them all next time.
             self._ask_one = answered > 0 or len(futures) > 1
             if self._lac > after:

@@ -198,6 +198,26 @@ def test_wait_lac_wakes_on_add_and_times_out(cluster, procs, client_for):
     assert woken["rid"] == rid and woken["fenced"] is True and woken["lac"] == -1
 
 
+def test_wait_lac_carries_the_committed_entries_it_waited_for(cluster, procs, client_for):
+    bookie = procs.start_bookie(cluster)
+    poller, writer = client_for(bookie.address), client_for(bookie.address)
+    for i in range(3):
+        assert writer.call("add", ledger=8, entry=i, data=entry(8, i, lac=i - 1))["ok"]
+    # LAC 1: entries 0 and 1 are committed, entry 2 is not and must not ride along.
+    reply = poller.call("wait_lac", ledger=8, after=-1, timeout_ms=1000, max_entries=10)
+    assert reply["lac"] == 1 and reply["entries"] == [entry(8, 0, lac=-1), entry(8, 1, lac=0)]
+    assert poller.call("wait_lac", ledger=8, after=0, timeout_ms=1000, max_entries=1)["entries"] == [
+        entry(8, 1, lac=0)]
+    # Parked, then woken by the add that commits entry 2: the reply carries it.
+    rid = poller.send("wait_lac", ledger=8, after=1, timeout_ms=20000, max_entries=10)
+    assert not poller.sock.poll(200, zmq.POLLIN)
+    assert writer.call("add", ledger=8, entry=3, data=entry(8, 3, lac=2))["ok"]
+    woken = poller.recv(timeout_ms=3000)
+    assert woken["rid"] == rid and woken["lac"] == 2 and woken["entries"] == [entry(8, 2, lac=1)]
+    # Without max_entries nothing rides along (the old reply).
+    assert "entries" not in poller.call("wait_lac", ledger=8, after=-1, timeout_ms=0)
+
+
 def test_many_concurrent_adds_are_group_committed(cluster, procs, client_for):
     bookie = procs.start_bookie(cluster)
     c = client_for(bookie.address)

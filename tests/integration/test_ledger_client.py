@@ -484,6 +484,23 @@ def test_open_ledger_reader_stops_at_the_lac_and_long_polls(ledger_env):
     writer.close()
 
 
+def test_a_tailing_reader_reads_what_wait_for_brought_without_asking_again(ledger_env):
+    _, bookies, client = ledger_env
+    writer = client.create(epoch=1)
+    writer.add_sync(b"first")
+    reader = client.open_reader(writer.ledger_id)
+
+    def reads() -> int:
+        return sum(client.pool.request(p.address, "stats").result(5)["reads"] for p in bookies)
+
+    threading.Timer(0.3, lambda: [writer.add_sync(b"e%d" % i) for i in range(5)]).start()
+    lac = reader.wait_for(-1, timeout=5.0)
+    before = reads()
+    assert [e.payload for e in reader.read_range(0, lac)] == [b"first", *[b"e%d" % i for i in range(lac)]]
+    assert reads() == before, "entries that came with the wait_lac reply were read again"
+    writer.close()
+
+
 def test_wait_for_returns_when_the_ledger_is_recovered(ledger_env):
     _, _, client = ledger_env
     writer = client.create(epoch=1)

@@ -44,7 +44,11 @@ def test_add_batch_bounds_and_checks_every_entry():
 
 
 def test_wait_lac_fields():
-    assert parse_wait_lac({"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 0}) == (1, -1, 0)
+    assert parse_wait_lac({"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 0}) == (1, -1, 0, 0)
+    assert parse_wait_lac({"rid": 1, "ledger": 1, "after": 4, "timeout_ms": 9, "max_entries": 64}) == (1, 4, 9, 64)
+    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": -1})
+    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": "64"})
+    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": 10 ** 6})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": -5})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": 1 << 63, "timeout_ms": 5})
 
