@@ -167,6 +167,8 @@ class BookiePool:
         self.default_timeout = default_timeout
         self.window = window
         self._cmds: collections.deque = collections.deque()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []  # heap of (due, seq, fn)
+        self._timer_seq = itertools.count()
         self._rids = itertools.count(1)
         self._rid_lock = threading.Lock()
         self._submit_lock = threading.Lock()
@@ -238,6 +240,29 @@ class BookiePool:
                 raise BookieUnavailable("-", "the bookie pool is closed")
             self._cmds.append(fn)
         self._wake()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the I/O thread in ``delay`` seconds; never run if the pool closes first.
+
+        Raises :class:`BookieUnavailable` at once if the pool is closed.
+        """
+        with self._submit_lock:
+            if self._closed:
+                raise BookieUnavailable("-", "the bookie pool is closed")
+            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+        self._wake()
+
+    def _run_due_timers(self, now: float) -> float | None:
+        """Run the timers that are due (I/O thread); the time until the next one, or None."""
+        while True:
+            with self._submit_lock:
+                if not self._timers:
+                    return None
+                due, _, fn = self._timers[0]
+                if due > now:
+                    return due - now
+                heapq.heappop(self._timers)
+            _run_task(fn)
 
     @property
     def closed(self) -> bool:
@@ -346,11 +371,15 @@ class BookiePool:
                         self._send(conn, req)
                 if stopping:
                     break
+                timer_in = self._run_due_timers(time.monotonic()) if self._timers else None
                 wait_ms = None
                 if self._cmds:
                     wait_ms = 0  # submitted from this thread (a callback, a task): no wake byte
                 elif deadlines:
                     wait_ms = max(0, int((deadlines[0][0] - time.monotonic()) * 1000) + 1)
+                if timer_in is not None and not self._cmds:
+                    timer_ms = int(timer_in * 1000) + 1
+                    wait_ms = timer_ms if wait_ms is None else min(wait_ms, timer_ms)
                 piped = False
                 for sock, _ in poller.poll(wait_ms):
                     conn = by_socket.get(sock)
