@@ -269,6 +269,25 @@ def test_pool_submit_runs_tasks_on_the_io_thread_in_order():
         pool.submit(lambda: None)
 
 
+def test_pool_call_later_runs_on_the_io_thread_in_due_order_and_not_after_close():
+    pool = BookiePool(default_timeout=2.0)
+    ran: list = []
+    done = threading.Event()
+    try:
+        started = time.monotonic()
+        pool.call_later(0.15, lambda: (ran.append(("late", threading.current_thread().name)), done.set()))
+        pool.call_later(0.05, lambda: ran.append(("early", time.monotonic() - started)))
+        assert done.wait(5)
+        assert ran[0][0] == "early" and ran[0][1] >= 0.05
+        assert ran[1] == ("late", "bookie-pool-io")
+        pool.call_later(30, lambda: ran.append("never"))
+    finally:
+        pool.close()
+    assert "never" not in ran
+    with pytest.raises(BookieUnavailable):
+        pool.call_later(0, lambda: None)
+
+
 def _fake_writer(fakes, pool, add_timeout=2.0):
     from ledger.codec import Digest
     from ledger.metadata import LedgerMetadata
