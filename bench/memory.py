@@ -16,6 +16,10 @@ leader and the followers:
   the figure that must stay flat as the task count grows;
 * ``*_hwm_mb``: VmHWM, the peak RSS over the process's life.
 
+``bytes_per_task`` is the disk space of the leader's state store (its LMDB
+files, allocated blocks) divided by the stored tasks; ``leader_data_dir_mb``
+also counts the snapshots kept beside it.
+
 ``curve`` samples the leader's RSS and RssAnon every ``tasks / 10`` tasks during
 the load, so growth with the task count shows directly. MB are 2^20 bytes.
 """
@@ -34,13 +38,14 @@ from typing import Callable
 from bench.common import BenchError, finish, machine_info, rate
 from bench.devbench import BenchCluster, proc_status_kb, quiet_logs
 
-TARGETS = {"leader_rss_mb": 250.0, "follower_rss_mb": 250.0}
+TARGETS = {"leader_rss_mb": 250.0, "follower_rss_mb": 250.0, "bytes_per_task": 300.0}
 LABELS = {
     "tasks": "stored tasks",
     "leader_rss_mb": "leader RSS (MB)",
     "leader_rss_anon_mb": "leader RssAnon (MB)",
     "follower_rss_mb": "follower RSS, larger of the two (MB)",
     "follower_rss_anon_mb": "follower RssAnon, larger of the two (MB)",
+    "bytes_per_task": "leader state store bytes per task on disk",
     "load_s": "load time (s)",
 }
 
@@ -56,14 +61,14 @@ def memory_of(pid: int) -> dict:
             "rss_file_mb": _mb(st.get("RssFile")), "hwm_mb": _mb(st.get("VmHWM"))}
 
 
-def _dir_mb(path: Path) -> float:
+def _dir_bytes(path: Path) -> int:
     """Bytes actually allocated on disk under ``path`` (sparse LMDB maps count as written)."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
                 total += os.stat(os.path.join(root, name)).st_blocks * 512
-    return round(total / 2**20, 1)
+    return total
 
 
 class Loader:
@@ -177,7 +182,8 @@ def run(tasks: int = 1_000_000, producers: int = 4, batch: int = 1000, payload_s
             stored = client.status()["queues"].get(queue, {}).get("waiting", 0)
         lead_mem = memory_of(leader["pid"])
         fol_mem = [memory_of(m["pid"]) for m in followers]
-        store_mb = _dir_mb(Path(leader["data_dir"]))
+        data_bytes = _dir_bytes(Path(leader["data_dir"]))
+        state_bytes = _dir_bytes(Path(leader["data_dir"]) / "state")
         leader_still = bc.leader_info()
 
     def worst(key: str) -> float | None:
@@ -190,6 +196,7 @@ def run(tasks: int = 1_000_000, producers: int = 4, batch: int = 1000, payload_s
         "leader_rss_anon_mb": lead_mem["rss_anon_mb"],
         "follower_rss_mb": worst("rss_mb"),
         "follower_rss_anon_mb": worst("rss_anon_mb"),
+        "bytes_per_task": round(state_bytes / stored, 1) if stored else None,
         "load_s": round(load_s, 1),
         "load_tasks_per_s": rate(stored, load_s),
         "followers_caught_up_s": round(catch_up_s, 1),
@@ -198,7 +205,8 @@ def run(tasks: int = 1_000_000, producers: int = 4, batch: int = 1000, payload_s
         "follower_hwm_mb": worst("hwm_mb"),
         "followers": fol_mem,
         "before_load": before,
-        "leader_data_dir_mb": store_mb,
+        "leader_state_mb": round(state_bytes / 2**20, 1),
+        "leader_data_dir_mb": round(data_bytes / 2**20, 1),
         "payload_bytes": payload_size,
         "producers": producers,
         "batch": batch,

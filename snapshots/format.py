@@ -10,11 +10,14 @@ One snapshot is one file. All integers are big-endian::
     end of blocks  u32 0, u32 0
     footer         b"FPSNAPEND", u64 record count, u32 checksum  21 bytes
 
-The header map holds ``format_version`` (1), ``cluster_id``, ``broker_id``,
+The header map holds ``format_version`` (2), ``cluster_id``, ``broker_id``,
 ``position`` ([ledger, entry]), ``epoch``, ``created_at`` (float seconds,
 passed in by the caller), ``digest`` (the store digest, 32 hex digits),
 ``record_count`` and ``compression`` ("zlib"). Unknown keys are kept, so a
-later minor addition does not need a new version.
+later minor addition does not need a new version. The version also names the
+layout of the records: 2 carries state store format 2 (compact task records,
+binary ids); 1 has the same framing with format-1 records, which are still read
+(restoring converts them), while a broker that reads only 1 refuses a 2.
 
 A decompressed block is a run of records, each ``u32 length`` + a msgpack
 array ``[db_name: str, key: bytes, value: bytes]``; no record spans two
@@ -63,7 +66,8 @@ from snapshots import SnapshotError
 
 MAGIC = b"FPSNAP01"
 FOOTER_MAGIC = b"FPSNAPEND"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 COMPRESSION = "zlib"
 TEMP_SUFFIX = ".tmp"
 
@@ -121,7 +125,7 @@ def _check_header(h: Any, path: Any) -> dict:
     if not isinstance(h, dict):
         raise bad("not a map")
     version = h.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise SnapshotCorrupt(path, f"unsupported format version {version!r:.40}")
     if not isinstance(h.get("cluster_id"), str) or not h["cluster_id"]:
         raise bad("cluster_id")

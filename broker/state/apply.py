@@ -41,13 +41,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from broker.state import idem
 from broker.state.events import (
     CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, EVENT_TYPES, FAILED, RUNNING, WAITING,
     BadEvent, err, ok, validate_event)
 from broker.state.schema import (
     FINISHED_CODE, META_DIVERGED, META_EPOCH, META_SHUTDOWN, delayed_key, digest_hex,
-    finished_key, idem_key, lease_key, pack, queue_prefix, read_u64, ready_key, text, unpack,
-    untext, worker_lease_key)
+    finished_key, id_key, inline_payload, lease_key, pack, queue_prefix, read_u64,
+    ready_key, task_id_of, text, unpack, worker_lease_key)
 from broker.state.txn import StateTxn
 from election.codes import (E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER,
                             E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH)
@@ -77,7 +78,7 @@ def _leave(tx: StateTxn, rec: dict) -> None:
 
 def _enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
     """Put a task into ``state``: index it, count it and save the record."""
-    tid, queue, tid_b = rec["id"], rec["queue"], text(rec["id"])
+    tid, queue, tid_b = rec["id"], rec["queue"], id_key(rec["id"])
     rec["state"] = state
     if state == WAITING:
         if rec["not_before_ms"] > now_ms:
@@ -162,10 +163,11 @@ def _queue_declared(tx: StateTxn, ev: dict) -> dict:
 def _task_submitted(tx: StateTxn, ev: dict) -> dict:
     tid, name, now = ev["task_id"], ev["queue"], ev["now_ms"]
     if ev["key"] is not None:
-        existing = tx.get("keys", idem_key(name, ev["key"]))
+        existing = idem.find(tx, name, ev["key"])
         if existing is not None:
-            return ok(task_id=untext(existing), created=False)
-    if tx.get("tasks", text(tid)) is not None:
+            return ok(task_id=task_id_of(existing), created=False)
+    tid_b = id_key(tid)
+    if tx.get("tasks", tid_b) is not None:
         return err(E_DUPLICATE_TASK_ID, f"task id {tid!r} already exists")
     q = tx.queue(name) or tx.new_queue(name, DEFAULT_MAX_ATTEMPTS, DEFAULT_LEASE_MS)
     rec = {"id": tid, "queue": name, "state": None, "key": ev["key"],
@@ -173,10 +175,11 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
            "max_attempts": ev["max_attempts"] or q["max_attempts"], "submitted_ms": now,
            "not_before_ms": now + ev["delay_ms"], "started_ms": None, "finished_ms": None,
            "worker": None, "lease_deadline_ms": None, "result": None, "error": None,
-           "max_run_ms": ev["max_run_ms"]}
-    tx.put("payloads", text(tid), ev["payload"])
+           "max_run_ms": ev["max_run_ms"], "payload": inline_payload(ev["payload"])}
+    if rec["payload"] is None:
+        tx.put("payloads", tid_b, ev["payload"])
     if ev["key"] is not None:
-        tx.put("keys", idem_key(name, ev["key"]), text(tid))
+        idem.add(tx, name, ev["key"], tid_b)
     _enter(tx, rec, WAITING, now)
     return ok(task_id=tid, created=True)
 
@@ -218,8 +221,9 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
             rec["run_deadline_ms"] = now + max_run_ms if max_run_ms else None
             rec["lease_deadline_ms"] = _capped(now + lease_ms, rec)
             _enter(tx, rec, RUNNING, now)
+            payload = rec["payload"] if rec["payload"] is not None else tx.get("payloads", found[1])
             tasks.append({"task_id": rec["id"], "attempt": rec["attempts"], "queue": name,
-                          "payload": tx.get("payloads", found[1]), "max_run_ms": max_run_ms})
+                          "payload": payload, "max_run_ms": max_run_ms})
     _touch_worker(tx, worker, now)
     return ok(tasks=tasks)
 
@@ -355,9 +359,10 @@ def _tasks_purged(tx: StateTxn, ev: dict) -> dict:
         rec = tx.indexed_task("purge", tid)
         _leave(tx, rec)
         tx.must_delete("tasks", tid)
-        tx.must_delete("payloads", tid)
-        if rec["key"] is not None and tx.get("keys", idem_key(name, rec["key"])) == tid:
-            tx.delete("keys", idem_key(name, rec["key"]))  # frees the key for reuse
+        if rec["payload"] is None:
+            tx.must_delete("payloads", tid)
+        if rec["key"] is not None:
+            idem.remove(tx, name, rec["key"], tid)  # frees the key for reuse
         purged += 1
     return ok(queue=name, purged=purged, more=False)
 

@@ -45,8 +45,9 @@ def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, clus
     Verifies the whole file first (damage or another cluster: nothing is
     touched). Refuses a ``state_dir`` whose store holds any state. A store
     left incomplete by an interrupted earlier restore is removed and
-    loaded again. On any failure during loading the LMDB files are
-    removed, so no half-installed store remains.
+    loaded again. Records of an older store format (a format-1 snapshot) are
+    converted once loaded and checked. On any failure during loading the LMDB
+    files are removed, so no half-installed store remains.
     """
     header = verify_snapshot(path, cluster_id)
     state_dir = Path(state_dir)
@@ -88,6 +89,7 @@ def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, clus
             if store.position() != tuple(header["position"]):
                 raise SnapshotCorrupt(path, f"restored position {store.position()} is not the "
                                             f"header's {header['position']}")
+            store.upgrade()
     except BaseException as exc:
         _remove_store(state_dir, created_dir)
         if isinstance(exc, StoreError):

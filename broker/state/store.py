@@ -33,12 +33,13 @@ import lmdb
 
 from broker import BrokerError
 from broker.state.apply import apply_event
+from broker.state.migrate import format_record, migrate_v1, store_format
 from broker.state.schema import (
     DB_NAMES, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
-    META_LOADING, META_LOCAL, META_POSITION, META_SEAL, META_SHUTDOWN, digest_hex, is_hashed,
-    pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack, unpack_cluster,
-    unpack_position)
-from broker.state.txn import StateTxn
+    META_FORMAT, META_LOADING, META_LOCAL, META_POSITION, META_SEAL, META_SHUTDOWN, STORE_FORMAT,
+    digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, unpack,
+    unpack_cluster, unpack_position, unpack_task)
+from broker.state.txn import StateCorrupt, StateTxn
 from election.lmdb_file import check_lmdb_file
 
 DEFAULT_MAP_SIZE = 4 << 30  # sparse on Linux; raise it for big backlogs
@@ -136,9 +137,19 @@ class StateStore:
             if self._meta_raw(META_LOADING) is not None:
                 raise StoreIncomplete(f"{path}: an interrupted snapshot load left this store "
                                       "partial; delete it and load again")
+            with self._env.begin() as txn:
+                self._format = store_format(txn, self._dbs)
+            if self._format not in (None, 1, STORE_FORMAT):
+                raise StoreError(f"state store format {self._format} in {self.path}: this broker "
+                                 f"reads format {STORE_FORMAT}; run the fencepost that wrote it")
+            if not readonly:
+                self.upgrade()
         except lmdb.Error as exc:
             self._env.close()
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        except StateCorrupt as exc:
+            self._env.close()
+            raise StoreDamaged(self.path, str(exc)) from None
         except BaseException:
             self._env.close()
             raise
@@ -172,6 +183,8 @@ class StateStore:
             with self._env.begin(write=True) as txn:
                 raw = txn.get(META_POSITION, db=self._dbs["meta"])
                 applied = unpack_position(raw) if raw is not None else None
+                if applied is None:  # the first batch: the store's layout is this broker's
+                    txn.put(META_FORMAT, format_record(), db=self._dbs["meta"])
                 for events, position in entries:
                     pos = _check_position(position)
                     if applied is not None and pos <= applied:
@@ -235,6 +248,35 @@ class StateStore:
                 txn.put(META_CLUSTER, pack_cluster(cluster_id), db=meta)
             txn.delete(META_LOADING, db=meta)
         return mine.hex()
+
+    def upgrade(self) -> bool:
+        """Convert a format-1 store to this layout in place, in one transaction; True if it did.
+
+        Done at every read-write open, and by a restore after loading a format-1
+        snapshot. The records are first checked against their digest (a damaged
+        store is :class:`StoreDamaged`, never converted), since the conversion
+        computes the digest anew.
+        """
+        meta = self._dbs["meta"]
+        try:
+            with self._env.begin(write=True) as txn:
+                if store_format(txn, self._dbs) != 1:
+                    return False
+                self._check_seal(txn)
+                digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
+                for _ in self._checked_records(txn, digest):
+                    pass
+                migrate_v1(self._env, txn, self._dbs)
+        except lmdb.MapFullError as exc:
+            raise StoreFull(f"state store map is full ({self._env.info()['map_size']} bytes) while "
+                            f"converting it to format {STORE_FORMAT}: reopen with a larger "
+                            "map_size") from exc
+        except lmdb.Error as exc:
+            raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
+        except StateCorrupt as exc:
+            raise StoreDamaged(self.path, str(exc)) from None
+        self._format = STORE_FORMAT
+        return True
 
     # -- what the store knows about itself ---------------------------------
 
@@ -377,25 +419,29 @@ class StateStore:
         raw = self._meta_raw(META_CLOCK)
         return 0 if raw is None else read_u64(raw)
 
-    def _key(self, name: Any) -> bytes | None:
-        """``name`` as a key, or None if it cannot be one (so lookups miss, not crash)."""
+    def _task_key(self, task_id: Any) -> bytes | None:
+        """``task_id`` as a key, or None if it cannot be one (so lookups miss, not crash)."""
         try:
-            key = text(name)
-        except (AttributeError, UnicodeEncodeError):
+            key = id_key(task_id)
+        except (AttributeError, TypeError, UnicodeEncodeError):
             return None
         return key if 0 < len(key) <= self._max_key else None
 
     def get_task(self, task_id: str) -> dict | None:
         """The task record (with its ``payload``) or None."""
-        key = self._key(task_id)
+        if self._format == 1:
+            raise StoreError(f"state store format 1 in {self.path}: this broker reads format "
+                             f"{STORE_FORMAT}; open it read-write once (start its broker) to convert it")
+        key = self._task_key(task_id)
         if key is None:
             return None
         with self._read() as txn:
             raw = txn.get(key, db=self._dbs["tasks"])
             if raw is None:
                 return None
-            rec = unpack(raw)
-            rec["payload"] = txn.get(key, db=self._dbs["payloads"])
+            rec = unpack_task(key, raw)
+            if rec["payload"] is None:
+                rec["payload"] = txn.get(key, db=self._dbs["payloads"])
         return rec
 
     def queue_depths(self) -> dict[str, dict[str, int]]:

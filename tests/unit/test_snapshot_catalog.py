@@ -275,7 +275,7 @@ def test_failed_load_leaves_nothing_half_installed(replica, tmp_path):
         recs = list(view["records"])
         header = {"cluster_id": "dev", "broker_id": 1, "position": list(view["position"]),
                   "epoch": view["epoch"], "created_at": 1.0, "digest": view["digest"]}
-    recs = [(db, k, v + b"!" if db == "payloads" and k == b"t7" else v) for db, k, v in recs]
+    recs = [(db, k, v + b"!" if db == "tasks" and k == b"t7" else v) for db, k, v in recs]
     path = tmp_path / "lying.fps"
     write_snapshot(path, header, recs)
     with pytest.raises(SnapshotError, match="hash"):

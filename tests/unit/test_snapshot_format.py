@@ -75,7 +75,7 @@ def test_round_trip_thousands_of_records(tmp_path):
     info = write_snapshot(path, HEADER, recs)
     assert info["record_count"] == len(recs)
     assert info["size"] == path.stat().st_size
-    assert info["format_version"] == 1 and info["compression"] == "zlib"
+    assert info["format_version"] == 2 and info["compression"] == "zlib"
     assert read_all(path) == recs
     header = read_header(path)
     assert header == info
@@ -320,3 +320,20 @@ def test_crash_leftover_tmp_is_ignored_and_cleaned(tmp_path):
     write_snapshot(path, dict(HEADER, epoch=5), records(1))
     assert read_header(path)["epoch"] == 5
     assert cleanup_temp(tmp_path / "missing") == []
+
+
+def test_a_format_1_file_is_read_and_an_unknown_version_refused(tmp_path):
+    """Version 1 has the same framing (its records are converted when restored); a later
+    version is refused by name, never misread."""
+    for version in (1, 3):
+        header = fmt._pack_header(dict(HEADER, format_version=version, compression="zlib",
+                                       record_count=0))
+        body = MAGIC + struct.pack(">I", len(header)) + header + struct.pack(">II", 0, 0)
+        body += struct.pack(">9sQI", b"FPSNAPEND", 0, fmt.crc32c(body))
+        path = tmp_path / f"v{version}.fps"
+        path.write_bytes(body)
+        if version == 1:
+            assert verify_snapshot(path)["format_version"] == 1
+        else:
+            with pytest.raises(SnapshotCorrupt, match="unsupported format version 3"):
+                verify_snapshot(path)

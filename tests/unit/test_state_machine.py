@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.state import apply as state_apply
-from broker.state.schema import unpack
+from broker.state.schema import task_id_of, unpack_task
 from broker.state.store import (
     DigestMismatch, PositionError, StateDiverged, StateStore, StoreError, StoreFull,
     StoreIncomplete)
@@ -330,7 +330,7 @@ def test_snapshot_records_roundtrip_and_load_checks(r, tmp_path):
     with r.store.snapshot_view() as view:
         assert (view["position"], view["digest"]) == (r.store.position(), r.store.digest())
         assert list(view["records"]) == records
-    tampered = [(db, k, v + b"!" if db == "payloads" else v) for db, k, v in records]
+    tampered = [(db, k, v + b"!" if db == "tasks" else v) for db, k, v in records]
     with StateStore(tmp_path / "bad", sync=False, map_size=64 << 20) as bad:
         with pytest.raises(DigestMismatch):
             bad.load_records(tampered)
@@ -342,7 +342,7 @@ def test_snapshot_records_roundtrip_and_load_checks(r, tmp_path):
 
 def random_events(rep: Replica, rnd: random.Random, now: int, n: int) -> list[dict]:
     """Events built from the store's current state, mostly valid, some stale."""
-    tids = [k.decode() for db, k, _ in rep.store.iter_records() if db == "tasks"] + ["ghost"]
+    tids = [task_id_of(k) for db, k, _ in rep.store.iter_records() if db == "tasks"] + ["ghost"]
     queues, workers = ["a", "b", "c"], ["w1", "w2"]
     out = []
     for _ in range(n):
@@ -394,7 +394,7 @@ def check_invariants(store: StateStore) -> None:
     by_db: dict[str, list] = {}
     for db, key, value in store.iter_records():
         by_db.setdefault(db, []).append((key, value))
-    tasks = {k.decode(): unpack(v) for k, v in by_db.get("tasks", [])}
+    tasks = {task_id_of(k): unpack_task(k, v) for k, v in by_db.get("tasks", [])}
     counts = Counter((t["queue"], t["state"]) for t in tasks.values())
     for queue, depth in store.queue_depths().items():
         for state in ("waiting", "running", "done", "failed", "dead", "cancelled"):
@@ -404,7 +404,7 @@ def check_invariants(store: StateStore) -> None:
     assert len(by_db.get("leases", [])) == len(by_db.get("worker_leases", [])) == n["running"]
     assert len(by_db.get("finished", [])) == sum(n[s] for s in ("done", "failed", "dead",
                                                                 "cancelled"))
-    assert len(by_db.get("payloads", [])) == len(tasks)
+    assert len(by_db.get("payloads", [])) == sum(t["payload"] is None for t in tasks.values())
     assert all(t["attempts"] <= t["max_attempts"] for t in tasks.values())
     assert store.digest() == store.recompute_digest()
 

@@ -1,0 +1,161 @@
+"""Converting a format-1 state store to the current layout, in place, in one write transaction.
+
+Format 1 (before :data:`broker.state.schema.STORE_FORMAT` 2) stored task ids and
+idempotency keys as UTF-8 text, task records as msgpack maps with field names,
+and every payload in the ``payloads`` database. Converting changes only how the
+same state is written: every id-bearing key and value is re-encoded with
+:func:`broker.state.schema.id_key` (idempotency keys with ``key_bytes``), each
+task record is repacked (taking its payload inline if small), and the digest is
+recomputed over the new bytes.
+
+Each converted database is rewritten through a scratch database: converted
+entries go there first (new keys can sort anywhere among the old ones, so
+rewriting in place would meet its own output), then the database is emptied and
+refilled in key order with appends, which also packs its pages full. One
+transaction: a crash leaves the old store whole, and the next open converts it
+again.
+
+Example::
+
+    with env.begin(write=True) as txn:
+        if store_format(txn, dbs) == 1:
+            migrate_v1(env, txn, dbs)
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable
+
+import lmdb
+
+from broker.state.events import PRIORITY_MAX
+from broker.state.schema import (
+    META_DIGEST, META_FORMAT, META_POSITION, META_SEAL, SHORT_KEY_BYTES, STORE_FORMAT, id_key,
+    idem_key, inline_payload, is_hashed, pack_task, ready_key, record_hash, seal, unpack, untext)
+from broker.state.txn import StateCorrupt
+
+SCRATCH_DB = b"migrating"
+_V1_READY = struct.Struct(">IQ")  # after the queue: u32 PRIORITY_MAX - priority, u64 seq
+# Format 1 task record fields that are not in every record.
+_V1_OPTIONAL = ("max_run_ms", "run_deadline_ms")
+
+
+def store_format(txn: lmdb.Transaction, dbs: dict[str, Any]) -> int | None:
+    """The layout version of the store, or None for one that holds no state yet.
+
+    A store gets its format record with its first batch (or from its snapshot),
+    so one with a position but no format record predates the record: format 1.
+    """
+    meta = dbs["meta"]
+    raw = txn.get(META_FORMAT, db=meta)
+    if raw is not None:
+        if not bytes(raw).isdigit():
+            raise StateCorrupt(f"its format record {bytes(raw)!r:.40} is not a number")
+        return int(bytes(raw))
+    return 1 if txn.get(META_POSITION, db=meta) is not None else None
+
+
+def format_record() -> bytes:
+    return str(STORE_FORMAT).encode()
+
+
+def _v1_id(raw: bytes) -> bytes:
+    return id_key(untext(raw))
+
+
+def _worker_lease(key: bytes) -> bytes:
+    worker, _, task = bytes(key).partition(b"\0")
+    return worker + b"\0" + _v1_id(task)
+
+
+def _ready(key: bytes) -> bytes:
+    queue, _, rest = bytes(key).partition(b"\0")
+    inverted, seq = _V1_READY.unpack(rest)
+    return ready_key(untext(queue), PRIORITY_MAX - inverted, seq)
+
+
+def _idem(key: bytes) -> bytes:
+    queue, _, idem = bytes(key).partition(b"\0")
+    return idem_key(untext(queue), untext(idem))
+
+
+def _short_forms() -> Callable[[bytes], bytes]:
+    """Given the full ``keys`` entries in key order, the key each is stored under: the
+    smallest automatic key of each short form takes the short entry (broker.state.idem)."""
+    last = b""
+
+    def place(key: bytes) -> bytes:
+        nonlocal last
+        group = key[:1 + SHORT_KEY_BYTES]
+        if key[:1] != b"\xff" or group == last:
+            return key
+        last = group
+        return b"\xfe" + key[1:1 + SHORT_KEY_BYTES]
+    return place
+
+
+def _rewrite(env: lmdb.Environment, txn: lmdb.Transaction, db: Any,
+             convert: Callable[[bytes, bytes], tuple[bytes, bytes] | None],
+             place: Callable[[bytes], bytes] | None = None) -> None:
+    """Replace every entry of ``db`` by ``convert(key, value)`` (None drops it), stored
+    under ``place(new key)`` if given (called in key order)."""
+    scratch = env.open_db(SCRATCH_DB, txn=txn)
+    with txn.cursor(db=db) as cur:
+        for key, value in cur:
+            new = convert(bytes(key), bytes(value))
+            if new is not None:
+                txn.put(new[0], new[1], db=scratch)
+    txn.drop(db, delete=False)
+    with txn.cursor(db=scratch) as cur, txn.cursor(db=db) as out:
+        for key, value in cur:
+            if place is None:
+                out.put(key, value, append=True)
+            else:
+                out.put(place(key), value)
+    txn.drop(scratch, delete=True)
+
+
+def migrate_v1(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]) -> None:
+    """Convert the format-1 store in ``txn`` to :data:`STORE_FORMAT`; the caller commits.
+
+    The caller has checked the records against their digest first: the digest is
+    recomputed here, so damage converted along would no longer show. Raises
+    :class:`StateCorrupt` for a task without its payload.
+    """
+    payloads = dbs["payloads"]
+
+    def task(key: bytes, value: bytes) -> tuple[bytes, bytes]:
+        rec = unpack(value)
+        if not isinstance(rec, dict):
+            raise StateCorrupt(f"task record {key!r:.60} is not a format-1 record")
+        for name in _V1_OPTIONAL:
+            rec.setdefault(name, None)
+        payload = txn.get(key, db=payloads)
+        if payload is None:
+            raise StateCorrupt(f"task {rec['id']!r} has no payload record")
+        rec["payload"] = inline_payload(bytes(payload))
+        new_key = id_key(rec["id"])
+        return new_key, pack_task(new_key, rec)
+
+    def payload(key: bytes, value: bytes) -> tuple[bytes, bytes] | None:
+        return None if inline_payload(value) is not None else (_v1_id(key), value)
+
+    # tasks before payloads: a task record takes its payload from the format-1 payloads db.
+    _rewrite(env, txn, dbs["tasks"], task)
+    _rewrite(env, txn, dbs["payloads"], payload)
+    _rewrite(env, txn, dbs["ready"], lambda k, v: (_ready(k), _v1_id(v)))
+    for name in ("delayed", "finished"):
+        _rewrite(env, txn, dbs[name], lambda k, v: (k, _v1_id(v)))
+    _rewrite(env, txn, dbs["keys"], lambda k, v: (_idem(k), _v1_id(v)), _short_forms())
+    _rewrite(env, txn, dbs["leases"], lambda k, v: (k[:8] + _v1_id(k[8:]), v))
+    _rewrite(env, txn, dbs["worker_leases"], lambda k, v: (_worker_lease(k), v))
+    digest = 0
+    for name, db in dbs.items():
+        with txn.cursor(db=db) as cur:
+            for key, value in cur:
+                if is_hashed(name, key):
+                    digest ^= record_hash(name, key, value)
+    meta, raw_digest = dbs["meta"], digest.to_bytes(16, "big")
+    txn.put(META_DIGEST, raw_digest, db=meta)
+    txn.put(META_SEAL, seal(txn.get(META_POSITION, db=meta), raw_digest), db=meta)
+    txn.put(META_FORMAT, format_record(), db=meta)
