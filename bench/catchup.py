@@ -59,6 +59,7 @@ from bench.common import BenchError, finish, machine_info, rate
 from bench.devbench import BenchCluster
 from devtools.procs import free_port, new_session_dying_with_parent, private_env, stop_process
 from broker.server.request_loop import time_ordered_id
+from broker.state.schema import STORE_FORMAT
 from election.paths import ClusterPaths
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
@@ -203,7 +204,7 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
                 since_digest += 1
                 if since_digest >= DIGEST_EVERY_ENTRIES:
                     since_digest = 0
-                    events.insert(0, {"type": "StateDigest", "digest": leader_store.digest()})
+                    events.insert(0, {"type": "StateDigest", "digest": leader_store.digest(), "format": STORE_FORMAT})
             data = encode_batch(events)
             position = (writer.ledger_id, entry_id)
             results = leader_store.apply_batch(events, position)

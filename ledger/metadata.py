@@ -340,7 +340,7 @@ def read_metadata(zk: KazooClient, paths: ClusterPaths, ledger_id: int,
                   watch: Callable[[Any], None] | None = None) -> tuple[LedgerMetadata, int]:
     """The ledger's metadata and its znode version (for a later CAS); ``watch`` is armed on the node."""
     try:
-        data, stat = zk.get(paths.ledger(ledger_id), watch=watch)
+        data, stat = zk.get(paths.ledger(ledger_id)) if watch is None else zk.get(paths.ledger(ledger_id), watch=watch)
     except NoNodeError:
         raise NoSuchLedger(f"ledger {ledger_id} does not exist") from None
     return LedgerMetadata.from_json(data, ledger_id), stat.version

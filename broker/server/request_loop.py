@@ -50,6 +50,7 @@ from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, 
 from broker.server.leader_clock import LeaderClock
 from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.server.takeover_steps import RollPostponed
+from broker.state.schema import STORE_FORMAT
 from broker.state.store import StoreDamaged
 from election import codes, wire
 from snapshots.transfer import TransferError
@@ -546,7 +547,8 @@ class BrokerServer:
             return
         session.digest_due = False
         session.entries_since_digest = group.entries_written
-        self._add_internal(session, [{"type": "StateDigest", "digest": self.store.digest()}], first=True)
+        self._add_internal(session, [{"type": "StateDigest", "digest": self.store.digest(), "format": STORE_FORMAT}],
+                           first=True)
         group.held = False
 
     def _add_internal(self, session: LeaderSession, events: list[dict], first: bool = False) -> None:

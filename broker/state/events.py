@@ -93,7 +93,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "EpochStarted": {"epoch": ("epoch", _REQUIRED), "broker_id": ("broker_id", _REQUIRED),
                      "now_ms": ("time", _REQUIRED)},
     "ClusterShutdown": {"shutdown_id": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
-    "StateDigest": {"digest": ("hex128", _REQUIRED)},
+    # format: the store format whose records the digest was computed over (absent: format 1).
+    "StateDigest": {"digest": ("hex128", _REQUIRED), "format": ("limit?", None)},
 }
 EVENT_TYPES = tuple(SCHEMAS)
 

@@ -333,6 +333,10 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
             return wire.error_reply(msg["rid"], "stale_attempt", "attempt 2 is not the current attempt 3")
         if op in ("complete", "fail", "heartbeat"):
             return wire.ok_reply(msg["rid"])
+        if op in ("complete_many", "heartbeat_many"):  # what the Worker sends: one result per task
+            return wire.ok_reply(msg["rid"], results=[
+                {"ok": False, "error": "stale_attempt", "message": "attempt 2 is not the current attempt 3"}
+                if item["task_id"] == "c" else {"ok": True} for item in msg["tasks"]])
         return leader_ping(msg)
 
     fake = fakes(respond)
@@ -356,14 +360,16 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
     runner.join(10)
     assert not runner.is_alive()
     assert worker.stats == {"completed": 1, "failed": 1, "lost": 1, "unreported": 0, "abandoned": 0}
-    (done,) = [m for m in fake.ops("complete") if m["task_id"] == "a"]
+    completions = [item for m in fake.ops("complete_many") for item in m["tasks"]]
+    (done,) = [item for item in completions if item["task_id"] == "a"]
     assert done["attempt"] == 1 and done["result"] == b"OK"
     (failed,) = fake.ops("fail")
     assert failed["task_id"] == "b" and failed["retry"] is True
     assert "RuntimeError: handler exploded" in failed["error"]
-    beats = fake.ops("heartbeat")
+    beats = fake.ops("heartbeat_many")
     assert beats and all(b["worker"] == "w1" and b["lease_ms"] == 300 for b in beats)
-    assert all(m["worker"] == "w1" and m["queues"] == ["q"] and m["max_tasks"] == 1 for m in fake.ops("lease"))
+    # Prefetch defaults to the concurrency: never more than 2 tasks in hand.
+    assert all(m["worker"] == "w1" and m["queues"] == ["q"] and 1 <= m["max_tasks"] <= 2 for m in fake.ops("lease"))
 
 
 def test_worker_checks_its_configuration():
