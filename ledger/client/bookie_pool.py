@@ -407,7 +407,7 @@ class BookiePool:
 
     def _send(self, conn: _Conn, req: _Request) -> None:
         try:
-            conn.socket.send(req.frame, zmq.NOBLOCK)
+            conn.socket.send(req.frame, _NOBLOCK)
         except zmq.ZMQError as exc:
             _deliver(req, None, BookieUnavailable(req.address, f"cannot send: {exc}"))
             return
