@@ -17,3 +17,13 @@ def client_for():
     yield make
     for c in clients:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run: starting one takes several seconds."""
+    from pipeline.spark import spark_session
+
+    session = spark_session(master="local[2]", app_name="fencepost-tests")
+    yield session
+    session.stop()

@@ -1,0 +1,168 @@
+"""Which entries to read: the committed extent of each ledger of the log, cut into read ranges.
+
+Planning happens on the Spark driver (or the export's process): it reads the
+log and each ledger's metadata, and for the last, still OPEN ledger its LAC,
+so a range never reaches past what is committed. The splitting itself is pure
+(:func:`split_ranges`) and unit-tested without a cluster.
+
+Example::
+
+    with Connection.open(options) as conn:
+        extents = conn.extents()                        # [LedgerExtent(ledger_id, epoch, last), ...]
+    ranges = split_ranges(extents, first=(7, 0), last=None, per_range=5000)
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+from election.cluster_config import read_secret
+from election.paths import ClusterPaths
+from election.zk import close, connect
+from ledger.client.facade import LedgerClient
+from ledger.log import read_log
+from pipeline import PipelineError
+from pipeline.rows import Position, parse_position
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENTRIES_PER_PARTITION = 5000
+
+
+@dataclass(frozen=True)
+class LedgerExtent:
+    """A ledger of the log and its last committed entry (-1: none yet)."""
+
+    ledger_id: int
+    epoch: int
+    last: int
+
+
+@dataclass(frozen=True)
+class ReadRange:
+    """Entries ``first..last`` (inclusive, all committed) of one ledger: one Spark partition's work."""
+
+    ledger_id: int
+    epoch: int
+    first: int
+    last: int
+
+    @property
+    def entries(self) -> int:
+        return self.last - self.first + 1
+
+
+def split_ranges(extents: list[LedgerExtent], first: Position | None, last: Position | None,
+                 per_range: int) -> list[ReadRange]:
+    """The committed entries from ``first`` to ``last`` (both inclusive, None: unbounded), in log order,
+    as ranges of at most ``per_range`` entries that never span two ledgers.
+
+    Ledger ids grow along the log, so positions compare as tuples.
+    """
+    if per_range < 1:
+        raise PipelineError(f"entries per partition must be at least 1, not {per_range}")
+    out = []
+    for ext in extents:
+        lo = 0
+        hi = ext.last
+        if first is not None:
+            if ext.ledger_id < first[0]:
+                continue
+            if ext.ledger_id == first[0]:
+                lo = max(0, first[1])
+        if last is not None:
+            if ext.ledger_id > last[0]:
+                break
+            if ext.ledger_id == last[0]:
+                hi = min(hi, last[1])
+        for start in range(lo, hi + 1, per_range):
+            out.append(ReadRange(ext.ledger_id, ext.epoch, start, min(hi, start + per_range - 1)))
+    return out
+
+
+def end_position(extents: list[LedgerExtent]) -> Position | None:
+    """The last committed position of the log, or None if nothing is committed."""
+    for ext in reversed(extents):
+        if ext.last >= 0:
+            return ext.ledger_id, ext.last
+    return None
+
+
+def position_option(options: Mapping[str, str], name: str) -> Position | None:
+    value = options.get(name)
+    return None if value in (None, "") else parse_position(value)
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """Where the log is: ZooKeeper hosts, cluster name and (for hmac-sha256 digests) the secret file.
+
+    Picklable, so it travels from the driver to the Spark workers, each of which
+    opens its own connection.
+    """
+
+    zk: str
+    cluster: str
+    secret_file: str | None = None
+    read_timeout: float = 5.0
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "ClusterAddress":
+        zk, cluster = options.get("zk"), options.get("cluster")
+        if not zk or not cluster:
+            raise PipelineError("the fencepost source needs the options zk and cluster (or a path to an export)")
+        return cls(zk=zk, cluster=cluster, secret_file=options.get("secretFile") or None,
+                   read_timeout=float(options.get("readTimeout", 5.0)))
+
+
+class Connection:
+    """A ZooKeeper session and a ledger client (its own bookie pool) on one cluster.
+
+    Example::
+
+        with Connection.open(address) as conn:
+            for entry in conn.client.open_reader(7).read_range(0, 9): ...
+    """
+
+    def __init__(self, address: ClusterAddress) -> None:
+        self.address = address
+        self.zk = connect(address.zk, connect_timeout=10.0)
+        try:
+            self.paths = ClusterPaths(address.cluster)
+            secret = read_secret(address.secret_file) if address.secret_file else None
+            self.client = LedgerClient(self.zk, self.paths, secret=secret, read_timeout=address.read_timeout)
+        except BaseException:
+            close(self.zk)
+            raise
+
+    @classmethod
+    def open(cls, address: ClusterAddress) -> "Connection":
+        return cls(address)
+
+    def extents(self, from_ledger: int | None = None) -> list[LedgerExtent]:
+        """Every ledger of the log (from ``from_ledger`` on) with its last committed entry.
+
+        A CLOSED ledger ends at its ``last_entry``; one still OPEN (the leader's,
+        or a deposed leader's not yet recovered) at the LAC its bookies report.
+        """
+        ledgers, _ = read_log(self.zk, self.paths)
+        out = []
+        for item in ledgers:
+            if from_ledger is not None and item["id"] < from_ledger:
+                continue
+            reader = self.client.open_reader(item["id"])
+            out.append(LedgerExtent(item["id"], item["epoch"], reader.read_lac()))
+        return out
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            close(self.zk)
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""Event rows: one row per event of a ledger entry, the columns analyses are built on (docs/pipeline.md).
+
+An entry's payload is a batch of events (:func:`broker.state.events.decode_batch`);
+each becomes a row keyed by ``(ledger_id, entry_id, event_index)``, which orders
+the whole history. The columns most analyses need are typed; whatever else an
+event carries (except payload and result bytes, counted in ``payload_bytes`` and
+``result_bytes``) goes into ``extra`` as JSON, so no field of the log is lost.
+
+Everything here is pure (no I/O, no Spark), so it is unit-tested directly and
+usable by the Spark workers, the export and tests alike.
+
+Example::
+
+    rows = entry_rows(7, 41, epoch=3, payload=entry.payload)
+    batch = to_record_batch(rows)          # a pyarrow.RecordBatch in SCHEMA's column order
+    position = parse_position("7:41")      # (7, 41)
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from broker.state.events import BadEvent, decode_batch
+from pipeline import PipelineError
+
+Position = tuple[int, int]
+
+# (name, Spark SQL type). The order is the column order of every table made here.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ledger_id", "bigint"),
+    ("entry_id", "bigint"),
+    ("epoch", "bigint"),
+    ("event_index", "int"),
+    ("type", "string"),
+    ("task_id", "string"),
+    ("queue", "string"),
+    ("queues", "array<string>"),
+    ("attempt", "bigint"),
+    ("worker", "string"),
+    ("ts_ms", "bigint"),
+    ("priority", "bigint"),
+    ("payload_bytes", "bigint"),
+    ("result_bytes", "bigint"),
+    ("error", "string"),
+    ("retry", "boolean"),
+    ("key", "string"),
+    ("delay_ms", "bigint"),
+    ("lease_ms", "bigint"),
+    ("max_tasks", "bigint"),
+    ("max_attempts", "bigint"),
+    ("extra", "string"),
+)
+COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
+DDL = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+
+_ARROW_TYPES = {"bigint": pa.int64(), "int": pa.int32(), "string": pa.string(), "boolean": pa.bool_(),
+                "array<string>": pa.list_(pa.string())}
+SCHEMA = pa.schema([pa.field(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
+
+# Event fields that have a column of their own (under the same name unless renamed here).
+_RENAMED = {"now_ms": "ts_ms"}
+_COLUMN_OF = {field: _RENAMED.get(field, field) for field in (
+    "task_id", "queue", "queues", "attempt", "worker", "now_ms", "priority", "error", "retry", "key",
+    "delay_ms", "lease_ms", "max_tasks", "max_attempts")}
+_SIZED = {"payload": "payload_bytes", "result": "result_bytes"}
+_INDEX = {name: i for i, name in enumerate(COLUMN_NAMES)}
+
+
+def event_row(ledger_id: int, entry_id: int, epoch: int, event_index: int, ev: dict) -> tuple:
+    """The row of one decoded event (a dict as :func:`decode_batch` returns it)."""
+    row: list[Any] = [None] * len(COLUMNS)
+    row[0], row[1], row[2], row[3], row[4] = ledger_id, entry_id, epoch, event_index, ev["type"]
+    extra = {}
+    for field, value in ev.items():
+        if field == "type":
+            continue
+        column = _COLUMN_OF.get(field)
+        if column is not None:
+            row[_INDEX[column]] = list(value) if field == "queues" else value
+        elif field in _SIZED:
+            row[_INDEX[_SIZED[field]]] = None if value is None else len(value)
+        elif value is not None:
+            extra[field] = value
+    # Columns that are lists or optional in the event stay null when absent; extra only when non-empty.
+    if extra:
+        row[_INDEX["extra"]] = json.dumps(extra, sort_keys=True, separators=(",", ":"))
+    return tuple(row)
+
+
+def entry_rows(ledger_id: int, entry_id: int, epoch: int, payload: bytes) -> list[tuple]:
+    """The rows of every event in one entry's payload; :class:`PipelineError` if it cannot be decoded."""
+    try:
+        events = decode_batch(payload)
+    except BadEvent as exc:
+        raise PipelineError(f"entry {ledger_id}:{entry_id} cannot be decoded: {exc.message}") from None
+    return [event_row(ledger_id, entry_id, epoch, i, ev) for i, ev in enumerate(events)]
+
+
+def to_record_batch(rows: Iterable[tuple]) -> pa.RecordBatch:
+    """``rows`` (tuples in :data:`COLUMNS` order) as one Arrow record batch of :data:`SCHEMA`."""
+    columns = list(zip(*rows)) or [()] * len(COLUMNS)
+    return pa.RecordBatch.from_arrays([pa.array(col, type=field.type) for col, field in zip(columns, SCHEMA)],
+                                      schema=SCHEMA)
+
+
+def parse_position(text: str) -> Position:
+    """``"LEDGER:ENTRY"`` as a position; :class:`PipelineError` for anything else."""
+    parts = str(text).strip().split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise PipelineError(f"a position is LEDGER:ENTRY (like 7:41), not {text!r}") from None
+
+
+def format_position(position: Position) -> str:
+    return f"{position[0]}:{position[1]}"

@@ -1,0 +1,61 @@
+"""Event rows of ledger entries, and the planning of read ranges (pure: no cluster, no Spark)."""
+import json
+
+import pytest
+
+from broker.state.events import encode_batch, event
+from pipeline import PipelineError
+from pipeline.plan import LedgerExtent, ReadRange, end_position, split_ranges
+from pipeline.rows import COLUMN_NAMES, SCHEMA, entry_rows, parse_position, to_record_batch
+
+
+def test_every_event_of_an_entry_is_a_row_with_its_fields_in_columns():
+    payload = encode_batch([
+        event("TaskSubmitted", task_id="t1", queue="mail", payload=b"hello", key="k1", priority=5, now_ms=1000),
+        event("TaskLeased", worker="w1", queues=["mail", "sms"], max_tasks=4, now_ms=1001),
+        event("TaskFailed", task_id="t1", attempt=1, error="boom", retry=False, retry_delay_ms=50, now_ms=1002),
+        event("TaskCompleted", task_id="t2", attempt=2, result=b"ok!", now_ms=1003),
+        event("StateDigest", digest="0" * 32, format=2),
+    ])
+    rows = [dict(zip(COLUMN_NAMES, r)) for r in entry_rows(7, 41, 3, payload)]
+    assert [(r["ledger_id"], r["entry_id"], r["epoch"], r["event_index"]) for r in rows] == \
+        [(7, 41, 3, i) for i in range(5)]
+    submitted, leased, failed, completed, digest = rows
+    assert (submitted["type"], submitted["task_id"], submitted["queue"], submitted["priority"],
+            submitted["payload_bytes"], submitted["key"], submitted["ts_ms"]) == \
+        ("TaskSubmitted", "t1", "mail", 5, 5, "k1", 1000)
+    # apply, not the event, decides which tasks a lease hands out
+    assert leased["task_id"] is None and leased["queues"] == ["mail", "sms"] and leased["max_tasks"] == 4
+    assert (failed["attempt"], failed["error"], failed["retry"]) == (1, "boom", False)
+    assert json.loads(failed["extra"]) == {"retry_delay_ms": 50}
+    assert completed["result_bytes"] == 3 and completed["payload_bytes"] is None
+    assert digest["ts_ms"] is None and json.loads(digest["extra"]) == {"digest": "0" * 32, "format": 2}
+
+    batch = to_record_batch(entry_rows(7, 41, 3, payload))
+    assert batch.schema == SCHEMA and batch.num_rows == 5
+    assert to_record_batch([]).num_rows == 0
+
+
+def test_an_undecodable_entry_names_its_position():
+    with pytest.raises(PipelineError, match="entry 7:41"):
+        entry_rows(7, 41, 3, b"\x00garbage")
+
+
+def test_positions_parse_as_ledger_colon_entry():
+    assert parse_position(" 7:41 ") == (7, 41)
+    for bad in ("7", "7:x", "1:2:3", ""):
+        with pytest.raises(PipelineError):
+            parse_position(bad)
+
+
+def test_ranges_stay_inside_a_ledger_and_its_committed_entries():
+    extents = [LedgerExtent(3, 1, 9), LedgerExtent(5, 2, -1), LedgerExtent(8, 3, 4)]
+    assert split_ranges(extents, None, None, 4) == [
+        ReadRange(3, 1, 0, 3), ReadRange(3, 1, 4, 7), ReadRange(3, 1, 8, 9), ReadRange(8, 3, 0, 3),
+        ReadRange(8, 3, 4, 4)]
+    # bounds are inclusive; a start past a closed ledger's end goes on with the next ledger
+    assert split_ranges(extents, (3, 8), (8, 2), 100) == [ReadRange(3, 1, 8, 9), ReadRange(8, 3, 0, 2)]
+    assert split_ranges(extents, (3, 10), None, 100) == [ReadRange(8, 3, 0, 4)]
+    assert split_ranges(extents, (8, 5), None, 100) == []
+    assert end_position(extents) == (8, 4)
+    assert end_position([LedgerExtent(3, 1, -1)]) is None
