@@ -59,3 +59,33 @@ def test_ranges_stay_inside_a_ledger_and_its_committed_entries():
     assert split_ranges(extents, (8, 5), None, 100) == []
     assert end_position(extents) == (8, 4)
     assert end_position([LedgerExtent(3, 1, -1)]) is None
+
+
+def test_a_snapshot_becomes_a_table_of_its_tasks(tmp_path):
+    import pyarrow.parquet as pq
+
+    from broker.state.schema import id_key, pack_task
+    from pipeline.tasks import export_snapshot_tasks
+    from snapshots.format import write_snapshot
+
+    def record(task_id, state, payload, **fields):
+        rec = {"queue": "mail", "state": state, "priority": 0, "seq": 1, "attempts": 0, "max_attempts": 3,
+               "submitted_ms": 1_000, "not_before_ms": 1_000, "payload": payload, "key": None,
+               "started_ms": None, "worker": None, "lease_deadline_ms": None, "finished_ms": None,
+               "result": None, "error": None, **fields}
+        return "tasks", id_key(task_id), pack_task(id_key(task_id), rec)
+
+    big = "b" * 32
+    records = [record("a" * 32, "waiting", b"tiny", key="k"),
+               record(big, "failed", None, attempts=3, error="boom", finished_ms=2_000),
+               ("payloads", id_key(big), b"x" * 4000)]
+    snap = tmp_path / "snap.fps"
+    write_snapshot(snap, {"cluster_id": "c", "broker_id": 1, "position": [7, 41], "epoch": 3,
+                          "created_at": 0.0, "digest": "0" * 32}, records)
+    info = export_snapshot_tasks(snap, tmp_path / "out")
+    assert info["tasks"] == 2 and info["position"] == "7:41"
+    rows = {r["task_id"]: r for r in pq.read_table(info["path"]).to_pylist()}
+    assert rows["a" * 32]["state"] == "waiting" and rows["a" * 32]["payload_bytes"] == 4
+    assert rows["a" * 32]["key"] == "k" and rows["a" * 32]["snapshot_entry_id"] == 41
+    assert (rows[big]["state"], rows[big]["payload_bytes"], rows[big]["error"], rows[big]["finished_ms"]) == \
+        ("failed", 4000, "boom", 2_000)
