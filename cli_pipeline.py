@@ -30,7 +30,7 @@ def _human_export(summary: dict) -> None:
 @click.option("--snapshot", "snapshot_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Instead of the history, write this snapshot file's tasks to OUT/tasks/ (no cluster needed).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-@click.option("--entries-per-partition", type=click.IntRange(1), default=5000, show_default=True,
+@click.option("--entries-per-partition", type=click.IntRange(1), default=1000, show_default=True,
               help="Largest ledger entry range one Spark task reads.")
 @click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
               help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")

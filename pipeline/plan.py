@@ -27,7 +27,7 @@ from pipeline.rows import Position, parse_position
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ENTRIES_PER_PARTITION = 5000
+DEFAULT_ENTRIES_PER_PARTITION = 1000
 
 
 @dataclass(frozen=True)

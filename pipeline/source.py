@@ -100,6 +100,10 @@ class LogStreamReader(DataSourceStreamReader):
         self.per_range = _entries_per_partition(options)
         self._conn: Connection | None = None
 
+    def __getstate__(self) -> dict:
+        # Spark ships the reader to the workers for read(): a live connection does not travel.
+        return {**self.__dict__, "_conn": None}
+
     def _connection(self) -> Connection:
         # Kept for the query's life: latestOffset runs once per trigger.
         if self._conn is None:

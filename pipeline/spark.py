@@ -13,14 +13,33 @@ Example::
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import tempfile
 
 from pyspark.sql import SparkSession
 
 from pipeline.source import FencepostDataSource
 
 DEFAULT_MASTER = "local[*]"
+# Spark's own log4j profile prints INFO and WARN lines (native libraries, hostnames) that say
+# nothing about the pipeline; errors still show.
+_LOG4J = """rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _log4j_file() -> str:
+    fd, path = tempfile.mkstemp(prefix="fencepost-log4j2-", suffix=".properties")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(_LOG4J)
+    return path
 
 
 def spark_session(master: str = DEFAULT_MASTER, app_name: str = "fencepost",
@@ -29,17 +48,24 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "fencepost",
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     local = master.startswith("local")
+    log4j = _log4j_file()
     if local:
         # Otherwise Spark binds to the first non-loopback interface it finds.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
                # Each query here is small next to Spark's default of 200 shuffle partitions.
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8)))
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        os.unlink(log4j)  # read once, when the driver's JVM starts
+    # py4j logs every gateway connection it closes at INFO.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(FencepostDataSource)
     return spark
