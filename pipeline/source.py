@@ -60,7 +60,7 @@ class RangePartition(InputPartition):
         self.range = rng
 
 
-class LogReader(DataSourceReader):
+class LogBatchReader(DataSourceReader):
     """A batch read of the committed log between the ``from`` and ``to`` positions."""
 
     def __init__(self, options) -> None:
@@ -209,7 +209,7 @@ class FencepostDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.options.get("path"):
             return ExportReader(self.options)
-        return LogReader(self.options)
+        return LogBatchReader(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return LogStreamReader(self.options)
