@@ -21,6 +21,7 @@ from election.cluster_config import read_secret
 from election.paths import ClusterPaths
 from election.zk import close, connect
 from ledger.client.facade import LedgerClient
+from ledger.client.reader import LedgerReader
 from ledger.log import read_log
 from pipeline import PipelineError
 from pipeline.rows import Position, parse_position
@@ -135,6 +136,9 @@ class Connection:
         except BaseException:
             close(self.zk)
             raise
+        # One reader per ledger for the connection's life: a stream asks for the extents on every
+        # trigger, and each new reader would arm another watch on the ledger's metadata.
+        self._readers: dict[int, LedgerReader] = {}
 
     @classmethod
     def open(cls, address: ClusterAddress) -> "Connection":
@@ -147,11 +151,16 @@ class Connection:
         or a deposed leader's not yet recovered) at the LAC its bookies report.
         """
         ledgers, _ = read_log(self.zk, self.paths)
+        in_log = {item["id"] for item in ledgers}
+        for gone in [i for i in self._readers if i not in in_log]:
+            del self._readers[gone]
         out = []
         for item in ledgers:
             if from_ledger is not None and item["id"] < from_ledger:
                 continue
-            reader = self.client.open_reader(item["id"])
+            reader = self._readers.get(item["id"])
+            if reader is None:
+                reader = self._readers[item["id"]] = self.client.open_reader(item["id"])
             out.append(LedgerExtent(item["id"], item["epoch"], reader.read_lac()))
         return out
 

@@ -33,8 +33,9 @@ from pipeline.plan import (DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connec
 from pipeline.rows import COLUMN_NAMES, DDL, SCHEMA, Position, entry_rows, to_record_batch
 
 NAME = "fencepost"
-# Entries asked of the bookies (and turned into one Arrow batch) at a time within a partition.
-_READ_CHUNK = 1000
+# Entries asked of the bookies (and turned into one Arrow batch) at a time within a partition: the
+# ledger reader's pipelining window, and a bound on memory (an entry may hold up to a few MiB).
+_READ_CHUNK = 256
 
 
 def read_entries(address: ClusterAddress, rng: ReadRange) -> Iterator[pa.RecordBatch]:
