@@ -22,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -37,8 +36,6 @@ from pipeline import PipelineError
 from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connection, end_position, split_ranges
 from pipeline.rows import Position, format_position
 from pipeline.source import NAME
-
-log = logging.getLogger(__name__)
 
 BOOKMARK = "_export.json"
 STAGING = "_staging"

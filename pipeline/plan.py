@@ -13,7 +13,6 @@ Example::
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -23,17 +22,21 @@ from election.zk import close, connect
 from ledger.client.facade import LedgerClient
 from ledger.client.reader import LedgerReader
 from ledger.log import read_log
+from ledger.metadata import NoSuchLedger
 from pipeline import PipelineError
 from pipeline.rows import Position, parse_position
-
-log = logging.getLogger(__name__)
 
 DEFAULT_ENTRIES_PER_PARTITION = 1000
 
 
 @dataclass(frozen=True)
 class LedgerExtent:
-    """A ledger of the log and its last committed entry (-1: none yet)."""
+    """A ledger of the log and its last committed entry (-1: none yet).
+
+    Example::
+
+        LedgerExtent(ledger_id=7, epoch=3, last=41)    # entries 0..41 of ledger 7 are committed
+    """
 
     ledger_id: int
     epoch: int
@@ -42,7 +45,12 @@ class LedgerExtent:
 
 @dataclass(frozen=True)
 class ReadRange:
-    """Entries ``first..last`` (inclusive, all committed) of one ledger: one Spark partition's work."""
+    """Entries ``first..last`` (inclusive, all committed) of one ledger: one Spark partition's work.
+
+    Example::
+
+        ReadRange(ledger_id=7, epoch=3, first=0, last=999).entries    # 1000
+    """
 
     ledger_id: int
     epoch: int
@@ -91,6 +99,7 @@ def end_position(extents: list[LedgerExtent]) -> Position | None:
 
 
 def position_option(options: Mapping[str, str], name: str) -> Position | None:
+    """The position in option ``name`` (``LEDGER:ENTRY``), or None if it is not set."""
     value = options.get(name)
     return None if value in (None, "") else parse_position(value)
 
@@ -101,6 +110,10 @@ class ClusterAddress:
 
     Picklable, so it travels from the driver to the Spark workers, each of which
     opens its own connection.
+
+    Example::
+
+        address = ClusterAddress.from_options({"zk": "127.0.0.1:2181", "cluster": "dev"})
     """
 
     zk: str
@@ -150,6 +163,13 @@ class Connection:
         A CLOSED ledger ends at its ``last_entry``; one still OPEN (the leader's,
         or a deposed leader's not yet recovered) at the LAC its bookies report.
         """
+        try:
+            return self._extents(from_ledger)
+        except NoSuchLedger:
+            # Retention deleted a ledger after we listed the log: the log no longer names it.
+            return self._extents(from_ledger)
+
+    def _extents(self, from_ledger: int | None) -> list[LedgerExtent]:
         ledgers, _ = read_log(self.zk, self.paths)
         in_log = {item["id"] for item in ledgers}
         for gone in [i for i in self._readers if i not in in_log]:

@@ -50,11 +50,20 @@ def read_entries(address: ClusterAddress, rng: ReadRange) -> Iterator[pa.RecordB
 
 
 def _entries_per_partition(options) -> int:
-    return int(options.get("entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION))
+    value = options.get("entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION)
+    try:
+        return int(value)
+    except ValueError:
+        raise PipelineError(f"entriesPerPartition must be a number of entries, not {value!r}") from None
 
 
 class RangePartition(InputPartition):
-    """One :class:`~pipeline.plan.ReadRange` as a Spark input partition."""
+    """One :class:`~pipeline.plan.ReadRange` as a Spark input partition.
+
+    Example::
+
+        RangePartition(ReadRange(7, 3, 0, 999)).range.ledger_id    # 7
+    """
 
     def __init__(self, rng: ReadRange) -> None:
         super().__init__(rng)
@@ -62,7 +71,13 @@ class RangePartition(InputPartition):
 
 
 class LogBatchReader(DataSourceReader):
-    """A batch read of the committed log between the ``from`` and ``to`` positions."""
+    """A batch read of the committed log between the ``from`` and ``to`` positions.
+
+    Example::
+
+        reader = LogBatchReader({"zk": hosts, "cluster": "dev", "from": "7:0"})
+        for partition in reader.partitions(): batches = reader.read(partition)
+    """
 
     def __init__(self, options) -> None:
         self.address = ClusterAddress.from_options(options)
@@ -93,6 +108,13 @@ class LogStreamReader(DataSourceStreamReader):
     ``from`` is the first position to read (or ``latest``: only what is
     committed after the query starts); without it the stream starts at the
     beginning of the log.
+
+    Example::
+
+        reader = LogStreamReader({"zk": hosts, "cluster": "dev", "from": "latest"})
+        start = reader.initialOffset()                        # {"ledger": 7, "entry": 41}
+        end = reader.latestOffset(start, ReadAllAvailable())
+        partitions = reader.partitions(start, end)
     """
 
     def __init__(self, options) -> None:
@@ -142,7 +164,12 @@ class LogStreamReader(DataSourceStreamReader):
 
 
 class FilePartition(InputPartition):
-    """One Parquet file of an export, with the epoch its directory names."""
+    """One Parquet file of an export, with the epoch its directory names.
+
+    Example::
+
+        FilePartition("/data/export/events/epoch=3/run-7-0-part-00000.parquet", epoch=3)
+    """
 
     def __init__(self, path: str, epoch: int) -> None:
         super().__init__(path)
@@ -151,7 +178,13 @@ class FilePartition(InputPartition):
 
 
 class ExportReader(DataSourceReader):
-    """The rows of an export directory (``<path>/events/epoch=N/*.parquet``), bounded by ``from``/``to``."""
+    """The rows of an export directory (``<path>/events/epoch=N/*.parquet``), bounded by ``from``/``to``.
+
+    Example::
+
+        reader = ExportReader({"path": "/data/export", "to": "9:0"})
+        for partition in reader.partitions(): batches = reader.read(partition)
+    """
 
     def __init__(self, options) -> None:
         self.root = Path(options["path"])
