@@ -288,9 +288,12 @@ def worker() -> None:
 @click.option("--lease-ms", default=30000, show_default=True, type=click.IntRange(100), help="Lease length; heartbeats extend it.")
 @click.option("--timeout", "cmd_timeout", default=None, type=float, help="Fail an attempt whose command runs longer (seconds).")
 @click.option("--name", default=None, help="Worker name (default host-pid-random).")
+@click.option("--prefetch", default=None, type=click.IntRange(1, 1000),
+              help="Tasks held at once, running or queued to run [default: --concurrency]. More keeps the "
+                   "command busy between tasks; each prefetched task's lease runs while it waits.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @cluster_options
-def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cluster, dev_dir) -> None:
+def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, prefetch, command, zk, cluster, dev_dir) -> None:
     """Run COMMAND once per task: payload on stdin, stdout is the result, a non-zero exit fails the attempt.
 
     Example: fencepost worker run --queue thumbs -- convert - -resize 64x64 png:-
@@ -301,7 +304,7 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, command, zk, cl
     hosts, name_ = resolve_cluster(zk, cluster, dev_dir)
     handler = CommandHandler(list(command), timeout=cmd_timeout)
     Worker(zk=hosts, cluster=name_, queues=list(queues), concurrency=concurrency, lease_ms=lease_ms, name=name,
-           handlers={q: handler for q in queues}).run()
+           handlers={q: handler for q in queues}, prefetch=prefetch).run()
 
 
 # ---------------------------------------------------------------- snapshots
