@@ -10,6 +10,8 @@ Fixtures:
   creates the cluster's ``config`` (default options) instead of waiting for
   ``fencepost cluster init``; pass ``env={"FENCEPOST_INIT_IF_MISSING": "0"}`` (or
   ``init_if_missing=False`` to ``start_bookie``/``start_broker``) to see them wait.
+  ``start_bookies(cluster, n)``/``start_brokers(cluster, n)`` start ``n`` side by
+  side and return once each answers (quicker than one after the other).
 - ``free_port``: a callable returning a free loopback port.
 - ``expire_session(session_id, password)``: expires a real ZooKeeper session.
 """
@@ -174,14 +176,34 @@ class ProcessManager:
         proc.extra["env"] = env
         self.procs.append(proc)
         if ready is not None:
-            deadline = time.monotonic() + timeout
-            while not ready(proc):
-                if popen.poll() is not None:
-                    raise AssertionError(f"{name} exited with {popen.returncode} while starting:\n{proc.output()[-3000:]}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"{name} not ready within {timeout}s:\n{proc.output()[-3000:]}")
-                time.sleep(0.05)
+            self.wait_ready([proc], ready, timeout)
         return proc
+
+    @staticmethod
+    def wait_ready(started: list[Proc], ready: Callable[[Proc], bool] = None, timeout: float = 30.0) -> None:
+        """Wait until each of ``started`` is ready (default: answers a ping), or fail naming it."""
+        ready = ready or _answers_ping
+        deadline = time.monotonic() + timeout
+        for proc in started:
+            while not ready(proc):
+                if proc.popen.poll() is not None:
+                    raise AssertionError(f"{proc.name} exited with {proc.popen.returncode} while starting:\n"
+                                         f"{proc.output()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{proc.name} not ready within {timeout}s:\n{proc.output()[-3000:]}")
+                time.sleep(0.05)
+
+    def start_bookies(self, cluster: TestCluster, n: int, **kwargs) -> list[Proc]:
+        """``n`` bookies (``start_bookie`` arguments) started side by side, once all of them answer."""
+        started = [self.start_bookie(cluster, ready=False, **kwargs) for _ in range(n)]
+        self.wait_ready(started)
+        return started
+
+    def start_brokers(self, cluster: TestCluster, n: int, **kwargs) -> list[Proc]:
+        """``n`` brokers (``start_broker`` arguments) started side by side, once all of them answer."""
+        started = [self.start_broker(cluster, ready=False, **kwargs) for _ in range(n)]
+        self.wait_ready(started)
+        return started
 
     def run(self, args: list[str], timeout: float = 60.0, env: dict | None = None,
             input: bytes | None = None) -> subprocess.CompletedProcess:
@@ -309,8 +331,8 @@ def call(address: str, op: str, timeout: float = 5.0, **fields) -> dict:
 @pytest.fixture
 def broker_cluster(cluster, procs):
     """Three bookies and three brokers on a fresh cluster, with a leader serving."""
-    bookies = [procs.start_bookie(cluster) for _ in range(3)]
-    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bookies = procs.start_bookies(cluster, 3)
+    brokers = procs.start_brokers(cluster, 3)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     return bc

@@ -1,4 +1,4 @@
-"""`fencepost chaos` end to end: a 60-second seeded fault run on its own cluster finds no anomaly."""
+"""`fencepost chaos` end to end: a 30-second seeded fault run on its own cluster finds no anomaly."""
 import json
 import signal
 import subprocess
@@ -10,14 +10,17 @@ import pytest
 
 from tests.conftest import REPO, wait_for
 
-SEED = 20240607
+# Its 30-second schedule holds 14 faults of 10 kinds (kills and pauses of the leader, kills of a follower,
+# a bookie, a worker and ZooKeeper, a session expiry, poison): denser than the first half of the
+# 60-second schedule of the seed used before (10 faults, 7 kinds), and no fill_disk (skipped unless root).
+SEED = 20243371
 
 
 @pytest.mark.chaos
 @pytest.mark.timeout(420)
-def test_sixty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
+def test_thirty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
     run_dir = tmp_path / "chaos"
-    done = run_chaos(["--seconds", "60", "--seed", str(SEED), "--json", "--dir", str(run_dir)], timeout=300)
+    done = run_chaos(["--seconds", "30", "--seed", str(SEED), "--json", "--dir", str(run_dir)], timeout=300)
     report = json.loads(done.stdout)
     assert report["seed"] == SEED
     assert report["faults"]["injected"] > 0, report["faults"]

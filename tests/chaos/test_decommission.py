@@ -31,7 +31,7 @@ def test_decommission_a_live_bookie_under_keyed_load(cluster, procs):
     # Without AutoRecovery the command itself must copy everything.
     bookies = start_bookies(procs, cluster, 4)
     wait_registered(cluster, 4)
-    brokers = [procs.start_broker(cluster) for _ in range(2)]
+    brokers = procs.start_brokers(cluster, 2)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     with TimedProducers(bc.zk_hosts, cluster.name, threads=3) as load:

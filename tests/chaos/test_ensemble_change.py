@@ -388,7 +388,7 @@ def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):
     from ledger.log import read_log
 
     bookies = start_bookies(procs, cluster, 4)
-    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    brokers = procs.start_brokers(cluster, 3)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     with TimedProducers(bc.zk_hosts, cluster.name, threads=3) as load:

@@ -29,7 +29,7 @@ def first_read(bookie: Client, ledger_id: int) -> dict:
 
 
 def test_returning_bookie_deletes_what_it_no_longer_owns_before_serving(cluster, procs):
-    bookies = [procs.start_bookie(cluster, fsync=False, extra=NO_AUTORECOVERY) for _ in range(4)]
+    bookies = procs.start_bookies(cluster, 4, fsync=False, extra=NO_AUTORECOVERY)
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)

@@ -28,8 +28,8 @@ def run_json(procs, cluster, *args):
 def test_bookie_list_and_status_after_a_bookie_is_killed(cluster, procs):
     # Without AutoRecovery: the mark set below must stay (the leader closes the changed ledger by
     # a roll, and a worker would re-replicate it and clear the mark at once).
-    bookies = [procs.start_bookie(cluster, extra=[*BOOKIE_SESSION, "--no-autorecovery"]) for _ in range(4)]
-    brokers = [procs.start_broker(cluster) for _ in range(2)]
+    bookies = procs.start_bookies(cluster, 4, extra=[*BOOKIE_SESSION, "--no-autorecovery"])
+    brokers = procs.start_brokers(cluster, 2)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     with Client(zk=cluster.hosts, cluster=cluster.name, timeout=30) as client:

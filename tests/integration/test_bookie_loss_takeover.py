@@ -34,8 +34,8 @@ def status(procs, cluster) -> tuple[str, dict]:
 
 
 def test_takeover_waits_for_a_lost_bookie_without_burning_epochs(cluster, procs):
-    bookies = [procs.start_bookie(cluster, extra=BOOKIE_SESSION) for _ in range(3)]
-    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bookies = procs.start_bookies(cluster, 3, extra=BOOKIE_SESSION)
+    brokers = procs.start_brokers(cluster, 3)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     with Producers(bc.zk_hosts, cluster.name, threads=3, timeout=90) as load:
@@ -64,8 +64,11 @@ def test_takeover_waits_for_a_lost_bookie_without_burning_epochs(cluster, procs)
         assert doc["leader"] is None
         reply = call(survivors[0].address, "get", task_id="t-none")
         assert reply["error"] == codes.E_NOT_LEADER and WAITING in reply["message"], reply
-        # Ten seconds without a leader: the epoch node does not move (no epoch is claimed and burned).
-        while time.monotonic() - waited_from < 10:
+        # Five seconds without a leader: the epoch node does not move (no epoch is claimed and burned).
+        # Enough: a held candidacy re-checks at least every second (STANDING_POLL_S, bookie_wait.POLL_S),
+        # and a broker that stood and failed would retry after a backoff of 0.2 s doubling to at most
+        # 5 s, so a wrongly standing survivor claims (and burns) within the first seconds.
+        while time.monotonic() - waited_from < 5:
             assert epoch_node(cluster) == epoch_before
             assert read_leader(cluster.zk, cluster.paths) is None
             time.sleep(0.5)
@@ -92,8 +95,8 @@ def test_takeover_waits_for_a_lost_bookie_without_burning_epochs(cluster, procs)
 def test_with_a_spare_bookie_a_takeover_needs_no_operator(cluster, procs):
     """Four bookies, one SIGKILLed, then the leader: a follower takes over at once, on the three live
     bookies, with the next epoch; nothing lost or duplicated."""
-    bookies = [procs.start_bookie(cluster, extra=BOOKIE_SESSION) for _ in range(4)]
-    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    bookies = procs.start_bookies(cluster, 4, extra=BOOKIE_SESSION)
+    brokers = procs.start_brokers(cluster, 3)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     with Producers(bc.zk_hosts, cluster.name, threads=3) as load:
@@ -134,8 +137,8 @@ def test_takeover_waits_for_an_open_ledgers_bookies_though_a_new_ledger_fits(clu
     from ledger.metadata import read_metadata
     from tests.integration.test_ledger_client import bookie_id_of
 
-    bookies = [procs.start_bookie(cluster, extra=BOOKIE_SESSION) for _ in range(5)]
-    brokers = [procs.start_broker(cluster) for _ in range(2)]
+    bookies = procs.start_bookies(cluster, 5, extra=BOOKIE_SESSION)
+    brokers = procs.start_brokers(cluster, 2)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     with Producers(bc.zk_hosts, cluster.name, threads=2, timeout=90) as load:
@@ -154,7 +157,9 @@ def test_takeover_waits_for_an_open_ledgers_bookies_though_a_new_ledger_fits(clu
         assert doc["leader"] is None and doc["waiting_bookies"]["reason"] == waiting
         epoch_before = epoch_node(cluster)
         held_from = time.monotonic()
-        while time.monotonic() - held_from < 6:
+        # Four seconds: twice bookie_wait.RECOVERY_HOLD_S, so the hold of a failed takeover runs out
+        # and the broker looks again at least once while the epoch is watched.
+        while time.monotonic() - held_from < 4:
             assert epoch_node(cluster) == epoch_before, "an epoch was claimed while the ledger cannot be recovered"
             time.sleep(0.5)
 

@@ -91,9 +91,8 @@ def test_status_json_names_leader_epoch_and_brokers(broker_cluster, procs):
 
 
 def test_leader_rolls_to_new_ledgers_in_the_same_epoch(cluster, procs):
-    for _ in range(3):
-        procs.start_bookie(cluster)
-    brokers = [procs.start_broker(cluster, extra=["--ledger-max-entries", "5"]) for _ in range(2)]
+    procs.start_bookies(cluster, 3)
+    brokers = procs.start_brokers(cluster, 2, extra=["--ledger-max-entries", "5"])
     from tests.conftest import BrokerCluster
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=[], brokers=brokers)
     leader = bc.wait_leader()

@@ -42,8 +42,7 @@ def test_sigterm_with_zookeeper_down_exits_within_the_timeout(private_zk, procs)
     cluster = ClusterInfo(name="shutdown", hosts=private_zk.hosts, zk=zk, paths=ClusterPaths("shutdown"))
     try:
         zk.ensure_path(cluster.paths.base)
-        for _ in range(3):
-            procs.start_bookie(cluster)
+        procs.start_bookies(cluster, 3)
         leader = procs.start_broker(cluster, session_timeout=4.0,
                                     extra=["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)])
         follower = procs.start_broker(cluster, session_timeout=4.0,

@@ -216,9 +216,8 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
 
     # Debug logging: the secret must not show up even there.
     debug = {"FENCEPOST_LOG_LEVEL": "debug"}
-    bookies = [procs.start_bookie(cluster, env=debug) for _ in range(3)]
-    brokers = [procs.start_broker(cluster, extra=["--secret-file", str(secret_file)], env=debug)
-               for _ in range(2)]
+    bookies = procs.start_bookies(cluster, 3, env=debug)
+    brokers = procs.start_brokers(cluster, 2, extra=["--secret-file", str(secret_file)], env=debug)
     leader = wait_for(lambda: cluster.zk.exists(cluster.paths.leader) and
                       json.loads(cluster.zk.get(cluster.paths.leader)[0]), 30, "a leader")
     task = call(leader["address"], "submit", queue="q", payload=b"signed", timeout=10)

@@ -30,8 +30,7 @@ def _session(cluster) -> KazooClient:
 
 
 def _bookies(cluster, procs) -> None:
-    for _ in range(3):
-        procs.start_bookie(cluster)
+    procs.start_bookies(cluster, 3)
     wait_for(lambda: cluster.zk.exists(cluster.paths.bookies)
              and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3, 20, "3 bookies")
     ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=time.time)
@@ -124,8 +123,7 @@ def test_leader_stopped_between_epoch_check_and_log_change_is_fenced(cluster, pr
     another broker takes over, SIGCONT: the old change fails, it steps down, nothing is lost or doubled."""
     from tests.conftest import _answers_ping
 
-    for _ in range(3):
-        procs.start_bookie(cluster)
+    procs.start_bookies(cluster, 3)
 
     def broker(name: str, env: dict) -> object:
         data = procs.workdir / f"{name}-data"

@@ -28,7 +28,7 @@ def _id_of(bc: BrokerCluster, proc) -> int:
 
 
 def _cluster(cluster, procs, brokers: list[list[str]]) -> BrokerCluster:
-    bookies = [procs.start_bookie(cluster, fsync=False) for _ in range(3)]
+    bookies = procs.start_bookies(cluster, 3, fsync=False)
     started = []
     for extra in brokers:
         started.append(procs.start_broker(cluster, extra=extra))

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def start_bookies(procs, cluster, n: int = 3) -> list:
-    return [procs.start_bookie(cluster) for _ in range(n)]
+    return procs.start_bookies(cluster, n)
 
 
 def wait_registered(cluster, n: int, timeout: float = 15.0) -> None:

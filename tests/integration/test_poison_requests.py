@@ -148,8 +148,7 @@ def test_the_client_refuses_what_a_broker_cannot_take_at_once(broker_cluster, pr
 @pytest.mark.timeout(150)
 def test_a_committed_entry_no_broker_can_decode_stops_them_loudly(cluster, procs, free_port):
     """A ledger holding an entry that is not a batch: the catching-up leader and a learner both stop."""
-    for _ in range(3):
-        procs.start_bookie(cluster)
+    procs.start_bookies(cluster, 3)
     wait_for(lambda: cluster.zk.exists(cluster.paths.bookies)
              and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3, 20, "3 bookies")
     ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=time.time)

@@ -17,10 +17,12 @@ from tests.integration.test_ledger_client import bookie_id_of, make_client, wait
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 ENTRIES = 300
+# Short, so that a SIGKILLed bookie's registration goes in about 2 s instead of the default 10 s.
+BOOKIE_SESSION = ["--zk-session-timeout-s", "2"]
 
 
 def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
-    bookies = [procs.start_bookie(cluster, extra=["--no-autorecovery"]) for _ in range(4)]  # driven by hand
+    bookies = procs.start_bookies(cluster, 4, extra=[*BOOKIE_SESSION, "--no-autorecovery"])  # driven by hand
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)
@@ -88,7 +90,7 @@ def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
 def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
     from ledger.auditor import AutoRecovery
 
-    bookies = [procs.start_bookie(cluster, extra=["--no-autorecovery"]) for _ in range(4)]  # driven by hand
+    bookies = procs.start_bookies(cluster, 4, extra=[*BOOKIE_SESSION, "--no-autorecovery"])  # driven by hand
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)
@@ -149,7 +151,7 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
 
 def test_bookie_processes_re_replicate_a_lost_bookies_closed_ledgers(cluster, procs):
     flags = ["--lost-bookie-grace-s", "2", "--zk-session-timeout-s", "3"]
-    bookies = [procs.start_bookie(cluster, extra=flags) for _ in range(4)]
+    bookies = procs.start_bookies(cluster, 4, extra=flags)
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)

@@ -14,8 +14,8 @@ SMALL = ["--ledger-max-entries", "10", "--checkpoint-entries", "15", "--retentio
 
 
 def start(cluster, procs, brokers=2, extra=SMALL):
-    bookies = [procs.start_bookie(cluster) for _ in range(3)]
-    started = [procs.start_broker(cluster, extra=extra) for _ in range(brokers)]
+    bookies = procs.start_bookies(cluster, 3)
+    started = procs.start_brokers(cluster, brokers, extra=extra)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=started)
     bc.wait_leader()
     return bc

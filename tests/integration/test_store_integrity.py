@@ -21,8 +21,8 @@ FAST_CHECKPOINTS = ["--checkpoint-entries", "5"]
 
 
 def start(cluster, procs, extra=FAST_CHECKPOINTS):
-    bookies = [procs.start_bookie(cluster) for _ in range(3)]
-    brokers = [procs.start_broker(cluster, extra=extra) for _ in range(2)]
+    bookies = procs.start_bookies(cluster, 3)
+    brokers = procs.start_brokers(cluster, 2, extra=extra)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
     return bc

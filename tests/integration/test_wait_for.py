@@ -50,8 +50,7 @@ def assert_writes_succeed(cluster) -> None:
 
 
 def test_a_new_cluster_serves_once_the_third_broker_arrives(cluster, procs):
-    for _ in range(3):
-        procs.start_bookie(cluster)
+    procs.start_bookies(cluster, 3)
     # They wait in the cluster start before binding: do not wait for them to answer.
     first = [procs.start_broker(cluster, extra=WAIT, ready=False) for _ in range(2)]
     assert_nobody_serves(procs, cluster, present=2)
@@ -62,9 +61,8 @@ def test_a_new_cluster_serves_once_the_third_broker_arrives(cluster, procs):
 
 
 def test_a_restarted_cluster_waits_for_three_live_brokers(cluster, procs):
-    for _ in range(3):
-        procs.start_bookie(cluster)
-    brokers = [procs.start_broker(cluster) for _ in range(3)]
+    procs.start_bookies(cluster, 3)
+    brokers = procs.start_brokers(cluster, 3)
     wait_for(lambda: read_leader(cluster.zk, cluster.paths), 30, "a leader")
     assert_writes_succeed(cluster)
     for proc in brokers:

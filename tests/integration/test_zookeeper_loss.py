@@ -74,7 +74,7 @@ def _cluster(private_zk: PrivateZooKeeper) -> ZkCluster:
 
 def _start(procs, tc: ZkCluster) -> tuple[list, list]:
     """Three bookies, then three brokers that each wait for the other two (so none answers alone)."""
-    bookies = [procs.start_bookie(tc) for _ in range(3)]
+    bookies = procs.start_bookies(tc, 3)
     brokers = []
     for i in range(3):
         data_dir = procs.workdir / f"broker-data-{i}"
