@@ -51,6 +51,15 @@ class BrokerConfig:
     secret_file: str = field(default="", metadata={
         "help": "File holding the cluster secret; required when the cluster's digest is hmac-sha256.",
         "path": "file"})
+    autorecovery: bool = field(default=True, metadata={
+        "help": "In an hmac-sha256 cluster, do not run AutoRecovery in this broker. Bookies hold no secret "
+                "to verify the copies they would re-replicate, so there the brokers run it."})
+    lost_bookie_grace_s: float = field(default=60.0, metadata={
+        "help": "With AutoRecovery (hmac-sha256 clusters): seconds a bookie may stay unregistered before "
+                "its closed ledgers are marked under-replicated.", "min": 1})
+    rereplication_max_bytes_per_s: int = field(default=20 * 1024 * 1024, metadata={
+        "help": "With AutoRecovery (hmac-sha256 clusters): throttle of re-replication copies in bytes per "
+                "second (0: unlimited).", "default_text": "20 MiB", "min": 0})
     # The cluster-wide options (the `config` node): None takes the cluster's; a value that
     # differs from the cluster's stops the broker at start, naming the difference.
     write_quorum: int | None = cluster_option_field("write_quorum")
@@ -102,6 +111,9 @@ class BrokerConfig:
         "help": "SIGTERM stops the broker within this many seconds, whatever ZooKeeper's state."})
 
     def validate(self) -> "BrokerConfig":
+        if not 1 <= self.lost_bookie_grace_s <= 30 * 86400 or self.rereplication_max_bytes_per_s < 0:
+            raise BrokerConfigError("lost_bookie_grace_s must be 1-2592000 seconds and "
+                                    "rereplication_max_bytes_per_s >= 0")
         if not _TCP.match(self.listen):
             raise BrokerConfigError(f"listen must look like tcp://HOST:PORT, got {self.listen!r}")
         if self.listen.removeprefix("tcp://").rsplit(":", 1)[0] in WILDCARD_HOSTS:

@@ -89,6 +89,8 @@ class BrokerNode:
         self.paths = ClusterPaths(config.cluster)
         self.stop_event = threading.Event()
         self.exit_code = 0
+        self._autorecovery = None  # ledger.auditor.AutoRecovery, in an hmac-sha256 cluster
+        self._recovery_pool = None
         self._failing = False
         self._step_down = threading.Event()
         self._tail: FollowerTail | None = None
@@ -131,6 +133,7 @@ class BrokerNode:
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")
             self.ledgers = LedgerClient(self.zk, self.paths, secret=self._cluster_secret)
+            self._start_autorecovery()
             self.keeper.attach(self.identity.broker_id, self.catalog)
             self.store = self.keeper.verified(store)
             # Who may stand besides the in-sync rules: --wait-for N, and a cluster shutdown under way.
@@ -181,6 +184,31 @@ class BrokerNode:
             self.data_lock.release()
             self.stop_budget.done()
         return self.exit_code
+
+    def _start_autorecovery(self) -> None:
+        """In an hmac-sha256 cluster the bookies cannot verify copies: brokers run AutoRecovery."""
+        cfg = self.config
+        if not cfg.autorecovery or self._cluster_secret is None:
+            return
+        from ledger.auditor import AutoRecovery
+        from ledger.client.bookie_pool import BookiePool
+
+        # Its own pool: copies never queue behind (or ahead of) the leader's adds.
+        self._recovery_pool = BookiePool()
+        self._autorecovery = AutoRecovery(self.zk, self.paths, self._recovery_pool, self.ledgers.digest,
+                                          f"broker-{self.identity.broker_id}",
+                                          lost_bookie_grace_s=cfg.lost_bookie_grace_s,
+                                          max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
+        self._autorecovery.start()
+        log.info("AutoRecovery runs in this broker (the cluster signs entries with hmac-sha256)")
+
+    def _stop_autorecovery(self) -> None:
+        if self._autorecovery is not None:
+            self._autorecovery.stop(timeout=self.stop_budget.remaining(5.0))
+            self._autorecovery = None
+        if self._recovery_pool is not None:
+            self._recovery_pool.close()
+            self._recovery_pool = None
 
     def _claim_identity(self, data: Path) -> BrokerIdentity:
         return patiently(ensure_broker_id, self.zk, self.paths, data, self.config.name or data.name,
@@ -343,6 +371,7 @@ class BrokerNode:
         if clean:
             self.store.mark_clean()
         self.shutdown_member.finish(self.store, sound=clean, connected=self.zk.connected)
+        self._stop_autorecovery()
         self.ledgers.close()
         self.server.close()
         self.store.close()

@@ -191,3 +191,50 @@ def test_bookie_processes_re_replicate_a_lost_bookies_closed_ledgers(cluster, pr
                     c.close()
     finally:
         client.close()
+
+
+@pytest.mark.timeout(120)
+def test_in_an_hmac_cluster_the_brokers_re_replicate_a_lost_bookies_ledgers(cluster, procs, tmp_path):
+    """Bookies hold no secret, so they cannot verify copies: in an hmac-sha256 cluster the brokers
+    run AutoRecovery. A bookie of the leader's ensemble is SIGKILLed and its directory deleted: the
+    leader swaps it out and rolls, and after the grace a broker copies the closed ledger's entries
+    to a live bookie (each copy's HMAC verified)."""
+    from broker.api.client import Client as BrokerClient
+    from ledger.log import read_log
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"fencepost-rereplication-secret\n")
+    init = procs.run(["cluster", "init", "--zk", cluster.hosts, "--cluster", cluster.name,
+                      "--digest", "hmac-sha256", "--secret-file", str(secret)])
+    assert init.returncode == 0, init.stderr.decode()
+    bookies = procs.start_bookies(cluster, 4, extra=["--zk-session-timeout-s", "2"])
+    wait_registered(cluster, 4)
+    by_id = {bookie_id_of(p): p for p in bookies}
+    brokers = procs.start_brokers(cluster, 2, extra=["--secret-file", str(secret), "--lost-bookie-grace-s", "2"])
+    with BrokerClient(zk=cluster.hosts, cluster=cluster.name, timeout=30) as client:
+        for i in range(20):
+            client.submit("q", b"before %d" % i, key=f"b{i}")
+        ledger_id = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
+        lost = read_metadata(cluster.zk, cluster.paths, ledger_id)[0].ensemble[0]["bookie_id"]
+        by_id[lost].kill()
+        shutil.rmtree(by_id[lost].data_dir)
+        for i in range(20):  # the next adds find the dead bookie: an ensemble change, then a roll
+            client.submit("q", b"after %d" % i, key=f"a{i}")
+
+        def repaired():
+            meta = read_metadata(cluster.zk, cluster.paths, ledger_id)[0]
+            return meta.state == CLOSED and lost not in {m["bookie_id"] for m in meta.all_bookies()}
+
+        wait_for(repaired, 60, "a broker's AutoRecovery to re-replicate the closed ledger")
+        meta = read_metadata(cluster.zk, cluster.paths, ledger_id)[0]
+        for member in meta.ensemble[: meta.write_quorum]:
+            reader = Client(by_id[member["bookie_id"]].address)
+            try:
+                for entry_id in range(meta.last_entry + 1):
+                    assert reader.call("read", ledger=ledger_id, entry=entry_id).get("ok"), (member, entry_id)
+            finally:
+                reader.close()
+        assert any("AutoRecovery runs in this broker" in p.output() for p in brokers)
+        assert all("autorecovery is off" in p.output() for p in bookies if p is not by_id[lost])
+        for i in range(20):
+            assert client.get(client.submit("q", b"before %d" % i, key=f"b{i}"))["state"] == "waiting"
