@@ -19,7 +19,7 @@ Each round:
 
 Example::
 
-    auto = AutoRecovery(zk, paths, pool, digest, "bookie-1", lost_bookie_grace_s=60,
+    auto = AutoRecovery(zk, paths, None, digest, "bookie-1", lost_bookie_grace_s=60,   # None: its own pool
                         max_bytes_per_s=20e6)
     auto.start()          # a daemon thread, one round every interval_s
     auto.audit_once()     # or a round by hand (tests)
@@ -191,12 +191,17 @@ class ReplicationWorker:
 class AutoRecovery:
     """The auditor (while this process holds ``auditor``) and a worker, in one daemon thread."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, digest: Digest, identifier: str,
-                 lost_bookie_grace_s: float, max_bytes_per_s: float = 0, interval_s: float = 5.0,
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool | None, digest: Digest,
+                 identifier: str, lost_bookie_grace_s: float, max_bytes_per_s: float = 0, interval_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.zk = zk
         self.paths = paths
         self.interval_s = interval_s
+        # Without a pool given, its own (closed by stop()): copies never queue behind, or ahead
+        # of, the requests of the process it runs in (a bookie's serving, a leader's adds).
+        self._own_pool = pool is None
+        pool = BookiePool() if pool is None else pool
+        self.pool = pool
         self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock, wall=wall)
         self.worker = ReplicationWorker(zk, paths, pool, digest, identifier, throttle=TokenBucket(max_bytes_per_s))
         self._lock = zk.Lock(paths.auditor, identifier)
@@ -254,3 +259,5 @@ class AutoRecovery:
             self._lock.release()
         except KazooException:
             pass
+        if self._own_pool:
+            self.pool.close()

@@ -90,7 +90,6 @@ class BrokerNode:
         self.stop_event = threading.Event()
         self.exit_code = 0
         self._autorecovery = None  # ledger.auditor.AutoRecovery, in an hmac-sha256 cluster
-        self._recovery_pool = None
         self._failing = False
         self._step_down = threading.Event()
         self._tail: FollowerTail | None = None
@@ -191,11 +190,8 @@ class BrokerNode:
         if not cfg.autorecovery or self._cluster_secret is None:
             return
         from ledger.auditor import AutoRecovery
-        from ledger.client.bookie_pool import BookiePool
 
-        # Its own pool: copies never queue behind (or ahead of) the leader's adds.
-        self._recovery_pool = BookiePool()
-        self._autorecovery = AutoRecovery(self.zk, self.paths, self._recovery_pool, self.ledgers.digest,
+        self._autorecovery = AutoRecovery(self.zk, self.paths, None, self.ledgers.digest,
                                           f"broker-{self.identity.broker_id}",
                                           lost_bookie_grace_s=cfg.lost_bookie_grace_s,
                                           max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
@@ -206,9 +202,6 @@ class BrokerNode:
         if self._autorecovery is not None:
             self._autorecovery.stop(timeout=self.stop_budget.remaining(5.0))
             self._autorecovery = None
-        if self._recovery_pool is not None:
-            self._recovery_pool.close()
-            self._recovery_pool = None
 
     def _claim_identity(self, data: Path) -> BrokerIdentity:
         return patiently(ensure_broker_id, self.zk, self.paths, data, self.config.name or data.name,

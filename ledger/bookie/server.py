@@ -92,7 +92,6 @@ class Bookie:
         self._sock: zmq.Socket | None = None
         self._registration: BookieRegistration | None = None
         self._autorecovery = None  # ledger.auditor.AutoRecovery, when the config runs it
-        self._recovery_pool = None
         self._polls = LongPolls(self._info, self._send, entries=self._entries_after)
         self._explicit_lac: dict[int, int] = {}
         self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
@@ -158,7 +157,6 @@ class Bookie:
         """Run the auditor election and a re-replication worker in this process (``autorecovery``)."""
         from election.cluster_config import read_cluster_config
         from ledger.auditor import AutoRecovery
-        from ledger.client.bookie_pool import BookiePool
         from ledger.codec import Digest
 
         cfg = self.config
@@ -168,8 +166,7 @@ class Bookie:
             log.warning("autorecovery is off in bookie %s: the cluster's %s digest needs the secret to verify "
                         "copies", self.bookie_id, digest_name)
             return
-        self._recovery_pool = BookiePool()
-        self._autorecovery = AutoRecovery(self._zk, paths, self._recovery_pool, Digest.crc32c(), self.bookie_id,
+        self._autorecovery = AutoRecovery(self._zk, paths, None, Digest.crc32c(), self.bookie_id,
                                           lost_bookie_grace_s=cfg.lost_bookie_grace_s,
                                           max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
         self._autorecovery.start()
@@ -183,9 +180,6 @@ class Bookie:
         if self._autorecovery is not None:
             self._autorecovery.stop()
             self._autorecovery = None
-        if self._recovery_pool is not None:
-            self._recovery_pool.close()
-            self._recovery_pool = None
         if self._registration is not None:
             self._registration.stop()
         if self._sock is not None:
