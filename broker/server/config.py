@@ -85,6 +85,10 @@ class BrokerConfig:
         "help": "The leader writes a state digest after this many entries.", "min": 1})
     default_lease_ms: int = field(default=30_000, metadata={
         "help": "Lease length for a lease or heartbeat that names none.", "min": 1})
+    tail_pause_ms: int = field(default=10, metadata={
+        "help": "A follower whose read brought less than a full batch waits this long before the next, "
+                "so that one read brings several entries: less work for it and its bookie under load, at "
+                "most this much more lag. 0: read again at once.", "min": 0})
     live_update_ms: int = field(default=500, metadata={
         "help": "How often this broker's live node is refreshed.", "min": 1})
     map_size: int = field(default=16 * 1024 ** 3, metadata={
@@ -125,6 +129,8 @@ class BrokerConfig:
                      "digest_every_entries", "default_lease_ms", "live_update_ms"):
             if getattr(self, name) < 1:
                 raise BrokerConfigError(f"{name} must be at least 1")
+        if self.tail_pause_ms < 0:
+            raise BrokerConfigError("tail_pause_ms must be at least 0")
         for name in ("checkpoint_entries", "snapshots_kept", "ledger_max_entries", "ledger_max_bytes"):
             if getattr(self, name) < 1:
                 raise BrokerConfigError(f"{name} must be at least 1")

@@ -113,7 +113,7 @@ class FollowerTail(threading.Thread):
 
     def __init__(self, ledgers, store, on_fatal: Callable[[Exception], None],
                  on_applied: Callable[[int], None] = lambda entries: None, batch: int = 500,
-                 on_shutdown: Callable[[str, tuple[int, int]], bool] | None = None) -> None:
+                 on_shutdown: Callable[[str, tuple[int, int]], bool] | None = None, pause_s: float = 0.0) -> None:
         super().__init__(name="follower-tail", daemon=True)
         self.ledgers = ledgers
         self.store = store
@@ -122,6 +122,9 @@ class FollowerTail(threading.Thread):
         # Called with (shutdown_id, position) of a ClusterShutdown just applied; True stops the tail there.
         self.on_shutdown = on_shutdown
         self.batch = batch
+        # After a short read, wait before the next one: under load each read then brings several
+        # entries (a bookie round trip and a store transaction per few entries, not per entry).
+        self.pause_s = pause_s
         self._halt = threading.Event()
 
     def stop(self) -> None:
@@ -144,6 +147,8 @@ class FollowerTail(threading.Thread):
                     self.on_applied(applied)
                     if applied < len(entries):
                         reader = None  # the rest of this poll was not applied: read it again if we go on
+                    if self.pause_s and len(entries) < self.batch:
+                        self._halt.wait(self.pause_s)
                     if watch and self.store.shutdown_info() != seen:
                         seen = self.store.shutdown_info()
                         if self.on_shutdown(seen["shutdown_id"], (seen["position"][0], seen["position"][1])):

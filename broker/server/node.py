@@ -435,7 +435,8 @@ class BrokerNode:
     # ------------------------------------------------------------ follower tail
     def _start_tail(self) -> None:
         self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self._on_tail_fatal,
-                                  on_applied=self._count_tail, on_shutdown=self._cluster_shutdown_applied)
+                                  on_applied=self._count_tail, on_shutdown=self._cluster_shutdown_applied,
+                                  pause_s=self.config.tail_pause_ms / 1000.0)
         self._tail.start()
 
     def _stop_tail(self, timeout: float = 30.0) -> None:
