@@ -1,0 +1,137 @@
+"""The history in log order, in the driver: entries for a replay, from the bookies or from an export.
+
+:func:`cluster_entries` reads the committed log with the ledger reader (each
+entry's digest checked, a bad copy replaced by another replica's), ledger by
+ledger, never past what is committed when it is planned.
+:func:`export_entries` rebuilds each entry's events from an export directory's
+rows (:mod:`pipeline.export`): every field is there except the payload and
+result bytes, which come back as zero bytes of the recorded size, so a replay
+of them decides the same leases but cannot compare state digests
+(``replay(..., compare_digests=False)``).
+
+Both yield ``(ledger_id, entry_id, epoch, payload)``: the entry's bytes from
+the cluster, its decoded events from an export.
+
+Example::
+
+    for ledger_id, entry_id, epoch, payload in cluster_entries(ClusterAddress("127.0.0.1:2181", "dev")):
+        ...
+    result = replay(export_entries(Path("/data/fp-export")), compare_digests=False)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from broker.state.events import SCHEMAS, BadEvent, validate_event
+from pipeline import PipelineError
+from pipeline.plan import ClusterAddress, Connection, LedgerExtent, split_ranges
+from pipeline.rows import COLUMN_NAMES, Position, format_position
+
+# Entries asked of the bookies at a time: the ledger reader's pipelining window.
+READ_CHUNK = 256
+Entry = tuple[int, int, int, "bytes | list[dict]"]
+
+
+def cluster_entries(address: ClusterAddress, first: Position | None = None, last: Position | None = None,
+                    extents: list[LedgerExtent] | None = None) -> Iterator[Entry]:
+    """The committed entries from ``first`` to ``last`` (inclusive, None: unbounded), in log order.
+
+    ``extents`` (from :meth:`pipeline.plan.Connection.extents`) fixes the end
+    of the read; without it the log is planned when the iteration starts.
+    """
+    with Connection.open(address) as conn:
+        if extents is None:
+            extents = conn.extents(from_ledger=None if first is None else first[0])
+        readers = {}
+        for rng in split_ranges(extents, first, last, READ_CHUNK):
+            reader = readers.get(rng.ledger_id)
+            if reader is None:
+                reader = readers[rng.ledger_id] = conn.client.open_reader(rng.ledger_id)
+            for entry in reader.read_range(rng.first, rng.last):
+                yield rng.ledger_id, entry.entry_id, entry.epoch, entry.payload
+
+
+def export_table(path: Path, first: Position | None = None, last: Position | None = None) -> pa.Table:
+    """Every event row of the export in ``path`` between the positions, in log order, with its epoch."""
+    events = Path(path) / "events"
+    if not events.is_dir():
+        raise PipelineError(f"{path} is not a fencepost export (it has no events directory)")
+    tables = []
+    for directory in sorted(events.glob("epoch=*")):
+        epoch = int(directory.name.split("=", 1)[1])
+        for file in sorted(directory.glob("*.parquet")):
+            table = pq.read_table(file)
+            table = table.append_column("epoch", pa.array([epoch] * table.num_rows, pa.int64()))
+            tables.append(table.select(list(COLUMN_NAMES)))
+    if not tables:
+        return pa.table({name: [] for name in COLUMN_NAMES})
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if first is not None:
+        table = table.filter(pc.or_(pc.greater(table["ledger_id"], first[0]),
+                                    pc.and_(pc.equal(table["ledger_id"], first[0]),
+                                            pc.greater_equal(table["entry_id"], first[1]))))
+    if last is not None:
+        table = table.filter(pc.or_(pc.less(table["ledger_id"], last[0]),
+                                    pc.and_(pc.equal(table["ledger_id"], last[0]),
+                                            pc.less_equal(table["entry_id"], last[1]))))
+    return table.sort_by([("ledger_id", "ascending"), ("entry_id", "ascending"), ("event_index", "ascending")])
+
+
+# Event fields stored in a column of the same name (the rest: now_ms in ts_ms, sizes, extra).
+_COLUMN_FIELDS = frozenset(("task_id", "queue", "queues", "attempt", "worker", "priority", "error", "retry",
+                            "key", "delay_ms", "lease_ms", "max_tasks", "max_attempts"))
+
+
+def row_event(row: dict) -> dict:
+    """The event a row (:func:`pipeline.rows.event_row`) was made of, payload and result as zero bytes."""
+    kind = row["type"]
+    schema = SCHEMAS.get(kind)
+    if schema is None:
+        raise PipelineError(f"row {row['ledger_id']}:{row['entry_id']}/{row['event_index']} has the unknown "
+                            f"event type {kind!r}")
+    extra = json.loads(row["extra"]) if row.get("extra") else {}
+    ev: dict = {"type": kind}
+    for name in schema:
+        if name in _COLUMN_FIELDS:
+            value = row.get(name)
+        elif name == "now_ms":
+            value = row.get("ts_ms")
+        elif name in ("payload", "result"):
+            size = row.get(name + "_bytes")
+            value = None if size is None else bytes(size)
+        else:
+            value = extra.get(name)
+        if value is not None:
+            ev[name] = value
+    try:
+        return validate_event(ev)
+    except BadEvent as exc:
+        raise PipelineError(f"row {row['ledger_id']}:{row['entry_id']}/{row['event_index']} is not an event: "
+                            f"{exc.message}") from None
+
+
+def export_entries(path: Path, first: Position | None = None, last: Position | None = None) -> Iterator[Entry]:
+    """The entries of an export in log order, each with its events rebuilt from the rows."""
+    table = export_table(path, first, last)
+    current: Position | None = None
+    epoch = 0
+    events: list[dict] = []
+    for batch in table.to_batches(max_chunksize=65_536):
+        for row in batch.to_pylist():
+            position = (row["ledger_id"], row["entry_id"])
+            if position != current:
+                if current is not None:
+                    yield current[0], current[1], epoch, events
+                current, epoch, events = position, row["epoch"], []
+            if row["event_index"] != len(events):
+                raise PipelineError(f"the export lacks event {len(events)} of the entry at "
+                                    f"{format_position(position)}")
+            events.append(row_event(row))
+    if current is not None:
+        yield current[0], current[1], epoch, events
