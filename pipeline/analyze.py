@@ -1,0 +1,297 @@
+"""``fencepost analyze``: where the time went, as Spark tables built from the event rows (docs/pipeline.md).
+
+Every function here is a pure DataFrame transformation of the event rows
+(:mod:`pipeline.rows`) and of what only a replay of the state tells
+(:mod:`pipeline.replay`): the lease grants (which task each ``TaskLeased``
+handed out, with its attempt, worker and time) and the releases (which running
+attempts a ``LeaseExpired`` or ``WorkerLost`` ended). The tables:
+
+- ``tasks``: one row per task (submit, first start, finish, attempts, final state, worker);
+- ``queue_minutes``: per queue per minute, how many tasks were submitted, started, finished, failed, died;
+- ``latency``: per queue, submit-to-start and submit-to-finish p50/p90/p99;
+- ``workers``: per worker, busy time over the window;
+- ``epochs``: per leader epoch, its leader, start, end and the write gap before it.
+
+A task's life is read from its own events in log order, with the rules apply
+follows: a completion or failure counts only for the attempt last granted and
+only once; a failure asking for a retry on the last allowed attempt makes the
+task dead; a cancel counts only while the task waits; of several submits with
+one idempotency key in a queue only the first creates a task.
+
+Example::
+
+    events = spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
+    tables = analyze_events(events, grants, releases, Window(since_ms=None, until_ms=None))
+    tables["latency"].show()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import Window as W
+from pyspark.sql import functions as F
+
+from broker.state.events import DEFAULT_MAX_ATTEMPTS
+from pipeline import PipelineError
+
+TABLES = ("tasks", "queue_minutes", "latency", "workers", "epochs")
+POSITION = ("ledger_id", "entry_id", "event_index")
+MINUTE_MS = 60_000
+PERCENTILES = (0.5, 0.9, 0.99)
+# The event columns the analysis reads: the rest is left out of the cached copy.
+EVENT_COLUMNS = (*POSITION, "epoch", "type", "task_id", "queue", "attempt", "worker", "ts_ms", "key", "retry",
+                 "max_attempts", "extra")
+GRANT_COLUMNS = (*POSITION, "task_id", "attempt", "worker", "ts_ms", "queue")
+RELEASE_COLUMNS = (*POSITION, "task_id", "attempt", "ts_ms", "state")
+RELEASE_DDL = ("ledger_id bigint, entry_id bigint, event_index int, task_id string, attempt bigint, ts_ms bigint, "
+               "state string")
+
+
+@dataclass(frozen=True)
+class Window:
+    """The time window analysed, in ms since the epoch; None: from the history's start / to its end.
+
+    Example::
+
+        Window(parse_time("2026-11-24T08:00"), None)
+    """
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+
+    def contains(self, ts: Column) -> Column:
+        cond = F.lit(True)
+        if self.since_ms is not None:
+            cond = cond & (ts >= F.lit(self.since_ms))
+        if self.until_ms is not None:
+            cond = cond & (ts < F.lit(self.until_ms))
+        return cond
+
+
+def parse_time(text: str) -> int:
+    """``--since``/``--until``: ms since the epoch, or an ISO 8601 time (UTC unless it names a zone)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise PipelineError(f"a time is ms since the epoch or ISO 8601 (2026-11-24T08:00:00), not {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def _in_order(*partition: str) -> W:
+    return W.partitionBy(*partition).orderBy(*POSITION)
+
+
+def created_submits(events: DataFrame) -> DataFrame:
+    """The submits that created a task: task_id, queue, submitted_ms, max_attempts and the position.
+
+    A submit whose key was already used in its queue created nothing (apply
+    returned the existing task); nor did one repeating a task id.
+    """
+    submits = events.where(F.col("type") == "TaskSubmitted")
+    first_of_key = F.row_number().over(_in_order("queue", "key"))
+    first_of_id = F.row_number().over(_in_order("task_id"))
+    created = (submits.withColumn("_k", F.when(F.col("key").isNull(), F.lit(1)).otherwise(first_of_key))
+               .where("_k = 1").withColumn("_i", first_of_id).where("_i = 1"))
+    return _with_max_attempts(created, events).select(
+        *POSITION, "task_id", "queue", F.col("ts_ms").alias("submitted_ms"), "max_attempts")
+
+
+def _with_max_attempts(submits: DataFrame, events: DataFrame) -> DataFrame:
+    """A submit's max_attempts: its own, else the queue's as last declared before it, else the default."""
+    declared = events.where((F.col("type") == "QueueDeclared") & F.col("max_attempts").isNotNull())
+    rows = (submits.select(*POSITION, "task_id", "queue", "ts_ms", "max_attempts", F.lit(False).alias("_decl"))
+            .unionByName(declared.select(*POSITION, F.lit(None).cast("string").alias("task_id"), "queue", "ts_ms",
+                                         "max_attempts", F.lit(True).alias("_decl"))))
+    before = _in_order("queue").rowsBetween(W.unboundedPreceding, W.currentRow)
+    queue_max = F.last(F.when(F.col("_decl"), F.col("max_attempts")), ignorenulls=True).over(before)
+    return (rows.withColumn("_queue_max", queue_max).where(~F.col("_decl"))
+            .withColumn("max_attempts", F.coalesce("max_attempts", "_queue_max", F.lit(DEFAULT_MAX_ATTEMPTS)))
+            .drop("_decl", "_queue_max"))
+
+
+def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> DataFrame:
+    """Each created task's effective steps in log order, with the state each one leaves it in.
+
+    ``releases`` are the running attempts that a ``LeaseExpired`` or
+    ``WorkerLost`` ended (the event does not name them; the replay does):
+    position, task_id, attempt, ts_ms and the state it left (waiting or dead).
+
+    Columns: task_id, queue, max_attempts, the position, ``kind`` (submit,
+    grant, complete, fail, release, cancel), attempt, worker, ts_ms, ``state``
+    (waiting, running, done, failed, dead, cancelled). Steps apply would refuse
+    (a stale attempt, a second completion, a cancel of a running task) are left out.
+    """
+    submits = created_submits(events)
+    tasks = submits.select("task_id", "queue", "max_attempts")
+    none = F.lit(None)
+    no_worker, no_retry, no_state = (none.cast("string").alias("worker"), none.cast("boolean").alias("retry"),
+                                     none.cast("string").alias("_given"))
+    steps = (submits.select(*POSITION, "task_id", F.lit("submit").alias("kind"), none.cast("bigint").alias("attempt"),
+                            no_worker, F.col("submitted_ms").alias("ts_ms"), no_retry, no_state)
+             .unionByName(grants.select(*POSITION, "task_id", F.lit("grant").alias("kind"), "attempt", "worker",
+                                        "ts_ms", no_retry, no_state))
+             .unionByName(releases.select(*POSITION, "task_id", F.lit("release").alias("kind"), "attempt", no_worker,
+                                          "ts_ms", no_retry, F.col("state").alias("_given")))
+             .unionByName(events.where(F.col("type").isin("TaskCompleted", "TaskFailed", "TaskCancelled")).select(
+                 *POSITION, "task_id",
+                 F.when(F.col("type") == "TaskCompleted", "complete").when(F.col("type") == "TaskFailed", "fail")
+                 .otherwise("cancel").alias("kind"), "attempt", no_worker, "ts_ms", "retry", no_state)))
+    steps = steps.join(tasks, "task_id")
+    so_far = _in_order("task_id").rowsBetween(W.unboundedPreceding, W.currentRow)
+    current = F.last(F.when(F.col("kind") == "grant", F.col("attempt")), ignorenulls=True).over(so_far)
+    ending = F.col("kind").isin("complete", "fail", "release")
+    # A completion, failure or release ends the attempt last granted, once; any other is refused by apply.
+    steps = (steps.withColumn("_current", current).where(~ending | (F.col("attempt") == F.col("_current")))
+             .withColumn("_ending", ending))
+    steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "_ending", "attempt")))
+    steps = steps.where(~ending | (F.col("_nth") == 1))
+    state = (F.when(F.col("kind") == "release", F.col("_given")).when(F.col("kind") == "submit", "waiting").when(F.col("kind") == "grant", "running")
+             .when(F.col("kind") == "complete", "done").when((F.col("kind") == "fail") & ~F.col("retry"), "failed")
+             .when((F.col("kind") == "fail") & (F.col("attempt") >= F.col("max_attempts")), "dead")
+             .when(F.col("kind") == "fail", "waiting"))
+    steps = steps.withColumn("state", state)
+    before = _in_order("task_id").rowsBetween(W.unboundedPreceding, -1)
+    # A cancel counts only while the task waits (and only the first: nothing happens to a cancelled task).
+    prior = F.last("state", ignorenulls=True).over(before)
+    steps = steps.withColumn("_prior", prior).where((F.col("kind") != "cancel") | (F.col("_prior") == "waiting"))
+    steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "kind")))
+    steps = steps.where((F.col("kind") != "cancel") | (F.col("_nth") == 1))
+    steps = steps.withColumn("state", F.coalesce("state", F.lit("cancelled")))
+    return steps.drop("_current", "_ending", "_nth", "_prior", "_given", "retry")
+
+
+def task_table(life: DataFrame) -> DataFrame:
+    """One row per task: task_id, queue, submitted_ms, first_start_ms, finished_ms, attempts, final_state, worker."""
+    position = F.struct(*POSITION)
+    grant = F.col("kind") == "grant"
+    final = F.max_by("state", position)
+    return (life.groupBy("task_id", "queue").agg(
+        F.min(F.when(F.col("kind") == "submit", F.col("ts_ms"))).alias("submitted_ms"),
+        F.min(F.when(grant, F.col("ts_ms"))).alias("first_start_ms"),
+        F.max_by("ts_ms", position).alias("_last_ms"),
+        F.coalesce(F.max(F.when(grant, F.col("attempt"))), F.lit(0)).alias("attempts"),
+        final.alias("final_state"),
+        F.max_by(F.when(grant, F.col("worker")), F.when(grant, position)).alias("worker"),
+        F.first("max_attempts").alias("max_attempts"))
+        .withColumn("finished_ms", F.when(F.col("final_state").isin("done", "failed", "dead", "cancelled"),
+                                          F.col("_last_ms")))
+        .select("task_id", "queue", "submitted_ms", "first_start_ms", "finished_ms", "attempts", "final_state",
+                "worker", "max_attempts"))
+
+
+def queue_minutes(life: DataFrame, window: Window) -> DataFrame:
+    """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead, cancelled."""
+    steps = life.where(window.contains(F.col("ts_ms"))).withColumn(
+        "minute_ms", F.floor(F.col("ts_ms") / MINUTE_MS).cast("bigint") * MINUTE_MS)
+
+    def count(cond: Column, name: str) -> Column:
+        return F.sum(F.when(cond, 1).otherwise(0)).cast("bigint").alias(name)
+
+    kind, state = F.col("kind"), F.col("state")
+    return (steps.groupBy("queue", "minute_ms").agg(
+        count(kind == "submit", "submitted"), count(kind == "grant", "started"), count(state == "done", "finished"),
+        count(state == "failed", "failed"), count(state == "dead", "dead"), count(state == "cancelled", "cancelled"))
+        .orderBy("queue", "minute_ms"))
+
+
+def latency(tasks: DataFrame) -> DataFrame:
+    """Per queue: submit-to-first-start and submit-to-finish (done, failed or dead) percentiles, in ms."""
+    to_start = F.col("first_start_ms") - F.col("submitted_ms")
+    ran_to_end = F.col("final_state").isin("done", "failed", "dead")
+    to_finish = F.when(ran_to_end, F.col("finished_ms") - F.col("submitted_ms"))
+    aggs = [F.count("*").alias("tasks"), F.count(to_start).alias("started"), F.count(to_finish).alias("finished"),
+            F.percentile(to_start, list(PERCENTILES)).alias("_start"),
+            F.percentile(to_finish, list(PERCENTILES)).alias("_finish")]
+    table = tasks.groupBy("queue").agg(*aggs)
+    cols = ["queue", "tasks", "started", "finished"]
+    for prefix in ("start", "finish"):
+        for i, p in enumerate(PERCENTILES):
+            cols.append(F.col(f"_{prefix}")[i].alias(f"{prefix}_p{round(p * 100)}_ms"))
+    return table.select(*cols).orderBy("queue")
+
+
+def attempt_spans(life: DataFrame, history_end_ms: int) -> DataFrame:
+    """One row per attempt: task_id, attempt, worker, start_ms, end_ms.
+
+    An attempt ends at its completion, failure or release (lease expired,
+    worker lost); one still running ends at the history's end.
+    """
+    grants = life.where(F.col("kind") == "grant").select("task_id", "attempt", "worker", F.col("ts_ms").alias("start_ms"))
+    ends = (life.where(F.col("kind").isin("complete", "fail", "release"))
+            .select("task_id", "attempt", F.col("ts_ms").alias("_end")))
+    end = F.greatest(F.coalesce("_end", F.lit(history_end_ms)), F.col("start_ms"))
+    return grants.join(ends, ["task_id", "attempt"], "left").select("task_id", "attempt", "worker", "start_ms",
+                                                                    end.alias("end_ms"))
+
+
+def worker_utilization(spans: DataFrame, start_ms: int, end_ms: int) -> DataFrame:
+    """Per worker: attempts started and busy time within [start_ms, end_ms), and busy / window."""
+    clipped = (F.least(F.col("end_ms"), F.lit(end_ms)) - F.greatest(F.col("start_ms"), F.lit(start_ms)))
+    window_ms = max(end_ms - start_ms, 1)
+    return (spans.where((F.col("end_ms") >= start_ms) & (F.col("start_ms") < end_ms))
+            .groupBy("worker").agg(F.count("*").alias("attempts"),
+                                   F.sum(F.greatest(clipped, F.lit(0))).cast("bigint").alias("busy_ms"))
+            .withColumn("window_ms", F.lit(window_ms).cast("bigint"))
+            .withColumn("utilization", F.col("busy_ms") / F.col("window_ms"))
+            .orderBy(F.desc("busy_ms"), "worker"))
+
+
+def epochs(events: DataFrame, window: Window) -> DataFrame:
+    """Per epoch: leader broker_id, ledger_id, start_ms, end_ms, entries, events and gap_ms.
+
+    ``start_ms`` is the epoch's ``EpochStarted`` time, ``end_ms`` its last
+    stamped event's; ``gap_ms`` is the write gap of the failover into the
+    epoch: from the previous epoch's last event to this one's ``EpochStarted``.
+    """
+    started = (events.where(F.col("type") == "EpochStarted")
+               .select(F.get_json_object("extra", "$.epoch").cast("bigint").alias("epoch"),
+                       F.get_json_object("extra", "$.broker_id").cast("bigint").alias("broker_id"),
+                       F.col("ts_ms").alias("_started")))
+    spans = events.groupBy("epoch").agg(
+        F.min("ledger_id").alias("ledger_id"), F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("end_ms"),
+        F.count_distinct("ledger_id", "entry_id").alias("entries"), F.count("*").alias("events"))
+    table = (spans.join(started, "epoch", "left")
+             .withColumn("start_ms", F.coalesce("_started", "_first"))
+             .withColumn("gap_ms", F.col("start_ms") - F.lag("end_ms").over(W.orderBy("epoch"))))
+    inside = F.lit(True)
+    if window.since_ms is not None:
+        inside = inside & (F.col("end_ms") >= window.since_ms)
+    if window.until_ms is not None:
+        inside = inside & (F.col("start_ms") < window.until_ms)
+    return (table.where(inside).select("epoch", "broker_id", "ledger_id", "start_ms", "end_ms", "gap_ms", "entries",
+                                       "events").orderBy("epoch"))
+
+
+def history_span(events: DataFrame, window: Window) -> tuple[int, int] | None:
+    """The [start, end] ms analysed: the window, bounded by the first and last stamped event; None if empty."""
+    row = events.agg(F.min("ts_ms"), F.max("ts_ms")).first()
+    if row is None or row[0] is None:
+        return None
+    start = row[0] if window.since_ms is None else max(row[0], window.since_ms)
+    end = row[1] if window.until_ms is None else min(row[1], window.until_ms)
+    return start, max(start, end)
+
+
+def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, window: Window) -> dict[str, DataFrame]:
+    """The tables (:data:`TABLES`) of the history in ``events``; ``grants`` and ``releases`` (see
+    :func:`task_life`) come from a replay of that history."""
+    events = events.select(*EVENT_COLUMNS).cache()
+    span = history_span(events, window)
+    if span is None:
+        raise PipelineError("the history holds no events to analyze")
+    life = task_life(events, grants.select(*GRANT_COLUMNS), releases.select(*RELEASE_COLUMNS)).cache()
+    tasks = task_table(life)
+    tasks_in_window = tasks.where(window.contains(F.col("submitted_ms")))
+    spans = attempt_spans(life, span[1])
+    return {"tasks": tasks_in_window.orderBy("submitted_ms", "task_id"),
+            "queue_minutes": queue_minutes(life, window),
+            "latency": latency(tasks_in_window),
+            "workers": worker_utilization(spans, span[0], span[1]),
+            "epochs": epochs(events, window)}

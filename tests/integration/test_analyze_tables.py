@@ -1,0 +1,124 @@
+"""The analyze tables on a small hand-built history (real Spark, local mode; no cluster)."""
+import pytest
+
+from pipeline import PipelineError
+from pipeline.analyze import RELEASE_DDL, Window, analyze_events, epochs, parse_time, queue_minutes, task_life
+from pipeline.replay import GRANT_DDL
+from pipeline.rows import DDL, event_row
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+T0 = 1_764_000_000_000 - 1_764_000_000_000 % 60_000  # a minute's start
+
+
+def submit(task_id, queue="q", key=None, max_attempts=None, at=0):
+    return {"type": "TaskSubmitted", "task_id": task_id, "queue": queue, "payload": b"x", "key": key,
+            "priority": 0, "delay_ms": 0, "max_attempts": max_attempts, "now_ms": T0 + at}
+
+
+def done(task_id, attempt, at):
+    return {"type": "TaskCompleted", "task_id": task_id, "attempt": attempt, "now_ms": T0 + at}
+
+
+def failed(task_id, attempt, at, retry=True):
+    return {"type": "TaskFailed", "task_id": task_id, "attempt": attempt, "retry": retry, "error": "e",
+            "now_ms": T0 + at}
+
+
+def leased(worker, at):
+    return {"type": "TaskLeased", "worker": worker, "queues": ["q"], "max_tasks": 5, "now_ms": T0 + at}
+
+
+# (ledger, entry, epoch, events); grants and releases as a replay would find them.
+HISTORY = [
+    (1, 0, 1, [{"type": "EpochStarted", "epoch": 1, "broker_id": 0, "now_ms": T0}]),
+    (1, 1, 1, [{"type": "QueueDeclared", "queue": "q", "max_attempts": 2, "now_ms": T0}]),
+    (1, 2, 1, [submit("a", key="k", at=1000), submit("dup", key="k", at=1000), submit("b", at=1000),
+               submit("c", max_attempts=1, at=1000), submit("x", at=1000), submit("w", at=1000)]),
+    (1, 3, 1, [leased("w1", 2000)]),
+    (1, 4, 1, [done("a", 1, 4000), failed("b", 1, 4000), {"type": "TaskCancelled", "task_id": "c",
+                                                             "now_ms": T0 + 4000}]),
+    (1, 5, 1, [failed("c", 1, 5000, retry=False), {"type": "TaskCancelled", "task_id": "x", "now_ms": T0 + 5000}]),
+    (2, 0, 2, [{"type": "EpochStarted", "epoch": 2, "broker_id": 1, "now_ms": T0 + 8000}]),
+    (2, 1, 2, [{"type": "LeaseExpired", "now_ms": T0 + 61_000}]),
+    (2, 2, 2, [leased("w2", 62_000)]),
+    (2, 3, 2, [done("a", 1, 63_000), done("b", 1, 63_000), failed("b", 2, 64_000)]),
+]
+GRANTS = [(1, 3, 0, "a", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "b", 1, "w1", T0 + 2000, "q"),
+          (1, 3, 0, "c", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "w", 1, "w1", T0 + 2000, "q"),
+          (2, 2, 0, "b", 2, "w2", T0 + 62_000, "q")]
+RELEASES = [(2, 1, 0, "w", 1, T0 + 61_000, "waiting")]
+
+
+@pytest.fixture(scope="module")
+def history(spark):
+    rows = [event_row(ledger, entry, epoch, i, ev) for ledger, entry, epoch, events in HISTORY
+            for i, ev in enumerate(events)]
+    return (spark.createDataFrame(rows, DDL).cache(), spark.createDataFrame(GRANTS, GRANT_DDL),
+            spark.createDataFrame(RELEASES, RELEASE_DDL))
+
+
+@pytest.fixture(scope="module")
+def tables(history):
+    result = analyze_events(*history, Window())
+    return {name: [r.asDict() for r in df.collect()] for name, df in result.items()}
+
+
+def test_each_task_follows_the_rules_apply_follows(tables):
+    tasks = {t["task_id"]: t for t in tables["tasks"]}
+    assert "dup" not in tasks, "a second submit with the key created a task"
+    assert tasks["a"]["final_state"] == "done" and tasks["a"]["finished_ms"] == T0 + 4000, "a repeat counted"
+    assert tasks["b"]["final_state"] == "dead" and tasks["b"]["attempts"] == 2 and tasks["b"]["worker"] == "w2"
+    assert tasks["b"]["max_attempts"] == 2, "the queue's declared max_attempts"
+    assert tasks["c"]["final_state"] == "failed", "a cancel of a running task counted"
+    assert tasks["x"]["final_state"] == "cancelled" and tasks["x"]["attempts"] == 0
+    assert tasks["w"]["final_state"] == "waiting" and tasks["w"]["first_start_ms"] == T0 + 2000
+    assert tasks["a"]["submitted_ms"] == T0 + 1000 and tasks["a"]["first_start_ms"] == T0 + 2000
+
+
+def test_queue_minutes_bucket_by_the_minute_of_each_step(tables):
+    by_minute = {r["minute_ms"]: r for r in tables["queue_minutes"]}
+    assert sorted(by_minute) == [T0, T0 + 60_000]
+    first, second = by_minute[T0], by_minute[T0 + 60_000]
+    assert (first["submitted"], first["started"], first["finished"], first["failed"], first["cancelled"]) == \
+        (5, 4, 1, 1, 1)
+    assert (second["submitted"], second["started"], second["finished"], second["dead"]) == (0, 1, 0, 1)
+
+
+def test_latency_percentiles_per_queue(tables):
+    (row,) = tables["latency"]
+    assert (row["tasks"], row["started"], row["finished"]) == (5, 4, 3)
+    assert row["start_p50_ms"] == row["start_p99_ms"] == 1000
+    # finish times after submit: a 3000, c 4000, b 63000
+    assert row["finish_p50_ms"] == 4000
+    assert row["finish_p90_ms"] == pytest.approx(4000 + 0.8 * 59_000)
+
+
+def test_worker_busy_time_ends_at_each_attempts_end(tables):
+    workers = {w["worker"]: w for w in tables["workers"]}
+    # w1: a 2000..4000, b 2000..4000, c 2000..5000, w 2000..61000 (released)
+    assert workers["w1"]["busy_ms"] == 2000 + 2000 + 3000 + 59_000 and workers["w1"]["attempts"] == 4
+    assert workers["w2"]["busy_ms"] == 2000
+    assert workers["w1"]["window_ms"] == 64_000
+
+
+def test_epochs_and_the_write_gap_of_a_failover(tables):
+    first, second = tables["epochs"]
+    assert (first["epoch"], first["broker_id"], first["gap_ms"], first["end_ms"]) == (1, 0, None, T0 + 5000)
+    assert (second["epoch"], second["broker_id"], second["start_ms"]) == (2, 1, T0 + 8000)
+    assert second["gap_ms"] == 3000 and second["entries"] == 4
+
+
+def test_a_window_bounds_the_minutes_and_the_epochs(history):
+    events, grants, releases = history
+    later = Window(T0 + 60_000, None)
+    assert [r.epoch for r in epochs(events, later).collect()] == [2]
+    assert [r.minute_ms for r in queue_minutes(task_life(*history), later).collect()] == [T0 + 60_000]
+    assert [r.epoch for r in epochs(events, Window(None, T0 + 6000)).collect()] == [1]
+
+
+def test_parse_time():
+    assert parse_time("1764000000000") == 1764000000000
+    assert parse_time("2026-11-24T08:00:00") == parse_time("2026-11-24T09:00:00+01:00")
+    with pytest.raises(PipelineError):
+        parse_time("yesterday")
