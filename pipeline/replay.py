@@ -57,6 +57,20 @@ GROUP_EVENTS = 50_000
 MAP_SIZE = 64 << 30
 
 
+class UnreplayableEntry(PipelineError):
+    """A committed entry that cannot be decoded or applied: the replay cannot go past it.
+
+    Example::
+
+        except UnreplayableEntry as exc:
+            exc.position        # (7, 41)
+    """
+
+    def __init__(self, position: Position, message: str) -> None:
+        super().__init__(message)
+        self.position = position
+
+
 class Grant(NamedTuple):
     """One task handed out by a ``TaskLeased`` event: its position, the task's attempt and worker.
 
@@ -207,8 +221,8 @@ class _Replayer:
                     if not self.flush():
                         return False
                 return True
-            raise PipelineError(f"replay cannot apply the entry at {format_position(group[0][0])}: "
-                                f"{type(exc).__name__}: {exc}") from exc
+            raise UnreplayableEntry(group[0][0], f"replay cannot apply the entry at {format_position(group[0][0])}: "
+                                                 f"{type(exc).__name__}: {exc}") from exc
         for (position, epoch, events, indexes), entry_results in zip(group, results):
             self._record(position, epoch, events, indexes, entry_results)
         if len(results) < len(group):
@@ -257,7 +271,7 @@ def _decode(position: Position, payload: bytes) -> list[dict]:
     try:
         return decode_batch(payload)
     except BadEvent as exc:
-        raise PipelineError(f"entry {format_position(position)} cannot be decoded: {exc.message}") from None
+        raise UnreplayableEntry(position, f"entry {format_position(position)} cannot be decoded: {exc.message}") from None
 
 
 def replay(entries: Iterable[tuple[int, int, int, bytes | list]], *, snapshot: Path | None = None,
@@ -275,8 +289,9 @@ def replay(entries: Iterable[tuple[int, int, int, bytes | list]], *, snapshot: P
     transaction. ``compare_digests`` False (an export's rebuilt events, whose
     payloads are not the real bytes) records every StateDigest uncompared.
     The temporary store lives under ``work_dir`` (default: the system's temp
-    directory) and is removed at the end. :class:`~pipeline.PipelineError` on
-    an entry that cannot be decoded or applied, or a snapshot that cannot be loaded.
+    directory) and is removed at the end. :class:`UnreplayableEntry` for an
+    entry that cannot be decoded or applied, :class:`~pipeline.PipelineError`
+    for a snapshot that cannot be loaded or a store that fails.
     """
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="fencepost-replay-", dir=work_dir))

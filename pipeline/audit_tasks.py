@@ -1,0 +1,115 @@
+"""Pure check that each task's history is legal, fed with the replay's entries and apply's results.
+
+The log holds requests: a late ``TaskCompleted`` of an attempt whose lease ran
+out is in the log and apply rightly refuses it (``stale_attempt``). So the
+check follows what apply *accepted*, against its own small model of each task
+(its current attempt from the lease grants, running or not, finished or not):
+
+* ``stale_completion``: a completion or failure accepted for an attempt that is
+  not the task's current one, or while the task was not running;
+* ``finished_twice``: a task reaching a final state (done, failed, dead,
+  cancelled) a second time;
+* ``attempts_exceeded``: a grant whose attempt is above the task's max_attempts;
+* ``attempt_skipped``: a grant whose attempt is not the previous one plus one.
+
+A replay from a snapshot meets tasks submitted before it: their model starts
+at their first grant, without a known max_attempts.
+
+Example::
+
+    check = TaskCheck()
+    replay(entries, on_entry=check.entry)         # items: (event_index, event, apply result)
+    check.findings
+"""
+from __future__ import annotations
+
+from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, RUNNING, WAITING
+from pipeline.findings import Finding
+
+_FINISHED = "finished"
+
+
+class TaskCheck:
+    """Follows every task through the entries it is fed (in log order) and keeps :attr:`findings`.
+
+    Example::
+
+        check = TaskCheck()
+        check.entry(7, 3, 2, [(0, {"type": "TaskCompleted", "task_id": "t", "attempt": 1, ...},
+                               {"ok": True, "task_id": "t", "state": "done"})])
+    """
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.queue_max: dict[str, int] = {}
+        # task id -> [current attempt, state (waiting, running or finished), max_attempts or None]
+        self.tasks: dict[str, list] = {}
+
+    def entry(self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]) -> None:
+        """Check one entry's events with apply's result for each."""
+        for _, ev, res in items:
+            if not res.get("ok") or res.get("duplicate"):
+                continue  # refused or a repeat: it changed nothing
+            handler = _HANDLERS.get(ev["type"])
+            if handler is not None:
+                handler(self, (ledger_id, entry_id), ev, res)
+
+    def _add(self, kind: str, where: tuple[int, int], task_id: str, detail: str) -> None:
+        self.findings.append(Finding(kind, where[0], where[1], task_id=task_id, detail=detail))
+
+    def _task(self, task_id: str) -> list:
+        # Submitted before the snapshot the replay started from: known from its first grant on.
+        return self.tasks.setdefault(task_id, [0, WAITING, None])
+
+    def _declared(self, where, ev: dict, res: dict) -> None:
+        self.queue_max[ev["queue"]] = res["max_attempts"]
+
+    def _submitted(self, where, ev: dict, res: dict) -> None:
+        if res.get("created"):
+            limit = ev["max_attempts"] or self.queue_max.setdefault(ev["queue"], DEFAULT_MAX_ATTEMPTS)
+            self.tasks[ev["task_id"]] = [0, WAITING, limit]
+
+    def _leased(self, where, ev: dict, res: dict) -> None:
+        for grant in res["tasks"]:
+            task_id, attempt = grant["task_id"], grant["attempt"]
+            task = self._task(task_id)
+            if task[1] == _FINISHED:
+                self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it finished")
+            elif task[0] and attempt != task[0] + 1:
+                self._add("attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}")
+            if task[2] is not None and attempt > task[2]:
+                self._add("attempts_exceeded", where, task_id,
+                          f"leased as attempt {attempt} of at most {task[2]}")
+            task[0], task[1] = attempt, RUNNING
+
+    def _released(self, where, ev: dict, res: dict) -> None:
+        for gone in res.get("expired", ()):
+            task = self._task(gone["task_id"])
+            self._end(where, gone["task_id"], task, gone["state"], f"released by {ev['type']}")
+
+    def _ended(self, where, ev: dict, res: dict) -> None:
+        task_id, attempt = ev["task_id"], ev["attempt"]
+        task = self._task(task_id)
+        if task[1] != _FINISHED and (attempt != task[0] or task[1] != RUNNING):
+            state = "not running" if task[1] != RUNNING else f"attempt {task[0]} was current"
+            self._add("stale_completion", where, task_id,
+                      f"{ev['type']} by attempt {attempt} accepted while {state}")
+        self._end(where, task_id, task, res["state"], ev["type"])
+
+    def _cancelled(self, where, ev: dict, res: dict) -> None:
+        self._end(where, ev["task_id"], self._task(ev["task_id"]), res["state"], "TaskCancelled")
+
+    def _end(self, where, task_id: str, task: list, state: str, why: str) -> None:
+        if state not in FINAL_STATES:
+            task[1] = WAITING
+            return
+        if task[1] == _FINISHED:
+            self._add("finished_twice", where, task_id, f"{why} made it {state} after it had finished")
+        task[1] = _FINISHED
+
+
+_HANDLERS = {
+    "QueueDeclared": TaskCheck._declared, "TaskSubmitted": TaskCheck._submitted,
+    "TaskLeased": TaskCheck._leased, "LeaseExpired": TaskCheck._released, "WorkerLost": TaskCheck._released,
+    "TaskCompleted": TaskCheck._ended, "TaskFailed": TaskCheck._ended, "TaskCancelled": TaskCheck._cancelled,
+}
