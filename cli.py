@@ -21,7 +21,7 @@ import snapshots
 from broker.server.config import BrokerConfig
 from cli_options import cluster_options, config_options, emit, fail, resolve_cluster, settings_flags, with_zk
 from cli_lifecycle import cluster_group, store
-from cli_pipeline import export
+from cli_pipeline import audit, export
 from devtools.commands import bench, chaos, dev, zk
 from election.wire import CodedError
 from ledger.bookie.config import BookieConfig
@@ -82,7 +82,7 @@ def main(log_level: str, log_json: bool) -> None:
 
 # The development commands (ZooKeeper runner, dev cluster, benchmarks, chaos) live with the dev tools;
 # the cluster's life (init, shutdown, manual recovery) in cli_lifecycle; the Spark pipeline in cli_pipeline.
-for _command in (zk, dev, bench, chaos, cluster_group, store, export):
+for _command in (zk, dev, bench, chaos, cluster_group, store, export, audit):
     main.add_command(_command)
 
 

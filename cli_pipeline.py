@@ -1,10 +1,11 @@
-"""The Spark pipeline's commands: `export` (docs/pipeline.md).
+"""The Spark pipeline's commands: `export`, `audit` (docs/pipeline.md).
 
 Like `cli.py`, this module only parses options and calls the `pipeline` package;
 `cli.main` adds the commands.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -62,3 +63,79 @@ def export(out_dir, snapshot_file, master, entries_per_partition, secret_file, a
     finally:
         spark.stop()
     emit(summary, as_json, _human_export)
+
+
+def _human_audit(summary: dict) -> None:
+    from pipeline.findings import Finding, findings_table
+
+    replayed = summary["replay"] or {}
+    click.echo(f"audited {summary['entries']} entries in {summary['ledgers']} ledgers of {summary['source']}; "
+               f"replayed {replayed.get('events', 0)} events ({replayed.get('events_per_s') or 0} events/s); "
+               f"{summary['state_digests']['compared']} state digests and "
+               f"{sum(1 for b in summary['brokers'] if b.get('compared'))} broker digests compared")
+    if summary["clean"]:
+        click.echo("clean: no findings")
+    else:
+        click.echo(f"{len(summary['findings'])} findings:")
+        click.echo(findings_table([Finding(**f) for f in summary["findings"]]))
+
+
+@click.command("audit")
+@click.option("--from-export", "export_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Audit this export directory (epochs and task histories only) instead of the cluster.")
+@click.option("--snapshot", "snapshot_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Replay from this snapshot file plus the entries after it (needed once retention "
+                   "deleted the log's first ledgers).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--entries-per-partition", type=click.IntRange(1), default=1000, show_default=True,
+              help="Largest ledger entry range whose copies one Spark task reads.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary and the findings as JSON.")
+@cluster_options
+def audit(export_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster,
+          dev_dir) -> None:
+    """Check the history: gaps, epochs, every replica, each task's events, state digests; exit 1 on any finding.
+
+    Every copy of every entry is read from the bookies by Spark (local by
+    default); the history is replayed in this process into a temporary state
+    store and compared with each StateDigest entry and each live broker's digest.
+    """
+    from pipeline.audit import audit_cluster, audit_export
+    from pipeline.plan import ClusterAddress
+
+    progress = _audit_progress()
+    snapshot = Path(snapshot_file) if snapshot_file else None
+    try:
+        if export_dir:
+            report = audit_export(Path(export_dir), snapshot=snapshot, progress=progress)
+        else:
+            from pipeline.spark import spark_session
+
+            hosts, name = resolve_cluster(zk, cluster, dev_dir)
+            spark = spark_session(master=master, app_name="fencepost-audit")
+            try:
+                report = audit_cluster(spark, ClusterAddress(hosts, name, secret_file=secret_file),
+                                       snapshot=snapshot, progress=progress,
+                                       entries_per_partition=entries_per_partition)
+            finally:
+                spark.stop()
+    finally:
+        progress("", 0, None)
+    summary = report.summary()
+    emit(summary, as_json, _human_audit)
+    if not summary["clean"]:
+        sys.exit(1)
+
+
+def _audit_progress():
+    """A progress line on a terminal, rewritten in place; nothing when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return lambda what, done, total: None
+
+    def show(what: str, done: int, total: int | None) -> None:
+        text = "" if not what else f"{what}: {done}" + (f" of {total}" if total else "") + " ..."
+        sys.stderr.write("\r\033[K" + text)
+        sys.stderr.flush()
+
+    return show
