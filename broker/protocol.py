@@ -8,7 +8,8 @@ the events' results become the reply.
 Operations (request fields -> reply fields):
 
 - ``ping`` -> ``broker_id, role, leader``
-- ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?`` -> ``task_id``
+- ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?, retry_backoff_ms?,
+  retry_backoff_max_ms?`` -> ``task_id``
 - ``submit_many`` ``tasks: [submit fields], each?`` -> ``task_ids`` (a failed submit fails the request,
   though the others' events are committed), or with ``each: true`` -> ``results: [{ok, task_id} |
   {ok: false, error, message}]``, one per task in order (what a client coalescing the submits of
@@ -22,8 +23,11 @@ Operations (request fields -> reply fields):
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
 - ``complete_many`` ``tasks: [{task_id, attempt, result?}]`` -> ``results: [{ok, error?, message?}]``
   (one result per task, in order; one task's stale attempt does not fail the others)
-- ``fail`` ``task_id, attempt, error?, retry?`` -> ``{}``
+- ``fail`` ``task_id, attempt, error?, retry?, reject?`` -> ``will_retry, retry_at_ms`` (``reject: true``:
+  the task is dead at once; otherwise a retry waits the backoff the leader stamps)
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues``
+- ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?``
+  -> ``queue`` (the queue's settings after the change; a field left out keeps its value)
 - ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
 - ``snapshot_chunk`` ``name, offset, length`` -> ``data, crc`` (any broker; for joining members)
 - ``cluster_shutdown`` ``shutdown_id`` -> ``shutdown_id, position`` (the leader writes
@@ -72,7 +76,7 @@ from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS,
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat", "heartbeat_many",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk",
-                 "cluster_shutdown"})
+                 "cluster_shutdown", "declare_queue"})
 MAX_CHUNK = 4 * 1024 * 1024
 
 
@@ -104,6 +108,7 @@ K_PRIORITY = _kind("TaskSubmitted", "priority")
 K_DELAY = _kind("TaskSubmitted", "delay_ms")
 K_MAX_ATTEMPTS = _kind("TaskSubmitted", "max_attempts")
 K_MAX_RUN_MS = _kind("TaskSubmitted", "max_run_ms")
+K_BACKOFF = _kind("TaskSubmitted", "retry_backoff_ms")
 K_TASK_ID = _kind("TaskCancelled", "task_id")
 K_WORKER = _kind("TaskLeased", "worker")
 K_MAX_TASKS = _kind("TaskLeased", "max_tasks")
@@ -158,6 +163,8 @@ def check_submit(msg: dict, max_payload: int) -> dict:
         "delay_ms": _field(msg, "delay_ms", K_DELAY, 0),
         "max_attempts": _field(msg, "max_attempts", K_MAX_ATTEMPTS, None, 1, MAX_ATTEMPTS),
         "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
+        "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
+        "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
     }
 
 
@@ -217,6 +224,13 @@ def check_request(msg: dict, max_payload: int) -> dict:
         return {"op": op, "task_id": _field(msg, "task_id", K_TASK_ID)}
     if op == "cluster_shutdown":
         return {"op": op, "shutdown_id": _field(msg, "shutdown_id", K_SHUTDOWN_ID)}
+    if op == "declare_queue":
+        return {"op": op, "queue": check_queue(msg.get("queue")),
+                "max_attempts": _field(msg, "max_attempts", K_MAX_ATTEMPTS, None, 1, MAX_ATTEMPTS),
+                "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
+                "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
+                "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
+                "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS)}
     if op == "lease":
         return {"op": op, "worker": _field(msg, "worker", K_WORKER), "queues": _check_queues(msg),
                 "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
@@ -235,14 +249,16 @@ def check_request(msg: dict, max_payload: int) -> dict:
         return {"op": op, **_check_completion(msg, max_payload)}
     if op == "fail":
         return {"op": op, **_check_attempt(msg), "error": _check_error_text(msg),
-                "retry": _field(msg, "retry", K_RETRY, True)}
+                "retry": _field(msg, "retry", K_RETRY, True), "reject": _field(msg, "reject", K_RETRY, False)}
     raise RequestError(E_BAD_REQUEST, f"operation {op!r} is not handled")
 
 
 def _submitted(sub: dict, now_ms: int, new_id: Callable[[], str]) -> dict:
     return {"type": "TaskSubmitted", "task_id": new_id(), "queue": sub["queue"], "payload": sub["payload"],
             "key": sub["key"], "priority": sub["priority"], "delay_ms": sub["delay_ms"],
-            "max_attempts": sub["max_attempts"], "max_run_ms": sub["max_run_ms"], "now_ms": now_ms}
+            "max_attempts": sub["max_attempts"], "max_run_ms": sub["max_run_ms"],
+            "retry_backoff_ms": sub["retry_backoff_ms"], "retry_backoff_max_ms": sub["retry_backoff_max_ms"],
+            "now_ms": now_ms}
 
 
 def _completed(item: dict, now_ms: int) -> dict:
@@ -276,10 +292,14 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
     if op == "complete_many":
         return [_completed(item, now_ms) for item in req["tasks"]]
     if op == "fail":
+        # retry_delay_ms: the leader's backoff stamp (broker/server/retry_stamp.py), 0 if none.
         return [{"type": "TaskFailed", "task_id": req["task_id"], "attempt": req["attempt"],
-                 "error": req["error"], "retry": req["retry"], "now_ms": now_ms}]
+                 "error": req["error"], "retry": req["retry"], "reject": req["reject"],
+                 "retry_delay_ms": req.get("retry_delay_ms", 0), "now_ms": now_ms}]
     if op == "cluster_shutdown":
         return [{"type": "ClusterShutdown", "shutdown_id": req["shutdown_id"], "now_ms": now_ms}]
+    if op == "declare_queue":
+        return [{"type": "QueueDeclared", **{k: v for k, v in req.items() if k != "op"}}]
     raise RequestError(E_BAD_REQUEST, f"{op} is not a write")
 
 
@@ -309,4 +329,8 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
         return {"tasks": res.get("tasks", [])}
     if op == "cluster_shutdown":
         return {"shutdown_id": res["shutdown_id"], "position": res["position"]}
+    if op == "declare_queue":
+        return {"queue": {k: v for k, v in res.items() if k != "ok"}}
+    if op == "fail":
+        return {"will_retry": res.get("will_retry", False), "retry_at_ms": res.get("retry_at_ms")}
     return {}

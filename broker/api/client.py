@@ -29,6 +29,11 @@ DEALER socket (``threading.local``), so a long-polling ``lease`` in one thread
 never blocks a ``submit`` in another; ``close()`` must only be called once no
 call is in flight (it closes every thread's socket).
 
+Without ``zk`` or ``brokers`` the client reads ``FENCEPOST_ZK`` and ``FENCEPOST_CLUSTER``
+(defaults ``127.0.0.1:2181`` and ``dev``); :meth:`Client.from_dev_dir` connects to what
+`fencepost dev up` recorded. A cluster name ZooKeeper holds no root for raises
+:class:`ClusterNotFound` at once.
+
 Example::
 
     with Client(zk="127.0.0.1:2181", cluster="dev") as client:
@@ -45,15 +50,18 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import zmq
 from kazoo.exceptions import KazooException
 
 from broker.api.pipeline import SubmitPipeline
+from broker.api.target import DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_target, resolve_target
 from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
                                  SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, TaskNotFound,
-                                 WaitTimeout, auto_key, classify, leader_address, submit_cost, submit_fields)
+                                 WaitTimeout, auto_key, backoff_fields, classify, leader_address, submit_cost,
+                                 submit_fields)
 from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
 from election import ElectionError
@@ -67,13 +75,12 @@ from election.wire import (DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, e
 
 # The request helpers and error classes are part of this module's interface (and of
 # broker.client's): they live in broker.api.requests and are re-exported here.
-__all__ = ["AUTO_KEY_PREFIX", "Backoff", "BrokerUnavailable", "Client", "ClientError", "DEFAULT_REQUEST_TIMEOUT",
-           "DEFAULT_TIMEOUT", "DEFAULT_ZK", "TaskNotFound", "WaitTimeout", "auto_key", "classify",
-           "leader_address", "submit_fields"]
+__all__ = ["AUTO_KEY_PREFIX", "Backoff", "BrokerUnavailable", "Client", "ClientError", "ClusterNotFound",
+           "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_TIMEOUT", "DEFAULT_ZK", "TaskNotFound", "WaitTimeout", "auto_key",
+           "classify", "leader_address", "submit_fields"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
 _ENVELOPE = ("v", "rid", "ok")
@@ -108,18 +115,20 @@ class _Transient(Exception):
 class Client:
     """A connection to one fencepost cluster (see the module docstring).
 
-    Give either ``zk`` (ZooKeeper hosts; the default ``127.0.0.1:2181`` when neither
-    is given) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``).
+    Give either ``zk`` (ZooKeeper hosts; when neither is given, ``FENCEPOST_ZK`` or
+    ``127.0.0.1:2181``) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``);
+    ``cluster`` defaults to ``FENCEPOST_CLUSTER`` or ``dev``.
     ``timeout`` is the overall deadline of one call in seconds, retries included;
     ``request_timeout`` bounds each attempt (a long-poll adds its ``wait_ms``).
     ``max_frame_bytes`` is the brokers' frame limit (their ``max_frame_bytes``).
     """
 
-    def __init__(self, zk: str | None = None, cluster: str = "dev", brokers: list[str] | None = None,
+    def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         if zk is not None and brokers:
             raise ValueError("give zk or brokers, not both")
+        hosts, cluster = resolve_target(zk, cluster)
         self.cluster = cluster
         self.timeout = float(timeout)
         self.request_timeout = float(request_timeout)
@@ -137,7 +146,13 @@ class Client:
         self._ctx = zmq.Context()
         self._pipeline = SubmitPipeline(self)
         if not self._known:
-            self._open_zk(zk or DEFAULT_ZK, cluster)
+            self._open_zk(hosts, cluster)
+
+    @classmethod
+    def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Client":
+        """A client of the dev cluster `fencepost dev up` recorded in ``dev_dir`` (``options`` as for Client)."""
+        hosts, cluster = dev_dir_target(dev_dir)
+        return cls(zk=hosts, cluster=cluster, **options)
 
     def _open_zk(self, hosts: str, cluster: str) -> None:
         try:
@@ -146,9 +161,15 @@ class Client:
         except ZooKeeperUnavailable as exc:
             self._ctx.destroy(linger=0)
             raise BrokerUnavailable(str(exc)) from None
-        except ElectionError as exc:
+        except (ElectionError, ValueError) as exc:  # a bad cluster name, or hosts kazoo cannot parse
             self._ctx.destroy(linger=0)
             raise ValueError(str(exc)) from None
+        try:
+            check_cluster_exists(self._zk, cluster, hosts)
+        except (ClusterNotFound, KazooException):
+            zk_close(self._zk)
+            self._ctx.destroy(linger=0)
+            raise
         # The watch keeps the cached leader current across failovers; a failed
         # request also drops the cache, so a missed event only costs a re-read.
         self._zk.DataWatch(self._paths.leader, self._on_leader_node)
@@ -167,19 +188,25 @@ class Client:
     # ------------------------------------------------------------ public API
 
     def submit(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-               delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> str:
+               delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
+               retry_backoff: float | None = None, retry_backoff_max: float | None = None) -> str:
         """Submit one task; return its id once committed. The same ``key`` returns the same id.
 
         ``max_run`` (seconds) bounds each attempt: past it the worker abandons the
         attempt and the leader expires its lease even if heartbeats go on.
+        ``retry_backoff`` (seconds) is the wait before the first retry of a failed
+        attempt, doubling for each later one up to ``retry_backoff_max`` (seconds);
+        unset, the queue's settings apply, else the brokers' ``retry_backoff_ms``.
         """
-        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run)
+        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff,
+                               retry_backoff_max)
         self._check_payload(fields["payload"])
         return self.call("submit", **fields)["task_id"]
 
     def submit_async(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
                      delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
-                     timeout: float | None = None) -> "Future[str]":
+                     timeout: float | None = None, retry_backoff: float | None = None,
+                     retry_backoff_max: float | None = None) -> "Future[str]":
         """Submit one task without waiting: a future of its id (or of the :class:`ClientError` ``submit`` raises).
 
         The submits waiting at the same moment, from any thread, go to the leader
@@ -188,7 +215,8 @@ class Client:
         never makes a second task. Bad arguments raise here, at once.
         Example: ``ids = [f.result() for f in [client.submit_async("q", p) for p in payloads]]``.
         """
-        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run)
+        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff,
+                               retry_backoff_max)
         try:
             self._check_payload(fields["payload"])
         except ClientError as exc:
@@ -283,6 +311,21 @@ class Client:
         """
         fields = [{k: c[k] for k in ("task_id", "attempt", "result") if k in c} for c in completions]
         return self.call("complete_many", tasks=fields)["results"]
+
+    def declare_queue(self, queue: str, max_attempts: int | None = None, max_run: float | None = None,
+                      retry_backoff: float | None = None, retry_backoff_max: float | None = None) -> dict:
+        """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
+
+        A setting left None keeps its value. ``retry_backoff``/``retry_backoff_max``
+        (seconds) as for :meth:`submit`. Example:
+        ``client.declare_queue("mail", max_attempts=8, retry_backoff=2, retry_backoff_max=600)``.
+        """
+        fields: dict[str, Any] = {"queue": queue, **backoff_fields(retry_backoff, retry_backoff_max)}
+        if max_attempts is not None:
+            fields["max_attempts"] = int(max_attempts)
+        if max_run is not None:
+            fields["max_run_ms"] = int(round(max_run * 1000))
+        return self.call("declare_queue", **fields)["queue"]
 
     def cancel(self, task_id: str) -> None:
         """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine)."""

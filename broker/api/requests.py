@@ -25,7 +25,8 @@ from election.wire import CodedError
 BACKOFF_START = 0.05
 BACKOFF_CAP = 1.0
 AUTO_KEY_PREFIX = "auto:"
-SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run"})
+SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run",
+                            "retry_backoff", "retry_backoff_max"})
 # Room in a frame for the envelope and the field names around a submit_many's payloads.
 SUBMIT_OVERHEAD_BYTES = 512
 # A broker's reply may carry a payload and a result of up to max_payload_bytes each;
@@ -89,8 +90,13 @@ def auto_key() -> str:
 
 
 def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None) -> dict:
-    """The wire fields of one submit; the key is fixed here, once, so every retry resends it."""
+                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
+                  retry_backoff: float | None = None, retry_backoff_max: float | None = None) -> dict:
+    """The wire fields of one submit; the key is fixed here, once, so every retry resends it.
+
+    ``retry_backoff`` and ``retry_backoff_max`` (seconds) set the task's retry backoff
+    (see :mod:`broker.state.backoff`); None leaves it to the queue or the cluster.
+    """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
     if delay < 0:
@@ -103,6 +109,18 @@ def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: 
         if max_run <= 0:
             raise ValueError("max_run must be > 0 seconds")
         fields["max_run_ms"] = int(round(max_run * 1000))
+    fields.update(backoff_fields(retry_backoff, retry_backoff_max))
+    return fields
+
+
+def backoff_fields(retry_backoff: float | None, retry_backoff_max: float | None) -> dict:
+    """The wire fields (milliseconds) of the retry backoff settings given in seconds (None: not set)."""
+    fields = {}
+    for name, value in (("retry_backoff_ms", retry_backoff), ("retry_backoff_max_ms", retry_backoff_max)):
+        if value is not None:
+            if value < 0:
+                raise ValueError(f"{name.removesuffix('_ms')} must be >= 0 seconds")
+            fields[name] = int(round(value * 1000))
     return fields
 
 

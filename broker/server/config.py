@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from broker import BrokerError
+from broker.state.events import MAX_SPAN_MS
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger.bookie.config import WILDCARD_HOSTS
 
@@ -85,6 +86,11 @@ class BrokerConfig:
         "help": "The leader writes a state digest after this many entries.", "min": 1})
     default_lease_ms: int = field(default=30_000, metadata={
         "help": "Lease length for a lease or heartbeat that names none.", "min": 1})
+    retry_backoff_ms: int = field(default=1000, metadata={
+        "help": "Retry backoff of a failed task whose submit and queue set none: its first retry waits this "
+                "long, each later one twice as long as the one before (0: retry at once).", "min": 0})
+    retry_backoff_max_ms: int = field(default=300_000, metadata={
+        "help": "Cap of the default retry backoff: no retry waits longer.", "min": 0})
     tail_pause_ms: int = field(default=10, metadata={
         "help": "A follower whose read brought less than a full batch waits this long before the next, "
                 "so that one read brings several entries: less work for it and its bookie under load, at "
@@ -131,6 +137,8 @@ class BrokerConfig:
                 raise BrokerConfigError(f"{name} must be at least 1")
         if self.tail_pause_ms < 0:
             raise BrokerConfigError("tail_pause_ms must be at least 0")
+        if not 0 <= self.retry_backoff_ms <= MAX_SPAN_MS or not 0 <= self.retry_backoff_max_ms <= MAX_SPAN_MS:
+            raise BrokerConfigError(f"retry_backoff_ms and retry_backoff_max_ms must be 0-{MAX_SPAN_MS}")
         for name in ("checkpoint_entries", "snapshots_kept", "ledger_max_entries", "ledger_max_bytes"):
             if getattr(self, name) < 1:
                 raise BrokerConfigError(f"{name} must be at least 1")

@@ -48,6 +48,7 @@ from broker.server.follower import Diverged
 from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leader_clock import LeaderClock
 from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
+from broker.server.retry_stamp import stamp_retry_delay
 from broker.server.takeover_steps import RollPostponed
 from broker.state.schema import STORE_FORMAT
 from broker.state.store import StoreDamaged
@@ -237,6 +238,8 @@ class BrokerServer:
     def _write(self, route: list[bytes], rid: Any, req: dict) -> None:
         """Turn a checked write into events and gather them; a failure here fails this request only."""
         try:
+            if req["op"] == "fail":
+                stamp_retry_delay(self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms))
             events = protocol.request_events(req, self._now_ms(), self.new_id)
             self.session.group.add(events, (route, rid, req))
         except protocol.RequestError as exc:

@@ -12,7 +12,8 @@ worker-side fencing token)::
 
     submit -> waiting --lease--> running --complete--> done
                  ^                 |  \\--fail(retry=False)--> failed
-                 |                 |   \\--fail(retry) / lease expired / worker lost:
+                 |                 |   \\--fail(reject=True)--> dead
+                 |                 |    \\--fail(retry) / lease expired / worker lost:
                  +-----------------+       waiting again if attempts < max_attempts, else dead
     waiting --cancel--> cancelled          (running tasks cannot be cancelled: bad_state)
 
@@ -28,6 +29,10 @@ Decisions worth knowing:
   repeated ``TaskCancelled``.
 * Cancelling a running task is refused (``bad_state``): the worker may already
   have had side effects; let it finish or fail, or let the lease expire.
+* A retry waits out its backoff (:mod:`broker.state.backoff`): a failure's
+  ``retry_delay_ms`` as the leader stamped it; for an expired lease or a lost
+  worker, the delay the task's or its queue's settings give, with no default.
+  ``TaskFailed`` records ``will_retry`` in the task (cleared by its next lease).
 * A task that returns to ``waiting`` keeps its submit sequence, so a retry is
   leased before tasks submitted after it (same priority).
 * Delayed tasks wait in the ``delayed`` index; ``TaskLeased`` promotes the due
@@ -41,7 +46,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from broker.state import idem
+from broker.state import backoff, idem
 from broker.state.events import (
     CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, EVENT_TYPES, FAILED, RUNNING, WAITING,
     BadEvent, err, ok, validate_event)
@@ -102,8 +107,14 @@ def _finish(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
     _enter(tx, rec, state, now_ms)
 
 
-def _release(tx: StateTxn, rec: dict, now_ms: int, error: str, delay_ms: int = 0) -> None:
-    """End a running attempt without success: retry if attempts remain, else dead."""
+def _release(tx: StateTxn, rec: dict, now_ms: int, error: str, delay_ms: int | None = None) -> None:
+    """End a running attempt without success: retry if attempts remain, else dead.
+
+    ``delay_ms`` None (an expired lease, a lost worker): the backoff the task or its
+    queue sets, computed from the state alone; a failure's delay is the leader's stamp.
+    """
+    if delay_ms is None:
+        delay_ms = backoff.delay_for(rec["attempts"], rec, tx.queue(rec["queue"]))
     _leave(tx, rec)
     rec["error"] = error
     if rec["attempts"] < rec["max_attempts"]:
@@ -153,11 +164,13 @@ def _queue_declared(tx: StateTxn, ev: dict) -> dict:
         q["max_attempts"] = ev["max_attempts"]
     if ev["lease_ms"] is not None:
         q["lease_ms"] = ev["lease_ms"]
-    if ev["max_run_ms"] is not None:
-        q["max_run_ms"] = ev["max_run_ms"]
+    for setting in ("max_run_ms", backoff.BASE_FIELD, backoff.MAX_FIELD):
+        if ev[setting] is not None:
+            q[setting] = ev[setting]
     tx.touch_queue(name)
     return ok(queue=name, created=created, max_attempts=q["max_attempts"], lease_ms=q["lease_ms"],
-              max_run_ms=q.get("max_run_ms"))
+              max_run_ms=q.get("max_run_ms"), retry_backoff_ms=q.get(backoff.BASE_FIELD),
+              retry_backoff_max_ms=q.get(backoff.MAX_FIELD))
 
 
 def _task_submitted(tx: StateTxn, ev: dict) -> dict:
@@ -176,6 +189,9 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
            "not_before_ms": now + ev["delay_ms"], "started_ms": None, "finished_ms": None,
            "worker": None, "lease_deadline_ms": None, "result": None, "error": None,
            "max_run_ms": ev["max_run_ms"], "payload": inline_payload(ev["payload"])}
+    for setting in (backoff.BASE_FIELD, backoff.MAX_FIELD):
+        if ev[setting] is not None:
+            rec[setting] = ev[setting]
     if rec["payload"] is None:
         tx.put("payloads", tid_b, ev["payload"])
     if ev["key"] is not None:
@@ -215,6 +231,7 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
             rec = tx.indexed_task("ready", found[1])
             _leave(tx, rec)
             rec["attempts"] += 1
+            rec.pop("will_retry", None)  # it told about the previous attempt's failure
             rec["worker"] = worker
             rec["started_ms"] = now
             max_run_ms = rec.get("max_run_ms") or queue_max_run_ms
@@ -267,13 +284,22 @@ def _task_failed(tx: StateTxn, ev: dict) -> dict:
     bad = _check_attempt(rec, tid, ev["attempt"])
     if bad is not None:
         return bad
-    if ev["retry"]:
+    if ev["reject"]:
+        _leave(tx, rec)
+        rec["error"] = ev["error"]
+        _finish(tx, rec, DEAD, now)
+    elif ev["retry"]:
         _release(tx, rec, now, ev["error"], ev["retry_delay_ms"])
     else:
         _leave(tx, rec)
         rec["error"] = ev["error"]
         _finish(tx, rec, FAILED, now)
-    return ok(task_id=tid, state=rec["state"])
+    will_retry = rec["state"] == WAITING
+    if ev["reject"] is not None:  # see events.SCHEMAS: older events record nothing new
+        rec["will_retry"] = will_retry
+        tx.save_task(rec)
+    return ok(task_id=tid, state=rec["state"], will_retry=will_retry,
+              retry_at_ms=rec["not_before_ms"] if will_retry else None)
 
 
 def _expire_running(tx: StateTxn, task_id: bytes, now_ms: int, why: str) -> dict:

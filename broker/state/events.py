@@ -66,11 +66,13 @@ _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 # always makes events that pass here.
 SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "QueueDeclared": {"queue": ("name", _REQUIRED), "max_attempts": ("attempts?", None),
-                      "lease_ms": ("span?", None), "max_run_ms": ("span?", None)},
+                      "lease_ms": ("span?", None), "max_run_ms": ("span?", None),
+                      "retry_backoff_ms": ("delay?", None), "retry_backoff_max_ms": ("delay?", None)},
     "TaskSubmitted": {"task_id": ("id", _REQUIRED), "queue": ("name", _REQUIRED),
                       "payload": ("bytes", _REQUIRED), "key": ("key?", None),
                       "priority": ("priority", 0), "delay_ms": ("delay", 0),
                       "max_attempts": ("attempts?", None), "max_run_ms": ("span?", None),
+                      "retry_backoff_ms": ("delay?", None), "retry_backoff_max_ms": ("delay?", None),
                       "now_ms": ("time", _REQUIRED)},
     "TaskLeased": {"worker": ("name", _REQUIRED), "queues": ("names", _REQUIRED),
                    "max_tasks": ("max_tasks", 1), "lease_ms": ("span?", None),
@@ -82,7 +84,11 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
                       "result": ("bytes?", None), "now_ms": ("time", _REQUIRED)},
     "TaskFailed": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
                    "error": ("text", ""), "retry": ("bool", True),
-                   "retry_delay_ms": ("delay", 0), "now_ms": ("time", _REQUIRED)},
+                   "retry_delay_ms": ("delay", 0), "now_ms": ("time", _REQUIRED),
+                   # reject: true = no retry, dead at once. Leaders stamp true or false; null (an
+                   # event written before the field existed) is applied as before, recording no
+                   # will_retry, so old histories replay to the same digests.
+                   "reject": ("bool?", None)},
     "LeaseExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
     "TaskCancelled": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
     "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},

@@ -87,7 +87,10 @@ META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META
 # from their clock, so it is a byte or two, not nine) and later times relative to submitted_ms.
 TASK_LAYOUT = ("queue", "state", "priority", "seq", "attempts", "max_attempts", "submitted_ms",
                "not_before_ms", "payload", "key", "started_ms", "worker", "lease_deadline_ms",
-               "finished_ms", "result", "error", "max_run_ms", "run_deadline_ms")
+               "finished_ms", "result", "error", "max_run_ms", "run_deadline_ms",
+               "retry_backoff_ms", "retry_backoff_max_ms", "will_retry")
+# Fields stored only when set (absent from a record that never had them, so such records hash as before).
+OPTIONAL_TASK_FIELDS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "will_retry")
 # Payloads up to this size are kept in the task record: rewriting and re-hashing them with
 # each state change costs less than a second B-tree entry per task.
 INLINE_PAYLOAD_MAX = 512
@@ -251,7 +254,8 @@ def pack_task(key: bytes, rec: dict) -> bytes:
            None if idem is None else key_bytes(idem),
            _rel(rec["started_ms"], base), rec["worker"], _rel(rec["lease_deadline_ms"], base),
            _rel(rec["finished_ms"], base), rec["result"], rec["error"], rec.get("max_run_ms"),
-           _rel(rec.get("run_deadline_ms"), base)]
+           _rel(rec.get("run_deadline_ms"), base), rec.get("retry_backoff_ms"), rec.get("retry_backoff_max_ms"),
+           rec.get("will_retry")]
     while doc[-1] is None:
         doc.pop()
     return pack(doc)
@@ -259,11 +263,12 @@ def pack_task(key: bytes, rec: dict) -> bytes:
 
 def unpack_task(key: bytes, raw: bytes) -> dict:
     """The task record stored under ``key``: every field of :data:`TASK_LAYOUT` plus ``id``,
-    except ``max_run_ms`` and ``run_deadline_ms``, present only when set."""
+    except ``run_deadline_ms`` and :data:`OPTIONAL_TASK_FIELDS`, present only when set."""
     doc = unpack(raw)
     doc += [None] * (len(TASK_LAYOUT) - len(doc))
     (queue, state, priority, seq, attempts, max_attempts, submitted, not_before, payload, idem,
-     started, worker, lease_deadline, finished, result, error, max_run_ms, run_deadline) = doc
+     started, worker, lease_deadline, finished, result, error, max_run_ms, run_deadline,
+     backoff, backoff_max, will_retry) = doc
     base = _id_ms(key) + submitted
     rec = {"id": task_id_of(key), "queue": queue, "state": STATES[state],
            "key": None if idem is None else key_of(idem),
@@ -272,8 +277,9 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
            "started_ms": _abs(started, base), "finished_ms": _abs(finished, base), "worker": worker,
            "lease_deadline_ms": _abs(lease_deadline, base), "result": result, "error": error,
            "payload": payload}
-    if max_run_ms is not None:
-        rec["max_run_ms"] = max_run_ms
+    for name, value in zip(OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry)):
+        if value is not None:
+            rec[name] = value
     if run_deadline is not None:
         rec["run_deadline_ms"] = base + run_deadline
     return rec
@@ -288,8 +294,9 @@ def pack_queue(rec: dict) -> bytes:
     counts = rec["counts"]
     doc = {"max_attempts": rec["max_attempts"], "lease_ms": rec["lease_ms"],
            "counts": {c: counts[c] for c in COUNT_NAMES}}
-    if rec.get("max_run_ms") is not None:
-        doc["max_run_ms"] = rec["max_run_ms"]
+    for name in ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms"):
+        if rec.get(name) is not None:
+            doc[name] = rec[name]
     return pack(doc)
 
 

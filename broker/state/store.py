@@ -37,7 +37,7 @@ from broker.state.migrate import format_record, migrate_v1, store_format
 from broker.state.schema import (
     DB_NAMES, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
     META_FORMAT, META_LOADING, META_LOCAL, META_POSITION, META_SEAL, META_SHUTDOWN, STORE_FORMAT,
-    digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, unpack,
+    digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack,
     unpack_cluster, unpack_position, unpack_task)
 from broker.state.txn import StateCorrupt, StateTxn
 from election.lmdb_file import check_lmdb_file
@@ -449,6 +449,12 @@ class StateStore:
         of ``waiting`` not yet promoted to the ready index). O(queues)."""
         with self._read() as txn, txn.cursor(db=self._dbs["queues"]) as cur:
             return {bytes(k).decode(): unpack(v)["counts"] for k, v in cur}
+
+    def queue_settings(self, name: str) -> dict | None:
+        """A queue's record (its settings and counts), or None if no task or declaration made it."""
+        with self._read() as txn:
+            raw = txn.get(text(name), db=self._dbs["queues"])
+        return None if raw is None else unpack(raw)
 
     def next_lease_deadline(self) -> int | None:
         """The earliest lease deadline (ms), for scheduling the next LeaseExpired."""

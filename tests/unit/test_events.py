@@ -22,7 +22,7 @@ def test_defaults_are_filled_in():
     ev = validate_event(submit())
     assert ev == {"type": "TaskSubmitted", "task_id": "t1", "queue": "q", "payload": b"p",
                   "key": None, "priority": 0, "delay_ms": 0, "max_attempts": None, "max_run_ms": None,
-                  "now_ms": 10}
+                  "retry_backoff_ms": None, "retry_backoff_max_ms": None, "now_ms": 10}
     assert event("TaskFailed", task_id="t", attempt=1, now_ms=0)["retry"] is True
 
 

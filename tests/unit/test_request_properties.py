@@ -38,13 +38,15 @@ ANY = st.recursive(st.one_of(SCALARS, LISTS), lambda inner: st.one_of(
 
 FIELDS = {
     "snapshot_chunk": ["name", "offset", "length"],
-    "submit": ["queue", "payload", "key", "priority", "delay_ms", "max_attempts"],
+    "submit": ["queue", "payload", "key", "priority", "delay_ms", "max_attempts", "retry_backoff_ms",
+               "retry_backoff_max_ms"],
     "submit_many": ["tasks"], "get": ["task_id"], "cancel": ["task_id"],
     "lease": ["worker", "queues", "max_tasks", "lease_ms", "wait_ms"],
     "heartbeat": ["worker", "task_id", "attempt", "lease_ms"],
     "heartbeat_many": ["worker", "lease_ms", "tasks"],
     "complete": ["task_id", "attempt", "result"], "complete_many": ["tasks"],
-    "fail": ["task_id", "attempt", "error", "retry"],
+    "fail": ["task_id", "attempt", "error", "retry", "reject"],
+    "declare_queue": ["queue", "max_attempts", "lease_ms", "retry_backoff_ms", "retry_backoff_max_ms"],
     "cluster_shutdown": ["shutdown_id"],
 }
 # Per field: valid values (so that many requests pass and the property is not vacuous),
@@ -60,7 +62,10 @@ VALID = {
     "queues": st.lists(st.sampled_from(["m", "pq", "q.1"]), min_size=1, max_size=6),
     "max_tasks": st.integers(1, 1000), "lease_ms": st.one_of(st.none(), st.integers(100, 1 << 40)),
     "wait_ms": st.integers(0, 60_000), "attempt": st.integers(1, 1 << 31), "error": st.text(max_size=40),
-    "retry": st.booleans(), "offset": st.integers(0, 1 << 50), "length": st.integers(1, 4 << 20),
+    "retry": st.booleans(), "reject": st.booleans(),
+    "retry_backoff_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
+    "retry_backoff_max_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
+    "offset": st.integers(0, 1 << 50), "length": st.integers(1, 4 << 20),
     "shutdown_id": st.one_of(st.just("c5f0" * 8), st.text(min_size=1, max_size=40)),
 }
 NEAR = {
