@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import Callable
 
 WINDOW = 2000
 STAGES = ("gather", "ledger", "wake", "apply")
@@ -44,10 +45,14 @@ class CommitTimings:
     def __init__(self, window: int = WINDOW) -> None:
         self._rows: collections.deque[tuple[float, float, float, float, int]] = collections.deque(maxlen=window)
         self._lock = threading.Lock()  # status() reads from a request while the loop records
+        # Also told of every entry (the broker's Prometheus histograms), when set.
+        self.observer: Callable[[float, float, float, float, int], None] | None = None
 
     def record(self, gather: float, ledger: float, wake: float, apply: float, events: int) -> None:
         with self._lock:
             self._rows.append((gather, ledger, wake, apply, events))
+        if self.observer is not None:
+            self.observer(gather, ledger, wake, apply, events)
 
     def summary(self) -> dict:
         """``{stage: {"p50_ms", "p99_ms"}, "entries": n, "events_per_entry": mean}``."""

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from broker import BrokerError
 from broker.state.events import MAX_SPAN_MS
+from election import ElectionError
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
+from election.metrics_endpoint import parse_metrics_listen
 from ledger.bookie.config import WILDCARD_HOSTS
 
 _TCP = re.compile(r"\Atcp://[^:/\s]+:\d{1,5}\Z")
@@ -33,6 +35,9 @@ class BrokerConfig:
         "help": "Data directory.", "path": "dir"})
     listen: str = field(default="tcp://127.0.0.1:5601", metadata={
         "help": "Address to serve clients on, tcp://HOST:PORT."})
+    metrics_listen: str = field(default="", metadata={
+        "help": "Serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md lists them); "
+                "empty: off. Bind a loopback or private address: the endpoint has no authentication."})
     zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
     cluster: str = field(default="dev", metadata={"help": "Cluster name."})
     name: str = field(default="", metadata={
@@ -129,6 +134,11 @@ class BrokerConfig:
         if self.listen.removeprefix("tcp://").rsplit(":", 1)[0] in WILDCARD_HOSTS:
             raise BrokerConfigError(f"listen {self.listen!r} is also the address clients connect to: "
                                     "give a reachable host or IP, not a wildcard")
+        if self.metrics_listen:
+            try:
+                parse_metrics_listen(self.metrics_listen)
+            except ElectionError as exc:
+                raise BrokerConfigError(str(exc)) from None
         if not 0.4 <= self.zk_session_timeout <= 120:
             raise BrokerConfigError("zk_session_timeout must be between 0.4 and 120 seconds")
         for name in ("max_batch_events", "max_inflight_entries", "tick_ms", "lease_check_ms",

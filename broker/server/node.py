@@ -98,6 +98,8 @@ class BrokerNode:
         self._damage_lock = threading.Lock()
         self._handing_over = False
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
+        self.metrics = None  # broker.server.metrics.BrokerMetrics, with --metrics-listen
+        self._metrics_endpoint = None
 
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
@@ -155,6 +157,7 @@ class BrokerNode:
             self.server.describe_snapshot = lambda: describe(self.catalog)
             self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
             self.server.bind()
+            self._start_metrics()
             # One live process per broker id: a copy of this data dir must not pose as us.
             claim_live_node(self.zk, self.paths, self.identity.broker_id, cfg.listen,
                             json.dumps({"address": cfg.listen, "learner": cfg.learner}).encode(), wait_s=cfg.zk_session_timeout * 1.5 + 1)
@@ -179,6 +182,8 @@ class BrokerNode:
                 self.live.update()
             self._shutdown()
         finally:
+            if self._metrics_endpoint is not None:
+                self._metrics_endpoint.close()
             self.stop_budget.close_zk(self.zk)
             self.data_lock.release()
             self.stop_budget.done()
@@ -197,6 +202,20 @@ class BrokerNode:
                                           max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
         self._autorecovery.start()
         log.info("AutoRecovery runs in this broker (the cluster signs entries with hmac-sha256)")
+
+    def _start_metrics(self) -> None:
+        """With --metrics-listen: the Prometheus endpoint and the request loop's hooks."""
+        if not self.config.metrics_listen:
+            return
+        from broker.server.metrics import BrokerMetrics, BrokerSource, leader_lag
+        from election.metrics_endpoint import MetricsEndpoint
+
+        self.metrics = BrokerMetrics(BrokerSource(
+            broker_id=self.identity.broker_id, store=lambda: self.store, role=lambda: self.server.role,
+            counters=lambda: self.server.counters, applied_entries=self.applied_entries,
+            lag=lambda: 0 if self.leading() else leader_lag(self.zk, self.paths, self.store.position())))
+        self.server.metrics = self.metrics
+        self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)
 
     def _stop_autorecovery(self) -> None:
         if self._autorecovery is not None:
@@ -457,6 +476,8 @@ class BrokerNode:
                             self.config, step_down=self._step_down, stopping=self.stop_event)
         try:
             session = takeover.run()
+            if self.metrics is not None:
+                self.metrics.leaderships.inc()
             self.shutdown_member.served()  # a cluster restarted after a shutdown: that shutdown is over
             self.checkpointer.request("won leadership")
             self.live.mark_dirty()

@@ -127,6 +127,11 @@ class BrokerServer:
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
         self.leader_clock = LeaderClock(wall=clock)
         self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0, "refused_shutting_down": 0}
+        # Set by the node with --metrics-listen (broker.server.metrics.BrokerMetrics). What a reply is
+        # counted as: the op being answered and its start (perf_counter; None for a long poll's end).
+        self.metrics = None
+        self._answering: str | None = None
+        self._started: float | None = None
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -207,6 +212,8 @@ class BrokerServer:
             self.sock.send_multipart([*route, frame], _NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("reply dropped: %s", exc)
+        if self.metrics is not None and self._answering is not None:
+            self.metrics.replied(self._answering, msg, self._started)
 
     def _internal_error(self, route: list[bytes], rid: Any, op: Any, exc: Exception) -> None:
         """The safety net: one request failed inside the broker; answer it, log it once, go on."""
@@ -221,9 +228,11 @@ class BrokerServer:
 
     def _handle(self, route: list[bytes], frame: bytes) -> None:
         rid = op = None
+        started = time.perf_counter()
         try:
             msg = wire.decode_request(frame, protocol.OPS, self.config.max_frame_bytes)
             rid, op = msg.get("rid"), msg["op"]
+            self._answering, self._started = op, started
             req = protocol.check_request(msg, self.max_payload)
             self._dispatch(route, rid, req)
         except wire.WireError as exc:
@@ -234,6 +243,8 @@ class BrokerServer:
             self._send(route, wire.error_reply(rid, exc.code, exc.message))
         except Exception as exc:
             self._internal_error(route, rid, op, exc)
+        finally:
+            self._answering = None
 
     def _write(self, route: list[bytes], rid: Any, req: dict) -> None:
         """Turn a checked write into events and gather them; a failure here fails this request only."""
@@ -241,7 +252,7 @@ class BrokerServer:
             if req["op"] == "fail":
                 stamp_retry_delay(self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms))
             events = protocol.request_events(req, self._now_ms(), self.new_id)
-            self.session.group.add(events, (route, rid, req))
+            self.session.group.add(events, (route, rid, req, self._started))
         except protocol.RequestError as exc:
             self._send(route, wire.error_reply(rid, exc.code, exc.message))
         except EntryTooLarge as exc:
@@ -378,7 +389,15 @@ class BrokerServer:
         if context is SHUTDOWN_ENTRY:
             self._shutdown_applied(results, exc)
             return
-        route, rid, req = context
+        route, rid, req, started = context
+        self._answering, self._started = req["op"], started
+        try:
+            self._reply_to(route, rid, req, results, exc)
+        finally:
+            self._answering = None
+
+    def _reply_to(self, route: list[bytes], rid: Any, req: dict, results: list[dict] | None,
+                  exc: Exception | None) -> None:
         if exc is not None:
             code = codes.E_UNAVAILABLE if isinstance(exc, WriteFailed) else codes.E_INTERNAL
             self._send(route, wire.error_reply(rid, code, str(exc)))
@@ -400,6 +419,8 @@ class BrokerServer:
     def _internal_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
         if exc is not None or self.session is None:
             return
+        if self.metrics is not None and results:
+            self.metrics.internal_applied(results)
         for res in results or []:
             if not res.get("ok") and res.get("error") == codes.E_DIGEST_MISMATCH:
                 # The same rule as on a follower: a store that disagrees with the log is never served.
@@ -416,6 +437,8 @@ class BrokerServer:
         session.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply,
                                     wake=self.wake, max_inflight=self.config.max_inflight_entries,
                                     max_batch_events=self.config.max_batch_events)
+        if self.metrics is not None:
+            session.group.timings.observer = self.metrics.entry_committed
         self.session = session
         self.draining = False
         self.shutdown = None
@@ -435,8 +458,10 @@ class BrokerServer:
         if session is None:
             return
         session.group.abort(WriteFailed(reason))
+        self._answering, self._started = "lease", None
         for route, rid, _req in session.parked:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
+        self._answering = None
         if self.shutdown is not None and self.shutdown.position is None:
             # Not applied: the requester asks the next leader (its entry may still be committed).
             self.shutdown.abandon(reason)
@@ -508,8 +533,10 @@ class BrokerServer:
             if due is not None and due <= now_ms:
                 available[q] = 1  # a delayed task is due: the lease event will promote it
         keep = []
+        self._answering = "lease"
         for route, rid, req in session.parked:
             if req["deadline"] <= now:
+                self._started = None  # the long poll ran out: no latency to count
                 self._send(route, wire.ok_reply(rid, tasks=[]))
                 continue
             queue = next((q for q in req["queues"] if available.get(q, 0) > 0), None)
@@ -517,7 +544,9 @@ class BrokerServer:
                 keep.append((route, rid, req))
                 continue
             available[queue] -= req["max_tasks"]
+            self._started = time.perf_counter()  # its latency starts now, not when it was parked
             self._write(route, rid, req)
+        self._answering = None
         session.parked = keep
 
     def _lease_finds_work(self, queues: list[str]) -> bool:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from election import ElectionError
+from election.metrics_endpoint import parse_metrics_listen
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger import LedgerError
 from ledger.bookie.store import DEFAULT_MAP_SIZE
@@ -55,6 +57,9 @@ class BookieConfig:
     data: str = field(default="./bookie-data", metadata={"help": "Data directory.", "path": "dir"})
     listen: str = field(default="tcp://127.0.0.1:3181", metadata={
         "help": "Address to serve on, tcp://HOST:PORT."})
+    metrics_listen: str = field(default="", metadata={
+        "help": "Serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md lists them); "
+                "empty: off. Bind a loopback or private address: the endpoint has no authentication."})
     zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
     cluster: str = field(default="dev", metadata={"help": "Cluster name."})
     bookie_id: str | None = field(default=None, metadata={
@@ -96,6 +101,11 @@ class BookieConfig:
         if not isinstance(self.data, str) or not self.data:
             raise LedgerError("data must be a directory path")
         parse_listen(self.listen)
+        if self.metrics_listen:
+            try:
+                parse_metrics_listen(self.metrics_listen)
+            except ElectionError as exc:
+                raise LedgerError(str(exc)) from None
         if not isinstance(self.zk, str) or not self.zk.strip():
             raise LedgerError("zk must list ZooKeeper servers as host:port[,host:port...]")
         if not isinstance(self.cluster, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", self.cluster):

@@ -96,6 +96,9 @@ class Bookie:
         self._explicit_lac: dict[int, int] = {}
         self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
         self._gc: GarbageCollector | None = None
+        self.metrics = None  # ledger.bookie.metrics.BookieMetrics, with --metrics-listen
+        self._metrics_endpoint = None
+        self._turn_started = 0.0  # perf_counter at the start of the current poll turn
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Join the cluster: read its config, check the cookie, open the store, bind, register.
@@ -143,6 +146,7 @@ class Bookie:
                              what="registering the bookie")
             self._registration.start_keeper()
             self._gc.start()
+            self._start_metrics()
             if cfg.autorecovery:
                 self._start_autorecovery(paths)
         except BaseException:
@@ -171,8 +175,23 @@ class Bookie:
                                           max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
         self._autorecovery.start()
 
+    def _start_metrics(self) -> None:
+        """With --metrics-listen: the Prometheus endpoint (ledger.bookie.metrics)."""
+        if not self.config.metrics_listen:
+            return
+        from election.metrics_endpoint import MetricsEndpoint
+        from ledger.bookie.metrics import BookieMetrics, BookieSource
+
+        self.metrics = BookieMetrics(BookieSource(
+            bookie_id=lambda: self.bookie_id, store=lambda: self._store, counters=lambda: self.counters,
+            readonly=lambda: self._gate.readonly, limbo_ledgers=lambda: len(self._limbo)))
+        self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)
+
     def close(self) -> None:
         """Release everything; safe to call twice and after a failed start."""
+        if self._metrics_endpoint is not None:  # first: a scrape must not read a closing store
+            self._metrics_endpoint.close()
+            self._metrics_endpoint = None
         self._handoff.close()  # the loop no longer runs: a waiting collector must not wait for it
         if self._gc is not None:
             self._gc.stop()
@@ -218,6 +237,7 @@ class Bookie:
     # -- one turn: drain, handle, group-commit the adds, reply -----------------------
 
     def _turn(self) -> None:
+        self._turn_started = time.perf_counter()
         sock = self._sock
         recv, getsockopt = sock.recv, sock.getsockopt
         frames = []
@@ -288,7 +308,9 @@ class Bookie:
                 self._send(envelope, self._readonly_reply(rid))
             return
         try:
+            committing = time.perf_counter()
             results = self._store.add_runs([a[2:7] for a in batch])
+            took = time.perf_counter() - committing
         except Exception as exc:
             if is_disk_full(exc, self._store.path):
                 for envelope, rid, *_ in batch:
@@ -304,10 +326,14 @@ class Bookie:
                         self.bookie_id, self.counters["readonly_refusals"])
         self.counters["batches"] += 1
         ledgers = set()
+        stored = size = 0
         for (envelope, rid, ledger, first, entries, _lac, _rec, is_batch), result in zip(batch, results):
             ledgers.add(ledger)
             if result == STORED:
                 self.counters["adds"] += len(entries)
+                stored += len(entries)
+                if self.metrics is not None:
+                    size += sum(map(len, entries))
                 if is_batch:
                     reply = wire.ok_reply(rid, ledger=ledger, first=first, count=len(entries))
                 else:
@@ -317,6 +343,8 @@ class Bookie:
             else:  # pragma: no cover - add_runs answers stored or fenced only
                 reply = wire.error_reply(rid, wire.E_INTERNAL, f"store answered {result!r}")
             self._send(envelope, reply)
+        if self.metrics is not None:
+            self.metrics.committed(self._turn_started, took, len(batch), stored, size)
         for ledger in ledgers:
             self._polls.wake(ledger)
 

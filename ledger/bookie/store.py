@@ -356,5 +356,9 @@ class BookieStore:
         with self._env.begin() as txn:
             return {"ledgers": txn.stat(self._ledgers)["entries"], "entries": txn.stat(self._entries)["entries"]}
 
+    def used_bytes(self) -> int:
+        """Bytes of the map in use: every page up to the last one written (free pages among them included)."""
+        return (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+
     def close(self) -> None:
         self._env.close()
