@@ -21,6 +21,8 @@ Example::
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -35,6 +37,9 @@ from pipeline.rows import COLUMN_NAMES, Position, format_position
 
 # Entries asked of the bookies at a time: the ledger reader's pipelining window.
 READ_CHUNK = 256
+# Chunks read ahead while the consumer (a replay) works: the reads wait on the network, the replay
+# on the CPU, so they overlap; the bound keeps memory at a few chunks of entries.
+READ_AHEAD = 4
 Entry = tuple[int, int, int, "bytes | list[dict]"]
 
 
@@ -44,7 +49,14 @@ def cluster_entries(address: ClusterAddress, first: Position | None = None, last
 
     ``extents`` (from :meth:`pipeline.plan.Connection.extents`) fixes the end
     of the read; without it the log is planned when the iteration starts.
+    The reads run in a thread of their own, a few chunks ahead of the consumer.
     """
+    for chunk in _read_ahead(_read_chunks(address, first, last, extents)):
+        yield from chunk
+
+
+def _read_chunks(address: ClusterAddress, first: Position | None, last: Position | None,
+                 extents: list[LedgerExtent] | None) -> Iterator[list[Entry]]:
     with Connection.open(address) as conn:
         if extents is None:
             extents = conn.extents(from_ledger=None if first is None else first[0])
@@ -53,8 +65,47 @@ def cluster_entries(address: ClusterAddress, first: Position | None = None, last
             reader = readers.get(rng.ledger_id)
             if reader is None:
                 reader = readers[rng.ledger_id] = conn.client.open_reader(rng.ledger_id)
-            for entry in reader.read_range(rng.first, rng.last):
-                yield rng.ledger_id, entry.entry_id, entry.epoch, entry.payload
+            yield [(rng.ledger_id, e.entry_id, e.epoch, e.payload) for e in reader.read_range(rng.first, rng.last)]
+
+
+_DONE = object()
+
+
+def _read_ahead(chunks: Iterator[list[Entry]]) -> Iterator[list[Entry]]:
+    """``chunks`` produced in a thread, at most :data:`READ_AHEAD` ahead; its exception is raised here."""
+    ready: queue.Queue = queue.Queue(READ_AHEAD)
+    stop = threading.Event()
+
+    def hand_over(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not hand_over(chunk):
+                    return
+            hand_over(_DONE)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            hand_over(exc)
+        finally:
+            chunks.close()  # the generator's connection closes in this thread
+
+    thread = threading.Thread(target=produce, name="history-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # a consumer that stopped early: the producer ends at its next chunk
+        thread.join()
 
 
 def export_table(path: Path, first: Position | None = None, last: Position | None = None) -> pa.Table:
