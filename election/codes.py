@@ -64,3 +64,5 @@ E_BAD_CHUNK = "bad_chunk"  # client side: a chunk of the wrong size or checksum
 E_CLOSED = "closed"
 E_WAIT_TIMEOUT = "wait_timeout"
 E_NO_REPLY = "no_reply"  # a one-off request got no reply in time (election/exchange.py)
+# ZooKeeper holds no root for the cluster named (a typo, or a cluster never initialized there).
+E_NO_SUCH_CLUSTER = "no_such_cluster"

@@ -161,9 +161,12 @@ class Client:
         except ZooKeeperUnavailable as exc:
             self._ctx.destroy(linger=0)
             raise BrokerUnavailable(str(exc)) from None
-        except (ElectionError, ValueError) as exc:  # a bad cluster name, or hosts kazoo cannot parse
+        except ElectionError as exc:  # a bad cluster name
             self._ctx.destroy(linger=0)
             raise ValueError(str(exc)) from None
+        except ValueError as exc:  # hosts kazoo cannot parse
+            self._ctx.destroy(linger=0)
+            raise ValueError(f"invalid ZooKeeper hosts {hosts!r}: {exc}") from None
         try:
             check_cluster_exists(self._zk, cluster, hosts)
         except (ClusterNotFound, KazooException):

@@ -1,0 +1,69 @@
+"""Which cluster a client or worker talks to when the caller does not say.
+
+The ZooKeeper hosts and the cluster name come, first found first, from the
+arguments, the ``FENCEPOST_ZK`` / ``FENCEPOST_CLUSTER`` environment variables,
+then the defaults (``127.0.0.1:2181``, ``dev``). A dev cluster's run directory
+records both in its ``cluster.json`` (:func:`dev_dir_target`). Before a client
+relies on a cluster it checks that ZooKeeper holds its root
+(:func:`check_cluster_exists`): a wrong name fails at once, naming the clusters
+that do exist, instead of looking like an outage until the call's deadline.
+
+Example::
+
+    hosts, cluster = resolve_target(None, None)        # FENCEPOST_ZK, else 127.0.0.1:2181
+    hosts, cluster = dev_dir_target(".fencepost-dev")  # what `fencepost dev up` recorded
+    check_cluster_exists(zk, cluster, hosts)           # ClusterNotFound if ZooKeeper has no such root
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoNodeError
+
+from broker.api.requests import ClientError
+from election.codes import E_NO_SUCH_CLUSTER
+from election.paths import ROOT, ClusterPaths
+
+DEFAULT_ZK = "127.0.0.1:2181"
+DEFAULT_CLUSTER = "dev"
+ENV_ZK = "FENCEPOST_ZK"
+ENV_CLUSTER = "FENCEPOST_CLUSTER"
+# The file in a dev cluster's run directory that records its ZooKeeper and cluster name.
+DEV_STATE_FILE = "cluster.json"
+
+
+class ClusterNotFound(ClientError, code=E_NO_SUCH_CLUSTER):
+    """ZooKeeper holds no root for the cluster named."""
+
+
+def resolve_target(zk: str | None, cluster: str | None) -> tuple[str, str]:
+    """ZooKeeper hosts and cluster name: the arguments, then the environment, then the defaults."""
+    return (zk or os.environ.get(ENV_ZK) or DEFAULT_ZK,
+            cluster or os.environ.get(ENV_CLUSTER) or DEFAULT_CLUSTER)
+
+
+def dev_dir_target(dev_dir: str | Path) -> tuple[str, str]:
+    """The ZooKeeper hosts and cluster name recorded by `fencepost dev up` in ``dev_dir``."""
+    path = Path(dev_dir) / DEV_STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+        return state["zk"], state["cluster"]
+    except FileNotFoundError:
+        raise ValueError(f"no dev cluster in {dev_dir} (no {DEV_STATE_FILE}): run `fencepost dev up` first") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def check_cluster_exists(zk: KazooClient, cluster: str, hosts: str) -> None:
+    """Raise :class:`ClusterNotFound` unless ZooKeeper at ``hosts`` holds the root of ``cluster``."""
+    if zk.exists(ClusterPaths(cluster).base):
+        return
+    try:
+        known = sorted(zk.get_children(ROOT))
+    except (NoNodeError, KazooException):
+        known = []
+    others = f"clusters there: {', '.join(known)}" if known else "it holds no fencepost cluster"
+    raise ClusterNotFound(E_NO_SUCH_CLUSTER, f"no cluster {cluster!r} in ZooKeeper at {hosts} ({others})")
