@@ -13,21 +13,16 @@ from pathlib import Path
 
 import click
 
-import broker
-import election
-import ledger
-import pipeline
-import snapshots
 from broker.server.config import BrokerConfig
-from cli_options import cluster_options, config_options, emit, fail, resolve_cluster, settings_flags, with_zk
+from cli_checks import DELAY, PRIORITY, QUEUE, WAIT
+from cli_errors import FencepostGroup
+from cli_options import (cluster_options, config_options, emit, fail, make_client, resolve_cluster, settings_flags,
+                         with_zk)
+from cli_submit import printable_task as _printable, report_submit
 from cli_lifecycle import cluster_group, store
 from cli_pipeline import audit, export
 from devtools.commands import bench, chaos, dev, zk
-from election.wire import CodedError
 from ledger.bookie.config import BookieConfig
-
-_ROOT_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError,
-                snapshots.SnapshotError, pipeline.PipelineError, CodedError)
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -49,18 +44,6 @@ def setup_logging(level: str, as_json: bool) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("kazoo").setLevel(max(logging.WARNING, root.level))
-
-
-class FencepostGroup(click.Group):
-    """Turns the packages' errors into a one-line reason and exit code 1."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except _ROOT_ERRORS as exc:
-            fail(str(exc))
-        except KeyboardInterrupt:
-            fail("interrupted")
 
 
 @click.group(cls=FencepostGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -199,50 +182,35 @@ def broker_start(config_file, zk, cluster, dev_dir, **settings) -> None:
 # ---------------------------------------------------------------- cluster
 # ---------------------------------------------------------------- tasks
 def _client(zk, cluster, dev_dir, timeout: float = 30.0):
-    from broker.api.client import Client
-
-    hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    return Client(zk=hosts, cluster=name, timeout=timeout)
+    return make_client(zk, cluster, dev_dir, timeout)
 
 
 @main.command("submit")
-@click.argument("queue")
+@click.argument("queue", type=QUEUE)
 @click.argument("payload", required=False)
 @click.option("--key", default=None, help="Idempotency key: the same key returns the same task id.")
-@click.option("--priority", default=0, show_default=True, type=int, help="Higher runs first.")
-@click.option("--delay", default=0.0, show_default=True, type=float, help="Seconds before the task may run.")
+@click.option("--priority", default=0, show_default=True, type=PRIORITY, help="Higher runs first.")
+@click.option("--delay", default=0.0, show_default=True, type=DELAY, help="Seconds before the task may run.")
 @click.option("--max-attempts", default=None, type=click.IntRange(1, 1000), help="Attempts before the task is dead.")
 @click.option("--max-run", default=None, type=click.FloatRange(min=0.1),
               help="Seconds one attempt may run: past it the worker abandons it (killing a `worker run` command) "
                    "and the leader expires its lease even if heartbeats go on.")
-@click.option("--wait", "wait_s", default=None, type=float, help="Wait up to this many seconds for the task to finish.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--wait", "wait_s", default=None, type=WAIT,
+              help="Wait up to this many seconds for the task to finish, then print its result; exit 1 unless "
+                   "it ended done.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with --wait: the task's record).")
 @cluster_options
 def submit(queue, payload, key, priority, delay, max_attempts, max_run, wait_s, as_json, zk, cluster, dev_dir) -> None:
-    """Submit a task to QUEUE; PAYLOAD is read from stdin when absent. Prints the task id once committed."""
+    """Submit a task to QUEUE; PAYLOAD is read from stdin when absent. Prints the task id once committed.
+
+    With --wait, the id comes first, then the task's result once it is done; the exit code
+    is 1 if it ended failed, dead or cancelled, or is still unfinished when the wait runs out.
+    """
     data = payload.encode() if payload is not None else click.get_binary_stream("stdin").read()
     with _client(zk, cluster, dev_dir) as client:
         task_id = client.submit(queue, data, key=key, priority=priority, delay=delay, max_attempts=max_attempts,
                                 max_run=max_run)
-        task = client.wait(task_id, timeout=wait_s) if wait_s is not None else None
-    if as_json:
-        emit({"task_id": task_id, "task": _printable(task) if task else None}, True, None)
-    else:
-        click.echo(task_id)
-        if task:
-            click.echo(f"state: {task['state']}")
-
-
-def _printable(task: dict) -> dict:
-    out = {}
-    for name, value in task.items():
-        if isinstance(value, bytes):
-            try:
-                value = value.decode()
-            except UnicodeDecodeError:
-                value = "base64:" + __import__("base64").b64encode(value).decode()
-        out[name] = value
-    return out
+        report_submit(client, task_id, wait_s, as_json)
 
 
 @main.group()
@@ -283,7 +251,8 @@ def worker() -> None:
 
 
 @worker.command("run", context_settings={"ignore_unknown_options": True})
-@click.option("--queue", "queues", multiple=True, required=True, help="Queue to take tasks from (repeatable).")
+@click.option("--queue", "queues", multiple=True, required=True, type=QUEUE,
+              help="Queue to take tasks from (repeatable).")
 @click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 256), help="Tasks run at once.")
 @click.option("--lease-ms", default=30000, show_default=True, type=click.IntRange(100), help="Lease length; heartbeats extend it.")
 @click.option("--timeout", "cmd_timeout", default=None, type=float, help="Fail an attempt whose command runs longer (seconds).")

@@ -56,7 +56,8 @@ def cluster_init(write_quorum, ack_quorum, ensemble_size, digest, secret_file, m
     check_secret_choice(options, secret)
     config = with_zk(zk, cluster, dev_dir,
                      lambda client, name: {"cluster": name, **init_cluster(client, ClusterPaths(name), options,
-                                                                          clock=time.time, secret=secret)})
+                                                                          clock=time.time, secret=secret)},
+                     must_exist=False)
     emit(config, as_json, lambda c: click.echo(
         f"cluster {c['cluster']} initialized: id {c['cluster_id']}, write quorum {c['write_quorum']}, "
         f"ack quorum {c['ack_quorum']}, ensemble {c['ensemble_size']}, digest {c['digest']}, "

@@ -2,7 +2,8 @@
 
 Shared by `cli.py` and the development commands (`devtools/commands.py`): ``cluster_options``
 (``--zk/--cluster/--dev-dir``) and :func:`resolve_cluster`, :func:`with_zk` for a short
-ZooKeeper session, :func:`emit` (JSON or text) and :func:`fail` (one line, exit 1).
+ZooKeeper session, :func:`make_client` for a client, :func:`emit` (JSON or text) and
+:func:`fail` (one line, exit 1).
 
 Generated options: a setting of a process's config dataclass is declared once.
 
@@ -35,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import types
 import typing
 from pathlib import Path
@@ -43,15 +43,13 @@ from typing import Any, Callable, Iterable
 
 import click
 
+from cli_checks import check_zk_hosts, check_zk_resolvable
+from cli_errors import fail, quiet_kazoo
 from election.settings import ENV_PREFIX
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
 
 
-def fail(message: str) -> None:
-    """Print a one-line reason and exit 1."""
-    click.echo(f"fencepost: {message}", err=True)
-    sys.exit(1)
 
 
 def emit(data, as_json: bool, human) -> None:
@@ -63,44 +61,55 @@ def emit(data, as_json: bool, human) -> None:
 
 
 def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[str, str]:
-    """ZooKeeper hosts and cluster name: flags, then FENCEPOST_ZK/FENCEPOST_CLUSTER, then the dev cluster."""
+    """ZooKeeper hosts and cluster name: flags, then FENCEPOST_ZK/FENCEPOST_CLUSTER, then the dev cluster.
+
+    Hosts that cannot be right (``notahost:abc``) are a usage error naming where they came from.
+    """
+    source = "--zk" if zk else "FENCEPOST_ZK"
     zk = zk or os.environ.get("FENCEPOST_ZK")
     cluster = cluster or os.environ.get("FENCEPOST_CLUSTER")
     if zk and cluster:
-        return zk, cluster
+        return check_zk_hosts(zk, source), cluster
     from devtools.devcluster import DevCluster
 
     state = DevCluster(Path(dev_dir)).read_state()
     if not zk:
         if not state:
             raise click.UsageError(f"no --zk given, FENCEPOST_ZK unset, and no dev cluster in {dev_dir}")
-        zk = state["zk"]
-    return zk, cluster or (state or {}).get("cluster") or "dev"
+        zk, source = state["zk"], f"{dev_dir}/cluster.json"
+    return check_zk_hosts(zk, source), cluster or (state or {}).get("cluster") or "dev"
 
 
-def with_zk(zk, cluster, dev_dir, action):
+def with_zk(zk, cluster, dev_dir, action, must_exist: bool = True):
     """Run ``action(kazoo_client, cluster_name)`` on a short ZooKeeper session to the resolved cluster.
 
     kazoo's connection-retry warnings are kept quiet (unless --log-level debug): a command that
-    cannot reach ZooKeeper fails with one line, not a warning per retry.
+    cannot reach ZooKeeper fails with one line, not a warning per retry. A cluster ZooKeeper holds
+    no root for fails at once (``must_exist``; `cluster init` is the one command that creates it).
     """
-    import logging
-
+    from broker.api.target import check_cluster_exists
     from election.zk import close, connect
 
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    kazoo_log = logging.getLogger("kazoo")
-    previous = kazoo_log.level
-    if kazoo_log.getEffectiveLevel() > logging.DEBUG:
-        kazoo_log.setLevel(logging.ERROR)
+    check_zk_resolvable(hosts)
+    quiet_kazoo()
+    client = connect(hosts, connect_timeout=5.0)
     try:
-        client = connect(hosts, connect_timeout=5.0)
-        try:
-            return action(client, name)
-        finally:
-            close(client)
+        if must_exist:
+            check_cluster_exists(client, name, hosts)
+        return action(client, name)
     finally:
-        kazoo_log.setLevel(previous)
+        close(client)
+
+
+def make_client(zk, cluster, dev_dir, timeout: float = 30.0):
+    """A :class:`broker.api.client.Client` of the resolved cluster, for a command that runs once."""
+    from broker.api.client import Client
+
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    check_zk_resolvable(hosts)
+    quiet_kazoo()
+    return Client(zk=hosts, cluster=name, timeout=timeout)
 
 
 def cluster_options(fn):

@@ -64,10 +64,12 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator, Union
+from pathlib import Path
+from typing import Any, Callable, Iterator, Union
 
 from broker.api.client import (
     DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
+from broker.api.target import dev_dir_target
 from broker.protocol import MAX_LEASE_TASKS, MAX_SUBMIT_MANY, RequestError, check_queue
 from election.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_PAYLOAD_TOO_LARGE, E_STALE_ATTEMPT
 
@@ -123,7 +125,8 @@ class Worker:
     """Leases tasks from the cluster and runs the handler of their queue (see the module docstring).
 
     ``queues`` are the queues leased (default: every queue with a handler).
-    Give either ``zk`` or ``brokers`` as for :class:`~broker.api.client.Client`, or a
+    Give either ``zk`` or ``brokers`` as for :class:`~broker.api.client.Client` (neither:
+    ``FENCEPOST_ZK`` and ``FENCEPOST_CLUSTER``; :meth:`from_dev_dir` for a dev cluster), or a
     ready ``client`` (it is then not closed by the worker). ``prefetch`` is how many
     tasks the worker holds at once, queued or running (default: ``concurrency``).
     A Worker runs once: ``run()`` returns after ``stop()`` and cannot be started again.
@@ -135,7 +138,7 @@ class Worker:
         worker.run()
     """
 
-    def __init__(self, zk: str | None = None, cluster: str = "dev", brokers: list[str] | None = None,
+    def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
                  queues: list[str] | None = None, concurrency: int = 1, lease_ms: int = DEFAULT_LEASE_MS,
                  name: str | None = None, handlers: dict[str, Handler] | None = None,
                  wait_ms: int = DEFAULT_WAIT_MS, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -188,6 +191,12 @@ class Worker:
             return check_queue(queue)
         except RequestError as exc:
             raise ValueError(exc.message) from None
+
+    @classmethod
+    def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Worker":
+        """A worker of the dev cluster `fencepost dev up` recorded in ``dev_dir`` (``options`` as for Worker)."""
+        hosts, cluster = dev_dir_target(dev_dir)
+        return cls(zk=hosts, cluster=cluster, **options)
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Decorator: register ``fn`` as the handler of ``queue``."""

@@ -1,13 +1,14 @@
-"""Usage errors exit 2 with usage text; package errors exit 1 with one line."""
+"""Usage errors exit 2 and package errors exit 1, each with one line naming the problem."""
 from click.testing import CliRunner
 
 import cli
 
 
-def test_bad_flag_exits_2_with_usage():
+def test_bad_flag_exits_2_with_one_line_pointing_at_the_help():
     result = CliRunner().invoke(cli.main, ["dev", "up", "--no-such-flag"])
     assert result.exit_code == 2
-    assert "Usage:" in result.output and "No such option" in result.output
+    assert result.output.count("\n") == 1
+    assert "No such option" in result.output and "dev up --help" in result.output
 
 
 def test_unknown_command_exits_2():
