@@ -20,7 +20,7 @@ from cli_options import (cluster_options, config_options, emit, fail, make_clien
                          with_zk)
 from cli_submit import printable_task as _printable, report_submit
 from cli_lifecycle import cluster_group, store
-from cli_pipeline import audit, export
+from cli_pipeline import analyze, audit, export
 from devtools.commands import bench, chaos, dev, zk
 from ledger.bookie.config import BookieConfig
 
@@ -65,7 +65,7 @@ def main(log_level: str, log_json: bool) -> None:
 
 # The development commands (ZooKeeper runner, dev cluster, benchmarks, chaos) live with the dev tools;
 # the cluster's life (init, shutdown, manual recovery) in cli_lifecycle; the Spark pipeline in cli_pipeline.
-for _command in (zk, dev, bench, chaos, cluster_group, store, export, audit):
+for _command in (zk, dev, bench, chaos, cluster_group, store, export, analyze, audit):
     main.add_command(_command)
 
 
@@ -419,6 +419,29 @@ def status(zk, cluster, dev_dir, as_json) -> None:
 
     view = with_zk(zk, cluster, dev_dir, full_status)
     emit(view, as_json, lambda v: click.echo(format_status(v)))
+
+
+# ---------------------------------------------------------------- dashboard
+@main.command("dashboard")
+@click.option("--listen", default="127.0.0.1:8080", show_default=True,
+              help="HOST:PORT to serve the page on (port 0: a free one). The page has no authentication: "
+                   "keep it on loopback or a private network.")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.2, 60),
+              help="Seconds between two reads of the cluster.")
+@cluster_options
+def dashboard(listen, interval, zk, cluster, dev_dir) -> None:
+    """A live, read-only web page of the cluster: leader, epoch, brokers (role, lag, in-sync), bookies,
+    queues (depths and rates), recent failovers. Runs until Ctrl-C or SIGTERM."""
+    from broker.dashboard import run_dashboard
+    from election.zk import close, connect
+
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    client = connect(hosts, connect_timeout=5.0)
+    try:
+        run_dashboard(client, name, listen, interval,
+                      ready=lambda url: click.echo(f"dashboard of cluster {name} on {url}"))
+    finally:
+        close(client)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The Spark pipeline's commands: `export`, `audit` (docs/pipeline.md).
+"""The Spark pipeline's commands: `export`, `analyze`, `audit` (docs/pipeline.md).
 
 Like `cli.py`, this module only parses options and calls the `pipeline` package;
 `cli.main` adds the commands.
@@ -63,6 +63,78 @@ def export(out_dir, snapshot_file, master, entries_per_partition, secret_file, a
     finally:
         spark.stop()
     emit(summary, as_json, _human_export)
+
+
+def _human_analyze(summary: dict) -> None:
+    click.echo(f"analyzed {summary['events']} events ({summary['entries']} entries) of {summary['source']}: "
+               f"{summary['tasks']} tasks, {summary['attempts']} attempts, {summary['epochs']} epochs "
+               f"in {summary['seconds']} s")
+    for queue, counts in summary["queues"].items():
+        states = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+        lat = summary["latency"].get(queue, {})
+        click.echo(f"  {queue}: {states}; submit->start p50 {_ms(lat.get('start_p50_ms'))}, "
+                   f"submit->finish p50 {_ms(lat.get('finish_p50_ms'))} p99 {_ms(lat.get('finish_p99_ms'))}")
+    for failover in summary["failovers"]:
+        wall = "an unknown time" if failover["gap_ms"] is None else f"{failover['gap_ms'] / 1000:.2f} s"
+        click.echo(f"  failover to epoch {failover['epoch']} (broker {failover['broker_id']}): writes stopped for "
+                   f"{wall} ({failover['leader_gap_ms'] / 1000:.2f} s in leader time)")
+    click.echo(f"tables in {summary['out']}, report {summary['report']}")
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def _progress_line():
+    """A progress line on a terminal (rewritten in place); nothing when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return lambda text: None
+
+    def show(text: str) -> None:
+        sys.stderr.write("\r\033[K" + text[:200])
+        sys.stderr.flush()
+
+    return show
+
+
+@click.command("analyze")
+@click.option("--out", "out_dir", default="fencepost-analysis", show_default=True, type=click.Path(file_okay=False),
+              help="Where the Parquet tables and report.html go (tables are replaced).")
+@click.option("--from-export", "export_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Read the history from this export directory (fencepost export) instead of the bookies.")
+@click.option("--since", default=None, help="Start of the window: ms since the epoch or ISO 8601 (UTC by default).")
+@click.option("--until", default=None, help="End of the window (excluded), like --since.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+              help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@cluster_options
+def analyze(out_dir, export_dir, since, until, master, secret_file, as_json, zk, cluster, dev_dir) -> None:
+    """Analyze the history: Parquet tables (tasks, queue minutes, latency, workers, epochs) and report.html.
+
+    Reads the log from the bookies (or an export), replays it for the leases
+    the log does not name, and writes the tables and a self-contained HTML
+    report with charts under --out. Spark runs locally unless --master says otherwise.
+    """
+    from pipeline.analyze import Window, parse_time
+    from pipeline.analyze_run import HistorySource, run_analyze
+    from pipeline.plan import ClusterAddress
+    from pipeline.spark import spark_session
+
+    window = Window(parse_time(since) if since else None, parse_time(until) if until else None)
+    if export_dir:
+        source = HistorySource(export_dir=Path(export_dir))
+    else:
+        hosts, name = resolve_cluster(zk, cluster, dev_dir)
+        source = HistorySource(address=ClusterAddress(hosts, name, secret_file=secret_file))
+    progress = _progress_line()
+    spark = spark_session(master=master, app_name="fencepost-analyze")
+    try:
+        summary = run_analyze(spark, source, Path(out_dir), window, progress)
+    finally:
+        spark.stop()
+        progress("")
+    emit(summary, as_json, _human_analyze)
 
 
 def _human_audit(summary: dict) -> None:

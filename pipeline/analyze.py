@@ -10,7 +10,7 @@ attempts a ``LeaseExpired`` or ``WorkerLost`` ended). The tables:
 - ``queue_minutes``: per queue per minute, how many tasks were submitted, started, finished, failed, died;
 - ``latency``: per queue, submit-to-start and submit-to-finish p50/p90/p99;
 - ``workers``: per worker, busy time over the window;
-- ``epochs``: per leader epoch, its leader, start, end and the write gap before it.
+- ``epochs``: per leader epoch, its leader, start, end and the write gap before it (wall clock and leader time).
 
 A task's life is read from its own events in log order, with the rules apply
 follows: a completion or failure counts only for the attempt last granted and
@@ -21,7 +21,7 @@ one idempotency key in a queue only the first creates a task.
 Example::
 
     events = spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
-    tables = analyze_events(events, grants, releases, Window(since_ms=None, until_ms=None))
+    tables = analyze_events(events, grants, releases, ledgers, Window(since_ms=None, until_ms=None))
     tables["latency"].show()
 """
 from __future__ import annotations
@@ -45,6 +45,7 @@ EVENT_COLUMNS = (*POSITION, "epoch", "type", "task_id", "queue", "attempt", "wor
                  "max_attempts", "extra")
 GRANT_COLUMNS = (*POSITION, "task_id", "attempt", "worker", "ts_ms", "queue")
 RELEASE_COLUMNS = (*POSITION, "task_id", "attempt", "ts_ms", "state")
+LEDGER_DDL = "ledger_id bigint, created_ms bigint"
 RELEASE_DDL = ("ledger_id bigint, entry_id bigint, event_index int, task_id string, attempt bigint, ts_ms bigint, "
                "state string")
 
@@ -243,12 +244,19 @@ def worker_utilization(spans: DataFrame, start_ms: int, end_ms: int) -> DataFram
             .orderBy(F.desc("busy_ms"), "worker"))
 
 
-def epochs(events: DataFrame, window: Window) -> DataFrame:
-    """Per epoch: leader broker_id, ledger_id, start_ms, end_ms, entries, events and gap_ms.
+def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
+    """Per epoch: leader broker_id, ledger_id, start_ms, end_ms, the write gap before it, entries, events.
 
-    ``start_ms`` is the epoch's ``EpochStarted`` time, ``end_ms`` its last
-    stamped event's; ``gap_ms`` is the write gap of the failover into the
-    epoch: from the previous epoch's last event to this one's ``EpochStarted``.
+    ``start_ms`` is the epoch's ``EpochStarted`` time and ``end_ms`` its last
+    stamped event's, in leader time; ``leader_gap_ms`` is the failover's write
+    gap in leader time: from the previous epoch's last event to this one's
+    ``EpochStarted``. Leader time is not the wall clock across a failover (a
+    successor that caught up at its takeover continues from its predecessor's
+    last stamp), so ``gap_ms`` measures the gap by the wall clock: ``ledgers``
+    (ledger_id, created_ms) says when each ledger was created by ZooKeeper's
+    clock, and within an epoch leader time runs at the wall clock's rate, so
+    the previous epoch ended ``its end_ms - its start_ms`` after its ledger
+    was created. ``gap_ms`` is null where a ledger's creation is unknown.
     """
     started = (events.where(F.col("type") == "EpochStarted")
                .select(F.get_json_object("extra", "$.epoch").cast("bigint").alias("epoch"),
@@ -257,15 +265,19 @@ def epochs(events: DataFrame, window: Window) -> DataFrame:
     spans = events.groupBy("epoch").agg(
         F.min("ledger_id").alias("ledger_id"), F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("end_ms"),
         F.count_distinct("ledger_id", "entry_id").alias("entries"), F.count("*").alias("events"))
-    table = (spans.join(started, "epoch", "left")
+    previous = W.orderBy("epoch")
+    table = (spans.join(started, "epoch", "left").join(ledgers.select("ledger_id", "created_ms"), "ledger_id", "left")
              .withColumn("start_ms", F.coalesce("_started", "_first"))
-             .withColumn("gap_ms", F.col("start_ms") - F.lag("end_ms").over(W.orderBy("epoch"))))
+             .withColumn("_wall_end", F.col("created_ms") + F.col("end_ms") - F.col("start_ms"))
+             .withColumn("leader_gap_ms", F.col("start_ms") - F.lag("end_ms").over(previous))
+             .withColumn("gap_ms", F.col("created_ms") - F.lag("_wall_end").over(previous)))
     inside = F.lit(True)
     if window.since_ms is not None:
         inside = inside & (F.col("end_ms") >= window.since_ms)
     if window.until_ms is not None:
         inside = inside & (F.col("start_ms") < window.until_ms)
-    return (table.where(inside).select("epoch", "broker_id", "ledger_id", "start_ms", "end_ms", "gap_ms", "entries",
+    return (table.where(inside).select("epoch", "broker_id", "ledger_id", "start_ms", "end_ms", "gap_ms",
+                                       "leader_gap_ms", F.col("created_ms").alias("ledger_created_ms"), "entries",
                                        "events").orderBy("epoch"))
 
 
@@ -279,9 +291,10 @@ def history_span(events: DataFrame, window: Window) -> tuple[int, int] | None:
     return start, max(start, end)
 
 
-def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, window: Window) -> dict[str, DataFrame]:
+def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, ledgers: DataFrame,
+                   window: Window) -> dict[str, DataFrame]:
     """The tables (:data:`TABLES`) of the history in ``events``; ``grants`` and ``releases`` (see
-    :func:`task_life`) come from a replay of that history."""
+    :func:`task_life`) come from a replay of that history, ``ledgers`` (see :func:`epochs`) from ZooKeeper."""
     events = events.select(*EVENT_COLUMNS).cache()
     span = history_span(events, window)
     if span is None:
@@ -294,4 +307,4 @@ def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, wi
             "queue_minutes": queue_minutes(life, window),
             "latency": latency(tasks_in_window),
             "workers": worker_utilization(spans, span[0], span[1]),
-            "epochs": epochs(events, window)}
+            "epochs": epochs(events, ledgers, window)}

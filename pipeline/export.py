@@ -2,7 +2,8 @@
 
 Layout of an export directory::
 
-    DIR/_export.json                           the bookmark: cluster id, last exported position
+    DIR/_export.json                           the bookmark: cluster id, last exported position,
+                                               when each ledger was created (ZooKeeper's clock)
     DIR/events/epoch=N/run-L-E-part-*.parquet  event rows (pipeline.rows), one run's files
                                                named by the run's first position L:E
 
@@ -40,6 +41,7 @@ from pipeline.source import NAME
 BOOKMARK = "_export.json"
 STAGING = "_staging"
 EVENTS = "events"
+LEDGER_CREATED = "ledger_created_ms"
 _RUN_FILE = re.compile(r"\Arun-(\d+)-(\d+)-")
 
 
@@ -101,6 +103,7 @@ def export_history(spark: SparkSession, address: ClusterAddress, out: Path,
         removed = _remove_unfinished(out, done)
         first = None if done is None else (done[0], done[1] + 1)
         extents = conn.extents(from_ledger=None if first is None else first[0])
+        created = conn.ledger_created_ms(ext.ledger_id for ext in extents)
     end = end_position(extents)
     ranges = split_ranges(extents, first, end, entries_per_partition) if end is not None else []
     summary = {"from": None, "to": None, "entries": 0, "events": 0, "files": 0, "removed": removed,
@@ -125,7 +128,10 @@ def export_history(spark: SparkSession, address: ClusterAddress, out: Path,
         moved.append(target)
     for directory in {p.parent for p in moved}:
         fsync_dir(directory)
-    _write_bookmark(out, {"cluster_id": cluster_id, "cluster": address.cluster, "position": list(end)})
+    # Kept for analyze: the wall-clock start of each ledger (the events carry leader time only).
+    created = {**(bookmark or {}).get(LEDGER_CREATED, {}), **{str(k): v for k, v in created.items()}}
+    _write_bookmark(out, {"cluster_id": cluster_id, "cluster": address.cluster, "position": list(end),
+                          LEDGER_CREATED: created})
     shutil.rmtree(staging, ignore_errors=True)
     summary.update({"from": format_position(run_first), "to": format_position(end),
                     "entries": sum(r.entries for r in ranges), "events": _parquet_rows(moved), "files": len(moved)})

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from election.cluster_config import read_secret
 from election.paths import ClusterPaths
@@ -183,6 +183,20 @@ class Connection:
                 reader = self._readers[item["id"]] = self.client.open_reader(item["id"])
             out.append(LedgerExtent(item["id"], item["epoch"], reader.read_lac()))
         return out
+
+    def ledger_created_ms(self, ledger_ids: Iterable[int]) -> dict[int, int]:
+        """When each ledger's metadata node was created, by ZooKeeper's clock (ms since the epoch).
+
+        A wall-clock time the log itself lacks: events carry leader time, which
+        a successor may continue from its predecessor's last stamp. A ledger
+        already deleted is left out.
+        """
+        created = {}
+        for ledger_id in ledger_ids:
+            stat = self.zk.exists(self.paths.ledger(ledger_id))
+            if stat is not None:
+                created[ledger_id] = int(stat.ctime)
+        return created
 
     def close(self) -> None:
         try:

@@ -78,7 +78,7 @@ def throughput_chart(minutes: pa.Table, epochs: pa.Table) -> str:
         mine = sorted((r["minute_ms"], r["finished"]) for r in rows if r["queue"] == queue)
         ax.plot([_time(m) for m, _ in mine], [n for _, n in mine], marker="o", markersize=3, label=_label(queue))
     for epoch in epochs.to_pylist():
-        if epoch["gap_ms"] is not None:
+        if epoch["leader_gap_ms"] is not None:
             ax.axvline(_time(epoch["start_ms"]), color="red", linestyle="--", linewidth=1)
             ax.annotate(f"epoch {epoch['epoch']}", (_time(epoch["start_ms"]), 1), xycoords=("data", "axes fraction"),
                         color="red", fontsize=8, ha="left", va="top")
@@ -151,15 +151,21 @@ def workers_chart(workers: pa.Table) -> str:
 
 
 def failovers_chart(epochs: pa.Table) -> str:
-    """The write gap before each epoch after the first."""
-    rows = [r for r in epochs.to_pylist() if r["gap_ms"] is not None]
+    """The write gap before each epoch after the first, by the wall clock and in leader time."""
+    rows = [r for r in epochs.to_pylist() if r["leader_gap_ms"] is not None]
     fig, ax = plt.subplots(figsize=(9, 3.2))
     if not rows:
         return _empty(fig, ax, "no failover in the window")
-    ax.bar([f"{r['epoch']}\n(broker {r['broker_id']})" for r in rows], [r["gap_ms"] / 1000 for r in rows],
-           color="tab:red")
+    width = 0.4
+    xs = range(len(rows))
+    ax.bar([x - width / 2 for x in xs], [(r["gap_ms"] or 0) / 1000 for r in rows], width, color="tab:red",
+           label="wall clock")
+    ax.bar([x + width / 2 for x in xs], [r["leader_gap_ms"] / 1000 for r in rows], width, color="tab:gray",
+           label="leader time")
+    ax.set_xticks(list(xs), [f"{r['epoch']}\n(broker {r['broker_id']})" for r in rows])
     ax.set_xlabel("epoch (its leader)")
     ax.set_ylabel("write gap before it (s)")
+    ax.legend(fontsize=8)
     return _png(fig)
 
 
@@ -189,11 +195,11 @@ def render_report(tables: dict[str, pa.Table], summary: dict) -> str:
     queues = [{"queue": q, **counts} for q, counts in sorted(summary.get("queues", {}).items())]
     state_columns = ["queue", "waiting", "running", "done", "failed", "dead", "cancelled"]
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html.escape('fencepost analysis: ' + str(summary.get('cluster', '')))}</title>",
+             f"<title>{html.escape('fencepost analysis: ' + str(summary.get('source', '')))}</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
              "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
              "img{max-width:100%}</style></head><body>",
-             f"<h1>{html.escape('fencepost analysis: ' + str(summary.get('cluster', '')))}</h1>",
+             f"<h1>{html.escape('fencepost analysis: ' + str(summary.get('source', '')))}</h1>",
              _html_table(facts, ["", "value"]), "<h2>Tasks per queue</h2>", _html_table(queues, state_columns)]
     for name, title in CHARTS:
         parts.append(f'<h2 id="{name}">{html.escape(title)}</h2>')

@@ -2,7 +2,7 @@
 import pytest
 
 from pipeline import PipelineError
-from pipeline.analyze import RELEASE_DDL, Window, analyze_events, epochs, parse_time, queue_minutes, task_life
+from pipeline.analyze import LEDGER_DDL, RELEASE_DDL, Window, analyze_events, epochs, parse_time, queue_minutes, task_life
 from pipeline.replay import GRANT_DDL
 from pipeline.rows import DDL, event_row
 
@@ -48,6 +48,8 @@ GRANTS = [(1, 3, 0, "a", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "b", 1, "w1", T0 + 
           (1, 3, 0, "c", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "w", 1, "w1", T0 + 2000, "q"),
           (2, 2, 0, "b", 2, "w2", T0 + 62_000, "q")]
 RELEASES = [(2, 1, 0, "w", 1, T0 + 61_000, "waiting")]
+# Ledger 2's leader continued from its predecessor's clock: by the wall clock it started 4 s later.
+LEDGERS = [(1, T0 - 5), (2, T0 + 12_000)]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def history(spark):
     rows = [event_row(ledger, entry, epoch, i, ev) for ledger, entry, epoch, events in HISTORY
             for i, ev in enumerate(events)]
     return (spark.createDataFrame(rows, DDL).cache(), spark.createDataFrame(GRANTS, GRANT_DDL),
-            spark.createDataFrame(RELEASES, RELEASE_DDL))
+            spark.createDataFrame(RELEASES, RELEASE_DDL), spark.createDataFrame(LEDGERS, LEDGER_DDL))
 
 
 @pytest.fixture(scope="module")
@@ -104,17 +106,20 @@ def test_worker_busy_time_ends_at_each_attempts_end(tables):
 
 def test_epochs_and_the_write_gap_of_a_failover(tables):
     first, second = tables["epochs"]
-    assert (first["epoch"], first["broker_id"], first["gap_ms"], first["end_ms"]) == (1, 0, None, T0 + 5000)
+    assert (first["epoch"], first["broker_id"], first["leader_gap_ms"], first["end_ms"]) == (1, 0, None, T0 + 5000)
+    assert first["gap_ms"] is None
     assert (second["epoch"], second["broker_id"], second["start_ms"]) == (2, 1, T0 + 8000)
-    assert second["gap_ms"] == 3000 and second["entries"] == 4
+    assert second["leader_gap_ms"] == 3000 and second["entries"] == 4
+    # epoch 1 ran 5000 ms from its ledger's creation at T0 - 5; ledger 2 was created at T0 + 12000
+    assert second["gap_ms"] == 12_000 - (5000 - 5) and second["ledger_created_ms"] == T0 + 12_000
 
 
 def test_a_window_bounds_the_minutes_and_the_epochs(history):
-    events, grants, releases = history
+    events, grants, releases, ledgers = history
     later = Window(T0 + 60_000, None)
-    assert [r.epoch for r in epochs(events, later).collect()] == [2]
-    assert [r.minute_ms for r in queue_minutes(task_life(*history), later).collect()] == [T0 + 60_000]
-    assert [r.epoch for r in epochs(events, Window(None, T0 + 6000)).collect()] == [1]
+    assert [r.epoch for r in epochs(events, ledgers, later).collect()] == [2]
+    assert [r.minute_ms for r in queue_minutes(task_life(events, grants, releases), later).collect()] == [T0 + 60_000]
+    assert [r.epoch for r in epochs(events, ledgers, Window(None, T0 + 6000)).collect()] == [1]
 
 
 def test_parse_time():

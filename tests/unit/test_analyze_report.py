@@ -22,7 +22,7 @@ def sample_tables() -> dict[str, pa.Table]:
                              "finish_p99_ms": [190.0, None]}),
         "workers": pa.table({"worker": [EVIL, "w2"], "utilization": [0.5, 0.25]}),
         "epochs": pa.table({"epoch": [1, 2], "broker_id": [0, 1], "start_ms": [T0, T0 + 30_000],
-                            "gap_ms": [None, 2500]}),
+                            "gap_ms": [None, 2500], "leader_gap_ms": [None, 10]}),
     }
 
 
@@ -40,7 +40,7 @@ class Collector(HTMLParser):
 
 
 def test_the_report_embeds_every_chart_and_escapes_user_text():
-    page = render_report(sample_tables(), {"cluster": EVIL, "events": 12, "queues": {EVIL: {"done": 1}}})
+    page = render_report(sample_tables(), {"source": EVIL, "events": 12, "queues": {EVIL: {"done": 1}}})
     parser = Collector()
     parser.feed(page)
     parser.close()
@@ -55,5 +55,5 @@ def test_the_report_embeds_every_chart_and_escapes_user_text():
 def test_an_empty_history_still_draws_every_chart():
     empty = {name: table.slice(0, 0) for name, table in sample_tables().items()}
     parser = Collector()
-    parser.feed(render_report(empty, {"cluster": "dev", "queues": {}}))
+    parser.feed(render_report(empty, {"source": "cluster dev", "queues": {}}))
     assert len(parser.images) == len(CHARTS)
