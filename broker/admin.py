@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -43,6 +44,10 @@ from election.paths import ClusterPaths
 from election.shutdown_node import read_shutdown
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
+
+
+# How long `status` waits for each broker's ping: a live broker answers in milliseconds.
+STATUS_PING_S = 1.0
 
 
 class BrokerUnreachable(BrokerError):
@@ -84,18 +89,36 @@ def lag(position: list | None, leader_position: list | None) -> int | None:
     return None
 
 
+def reachable(addresses: list[str], timeout: float = STATUS_PING_S) -> dict[str, bool]:
+    """Which of ``addresses`` answer a ping within ``timeout`` (asked side by side)."""
+    if not addresses:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+        answers = pool.map(lambda address: ask(address, "ping", timeout) is not None, addresses)
+        return dict(zip(addresses, answers))
+
+
 def full_status(zk: KazooClient, cluster: str) -> dict:
-    """The cluster view with queue depths and per-broker lag filled in from the leader."""
+    """The cluster view with queue depths and per-broker lag filled in from the leader.
+
+    ZooKeeper keeps a dead broker's nodes until its session expires, so every broker is
+    also pinged: one that does not answer is marked ``reachable: False``, and an
+    unreachable leader (``leader_reachable: False``) gives no lag to anyone.
+    """
     view = cluster_status(zk, cluster)
     report = ask(view["leader_address"], "status") if view.get("leader_address") else None
     leader_position = report.get("position") if report else None
     if report:
         view["queues"] = report.get("queues", {})
+    alive = reachable([b["address"] for b in view["brokers"] if b.get("address")])
+    if view.get("leader") is not None:
+        view["leader_reachable"] = report is not None
     for broker in view["brokers"]:
+        broker["reachable"] = alive.get(broker.get("address"), False)
         if broker.get("role") == "leader" and leader_position:
             broker["position"] = leader_position
             broker["digest"] = report.get("digest", broker.get("digest"))
-        broker["lag"] = lag(broker.get("position"), leader_position)
+        broker["lag"] = lag(broker.get("position"), leader_position) if report else None
         broker["in_sync"] = broker["id"] in view["insync"]
     view["waiting"] = waiting_for_members(view, _init_members(zk, ClusterPaths(cluster)))
     view["waiting_bookies"] = waiting_for_bookies(view)

@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election import ElectionError
+from election.human import human_bytes
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.metadata import LedgerMetadata
@@ -34,18 +35,6 @@ from ledger.underreplication import list_underreplicated, read_underreplicated
 
 UP = "up"
 GONE = "gone"
-
-
-def human_bytes(count) -> str:
-    """``1536`` -> ``"1.5 KiB"``; ``None`` or a non-number -> ``"-"``. Pure."""
-    if not isinstance(count, (int, float)) or isinstance(count, bool) or count < 0:
-        return "-"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return "-"  # not reached
 
 
 def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[int, dict],

@@ -8,11 +8,13 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election import ElectionError
+from election.human import human_age, human_bytes
 from election.live import live_brokers
 from election.paths import ClusterPaths
 
@@ -91,13 +93,22 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
     }
 
 
-def format_status(view: dict) -> str:
-    """Human-readable text for a :func:`cluster_status` view."""
+def format_status(view: dict, now: float | None = None) -> str:
+    """Human-readable text for a :func:`cluster_status` view (sizes and ages for people; ``now`` in seconds).
+
+    A view completed by ``broker.admin.full_status`` also says which brokers answer: a
+    leader that does not is marked, since ZooKeeper names it until its session expires.
+    """
+    now = time.time() if now is None else now
     if not view["initialized"]:
         return f"cluster {view['cluster']!r}: not initialized (no config node yet)"
+    leader = view["leader"] if view["leader"] is not None else "-"
+    if view.get("leader_reachable") is False:
+        leader = (f"{leader} NOT ANSWERING (ZooKeeper still names it until its session expires; "
+                  "another broker takes over then)")
     lines = [
         f"cluster {view['cluster']} ({view['cluster_id']})",
-        f"leader: {view['leader'] if view['leader'] is not None else '-'}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
+        f"leader: {leader}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
     ]
     # Why nobody leads, when the brokers say (`broker start --wait-for`, too few bookies, `cluster shutdown`).
     if view.get("waiting"):
@@ -117,11 +128,15 @@ def format_status(view: dict) -> str:
         mark = "in-sync" if b["id"] in view["insync"] else ("learner" if b.get("learner") else "-")
         lines.append(f"  {b['id']:<4} {b.get('role', '?'):<9} {mark:<8} {b.get('address', '?')}  "
                      f"position={b.get('position')}  lag={'-' if b.get('lag') is None else b['lag']}  "
-                     f"digest={str(b.get('digest', '-'))[:12]}")
-    lines.append(f"in-sync: {view['insync']}  (learners: {[b['id'] for b in view['brokers'] if b.get('learner')]})")
+                     f"digest={str(b.get('digest', '-'))[:12]}  updated {human_age(b.get('updated_at'), now)}"
+                     + ("  NOT ANSWERING" if b.get("reachable") is False else ""))
+    # The in-sync set is marked on each broker above; members that are not live are worth a line.
+    gone = [member for member in view["insync"] if member not in {b["id"] for b in view["brokers"]}]
+    if gone:
+        lines.append(f"in-sync members not live: {', '.join(str(m) for m in gone)}")
     lines.append(f"bookies ({len(view['bookies'])}):")
     for b in view["bookies"]:
-        lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free={b.get('free_bytes', '?')}"
+        lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free {human_bytes(b.get('free_bytes'))}"
                      + ("  read-only" if b.get("readonly") else ""))
     lines.append(f"ledgers ({len(view['ledgers'])}):")
     for led in view["ledgers"]:

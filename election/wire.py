@@ -117,7 +117,8 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
     still be matched by the client.
     """
     if len(frame) > max_bytes:
-        raise WireError(E_OVERSIZED, f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}")
+        raise WireError(E_OVERSIZED, f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}",
+                        peek_rid(frame))
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -129,6 +130,28 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
     if version != PROTOCOL_VERSION:
         raise WireError(E_VERSION, f"protocol version {version!r} is not supported (expected {PROTOCOL_VERSION})", rid)
     return msg
+
+
+# Bytes of a frame's start read for its rid: the envelope fields come first (see `request`).
+_PEEK_BYTES = 256
+
+
+def peek_rid(frame: bytes) -> Any:
+    """The ``rid`` among the first fields of a frame too large to decode, or None; reads only its start.
+
+    So that the refusal of an oversized frame can still be matched by the client.
+    """
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(frame[:_PEEK_BYTES])
+    try:
+        for _ in range(min(unpacker.read_map_header(), 4)):
+            if unpacker.unpack() == "rid":
+                rid = unpacker.unpack()
+                return rid if isinstance(rid, (int, str)) and not isinstance(rid, bool) else None
+            unpacker.skip()
+    except Exception:  # msgpack raises several unrelated types on a frame cut short or garbled
+        return None
+    return None
 
 
 def decode_request(frame: bytes, known_ops: frozenset[str] | set[str], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:

@@ -19,9 +19,11 @@ it). The request is answered once that entry is applied, and
 
 A request can only fail itself: whatever goes wrong while one request is
 checked, turned into events, encoded or answered becomes an ``internal`` error
-reply to that request (logged once, with its op) and the loop goes on. Frames
-over ``max_frame_bytes`` are refused by the socket itself (ZMQ_MAXMSGSIZE: the
-peer is disconnected before the frame is received whole). A committed entry
+reply to that request (logged once, with its op) and the loop goes on. A frame
+over ``max_frame_bytes`` is answered ``payload_too_large`` with its request's
+``rid`` (read from the frame's first bytes), so the client fails at once; one
+over twice that is refused by the socket itself (ZMQ_MAXMSGSIZE: the peer is
+disconnected before the frame is received whole). A committed entry
 the leader cannot apply is not a request's failure: :attr:`on_fatal` stops
 the broker.
 
@@ -57,6 +59,8 @@ from snapshots.transfer import TransferError
 
 log = logging.getLogger(__name__)
 
+# Frames up to this many times max_frame_bytes are received and refused with a reply; larger ones cut the peer off.
+OVERSIZED_FRAME_FACTOR = 2
 # How long a leader whose roll found too few bookies writes on in its ledger before it looks again.
 ROLL_RETRY_S = 1.0
 # A plain int: pyzmq's flag enum costs a conversion on every call of the hot loop.
@@ -141,8 +145,9 @@ class BrokerServer:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         # The default limit of 1000 queued replies would silently drop replies under load.
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        # Refuse oversized frames while they arrive, not after buffering them whole.
-        self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+        # Refuse far oversized frames while they arrive, not after buffering them whole; one up to
+        # twice the limit is received, so that its sender gets a payload_too_large it can match.
+        self.sock.setsockopt(zmq.MAXMSGSIZE, OVERSIZED_FRAME_FACTOR * config.max_frame_bytes)
         self.poller = zmq.Poller()
 
     def bind(self) -> None:
@@ -237,7 +242,9 @@ class BrokerServer:
             self._dispatch(route, rid, req)
         except wire.WireError as exc:
             self.counters["bad_requests"] += 1
-            self._send(route, wire.error_reply(exc.rid, exc.code, exc.message))
+            # To a client an oversized frame is a payload too large for the brokers: a code it stops on.
+            code = codes.E_PAYLOAD_TOO_LARGE if exc.code == codes.E_OVERSIZED else exc.code
+            self._send(route, wire.error_reply(exc.rid, code, exc.message))
         except protocol.RequestError as exc:
             self.counters["bad_requests"] += 1
             self._send(route, wire.error_reply(rid, exc.code, exc.message))

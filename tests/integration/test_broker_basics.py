@@ -55,11 +55,13 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker_cluster
         (wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (1024 * 1024 + 1))), "payload_too_large"),
         (wire.encode(wire.request("submit", 1, queue="q", payload="not bytes")), "bad_request"),
         (wire.encode(wire.request("lease", 1, worker="w", queues="q")), "bad_request"),
-    ]  # a frame over max_frame_bytes gets no reply: the socket drops it (tests/integration/test_poison_requests.py)
+        # Over max_frame_bytes (8 MiB): refused with the rid, so a client can match the refusal.
+        (wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (8 * 1024 * 1024))), "payload_too_large"),
+    ]  # a frame over twice max_frame_bytes gets no reply: the socket drops it (tests/integration/test_poison_requests.py)
     for frame, code in cases:
         reply = _raw(address, frame)
         assert reply["ok"] is False and reply["error"] == code, (code, reply)
-        assert reply["message"]
+        assert reply["message"] and reply["rid"] == (None if code == "malformed" else 1), reply
     ok = call(address, "submit", queue="q", payload=b"still serving")
     assert ok["ok"], ok
     status = call(address, "status")
