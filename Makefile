@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_DIR ?= .fencepost-demo
 PYTEST_ARGS ?=
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,18 @@ $(INSTALLED): setup.cfg pyproject.toml | $(BIN)/python
 
 install: $(INSTALLED)
 
-test: $(INSTALLED)
+test: $(INSTALLED) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The dashboard's browser test drives Debian's Chromium and its driver: installed here when run as
+# root on a machine with apt-get; elsewhere that test skips and says why.
+browser:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromedriver >/dev/null; then \
+		echo "installing chromium and chromium-driver for the dashboard's browser test"; \
+		apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1) \
+		|| echo "could not install chromium: the dashboard's browser test will skip"; \
+	fi
 
 demo: $(INSTALLED)
 	$(BIN)/python -m bench.demo --dev-dir $(DEMO_DIR)

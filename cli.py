@@ -421,5 +421,34 @@ def status(zk, cluster, dev_dir, as_json) -> None:
     emit(view, as_json, lambda v: click.echo(format_status(v)))
 
 
+# ---------------------------------------------------------------- dashboard
+@main.command("dashboard")
+@click.option("--listen", default="127.0.0.1:8080", show_default=True,
+              help="HOST:PORT to serve the page on (port 0: a free one). The page has no authentication: "
+                   "keep it on loopback or a private network.")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.2, 60),
+              help="Seconds between two reads of the cluster.")
+@cluster_options
+def dashboard(listen, interval, zk, cluster, dev_dir) -> None:
+    """A live, read-only web page of the cluster: leader, epoch, brokers (role, lag, in-sync), bookies,
+    queues (depths and rates), recent failovers. Runs until Ctrl-C or SIGTERM."""
+    from broker import BrokerError
+    from broker.dashboard import run_dashboard
+    from broker.dashboard.server import parse_listen
+    from election.zk import close, connect
+
+    try:
+        parse_listen(listen)
+    except BrokerError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from None
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    client = connect(hosts, connect_timeout=5.0)
+    try:
+        run_dashboard(client, name, listen, interval,
+                      ready=lambda url: click.echo(f"dashboard of cluster {name} on {url}"))
+    finally:
+        close(client)
+
+
 if __name__ == "__main__":
     main(prog_name="fencepost")

@@ -21,6 +21,7 @@ def test_unknown_command_exits_2():
 IMPLEMENTED_COMMANDS = {
     "bench": [], "bookie": ["start", "list", "decommission"], "broker": ["start"], "chaos": [],
     "cluster": ["init", "shutdown"], "dev": ["up", "down", "status", "add-broker"], "export": [], "audit": [],
+    "dashboard": [],
     "snapshot": ["list", "create", "verify", "restore"],
     "status": [], "store": ["verify", "inspect", "mark-clean"], "submit": [], "task": ["show", "cancel"], "worker": ["run"],
     "zk": ["start", "stop"],
@@ -62,3 +63,9 @@ def test_invalid_cluster_name_fails_with_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("fencepost: invalid cluster name 'bad/name'"), result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "cluster.json").exists()
+
+
+def test_dashboard_with_a_bad_listen_is_a_usage_error():
+    result = CliRunner().invoke(cli.main, ["dashboard", "--listen", "nowhere", "--zk", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "--listen" in result.output and "HOST:PORT" in result.output

@@ -1,0 +1,153 @@
+// fencepost dashboard: polls /api/cluster every second and redraws the page.
+// Every value from the cluster goes into the page as text (textContent), never as HTML.
+"use strict";
+(function () {
+  const POLL_MS = 1000;
+  const STATE_ORDER = ["waiting", "delayed", "running", "done", "dead", "cancelled"];
+  const RATE_COLUMNS = [["in", "in/s"], ["done", "done/s"], ["dead", "dead/s"]];
+  let lastOk = 0;
+
+  const $ = (id) => document.getElementById(id);
+
+  function cell(text, className) {
+    const td = document.createElement("td");
+    td.textContent = text === null || text === undefined ? "–" : String(text);
+    if (className) td.className = className;
+    return td;
+  }
+
+  function row(cells, className) {
+    const tr = document.createElement("tr");
+    if (className) tr.className = className;
+    cells.forEach((c) => tr.appendChild(c));
+    return tr;
+  }
+
+  function bytes(n) {
+    if (typeof n !== "number") return null;
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return n.toFixed(i ? 1 : 0) + " " + units[i];
+  }
+
+  function position(p) {
+    return Array.isArray(p) ? p.join(":") : null;
+  }
+
+  function renderLeader(snap) {
+    const leader = snap.leader;
+    const el = $("leader");
+    if (!leader) {
+      el.textContent = "none";
+      el.dataset.brokerId = "";
+      $("leader-detail").textContent = "no broker leads now";
+      return;
+    }
+    el.textContent = "broker " + leader.id;
+    el.dataset.brokerId = String(leader.id);
+    $("leader-detail").textContent = (leader.address || "") + (leader.reachable ? "" : " (not answering)");
+    $("leader-detail").className = leader.reachable ? "muted" : "bad";
+  }
+
+  function renderBrokers(brokers) {
+    $("brokers").replaceChildren(...brokers.map((b) => row([
+      cell(b.id), cell(b.name), cell(b.role + (b.learner ? " (learner)" : "")),
+      cell(b.in_sync ? "yes" : "no", b.in_sync ? "good" : "muted"),
+      cell(b.lag, "num"), cell(position(b.position)), cell(b.address),
+    ], b.leader ? "leader" : "")));
+  }
+
+  function renderQueues(queues, rates) {
+    const names = Object.keys(queues).sort();
+    const seen = new Set();
+    names.forEach((n) => Object.keys(queues[n]).forEach((s) => seen.add(s)));
+    const states = STATE_ORDER.filter((s) => seen.has(s)).concat([...seen].filter((s) => !STATE_ORDER.includes(s)).sort());
+    const head = document.createElement("tr");
+    ["queue", ...states, ...RATE_COLUMNS.map((c) => c[1])].forEach((h) => {
+      const th = document.createElement("th");
+      th.textContent = h;
+      head.appendChild(th);
+    });
+    $("queues-head").replaceChildren(head);
+    if (!names.length) {
+      const td = cell("no queues (or the leader is not answering)", "muted");
+      td.colSpan = 1 + states.length + RATE_COLUMNS.length;
+      $("queues").replaceChildren(row([td]));
+      return;
+    }
+    $("queues").replaceChildren(...names.map((n) => row([
+      cell(n),
+      ...states.map((s) => cell(queues[n][s] || 0, "num" + (s === "dead" && queues[n][s] ? " bad" : ""))),
+      ...RATE_COLUMNS.map((c) => cell(((rates || {})[n] || {})[c[0]], "num")),
+    ])));
+  }
+
+  function renderBookies(bookies) {
+    $("bookies").replaceChildren(...bookies.map((b) => row([
+      cell(b.id), cell(b.address), cell(bytes(b.free_bytes), "num"),
+      cell(b.readonly ? "read-only (disk full)" : "writable", b.readonly ? "bad" : "good"),
+    ])));
+  }
+
+  function renderFailovers(failovers) {
+    if (!failovers.length) {
+      const li = document.createElement("li");
+      li.textContent = "none seen";
+      li.className = "muted";
+      $("failovers").replaceChildren(li);
+      return;
+    }
+    $("failovers").replaceChildren(...failovers.map((f) => {
+      const li = document.createElement("li");
+      li.textContent = new Date(f.at * 1000).toLocaleTimeString() + ": broker " + f.leader + " leads epoch " +
+        f.epoch + " (after broker " + f.previous + ")";
+      return li;
+    }));
+  }
+
+  function render(snap) {
+    $("cluster").textContent = snap.cluster ? "· cluster " + snap.cluster : "";
+    const banner = $("error");
+    if (snap.error) {
+      banner.textContent = "cannot read the cluster: " + snap.error;
+      banner.hidden = false;
+      return;
+    }
+    banner.hidden = true;
+    renderLeader(snap);
+    $("epoch").textContent = snap.epoch === null || snap.epoch === undefined ? "–" : String(snap.epoch);
+    const inSync = snap.brokers.filter((b) => b.in_sync).length;
+    $("broker-count").textContent = snap.brokers.length + " (" + inSync + ")";
+    $("bookie-count").textContent = String(snap.bookies.length);
+    $("ledger-count").textContent = snap.ledgers.count + " (" + snap.ledgers.underreplicated + ")";
+    renderBrokers(snap.brokers);
+    renderQueues(snap.queues, snap.rates);
+    renderBookies(snap.bookies);
+    renderFailovers(snap.failovers || []);
+  }
+
+  function showFreshness() {
+    const badge = $("updated");
+    const age = (Date.now() - lastOk) / 1000;
+    const stale = !lastOk || age > 5;
+    badge.textContent = !lastOk ? "connecting…" : stale ? "no update for " + Math.round(age) + " s" : "live";
+    badge.className = stale ? "badge stale" : "badge";
+  }
+
+  async function poll() {
+    try {
+      const response = await fetch("/api/cluster", { cache: "no-store" });
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      render(await response.json());
+      lastOk = Date.now();
+    } catch (err) {
+      // The dashboard process itself is away: keep the last view, marked stale.
+    } finally {
+      showFreshness();
+      setTimeout(poll, POLL_MS);
+    }
+  }
+
+  poll();
+})();
