@@ -397,11 +397,13 @@ class BrokerServer:
             self._shutdown_applied(results, exc)
             return
         route, rid, req, started = context
+        # A reply may come while another request is being answered (a failed pipeline answers at once).
+        outer_op, outer_started = self._answering, self._started
         self._answering, self._started = req["op"], started
         try:
             self._reply_to(route, rid, req, results, exc)
         finally:
-            self._answering = None
+            self._answering, self._started = outer_op, outer_started
 
     def _reply_to(self, route: list[bytes], rid: Any, req: dict, results: list[dict] | None,
                   exc: Exception | None) -> None:
