@@ -82,6 +82,8 @@ class FencepostGroup(click.Group):
             raise OneLineError(exc.format_message(), exc.exit_code) from None
         except KeyboardInterrupt:
             raise OneLineError("interrupted", EXIT_FAILED) from None
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): click ends quietly
         except _KNOWN_ERRORS as exc:
             log.debug("command failed", exc_info=exc)
             raise OneLineError(str(exc) or type(exc).__name__, EXIT_FAILED) from None

@@ -74,7 +74,7 @@ def dev_dir_option(fn):
 
 @dev.command("up")
 @dev_dir_option
-@click.option("--cluster", default="dev", show_default=True, help="Cluster name.")
+@click.option("--cluster", default=None, help="Cluster name [default: the one recorded in DEV_DIR, else dev].")
 @click.option("--bookies", default=4, show_default=True, type=click.IntRange(0, 16),
               help="Bookies to start (one spare over the default ensemble of 3, so losing one stops nothing).")
 @click.option("--brokers", default=3, show_default=True, type=click.IntRange(0, 16), help="Brokers to start.")
@@ -99,8 +99,10 @@ def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_ti
            write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes, wait_for) -> None:
     """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json.
 
-    Over a DEV_DIR whose processes stopped it starts them again on the same data; if only
-    some stopped (the brokers after `fencepost cluster shutdown`) it restarts just those.
+    Over a DEV_DIR whose recorded processes stopped (all after `dev down`, the brokers after
+    `fencepost cluster shutdown`) it starts exactly those again, brokers added with
+    `dev add-broker` included, on their recorded ports and data: running clients and
+    workers reconnect. Another `dev` command working on DEV_DIR makes it fail at once.
 
     It runs `cluster init` with the cluster-wide options given (the defaults otherwise)
     before starting any member; over directories whose cluster already exists it keeps
@@ -108,11 +110,14 @@ def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_ti
     """
     from devtools.devcluster import DevCluster, DevClusterSpec
 
+    dev_cluster = DevCluster(Path(dev_dir))
+    cluster = cluster or (dev_cluster.read_state() or {}).get("cluster") or "dev"
     spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout,
                           write_quorum=write_quorum, ack_quorum=ack_quorum, ensemble_size=ensemble_size,
                           digest=digest, secret_file=secret_file, max_payload_bytes=max_payload_bytes,
                           wait_for=wait_for)
-    state = DevCluster(Path(dev_dir)).up(spec, progress=click.echo)
+    with dev_cluster.locked():
+        state = dev_cluster.up(spec, progress=click.echo)
     click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
 
 
@@ -122,18 +127,35 @@ def dev_add_broker(dev_dir: str) -> None:
     """Start one more broker with an empty data dir; it joins by snapshot and ledger replay."""
     from devtools.devcluster import DevCluster
 
-    member = DevCluster(Path(dev_dir)).add_broker(progress=click.echo)
+    dev_cluster = DevCluster(Path(dev_dir))
+    with dev_cluster.locked():
+        member = dev_cluster.add_broker(progress=click.echo)
     click.echo(f"broker {member['index']} started (pid {member['pid']}, data {member['data_dir']})")
 
 
 @dev.command("down")
 @dev_dir_option
 def dev_down(dev_dir: str) -> None:
-    """Stop exactly the processes `dev up` started."""
+    """Stop exactly the processes `dev up` started (the record stays: `dev up` restarts them on the same ports)."""
     from devtools.devcluster import DevCluster
 
-    stopped = DevCluster(Path(dev_dir)).down()
+    dev_cluster = DevCluster(Path(dev_dir))
+    with dev_cluster.locked():
+        stopped = dev_cluster.down()
     click.echo(f"stopped {len(stopped)} processes")
+
+
+@dev.command("restart")
+@click.argument("member")
+@dev_dir_option
+def dev_restart(member: str, dev_dir: str) -> None:
+    """Stop MEMBER (zookeeper, bookie-N or broker-N, as `dev status` names them) if it runs, and start
+    it again on its recorded port and data."""
+    from devtools.devcluster import DevCluster
+
+    dev_cluster = DevCluster(Path(dev_dir))
+    with dev_cluster.locked():
+        dev_cluster.restart_member(member, progress=click.echo)
 
 
 @dev.command("status")
@@ -150,7 +172,8 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
             click.echo(f"no dev cluster in {dev_dir}")
         for r in rows:
             extra = f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
-            click.echo(f"{r['kind']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  {r['data_dir']}")
+            click.echo(f"{r['name']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  "
+                       f"{r['data_dir']}")
 
     emit(rows, as_json, human)
 

@@ -5,10 +5,13 @@ several clusters can coexist. ``cluster.json`` records the ZooKeeper address,
 the cluster name and every process started (kind, pid, address, data dir, log),
 so ``down`` stops exactly those processes and nothing else.
 
-``up`` on a run directory whose recorded processes all stopped starts them again on the
-same data dirs (ZooKeeper's too); on one where only some stopped (the brokers after
-``fencepost cluster shutdown``, whose bookies keep running) it restarts exactly those, with
-their recorded addresses and data. ``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
+``down`` keeps the record, so ``up`` on a run directory whose recorded processes stopped
+(all of them after ``down``; the brokers after ``fencepost cluster shutdown``, whose bookies
+keep running) starts exactly those again with their recorded ports and data dirs, brokers
+added by ``add_broker`` included: clients and workers that kept running find the cluster
+where it was. :meth:`DevCluster.restart_member` restarts one member by name (``zookeeper``,
+``bookie-0``, ``broker-1``), and :meth:`DevCluster.locked` keeps two commands from working
+on one run directory at once. ``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
 with the spec's cluster-wide options before it starts any member; over a run directory
 whose ZooKeeper already holds the cluster's `config` it keeps that config (the options
 given must agree with it). Brokers get the spec's ``--secret-file``; bookies need none.
@@ -17,20 +20,25 @@ Example::
 
     dev = DevCluster(Path(".fencepost-dev"))
     dev.up(DevClusterSpec(bookies=4, digest="hmac-sha256", secret_file="secret"))
-    dev.status()      # [{"kind": "zookeeper", "pid": ..., "alive": True, ...}, ...]
-    dev.down()
+    dev.status()      # [{"kind": "zookeeper", "name": "zookeeper", "pid": ..., "alive": True, ...}, ...]
+    dev.restart_member("broker-1")
+    with dev.locked():
+        dev.down()
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
+import os
 import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from broker import BrokerError
 from election import ElectionError
@@ -44,6 +52,8 @@ from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pi
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
 
 STATE_FILE = "cluster.json"
+# Held (flock) by the `fencepost dev` command working on the run directory.
+LOCK_FILE = ".dev.lock"
 # One more bookie than the default ensemble (3): with one bookie dead a new ledger still finds
 # three, so a broker failover or a ledger roll needs no operator.
 DEFAULT_BOOKIES = 4
@@ -105,6 +115,21 @@ def with_wait_for(args: list[str], wait_for: int) -> list[str]:
     return [*out, "--wait-for", str(wait_for)]
 
 
+def member_name(member: dict) -> str:
+    """How commands name a recorded member: ``zookeeper``, ``bookie-0``, ``broker-2`` (its data dir's name)."""
+    return "zookeeper" if member["kind"] == "zookeeper" else f"{member['kind']}-{member.get('index')}"
+
+
+def port_taken(address: str) -> bool:
+    """True if something listens on ``address`` (``tcp://host:port`` or ``host:port``)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def read_broker_id(data_dir: Path) -> int | None:
     """The broker id a data dir has been given, or None before its first start completes."""
     try:
@@ -141,6 +166,24 @@ class DevCluster:
         with self._state_lock:
             write_json_atomically(self.state_path, state, indent=2)
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the run directory's lock for a `dev` command; DevClusterError at once if another holds it."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                raise DevClusterError(f"another `fencepost dev` command (pid {holder}) is working on "
+                                      f"{self.run_dir}: wait for it to finish") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            yield
+        finally:
+            os.close(fd)  # drops the flock too
+
     def running(self) -> bool:
         state = self.read_state()
         return bool(state) and any(pid_alive(p["pid"]) for p in state["processes"])
@@ -148,7 +191,7 @@ class DevCluster:
     def up(self, spec: DevClusterSpec, progress: Callable[[str], None] = lambda _: None) -> dict:
         """Start the cluster; refuse if this run directory already has one running."""
         spec.validate()
-        if self.running():
+        if (self.read_state() or {}).get("processes"):
             return self._restart_stopped(spec, progress)
         # A restart of the same cluster keeps the secret file of its first `up` unless given another.
         secret_file = spec.secret_file or (self.read_state() or {}).get("secret_file")
@@ -177,14 +220,22 @@ class DevCluster:
                 progress(f"broker {index} listening on {member['address']}")
         except Exception:
             self.down()
+            # A cluster that never came up whole is not one to restart: the next `up` starts afresh.
+            state["processes"] = []
+            self.write_state(state)
             raise
         return state
 
     def _restart_stopped(self, spec: DevClusterSpec, progress: Callable[[str], None]) -> dict:
-        """Some recorded processes run, some stopped (say the brokers after `cluster shutdown`): start
-        the stopped ones again as they were recorded (``spec.wait_for``, if given, replaces theirs)."""
+        """Start the recorded processes that stopped (all after `down`, the brokers after `cluster shutdown`)
+        again as they were recorded: same ports, data dirs and arguments (``spec.wait_for``, if given,
+        replaces theirs). Once ZooKeeper runs, the spec's cluster-wide options are checked against the
+        cluster's config as on a first `up`."""
         with self._state_lock:
             state = self.read_state()
+            if spec.cluster != state["cluster"]:
+                raise DevClusterError(f"{self.run_dir} holds cluster {state['cluster']!r}, not {spec.cluster!r}: "
+                                      f"give another --dev-dir")
             stopped = [m for m in state["processes"]
                        if not (pid_alive(m["pid"]) and owns(m["pid"], str(self.run_dir)))]
             if not stopped:
@@ -194,10 +245,16 @@ class DevCluster:
                     if member["kind"] == "broker":
                         member["args"] = with_wait_for(member["args"], spec.wait_for)
                 self.write_state(state)
+        secret_file = spec.secret_file or state.get("secret_file")
+        secret_file = str(Path(secret_file).resolve()) if secret_file else None
         order = {"zookeeper": 0, "bookie": 1, "broker": 2}
+        checked = False
         for member in sorted(stopped, key=lambda m: (order.get(m["kind"], 3), m.get("index", 0))):
+            if member["kind"] != "zookeeper" and not checked:
+                progress(self._init_cluster(state, spec, self._secret(secret_file), secret_file))
+                checked = True
             self.restart(member)
-            progress(f"{member['kind']} {member.get('index', '')} restarted on {member['address']} "
+            progress(f"{member_name(member)} restarted on {member['address']} "
                      f"(data {member['data_dir']})")
         return self.read_state()
 
@@ -284,6 +341,9 @@ class DevCluster:
                 raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
             if pid_alive(current["pid"]) and owns(current["pid"], str(self.run_dir)):
                 raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
+            if port_taken(current["address"]):
+                raise DevClusterError(f"port of {member_name(current)} ({current['address']}) is taken by another "
+                                      f"process: free it, or remove {self.state_path} to start afresh on new ports")
             if current["kind"] == "zookeeper":
                 port = int(current["address"].rsplit(":", 1)[1])
                 server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
@@ -298,6 +358,20 @@ class DevCluster:
             self._wait_member(current)
         return current
 
+    def restart_member(self, name: str, progress: Callable[[str], None] = lambda _: None) -> dict:
+        """Stop the member called ``name`` (SIGTERM, as `down` does) if it runs, then start it as recorded."""
+        state = self.read_state() or {}
+        member = next((m for m in state.get("processes", []) if member_name(m) == name), None)
+        if member is None:
+            known = ", ".join(member_name(m) for m in state.get("processes", [])) or "none"
+            raise DevClusterError(f"no member {name!r} recorded in {self.state_path} (members: {known})")
+        if pid_alive(member["pid"]) and owns(member["pid"], str(self.run_dir)):
+            stop_pid(member["pid"], str(self.run_dir))
+            progress(f"{name} stopped (pid {member['pid']})")
+        member = self.restart(member)
+        progress(f"{name} restarted on {member['address']} (pid {member['pid']})")
+        return member
+
     def exit_code(self, pid: int) -> int | None:
         """The exit code of a process this object started, None while it runs or if unknown."""
         proc = self._popens.get(pid)
@@ -308,10 +382,12 @@ class DevCluster:
         data = self.data_dir(kind, index)
         data.mkdir(parents=True, exist_ok=True)
         address = f"tcp://127.0.0.1:{free_port()}"
-        args = [kind, "start", "--data", str(data), "--listen", address,
+        # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
+        metrics = f"127.0.0.1:{free_port()}"
+        args = [kind, "start", "--data", str(data), "--listen", address, "--metrics-listen", metrics,
                 "--zk", state["zk"], "--cluster", state["cluster"], *(extra or [])]
         log_path = self.run_dir / f"{kind}-{index}.log"
-        member = {"kind": kind, "index": index, "address": address, "data_dir": str(data),
+        member = {"kind": kind, "index": index, "address": address, "metrics": metrics, "data_dir": str(data),
                   "log": str(log_path), "args": args}
         if session_file:
             member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
@@ -333,17 +409,18 @@ class DevCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not pid_alive(member["pid"]):
-                tail = Path(member["log"]).read_text(errors="replace")[-1500:]
-                raise DevClusterError(f"{member['kind']} {member['index']} exited during start:\n{tail}")
+                lines = Path(member["log"]).read_text(errors="replace").strip().splitlines()
+                raise DevClusterError(f"{member_name(member)} exited during start (log {member['log']}): "
+                                      f"{lines[-1] if lines else 'no output'}")
             try:
                 with socket.create_connection((host, int(port)), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.05)
-        raise DevClusterError(f"{member['kind']} {member['index']} did not listen on {member['address']} in {timeout:g}s")
+        raise DevClusterError(f"{member_name(member)} did not listen on {member['address']} in {timeout:g}s")
 
     def down(self) -> list[dict]:
-        """Stop every recorded process, brokers first and ZooKeeper last."""
+        """Stop every recorded process, brokers first and ZooKeeper last; the record stays for the next `up`."""
         state = self.read_state()
         if not state:
             return []
@@ -354,8 +431,6 @@ class DevCluster:
                 marker = str(self.run_dir)
                 stop_pid(member["pid"], marker)
                 stopped.append(member)
-        state["processes"] = []
-        self.write_state(state)
         return stopped
 
     def status(self) -> list[dict]:
@@ -369,8 +444,10 @@ class DevCluster:
             if member["kind"] == "zookeeper" and alive:
                 host, port = member["address"].rsplit(":", 1)
                 alive = four_letter(host, int(port)) == "imok"
-            row = {k: member.get(k) for k in ("kind", "pid", "address", "data_dir")}
+            row = {"name": member_name(member), **{k: member.get(k) for k in ("kind", "pid", "address", "data_dir")}}
             row["alive"] = alive
+            if member.get("metrics"):
+                row["metrics"] = member["metrics"]
             if member["kind"] == "broker":
                 row["broker_id"] = read_broker_id(Path(member["data_dir"]))
             rows.append(row)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 from broker.api.client import DEFAULT_REQUEST_TIMEOUT, DEFAULT_TIMEOUT, Client
 from broker.api.requests import Backoff, WaitTimeout
+from broker.api.target import dev_dir_target
 from broker.state.events import FINAL_STATES
 from election.wire import DEFAULT_MAX_FRAME_BYTES
 
@@ -37,12 +39,18 @@ class AsyncClient:
             task_id = await client.submit("mail", b"hi", key="order-17")
     """
 
-    def __init__(self, zk: str | None = None, cluster: str = "dev", brokers: list[str] | None = None,
+    def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._args = {"zk": zk, "cluster": cluster, "brokers": brokers, "timeout": timeout,
                       "request_timeout": request_timeout, "max_frame_bytes": max_frame_bytes}
         self._client: Client | None = None
+
+    @classmethod
+    def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "AsyncClient":
+        """An async client of the dev cluster `fencepost dev up` recorded in ``dev_dir``."""
+        hosts, cluster = dev_dir_target(dev_dir)
+        return cls(zk=hosts, cluster=cluster, **options)
 
     async def open(self) -> "AsyncClient":
         """Connect (to ZooKeeper, when given ``zk``) without blocking the loop."""

@@ -20,7 +20,7 @@ def test_unknown_command_exits_2():
 # removing one (or dropping it from the help) must fail here.
 IMPLEMENTED_COMMANDS = {
     "bench": [], "bookie": ["start", "list", "decommission"], "broker": ["start"], "chaos": [],
-    "cluster": ["init", "shutdown"], "dev": ["up", "down", "status", "add-broker"], "export": [], "audit": [],
+    "cluster": ["init", "shutdown"], "dev": ["up", "down", "status", "restart", "add-broker"], "export": [], "audit": [],
     "dashboard": [],
     "snapshot": ["list", "create", "verify", "restore"],
     "status": [], "store": ["verify", "inspect", "mark-clean"], "submit": [], "task": ["show", "cancel"], "worker": ["run"],
