@@ -25,12 +25,17 @@ from devtools.commands import bench, chaos, dev, zk
 from ledger.bookie.config import BookieConfig
 
 
+# Fields a log call may attach with extra={...} that JSON lines carry as their own keys.
+LOG_FIELDS = ("task_id", "queue", "attempt", "duration_ms", "outcome")
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per log line, for log shippers."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
                  "msg": record.getMessage(), "pid": record.process}
+        entry.update({name: getattr(record, name) for name in LOG_FIELDS if hasattr(record, name)})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -195,12 +200,19 @@ def _client(zk, cluster, dev_dir, timeout: float = 30.0):
 @click.option("--max-run", default=None, type=click.FloatRange(min=0.1),
               help="Seconds one attempt may run: past it the worker abandons it (killing a `worker run` command) "
                    "and the leader expires its lease even if heartbeats go on.")
+@click.option("--retry-backoff", default=None, type=click.FloatRange(0, 1 << 30),
+              help="Seconds before the first retry of a failed attempt, doubling for each later one [default: "
+                   "the queue's, else the brokers' retry_backoff_ms].")
+@click.option("--retry-backoff-max", default=None, type=click.FloatRange(0, 1 << 30),
+              help="Longest wait between two attempts, in seconds [default: the queue's, else the brokers' "
+                   "retry_backoff_max_ms].")
 @click.option("--wait", "wait_s", default=None, type=WAIT,
               help="Wait up to this many seconds for the task to finish, then print its result; exit 1 unless "
                    "it ended done.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with --wait: the task's record).")
 @cluster_options
-def submit(queue, payload, key, priority, delay, max_attempts, max_run, wait_s, as_json, zk, cluster, dev_dir) -> None:
+def submit(queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max, wait_s,
+           as_json, zk, cluster, dev_dir) -> None:
     """Submit a task to QUEUE; PAYLOAD is read from stdin when absent. Prints the task id once committed.
 
     With --wait, the id comes first, then the task's result once it is done; the exit code
@@ -209,7 +221,7 @@ def submit(queue, payload, key, priority, delay, max_attempts, max_run, wait_s, 
     data = payload.encode() if payload is not None else click.get_binary_stream("stdin").read()
     with _client(zk, cluster, dev_dir) as client:
         task_id = client.submit(queue, data, key=key, priority=priority, delay=delay, max_attempts=max_attempts,
-                                max_run=max_run)
+                                max_run=max_run, retry_backoff=retry_backoff, retry_backoff_max=retry_backoff_max)
         report_submit(client, task_id, wait_s, as_json)
 
 
@@ -228,7 +240,8 @@ def task_show(task_id, as_json, zk, cluster, dev_dir) -> None:
         info = _printable(client.get(task_id))
 
     def human(t):
-        for name in ("id", "queue", "state", "attempts", "max_attempts", "priority", "worker", "result", "error"):
+        for name in ("id", "queue", "state", "attempts", "max_attempts", "priority", "worker", "result", "error",
+                     "will_retry"):
             if t.get(name) is not None:
                 click.echo(f"{name:<13}{t[name]}")
 
@@ -260,10 +273,19 @@ def worker() -> None:
 @click.option("--prefetch", default=None, type=click.IntRange(1, 1000),
               help="Tasks held at once, running or queued to run [default: --concurrency]. More keeps the "
                    "command busy between tasks; each prefetched task's lease runs while it waits.")
+@click.option("--drain-timeout", default=25.0, show_default=True, type=click.FloatRange(0),
+              help="On SIGTERM or SIGINT, seconds to finish the tasks in hand; past it their commands are killed "
+                   "and the worker exits 1. A second signal stops at once.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @cluster_options
-def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, prefetch, command, zk, cluster, dev_dir) -> None:
-    """Run COMMAND once per task: payload on stdin, stdout is the result, a non-zero exit fails the attempt.
+def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, prefetch, drain_timeout, command, zk, cluster,
+               dev_dir) -> None:
+    """Run COMMAND once per task: payload on stdin, stdout is the result, a non-zero exit fails the attempt
+    (retried after its backoff), exit 100 rejects the task (dead at once).
+
+    SIGTERM or SIGINT drains: no new tasks, the running commands finish (each in its own process
+    group, so a terminal's Ctrl-C does not reach them), their outcomes are committed, exit 0.
+    A second signal kills the commands and exits 128 + the signal.
 
     Example: fencepost worker run --queue thumbs -- convert - -resize 64x64 png:-
     """
@@ -272,8 +294,11 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, prefetch, comma
 
     hosts, name_ = resolve_cluster(zk, cluster, dev_dir)
     handler = CommandHandler(list(command), timeout=cmd_timeout)
-    Worker(zk=hosts, cluster=name_, queues=list(queues), concurrency=concurrency, lease_ms=lease_ms, name=name,
-           handlers={q: handler for q in queues}, prefetch=prefetch).run()
+    worker = Worker(zk=hosts, cluster=name_, queues=list(queues), concurrency=concurrency, lease_ms=lease_ms,
+                    name=name, handlers={q: handler for q in queues}, prefetch=prefetch, drain_timeout=drain_timeout)
+    worker.run()
+    if not worker.drained:
+        fail(f"worker {worker.name} stopped after its {drain_timeout:g}s drain with tasks still in hand")
 
 
 # ---------------------------------------------------------------- snapshots

@@ -23,8 +23,9 @@ Operations (request fields -> reply fields):
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
 - ``complete_many`` ``tasks: [{task_id, attempt, result?}]`` -> ``results: [{ok, error?, message?}]``
   (one result per task, in order; one task's stale attempt does not fail the others)
-- ``fail`` ``task_id, attempt, error?, retry?, reject?`` -> ``will_retry, retry_at_ms`` (``reject: true``:
-  the task is dead at once; otherwise a retry waits the backoff the leader stamps)
+- ``fail`` ``task_id, attempt, error?, retry?, reject?`` -> ``will_retry, retry_at_ms, retry_delay_ms``
+  (``reject: true``: the task is dead at once; otherwise a retry waits the backoff the leader stamps;
+  the three are null for a repeated fail)
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues``
 - ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?``
   -> ``queue`` (the queue's settings after the change; a field left out keeps its value)
@@ -332,5 +333,5 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
     if op == "declare_queue":
         return {"queue": {k: v for k, v in res.items() if k != "ok"}}
     if op == "fail":
-        return {"will_retry": res.get("will_retry", False), "retry_at_ms": res.get("retry_at_ms")}
+        return {name: res.get(name) for name in ("will_retry", "retry_at_ms", "retry_delay_ms")}
     return {}

@@ -24,6 +24,10 @@ request and pipelined on one socket by the client's sender thread
 (:mod:`broker.api.pipeline`), each with the keys, retries and errors of ``submit``.
 :mod:`broker.aio` wraps this for asyncio.
 
+ZooKeeper reads are bounded too: each waits at most until the call's deadline (a
+kazoo call made while ZooKeeper is away would otherwise wait for it forever), so
+a process whose cluster has gone can still be stopped.
+
 Threads: a Client may be shared by several threads. Each thread gets its own
 DEALER socket (``threading.local``), so a long-polling ``lease`` in one thread
 never blocks a ``submit`` in another; ``close()`` must only be called once no
@@ -54,8 +58,10 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
 
+from broker.api.leader_watch import LeaderWatch
 from broker.api.pipeline import SubmitPipeline
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_target, resolve_target
 from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
@@ -66,8 +72,6 @@ from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
 from election import ElectionError
 from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
-from election.cluster_config import read_cluster_config
-from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
 from election.wire import (DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, error_for,
@@ -175,18 +179,16 @@ class Client:
             raise
         # The watch keeps the cached leader current across failovers; a failed
         # request also drops the cache, so a missed event only costs a re-read.
-        self._zk.DataWatch(self._paths.leader, self._on_leader_node)
+        self._watch = LeaderWatch(self._zk, self._paths.leader, self._on_leader_node)
+        self._watch.start()
 
-    def _on_leader_node(self, data: bytes | None, *_: Any) -> bool | None:
-        if self._closed:
-            return False  # stops the watch
+    def _on_leader_node(self, data: bytes | None) -> None:
         try:
             address = leader_address(json.loads(data)) if data else None
         except ValueError:
             address = None
         with self._lock:
             self._leader = address
-        return None
 
     # ------------------------------------------------------------ public API
 
@@ -269,9 +271,9 @@ class Client:
         """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
         if self._max_payload is None and self._zk is not None:
             try:
-                config = read_cluster_config(self._zk, self._paths) or {}
-                self._max_payload = int(config["max_payload_bytes"])
-            except (KazooException, KeyError, TypeError, ValueError) as exc:
+                data = self._zk_read(self._paths.config, time.monotonic() + self.request_timeout)
+                self._max_payload = int(json.loads(data or b"{}")["max_payload_bytes"])
+            except (KazooException, KazooTimeoutError, KeyError, TypeError, ValueError) as exc:
                 log.debug("cluster payload limit unknown: %s", exc)
         return self._max_payload
 
@@ -405,6 +407,7 @@ class Client:
         for sock in sockets:
             sock.close(linger=0)
         if self._zk is not None:
+            self._watch.stop()
             zk_close(self._zk)
         self._ctx.destroy(linger=0)
 
@@ -435,15 +438,24 @@ class Client:
         with self._lock:
             if self._leader:
                 return self._leader
-        address = self._discover_zk() if self._zk is not None else self._discover_brokers(deadline)
+        address = self._discover_zk(deadline) if self._zk is not None else self._discover_brokers(deadline)
         if address:
             self._set_leader(address)
         return address
 
-    def _discover_zk(self) -> str | None:
+    def _zk_read(self, path: str, deadline: float) -> bytes | None:
+        """A znode's data (None if it does not exist), waiting for ZooKeeper no later than ``deadline``."""
         try:
-            return leader_address(read_leader(self._zk, self._paths))
-        except (KazooException, ValueError) as exc:  # ZooKeeper unreachable, or a bad node
+            data, _ = self._zk.get_async(path).get(timeout=max(deadline - time.monotonic(), 0.01))
+        except NoNodeError:
+            return None
+        return data
+
+    def _discover_zk(self, deadline: float) -> str | None:
+        try:
+            data = self._zk_read(self._paths.leader, deadline)
+            return leader_address(json.loads(data)) if data else None
+        except (KazooException, KazooTimeoutError, ValueError) as exc:  # ZooKeeper away, or a bad node
             log.debug("cannot read the leader node: %s", exc)
             return None
 

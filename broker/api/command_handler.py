@@ -2,8 +2,16 @@
 
 The task's payload goes to the command's stdin; its stdout becomes the task's
 result; a non-zero exit status (or a timeout) fails the attempt, with the tail
-of stderr as the error, so the broker retries it. A task's ``max_run_ms``
-shortens the timeout: the command is killed when its attempt runs out.
+of stderr as the error, so the broker retries it after its backoff. Exit status
+100 (:data:`~broker.api.reject.REJECT_EXIT_CODE`) rejects the task instead: it
+is dead at once, never retried. A task's ``max_run_ms`` shortens the timeout:
+the command is killed when its attempt runs out.
+
+Each command runs in a process group of its own (a new session), so a terminal's
+Ctrl-C, which signals the worker's group, does not reach it: the worker drains
+and lets it finish. Killing a command (timeout, or :meth:`CommandHandler.kill_running`
+on a worker's hard stop) kills its whole group, and whatever the command left
+running in its group is killed once it exits, so no child outlives its task.
 
 Example::
 
@@ -13,15 +21,25 @@ Example::
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 
 from broker import BrokerError
+from broker.api.reject import REJECT_EXIT_CODE, Reject
 
 STDERR_TAIL = 4000
 
 
 class CommandFailed(BrokerError):
     """The command exited non-zero or ran too long."""
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
 
 
 class CommandHandler:
@@ -32,6 +50,8 @@ class CommandHandler:
             raise BrokerError("worker run needs a command after --")
         self.argv = list(argv)
         self.timeout = timeout
+        self._lock = threading.Lock()
+        self._running: set[int] = set()  # process group ids of the commands running now
 
     def __call__(self, task) -> bytes:
         env = {**os.environ, "FENCEPOST_TASK_ID": task.task_id, "FENCEPOST_ATTEMPT": str(task.attempt),
@@ -41,13 +61,33 @@ class CommandHandler:
         if max_run_ms is not None:
             timeout = min(timeout or float("inf"), max_run_ms / 1000)
         try:
-            done = subprocess.run(self.argv, input=task.payload, capture_output=True, timeout=timeout,
-                                  env=env, check=False)
-        except subprocess.TimeoutExpired:
-            raise CommandFailed(f"{self.argv[0]} ran longer than {timeout:g}s") from None
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
         except OSError as exc:
             raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
-        if done.returncode != 0:
-            tail = done.stderr[-STDERR_TAIL:].decode(errors="replace")
-            raise CommandFailed(f"{self.argv[0]} exited with status {done.returncode}: {tail}")
-        return done.stdout
+        with self._lock:
+            self._running.add(proc.pid)  # a new session: its group id is its pid
+        try:
+            stdout, stderr = proc.communicate(input=task.payload, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.communicate()
+            raise CommandFailed(f"{self.argv[0]} ran longer than {timeout:g}s") from None
+        finally:
+            with self._lock:
+                self._running.discard(proc.pid)
+            _kill_group(proc.pid)  # what the command left behind in its group
+        if proc.returncode == REJECT_EXIT_CODE:
+            raise Reject(f"{self.argv[0]} exited with status {REJECT_EXIT_CODE} (reject): "
+                         f"{stderr[-STDERR_TAIL:].decode(errors='replace')}")
+        if proc.returncode != 0:
+            tail = stderr[-STDERR_TAIL:].decode(errors="replace")
+            raise CommandFailed(f"{self.argv[0]} exited with status {proc.returncode}: {tail}")
+        return stdout
+
+    def kill_running(self) -> None:
+        """Kill every command running now, with its process group (a worker's hard stop)."""
+        with self._lock:
+            groups = list(self._running)
+        for pgid in groups:
+            _kill_group(pgid)

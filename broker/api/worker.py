@@ -5,8 +5,11 @@ A :class:`Worker` keeps up to ``prefetch`` tasks in hand (default: its
 that leaves room for and queues them locally; ``concurrency`` handler threads
 take tasks from that queue and call the queue's handler with a :class:`Task`.
 What the handler returns (bytes, str or None) is a completion; an exception is
-a failure (``retry=True``: the broker retries the task until its
-``max_attempts``, then marks it dead). Outcomes go to an outbox that a sender
+a failure (``retry=True``: the broker retries the task after its backoff until
+its ``max_attempts``, then marks it dead), except :class:`~broker.api.reject.Reject`
+(``fencepost.Reject``), which makes the task dead at once. Each finished task
+is one INFO log line with its outcome and duration (``task_id``, ``queue``,
+``attempt``, ``duration_ms`` and ``outcome`` also as record fields). Outcomes go to an outbox that a sender
 thread delivers in the background, every completion ready at that moment in
 one ``complete_many`` (a failure is one ``fail``), so a handler thread goes on
 to its next task without waiting for a commit. A heartbeat thread extends every
@@ -34,7 +37,15 @@ is refused is dropped before it runs. ``run()`` never raises for broker errors
 or failovers; it logs and keeps going until stopped.
 
 A handler may run more than once for one task (at-least-once delivery), so
-handlers should be idempotent. A ``lease`` whose reply is lost in a failover is
+handlers should be idempotent.
+
+Stopping (:mod:`broker.api.drain`): ``stop()``, or SIGTERM or SIGINT when
+``run()`` is called in the main thread, drains: no new leases, the tasks in
+hand run to the end and their outcomes are committed, then ``run()`` returns
+(``drained`` is True). Past ``drain_timeout`` seconds it gives up on what is
+left: commands of a :class:`~broker.api.command_handler.CommandHandler` are
+killed, ``run()`` returns with ``drained`` False, and the leases expire. A
+second signal stops the process at once (exit status 128 + the signal). A ``lease`` whose reply is lost in a failover is
 retried; a task the lost reply may have leased goes back to its queue when the
 lease expires (using up one attempt).
 
@@ -51,7 +62,7 @@ Example::
         deliver(task.payload)
         return b"sent"
 
-    worker.run()          # blocks until worker.stop() is called (or Ctrl-C)
+    worker.run()          # blocks until worker.stop(), SIGTERM or Ctrl-C, then drains
 """
 from __future__ import annotations
 
@@ -69,6 +80,8 @@ from typing import Any, Callable, Iterator, Union
 
 from broker.api.client import (
     DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
+from broker.api.drain import SignalDrain
+from broker.api.reject import Reject
 from broker.api.target import dev_dir_target
 from broker.protocol import MAX_LEASE_TASKS, MAX_SUBMIT_MANY, RequestError, check_queue
 from election.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_PAYLOAD_TOO_LARGE, E_STALE_ATTEMPT
@@ -77,6 +90,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_WAIT_MS = 2_000
+# Below Kubernetes' default grace period of 30 s, so the worker stops itself before SIGKILL.
+DEFAULT_DRAIN_TIMEOUT = 25.0
 # Error replies to complete/fail/heartbeat which mean "this attempt is no longer yours".
 LOST_LEASE_CODES = frozenset({E_STALE_ATTEMPT, E_NOT_RUNNING, E_NO_SUCH_TASK, E_NOT_OWNER})
 # Enough of a traceback to debug with, small enough to keep task records small.
@@ -129,6 +144,8 @@ class Worker:
     ``FENCEPOST_ZK`` and ``FENCEPOST_CLUSTER``; :meth:`from_dev_dir` for a dev cluster), or a
     ready ``client`` (it is then not closed by the worker). ``prefetch`` is how many
     tasks the worker holds at once, queued or running (default: ``concurrency``).
+    ``drain_timeout`` (seconds, None: no limit) bounds a drain; ``handle_signals``
+    False leaves SIGTERM and SIGINT alone.
     A Worker runs once: ``run()`` returns after ``stop()`` and cannot be started again.
 
     Example::
@@ -142,7 +159,8 @@ class Worker:
                  queues: list[str] | None = None, concurrency: int = 1, lease_ms: int = DEFAULT_LEASE_MS,
                  name: str | None = None, handlers: dict[str, Handler] | None = None,
                  wait_ms: int = DEFAULT_WAIT_MS, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 client: Client | None = None, prefetch: int | None = None) -> None:
+                 client: Client | None = None, prefetch: int | None = None,
+                 drain_timeout: float | None = DEFAULT_DRAIN_TIMEOUT, handle_signals: bool = True) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if prefetch is not None and prefetch < 1:
@@ -156,6 +174,10 @@ class Worker:
         self.lease_ms = int(lease_ms)
         self.wait_ms = int(wait_ms)
         self.request_timeout = request_timeout
+        self.drain_timeout = drain_timeout
+        self.handle_signals = handle_signals
+        # False after run() if the drain ran out of time with tasks or outcomes still in hand.
+        self.drained = True
         self._connect = {"zk": zk, "cluster": cluster, "brokers": brokers}
         self._client = client
         self._handlers: dict[str, Handler] = {}
@@ -223,11 +245,23 @@ class Worker:
         missing = [q for q in queues if q not in self._handlers]
         if missing:
             raise ValueError(f"no handler for queue(s): {', '.join(missing)}")
+        drain = SignalDrain(on_drain=self.stop, hard_stop=self.kill_handlers)
+        if self.handle_signals:
+            drain.install()
         try:
             self._run(queues, stop)
         except KeyboardInterrupt:
             # Ctrl-C during the final join: the worker's threads are daemons and die with us.
             log.warning("worker %s interrupted", self.name)
+        finally:
+            drain.restore()
+
+    def kill_handlers(self) -> None:
+        """Kill what the handlers run (a CommandHandler's commands); for a stop that cannot wait."""
+        for handler in {id(h): h for h in self._handlers.values()}.values():
+            kill = getattr(handler, "kill_running", None)
+            if kill is not None:
+                kill()
 
     def _run(self, queues: list[str], stop: threading.Event | None) -> None:
         client = self._client or self._open_client(stop)
@@ -247,22 +281,33 @@ class Worker:
         except KeyboardInterrupt:
             log.info("worker %s: interrupted, finishing the tasks in hand", self.name)
         self._stopping.set()
-        while leaser.is_alive():
-            leaser.join(0.1)
-        for t in handlers:
-            while t.is_alive() and t.ident not in self._abandoned_threads:
-                t.join(0.1)
-        with self._changed:
-            self._handlers_done = True
-            self._changed.notify_all()
-        # The outbox is flushed: each of its requests is bounded by the client's timeout.
-        while sender.is_alive():
-            sender.join(0.1)
+        end = None if self.drain_timeout is None else time.monotonic() + self.drain_timeout
+        drained = _join(leaser, end) and all(_join(t, end, lambda t=t: t.ident in self._abandoned_threads)
+                                             for t in handlers)
+        if drained:
+            with self._changed:
+                self._handlers_done = True
+                self._changed.notify_all()
+            # The outbox is flushed: each of its requests is bounded by the client's timeout.
+            drained = _join(sender, end)
+        left = 0
+        if not drained:
+            with self._lock:
+                left = len(self._held)
+            if left:
+                log.warning("worker %s: the drain ran past %gs; stopping with %d task(s) in hand (their leases "
+                            "expire and they run again)", self.name, self.drain_timeout, left)
+                self.kill_handlers()
+            else:
+                # Only a lease call is still out (the cluster is unreachable): nothing in hand to lose.
+                log.info("worker %s: stopping without the reply to its lease call in flight", self.name)
+        self.drained = drained or not left
         # Heartbeats last until every outcome is acknowledged.
         heartbeats_done.set()
-        beat.join()
-        if self._client is None:
-            client.close()
+        if drained:
+            beat.join()
+            if self._client is None:
+                client.close()
         log.info("worker %s stopped: %s", self.name, self.stats)
 
     @staticmethod
@@ -361,15 +406,25 @@ class Worker:
 
     def _process(self, task: Task) -> None:
         key = (task.task_id, task.attempt)
+        started = time.monotonic()
         try:
             result = result_bytes(self._handlers[task.queue](task))
+        except Reject as exc:
+            outcome, why = "rejected", f": {exc}"
+            fields: dict = {"error": f"Reject: {exc}", "retry": False, "reject": True}
         except Exception as exc:
-            if self._claim_report(key):
-                log.info("task %s attempt %d (%s) failed: %s", task.task_id, task.attempt, task.queue, exc)
-                self._post("fail", task, error=error_text(exc), retry=True)
+            outcome, why = "failed", f": {type(exc).__name__}: {exc}"
+            fields = {"error": error_text(exc), "retry": True}
         else:
-            if self._claim_report(key):
-                self._post("complete", task, result=result)
+            outcome, why, fields = "done", "", {"result": result}
+        if not self._claim_report(key):
+            return
+        duration_ms = round((time.monotonic() - started) * 1000, 1)
+        log.info("task %s attempt %d (%s) %s in %.3fs%s", task.task_id, task.attempt, task.queue, outcome,
+                 duration_ms / 1000, why, extra={"task_id": task.task_id, "queue": task.queue,
+                                                 "attempt": task.attempt, "duration_ms": duration_ms,
+                                                 "outcome": outcome})
+        self._post("complete" if outcome == "done" else "fail", task, **fields)
 
     def _claim_report(self, key: tuple[str, int]) -> bool:
         """True if the handler's outcome is still ours to report (the watchdog has not abandoned it)."""
@@ -546,6 +601,15 @@ class Worker:
             self.stats["lost"] += 1
             self._changed.notify_all()
             return True
+
+
+def _join(thread: threading.Thread, end: float | None, given_up: Callable[[], bool] = lambda: False) -> bool:
+    """Wait for ``thread`` until the monotonic time ``end`` (None: no limit); False if it is still running."""
+    while thread.is_alive() and not given_up():
+        if end is not None and time.monotonic() >= end:
+            return False
+        thread.join(0.1)
+    return True
 
 
 def _result_batches(completions: list[tuple[Task, dict]]) -> Iterator[list[tuple[Task, dict]]]:

@@ -299,7 +299,8 @@ def _task_failed(tx: StateTxn, ev: dict) -> dict:
         rec["will_retry"] = will_retry
         tx.save_task(rec)
     return ok(task_id=tid, state=rec["state"], will_retry=will_retry,
-              retry_at_ms=rec["not_before_ms"] if will_retry else None)
+              retry_at_ms=rec["not_before_ms"] if will_retry else None,
+              retry_delay_ms=ev["retry_delay_ms"] if will_retry else None)
 
 
 def _expire_running(tx: StateTxn, task_id: bytes, now_ms: int, why: str) -> dict:
