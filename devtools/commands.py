@@ -172,6 +172,7 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
             click.echo(f"no dev cluster in {dev_dir}")
         for r in rows:
             extra = f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
+            extra += f" metrics=http://{r['metrics']}/metrics" if r.get("metrics") else ""
             click.echo(f"{r['name']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  "
                        f"{r['data_dir']}")
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from election.cluster_config import read_cluster_config
 from election.exchange import NoReply, exchange
 from election.live import live_brokers
 from election.wire import WireError
@@ -43,6 +44,7 @@ from pipeline.history import Entry, cluster_entries, export_entries
 from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connection, end_position, split_ranges
 from pipeline.replay import ReplayResult, UnreplayableEntry, replay
 from pipeline.rows import Position, format_position
+from snapshots.format import read_header
 
 # (what, done, total or None): progress of the audit's long steps.
 Progress = Callable[[str, int, int | None], None]
@@ -166,6 +168,14 @@ def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, 
         if start and snapshot is None:
             raise PipelineError(f"the log no longer starts at the beginning of the history ({start}): give a "
                                 "snapshot (--snapshot FILE) taken at or after its first entry to replay from")
+        first = None
+        if snapshot is not None:
+            header = read_header(snapshot)
+            cluster_id = (read_cluster_config(conn.zk, conn.paths) or {}).get("cluster_id")
+            if header.get("cluster_id") != cluster_id:
+                raise PipelineError(f"{snapshot} is a snapshot of cluster {header.get('cluster_id')}, "
+                                    f"not of {address.cluster!r} ({cluster_id})")
+            first = (int(header["position"][0]), int(header["position"][1]) + 1)
         report.brokers = broker_digests(address, conn)
         wanted = max((tuple(b["position"]) for b in report.brokers if b["position"]), default=None)
         deadline = time.monotonic() + _PLAN_WAIT_S
@@ -188,12 +198,6 @@ def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, 
     report.findings += scan.findings
     report.copies = dict(scan.copies)
     epochs = EpochCheck({e.ledger_id: e.epoch for e in extents})
-    first = None
-    if snapshot is not None:
-        from snapshots.format import read_header
-
-        ledger_id, entry_id = read_header(snapshot)["position"]
-        first = (int(ledger_id), int(entry_id) + 1)
     digests_at = [tuple(b["position"]) for b in report.brokers if b["position"]]
     _replay_checked(report, cluster_entries(address, first=first, last=end, extents=extents), epochs, snapshot,
                     digests_at, True, progress)
