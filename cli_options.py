@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable
 import click
 
 from cli_checks import check_zk_hosts, check_zk_resolvable
-from cli_errors import fail, quiet_kazoo
+from cli_errors import fail, quiet_kazoo  # fail: also imported from here by the commands
 from election.settings import ENV_PREFIX
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
