@@ -217,9 +217,9 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
             written["bytes"] += len(data)
             written["last_position"] = position
             if len(pending) >= WRITE_INFLIGHT:
-                _settle(pending[: WRITE_INFLIGHT // 2])
+                settle(pending[: WRITE_INFLIGHT // 2])
                 del pending[: WRITE_INFLIGHT // 2]
-        _settle(pending)
+        settle(pending)
         if index < len(per_ledger) - 1:
             writer.close()  # a new epoch's leader closed (recovered) it
         else:
@@ -228,7 +228,7 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
     return written
 
 
-def _settle(pending: list) -> None:
+def settle(pending: list) -> None:
     for entry_id, fut in pending:
         got = fut.result(30.0)
         if got != entry_id:

@@ -189,6 +189,7 @@ BENCHMARKS = {
     "catchup": "bench.catchup",
     "fuzz": "bench.fuzz",
     "peer": "bench.peer",
+    "pipeline": "bench.pipeline",
 }
 
 
@@ -197,7 +198,7 @@ BENCHMARKS = {
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(name: str, args: tuple[str, ...]) -> None:
-    """Run benchmark NAME (ledger, tasks, failover, memory, catchup, fuzz, peer); `fencepost bench NAME --help` lists its options.
+    """Run benchmark NAME (ledger, tasks, failover, memory, catchup, fuzz, peer, pipeline); `fencepost bench NAME --help` lists its options.
 
     Each starts its own local cluster on loopback ports, stops it at the end, and with
     --json prints one JSON object.

@@ -1,0 +1,157 @@
+"""`fencepost bench pipeline`: reading, analyzing and auditing a history of a million events on Spark.
+
+Run as ``python -m bench.pipeline [--json] [--events N] [--master URL]`` (or
+``fencepost bench pipeline``). A private ZooKeeper and three bookies (fsync on)
+are started in a temporary directory and stopped at the end, whatever happens.
+Then:
+
+1. **history**: about ``--events`` events (default 1,000,000) of a legal task workload
+   written straight to ``--ledgers`` ledgers with the ledger writer
+   (:mod:`bench.pipeline_history`; ensemble 3, write quorum 3, ack quorum 2);
+2. **Spark start-up**: the pipeline's session on ``--master`` (``local[*]``);
+3. **read**: ``spark.read.format("fencepost")`` over the whole log, counted
+   (every entry read from the bookies and decoded into rows);
+4. **analyze**: :func:`pipeline.analyze_run.run_analyze` into a temporary
+   directory (tables, report);
+5. **audit**: :func:`pipeline.audit.audit_cluster` (every copy of every entry,
+   the replay with its checks); the history is legal, so it must be clean.
+
+Target: analyze plus audit of 1,000,000 events within 120 s on the 2-core
+machine, start-up excluded. See docs/benchmarks.md for every output field.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench.common import BenchError, finish, machine_info, rate
+from bench.devbench import BenchCluster
+
+ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
+TARGETS = {"analyze_plus_audit_s": 120.0}
+
+LABELS = {
+    "events": "events in the history",
+    "entries": "ledger entries",
+    "history_write_s": "history: written in (s)",
+    "spark_start_s": "Spark start-up (s)",
+    "read_s": "read: every event as a row (s)",
+    "read_events_per_s": "read: events/s",
+    "analyze_s": "analyze (s)",
+    "audit_s": "audit (s)",
+    "analyze_plus_audit_s": "analyze + audit (s)",
+    "audit_findings": "audit findings",
+    "targets_met": "targets met",
+}
+
+
+def _write_history(hosts: str, cluster: str, events: int, ledgers: int, work: Path,
+                   progress: Callable[[str], None]) -> dict:
+    from bench.pipeline_history import write_workload
+    from broker.state.store import StateStore
+    from election.cluster_config import ClusterOptions
+    from election.paths import ClusterPaths
+    from election.zk import close, connect
+    from ledger.client.facade import LedgerClient
+
+    paths = ClusterPaths(cluster)
+    zk = connect(hosts, session_timeout=10.0)
+    client = LedgerClient(zk, paths, options=ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM,
+                                                              ensemble_size=ENSEMBLE))
+    try:
+        with StateStore(work / "leader-state", sync=False) as store:
+            started = time.perf_counter()
+            written = write_workload(client, paths, store, events, ledgers, progress)
+            written["history_write_s"] = round(time.perf_counter() - started, 2)
+            written["final_queues"] = store.queue_depths()
+    finally:
+        client.close()
+        close(zk)
+    shutil.rmtree(work / "leader-state", ignore_errors=True)
+    return written
+
+
+def run(events: int = 1_000_000, ledgers: int = 3, master: str = "local[*]",
+        progress: Callable[[str], None] | None = None) -> dict:
+    from pipeline.analyze_run import HistorySource, run_analyze
+    from pipeline.audit import audit_cluster
+    from pipeline.plan import ClusterAddress
+    from pipeline.spark import spark_session
+
+    say = progress or (lambda _text: None)
+    if events < 1 or ledgers < 1:
+        raise BenchError("--events and --ledgers must be at least 1")
+    started = time.time()
+    work = Path(tempfile.mkdtemp(prefix="fencepost-bench-pipeline-"))
+    result: dict = {"bench": "pipeline"}
+    try:
+        with BenchCluster(bookies=ENSEMBLE, brokers=0, progress=say) as bc:
+            say(f"writing a history of {events:,} events in {ledgers} ledger(s)")
+            written = _write_history(bc.zk, bc.cluster, events, ledgers, work, say)
+            address = ClusterAddress(bc.zk, bc.cluster)
+
+            t0 = time.perf_counter()
+            spark = spark_session(master=master, app_name="fencepost-bench-pipeline")
+            spark_start_s = time.perf_counter() - t0
+            try:
+                say("reading every event")
+                t0 = time.perf_counter()
+                rows = (spark.read.format("fencepost").option("zk", bc.zk).option("cluster", bc.cluster)
+                        .load().count())
+                read_s = time.perf_counter() - t0
+                say("analyze")
+                t0 = time.perf_counter()
+                summary = run_analyze(spark, HistorySource(address=address), work / "analysis")
+                analyze_s = time.perf_counter() - t0
+                say("audit")
+                t0 = time.perf_counter()
+                report = audit_cluster(spark, address)
+                audit_s = time.perf_counter() - t0
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    if rows != written["events"]:
+        raise BenchError(f"Spark read {rows} events; {written['events']} were written")
+    findings = len(report.findings)
+    result.update({
+        "events": written["events"], "entries": written["entries"], "ledgers": len(written["ledger_ids"]),
+        "history_bytes": written["bytes"], "history_write_s": written["history_write_s"],
+        "spark_start_s": round(spark_start_s, 2), "master": master,
+        "read_s": round(read_s, 2), "read_events_per_s": rate(rows, read_s),
+        "analyze_s": round(analyze_s, 2), "audit_s": round(audit_s, 2),
+        "analyze_plus_audit_s": round(analyze_s + audit_s, 2),
+        "analyze_tasks": summary["tasks"],
+        "audit_findings": findings,
+        "audit_finding_kinds": sorted({f.kind for f in report.findings}),
+        "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(), "targets": dict(TARGETS),
+    })
+    result["targets_met"] = findings == 0 and result["analyze_plus_audit_s"] <= TARGETS["analyze_plus_audit_s"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--events", type=int, default=1_000_000, help="events in the history (default 1,000,000)")
+    parser.add_argument("--ledgers", type=int, default=3, help="ledgers (epochs) the history spans (default 3)")
+    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    args = parser.parse_args(argv)
+    say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
+    try:
+        return finish("pipeline", lambda: run(args.events, args.ledgers, args.master, say), args.json, LABELS)
+    except KeyboardInterrupt:
+        print("bench pipeline: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
