@@ -1,5 +1,6 @@
 """`fencepost dev up|status|down` starts a local cluster and stops exactly what it started."""
 import json
+import urllib.request
 
 import pytest
 
@@ -37,6 +38,11 @@ def test_dev_up_status_down_leaves_no_process(procs, tmp_path):
         assert status.returncode == 0, status.stderr.decode()
         view = json.loads(status.stdout)
         assert view["cluster"] == "devtest" and len(view["bookies"]) == 4
+        # Every bookie and broker serves Prometheus metrics on the port recorded for it.
+        for row in rows:
+            if row["kind"] != "zookeeper":
+                with urllib.request.urlopen(f"http://{row['metrics']}/metrics", timeout=5) as resp:
+                    assert f"fencepost_{row['kind']}_" in resp.read().decode()
     finally:
         _run(procs, "dev", "down", "--dev-dir", dev_dir)
     pids = [r["pid"] for r in rows]
