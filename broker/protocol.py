@@ -27,8 +27,25 @@ Operations (request fields -> reply fields):
   (``reject: true``: the task is dead at once; otherwise a retry waits the backoff the leader stamps;
   the three are null for a repeated fail)
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues``
-- ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?``
-  -> ``queue`` (the queue's settings after the change; a field left out keeps its value)
+- ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?,
+  result_ttl_ms?`` -> ``queue`` (the queue's settings after the change; a field left out keeps its value;
+  ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``)
+- ``list_tasks`` ``queue?, state?, limit?, after?`` -> ``tasks: [{id, queue, state, attempts, max_attempts,
+  priority, submitted_ms, not_before_ms, started_ms, finished_ms, worker, error, ...}], next`` (a page
+  of at most ``limit`` (100, up to 1000) tasks in queue then submit order, through the store's
+  ``by_state`` index; ``next`` is the cursor to pass as ``after`` for the next page, null after the last)
+- ``list_queues`` -> ``queues: [{queue, counts, max_attempts, lease_ms, ...settings}], result_ttl_ms``
+  (the leader's default for queues that set none; 0: kept)
+- ``list_workers`` ``limit?, after?`` -> ``workers: [{worker, queues, in_hand, first_seen_ms,
+  last_seen_ms}], next`` (the workers the leader has seen and not yet declared lost)
+- ``retry_task`` ``task_id`` -> ``task_id, state, attempt, duplicate`` (a failed or dead task back to
+  waiting with its max_attempts again; ``duplicate``: it was already waiting or running)
+- ``purge_queue`` ``queue, states, older_than_ms?, before_ms?, limit?`` -> ``purged, more, before_ms``
+  (deletes up to ``limit`` (1000, up to 10,000) tasks of ``queue`` in ``states``; final states only
+  those that finished before ``before_ms``, which the leader sets from ``older_than_ms`` or to its
+  time now; ``more``: send it again with the returned ``before_ms``)
+- ``requeue_dead`` ``queue, before_ms?, limit?`` -> ``requeued, more, before_ms`` (as ``retry_task`` for
+  up to ``limit`` dead tasks of ``queue`` that died before ``before_ms``, by default the leader's now)
 - ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
 - ``snapshot_chunk`` ``name, offset, length`` -> ``data, crc`` (any broker; for joining members)
 - ``cluster_shutdown`` ``shutdown_id`` -> ``shutdown_id, position`` (the leader writes
@@ -73,11 +90,18 @@ from typing import Any, Callable
 from broker import BrokerError
 from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 from election.wire import CodedError
-from broker.state.events import MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, check_value, describe_kind
+from broker.state.events import (DEAD, MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, STATES, WAITING, check_value,
+                                 describe_kind)
+from broker.state.listing import BadCursor, decode_cursor
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat", "heartbeat_many",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk",
-                 "cluster_shutdown", "declare_queue"})
+                 "cluster_shutdown", "declare_queue", "list_tasks", "list_queues", "list_workers", "retry_task",
+                 "purge_queue", "requeue_dead"})
+# Reads the leader answers from its store (also while a cluster shutdown refuses writes).
+LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers"})
+# Ops whose requests name a worker: the leader notes that it was seen (broker/server/housekeeping.py).
+WORKER_OPS = frozenset({"lease", "heartbeat", "heartbeat_many"})
 MAX_CHUNK = 4 * 1024 * 1024
 
 
@@ -87,6 +111,11 @@ MAX_LEASE_TASKS = 1000
 MAX_ATTEMPTS = 1000
 MIN_LEASE_MS = 100
 MAX_SNAPSHOT_OFFSET = 1 << 50
+MAX_LIST_TASKS = 1000
+DEFAULT_LIST_TASKS = 100
+MAX_LIST_WORKERS = 1000
+MAX_PURGE = 10_000
+DEFAULT_PURGE = 1000
 QUEUE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 
 _REQUIRED = object()
@@ -119,6 +148,10 @@ K_RESULT = _kind("TaskCompleted", "result")
 K_ERROR = _kind("TaskFailed", "error")
 K_RETRY = _kind("TaskFailed", "retry")
 K_SHUTDOWN_ID = _kind("ClusterShutdown", "shutdown_id")
+K_TTL = _kind("QueueDeclared", "result_ttl_ms")
+K_STATES = _kind("TasksPurged", "states")
+K_BEFORE = _kind("TasksPurged", "before_ms")
+K_LIMIT = _kind("TasksPurged", "limit")
 # Fields that never reach an event borrow an integer kind at least as wide as their own
 # limits: a wait is a delay on the leader; a snapshot offset is bounded like a time.
 K_WAIT = K_DELAY
@@ -231,7 +264,10 @@ def check_request(msg: dict, max_payload: int) -> dict:
                 "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
                 "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
                 "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
-                "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS)}
+                "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
+                "result_ttl_ms": _field(msg, "result_ttl_ms", K_TTL, None, 0, MAX_SPAN_MS)}
+    if op in _OPERATOR_CHECKS:
+        return {"op": op, **_OPERATOR_CHECKS[op](msg)}
     if op == "lease":
         return {"op": op, "worker": _field(msg, "worker", K_WORKER), "queues": _check_queues(msg),
                 "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
@@ -252,6 +288,60 @@ def check_request(msg: dict, max_payload: int) -> dict:
         return {"op": op, **_check_attempt(msg), "error": _check_error_text(msg),
                 "retry": _field(msg, "retry", K_RETRY, True), "reject": _field(msg, "reject", K_RETRY, False)}
     raise RequestError(E_BAD_REQUEST, f"operation {op!r} is not handled")
+
+
+def _optional_queue(msg: dict) -> str | None:
+    return None if msg.get("queue") is None else check_queue(msg["queue"])
+
+
+def _check_list_tasks(msg: dict) -> dict:
+    state = msg.get("state")
+    if state is not None and state not in STATES:
+        raise RequestError(E_BAD_REQUEST, f"state must be one of {', '.join(STATES)}")
+    after = msg.get("after")
+    if after is not None:
+        try:
+            decode_cursor(after)
+        except BadCursor as exc:
+            raise RequestError(E_BAD_REQUEST, f"after: {exc}") from None
+    return {"queue": _optional_queue(msg), "state": state, "after": after,
+            "limit": _field(msg, "limit", K_LIMIT, DEFAULT_LIST_TASKS, 1, MAX_LIST_TASKS)}
+
+
+def _check_purge(msg: dict) -> dict:
+    req = {"queue": check_queue(msg.get("queue")), "states": _field(msg, "states", K_STATES),
+           "older_than_ms": _field(msg, "older_than_ms", K_TTL, None, 0, MAX_SPAN_MS),
+           "before_ms": _field(msg, "before_ms", K_BEFORE, None),
+           "limit": _field(msg, "limit", K_LIMIT, DEFAULT_PURGE, 1, MAX_PURGE)}
+    if req["older_than_ms"] is not None and req["before_ms"] is not None:
+        raise RequestError(E_BAD_REQUEST, "give older_than_ms or before_ms, not both")
+    if WAITING in req["states"] and (req["older_than_ms"] is not None or req["before_ms"] is not None):
+        raise RequestError(E_BAD_REQUEST, "waiting tasks are purged whatever their age: "
+                                          "older_than_ms and before_ms apply to finished tasks only")
+    return req
+
+
+_OPERATOR_CHECKS: dict[str, Callable[[dict], dict]] = {
+    "list_tasks": _check_list_tasks,
+    "list_queues": lambda msg: {},
+    "list_workers": lambda msg: {"after": _field(msg, "after", K_WORKER, None),
+                                 "limit": _field(msg, "limit", K_LIMIT, MAX_LIST_WORKERS, 1, MAX_LIST_WORKERS)},
+    "retry_task": lambda msg: {"task_id": _field(msg, "task_id", K_TASK_ID)},
+    "purge_queue": _check_purge,
+    "requeue_dead": lambda msg: {"queue": check_queue(msg.get("queue")),
+                                 "before_ms": _field(msg, "before_ms", K_BEFORE, None),
+                                 "limit": _field(msg, "limit", K_LIMIT, DEFAULT_PURGE, 1, MAX_PURGE)},
+}
+
+
+def _purged(req: dict, now_ms: int) -> dict:
+    """TasksPurged for a checked purge_queue: finished tasks only up to the leader's now (or the
+    bound given), so that a purge sent again and again while tasks finish comes to an end."""
+    before = req["before_ms"]
+    if before is None and WAITING not in req["states"]:
+        before = max(0, now_ms - req["older_than_ms"]) if req["older_than_ms"] is not None else now_ms + 1
+    return {"type": "TasksPurged", "queue": req["queue"], "states": req["states"], "before_ms": before,
+            "limit": req["limit"], "now_ms": now_ms}
 
 
 def _submitted(sub: dict, now_ms: int, new_id: Callable[[], str]) -> dict:
@@ -301,6 +391,14 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         return [{"type": "ClusterShutdown", "shutdown_id": req["shutdown_id"], "now_ms": now_ms}]
     if op == "declare_queue":
         return [{"type": "QueueDeclared", **{k: v for k, v in req.items() if k != "op"}}]
+    if op == "retry_task":
+        return [{"type": "TaskRetried", "task_id": req["task_id"], "now_ms": now_ms}]
+    if op == "purge_queue":
+        return [_purged(req, now_ms)]
+    if op == "requeue_dead":
+        before = req["before_ms"] if req["before_ms"] is not None else now_ms + 1
+        return [{"type": "TasksRequeued", "queue": req["queue"], "states": [DEAD], "before_ms": before,
+                 "limit": req["limit"], "now_ms": now_ms}]
     raise RequestError(E_BAD_REQUEST, f"{op} is not a write")
 
 
@@ -334,4 +432,11 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
         return {"queue": {k: v for k, v in res.items() if k != "ok"}}
     if op == "fail":
         return {name: res.get(name) for name in ("will_retry", "retry_at_ms", "retry_delay_ms")}
+    if op == "retry_task":
+        return {"task_id": res["task_id"], "state": res["state"], "attempt": res["attempt"],
+                "duplicate": bool(res.get("duplicate"))}
+    if op == "purge_queue":
+        return {"purged": res["purged"], "more": res["more"], "before_ms": res["before_ms"]}
+    if op == "requeue_dead":
+        return {"requeued": len(res["requeued"]), "more": res["more"], "before_ms": res["before_ms"]}
     return {}

@@ -9,7 +9,8 @@ check follows what apply *accepted*, against its own small model of each task
   not the task's current one, or while the task was not running;
 * ``finished_twice``: a task reaching a final state (done, failed, dead,
   cancelled) a second time;
-* ``attempts_exceeded``: a grant whose attempt is above the task's max_attempts;
+* ``attempts_exceeded``: a grant whose attempt is above the task's max_attempts
+  (counted from an operator's last retry: ``TaskRetried``, ``TasksRequeued``);
 * ``attempt_skipped``: a grant whose attempt is not the previous one plus one.
 
 A replay from a snapshot meets tasks submitted before it: their model starts
@@ -42,7 +43,8 @@ class TaskCheck:
     def __init__(self) -> None:
         self.findings: list[Finding] = []
         self.queue_max: dict[str, int] = {}
-        # task id -> [current attempt, state (waiting, running or finished), max_attempts or None]
+        # task id -> [current attempt, state (waiting, running or finished), max_attempts or None,
+        #             the attempt an operator last retried it at (0: never)]
         self.tasks: dict[str, list] = {}
 
     def entry(self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]) -> None:
@@ -59,7 +61,7 @@ class TaskCheck:
 
     def _task(self, task_id: str) -> list:
         # Submitted before the snapshot the replay started from: known from its first grant on.
-        return self.tasks.setdefault(task_id, [0, WAITING, None])
+        return self.tasks.setdefault(task_id, [0, WAITING, None, 0])
 
     def _declared(self, where, ev: dict, res: dict) -> None:
         self.queue_max[ev["queue"]] = res["max_attempts"]
@@ -67,7 +69,7 @@ class TaskCheck:
     def _submitted(self, where, ev: dict, res: dict) -> None:
         if res.get("created"):
             limit = ev["max_attempts"] or self.queue_max.setdefault(ev["queue"], DEFAULT_MAX_ATTEMPTS)
-            self.tasks[ev["task_id"]] = [0, WAITING, limit]
+            self.tasks[ev["task_id"]] = [0, WAITING, limit, 0]
 
     def _leased(self, where, ev: dict, res: dict) -> None:
         for grant in res["tasks"]:
@@ -77,9 +79,9 @@ class TaskCheck:
                 self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it finished")
             elif task[0] and attempt != task[0] + 1:
                 self._add("attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}")
-            if task[2] is not None and attempt > task[2]:
+            if task[2] is not None and attempt - task[3] > task[2]:
                 self._add("attempts_exceeded", where, task_id,
-                          f"leased as attempt {attempt} of at most {task[2]}")
+                          f"leased as attempt {attempt} of at most {task[2] + task[3]}")
             task[0], task[1] = attempt, RUNNING
 
     def _released(self, where, ev: dict, res: dict) -> None:
@@ -99,6 +101,13 @@ class TaskCheck:
     def _cancelled(self, where, ev: dict, res: dict) -> None:
         self._end(where, ev["task_id"], self._task(ev["task_id"]), res["state"], "TaskCancelled")
 
+    def _retried(self, where, ev: dict, res: dict) -> None:
+        # An operator sent a failed or dead task back to waiting: it may finish again, with its attempts again.
+        items = res["requeued"] if ev["type"] == "TasksRequeued" else [res]
+        for item in items:
+            task = self._task(item["task_id"])
+            task[0], task[1], task[3] = item["attempt"], WAITING, item["attempt"]
+
     def _end(self, where, task_id: str, task: list, state: str, why: str) -> None:
         if state not in FINAL_STATES:
             task[1] = WAITING
@@ -112,4 +121,5 @@ _HANDLERS = {
     "QueueDeclared": TaskCheck._declared, "TaskSubmitted": TaskCheck._submitted,
     "TaskLeased": TaskCheck._leased, "LeaseExpired": TaskCheck._released, "WorkerLost": TaskCheck._released,
     "TaskCompleted": TaskCheck._ended, "TaskFailed": TaskCheck._ended, "TaskCancelled": TaskCheck._cancelled,
+    "TaskRetried": TaskCheck._retried, "TasksRequeued": TaskCheck._retried,
 }

@@ -62,6 +62,7 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from broker.api.leader_watch import LeaderWatch
+from broker.api.operate import OperatorCalls
 from broker.api.pipeline import SubmitPipeline
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_target, resolve_target
 from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
@@ -116,8 +117,11 @@ class _Transient(Exception):
 # ---------------------------------------------------------------- the client
 
 
-class Client:
+class Client(OperatorCalls):
     """A connection to one fencepost cluster (see the module docstring).
+
+    Besides submitting and waiting, the operator's calls (:mod:`broker.api.operate`):
+    ``list_tasks``, ``iter_tasks``, ``retry``, ``queues``, ``purge``, ``requeue_dead``, ``workers``.
 
     Give either ``zk`` (ZooKeeper hosts; when neither is given, ``FENCEPOST_ZK`` or
     ``127.0.0.1:2181``) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``);
@@ -318,11 +322,14 @@ class Client:
         return self.call("complete_many", tasks=fields)["results"]
 
     def declare_queue(self, queue: str, max_attempts: int | None = None, max_run: float | None = None,
-                      retry_backoff: float | None = None, retry_backoff_max: float | None = None) -> dict:
+                      retry_backoff: float | None = None, retry_backoff_max: float | None = None,
+                      result_ttl: float | None = None) -> dict:
         """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
 
         A setting left None keeps its value. ``retry_backoff``/``retry_backoff_max``
-        (seconds) as for :meth:`submit`. Example:
+        (seconds) as for :meth:`submit`. ``result_ttl`` (seconds): the leader purges the
+        queue's done, failed, dead and cancelled tasks this long after they finished (0:
+        never, whatever the brokers' ``result_ttl_s``). Example:
         ``client.declare_queue("mail", max_attempts=8, retry_backoff=2, retry_backoff_max=600)``.
         """
         fields: dict[str, Any] = {"queue": queue, **backoff_fields(retry_backoff, retry_backoff_max)}
@@ -330,6 +337,10 @@ class Client:
             fields["max_attempts"] = int(max_attempts)
         if max_run is not None:
             fields["max_run_ms"] = int(round(max_run * 1000))
+        if result_ttl is not None:
+            if result_ttl < 0:
+                raise ValueError("result_ttl must be >= 0 seconds")
+            fields["result_ttl_ms"] = int(round(result_ttl * 1000))
         return self.call("declare_queue", **fields)["queue"]
 
     def cancel(self, task_id: str) -> None:

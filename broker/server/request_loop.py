@@ -47,7 +47,9 @@ import zmq
 
 from broker import protocol
 from broker.server.follower import Diverged
+from broker.server import reads
 from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.server.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leader_clock import LeaderClock
 from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.server.retry_stamp import stamp_retry_delay
@@ -131,6 +133,8 @@ class BrokerServer:
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
         self.leader_clock = LeaderClock(wall=clock)
         self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0, "refused_shutting_down": 0}
+        # While leading: workers seen and lost, finished tasks past their result_ttl.
+        self.housekeeping = Housekeeping(lambda: self.store, config)
         # Set by the node with --metrics-listen (broker.server.metrics.BrokerMetrics). What a reply is
         # counted as: the op being answered and its start (perf_counter; None for a long poll's end).
         self.metrics = None
@@ -292,20 +296,23 @@ class BrokerServer:
         if op == "cluster_shutdown":
             self._cluster_shutdown(route, rid, req)
             return
-        if self.shutdown is not None and op != "get":
+        if self.shutdown is not None and op not in protocol.LEADER_READS:
             self.counters["refused_shutting_down"] += 1
             self.shutdown.refuse(route, rid)
             return
         if not self.session.ready or not self.writable or self.draining:
             self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
             return
-        if op == "get":
-            task = self.store.get_task(req["task_id"])
-            if task is None:
-                self._send(route, wire.error_reply(rid, codes.E_NO_SUCH_TASK, f"no task {req['task_id']!r}"))
-            else:
-                self._send(route, wire.ok_reply(rid, task=task))
+        if op in protocol.LEADER_READS:
+            try:
+                fields = reads.answer(self.store, self.housekeeping, req)
+            except protocol.RequestError as exc:  # no_such_task: an answer, not a bad request
+                self._send(route, wire.error_reply(rid, exc.code, exc.message))
+                return
+            self._send(route, wire.ok_reply(rid, **fields))
             return
+        if op in protocol.WORKER_OPS:
+            self.housekeeping.heard_from(req["worker"], req.get("queues"), self._now_ms())
         if op == "lease" and req["wait_ms"]:
             req["deadline"] = time.monotonic() + req["wait_ms"] / 1000.0
         if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
@@ -396,6 +403,10 @@ class BrokerServer:
         if context is SHUTDOWN_ENTRY:
             self._shutdown_applied(results, exc)
             return
+        if context is HOUSEKEEPING_ENTRY:
+            self.housekeeping.applied(results if exc is None else None)
+            self._internal_applied(results, exc)
+            return
         route, rid, req, started = context
         # A reply may come while another request is being answered (a failed pipeline answers at once).
         outer_op, outer_started = self._answering, self._started
@@ -443,6 +454,7 @@ class BrokerServer:
     def start_leading(self, session: LeaderSession, first_events: Callable[[int], list[dict]]) -> None:
         """Adopt `session` (call on the server thread): write ``first_events(now_ms)``, then serve once applied."""
         self.leader_clock.start(self.store.clock_ms())
+        self.housekeeping.start(self._now_ms())
         session.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply,
                                     wake=self.wake, max_inflight=self.config.max_inflight_entries,
                                     max_batch_events=self.config.max_batch_events)
@@ -499,6 +511,7 @@ class BrokerServer:
             else:
                 self._retry_parked(session)
                 self._expire_leases(session)
+                self._housekeeping(session)
                 self._maybe_digest(session)
                 self._maybe_roll(session)
         group.flush()
@@ -575,6 +588,18 @@ class BrokerServer:
         now_ms = self._now_ms()
         if deadline is not None and deadline <= now_ms:
             self._add_internal(session, [{"type": "LeaseExpired", "now_ms": now_ms}])
+
+    def _housekeeping(self, session: LeaderSession) -> None:
+        """WorkerSeen, WorkerLost and result_ttl purges that are due (broker/server/housekeeping.py)."""
+        try:
+            events = self.housekeeping.due(self._now_ms(), time.monotonic())
+            if events:
+                session.group.add(events, HOUSEKEEPING_ENTRY)
+        except StoreDamaged as exc:
+            self.on_fatal(exc)
+        except Exception as exc:  # a bug here must not stop the leader: log it, try again later
+            log.error("housekeeping failed: %s: %s", type(exc).__name__, exc)
+            self.housekeeping.applied(None)
 
     def _maybe_digest(self, session: LeaderSession, start: bool = True) -> None:
         """Write a StateDigest when one is due; ``start`` False only finishes one already begun."""

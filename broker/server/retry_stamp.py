@@ -28,4 +28,6 @@ def stamp_retry_delay(store: StateStore, req: dict, default: tuple[int, int]) ->
         return
     task = store.get_task(req["task_id"])
     queue = store.queue_settings(task["queue"]) if task is not None else None
-    req["retry_delay_ms"] = backoff.delay_for(req["attempt"], task, queue, default)
+    # Counted from an operator's last retry of the task (attempt_base), as apply counts its attempts.
+    attempt = req["attempt"] - (task or {}).get("attempt_base", 0)
+    req["retry_delay_ms"] = backoff.delay_for(attempt, task, queue, default)

@@ -35,6 +35,14 @@ Decisions worth knowing:
   ``TaskFailed`` records ``will_retry`` in the task (cleared by its next lease).
 * A task that returns to ``waiting`` keeps its submit sequence, so a retry is
   leased before tasks submitted after it (same priority).
+* An operator's retry (``TaskRetried``, or ``TasksRequeued`` for a queue's
+  dead tasks) sends a failed or dead task back to waiting with ``max_attempts``
+  attempts again: ``attempt_base`` remembers the attempts used so far, and
+  attempt numbers go on from there, so a worker still holding an old attempt
+  stays fenced off. Retrying a waiting or running task changes nothing
+  (``duplicate``); a done or cancelled one is ``bad_state``.
+* Every task is also listed in ``by_state`` under (queue, state, id), in the
+  same transaction as every state change (:func:`_leave` and :func:`_enter`).
 * Delayed tasks wait in the ``delayed`` index; ``TaskLeased`` promotes the due
   ones of the queues it names (at most ``PROMOTE_LIMIT`` per queue per event)
   before choosing, so leasing stays O(log n) per task.
@@ -48,12 +56,12 @@ from typing import Callable
 
 from broker.state import backoff, idem
 from broker.state.events import (
-    CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, EVENT_TYPES, FAILED, RUNNING, WAITING,
-    BadEvent, err, ok, validate_event)
+    CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, EVENT_TYPES, FAILED, RETRYABLE_STATES,
+    RUNNING, WAITING, BadEvent, err, ok, validate_event)
 from broker.state.schema import (
-    FINISHED_CODE, META_DIVERGED, META_EPOCH, META_SHUTDOWN, STORE_FORMAT, delayed_key, digest_hex,
-    finished_key, id_key, inline_payload, lease_key, pack, queue_prefix, read_u64,
-    ready_key, task_id_of, text, unpack, worker_lease_key)
+    FINISHED_CODE, META_DIVERGED, META_EPOCH, META_SHUTDOWN, QUEUE_SETTINGS, delayed_key, digest_comparable,
+    digest_hex, finished_key, id_key, inline_payload, lease_key, pack, queue_prefix, read_u64,
+    ready_key, state_key, task_id_of, text, unpack, worker_lease_key)
 from broker.state.txn import StateTxn
 from election.codes import (E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER,
                             E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH)
@@ -78,6 +86,7 @@ def _leave(tx: StateTxn, rec: dict) -> None:
         tx.must_delete("worker_leases", worker_lease_key(rec["worker"], tid))
     else:
         tx.must_delete("finished", finished_key(queue, state, rec["finished_ms"], rec["seq"]))
+    tx.must_delete("by_state", state_key(queue, state, id_key(tid)))
     tx.count(queue, state, -1)
 
 
@@ -96,6 +105,7 @@ def _enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
         tx.put("worker_leases", worker_lease_key(rec["worker"], tid), b"")
     else:
         tx.put("finished", finished_key(queue, state, rec["finished_ms"], rec["seq"]), tid_b)
+    tx.put("by_state", state_key(queue, state, tid_b), b"")
     tx.count(queue, state, 1)
     tx.save_task(rec)
 
@@ -114,16 +124,31 @@ def _release(tx: StateTxn, rec: dict, now_ms: int, error: str, delay_ms: int | N
     queue sets, computed from the state alone; a failure's delay is the leader's stamp.
     """
     if delay_ms is None:
-        delay_ms = backoff.delay_for(rec["attempts"], rec, tx.queue(rec["queue"]))
+        delay_ms = backoff.delay_for(run_attempt(rec), rec, tx.queue(rec["queue"]))
     _leave(tx, rec)
     rec["error"] = error
-    if rec["attempts"] < rec["max_attempts"]:
+    if run_attempt(rec) < rec["max_attempts"]:
         rec["lease_deadline_ms"] = None
         rec["run_deadline_ms"] = None
         rec["not_before_ms"] = now_ms + delay_ms
         _enter(tx, rec, WAITING, now_ms)
     else:
         _finish(tx, rec, DEAD, now_ms)
+
+
+def run_attempt(rec: dict) -> int:
+    """The task's current attempt counted from its last retry by an operator (see ``attempt_base``)."""
+    return rec["attempts"] - rec.get("attempt_base", 0)
+
+
+def _requeue(tx: StateTxn, rec: dict, now_ms: int) -> None:
+    """A failed or dead task back to waiting, with ``max_attempts`` attempts from now on."""
+    _leave(tx, rec)
+    rec["attempt_base"] = rec["attempts"]
+    rec["finished_ms"] = None
+    rec["not_before_ms"] = now_ms
+    rec.pop("will_retry", None)  # it told about the failure now being retried
+    _enter(tx, rec, WAITING, now_ms)
 
 
 def _capped(deadline_ms: int, rec: dict) -> int:
@@ -144,12 +169,16 @@ def _check_attempt(rec: dict | None, task_id: str, attempt: int) -> dict | None:
     return None
 
 
-def _touch_worker(tx: StateTxn, worker: str, now_ms: int) -> None:
+def _touch_worker(tx: StateTxn, worker: str, now_ms: int, queues: list[str] | None = None) -> None:
+    """Record that ``worker`` was seen at ``now_ms`` (and leases from ``queues``, if given)."""
     key = text(worker)
     rec = unpack(tx.get("workers", key) or pack({"first_seen_ms": now_ms, "last_seen_ms": 0}))
     # max(): leaders' clocks may disagree slightly; last_seen never goes backwards.
-    tx.put("workers", key, pack({"first_seen_ms": rec["first_seen_ms"],
-                                 "last_seen_ms": max(rec["last_seen_ms"], now_ms)}))
+    new = {"first_seen_ms": rec["first_seen_ms"], "last_seen_ms": max(rec["last_seen_ms"], now_ms)}
+    queues = queues if queues is not None else rec.get("queues")
+    if queues is not None:  # a record that never had queues keeps its old bytes
+        new["queues"] = queues
+    tx.put("workers", key, pack(new))
 
 
 # -- handlers ----------------------------------------------------------------
@@ -164,13 +193,12 @@ def _queue_declared(tx: StateTxn, ev: dict) -> dict:
         q["max_attempts"] = ev["max_attempts"]
     if ev["lease_ms"] is not None:
         q["lease_ms"] = ev["lease_ms"]
-    for setting in ("max_run_ms", backoff.BASE_FIELD, backoff.MAX_FIELD):
+    for setting in QUEUE_SETTINGS:
         if ev[setting] is not None:
             q[setting] = ev[setting]
     tx.touch_queue(name)
     return ok(queue=name, created=created, max_attempts=q["max_attempts"], lease_ms=q["lease_ms"],
-              max_run_ms=q.get("max_run_ms"), retry_backoff_ms=q.get(backoff.BASE_FIELD),
-              retry_backoff_max_ms=q.get(backoff.MAX_FIELD))
+              **{setting: q.get(setting) for setting in QUEUE_SETTINGS})
 
 
 def _task_submitted(tx: StateTxn, ev: dict) -> dict:
@@ -337,7 +365,7 @@ def _task_cancelled(tx: StateTxn, ev: dict) -> dict:
 
 
 def _worker_seen(tx: StateTxn, ev: dict) -> dict:
-    _touch_worker(tx, ev["worker"], ev["now_ms"])
+    _touch_worker(tx, ev["worker"], ev["now_ms"], ev["queues"])
     return ok(worker=ev["worker"])
 
 
@@ -377,12 +405,12 @@ def _next_purgeable(tx: StateTxn, sources: list[tuple]) -> bytes | None:
 def _tasks_purged(tx: StateTxn, ev: dict) -> dict:
     name, limit = ev["queue"], ev["limit"]
     if tx.queue(name) is None:
-        return ok(queue=name, purged=0, more=False)
+        return ok(queue=name, purged=0, more=False, before_ms=ev["before_ms"])
     sources = _purge_sources(name, ev["states"], ev["before_ms"])
     purged = 0
     while (tid := _next_purgeable(tx, sources)) is not None:
         if limit is not None and purged >= limit:
-            return ok(queue=name, purged=purged, more=True)
+            return ok(queue=name, purged=purged, more=True, before_ms=ev["before_ms"])
         rec = tx.indexed_task("purge", tid)
         _leave(tx, rec)
         tx.must_delete("tasks", tid)
@@ -391,7 +419,36 @@ def _tasks_purged(tx: StateTxn, ev: dict) -> dict:
         if rec["key"] is not None:
             idem.remove(tx, name, rec["key"], tid)  # frees the key for reuse
         purged += 1
-    return ok(queue=name, purged=purged, more=False)
+    return ok(queue=name, purged=purged, more=False, before_ms=ev["before_ms"])
+
+
+def _task_retried(tx: StateTxn, ev: dict) -> dict:
+    tid = ev["task_id"]
+    rec = tx.task(tid)
+    if rec is None:
+        return err(E_NO_SUCH_TASK, f"no task {tid!r}")
+    if rec["state"] in (WAITING, RUNNING):  # retried already (a repeated request), or never finished
+        return ok(task_id=tid, state=rec["state"], attempt=rec["attempts"], duplicate=True)
+    if rec["state"] not in RETRYABLE_STATES:
+        return err(E_BAD_STATE, f"only failed or dead tasks can be retried; task is {rec['state']}",
+                   state=rec["state"])
+    _requeue(tx, rec, ev["now_ms"])
+    return ok(task_id=tid, state=WAITING, attempt=rec["attempts"])
+
+
+def _tasks_requeued(tx: StateTxn, ev: dict) -> dict:
+    name, limit, before_ms = ev["queue"], ev["limit"], ev["before_ms"]
+    requeued: list[dict] = []
+    if tx.queue(name) is None:
+        return ok(queue=name, requeued=requeued, more=False, before_ms=before_ms)
+    sources = [("finished", queue_prefix(name) + FINISHED_CODE[state], before_ms) for state in ev["states"]]
+    while (tid := _next_purgeable(tx, sources)) is not None:
+        if limit is not None and len(requeued) >= limit:
+            return ok(queue=name, requeued=requeued, more=True, before_ms=before_ms)
+        rec = tx.indexed_task("finished", tid)
+        _requeue(tx, rec, ev["now_ms"])
+        requeued.append({"task_id": rec["id"], "attempt": rec["attempts"]})
+    return ok(queue=name, requeued=requeued, more=False, before_ms=before_ms)
 
 
 def _epoch_started(tx: StateTxn, ev: dict) -> dict:
@@ -413,10 +470,11 @@ def _cluster_shutdown(tx: StateTxn, ev: dict) -> dict:
 def _state_digest(tx: StateTxn, ev: dict) -> dict:
     tx.flush()  # the digest must include this batch's earlier events
     mine = digest_hex(tx.digest)
-    if (ev.get("format") or 1) != STORE_FORMAT:
+    if not digest_comparable(ev.get("format")):
         # Written over another record layout (a leader before the store format changed): the
         # same state hashes differently, so there is nothing to compare. Replaying old ledgers
-        # into a converted store must not look like a divergence.
+        # into a converted store must not look like a divergence. (Formats 2 and 3 hash the
+        # same records: format 3 only adds an index outside the digest.)
         return ok(digest=mine, compared=False)
     if mine == ev["digest"]:
         return ok(digest=mine)
@@ -434,6 +492,7 @@ HANDLERS: dict[str, Callable[[StateTxn, dict], dict]] = {
     "TaskCompleted": _task_completed, "TaskFailed": _task_failed,
     "LeaseExpired": _lease_expired, "TaskCancelled": _task_cancelled,
     "WorkerSeen": _worker_seen, "WorkerLost": _worker_lost, "TasksPurged": _tasks_purged,
+    "TaskRetried": _task_retried, "TasksRequeued": _tasks_requeued,
     "EpochStarted": _epoch_started, "ClusterShutdown": _cluster_shutdown,
     "StateDigest": _state_digest,
 }

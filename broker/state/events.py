@@ -40,6 +40,8 @@ WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED = (
 STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED)
 FINAL_STATES = (DONE, FAILED, DEAD, CANCELLED)
 PURGEABLE_STATES = (WAITING,) + FINAL_STATES
+# What an operator may send back to waiting (TaskRetried, TasksRequeued).
+RETRYABLE_STATES = (FAILED, DEAD)
 
 # Queue defaults used when a queue is auto-declared by its first submit.
 DEFAULT_MAX_ATTEMPTS = 3
@@ -67,7 +69,9 @@ _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "QueueDeclared": {"queue": ("name", _REQUIRED), "max_attempts": ("attempts?", None),
                       "lease_ms": ("span?", None), "max_run_ms": ("span?", None),
-                      "retry_backoff_ms": ("delay?", None), "retry_backoff_max_ms": ("delay?", None)},
+                      "retry_backoff_ms": ("delay?", None), "retry_backoff_max_ms": ("delay?", None),
+                      # 0: finished tasks of the queue are kept; null: the leader's result_ttl_s
+                      "result_ttl_ms": ("delay?", None)},
     "TaskSubmitted": {"task_id": ("id", _REQUIRED), "queue": ("name", _REQUIRED),
                       "payload": ("bytes", _REQUIRED), "key": ("key?", None),
                       "priority": ("priority", 0), "delay_ms": ("delay", 0),
@@ -91,11 +95,17 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
                    "reject": ("bool?", None)},
     "LeaseExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
     "TaskCancelled": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
-    "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    # queues: what the worker leases from (null: unchanged, and what older events recorded).
+    "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED), "queues": ("names?", None)},
     "WorkerLost": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
     "TasksPurged": {"queue": ("name", _REQUIRED), "states": ("states", _REQUIRED),
                     "before_ms": ("time?", None), "limit": ("limit?", None),
                     "now_ms": ("time", _REQUIRED)},
+    # A failed or dead task back to waiting (an operator's `task retry`); TasksRequeued: every task of
+    # a queue in those states that finished before before_ms, at most limit of them.
+    "TaskRetried": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    "TasksRequeued": {"queue": ("name", _REQUIRED), "states": ("retryable_states", _REQUIRED),
+                      "before_ms": ("time?", None), "limit": ("limit?", None), "now_ms": ("time", _REQUIRED)},
     "EpochStarted": {"epoch": ("epoch", _REQUIRED), "broker_id": ("broker_id", _REQUIRED),
                      "now_ms": ("time", _REQUIRED)},
     "ClusterShutdown": {"shutdown_id": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
@@ -170,6 +180,9 @@ def check_value(kind: str, v: Any) -> bool:
     if kind == "states":
         return (isinstance(v, list) and 0 < len(v) <= len(PURGEABLE_STATES)
                 and all(x in PURGEABLE_STATES for x in v) and len(set(v)) == len(v))
+    if kind == "retryable_states":
+        return (isinstance(v, list) and 0 < len(v) <= len(RETRYABLE_STATES)
+                and all(x in RETRYABLE_STATES for x in v) and len(set(v)) == len(v))
     if kind == "hex128":
         return isinstance(v, str) and _HEX128.match(v) is not None
     raise AssertionError(f"unknown field kind {kind}")
@@ -192,6 +205,7 @@ _KIND_TEXT = {
     "bytes": "bytes", "text": f"a string of at most {MAX_ERROR_CHARS} characters", "bool": "true or false",
     "names": f"a list of 1-{MAX_LIST} different names (1-{MAX_NAME_BYTES} UTF-8 bytes each, no NUL)",
     "states": f"a list of different states among {', '.join(PURGEABLE_STATES)}",
+    "retryable_states": f"a list of different states among {', '.join(RETRYABLE_STATES)}",
     "hex128": "32 lowercase hex digits",
 }
 

@@ -1,4 +1,8 @@
-"""Converting a format-1 state store to the current layout, in place, in one write transaction.
+"""Converting a format-1 or format-2 state store to the current layout, in place, in one write transaction.
+
+Format 2 lacks the ``by_state`` index (format 3): :func:`migrate_v2` builds it
+from the task records. The index is outside the digest, so the digest, its
+seal and every hashed record stay as they were.
 
 Format 1 (before :data:`broker.state.schema.STORE_FORMAT` 2) stored task ids and
 idempotency keys as UTF-8 text, task records as msgpack maps with field names,
@@ -20,6 +24,7 @@ Example::
     with env.begin(write=True) as txn:
         if store_format(txn, dbs) == 1:
             migrate_v1(env, txn, dbs)
+        migrate_v2(txn, dbs)
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ import lmdb
 from broker.state.events import PRIORITY_MAX
 from broker.state.schema import (
     META_DIGEST, META_FORMAT, META_POSITION, META_SEAL, SHORT_KEY_BYTES, STORE_FORMAT, id_key,
-    idem_key, inline_payload, is_hashed, pack_task, ready_key, record_hash, seal, unpack, untext)
+    idem_key, inline_payload, is_hashed, pack_task, ready_key, record_hash, record_state_key, seal, unpack,
+    untext)
 from broker.state.txn import StateCorrupt
 
 SCRATCH_DB = b"migrating"
@@ -159,3 +165,19 @@ def migrate_v1(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]
     txn.put(META_DIGEST, raw_digest, db=meta)
     txn.put(META_SEAL, seal(txn.get(META_POSITION, db=meta), raw_digest), db=meta)
     txn.put(META_FORMAT, format_record(), db=meta)
+
+
+def migrate_v2(txn: lmdb.Transaction, dbs: dict[str, Any]) -> None:
+    """Build the ``by_state`` index of a format-2 store (or of one just converted from format 1)
+    from its task records and record format 3; the caller commits. Raises :class:`StateCorrupt`
+    for a task record that does not decode."""
+    index = dbs["by_state"]
+    txn.drop(index, delete=False)
+    with txn.cursor(db=dbs["tasks"]) as cur:
+        for key, value in cur:
+            try:
+                entry = record_state_key(key, value)
+            except Exception:  # msgpack raises several unrelated types on garbage
+                raise StateCorrupt(f"task record {bytes(key)!r:.60} does not decode") from None
+            txn.put(entry, b"", db=index)
+    txn.put(META_FORMAT, format_record(), db=dbs["meta"])

@@ -17,7 +17,16 @@ db                      key                                             value
 ``workers``             worker                                          worker record
 ``queues``              queue                                           queue record
 ``meta``                fixed names (see META_*)                        varies
+``by_state``            queue NUL, state byte, id (see state_key)       b""
 ======================  ==============================================  ==============
+
+``by_state`` lists every task under its queue and state in id order (ids are
+time-ordered, so in submit order): what ``task list`` pages through, one
+``set_range`` per page and state. Like every index it is written by apply in
+the batch's transaction; unlike the others it is derived data outside the
+digest (:data:`UNHASHED_DBS`), so a store with it (format 3) and one without
+(format 2) hold the same digest for the same state; ``StateStore.verify``
+and every snapshot view check it against the task records instead.
 
 Integers are big-endian so byte order is numeric order. Priority is stored
 so that the highest priority sorts first, in one byte for the usual small ones.
@@ -34,8 +43,8 @@ in format 1.
 
 The layout has a version, :data:`STORE_FORMAT`, recorded in ``meta`` by the
 first batch; a store with a position but no format record is format 1 (32-hex
-ids as text, records as maps, every payload apart) and is converted by
-:mod:`broker.state.migrate`.
+ids as text, records as maps, every payload apart), one of format 2 has no
+``by_state`` index; both are converted by :mod:`broker.state.migrate`.
 
 Example::
 
@@ -54,11 +63,16 @@ import msgpack
 
 from broker.state.events import CANCELLED, DEAD, DONE, FAILED, PRIORITY_MAX, RUNNING, WAITING
 
-STORE_FORMAT = 2
+STORE_FORMAT = 3
+# The store formats whose digests cover the same records: format 3 only adds the by_state
+# index, which is not hashed. A StateDigest written over any of them is compared by the others.
+DIGEST_FORMATS = frozenset({2, 3})
 
 # Order matters only for iter_records(): snapshots list databases in this order.
 DB_NAMES = ("meta", "queues", "tasks", "payloads", "ready", "delayed", "leases",
-            "worker_leases", "finished", "keys", "workers")
+            "worker_leases", "finished", "keys", "workers", "by_state")
+# Derived databases: rebuilt from the task records, outside the digest (see by_state above).
+UNHASHED_DBS = frozenset({"by_state"})
 MAX_DBS = 16
 
 # meta keys. The first group is replicated state and part of the digest; the
@@ -88,9 +102,11 @@ META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META
 TASK_LAYOUT = ("queue", "state", "priority", "seq", "attempts", "max_attempts", "submitted_ms",
                "not_before_ms", "payload", "key", "started_ms", "worker", "lease_deadline_ms",
                "finished_ms", "result", "error", "max_run_ms", "run_deadline_ms",
-               "retry_backoff_ms", "retry_backoff_max_ms", "will_retry")
+               "retry_backoff_ms", "retry_backoff_max_ms", "will_retry", "attempt_base")
 # Fields stored only when set (absent from a record that never had them, so such records hash as before).
-OPTIONAL_TASK_FIELDS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "will_retry")
+# attempt_base: the attempts a task had used when an operator last retried it (TaskRetried,
+# TasksRequeued): it may then run max_attempts more, and attempt numbers (the fencing token) go on.
+OPTIONAL_TASK_FIELDS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "will_retry", "attempt_base")
 # Payloads up to this size are kept in the task record: rewriting and re-hashing them with
 # each state change costs less than a second B-tree entry per task.
 INLINE_PAYLOAD_MAX = 512
@@ -99,6 +115,7 @@ _STATE_CODE = {state: code for code, state in enumerate(STATES)}
 COUNT_NAMES = ("waiting", "running", "done", "failed", "dead", "cancelled", "delayed")
 
 FINISHED_CODE = {DONE: b"D", FAILED: b"F", DEAD: b"X", CANCELLED: b"C"}
+STATE_KEY_CODE = {WAITING: b"W", RUNNING: b"R", **FINISHED_CODE}
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -180,6 +197,17 @@ def finished_key(queue: str, state: str, finished_ms: int, seq: int) -> bytes:
     return queue_prefix(queue) + FINISHED_CODE[state] + u64(finished_ms) + u64(seq)
 
 
+def state_key(queue: str, state: str, task_key: bytes) -> bytes:
+    """The ``by_state`` entry of the task stored under ``task_key`` (its :func:`id_key`)."""
+    return queue_prefix(queue) + STATE_KEY_CODE[state] + task_key
+
+
+def record_state_key(task_key: bytes, raw: bytes) -> bytes:
+    """The ``by_state`` entry of a packed task record (reads its queue and state alone)."""
+    doc = unpack(raw)
+    return state_key(doc[0], STATES[doc[1]], bytes(task_key))
+
+
 # What a client puts before a random 32-hex idempotency key when its caller gave none
 # (broker.api.requests.auto_key): nearly every task has one, so it is worth a compact form.
 AUTO_KEY_PREFIX = "auto:"
@@ -255,7 +283,7 @@ def pack_task(key: bytes, rec: dict) -> bytes:
            _rel(rec["started_ms"], base), rec["worker"], _rel(rec["lease_deadline_ms"], base),
            _rel(rec["finished_ms"], base), rec["result"], rec["error"], rec.get("max_run_ms"),
            _rel(rec.get("run_deadline_ms"), base), rec.get("retry_backoff_ms"), rec.get("retry_backoff_max_ms"),
-           rec.get("will_retry")]
+           rec.get("will_retry"), rec.get("attempt_base")]
     while doc[-1] is None:
         doc.pop()
     return pack(doc)
@@ -268,7 +296,7 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
     doc += [None] * (len(TASK_LAYOUT) - len(doc))
     (queue, state, priority, seq, attempts, max_attempts, submitted, not_before, payload, idem,
      started, worker, lease_deadline, finished, result, error, max_run_ms, run_deadline,
-     backoff, backoff_max, will_retry) = doc
+     backoff, backoff_max, will_retry, attempt_base) = doc
     base = _id_ms(key) + submitted
     rec = {"id": task_id_of(key), "queue": queue, "state": STATES[state],
            "key": None if idem is None else key_of(idem),
@@ -277,7 +305,7 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
            "started_ms": _abs(started, base), "finished_ms": _abs(finished, base), "worker": worker,
            "lease_deadline_ms": _abs(lease_deadline, base), "result": result, "error": error,
            "payload": payload}
-    for name, value in zip(OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry)):
+    for name, value in zip(OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry, attempt_base)):
         if value is not None:
             rec[name] = value
     if run_deadline is not None:
@@ -290,11 +318,17 @@ def inline_payload(payload: bytes) -> bytes | None:
     return payload if len(payload) <= INLINE_PAYLOAD_MAX else None
 
 
+# A queue record's optional settings (QueueDeclared), stored only when set. result_ttl_ms: finished
+# tasks of the queue are purged by the leader this long after they finished (0: kept; unset: the
+# brokers' result_ttl_s).
+QUEUE_SETTINGS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "result_ttl_ms")
+
+
 def pack_queue(rec: dict) -> bytes:
     counts = rec["counts"]
     doc = {"max_attempts": rec["max_attempts"], "lease_ms": rec["lease_ms"],
            "counts": {c: counts[c] for c in COUNT_NAMES}}
-    for name in ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms"):
+    for name in QUEUE_SETTINGS:
         if rec.get(name) is not None:
             doc[name] = rec[name]
     return pack(doc)
@@ -316,7 +350,15 @@ def record_hash(db: str, key: bytes, value: bytes) -> int:
 
 def is_hashed(db: str, key: bytes) -> bool:
     """True if this record belongs to the replicated state covered by the digest."""
-    return db != "meta" or bytes(key) not in META_UNHASHED
+    if db == "meta":
+        return bytes(key) not in META_UNHASHED
+    return db not in UNHASHED_DBS
+
+
+def digest_comparable(fmt: int | None) -> bool:
+    """True if a StateDigest written by a store of format ``fmt`` (None: format 1) covers the
+    records this store's digest covers."""
+    return (fmt or 1) in DIGEST_FORMATS
 
 
 def seal(position: bytes, digest: bytes) -> bytes:

@@ -33,11 +33,12 @@ import lmdb
 
 from broker import BrokerError
 from broker.state.apply import apply_event
-from broker.state.migrate import format_record, migrate_v1, store_format
+from broker.state import listing
+from broker.state.migrate import format_record, migrate_v1, migrate_v2, store_format
 from broker.state.schema import (
-    DB_NAMES, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
+    DB_NAMES, FINISHED_CODE, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
     META_FORMAT, META_LOADING, META_LOCAL, META_POSITION, META_SEAL, META_SHUTDOWN, STORE_FORMAT,
-    digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack,
+    UNHASHED_DBS, digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack,
     unpack_cluster, unpack_position, unpack_task)
 from broker.state.txn import StateCorrupt, StateTxn
 from election.lmdb_file import check_lmdb_file
@@ -132,14 +133,13 @@ class StateStore:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         self._max_key = self._env.max_key_size()
         try:
-            self._dbs = {name: self._env.open_db(name.encode(), create=not readonly)
-                         for name in DB_NAMES}
+            self._dbs = self._open_dbs(readonly)
             if self._meta_raw(META_LOADING) is not None:
                 raise StoreIncomplete(f"{path}: an interrupted snapshot load left this store "
                                       "partial; delete it and load again")
             with self._env.begin() as txn:
                 self._format = store_format(txn, self._dbs)
-            if self._format not in (None, 1, STORE_FORMAT):
+            if self._format not in (None, 1, 2, STORE_FORMAT):
                 raise StoreError(f"state store format {self._format} in {self.path}: this broker "
                                  f"reads format {STORE_FORMAT}; run the fencepost that wrote it")
             if not readonly:
@@ -153,6 +153,17 @@ class StateStore:
         except BaseException:
             self._env.close()
             raise
+
+    def _open_dbs(self, readonly: bool) -> dict[str, Any]:
+        """The named databases; read-only, an older store's missing derived ones (by_state) are left out."""
+        dbs = {}
+        for name in DB_NAMES:
+            try:
+                dbs[name] = self._env.open_db(name.encode(), create=not readonly)
+            except lmdb.NotFoundError:
+                if not readonly or name not in UNHASHED_DBS:
+                    raise
+        return dbs
 
     # -- writes ------------------------------------------------------------
 
@@ -250,23 +261,28 @@ class StateStore:
         return mine.hex()
 
     def upgrade(self) -> bool:
-        """Convert a format-1 store to this layout in place, in one transaction; True if it did.
+        """Convert a format-1 or format-2 store to this layout in place, in one transaction;
+        True if it did.
 
-        Done at every read-write open, and by a restore after loading a format-1
-        snapshot. The records are first checked against their digest (a damaged
-        store is :class:`StoreDamaged`, never converted), since the conversion
-        computes the digest anew.
+        Done at every read-write open, and by a restore after loading an older
+        snapshot. A format-1 store's records are first checked against their
+        digest (a damaged store is :class:`StoreDamaged`, never converted), since
+        that conversion computes the digest anew; format 2 only gets its
+        ``by_state`` index built from its task records (the digest stays).
         """
         meta = self._dbs["meta"]
         try:
             with self._env.begin(write=True) as txn:
-                if store_format(txn, self._dbs) != 1:
+                fmt = store_format(txn, self._dbs)
+                if fmt not in (1, 2):
                     return False
-                self._check_seal(txn)
-                digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
-                for _ in self._checked_records(txn, digest):
-                    pass
-                migrate_v1(self._env, txn, self._dbs)
+                if fmt == 1:
+                    self._check_seal(txn)
+                    digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
+                    for _ in self._checked_records(txn, digest, index=False):
+                        pass
+                    migrate_v1(self._env, txn, self._dbs)
+                migrate_v2(txn, self._dbs)
         except lmdb.MapFullError as exc:
             raise StoreFull(f"state store map is full ({self._env.info()['map_size']} bytes) while "
                             f"converting it to format {STORE_FORMAT}: reopen with a larger "
@@ -298,7 +314,7 @@ class StateStore:
         """True if nothing was ever applied or loaded (bookkeeping such as the cluster id aside)."""
         with self._env.begin() as txn:
             return (txn.get(META_POSITION, db=self._dbs["meta"]) is None
-                    and not any(txn.stat(self._dbs[name])["entries"] for name in DB_NAMES[1:]))
+                    and not any(txn.stat(db)["entries"] for name, db in self._dbs.items() if name != "meta"))
 
     def was_clean(self) -> bool:
         """True if the last close was orderly (:meth:`mark_clean`) and nothing opened it since."""
@@ -456,6 +472,82 @@ class StateStore:
             raw = txn.get(text(name), db=self._dbs["queues"])
         return None if raw is None else unpack(raw)
 
+    def list_tasks(self, queue: str | None = None, state: str | None = None, limit: int = 100,
+                   after: str | None = None) -> tuple[list[dict], str | None]:
+        """A page of tasks through the ``by_state`` index and the cursor of the next (None: the last).
+
+        In queue name order, then id (submit) order; ``after`` is the cursor of the
+        previous page. O(log n) per task and per (queue, state) visited. Raises
+        ``listing.BadCursor`` for a cursor it did not make.
+        """
+        if self._format in (1, 2):
+            raise StoreError(f"state store format {self._format} in {self.path} has no task index; "
+                             "open it read-write once (start its broker) to build it")
+        cursor = listing.decode_cursor(after) if after is not None else None
+        try:
+            with self._read() as txn:
+                return listing.task_page(txn, self._dbs, queue, state, limit, cursor)
+        except StateCorrupt as exc:
+            raise StoreDamaged(self.path, str(exc)) from None
+
+    def queue_records(self) -> dict[str, dict]:
+        """Every queue's record (settings and ``counts``), by name. O(queues)."""
+        with self._read() as txn, txn.cursor(db=self._dbs["queues"]) as cur:
+            return {bytes(k).decode(): unpack(v) for k, v in cur}
+
+    def oldest_finished_ms(self, queue: str, state: str) -> int | None:
+        """When the longest-finished task of ``queue`` in final ``state`` finished, or None. O(log n)."""
+        prefix = queue_prefix(queue) + FINISHED_CODE[state]
+        with self._read() as txn, txn.cursor(db=self._dbs["finished"]) as cur:
+            if cur.set_range(prefix) and cur.key().startswith(prefix):
+                return read_u64(cur.key(), len(prefix))
+        return None
+
+    def workers(self, after: str | None = None, limit: int | None = None) -> list[dict]:
+        """Worker records (``worker``, ``first_seen_ms``, ``last_seen_ms``, ``queues``, ``in_hand``: the
+        tasks it holds leased) in name order, after ``after``; O(workers listed + tasks they hold)."""
+        out: list[dict] = []
+        with self._read() as txn, txn.cursor(db=self._dbs["workers"]) as cur, \
+                txn.cursor(db=self._dbs["worker_leases"]) as held:
+            found = cur.set_range(text(after)) if after is not None else cur.first()
+            while found and (limit is None or len(out) < limit):
+                name = bytes(cur.key()).decode()
+                if name != after:
+                    rec = unpack(cur.value())
+                    prefix = queue_prefix(name)
+                    in_hand = 0
+                    ok = held.set_range(prefix)
+                    while ok and held.key().startswith(prefix):
+                        in_hand += 1
+                        ok = held.next()
+                    out.append({"worker": name, "first_seen_ms": rec["first_seen_ms"],
+                                "last_seen_ms": rec["last_seen_ms"], "queues": rec.get("queues"),
+                                "in_hand": in_hand})
+                found = cur.next()
+        return out
+
+    def worker(self, name: str) -> dict | None:
+        """One worker's record (``first_seen_ms``, ``last_seen_ms``, ``queues`` when known), or None."""
+        with self._read() as txn:
+            raw = txn.get(text(name), db=self._dbs["workers"])
+        return None if raw is None else unpack(raw)
+
+    def worker_lease_deadline(self, name: str) -> int | None:
+        """The latest lease deadline among the tasks ``name`` holds, or None if it holds none."""
+        prefix = queue_prefix(name)
+        latest = None
+        with self._read() as txn, txn.cursor(db=self._dbs["worker_leases"]) as cur:
+            ok = cur.set_range(prefix)
+            while ok and cur.key().startswith(prefix):
+                task_key = bytes(cur.key())[len(prefix):]
+                raw = txn.get(task_key, db=self._dbs["tasks"])
+                if raw is not None:
+                    deadline = unpack_task(task_key, raw)["lease_deadline_ms"]
+                    if deadline is not None and (latest is None or deadline > latest):
+                        latest = deadline
+                ok = cur.next()
+        return latest
+
     def next_lease_deadline(self) -> int | None:
         """The earliest lease deadline (ms), for scheduling the next LeaseExpired."""
         with self._read() as txn, txn.cursor(db=self._dbs["leases"]) as cur:
@@ -507,7 +599,7 @@ class StateStore:
             raise StoreDamaged(self.path, "its epoch record does not decode") from None
         return {"position": None if pos is None else unpack_position(pos),
                 "digest": digest_hex(digest), "epoch": epoch_no,
-                "records": self._checked_records(txn, digest)}
+                "records": self._checked_records(txn, digest, index=store_format(txn, self._dbs) == STORE_FORMAT)}
 
     def _check_seal(self, txn: lmdb.Transaction) -> None:
         meta = self._dbs["meta"]
@@ -519,23 +611,33 @@ class StateStore:
                 or seal(position, digest) != bytes(stored):
             raise StoreDamaged(self.path, "its position or digest record fails its seal")
 
-    def _checked_records(self, txn: lmdb.Transaction, expected: int) -> Iterator[tuple[str, bytes, bytes]]:
+    def _checked_records(self, txn: lmdb.Transaction, expected: int,
+                         index: bool = True) -> Iterator[tuple[str, bytes, bytes]]:
         """Every record, hashing as it goes; raises StoreDamaged after the last if they
-        do not hash to ``expected`` (the incremental digest)."""
+        do not hash to ``expected`` (the incremental digest), or (``index``) if the
+        ``by_state`` index does not list exactly the tasks."""
         d = 0
+        check = listing.IndexCheck() if index else None
         try:
             for db, key, value in self._records(txn):
                 if is_hashed(db, key):
                     d ^= record_hash(db, key, value)
+                if check is not None:
+                    check.see(db, key, value)
                 yield db, key, value
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         if d != expected:
             raise StoreDamaged(self.path, f"its records hash to {digest_hex(d)}, "
                                           f"its digest says {digest_hex(expected)}")
+        problem = check.problem() if check is not None else None
+        if problem is not None:
+            raise StoreDamaged(self.path, problem)
 
     def _records(self, txn: lmdb.Transaction) -> Iterator[tuple[str, bytes, bytes]]:
         for name in DB_NAMES:
+            if name not in self._dbs:
+                continue  # a derived database a read-only open of an older store lacks
             with txn.cursor(db=self._dbs[name]) as cur:
                 for key, value in cur:
                     yield name, key, value

@@ -34,7 +34,7 @@ import lmdb
 
 from broker import BrokerError
 from broker.state.schema import (
-    COUNT_NAMES, META_CLOCK, META_DIGEST, META_POSITION, META_SEAL, META_SEQ, id_key, is_hashed,
+    COUNT_NAMES, META_CLOCK, META_DIGEST, META_POSITION, META_SEAL, META_SEQ, UNHASHED_DBS, id_key, is_hashed,
     pack, pack_position, pack_queue, pack_task, read_u64, record_hash, seal, text, u64, unpack,
     unpack_task)
 
@@ -110,6 +110,9 @@ class StateTxn:
         self._tasks.clear()
 
     def _put(self, db: str, key: bytes, value: bytes, append: bool = False) -> None:
+        if db in UNHASHED_DBS:  # derived data outside the digest: no old value to hash out
+            self.txn.put(key, value, db=self.dbs[db], append=append)
+            return
         old = None if append else self.txn.get(key, db=self.dbs[db])
         if old == value:
             return  # no change; also keeps the digest untouched
@@ -120,6 +123,8 @@ class StateTxn:
         self.txn.put(key, value, db=self.dbs[db], append=append)
 
     def _delete(self, db: str, key: bytes) -> bool:
+        if db in UNHASHED_DBS:
+            return self.txn.delete(key, db=self.dbs[db])
         old = self.txn.get(key, db=self.dbs[db])
         if old is None:
             return False

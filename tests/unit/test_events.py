@@ -37,6 +37,7 @@ def test_every_type_has_a_minimal_valid_form():
         "TaskCancelled": dict(task_id="t", now_ms=0), "WorkerSeen": dict(worker="w", now_ms=0),
         "WorkerLost": dict(worker="w", now_ms=0),
         "TasksPurged": dict(queue="q", states=["done"], now_ms=0),
+        "TaskRetried": dict(task_id="t", now_ms=0), "TasksRequeued": dict(queue="q", states=["dead"], now_ms=0),
         "EpochStarted": dict(epoch=1, broker_id=0, now_ms=0),
         "ClusterShutdown": dict(shutdown_id="s", now_ms=0), "StateDigest": dict(digest="0" * 32),
     }

@@ -70,18 +70,22 @@ class Leader:
 
 
 def test_an_empty_lease_is_answered_without_an_entry(tmp_path):
+    """Idle polls write no TaskLeased; the worker is recorded once (WorkerSeen), not per poll."""
     leader = Leader(tmp_path)
     try:
-        before = len(leader.writer.entries)
+        before = len(leader.writer.event_types())
         leader.request("lease", 1, worker="w", queues=["q"], max_tasks=5, wait_ms=0)
         assert leader.reply(1)["tasks"] == []
         leader.request("lease", 2, worker="w", queues=["q"], max_tasks=5, wait_ms=150)
         leader.settle()
         assert leader.reply(2) is None  # parked, waiting for a task
         time.sleep(0.2)
+        for rid in range(3, 13):
+            leader.request("lease", rid, worker="w", queues=["q"], max_tasks=5, wait_ms=0)
         leader.settle()
         assert leader.reply(2)["tasks"] == []
-        assert len(leader.writer.entries) == before
+        assert leader.writer.event_types()[before:] == ["WorkerSeen"]
+        assert leader.store.worker("w")["queues"] == ["q"]
     finally:
         leader.close()
 

@@ -17,7 +17,7 @@ from broker.protocol import (E_BAD_REQUEST, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 
 MAX_PAYLOAD = 64
 DEFAULT_LEASE_MS = 30_000
-READS = {"ping", "status", "snapshot_info", "snapshot_chunk", "get"}
+READS = {"ping", "status", "snapshot_info", "snapshot_chunk", "get", "list_tasks", "list_queues", "list_workers"}
 
 # Values of every shape a msgpack peer can send, and some it cannot (lone surrogates).
 BOUNDARY_INTS = st.sampled_from([0, 1, -1, 99, 100, 1000, 1001, 10_000, 10_001, 60_000, 60_001,
@@ -46,7 +46,11 @@ FIELDS = {
     "heartbeat_many": ["worker", "lease_ms", "tasks"],
     "complete": ["task_id", "attempt", "result"], "complete_many": ["tasks"],
     "fail": ["task_id", "attempt", "error", "retry", "reject"],
-    "declare_queue": ["queue", "max_attempts", "lease_ms", "retry_backoff_ms", "retry_backoff_max_ms"],
+    "declare_queue": ["queue", "max_attempts", "lease_ms", "retry_backoff_ms", "retry_backoff_max_ms",
+                      "result_ttl_ms"],
+    "list_tasks": ["queue", "state", "limit", "after"], "list_workers": ["limit", "after"],
+    "retry_task": ["task_id"], "purge_queue": ["queue", "states", "older_than_ms", "before_ms", "limit"],
+    "requeue_dead": ["queue", "before_ms", "limit"],
     "cluster_shutdown": ["shutdown_id"],
 }
 # Per field: valid values (so that many requests pass and the property is not vacuous),
@@ -67,6 +71,14 @@ VALID = {
     "retry_backoff_max_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
     "offset": st.integers(0, 1 << 50), "length": st.integers(1, 4 << 20),
     "shutdown_id": st.one_of(st.just("c5f0" * 8), st.text(min_size=1, max_size=40)),
+    "result_ttl_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
+    "state": st.one_of(st.none(), st.sampled_from(["waiting", "running", "done", "failed", "dead", "cancelled"])),
+    "limit": st.one_of(st.none(), st.integers(1, 1000)),
+    "after": st.one_of(st.none(), st.just("bQBhYmM")),  # a cursor: queue "m", task key b"abc"
+    "states": st.lists(st.sampled_from(["done", "failed", "dead", "cancelled"]), min_size=1, max_size=4,
+                       unique=True),
+    "older_than_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
+    "before_ms": st.one_of(st.none(), st.integers(0, 1 << 53)),
 }
 NEAR = {
     "queue": NAMES, "worker": NAMES, "task_id": NAMES, "name": NAMES, "key": TEXT, "shutdown_id": NAMES,

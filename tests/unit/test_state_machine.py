@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.state import apply as state_apply
-from broker.state.schema import STORE_FORMAT, task_id_of, unpack_task
+from broker.state.schema import STORE_FORMAT, id_key, state_key, task_id_of, unpack_task
 from broker.state.store import (
     DigestMismatch, PositionError, StateDiverged, StateStore, StoreError, StoreFull,
     StoreIncomplete)
@@ -347,7 +347,7 @@ def random_events(rep: Replica, rnd: random.Random, now: int, n: int) -> list[di
     out = []
     for _ in range(n):
         kind = rnd.choice(["submit"] * 4 + ["lease"] * 3 + ["complete", "fail", "fail",
-                          "heartbeat", "expire", "cancel", "lost", "purge", "declare"])
+                          "heartbeat", "expire", "cancel", "lost", "purge", "declare", "retry", "requeue"])
         tid = rnd.choice(tids)
         task = rep.store.get_task(tid)
         attempt = (task["attempts"] if task else 1) + rnd.choice([0, 0, 0, -1])
@@ -379,6 +379,11 @@ def random_events(rep: Replica, rnd: random.Random, now: int, n: int) -> list[di
             out.append({"type": "TaskCancelled", "task_id": tid, "now_ms": now})
         elif kind == "lost":
             out.append({"type": "WorkerLost", "worker": rnd.choice(workers), "now_ms": now})
+        elif kind == "retry":
+            out.append({"type": "TaskRetried", "task_id": tid, "now_ms": now})
+        elif kind == "requeue":
+            out.append({"type": "TasksRequeued", "queue": rnd.choice(queues), "states": ["dead"],
+                        "before_ms": rnd.choice([None, now]), "limit": rnd.choice([None, 1]), "now_ms": now})
         elif kind == "purge":
             states = rnd.sample(["waiting", "done", "failed", "dead", "cancelled"], 2)
             out.append({"type": "TasksPurged", "queue": rnd.choice(queues), "states": states,
@@ -405,8 +410,11 @@ def check_invariants(store: StateStore) -> None:
     assert len(by_db.get("finished", [])) == sum(n[s] for s in ("done", "failed", "dead",
                                                                 "cancelled"))
     assert len(by_db.get("payloads", [])) == sum(t["payload"] is None for t in tasks.values())
-    assert all(t["attempts"] <= t["max_attempts"] for t in tasks.values())
+    assert all(t["attempts"] - t.get("attempt_base", 0) <= t["max_attempts"] for t in tasks.values())
+    assert sorted(by_db.get("by_state", [])) == sorted(
+        (state_key(t["queue"], t["state"], id_key(t["id"])), b"") for t in tasks.values())
     assert store.digest() == store.recompute_digest()
+    store.verify()  # the by_state check too
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,5 @@
-"""The compact record layout (store format 2) and the conversion of format-1 stores and snapshots."""
+"""The compact record layout (store format 2, plus the by_state index of format 3) and the conversion of
+format-1 and format-2 stores and snapshots."""
 from __future__ import annotations
 
 import struct
@@ -92,7 +93,7 @@ def downgrade(path, records):
         elif db == "worker_leases":
             worker, _, tid = key.partition(b"\0")
             out.append((db, worker + b"\0" + v1_id(tid), value))
-        elif db != "payloads" and not (db == "meta" and key in (META_FORMAT, META_DIGEST, META_SEAL)):
+        elif db not in ("payloads", "by_state") and not (db == "meta" and key in (META_FORMAT, META_DIGEST, META_SEAL)):
             out.append((db, key, value))
     out += [("payloads", tid.encode(), payloads.get(tid, rec["payload"])) for tid, rec in tasks.items()]
     digest = 0
@@ -117,7 +118,7 @@ def test_a_format_1_store_is_converted_at_open_to_the_same_bytes(tmp_path):
     assert sum(db == "payloads" for db, _, _ in old) == 7
     with StateStore(tmp_path / "old", readonly=True) as ro:  # reading position and digest works
         assert ro.position() == store.position() and ro.recompute_digest() == ro.digest()
-        with pytest.raises(StoreError, match="state store format 1 in .*: this broker reads format 2"):
+        with pytest.raises(StoreError, match="state store format 1 in .*: this broker reads format 3"):
             ro.get_task(HEX)
     with StateStore(tmp_path / "old", sync=False) as converted:
         assert list(converted.iter_records()) == records
@@ -146,9 +147,9 @@ def test_a_store_of_an_unknown_format_is_refused(tmp_path):
     store.close()
     env = lmdb.open(str(tmp_path / "s"), max_dbs=16)
     with env.begin(write=True) as txn:
-        txn.put(META_FORMAT, b"3", db=env.open_db(b"meta", txn=txn))
+        txn.put(META_FORMAT, b"4", db=env.open_db(b"meta", txn=txn))
     env.close()
-    with pytest.raises(StoreError, match=r"state store format 3 in .*: this broker reads format 2"):
+    with pytest.raises(StoreError, match=r"state store format 4 in .*: this broker reads format 3"):
         StateStore(tmp_path / "s")
 
 
