@@ -67,11 +67,12 @@ class AsyncClient:
 
     async def submit(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
                      delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
-                     timeout: float | None = None) -> str:
+                     timeout: float | None = None, retry_backoff: float | None = None,
+                     retry_backoff_max: float | None = None) -> str:
         """Submit one task; its id once committed (see :meth:`Client.submit_async`)."""
         return await asyncio.wrap_future(self.client.submit_async(
             queue, payload, key=key, priority=priority, delay=delay, max_attempts=max_attempts,
-            max_run=max_run, timeout=timeout))
+            max_run=max_run, timeout=timeout, retry_backoff=retry_backoff, retry_backoff_max=retry_backoff_max))
 
     async def submit_many(self, tasks: list[dict]) -> list[str]:
         """:meth:`Client.submit_many`: up to 1000 tasks per request, committed together."""
