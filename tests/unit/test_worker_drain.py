@@ -30,3 +30,19 @@ def test_outside_the_main_thread_nothing_is_installed():
     thread.start()
     thread.join()
     assert results == [False]
+
+
+def test_json_log_lines_carry_the_task_fields_of_a_finished_task():
+    import json
+    import logging
+
+    from cli import JsonLogFormatter
+
+    record = logging.LogRecord("broker.api.worker", logging.INFO, __file__, 1, "task %s done", ("t1",), None)
+    for name, value in {"task_id": "t1", "queue": "mail", "attempt": 2, "duration_ms": 12.5,
+                        "outcome": "done"}.items():
+        setattr(record, name, value)  # what log.info(..., extra={...}) does
+    line = json.loads(JsonLogFormatter().format(record))
+    assert line["msg"] == "task t1 done"
+    assert {k: line[k] for k in ("task_id", "queue", "attempt", "duration_ms", "outcome")} == {
+        "task_id": "t1", "queue": "mail", "attempt": 2, "duration_ms": 12.5, "outcome": "done"}
