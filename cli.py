@@ -20,6 +20,7 @@ from cli_options import (cluster_options, config_options, emit, fail, make_clien
                          with_zk)
 from cli_submit import printable_task as _printable, report_submit
 from cli_lifecycle import cluster_group, store
+from cli_keys import keys_group
 from cli_pipeline import analyze, audit, export
 from devtools.commands import bench, chaos, dev, zk
 from ledger.bookie.config import BookieConfig
@@ -70,7 +71,7 @@ def main(log_level: str, log_json: bool) -> None:
 
 # The development commands (ZooKeeper runner, dev cluster, benchmarks, chaos) live with the dev tools;
 # the cluster's life (init, shutdown, manual recovery) in cli_lifecycle; the Spark pipeline in cli_pipeline.
-for _command in (zk, dev, bench, chaos, cluster_group, store, export, analyze, audit):
+for _command in (zk, dev, bench, chaos, cluster_group, store, export, analyze, audit, keys_group):
     main.add_command(_command)
 
 
