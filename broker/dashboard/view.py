@@ -4,7 +4,9 @@
 bookies, ledgers) and asks the leader for its ``status`` (queue depths, its position)
 with a short timeout, so a leader that was just killed shows as unreachable rather
 than stalling the page. Only named fields are copied out (:func:`_broker_row`,
-:func:`_bookie_row`): nothing else the nodes hold reaches the page.
+:func:`_bookie_row`, :func:`_dead_row`, :func:`_worker_row`): nothing else the nodes hold
+reaches the page, no payload nor result in particular. The leader also gives the first
+:data:`DEAD_SHOWN` dead tasks (with their errors) and its workers (``list_tasks``, ``list_workers``).
 
 :class:`ClusterWatcher` takes a snapshot every ``interval`` seconds and adds what
 needs history: queue rates (tasks in, done and dead per second over the last
@@ -28,13 +30,16 @@ from typing import Any, Callable
 
 from kazoo.client import KazooClient
 
-from broker.admin import ask, lag
+from broker.admin import BrokerUnreachable, ask, lag, request_once
 from election.cluster_view import cluster_status
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 10.0
 FAILOVERS_KEPT = 20
+# Rows of the dead-task and worker panels (the leader's listings are paged; the page shows the first).
+DEAD_SHOWN = 20
+WORKERS_SHOWN = 50
 # Queue states whose growth is a rate worth showing (the count of tasks that reached them).
 RATE_STATES = ("done", "dead")
 
@@ -53,6 +58,24 @@ def _bookie_row(bookie: dict) -> dict:
             "readonly": bool(bookie.get("readonly"))}
 
 
+def _dead_row(task: dict) -> dict:
+    return {"id": task.get("id"), "queue": task.get("queue"), "attempts": task.get("attempts"),
+            "finished_ms": task.get("finished_ms"), "error": task.get("error")}
+
+
+def _worker_row(worker: dict) -> dict:
+    return {"worker": worker.get("worker"), "queues": list(worker.get("queues") or []),
+            "in_hand": worker.get("in_hand"), "last_seen_ms": worker.get("last_seen_ms")}
+
+
+def _leader_list(address: str, op: str, key: str, timeout: float, **fields) -> list | None:
+    """One listing page from the leader, or None if it cannot give one now (or knows no such op)."""
+    try:
+        return request_once(address, op, timeout, **fields).get(key) or []
+    except BrokerUnreachable:
+        return None
+
+
 def cluster_snapshot(zk: KazooClient, cluster: str, timeout: float = 1.0,
                      now: Callable[[], float] = time.time) -> dict:
     """The page's view of ``cluster`` now (without rates and failovers, which need history)."""
@@ -61,6 +84,8 @@ def cluster_snapshot(zk: KazooClient, cluster: str, timeout: float = 1.0,
     report = ask(address, "status", timeout) if address else None
     leader_position = report.get("position") if report else None
     insync = list(view.get("insync") or [])
+    dead = _leader_list(address, "list_tasks", "tasks", timeout, state="dead", limit=DEAD_SHOWN) if report else None
+    workers = _leader_list(address, "list_workers", "workers", timeout, limit=WORKERS_SHOWN) if report else None
     return {
         "cluster": view["cluster"], "cluster_id": view.get("cluster_id"), "initialized": view["initialized"],
         "taken_at": now(), "epoch": view.get("epoch"),
@@ -73,6 +98,9 @@ def cluster_snapshot(zk: KazooClient, cluster: str, timeout: float = 1.0,
         "bookies": [_bookie_row(b) for b in view["bookies"]],
         "ledgers": {"count": len(view["ledgers"]), "underreplicated": view["underreplicated"]["count"]},
         "queues": {name: dict(counts) for name, counts in sorted(((report or {}).get("queues") or {}).items())},
+        # None: the leader could not list them now (the page says so rather than show an empty list).
+        "dead_tasks": None if dead is None else [_dead_row(t) for t in dead],
+        "workers": None if workers is None else [_worker_row(w) for w in workers],
     }
 
 

@@ -1,5 +1,5 @@
 """`fencepost dashboard` in a real headless Chromium: it loads without console errors, shows the
-leader, and shows the new leader within seconds of a leader SIGKILL."""
+leader, a dead task's error as text, the workers, and the new leader within seconds of a leader SIGKILL."""
 from __future__ import annotations
 
 import re
@@ -58,7 +58,10 @@ def test_dashboard_shows_the_leader_and_a_failover(cluster, procs, browser):
     procs.start_bookies(cluster, 3)
     brokers = procs.start_brokers(cluster, 2)
     leader = wait_for(lambda: read_leader(cluster.zk, cluster.paths), 30, "a leader")
-    assert call(leader["address"], "submit", queue="mail", payload=b"x")["ok"]
+    assert call(leader["address"], "submit", queue="mail", payload=b"x", max_attempts=1)["ok"]
+    [task] = call(leader["address"], "lease", worker="w-dash", queues=["mail"], max_tasks=1)["tasks"]
+    error = "<b>boom</b> & <script>alert(1)</script>"  # shown as text, never as markup
+    assert call(leader["address"], "fail", task_id=task["task_id"], attempt=task["attempt"], error=error)["ok"]
     dash = procs.start("dashboard", ["dashboard", "--listen", "127.0.0.1:0", "--zk", cluster.hosts,
                                      "--cluster", cluster.name],
                        ready=lambda proc: "dashboard of cluster" in proc.output())
@@ -72,6 +75,9 @@ def test_dashboard_shows_the_leader_and_a_failover(cluster, procs, browser):
     WebDriverWait(browser, 15).until(lambda d: shown_leader(d) == str(leader["broker_id"]))
     WebDriverWait(browser, 10).until(lambda d: "mail" in d.find_element(By.ID, "queues").text)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#brokers tr")) == 2
+    WebDriverWait(browser, 10).until(lambda d: error in d.find_element(By.ID, "dead-tasks").text)
+    assert not browser.find_elements(By.CSS_SELECTOR, "#dead-tasks b, #dead-tasks script")
+    WebDriverWait(browser, 10).until(lambda d: "w-dash" in d.find_element(By.ID, "workers").text)
 
     next(p for p in brokers if p.address == leader["address"]).kill()
     new = wait_for(lambda: (info := read_leader(cluster.zk, cluster.paths)) and

@@ -83,6 +83,33 @@
     ])));
   }
 
+  function when(ms) {
+    return typeof ms === "number" && ms > 0 ? new Date(ms).toLocaleString() : null;
+  }
+
+  // rows null: the leader could not list them now; [] : there are none.
+  function renderRows(id, rows, columns, toCells, emptyText) {
+    if (!rows || !rows.length) {
+      const td = cell(rows ? emptyText : "the leader cannot list them now", "muted");
+      td.colSpan = columns;
+      $(id).replaceChildren(row([td]));
+      return;
+    }
+    $(id).replaceChildren(...rows.map((r) => row(toCells(r))));
+  }
+
+  function renderDeadTasks(tasks) {
+    renderRows("dead-tasks", tasks, 5, (t) => [
+      cell(t.id), cell(t.queue), cell(t.attempts, "num"), cell(when(t.finished_ms)), cell(t.error, "bad"),
+    ], "none");
+  }
+
+  function renderWorkers(workers) {
+    renderRows("workers", workers, 4, (w) => [
+      cell(w.worker), cell((w.queues || []).join(", ")), cell(w.in_hand, "num"), cell(when(w.last_seen_ms)),
+    ], "none seen");
+  }
+
   function renderBookies(bookies) {
     $("bookies").replaceChildren(...bookies.map((b) => row([
       cell(b.id), cell(b.address), cell(bytes(b.free_bytes), "num"),
@@ -123,6 +150,8 @@
     $("ledger-count").textContent = snap.ledgers.count + " (" + snap.ledgers.underreplicated + ")";
     renderBrokers(snap.brokers);
     renderQueues(snap.queues, snap.rates);
+    renderDeadTasks(snap.dead_tasks);
+    renderWorkers(snap.workers);
     renderBookies(snap.bookies);
     renderFailovers(snap.failovers || []);
   }
