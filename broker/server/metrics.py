@@ -72,8 +72,9 @@ class BrokerMetrics:
                                         buckets=LATENCY_BUCKETS, registry=reg)
         self.entry_events = Histogram("fencepost_broker_entry_events", "Events per ledger entry (group-commit "
                                       "batch size).", buckets=EVENTS_BUCKETS, registry=reg)
-        self.lease_expiries = Counter("fencepost_broker_lease_expiries", "Leases the leader expired "
-                                      "(the task went back to waiting, or dead).", registry=reg)
+        self.lease_expiries = Counter("fencepost_broker_lease_expiries", "Leases the leader ended: past their "
+                                      "deadline (LeaseExpired) or held by a worker declared lost (WorkerLost).",
+                                      registry=reg)
         self.leaderships = Counter("fencepost_broker_leaderships_won", "Takeovers this process completed "
                                    "(each one a new epoch it led).", registry=reg)
         # Children bound once: the hot path does no label lookup.
@@ -103,7 +104,7 @@ class BrokerMetrics:
         self.entry_events.observe(events)
 
     def internal_applied(self, results: list[dict]) -> None:
-        """The leader's own events were applied: count the leases a ``LeaseExpired`` ended."""
+        """The leader's own events were applied: count the leases ``LeaseExpired`` and ``WorkerLost`` ended."""
         for res in results:
             expired = res.get("expired")
             if expired:
