@@ -62,7 +62,8 @@
     const names = Object.keys(queues).sort();
     const seen = new Set();
     names.forEach((n) => Object.keys(queues[n]).forEach((s) => seen.add(s)));
-    const states = STATE_ORDER.filter((s) => seen.has(s)).concat([...seen].filter((s) => !STATE_ORDER.includes(s)).sort());
+    const others = [...seen].filter((s) => !STATE_ORDER.includes(s)).sort();
+    const states = STATE_ORDER.filter((s) => seen.has(s)).concat(others);
     const head = document.createElement("tr");
     ["queue", ...states, ...RATE_COLUMNS.map((c) => c[1])].forEach((h) => {
       const th = document.createElement("th");
