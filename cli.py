@@ -22,6 +22,7 @@ from cli_submit import printable_task as _printable, report_submit
 from cli_lifecycle import cluster_group, store
 from cli_keys import keys_group
 from cli_pipeline import analyze, audit, export
+from cli_tasks import queue_group, task_list, task_retry, worker_list
 from devtools.commands import bench, chaos, dev, zk
 from ledger.bookie.config import BookieConfig
 
@@ -73,6 +74,7 @@ def main(log_level: str, log_json: bool) -> None:
 # the cluster's life (init, shutdown, manual recovery) in cli_lifecycle; the Spark pipeline in cli_pipeline.
 for _command in (zk, dev, bench, chaos, cluster_group, store, export, analyze, audit, keys_group):
     main.add_command(_command)
+main.add_command(queue_group)  # queue list|purge|requeue-dead; task list|retry and worker list join their groups below
 
 
 # ---------------------------------------------------------------- bookie
@@ -228,7 +230,7 @@ def submit(queue, payload, key, priority, delay, max_attempts, max_run, retry_ba
 
 @main.group()
 def task() -> None:
-    """Look at tasks, or cancel one that is still waiting."""
+    """Find tasks (list), look at one (show), cancel a waiting one, retry a failed or dead one."""
 
 
 @task.command("show")
@@ -261,7 +263,7 @@ def task_cancel(task_id, zk, cluster, dev_dir) -> None:
 
 @main.group()
 def worker() -> None:
-    """Run workers."""
+    """Run a worker; list the workers the leader knows."""
 
 
 @worker.command("run", context_settings={"ignore_unknown_options": True})
@@ -300,6 +302,11 @@ def worker_run(queues, concurrency, lease_ms, cmd_timeout, name, prefetch, drain
     worker.run()
     if not worker.drained:
         fail(f"worker {worker.name} stopped after its {drain_timeout:g}s drain with tasks still in hand")
+
+
+task.add_command(task_list)
+task.add_command(task_retry)
+worker.add_command(worker_list)
 
 
 # ---------------------------------------------------------------- snapshots

@@ -118,11 +118,19 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
     "complete": _completion,
     "complete_many": lambda rng: {"tasks": [_completion(rng) for _ in range(rng.randrange(1, 4))]},
     "fail": lambda rng: {"task_id": _task_id(rng), "attempt": 1, "error": "fz", "retry": rng.random() < 0.5},
+    "list_tasks": lambda rng: {"queue": rng.choice((None,) + QUEUES), "state": rng.choice([None, "dead", "waiting"]),
+                               "limit": rng.randrange(1, 20)},
+    "list_queues": lambda rng: {},
+    "list_workers": lambda rng: {"limit": rng.randrange(1, 20)},
+    "retry_task": lambda rng: {"task_id": _task_id(rng)},
+    "purge_queue": lambda rng: {"queue": rng.choice(QUEUES), "states": ["done"], "older_than_ms": 3_600_000},
+    "requeue_dead": lambda rng: {"queue": rng.choice(QUEUES), "limit": rng.randrange(1, 20)},
 }
 OPS = tuple(sorted(TEMPLATES))
 _FIELDS = sorted({"queue", "payload", "key", "priority", "delay_ms", "max_attempts", "tasks", "task_id",
                   "worker", "queues", "max_tasks", "lease_ms", "wait_ms", "attempt", "result", "error",
-                  "retry", "name", "offset", "length"})
+                  "retry", "name", "offset", "length", "state", "limit", "after", "states", "older_than_ms",
+                  "before_ms"})
 
 
 def _mutate(rng: random.Random, fields: dict) -> dict:

@@ -23,7 +23,8 @@ IMPLEMENTED_COMMANDS = {
     "cluster": ["init", "shutdown"], "dev": ["up", "down", "status", "restart", "add-broker"], "export": [], "audit": [],
     "dashboard": [],
     "snapshot": ["list", "create", "verify", "restore"],
-    "status": [], "store": ["verify", "inspect", "mark-clean"], "submit": [], "task": ["show", "cancel"], "worker": ["run"],
+    "status": [], "store": ["verify", "inspect", "mark-clean"], "submit": [], "task": ["show", "list", "cancel", "retry"],
+    "queue": ["list", "purge", "requeue-dead"], "worker": ["run", "list"],
     "zk": ["start", "stop"],
 }
 
