@@ -51,7 +51,7 @@ def browser(tmp_path):
         driver.quit()
 
 
-def test_dashboard_shows_the_leader_and_a_failover(cluster, procs, browser):
+def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
