@@ -46,6 +46,7 @@ import click
 from cli_checks import check_zk_hosts, check_zk_resolvable
 from cli_errors import fail, quiet_kazoo  # fail: also imported from here by the commands
 from election.settings import ENV_PREFIX
+from election.zk_auth import ENV as ZK_AUTH_ENV, ZkAuth, ZkAuthError
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
 
@@ -112,8 +113,21 @@ def make_client(zk, cluster, dev_dir, timeout: float = 30.0):
     return Client(zk=hosts, cluster=name, timeout=timeout)
 
 
+def _zk_auth(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    # Exported, so that every ZooKeeper session of this process and of the processes it starts carries it.
+    if value:
+        try:
+            ZkAuth.parse(value)
+        except ZkAuthError as exc:
+            raise click.BadParameter(str(exc)) from None
+        os.environ[ZK_AUTH_ENV] = value
+
+
 def cluster_options(fn):
-    """--zk/--cluster/--dev-dir, shared by every command that talks to a cluster."""
+    """--zk/--cluster/--dev-dir/--zk-auth, shared by every command that talks to a cluster."""
+    fn = click.option("--zk-auth", default=None, expose_value=False, callback=_zk_auth, metavar="digest:USER:FILE",
+                      help="ZooKeeper digest credential, the password read from FILE: every node created gets an "
+                           "ACL for USER only [env FENCEPOST_ZK_AUTH].")(fn)
     fn = click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True,
                       help="Dev cluster to use when neither --zk nor FENCEPOST_ZK is set.")(fn)
     fn = click.option("--cluster", default=None, help="Cluster name [env FENCEPOST_CLUSTER; default: the dev cluster's, else dev].")(fn)

@@ -18,6 +18,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from election import ElectionError
+from election.zk_auth import ZkAuth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -27,10 +28,18 @@ class ZooKeeperUnavailable(ElectionError):
     """No ZooKeeper server answered in time."""
 
 
-def connect(hosts: str, session_timeout: float = 10.0, connect_timeout: float = 10.0) -> KazooClient:
-    """Start a kazoo client on `hosts` and wait until it is connected."""
+def connect(hosts: str, session_timeout: float = 10.0, connect_timeout: float = 10.0,
+            auth: ZkAuth | None = None) -> KazooClient:
+    """Start a kazoo client on `hosts` and wait until it is connected.
+
+    With ``auth`` (by default the one ``FENCEPOST_ZK_AUTH`` names, if any) the session
+    carries that digest credential and every node it creates gets an ACL for that user only.
+    """
+    auth = auth if auth is not None else ZkAuth.from_env()
+    secured = {"auth_data": auth.auth_data(), "default_acl": auth.acl()} if auth is not None else {}
     zk = KazooClient(
         hosts=hosts,
+        **secured,
         timeout=session_timeout,
         connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
         command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),

@@ -12,7 +12,7 @@ from cli_options import config_options, option_name, settings_flags
 from ledger.bookie.config import BookieConfig
 
 # Options of these commands that are not settings of the process.
-NOT_SETTINGS = {"--config", "--dev-dir", "--help"}
+NOT_SETTINGS = {"--config", "--dev-dir", "--zk-auth", "--help"}
 COMMANDS = [(cli.broker_start, BrokerConfig), (cli.bookie_start, BookieConfig)]
 
 
