@@ -125,7 +125,8 @@ def _replay_checked(report: AuditReport, entries: Iterable[Entry], epochs: Epoch
                     digests_at: list[Position], compare_digests: bool, progress: Progress | None) -> None:
     tasks = TaskCheck()
     started = time.monotonic()
-    step = None if progress is None else (lambda done, events, position: progress("replay", events, None))
+    step = None if progress is None else (
+        lambda done, events, position: progress("replay (entries)", done, report.entries or None))
     try:
         report.replay = replay(_with_epochs(entries, epochs), snapshot=snapshot, digests_at=digests_at,
                                on_entry=tasks.entry, progress=step, compare_digests=compare_digests)

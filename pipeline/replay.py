@@ -271,7 +271,8 @@ def _decode(position: Position, payload: bytes) -> list[dict]:
     try:
         return decode_batch(payload)
     except BadEvent as exc:
-        raise UnreplayableEntry(position, f"entry {format_position(position)} cannot be decoded: {exc.message}") from None
+        raise UnreplayableEntry(position,
+                                f"entry {format_position(position)} cannot be decoded: {exc.message}") from None
 
 
 def replay(entries: Iterable[tuple[int, int, int, bytes | list]], *, snapshot: Path | None = None,

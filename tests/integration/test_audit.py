@@ -31,12 +31,14 @@ def test_audit_is_clean_then_names_the_bookie_and_entry_of_a_flipped_copy(spark,
     work(bc)
     address = ClusterAddress(bc.zk_hosts, bc.cluster.name)
 
-    report = audit_cluster(spark, address, entries_per_partition=10)
+    steps = []
+    report = audit_cluster(spark, address, entries_per_partition=10, progress=lambda *step: steps.append(step))
     summary = report.summary()
     assert report.findings == [], summary
     assert summary["replay"]["grants"] >= 10 and summary["copies"]["ok"] == 3 * report.entries
     compared = [b for b in summary["brokers"] if b["compared"]]
     assert compared, f"no broker's digest was compared: {summary['brokers']}"
+    assert {what for what, _, _ in steps} == {"replicas", "replay (entries)"}
 
     # The same history from an export (no Spark in the command): clean, the same leases replayed.
     export_history(spark, address, tmp_path / "export")
