@@ -1,14 +1,19 @@
 """The audit's pure checks: replicas, gaps, epochs, task histories, and the findings' output and exit code."""
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+
+import cli
 
 from broker.state.events import encode_batch, event
 from pipeline.audit_log import CORRUPT, MISSING, OK, Copy, EpochCheck, copy_findings, gap_findings
 from pipeline.audit_tasks import TaskCheck
 from pipeline.findings import Finding, exit_code, findings_table
 from pipeline.replay import replay
+from pipeline.rows import SCHEMA, entry_rows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,19 +115,34 @@ def test_a_real_replay_of_a_legal_history_has_no_task_findings():
     assert check.findings == [] and check.tasks["a"][:2] == [2, "finished"]
 
 
-def test_audit_from_an_export_exits_1_with_the_findings_as_json(tmp_path, monkeypatch):
-    import cli
-    from pipeline.audit import AuditReport
+def write_export(out, entries):
+    """An export directory (pipeline.export's layout) holding ``entries`` (ledger_id, entry_id, epoch, events)."""
+    for epoch in sorted({e[2] for e in entries}):
+        rows = [r for e in entries if e[2] == epoch for r in entry_rows(e[0], e[1], e[2], encode_batch(e[3]))]
+        table = pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA)
+        (out / "events" / f"epoch={epoch}").mkdir(parents=True)
+        pq.write_table(table.drop_columns(["epoch"]), out / "events" / f"epoch={epoch}" / "run-5-0-part-0.parquet")
 
-    def fake_audit(path, snapshot=None, progress=None):
-        return AuditReport(source=f"export {path}", findings=[Finding("epoch_regression", 6, 1, detail="x")])
 
-    monkeypatch.setattr("pipeline.audit.audit_export", fake_audit)
+def test_audit_of_an_export_with_an_entry_of_a_lower_epoch_exits_1_naming_it(tmp_path):
+    submit = event("TaskSubmitted", task_id="t", queue="q", payload=b"x", now_ms=10)
+    write_export(tmp_path, [
+        (5, 0, 1, [event("EpochStarted", epoch=1, broker_id=1, now_ms=1)]),
+        (6, 0, 2, [event("EpochStarted", epoch=2, broker_id=2, now_ms=5)]),
+        (6, 1, 1, [submit]),                                      # written by the deposed epoch 1
+    ])
     result = CliRunner().invoke(cli.main, ["audit", "--from-export", str(tmp_path), "--json"])
     assert result.exit_code == 1, result.output
     doc = json.loads(result.output)
-    assert doc["clean"] is False and doc["findings"][0]["kind"] == "epoch_regression"
-    monkeypatch.setattr("pipeline.audit.audit_export", lambda path, snapshot=None, progress=None:
-                        AuditReport(source="export"))
+    assert [(f["kind"], f["ledger"], f["entry"]) for f in doc["findings"]] == [("epoch_regression", 6, 1)]
+    assert doc["replay"]["events"] == 3 and doc["clean"] is False
+
+    human = CliRunner().invoke(cli.main, ["audit", "--from-export", str(tmp_path)])
+    assert human.exit_code == 1 and "1 findings:" in human.output
+    assert "epoch_regression  6:1" in human.output
+
+
+def test_audit_of_a_clean_export_exits_0(tmp_path):
+    write_export(tmp_path, [(5, 0, 1, [event("EpochStarted", epoch=1, broker_id=1, now_ms=1)])])
     result = CliRunner().invoke(cli.main, ["audit", "--from-export", str(tmp_path)])
     assert result.exit_code == 0 and "clean: no findings" in result.output
