@@ -99,6 +99,20 @@ def test_a_refused_completion_is_legal_but_finishing_twice_or_too_many_attempts_
         ("finished_twice", 7), ("finished_twice", 8), ("attempts_exceeded", 8)]
 
 
+def test_a_task_retried_by_an_operator_may_finish_again_with_max_attempts_more():
+    check = TaskCheck()
+    retried = (0, {"type": "TaskRetried", "task_id": "t", "now_ms": 9},
+               {"ok": True, "task_id": "t", "state": "waiting", "attempt": 2})
+    history = unit_built_stale_history()[:4] + [
+        (5, [_ended("TaskFailed", "t", 2, state="dead")]),
+        (6, [retried]), (7, [_lease("t", 3)]), (8, [_lease("t", 4)]), (9, [_ended("TaskCompleted", "t", 4)]),
+        (10, [_lease("t", 5)])]                                    # a third attempt since the retry: over 2
+    for entry_id, items in history:
+        check.entry(7, entry_id, 1, items)
+    assert [(f.kind, f.entry) for f in check.findings] == [("finished_twice", 10), ("attempts_exceeded", 10)]
+    assert "attempt 5 of at most 4" in check.findings[1].detail
+
+
 def test_a_real_replay_of_a_legal_history_has_no_task_findings():
     def entry(entry_id, *events):
         return 5, entry_id, 1, encode_batch(list(events))
