@@ -179,7 +179,6 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
     writer is left OPEN in ``result["open_writer"]``.
     """
     from broker.state.events import encode_batch
-    from ledger.log import append_ledger, read_log
 
     per_ledger = [entries // ledgers + (1 if i < entries % ledgers else 0) for i in range(ledgers)]
     written = {"entries": 0, "events": 0, "task_events": 0, "bytes": 0, "ledger_ids": [],
@@ -188,10 +187,8 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
     since_digest = 0
     for index, count in enumerate(per_ledger):
         epoch = index + 1
-        writer = client.create(epoch=epoch)
+        writer = new_epoch_ledger(client, paths, epoch)
         written["ledger_ids"].append(writer.ledger_id)
-        _, version = read_log(client.zk, paths)
-        append_ledger(client.zk, paths, writer.ledger_id, epoch, version)
         pending: list = []
         for entry_id in range(count + 1):  # entry 0 is the EpochStarted
             now = _now_ms()
@@ -226,6 +223,16 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
             written["open_writer"] = writer
         progress(f"ledger {writer.ledger_id} (epoch {epoch}): {count + 1} entries")
     return written
+
+
+def new_epoch_ledger(client, paths, epoch: int):
+    """A writer on a new ledger of ``epoch``, appended to the log as a new leader does (CAS on its version)."""
+    from ledger.log import append_ledger, read_log
+
+    writer = client.create(epoch=epoch)
+    _, version = read_log(client.zk, paths)
+    append_ledger(client.zk, paths, writer.ledger_id, epoch, version)
+    return writer
 
 
 def settle(pending: list) -> None:

@@ -26,7 +26,7 @@ import collections
 import time
 from typing import Callable
 
-from bench.catchup import WRITE_INFLIGHT, settle
+from bench.catchup import WRITE_INFLIGHT, new_epoch_ledger, settle
 from broker.state.events import encode_batch
 from broker.state.schema import STORE_FORMAT
 
@@ -102,8 +102,6 @@ class Workload:
 def write_workload(client, paths, store, events: int, ledgers: int,
                    progress: Callable[[str], None] = lambda text: None) -> dict:
     """Write about ``events`` events over ``ledgers`` closed ledgers (one epoch each); what was written."""
-    from ledger.log import append_ledger, read_log
-
     per_entry = 2 * SUBMITS_PER_ENTRY + LEASES_PER_ENTRY  # in the steady state as many finish as are submitted
     entries = max(ledgers, -(-events // per_entry))
     per_ledger = [entries // ledgers + (1 if i < entries % ledgers else 0) for i in range(ledgers)]
@@ -112,10 +110,8 @@ def write_workload(client, paths, store, events: int, ledgers: int,
     since_digest = 0
     for index, count in enumerate(per_ledger):
         epoch = index + 1
-        writer = client.create(epoch=epoch)
+        writer = new_epoch_ledger(client, paths, epoch)
         written["ledger_ids"].append(writer.ledger_id)
-        _, version = read_log(client.zk, paths)
-        append_ledger(client.zk, paths, writer.ledger_id, epoch, version)
         if index:
             workload.new_epoch()
         pending: list = []
