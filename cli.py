@@ -84,7 +84,8 @@ def bookie() -> None:
 
 
 @bookie.command("start")
-@config_options(BookieConfig, skip=("zk", "cluster"))  # those two come from cluster_options
+# zk and cluster come from cluster_options, and so do key_file and keys_file (through their env variables)
+@config_options(BookieConfig, skip=("zk", "cluster", "key_file", "keys_file"))
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
               help="TOML file with a [bookie] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options
@@ -173,7 +174,8 @@ def broker_group() -> None:
 
 
 @broker_group.command("start")
-@config_options(BrokerConfig, skip=("zk", "cluster"))  # those two come from cluster_options
+# zk and cluster come from cluster_options, and so do key_file and keys_file (through their env variables)
+@config_options(BrokerConfig, skip=("zk", "cluster", "key_file", "keys_file"))
 @click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
               help="TOML file with a [broker] table [env FENCEPOST_CONFIG; default fencepost.toml].")
 @cluster_options

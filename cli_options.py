@@ -1,7 +1,8 @@
 """The options and output shared by the commands, and options generated from config dataclasses.
 
 Shared by `cli.py` and the development commands (`devtools/commands.py`): ``cluster_options``
-(``--zk/--cluster/--dev-dir``) and :func:`resolve_cluster`, :func:`with_zk` for a short
+(``--zk/--cluster/--dev-dir``, the ZooKeeper credential and a secure cluster's keys)
+and :func:`resolve_cluster` (which also picks a secure dev cluster's admin key), :func:`with_zk` for a short
 ZooKeeper session, :func:`make_client` for a client, :func:`emit` (JSON or text) and
 :func:`fail` (one line, exit 1).
 
@@ -78,6 +79,7 @@ def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[
         if not state:
             raise click.UsageError(f"no --zk given, FENCEPOST_ZK unset, and no dev cluster in {dev_dir}")
         zk, source = state["zk"], f"{dev_dir}/cluster.json"
+        use_dev_keys(state)
     return check_zk_hosts(zk, source), cluster or (state or {}).get("cluster") or "dev"
 
 
@@ -123,8 +125,34 @@ def _zk_auth(_ctx: click.Context, _param: click.Parameter, value: str | None) ->
         os.environ[ZK_AUTH_ENV] = value
 
 
+def _key_option(env_name: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    # Exported like --zk-auth: the process's bookie pools, one-off requests and clients connect with it.
+    def callback(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+        if value:
+            os.environ[env_name] = str(Path(value).resolve())
+    return callback
+
+
+def use_dev_keys(state: dict) -> None:
+    """A secure dev cluster's admin key and keys file, unless --key-file/--keys-file or the environment say."""
+    from election.secure import ENV_KEY_FILE, ENV_KEYS_FILE
+
+    if state.get("admin_key_file") and not (os.environ.get(ENV_KEY_FILE) or os.environ.get(ENV_KEYS_FILE)):
+        os.environ[ENV_KEY_FILE] = state["admin_key_file"]
+        os.environ[ENV_KEYS_FILE] = state["keys_file"]
+
+
 def cluster_options(fn):
-    """--zk/--cluster/--dev-dir/--zk-auth, shared by every command that talks to a cluster."""
+    """--zk/--cluster/--dev-dir/--zk-auth/--key-file/--keys-file, shared by every command that talks to a cluster."""
+    fn = click.option("--keys-file", default=None, expose_value=False, callback=_key_option("FENCEPOST_KEYS_FILE"),
+                      type=click.Path(dir_okay=False),
+                      help="A secure cluster's keys file: the servers' public keys, pinned by address "
+                           "[env FENCEPOST_KEYS_FILE; default: a secure dev cluster's].")(fn)
+    fn = click.option("--key-file", default=None, expose_value=False, callback=_key_option("FENCEPOST_KEY_FILE"),
+                      type=click.Path(dir_okay=False),
+                      help="Secret key file to connect to a secure cluster with (`fencepost keys new`); for "
+                           "`broker start` and `bookie start`, the server's own key [env FENCEPOST_KEY_FILE; "
+                           "default: a secure dev cluster's admin key].")(fn)
     fn = click.option("--zk-auth", default=None, expose_value=False, callback=_zk_auth, metavar="digest:USER:FILE",
                       help="ZooKeeper digest credential, the password read from FILE: every node created gets an "
                            "ACL for USER only [env FENCEPOST_ZK_AUTH].")(fn)

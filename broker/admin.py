@@ -38,6 +38,7 @@ from election.cluster_view import cluster_status
 from election.exchange import NoReply, exchange
 from election.identity import META
 from election.insync import clear_elect, read_elect, read_insync, request_elect
+from election.keys import KeysError
 from election.leader import read_leader
 from election.live import live_brokers
 from election.paths import ClusterPaths
@@ -65,7 +66,7 @@ def request_once(address: str, op: str, timeout: float = 2.0, max_bytes: int = w
         reply = exchange(address, op, timeout, max_bytes, **fields)
     except NoReply as exc:
         raise BrokerUnreachable(exc.message) from None
-    except wire.WireError as exc:
+    except (wire.WireError, KeysError) as exc:
         raise BrokerUnreachable(f"{address}: {exc}") from None
     if not reply.get("ok"):
         raise BrokerUnreachable(f"{address}: {reply.get('error')}: {reply.get('message')}")

@@ -95,8 +95,12 @@ def dev_dir_option(fn):
               help="For `cluster init`: largest task payload [default 1048576].")
 @click.option("--wait-for", type=click.IntRange(0), default=0, show_default=True,
               help="Each broker's --wait-for: no broker serves before this many are live.")
+@click.option("--secure", is_flag=True,
+              help="CURVE keys for every member and an admin key (DEV_DIR/keys, DEV_DIR/cluster.keys): every "
+                   "socket encrypted, every key and role checked; commands at DEV_DIR use the admin key.")
 def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_timeout: float,
-           write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes, wait_for) -> None:
+           write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes, wait_for,
+           secure: bool) -> None:
     """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json.
 
     Over a DEV_DIR whose recorded processes stopped (all after `dev down`, the brokers after
@@ -115,10 +119,12 @@ def dev_up(dev_dir: str, cluster: str, bookies: int, brokers: int, zk_session_ti
     spec = DevClusterSpec(cluster=cluster, bookies=bookies, brokers=brokers, zk_session_timeout=zk_session_timeout,
                           write_quorum=write_quorum, ack_quorum=ack_quorum, ensemble_size=ensemble_size,
                           digest=digest, secret_file=secret_file, max_payload_bytes=max_payload_bytes,
-                          wait_for=wait_for)
+                          wait_for=wait_for, secure=secure)
     with dev_cluster.locked():
         state = dev_cluster.up(spec, progress=click.echo)
     click.echo(f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}")
+    if state.get("secure"):
+        click.echo(f"secure: keys file {state['keys_file']}; commands at this dev dir use {state['admin_key_file']}")
 
 
 @dev.command("add-broker")

@@ -15,6 +15,8 @@ on one run directory at once. ``up`` runs `cluster init` itself (in process, :fu
 with the spec's cluster-wide options before it starts any member; over a run directory
 whose ZooKeeper already holds the cluster's `config` it keeps that config (the options
 given must agree with it). Brokers get the spec's ``--secret-file``; bookies need none.
+With ``secure`` every member gets a key of its own and the admin key is recorded for
+the CLI (:mod:`devtools.dev_keys`).
 
 Example::
 
@@ -48,6 +50,7 @@ from election.cluster_config import (SHARED_OPTIONS, ClusterAlreadyInitialized, 
 from election.files import write_json_atomically
 from election.paths import ClusterPaths
 from election.paths import check_cluster_name
+from devtools.dev_keys import DevKeys, reload_members
 from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn, stop_pid
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
 
@@ -85,6 +88,8 @@ class DevClusterSpec:
     wait_for: int = 0
     # Extra `bookie start` arguments for every bookie (e.g. ["--no-autorecovery"]).
     bookie_args: tuple[str, ...] = ()
+    # Keys for every member and an admin key (devtools/dev_keys.py): every socket CURVE, every key checked.
+    secure: bool = False
 
     def validate(self) -> "DevClusterSpec":
         check_cluster_name(self.cluster)
@@ -203,6 +208,10 @@ class DevCluster:
                  "zk_session_timeout": spec.zk_session_timeout, "processes": []}
         if secret_file:
             state["secret_file"] = secret_file
+        if spec.secure:
+            keys = DevKeys(self.run_dir)
+            keys.create()
+            keys.record(state)
         broker_args = ["--zk-session-timeout", str(spec.zk_session_timeout)]
         if secret_file:
             broker_args += ["--secret-file", secret_file]
@@ -386,9 +395,12 @@ class DevCluster:
         metrics = f"127.0.0.1:{free_port()}"
         args = [kind, "start", "--data", str(data), "--listen", address, "--metrics-listen", metrics,
                 "--zk", state["zk"], "--cluster", state["cluster"], *(extra or [])]
+        key_file = self._member_key(state, kind, address)
+        if key_file is not None:
+            args += DevKeys(self.run_dir).member_args(key_file)
         log_path = self.run_dir / f"{kind}-{index}.log"
         member = {"kind": kind, "index": index, "address": address, "metrics": metrics, "data_dir": str(data),
-                  "log": str(log_path), "args": args}
+                  "log": str(log_path), "args": args, **({"key_file": str(key_file)} if key_file else {})}
         if session_file:
             member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
         self._spawn(member)
@@ -396,6 +408,15 @@ class DevCluster:
         self.write_state(state)
         self._wait_member(member)
         return member
+
+    def _member_key(self, state: dict, kind: str, address: str) -> Path | None:
+        """A secure cluster's new member: its key, in the keys file the running members reload now."""
+        if not state.get("secure"):
+            return None
+        key_file = DevKeys(self.run_dir).add_member(kind, address)
+        reload_members([m["pid"] for m in state["processes"] if m["kind"] in ("bookie", "broker")
+                        and pid_alive(m["pid"]) and owns(m["pid"], str(self.run_dir))])
+        return key_file
 
     def _spawn(self, member: dict) -> None:
         env = (private_env if self.private else fencepost_env)(member.get("env"))

@@ -83,6 +83,10 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
         "leader": (leader or {}).get("broker_id"),
         "leader_address": (leader or {}).get("address"),
         "epoch": epoch.get("epoch") if isinstance(epoch, dict) else epoch,
+        # Secure: every live member serves CURVE with keys checked (they say so in their ZooKeeper nodes).
+        "secure": bool(brokers or bookies) and all(m.get("secure") for m in brokers + bookies),
+        "plain_members": [f"broker {b['id']}" for b in brokers if not b.get("secure")]
+        + [f"bookie {b['id']}" for b in bookies if not b.get("secure")],
         "brokers": brokers,
         "insync": (insync or {}).get("members", []),
         "bookies": bookies,
@@ -91,6 +95,15 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
         "log": [entry.get("id") for entry in log.get("ledgers", [])],
         "queues": (leader or {}).get("queues", {}),
     }
+
+
+def _secure_text(view: dict) -> str:
+    if view.get("secure"):
+        return "yes (CURVE: encrypted, every client key and role checked)"
+    plain, total = view.get("plain_members", []), len(view["brokers"]) + len(view["bookies"])
+    if plain and len(plain) < total:
+        return f"PARTLY: plain-text members: {', '.join(plain)}"
+    return "no (plain text: anyone reaching a port may use it)"
 
 
 def format_status(view: dict, now: float | None = None) -> str:
@@ -109,6 +122,7 @@ def format_status(view: dict, now: float | None = None) -> str:
     lines = [
         f"cluster {view['cluster']} ({view['cluster_id']})",
         f"leader: {leader}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
+        f"secure: {_secure_text(view)}",
     ]
     # Why nobody leads, when the brokers say (`broker start --wait-for`, too few bookies, `cluster shutdown`).
     if view.get("waiting"):

@@ -30,6 +30,9 @@ E_UNKNOWN = "unknown"  # cannot vouch for this ledger (limbo): never counted as 
 E_READONLY = "readonly"  # the disk is full: adds are refused until a commit succeeds again
 E_WRONG_BOOKIE = "wrong_bookie"  # the request names another bookie id (a new bookie on an old address)
 
+# Secure servers (brokers and bookies, election/roles.py): the client's key has no right to this op.
+E_FORBIDDEN = "forbidden"
+
 # Broker requests (broker/protocol.py, broker/server/request_loop.py).
 E_NOT_LEADER = "not_leader"
 E_UNAVAILABLE = "unavailable"
@@ -64,5 +67,7 @@ E_BAD_CHUNK = "bad_chunk"  # client side: a chunk of the wrong size or checksum
 E_CLOSED = "closed"
 E_WAIT_TIMEOUT = "wait_timeout"
 E_NO_REPLY = "no_reply"  # a one-off request got no reply in time (election/exchange.py)
+# A secure client's keys file lists no broker key under the address it was sent to: it never talks there.
+E_UNTRUSTED_SERVER = "untrusted_server"
 # ZooKeeper holds no root for the cluster named (a typo, or a cluster never initialized there).
 E_NO_SUCH_CLUSTER = "no_such_cluster"

@@ -41,9 +41,11 @@ class AsyncClient:
 
     def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, key_file: str | Path | None = None,
+                 keys_file: str | Path | None = None) -> None:
         self._args = {"zk": zk, "cluster": cluster, "brokers": brokers, "timeout": timeout,
-                      "request_timeout": request_timeout, "max_frame_bytes": max_frame_bytes}
+                      "request_timeout": request_timeout, "max_frame_bytes": max_frame_bytes,
+                      "key_file": key_file, "keys_file": keys_file}
         self._client: Client | None = None
 
     @classmethod

@@ -33,6 +33,13 @@ DEALER socket (``threading.local``), so a long-polling ``lease`` in one thread
 never blocks a ``submit`` in another; ``close()`` must only be called once no
 call is in flight (it closes every thread's socket).
 
+A secure cluster (docs/security.md) is reached with ``key_file`` (this client's
+secret key) and ``keys_file`` (the cluster's keys file), or ``FENCEPOST_KEY_FILE``
+and ``FENCEPOST_KEYS_FILE``: every socket is a CURVE client pinned to the key the
+keys file lists with role ``broker`` under the broker's address
+(:mod:`election.secure`). A client without keys gets no answer from a secure
+cluster; its calls fail at their deadline saying so.
+
 Without ``zk`` or ``brokers`` the client reads ``FENCEPOST_ZK`` and ``FENCEPOST_CLUSTER``
 (defaults ``127.0.0.1:2181`` and ``dev``); :meth:`Client.from_dev_dir` connects to what
 `fencepost dev up` recorded. A cluster name ZooKeeper holds no root for raises
@@ -72,7 +79,10 @@ from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S
 from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
 from election import ElectionError
-from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
+from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE, E_UNTRUSTED_SERVER
+from election.exchange import PLAIN_HINT
+from election.keys import KeysError
+from election.secure import load_client_keys, process_keys
 from election.paths import ClusterPaths
 from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
 from election.wire import (DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, error_for,
@@ -129,13 +139,17 @@ class Client(OperatorCalls):
     ``timeout`` is the overall deadline of one call in seconds, retries included;
     ``request_timeout`` bounds each attempt (a long-poll adds its ``wait_ms``).
     ``max_frame_bytes`` is the brokers' frame limit (their ``max_frame_bytes``).
+    ``key_file`` and ``keys_file`` connect to a secure cluster (default: ``FENCEPOST_KEY_FILE``
+    and ``FENCEPOST_KEYS_FILE``, or the keys a command-line tool set for its process).
     """
 
     def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, key_file: str | Path | None = None,
+                 keys_file: str | Path | None = None) -> None:
         if zk is not None and brokers:
             raise ValueError("give zk or brokers, not both")
+        self._keys = load_client_keys(key_file, keys_file) if key_file or keys_file else process_keys()
         hosts, cluster = resolve_target(zk, cluster)
         self.cluster = cluster
         self.timeout = float(timeout)
@@ -401,7 +415,7 @@ class Client(OperatorCalls):
                                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise BrokerUnavailable(f"{op} gave up after {total:g}s: {last}")
+                raise BrokerUnavailable(f"{op} gave up after {total:g}s: {last}{self._silence_hint(last)}")
             delay = min(backoff.next_delay(), remaining)
             log.debug("%s: retrying in %.3fs (%s)", op, delay, last)
             time.sleep(delay)
@@ -507,17 +521,38 @@ class Client(OperatorCalls):
         # When the thread ends its thread-local goes, and with it the socket.
         conn.release = weakref.finalize(conn, _release_socket, self._sockets, self._lock, sock)
         try:
+            self._secure(sock, address)
             sock.connect(address)
         except zmq.ZMQError as exc:
             self._drop_socket()
             raise _Transient(f"cannot connect: {exc}") from None
+        except ClientError:
+            self._drop_socket()
+            raise
         return sock
+
+    def _secure(self, sock: zmq.Socket, address: str) -> None:
+        """Make ``sock`` a CURVE client pinned to the broker at ``address`` (a secure client only)."""
+        if self._keys is None:
+            return
+        try:
+            self._keys.secure(sock, address, ("broker",))
+        except KeysError as exc:
+            raise ClientError(E_UNTRUSTED_SERVER, str(exc)) from None
 
     def _drop_socket(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
             conn.release()
+
+    def _silence_hint(self, last: str) -> str:
+        """Why a broker may stay silent to this client: a secure cluster, or a key that is not the server's."""
+        if "no reply" not in last:
+            return ""
+        if self._keys is None:
+            return PLAIN_HINT
+        return " (or the server there does not hold the key the keys file lists for its address)"
 
     def _leader_moved(self, address: str) -> bool:
         """True when ZooKeeper names a leader other than `address` (only known with `zk`)."""

@@ -223,6 +223,10 @@ class SubmitPipeline:
             self._close_socket()
             try:
                 self._open_socket(address)
+            except ClientError as exc:  # the keys file lists no broker key for this address: never talk to it
+                while self._waiting:
+                    self._resolve(self._waiting.popleft(), exc=exc)
+                return
             except zmq.ZMQError as exc:
                 self._client._forget_leader(address)
                 self._last = f"{address}: cannot connect: {exc}"
@@ -368,8 +372,9 @@ class SubmitPipeline:
         # LINGER 0: a dropped socket discards what it still queues for a dead peer.
         sock.setsockopt(zmq.LINGER, 0)
         try:
+            self._client._secure(sock, address)
             sock.connect(address)
-        except zmq.ZMQError:
+        except (zmq.ZMQError, ClientError):
             sock.close(linger=0)
             raise
         self._poller.register(sock, zmq.POLLIN)

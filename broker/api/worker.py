@@ -130,7 +130,8 @@ class Worker(OutboxSender):
     ready ``client`` (it is then not closed by the worker). ``prefetch`` is how many
     tasks the worker holds at once, queued or running (default: ``concurrency``).
     ``drain_timeout`` (seconds, None: no limit) bounds a drain; ``handle_signals``
-    False leaves SIGTERM and SIGINT alone.
+    False leaves SIGTERM and SIGINT alone. ``key_file`` and ``keys_file`` reach a secure cluster
+    (a ``worker`` key), as for :class:`~broker.api.client.Client`.
     A Worker runs once: ``run()`` returns after ``stop()`` and cannot be started again.
 
     Example::
@@ -145,7 +146,8 @@ class Worker(OutboxSender):
                  name: str | None = None, handlers: dict[str, Handler] | None = None,
                  wait_ms: int = DEFAULT_WAIT_MS, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  client: Client | None = None, prefetch: int | None = None,
-                 drain_timeout: float | None = DEFAULT_DRAIN_TIMEOUT, handle_signals: bool = True) -> None:
+                 drain_timeout: float | None = DEFAULT_DRAIN_TIMEOUT, handle_signals: bool = True,
+                 key_file: str | None = None, keys_file: str | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if prefetch is not None and prefetch < 1:
@@ -163,7 +165,8 @@ class Worker(OutboxSender):
         self.handle_signals = handle_signals
         # False after run() if the drain ran out of time with tasks or outcomes still in hand.
         self.drained = True
-        self._connect = {"zk": zk, "cluster": cluster, "brokers": brokers}
+        self._connect = {"zk": zk, "cluster": cluster, "brokers": brokers, "key_file": key_file,
+                         "keys_file": keys_file}
         self._client = client
         self._handlers: dict[str, Handler] = {}
         for queue, fn in (handlers or {}).items():

@@ -14,6 +14,7 @@ from broker.state.events import MAX_SPAN_MS
 from election import ElectionError
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from election.metrics_endpoint import parse_metrics_listen
+from election.secure import check_secure_settings, key_file_field, keys_file_field
 from ledger.bookie.config import WILDCARD_HOSTS
 
 _TCP = re.compile(r"\Atcp://[^:/\s]+:\d{1,5}\Z")
@@ -57,6 +58,8 @@ class BrokerConfig:
     secret_file: str = field(default="", metadata={
         "help": "File holding the cluster secret; required when the cluster's digest is hmac-sha256.",
         "path": "file"})
+    keys_file: str = keys_file_field()
+    key_file: str = key_file_field("broker")
     autorecovery: bool = field(default=True, metadata={
         "help": "In an hmac-sha256 cluster, do not run AutoRecovery in this broker. Bookies hold no secret "
                 "to verify the copies they would re-replicate, so there the brokers run it."})
@@ -180,4 +183,5 @@ class BrokerConfig:
         validate_member_options(self, BrokerConfigError)
         if self.digest == "hmac-sha256" and not self.secret_file:
             raise BrokerConfigError("digest hmac-sha256 needs --secret-file with the cluster secret")
+        check_secure_settings(self, BrokerConfigError)
         return self

@@ -39,7 +39,8 @@ EVENTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # The loop's own counters (BrokerServer.counters) and the metric each becomes.
 LOOP_COUNTERS = {"bad_requests": "Requests refused as malformed or invalid.",
                  "internal_errors": "Requests that failed inside the broker (answered `internal`).",
-                 "refused_shutting_down": "Writes refused during an orderly cluster shutdown."}
+                 "refused_shutting_down": "Writes refused during an orderly cluster shutdown.",
+                 "forbidden": "Requests refused because the client key's role may not make them (secure brokers)."}
 
 
 @dataclass

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import zmq
 from kazoo.client import KazooState
 from kazoo.exceptions import KazooException
 
@@ -64,6 +65,7 @@ from election.identity import BrokerIdentity, ensure_broker_id
 from election.insync import election_contenders
 from election.leader import retract_leader
 from election.paths import ClusterPaths
+from election.secure import ServerKeys, reload_on_sighup, set_process_keys
 from election.zk import connect, patiently
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
@@ -99,6 +101,7 @@ class BrokerNode:
         self._handing_over = False
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
         self.metrics = None  # broker.server.metrics.BrokerMetrics, with --metrics-listen
+        self.keys: ServerKeys | None = None  # election.secure.ServerKeys, when secure
         self._metrics_endpoint = None
 
     # ------------------------------------------------------------ lifecycle
@@ -133,6 +136,7 @@ class BrokerNode:
             log.info("broker %s starting on %s", self.identity, cfg.listen)
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")
+            self._start_keys()  # before the ledger client: its bookie pool connects with our key
             self.ledgers = LedgerClient(self.zk, self.paths, secret=self._cluster_secret)
             self._start_autorecovery()
             self.keeper.attach(self.identity.broker_id, self.catalog)
@@ -148,7 +152,7 @@ class BrokerNode:
             self.bookie_wait = BookieWait(self.zk, self.paths, self.ledgers.options.ensemble_size,
                                           changed=self._live_changed)
             self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
-                                       max_payload=int(self.cluster["max_payload_bytes"]))
+                                       max_payload=int(self.cluster["max_payload_bytes"]), keys=self.keys)
             self.server.on_leadership_lost = self._leadership_lost
             self.server.on_cluster_shutdown = self._cluster_shutdown_committed
             self.server.not_leader_note = lambda: self.member_wait.reason() or (
@@ -160,7 +164,7 @@ class BrokerNode:
             self._start_metrics()
             # One live process per broker id: a copy of this data dir must not pose as us.
             claim_live_node(self.zk, self.paths, self.identity.broker_id, cfg.listen,
-                            json.dumps({"address": cfg.listen, "learner": cfg.learner}).encode(), wait_s=cfg.zk_session_timeout * 1.5 + 1)
+                            json.dumps({"address": cfg.listen, "learner": cfg.learner, "secure": self.keys is not None}).encode(), wait_s=cfg.zk_session_timeout * 1.5 + 1)
             self.live = LivePublisher(self.zk, self.paths, self.identity.broker_id, describe=self._live_info,
                                       every_s=cfg.live_update_ms / 1000.0)
             self.checkpointer = Checkpointer(self._checkpoint_host())
@@ -184,10 +188,22 @@ class BrokerNode:
         finally:
             if self._metrics_endpoint is not None:
                 self._metrics_endpoint.close()
+            if self.keys is not None:
+                self.keys.stop()
             self.stop_budget.close_zk(self.zk)
             self.data_lock.release()
             self.stop_budget.done()
         return self.exit_code
+
+    def _start_keys(self) -> None:
+        """A secure broker (key_file, keys_file): the ZAP thread, our key for every connection, SIGHUP reloads."""
+        if not self.config.key_file:
+            return
+        self.keys = ServerKeys(zmq.Context.instance(), self.config.key_file, self.config.keys_file, "broker")
+        set_process_keys(self.keys.client_keys())
+        reload_on_sighup(self.keys)
+        log.info("secure: CURVE with key %s, %d client keys in %s", self.keys.pair.name, len(self.keys.ring),
+                 self.config.keys_file)
 
     def _start_autorecovery(self) -> None:
         """In an hmac-sha256 cluster the bookies cannot verify copies: brokers run AutoRecovery."""
@@ -548,5 +564,6 @@ class BrokerNode:
         return {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
                 "position": list(position) if position else None, "epoch": self.store.epoch(),
                 "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
-                "snapshot": advertised_snapshot(self.checkpointer.latest), **self.member_wait.live_fields(),
+                "snapshot": advertised_snapshot(self.checkpointer.latest), "secure": self.keys is not None,
+                **self.member_wait.live_fields(),
                 **self._bookie_wait_fields()}

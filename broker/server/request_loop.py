@@ -27,6 +27,12 @@ disconnected before the frame is received whole). A committed entry
 the leader cannot apply is not a request's failure: :attr:`on_fatal` stops
 the broker.
 
+A secure broker (``key_file`` and ``keys_file``) serves on a CURVE socket whose
+ZAP thread admits known keys only; each request's role comes from its frame's
+User-Id and an op outside that role's rights (:mod:`election.roles`) is answered
+``forbidden`` and counted, nothing else. The secure reader and the check replace
+the plain ones at bind time, so a plain broker's loop does no extra work.
+
 Example::
 
     server = BrokerServer(config, store, broker_id=1, clock=time.time)
@@ -57,6 +63,8 @@ from broker.server.takeover_steps import RollPostponed
 from broker.state.schema import STORE_FORMAT
 from broker.state.store import StoreDamaged
 from election import codes, wire
+from election.curve import peer_role
+from election.roles import allowed
 from snapshots.transfer import TransferError
 
 log = logging.getLogger(__name__)
@@ -106,8 +114,11 @@ class BrokerServer:
     """Serves clients and workers; leads when handed a :class:`LeaderSession`."""
 
     def __init__(self, config, store, broker_id: int, clock: Callable[[], float] = time.time,
-                 new_id: Callable[[], str] | None = None, max_payload: int = 1 << 20) -> None:
+                 new_id: Callable[[], str] | None = None, max_payload: int = 1 << 20, keys=None) -> None:
         self.config = config
+        # election.secure.ServerKeys of a secure broker (its ZAP thread runs on Context.instance()).
+        self.keys = keys
+        self._peer: tuple[str, str] | None = None  # the (role, name) of the request being read, when secure
         self.store = store
         self.broker_id = broker_id
         self.clock = clock
@@ -132,7 +143,8 @@ class BrokerServer:
         self.applied_entries = 0
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
         self.leader_clock = LeaderClock(wall=clock)
-        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0, "refused_shutting_down": 0}
+        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0, "refused_shutting_down": 0,
+                         "forbidden": 0}
         # While leading: workers seen and lost, finished tasks past their result_ttl.
         self.housekeeping = Housekeeping(lambda: self.store, config)
         # Set by the node with --metrics-listen (broker.server.metrics.BrokerMetrics). What a reply is
@@ -155,6 +167,10 @@ class BrokerServer:
         self.poller = zmq.Poller()
 
     def bind(self) -> None:
+        if self.keys is not None:
+            self.keys.secure(self.sock)
+            self._read_requests = self._read_requests_secure
+            self._dispatch = self._dispatch_checked
         self.sock.bind(self.config.listen)
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
@@ -209,6 +225,30 @@ class BrokerServer:
             if len(frames) < 2:
                 continue
             self._handle(frames[:-1], frames[-1])
+
+    def _read_requests_secure(self) -> None:
+        """:meth:`_read_requests` on a CURVE socket: frames, not bytes, to read each one's User-Id."""
+        sock = self.sock
+        for _ in range(self.config.max_batch_events):
+            try:
+                frames = sock.recv_multipart(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.counters["requests"] += 1
+            if len(frames) < 2:
+                continue
+            self._peer = peer_role(frames[-1])
+            self._handle([f.bytes for f in frames[:-1]], frames[-1].bytes)
+
+    def _dispatch_checked(self, route: list[bytes], rid: Any, req: dict) -> None:
+        """:meth:`_dispatch` behind the role check of a secure broker."""
+        role = self._peer[0] if self._peer is not None else ""
+        if not allowed(role, "broker", req["op"]):
+            self.counters["forbidden"] += 1
+            self._send(route, wire.error_reply(rid, codes.E_FORBIDDEN,
+                                               f"a {role or 'keyless'} key may not {req['op']}"))
+            return
+        BrokerServer._dispatch(self, route, rid, req)
 
     def _send(self, route: list[bytes], msg: dict) -> None:
         try:
@@ -389,6 +429,7 @@ class BrokerServer:
                 "position": list(position) if position else None, "digest": self.store.digest(),
                 "queues": self.store.queue_depths(), "counters": dict(self.counters),
                 "shutting_down": self.shutdown.shutdown_id if self.shutdown is not None else None,
+                "secure": self.keys is not None,
                 **({"commit_stages": self.session.group.timings.summary()}
                    if self.session is not None and self.session.group is not None else {})}
 

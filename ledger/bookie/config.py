@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from election import ElectionError
 from election.metrics_endpoint import parse_metrics_listen
+from election.secure import check_secure_settings, key_file_field, keys_file_field
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger import LedgerError
 from ledger.bookie.store import DEFAULT_MAP_SIZE
@@ -62,6 +63,8 @@ class BookieConfig:
                 "empty: off. Bind a loopback or private address: the endpoint has no authentication."})
     zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
     cluster: str = field(default="dev", metadata={"help": "Cluster name."})
+    keys_file: str = keys_file_field()
+    key_file: str = key_file_field("bookie")
     bookie_id: str | None = field(default=None, metadata={
         "help": "Stable bookie id.", "default_text": "kept in the data dir's cookie"})
     max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
@@ -144,6 +147,7 @@ class BookieConfig:
         validate_member_options(self, LedgerError)
         if not isinstance(self.init_if_missing, bool):
             raise LedgerError(f"init_if_missing must be true or false, got {self.init_if_missing!r}")
+        check_secure_settings(self, LedgerError)
         return self
 
     def default_bookie_id(self) -> str:

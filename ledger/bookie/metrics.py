@@ -31,7 +31,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LOOP_COUNTERS = {"reads": "Entry reads answered.",
                  "bad_requests": "Requests refused as malformed or invalid.",
                  "readonly_refusals": "Adds refused while the disk was full (read-only).",
-                 "unknown_replies": "Requests about a ledger this bookie cannot vouch for (limbo)."}
+                 "unknown_replies": "Requests about a ledger this bookie cannot vouch for (limbo).",
+                 "forbidden": "Requests refused because the client key's role may not make them (secure bookies)."}
 
 
 @dataclass

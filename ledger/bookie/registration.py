@@ -49,8 +49,10 @@ class BookieRegistration:
 
     REFRESH_S = 30.0
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, bookie_id: str, address: str, data_dir: str) -> None:
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, bookie_id: str, address: str, data_dir: str,
+                 secure: bool = False) -> None:
         self.fatal: str | None = None
+        self._secure = secure  # shown by `fencepost status`
         self._zk, self._paths, self._id, self._address, self._data_dir = zk, paths, bookie_id, address, data_dir
         self._path, self._wait_s = paths.bookie(bookie_id), 10.0
         self._lost, self._stop, self._changed = threading.Event(), threading.Event(), threading.Event()
@@ -61,7 +63,7 @@ class BookieRegistration:
     def _data(self) -> bytes:
         free = shutil.disk_usage(self._data_dir).free
         return json.dumps({"address": self._address, "free_bytes": free, "bookie_id": self._id,
-                           "readonly": self._readonly}).encode()
+                           "readonly": self._readonly, "secure": self._secure}).encode()
 
     def set_readonly(self, readonly: bool) -> None:
         """Publish the read-only state (from any thread; the keeper writes it)."""

@@ -16,6 +16,11 @@ ZooKeeper holds only the bookie's ephemeral registration (``bookies/<id>``:
 address, free space). A keeper thread re-registers after a session loss and
 refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
 
+A secure bookie (``key_file`` and ``keys_file``) serves on a CURVE socket whose
+ZAP thread admits known keys only; each request's role comes from its frame's
+User-Id, and an op outside that role's rights (:mod:`election.roles`) is answered
+``forbidden`` and counted. A plain bookie reads and checks nothing of the kind.
+
 The request protocol (operations, fields, error codes) is described and
 checked in :mod:`ledger.bookie.protocol`; the envelope is ``election.wire``.
 """
@@ -34,7 +39,11 @@ from election import zk as zkutil
 from election.cluster_config import join_cluster, member_options
 from election.paths import ClusterPaths
 from election import wire
-from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
+from election.codes import (E_BAD_ENTRY, E_BUSY, E_FENCED, E_FORBIDDEN, E_NO_ENTRY, E_READONLY, E_UNKNOWN,
+                            E_WRONG_BOOKIE)
+from election.curve import peer_role
+from election.roles import allowed
+from election.secure import ServerKeys, reload_on_sighup, set_process_keys
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance, cookie_for_cluster
@@ -79,7 +88,7 @@ class Bookie:
         self.bookie_id: str | None = None
         self.cluster_id: str | None = None
         self.counters = {"adds": 0, "reads": 0, "bad_requests": 0, "batches": 0, "readonly_refusals": 0,
-                         "unknown_replies": 0}
+                         "unknown_replies": 0, "forbidden": 0}
         self.verified_at_start = False
         self._limbo: dict[int, dict] = {}
         self._gate = ReadOnlyGate()
@@ -99,6 +108,9 @@ class Bookie:
         self.metrics = None  # ledger.bookie.metrics.BookieMetrics, with --metrics-listen
         self._metrics_endpoint = None
         self._turn_started = 0.0  # perf_counter at the start of the current poll turn
+        self.keys: ServerKeys | None = None  # election.secure.ServerKeys, when secure
+        # When secure: each drained message's (role, name), in order (read from its frame's User-Id).
+        self._roles: list | None = None
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Join the cluster: read its config, check the cookie, open the store, bind, register.
@@ -131,6 +143,8 @@ class Bookie:
             self._gc.collect_once(inline=True)  # before binding: never serve a ledger this bookie lost
             self._ctx = zmq.Context()
             self._sock = self._ctx.socket(zmq.ROUTER)
+            if cfg.key_file:
+                self._secure()
             # The default limit of 1000 queued replies silently drops acks under a deep pipeline.
             self._sock.setsockopt(zmq.SNDHWM, 100_000)
             self._sock.setsockopt(zmq.LINGER, 0)
@@ -141,7 +155,8 @@ class Bookie:
                 self._sock.bind(cfg.listen)
             except zmq.ZMQError as exc:
                 raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
-            self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data)
+            self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data,
+                                                    secure=self.keys is not None)
             zkutil.patiently(self._registration.register, wait_s=1.5 * cfg.zk_session_timeout_s + 1,
                              what="registering the bookie")
             self._registration.start_keeper()
@@ -156,6 +171,15 @@ class Bookie:
         log.info("bookie %s serving %s for cluster %s (%s), data in %s",
                  self.bookie_id, cfg.listen, cfg.cluster, self.cluster_id, cfg.data)
         return True
+
+    def _secure(self) -> None:
+        """CURVE on the ROUTER, keys checked by the ZAP thread; our key for re-replication; SIGHUP reloads."""
+        cfg = self.config
+        self.keys = ServerKeys(self._ctx, cfg.key_file, cfg.keys_file, "bookie")
+        self.keys.secure(self._sock)
+        set_process_keys(self.keys.client_keys())
+        reload_on_sighup(self.keys)
+        self._roles = []
 
     def _start_autorecovery(self, paths: ClusterPaths) -> None:
         """Run the auditor election and a re-replication worker in this process (``autorecovery``)."""
@@ -203,6 +227,9 @@ class Bookie:
             self._registration.stop()
         if self._sock is not None:
             self._sock.close(linger=0)
+        if self.keys is not None:  # its ZAP socket must close before the context terminates
+            self.keys.stop()
+            self.keys = None
         if self._ctx is not None:
             self._ctx.term()
         if self._store is not None:
@@ -242,6 +269,8 @@ class Bookie:
         recv, getsockopt = sock.recv, sock.getsockopt
         frames = []
         max_batch = self.config.max_batch
+        roles = self._roles
+        copy = roles is None  # secure: the body comes as a frame, to read who sent it
         more = True
         while more and len(frames) < max_batch:
             try:
@@ -249,18 +278,23 @@ class Bookie:
             except zmq.Again:
                 break
             while getsockopt(_RCVMORE):  # the rest of this message is already here
-                parts.append(recv(_NOBLOCK))
+                parts.append(recv(_NOBLOCK, copy=copy))
+            if not copy:
+                roles.append(peer_role(parts[-1]))
+                parts[-1] = parts[-1].bytes
             frames.append(parts)
             more = getsockopt(_EVENTS) & _POLLIN  # cheaper than ending the turn on a zmq.Again
         adds: list[tuple] = []
         max_frame = self.config.max_frame_bytes
-        for parts in frames:
+        for n, parts in enumerate(frames):
             envelope, body, rid = parts[:-1], parts[-1], None
             try:
                 msg = wire.decode_request(body, OPS, max_frame)
                 rid = msg.get("rid")
                 expected = msg.get("bookie")
-                if expected is not None and expected != self.bookie_id:
+                if roles is not None and not allowed((roles[n] or ("",))[0], "bookie", msg["op"]):
+                    reply = self._forbidden(rid, roles[n], msg["op"])
+                elif expected is not None and expected != self.bookie_id:
                     reply = wire.error_reply(rid, E_WRONG_BOOKIE, f"this is bookie {self.bookie_id}, not {expected!r}")
                 else:
                     reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
@@ -275,7 +309,14 @@ class Bookie:
                     reply = wire.error_reply(rid, wire.E_INTERNAL, f"{type(exc).__name__}: {exc}")
             if reply is not None:
                 self._send(envelope, reply)
+        if roles:
+            roles.clear()
         self._commit(adds)
+
+    def _forbidden(self, rid: Any, peer: tuple[str, str] | None, op: str) -> dict:
+        self.counters["forbidden"] += 1
+        role = peer[0] if peer else "keyless"
+        return wire.error_reply(rid, E_FORBIDDEN, f"a {role} key may not {op} on a bookie")
 
     def _send(self, envelope: list, reply: dict) -> None:
         try:

@@ -24,6 +24,11 @@ Callbacks (and future callbacks) run on the I/O thread: they must be quick and
 must never wait on another pool request (that would deadlock the thread that
 resolves it).
 
+In a secure cluster every socket is a CURVE client with the pool's keys (by
+default the process's: a broker's or bookie's own key, a tool's ``--key-file``),
+pinned to the key the keys file lists with role ``bookie`` under the bookie's
+address (:mod:`election.secure`).
+
 Example::
 
     pool = BookiePool()
@@ -49,6 +54,8 @@ import zmq
 
 from ledger import LedgerError
 from election.codes import E_FENCED, E_INTERNAL, E_NO_ENTRY, E_UNKNOWN
+from election.keys import KeysError
+from election.secure import ClientKeys, process_keys
 from election.wire import RemoteError, WireError, decode, encode, error_for, request as make_request
 
 log = logging.getLogger(__name__)
@@ -161,8 +168,10 @@ class BookiePool:
     """
 
     def __init__(self, context: zmq.Context | None = None, default_timeout: float = DEFAULT_TIMEOUT,
-                 window: int = DEFAULT_WINDOW) -> None:
+                 window: int = DEFAULT_WINDOW, keys: ClientKeys | None = None) -> None:
         self._own_context = context is None
+        # A secure cluster's bookies are reached with these keys: the process's own (a member's key) by default.
+        self._keys = keys or process_keys()
         self._context = context or zmq.Context()
         self.default_timeout = default_timeout
         self.window = window
@@ -318,6 +327,12 @@ class BookiePool:
         sock.setsockopt(zmq.RCVHWM, _SEND_HWM)
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if self._keys is not None:
+            try:
+                self._keys.secure(sock, address, ("bookie",))
+            except KeysError as exc:  # the keys file names no bookie at this address: never talk to it
+                sock.close(linger=0)
+                raise zmq.ZMQError(msg=str(exc)) from None
         sock.connect(address)
         return sock
 
