@@ -173,7 +173,7 @@ def audit(export_dir, snapshot_file, master, entries_per_partition, secret_file,
     default); the history is replayed in this process into a temporary state
     store and compared with each StateDigest entry and each live broker's digest.
     """
-    from pipeline.audit import audit_cluster, audit_export
+    from pipeline.audit import audit_cluster, audit_export, plan_audit
     from pipeline.plan import ClusterAddress
 
     progress = _audit_progress()
@@ -185,11 +185,12 @@ def audit(export_dir, snapshot_file, master, entries_per_partition, secret_file,
             from pipeline.spark import spark_session
 
             hosts, name = resolve_cluster(zk, cluster, dev_dir)
+            address = ClusterAddress(hosts, name, secret_file=secret_file)
+            plan = plan_audit(address, snapshot)  # fails fast, before Spark takes seconds to start
             spark = spark_session(master=master, app_name="fencepost-audit")
             try:
-                report = audit_cluster(spark, ClusterAddress(hosts, name, secret_file=secret_file),
-                                       snapshot=snapshot, progress=progress,
-                                       entries_per_partition=entries_per_partition)
+                report = audit_cluster(spark, address, progress=progress,
+                                       entries_per_partition=entries_per_partition, plan=plan)
             finally:
                 spark.stop()
     finally:

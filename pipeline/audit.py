@@ -21,6 +21,8 @@ Example::
 
     report = audit_cluster(spark, ClusterAddress("127.0.0.1:2181", "dev"))
     report.findings, report.summary()["replay"]["events_per_s"]
+    plan = plan_audit(address)                  # before starting Spark: a cluster that cannot be audited fails fast
+    report = audit_cluster(spark, address, plan=plan)
     report = audit_export(Path("/data/fp-export"))
 """
 from __future__ import annotations
@@ -158,12 +160,33 @@ def _compare_brokers(report: AuditReport) -> None:
                                                   f"the replayed state {mine}"))
 
 
-def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, progress: Progress | None = None,
-                  entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION) -> AuditReport:
-    """Audit a live cluster's history (see the module's docstring)."""
-    from pipeline.audit_replicas import scan_replicas
+@dataclass
+class AuditPlan:
+    """What an audit of a cluster covers, read from ZooKeeper and the brokers before Spark starts.
 
-    report = AuditReport(source=f"cluster {address.cluster} at {address.zk}")
+    ``end`` is the last committed position audited (None: an empty log); ``first``
+    the first entry replayed (None: the log's start; after a snapshot's position).
+
+    Example::
+
+        plan = plan_audit(ClusterAddress("127.0.0.1:2181", "dev"))
+        plan.end, [b["position"] for b in plan.brokers]
+    """
+
+    address: ClusterAddress
+    snapshot: Path | None
+    extents: list
+    end: Position | None
+    brokers: list[dict]
+    first: Position | None
+
+
+def plan_audit(address: ClusterAddress, snapshot: Path | None = None) -> AuditPlan:
+    """Check that the history can be audited and fix its extent; :class:`~pipeline.PipelineError` if not.
+
+    The brokers' positions and digests are taken first, then the log is planned
+    at least as far as those positions, so that each can be compared.
+    """
     with Connection.open(address) as conn:
         start = read_log_start(conn.zk, conn.paths)
         if start and snapshot is None:
@@ -177,8 +200,8 @@ def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, 
                 raise PipelineError(f"{snapshot} is a snapshot of cluster {header.get('cluster_id')}, "
                                     f"not of {address.cluster!r} ({cluster_id})")
             first = (int(header["position"][0]), int(header["position"][1]) + 1)
-        report.brokers = broker_digests(address, conn)
-        wanted = max((tuple(b["position"]) for b in report.brokers if b["position"]), default=None)
+        brokers = broker_digests(address, conn)
+        wanted = max((tuple(b["position"]) for b in brokers if b["position"]), default=None)
         deadline = time.monotonic() + _PLAN_WAIT_S
         while True:
             extents = conn.extents()
@@ -186,10 +209,21 @@ def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, 
             if wanted is None or (end is not None and end >= wanted) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-    report.ledgers = len(extents)
-    if end is None:
+    return AuditPlan(address, snapshot, extents, end, brokers, first)
+
+
+def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, progress: Progress | None = None,
+                  entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION, plan: AuditPlan | None = None
+                  ) -> AuditReport:
+    """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here."""
+    from pipeline.audit_replicas import scan_replicas
+
+    plan = plan or plan_audit(address, snapshot)
+    report = AuditReport(source=f"cluster {address.cluster} at {address.zk}", brokers=plan.brokers,
+                         ledgers=len(plan.extents))
+    if plan.end is None:
         return report
-    ranges = split_ranges(extents, None, end, entries_per_partition)
+    ranges = split_ranges(plan.extents, None, plan.end, entries_per_partition)
     report.entries = sum(r.entries for r in ranges)
     if progress is not None:
         progress("replicas", 0, report.entries)
@@ -198,10 +232,10 @@ def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, 
     report.seconds["replicas"] = time.monotonic() - started
     report.findings += scan.findings
     report.copies = dict(scan.copies)
-    epochs = EpochCheck({e.ledger_id: e.epoch for e in extents})
-    digests_at = [tuple(b["position"]) for b in report.brokers if b["position"]]
-    _replay_checked(report, cluster_entries(address, first=first, last=end, extents=extents), epochs, snapshot,
-                    digests_at, True, progress)
+    epochs = EpochCheck({e.ledger_id: e.epoch for e in plan.extents})
+    digests_at = [tuple(b["position"]) for b in plan.brokers if b["position"]]
+    entries = cluster_entries(address, first=plan.first, last=plan.end, extents=plan.extents)
+    _replay_checked(report, entries, epochs, plan.snapshot, digests_at, True, progress)
     _compare_brokers(report)
     return report
 

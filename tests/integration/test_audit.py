@@ -10,7 +10,7 @@ import cli
 from broker.api.client import Client
 from ledger.log import read_log
 from ledger.metadata import read_metadata
-from pipeline.audit import audit_cluster
+from pipeline.audit import audit_cluster, plan_audit
 from pipeline.history import cluster_entries
 from pipeline.plan import ClusterAddress
 from pipeline.rows import SCHEMA, entry_rows
@@ -72,7 +72,7 @@ def test_audit_is_clean_then_names_the_bookie_and_entry_of_a_flipped_copy(spark,
     corrupt_entry_on_disk(victim.data_dir, ledger_id, 2)
     bc.bookies[1] = bc.procs.restart(victim)
 
-    report = audit_cluster(spark, address, entries_per_partition=10)
+    report = audit_cluster(spark, address, entries_per_partition=10, plan=plan_audit(address))
     kinds = [(f.kind, f.ledger, f.entry, f.bookie) for f in report.findings]
     assert kinds == [("corrupt_replica", ledger_id, 2, bookie_id)], report.summary()["findings"]
     assert report.replay is not None and report.replay.last is not None, "the replay read past the bad copy"
