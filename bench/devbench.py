@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import BenchError
+from election.secure import load_client_keys, set_process_keys
 
 
 
@@ -86,7 +87,8 @@ class BenchCluster:
 
     def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
                  zk_session_timeout: float = 2.0, keep: bool = False,
-                 progress: Callable[[str], None] | None = None, bookie_args: tuple[str, ...] = ()) -> None:
+                 progress: Callable[[str], None] | None = None, bookie_args: tuple[str, ...] = (),
+                 secure: bool = False) -> None:
         if (zk is None) != (cluster is None):
             raise BenchError("give both zk and cluster, or neither")
         self.zk, self.cluster = zk, cluster
@@ -94,6 +96,8 @@ class BenchCluster:
         self.bookies, self.brokers, self.zk_session_timeout = bookies, brokers, zk_session_timeout
         self.keep = keep
         self.bookie_args = tuple(bookie_args)
+        # A secure private cluster (`dev up --secure`): this process's clients connect with its admin key.
+        self.secure = secure
         self.progress = progress or (lambda _msg: None)
         self.run_dir: Path | None = None
         self.dev = None
@@ -111,8 +115,11 @@ class BenchCluster:
         try:
             state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
                                                zk_session_timeout=self.zk_session_timeout,
-                                               bookie_args=self.bookie_args), progress=self.progress)
+                                               bookie_args=self.bookie_args, secure=self.secure),
+                                progress=self.progress)
             self.zk = state["zk"]
+            if self.secure:
+                set_process_keys(load_client_keys(state["admin_key_file"], state["keys_file"]))
             if self.brokers:
                 self.wait_leader()
             else:
@@ -137,6 +144,8 @@ class BenchCluster:
         try:
             self.dev.down()
         finally:
+            if self.secure:
+                set_process_keys(None)
             if not self.keep and self.run_dir is not None:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             self.dev = None

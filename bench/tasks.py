@@ -31,6 +31,11 @@ machine: when it is well above 0 another job shared the cores and the figures
 are low. ``--profile FILE`` also runs ``py-spy record --format raw --idle
 --threads`` on the leader during the throughput window.
 
+``--secure`` measures the cost of encryption: the same run on a plain private
+cluster, then on a secure one (`dev up --secure`: CURVE on every socket, keys
+and roles checked); the result is the secure run's, with ``plain_tasks_per_s``
+and ``secure_cost_pct`` (how many fewer tasks/s, in percent; target at most 15).
+
 The cluster and /proc helpers live in :mod:`bench.devbench`.
 """
 from __future__ import annotations
@@ -52,6 +57,7 @@ from bench.common import BenchError, finish, latency_summary, machine_info, rate
 from bench.devbench import BenchCluster, machine_busy_s, proc_cpu_s, quiet_logs
 
 TARGETS = {"tasks_per_s": 5_000}
+SECURE_COST_TARGET_PCT = 15.0
 WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
 DEFAULTS = {"producers": 2, "workers": 64, "batch": 100, "lease_max": 50, "payload_size": 100,
             "max_backlog": 10_000}
@@ -239,7 +245,8 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
         batch: int = DEFAULTS["batch"], lease_max: int = DEFAULTS["lease_max"],
         payload_size: int = DEFAULTS["payload_size"], max_backlog: int = DEFAULTS["max_backlog"],
         zk: str | None = None, cluster: str | None = None, profile: str | None = None,
-        single_seconds: float | None = None, progress: Callable[[str], None] | None = None) -> dict:
+        single_seconds: float | None = None, progress: Callable[[str], None] | None = None,
+        secure: bool = False) -> dict:
     """Run the benchmark (see the module docstring); return the result dict."""
     progress = progress or (lambda _msg: None)
     if seconds <= 0 or producers < 1 or workers < 1 or not 1 <= batch <= 1000 or not 1 <= lease_max <= 1000:
@@ -247,7 +254,7 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     single_s = max(2.0, seconds / 4) if single_seconds is None else single_seconds
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    with BenchCluster(zk=zk, cluster=cluster, progress=progress) as bc:
+    with BenchCluster(zk=zk, cluster=cluster, progress=progress, secure=secure) as bc:
         pids = _watched_pids(bc)
         load = Load(bc, queue, producers, workers, batch, lease_max, payload_size, max_backlog)
         prof = None
@@ -322,6 +329,7 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
             "single_latency": single_summary,
             "batch_latency": batch_summary,
             "cluster": "private (3 bookies fsync on, 3 brokers)" if not bc.external else f"cluster {bc.cluster}",
+            "secure": secure,
             "cluster_up_s": round(bc.up_s, 1) if bc.up_s is not None else None,
             "started_at": started_at,
             "machine": machine_info(),
@@ -330,6 +338,19 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
     result["targets_met"] = result["tasks_per_s"] >= TARGETS["tasks_per_s"] and result["errors"] == 0
     if profile:
         result["profile"] = profile
+    return result
+
+
+def secure_cost(measure: Callable[[bool], dict]) -> dict:
+    """``measure(secure)`` plain, then secure: the secure result with the plain throughput and the cost."""
+    plain = measure(False)
+    result = measure(True)
+    result["plain_tasks_per_s"] = plain["tasks_per_s"]
+    result["secure_cost_pct"] = round(100.0 * (1 - result["tasks_per_s"] / plain["tasks_per_s"]), 1) \
+        if plain["tasks_per_s"] else None
+    result["targets"]["secure_cost_pct"] = SECURE_COST_TARGET_PCT
+    result["targets_met"] = (result["targets_met"] and result["secure_cost_pct"] is not None
+                             and result["secure_cost_pct"] <= SECURE_COST_TARGET_PCT)
     return result
 
 
@@ -355,20 +376,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="py-spy record (raw format) the leader during the throughput phase into FILE")
     parser.add_argument("--zk", default=None, help="use this ZooKeeper's cluster instead of a private one")
     parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
+    parser.add_argument("--secure", action="store_true",
+                        help="run on a plain then a secure private cluster: report secure_cost_pct")
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
     if (args.zk is None) != (args.cluster is None):
         parser.error("give both --zk and --cluster, or neither")
+    if args.secure and args.zk is not None:
+        parser.error("--secure starts its own private clusters: it takes no --zk")
     quiet_logs()
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
 
-    def measure() -> dict:
+    def measure(secure: bool = False) -> dict:
         return run(seconds=args.seconds, producers=args.producers, workers=args.workers, batch=args.batch,
                    lease_max=args.lease_max, payload_size=args.payload_size, max_backlog=args.max_backlog,
                    zk=args.zk, cluster=args.cluster, profile=args.profile, single_seconds=args.single_seconds,
-                   progress=progress)
+                   progress=progress, secure=secure)
 
-    return finish("tasks", measure, args.json, LABELS)
+    return finish("tasks", (lambda: secure_cost(measure)) if args.secure else measure, args.json,
+                  {**LABELS, **({"plain_tasks_per_s": "plain cluster throughput (tasks/s)",
+                                 "secure_cost_pct": "secure: fewer tasks/s than plain (%)"} if args.secure else {})})
 
 
 if __name__ == "__main__":
