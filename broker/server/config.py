@@ -99,9 +99,11 @@ class BrokerConfig:
                 "long, each later one twice as long as the one before (0: retry at once).", "min": 0})
     retry_backoff_max_ms: int = field(default=300_000, metadata={
         "help": "Cap of the default retry backoff: no retry waits longer.", "min": 0})
-    worker_seen_s: float = field(default=10.0, metadata={
-        "help": "While leading: a worker whose requests write nothing (an idle worker's long polls) is recorded "
-                "as seen (WorkerSeen) about this often, which `worker list` shows.", "min": 0.1})
+    worker_seen_s: float = field(default=0.0, metadata={
+        "help": "While leading: also record a worker whose requests write nothing (an idle worker's long polls) "
+                "as seen (WorkerSeen) about this often. 0: only when this leader first hears from it or its "
+                "queues change, so an idle fleet writes nothing; `worker list` shows the leader's own last-seen "
+                "time either way.", "min": 0})
     worker_lost_s: float = field(default=60.0, metadata={
         "help": "While leading: a worker not heard of for this long, and holding no lease that still runs, is "
                 "lost (WorkerLost): it leaves `worker list` and the leases it still held end. Keep it above the "
@@ -158,8 +160,9 @@ class BrokerConfig:
                      "digest_every_entries", "default_lease_ms", "live_update_ms"):
             if getattr(self, name) < 1:
                 raise BrokerConfigError(f"{name} must be at least 1")
-        if not 0.1 <= self.worker_seen_s < self.worker_lost_s <= 30 * 86400:
-            raise BrokerConfigError("worker_seen_s must be at least 0.1 and below worker_lost_s, "
+        if not (self.worker_seen_s == 0 or 0.1 <= self.worker_seen_s) or not (
+                self.worker_seen_s < self.worker_lost_s <= 30 * 86400):
+            raise BrokerConfigError("worker_seen_s must be 0 or at least 0.1, and below worker_lost_s, "
                                     "which must be at most 2592000 seconds")
         if not 0 <= self.result_ttl_s * 1000 <= MAX_SPAN_MS:
             raise BrokerConfigError(f"result_ttl_s must be 0-{MAX_SPAN_MS // 1000} seconds")

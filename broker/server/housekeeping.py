@@ -7,10 +7,11 @@ events the leader stamps, like ``LeaseExpired``:
   ``heartbeat_many``) is noted in memory (:meth:`Housekeeping.heard_from`: two
   dict updates, nothing written). A worker gets a ``WorkerSeen`` (with the
   queues of its last lease) when the store has no record of it, when its
-  queues changed, or when its record's ``last_seen_ms`` is ``worker_seen_s``
-  old: an idle worker whose long polls write nothing is recorded about every
-  ``worker_seen_s``, a busy one never (its leases and heartbeats already stamp
-  ``last_seen_ms``), and the store is read once per worker and interval.
+  queues changed, or (with ``worker_seen_s`` above 0; 0 by default, so an idle
+  fleet writes nothing) when its record's ``last_seen_ms`` is ``worker_seen_s``
+  old: an idle worker whose long polls write nothing is then recorded about
+  every ``worker_seen_s``, a busy one never (its leases and heartbeats already
+  stamp ``last_seen_ms``), and the store is read once per worker and interval.
 * **WorkerLost**. About once a second the leader walks the workers' records
   (O(workers)): one not heard of for ``worker_lost_s`` (by its record, by this
   leader, and since this leader took over: a new leader gives every worker that
@@ -80,9 +81,13 @@ class Housekeeping:
         if queues is not None:
             self.queues[worker] = queues
         known = self.recorded.get(worker)
-        if known is None or now_ms - known >= self.seen_ms or (
+        if known is None or self._stale(known, now_ms) or (
                 queues is not None and self.recorded_queues.get(worker) != queues):
             self.pending[worker] = None
+
+    def _stale(self, recorded_ms: int, now_ms: int) -> bool:
+        # worker_seen_s 0: a record is never re-written for its age alone (an idle fleet writes nothing).
+        return self.seen_ms > 0 and now_ms - recorded_ms >= self.seen_ms
 
     def last_heard(self, worker: str) -> int | None:
         return self.heard.get(worker)
@@ -120,7 +125,7 @@ class Housekeeping:
                 self.recorded_queues[worker] = rec.get("queues")
             queues = self.queues.get(worker)
             changed = queues is not None and self.recorded_queues.get(worker) != queues
-            if rec is None or changed or now_ms - self.recorded[worker] >= self.seen_ms:
+            if rec is None or changed or self._stale(self.recorded[worker], now_ms):
                 events.append({"type": "WorkerSeen", "worker": worker, "queues": queues, "now_ms": now_ms})
                 self.recorded[worker] = now_ms
                 if queues is not None:

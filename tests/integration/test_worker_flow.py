@@ -115,14 +115,16 @@ def test_an_idle_fleet_writes_nothing_to_the_ledger(broker_cluster):
         def position() -> list:
             return client.status()["position"]
 
-        before = position()
-        wait_for(lambda: position() == before, 5, "the leader to settle")
         fleet = [Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, handlers={"idle": lambda task: task.payload},
                         concurrency=2, wait_ms=300, lease_ms=1000) for _ in range(10)]
         threads = [threading.Thread(target=w.run, daemon=True) for w in fleet]
         for t in threads:
             t.start()
         try:
+            # Each worker is recorded once as it arrives (WorkerSeen); from then on its polls write nothing.
+            wait_for(lambda: len(client.workers()) == 10, 10, "the fleet to be recorded")
+            before = position()
+            wait_for(lambda: position() == before, 5, "the leader to settle")
             time.sleep(4.0)  # about 13 long polls per worker
             assert position() == before, "an idle fleet's long polls wrote ledger entries"
             # The parked polls still hand out work the moment it arrives.

@@ -165,6 +165,20 @@ def test_housekeeping_records_a_worker_once_then_loses_it_unless_a_lease_runs(r)
     assert [w["worker"] for w in r.store.workers()] == ["busy"] and r.store.workers()[0]["in_hand"] == 1
 
 
+def test_with_worker_seen_s_0_an_idle_worker_is_recorded_once_and_never_again_for_its_age(r):
+    hk = Housekeeping(lambda: r.store, config(worker_seen_s=0.0))
+    hk.start(1000)
+    hk.heard_from("idle", ["q"], 1000)
+    [seen] = hk.due(1000, 0.0)
+    r.do(**seen)
+    hk.applied([{"ok": True}])
+    for now in range(2000, 50_000, 1000):  # polls for 48 s, below worker_lost_s
+        hk.heard_from("idle", ["q"], now)
+        assert hk.due(now, now / 1000) == []
+    hk.heard_from("idle", ["other"], 51_000)  # new queues are news
+    assert [e["queues"] for e in hk.due(51_000, 60.0)] == [["other"]]
+
+
 def test_housekeeping_purges_finished_tasks_past_the_queue_or_default_ttl(r):
     r.do("QueueDeclared", queue="keep", result_ttl_ms=0)
     r.dead("old", now_ms=100)
