@@ -114,6 +114,7 @@ class BrokerNode:
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
         self._write_session_file()
         try:
+            self._start_keys()  # first: a bad key stops us at once; the bookie pool connects with it
             secret = read_secret(cfg.secret_file) if cfg.secret_file else None
             # Before `fencepost cluster init` this waits (or, with init_if_missing, creates `config`).
             cluster = join_cluster(self.zk, self.paths, member_options(cfg), cluster=cfg.cluster,
@@ -136,7 +137,6 @@ class BrokerNode:
             log.info("broker %s starting on %s", self.identity, cfg.listen)
             self.catalog = SnapshotCatalog(data / "snapshots")
             cleanup_temp(data / "snapshots")
-            self._start_keys()  # before the ledger client: its bookie pool connects with our key
             self.ledgers = LedgerClient(self.zk, self.paths, secret=self._cluster_secret)
             self._start_autorecovery()
             self.keeper.attach(self.identity.broker_id, self.catalog)
