@@ -162,6 +162,7 @@ def decode_request(frame: bytes, known_ops: frozenset[str] | set[str], max_bytes
         raise WireError(E_MALFORMED, "request has no operation", msg.get("rid"))
     if op not in known_ops:
         raise WireError(E_UNKNOWN_OP, f"unknown operation {op!r}", msg.get("rid"))
+    msg.setdefault("rid", None)  # a request without an id is answered with a null one, as for a null id
     return msg
 
 

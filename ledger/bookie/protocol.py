@@ -69,7 +69,7 @@ from ledger.codec import CorruptEntry, check_run, peek_header
 OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
 MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 _U64_MAX = (1 << 64) - 1
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+_I64_MAX = (1 << 63) - 1
 
 
 def entity_id(msg: dict, name: str) -> int:
@@ -126,8 +126,10 @@ def parse_wait_lac(msg: dict) -> tuple[int, int, int, int]:
     """``(ledger, after, timeout_ms, max_entries)`` of a ``wait_lac`` (``max_entries`` 0 when absent)."""
     ledger = entity_id(msg, "ledger")
     after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
-    if not _I64_MIN <= after <= _I64_MAX or timeout_ms < 0:
-        raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be an i64 and 'timeout_ms' >= 0", msg["rid"])
+    # ``after`` is an entry id or -1 (nothing yet): entries after it may be read back for the reply.
+    if not -1 <= after <= _I64_MAX or timeout_ms < 0:
+        raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be -1 or an entry id below 2^63 and "
+                             "'timeout_ms' >= 0", msg["rid"])
     max_entries = msg.get("max_entries", 0)
     if type(max_entries) is not int or not 0 <= max_entries <= MAX_PIGGYBACK_ENTRIES:
         raise wire.WireError(wire.E_BAD_REQUEST, f"'max_entries' must be an int in 0..{MAX_PIGGYBACK_ENTRIES}",

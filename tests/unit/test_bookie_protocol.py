@@ -51,6 +51,10 @@ def test_wait_lac_fields():
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": 10 ** 6})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": -5})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": 1 << 63, "timeout_ms": 5})
+    # Found by the wire fuzzer: an 'after' below -1 made the piggybacked read ask the store for a
+    # negative entry id, and the bookie answered ``internal``.
+    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -2, "timeout_ms": 0, "max_entries": 4})
+    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -(1 << 63) + 1, "timeout_ms": 0, "max_entries": 4})
 
 
 def test_info_fields_of_no_record():

@@ -85,6 +85,11 @@ def test_wire_rejects_bad_frames_with_codes(frame, code):
     assert info.value.code == code
 
 
+def test_a_request_without_an_id_is_decoded_with_a_null_one():
+    # Found by the wire fuzzer: a bookie handler read msg["rid"] and answered ``internal``.
+    assert wire.decode_request(wire.encode({"v": 1, "op": "ping"}), {"ping"})["rid"] is None
+
+
 def test_wire_roundtrip_and_error_reply():
     msg = wire.decode_request(wire.encode(wire.request("ping", 9, x=b"\x00")), {"ping"})
     assert msg["rid"] == 9 and msg["x"] == b"\x00"
