@@ -90,26 +90,24 @@ def _in_order(*partition: str) -> W:
 
 
 def created_submits(events: DataFrame) -> DataFrame:
-    """The submits that created a task: task_id, queue, submitted_ms, max_attempts and the position.
+    """The submits that may have created a task: task_id, queue, submitted_ms, max_attempts and the position.
 
     A submit whose key was already used in its queue created nothing (apply
-    returned the existing task); nor did one repeating a task id.
+    returned the existing task). Every window here is over the queue, so one
+    shuffle serves them all.
     """
-    submits = events.where(F.col("type") == "TaskSubmitted")
+    submits = _with_max_attempts(events.where(F.col("type") == "TaskSubmitted"), events)
     first_of_key = F.row_number().over(_in_order("queue", "key"))
-    first_of_id = F.row_number().over(_in_order("task_id"))
-    created = (submits.withColumn("_k", F.when(F.col("key").isNull(), F.lit(1)).otherwise(first_of_key))
-               .where("_k = 1").withColumn("_i", first_of_id).where("_i = 1"))
-    return _with_max_attempts(created, events).select(
-        *POSITION, "task_id", "queue", F.col("ts_ms").alias("submitted_ms"), "max_attempts")
+    created = submits.withColumn("_k", F.when(F.col("key").isNull(), F.lit(1)).otherwise(first_of_key)).where("_k = 1")
+    return created.select(*POSITION, "task_id", "queue", F.col("ts_ms").alias("submitted_ms"), "max_attempts")
 
 
 def _with_max_attempts(submits: DataFrame, events: DataFrame) -> DataFrame:
     """A submit's max_attempts: its own, else the queue's as last declared before it, else the default."""
     declared = events.where((F.col("type") == "QueueDeclared") & F.col("max_attempts").isNotNull())
-    rows = (submits.select(*POSITION, "task_id", "queue", "ts_ms", "max_attempts", F.lit(False).alias("_decl"))
-            .unionByName(declared.select(*POSITION, F.lit(None).cast("string").alias("task_id"), "queue", "ts_ms",
-                                         "max_attempts", F.lit(True).alias("_decl"))))
+    columns = (*POSITION, "task_id", "queue", "key", "ts_ms", "max_attempts")
+    rows = (submits.select(*columns, F.lit(False).alias("_decl"))
+            .unionByName(declared.select(*columns, F.lit(True).alias("_decl"))))
     before = _in_order("queue").rowsBetween(W.unboundedPreceding, W.currentRow)
     queue_max = F.last(F.when(F.col("_decl"), F.col("max_attempts")), ignorenulls=True).over(before)
     return (rows.withColumn("_queue_max", queue_max).where(~F.col("_decl"))
@@ -127,45 +125,56 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
     Columns: task_id, queue, max_attempts, the position, ``kind`` (submit,
     grant, complete, fail, release, cancel), attempt, worker, ts_ms, ``state``
     (waiting, running, done, failed, dead, cancelled). Steps apply would refuse
-    (a stale attempt, a second completion, a cancel of a running task) are left out.
+    (a repeated task id, a stale attempt, a second completion, a cancel of a
+    running task) are left out. Every window is over the task (one shuffle).
     """
-    submits = created_submits(events)
-    tasks = submits.select("task_id", "queue", "max_attempts")
     none = F.lit(None)
-    no_worker, no_retry, no_state = (none.cast("string").alias("worker"), none.cast("boolean").alias("retry"),
-                                     none.cast("string").alias("_given"))
-    steps = (submits.select(*POSITION, "task_id", F.lit("submit").alias("kind"), none.cast("bigint").alias("attempt"),
-                            no_worker, F.col("submitted_ms").alias("ts_ms"), no_retry, no_state)
+    no_attempt, no_worker, no_retry, no_state, no_queue, no_max = (
+        none.cast("bigint").alias("attempt"), none.cast("string").alias("worker"), none.cast("boolean").alias("retry"),
+        none.cast("string").alias("_given"), none.cast("string").alias("queue"), none.cast("bigint").alias("max_attempts"))
+    steps = (created_submits(events).select(*POSITION, "task_id", F.lit("submit").alias("kind"), no_attempt, no_worker,
+                                            F.col("submitted_ms").alias("ts_ms"), no_retry, no_state, "queue",
+                                            "max_attempts")
              .unionByName(grants.select(*POSITION, "task_id", F.lit("grant").alias("kind"), "attempt", "worker",
-                                        "ts_ms", no_retry, no_state))
+                                        "ts_ms", no_retry, no_state, no_queue, no_max))
              .unionByName(releases.select(*POSITION, "task_id", F.lit("release").alias("kind"), "attempt", no_worker,
-                                          "ts_ms", no_retry, F.col("state").alias("_given")))
+                                          "ts_ms", no_retry, F.col("state").alias("_given"), no_queue, no_max))
              .unionByName(events.where(F.col("type").isin("TaskCompleted", "TaskFailed", "TaskCancelled")).select(
                  *POSITION, "task_id",
                  F.when(F.col("type") == "TaskCompleted", "complete").when(F.col("type") == "TaskFailed", "fail")
-                 .otherwise("cancel").alias("kind"), "attempt", no_worker, "ts_ms", "retry", no_state)))
-    steps = steps.join(tasks, "task_id")
+                 .otherwise("cancel").alias("kind"), "attempt", no_worker, "ts_ms", "retry", no_state, no_queue,
+                 no_max)))
+    # Only the steps of a task that a submit created; its first submit says its queue and max_attempts.
+    whole = _in_order("task_id").rowsBetween(W.unboundedPreceding, W.unboundedFollowing)
+    steps = (steps.withColumn("queue", F.first("queue", ignorenulls=True).over(whole))
+             .withColumn("max_attempts", F.first("max_attempts", ignorenulls=True).over(whole))
+             .where(F.col("queue").isNotNull()))
     so_far = _in_order("task_id").rowsBetween(W.unboundedPreceding, W.currentRow)
     current = F.last(F.when(F.col("kind") == "grant", F.col("attempt")), ignorenulls=True).over(so_far)
     ending = F.col("kind").isin("complete", "fail", "release")
     # A completion, failure or release ends the attempt last granted, once; any other is refused by apply.
+    # So is a second submit of one task id.
+    slot = F.when(ending, F.concat(F.lit("end "), F.col("attempt").cast("string"))).when(F.col("kind") == "submit",
+                                                                                          "submit")
     steps = (steps.withColumn("_current", current).where(~ending | (F.col("attempt") == F.col("_current")))
-             .withColumn("_ending", ending))
-    steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "_ending", "attempt")))
-    steps = steps.where(~ending | (F.col("_nth") == 1))
-    state = (F.when(F.col("kind") == "release", F.col("_given")).when(F.col("kind") == "submit", "waiting").when(F.col("kind") == "grant", "running")
-             .when(F.col("kind") == "complete", "done").when((F.col("kind") == "fail") & ~F.col("retry"), "failed")
-             .when((F.col("kind") == "fail") & (F.col("attempt") >= F.col("max_attempts")), "dead")
-             .when(F.col("kind") == "fail", "waiting"))
+             .withColumn("_slot", slot))
+    steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "_slot")))
+    steps = steps.where(F.col("_slot").isNull() | (F.col("_nth") == 1))
+    kind = F.col("kind")
+    state = (F.when(kind == "release", F.col("_given")).when(kind == "submit", "waiting")
+             .when(kind == "grant", "running").when(kind == "complete", "done")
+             .when((kind == "fail") & ~F.col("retry"), "failed")
+             .when((kind == "fail") & (F.col("attempt") >= F.col("max_attempts")), "dead")
+             .when(kind == "fail", "waiting"))
     steps = steps.withColumn("state", state)
     before = _in_order("task_id").rowsBetween(W.unboundedPreceding, -1)
     # A cancel counts only while the task waits (and only the first: nothing happens to a cancelled task).
     prior = F.last("state", ignorenulls=True).over(before)
-    steps = steps.withColumn("_prior", prior).where((F.col("kind") != "cancel") | (F.col("_prior") == "waiting"))
+    steps = steps.withColumn("_prior", prior).where((kind != "cancel") | (F.col("_prior") == "waiting"))
     steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "kind")))
-    steps = steps.where((F.col("kind") != "cancel") | (F.col("_nth") == 1))
+    steps = steps.where((kind != "cancel") | (F.col("_nth") == 1))
     steps = steps.withColumn("state", F.coalesce("state", F.lit("cancelled")))
-    return steps.drop("_current", "_ending", "_nth", "_prior", "_given", "retry")
+    return steps.drop("_current", "_slot", "_nth", "_prior", "_given", "retry")
 
 
 def task_table(life: DataFrame) -> DataFrame:
@@ -300,8 +309,7 @@ def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, le
     if span is None:
         raise PipelineError("the history holds no events to analyze")
     life = task_life(events, grants.select(*GRANT_COLUMNS), releases.select(*RELEASE_COLUMNS)).cache()
-    tasks = task_table(life)
-    tasks_in_window = tasks.where(window.contains(F.col("submitted_ms")))
+    tasks_in_window = task_table(life).where(window.contains(F.col("submitted_ms"))).cache()
     spans = attempt_spans(life, span[1])
     return {"tasks": tasks_in_window.orderBy("submitted_ms", "task_id"),
             "queue_minutes": queue_minutes(life, window),

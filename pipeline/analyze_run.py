@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline import PipelineError
-from pipeline.analyze import LEDGER_DDL, RELEASE_DDL, TABLES, Window, analyze_events
+from pipeline.analyze import EVENT_COLUMNS, LEDGER_DDL, RELEASE_DDL, TABLES, Window, analyze_events
 from pipeline.export import LEDGER_CREATED, read_bookmark
 from pipeline.history import cluster_entries, export_entries
 from pipeline.plan import ClusterAddress, Connection, end_position
@@ -140,12 +141,18 @@ def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: W
     def replayed(count: int, applied: int, position) -> None:
         progress(f"replaying the history: {count} entries, {applied} events, at {format_position(position)}")
 
-    result = replay(entries, on_entry=releases, compare_digests=compare, progress=replayed)
+    # Spark reads the events (and keeps them) while the driver replays: the two overlap.
+    events = events.select(*EVENT_COLUMNS).cache()
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(events.count)
+        result = replay(entries, on_entry=releases, compare_digests=compare, progress=replayed)
+        progress(f"reading the events ({result.events} replayed)")
+        reading.result()
     if result.diverged is not None:
         check = result.diverged
         raise PipelineError(f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}: "
                             "the history cannot be analyzed past it (fencepost audit says more)")
-    progress(f"reading the events and building the tables ({result.events} events)")
+    progress("building the tables")
     frames = analyze_events(events, grants_dataframe(spark, result.grants),
                             spark.createDataFrame(releases.rows, RELEASE_DDL),
                             spark.createDataFrame(sorted(created.items()), LEDGER_DDL), window)

@@ -18,17 +18,21 @@ from __future__ import annotations
 import base64
 import html
 import io
+import logging
 from datetime import datetime, timezone
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display: render to memory only
+# Its INFO lines (font cache, categorical axes) are not the report's business on the terminal.
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import pyarrow as pa  # noqa: E402
 
 REPORT = "report.html"
+MINUTE_MS = 60_000
 # Beyond these, a chart shows the busiest ones and says how many it left out.
 MAX_QUEUES = 10
 MAX_WORKERS = 30
@@ -76,7 +80,9 @@ def throughput_chart(minutes: pa.Table, epochs: pa.Table) -> str:
     queues, left_out = _busiest(rows, "queue", "finished", MAX_QUEUES)
     for queue in queues:
         mine = sorted((r["minute_ms"], r["finished"]) for r in rows if r["queue"] == queue)
-        ax.plot([_time(m) for m, _ in mine], [n for _, n in mine], marker="o", markersize=3, label=_label(queue))
+        # Each count covers its whole minute: a step from the minute's start to the next one's.
+        mine.append((mine[-1][0] + MINUTE_MS, mine[-1][1]))
+        ax.step([_time(m) for m, _ in mine], [n for _, n in mine], where="post", label=_label(queue))
     for epoch in epochs.to_pylist():
         if epoch["leader_gap_ms"] is not None:
             ax.axvline(_time(epoch["start_ms"]), color="red", linestyle="--", linewidth=1)
@@ -91,7 +97,7 @@ def throughput_chart(minutes: pa.Table, epochs: pa.Table) -> str:
 
 
 def latency_chart(latency: pa.Table) -> str:
-    """Submit-to-start and submit-to-finish p50/p90/p99 per queue (log scale)."""
+    """Submit-to-start and submit-to-finish p50/p90/p99 per queue, in seconds."""
     rows = sorted(latency.to_pylist(), key=lambda r: -r["tasks"])[:MAX_QUEUES]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     if not rows:
@@ -99,13 +105,11 @@ def latency_chart(latency: pa.Table) -> str:
     width = 0.27
     for ax, prefix, title in ((axes[0], "start", "submit to first start"), (axes[1], "finish", "submit to finish")):
         for i, pct in enumerate(("p50", "p90", "p99")):
-            values = [r[f"{prefix}_{pct}_ms"] or 0 for r in rows]
+            values = [(r[f"{prefix}_{pct}_ms"] or 0) / 1000 for r in rows]
             ax.bar([x + (i - 1) * width for x in range(len(rows))], values, width, label=pct)
         ax.set_xticks(range(len(rows)), [_label(r["queue"]) for r in rows], rotation=30, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
-        ax.set_ylabel("ms")
-        if any(r[f"{prefix}_p99_ms"] for r in rows):
-            ax.set_yscale("log")
+        ax.set_ylabel("s")
         ax.legend(fontsize=8)
     return _png(fig)
 
@@ -117,7 +121,8 @@ def attempts_chart(tasks: pa.Table) -> str:
         return _empty(fig, left, "no tasks in the window")
     by_attempts = tasks.group_by("attempts").aggregate([("task_id", "count")]).to_pylist()
     by_attempts.sort(key=lambda r: r["attempts"])
-    left.bar([str(r["attempts"]) for r in by_attempts], [r["task_id_count"] for r in by_attempts])
+    left.bar([r["attempts"] for r in by_attempts], [r["task_id_count"] for r in by_attempts])
+    left.set_xticks([r["attempts"] for r in by_attempts])
     left.set_xlabel("attempts")
     left.set_ylabel("tasks")
     left.set_title("tasks by attempts", fontsize=10)
@@ -129,10 +134,10 @@ def attempts_chart(tasks: pa.Table) -> str:
         counts = [sum(r["task_id_count"] for r in states if r["queue"] == q and r["final_state"] == state)
                   for q in queues]
         if any(counts):
-            right.bar([_label(q) for q in queues], counts, bottom=bottom, label=state, color=color)
+            right.bar(range(len(queues)), counts, bottom=bottom, label=state, color=color)
             bottom = [b + c for b, c in zip(bottom, counts)]
     right.set_title("final state per queue", fontsize=10)
-    right.tick_params(axis="x", labelrotation=30, labelsize=8)
+    right.set_xticks(range(len(queues)), [_label(q) for q in queues], rotation=30, ha="right", fontsize=8)
     right.legend(fontsize=8)
     return _png(fig)
 
@@ -143,7 +148,8 @@ def workers_chart(workers: pa.Table) -> str:
     fig, ax = plt.subplots(figsize=(9, max(2.0, 0.3 * len(rows) + 1)))
     if not rows:
         return _empty(fig, ax, "no lease was granted in the window")
-    ax.barh([_label(r["worker"]) for r in rows][::-1], [100 * r["utilization"] for r in rows][::-1])
+    ax.barh(range(len(rows)), [100 * r["utilization"] for r in rows][::-1])
+    ax.set_yticks(range(len(rows)), [_label(r["worker"]) for r in rows][::-1])
     ax.set_xlabel("busy % of the window" + (f" (busiest {MAX_WORKERS} shown)" if workers.num_rows > MAX_WORKERS
                                              else ""))
     ax.set_xlim(0, 100)
