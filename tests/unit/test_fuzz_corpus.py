@@ -54,3 +54,14 @@ def test_raw_strings_and_deep_nesting_reach_the_frame_as_written():
 def test_the_same_seed_gives_the_same_messages():
     assert mutation_messages(BOOKIE, random.Random(4), 300) == mutation_messages(BOOKIE, random.Random(4), 300)
     assert hypothesis_messages(BROKER, 30, seed=4) == hypothesis_messages(BROKER, 30, seed=4)
+
+
+def test_a_bench_chunk_is_the_same_for_the_same_seed_and_index(monkeypatch):
+    from bench import fuzz
+
+    monkeypatch.setattr(fuzz, "DRAWN_PER_CHUNK", 5)  # Hypothesis is the slow part: a few draws show the mix
+    chunk_messages = fuzz.chunk_messages
+    first = chunk_messages(BOOKIE, 1, 3, 200)
+    assert len(first) == 200 and first == chunk_messages(BOOKIE, 1, 3, 200)
+    assert first != chunk_messages(BOOKIE, 1, 4, 200)
+    assert len(chunk_messages(BROKER, 1, 0, 300)) == 300
