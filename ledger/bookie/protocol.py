@@ -19,7 +19,8 @@ Protocol (request fields -> reply fields; the envelope is ``election.wire``)::
     read_lac ledger                          -> lac, last_entry, fenced  errors: unknown
     wait_lac ledger, after, timeout_ms[, max_entries]
                                              -> lac, last_entry, fenced[, entries]
-                                                (once lac > after, or at the deadline; with max_entries,
+                                                (``after``: -1 or an entry id; the reply comes
+                                                once lac > after, or at the deadline; with max_entries,
                                                 ``entries`` holds the stored entries after..lac, at most
                                                 that many: a tailing reader needs no separate read)
     write_lac ledger, lac                    -> lac, last_entry, fenced  (explicit LAC from an idle writer)
