@@ -3,7 +3,8 @@
 The ZooKeeper hosts and the cluster name come, first found first, from the
 arguments, the ``FENCEPOST_ZK`` / ``FENCEPOST_CLUSTER`` environment variables,
 then the defaults (``127.0.0.1:2181``, ``dev``). A dev cluster's run directory
-records both in its ``cluster.json`` (:func:`dev_dir_target`). Before a client
+records both in its ``cluster.json`` (:func:`dev_dir_target`), and a secure one its
+admin key (:func:`dev_dir_keys`). Before a client
 relies on a cluster it checks that ZooKeeper holds its root
 (:func:`check_cluster_exists`): a wrong name fails at once, naming the clusters
 that do exist, instead of looking like an outage until the call's deadline.
@@ -12,6 +13,7 @@ Example::
 
     hosts, cluster = resolve_target(None, None)        # FENCEPOST_ZK, else 127.0.0.1:2181
     hosts, cluster = dev_dir_target(".fencepost-dev")  # what `fencepost dev up` recorded
+    dev_dir_keys(".fencepost-dev")                     # {"key_file": ..., "keys_file": ...} if secure
     check_cluster_exists(zk, cluster, hosts)           # ClusterNotFound if ZooKeeper has no such root
 """
 from __future__ import annotations
@@ -55,6 +57,17 @@ def dev_dir_target(dev_dir: str | Path) -> tuple[str, str]:
         raise ValueError(f"no dev cluster in {dev_dir} (no {DEV_STATE_FILE}): run `fencepost dev up` first") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def dev_dir_keys(dev_dir: str | Path) -> dict:
+    """``key_file`` and ``keys_file`` of a secure dev cluster (its admin key); empty for a plain one."""
+    try:
+        state = json.loads((Path(dev_dir) / DEV_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(state, dict) or not state.get("admin_key_file"):
+        return {}
+    return {"key_file": state["admin_key_file"], "keys_file": state["keys_file"]}
 
 
 def check_cluster_exists(zk: KazooClient, cluster: str, hosts: str) -> None:

@@ -1,7 +1,10 @@
-"""`fencepost dev up --secure`: keys for every member and an admin key; commands at the dev dir use the admin key."""
+"""`fencepost dev up --secure`: keys for every member and an admin key; commands and `Client.from_dev_dir` at the
+dev dir use the admin key."""
 import json
 
 import pytest
+
+from broker.api.client import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -27,6 +30,7 @@ def test_a_secure_dev_cluster_serves_its_admin_key_and_admits_an_added_broker(pr
         view = json.loads(_run(procs, "status", "--dev-dir", dev_dir, "--json"))
         assert view["secure"] is True and len(view["brokers"]) == 2, view
         assert all(b["reachable"] for b in view["brokers"]), view["brokers"]
-        assert json.loads(_run(procs, "task", "show", "--dev-dir", dev_dir, task_id, "--json"))["queue"] == "mail"
+        with Client.from_dev_dir(dev_dir, timeout=20.0) as client:  # the admin key, from cluster.json
+            assert client.get(task_id)["queue"] == "mail"
     finally:
         _run(procs, "dev", "down", "--dev-dir", dev_dir)
