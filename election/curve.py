@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -34,6 +35,7 @@ from election.keys import KeyPair, KeyRing
 
 log = logging.getLogger(__name__)
 ZAP_DOMAIN = "fencepost"
+REFUSED_LOG_S = 60.0
 
 
 class KeyRingAuthenticator(ThreadAuthenticator):
@@ -42,6 +44,8 @@ class KeyRingAuthenticator(ThreadAuthenticator):
     def __init__(self, context: zmq.Context, ring: KeyRing) -> None:
         super().__init__(context, log=log)
         self.ring = ring
+        # A refused client reconnects every fraction of a second: say so once a minute per key, not each time.
+        self._refused_logged: dict[bytes, float] = {}
 
     def start(self) -> None:
         super().start()
@@ -50,7 +54,13 @@ class KeyRingAuthenticator(ThreadAuthenticator):
     def callback(self, domain: str, key: bytes) -> bool:
         entry = self.ring.lookup(key)
         if entry is None:
-            log.warning("refused a CURVE client with an unknown key %s...", key[:8].decode(errors="replace"))
+            now = time.monotonic()
+            if now - self._refused_logged.get(key, -REFUSED_LOG_S) >= REFUSED_LOG_S:
+                if len(self._refused_logged) > 10_000:  # bounded whatever keys strangers try
+                    self._refused_logged.clear()
+                self._refused_logged[key] = now
+                log.warning("refused a CURVE client with an unknown key %s... (said once a minute per key)",
+                            key[:8].decode(errors="replace"))
         return entry is not None
 
     def curve_user_id(self, client_public_key: bytes) -> str:
