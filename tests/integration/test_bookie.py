@@ -41,7 +41,8 @@ def test_bad_frames_get_error_replies_and_the_bookie_keeps_serving(cluster, proc
         (b"\xc1\xc1 garbage \xff", None, wire.E_MALFORMED),
         (good[:-3], None, wire.E_MALFORMED),
         (msgpack.packb([1, 2, 3]), None, wire.E_MALFORMED),
-        (wire.encode(wire.request("add", 11, ledger=1, entry=0, data=b"x" * (8 * 1024 * 1024 + 1))), None, wire.E_OVERSIZED),
+        # Refused before it is decoded, yet answered with its rid (read from the frame's first bytes).
+        (wire.encode(wire.request("add", 11, ledger=1, entry=0, data=b"x" * (8 * 1024 * 1024 + 1))), 11, wire.E_OVERSIZED),
         (wire.encode({"v": 99, "op": "ping", "rid": 12}), 12, wire.E_VERSION),
         (wire.encode({"op": "ping", "rid": 13}), 13, wire.E_VERSION),
         (wire.encode(wire.request("frobnicate", 14)), 14, wire.E_UNKNOWN_OP),
@@ -280,8 +281,6 @@ def test_add_batch_bad_input_gets_error_replies_and_the_bookie_keeps_serving(clu
     for i, (fields, code) in enumerate(cases):
         rid = c.send("add_batch", **fields)
         reply = c.recv()
-        if code == wire.E_OVERSIZED:
-            rid = None  # refused before it is parsed: the request id is unknown
         assert reply["rid"] == rid and reply["ok"] is False, (i, reply)
         assert reply["error"] == code and reply["message"], (i, reply)
     # Nothing of a refused batch was stored, even its good first entry.
