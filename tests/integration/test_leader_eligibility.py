@@ -165,7 +165,8 @@ def test_admin_elect_moves_leadership_under_keyed_load_and_refuses(cluster, proc
         depth = client.status()["queues"]["keyed"]
         assert sum(v for k, v in depth.items() if k != "delayed") == len(acked)  # none lost, none twice
     # a lagging broker (out of the set) is refused with the reason
-    lagging = procs.start_broker(cluster, extra=["--max-lag-entries", "0"])
+    # A long session: paused, it must stay alive (only lagging) however long the machine takes to notice.
+    lagging = procs.start_broker(cluster, session_timeout=30.0, extra=["--max-lag-entries", "0"])
     lagging_id = _id_of(bc, lagging)
     lagging.pause()
     try:
