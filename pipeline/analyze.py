@@ -37,6 +37,10 @@ from broker.state.events import DEFAULT_MAX_ATTEMPTS
 from pipeline import PipelineError
 
 TABLES = ("tasks", "queue_minutes", "latency", "workers", "epochs")
+# The order each table is written in. The functions here leave their tables unsorted: a global
+# sort costs a sampling job and a shuffle, and a table written as one file sorts within it.
+TABLE_ORDER = {"tasks": ("submitted_ms", "task_id"), "queue_minutes": ("queue", "minute_ms"), "latency": ("queue",),
+               "workers": ("worker",), "epochs": ("epoch",)}
 POSITION = ("ledger_id", "entry_id", "event_index")
 MINUTE_MS = 60_000
 PERCENTILES = (0.5, 0.9, 0.99)
@@ -207,8 +211,7 @@ def queue_minutes(life: DataFrame, window: Window) -> DataFrame:
     kind, state = F.col("kind"), F.col("state")
     return (steps.groupBy("queue", "minute_ms").agg(
         count(kind == "submit", "submitted"), count(kind == "grant", "started"), count(state == "done", "finished"),
-        count(state == "failed", "failed"), count(state == "dead", "dead"), count(state == "cancelled", "cancelled"))
-        .orderBy("queue", "minute_ms"))
+        count(state == "failed", "failed"), count(state == "dead", "dead"), count(state == "cancelled", "cancelled")))
 
 
 def latency(tasks: DataFrame) -> DataFrame:
@@ -224,7 +227,7 @@ def latency(tasks: DataFrame) -> DataFrame:
     for prefix in ("start", "finish"):
         for i, p in enumerate(PERCENTILES):
             cols.append(F.col(f"_{prefix}")[i].alias(f"{prefix}_p{round(p * 100)}_ms"))
-    return table.select(*cols).orderBy("queue")
+    return table.select(*cols)
 
 
 def attempt_spans(life: DataFrame, history_end_ms: int) -> DataFrame:
@@ -249,8 +252,7 @@ def worker_utilization(spans: DataFrame, start_ms: int, end_ms: int) -> DataFram
             .groupBy("worker").agg(F.count("*").alias("attempts"),
                                    F.sum(F.greatest(clipped, F.lit(0))).cast("bigint").alias("busy_ms"))
             .withColumn("window_ms", F.lit(window_ms).cast("bigint"))
-            .withColumn("utilization", F.col("busy_ms") / F.col("window_ms"))
-            .orderBy(F.desc("busy_ms"), "worker"))
+            .withColumn("utilization", F.col("busy_ms") / F.col("window_ms")))
 
 
 def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
@@ -287,7 +289,12 @@ def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
         inside = inside & (F.col("start_ms") < window.until_ms)
     return (table.where(inside).select("epoch", "broker_id", "ledger_id", "start_ms", "end_ms", "gap_ms",
                                        "leader_gap_ms", F.col("created_ms").alias("ledger_created_ms"), "entries",
-                                       "events").orderBy("epoch"))
+                                       "events"))
+
+
+def prepare_events(events: DataFrame) -> DataFrame:
+    """The event columns the analysis reads, cached: read once from the bookies, however many tables."""
+    return events.select(*EVENT_COLUMNS).cache()
 
 
 def history_span(events: DataFrame, window: Window) -> tuple[int, int] | None:
@@ -301,17 +308,18 @@ def history_span(events: DataFrame, window: Window) -> tuple[int, int] | None:
 
 
 def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, ledgers: DataFrame,
-                   window: Window) -> dict[str, DataFrame]:
-    """The tables (:data:`TABLES`) of the history in ``events``; ``grants`` and ``releases`` (see
-    :func:`task_life`) come from a replay of that history, ``ledgers`` (see :func:`epochs`) from ZooKeeper."""
-    events = events.select(*EVENT_COLUMNS).cache()
-    span = history_span(events, window)
+                   window: Window, span: tuple[int, int] | None = None) -> dict[str, DataFrame]:
+    """The tables (:data:`TABLES`) of the history in ``events`` (as :func:`prepare_events` returns them: every
+    table reads them); ``grants`` and ``releases`` (see :func:`task_life`) come from a replay of that history,
+    ``ledgers`` (see :func:`epochs`) from ZooKeeper; ``span``: :func:`history_span`, if already known."""
+    events = events.select(*EVENT_COLUMNS)
+    span = span or history_span(events, window)
     if span is None:
         raise PipelineError("the history holds no events to analyze")
     life = task_life(events, grants.select(*GRANT_COLUMNS), releases.select(*RELEASE_COLUMNS)).cache()
     tasks_in_window = task_table(life).where(window.contains(F.col("submitted_ms"))).cache()
     spans = attempt_spans(life, span[1])
-    return {"tasks": tasks_in_window.orderBy("submitted_ms", "task_id"),
+    return {"tasks": tasks_in_window,
             "queue_minutes": queue_minutes(life, window),
             "latency": latency(tasks_in_window),
             "workers": worker_utilization(spans, span[0], span[1]),

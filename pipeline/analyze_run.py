@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline import PipelineError
-from pipeline.analyze import EVENT_COLUMNS, LEDGER_DDL, RELEASE_DDL, TABLES, Window, analyze_events
+from pipeline.analyze import (LEDGER_DDL, RELEASE_DDL, TABLE_ORDER, TABLES, Window, analyze_events, history_span,
+                              prepare_events)
 from pipeline.export import LEDGER_CREATED, read_bookmark
 from pipeline.history import cluster_entries, export_entries
 from pipeline.plan import ClusterAddress, Connection, end_position
@@ -106,8 +107,9 @@ def _write(tables: dict[str, DataFrame], out: Path, progress: Progress) -> dict[
     written = {}
     for name in TABLES:
         progress(f"writing the {name} table")
-        # One file per table: every table but the tasks is small, and a sorted table stays in order.
-        tables[name].coalesce(1).write.mode("overwrite").parquet(str(out / name))
+        # One file per table, sorted within it: every table but the tasks is small.
+        tables[name].coalesce(1).sortWithinPartitions(*TABLE_ORDER[name]).write.mode("overwrite").parquet(
+            str(out / name))
         written[name] = pq.read_table(out / name)
     return written
 
@@ -142,12 +144,14 @@ def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: W
         progress(f"replaying the history: {count} entries, {applied} events, at {format_position(position)}")
 
     # Spark reads the events (and keeps them) while the driver replays: the two overlap.
-    events = events.select(*EVENT_COLUMNS).cache()
+    events = prepare_events(events)
     with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(events.count)
+        reading = pool.submit(history_span, events, window)
         result = replay(entries, on_entry=releases, compare_digests=compare, progress=replayed)
         progress(f"reading the events ({result.events} replayed)")
-        reading.result()
+        span = reading.result()
+    if span is None:
+        raise PipelineError("the history holds no events in the window")
     if result.diverged is not None:
         check = result.diverged
         raise PipelineError(f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}: "
@@ -155,7 +159,7 @@ def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: W
     progress("building the tables")
     frames = analyze_events(events, grants_dataframe(spark, result.grants),
                             spark.createDataFrame(releases.rows, RELEASE_DDL),
-                            spark.createDataFrame(sorted(created.items()), LEDGER_DDL), window)
+                            spark.createDataFrame(sorted(created.items()), LEDGER_DDL), window, span)
     tables = _write(frames, out, progress)
     summary = {"source": source.describe(), "to": end or (format_position(result.last) if result.last else None),
                "since_ms": window.since_ms, "until_ms": window.until_ms, "entries": result.entries,

@@ -144,7 +144,7 @@ def attempts_chart(tasks: pa.Table) -> str:
 
 def workers_chart(workers: pa.Table) -> str:
     """Each worker's busy share of the window."""
-    rows = workers.to_pylist()[:MAX_WORKERS]
+    rows = sorted(workers.to_pylist(), key=lambda r: (-r["utilization"], str(r["worker"])))[:MAX_WORKERS]
     fig, ax = plt.subplots(figsize=(9, max(2.0, 0.3 * len(rows) + 1)))
     if not rows:
         return _empty(fig, ax, "no lease was granted in the window")

@@ -2,7 +2,8 @@
 import pytest
 
 from pipeline import PipelineError
-from pipeline.analyze import LEDGER_DDL, RELEASE_DDL, Window, analyze_events, epochs, parse_time, queue_minutes, task_life
+from pipeline.analyze import (LEDGER_DDL, RELEASE_DDL, TABLE_ORDER, Window, analyze_events, epochs, parse_time,
+                              prepare_events, queue_minutes, task_life)
 from pipeline.replay import GRANT_DDL
 from pipeline.rows import DDL, event_row
 
@@ -56,14 +57,15 @@ LEDGERS = [(1, T0 - 5), (2, T0 + 12_000)]
 def history(spark):
     rows = [event_row(ledger, entry, epoch, i, ev) for ledger, entry, epoch, events in HISTORY
             for i, ev in enumerate(events)]
-    return (spark.createDataFrame(rows, DDL).cache(), spark.createDataFrame(GRANTS, GRANT_DDL),
+    return (prepare_events(spark.createDataFrame(rows, DDL)), spark.createDataFrame(GRANTS, GRANT_DDL),
             spark.createDataFrame(RELEASES, RELEASE_DDL), spark.createDataFrame(LEDGERS, LEDGER_DDL))
 
 
 @pytest.fixture(scope="module")
 def tables(history):
     result = analyze_events(*history, Window())
-    return {name: [r.asDict() for r in df.collect()] for name, df in result.items()}
+    return {name: sorted((r.asDict() for r in df.collect()), key=lambda r: [r[k] for k in TABLE_ORDER[name]])
+            for name, df in result.items()}
 
 
 def test_each_task_follows_the_rules_apply_follows(tables):
