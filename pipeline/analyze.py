@@ -20,8 +20,9 @@ one idempotency key in a queue only the first creates a task.
 
 Example::
 
-    events = spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
+    events = prepare_events(spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").load())
     tables = analyze_events(events, grants, releases, ledgers, Window(since_ms=None, until_ms=None))
+    # grants, releases: from pipeline.replay (see pipeline.analyze_run); ledgers: ledger_id, created_ms
     tables["latency"].show()
 """
 from __future__ import annotations
@@ -135,7 +136,8 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
     none = F.lit(None)
     no_attempt, no_worker, no_retry, no_state, no_queue, no_max = (
         none.cast("bigint").alias("attempt"), none.cast("string").alias("worker"), none.cast("boolean").alias("retry"),
-        none.cast("string").alias("_given"), none.cast("string").alias("queue"), none.cast("bigint").alias("max_attempts"))
+        none.cast("string").alias("_given"), none.cast("string").alias("queue"),
+        none.cast("bigint").alias("max_attempts"))
     steps = (created_submits(events).select(*POSITION, "task_id", F.lit("submit").alias("kind"), no_attempt, no_worker,
                                             F.col("submitted_ms").alias("ts_ms"), no_retry, no_state, "queue",
                                             "max_attempts")
@@ -201,7 +203,8 @@ def task_table(life: DataFrame) -> DataFrame:
 
 
 def queue_minutes(life: DataFrame, window: Window) -> DataFrame:
-    """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead, cancelled."""
+    """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead,
+    cancelled."""
     steps = life.where(window.contains(F.col("ts_ms"))).withColumn(
         "minute_ms", F.floor(F.col("ts_ms") / MINUTE_MS).cast("bigint") * MINUTE_MS)
 
@@ -236,7 +239,8 @@ def attempt_spans(life: DataFrame, history_end_ms: int) -> DataFrame:
     An attempt ends at its completion, failure or release (lease expired,
     worker lost); one still running ends at the history's end.
     """
-    grants = life.where(F.col("kind") == "grant").select("task_id", "attempt", "worker", F.col("ts_ms").alias("start_ms"))
+    grants = (life.where(F.col("kind") == "grant")
+              .select("task_id", "attempt", "worker", F.col("ts_ms").alias("start_ms")))
     ends = (life.where(F.col("kind").isin("complete", "fail", "release"))
             .select("task_id", "attempt", F.col("ts_ms").alias("_end")))
     end = F.greatest(F.coalesce("_end", F.lit(history_end_ms)), F.col("start_ms"))

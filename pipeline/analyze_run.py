@@ -151,7 +151,7 @@ def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: W
         progress(f"reading the events ({result.events} replayed)")
         span = reading.result()
     if span is None:
-        raise PipelineError("the history holds no events in the window")
+        raise PipelineError("the history holds no events")
     if result.diverged is not None:
         check = result.diverged
         raise PipelineError(f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}: "
@@ -164,7 +164,8 @@ def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: W
     summary = {"source": source.describe(), "to": end or (format_position(result.last) if result.last else None),
                "since_ms": window.since_ms, "until_ms": window.until_ms, "entries": result.entries,
                # From an export the replay leaves the StateDigest events out (it cannot compare them).
-               "events": result.events + (0 if compare else len(result.digest_checks)), **summarize(tables), "out": str(out)}
+               "events": result.events + (0 if compare else len(result.digest_checks)), **summarize(tables),
+               "out": str(out)}
     progress("drawing the report")
     summary["report"] = str(write_report(out, tables, summary))
     summary["seconds"] = round(time.monotonic() - started, 1)
