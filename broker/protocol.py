@@ -89,7 +89,7 @@ from typing import Any, Callable
 
 from broker import BrokerError
 from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
-from election.wire import CodedError
+from election.wire import CodedError, shown
 from broker.state.events import (DEAD, MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, STATES, WAITING, check_value,
                                  describe_kind)
 from broker.state.listing import BadCursor, decode_cursor
@@ -175,7 +175,7 @@ def _field(msg: dict, name: str, kind: str, default: Any = _REQUIRED, lo: int | 
 
 def check_queue(name: Any) -> str:
     if not check_value(K_QUEUE, name) or not QUEUE_NAME.match(name):
-        raise RequestError(E_INVALID_QUEUE, f"invalid queue name {name!r:.80}: use 1-128 letters, digits, "
+        raise RequestError(E_INVALID_QUEUE, f"invalid queue name {shown(name)}: use 1-128 letters, digits, "
                                             "'_', '.', ':' or '-', starting with a letter or digit")
     return name
 

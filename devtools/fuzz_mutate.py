@@ -20,8 +20,12 @@ Example::
 """
 from __future__ import annotations
 
+import itertools
 import random
 import struct
+from typing import Any
+
+import msgpack
 
 from devtools.fuzz import hostile_value
 from devtools.fuzz_targets import Target
@@ -36,6 +40,45 @@ _LENGTH_WIDTH = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xC7: 1, 0xC8: 2, 0xC9: 4, 0xD9: 1, 
 _FIXED_SIZE = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2,
                0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
 _STRUCT = {1: ">B", 2: ">H", 4: ">I"}
+
+
+class Raw:
+    """Bytes that go into a frame as they are: a str that is not UTF-8, nesting deeper than encoders go."""
+
+    def __init__(self, packed: bytes) -> None:
+        self.packed = packed
+
+
+def str_header(n: int) -> bytes:
+    """The msgpack header of a str of ``n`` bytes (up to 65,535)."""
+    if n < 32:
+        return bytes([0xA0 | n])
+    if n < 256:
+        return bytes([0xD9, n])
+    return bytes([0xDA]) + n.to_bytes(2, "big")
+
+
+def deep(depth: int, as_map: bool) -> Raw:
+    """``depth`` nested one-item arrays or maps around a 1: deeper than Python's repr can recurse."""
+    return Raw((b"\x81\xa1a" if as_map else b"\x91") * depth + b"\x01")
+
+
+def pack(msg: Any) -> bytes:
+    """msgpack of ``msg``, with each :class:`Raw` written as its bytes."""
+    raws: dict[str, bytes] = {}
+    counter = itertools.count()
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, Raw):
+            marker = f"\x00raw{next(counter):08d}\x00"
+            raws[marker] = obj.packed
+            return marker
+        raise TypeError(f"cannot pack {type(obj).__name__}")
+
+    frame = msgpack.packb(msg, use_bin_type=True, default=default)
+    for marker, data in raws.items():
+        frame = frame.replace(msgpack.packb(marker), data, 1)
+    return frame
 
 
 def valid_frames(target: Target, rng: random.Random, count: int) -> list[bytes]:
@@ -147,9 +190,16 @@ def mutate_fields(rng: random.Random, target: Target, fields: dict) -> dict:
 
 
 def structured_frame(rng: random.Random, target: Target) -> bytes:
-    """A well-framed request of a random op whose fields are mutated (what reaches the request checks)."""
+    """A well-framed request of a random op whose fields are mutated (what reaches the request checks).
+
+    One in fifty has a field, the envelope's included, nested about as deep as msgpack decodes (1,000
+    levels: deeper than Python's repr recurses) or deeper.
+    """
     op = rng.choice(target.ops)
-    return wire.encode(wire.request(op, rng.randrange(1 << 31), **mutate_fields(rng, target, target.fields(op, rng))))
+    msg = wire.request(op, rng.randrange(1 << 31), **mutate_fields(rng, target, target.fields(op, rng)))
+    if rng.random() < 0.02:
+        msg[rng.choice(sorted(msg))] = deep(rng.choice([600, 1000, 1020, 3000]), rng.random() < 0.5)
+    return pack(msg)
 
 
 def _extra_parts(rng: random.Random, frames: list[bytes]) -> list[bytes]:

@@ -18,55 +18,21 @@ Example::
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
-import msgpack
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
 from hypothesis import strategies as st
 
+from devtools.fuzz_mutate import Raw, deep, pack, str_header
 from devtools.fuzz_targets import Target
 from election.wire import PROTOCOL_VERSION
-
-
-class Raw:
-    """Bytes that go into a frame as they are: a str that is not UTF-8, nesting deeper than encoders go."""
-
-    def __init__(self, packed: bytes) -> None:
-        self.packed = packed
-
-
-def _str_header(n: int) -> bytes:
-    if n < 32:
-        return bytes([0xA0 | n])
-    if n < 256:
-        return bytes([0xD9, n])
-    return bytes([0xDA]) + n.to_bytes(2, "big")
-
-
-def pack(msg: Any) -> bytes:
-    """msgpack of ``msg``, with each :class:`Raw` written as its bytes."""
-    raws: dict[str, bytes] = {}
-    counter = itertools.count()
-
-    def default(obj: Any) -> Any:
-        if isinstance(obj, Raw):
-            marker = f"\x00raw{next(counter):08d}\x00"
-            raws[marker] = obj.packed
-            return marker
-        raise TypeError(f"cannot pack {type(obj).__name__}")
-
-    frame = msgpack.packb(msg, use_bin_type=True, default=default)
-    for marker, data in raws.items():
-        frame = frame.replace(msgpack.packb(marker), data, 1)
-    return frame
 
 
 INT64 = st.integers(-(1 << 63), (1 << 64) - 1)
 EDGE_INTS = st.sampled_from([0, -1, 1, 99, 100, 1000, 1001, 60_000, 60_001, (1 << 31) - 1, 1 << 31, 1 << 32,
                              (1 << 53) + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -(1 << 63)])
 BAD_UTF8 = st.sampled_from([b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"a\x80b", b"\xf8\x88\x80\x80\x80", b"\xe2\x82"])
-RAW_STRINGS = st.one_of(BAD_UTF8, st.binary(max_size=20)).map(lambda data: Raw(_str_header(len(data)) + data))
+RAW_STRINGS = st.one_of(BAD_UTF8, st.binary(max_size=20)).map(lambda data: Raw(str_header(len(data)) + data))
 TEXT = st.one_of(st.text(max_size=20), st.sampled_from(["", "\0", "é" * 101, "a" * 129, "😀" * 51, "fz", "../x"]))
 SCALARS = st.one_of(st.none(), st.booleans(), st.floats(), INT64, EDGE_INTS, TEXT, st.binary(max_size=40),
                     RAW_STRINGS)
@@ -74,12 +40,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.floats(), INT64, EDGE_INTS, TEX
 ODD_KEYS = st.one_of(st.none(), st.booleans(), INT64, st.floats(allow_nan=False), st.binary(max_size=8), RAW_STRINGS)
 
 
-def _nest(depth: int, as_map: bool) -> Raw:
-    """``depth`` nested one-item arrays or maps around a 1 (1000 levels of ``{"a": ...}``, say)."""
-    return Raw((b"\x81\xa1a" if as_map else b"\x91") * depth + b"\x01")
-
-
-DEEP = st.builds(_nest, st.sampled_from([10, 100, 500, 1000, 5000]), st.booleans())
+DEEP = st.builds(deep, st.sampled_from([10, 100, 500, 1000, 1020, 5000]), st.booleans())
 HOSTILE = st.one_of(
     SCALARS,
     DEEP,

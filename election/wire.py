@@ -23,6 +23,7 @@ Example::
 """
 from __future__ import annotations
 
+import reprlib
 from typing import Any, TypeVar
 
 import msgpack
@@ -33,7 +34,7 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
 __all__ = ["CodedError", "WireError", "RemoteError", "error_for", "encode", "decode", "decode_request",
-           "request", "ok_reply", "error_reply", "check_reply", "field", "PROTOCOL_VERSION",
+           "request", "ok_reply", "error_reply", "check_reply", "field", "shown", "PROTOCOL_VERSION",
            "DEFAULT_MAX_FRAME_BYTES", "E_MALFORMED", "E_OVERSIZED", "E_VERSION", "E_UNKNOWN_OP",
            "E_BAD_REQUEST", "E_INTERNAL"]
 
@@ -109,6 +110,17 @@ def error_reply(rid: Any, code: str, message: str, **fields: Any) -> dict:
     return msg
 
 
+# Error messages quote request values through this: a builtin repr of a value nested a thousand
+# levels deep (msgpack decodes a little deeper) raises RecursionError, and a long one is noise.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 3, 60, 60, 40
+
+
+def shown(value: Any) -> str:
+    """A short, bounded ``repr`` of a request value, safe for any depth and size, for an error message."""
+    return _SHOWN.repr(value)
+
+
 def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
     """Decode and validate one frame; raise :class:`WireError` on anything off.
 
@@ -128,7 +140,7 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
     rid = msg.get("rid")
     version = msg.get("v")
     if version != PROTOCOL_VERSION:
-        raise WireError(E_VERSION, f"protocol version {version!r} is not supported (expected {PROTOCOL_VERSION})", rid)
+        raise WireError(E_VERSION, f"protocol version {shown(version)} is not supported (expected {PROTOCOL_VERSION})", rid)
     return msg
 
 
@@ -161,7 +173,7 @@ def decode_request(frame: bytes, known_ops: frozenset[str] | set[str], max_bytes
     if not isinstance(op, str):
         raise WireError(E_MALFORMED, "request has no operation", msg.get("rid"))
     if op not in known_ops:
-        raise WireError(E_UNKNOWN_OP, f"unknown operation {op!r}", msg.get("rid"))
+        raise WireError(E_UNKNOWN_OP, f"unknown operation {shown(op)}", msg.get("rid"))
     msg.setdefault("rid", None)  # a request without an id is answered with a null one, as for a null id
     return msg
 

@@ -295,7 +295,8 @@ class Bookie:
                 if roles is not None and not allowed((roles[n] or ("",))[0], "bookie", msg["op"]):
                     reply = self._forbidden(rid, roles[n], msg["op"])
                 elif expected is not None and expected != self.bookie_id:
-                    reply = wire.error_reply(rid, E_WRONG_BOOKIE, f"this is bookie {self.bookie_id}, not {expected!r}")
+                    reply = wire.error_reply(rid, E_WRONG_BOOKIE,
+                                             f"this is bookie {self.bookie_id}, not {wire.shown(expected)}")
                 else:
                     reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
             except wire.WireError as exc:

@@ -94,7 +94,8 @@ def test_a_fuzzed_leader_and_bookie_answer_every_message_and_keep_serving(corpor
 
 @pytest.mark.timeout(60)
 def test_what_the_fuzzer_found_on_a_bookie_is_refused_or_served(cluster, procs, client_for):
-    """Each used to be answered ``internal``: a request without an id, a wait_lac with 'after' below -1."""
+    """Each used to be answered ``internal``: a request without an id, a wait_lac with 'after' below -1,
+    a value nested deeper than Python's repr recurses."""
     bookie = client_for(procs.start_bookie(cluster).address)
     ledger = FUZZ_LEDGER_BASE
     for op, fields in (("add", {"ledger": ledger, "entry": 0, "data": entry_bytes(ledger, 0)}),
@@ -105,4 +106,11 @@ def test_what_the_fuzzer_found_on_a_bookie_is_refused_or_served(cluster, procs, 
         assert reply["rid"] is None and reply.get("error") != "internal", reply
     reply = bookie.call("wait_lac", ledger=ledger, after=-(1 << 63) + 1, timeout_ms=0, max_entries=4)
     assert reply["error"] == "bad_request", reply
+    # Values nested deeper than Python's repr recurses, quoted in the error message.
+    nested = b"\x81\xa1a" * 1020 + b"\x01"
+    for frame, code in ((b"\x83\xa1v" + nested + b"\xa2op\xa4ping\xa3rid\x07", "wrong_version"),
+                        (b"\x84\xa1v\x01\xa2op\xa4ping\xa3rid\x07\xa6bookie" + nested, "wrong_bookie")):
+        bookie.send_raw(frame)
+        reply = bookie.recv(timeout_ms=5000)
+        assert reply["rid"] == 7 and reply["error"] == code, reply
     assert bookie.call("read", ledger=ledger, entry=0)["data"] == entry_bytes(ledger, 0)

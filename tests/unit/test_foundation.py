@@ -90,6 +90,14 @@ def test_a_request_without_an_id_is_decoded_with_a_null_one():
     assert wire.decode_request(wire.encode({"v": 1, "op": "ping"}), {"ping"})["rid"] is None
 
 
+def test_a_version_nested_deeper_than_repr_recurses_is_refused():
+    # Found by the wire fuzzer: quoting it in the error message raised RecursionError (``internal``).
+    frame = b"\x83\xa1v" + b"\x81\xa1a" * 1020 + b"\x01\xa2op\xa4ping\xa3rid\x07"
+    with pytest.raises(wire.WireError) as info:
+        wire.decode_request(frame, {"ping"})
+    assert info.value.code == wire.E_VERSION and info.value.rid == 7 and len(info.value.message) < 200
+
+
 def test_wire_roundtrip_and_error_reply():
     msg = wire.decode_request(wire.encode(wire.request("ping", 9, x=b"\x00")), {"ping"})
     assert msg["rid"] == 9 and msg["x"] == b"\x00"

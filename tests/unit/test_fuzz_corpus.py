@@ -4,10 +4,12 @@ from __future__ import annotations
 import random
 
 import msgpack
+import pytest
 
-from broker.protocol import OPS as BROKER_OPS
+from broker.protocol import OPS as BROKER_OPS, RequestError, check_request
 from devtools.fuzz_mutate import length_fields, mutation_messages, valid_frames
-from devtools.fuzz_strategies import Raw, hypothesis_messages, pack
+from devtools.fuzz_mutate import Raw, pack
+from devtools.fuzz_strategies import hypothesis_messages
 from devtools.fuzz_targets import BOOKIE, BROKER, FUZZ_LEDGER_BASE, entry_bytes
 from election import wire
 from ledger.bookie.protocol import OPS as BOOKIE_OPS
@@ -65,3 +67,11 @@ def test_a_bench_chunk_is_the_same_for_the_same_seed_and_index(monkeypatch):
     assert len(first) == 200 and first == chunk_messages(BOOKIE, 1, 3, 200)
     assert first != chunk_messages(BOOKIE, 1, 4, 200)
     assert len(chunk_messages(BROKER, 1, 0, 300)) == 300
+
+
+def test_a_queue_nested_deeper_than_repr_recurses_is_an_invalid_queue():
+    # Found by the wire fuzzer: the leader quoted it in the error message and answered ``internal``.
+    queue = msgpack.unpackb(b"\x91" * 1020 + b"\x01")
+    with pytest.raises(RequestError) as info:
+        check_request({"op": "submit", "queue": queue, "payload": b"x"}, max_payload=64)
+    assert info.value.code == "invalid_queue" and len(info.value.message) < 300
