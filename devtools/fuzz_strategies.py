@@ -1,6 +1,6 @@
 """Hypothesis strategies for hostile request messages, over the envelope and every op's fields.
 
-:func:`messages` draws ZeroMQ messages (lists of parts) for a target
+:func:`message` draws ZeroMQ messages (lists of parts) for a target
 (:mod:`devtools.fuzz_targets`): a request of one of its ops (or of an unknown
 op) whose envelope may carry a wrong protocol version, a request id of any
 type, a missing or ill-typed op, unknown extra fields; whose fields start as a
@@ -27,7 +27,6 @@ from devtools.fuzz_mutate import Raw, deep, pack, str_header
 from devtools.fuzz_targets import Target
 from election.wire import PROTOCOL_VERSION
 
-
 INT64 = st.integers(-(1 << 63), (1 << 64) - 1)
 EDGE_INTS = st.sampled_from([0, -1, 1, 99, 100, 1000, 1001, 60_000, 60_001, (1 << 31) - 1, 1 << 31, 1 << 32,
                              (1 << 53) + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -(1 << 63)])
@@ -38,8 +37,6 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.floats(), INT64, EDGE_INTS, TEX
                     RAW_STRINGS)
 # Map keys that are not strings: ints, bytes, floats, nil, bools (and strings that are not UTF-8).
 ODD_KEYS = st.one_of(st.none(), st.booleans(), INT64, st.floats(allow_nan=False), st.binary(max_size=8), RAW_STRINGS)
-
-
 DEEP = st.builds(deep, st.sampled_from([10, 100, 500, 1000, 1020, 5000]), st.booleans())
 HOSTILE = st.one_of(
     SCALARS,
@@ -53,8 +50,6 @@ VERSIONS = st.one_of(st.just(PROTOCOL_VERSION), st.just(PROTOCOL_VERSION), st.ju
                      st.sampled_from([0, 2, -1, "1", 1.0, True, None, [1], (1 << 64) - 1]), HOSTILE)
 RIDS = st.one_of(st.integers(0, (1 << 31) - 1), INT64, TEXT, RAW_STRINGS, st.none(), st.floats(), st.booleans(),
                  st.binary(max_size=8), st.lists(SCALARS, max_size=3), st.dictionaries(ODD_KEYS, SCALARS, max_size=2))
-
-
 _WRONG_OPS = st.sampled_from(["", "nope", "PING", "ping ", "é" * 300])
 _ENVELOPE_KEEP = st.integers(0, 19)  # 0: leave the envelope field out
 _ACTIONS = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3), HOSTILE), max_size=3)
