@@ -19,6 +19,14 @@ def client_for():
         c.close()
 
 
+def pytest_collection_modifyitems(items):
+    # With pytest-xdist (make test runs two workers), every test on Spark goes to the same worker,
+    # so one session serves them all instead of one per worker.
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the whole run: starting one takes several seconds."""
