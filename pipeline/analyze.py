@@ -123,12 +123,15 @@ def _with_max_attempts(submits: DataFrame, events: DataFrame) -> DataFrame:
 def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> DataFrame:
     """Each created task's effective steps in log order, with the state each one leaves it in.
 
-    ``releases`` are the running attempts that a ``LeaseExpired`` or
-    ``WorkerLost`` ended (the event does not name them; the replay does):
-    position, task_id, attempt, ts_ms and the state it left (waiting or dead).
+    ``releases`` are what the events do not name (the replay does): the
+    running attempts that a ``LeaseExpired`` or ``WorkerLost`` ended, with the
+    state it left (waiting or dead), and the failed or dead tasks that a
+    ``TaskRetried`` or ``TasksRequeued`` put back to waiting (state
+    ``requeued``; the task then has max_attempts attempts more): position,
+    task_id, attempt, ts_ms, state.
 
     Columns: task_id, queue, max_attempts, the position, ``kind`` (submit,
-    grant, complete, fail, release, cancel), attempt, worker, ts_ms, ``state``
+    grant, complete, fail, release, requeue, cancel), attempt, worker, ts_ms, ``state``
     (waiting, running, done, failed, dead, cancelled). Steps apply would refuse
     (a repeated task id, a stale attempt, a second completion, a cancel of a
     running task) are left out. Every window is over the task (one shuffle).
@@ -143,8 +146,10 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
                                             "max_attempts")
              .unionByName(grants.select(*POSITION, "task_id", F.lit("grant").alias("kind"), "attempt", "worker",
                                         "ts_ms", no_retry, no_state, no_queue, no_max))
-             .unionByName(releases.select(*POSITION, "task_id", F.lit("release").alias("kind"), "attempt", no_worker,
-                                          "ts_ms", no_retry, F.col("state").alias("_given"), no_queue, no_max))
+             .unionByName(releases.select(
+                 *POSITION, "task_id",
+                 F.when(F.col("state") == "requeued", "requeue").otherwise("release").alias("kind"),
+                 "attempt", no_worker, "ts_ms", no_retry, F.col("state").alias("_given"), no_queue, no_max))
              .unionByName(events.where(F.col("type").isin("TaskCompleted", "TaskFailed", "TaskCancelled")).select(
                  *POSITION, "task_id",
                  F.when(F.col("type") == "TaskCompleted", "complete").when(F.col("type") == "TaskFailed", "fail")
@@ -162,15 +167,18 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
     # So is a second submit of one task id.
     slot = F.when(ending, F.concat(F.lit("end "), F.col("attempt").cast("string"))).when(F.col("kind") == "submit",
                                                                                           "submit")
+    # A requeue gives the task max_attempts attempts more: those before it no longer count.
+    base = F.coalesce(F.last(F.when(F.col("kind") == "requeue", F.col("attempt")), ignorenulls=True).over(so_far),
+                      F.lit(0))
     steps = (steps.withColumn("_current", current).where(~ending | (F.col("attempt") == F.col("_current")))
-             .withColumn("_slot", slot))
+             .withColumn("_slot", slot).withColumn("_base", base))
     steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "_slot")))
     steps = steps.where(F.col("_slot").isNull() | (F.col("_nth") == 1))
     kind = F.col("kind")
-    state = (F.when(kind == "release", F.col("_given")).when(kind == "submit", "waiting")
+    state = (F.when(kind == "release", F.col("_given")).when(kind.isin("submit", "requeue"), "waiting")
              .when(kind == "grant", "running").when(kind == "complete", "done")
              .when((kind == "fail") & ~F.col("retry"), "failed")
-             .when((kind == "fail") & (F.col("attempt") >= F.col("max_attempts")), "dead")
+             .when((kind == "fail") & (F.col("attempt") - F.col("_base") >= F.col("max_attempts")), "dead")
              .when(kind == "fail", "waiting"))
     steps = steps.withColumn("state", state)
     before = _in_order("task_id").rowsBetween(W.unboundedPreceding, -1)
@@ -180,7 +188,7 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
     steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "kind")))
     steps = steps.where((kind != "cancel") | (F.col("_nth") == 1))
     steps = steps.withColumn("state", F.coalesce("state", F.lit("cancelled")))
-    return steps.drop("_current", "_slot", "_nth", "_prior", "_given", "retry")
+    return steps.drop("_current", "_slot", "_base", "_nth", "_prior", "_given", "retry")
 
 
 def task_table(life: DataFrame) -> DataFrame:

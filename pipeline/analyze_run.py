@@ -58,7 +58,9 @@ class HistorySource:
 
 
 class ReleaseCollector:
-    """Collects, from a replay's apply results, the running attempts each ``LeaseExpired``/``WorkerLost`` ended.
+    """Collects, from a replay's apply results, what the events do not name: the running attempts each
+    ``LeaseExpired``/``WorkerLost`` ended, and the tasks a ``TaskRetried``/``TasksRequeued`` put back to
+    waiting (state ``requeued``; see :func:`pipeline.analyze.task_life`).
 
     Example::
 
@@ -72,9 +74,18 @@ class ReleaseCollector:
 
     def __call__(self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]) -> None:
         for index, ev, res in items:
-            if ev["type"] in ("LeaseExpired", "WorkerLost") and res.get("ok"):
+            kind = ev["type"]
+            if not res.get("ok"):
+                continue
+            if kind in ("LeaseExpired", "WorkerLost"):
                 self.rows.extend((ledger_id, entry_id, index, e["task_id"], e["attempt"], ev["now_ms"], e["state"])
                                  for e in res["expired"])
+            elif kind == "TasksRequeued":
+                self.rows.extend((ledger_id, entry_id, index, e["task_id"], e["attempt"], ev["now_ms"], "requeued")
+                                 for e in res["requeued"])
+            elif kind == "TaskRetried" and not res.get("duplicate"):
+                self.rows.append((ledger_id, entry_id, index, res["task_id"], res["attempt"], ev["now_ms"],
+                                  "requeued"))
 
 
 def _read(spark: SparkSession, source: HistorySource) -> tuple[DataFrame, Iterable, bool, str | None, dict]:

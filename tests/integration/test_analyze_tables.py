@@ -44,11 +44,14 @@ HISTORY = [
     (2, 1, 2, [{"type": "LeaseExpired", "now_ms": T0 + 61_000}]),
     (2, 2, 2, [leased("w2", 62_000)]),
     (2, 3, 2, [done("a", 1, 63_000), done("b", 1, 63_000), failed("b", 2, 64_000)]),
+    (2, 4, 2, [{"type": "TaskRetried", "task_id": "b", "now_ms": T0 + 65_000}]),
+    (2, 5, 2, [leased("w2", 66_000)]),
+    (2, 6, 2, [failed("b", 3, 67_000)]),
 ]
 GRANTS = [(1, 3, 0, "a", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "b", 1, "w1", T0 + 2000, "q"),
           (1, 3, 0, "c", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "w", 1, "w1", T0 + 2000, "q"),
-          (2, 2, 0, "b", 2, "w2", T0 + 62_000, "q")]
-RELEASES = [(2, 1, 0, "w", 1, T0 + 61_000, "waiting")]
+          (2, 2, 0, "b", 2, "w2", T0 + 62_000, "q"), (2, 5, 0, "b", 3, "w2", T0 + 66_000, "q")]
+RELEASES = [(2, 1, 0, "w", 1, T0 + 61_000, "waiting"), (2, 4, 0, "b", 2, T0 + 65_000, "requeued")]
 # Ledger 2's leader continued from its predecessor's clock: by the wall clock it started 4 s later.
 LEDGERS = [(1, T0 - 5), (2, T0 + 12_000)]
 
@@ -72,7 +75,8 @@ def test_each_task_follows_the_rules_apply_follows(tables):
     tasks = {t["task_id"]: t for t in tables["tasks"]}
     assert "dup" not in tasks, "a second submit with the key created a task"
     assert tasks["a"]["final_state"] == "done" and tasks["a"]["finished_ms"] == T0 + 4000, "a repeat counted"
-    assert tasks["b"]["final_state"] == "dead" and tasks["b"]["attempts"] == 2 and tasks["b"]["worker"] == "w2"
+    # b died at its second attempt; retried by an operator, its third attempt fails and it waits again
+    assert tasks["b"]["final_state"] == "waiting" and tasks["b"]["attempts"] == 3 and tasks["b"]["worker"] == "w2"
     assert tasks["b"]["max_attempts"] == 2, "the queue's declared max_attempts"
     assert tasks["c"]["final_state"] == "failed", "a cancel of a running task counted"
     assert tasks["x"]["final_state"] == "cancelled" and tasks["x"]["attempts"] == 0
@@ -86,24 +90,24 @@ def test_queue_minutes_bucket_by_the_minute_of_each_step(tables):
     first, second = by_minute[T0], by_minute[T0 + 60_000]
     assert (first["submitted"], first["started"], first["finished"], first["failed"], first["cancelled"]) == \
         (5, 4, 1, 1, 1)
-    assert (second["submitted"], second["started"], second["finished"], second["dead"]) == (0, 1, 0, 1)
+    assert (second["submitted"], second["started"], second["finished"], second["dead"]) == (0, 2, 0, 1)
 
 
 def test_latency_percentiles_per_queue(tables):
     (row,) = tables["latency"]
-    assert (row["tasks"], row["started"], row["finished"]) == (5, 4, 3)
+    assert (row["tasks"], row["started"], row["finished"]) == (5, 4, 2)
     assert row["start_p50_ms"] == row["start_p99_ms"] == 1000
-    # finish times after submit: a 3000, c 4000, b 63000
-    assert row["finish_p50_ms"] == 4000
-    assert row["finish_p90_ms"] == pytest.approx(4000 + 0.8 * 59_000)
+    # finish times after submit: a 3000, c 4000 (b waits again)
+    assert row["finish_p50_ms"] == 3500
+    assert row["finish_p90_ms"] == pytest.approx(3900)
 
 
 def test_worker_busy_time_ends_at_each_attempts_end(tables):
     workers = {w["worker"]: w for w in tables["workers"]}
     # w1: a 2000..4000, b 2000..4000, c 2000..5000, w 2000..61000 (released)
     assert workers["w1"]["busy_ms"] == 2000 + 2000 + 3000 + 59_000 and workers["w1"]["attempts"] == 4
-    assert workers["w2"]["busy_ms"] == 2000
-    assert workers["w1"]["window_ms"] == 64_000
+    assert workers["w2"]["busy_ms"] == 2000 + 1000 and workers["w2"]["attempts"] == 2
+    assert workers["w1"]["window_ms"] == 67_000
 
 
 def test_epochs_and_the_write_gap_of_a_failover(tables):
@@ -111,7 +115,7 @@ def test_epochs_and_the_write_gap_of_a_failover(tables):
     assert (first["epoch"], first["broker_id"], first["leader_gap_ms"], first["end_ms"]) == (1, 0, None, T0 + 5000)
     assert first["gap_ms"] is None
     assert (second["epoch"], second["broker_id"], second["start_ms"]) == (2, 1, T0 + 8000)
-    assert second["leader_gap_ms"] == 3000 and second["entries"] == 4
+    assert second["leader_gap_ms"] == 3000 and second["entries"] == 7
     # epoch 1 ran 5000 ms from its ledger's creation at T0 - 5; ledger 2 was created at T0 + 12000
     assert second["gap_ms"] == 12_000 - (5000 - 5) and second["ledger_created_ms"] == T0 + 12_000
 
