@@ -152,8 +152,10 @@ def test_takeover_waits_for_an_open_ledgers_bookies_though_a_new_ledger_fits(clu
             p.kill()
         survivor = next(p for p in brokers if p is not old)
         waiting = f"waiting for the bookies of ledger {ledger_id}: 1 of its last ensemble live, recovery needs 2"
-        text, doc = wait_for(lambda: (lambda s: s if waiting in s[0] else None)(status(procs, cluster)),
-                             30, "status to say why nobody leads")
+        # Text and JSON come from two calls: wait until both say it (the reason is republished each hold).
+        text, doc = wait_for(lambda: (lambda s: s if waiting in s[0] and
+                                      (s[1].get("waiting_bookies") or {}).get("reason") == waiting else None)(
+            status(procs, cluster)), 30, "status to say why nobody leads")
         assert doc["leader"] is None and doc["waiting_bookies"]["reason"] == waiting
         epoch_before = epoch_node(cluster)
         held_from = time.monotonic()
