@@ -385,13 +385,16 @@ class Injector:
         return "zookeeper", f"down {fault.down_s:g}s"
 
     def _poison(self, fault: S.Fault) -> tuple[str | None, str]:
-        from devtools.fuzz import fuzz_frames, send_frames
+        from devtools.fuzz import fuzz_frames
+        from devtools.fuzz_send import NO_REPLY, dealer, send_messages
 
         roles = self._roles()
         brokers = self._members("broker")
         leaders = [m for m in brokers if roles.get(self.name_of(m)) == "leader"]
         member = leaders[0] if leaders else self._pick(brokers, fault.pick)
-        counts = send_frames(member["address"], fuzz_frames(random.Random(fault.frame_seed), fault.frames))
+        frames = fuzz_frames(random.Random(fault.frame_seed), fault.frames)
+        report = send_messages(lambda: dealer(member["address"]), [[frame] for frame in frames])
+        counts = {**report.replies, **({NO_REPLY: report.no_reply} if report.no_reply else {})}
         with self._lock:
             for code, n in counts.items():
                 self.poison_counts[code] = self.poison_counts.get(code, 0) + n

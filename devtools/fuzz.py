@@ -1,4 +1,4 @@
-"""Hostile request frames for a broker, and a sender that counts how they were answered.
+"""Hostile request frames for a broker: the seeded corpus of chaos runs and of the fuzzed wire.
 
 A server must answer every frame (docs/architecture.md, "The wire envelope") and a request can only
 fail itself ("The request loop"): :func:`fuzz_frames` makes a seeded corpus that tries to
@@ -8,34 +8,22 @@ types, nulls, huge ints, duplicate lists, over-long or NUL-bearing unicode,
 nested junk, unknown fields). The same seed gives the same frames, so a crash
 found by a chaos run can be replayed.
 
-:func:`send_frames` pipelines the frames to one server over a DEALER socket and
-returns how many replies carried each error code (``ok`` for successes) plus
-``no_reply``: frames that got no answer within ``timeout_s`` (a crashed or
-stuck server, or a frame the socket refused by disconnecting).
+:func:`devtools.fuzz_send.send_messages` sends them and checks every reply.
 
 Example::
 
     frames = fuzz_frames(random.Random(7), 1000)
-    counts = send_frames("tcp://127.0.0.1:5601", frames)
-    assert counts.get("no_reply", 0) == 0
+    report = send_messages(lambda: dealer("tcp://127.0.0.1:5601"), [[f] for f in frames])
+    assert report.ok()
 """
 from __future__ import annotations
 
-import collections
 import random
-import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import msgpack
-import zmq
 
 from election.wire import PROTOCOL_VERSION
-
-NO_REPLY = "no_reply"
-UNDECODABLE_REPLY = "undecodable_reply"
-# Outstanding requests while sending: enough to fill group commits, few enough that
-# a stuck server is noticed after one timeout rather than thousands.
-WINDOW = 64
 
 QUEUES = ("fz", "fz.1", "fz-2")
 HUGE_INTS = (-1, 0, 1, 99, 100, 1000, 1001, 60_001, 1 << 31, (1 << 31) - 1, -(1 << 31) - 1, 1 << 40,
@@ -194,72 +182,3 @@ def fuzz_frame(rng: random.Random) -> bytes:
 def fuzz_frames(rng: random.Random, count: int) -> list[bytes]:
     """``count`` frames drawn from ``rng`` (seed it to replay a run)."""
     return [fuzz_frame(rng) for _ in range(count)]
-
-
-def _reply_code(raw: bytes) -> str:
-    try:
-        msg = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-    except Exception:  # any garbage from the server counts, it must not stop the count
-        return UNDECODABLE_REPLY
-    if not isinstance(msg, dict):
-        return UNDECODABLE_REPLY
-    return "ok" if msg.get("ok") is True else str(msg.get("error"))
-
-
-def send_frames(address: str, frames: Iterable[bytes], timeout_s: float = 2.0) -> dict:
-    """Send ``frames`` to ``address`` (at most :data:`WINDOW` unanswered at once); count the replies.
-
-    Returns ``{code: replies}`` with ``ok`` for successful replies and
-    ``no_reply`` for frames not answered within ``timeout_s`` of the last
-    progress. After such a stall the socket is replaced, so a late reply is
-    never counted twice.
-    """
-    counts: collections.Counter = collections.Counter()
-    ctx = zmq.Context.instance()
-    sock = None
-    outstanding = 0
-
-    def fresh_socket() -> zmq.Socket:
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.SNDHWM, 0)
-        s.connect(address)
-        return s
-
-    def receive(block_s: float) -> bool:
-        """Read every reply available within ``block_s``; False if none came."""
-        nonlocal outstanding
-        got = False
-        timeout_ms = int(block_s * 1000)
-        while outstanding and sock.poll(timeout_ms, zmq.POLLIN):
-            counts[_reply_code(sock.recv())] += 1
-            outstanding -= 1
-            got = True
-            timeout_ms = 0
-        return got
-
-    def give_up() -> None:
-        nonlocal sock, outstanding
-        counts[NO_REPLY] += outstanding
-        outstanding = 0
-        sock.close(0)
-        sock = fresh_socket()
-
-    sock = fresh_socket()
-    try:
-        for frame in frames:
-            while outstanding >= WINDOW:
-                if not receive(timeout_s):
-                    give_up()
-            sock.send(frame)
-            outstanding += 1
-            receive(0)
-        deadline = time.monotonic() + timeout_s
-        while outstanding:
-            if receive(max(deadline - time.monotonic(), 0)):
-                deadline = time.monotonic() + timeout_s
-            elif time.monotonic() >= deadline:
-                give_up()
-    finally:
-        sock.close(0)
-    return dict(counts)
