@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.api.client import DEFAULT_REQUEST_TIMEOUT, DEFAULT_TIMEOUT, Client
 from broker.api.requests import Backoff, WaitTimeout
-from broker.api.target import dev_dir_keys, dev_dir_target
+from broker.api.target import dev_dir_options
 from broker.state.events import FINAL_STATES
 from election.wire import DEFAULT_MAX_FRAME_BYTES
 
@@ -51,8 +51,7 @@ class AsyncClient:
     @classmethod
     def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "AsyncClient":
         """An async client of the dev cluster `fencepost dev up` recorded in ``dev_dir``."""
-        hosts, cluster = dev_dir_target(dev_dir)
-        return cls(zk=hosts, cluster=cluster, **{**dev_dir_keys(dev_dir), **options})
+        return cls(**{**dev_dir_options(dev_dir), **options})
 
     async def open(self) -> "AsyncClient":
         """Connect (to ZooKeeper, when given ``zk``) without blocking the loop."""

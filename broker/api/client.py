@@ -71,8 +71,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from broker.api.leader_watch import LeaderWatch
 from broker.api.operate import OperatorCalls
 from broker.api.pipeline import SubmitPipeline
-from broker.api.target import (DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_keys, dev_dir_target,
-                               resolve_target)
+from broker.api.target import DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_options, resolve_target
 from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
                                  SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, TaskNotFound,
                                  WaitTimeout, auto_key, backoff_fields, classify, leader_address, submit_cost,
@@ -174,8 +173,7 @@ class Client(OperatorCalls):
     @classmethod
     def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Client":
         """A client of the dev cluster `fencepost dev up` recorded in ``dev_dir`` (``options`` as for Client)."""
-        hosts, cluster = dev_dir_target(dev_dir)
-        return cls(zk=hosts, cluster=cluster, **{**dev_dir_keys(dev_dir), **options})
+        return cls(**{**dev_dir_options(dev_dir), **options})
 
     def _open_zk(self, hosts: str, cluster: str) -> None:
         try:

@@ -3,8 +3,8 @@
 The ZooKeeper hosts and the cluster name come, first found first, from the
 arguments, the ``FENCEPOST_ZK`` / ``FENCEPOST_CLUSTER`` environment variables,
 then the defaults (``127.0.0.1:2181``, ``dev``). A dev cluster's run directory
-records both in its ``cluster.json`` (:func:`dev_dir_target`), and a secure one its
-admin key (:func:`dev_dir_keys`). Before a client
+records both in its ``cluster.json``, and a secure one its admin key: :func:`dev_dir_options`
+gives the arguments a client of it takes. Before a client
 relies on a cluster it checks that ZooKeeper holds its root
 (:func:`check_cluster_exists`): a wrong name fails at once, naming the clusters
 that do exist, instead of looking like an outage until the call's deadline.
@@ -12,8 +12,7 @@ that do exist, instead of looking like an outage until the call's deadline.
 Example::
 
     hosts, cluster = resolve_target(None, None)        # FENCEPOST_ZK, else 127.0.0.1:2181
-    hosts, cluster = dev_dir_target(".fencepost-dev")  # what `fencepost dev up` recorded
-    dev_dir_keys(".fencepost-dev")                     # {"key_file": ..., "keys_file": ...} if secure
+    dev_dir_options(".fencepost-dev")  # {"zk": ..., "cluster": ...} and, if secure, "key_file", "keys_file"
     check_cluster_exists(zk, cluster, hosts)           # ClusterNotFound if ZooKeeper has no such root
 """
 from __future__ import annotations
@@ -47,27 +46,20 @@ def resolve_target(zk: str | None, cluster: str | None) -> tuple[str, str]:
             cluster or os.environ.get(ENV_CLUSTER) or DEFAULT_CLUSTER)
 
 
-def dev_dir_target(dev_dir: str | Path) -> tuple[str, str]:
-    """The ZooKeeper hosts and cluster name recorded by `fencepost dev up` in ``dev_dir``."""
+def dev_dir_options(dev_dir: str | Path) -> dict:
+    """What a client of the dev cluster recorded by `fencepost dev up` in ``dev_dir`` is given: ``zk`` and
+    ``cluster``, and for a secure one its admin key (``key_file``, ``keys_file``)."""
     path = Path(dev_dir) / DEV_STATE_FILE
     try:
         state = json.loads(path.read_text())
-        return state["zk"], state["cluster"]
+        options = {"zk": state["zk"], "cluster": state["cluster"]}
     except FileNotFoundError:
         raise ValueError(f"no dev cluster in {dev_dir} (no {DEV_STATE_FILE}): run `fencepost dev up` first") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
-
-
-def dev_dir_keys(dev_dir: str | Path) -> dict:
-    """``key_file`` and ``keys_file`` of a secure dev cluster (its admin key); empty for a plain one."""
-    try:
-        state = json.loads((Path(dev_dir) / DEV_STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(state, dict) or not state.get("admin_key_file"):
-        return {}
-    return {"key_file": state["admin_key_file"], "keys_file": state["keys_file"]}
+    if state.get("admin_key_file"):
+        options.update(key_file=state["admin_key_file"], keys_file=state["keys_file"])
+    return options
 
 
 def check_cluster_exists(zk: KazooClient, cluster: str, hosts: str) -> None:

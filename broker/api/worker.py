@@ -81,7 +81,7 @@ from broker.api.client import (
     DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
 from broker.api.drain import SignalDrain
 from broker.api.reject import Reject
-from broker.api.target import dev_dir_keys, dev_dir_target
+from broker.api.target import dev_dir_options
 from broker.api.task import Task
 from broker.api.worker_outbox import LOST_LEASE_CODES, OutboxSender
 from broker.protocol import MAX_LEASE_TASKS, MAX_SUBMIT_MANY, RequestError, check_queue
@@ -205,8 +205,7 @@ class Worker(OutboxSender):
     @classmethod
     def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Worker":
         """A worker of the dev cluster `fencepost dev up` recorded in ``dev_dir`` (``options`` as for Worker)."""
-        hosts, cluster = dev_dir_target(dev_dir)
-        return cls(zk=hosts, cluster=cluster, **{**dev_dir_keys(dev_dir), **options})
+        return cls(**{**dev_dir_options(dev_dir), **options})
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Decorator: register ``fn`` as the handler of ``queue``."""
