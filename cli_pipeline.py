@@ -13,6 +13,12 @@ import click
 from cli_options import cluster_options, emit, resolve_cluster
 
 
+# The options every pipeline command shares.
+MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+SECRET_FILE = click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
+                           help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+
+
 def _human_export(summary: dict) -> None:
     if "tasks" in summary:
         click.echo(f"{summary['tasks']} tasks of the snapshot at {summary['position']} -> {summary['path']}")
@@ -30,11 +36,10 @@ def _human_export(summary: dict) -> None:
               help="Export directory: events/epoch=N/*.parquet and the bookmark _export.json.")
 @click.option("--snapshot", "snapshot_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Instead of the history, write this snapshot file's tasks to OUT/tasks/ (no cluster needed).")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@MASTER
 @click.option("--entries-per-partition", type=click.IntRange(1), default=1000, show_default=True,
               help="Largest ledger entry range one Spark task reads.")
-@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
-              help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+@SECRET_FILE
 @click.option("--json", "as_json", is_flag=True, help="Print the run's summary as JSON.")
 @cluster_options
 def export(out_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster,
@@ -104,9 +109,8 @@ def _progress_line():
               help="Read the history from this export directory (fencepost export) instead of the bookies.")
 @click.option("--since", default=None, help="Start of the window: ms since the epoch or ISO 8601 (UTC by default).")
 @click.option("--until", default=None, help="End of the window (excluded), like --since.")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
-              help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+@MASTER
+@SECRET_FILE
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @cluster_options
 def analyze(out_dir, export_dir, since, until, master, secret_file, as_json, zk, cluster, dev_dir) -> None:
@@ -158,11 +162,10 @@ def _human_audit(summary: dict) -> None:
 @click.option("--snapshot", "snapshot_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Replay from this snapshot file plus the entries after it (needed once retention "
                    "deleted the log's first ledgers).")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@MASTER
 @click.option("--entries-per-partition", type=click.IntRange(1), default=1000, show_default=True,
               help="Largest ledger entry range whose copies one Spark task reads.")
-@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
-              help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+@SECRET_FILE
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and the findings as JSON.")
 @cluster_options
 def audit(export_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster,
