@@ -84,7 +84,15 @@ def test_replaying_joiner_does_not_win_an_in_sync_follower_does(cluster, procs):
     follower_proc = next(p for p in bc.brokers if p is not leader_proc)
     leader, follower = _id_of(bc, leader_proc), _id_of(bc, follower_proc)
     _fill(bc, 3000)
-    wait_for(lambda: _insync(bc) == {leader, follower}, 20, "the follower in the in-sync set")
+
+    def settled() -> bool:
+        # The set is judged from the live nodes (refreshed every 500 ms): only once the follower's
+        # shows the leader's position after the load can it no longer drop out for a stale lag.
+        live = live_brokers(cluster.zk, cluster.paths)
+        at = live[leader].get("position")
+        return _insync(bc) == {leader, follower} and at is not None and live[follower].get("position") == at
+
+    wait_for(settled, 20, "the follower caught up and in the in-sync set")
     joiner = procs.start_broker(cluster, extra=lag)  # empty store: it replays the whole history
     joiner.pause()  # hold it mid-replay so it is surely behind when the leader dies
     try:
