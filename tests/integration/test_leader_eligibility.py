@@ -86,11 +86,12 @@ def test_replaying_joiner_does_not_win_an_in_sync_follower_does(cluster, procs):
     _fill(bc, 3000)
 
     def settled() -> bool:
-        # The set is judged from the live nodes (refreshed every 500 ms): only once the follower's
-        # shows the leader's position after the load can it no longer drop out for a stale lag.
+        # The leader judges the set from the followers' live nodes (refreshed every 500 ms) against
+        # its own position: only once the follower's shows that position, after the load, can it no
+        # longer drop out for a stale lag.
+        at = bc.status(leader_proc.address)["position"]
         live = live_brokers(cluster.zk, cluster.paths)
-        at = live[leader].get("position")
-        return _insync(bc) == {leader, follower} and at is not None and live[follower].get("position") == at
+        return _insync(bc) == {leader, follower} and live[follower].get("position") == at
 
     wait_for(settled, 20, "the follower caught up and in the in-sync set")
     joiner = procs.start_broker(cluster, extra=lag)  # empty store: it replays the whole history
