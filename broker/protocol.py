@@ -21,8 +21,12 @@ Operations (request fields -> reply fields):
 - ``heartbeat_many`` ``worker, tasks: [{task_id, attempt}], lease_ms?`` -> ``results: [{ok, error?, message?}]``
   (one lease extension per task, one result per task, in order, as for ``complete_many``)
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
-- ``complete_many`` ``tasks: [{task_id, attempt, result?}]`` -> ``results: [{ok, error?, message?}]``
-  (one result per task, in order; one task's stale attempt does not fail the others)
+- ``complete_many`` ``tasks: [{task_id, attempt, result?}], lease?`` -> ``results: [{ok, error?, message?}]``
+  (one result per task, in order; one task's stale attempt does not fail the others); with ``lease:
+  {worker, queues, max_tasks?, lease_ms?}`` (complete-and-lease, as a settle that checks out the next
+  message) also ``tasks`` as a ``lease`` reply's: the leases are written in the same entry as the
+  completions, and only when the queues have work; the combined lease never waits (an empty ``tasks``
+  says: long-poll ``lease`` as usual). A broker without this field answers without ``tasks``
 - ``fail`` ``task_id, attempt, error?, retry?, reject?`` -> ``will_retry, retry_at_ms, retry_delay_ms``
   (``reject: true``: the task is dead at once; otherwise a retry waits the backoff the leader stamps;
   the three are null for a repeated fail)
@@ -233,6 +237,24 @@ def _check_queues(msg: dict) -> list[str]:
     return list(dict.fromkeys(check_queue(q) for q in queues))
 
 
+def _check_lease(msg: dict) -> dict:
+    return {"worker": _field(msg, "worker", K_WORKER), "queues": _check_queues(msg),
+            "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
+            "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
+
+
+def _check_lease_part(lease: Any) -> dict | None:
+    """The ``lease`` of a complete-and-lease: a lease without a wait, or None."""
+    if lease is None:
+        return None
+    if not isinstance(lease, dict):
+        raise RequestError(E_BAD_REQUEST, "lease must be a map of worker, queues, max_tasks?, lease_ms?")
+    try:
+        return _check_lease(lease)
+    except RequestError as exc:
+        raise RequestError(exc.code, f"lease: {exc.message}") from None
+
+
 def _check_error_text(msg: dict) -> str:
     error = msg.get("error")
     if isinstance(error, str):
@@ -269,12 +291,10 @@ def check_request(msg: dict, max_payload: int) -> dict:
     if op in _OPERATOR_CHECKS:
         return {"op": op, **_OPERATOR_CHECKS[op](msg)}
     if op == "lease":
-        return {"op": op, "worker": _field(msg, "worker", K_WORKER), "queues": _check_queues(msg),
-                "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
-                "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40),
-                "wait_ms": _field(msg, "wait_ms", K_WAIT, 0, 0, MAX_WAIT_MS)}
+        return {"op": op, **_check_lease(msg), "wait_ms": _field(msg, "wait_ms", K_WAIT, 0, 0, MAX_WAIT_MS)}
     if op == "complete_many":
-        return {"op": op, "tasks": _check_items(msg, "completions", lambda t: _check_completion(t, max_payload))}
+        return {"op": op, "tasks": _check_items(msg, "completions", lambda t: _check_completion(t, max_payload)),
+                "lease": _check_lease_part(msg.get("lease"))}
     if op == "heartbeat":
         return {"op": op, **_check_attempt(msg), "worker": _field(msg, "worker", K_WORKER),
                 "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
@@ -357,6 +377,11 @@ def _completed(item: dict, now_ms: int) -> dict:
             "result": item["result"], "now_ms": now_ms}
 
 
+def _leased(lease: dict, now_ms: int) -> dict:
+    return {"type": "TaskLeased", "worker": lease["worker"], "queues": lease["queues"],
+            "max_tasks": lease["max_tasks"], "lease_ms": lease["lease_ms"], "now_ms": now_ms}
+
+
 def _extended(req: dict, item: dict, now_ms: int) -> dict:
     return {"type": "LeaseExtended", "task_id": item["task_id"], "attempt": item["attempt"],
             "worker": req["worker"], "lease_ms": req["lease_ms"], "now_ms": now_ms}
@@ -372,8 +397,7 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
     if op == "cancel":
         return [{"type": "TaskCancelled", "task_id": req["task_id"], "now_ms": now_ms}]
     if op == "lease":
-        return [{"type": "TaskLeased", "worker": req["worker"], "queues": req["queues"],
-                 "max_tasks": req["max_tasks"], "lease_ms": req["lease_ms"], "now_ms": now_ms}]
+        return [_leased(req, now_ms)]
     if op == "heartbeat":
         return [_extended(req, req, now_ms)]
     if op == "heartbeat_many":
@@ -381,7 +405,9 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
     if op == "complete":
         return [_completed(req, now_ms)]
     if op == "complete_many":
-        return [_completed(item, now_ms) for item in req["tasks"]]
+        # The leader keeps a complete-and-lease's lease only when its queues have work (lease_now).
+        lease = [_leased(req["lease"], now_ms)] if req.get("lease") and req.get("lease_now") else []
+        return [_completed(item, now_ms) for item in req["tasks"]] + lease
     if op == "fail":
         # retry_delay_ms: the leader's backoff stamp (broker/server/retry_stamp.py), 0 if none.
         return [{"type": "TaskFailed", "task_id": req["task_id"], "attempt": req["attempt"],
@@ -408,6 +434,10 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
     Raises RequestError with the state machine's code if the request failed.
     """
     op = req["op"]
+    if op == "complete_many" and req.get("lease"):
+        done = len(req["tasks"])
+        leased = results[done].get("tasks", []) if len(results) > done else []
+        return {**reply_fields({"op": op, "tasks": req["tasks"]}, results[:done]), "tasks": leased}
     if op in ("complete_many", "heartbeat_many"):
         return {"results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]}
     if op == "submit_many" and req.get("each"):

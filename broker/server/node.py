@@ -49,7 +49,7 @@ from broker.server.follower import Diverged, FollowerTail
 from broker.server.insync import InSyncTracker
 from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
 from broker.server.member_wait import MemberWait
-from broker.server.request_loop import BrokerServer
+from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.crash_check import clear_in_use
 from broker.state.store import StoreDamaged
 from broker.server.shutdown_member import ShutdownMember
@@ -151,17 +151,22 @@ class BrokerNode:
             # A takeover needs bookies for its ledger: short of them, stand later rather than burn epochs.
             self.bookie_wait = BookieWait(self.zk, self.paths, self.ledgers.options.ensemble_size,
                                           changed=self._live_changed)
-            self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
-                                       max_payload=int(self.cluster["max_payload_bytes"]), keys=self.keys)
-            self.server.on_leadership_lost = self._leadership_lost
-            self.server.on_cluster_shutdown = self._cluster_shutdown_committed
-            self.server.not_leader_note = lambda: self.member_wait.reason() or (
-                self.bookie_wait.reason() if self.server.leader_address is None else "")
-            self.server.on_fatal = self.fail
-            self.server.describe_snapshot = lambda: describe(self.catalog)
-            self.server.read_snapshot_chunk = lambda name, offset, length: read_chunk(self.catalog, name, offset, length)
-            self.server.bind()
             self._start_metrics()
+            self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
+                                       max_payload=int(self.cluster["max_payload_bytes"]), keys=self.keys,
+                                       hooks=ServerHooks(
+                                           on_leadership_lost=self._leadership_lost,
+                                           on_cluster_shutdown=self._cluster_shutdown_committed,
+                                           not_leader_note=lambda: self.member_wait.reason() or (
+                                               self.bookie_wait.reason() if self.server.leader_address is None
+                                               else ""),
+                                           on_fatal=self.fail,
+                                           describe_snapshot=lambda: describe(self.catalog),
+                                           read_snapshot_chunk=lambda name, offset, length: read_chunk(
+                                               self.catalog, name, offset, length),
+                                           metrics=self.metrics))
+            self.server.bind()
+            self._start_metrics_endpoint()
             # One live process per broker id: a copy of this data dir must not pose as us.
             claim_live_node(self.zk, self.paths, self.identity.broker_id, cfg.listen,
                             json.dumps({"address": cfg.listen, "learner": cfg.learner, "secure": self.keys is not None}).encode(), wait_s=cfg.zk_session_timeout * 1.5 + 1)
@@ -220,18 +225,21 @@ class BrokerNode:
         log.info("AutoRecovery runs in this broker (the cluster signs entries with hmac-sha256)")
 
     def _start_metrics(self) -> None:
-        """With --metrics-listen: the Prometheus endpoint and the request loop's hooks."""
+        """With --metrics-listen: the metrics the request loop counts into (its endpoint starts later)."""
         if not self.config.metrics_listen:
             return
         from broker.server.metrics import BrokerMetrics, BrokerSource, leader_lag
-        from election.metrics_endpoint import MetricsEndpoint
 
         self.metrics = BrokerMetrics(BrokerSource(
             broker_id=self.identity.broker_id, store=lambda: self.store, role=lambda: self.server.role,
             counters=lambda: self.server.counters, applied_entries=self.applied_entries,
             lag=lambda: 0 if self.leading() else leader_lag(self.zk, self.paths, self.store.position())))
-        self.server.metrics = self.metrics
-        self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)
+
+    def _start_metrics_endpoint(self) -> None:
+        from election.metrics_endpoint import MetricsEndpoint
+
+        if self.metrics is not None:
+            self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)
 
     def _stop_autorecovery(self) -> None:
         if self._autorecovery is not None:
@@ -269,7 +277,7 @@ class BrokerNode:
         threading.Thread(target=self._rebuild_when_idle, name="store-rebuild", daemon=True).start()
 
     def _rebuild_when_idle(self) -> None:
-        while (self.candidacy.in_lead or self.server.session is not None) and not self.stop_event.is_set():
+        while (self.candidacy.in_lead or self.server.leadership is not None) and not self.stop_event.is_set():
             time.sleep(0.05)
         if not self.stop_event.is_set():
             self.server.call_soon(self._rebuild_running)
@@ -322,7 +330,7 @@ class BrokerNode:
             epoch_claim=self._epoch_claim)
 
     def _epoch_claim(self):
-        session = self.server.session
+        session = self.server.leadership
         return session.claim if session is not None and session.ready else None
 
     def applied_entries(self) -> int:
@@ -332,7 +340,7 @@ class BrokerNode:
         self._tail_applied += entries
 
     def leading(self) -> bool:
-        session = self.server.session
+        session = self.server.leadership
         return session is not None and session.ready
 
     def _install_signals(self) -> None:
@@ -372,10 +380,10 @@ class BrokerNode:
         Every wait is bounded by what is left of ``shutdown_timeout``; the ZooKeeper steps
         are skipped while it is unreachable (the ledger's fencing stops a stale leader).
         """
-        if self.server.session is not None:
+        if self.server.leadership is not None:
             self._step_down.set()
             deadline = time.monotonic() + self.stop_budget.remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
-            while self.server.session is not None and time.monotonic() < deadline:
+            while self.server.leadership is not None and time.monotonic() < deadline:
                 self.server.serve_once()
             # The ledger is closed and the leader node retracted after the session ends: let that
             # finish before the ledger client goes (a cluster shutdown's last entry is then final).
@@ -425,7 +433,7 @@ class BrokerNode:
             info = json.loads(data) if data else None
         except ValueError:
             info = None
-        if self.server.session is None:
+        if self.server.leadership is None:
             self.server.leader_address = info.get("address") if info else None
 
     def _write_session_file(self) -> None:
@@ -522,7 +530,7 @@ class BrokerNode:
             self._end_leadership(session.writer if session is not None else takeover.writer)
 
     def _end_leadership(self, writer) -> None:
-        session = self.server.session
+        session = self.server.leadership
         graceful = ((self.stop_event.is_set() or self._handing_over) and session is not None and session.group is not None
                     and session.group.failed is None)
         if graceful:
@@ -556,7 +564,7 @@ class BrokerNode:
     # ------------------------------------------------------------ brokers/live/<id>
     def _bookie_wait_fields(self) -> dict:
         # A leader goes on in its ledger whatever new ledgers would need: only a would-be leader waits.
-        return {} if self.server.session is not None else self.bookie_wait.live_fields()
+        return {} if self.server.leadership is not None else self.bookie_wait.live_fields()
 
     def _live_info(self) -> dict:
         """What our live node advertises (see :mod:`broker.server.live`)."""

@@ -34,7 +34,8 @@ from kazoo.exceptions import KazooException
 
 from broker.server.config import BrokerConfig
 from broker.server.follower import catch_up
-from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.server.leading.leadership import LeaderSession, Leadership
+from broker.server.request_loop import BrokerServer
 from broker.server.roll_triggers import RollTriggers
 from broker.state.store import StateStore
 from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
@@ -177,10 +178,10 @@ class Takeover:
         self.server, self.broker_id, self.config = server, broker_id, config
         self.step_down, self.stopping = step_down, stopping
         self.writer: LedgerWriter | None = None
-        self.session: LeaderSession | None = None
+        self.session: Leadership | None = None
         self.serving = False
 
-    def run(self) -> LeaderSession:
+    def run(self) -> Leadership:
         # Before anything irreversible: an epoch claimed without bookies for its ledger is burned.
         drive(ready_to_claim(self.ledgers.options.ensemble_size), RealEffects(self.zk, self.paths, self.ledgers))
         claim = claim_epoch(self.zk, self.paths, self.broker_id)
@@ -206,7 +207,7 @@ class Takeover:
         session = self.session
 
         def leading() -> bool:
-            return self.server.session is session and not self.step_down.is_set() and not self.stopping.is_set()
+            return self.server.leadership is session and not self.step_down.is_set() and not self.stopping.is_set()
 
         def republish() -> None:
             try:
@@ -227,7 +228,7 @@ class Takeover:
 
         self.zk.DataWatch(self.paths.leader, on_change)
 
-    def _start_serving(self, claim: EpochClaim, writer: LedgerWriter) -> LeaderSession:
+    def _start_serving(self, claim: EpochClaim, writer: LedgerWriter) -> Leadership:
         """Hand the server its session (on its own thread) and wait until it leads."""
         ready = threading.Event()
         cfg = self.config
@@ -235,14 +236,14 @@ class Takeover:
         triggers = RollTriggers(self.zk, self.paths)
         session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set, claim=claim,
                                 roll=lambda current: roll_ledger(self.zk, self.paths, self.ledgers, claim, current),
-                                should_roll=lambda entries, size: (entries >= cfg.ledger_max_entries
-                                                                   or size >= cfg.ledger_max_bytes
-                                                                   or triggers.reason(session.writer) is not None))
-        self.session = session
+                                should_roll=lambda current, entries, size: (entries >= cfg.ledger_max_entries
+                                                                            or size >= cfg.ledger_max_bytes
+                                                                            or triggers.reason(current) is not None))
+        started: list[Leadership] = []
         broker_id = self.broker_id
-        self.server.call_soon(lambda: self.server.start_leading(
-            session, lambda now_ms: [epoch_started(epoch, broker_id, now_ms)]))
+        self.server.call_soon(lambda: started.append(self.server.start_leading(
+            session, lambda now_ms: [epoch_started(epoch, broker_id, now_ms)])))
         while not ready.wait(READY_POLL_S):
             if self.step_down.is_set() or self.stopping.is_set():
                 raise LostLeadership("stepped down before serving")
-        return session
+        return started[0]

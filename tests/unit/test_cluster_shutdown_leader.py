@@ -7,53 +7,19 @@ requester hears the entry's position once it is applied.
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 from broker.server.config import BrokerConfig
-from broker.server.request_loop import BrokerServer, LeaderSession
-from broker.state.events import decode_batch
+from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.store import StateStore
 from election import codes, wire
-
-
-class FakeWriter:
-    ledger_id = 7
-
-    def __init__(self) -> None:
-        self.entries: list[bytes] = []
-        self.futures: list[Future] = []
-
-    def add(self, data: bytes) -> Future:
-        self.entries.append(data)
-        self.futures.append(Future())
-        return self.futures[-1]
-
-    def commit_all(self) -> None:
-        for i, fut in enumerate(self.futures):
-            if not fut.done():
-                fut.set_result(i)
-
-    def event_types(self) -> list[list[str]]:
-        return [[ev["type"] for ev in decode_batch(data)] for data in self.entries]
+from tests.support.leading import FakeWriter, LeaderHarness
 
 
 def _leading(tmp_path):
-    store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
-    config = BrokerConfig(listen="tcp://127.0.0.1:1", lease_check_ms=1, digest_every_entries=1)
-    server = BrokerServer(config, store, broker_id=1)
-    sent: list[dict] = []
     committed: list = []
-    server._send = lambda route, msg: sent.append(msg)
-    server.on_cluster_shutdown = lambda shutdown_id, position: committed.append((shutdown_id, position))
-    writer = FakeWriter()
-    session = LeaderSession(epoch=1, writer=writer)
-    server.start_leading(session, lambda now_ms: [{"type": "EpochStarted", "epoch": 1, "broker_id": 1,
-                                                    "now_ms": now_ms}])
-    server._lead_turn()
-    writer.commit_all()
-    server._lead_turn()
-    assert session.ready
-    return server, writer, sent, committed
+    config = BrokerConfig(listen="tcp://127.0.0.1:1", lease_check_ms=1, digest_every_entries=1)
+    leader = LeaderHarness(tmp_path, config, ServerHooks(
+        on_cluster_shutdown=lambda shutdown_id, position: committed.append((shutdown_id, position))))
+    return leader.server, leader.writer, leader.sent, committed
 
 
 def _request(server: BrokerServer, op: str, rid: int, **fields) -> None:
@@ -64,14 +30,14 @@ def _settle(server: BrokerServer, writer: FakeWriter, turns: int = 8) -> None:
     """Commit whatever is written and let the loop go on, a few times over."""
     for _ in range(turns):
         writer.commit_all()
-        server._lead_turn()
+        server.leadership.turn(True)
 
 
 def test_writes_before_the_request_commit_then_clustershutdown_is_the_last_entry(tmp_path):
     server, writer, sent, committed = _leading(tmp_path)
     try:
         _request(server, "submit", 1, queue="q", payload=b"a", key="k1")
-        server._lead_turn()  # written (after a digest: one every entry here), not committed yet
+        server.leadership.turn(True)  # written (after a digest: one every entry here), not committed yet
         _request(server, "cluster_shutdown", 2, shutdown_id="s1")
         _request(server, "submit", 3, queue="q", payload=b"b", key="k2")
         assert [(m["rid"], m.get("error")) for m in sent] == [(3, codes.E_SHUTTING_DOWN)]
@@ -106,12 +72,12 @@ def test_a_shutdown_not_yet_written_is_forgotten_when_leadership_ends(tmp_path):
     server, writer, sent, committed = _leading(tmp_path)
     try:
         _request(server, "submit", 1, queue="q", payload=b"a", key="k1")
-        server._lead_turn()
+        server.leadership.turn(True)
         _request(server, "cluster_shutdown", 2, shutdown_id="s1")
         server.stop_leading("leadership ended")
         errors = {m["rid"]: m.get("error") for m in sent}
         assert errors == {1: codes.E_UNAVAILABLE, 2: codes.E_UNAVAILABLE}
-        assert server.shutdown is None and committed == []
+        assert server.leadership is None and server.status()["shutting_down"] is None and committed == []
     finally:
         server.close()
         server.store.close()
@@ -119,10 +85,10 @@ def test_a_shutdown_not_yet_written_is_forgotten_when_leadership_ends(tmp_path):
 
 def test_a_follower_names_the_wait_in_not_leader(tmp_path):
     store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
-    server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1"), store, broker_id=1)
+    server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1"), store, broker_id=1,
+                          hooks=ServerHooks(not_leader_note=lambda: "waiting for 3 members (2 present)"))
     sent: list[dict] = []
     server._send = lambda route, msg: sent.append(msg)
-    server.not_leader_note = lambda: "waiting for 3 members (2 present)"
     try:
         _request(server, "submit", 1, queue="q", payload=b"a")
         assert sent[0]["error"] == codes.E_NOT_LEADER and "waiting for 3 members (2 present)" in sent[0]["message"]

@@ -1,26 +1,26 @@
 """A leader whose ledger is full while too few bookies are live goes on in it, and rolls once they return.
 
-Runs the real request loop and store with a fake writer (tests/unit/test_cluster_shutdown_leader.py).
+Runs the real request loop and store with a fake writer (tests/support/leading.py).
 """
 from __future__ import annotations
 
-import broker.server.request_loop as request_loop
+import broker.server.leading.leadership as leadership_module
 from broker.server.config import BrokerConfig
-from broker.server.request_loop import BrokerServer, LeaderSession
+from broker.server.leading.leadership import LeaderSession
+from broker.server.request_loop import BrokerServer
 from broker.server.takeover_steps import RollPostponed
 from broker.state.store import StateStore
 from election import wire
-from tests.unit.test_cluster_shutdown_leader import FakeWriter
+from tests.support.leading import FakeWriter, epoch_started
 
 
 def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(request_loop, "ROLL_RETRY_S", 0.0)
+    monkeypatch.setattr(leadership_module, "ROLL_RETRY_S", 0.0)
     store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
     server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1", lease_check_ms=1), store, broker_id=1)
     sent: list[dict] = []
     server._send = lambda route, msg: sent.append(msg)
-    first, second = FakeWriter(), FakeWriter()
-    second.ledger_id = 8
+    first, second = FakeWriter(), FakeWriter(ledger_id=8)
     bookies = {"live": 2}
     rolls = []
 
@@ -31,14 +31,14 @@ def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatc
                                 f"waiting for 3 bookies, {bookies['live']} live")
         return second
 
-    session = LeaderSession(epoch=1, writer=first, roll=roll, should_roll=lambda entries, size: entries >= 2)
-    server.start_leading(session, lambda now_ms: [{"type": "EpochStarted", "epoch": 1, "broker_id": 1,
-                                                    "now_ms": now_ms}])
+    session = server.start_leading(LeaderSession(epoch=1, writer=first, roll=roll,
+                                                 should_roll=lambda writer, entries, size: entries >= 2),
+                                   epoch_started)
 
     def turn(writer):
-        server._lead_turn()
+        session.turn(True)
         writer.commit_all()
-        server._lead_turn()
+        session.turn(True)
 
     try:
         turn(first)

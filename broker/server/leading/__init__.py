@@ -1,0 +1,1 @@
+"""A leader's duties for one epoch: the Leadership, its parked leases."""

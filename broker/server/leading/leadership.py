@@ -1,0 +1,435 @@
+"""One epoch's leadership: group commit, parked leases, expiry, housekeeping, digests, rolls.
+
+The request loop (:mod:`broker.server.request_loop`) creates a :class:`Leadership`
+when the takeover hands it a :class:`LeaderSession` and drops it on stepping
+down; nothing of a leader's state outlives its epoch. The loop passes it the
+writes it has checked (:meth:`Leadership.write`) and gives it a turn on every
+pass (:meth:`Leadership.turn`); the leadership answers each write through
+:attr:`LeaderHooks.send` only after its entry is committed and applied.
+
+Ledger entries per task: a submit that meets a parked lease wakes it into the
+same entry (:mod:`broker.server.leading.parking`), and a worker's completions
+carry its next lease (``complete_many`` with ``lease``), so the ordinary path
+of one task is its submit's entry and its completion's. Group commit gathers
+only while an entry is in flight: on an idle cluster a request is written at
+once.
+
+An orderly cluster shutdown (``cluster_shutdown``) makes the leader refuse every
+later write with ``shutting_down`` at once; what was gathered before is written,
+then ``ClusterShutdown`` as the last entry (no lease expiry, digest or roll after
+it), and :attr:`LeaderHooks.on_cluster_shutdown` tells the node where it lies.
+
+Example::
+
+    leadership = Leadership(LeaderSession(epoch=3, writer=writer), store, config, hooks, clock, housekeeping)
+    leadership.start(lambda now_ms: [epoch_started(3, broker_id, now_ms)])
+    leadership.write(route, rid, req, started)    # a checked write request
+    leadership.turn(writable=True)                # every pass of the loop
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from broker import protocol
+from broker.server.follower import Diverged
+from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.server.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
+from broker.server.leader_clock import LeaderClock
+from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
+from broker.server.leading.parking import LeaseParking
+from broker.server.retry_stamp import stamp_retry_delay
+from broker.server.takeover_steps import RollPostponed
+from broker.state.schema import STORE_FORMAT
+from broker.state.store import StoreDamaged
+from election import codes, wire
+
+log = logging.getLogger(__name__)
+
+# How long a leader whose roll found too few bookies writes on in its ledger before it looks again.
+ROLL_RETRY_S = 1.0
+# The group-commit context of the leader's own events (epoch start, lease expiry, digest).
+INTERNAL_ENTRY = None
+
+
+@dataclass(frozen=True)
+class LeaderSession:
+    """What the takeover hands the request loop: one epoch's writer and how to roll it."""
+
+    epoch: int
+    writer: Any
+    # The EpochClaim every change of the log made while leading is checked against.
+    claim: Any = None
+    on_ready: Callable[[], None] = lambda: None
+    # Called with the current writer when the ledger is full; returns the next ledger's writer.
+    roll: Callable[[Any], Any] | None = None
+    should_roll: Callable[[Any, int, int], bool] = lambda writer, entries, size: False
+
+
+@dataclass(frozen=True)
+class LeaderHooks:
+    """How a leadership reaches the rest of the broker (all called on the server thread)."""
+
+    # send(route, reply, op, started): the one way a reply leaves (op and started feed the metrics).
+    send: Callable[[list[bytes], dict, str | None, float | None], None]
+    # internal_error(route, rid, op, exc): a request failed inside the broker; answer it, go on.
+    internal_error: Callable[[list[bytes], Any, Any, Exception], None]
+    wake: Callable[[], None]
+    new_id: Callable[[], str]
+    on_fatal: Callable[[Exception], None]
+    on_lost: Callable[[str], None]
+    on_cluster_shutdown: Callable[[str, tuple[int, int]], None]
+    on_entry_committed: Callable[..., None] | None = None
+    on_internal_applied: Callable[[list[dict]], None] | None = None
+
+
+class Leadership:
+    """A leader's duties for one epoch (see the module docstring)."""
+
+    def __init__(self, session: LeaderSession, store: Any, config: Any, hooks: LeaderHooks, clock: LeaderClock,
+                 housekeeping: Housekeeping, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.session = session
+        self.epoch = session.epoch
+        self.claim = session.claim
+        self.writer = session.writer
+        self.store = store
+        self.config = config
+        self.hooks = hooks
+        self.clock = clock
+        self.housekeeping = housekeeping
+        self.monotonic = monotonic
+        self.ready = False
+        self.parking = LeaseParking()
+        self.shutdown: LeaderShutdown | None = None
+        self.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply, wake=hooks.wake,
+                                 max_inflight=config.max_inflight_entries, max_batch_events=config.max_batch_events)
+        if hooks.on_entry_committed is not None:
+            self.group.timings.observer = hooks.on_entry_committed
+        self.applied_entries = 0
+        self.next_lease_check = 0.0
+        self.entries_since_digest = 0
+        self.digest_due = False
+        self.lost_reported = False
+        # A roll postponed for want of bookies (RollPostponed): not tried again before this (monotonic).
+        self.roll_after = 0.0
+        self.roll_postponed = False
+
+    # ------------------------------------------------------------ life
+    def start(self, first_events: Callable[[int], list[dict]]) -> None:
+        """Write ``first_events(now_ms)``; the leadership serves once they are applied."""
+        try:
+            self.group.add(first_events(self.clock.now_ms()), INTERNAL_ENTRY)
+        except Exception as exc:  # a bug in what the node built: we cannot lead with it
+            log.error("cannot write the first events of epoch %d: %s: %s", self.epoch, type(exc).__name__, exc)
+            self.group.abort(WriteFailed(f"first events refused: {exc}"))
+
+    def stop(self, reason: str) -> None:
+        """Everything not yet answered gets ``unavailable``: the client retries with the next leader."""
+        self.group.abort(WriteFailed(reason))
+        for route, rid, _req in self.parking.take_all():
+            self.hooks.send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason), "lease", None)
+        if self.shutdown is not None and self.shutdown.position is None:
+            # Not applied: the requester asks the next leader (its entry may still be committed).
+            self.shutdown.abandon(reason)
+
+    @property
+    def idle(self) -> bool:
+        return self.group.idle
+
+    @property
+    def failed(self) -> Exception | None:
+        return self.group.failed
+
+    # ------------------------------------------------------------ requests
+    def write(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> None:
+        """A checked write (or lease): gather it, park it, or answer it; a failure fails it alone."""
+        op = req["op"]
+        if op in protocol.WORKER_OPS:
+            self.housekeeping.heard_from(req["worker"], req.get("queues"), self.clock.now_ms())
+        if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
+            req["lease_ms"] = self.config.default_lease_ms
+        if op == "complete_many" and req.get("lease"):
+            self._settle_and_lease(req)
+        if op == "lease":
+            if req["wait_ms"]:
+                req["deadline"] = self.monotonic() + req["wait_ms"] / 1000.0
+            queue = self.parking.pick(req["queues"], self._ready_counter())
+            if queue is None:
+                # A TaskLeased that hands out nothing would only record that a worker asked:
+                # an idle fleet's long polls must not fill the ledger.
+                if "deadline" in req:
+                    self.parking.park((route, rid, req))
+                else:
+                    self.hooks.send(route, wire.ok_reply(rid, tasks=[]), op, started)
+                return
+            self.parking.claim(req, queue, req["max_tasks"])
+        self._gather(route, rid, req, started)
+        if op in ("submit", "submit_many") and len(self.parking):
+            self._wake_parked()  # into the same entry as the submit
+
+    def _settle_and_lease(self, req: dict) -> None:
+        """A complete-and-lease: its lease goes into the same entry when its queues have work."""
+        lease = req["lease"]
+        if lease.get("lease_ms") is None:
+            lease["lease_ms"] = self.config.default_lease_ms
+        self.housekeeping.heard_from(lease["worker"], lease["queues"], self.clock.now_ms())
+        queue = self.parking.pick(lease["queues"], self._ready_counter())
+        req["lease_now"] = queue is not None
+        if queue is not None:
+            self.parking.claim(req, queue, lease["max_tasks"])
+
+    def _gather(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> None:
+        # Counted before the add: a failed group commit answers (and uncounts) inside it.
+        for queue, count in _incoming(req):
+            self.parking.submitted(queue, count)
+        try:
+            if req["op"] == "fail":
+                stamp_retry_delay(self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms))
+            events = protocol.request_events(req, self.clock.now_ms(), self.hooks.new_id)
+            self.group.add(events, (route, rid, req, started))
+        except protocol.RequestError as exc:
+            self._forget(req)
+            self.hooks.send(route, wire.error_reply(rid, exc.code, exc.message), req["op"], started)
+            return
+        except EntryTooLarge as exc:
+            self._forget(req)
+            self.hooks.send(route, wire.error_reply(rid, codes.E_PAYLOAD_TOO_LARGE, str(exc)), req["op"], started)
+            return
+        except Exception as exc:
+            self._forget(req)
+            self.hooks.internal_error(route, rid, req.get("op"), exc)
+
+    def _forget(self, req: dict) -> None:
+        """A request that was not gathered, or whose entry is applied or lost, no longer counts."""
+        for queue, count in _incoming(req):
+            self.parking.applied_submit(queue, count)
+        self.parking.applied_lease(req)
+
+    def cluster_shutdown(self, route: list[bytes], rid: Any, req: dict, accepting: bool) -> None:
+        """Begin (or wait for) the shutdown: refuse writes from now on; ClusterShutdown follows what is gathered."""
+        if self.shutdown is None:
+            if not self.ready or not accepting:
+                self.hooks.send(route, wire.error_reply(rid, codes.E_UNAVAILABLE,
+                                                        "the leader is not accepting writes yet"), req["op"], None)
+                return
+            self.shutdown = LeaderShutdown(req["shutdown_id"], lambda r, m: self.hooks.send(r, m, req["op"], None))
+            log.warning("cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
+                        "in flight", self.shutdown.shutdown_id, len(self.group.inflight))
+            # A parked lease would become a write after the last entry: answer it now.
+            for parked_route, parked_rid, _req in self.parking.take_all():
+                self.shutdown.refuse(parked_route, parked_rid)
+        self.shutdown.request(route, rid, req)
+
+    # ------------------------------------------------------------ the turn
+    def turn(self, writable: bool) -> None:
+        """Apply and answer what is committed, do what is due, write what is gathered."""
+        group = self.group
+        try:
+            group.drain_completed()
+        except ApplyFailed as exc:
+            self.hooks.on_fatal(exc)
+        if group.failed is not None:
+            if not self.lost_reported:
+                self.lost_reported = True
+                self.hooks.on_lost(str(group.failed))
+            return
+        if self.ready and writable:
+            if self.shutdown is not None:
+                self._shutdown_turn()
+            else:
+                self._wake_parked()
+                self._expire_leases()
+                self._housekeeping()
+                self._maybe_digest()
+                self._maybe_roll()
+        group.flush()
+
+    def _ready_counter(self) -> Callable[[str], int]:
+        """``ready(queue)``: tasks of the queue a lease applied now could take (a due delayed one counts)."""
+        depths = self.store.queue_depths()
+        now_ms = self.clock.now_ms()
+
+        def ready(queue: str) -> int:
+            depth = depths.get(queue)
+            count = depth.get("waiting", 0) - depth.get("delayed", 0) if depth else 0
+            if count <= 0 and depth and depth.get("delayed"):
+                due = self.store.next_due_ms([queue])
+                if due is not None and due <= now_ms:
+                    return 1  # a delayed task is due: the lease event will promote it
+            return count
+        return ready
+
+    def _wake_parked(self) -> None:
+        """Write the parked leases that now find work; answer those whose wait ran out."""
+        if not len(self.parking):
+            return
+        for (route, rid, req), queue in self.parking.wake(self._ready_counter(), self.monotonic()):
+            if queue is None:
+                self.hooks.send(route, wire.ok_reply(rid, tasks=[]), "lease", None)  # no latency to count
+            else:
+                self._gather(route, rid, req, time.perf_counter())  # its latency starts now, not when parked
+
+    def _expire_leases(self) -> None:
+        now = self.monotonic()
+        if now < self.next_lease_check:
+            return
+        self.next_lease_check = now + self.config.lease_check_ms / 1000.0
+        deadline = self.store.next_lease_deadline()
+        now_ms = self.clock.now_ms()
+        if deadline is not None and deadline <= now_ms:
+            self._add_internal([{"type": "LeaseExpired", "now_ms": now_ms}])
+
+    def _housekeeping(self) -> None:
+        """WorkerSeen, WorkerLost and result_ttl purges that are due (broker/server/housekeeping.py)."""
+        try:
+            events = self.housekeeping.due(self.clock.now_ms(), self.monotonic())
+            if events:
+                self.group.add(events, HOUSEKEEPING_ENTRY)
+        except StoreDamaged as exc:
+            self.hooks.on_fatal(exc)
+        except Exception as exc:  # a bug here must not stop the leader: log it, try again later
+            log.error("housekeeping failed: %s: %s", type(exc).__name__, exc)
+            self.housekeeping.applied(None)
+
+    def _maybe_digest(self, start: bool = True) -> None:
+        """Write a StateDigest when one is due; ``start`` False only finishes one already begun."""
+        # The digest must describe the state just before the event, so new entries are
+        # held back until everything in flight is applied; the pause is one round trip.
+        group = self.group
+        if not self.digest_due:
+            if not start or group.entries_written - self.entries_since_digest < self.config.digest_every_entries:
+                return
+            self.digest_due = True
+        group.held = True
+        if group.inflight:
+            return
+        self.digest_due = False
+        self.entries_since_digest = group.entries_written
+        self._add_internal([{"type": "StateDigest", "digest": self.store.digest(), "format": STORE_FORMAT}],
+                           first=True)
+        group.held = False
+
+    def _maybe_roll(self) -> None:
+        """Move to a new ledger of the same epoch once the current one is full (so old ones can go)."""
+        group, roll = self.group, self.session.roll
+        if roll is None:
+            return
+        if (not group.held and self.monotonic() >= self.roll_after
+                and self.session.should_roll(self.writer, group.ledger_entries, group.ledger_bytes)):
+            group.held = True
+        if group.held and not group.inflight:
+            try:
+                writer = roll(group.writer)
+            except RollPostponed as exc:  # nothing was closed: go on in this ledger, try again later
+                group.held = False
+                self.roll_after = self.monotonic() + ROLL_RETRY_S
+                if not self.roll_postponed:
+                    log.warning("%s; going on in it", exc)
+                    self.roll_postponed = True
+                return
+            except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
+                group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+                return
+            if self.roll_postponed:
+                log.info("rolled to ledger %d after waiting for bookies", writer.ledger_id)
+                self.roll_postponed = False
+            self.writer = writer
+            group.switch_writer(writer)
+
+    def _shutdown_turn(self) -> None:
+        """Write ClusterShutdown once everything before it is written; nothing may follow it."""
+        if self.shutdown.written:
+            return  # no lease expiry, digest or roll after the last entry
+        self._maybe_digest(start=False)  # one already holding the pipeline; no new one
+        self._maybe_roll()
+        if self.shutdown.due(self.group):
+            try:
+                self.group.add(self.shutdown.entry(self.clock.now_ms()), SHUTDOWN_ENTRY)
+            except Exception as exc:  # cannot happen with a checked id; never leave the requests unanswered
+                self._shutdown_applied(None, exc)
+
+    def _add_internal(self, events: list[dict], first: bool = False) -> None:
+        """Gather the leader's own events; one it cannot encode is left out (and logged), not written."""
+        try:
+            if first:
+                self.group.prepend(events, INTERNAL_ENTRY)
+            else:
+                self.group.add(events, INTERNAL_ENTRY)
+        except Exception as exc:
+            log.error("leader event %s left out: %s: %s", events[0].get("type"), type(exc).__name__, exc)
+
+    # ------------------------------------------------------------ after apply
+    def _apply(self, entries: list[tuple[list[dict], tuple[int, int]]]) -> list[list[dict]]:
+        # The group commit validated every event when it was gathered.
+        results = self.store.apply_batches(entries, validated=True)
+        self.applied_entries += len(results)
+        return results
+
+    def _reply(self, context: Any, results: list[dict] | None, exc: Exception | None) -> None:
+        if context is INTERNAL_ENTRY:
+            self._internal_applied(results, exc)
+            return
+        if context is SHUTDOWN_ENTRY:
+            self._shutdown_applied(results, exc)
+            return
+        if context is HOUSEKEEPING_ENTRY:
+            self.housekeeping.applied(results if exc is None else None)
+            self._internal_applied(results, exc)
+            return
+        route, rid, req, started = context
+        self._forget(req)
+        send = self.hooks.send
+        if exc is not None:
+            code = codes.E_UNAVAILABLE if isinstance(exc, WriteFailed) else codes.E_INTERNAL
+            send(route, wire.error_reply(rid, code, str(exc)), req["op"], started)
+            return
+        try:
+            fields = protocol.reply_fields(req, results)
+        except protocol.RequestError as err:
+            send(route, wire.error_reply(rid, err.code, err.message), req["op"], started)
+            return
+        except Exception as err:
+            self.hooks.internal_error(route, rid, req.get("op"), err)
+            return
+        if (req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > self.monotonic()
+                and self.shutdown is None and self.group.failed is None):
+            self.parking.park((route, rid, req))  # another worker took what it was woken for
+            return
+        send(route, wire.ok_reply(rid, **fields), req["op"], started)
+
+    def _internal_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
+        if exc is not None:
+            return
+        if self.hooks.on_internal_applied is not None and results:
+            self.hooks.on_internal_applied(results)
+        for res in results or []:
+            if not res.get("ok") and res.get("error") == codes.E_DIGEST_MISMATCH:
+                # The same rule as on a follower: a store that disagrees with the log is never served.
+                self.hooks.on_fatal(Diverged(f"state digest mismatch on the leader itself: {res.get('message')}"))
+                return
+        if not self.ready:
+            self.ready = True
+            self.session.on_ready()
+
+    def _shutdown_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
+        position = self.shutdown.applied(results, exc) if self.shutdown is not None else None
+        if position is not None:
+            log.warning("cluster shutdown %s: ClusterShutdown committed and applied at %s",
+                        self.shutdown.shutdown_id, list(position))
+            self.hooks.on_cluster_shutdown(self.shutdown.shutdown_id, position)
+
+
+def _incoming(req: dict) -> list[tuple[str, int]]:
+    """The (queue, count) of tasks a submit makes ready when applied (delayed ones are not)."""
+    op = req["op"]
+    if op == "submit":
+        return [(req["queue"], 1)] if not req["delay_ms"] else []
+    if op == "submit_many":
+        counts: dict[str, int] = {}
+        for sub in req["tasks"]:
+            if not sub["delay_ms"]:
+                counts[sub["queue"]] = counts.get(sub["queue"], 0) + 1
+        return list(counts.items())
+    return []
