@@ -86,7 +86,8 @@ class BrokerConfig:
     max_batch_events: int = field(default=2000, metadata={
         "help": "Most events in one ledger entry; also the most requests read per loop turn.", "min": 1})
     max_inflight_entries: int = field(default=8, metadata={
-        "help": "Ledger entries the leader keeps in flight at once.", "min": 1})
+        "help": "Ledger entries the leader keeps in flight at once when its batches are full (a batch "
+                "that is not full waits for the entry in flight: group commit).", "min": 1})
     tick_ms: int = field(default=50, metadata={"help": "Longest wait of one request-loop turn.", "min": 1})
     lease_check_ms: int = field(default=200, metadata={
         "help": "How often the leader looks for expired leases.", "min": 1})

@@ -1,7 +1,12 @@
 """The leader's group commit: many requests, one ledger entry, replies after apply.
 
-Requests that arrive while earlier entries are in flight are gathered into the
-next batch; up to ``max_inflight`` entries may be in flight at once. Entries
+Adaptive, as a write-ahead log that syncs once per batch of everything that
+arrived during the previous sync: with nothing in flight a request is written
+at once (an idle cluster never waits to gather), and requests that arrive while
+an entry is in flight are gathered into the next one, which goes out when that
+entry is committed. Only a full batch (``max_batch_events`` events or half an
+entry's bytes) goes out while others are in flight, up to ``max_inflight``: under
+heavy load the pipeline deepens instead of the batches growing without end. Entries
 complete in order (the ledger writer guarantees it), and only then is each
 batch applied to the store and each request answered, so no success is ever
 sent for a write that is not committed and applied.
@@ -143,7 +148,7 @@ class GroupCommit:
 
     def flush(self) -> None:
         """Write the gathered batch (in one or more entries) while there is room in flight."""
-        while self.pending.events and len(self.inflight) < self.max_inflight and self.failed is None and not self.held:
+        while self.pending.events and self.failed is None and not self.held and self._room():
             batch = self._take()
             data = batch_payload(batch.chunks, len(batch.events))
             batch.ledger_id = self.writer.ledger_id
@@ -158,6 +163,13 @@ class GroupCommit:
             batch.future.add_done_callback(partial(self._committed, batch))
             self.inflight.append(batch)
             self.entries_written += 1
+
+    def _room(self) -> bool:
+        """Whether the gathered batch goes out now: nothing in flight, or it is full and there is room."""
+        if not self.inflight:
+            return True
+        full = len(self.pending.events) >= self.max_batch_events or self.pending.size >= self.max_entry_bytes // 2
+        return full and len(self.inflight) < self.max_inflight
 
     def _committed(self, batch: Batch, _future: Future) -> None:
         """The writer's callback (its I/O thread): note the time, wake the server loop."""

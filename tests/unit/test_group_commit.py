@@ -83,8 +83,28 @@ def test_entries_are_cut_at_request_boundaries_to_stay_under_the_byte_limit():
     for i in range(7):
         gc.add([cancel(f"{i}" + "x" * 99)], i)
     gc.flush()
+    # Full batches go out while others are in flight; the rest waits for a commit (group commit).
+    assert [len(decode_batch(e)) for e in writer.entries] == [3, 3]
+    writer.commit_all()
+    gc.drain_completed()
+    gc.flush()
     assert [len(decode_batch(e)) for e in writer.entries] == [3, 3, 1]
     assert all(len(e) <= 3 * one + 32 for e in writer.entries)
+
+
+def test_a_batch_waits_for_the_entry_in_flight_and_an_idle_one_goes_at_once():
+    gc, writer, _replies, _applied = make()
+    gc.add([cancel("a")], "first")
+    gc.flush()
+    assert len(writer.entries) == 1  # nothing in flight: written at once
+    for name in "bcd":
+        gc.add([cancel(name)], name)
+        gc.flush()
+    assert len(writer.entries) == 1  # gathered while the first is in flight
+    writer.commit_all()
+    gc.drain_completed()
+    gc.flush()
+    assert [len(decode_batch(e)) for e in writer.entries] == [1, 3]
 
 
 def test_a_request_too_large_for_any_entry_is_refused_alone():
