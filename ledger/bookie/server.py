@@ -1,12 +1,15 @@
 """The bookie server: stores ledger entries for writers and serves them to readers.
 
-One thread owns a ZeroMQ ROUTER socket and the LMDB store. Each turn of its poll
-loop drains every waiting frame (up to ``max_batch``), answers reads at once,
-gathers all adds into ONE store transaction (one fsync) and only then acks them:
-group commit, so throughput grows with load instead of paying an fsync per entry.
-Frames are never trusted: anything that does not decode, is too large, has the
-wrong protocol version, names an unknown operation or carries bad fields gets an
-error reply and is counted; the loop never dies on input.
+One thread owns the serving kernel (:class:`election.wire.kernel.ServingKernel`: the
+ROUTER socket, decoding, role check, the one send site) and the LMDB store. The
+bookie's operations are the kernel's op table. Each turn of the poll loop drains
+every waiting frame (up to ``max_batch``), answers reads at once, gathers all adds
+into ONE store transaction (one fsync) and only then acks them: group commit, so
+throughput grows with load instead of paying an fsync per entry (an add's handler
+answers "later", and :meth:`Bookie._commit` sends its ack). Frames are never
+trusted: anything that does not decode, is too large, has the wrong protocol
+version, names an unknown operation or carries bad fields gets an error reply and
+is counted; the loop never dies on input.
 
 Long polls (``wait_lac``) are parked per ledger and answered as soon as an add
 batch (or a fence) moves that ledger, or at their deadline; the poll timeout is
@@ -17,9 +20,9 @@ address, free space). A keeper thread re-registers after a session loss and
 refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
 
 A secure bookie (``key_file`` and ``keys_file``) serves on a CURVE socket whose
-ZAP thread admits known keys only; each request's role comes from its frame's
-User-Id, and an op outside that role's rights (:mod:`election.roles`) is answered
-``forbidden`` and counted. A plain bookie reads and checks nothing of the kind.
+ZAP thread admits known keys only; the kernel reads each request's role from its
+frame's User-Id, and an op outside that role's rights (:mod:`election.roles`) is
+answered ``forbidden`` and counted. A plain bookie reads and checks nothing of the kind.
 
 The request protocol (operations, fields, error codes) is described and
 checked in :mod:`ledger.bookie.protocol`; the envelope is ``election.wire``.
@@ -39,11 +42,10 @@ from election import zk as zkutil
 from election.cluster_config import join_cluster, member_options
 from election.paths import ClusterPaths
 from election import wire
-from election.codes import (E_BAD_ENTRY, E_BUSY, E_FENCED, E_FORBIDDEN, E_NO_ENTRY, E_READONLY, E_UNKNOWN,
-                            E_WRONG_BOOKIE)
-from election.curve import peer_role
-from election.roles import allowed
+from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
 from election.secure import ServerKeys, reload_on_sighup, set_process_keys
+from election.wire.dispatch import DEFERRED, Handler, KernelHooks, Reply, RequestContext
+from election.wire.kernel import ServingKernel
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance, cookie_for_cluster
@@ -62,11 +64,9 @@ POLL_MS = 100
 # A read-only bookie that saw no add for this long probes the disk with a commit of its own: new
 # ledgers leave it out, so without the probe it would never learn that space came back.
 IDLE_PROBE_S = 3.0
-# Plain ints: pyzmq's flag enums cost a conversion on every call of the hot loop.
-_NOBLOCK = int(zmq.NOBLOCK)
-_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-_RCVMORE = int(zmq.RCVMORE)
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+# ZMQ_MAXMSGSIZE: a frame somewhat over max_frame_bytes still gets an "oversized" reply; a far
+# larger one makes ZeroMQ drop the peer before the frame can take the memory.
+RECEIVE_FACTOR, MIN_RECEIVE_LIMIT = 4, 64 * 1024 * 1024
 
 
 class Bookie:
@@ -91,6 +91,8 @@ class Bookie:
                          "unknown_replies": 0, "forbidden": 0}
         self.verified_at_start = False
         self._limbo: dict[int, dict] = {}
+        # This turn's checked adds, stored by _commit in one transaction (see _commit for an item).
+        self._adds: list[tuple] = []
         self._gate = ReadOnlyGate()
         self._adds_seen_at = 0.0  # monotonic time of the last turn with adds
         self._vouching = False  # the clean-shutdown marker is cleared: close() must set it again
@@ -98,10 +100,13 @@ class Bookie:
         self._zk: KazooClient | None = None
         self._store: BookieStore | None = None
         self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
         self._registration: BookieRegistration | None = None
         self._autorecovery = None  # ledger.auditor.AutoRecovery, when the config runs it
-        self._polls = LongPolls(self._info, self._send, entries=self._entries_after)
+        self._kernel = ServingKernel("bookie", self._op_table(), self.config.max_frame_bytes,
+                                     hooks=KernelHooks(failure_reply=self._failure_reply), counters=self.counters,
+                                     receive_limit=max(RECEIVE_FACTOR * self.config.max_frame_bytes,
+                                                       MIN_RECEIVE_LIMIT))
+        self._polls = LongPolls(self._info, self._kernel.send, entries=self._entries_after)
         self._explicit_lac: dict[int, int] = {}
         self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
         self._gc: GarbageCollector | None = None
@@ -109,8 +114,6 @@ class Bookie:
         self._metrics_endpoint = None
         self._turn_started = 0.0  # perf_counter at the start of the current poll turn
         self.keys: ServerKeys | None = None  # election.secure.ServerKeys, when secure
-        # When secure: each drained message's (role, name), in order (read from its frame's User-Id).
-        self._roles: list | None = None
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Join the cluster: read its config, check the cookie, open the store, bind, register.
@@ -142,17 +145,10 @@ class Bookie:
                                         self._handoff, cfg.gc_interval_s)
             self._gc.collect_once(inline=True)  # before binding: never serve a ledger this bookie lost
             self._ctx = zmq.Context()
-            self._sock = self._ctx.socket(zmq.ROUTER)
             if cfg.key_file:
                 self._secure()
-            # The default limit of 1000 queued replies silently drops acks under a deep pipeline.
-            self._sock.setsockopt(zmq.SNDHWM, 100_000)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            # A frame somewhat over the limit still gets an "oversized" reply; a far larger
-            # one makes ZeroMQ drop the peer before the frame can take the memory.
-            self._sock.setsockopt(zmq.MAXMSGSIZE, max(4 * cfg.max_frame_bytes, 64 * 1024 * 1024))
             try:
-                self._sock.bind(cfg.listen)
+                self._kernel.bind(self._ctx, cfg.listen, self.keys)
             except zmq.ZMQError as exc:
                 raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
             self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data,
@@ -173,13 +169,11 @@ class Bookie:
         return True
 
     def _secure(self) -> None:
-        """CURVE on the ROUTER, keys checked by the ZAP thread; our key for re-replication; SIGHUP reloads."""
+        """Keys for CURVE on the ROUTER (checked by the ZAP thread); our key for re-replication; SIGHUP reloads."""
         cfg = self.config
         self.keys = ServerKeys(self._ctx, cfg.key_file, cfg.keys_file, "bookie")
-        self.keys.secure(self._sock)
         set_process_keys(self.keys.client_keys())
         reload_on_sighup(self.keys)
-        self._roles = []
 
     def _start_autorecovery(self, paths: ClusterPaths) -> None:
         """Run the auditor election and a re-replication worker in this process (``autorecovery``)."""
@@ -225,8 +219,7 @@ class Bookie:
             self._autorecovery = None
         if self._registration is not None:
             self._registration.stop()
-        if self._sock is not None:
-            self._sock.close(linger=0)
+        self._kernel.close()
         if self.keys is not None:  # its ZAP socket must close before the context terminates
             self.keys.stop()
             self.keys = None
@@ -244,14 +237,16 @@ class Bookie:
                 zkutil.close(self._zk)
             except Exception:  # a dead session must not hide the error that got us here
                 log.debug("closing the ZooKeeper client failed", exc_info=True)
-        self._registration = self._sock = self._ctx = self._store = self._zk = None
+        self._registration = self._ctx = self._store = self._zk = None
 
     def serve(self, stop: threading.Event) -> None:
         """Run the poll loop until ``stop`` is set."""
-        assert self._sock is not None, "start() first"
+        kernel = self._kernel
         while not stop.is_set():
-            if self._sock.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS), zmq.POLLIN):
-                self._turn()
+            if kernel.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS)):
+                self._turn_started = time.perf_counter()
+                kernel.serve_turn(self.config.max_batch)  # the handlers gather the adds...
+                self._commit()  # ...acked once stored
             if self._handoff:
                 self._handoff.run_pending()
             now = time.monotonic()
@@ -261,93 +256,47 @@ class Bookie:
             if self._registration is not None and self._registration.fatal:
                 raise LedgerError(self._registration.fatal)
 
-    # -- one turn: drain, handle, group-commit the adds, reply -----------------------
+    # -- the kernel's op table and hooks ------------------------------------------------
 
-    def _turn(self) -> None:
-        self._turn_started = time.perf_counter()
-        sock = self._sock
-        recv, getsockopt = sock.recv, sock.getsockopt
-        frames = []
-        max_batch = self.config.max_batch
-        roles = self._roles
-        copy = roles is None  # secure: the body comes as a frame, to read who sent it
-        more = True
-        while more and len(frames) < max_batch:
-            try:
-                parts = [recv(_NOBLOCK)]
-            except zmq.Again:
-                break
-            while getsockopt(_RCVMORE):  # the rest of this message is already here
-                parts.append(recv(_NOBLOCK, copy=copy))
-            if not copy:
-                roles.append(peer_role(parts[-1]))
-                parts[-1] = parts[-1].bytes
-            frames.append(parts)
-            more = getsockopt(_EVENTS) & _POLLIN  # cheaper than ending the turn on a zmq.Again
-        adds: list[tuple] = []
-        max_frame = self.config.max_frame_bytes
-        for n, parts in enumerate(frames):
-            envelope, body, rid = parts[:-1], parts[-1], None
-            try:
-                msg = wire.decode_request(body, OPS, max_frame)
-                rid = msg.get("rid")
-                expected = msg.get("bookie")
-                if roles is not None and not allowed((roles[n] or ("",))[0], "bookie", msg["op"]):
-                    reply = self._forbidden(rid, roles[n], msg["op"])
-                elif expected is not None and expected != self.bookie_id:
-                    reply = wire.error_reply(rid, E_WRONG_BOOKIE,
-                                             f"this is bookie {self.bookie_id}, not {wire.shown(expected)}")
-                else:
-                    reply = getattr(self, "_op_" + msg["op"])(envelope, msg, adds)
-            except wire.WireError as exc:
-                self.counters["bad_requests"] += 1
-                reply = wire.error_reply(exc.rid if exc.rid is not None else rid, exc.code, exc.message)
-            except Exception as exc:  # a bug or a store failure: answer, log, keep serving
-                if is_disk_full(exc, self._store.path):
-                    reply = self._refuse_full(rid, exc)
-                else:
-                    log.exception("request failed")
-                    reply = wire.error_reply(rid, wire.E_INTERNAL, f"{type(exc).__name__}: {exc}")
-            if reply is not None:
-                self._send(envelope, reply)
-        if roles:
-            roles.clear()
-        self._commit(adds)
+    def _op_table(self) -> dict[str, Handler]:
+        ops = {"ping": self._op_ping, "add": self._op_add, "add_batch": self._op_add_batch, "read": self._op_read,
+               "read_lac": self._op_read_lac, "wait_lac": self._op_wait_lac, "write_lac": self._op_write_lac,
+               "fence": self._op_fence, "delete": self._op_delete, "stats": self._op_stats}
+        assert ops.keys() == OPS, "the op table and the protocol's ops differ"
+        return {op: self._addressed(handler) for op, handler in ops.items()}
 
-    def _forbidden(self, rid: Any, peer: tuple[str, str] | None, op: str) -> dict:
-        self.counters["forbidden"] += 1
-        role = peer[0] if peer else "keyless"
-        return wire.error_reply(rid, E_FORBIDDEN, f"a {role} key may not {op} on a bookie")
+    def _addressed(self, handler: Handler) -> Handler:
+        """``handler`` behind the check that a request naming a bookie names this one (``wrong_bookie``)."""
+        def checked(msg: dict, ctx: RequestContext) -> Reply:
+            expected = msg.get("bookie")
+            if expected is not None and expected != self.bookie_id:
+                return wire.error_reply(ctx.rid, E_WRONG_BOOKIE,
+                                        f"this is bookie {self.bookie_id}, not {wire.shown(expected)}")
+            return handler(msg, ctx)
+        return checked
 
-    def _send(self, envelope: list, reply: dict) -> None:
-        try:
-            frame = wire.encode(reply)
-        except Exception:  # a request id msgpack cannot echo back
-            frame = wire.encode(wire.error_reply(None, wire.E_MALFORMED, "request id cannot be echoed"))
-        send = self._sock.send
-        try:
-            for part in envelope:
-                send(part, _SNDMORE_NOBLOCK)
-            send(frame, _NOBLOCK)
-        except zmq.ZMQError as exc:  # the peer is gone or not reading
-            log.debug("reply dropped: %s", exc)
+    def _failure_reply(self, exc: Exception, rid: Any) -> dict | None:
+        """A request that hit a full disk is refused ``readonly``: not a bug, so not the kernel's ``internal``."""
+        return self._refuse_full(rid, exc) if is_disk_full(exc, self._store.path) else None
 
-    def _commit(self, adds: list[tuple]) -> None:
-        """Store the pending adds in one transaction, then ack each (group commit).
+    # -- group commit: the turn's adds in one transaction, then their acks ----------------
 
-        An item of ``adds`` is ``(envelope, rid, ledger, first, entries, lac,
+    def _commit(self) -> None:
+        """Store the gathered adds in one transaction, then ack each (group commit).
+
+        An item of ``self._adds`` is ``(route, rid, ledger, first, entries, lac,
         recovery, batch)``: one checked run of entries from an ``add`` (``batch``
         false, one entry) or an ``add_batch`` request, answered once.
         """
-        if not adds:
+        if not self._adds:
             return
         self._adds_seen_at = time.monotonic()
-        batch = list(adds)
-        adds.clear()
+        batch, self._adds = self._adds, []
+        send = self._kernel.send
         if not self._gate.may_try(time.monotonic()):
             self.counters["readonly_refusals"] += len(batch)
-            for envelope, rid, *_ in batch:
-                self._send(envelope, self._readonly_reply(rid))
+            for route, rid, *_ in batch:
+                send(route, self._readonly_reply(rid))
             return
         try:
             committing = time.perf_counter()
@@ -355,12 +304,12 @@ class Bookie:
             took = time.perf_counter() - committing
         except Exception as exc:
             if is_disk_full(exc, self._store.path):
-                for envelope, rid, *_ in batch:
-                    self._send(envelope, self._refuse_full(rid, exc))
+                for route, rid, *_ in batch:
+                    send(route, self._refuse_full(rid, exc))
                 return
             log.exception("add batch of %d requests failed", len(batch))
-            for envelope, rid, *_ in batch:
-                self._send(envelope, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
+            for route, rid, *_ in batch:
+                send(route, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
             return
         if self._gate.succeeded():
             self._publish_readonly(False)
@@ -369,7 +318,7 @@ class Bookie:
         self.counters["batches"] += 1
         ledgers = set()
         stored = size = 0
-        for (envelope, rid, ledger, first, entries, _lac, _rec, is_batch), result in zip(batch, results):
+        for (route, rid, ledger, first, entries, _lac, _rec, is_batch), result in zip(batch, results):
             ledgers.add(ledger)
             if result == STORED:
                 self.counters["adds"] += len(entries)
@@ -384,7 +333,7 @@ class Bookie:
                 reply = wire.error_reply(rid, E_FENCED, f"ledger {ledger} is fenced")
             else:  # pragma: no cover - add_runs answers stored or fenced only
                 reply = wire.error_reply(rid, wire.E_INTERNAL, f"store answered {result!r}")
-            self._send(envelope, reply)
+            send(route, reply)
         if self.metrics is not None:
             self.metrics.committed(self._turn_started, took, len(batch), stored, size)
         for ledger in ledgers:
@@ -430,56 +379,56 @@ class Bookie:
         return wire.error_reply(rid, E_UNKNOWN, f"bookie {self.bookie_id} cannot vouch for ledger {ledger}: "
                                                 f"{limbo['reason']}")
 
-    # -- operations: each returns its reply, or None when the reply comes later -------
+    # -- operations (the op table): each returns its reply, or DEFERRED when it is sent later --
 
-    def _op_ping(self, envelope, msg, adds):
-        return wire.ok_reply(msg["rid"], bookie_id=self.bookie_id, cluster_id=self.cluster_id)
+    def _op_ping(self, msg: dict, ctx: RequestContext) -> Reply:
+        return wire.ok_reply(ctx.rid, bookie_id=self.bookie_id, cluster_id=self.cluster_id)
 
-    def _op_add(self, envelope, msg, adds):
+    def _op_add(self, msg: dict, ctx: RequestContext) -> Reply:
         try:
             ledger, entry, data, lac, recovery = parse_add(msg)
         except CorruptEntry as exc:
             self.counters["bad_requests"] += 1
-            return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
-        adds.append((envelope, msg["rid"], ledger, entry, [data], lac, recovery, False))
-        return None
+            return wire.error_reply(ctx.rid, E_BAD_ENTRY, str(exc))
+        self._adds.append((ctx.route, ctx.rid, ledger, entry, [data], lac, recovery, False))
+        return DEFERRED
 
-    def _op_add_batch(self, envelope, msg, adds):
+    def _op_add_batch(self, msg: dict, ctx: RequestContext) -> Reply:
         try:
             ledger, first, entries, lac, recovery = parse_add_batch(msg)
         except CorruptEntry as exc:
             self.counters["bad_requests"] += 1
-            return wire.error_reply(msg["rid"], E_BAD_ENTRY, str(exc))
-        adds.append((envelope, msg["rid"], ledger, first, entries, lac, recovery, True))
-        return None
+            return wire.error_reply(ctx.rid, E_BAD_ENTRY, str(exc))
+        self._adds.append((ctx.route, ctx.rid, ledger, first, entries, lac, recovery, True))
+        return DEFERRED
 
-    def _op_read(self, envelope, msg, adds):
+    def _op_read(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger, entry = entity_id(msg, "ledger"), entity_id(msg, "entry")
         self.counters["reads"] += 1
         data = self._store.read(ledger, entry)
         if data is None:
-            return self._unknown(msg["rid"], ledger) or wire.error_reply(
-                msg["rid"], E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
-        return wire.ok_reply(msg["rid"], data=data)
+            return self._unknown(ctx.rid, ledger) or wire.error_reply(
+                ctx.rid, E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
+        return wire.ok_reply(ctx.rid, data=data)
 
-    def _op_read_lac(self, envelope, msg, adds):
+    def _op_read_lac(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger = entity_id(msg, "ledger")
-        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **self._info(ledger))
+        return self._unknown(ctx.rid, ledger) or wire.ok_reply(ctx.rid, **self._info(ledger))
 
-    def _op_wait_lac(self, envelope, msg, adds):
+    def _op_wait_lac(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger, after, timeout_ms, max_entries = parse_wait_lac(msg)
-        unknown = self._unknown(msg["rid"], ledger)
+        unknown = self._unknown(ctx.rid, ledger)
         if unknown is not None:
             return unknown
         info = self._info(ledger)
         timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
         if info["lac"] > after or timeout_ms == 0:
             extra = self._entries_after(ledger, after, info["lac"], max_entries) if max_entries else {}
-            return wire.ok_reply(msg["rid"], **info, **extra)
-        if not self._polls.park(envelope, msg["rid"], ledger, after, time.monotonic() + timeout_ms / 1000,
+            return wire.ok_reply(ctx.rid, **info, **extra)
+        if not self._polls.park(ctx.route, ctx.rid, ledger, after, time.monotonic() + timeout_ms / 1000,
                                 max_entries):
-            return wire.error_reply(msg["rid"], E_BUSY, f"{self._polls.limit} long polls are already waiting")
-        return None
+            return wire.error_reply(ctx.rid, E_BUSY, f"{self._polls.limit} long polls are already waiting")
+        return DEFERRED
 
     def _entries_after(self, ledger: int, after: int, lac: int, max_entries: int) -> dict:
         """``{"entries": [...]}``: the stored entries after..lac (committed), as many as fit, in order."""
@@ -499,27 +448,27 @@ class Bookie:
         info["lac"] = max(info["lac"], self._explicit_lac.get(ledger, -1))
         return info
 
-    def _op_write_lac(self, envelope, msg, adds):
+    def _op_write_lac(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger, lac = entity_id(msg, "ledger"), entity_id(msg, "lac")
-        unknown = self._unknown(msg["rid"], ledger)
+        unknown = self._unknown(ctx.rid, ledger)
         if unknown is not None:
             return unknown
         if lac > self._explicit_lac.get(ledger, -1):
             self._explicit_lac[ledger] = lac
             self._polls.wake(ledger)
-        return wire.ok_reply(msg["rid"], **self._info(ledger))
+        return wire.ok_reply(ctx.rid, **self._info(ledger))
 
-    def _op_fence(self, envelope, msg, adds):
+    def _op_fence(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger = entity_id(msg, "ledger")
         info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
         self._polls.wake(ledger, always=True)  # long pollers learn of the recovery at once
-        return self._unknown(msg["rid"], ledger) or wire.ok_reply(msg["rid"], **info_fields(info))
+        return self._unknown(ctx.rid, ledger) or wire.ok_reply(ctx.rid, **info_fields(info))
 
-    def _op_delete(self, envelope, msg, adds):
+    def _op_delete(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger = entity_id(msg, "ledger")
-        self._commit(adds)  # an add that arrived before the delete must not outlive it
+        self._commit()  # an add that arrived before the delete must not outlive it
         log.info("deleted ledger %d (%d entries)", ledger, self._forget_ledger(ledger))
-        return wire.ok_reply(msg["rid"])
+        return wire.ok_reply(ctx.rid)
 
     def _forget_ledger(self, ledger: int) -> int:
         """Delete a ledger's entries and everything the loop keeps about it; the number of entries deleted."""
@@ -532,8 +481,8 @@ class Bookie:
     def _local_ledgers(self) -> list[int]:
         return sorted(set(self._store.list_ledgers()) | set(self._limbo))
 
-    def _op_stats(self, envelope, msg, adds):
-        return wire.ok_reply(msg["rid"], **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
+    def _op_stats(self, msg: dict, ctx: RequestContext) -> Reply:
+        return wire.ok_reply(ctx.rid, **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
                              uptime_s=round(time.monotonic() - self._started, 3), readonly=self._gate.readonly,
                              disk_full_events=self._gate.events, limbo_ledgers=len(self._limbo),
                              verified_at_start=self.verified_at_start)
