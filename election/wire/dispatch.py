@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Union
 
 from election import wire
-from election.codes import E_FORBIDDEN, E_INTERNAL, E_MALFORMED, E_OVERSIZED
+from election.codes import E_FORBIDDEN, E_INTERNAL, E_OVERSIZED
 from election.roles import allowed
 
 log = logging.getLogger(__name__)
@@ -164,25 +164,15 @@ class Dispatcher:
         return Decision(op, reply, exc)
 
     def encode_reply(self, reply: dict) -> bytes:
-        """``reply`` as a frame; one that cannot be encoded still becomes a reply.
-
-        msgpack decodes values nested deeper than it encodes: a request id like that
-        cannot be echoed, which is the request's fault (``malformed``, with no id).
-        Anything else that does not encode is ours (``internal``, logged).
-        """
+        """``reply`` as a frame; one that cannot be encoded (a server bug) still becomes an ``internal`` reply."""
         try:
             return wire.encode(reply)
-        except Exception as exc:
-            rid = reply.get("rid")
-            if not _encodes(rid):
-                return wire.encode(wire.error_reply(None, E_MALFORMED, "request id cannot be echoed"))
+        except Exception as exc:  # msgpack raises several unrelated types (TypeError, ValueError, OverflowError)
             log.error("cannot encode a reply of the %s: %s: %s", self.kind, type(exc).__name__, exc)
-            return wire.encode(wire.error_reply(rid, E_INTERNAL, f"the {self.kind} could not encode its reply"))
+            return wire.encode(wire.error_reply(_plain_rid(reply.get("rid")), E_INTERNAL,
+                                                f"the {self.kind} could not encode its reply"))
 
 
-def _encodes(value: Any) -> bool:
-    try:
-        wire.encode(value)
-    except Exception:  # msgpack raises several unrelated types (ValueError, TypeError, OverflowError)
-        return False
-    return True
+def _plain_rid(rid: Any) -> Any:
+    """The request id if it is a plain value that surely encodes, else None."""
+    return rid if rid is None or type(rid) in (int, str, bytes) else None
