@@ -76,6 +76,19 @@ def median_of(results: Sequence[dict], key: str) -> float | None:
     return percentile(values, 50) if values else None
 
 
+def median_dict(results: Sequence[dict], key: str) -> dict | None:
+    """Per sub-key, the median of the ``key`` dicts of several runs (None where no run has a number).
+
+    >>> median_dict([{"cpu": {"a": 1.0}}, {"cpu": {"a": 3.0}}, {"cpu": None}], "cpu")
+    {'a': 2.0}
+    """
+    dicts = [r[key] for r in results if isinstance(r.get(key), dict)]
+    if not dicts:
+        return None
+    names = list(dict.fromkeys(name for d in dicts for name in d))
+    return {name: median_of(dicts, name) for name in names}
+
+
 # ----------------------------------------------------------------- output
 
 

@@ -1,4 +1,4 @@
-"""A private dev cluster for the benchmarks, and /proc readings of its processes.
+"""A private dev cluster for the benchmarks, its processes by kind, and their memory from /proc.
 
 Shared by every benchmark that starts a cluster: ``bench.tasks``, ``bench.failover``,
 ``bench.memory`` and ``bench.fuzz`` (brokers), ``bench.ledger`` and ``bench.catchup``
@@ -12,6 +12,8 @@ Example::
         proc_status_kb(leader["pid"])["RssAnon"]
     with BenchCluster(bookies=3, brokers=0) as bc:   # bc.zk, bc.cluster, bc.bookie_pids
         ...
+    with BenchCluster(bookies=1, brokers=1, quorum=(1, 1, 1)) as bc:   # one fsynced copy of each entry
+        bc.process_kinds()   # {"leader": [pid], "bookies": [pid], "zookeeper": [pid], "client": [os.getpid()]}
 """
 from __future__ import annotations
 
@@ -26,31 +28,6 @@ from typing import Any, Callable
 
 from bench.common import BenchError
 from election.secure import load_client_keys, set_process_keys
-
-
-
-def _ticks() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds used so far by process ``pid`` (all threads), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / _ticks()
-
-
-def machine_busy_s() -> float | None:
-    """CPU seconds (all cores) the machine spent busy so far: /proc/stat minus idle and iowait."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(x) for x in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _ticks()
 
 
 def proc_status_kb(pid: int) -> dict[str, int]:
@@ -83,12 +60,14 @@ class BenchCluster:
     :class:`~devtools.devcluster.DevCluster`), ``bookie_pids``. With brokers it returns
     once a leader answers; with ``brokers=0`` once every bookie is registered.
     With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
+    ``quorum`` is ``(ensemble_size, write_quorum, ack_quorum)`` for `cluster init`
+    (None: its defaults, 3/3/2).
     """
 
     def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
                  zk_session_timeout: float = 2.0, keep: bool = False,
                  progress: Callable[[str], None] | None = None, bookie_args: tuple[str, ...] = (),
-                 secure: bool = False) -> None:
+                 secure: bool = False, quorum: tuple[int, int, int] | None = None) -> None:
         if (zk is None) != (cluster is None):
             raise BenchError("give both zk and cluster, or neither")
         self.zk, self.cluster = zk, cluster
@@ -98,6 +77,7 @@ class BenchCluster:
         self.bookie_args = tuple(bookie_args)
         # A secure private cluster (`dev up --secure`): this process's clients connect with its admin key.
         self.secure = secure
+        self.quorum = quorum
         self.progress = progress or (lambda _msg: None)
         self.run_dir: Path | None = None
         self.dev = None
@@ -115,7 +95,8 @@ class BenchCluster:
         try:
             state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
                                                zk_session_timeout=self.zk_session_timeout,
-                                               bookie_args=self.bookie_args, secure=self.secure),
+                                               bookie_args=self.bookie_args, secure=self.secure,
+                                               **self._quorum_options()),
                                 progress=self.progress)
             self.zk = state["zk"]
             if self.secure:
@@ -136,6 +117,12 @@ class BenchCluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def _quorum_options(self) -> dict:
+        if self.quorum is None:
+            return {}
+        ensemble, write, ack = self.quorum
+        return {"ensemble_size": ensemble, "write_quorum": write, "ack_quorum": ack}
 
     def stop(self) -> None:
         """Stop every process of the cluster and remove its directory (unless ``keep``). Idempotent."""
@@ -210,3 +197,13 @@ class BenchCluster:
             raise BenchError(f"the leader {info['address']} is not one of this cluster's brokers")
         return leader[0], [m for m in brokers if m is not leader[0]]
 
+    def process_kinds(self) -> dict[str, list[int]]:
+        """The pids by kind: ``leader``, ``followers``, ``bookies``, ``zookeeper`` and ``client`` (this
+        process); an external cluster's members are not known, so only ``client``."""
+        kinds = {"client": [os.getpid()]}
+        if self.external:
+            return kinds
+        leader, followers = self.leader_and_followers()
+        kinds.update(leader=[leader["pid"]], followers=[m["pid"] for m in followers], bookies=self.bookie_pids,
+                     zookeeper=[m["pid"] for m in self.members("zookeeper")])
+        return kinds

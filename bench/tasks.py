@@ -24,9 +24,11 @@ with the number of concurrent completers (the leader's group commit puts more
 events in each ledger entry) and flattens past ~64; batch sizes matter little.
 
 Diagnostics: ``entries_per_s`` and ``events_per_entry`` (the leader's ledger
-entries in the window), ``requests_per_s``, and per-process CPU use (leader,
-followers, bookies, ZooKeeper, this process) as cores busy and as CPU-ms per
-1,000 tasks. ``cpu_cores_busy.others`` is CPU used by anything else on the
+entries in the window), ``entries_per_task`` and ``fsyncs_per_task`` (ledger
+entries, and group commits of all bookies, per completed task:
+:mod:`bench.commit_counts`, shared with ``bench peer``), ``requests_per_s``, and
+per-process CPU use (leader, followers, bookies, ZooKeeper, this process) as
+cores busy and as CPU-ms per 1,000 tasks. ``cpu_cores_busy.others`` is CPU used by anything else on the
 machine: when it is well above 0 another job shared the cores and the figures
 are low. ``--profile FILE`` also runs ``py-spy record --format raw --idle
 --threads`` on the leader during the throughput window.
@@ -36,7 +38,7 @@ cluster, then on a secure one (`dev up --secure`: CURVE on every socket, keys
 and roles checked); the result is the secure run's, with ``plain_tasks_per_s``
 and ``secure_cost_pct`` (how many fewer tasks/s, in percent; target at most 15).
 
-The cluster and /proc helpers live in :mod:`bench.devbench`.
+The cluster lives in :mod:`bench.devbench`, the /proc readers in :mod:`bench.proc_stats`.
 """
 from __future__ import annotations
 
@@ -53,8 +55,10 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from bench.commit_counts import LedgerCounters
 from bench.common import BenchError, finish, latency_summary, machine_info, rate
-from bench.devbench import BenchCluster, machine_busy_s, proc_cpu_s, quiet_logs
+from bench.devbench import BenchCluster, quiet_logs
+from bench.proc_stats import cpu_s, machine_busy_s, per_task
 
 TARGETS = {"tasks_per_s": 5_000}
 SECURE_COST_TARGET_PCT = 15.0
@@ -198,7 +202,7 @@ def single_submit_phase(bc: BenchCluster, queue: str, seconds: float, payload: b
 
 
 def _cpu_snapshot(pids: dict[str, int]) -> dict[str, float | None]:
-    snap = {name: proc_cpu_s(pid) for name, pid in pids.items()}
+    snap = {name: cpu_s(pid) for name, pid in pids.items()}
     snap["machine"] = machine_busy_s()
     return snap
 
@@ -216,22 +220,6 @@ def _watched_pids(bc: BenchCluster) -> dict[str, int]:
     for m in bc.members("zookeeper"):
         pids["zookeeper"] = m["pid"]
     return pids
-
-
-def _leader_status(bc: BenchCluster) -> dict:
-    try:
-        with bc.client(timeout=10) as c:
-            return c.status()
-    except Exception:  # noqa: BLE001 - diagnostics only
-        return {}
-
-
-def _entries_between(st0: dict, st1: dict) -> int | None:
-    """Ledger entries the leader wrote between two statuses (same ledger only)."""
-    p0, p1 = st0.get("position"), st1.get("position")
-    if not p0 or not p1 or p0[0] != p1[0]:
-        return None
-    return p1[1] - p0[1]
 
 
 def _start_profiler(pid: int, seconds: float, out: str) -> subprocess.Popen:
@@ -254,7 +242,8 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     single_s = max(2.0, seconds / 4) if single_seconds is None else single_seconds
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    with BenchCluster(zk=zk, cluster=cluster, progress=progress, secure=secure) as bc:
+    with BenchCluster(zk=zk, cluster=cluster, progress=progress, secure=secure) as bc, \
+            LedgerCounters(bc.zk, bc.cluster) as counters:
         pids = _watched_pids(bc)
         load = Load(bc, queue, producers, workers, batch, lease_max, payload_size, max_backlog)
         prof = None
@@ -265,14 +254,14 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
             t0 = time.monotonic()
             c0, s0, l0 = load.completed.value, load.submitted.value, load.leases.value
             cpu0 = _cpu_snapshot(pids)
-            st0 = _leader_status(bc)
+            st0 = counters.sample()
             if profile and "leader" in pids:
                 prof = _start_profiler(pids["leader"], seconds, profile)
             time.sleep(seconds)
             t1 = time.monotonic()
             c1, s1, l1 = load.completed.value, load.submitted.value, load.leases.value
             cpu1 = _cpu_snapshot(pids)
-            st1 = _leader_status(bc)
+            st1 = counters.sample()
             progress(f"throughput phase: {c1 - c0} completed in {t1 - t0:.1f}s")
             load.stop()  # the single submits run on a quiet cluster: commit latency, not queueing
             single, single_errors = single_submit_phase(bc, queue, single_s, load.payload)
@@ -286,9 +275,8 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
         elapsed = t1 - t0
         completed = c1 - c0
         batch_lat = [d for (ts, d) in load.batch_latencies if t0 <= ts and ts + d <= t1]
-        entries = _entries_between(st0, st1)
-        requests = (st1.get("counters", {}).get("requests", 0) - st0.get("counters", {}).get("requests", 0)
-                    if st0 and st1 else None)
+        counts = counters.counts(st0, st1)
+        entries, requests = counts["entries"], counts["requests"]
         cpu_per_1k = {}
         for name in pids:
             if cpu0.get(name) is not None and cpu1.get(name) is not None and completed:
@@ -319,6 +307,8 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
             "tasks_per_lease": round(completed / max(1, (l1 - l0) - 0), 1),
             "entries_per_s": rate(entries, elapsed) if entries is not None else None,
             "events_per_entry": round((s1 - s0 + completed + l1 - l0) / entries, 1) if entries else None,
+            "entries_per_task": per_task(entries, completed, 3),
+            "fsyncs_per_task": per_task(counts["group_commits"], completed, 3),
             "requests_per_s": rate(requests, elapsed) if requests is not None else None,
             "payload_bytes": payload_size,
             "max_backlog": max_backlog,

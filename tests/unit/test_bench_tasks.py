@@ -7,22 +7,13 @@ import os
 from bench import devbench, failover, memory, tasks
 
 
-def test_proc_readers_on_this_process():
+def test_proc_status_on_this_process():
     status = devbench.proc_status_kb(os.getpid())
     assert status["VmRSS"] > 0 and "RssAnon" in status
-    assert devbench.proc_cpu_s(os.getpid()) >= 0
-    assert devbench.machine_busy_s() > 0
 
 
-def test_proc_readers_on_a_missing_process():
+def test_proc_status_on_a_missing_process():
     assert devbench.proc_status_kb(1 << 30) == {}
-    assert devbench.proc_cpu_s(1 << 30) is None
-
-
-def test_entries_between_same_ledger_only():
-    assert tasks._entries_between({"position": [3, 10]}, {"position": [3, 25]}) == 15
-    assert tasks._entries_between({"position": [3, 10]}, {"position": [4, 2]}) is None
-    assert tasks._entries_between({}, {"position": [4, 2]}) is None
 
 
 def test_counter_adds():
