@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import AsyncContextManager, Awaitable, Callable
 
 from bench.common import latency_summary, rate
+from bench.proc_stats import Window
 
 PAUSE_S = 0.001  # a producer's nap while the backlog is over the bound
 
@@ -154,11 +155,12 @@ def coroutine_producer(meter: Meter, session: Callable[[], AsyncContextManager[C
 
 
 def measure(meter: Meter, producers: list[Callable[[threading.Event], None]], seconds: float,
-            warmup_s: float) -> dict:
+            warmup_s: float, window: Window | None = None) -> dict:
     """Run the producers (consumers already running), measure one window, stop the producers.
 
     Each producer is called in its own thread with the stop event. Returns
-    ``tasks_per_s`` (handled in the window), the window's submit latencies and counts.
+    ``tasks_per_s`` (handled in the window), the window's submit latencies and counts,
+    and, with a ``window``, its per-task costs (:meth:`bench.proc_stats.Window.per_task`).
     """
     stop = threading.Event()
     threads = [threading.Thread(target=fn, args=(stop,), daemon=True, name=f"peer-producer-{i}")
@@ -168,13 +170,18 @@ def measure(meter: Meter, producers: list[Callable[[threading.Event], None]], se
     try:
         time.sleep(warmup_s)
         t0, h0, s0 = time.monotonic(), meter.handled, meter.submitted
-        time.sleep(seconds)
+        if window is not None:
+            window.begin()
+        time.sleep(max(0.0, t0 + seconds - time.monotonic()))
         t1, h1, s1 = time.monotonic(), meter.handled, meter.submitted
+        if window is not None:
+            window.end()
     finally:
         stop.set()
         for t in threads:
             t.join(60)
     lat = latency_summary(meter.window_latencies(t0, t1))
+    costs = window.per_task(h1 - h0) if window is not None else {}
     return {
         "tasks_per_s": rate(h1 - h0, t1 - t0),
         "submit_p50_ms": lat["p50_ms"],
@@ -186,4 +193,5 @@ def measure(meter: Meter, producers: list[Callable[[threading.Event], None]], se
         "seconds": round(t1 - t0, 2),
         "errors": meter.errors,
         "first_error": meter.first_error,
+        **costs,
     }

@@ -6,13 +6,22 @@ consumers are one :class:`~broker.api.worker.Worker` with ``concurrency=C`` and 
 no-op handler. The pipelined round uses the async client when it exists
 (``broker.api.aio.AsyncClient``, else ``Client.submit_async``).
 
-RabbitMQ, with pika: a durable quorum queue; each producer thread has its own
-connection and publishes one persistent message at a time with publisher
-confirms (the publish returns once the broker confirmed it, as a submit returns
-once committed); each consumer thread has its own connection, prefetch 100, a
-no-op callback and one ack per message.
+RabbitMQ, with pika, on a :class:`~bench.rabbitmq_cluster.RabbitCluster` of one
+or three nodes: a durable quorum queue declared on node 0 with a member on every
+node; each producer thread has its own connection and publishes one persistent
+message at a time with publisher confirms (the publish returns once the queue's
+members confirmed it, as a submit returns once committed); each consumer thread
+has its own connection, prefetch 100, a no-op callback and one ack per message.
+Producer and consumer ``i`` connect to node ``i mod size``.
 
-Each ``*_round`` function runs one shape and returns :func:`bench.peer_load.measure`'s dict.
+Each ``*_round`` function runs one shape and returns :func:`bench.peer_load.measure`'s
+dict, with the window's per-task costs (:mod:`bench.proc_stats`, and for fencepost
+:mod:`bench.commit_counts`).
+
+Example::
+
+    with BenchCluster() as bc:
+        fencepost_round(bc, 4, 4, Settings(seconds=5))["cpu_us_per_task"]["leader"]
 """
 from __future__ import annotations
 
@@ -24,7 +33,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
+from bench.commit_counts import LedgerCounters
 from bench.peer_load import Meter, coroutine_producer, future_producer, measure, sync_producer
+from bench.proc_stats import ProcWatch, Window
 
 RABBITMQ_PREFETCH = 100
 
@@ -37,7 +48,6 @@ class Settings:
     warmup_s: float = 2.0
     max_backlog: int = 2_000
     payload_size: int = 100
-    prefetch: int | None = RABBITMQ_PREFETCH  # given to Worker only if it takes a `prefetch`
 
     @property
     def payload(self) -> bytes:
@@ -80,15 +90,26 @@ def fencepost_worker(bc: Any, queue: str, concurrency: int, meter: Meter, prefet
         thread.join(60)
 
 
-def fencepost_round(bc: Any, producers: int, consumers: int, settings: Settings) -> dict:
-    """P threads each calling ``client.submit`` one task at a time; one Worker with C threads."""
+@contextlib.contextmanager
+def fencepost_window(bc: Any) -> Iterator[Window]:
+    """A window over the cluster's processes, its leader's entries and its bookies' group commits."""
+    with LedgerCounters(bc.zk, bc.cluster) as counters:
+        yield Window(ProcWatch(bc.process_kinds()), counters)
+
+
+def fencepost_round(bc: Any, producers: int, consumers: int, settings: Settings,
+                    prefetch: int | None = None) -> dict:
+    """P threads each calling ``client.submit`` one task at a time; one Worker with C threads.
+
+    ``prefetch`` None leaves the Worker's default (as many tasks in hand as threads).
+    """
     queue, meter = _queue_name(), Meter(settings.max_backlog)
     client = bc.client()
     try:
-        with fencepost_worker(bc, queue, consumers, meter, settings.prefetch) as options:
+        with fencepost_worker(bc, queue, consumers, meter, prefetch) as options, fencepost_window(bc) as window:
             submit = functools.partial(client.submit, queue)
             result = measure(meter, [functools.partial(sync_producer, meter, submit, settings.payload)
-                                     for _ in range(producers)], settings.seconds, settings.warmup_s)
+                                     for _ in range(producers)], settings.seconds, settings.warmup_s, window)
     finally:
         client.close()
     result["worker_prefetch"] = options.get("prefetch")
@@ -109,26 +130,27 @@ def async_api() -> str | None:
     return "Client.submit_async" if hasattr(Client, "submit_async") else None
 
 
-def fencepost_async_round(bc: Any, producers: int, consumers: int, in_flight: int, settings: Settings) -> dict:
+def fencepost_async_round(bc: Any, producers: int, consumers: int, in_flight: int, settings: Settings,
+                          prefetch: int | None = None) -> dict:
     """P producers each keeping ``in_flight`` submits outstanding; one Worker with C threads."""
     api = async_api()
     if api is None:
         raise RuntimeError("no async client")
     queue, meter = _queue_name(), Meter(settings.max_backlog)
     payload = settings.payload
-    with fencepost_worker(bc, queue, consumers, meter, settings.prefetch) as options:
+    with fencepost_worker(bc, queue, consumers, meter, prefetch) as options, fencepost_window(bc) as window:
         if api == "AsyncClient":
             session = functools.partial(_aio_session, bc, queue)
             fns = [functools.partial(coroutine_producer, meter, session, payload, in_flight=in_flight)
                    for _ in range(producers)]
-            result = measure(meter, fns, settings.seconds, settings.warmup_s)
+            result = measure(meter, fns, settings.seconds, settings.warmup_s, window)
         else:
             client = bc.client()
             try:
                 submit = functools.partial(client.submit_async, queue)
                 fns = [functools.partial(future_producer, meter, submit, payload, in_flight=in_flight)
                        for _ in range(producers)]
-                result = measure(meter, fns, settings.seconds, settings.warmup_s)
+                result = measure(meter, fns, settings.seconds, settings.warmup_s, window)
             finally:
                 client.close()
     result.update(api=api, in_flight_per_producer=in_flight, worker_prefetch=options.get("prefetch"))
@@ -147,22 +169,24 @@ async def _aio_session(bc: Any, queue: str) -> AsyncIterator[Callable]:
 # ----------------------------------------------------------------- RabbitMQ
 
 
-def rabbitmq_round(node: Any, producers: int, consumers: int, settings: Settings) -> dict:
-    """P publisher-confirm producers and C prefetch-100 consumers on a fresh quorum queue."""
+def rabbitmq_round(rc: Any, producers: int, consumers: int, settings: Settings) -> dict:
+    """P publisher-confirm producers and C prefetch-100 consumers on a fresh quorum queue, spread over the nodes."""
     import pika
 
     queue, meter = _queue_name(), Meter(settings.max_backlog)
-    admin = pika.BlockingConnection(node.parameters())
+    admin = pika.BlockingConnection(rc.parameters(0))  # node 0: the queue's leader
     try:
-        admin.channel().queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        admin.channel().queue_declare(queue, durable=True, arguments=rc.queue_arguments())
         stop_consumers = threading.Event()
-        threads = [threading.Thread(target=_rabbit_consumer, args=(node, queue, meter, stop_consumers),
+        threads = [threading.Thread(target=_rabbit_consumer, args=(rc.parameters(i), queue, meter, stop_consumers),
                                     daemon=True, name=f"peer-consumer-{i}") for i in range(consumers)]
         for t in threads:
             t.start()
         try:
-            result = measure(meter, [functools.partial(_rabbit_producer, node, queue, meter, settings.payload)
-                                     for _ in range(producers)], settings.seconds, settings.warmup_s)
+            window = Window(ProcWatch(rc.process_kinds(), leader=rc.leader_pid()))
+            result = measure(meter, [functools.partial(_rabbit_producer, rc.parameters(i), queue, meter,
+                                                       settings.payload) for i in range(producers)],
+                             settings.seconds, settings.warmup_s, window)
         finally:
             stop_consumers.set()
             for t in threads:
@@ -174,11 +198,11 @@ def rabbitmq_round(node: Any, producers: int, consumers: int, settings: Settings
     return result
 
 
-def _rabbit_producer(node: Any, queue: str, meter: Meter, payload: bytes, stop: threading.Event) -> None:
+def _rabbit_producer(parameters: Any, queue: str, meter: Meter, payload: bytes, stop: threading.Event) -> None:
     import pika
 
     try:
-        conn = pika.BlockingConnection(node.parameters())
+        conn = pika.BlockingConnection(parameters)
     except Exception as exc:  # noqa: BLE001 - reported in the round's errors
         meter.on_error("connect", exc)
         return
@@ -195,11 +219,11 @@ def _rabbit_producer(node: Any, queue: str, meter: Meter, payload: bytes, stop: 
         conn.close()
 
 
-def _rabbit_consumer(node: Any, queue: str, meter: Meter, stop: threading.Event) -> None:
+def _rabbit_consumer(parameters: Any, queue: str, meter: Meter, stop: threading.Event) -> None:
     import pika
 
     try:
-        conn = pika.BlockingConnection(node.parameters())
+        conn = pika.BlockingConnection(parameters)
     except Exception as exc:  # noqa: BLE001
         meter.on_error("connect", exc)
         return

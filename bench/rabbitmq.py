@@ -1,17 +1,19 @@
-"""A private RabbitMQ node for the benchmarks, on loopback ports, in a temporary directory.
+"""Private RabbitMQ nodes for the benchmarks, on loopback ports, in a temporary directory.
 
 ``bench peer`` compares fencepost with RabbitMQ on the same machine. This module
-finds ``rabbitmq-server`` and ``pika``, starts one throw-away node and always stops
-it. The node is private: its own name, AMQP port, distribution port and epmd
-(all on 127.0.0.1, all free ports), its own data, log, config, plugins and
-Erlang cookie (``HOME``) under the temporary directory; the system's
-``/etc/rabbitmq`` files are not read. Nothing listens beyond loopback.
+finds ``rabbitmq-server`` and ``pika``, and runs one throw-away node
+(:class:`NodeProcess`); :class:`bench.rabbitmq_cluster.RabbitCluster` puts one or
+three of them together and always stops them. A node is private: its own name,
+AMQP port, distribution port and epmd (all on 127.0.0.1, all free ports), its own
+data, log, config, plugins and Erlang cookie (``HOME``) under the temporary
+directory; the system's ``/etc/rabbitmq`` files are not read. Nothing listens
+beyond loopback.
 
 Example::
 
     if missing_message() is None:
-        with RabbitNode() as node:
-            conn = pika.BlockingConnection(node.parameters())
+        env = node_env(base, free_port(), free_port(), epmd_port, "n1@localhost", cookie="secret")
+        node = NodeProcess(find_server(), base, int(env["RABBITMQ_NODE_PORT"]), env)
 """
 from __future__ import annotations
 
@@ -20,13 +22,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.common import BenchError
+from bench.proc_stats import session_pids
 
 # Debian/Ubuntu install the real server script here; /usr/sbin/rabbitmq-server is a
 # wrapper that switches to the `rabbitmq` user and the system's data directory.
@@ -75,16 +76,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_env(base: Path, node_port: int, dist_port: int, epmd_port: int, name: str) -> dict[str, str]:
-    """The environment of a private node under ``base`` (see the module docstring)."""
-    (base / "rabbitmq.conf").write_text("listeners.tcp.default = 127.0.0.1:%d\n"
-                                        "loopback_users = none\n" % node_port)
+def node_env(base: Path, node_port: int, dist_port: int, epmd_port: int, name: str, cookie: str,
+             join: str | None = None) -> dict[str, str]:
+    """The environment of a private node under ``base`` (see the module docstring).
+
+    ``cookie`` goes into ``base/home/.erlang.cookie``: nodes of one cluster, and the
+    CLI tools that talk to them, share it. With ``join`` (a node name) the node joins
+    that node's cluster on its first boot (classic config peer discovery).
+    """
+    conf = ["listeners.tcp.default = 127.0.0.1:%d" % node_port, "loopback_users = none"]
+    if join:
+        conf += ["cluster_formation.peer_discovery_backend = classic_config",
+                 f"cluster_formation.classic_config.nodes.1 = {join}"]
+    (base / "rabbitmq.conf").write_text("\n".join(conf) + "\n")
     (base / "enabled_plugins").write_text("[].\n")
     (base / "rabbitmq-env.conf").write_text("")
-    (base / "home").mkdir(exist_ok=True)
+    home = base / "home"
+    home.mkdir(exist_ok=True)
+    cookie_file = home / ".erlang.cookie"
+    cookie_file.write_text(cookie)
+    cookie_file.chmod(0o400)  # Erlang refuses a cookie file others can read
     env = dict(os.environ)
     env.update({
-        "HOME": str(base / "home"),  # the Erlang cookie goes here, not into the real home
+        "HOME": str(home),  # the Erlang cookie is read from here, not from the real home
         "RABBITMQ_NODENAME": name,
         "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
         "RABBITMQ_NODE_PORT": str(node_port),
@@ -105,24 +119,31 @@ def node_env(base: Path, node_port: int, dist_port: int, epmd_port: int, name: s
     return env
 
 
-class RabbitNode:
-    """One private RabbitMQ node, started by ``__enter__`` and stopped by ``__exit__`` whatever happens.
+def cli_env(env: dict[str, str], dist_port: int) -> dict[str, str]:
+    """A node's environment for its CLI tools (``rabbitmqctl``): their own distribution port, on loopback."""
+    return {**env, "RABBITMQ_CTL_DIST_PORT_MIN": str(dist_port), "RABBITMQ_CTL_DIST_PORT_MAX": str(dist_port),
+            "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"}
 
-    ``port`` is its AMQP port on 127.0.0.1 (user guest/guest), ``version`` the
-    server's version once it answered.
+
+def start_epmd(env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Our own epmd on ``ERL_EPMD_PORT``, in the foreground as a child.
+
+    A node would otherwise start a daemonized one that outlives it (on the shared port 4369).
     """
+    epmd = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
+    with open(log, "ab") as out:
+        return subprocess.Popen([epmd, "-port", env["ERL_EPMD_PORT"], "-address", "127.0.0.1"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def __init__(self, server: str | None = None, progress: Callable[[str], None] | None = None) -> None:
-        self.server = server or find_server()
-        if not self.server:
-            raise BenchError(missing_message(server=None) or "rabbitmq-server not found")
-        self.progress = progress or (lambda _msg: None)
-        self.base: Path | None = None
-        self.port = 0
+
+class NodeProcess:
+    """One node's ``rabbitmq-server`` process (its own session), its AMQP port and its files under ``base``."""
+
+    def __init__(self, server: str, base: Path, port: int, env: dict[str, str]) -> None:
+        self.server, self.base, self.port, self.env = server, base, port, env
+        self.name = env["RABBITMQ_NODENAME"]
         self.version: str | None = None
-        self.up_s: float | None = None
         self._proc: subprocess.Popen | None = None
-        self._epmd: subprocess.Popen | None = None
 
     def parameters(self) -> Any:
         import pika
@@ -131,55 +152,29 @@ class RabbitNode:
                                          credentials=pika.PlainCredentials("guest", "guest"),
                                          heartbeat=0, blocked_connection_timeout=60)
 
-    def __enter__(self) -> "RabbitNode":
-        started = time.monotonic()
-        self.base = Path(tempfile.mkdtemp(prefix="fencepost-rabbitmq-"))
-        try:
-            self._start()
-            self._wait_ready(started + START_TIMEOUT_S)
-        except BaseException:
-            self.stop()
-            raise
-        self.up_s = time.monotonic() - started
-        self.progress(f"rabbitmq {self.version} up on 127.0.0.1:{self.port} in {self.up_s:.1f}s")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def _start(self) -> None:
-        assert self.base is not None
-        self.port, dist_port, epmd_port = free_port(), free_port(), free_port()
-        name = f"fencepost-bench-{uuid.uuid4().hex[:8]}@localhost"
-        env = node_env(self.base, self.port, dist_port, epmd_port, name)
-        # Our own epmd in the foreground, as a child: the node would otherwise start a
-        # daemonized one that outlives it (and would use the shared port 4369).
-        epmd = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
-        log = open(self.base / "server.out", "wb")
-        try:
-            self._epmd = subprocess.Popen([epmd, "-port", str(epmd_port), "-address", "127.0.0.1"], env=env,
+    def start(self) -> None:
+        with open(self.base / "server.out", "ab") as log:
+            self._proc = subprocess.Popen([self.server], env=self.env, cwd=self.base, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            self._proc = subprocess.Popen([self.server], env=env, cwd=self.base, stdin=subprocess.DEVNULL,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            log.close()
 
-    def _wait_ready(self, deadline: float) -> None:
+    def wait_ready(self, deadline: float) -> None:
+        """Block until the node takes an AMQP connection (so it booted, and joined its cluster)."""
         import pika
         import pika.exceptions
 
         assert self._proc is not None
         while True:
             if self._proc.poll() is not None:
-                raise BenchError(f"rabbitmq-server exited with {self._proc.returncode}: {self._log_tail()}")
+                raise BenchError(f"rabbitmq-server {self.name} exited with {self._proc.returncode}: "
+                                 f"{self.log_tail()}")
             try:
                 # A plain connect first: pika logs every refused attempt as an error.
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 conn = pika.BlockingConnection(self.parameters())
             except (OSError, pika.exceptions.AMQPError):
                 if time.monotonic() > deadline:
-                    raise BenchError(f"rabbitmq-server did not answer in {START_TIMEOUT_S:g}s: "
-                                     f"{self._log_tail()}") from None
+                    raise BenchError(f"rabbitmq-server {self.name} did not answer in {START_TIMEOUT_S:g}s: "
+                                     f"{self.log_tail()}") from None
                 time.sleep(0.25)
                 continue
             props = conn._impl.server_properties or {}  # noqa: SLF001 - pika exposes it only here
@@ -188,31 +183,47 @@ class RabbitNode:
             conn.close()
             return
 
-    def _log_tail(self, chars: int = 600) -> str:
+    def pids(self) -> list[int]:
+        """The node's processes: the script, beam.smp and the VM's helpers (all in its session)."""
+        return session_pids(self._proc.pid) if self._proc is not None else []
+
+    def beam_pid(self) -> int | None:
+        """The Erlang VM (``beam.smp``) of the node, or None."""
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/comm") as fh:
+                    if fh.read().strip().startswith("beam"):
+                        return pid
+            except OSError:
+                continue
+        return None
+
+    def log_tail(self, chars: int = 600) -> str:
         try:
-            text = (self.base / "server.out").read_text(errors="replace") if self.base else ""
+            text = (self.base / "server.out").read_text(errors="replace")
         except OSError:
             text = ""
         return " ".join(text[-chars:].split()) or "(no output)"
 
     def stop(self) -> None:
-        """Stop the node (SIGTERM: a clean shutdown; SIGKILL after a while), its epmd, and remove its files."""
-        for proc, grace in ((self._proc, STOP_TIMEOUT_S), (self._epmd, 5.0)):
-            if proc is None or proc.poll() is not None:
-                continue
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait(10)
-        # The VM's helpers (erl_child_setup, inet_gethost) are in the node's group.
+        """SIGTERM (a clean shutdown), SIGKILL after a while; then the VM's helpers left in its group."""
         if self._proc is not None:
+            stop_process(self._proc, STOP_TIMEOUT_S)
+            # The VM's helpers (erl_child_setup, inet_gethost) are in the node's group.
             _signal_group(self._proc, signal.SIGKILL)
-        self._proc = self._epmd = None
-        if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self.base = None
+        self._proc = None
+
+
+def stop_process(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM to ``proc``'s group; SIGKILL if it is still there after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(10)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from bench import peer, peer_load, peer_systems, rabbitmq
+from bench import peer, peer_load, peer_systems, rabbitmq, rabbitmq_cluster
 from bench.common import to_json
 
 
@@ -147,6 +147,26 @@ def test_parse_shape():
             peer.parse_shape(bad)
 
 
+def test_measure_fills_in_the_window_costs():
+    class FakeWindow:
+        def __init__(self):
+            self.calls = []
+
+        def begin(self):
+            self.calls.append("begin")
+
+        def end(self):
+            self.calls.append("end")
+
+        def per_task(self, tasks):
+            return {"cpu_us_per_task": {"client": 1.0}, "tasks_seen": tasks}
+
+    m, window = peer_load.Meter(max_backlog=5), FakeWindow()
+    result = peer_load.measure(m, [], seconds=0.05, warmup_s=0.0, window=window)
+    assert window.calls == ["begin", "end"]
+    assert result["cpu_us_per_task"] == {"client": 1.0} and result["tasks_seen"] == 0
+
+
 def test_ratio():
     assert peer.ratio({"tasks_per_s": 500.0}, {"tasks_per_s": 2000.0}) == 0.25
     assert peer.ratio({"tasks_per_s": 500.0}, None) is None
@@ -166,6 +186,32 @@ def test_summarize_takes_medians_and_sums_errors():
     assert s["errors"] == 2 and s["first_error"] == "submit: X: y"
     assert s["runs_tasks_per_s"] == [100.0, 300.0, 200.0] and s["worker_prefetch"] == 100
     assert "runs_tasks_per_s" not in peer.summarize(runs[:1])
+    assert "entries_per_task" not in s and "cpu_us_per_task" not in s  # no run measured them
+
+
+def test_summarize_takes_medians_of_the_costs_per_kind():
+    runs = [{"tasks_per_s": 1.0, "entries_per_task": 0.5, "fsyncs_per_task": 1.5,
+             "cpu_us_per_task": {"leader": 400.0, "total": 900.0},
+             "leader_ctx_switches_per_task": {"voluntary": 3.0, "involuntary": 0.5}},
+            {"tasks_per_s": 2.0, "entries_per_task": 0.25, "fsyncs_per_task": 0.75,
+             "cpu_us_per_task": {"leader": 300.0, "total": None},
+             "leader_ctx_switches_per_task": None},
+            {"tasks_per_s": 3.0, "entries_per_task": 0.3, "fsyncs_per_task": 0.9,
+             "cpu_us_per_task": {"leader": 350.0, "total": 800.0},
+             "leader_ctx_switches_per_task": {"voluntary": 5.0, "involuntary": 1.5}}]
+    s = peer.summarize(runs)
+    assert (s["entries_per_task"], s["fsyncs_per_task"]) == (0.3, 0.9)
+    assert s["cpu_us_per_task"] == {"leader": 350.0, "total": 850.0}
+    assert s["leader_ctx_switches_per_task"] == {"voluntary": 4.0, "involuntary": 1.0}
+
+
+def test_shape_result_ratios_name_their_rounds():
+    rounds = {"fencepost": {"tasks_per_s": 600.0}, "fencepost_single_copy": {"tasks_per_s": 900.0},
+              "rabbitmq": {"tasks_per_s": 1200.0}, "rabbitmq_3node": {"tasks_per_s": 800.0}}
+    s = peer.shape_result(4, 4, rounds)
+    assert (s["ratio_vs_rabbitmq"], s["ratio_vs_rabbitmq_3node"], s["ratio_single_copy_vs_rabbitmq"]) == \
+        (0.5, 0.75, 0.75)
+    assert s["fencepost_prefetch"] is None and set(peer.ROUNDS) <= set(s)
 
 
 class _FakeCluster:
@@ -181,12 +227,12 @@ class _FakeCluster:
         return None
 
 
-class _FakeNode(_FakeCluster):
+class _FakeNodes(_FakeCluster):
     version, up_s = "3.x", 1.0
 
 
 def _fake_round(tasks_per_s: float):
-    def round_(_system, producers, consumers, _settings):
+    def round_(_system, producers, consumers, _settings, _prefetch=None):
         return {"tasks_per_s": tasks_per_s * producers, "submit_p50_ms": 2.0, "submit_p99_ms": 9.0,
                 "submitted_per_s": tasks_per_s * producers, "errors": 0, "first_error": None}
     return round_
@@ -195,7 +241,7 @@ def _fake_round(tasks_per_s: float):
 @pytest.fixture
 def fake_systems(monkeypatch):
     monkeypatch.setattr(peer, "BenchCluster", _FakeCluster)
-    monkeypatch.setattr(peer, "RabbitNode", _FakeNode)
+    monkeypatch.setattr(peer, "RabbitCluster", _FakeNodes)
     monkeypatch.setattr(peer, "fencepost_round", _fake_round(100.0))
     monkeypatch.setattr(peer, "rabbitmq_round", _fake_round(400.0))
     monkeypatch.setattr(peer, "async_api", lambda: None)
@@ -207,10 +253,11 @@ def test_report_per_shape_with_rabbitmq(fake_systems, monkeypatch):
     assert list(result["shapes"]) == ["4x4", "16x16"]
     s = result["shapes"]["16x16"]
     assert s["fencepost"]["tasks_per_s"] == 1600.0 and s["rabbitmq"]["tasks_per_s"] == 6400.0
-    assert s["ratio_vs_rabbitmq"] == 0.25
-    for system in ("fencepost", "rabbitmq"):
-        assert {"tasks_per_s", "submit_p50_ms", "submit_p99_ms"} <= set(s[system])
-    assert result["rabbitmq"]["version"] == "3.x"
+    assert s["ratio_vs_rabbitmq"] == 0.25 and s["ratio_vs_rabbitmq_3node"] == 0.25
+    assert s["ratio_single_copy_vs_rabbitmq"] == 0.25
+    for system in peer.ROUNDS:
+        assert {"tasks_per_s", "submit_p50_ms", "submit_p99_ms"} <= set(s[system]), system
+    assert result["rabbitmq"]["version"] == "3.x" and result["rabbitmq_3node"]["nodes"] == 3
     assert "skipped" in result["async"] and result["async"]["target_tasks_per_s"] == 10_000
     json.loads(to_json(result))
 
@@ -221,9 +268,29 @@ def test_without_rabbitmq_the_report_says_how_to_install_it(fake_systems, monkey
     s = result["shapes"]["1x1"]
     assert s["fencepost"]["tasks_per_s"] == 100.0
     assert s["rabbitmq"] is None and s["ratio_vs_rabbitmq"] is None
+    assert s["rabbitmq_3node"] is None and s["ratio_vs_rabbitmq_3node"] is None
     note = result["rabbitmq"]["skipped"]
     assert "apt-get install rabbitmq-server" in note and ".[bench]" in note
     assert note.startswith("rabbitmq-server and pika not found")
+    assert result["rabbitmq_3node"]["skipped"] == note
+
+
+def test_a_rabbitmq_cluster_that_does_not_form_is_skipped(fake_systems, monkeypatch):
+    class NoCluster(_FakeNodes):
+        def __init__(self, size=1, **_kw):
+            self.size = size
+
+        def __enter__(self):
+            if self.size > 1:
+                raise peer.BenchError("only 1 of 3 RabbitMQ nodes formed the cluster")
+            return self
+
+    monkeypatch.setattr(peer, "RabbitCluster", NoCluster)
+    monkeypatch.setattr(peer, "missing_message", lambda: None)
+    result = peer.run(shapes=((4, 4),), settings=peer_systems.Settings(seconds=1, warmup_s=0))
+    assert result["shapes"]["4x4"]["rabbitmq"]["tasks_per_s"] == 1600.0
+    assert result["shapes"]["4x4"]["rabbitmq_3node"] is None
+    assert "formed the cluster" in result["rabbitmq_3node"]["skipped"]
 
 
 def test_bad_settings_are_a_bench_error(fake_systems):
@@ -257,7 +324,8 @@ def test_worker_prefetch_only_when_the_constructor_takes_it():
 
 
 def test_node_env_is_private_and_on_loopback(tmp_path):
-    env = rabbitmq.node_env(tmp_path, node_port=5999, dist_port=25999, epmd_port=4999, name="n@localhost")
+    env = rabbitmq.node_env(tmp_path, node_port=5999, dist_port=25999, epmd_port=4999, name="n@localhost",
+                            cookie="c00kie")
     assert env["RABBITMQ_NODE_IP_ADDRESS"] == "127.0.0.1" and env["ERL_EPMD_ADDRESS"] == "127.0.0.1"
     assert "{127,0,0,1}" in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
     assert (env["RABBITMQ_NODE_PORT"], env["RABBITMQ_DIST_PORT"], env["ERL_EPMD_PORT"]) == ("5999", "25999", "4999")
@@ -265,7 +333,27 @@ def test_node_env_is_private_and_on_loopback(tmp_path):
                 "RABBITMQ_CONF_ENV_FILE", "RABBITMQ_ENABLED_PLUGINS_FILE"):
         assert env[key].startswith(str(tmp_path)), key
     assert "127.0.0.1:5999" in (tmp_path / "rabbitmq.conf").read_text()
+    assert "cluster_formation" not in (tmp_path / "rabbitmq.conf").read_text()
     assert (tmp_path / "enabled_plugins").read_text().strip() == "[]."
+    cookie = tmp_path / "home" / ".erlang.cookie"
+    assert cookie.read_text() == "c00kie" and cookie.stat().st_mode & 0o077 == 0
+
+
+def test_a_joining_node_names_the_first_one_and_its_cli_stays_on_loopback(tmp_path):
+    env = rabbitmq.node_env(tmp_path, 5999, 25999, 4999, "n1@localhost", cookie="c", join="n0@localhost")
+    conf = (tmp_path / "rabbitmq.conf").read_text()
+    assert "peer_discovery_backend = classic_config" in conf
+    assert "classic_config.nodes.1 = n0@localhost" in conf
+    cli = rabbitmq.cli_env(env, 26000)
+    assert cli["RABBITMQ_CTL_DIST_PORT_MIN"] == cli["RABBITMQ_CTL_DIST_PORT_MAX"] == "26000"
+    assert "{127,0,0,1}" in cli["RABBITMQ_CTL_ERL_ARGS"] and cli["ERL_EPMD_PORT"] == "4999"
+
+
+def test_cluster_clients_spread_over_the_nodes_and_queues_get_a_member_on_each():
+    rc = rabbitmq_cluster.RabbitCluster(size=3, server="/bin/true")
+    rc.nodes = [type("N", (), {"parameters": lambda self, i=i: f"node{i}"})() for i in range(3)]
+    assert [rc.parameters(i) for i in range(5)] == ["node0", "node1", "node2", "node0", "node1"]
+    assert rc.queue_arguments() == {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3}
 
 
 def test_free_port_is_bindable_on_loopback():
@@ -276,16 +364,19 @@ def test_free_port_is_bindable_on_loopback():
         s.bind(("127.0.0.1", port))
 
 
-# ----------------------------------------------------------------- smoke (real processes, ~15 s each)
+# ----------------------------------------------------------------- smoke (real processes, 15-60 s each)
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_smoke_fencepost_round_on_a_private_cluster():
     settings = peer_systems.Settings(seconds=1.5, warmup_s=0.5)
     result = peer.run(shapes=((1, 1),), settings=settings, with_async=False, with_rabbitmq=False)
     fp = result["shapes"]["1x1"]["fencepost"]
     assert fp["tasks_per_s"] > 0 and fp["errors"] == 0 and fp["submit_p50_ms"] > 0
+    assert fp["entries_per_task"] > 0 and fp["fsyncs_per_task"] > 0 and fp["cpu_us_per_task"]["leader"] > 0
+    single = result["shapes"]["1x1"]["fencepost_single_copy"]
+    assert single["tasks_per_s"] > 0 and "followers" not in single["cpu_us_per_task"]
     assert result["rabbitmq"] == {"skipped": "not requested (--no-rabbitmq)"}
 
 
@@ -294,8 +385,9 @@ def test_smoke_fencepost_round_on_a_private_cluster():
 def test_smoke_rabbitmq_round_on_a_private_node():
     if rabbitmq.missing_message() is not None:
         pytest.skip("rabbitmq-server or pika is not installed")
-    with rabbitmq.RabbitNode() as node:
-        base = node.base
-        result = peer_systems.rabbitmq_round(node, 1, 1, peer_systems.Settings(seconds=1.0, warmup_s=0.3))
+    with rabbitmq_cluster.RabbitCluster() as rc:
+        base = rc.base
+        result = peer_systems.rabbitmq_round(rc, 1, 1, peer_systems.Settings(seconds=1.0, warmup_s=0.3))
     assert result["tasks_per_s"] > 0 and result["errors"] == 0
+    assert result["cpu_us_per_task"]["rabbitmq"] > 0 and result["leader_ctx_switches_per_task"] is not None
     assert not base.exists()  # stopped and cleaned up
