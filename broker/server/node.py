@@ -101,6 +101,7 @@ class BrokerNode:
         self._handing_over = False
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
         self.metrics = None  # broker.server.metrics.BrokerMetrics, with --metrics-listen
+        self.server: BrokerServer | None = None
         self.keys: ServerKeys | None = None  # election.secure.ServerKeys, when secure
         self._metrics_endpoint = None
 
@@ -231,8 +232,11 @@ class BrokerNode:
         from broker.server.metrics import BrokerMetrics, BrokerSource, leader_lag
 
         self.metrics = BrokerMetrics(BrokerSource(
-            broker_id=self.identity.broker_id, store=lambda: self.store, role=lambda: self.server.role,
-            counters=lambda: self.server.counters, applied_entries=self.applied_entries,
+            broker_id=self.identity.broker_id, store=lambda: self.store,
+            # Registering the collectors reads them once, before the server exists.
+            role=lambda: self.server.role if self.server is not None else "starting",
+            counters=lambda: self.server.counters if self.server is not None else {},
+            applied_entries=self.applied_entries,
             lag=lambda: 0 if self.leading() else leader_lag(self.zk, self.paths, self.store.position())))
 
     def _start_metrics_endpoint(self) -> None:
@@ -330,18 +334,22 @@ class BrokerNode:
             epoch_claim=self._epoch_claim)
 
     def _epoch_claim(self):
-        session = self.server.leadership
-        return session.claim if session is not None and session.ready else None
+        leadership = self._leadership()
+        return leadership.claim if leadership is not None and leadership.ready else None
 
     def applied_entries(self) -> int:
-        return self.server.applied_entries + self._tail_applied
+        return (self.server.applied_entries if self.server is not None else 0) + self._tail_applied
 
     def _count_tail(self, entries: int) -> None:
         self._tail_applied += entries
 
     def leading(self) -> bool:
-        session = self.server.leadership
-        return session is not None and session.ready
+        leadership = self._leadership()
+        return leadership is not None and leadership.ready
+
+    def _leadership(self):
+        """The server's current leadership, if the server exists yet and leads."""
+        return self.server.leadership if self.server is not None else None
 
     def _install_signals(self) -> None:
         if threading.current_thread() is threading.main_thread():
