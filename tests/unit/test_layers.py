@@ -177,3 +177,38 @@ def test_node_parts_do_not_reach_back_into_the_node():
                  "broker.server.candidacy"):
         assert "broker.server.node" not in graph[part], f"{part} imports broker.server.node"
     assert {"broker.server.takeover", "broker.server.live", "broker.server.checkpoints"} <= graph["broker.server.node"]
+
+
+def collaborator_writes(source: str) -> list[str]:
+    """Lines that hand an object a collaborator from outside: ``other.on_x = ...`` or ``other.x = lambda``.
+
+    Collaborators (callbacks, hooks) are passed to constructors, as a frozen hooks dataclass
+    where there are several; setting one on a live object from outside hides who calls whom.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if not isinstance(target, ast.Attribute):
+                continue
+            owner = target.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if target.attr.startswith("on_") or isinstance(node.value, ast.Lambda):
+                found.append(f"line {node.lineno}: {ast.unparse(target)} = {ast.unparse(node.value)[:60]}")
+    return found
+
+
+def test_the_collaborator_check_catches_what_it_names():
+    assert collaborator_writes("server.on_fatal = node.fail\nx.hook = lambda: 1\nself.on_y = f\n") == [
+        "line 1: server.on_fatal = node.fail", "line 2: x.hook = lambda: 1"]
+
+
+def test_collaborators_are_passed_to_constructors_not_set_from_outside():
+    problems = []
+    for name, path in sorted(module_files().items()):
+        if _layer(name) in ("devtools", "bench"):
+            continue
+        problems += [f"{name} {line}" for line in collaborator_writes(path.read_text())]
+    assert not problems, "collaborators set from outside:\n" + "\n".join(problems)
