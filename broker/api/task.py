@@ -1,5 +1,8 @@
 """The task a handler receives: :class:`Task` (also ``broker.worker.Task`` and ``fencepost.Task``).
 
+And what becomes of what the handler gives back: :func:`result_bytes` (the
+result stored) and :func:`error_text` (the error recorded for an exception).
+
 Example::
 
     def handle(task: Task) -> bytes:
@@ -8,7 +11,11 @@ Example::
 """
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
+
+# Enough of a traceback to debug with, small enough to keep task records small.
+MAX_ERROR_CHARS = 16_384
 
 
 @dataclass(frozen=True)
@@ -20,3 +27,20 @@ class Task:
     queue: str
     payload: bytes
     max_run_ms: int | None = None
+
+
+def error_text(exc: BaseException) -> str:
+    """The error recorded for a failed handler: ``Type: message`` first, then the traceback."""
+    text = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+
+
+def result_bytes(value: object) -> bytes | None:
+    """A handler's return value as the bytes to store (str is UTF-8 encoded)."""
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"a handler must return bytes, str or None, not {type(value).__name__}")

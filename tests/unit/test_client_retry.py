@@ -368,8 +368,9 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
     assert "RuntimeError: handler exploded" in failed["error"]
     beats = fake.ops("heartbeat_many")
     assert beats and all(b["worker"] == "w1" and b["lease_ms"] == 300 for b in beats)
-    # Prefetch defaults to the concurrency: never more than 2 tasks in hand.
-    assert all(m["worker"] == "w1" and m["queues"] == ["q"] and 1 <= m["max_tasks"] <= 2 for m in fake.ops("lease"))
+    # Prefetch defaults to 4 tasks a thread, at least 32: never more asked for at once.
+    assert worker.prefetch == 32
+    assert all(m["worker"] == "w1" and m["queues"] == ["q"] and 1 <= m["max_tasks"] <= 32 for m in fake.ops("lease"))
 
 
 def test_worker_checks_its_configuration():
