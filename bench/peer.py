@@ -37,8 +37,9 @@ median of N, and ``runs_tasks_per_s`` lists the N figures):
   of the leader broker (RabbitMQ: node 0's beam.smp, where the queue's leader is);
 * ``entries_per_task``, ``fsyncs_per_task`` (fencepost only): ledger entries the
   leader wrote, and group commits of all bookies, per task (:mod:`bench.commit_counts`);
-* ``errors``, ``first_error``; ``worker_prefetch`` (fencepost: null is the
-  Worker's default), ``prefetch`` (RabbitMQ).
+* ``errors``, ``first_error`` (null: none); ``worker_prefetch`` (fencepost: the
+  tasks the Worker holds in hand; its default is its concurrency) and
+  ``worker_defaults`` (true: no ``prefetch`` given), ``prefetch`` (RabbitMQ).
 
 Per shape, ``ratio_vs_rabbitmq`` is ``fencepost`` tasks/s over ``rabbitmq``'s,
 ``ratio_vs_rabbitmq_3node`` over ``rabbitmq_3node``'s, and
@@ -111,7 +112,7 @@ def summarize(runs: list[dict]) -> dict:
     out.update({key: median_dict(runs, key) for key in NESTED_MEDIANS if any(key in r for r in runs)})
     out["errors"] = sum(r.get("errors", 0) for r in runs)
     out["first_error"] = next((r["first_error"] for r in runs if r.get("first_error")), None)
-    for key in ("worker_prefetch", "prefetch", "api", "in_flight_per_producer"):
+    for key in ("worker_prefetch", "worker_defaults", "prefetch", "api", "in_flight_per_producer"):
         if key in runs[0]:
             out[key] = runs[0][key]
     if len(runs) > 1:

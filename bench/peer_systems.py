@@ -72,7 +72,10 @@ def worker_options(prefetch: int | None, worker_class: Any = None) -> dict:
 
 @contextlib.contextmanager
 def fencepost_worker(bc: Any, queue: str, concurrency: int, meter: Meter, prefetch: int | None) -> Iterator[dict]:
-    """A running Worker whose no-op handler counts; stopped (tasks in hand finished) on exit."""
+    """A running Worker whose no-op handler counts; stopped (tasks in hand finished) on exit.
+
+    Yields ``{"worker_prefetch": what the Worker holds in hand, "worker_defaults": no prefetch given}``.
+    """
     from broker.api.worker import Worker
 
     def handler(_task: Any) -> None:
@@ -84,7 +87,7 @@ def fencepost_worker(bc: Any, queue: str, concurrency: int, meter: Meter, prefet
     thread = threading.Thread(target=worker.run, daemon=True, name="peer-worker")
     thread.start()
     try:
-        yield options
+        yield {"worker_prefetch": getattr(worker, "prefetch", None), "worker_defaults": not options}
     finally:
         worker.stop()
         thread.join(60)
@@ -106,13 +109,13 @@ def fencepost_round(bc: Any, producers: int, consumers: int, settings: Settings,
     queue, meter = _queue_name(), Meter(settings.max_backlog)
     client = bc.client()
     try:
-        with fencepost_worker(bc, queue, consumers, meter, prefetch) as options, fencepost_window(bc) as window:
+        with fencepost_worker(bc, queue, consumers, meter, prefetch) as worker, fencepost_window(bc) as window:
             submit = functools.partial(client.submit, queue)
             result = measure(meter, [functools.partial(sync_producer, meter, submit, settings.payload)
                                      for _ in range(producers)], settings.seconds, settings.warmup_s, window)
     finally:
         client.close()
-    result["worker_prefetch"] = options.get("prefetch")
+    result.update(worker)
     return result
 
 
@@ -138,7 +141,7 @@ def fencepost_async_round(bc: Any, producers: int, consumers: int, in_flight: in
         raise RuntimeError("no async client")
     queue, meter = _queue_name(), Meter(settings.max_backlog)
     payload = settings.payload
-    with fencepost_worker(bc, queue, consumers, meter, prefetch) as options, fencepost_window(bc) as window:
+    with fencepost_worker(bc, queue, consumers, meter, prefetch) as worker, fencepost_window(bc) as window:
         if api == "AsyncClient":
             session = functools.partial(_aio_session, bc, queue)
             fns = [functools.partial(coroutine_producer, meter, session, payload, in_flight=in_flight)
@@ -153,7 +156,7 @@ def fencepost_async_round(bc: Any, producers: int, consumers: int, in_flight: in
                 result = measure(meter, fns, settings.seconds, settings.warmup_s, window)
             finally:
                 client.close()
-    result.update(api=api, in_flight_per_producer=in_flight, worker_prefetch=options.get("prefetch"))
+    result.update(api=api, in_flight_per_producer=in_flight, **worker)
     return result
 
 
