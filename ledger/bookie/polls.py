@@ -7,8 +7,8 @@ the bookie's serving thread owns it.
 
 Example::
 
-    polls = LongPolls(info=store_info, send=send_reply)
-    if not polls.park(envelope, rid, ledger=7, after=3, deadline=time.monotonic() + 5):
+    polls = LongPolls(info=store_info, send=kernel.send)     # election.wire.kernel.ServingKernel
+    if not polls.park(ctx.route, ctx.rid, ledger=7, after=3, deadline=time.monotonic() + 5):
         ...answer "busy"
     polls.wake(7)                               # after an add batch to ledger 7
     polls.expire(time.monotonic())              # each loop turn
@@ -28,7 +28,7 @@ MAX_WAITERS = 100_000
 
 @dataclass(eq=False)
 class _Waiter:
-    envelope: list
+    route: list
     rid: Any
     ledger: int
     after: int
@@ -38,7 +38,7 @@ class _Waiter:
 
 
 class LongPolls:
-    """Parked ``wait_lac`` requests; ``info(ledger)`` gives the reply fields, ``send(envelope, reply)`` sends.
+    """Parked ``wait_lac`` requests; ``info(ledger)`` gives the reply fields, ``send(route, reply)`` sends.
 
     ``entries(ledger, after, lac, max_entries)`` gives the entries that ride on the reply of a
     poll that asked for them (``max_entries``), as a dict of extra reply fields.
@@ -53,11 +53,11 @@ class LongPolls:
         self._seq = itertools.count()
         self.waiting = 0
 
-    def park(self, envelope: list, rid: Any, ledger: int, after: int, deadline: float, max_entries: int = 0) -> bool:
+    def park(self, route: list, rid: Any, ledger: int, after: int, deadline: float, max_entries: int = 0) -> bool:
         """Park a poll until ``ledger``'s LAC passes ``after`` or ``deadline``; False when full."""
         if self.waiting >= self.limit:
             return False
-        waiter = _Waiter(envelope, rid, ledger, after, deadline, max_entries)
+        waiter = _Waiter(route, rid, ledger, after, deadline, max_entries)
         self._waiters.setdefault(ledger, []).append(waiter)
         heapq.heappush(self._deadlines, (deadline, next(self._seq), waiter))
         self.waiting += 1
@@ -68,7 +68,7 @@ class LongPolls:
         self.waiting -= 1
         extra = (self._entries(waiter.ledger, waiter.after, info["lac"], waiter.max_entries)
                  if waiter.max_entries and info["lac"] > waiter.after else {})
-        self._send(waiter.envelope, wire.ok_reply(waiter.rid, **info, **extra))
+        self._send(waiter.route, wire.ok_reply(waiter.rid, **info, **extra))
 
     def wake(self, ledger: int, always: bool = False) -> None:
         """Answer the polls on ``ledger`` that its LAC now satisfies (all if ``always``)."""
