@@ -38,7 +38,7 @@ median of N, and ``runs_tasks_per_s`` lists the N figures):
 * ``entries_per_task``, ``fsyncs_per_task`` (fencepost only): ledger entries the
   leader wrote, and group commits of all bookies, per task (:mod:`bench.commit_counts`);
 * ``errors``, ``first_error`` (null: none); ``worker_prefetch`` (fencepost: the
-  tasks the Worker holds in hand; its default is its concurrency) and
+  tasks the Worker holds in hand, its own default in the defaults round) and
   ``worker_defaults`` (true: no ``prefetch`` given), ``prefetch`` (RabbitMQ).
 
 Per shape, ``ratio_vs_rabbitmq`` is ``fencepost`` tasks/s over ``rabbitmq``'s,

@@ -104,7 +104,7 @@ def fencepost_round(bc: Any, producers: int, consumers: int, settings: Settings,
                     prefetch: int | None = None) -> dict:
     """P threads each calling ``client.submit`` one task at a time; one Worker with C threads.
 
-    ``prefetch`` None leaves the Worker's default (as many tasks in hand as threads).
+    ``prefetch`` None leaves the Worker's own default.
     """
     queue, meter = _queue_name(), Meter(settings.max_backlog)
     client = bc.client()
