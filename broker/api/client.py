@@ -18,6 +18,11 @@ Retrying is safe for ``submit``: a submit without a ``key`` gets a generated
 ``auto:<uuid>`` key that every retry of that call reuses, so a submit whose
 reply was lost in a failover never creates a second task.
 
+Several threads submitting at once: the ``submit`` calls of one client's threads
+that meet go to the leader together, as one ``submit_many`` (:mod:`broker.api.submit_group`):
+a lone call is sent at once, on its thread's socket, as before; each caller keeps its
+key, retries, deadline and its own result or error.
+
 Many submits in flight: :meth:`Client.submit_async` returns a future of the task id
 at once; the submits waiting together, from any thread, are coalesced into one
 request and pipelined on one socket by the client's sender thread
@@ -71,6 +76,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from broker.api.leader_watch import LeaderWatch
 from broker.api.operate import OperatorCalls
 from broker.api.pipeline import SubmitPipeline
+from broker.api.submit_group import SubmitGroup
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_options, resolve_target
 from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
                                  SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, TaskNotFound,
@@ -167,6 +173,7 @@ class Client(OperatorCalls):
         self._zk = None
         self._ctx = zmq.Context()
         self._pipeline = SubmitPipeline(self)
+        self._submits = SubmitGroup(self)
         if not self._known:
             self._open_zk(hosts, cluster)
 
@@ -219,11 +226,12 @@ class Client(OperatorCalls):
         ``retry_backoff`` (seconds) is the wait before the first retry of a failed
         attempt, doubling for each later one up to ``retry_backoff_max`` (seconds);
         unset, the queue's settings apply, else the brokers' ``retry_backoff_ms``.
+        Submits that several threads make at once travel together in one request.
         """
         fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff,
                                retry_backoff_max)
         self._check_payload(fields["payload"])
-        return self.call("submit", **fields)["task_id"]
+        return self._submits.submit(fields, self.timeout)
 
     def submit_async(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
                      delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,

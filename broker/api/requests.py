@@ -2,7 +2,7 @@
 
 Pure and unit-tested: :func:`submit_fields` (the wire fields of one submit, with its
 idempotency key fixed once so every retry resends it), :func:`submit_cost` (its room
-in a frame), :func:`classify` (how a call
+in a frame), :func:`each_results` (a coalesced submit's per-caller results), :func:`classify` (how a call
 reacts to an error reply), :class:`Backoff` (exponential, with jitter), and the
 client's error classes. :mod:`broker.api.client` uses them and re-exports them.
 
@@ -127,6 +127,20 @@ def backoff_fields(retry_backoff: float | None, retry_backoff_max: float | None)
 def submit_cost(fields: dict) -> int:
     """An upper bound of the bytes one submit's fields take in a request (payload, key, queue, names)."""
     return len(fields["payload"]) + len(fields["key"].encode()) + len(fields["queue"].encode()) + 96
+
+
+def each_results(reply: dict, count: int) -> list[dict] | None:
+    """The per-submit results of a ``submit_many`` reply (``each: true``); None if they do not match its ``count``.
+
+    A broker that does not know ``each`` answers ``task_ids`` (the request then
+    failed as a whole if any submit failed): every submit of it is ok.
+    """
+    results = reply.get("results")
+    if results is None and isinstance(reply.get("task_ids"), list):
+        results = [{"ok": True, "task_id": task_id} for task_id in reply["task_ids"]]
+    if not isinstance(results, list) or len(results) != count or not all(isinstance(r, dict) for r in results):
+        return None
+    return results
 
 
 def leader_address(value: Any) -> str | None:

@@ -285,6 +285,10 @@ def test_threads_share_a_client_with_a_socket_each(fakes):
         if msg["op"] == "submit":
             time.sleep(0.01)
             return wire.ok_reply(msg["rid"], task_id="id-" + msg["key"])
+        if msg["op"] == "submit_many":  # the submits of threads that met (broker/api/submit_group.py)
+            time.sleep(0.01)
+            return wire.ok_reply(msg["rid"], results=[{"ok": True, "task_id": "id-" + t["key"]}
+                                                      for t in msg["tasks"]])
         return leader_ping(msg)
 
     fake = fakes(respond)
