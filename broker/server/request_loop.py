@@ -11,21 +11,19 @@ Other threads talk to the loop only through :meth:`BrokerServer.call_soon` and
 the wake pipe, so sockets and the leadership are touched by this thread alone.
 The node's collaborators come in one :class:`ServerHooks` at construction.
 
-A request can only fail itself: whatever goes wrong while one request is
-checked, turned into events, encoded or answered becomes an ``internal`` error
-reply to that request (logged once, with its op) and the loop goes on. A frame
-over ``max_frame_bytes`` is answered ``payload_too_large`` with its request's
-``rid`` (read from the frame's first bytes), so the client fails at once; one
-over twice that is refused by the socket itself (ZMQ_MAXMSGSIZE: the peer is
-disconnected before the frame is received whole). A committed entry the leader
-cannot apply is not a request's failure: :attr:`ServerHooks.on_fatal` stops the
-broker.
-
-A secure broker (``key_file`` and ``keys_file``) serves on a CURVE socket whose
-ZAP thread admits known keys only; each request's role comes from its frame's
-User-Id and an op outside that role's rights (:mod:`election.roles`) is answered
-``forbidden`` and counted, nothing else. The secure reader and the check replace
-the plain ones at bind time, so a plain broker's loop does no extra work.
+Requests are read, decoded, checked (:func:`broker.protocol.check_request`) and
+answered through the serving kernel (:mod:`election.wire.kernel`), which brokers
+and bookies share: an op table whose handlers return replies (or ``DEFERRED``,
+when the leadership answers after a commit or a long poll), the role check of a
+secure broker, and one send site. A request can only fail itself: whatever goes
+wrong while one request is handled becomes an ``internal`` error reply to that
+request (logged once, with its op) and the loop goes on; one that hit a damaged
+store also stops the broker (:attr:`ServerHooks.on_fatal`), as does a committed
+entry the leader cannot apply. A frame over ``max_frame_bytes`` is answered
+``payload_too_large`` with its request's ``rid`` (read from the frame's first
+bytes), so the client fails at once; one over twice that is refused by the
+socket itself (ZMQ_MAXMSGSIZE: the peer is disconnected before the frame is
+received whole).
 
 Example::
 
@@ -52,16 +50,11 @@ from broker.server.leader_clock import LeaderClock
 from broker.server.leading.leadership import LeaderHooks, LeaderSession, Leadership
 from broker.state.store import StoreDamaged
 from election import codes, wire
-from election.curve import peer_role
-from election.roles import allowed
+from election.wire.dispatch import DEFERRED, KernelHooks, Reply, RequestContext
+from election.wire.kernel import ServingKernel
 from snapshots.transfer import TransferError
 
 log = logging.getLogger(__name__)
-
-# Frames up to this many times max_frame_bytes are received and refused with a reply; larger ones cut the peer off.
-OVERSIZED_FRAME_FACTOR = 2
-# A plain int: pyzmq's flag enum costs a conversion on every call of the hot loop.
-_NOBLOCK = int(zmq.NOBLOCK)
 
 
 def time_ordered_id(clock: Callable[[], float]) -> str:
@@ -105,7 +98,6 @@ class BrokerServer:
         self.config = config
         # election.secure.ServerKeys of a secure broker (its ZAP thread runs on Context.instance()).
         self.keys = keys
-        self._peer: tuple[str, str] | None = None  # the (role, name) of the request being read, when secure
         self.store = store
         self.broker_id = broker_id
         self.clock = clock
@@ -121,40 +113,31 @@ class BrokerServer:
         self._applied_before = 0  # entries applied by the leaderships before the current one
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
         self.leader_clock = LeaderClock(wall=clock)
-        self.counters = {"requests": 0, "bad_requests": 0, "internal_errors": 0, "refused_shutting_down": 0,
-                         "forbidden": 0}
+        self.counters = {"refused_shutting_down": 0}
         # While leading: workers seen and lost, finished tasks past their result_ttl.
         self.housekeeping = Housekeeping(lambda: self.store, config)
         self.metrics = hooks.metrics
-        # What a reply is counted as: the op being answered and its start (perf_counter; None for a
-        # long poll's end).
-        self._answering: str | None = None
-        self._started: float | None = None
+        ops = {op: self._leader_op for op in protocol.OPS}
+        ops.update(ping=self._ping, status=lambda req, ctx: wire.ok_reply(ctx.rid, **self.status()),
+                   snapshot_info=self._snapshot_info, snapshot_chunk=self._snapshot_chunk)
+        # To a client an oversized frame is a payload too large for the brokers: a code it stops on.
+        self.kernel = ServingKernel("broker", ops, config.max_frame_bytes, counters=self.counters,
+                                    oversized_code=codes.E_PAYLOAD_TOO_LARGE, hooks=KernelHooks(
+                                        check=lambda msg: protocol.check_request(msg, self.max_payload),
+                                        on_handler_error=self._handler_failed,
+                                        replied=self.metrics.replied if self.metrics is not None else None))
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        # The default limit of 1000 queued replies would silently drop replies under load.
-        self.sock.setsockopt(zmq.SNDHWM, 100_000)
-        # Refuse far oversized frames while they arrive, not after buffering them whole; one up to
-        # twice the limit is received, so that its sender gets a payload_too_large it can match.
-        self.sock.setsockopt(zmq.MAXMSGSIZE, OVERSIZED_FRAME_FACTOR * config.max_frame_bytes)
         self.poller = zmq.Poller()
 
     def bind(self) -> None:
-        if self.keys is not None:
-            self.keys.secure(self.sock)
-            self._read_requests = self._read_requests_secure
-            self._dispatch = self._dispatch_checked
-        self.sock.bind(self.config.listen)
-        self.poller.register(self.sock, zmq.POLLIN)
+        self.kernel.bind(zmq.Context.instance(), self.config.listen, self.keys)
+        self.poller.register(self.kernel.socket, zmq.POLLIN)
         self.poller.register(self._wake_r, zmq.POLLIN)
 
     def close(self) -> None:
-        self.sock.close(0)
+        self.kernel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -185,152 +168,65 @@ class BrokerServer:
                 self._calls.get_nowait()()
             except queue.Empty:
                 break
-        if self.sock in events:
-            self._read_requests()
+        if self.kernel.socket in events:
+            self.kernel.serve_turn(self.config.max_batch_events)
         if self.leadership is not None:
             self.leadership.turn(self.writable)
         else:
             self.leader_clock.observe(self.store.clock_ms())
 
-    def _read_requests(self) -> None:
-        sock = self.sock
-        for _ in range(self.config.max_batch_events):
-            try:
-                frames = sock.recv_multipart(_NOBLOCK)
-            except zmq.Again:
-                return
-            self.counters["requests"] += 1
-            if len(frames) < 2:
-                continue
-            self._handle(frames[:-1], frames[-1])
-
-    def _read_requests_secure(self) -> None:
-        """:meth:`_read_requests` on a CURVE socket: frames, not bytes, to read each one's User-Id."""
-        sock = self.sock
-        for _ in range(self.config.max_batch_events):
-            try:
-                frames = sock.recv_multipart(_NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self.counters["requests"] += 1
-            if len(frames) < 2:
-                continue
-            self._peer = peer_role(frames[-1])
-            self._handle([f.bytes for f in frames[:-1]], frames[-1].bytes)
-
-    def _dispatch_checked(self, route: list[bytes], rid: Any, req: dict) -> None:
-        """:meth:`_dispatch` behind the role check of a secure broker."""
-        role = self._peer[0] if self._peer is not None else ""
-        if not allowed(role, "broker", req["op"]):
-            self.counters["forbidden"] += 1
-            self._send(route, wire.error_reply(rid, codes.E_FORBIDDEN,
-                                               f"a {role or 'keyless'} key may not {req['op']}"))
-            return
-        BrokerServer._dispatch(self, route, rid, req)
-
-    def _send(self, route: list[bytes], msg: dict) -> None:
-        try:
-            frame = wire.encode(msg)
-        except Exception as exc:  # a reply we cannot encode must still be a reply
-            log.error("cannot encode a reply: %s: %s", type(exc).__name__, exc)
-            frame = wire.encode(wire.error_reply(_plain_rid(msg.get("rid")), codes.E_INTERNAL,
-                                                 "the broker could not encode its reply"))
-        try:
-            self.sock.send_multipart([*route, frame], _NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.debug("reply dropped: %s", exc)
-        if self.metrics is not None and self._answering is not None:
-            self.metrics.replied(self._answering, msg, self._started)
-
-    def _internal_error(self, route: list[bytes], rid: Any, op: Any, exc: Exception) -> None:
-        """The safety net: one request failed inside the broker; answer it, log it once, go on."""
-        self.counters["internal_errors"] += 1
-        log.error("request %.40r failed inside the broker: %s: %.300s", op, type(exc).__name__, exc)
-        log.debug("request %.40r failure", op, exc_info=exc)
-        self._send(route, wire.error_reply(rid, codes.E_INTERNAL, f"{type(exc).__name__}: {exc}"[:500]))
+    def _handler_failed(self, exc: Exception) -> None:
         # A read that hit a damaged store is not this request's fault: the broker must stop
         # serving from that store now, not at its next checkpoint.
         if isinstance(exc, StoreDamaged):
             self.hooks.on_fatal(exc)
 
-    def _handle(self, route: list[bytes], frame: bytes) -> None:
-        rid = op = None
-        started = time.perf_counter()
-        try:
-            msg = wire.decode_request(frame, protocol.OPS, self.config.max_frame_bytes)
-            rid, op = msg.get("rid"), msg["op"]
-            self._answering, self._started = op, started
-            req = protocol.check_request(msg, self.max_payload)
-            self._dispatch(route, rid, req)
-        except wire.WireError as exc:
-            self.counters["bad_requests"] += 1
-            # To a client an oversized frame is a payload too large for the brokers: a code it stops on.
-            code = codes.E_PAYLOAD_TOO_LARGE if exc.code == codes.E_OVERSIZED else exc.code
-            self._send(route, wire.error_reply(exc.rid, code, exc.message))
-        except protocol.RequestError as exc:
-            self.counters["bad_requests"] += 1
-            self._send(route, wire.error_reply(rid, exc.code, exc.message))
-        except Exception as exc:
-            self._internal_error(route, rid, op, exc)
-        finally:
-            self._answering = None
+    # ------------------------------------------------------------ the op table
+    def _ping(self, req: dict, ctx: RequestContext) -> dict:
+        return wire.ok_reply(ctx.rid, broker_id=self.broker_id, role=self.role, leader=self.leader_address)
 
-    def _dispatch(self, route: list[bytes], rid: Any, req: dict) -> None:
-        op = req["op"]
-        if op == "ping":
-            self._send(route, wire.ok_reply(rid, broker_id=self.broker_id, role=self.role,
-                                            leader=self.leader_address))
-            return
-        if op == "status":
-            self._send(route, wire.ok_reply(rid, **self.status()))
-            return
-        if op in ("snapshot_info", "snapshot_chunk"):
-            self._serve_snapshot(route, rid, req)
-            return
+    def _snapshot_info(self, req: dict, ctx: RequestContext) -> dict:
+        try:
+            return wire.ok_reply(ctx.rid, snapshot=self.hooks.describe_snapshot())
+        except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
+            return wire.error_reply(ctx.rid, codes.E_NO_SNAPSHOT, str(exc))
+
+    def _snapshot_chunk(self, req: dict, ctx: RequestContext) -> dict:
+        if self.hooks.read_snapshot_chunk is None:
+            return wire.error_reply(ctx.rid, codes.E_NO_SNAPSHOT, "this broker serves no snapshots")
+        try:
+            return wire.ok_reply(ctx.rid, **self.hooks.read_snapshot_chunk(req["name"], req["offset"], req["length"]))
+        except TransferError as exc:
+            return wire.error_reply(ctx.rid, exc.code, exc.message)
+        except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
+            return wire.error_reply(ctx.rid, codes.E_NO_SNAPSHOT, str(exc))
+
+    def _leader_op(self, req: dict, ctx: RequestContext) -> Reply:
+        """Every op but the four any broker answers: the leader's reads and writes."""
+        op, rid = ctx.op, ctx.rid
         leadership = self.leadership
         if leadership is None:
             note = self.hooks.not_leader_note()
-            self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader"
-                                               + (f": {note}" if note else ""), leader=self.leader_address))
-            return
+            return wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader"
+                                    + (f": {note}" if note else ""), leader=self.leader_address)
         if leadership.failed is not None:
             # Fenced or lost: we know we are deposed, so our store is no longer the truth to read from.
-            self._send(route, wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is no longer the leader",
-                                               leader=None))
-            return
+            return wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is no longer the leader", leader=None)
         if op == "cluster_shutdown":
-            leadership.cluster_shutdown(route, rid, req, self.writable and not self.draining)
-            return
+            leadership.cluster_shutdown(ctx.route, rid, req, self.writable and not self.draining)
+            return DEFERRED
         if leadership.shutdown is not None and op not in protocol.LEADER_READS:
             self.counters["refused_shutting_down"] += 1
-            leadership.shutdown.refuse(route, rid)
-            return
+            return wire.error_reply(rid, codes.E_SHUTTING_DOWN, leadership.shutdown.message())
         if not leadership.ready or not self.writable or self.draining:
-            self._send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"))
-            return
+            return wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet")
         if op in protocol.LEADER_READS:
             try:
-                fields = reads.answer(self.store, self.housekeeping, req)
+                return wire.ok_reply(rid, **reads.answer(self.store, self.housekeeping, req))
             except protocol.RequestError as exc:  # no_such_task: an answer, not a bad request
-                self._send(route, wire.error_reply(rid, exc.code, exc.message))
-                return
-            self._send(route, wire.ok_reply(rid, **fields))
-            return
-        leadership.write(route, rid, req, self._started)
-
-    def _serve_snapshot(self, route: list[bytes], rid: Any, req: dict) -> None:
-        try:
-            if req["op"] == "snapshot_info":
-                self._send(route, wire.ok_reply(rid, snapshot=self.hooks.describe_snapshot()))
-            elif self.hooks.read_snapshot_chunk is None:
-                self._send(route, wire.error_reply(rid, codes.E_NO_SNAPSHOT, "this broker serves no snapshots"))
-            else:
-                chunk = self.hooks.read_snapshot_chunk(req["name"], req["offset"], req["length"])
-                self._send(route, wire.ok_reply(rid, **chunk))
-        except TransferError as exc:
-            self._send(route, wire.error_reply(rid, exc.code, exc.message))
-        except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
-            self._send(route, wire.error_reply(rid, codes.E_NO_SNAPSHOT, str(exc)))
+                return wire.error_reply(rid, exc.code, exc.message)
+        leadership.write(ctx.route, rid, req, ctx.received)
+        return DEFERRED
 
     def status(self) -> dict:
         position = self.store.position()
@@ -357,7 +253,10 @@ class BrokerServer:
         self.leader_clock.start(self.store.clock_ms())
         self.housekeeping.start(self.leader_clock.now_ms())
         metrics = self.metrics
-        hooks = LeaderHooks(send=self._send_for, internal_error=self._internal_error, wake=self.wake,
+        kernel = self.kernel
+        hooks = LeaderHooks(send=lambda route, msg, op, started: kernel.send(route, msg, op, started),
+                            internal_error=lambda route, rid, op, exc: kernel.internal_error(route, rid, op, exc),
+                            wake=self.wake,
                             new_id=self.new_id, on_fatal=self.hooks.on_fatal, on_lost=self.hooks.on_leadership_lost,
                             on_cluster_shutdown=self.hooks.on_cluster_shutdown,
                             on_entry_committed=metrics.entry_committed if metrics is not None else None,
@@ -384,16 +283,4 @@ class BrokerServer:
         leadership = self.leadership
         return leadership is None or leadership.idle
 
-    def _send_for(self, route: list[bytes], msg: dict, op: str | None, started: float | None) -> None:
-        """:meth:`_send` of a reply that comes later than its request (after a commit, or a long poll)."""
-        outer = self._answering, self._started
-        self._answering, self._started = op, started
-        try:
-            self._send(route, msg)
-        finally:
-            self._answering, self._started = outer
 
-
-def _plain_rid(rid: Any) -> Any:
-    """The request id if it is a plain value that surely encodes, else None."""
-    return rid if rid is None or type(rid) in (int, str, bytes) else None

@@ -114,7 +114,7 @@ class ServingKernel:
         recv, getsockopt = sock.recv, sock.getsockopt
         secure = self._secure
         copy = not secure  # secure: the body comes as a frame, to read who sent it
-        handle, counters = self.dispatcher.handle, self.counters
+        counters = self.counters
         read = 0
         more = True
         while more and read < max_messages:
@@ -133,10 +133,13 @@ class ServingKernel:
             if secure:
                 peer = peer_role(parts[-1]) or KEYLESS
                 parts[1:] = [part.bytes for part in parts[1:]]
-            received = time.perf_counter()
-            route = parts[:-1]
-            self._carry_out(route, handle(route, parts[-1], peer, received), received)
+            self.answer(parts[:-1], parts[-1], peer)
         return read
+
+    def answer(self, route: list, frame: bytes, peer: tuple[str, str] | None = None) -> None:
+        """Decide about one received message and send its reply (unless its handler defers it)."""
+        received = time.perf_counter()
+        self._carry_out(route, self.dispatcher.handle(route, frame, peer, received), received)
 
     def _carry_out(self, route: list, decision: Decision, started: float | None) -> None:
         if decision.reply is not DEFERRED:

@@ -49,6 +49,18 @@ class FakeWriter:
         return [[ev["type"] for ev in decode_batch(data)] for data in self.entries]
 
 
+def capture_replies(server: BrokerServer) -> list[dict]:
+    """Every reply ``server`` sends from now on, appended to the returned list (no socket needed)."""
+    sent: list[dict] = []
+    server.kernel.send = lambda route, msg, op=None, started=None: sent.append(msg)
+    return sent
+
+
+def send_request(server: BrokerServer, op: str, rid: int, **fields: Any) -> None:
+    """Hand ``server`` one request as if it had arrived on its socket."""
+    server.kernel.answer([b"peer"], wire.encode(wire.request(op, rid, **fields)))
+
+
 def epoch_started(now_ms: int) -> list[dict]:
     return [{"type": "EpochStarted", "epoch": 1, "broker_id": 1, "now_ms": now_ms}]
 
@@ -61,8 +73,7 @@ class LeaderHarness:
         self.store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
         self.server = BrokerServer(config or BrokerConfig(listen="tcp://127.0.0.1:1"), self.store, broker_id=1,
                                    hooks=hooks)
-        self.sent: list[dict] = []
-        self.server._send = lambda route, msg: self.sent.append(msg)
+        self.sent = capture_replies(self.server)
         self.writer = writer or FakeWriter()
         self.leadership: Leadership | None = None
         if lead:
@@ -77,7 +88,7 @@ class LeaderHarness:
         return self.leadership
 
     def request(self, op: str, rid: int, **fields: Any) -> None:
-        self.server._handle([b"peer"], wire.encode(wire.request(op, rid, **fields)))
+        send_request(self.server, op, rid, **fields)
 
     def turn(self) -> None:
         self.server.leadership.turn(self.server.writable)

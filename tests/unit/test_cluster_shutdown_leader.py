@@ -10,8 +10,8 @@ from __future__ import annotations
 from broker.server.config import BrokerConfig
 from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.store import StateStore
-from election import codes, wire
-from tests.support.leading import FakeWriter, LeaderHarness
+from election import codes
+from tests.support.leading import FakeWriter, LeaderHarness, capture_replies, send_request
 
 
 def _leading(tmp_path):
@@ -23,7 +23,7 @@ def _leading(tmp_path):
 
 
 def _request(server: BrokerServer, op: str, rid: int, **fields) -> None:
-    server._handle([b"peer"], wire.encode(wire.request(op, rid, **fields)))
+    send_request(server, op, rid, **fields)
 
 
 def _settle(server: BrokerServer, writer: FakeWriter, turns: int = 8) -> None:
@@ -87,8 +87,7 @@ def test_a_follower_names_the_wait_in_not_leader(tmp_path):
     store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
     server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1"), store, broker_id=1,
                           hooks=ServerHooks(not_leader_note=lambda: "waiting for 3 members (2 present)"))
-    sent: list[dict] = []
-    server._send = lambda route, msg: sent.append(msg)
+    sent = capture_replies(server)
     try:
         _request(server, "submit", 1, queue="q", payload=b"a")
         assert sent[0]["error"] == codes.E_NOT_LEADER and "waiting for 3 members (2 present)" in sent[0]["message"]

@@ -10,16 +10,14 @@ from broker.server.leading.leadership import LeaderSession
 from broker.server.request_loop import BrokerServer
 from broker.server.takeover_steps import RollPostponed
 from broker.state.store import StateStore
-from election import wire
-from tests.support.leading import FakeWriter, epoch_started
+from tests.support.leading import FakeWriter, capture_replies, epoch_started, send_request
 
 
 def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(leadership_module, "ROLL_RETRY_S", 0.0)
     store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
     server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1", lease_check_ms=1), store, broker_id=1)
-    sent: list[dict] = []
-    server._send = lambda route, msg: sent.append(msg)
+    sent = capture_replies(server)
     first, second = FakeWriter(), FakeWriter(ledger_id=8)
     bookies = {"live": 2}
     rolls = []
@@ -44,7 +42,7 @@ def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatc
         turn(first)
         assert session.ready
         for rid in range(1, 6):
-            server._handle([b"peer"], wire.encode(wire.request("submit", rid, queue="q", payload=b"x")))
+            send_request(server, "submit", rid, queue="q", payload=b"x")
             turn(first)
         assert rolls and set(rolls) == {7}  # tried, postponed, tried again
         assert session.group.failed is None and session.writer is first
@@ -53,7 +51,7 @@ def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatc
         bookies["live"] = 3
         turn(first)
         assert session.writer is second and not session.roll_postponed
-        server._handle([b"peer"], wire.encode(wire.request("submit", 9, queue="q", payload=b"y")))
+        send_request(server, "submit", 9, queue="q", payload=b"y")
         turn(second)
         assert sent[-1]["ok"] and second.entries
     finally:
