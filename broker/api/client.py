@@ -19,9 +19,10 @@ Retrying is safe for ``submit``: a submit without a ``key`` gets a generated
 reply was lost in a failover never creates a second task.
 
 Several threads submitting at once: the ``submit`` calls of one client's threads
-that meet go to the leader together, as one ``submit_many`` (:mod:`broker.api.submit_group`):
-a lone call is sent at once, on its thread's socket, as before; each caller keeps its
-key, retries, deadline and its own result or error.
+that find four of its submit requests in flight wait, and go to the leader together as
+one ``submit_many`` (:mod:`broker.api.submit_group`); a lone call is sent at once, on its
+thread's socket, as before; each caller keeps its key, retries, deadline and its own
+result or error.
 
 Many submits in flight: :meth:`Client.submit_async` returns a future of the task id
 at once; the submits waiting together, from any thread, are coalesced into one

@@ -51,7 +51,7 @@ retried; a task the lost reply may have leased goes back to its queue when the
 lease expires (using up one attempt).
 
 ``prefetch`` (default :func:`default_prefetch`: four tasks per thread, at least
-32, at most 256) above ``concurrency`` keeps tasks queued for threads that finish
+32, at most 256; ``concurrency`` when every handler runs a command) above ``concurrency`` keeps tasks queued for threads that finish
 short handlers, at the cost of leases (and ``max_run_ms``) running while a task
 waits; below it, some threads stay idle. The outbox asks for the room its
 completions free in the same ``complete_many`` (complete-and-lease, where the
