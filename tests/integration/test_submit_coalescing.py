@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from broker.api.client import Client, ClientError
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -80,3 +81,46 @@ def test_threads_submitting_at_once_share_requests_and_each_get_their_own_task(b
         run_threads(threads, resubmit)
         assert again == ids
         assert client.status()["queues"]["coalesce"]["waiting"] == threads * per_thread + 1
+
+
+def test_coalesced_submits_survive_a_leader_sigkill_once_each(broker_cluster):
+    bc = broker_cluster
+    acked: dict[str, str] = {}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    with Counting(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=60) as client:
+        def produce(n: int) -> None:
+            i = 0
+            while not stop.is_set() and not errors:
+                key = f"f{n}-{i}"
+                try:
+                    acked[key] = client.submit("failover", key.encode(), key=key)
+                except ClientError as exc:  # recorded: the test fails on any
+                    errors.append(exc)
+                i += 1
+
+        def until(count: int, what: str) -> None:
+            wait_for(lambda: errors or len(acked) >= count, 60, what)
+            assert not errors, errors[:3]
+
+        threads = [threading.Thread(target=produce, args=(n,), daemon=True) for n in range(16)]
+        for t in threads:
+            t.start()
+        try:
+            until(300, "submits to flow")
+            old_id = bc.leader_info()["broker_id"]
+            bc.leader_proc().kill()
+            bc.wait_leader(30, old_id)
+            until(len(acked) + 300, "submits to flow after the failover")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        assert not any(t.is_alive() for t in threads) and not errors, errors[:3]
+        assert client.batched > 0
+        assert len(set(acked.values())) == len(acked), "two keys share a task id"
+        keys = sorted(acked)
+        # The same keys again name the same tasks: a batch resent after the failover made no second task.
+        again = client.submit_many([{"queue": "failover", "payload": k.encode(), "key": k} for k in keys])
+        assert again == [acked[k] for k in keys]
+        assert sum(client.status()["queues"]["failover"].values()) == len(acked)
