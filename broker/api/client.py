@@ -65,35 +65,30 @@ import logging
 import random
 import threading
 import time
-import weakref
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import zmq
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from broker.api.leader_watch import LeaderWatch
+from broker.api.client_leader import LeaderTracking
+from broker.api.client_transport import Transport, _Transient
 from broker.api.operate import OperatorCalls
 from broker.api.pipeline import SubmitPipeline
 from broker.api.submit_group import SubmitGroup
-from broker.api.target import DEFAULT_ZK, ClusterNotFound, check_cluster_exists, dev_dir_options, resolve_target
-from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OPTIONS,
+from broker.api.target import DEFAULT_ZK, ClusterNotFound, dev_dir_options, resolve_target
+from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, SUBMIT_OPTIONS,
                                  SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, TaskNotFound,
                                  WaitTimeout, auto_key, backoff_fields, classify, leader_address, submit_cost,
                                  submit_fields)
 from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
-from election import ElectionError
-from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE, E_UNTRUSTED_SERVER
-from election.exchange import PLAIN_HINT
-from election.keys import KeysError
+from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
 from election.secure import load_client_keys, process_keys
-from election.paths import ClusterPaths
-from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
-from election.wire import (DEFAULT_MAX_FRAME_BYTES, WireError, decode, encode, error_for,
-                           request as make_request)
+from election.zk import close as zk_close
+from election.wire import DEFAULT_MAX_FRAME_BYTES, error_for
 
 # The request helpers and error classes are part of this module's interface (and of
 # broker.client's): they live in broker.api.requests and are re-exported here.
@@ -108,33 +103,10 @@ DEFAULT_REQUEST_TIMEOUT = 5.0
 _ENVELOPE = ("v", "rid", "ok")
 
 
-class _Conn:
-    """The calling thread's socket and the address it is connected to."""
-
-    __slots__ = ("sock", "address", "release", "__weakref__")
-
-    def __init__(self, sock: zmq.Socket, address: str) -> None:
-        self.sock, self.address = sock, address
-
-
-def _release_socket(sockets: set, lock: threading.RLock, sock: zmq.Socket) -> None:
-    # Whoever removes the socket from the set closes it, so it is closed exactly once.
-    with lock:
-        if sock not in sockets:
-            return
-        sockets.discard(sock)
-    sock.close(linger=0)
-
-
-class _Transient(Exception):
-    """One attempt failed in a way a retry may fix (no reply, send/connect failure)."""
-
-
-
 # ---------------------------------------------------------------- the client
 
 
-class Client(OperatorCalls):
+class Client(OperatorCalls, LeaderTracking, Transport):
     """A connection to one fencepost cluster (see the module docstring).
 
     Besides submitting and waiting, the operator's calls (:mod:`broker.api.operate`):
@@ -182,38 +154,6 @@ class Client(OperatorCalls):
     def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Client":
         """A client of the dev cluster `fencepost dev up` recorded in ``dev_dir`` (``options`` as for Client)."""
         return cls(**{**dev_dir_options(dev_dir), **options})
-
-    def _open_zk(self, hosts: str, cluster: str) -> None:
-        try:
-            self._paths = ClusterPaths(cluster)
-            self._zk = zk_connect(hosts, session_timeout=10.0, connect_timeout=min(self.timeout, 10.0))
-        except ZooKeeperUnavailable as exc:
-            self._ctx.destroy(linger=0)
-            raise BrokerUnavailable(str(exc)) from None
-        except ElectionError as exc:  # a bad cluster name
-            self._ctx.destroy(linger=0)
-            raise ValueError(str(exc)) from None
-        except ValueError as exc:  # hosts kazoo cannot parse
-            self._ctx.destroy(linger=0)
-            raise ValueError(f"invalid ZooKeeper hosts {hosts!r}: {exc}") from None
-        try:
-            check_cluster_exists(self._zk, cluster, hosts)
-        except (ClusterNotFound, KazooException):
-            zk_close(self._zk)
-            self._ctx.destroy(linger=0)
-            raise
-        # The watch keeps the cached leader current across failovers; a failed
-        # request also drops the cache, so a missed event only costs a re-read.
-        self._watch = LeaderWatch(self._zk, self._paths.leader, self._on_leader_node)
-        self._watch.start()
-
-    def _on_leader_node(self, data: bytes | None) -> None:
-        try:
-            address = leader_address(json.loads(data)) if data else None
-        except ValueError:
-            address = None
-        with self._lock:
-            self._leader = address
 
     # ------------------------------------------------------------ public API
 
@@ -450,164 +390,8 @@ class Client(OperatorCalls):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ------------------------------------------------------- leader tracking
+    # ------------------------------------------------------------ state
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClientError(E_CLOSED, "the client is closed")
-
-    def _set_leader(self, address: str) -> None:
-        with self._lock:
-            self._leader = address
-            if self._zk is None and address not in self._known:
-                self._known.append(address)  # a later discovery may ask it too
-
-    def _forget_leader(self, address: str) -> None:
-        with self._lock:
-            if self._leader == address:
-                self._leader = None
-
-    def _current_leader(self, deadline: float) -> str | None:
-        with self._lock:
-            if self._leader:
-                return self._leader
-        address = self._discover_zk(deadline) if self._zk is not None else self._discover_brokers(deadline)
-        if address:
-            self._set_leader(address)
-        return address
-
-    def _zk_read(self, path: str, deadline: float) -> bytes | None:
-        """A znode's data (None if it does not exist), waiting for ZooKeeper no later than ``deadline``."""
-        try:
-            data, _ = self._zk.get_async(path).get(timeout=max(deadline - time.monotonic(), 0.01))
-        except NoNodeError:
-            return None
-        return data
-
-    def _discover_zk(self, deadline: float) -> str | None:
-        try:
-            data = self._zk_read(self._paths.leader, deadline)
-            return leader_address(json.loads(data)) if data else None
-        except (KazooException, KazooTimeoutError, ValueError) as exc:  # ZooKeeper away, or a bad node
-            log.debug("cannot read the leader node: %s", exc)
-            return None
-
-    def _discover_brokers(self, deadline: float) -> str | None:
-        """Ping the known brokers in turn; the first that is, or names, the leader wins."""
-        with self._lock:
-            known = list(self._known)
-        for address in known:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            try:
-                # A live broker answers a ping at once; do not wait long on a dead one.
-                reply = self._exchange(address, "ping", {}, min(self.request_timeout, 1.0, remaining))
-            except _Transient:
-                continue
-            if reply.get("ok") and reply.get("role") == "leader":
-                return address
-            named = leader_address(reply.get("leader"))
-            if named:
-                return named
-        return None
-
-    # ----------------------------------------------------------- transport
-
-    def _socket(self, address: str) -> zmq.Socket:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and conn.address == address:
-            return conn.sock
-        self._drop_socket()
-        with self._lock:
-            self._check_open()
-            sock = self._ctx.socket(zmq.DEALER)
-            self._sockets.add(sock)
-        # LINGER 0: a dropped socket discards what it still queues for a dead peer.
-        sock.setsockopt(zmq.LINGER, 0)
-        conn = self._local.conn = _Conn(sock, address)
-        # When the thread ends its thread-local goes, and with it the socket.
-        conn.release = weakref.finalize(conn, _release_socket, self._sockets, self._lock, sock)
-        try:
-            self._secure(sock, address)
-            sock.connect(address)
-        except zmq.ZMQError as exc:
-            self._drop_socket()
-            raise _Transient(f"cannot connect: {exc}") from None
-        except ClientError:
-            self._drop_socket()
-            raise
-        return sock
-
-    def _secure(self, sock: zmq.Socket, address: str) -> None:
-        """Make ``sock`` a CURVE client pinned to the broker at ``address`` (a secure client only)."""
-        if self._keys is None:
-            return
-        try:
-            self._keys.secure(sock, address, ("broker",))
-        except KeysError as exc:
-            raise ClientError(E_UNTRUSTED_SERVER, str(exc)) from None
-
-    def _drop_socket(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            conn.release()
-
-    def _silence_hint(self, last: str) -> str:
-        """Why a broker may stay silent to this client: a secure cluster, or a key that is not the server's."""
-        if "no reply" not in last:
-            return ""
-        if self._keys is None:
-            return PLAIN_HINT
-        return " (or the server there does not hold the key the keys file lists for its address)"
-
-    def _leader_moved(self, address: str) -> bool:
-        """True when ZooKeeper names a leader other than `address` (only known with `zk`)."""
-        with self._lock:
-            return self._zk is not None and self._leader is not None and self._leader != address
-
-    def _exchange(self, address: str, op: str, fields: dict, timeout: float) -> dict:
-        """One request, one reply (matched by rid); raise _Transient on no reply in time."""
-        rid = next(self._rids)
-        frame = encode(make_request(op, rid, **fields))
-        if len(frame) > self.max_frame_bytes:
-            # The broker would drop the connection, not answer: say so now instead of timing out.
-            raise ClientError(E_PAYLOAD_TOO_LARGE, f"{op} request of {len(frame)} bytes exceeds the "
-                                                   f"brokers' frame limit of {self.max_frame_bytes} bytes")
-        sock = self._socket(address)
-        try:
-            sock.send(frame, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            self._drop_socket()
-            raise _Transient(f"send failed: {exc}") from None
-        end = time.monotonic() + timeout
-        while True:
-            remaining_ms = int((end - time.monotonic()) * 1000)
-            if remaining_ms <= 0:
-                # A new socket next time: a reply that arrives late must never be
-                # read as the answer to a later request.
-                self._drop_socket()
-                raise _Transient(f"no reply within {timeout:g}s")
-            if not sock.poll(min(remaining_ms, int(LEADER_CHECK_S * 1000)), zmq.POLLIN):
-                if self._leader_moved(address):
-                    # The dead leader will never answer: go to the new one now instead of
-                    # waiting out the timeout (the request is safe to repeat).
-                    self._drop_socket()
-                    raise _Transient("the leader changed while waiting for a reply")
-                continue
-            try:
-                raw = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                continue
-            try:
-                msg = decode(raw, MAX_REPLY_BYTES)
-            except WireError as exc:
-                if exc.rid == rid:  # e.g. the broker speaks another protocol version
-                    raise ClientError(exc.code, exc.message) from None
-                log.debug("dropping an undecodable reply from %s: %s", address, exc)
-                continue
-            if msg.get("rid") != rid:
-                log.debug("dropping a reply to another request (rid %r) from %s", msg.get("rid"), address)
-                continue
-            return msg
