@@ -96,8 +96,14 @@ def test_broker_killed_while_writing_snapshots_restarts_intact(cluster, procs):
     assert listing.returncode == 0, listing.stderr.decode()
     rows = json.loads(listing.stdout)
     assert rows and not [r for r in rows if r.get("error")], rows
+    verified = 0
     for row in rows:
-        assert procs.run(["snapshot", "verify", row["path"]]).returncode == 0
+        result = procs.run(["snapshot", "verify", row["path"]])
+        if result.returncode == 2 and not Path(row["path"]).exists():
+            continue  # retention removed it after the listing: the broker keeps checkpointing
+        assert result.returncode == 0, result.stderr.decode()
+        verified += 1
+    assert verified, "every listed snapshot vanished before it could be verified"
 
 
 def test_damaged_or_foreign_snapshots_are_refused_with_a_reason(cluster, procs, tmp_path):
