@@ -1,10 +1,8 @@
 """The documented import path of the asyncio client: ``from broker.aio import AsyncClient``.
 
-The client lives in :mod:`broker.api.aio`; this name is the same module object,
-so everything (including what tests patch) is shared.
+The client lives in :mod:`broker.api.aio`; this module re-exports it (a plain
+module, safe to import from several threads at once).
 """
-import sys
+from broker.api.aio import AsyncClient
 
-from broker.api import aio as _aio
-
-sys.modules[__name__] = _aio
+__all__ = ["AsyncClient"]

@@ -1,10 +1,8 @@
 """The documented import path of the client: ``from broker.client import Client``.
 
-The client lives in :mod:`broker.api.client`; this name is the same module object,
-so everything (including what tests patch) is shared.
+The client lives in :mod:`broker.api.client`; this module re-exports its public
+names. A plain module (it does not replace itself in ``sys.modules``), so threads
+that import it at the same moment all see it whole.
 """
-import sys
-
-from broker.api import client as _client
-
-sys.modules[__name__] = _client
+from broker.api.client import *  # noqa: F401,F403 - the re-export is the point
+from broker.api.client import __all__  # noqa: F401

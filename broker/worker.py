@@ -1,9 +1,7 @@
 """The documented import path of the worker: ``from broker.worker import Worker``.
 
-The worker lives in :mod:`broker.api.worker`; this name is the same module object.
+The worker lives in :mod:`broker.api.worker`; this module re-exports its public
+names (a plain module, safe to import from several threads at once).
 """
-import sys
-
-from broker.api import worker as _worker
-
-sys.modules[__name__] = _worker
+from broker.api.worker import *  # noqa: F401,F403 - the re-export is the point
+from broker.api.worker import __all__  # noqa: F401
