@@ -13,10 +13,9 @@ import pytest
 
 from ledger.bookie.cookie import cookie_path
 from ledger.metadata import CLOSED, list_ledgers, read_metadata
-from tests.chaos.test_broker_failover import assert_exactly_once, assert_replicas_agree
-from tests.chaos.test_ensemble_change import TimedProducers, by_id, read_direct
+from tests.support.ledgers import by_id, read_direct, start_bookies, wait_registered
+from tests.support.producers import TimedProducers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, wait_for
-from tests.integration.test_ledger_client import start_bookies, wait_registered
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(150)]
 

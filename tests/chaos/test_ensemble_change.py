@@ -14,10 +14,10 @@ from ledger.client.bookie_pool import LedgerFencedError
 from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, OPEN, read_metadata
 from ledger.underreplication import read_underreplicated
-from tests.chaos.test_broker_failover import Producers, assert_exactly_once, assert_replicas_agree
+from tests.support.ledgers import by_id, make_client, read_direct, start_bookies, wait_registered
+from tests.support.producers import TimedProducers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, wait_for
-from tests.integration.bookie_client import Client
-from tests.integration.test_ledger_client import bookie_id_of, make_client, start_bookies, wait_registered
+from tests.support.bookie_client import Client
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
@@ -84,14 +84,6 @@ class Stream:
             times = sorted(t for t in self.ack_times if t >= after)
         points = [after] + times
         return max((b - a for a, b in zip(points, points[1:])), default=float("inf"))
-
-
-def by_id(bookies) -> dict:
-    return {bookie_id_of(p): p for p in bookies}
-
-
-def read_direct(address: str, ledger_id: int, entry_id: int) -> dict:
-    return Client(address, timeout_ms=3000).call("read", ledger=ledger_id, entry=entry_id)
 
 
 @pytest.fixture
@@ -355,32 +347,6 @@ def test_a_reader_with_metadata_from_before_the_changes_finds_later_entries(clus
 
 
 # ---------------------------------------------------------------- a broker's ledger
-
-
-class TimedProducers(Producers):
-    """Producers that also record the longest time one submit took (retries included)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.longest = 0.0
-
-    def _run(self, zk_hosts, cluster, index):
-        from broker.api.client import Client
-
-        with Client(zk=zk_hosts, cluster=cluster, timeout=self.timeout) as client:
-            n = 0
-            while not self.stop.is_set():
-                key = f"p{index}-{n}"
-                started = time.monotonic()
-                try:
-                    task_id = client.submit("load", f"task {key}".encode(), key=key)
-                except Exception as exc:  # recorded: the test fails on any
-                    self.errors.append(exc)
-                    return
-                with self.lock:
-                    self.longest = max(self.longest, time.monotonic() - started)
-                    self.acked[key] = task_id
-                n += 1
 
 
 def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):

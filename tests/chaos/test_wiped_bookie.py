@@ -17,7 +17,7 @@ import pytest
 
 from ledger import LedgerError
 from ledger.metadata import CLOSED, IN_RECOVERY, read_metadata
-from tests.integration.test_ledger_client import make_client, procs_in_ensemble_order, start_bookies, wait_registered
+from tests.support.ledgers import make_client, procs_in_ensemble_order, start_bookies, wait_registered
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 

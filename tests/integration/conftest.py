@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.bookie_client import Client
+from tests.support.bookie_client import Client
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pipeline.audit import audit_cluster, plan_audit
 from pipeline.history import cluster_entries
 from pipeline.plan import ClusterAddress
 from pipeline.rows import SCHEMA, entry_rows
-from tests.integration.test_ledger_client import corrupt_entry_on_disk
+from tests.support.ledgers import corrupt_entry_on_disk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -11,7 +11,7 @@ import zmq
 
 from election.paths import ClusterPaths
 from election import wire
-from tests.integration.bookie_client import entry
+from tests.support.bookie_client import entry
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ from election.codes import E_NO_ENTRY
 from ledger.rereplication import rereplicate_ledger
 from ledger.metadata import read_metadata
 from tests.conftest import wait_for
-from tests.integration.bookie_client import Client
-from tests.integration.test_ledger_client import bookie_id_of, make_client, wait_registered
+from tests.support.bookie_client import Client
+from tests.support.ledgers import bookie_id_of, make_client, wait_registered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

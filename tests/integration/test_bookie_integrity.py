@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from tests.conftest import _answers_ping, wait_for
-from tests.integration.bookie_client import entry
-from tests.integration.test_ledger_client import corrupt_entry_on_disk
+from tests.support.bookie_client import entry
+from tests.support.ledgers import corrupt_entry_on_disk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

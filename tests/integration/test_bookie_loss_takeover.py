@@ -11,7 +11,7 @@ import pytest
 
 from election import codes
 from election.leader import read_leader
-from tests.chaos.test_broker_failover import Producers, assert_exactly_once, assert_replicas_agree
+from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -135,7 +135,7 @@ def test_takeover_waits_for_an_open_ledgers_bookies_though_a_new_ledger_fits(clu
     epochs and says why; one of its bookies back, it completes with nothing lost."""
     from ledger.log import read_log
     from ledger.metadata import read_metadata
-    from tests.integration.test_ledger_client import bookie_id_of
+    from tests.support.ledgers import bookie_id_of
 
     bookies = procs.start_bookies(cluster, 5, extra=BOOKIE_SESSION)
     brokers = procs.start_brokers(cluster, 2)

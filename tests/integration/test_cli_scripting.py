@@ -19,7 +19,7 @@ from broker.api.client import Client, ClientError, ClusterNotFound
 from broker.api.worker import Worker
 from devtools.devcluster import DevCluster
 from tests.conftest import wait_for
-from tests.integration.devrun import dev, dev_up
+from tests.support.devrun import dev, dev_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

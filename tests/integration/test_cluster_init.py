@@ -29,8 +29,8 @@ from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
 from ledger.log import read_log
 from ledger.metadata import CLOSED, read_metadata
 from tests.conftest import _answers_ping, call, wait_for
-from tests.integration.bookie_client import Client
-from tests.integration.test_ledger_client import make_client, procs_in_ensemble_order, wait_registered
+from tests.support.bookie_client import Client
+from tests.support.ledgers import make_client, procs_in_ensemble_order, wait_registered
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,6 @@ bookie fails and when, and see every request each one got.
 """
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import wait as wait_futures
 
@@ -18,7 +17,7 @@ from ledger.codec import Digest, decode_entry
 from ledger.metadata import IN_RECOVERY, OPEN, LedgerMetadata, cas_metadata, create_metadata, read_metadata
 from ledger.underreplication import read_underreplicated
 from tests.conftest import wait_for
-from tests.integration.test_ledger_client import FakeBookie
+from tests.support.ledgers import FakeBookie, entries_seen, register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -38,19 +37,6 @@ class Switch:
                 return None
             time.sleep(self.delay)
         return wire.ok_reply(msg["rid"])
-
-
-def register(cluster, fake: FakeBookie, bookie_id: str, free_gib: int = 10) -> None:
-    doc = {"bookie_id": bookie_id, "address": fake.address, "free_bytes": free_gib << 30}
-    cluster.zk.create(cluster.paths.bookie(bookie_id), json.dumps(doc).encode(), ephemeral=True, makepath=True)
-
-
-def entries_seen(fake: FakeBookie) -> list[int]:
-    ids = []
-    for msg in list(fake.seen):
-        if msg["op"] == "add_batch":
-            ids.extend(range(msg["first"], msg["first"] + len(msg["entries"])))
-    return ids
 
 
 @pytest.fixture

@@ -5,73 +5,25 @@ socket driven by the test) for timeouts, late replies and error mapping.
 """
 from __future__ import annotations
 
-import struct
 import threading
 import time
 from concurrent.futures import wait as wait_futures
 
-import lmdb
 import pytest
-import zmq
 
 from election import wire
 
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
-from ledger.bookie.cookie import read_cookie
-from ledger.codec import HEADER_SIZE
-from ledger.client.facade import LedgerClient
 from ledger.log import LogConflict, LogReader, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
 from ledger.client.reader import EntryNotCommitted
+from tests.support.ledgers import start_bookies, wait_registered, make_client, bookie_id_of, procs_in_ensemble_order, corrupt_entry_on_disk, FakeBookie
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 # ---------------------------------------------------------------- helpers (also used by the chaos tests)
-
-
-def start_bookies(procs, cluster, n: int = 3) -> list:
-    return procs.start_bookies(cluster, n)
-
-
-def wait_registered(cluster, n: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cluster.zk.exists(cluster.paths.bookies) and len(cluster.zk.get_children(cluster.paths.bookies)) >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} bookies registered within {timeout}s")
-
-
-def make_client(cluster, **kwargs) -> LedgerClient:
-    kwargs.setdefault("add_timeout", 2.0)
-    kwargs.setdefault("read_timeout", 1.0)
-    kwargs.setdefault("request_timeout", 2.0)
-    return LedgerClient(cluster.zk, cluster.paths, **kwargs)
-
-
-def bookie_id_of(proc) -> str:
-    return read_cookie(proc.data_dir)["bookie_id"]
-
-
-def procs_in_ensemble_order(bookies: list, meta) -> list:
-    by_id = {bookie_id_of(p): p for p in bookies}
-    return [by_id[m["bookie_id"]] for m in meta.ensemble]
-
-
-def corrupt_entry_on_disk(data_dir, ledger_id: int, entry_id: int) -> None:
-    """Flip one payload byte of a stored entry (the bookie must be stopped)."""
-    env = lmdb.open(str(data_dir), subdir=True, max_dbs=8, map_size=1 << 30)
-    try:
-        db = env.open_db(b"entries")
-        key = struct.pack(">QQ", ledger_id, entry_id)
-        with env.begin(write=True) as txn:
-            data = bytearray(txn.get(key, db=db))
-            data[HEADER_SIZE] ^= 0xFF
-            txn.put(key, bytes(data), db=db)
-    finally:
-        env.close()
 
 
 @pytest.fixture
@@ -84,38 +36,6 @@ def ledger_env(cluster, procs):
 
 
 # ---------------------------------------------------------------- BookiePool against a fake bookie
-
-
-class FakeBookie:
-    """A ROUTER socket in a thread; ``handler(msg) -> reply map or None (stay silent)``."""
-
-    def __init__(self, handler):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
-        self.handler = handler
-        self.stop = threading.Event()
-        self.seen = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        while not self.stop.is_set():
-            if self.sock.poll(20):
-                *env, body = self.sock.recv_multipart()
-                msg = wire.decode(body)
-                self.seen.append(msg)
-                reply = self.handler(msg)
-                if reply is not None:
-                    self.sock.send_multipart([*env, wire.encode(reply)])
-        self.sock.close()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(5)
-        self.ctx.term()
 
 
 def test_pool_maps_replies_and_errors():

@@ -11,7 +11,7 @@ import pytest
 
 from devtools.procs import spawn, stop_process
 from tests.conftest import REPO
-from tests.integration.devrun import clean_env, dev_up
+from tests.support.devrun import clean_env, dev_up
 
 # A small cluster (one broker): the examples need a leader, not failover.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -11,8 +11,8 @@ from ledger.metadata import CLOSED, read_metadata
 from ledger.rereplication import TokenBucket, rereplicate_ledger
 from ledger.underreplication import mark_underreplicated, read_underreplicated
 from tests.conftest import wait_for
-from tests.integration.bookie_client import DIGEST, Client
-from tests.integration.test_ledger_client import bookie_id_of, make_client, wait_registered
+from tests.support.bookie_client import DIGEST, Client
+from tests.support.ledgers import bookie_id_of, make_client, wait_registered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

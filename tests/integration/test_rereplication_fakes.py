@@ -11,8 +11,7 @@ from ledger.codec import Digest, Entry, decode_entry, encode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, cas_metadata, create_metadata, read_metadata
 from ledger.rereplication import RereplicationError, rereplicate_ledger
 from ledger.underreplication import mark_underreplicated, read_underreplicated
-from tests.integration.test_ensemble_change_fakes import entries_seen, register
-from tests.integration.test_ledger_client import FakeBookie
+from tests.support.ledgers import FakeBookie, entries_seen, register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.api.client import Client
-from broker.api.worker import Task, Worker
+from broker.api.worker import Worker
 from devtools.procs import fencepost_env, spawn
 from tests.conftest import REPO, Proc, wait_for
 

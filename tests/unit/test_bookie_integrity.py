@@ -25,7 +25,7 @@ from ledger.bookie import store as bookie_store
 from ledger.bookie.cookie import read_cookie, write_cookie
 from ledger.bookie.store import BookieStore, ReadOnlyGate, is_disk_full
 from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
-from tests.unit.bookie_helpers import add_entries
+from tests.support.bookie_helpers import add_entries
 from ledger.client.recovery import ABSENT, CORRUPT, FOUND, HAS, NO_ANSWER, NO_ENTRY, UNDECIDED, UNVOUCHED, entry_verdict
 
 MAP = 64 * 1024 * 1024

@@ -10,7 +10,7 @@ from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import CookieError, WrongClusterError, check_or_write_cookie, read_cookie
 from ledger.bookie.store import FENCED, STORED, BookieStore
 from ledger.codec import Digest, Entry, encode_entry
-from tests.unit.bookie_helpers import add_entries
+from tests.support.bookie_helpers import add_entries
 
 MAP = 64 * 1024 * 1024
 

@@ -107,7 +107,7 @@ def test_every_code_constant_is_defined_once():
 
 
 def test_the_wire_sits_below_ledger_and_broker():
-    from tests.unit.test_layers import import_graph
+    from tests.support.source_graph import import_graph
 
     graph = import_graph()
     assert "ledger.wire" not in graph

@@ -4,7 +4,7 @@ from __future__ import annotations
 from broker.server.follower import Diverged
 from broker.server.group_commit import WriteFailed
 from broker.server.request_loop import ServerHooks
-from election import codes, wire
+from election import codes
 from tests.support.leading import LeaderHarness
 
 

@@ -8,11 +8,9 @@ inside functions count as much as module-level ones: a lazy import is still a de
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("election", "ledger", "snapshots", "broker", "pipeline", "devtools", "bench")
-TOP_MODULES = ("cli", "cli_options", "cli_lifecycle")
+from tests.support.source_graph import PACKAGES, ROOT, TOP_MODULES, import_graph, imports_of, module_files
+
 # Top-level modules that belong to another name's layer.
 LAYER_OF = {"cli_options": "cli", "cli_lifecycle": "cli"}
 
@@ -31,57 +29,6 @@ ALLOWED: dict[str, set[str]] = {
 
 # pipeline may read the broker's replicated state, not its server or client side.
 PIPELINE_BROKER_MODULES = ("broker", "broker.state.")
-
-
-def module_files() -> dict[str, Path]:
-    """Every module of the project by dotted name (a package by its own name)."""
-    found: dict[str, Path] = {}
-    for name in TOP_MODULES:
-        found[name] = ROOT / f"{name}.py"
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
-
-
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules ``name`` imports anywhere in its file, resolved to the deepest known module."""
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
-    targets: set[str] = set()
-
-    def deepest(dotted: str) -> str | None:
-        while dotted:
-            if dotted in known:
-                return dotted
-            dotted = dotted.rpartition(".")[0]
-        return None
-
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        candidates: list[str] = []
-        if isinstance(node, ast.Import):
-            candidates = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            # "from pkg import mod" imports the module pkg.mod when there is one.
-            candidates = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
-        for candidate in candidates:
-            target = deepest(candidate)
-            if target is not None and target != name:
-                targets.add(target)
-    return targets
-
-
-def import_graph() -> dict[str, set[str]]:
-    files = module_files()
-    known = set(files)
-    return {name: imports_of(name, path, known) for name, path in files.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -212,3 +159,18 @@ def test_collaborators_are_passed_to_constructors_not_set_from_outside():
             continue
         problems += [f"{name} {line}" for line in collaborator_writes(path.read_text())]
     assert not problems, "collaborators set from outside:\n" + "\n".join(problems)
+
+
+def test_no_test_module_imports_another():
+    # Shared helpers live in tests/support/: a test module that imports another runs the
+    # other's module-level code and ties the two files' edits together.
+    tests_root = ROOT / "tests"
+    problems = []
+    for path in sorted(tests_root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_"):
+                    problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not problems, "test modules importing test modules:\n" + "\n".join(problems)

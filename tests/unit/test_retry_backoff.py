@@ -6,7 +6,7 @@ import pytest
 from broker import protocol
 from broker.server.retry_stamp import stamp_retry_delay
 from broker.state.backoff import delay_for, retry_delay_ms, settings
-from tests.unit.test_state_machine import Replica
+from tests.support.replica import Replica
 
 
 def test_delays_double_from_the_base_and_stop_at_the_cap():

@@ -14,36 +14,7 @@ from broker.state.schema import STORE_FORMAT, id_key, state_key, task_id_of, unp
 from broker.state.store import (
     DigestMismatch, PositionError, StateDiverged, StateStore, StoreError, StoreFull,
     StoreIncomplete)
-
-
-class Replica:
-    """A store plus the next position, so tests read like a stream of entries."""
-
-    def __init__(self, path, **kw):
-        self.store = StateStore(path, map_size=kw.pop("map_size", 64 << 20), sync=False, **kw)
-        self.entry = -1
-
-    def batch(self, *events):
-        self.entry += 1
-        return self.store.apply_batch(list(events), (1, self.entry))
-
-    def do(self, etype, **fields):
-        return self.batch({"type": etype, **fields})[0]
-
-    def submit(self, tid, queue="q", now_ms=0, **kw):
-        res = self.do("TaskSubmitted", task_id=tid, queue=queue, payload=tid.encode(),
-                      now_ms=now_ms, **kw)
-        assert res["ok"], res
-        return res
-
-    def lease(self, worker="w", queues=("q",), max_tasks=10, now_ms=0, **kw):
-        res = self.do("TaskLeased", worker=worker, queues=list(queues), max_tasks=max_tasks,
-                      now_ms=now_ms, **kw)
-        assert res["ok"], res
-        return [(t["task_id"], t["attempt"]) for t in res["tasks"]]
-
-    def state(self, tid):
-        return self.store.get_task(tid)["state"]
+from tests.support.replica import Replica
 
 
 @pytest.fixture
