@@ -1,8 +1,9 @@
 """Which ledgers may be deleted (docs/architecture.md, "Snapshots, checkpoints, retention and joining").
 
-A ledger may go only when no member could ever need to read it again: every
-entry of it must be covered by a snapshot that a *live* broker can serve (a
-new or lagging member installs that snapshot and replays from its position),
+A ledger may go only when no member could ever need to read it again: a
+snapshot that a *live* broker can serve must stand in a later ledger (a new or
+lagging member installs that snapshot and replays from its position, which
+must still be in the log: it cannot tell that a deleted ledger held nothing more),
 so a snapshot that exists only on a dead broker does not count (Majordodo
 issue #51: deleting logs behind a snapshot nobody can serve strands every
 member that falls behind). The decision is pure; the caller gathers the log,
@@ -19,7 +20,7 @@ Example::
                      9: {"state": "OPEN", "last_entry": -1, "created_at": 90.0}},
         servable_positions=[(4, 3)],
         now=10_000.0, retention_seconds=3600.0)
-    assert doomed == [1]        # 4 is only covered up to entry 3
+    assert doomed == [1]        # the snapshot stands in 4: 4 stays
 """
 from __future__ import annotations
 
@@ -54,23 +55,24 @@ def deletable_ledgers(log: list[dict], ledger_meta: dict[int, dict],
     """The ids of the ledgers that may be deleted now, oldest first (always a prefix of ``log``).
 
     A ledger qualifies when it is CLOSED, is not the last ledger of the log,
-    every entry of it is at or below the furthest servable snapshot position
-    (a snapshot at ``(L, e)`` covers the ledgers before ``L`` and ``L`` up to
-    ``e``), and ``created_at + retention_seconds <= now``. The first ledger
+    the furthest servable snapshot position lies in a later ledger (a snapshot
+    at ``(L, e)`` lets the ledgers before ``L`` go, never ``L`` itself, even when
+    ``e`` is its last entry: a member that installs that snapshot stands at a
+    position in ``L`` and resumes reading after it, which it can only do while
+    ``L`` is in the log), and ``created_at + retention_seconds <= now``. The first ledger
     that fails any test stops the scan, so the log never gets a hole. A ledger
     without metadata is never deleted (we cannot know it is closed).
     """
     cover = coverage_index(log, servable_positions)
     if cover is None:
         return []
-    cover_index, cover_entry = cover
+    cover_index, _cover_entry = cover
     doomed = []
     for i, entry in enumerate(log[:-1]):  # the last ledger is where writing goes on
         meta = ledger_meta.get(entry["id"])
         if meta is None or meta.get("state") != CLOSED:
             break
-        covered = i < cover_index or (i == cover_index and meta["last_entry"] <= cover_entry)
-        if not covered:
+        if i >= cover_index:
             break
         if meta["created_at"] + retention_seconds > now:
             break

@@ -44,20 +44,20 @@ def test_snapshot_only_on_a_dead_broker_deletes_nothing():
                {"live": True, "snapshot": None}]
     assert run(servable(brokers)) == []
     brokers[1]["snapshot"] = (7, 49)                   # a live broker can serve up to (7, 49)
-    assert run(servable(brokers)) == [3, 7]
+    assert run(servable(brokers)) == [3]
     brokers[0]["live"] = True
-    assert run(servable(brokers)) == [3, 7, 12]
+    assert run(servable(brokers)) == [3, 7]
 
 
 @pytest.mark.parametrize("servable, expected", [
     ([(3, 98)], []),                 # 3 is not covered up to its last entry 99
-    ([(3, 99)], [3]),                # exactly its last entry
-    ([(3, 500)], [3]),
+    ([(3, 99)], []),                 # exactly its last entry: who installs it stands in 3, which stays
+    ([(3, 500)], []),
     ([(7, 0)], [3]),                 # a snapshot in 7 covers all of 3
-    ([(7, 49)], [3, 7]),
-    ([(12, 9)], [3, 7, 12]),
+    ([(7, 49)], [3]),
+    ([(12, 9)], [3, 7]),
     ([(20, 1000)], [3, 7, 12]),      # never the last ledger of the log
-    ([(3, 10), (12, 9), (7, 1)], [3, 7, 12]),  # the furthest live snapshot counts
+    ([(3, 10), (12, 9), (7, 1)], [3, 7]),  # the furthest live snapshot counts
 ])
 def test_coverage(servable, expected):
     assert run(servable) == expected
@@ -68,9 +68,9 @@ def test_comparison_is_by_log_order_not_by_id():
     log = [{"id": 9, "epoch": 1}, {"id": 4, "epoch": 2}, {"id": 30, "epoch": 3}]
     meta = {9: closed(5), 4: closed(5), 30: closed(5)}
     assert deletable_ledgers(log, meta, [(4, 0)], NOW, HOUR) == [9]
-    assert deletable_ledgers(log, meta, [(9, 5)], NOW, HOUR) == [9]
-    # By id, (9, 5) would look past ledger 4; by log order it is before it.
-    assert deletable_ledgers(log, meta, [(9, 1000)], NOW, HOUR) == [9]
+    assert deletable_ledgers(log, meta, [(9, 5)], NOW, HOUR) == []
+    # By id, (9, 1000) would look past ledger 4; by log order it is before it.
+    assert deletable_ledgers(log, meta, [(9, 1000)], NOW, HOUR) == []
     assert coverage_index(log, [(9, 1000), (4, 0)]) == (1, 0)
 
 
@@ -95,7 +95,7 @@ def test_missing_metadata_stops_the_scan():
 def test_retention_age():
     meta = {**META, 3: closed(99, created=NOW - HOUR), 7: closed(49, created=NOW - HOUR + 1)}
     assert run([(12, 9)], meta=meta) == [3]       # created_at + retention <= now, inclusive
-    assert run([(12, 9)], meta=meta, retention=0.0) == [3, 7, 12]
+    assert run([(12, 9)], meta=meta, retention=0.0) == [3, 7]
     assert run([(12, 9)], meta=meta, now=NOW - 1) == []
 
 
@@ -110,8 +110,14 @@ def test_never_a_hole():
 def test_empty_closed_ledger():
     log = log_of(1, 2, 3)
     meta = {1: closed(-1), 2: closed(4), 3: closed(-1)}
-    assert deletable_ledgers(log, meta, [(1, -1)], NOW, HOUR) == [1]
+    assert deletable_ledgers(log, meta, [(1, -1)], NOW, HOUR) == []
     assert deletable_ledgers(log, meta, [(2, 3)], NOW, HOUR) == [1]
+
+
+def test_a_snapshot_at_the_end_of_a_ledger_keeps_that_ledger():
+    """Who installs a snapshot at (L, last) stands in L and reads on after it: L must stay in the log."""
+    assert run([(7, 49)]) == [3]
+    assert run([(12, 0)]) == [3, 7]
 
 
 def test_single_and_empty_logs():
@@ -121,7 +127,7 @@ def test_single_and_empty_logs():
 
 def test_exhaustive_small_logs_are_safe():
     """Every result is a prefix, never the last ledger, and each ledger in it is
-    closed, old enough and fully covered by the furthest servable position."""
+    closed, old enough and before the ledger of the furthest servable position."""
     states = [("CLOSED", 0.0), ("CLOSED", NOW), ("OPEN", 0.0)]
     for n in range(1, 4):
         log = log_of(*[10 * (i + 1) for i in range(n)])
@@ -138,6 +144,6 @@ def test_exhaustive_small_logs_are_safe():
                     for i, lid in enumerate(out):
                         m = meta[lid]
                         assert m["state"] == "CLOSED" and m["created_at"] + HOUR <= NOW
-                        assert cover is not None and (i, 2) <= cover
+                        assert cover is not None and i < cover[0]
                     if not servable or cover is None:
                         assert out == []
