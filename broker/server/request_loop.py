@@ -253,10 +253,7 @@ class BrokerServer:
         self.leader_clock.start(self.store.clock_ms())
         self.housekeeping.start(self.leader_clock.now_ms())
         metrics = self.metrics
-        kernel = self.kernel
-        hooks = LeaderHooks(send=lambda route, msg, op, started: kernel.send(route, msg, op, started),
-                            internal_error=lambda route, rid, op, exc: kernel.internal_error(route, rid, op, exc),
-                            wake=self.wake,
+        hooks = LeaderHooks(send=self.kernel.send, internal_error=self.kernel.internal_error, wake=self.wake,
                             new_id=self.new_id, on_fatal=self.hooks.on_fatal, on_lost=self.hooks.on_leadership_lost,
                             on_cluster_shutdown=self.hooks.on_cluster_shutdown,
                             on_entry_committed=metrics.entry_committed if metrics is not None else None,

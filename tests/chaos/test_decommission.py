@@ -14,7 +14,7 @@ import pytest
 from ledger.bookie.cookie import cookie_path
 from ledger.metadata import CLOSED, list_ledgers, read_metadata
 from tests.support.ledgers import by_id, read_direct, start_bookies, wait_registered
-from tests.support.producers import TimedProducers, assert_exactly_once, assert_replicas_agree
+from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(150)]
@@ -33,7 +33,7 @@ def test_decommission_a_live_bookie_under_keyed_load(cluster, procs):
     brokers = procs.start_brokers(cluster, 2)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
-    with TimedProducers(bc.zk_hosts, cluster.name, threads=3) as load:
+    with Producers(bc.zk_hosts, cluster.name, threads=3) as load:
         wait_for(lambda: load.count() > 150, 30, "load to start")
         current = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
         victim = read_metadata(cluster.zk, cluster.paths, current)[0].ensemble[0]["bookie_id"]

@@ -15,7 +15,7 @@ from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, OPEN, read_metadata
 from ledger.underreplication import read_underreplicated
 from tests.support.ledgers import by_id, make_client, read_direct, start_bookies, wait_registered
-from tests.support.producers import TimedProducers, assert_exactly_once, assert_replicas_agree
+from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, wait_for
 from tests.support.bookie_client import Client
 
@@ -357,7 +357,7 @@ def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):
     brokers = procs.start_brokers(cluster, 3)
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     bc.wait_leader()
-    with TimedProducers(bc.zk_hosts, cluster.name, threads=3) as load:
+    with Producers(bc.zk_hosts, cluster.name, threads=3) as load:
         wait_for(lambda: load.count() > 200, 30, "load to start")
         ledger_id = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
         meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)

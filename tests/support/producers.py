@@ -9,7 +9,10 @@ from tests.conftest import call, wait_for
 
 
 class Producers:
-    """Several threads submitting with keys through a retrying client until stopped."""
+    """Several threads submitting with keys through a retrying client until stopped.
+
+    ``longest`` is the longest time one submit took, retries included.
+    """
 
     def __init__(self, zk_hosts, cluster, threads=4, timeout=30):
         self.timeout = timeout  # how long one submit may retry (a takeover waiting for bookies takes longer)
@@ -17,6 +20,7 @@ class Producers:
         self.errors: list[Exception] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self.longest = 0.0
         self.threads = [threading.Thread(target=self._run, args=(zk_hosts, cluster, i), daemon=True)
                         for i in range(threads)]
 
@@ -25,12 +29,14 @@ class Producers:
             n = 0
             while not self.stop.is_set():
                 key = f"p{index}-{n}"
+                started = time.monotonic()
                 try:
                     task_id = client.submit("load", f"task {key}".encode(), key=key)
                 except Exception as exc:  # recorded: the test fails on any
                     self.errors.append(exc)
                     return
                 with self.lock:
+                    self.longest = max(self.longest, time.monotonic() - started)
                     self.acked[key] = task_id
                 n += 1
 
@@ -71,27 +77,3 @@ def assert_exactly_once(bc, acked):
     assert stored >= len(acked), f"{len(acked) - stored} acknowledged tasks lost"
     # Producers stop after their last ack; at most one submit per producer may be committed unacknowledged.
     assert stored <= len(acked) + 4, f"{stored - len(acked)} tasks beyond the acknowledged ones"
-
-
-class TimedProducers(Producers):
-    """Producers that also record the longest time one submit took (retries included)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.longest = 0.0
-
-    def _run(self, zk_hosts, cluster, index):
-        with Client(zk=zk_hosts, cluster=cluster, timeout=self.timeout) as client:
-            n = 0
-            while not self.stop.is_set():
-                key = f"p{index}-{n}"
-                started = time.monotonic()
-                try:
-                    task_id = client.submit("load", f"task {key}".encode(), key=key)
-                except Exception as exc:  # recorded: the test fails on any
-                    self.errors.append(exc)
-                    return
-                with self.lock:
-                    self.longest = max(self.longest, time.monotonic() - started)
-                    self.acked[key] = task_id
-                n += 1
