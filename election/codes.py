@@ -13,7 +13,7 @@ Example::
 """
 from __future__ import annotations
 
-# The envelope (election/wire.py): any server, before the request reaches its handler.
+# The envelope (election/wire/): any server, before the request reaches its handler.
 E_MALFORMED = "malformed"
 E_OVERSIZED = "oversized"
 E_VERSION = "wrong_version"
