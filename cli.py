@@ -97,7 +97,7 @@ def bookie_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     command that re-registers it as a new bookie; after a crash it verifies its
     store before serving.
     """
-    from election.settings import load_settings
+    from election.local.settings import load_settings
     from ledger.bookie.server import run_bookie
 
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
@@ -111,7 +111,7 @@ def bookie_start(config_file, zk, cluster, dev_dir, **settings) -> None:
 def bookie_list(as_json, zk, cluster, dev_dir) -> None:
     """Each bookie: id, state (up, or gone: named by ledger metadata but not registered), address,
     free space, read-only, ledgers held (in any fragment) and under-replicated ledgers among them."""
-    from broker.bookie_admin import bookie_list as list_bookies, format_bookie_list
+    from broker.admin.bookies import bookie_list as list_bookies, format_bookie_list
 
     emit(with_zk(zk, cluster, dev_dir, list_bookies), as_json, lambda rows: click.echo(format_bookie_list(rows)))
 
@@ -138,7 +138,7 @@ def bookie_decommission(bookie_id, timeout, secret_file, rereplication_max_bytes
     it, it can be stopped with nothing lost. Refused if the other bookies could
     not hold a new ledger.
     """
-    from broker.bookie_admin import decommission_bookie, format_progress
+    from broker.admin.bookies import decommission_bookie, format_progress
     from election.cluster_config import read_secret
 
     secret = read_secret(secret_file) if secret_file else None
@@ -182,7 +182,7 @@ def broker_group() -> None:
 def broker_start(config_file, zk, cluster, dev_dir, **settings) -> None:
     """Run one broker in the foreground until SIGTERM (which hands leadership over at once)."""
     from broker.server.node import BrokerNode
-    from election.settings import load_settings
+    from election.local.settings import load_settings
 
     zk, cluster = resolve_cluster(zk, cluster, dev_dir)
     flags = {**settings_flags(BrokerConfig, settings), "zk": zk, "cluster": cluster}
@@ -318,7 +318,7 @@ def snapshot() -> None:
 
 
 def _zk_cluster_id(zk, cluster, dev_dir) -> str:
-    from broker.admin import cluster_id_of
+    from broker.admin.status import cluster_id_of
 
     return with_zk(zk, cluster, dev_dir, cluster_id_of)
 
@@ -330,7 +330,7 @@ def _zk_cluster_id(zk, cluster, dev_dir) -> str:
 @cluster_options
 def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
     """List snapshots: of one data dir, or those the cluster's live brokers can serve."""
-    from broker import admin
+    from broker.admin import status as admin
 
     if data:
         rows = admin.list_snapshots(Path(data))
@@ -354,7 +354,7 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
 @cluster_options
 def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
     """Snapshot a broker's store now (safe while the broker runs)."""
-    from broker.admin import create_snapshot
+    from broker.admin.status import create_snapshot
 
     header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep)
     click.echo(f"{header['path']}: position {header['position']}, {header['record_count']} records, {header['size']} bytes")
@@ -366,7 +366,7 @@ def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
 def snapshot_verify(file, cluster_id, as_json) -> None:
     """Check a snapshot file completely; exit 1 with the reason if it is damaged or of another cluster."""
-    from broker.admin import verify_file
+    from broker.admin.status import verify_file
 
     header = verify_file(Path(file), cluster_id)
     emit(header, as_json, lambda h: click.echo(
@@ -379,7 +379,7 @@ def snapshot_verify(file, cluster_id, as_json) -> None:
 @cluster_options
 def snapshot_restore(file, data, zk, cluster, dev_dir) -> None:
     """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster)."""
-    from broker.admin import restore_into
+    from broker.admin.status import restore_into
 
     header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir))
     click.echo(f"restored position {header['position']} ({header['record_count']} records) into {data}")
@@ -396,7 +396,7 @@ def admin() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def admin_insync(zk, cluster, dev_dir, as_json) -> None:
     """The in-sync set (who may lead), its epoch, and each live broker's lag behind the leader."""
-    from broker.admin import insync_report
+    from broker.admin.status import insync_report
 
     def human(r):
         click.echo(f"in-sync set: {r['members']}  insync_epoch={r['insync_epoch']}  "
@@ -415,7 +415,7 @@ def admin_insync(zk, cluster, dev_dir, as_json) -> None:
               help="The cluster secret, to read the ledgers of an hmac-sha256 cluster.")
 def admin_epochs(zk, cluster, dev_dir, as_json, secret_file) -> None:
     """The epoch history still in the log: each epoch's leader, first position and start time."""
-    from broker.admin import epoch_history
+    from broker.admin.status import epoch_history
     from election.cluster_config import read_secret
 
     secret = read_secret(secret_file) if secret_file else None
@@ -437,7 +437,7 @@ def admin_epochs(zk, cluster, dev_dir, as_json, secret_file) -> None:
 @cluster_options
 def admin_elect(broker_id, timeout, zk, cluster, dev_dir) -> None:
     """Hand leadership to BROKER_ID (a live, in-sync, non-learner broker); the leader steps down once it is next."""
-    from broker.admin import elect
+    from broker.admin.status import elect
 
     leader = with_zk(zk, cluster, dev_dir, lambda client, name: elect(client, name, broker_id, timeout))
     click.echo(f"broker {leader['broker_id']} leads (epoch {leader.get('epoch')}) at {leader.get('address')}")
@@ -449,7 +449,7 @@ def admin_elect(broker_id, timeout, zk, cluster, dev_dir) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(zk, cluster, dev_dir, as_json) -> None:
     """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues."""
-    from broker.admin import full_status
+    from broker.admin.status import full_status
     from election.cluster_view import format_status
 
     view = with_zk(zk, cluster, dev_dir, full_status)
@@ -468,8 +468,8 @@ def dashboard(listen, interval, zk, cluster, dev_dir) -> None:
     """A live, read-only web page of the cluster: leader, epoch, brokers (role, lag, in-sync), bookies,
     queues (depths and rates), recent failovers. Runs until Ctrl-C or SIGTERM."""
     from broker import BrokerError
-    from broker.dashboard import run_dashboard
-    from broker.dashboard.server import parse_listen
+    from broker.admin.dashboard import run_dashboard
+    from broker.admin.dashboard.server import parse_listen
     from election.zk import close, connect
 
     try:

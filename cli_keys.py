@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from cli_options import emit
-from election.keys import ROLES, new_key_pair, write_key_pair
+from election.secure.keys import ROLES, new_key_pair, write_key_pair
 
 
 @click.group("keys")

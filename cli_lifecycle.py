@@ -80,7 +80,7 @@ def cluster_shutdown(timeout, as_json, abandon, zk, cluster, dev_dir) -> None:
     hold no broker state). Restarting the brokers on the same data dirs then serves every task
     without a snapshot download.
     """
-    from broker.cluster_shutdown import abandon_shutdown, format_report, shutdown_cluster
+    from broker.admin.cluster_shutdown import abandon_shutdown, format_report, shutdown_cluster
 
     if abandon:
         done = with_zk(zk, cluster, dev_dir, abandon_shutdown)
@@ -110,7 +110,7 @@ def store_verify(data, cluster_id, as_json) -> None:
     DATA is a broker data dir (or its state/ dir). Read-only: safe on a stopped broker
     and on a running one. Exit 0 if the store is sound, 1 with the reason if not.
     """
-    from broker.server.store_guard import verify_store_dir
+    from broker.server.store.guard import verify_store_dir
 
     try:
         report = verify_store_dir(Path(data), cluster_id)
@@ -135,7 +135,7 @@ def store_inspect(dirs, full_verify, as_json) -> None:
     while brokers run. Exit 0 unless no dir could be read.
     Example: fencepost store inspect /data/broker-0 /data/broker-1 /data/broker-2
     """
-    from broker.store_admin import format_inspect, inspect_stores
+    from broker.admin.stores import format_inspect, inspect_stores
 
     report = inspect_stores([Path(d) for d in dirs], full_verify)
     emit(report, as_json, lambda r: click.echo(format_inspect(r)))
@@ -154,7 +154,7 @@ def store_mark_clean(data, cluster_id, yes, as_json) -> None:
     Use it on the store `store inspect` calls newest, with every broker stopped. Refused for a
     store in use, damaged, empty, or of another cluster. Example: fencepost store mark-clean /data/broker-1
     """
-    from broker.store_admin import mark_clean_store
+    from broker.admin.stores import mark_clean_store
 
     if not yes and not sys.stdin.isatty():
         raise click.UsageError("not a terminal: pass --yes to mark the store clean without confirmation")

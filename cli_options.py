@@ -22,7 +22,7 @@ field's name, type and default lives in the field's metadata, read here and nowh
 A bool field defaulting to true becomes ``--no-<name>``, one defaulting to false ``--<name>``.
 Every option defaults to None, and :func:`settings_flags` keeps an absent flag out of the
 flags, so ``FENCEPOST_<FIELD>``, ``fencepost.toml`` and the dataclass default still apply
-(:func:`election.settings.load_settings`).
+(:func:`election.local.settings.load_settings`).
 
 Example::
 
@@ -46,7 +46,7 @@ import click
 
 from cli_checks import check_zk_hosts, check_zk_resolvable
 from cli_errors import fail, quiet_kazoo  # fail: also imported from here by the commands
-from election.settings import ENV_PREFIX
+from election.local.settings import ENV_PREFIX
 from election.zk_auth import ENV as ZK_AUTH_ENV, ZkAuth, ZkAuthError
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
@@ -135,7 +135,7 @@ def _key_option(env_name: str) -> Callable[[click.Context, click.Parameter, str 
 
 def use_dev_keys(state: dict) -> None:
     """A secure dev cluster's admin key and keys file, unless --key-file/--keys-file or the environment say."""
-    from election.secure import ENV_KEY_FILE, ENV_KEYS_FILE
+    from election.secure.keyring import ENV_KEY_FILE, ENV_KEYS_FILE
 
     if state.get("admin_key_file") and not (os.environ.get(ENV_KEY_FILE) or os.environ.get(ENV_KEYS_FILE)):
         os.environ[ENV_KEY_FILE] = state["admin_key_file"]

@@ -16,7 +16,7 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
    that applies each batch as the leader does. The last ledger stays OPEN, as
    the current leader's would. Then a fresh :class:`~ledger.client.facade.LedgerClient`
    (its own bookie pool) and an empty :class:`~broker.state.store.StateStore`
-   with its default settings (fsync on) run :func:`broker.server.follower.catch_up`,
+   with its default settings (fsync on) run :func:`broker.server.store.follower.catch_up`,
    the follower's own code; events/s and entries/s are measured around it.
    Thin wrappers around the log reader and the store split that time into
    reading (``LogReader.poll``: bookie round trips, digest checks), applying
@@ -29,7 +29,7 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
    (batches of 10,000 ``TaskSubmitted`` events, ``sync=False``), then timed:
    ``SnapshotCatalog.create`` (the checkpoint), the download with
    :func:`snapshots.transfer.download` through the joining broker's own
-   requester (:func:`broker.server.join.broker_requester`) from a separate server
+   requester (:func:`broker.server.store.join.broker_requester`) from a separate server
    process answering ``snapshot_info``/``snapshot_chunk`` on a real ZeroMQ
    ROUTER on 127.0.0.1 (as the broker's request loop does), and
    :func:`broker.state.restore.restore_snapshot` into a new state directory
@@ -254,7 +254,7 @@ def _wait_readable(client, ledger_id: int, last: int, timeout: float = 10.0) -> 
 
 def replay_phase(hosts: str, cluster: str, entries: int, ledgers: int, events_per_entry: int, work: Path,
                  private: bool, progress: Callable[[str], None]) -> dict:
-    from broker.server.follower import catch_up
+    from broker.server.store.follower import catch_up
     from broker.state.store import StateStore
     from election.cluster_config import ClusterOptions
     from election.zk import close, connect
@@ -440,7 +440,7 @@ def _dir_bytes(path: Path) -> int:
 
 
 def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[str], None]) -> dict:
-    from broker.server.join import broker_requester
+    from broker.server.store.join import broker_requester
     from broker.state.restore import restore_snapshot
     from broker.state.store import StateStore
     from snapshots.catalog import SnapshotCatalog

@@ -113,7 +113,7 @@ class LedgerCounters:
 
     @staticmethod
     def _stats(bookie: dict) -> dict | None:
-        from election.exchange import exchange
+        from election.wire.exchange import exchange
 
         try:
             reply = exchange(bookie["address"], "stats", timeout=5.0)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import BenchError
-from election.secure import load_client_keys, set_process_keys
+from election.secure.keyring import load_client_keys, set_process_keys
 
 
 def proc_status_kb(pid: int) -> dict[str, int]:

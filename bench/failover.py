@@ -249,7 +249,7 @@ def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
 
     The ZooKeeper session is opened beforehand, as the command has one before it asks.
     """
-    from broker.admin import elect
+    from broker.admin.status import elect
     from election.insync import read_insync
     from election.paths import ClusterPaths
     from election.zk import close, connect
@@ -317,7 +317,7 @@ def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue:
 def lagging_joiner_round(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str,
                          probe_timeout: float, progress: Callable[[str], None]) -> dict:
     """Add a broker with an empty data dir and SIGKILL the leader while it replays."""
-    from broker.admin import insync_report
+    from broker.admin.status import insync_report
     from election.zk import close, connect
 
     joiner = bc.dev.add_broker()

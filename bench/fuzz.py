@@ -37,7 +37,7 @@ from devtools.fuzz_send import INTERNAL, FuzzReport, dealer, send_messages
 from devtools.fuzz_strategies import hypothesis_messages
 from devtools.fuzz_targets import BOOKIE, BROKER, FUZZ_LEDGER_BASE, FUZZ_LEDGERS, Target, entry_bytes
 from devtools.procs import pid_alive
-from election.exchange import exchange
+from election.wire.exchange import exchange
 
 CHUNK = 2000
 # Hypothesis draws a few hundred messages a second: a small share of each chunk, a new seed per chunk.

@@ -4,7 +4,7 @@ Private cluster only (it SIGKILLs one of the benchmark's own bookies, which run
 without AutoRecovery so that nothing but this phase re-replicates): write
 ``ledgers`` closed ledgers of ``entry_size``-byte entries totalling about
 ``total_bytes``, SIGKILL the bookie that is a member of most of them, then call
-:func:`ledger.rereplication.rereplicate_ledger` by hand, unthrottled, for each
+:func:`ledger.replication.rereplication.rereplicate_ledger` by hand, unthrottled, for each
 ledger it held, and time the calls together.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def rereplication_phase(client, kill: Callable[[dict], None], stop: threading.Ev
                         progress: Callable[[str], None] = lambda _m: None) -> dict:
     """Write, kill a member, re-replicate unthrottled; ``{"bytes", "seconds", "mb_per_s", "ledgers", ...}``."""
     from ledger.metadata import live_bookies, read_metadata
-    from ledger.rereplication import TokenBucket, rereplicate_ledger
+    from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
 
     zk, paths = client.zk, client.paths
     payload = os.urandom(entry_size)

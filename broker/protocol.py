@@ -92,7 +92,7 @@ import re
 from typing import Any, Callable
 
 from broker import BrokerError
-from election.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
+from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 from election.wire import CodedError, shown
 from broker.state.events import (DEAD, MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, STATES, WAITING, check_value,
                                  describe_kind)
@@ -104,7 +104,7 @@ OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "hea
                  "purge_queue", "requeue_dead"})
 # Reads the leader answers from its store (also while a cluster shutdown refuses writes).
 LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers"})
-# Ops whose requests name a worker: the leader notes that it was seen (broker/server/housekeeping.py).
+# Ops whose requests name a worker: the leader notes that it was seen (broker/server/leading/housekeeping.py).
 WORKER_OPS = frozenset({"lease", "heartbeat", "heartbeat_many"})
 MAX_CHUNK = 4 * 1024 * 1024
 
@@ -409,7 +409,7 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         lease = [_leased(req["lease"], now_ms)] if req.get("lease") and req.get("lease_now") else []
         return [_completed(item, now_ms) for item in req["tasks"]] + lease
     if op == "fail":
-        # retry_delay_ms: the leader's backoff stamp (broker/server/retry_stamp.py), 0 if none.
+        # retry_delay_ms: the leader's backoff stamp (broker/server/leading/retry_stamp.py), 0 if none.
         return [{"type": "TaskFailed", "task_id": req["task_id"], "attempt": req["attempt"],
                  "error": req["error"], "retry": req["retry"], "reject": req["reject"],
                  "retry_delay_ms": req.get("retry_delay_ms", 0), "now_ms": now_ms}]

@@ -35,7 +35,7 @@ from broker import BrokerError
 from broker.api.client import Client, ClientError, TaskNotFound
 from devtools.devcluster import DevCluster, DevClusterSpec
 from devtools.procs import pid_alive
-from broker.admin import ask
+from broker.admin.status import ask
 from devtools import schedule as S
 from devtools.faults import DiskFiller, Injector
 from devtools.history import History, Observed, check, crash_lines

@@ -1,7 +1,7 @@
 """Keys of a secure dev cluster (`fencepost dev up --secure`): one per member, an admin key, one keys file.
 
 Every member's key is named after its address (the rule clients pin servers by,
-:mod:`election.secure`), with its kind as role; the admin key is what CLI
+:mod:`election.secure.keyring`), with its kind as role; the admin key is what CLI
 commands pointed at the dev directory connect with. Everything lives in
 ``DEV_DIR/keys/`` and the keys file is ``DEV_DIR/cluster.keys``; the paths are
 recorded in ``cluster.json`` (``keys_file``, ``admin_key_file``, each member's
@@ -22,8 +22,8 @@ import shutil
 import signal
 from pathlib import Path
 
-from election.keys import new_key_pair, write_key_pair
-from election.secure import server_name
+from election.secure.keys import new_key_pair, write_key_pair
+from election.secure.keyring import server_name
 
 KEYS_DIR = "keys"
 KEYS_FILE = "cluster.keys"

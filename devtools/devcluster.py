@@ -47,7 +47,7 @@ from election import ElectionError
 from election.cluster_config import (SHARED_OPTIONS, ClusterAlreadyInitialized, ClusterOptions, check_member_secret,
                                      check_secret_choice, init_cluster, option_differences, read_cluster_config,
                                      read_secret)
-from election.files import write_json_atomically
+from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
 from election.paths import check_cluster_name
 from devtools.dev_keys import DevKeys, reload_members

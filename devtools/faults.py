@@ -34,7 +34,7 @@ from pathlib import Path
 
 from devtools.devcluster import DevCluster, DevClusterError
 from devtools.procs import pid_alive
-from broker.admin import ask
+from broker.admin.status import ask
 from devtools import schedule as S
 from devtools.load import WorkerPool
 

@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
 
-from election.store_status import StoreStatus
+from election.local.store_status import StoreStatus
 
 TRANSIENT, EMPTY, CLEAN, DIRTY = "transient", "empty", "clean", "dirty"
 KINDS = (TRANSIENT, EMPTY, CLEAN, DIRTY)

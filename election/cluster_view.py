@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election import ElectionError
-from election.human import human_age, human_bytes
+from election.local.human import human_age, human_bytes
 from election.live import live_brokers
 from election.paths import ClusterPaths
 
@@ -109,7 +109,7 @@ def _secure_text(view: dict) -> str:
 def format_status(view: dict, now: float | None = None) -> str:
     """Human-readable text for a :func:`cluster_status` view (sizes and ages for people; ``now`` in seconds).
 
-    A view completed by ``broker.admin.full_status`` also says which brokers answer: a
+    A view completed by ``broker.admin.status.full_status`` also says which brokers answer: a
     leader that does not is marked, since ZooKeeper names it until its session expires.
     """
     now = time.time() if now is None else now

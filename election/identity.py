@@ -34,7 +34,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from election import ElectionError
-from election.files import write_json_atomically
+from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 
 from election import ElectionError
 from election.paths import ClusterPaths
-from election.store_status import StoreStatus
+from election.local.store_status import StoreStatus
 
 CLEAN = "clean"
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from election.cluster_config import read_cluster_config
-from election.exchange import NoReply, exchange
+from election.wire.exchange import NoReply, exchange
 from election.live import live_brokers
 from election.wire import WireError
 from ledger import LedgerError

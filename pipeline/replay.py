@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from broker.state.events import BadEvent, decode_batch
 from broker.state.store import StateStore, StoreError
-from election.codes import E_DIGEST_MISMATCH
+from election.wire.codes import E_DIGEST_MISMATCH
 from pipeline import PipelineError
 from pipeline.rows import Position, format_position
 

@@ -61,7 +61,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 import crc32c as _crc32c
 import msgpack
 
-from election.files import fsync_dir
+from election.local.files import fsync_dir
 from snapshots import SnapshotError
 
 MAGIC = b"FPSNAP01"

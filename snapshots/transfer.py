@@ -39,8 +39,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from election.files import fsync_dir, write_json_atomically
-from election.codes import E_BAD_CHUNK, E_BAD_REPLY, E_BAD_REQUEST, E_NO_SNAPSHOT, E_NO_SUCH_SNAPSHOT
+from election.local.files import fsync_dir, write_json_atomically
+from election.wire.codes import E_BAD_CHUNK, E_BAD_REPLY, E_BAD_REQUEST, E_NO_SNAPSHOT, E_NO_SUCH_SNAPSHOT
 from election.wire import CodedError
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog, parse_name
@@ -64,7 +64,7 @@ class TransferError(CodedError, SnapshotError):
 
     ``code`` is the wire error code the broker should reply with
     (``no_such_snapshot``, ``bad_request``) or, on the client, ``bad_reply``
-    / ``bad_chunk`` / ``no_snapshot`` (the words are in :mod:`election.codes`).
+    / ``bad_chunk`` / ``no_snapshot`` (the words are in :mod:`election.wire.codes`).
     """
 
 

@@ -32,7 +32,7 @@ import pytest
 
 from devtools.procs import fencepost_command, kill_process, pid_alive, signal_group, spawn
 from devtools.procs import free_port as _free_port
-from election.exchange import exchange
+from election.wire.exchange import exchange
 from election.paths import ClusterPaths
 from election.zk import close, connect
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
@@ -259,7 +259,7 @@ class ProcessManager:
 
 def _answers_ping(proc: Proc) -> bool:
     """True once the server at proc.address replies to a ping."""
-    from broker.admin import ask
+    from broker.admin.status import ask
 
     return ask(proc.address, "ping", timeout=0.2) is not None
 

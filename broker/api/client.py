@@ -43,7 +43,7 @@ A secure cluster (docs/security.md) is reached with ``key_file`` (this client's
 secret key) and ``keys_file`` (the cluster's keys file), or ``FENCEPOST_KEY_FILE``
 and ``FENCEPOST_KEYS_FILE``: every socket is a CURVE client pinned to the key the
 keys file lists with role ``broker`` under the broker's address
-(:mod:`election.secure`). A client without keys gets no answer from a secure
+(:mod:`election.secure.keyring`). A client without keys gets no answer from a secure
 cluster; its calls fail at their deadline saying so.
 
 Without ``zk`` or ``brokers`` the client reads ``FENCEPOST_ZK`` and ``FENCEPOST_CLUSTER``
@@ -85,8 +85,8 @@ from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, SUBMIT_OPTIONS
                                  submit_fields)
 from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
-from election.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
-from election.secure import load_client_keys, process_keys
+from election.wire.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
+from election.secure.keyring import load_client_keys, process_keys
 from election.zk import close as zk_close
 from election.wire import DEFAULT_MAX_FRAME_BYTES, error_for
 

@@ -26,9 +26,9 @@ import weakref
 import zmq
 
 from broker.api.requests import LEADER_CHECK_S, MAX_REPLY_BYTES, ClientError
-from election.codes import E_PAYLOAD_TOO_LARGE, E_UNTRUSTED_SERVER
-from election.exchange import PLAIN_HINT
-from election.keys import KeysError
+from election.wire.codes import E_PAYLOAD_TOO_LARGE, E_UNTRUSTED_SERVER
+from election.wire.exchange import PLAIN_HINT
+from election.secure.keys import KeysError
 from election.wire import WireError, decode, encode, request as make_request
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import uuid
 from typing import Any, Callable
 
 from broker import BrokerError
-from election.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_WAIT_TIMEOUT
+from election.wire.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_WAIT_TIMEOUT
 from election.wire import CodedError
 
 BACKOFF_START = 0.05

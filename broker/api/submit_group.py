@@ -37,7 +37,7 @@ from typing import Any
 from broker.api.requests import (SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, classify,
                                  each_results, submit_cost)
 from broker.protocol import MAX_SUBMIT_MANY
-from election.codes import E_BAD_REPLY, E_INTERNAL
+from election.wire.codes import E_BAD_REPLY, E_INTERNAL
 from election.wire import error_for
 
 # Requests of one client's submits in flight at once. A submit queued behind them

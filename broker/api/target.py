@@ -25,7 +25,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 
 from broker.api.requests import ClientError
-from election.codes import E_NO_SUCH_CLUSTER
+from election.wire.codes import E_NO_SUCH_CLUSTER
 from election.paths import ROOT, ClusterPaths
 
 DEFAULT_ZK = "127.0.0.1:2181"

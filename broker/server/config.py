@@ -13,8 +13,8 @@ from broker import BrokerError
 from broker.state.events import MAX_SPAN_MS
 from election import ElectionError
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
-from election.metrics_endpoint import parse_metrics_listen
-from election.secure import check_secure_settings, key_file_field, keys_file_field
+from election.local.metrics_endpoint import parse_metrics_listen
+from election.secure.keyring import check_secure_settings, key_file_field, keys_file_field
 from ledger.bookie.config import WILDCARD_HOSTS
 
 _TCP = re.compile(r"\Atcp://[^:/\s]+:\d{1,5}\Z")

@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from broker import protocol
-from broker.server.commit_timings import STAGES
+from broker.server.leading.commit_timings import STAGES
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,14 @@ Threads: the main thread runs the request loop (:class:`BrokerServer`); an
 election thread stands for leadership and, once elected, runs the takeover
 steps of docs/architecture.md, "Takeover" (claim the epoch, recover and close the previous
 ledgers, catch up, open our ledger, CAS it onto the log, write
-``EpochStarted``, publish ``leader``: :mod:`broker.server.takeover`); a
+``EpochStarted``, publish ``leader``: :mod:`broker.server.standing.takeover`); a
 follower tail applies the log while we do not lead. ZooKeeper state changes
 only flip flags: ``SUSPENDED`` stops writes at once, ``LOST`` makes the leader
 step down. The live node (:mod:`broker.server.live`), the checkpoints
-(:mod:`broker.server.checkpoints`) and the bound on stopping
+(:mod:`broker.server.store.checkpoints`) and the bound on stopping
 (:mod:`broker.server.stop_budget`) are their own units; this class wires them.
 
-The store is checked before it is trusted (:mod:`broker.server.store_guard`): another
+The store is checked before it is trusted (:mod:`broker.server.store.guard`): another
 cluster's store, or one beyond the log, stops the broker ("wrong store"); a
 store that was not closed in order is verified in full; a damaged one (found
 then, by a checkpoint, or by the tail) is never served: it is moved aside and
@@ -40,32 +40,32 @@ from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.server.config import BrokerConfig
-from broker.server.bookie_wait import BookieWait
-from broker.server.candidacy import Candidacy
-from broker.server.cluster_start import ClusterStart
-from broker.server.checkpoints import CheckpointHost, Checkpointer
-from broker.server.datalock import DataDirLock
-from broker.server.follower import Diverged, FollowerTail
-from broker.server.insync import InSyncTracker
+from broker.server.standing.bookie_wait import BookieWait
+from broker.server.standing.candidacy import Candidacy
+from broker.server.store.cluster_start import ClusterStart
+from broker.server.store.checkpoints import CheckpointHost, Checkpointer
+from broker.server.store.datalock import DataDirLock
+from broker.server.store.follower import Diverged, FollowerTail
+from broker.server.standing.insync import InSyncTracker
 from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
-from broker.server.member_wait import MemberWait
+from broker.server.standing.member_wait import MemberWait
 from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.crash_check import clear_in_use
 from broker.state.store import StoreDamaged
 from broker.server.shutdown_member import ShutdownMember
-from broker.server.store_guard import quarantine
+from broker.server.store.guard import quarantine
 from broker.server.stop_budget import StopBudget
-from broker.server.store_keeper import StoreKeeper
-from broker.server.takeover import Takeover
-from broker.server.takeover_steps import WaitingForBookies
+from broker.server.store.keeper import StoreKeeper
+from broker.server.standing.takeover import Takeover
+from broker.server.standing.takeover_steps import WaitingForBookies
 from election import ElectionError
-from election.files import write_json_atomically
+from election.local.files import write_json_atomically
 from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
 from election.identity import BrokerIdentity, ensure_broker_id
 from election.insync import election_contenders
 from election.leader import retract_leader
 from election.paths import ClusterPaths
-from election.secure import ServerKeys, reload_on_sighup, set_process_keys
+from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_keys
 from election.zk import connect, patiently
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
@@ -91,7 +91,7 @@ class BrokerNode:
         self.paths = ClusterPaths(config.cluster)
         self.stop_event = threading.Event()
         self.exit_code = 0
-        self._autorecovery = None  # ledger.auditor.AutoRecovery, in an hmac-sha256 cluster
+        self._autorecovery = None  # ledger.replication.auditor.AutoRecovery, in an hmac-sha256 cluster
         self._failing = False
         self._step_down = threading.Event()
         self._tail: FollowerTail | None = None
@@ -102,7 +102,7 @@ class BrokerNode:
         self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
         self.metrics = None  # broker.server.metrics.BrokerMetrics, with --metrics-listen
         self.server: BrokerServer | None = None
-        self.keys: ServerKeys | None = None  # election.secure.ServerKeys, when secure
+        self.keys: ServerKeys | None = None  # election.secure.keyring.ServerKeys, when secure
         self._metrics_endpoint = None
 
     # ------------------------------------------------------------ lifecycle
@@ -216,7 +216,7 @@ class BrokerNode:
         cfg = self.config
         if not cfg.autorecovery or self._cluster_secret is None:
             return
-        from ledger.auditor import AutoRecovery
+        from ledger.replication.auditor import AutoRecovery
 
         self._autorecovery = AutoRecovery(self.zk, self.paths, None, self.ledgers.digest,
                                           f"broker-{self.identity.broker_id}",
@@ -240,7 +240,7 @@ class BrokerNode:
             lag=lambda: 0 if self.leading() else leader_lag(self.zk, self.paths, self.store.position())))
 
     def _start_metrics_endpoint(self) -> None:
-        from election.metrics_endpoint import MetricsEndpoint
+        from election.local.metrics_endpoint import MetricsEndpoint
 
         if self.metrics is not None:
             self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)

@@ -44,12 +44,13 @@ from typing import Any, Callable
 import zmq
 
 from broker import protocol
-from broker.server import reads
-from broker.server.housekeeping import Housekeeping
-from broker.server.leader_clock import LeaderClock
+from broker.server.leading import reads
+from broker.server.leading.housekeeping import Housekeeping
+from broker.server.leading.leader_clock import LeaderClock
 from broker.server.leading.leadership import LeaderHooks, LeaderSession, Leadership
 from broker.state.store import StoreDamaged
-from election import codes, wire
+from election import wire
+from election.wire import codes
 from election.wire.dispatch import DEFERRED, KernelHooks, Reply, RequestContext
 from election.wire.kernel import ServingKernel
 from snapshots.transfer import TransferError
@@ -96,7 +97,7 @@ class BrokerServer:
                  new_id: Callable[[], str] | None = None, max_payload: int = 1 << 20, keys=None,
                  hooks: ServerHooks = ServerHooks()) -> None:
         self.config = config
-        # election.secure.ServerKeys of a secure broker (its ZAP thread runs on Context.instance()).
+        # election.secure.keyring.ServerKeys of a secure broker (its ZAP thread runs on Context.instance()).
         self.keys = keys
         self.store = store
         self.broker_id = broker_id

@@ -31,7 +31,7 @@ from kazoo.exceptions import KazooException
 
 from election.paths import ClusterPaths
 from election.shutdown_node import CLEAN, clear_shutdown, read_shutdown, record_stop, shutdown_hold
-from election.store_status import StoreStatus, mark_clean
+from election.local.store_status import StoreStatus, mark_clean
 
 log = logging.getLogger(__name__)
 

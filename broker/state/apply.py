@@ -63,7 +63,7 @@ from broker.state.schema import (
     digest_hex, finished_key, id_key, inline_payload, lease_key, pack, queue_prefix, read_u64,
     ready_key, state_key, task_id_of, text, unpack, worker_lease_key)
 from broker.state.txn import StateTxn
-from election.codes import (E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER,
+from election.wire.codes import (E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER,
                             E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH)
 
 PROMOTE_LIMIT = 10_000

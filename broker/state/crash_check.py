@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from election.files import write_json_atomically
+from election.local.files import write_json_atomically
 
 MARKER = "state.inuse"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"

@@ -29,8 +29,8 @@ import msgpack
 
 from broker import BrokerError
 # The result error codes (stable words; clients match on them) live with every other
-# wire code in election/codes.py.
-from election.codes import E_BAD_EVENT, E_UNKNOWN_EVENT
+# wire code in election/wire/codes.py.
+from election.wire.codes import E_BAD_EVENT, E_UNKNOWN_EVENT
 
 BATCH_FORMAT_VERSION = 1
 

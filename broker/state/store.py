@@ -41,7 +41,7 @@ from broker.state.schema import (
     UNHASHED_DBS, digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack,
     unpack_cluster, unpack_position, unpack_task)
 from broker.state.txn import StateCorrupt, StateTxn
-from election.lmdb_file import check_lmdb_file
+from election.local.lmdb_file import check_lmdb_file
 
 DEFAULT_MAP_SIZE = 4 << 30  # sparse on Linux; raise it for big backlogs
 LOAD_CHUNK = 10_000         # records per write transaction in load_records

@@ -13,7 +13,7 @@ into an error reply (see :func:`error_reply`) before carrying on.
 Every error that carries a wire code derives from :class:`CodedError`; a
 subclass that stands for one code declares it (``class X(..., code=E_FENCED)``)
 and :func:`error_for` turns an error reply into the most specific one. The
-codes themselves are in :mod:`election.codes`.
+codes themselves are in :mod:`election.wire.codes`.
 
 Example::
 
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from election.codes import E_BAD_REQUEST, E_INTERNAL, E_MALFORMED, E_OVERSIZED, E_UNKNOWN_OP, E_VERSION
+from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_MALFORMED, E_OVERSIZED, E_UNKNOWN_OP, E_VERSION
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024

@@ -8,7 +8,7 @@ one answer:
 1. decoding (:func:`election.wire.decode_request`): an oversized, malformed,
    wrong-version or unknown-op frame is a bad request, answered with its ``rid``
    when one can be read (an oversized frame's from its first bytes) and counted;
-2. on a secure server, the sender's role (:func:`election.roles.allowed`): an op
+2. on a secure server, the sender's role (:func:`election.secure.roles.allowed`): an op
    outside it is answered ``forbidden`` and counted;
 3. ``hooks.check`` (the broker's field checks): a :class:`~election.wire.CodedError`
    it raises is a bad request;
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Union
 
 from election import wire
-from election.codes import E_FORBIDDEN, E_INTERNAL, E_OVERSIZED
-from election.roles import allowed
+from election.wire.codes import E_FORBIDDEN, E_INTERNAL, E_OVERSIZED
+from election.secure.roles import allowed
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any, Mapping
 
 import zmq
 
-from election.codes import E_OVERSIZED
-from election.curve import peer_role
+from election.wire.codes import E_OVERSIZED
+from election.secure.curve import peer_role
 from election.wire.dispatch import DEFERRED, Decision, Dispatcher, Handler, KernelHooks
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ServingKernel:
         return self._sock
 
     def bind(self, ctx: zmq.Context, address: str, keys: Any = None) -> None:
-        """Make the ROUTER socket and bind it; ``keys`` (``election.secure.ServerKeys``) makes it CURVE.
+        """Make the ROUTER socket and bind it; ``keys`` (``election.secure.keyring.ServerKeys``) makes it CURVE.
 
         Raises zmq.ZMQError when ``address`` cannot be bound (the socket is closed then).
         """

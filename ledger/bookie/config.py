@@ -2,7 +2,7 @@
 
 Values come from flags, ``FENCEPOST_<FIELD>`` environment variables and the
 ``[bookie]`` table of ``fencepost.toml`` through
-:func:`election.settings.load_settings`; :meth:`BookieConfig.validate` runs last
+:func:`election.local.settings.load_settings`; :meth:`BookieConfig.validate` runs last
 so that a bad value stops the process with a message naming the option, before
 it touches ZooKeeper or the data directory.
 
@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 
 from election import ElectionError
-from election.metrics_endpoint import parse_metrics_listen
-from election.secure import check_secure_settings, key_file_field, keys_file_field
+from election.local.metrics_endpoint import parse_metrics_listen
+from election.secure.keyring import check_secure_settings, key_file_field, keys_file_field
 from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger import LedgerError
 from ledger.bookie.store import DEFAULT_MAP_SIZE

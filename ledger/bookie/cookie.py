@@ -28,10 +28,10 @@ import uuid
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from election.files import write_json_atomically
+from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.decommission import clear_finished_decommission
+from ledger.replication.decommission import clear_finished_decommission
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
     naming both clusters, when the directory belongs to another cluster, and
     :class:`CookieError` when it belongs to another bookie id or holds ledger
     data without a cookie. A cookie of ``replaced_cluster_id`` (the id a
-    re-initialized cluster replaced by its stores' id, see ``broker.server.cluster_start``)
+    re-initialized cluster replaced by its stores' id, see ``broker.server.store.cluster_start``)
     is the same cluster: it is rewritten with ``cluster_id``.
     """
     data_dir = os.fspath(data_dir)
@@ -117,7 +117,7 @@ def cookie_for_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, conf
     A data directory of another cluster is refused at once, and so is one of this
     cluster's name but another id when the cluster has a log. While it has none, its
     brokers may still take their stores' cluster id back after ZooKeeper lost its
-    data (``broker.server.cluster_start``), which is the id such a bookie's cookie
+    data (``broker.server.store.cluster_start``), which is the id such a bookie's cookie
     names: it waits for that, saying so once.
     """
     said = False

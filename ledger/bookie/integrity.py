@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import crc32c
 import lmdb
 
-from election.lmdb_file import UNREADABLE, LmdbFileDamaged, MetaFacts, read_meta_facts
+from election.local.lmdb_file import UNREADABLE, LmdbFileDamaged, MetaFacts, read_meta_facts
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import write_cookie
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 DATA_FILE = "data.mdb"
 
 # The reasons a bookie refuses its store (stable words, also in the one-line error).
-# EMPTY, TRUNCATED and UNREADABLE are the data file's own kinds of damage (election.lmdb_file).
+# EMPTY, TRUNCATED and UNREADABLE are the data file's own kinds of damage (election.local.lmdb_file).
 MISSING, FOREIGN = "missing", "instance_mismatch"
 _WARN_LIMIT = 20  # damaged entries named per ledger in one WARNING
 

@@ -21,7 +21,7 @@ refreshes the free space, so no ZooKeeper call ever blocks the serving loop.
 
 A secure bookie (``key_file`` and ``keys_file``) serves on a CURVE socket whose
 ZAP thread admits known keys only; the kernel reads each request's role from its
-frame's User-Id, and an op outside that role's rights (:mod:`election.roles`) is
+frame's User-Id, and an op outside that role's rights (:mod:`election.secure.roles`) is
 answered ``forbidden`` and counted. A plain bookie reads and checks nothing of the kind.
 
 The request protocol (operations, fields, error codes) is described and
@@ -42,8 +42,8 @@ from election import zk as zkutil
 from election.cluster_config import join_cluster, member_options
 from election.paths import ClusterPaths
 from election import wire
-from election.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
-from election.secure import ServerKeys, reload_on_sighup, set_process_keys
+from election.wire.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
+from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_keys
 from election.wire.dispatch import DEFERRED, Handler, KernelHooks, Reply, RequestContext
 from election.wire.kernel import ServingKernel
 from ledger import LedgerError
@@ -101,7 +101,7 @@ class Bookie:
         self._store: BookieStore | None = None
         self._ctx: zmq.Context | None = None
         self._registration: BookieRegistration | None = None
-        self._autorecovery = None  # ledger.auditor.AutoRecovery, when the config runs it
+        self._autorecovery = None  # ledger.replication.auditor.AutoRecovery, when the config runs it
         self._kernel = ServingKernel("bookie", self._op_table(), self.config.max_frame_bytes,
                                      hooks=KernelHooks(failure_reply=self._failure_reply), counters=self.counters,
                                      receive_limit=max(RECEIVE_FACTOR * self.config.max_frame_bytes,
@@ -113,7 +113,7 @@ class Bookie:
         self.metrics = None  # ledger.bookie.metrics.BookieMetrics, with --metrics-listen
         self._metrics_endpoint = None
         self._turn_started = 0.0  # perf_counter at the start of the current poll turn
-        self.keys: ServerKeys | None = None  # election.secure.ServerKeys, when secure
+        self.keys: ServerKeys | None = None  # election.secure.keyring.ServerKeys, when secure
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Join the cluster: read its config, check the cookie, open the store, bind, register.
@@ -178,7 +178,7 @@ class Bookie:
     def _start_autorecovery(self, paths: ClusterPaths) -> None:
         """Run the auditor election and a re-replication worker in this process (``autorecovery``)."""
         from election.cluster_config import read_cluster_config
-        from ledger.auditor import AutoRecovery
+        from ledger.replication.auditor import AutoRecovery
         from ledger.codec import Digest
 
         cfg = self.config
@@ -197,7 +197,7 @@ class Bookie:
         """With --metrics-listen: the Prometheus endpoint (ledger.bookie.metrics)."""
         if not self.config.metrics_listen:
             return
-        from election.metrics_endpoint import MetricsEndpoint
+        from election.local.metrics_endpoint import MetricsEndpoint
         from ledger.bookie.metrics import BookieMetrics, BookieSource
 
         self.metrics = BookieMetrics(BookieSource(

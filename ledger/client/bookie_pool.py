@@ -27,7 +27,7 @@ resolves it).
 In a secure cluster every socket is a CURVE client with the pool's keys (by
 default the process's: a broker's or bookie's own key, a tool's ``--key-file``),
 pinned to the key the keys file lists with role ``bookie`` under the bookie's
-address (:mod:`election.secure`).
+address (:mod:`election.secure.keyring`).
 
 Example::
 
@@ -53,9 +53,9 @@ from typing import Any, Callable, Optional
 import zmq
 
 from ledger import LedgerError
-from election.codes import E_FENCED, E_INTERNAL, E_NO_ENTRY, E_UNKNOWN
-from election.keys import KeysError
-from election.secure import ClientKeys, process_keys
+from election.wire.codes import E_FENCED, E_INTERNAL, E_NO_ENTRY, E_UNKNOWN
+from election.secure.keys import KeysError
+from election.secure.keyring import ClientKeys, process_keys
 from election.wire import RemoteError, WireError, decode, encode, error_for, request as make_request
 
 log = logging.getLogger(__name__)

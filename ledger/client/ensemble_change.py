@@ -37,7 +37,7 @@ from typing import Iterable
 
 from kazoo.client import KazooClient
 
-from election.codes import E_FENCED
+from election.wire.codes import E_FENCED
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import LedgerFencedError

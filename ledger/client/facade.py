@@ -30,7 +30,8 @@ from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import DEFAULT_TIMEOUT, BookiePool
 from ledger.codec import Digest
-from ledger.log import LogReader, Position, START
+from ledger.client.log_reader import LogReader
+from ledger.log import START, Position
 from ledger.metadata import CLOSED, MetadataConflict, current_address, list_ledgers, live_bookies, read_metadata
 from ledger.client.reader import DEFAULT_READ_TIMEOUT, LedgerReader
 from ledger.client.recovery import recover_and_close

@@ -13,7 +13,7 @@ import pytest
 from ledger.client.bookie_pool import LedgerFencedError
 from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, OPEN, read_metadata
-from ledger.underreplication import read_underreplicated
+from ledger.replication.underreplication import read_underreplicated
 from tests.support.ledgers import by_id, make_client, read_direct, start_bookies, wait_registered
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, wait_for

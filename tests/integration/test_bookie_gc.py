@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from election.codes import E_NO_ENTRY
-from ledger.rereplication import rereplicate_ledger
+from election.wire.codes import E_NO_ENTRY
+from ledger.replication.rereplication import rereplicate_ledger
 from ledger.metadata import read_metadata
 from tests.conftest import wait_for
 from tests.support.bookie_client import Client

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from broker.api.client import Client
-from ledger.underreplication import mark_underreplicated
+from ledger.replication.underreplication import mark_underreplicated
 from tests.conftest import BrokerCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from election import codes
+from election.wire import codes
 from election.leader import read_leader
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 from tests.conftest import BrokerCluster, call, wait_for

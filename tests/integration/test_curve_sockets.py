@@ -6,8 +6,8 @@ import threading
 import pytest
 import zmq
 
-from election.curve import KeyRingAuthenticator, make_client, make_server, peer_role
-from election.keys import KeyRing, new_key_pair
+from election.secure.curve import KeyRingAuthenticator, make_client, make_server, peer_role
+from election.secure.keys import KeyRing, new_key_pair
 
 pytestmark = pytest.mark.timeout(60)
 

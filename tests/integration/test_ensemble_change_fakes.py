@@ -15,7 +15,7 @@ from ledger.client.bookie_pool import BookiePool, LedgerFencedError
 from ledger.client.writer import LedgerWriteError, LedgerWriter
 from ledger.codec import Digest, decode_entry
 from ledger.metadata import IN_RECOVERY, OPEN, LedgerMetadata, cas_metadata, create_metadata, read_metadata
-from ledger.underreplication import read_underreplicated
+from ledger.replication.underreplication import read_underreplicated
 from tests.conftest import wait_for
 from tests.support.ledgers import FakeBookie, entries_seen, register
 

@@ -13,9 +13,9 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from broker.server.takeover import close_previous_ledgers, open_ledger
+from broker.server.standing.takeover import close_previous_ledgers, open_ledger
 from election.cluster_config import ClusterOptions, ensure_cluster_config
-from election.exchange import NoReply
+from election.wire.exchange import NoReply
 from election.leader import LostLeadership, check_epoch, claim_epoch, publish_leader, read_leader, retract_leader
 from ledger.client.facade import LedgerClient
 from ledger.log import START, StaleEpoch, appended, read_log, write_log

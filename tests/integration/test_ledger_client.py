@@ -15,7 +15,8 @@ from election import wire
 
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
-from ledger.log import LogConflict, LogReader, append_ledger, read_log, remove_ledgers
+from ledger.client.log_reader import LogReader
+from ledger.log import LogConflict, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
 from ledger.client.reader import EntryNotCommitted
 from tests.support.ledgers import start_bookies, wait_registered, make_client, bookie_id_of, procs_in_ensemble_order, corrupt_entry_on_disk, FakeBookie

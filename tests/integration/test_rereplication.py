@@ -8,8 +8,8 @@ import pytest
 
 from ledger.codec import decode_entry
 from ledger.metadata import CLOSED, read_metadata
-from ledger.rereplication import TokenBucket, rereplicate_ledger
-from ledger.underreplication import mark_underreplicated, read_underreplicated
+from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
+from ledger.replication.underreplication import mark_underreplicated, read_underreplicated
 from tests.conftest import wait_for
 from tests.support.bookie_client import DIGEST, Client
 from tests.support.ledgers import bookie_id_of, make_client, wait_registered
@@ -88,7 +88,7 @@ def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
 
 
 def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
-    from ledger.auditor import AutoRecovery
+    from ledger.replication.auditor import AutoRecovery
 
     bookies = procs.start_bookies(cluster, 4, extra=[*BOOKIE_SESSION, "--no-autorecovery"])  # driven by hand
     wait_registered(cluster, 4)

@@ -9,8 +9,8 @@ from election import wire
 from ledger.client.bookie_pool import BookiePool
 from ledger.codec import Digest, Entry, decode_entry, encode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, cas_metadata, create_metadata, read_metadata
-from ledger.rereplication import RereplicationError, rereplicate_ledger
-from ledger.underreplication import mark_underreplicated, read_underreplicated
+from ledger.replication.rereplication import RereplicationError, rereplicate_ledger
+from ledger.replication.underreplication import mark_underreplicated, read_underreplicated
 from tests.support.ledgers import FakeBookie, entries_seen, register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

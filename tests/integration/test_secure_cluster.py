@@ -11,10 +11,11 @@ import time
 import pytest
 
 from broker.api.client import BrokerUnavailable, Client, ClientError
-from election import codes, secure
-from election.exchange import exchange
-from election.keys import new_key_pair, write_key_pair
-from election.secure import load_client_keys
+from election.wire import codes
+from election.wire.exchange import exchange
+from election.secure.keys import new_key_pair, write_key_pair
+from election.secure import keyring
+from election.secure.keyring import load_client_keys, server_name
 from tests.conftest import BrokerCluster, _free_port, wait_for
 
 pytestmark = pytest.mark.timeout(150)
@@ -38,7 +39,7 @@ class Keys:
 def _start_secure(procs, cluster, keys: Keys, kind: str, address: str) -> object:
     data = procs.workdir / f"{kind}-{address.rsplit(':', 1)[1]}"
     args = [kind, "start", "--data", str(data), "--listen", address, "--zk", cluster.hosts, "--cluster", cluster.name,
-            "--key-file", str(keys.dir / f"{secure.server_name(address)}.secret"), "--keys-file", str(keys.file)]
+            "--key-file", str(keys.dir / f"{server_name(address)}.secret"), "--keys-file", str(keys.file)]
     if kind == "broker":
         args += ["--zk-session-timeout", "2.0"]
     env = {"FENCEPOST_INIT_IF_MISSING": "1", "FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
@@ -55,11 +56,11 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
                                                                                               ("broker", 2))}
     for kind, listed in addresses.items():  # every member's key is listed before any member starts
         for address in listed:
-            keys.make(kind, secure.server_name(address))
+            keys.make(kind, server_name(address))
     bookies = [_start_secure(procs, cluster, keys, "bookie", a) for a in addresses["bookie"]]
     brokers = [_start_secure(procs, cluster, keys, "broker", a) for a in addresses["broker"]]
     admin = load_client_keys(admin_file, keys.file)
-    monkeypatch.setattr(secure, "_process", {"keys": admin})  # this process's pings and status: admin
+    monkeypatch.setattr(keyring, "_process", {"keys": admin})  # this process's pings and status: admin
     clients = []
 
     def client(key_file: str | None, **options) -> Client:
@@ -87,14 +88,14 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
         fence = exchange(addresses["bookie"][0], "fence", keys=load_client_keys(worker, keys.file), ledger=0)
         assert fence["error"] == codes.E_FORBIDDEN
         # No key, an unknown key: no connection at all, so the call fails at its deadline, saying why.
-        monkeypatch.setattr(secure, "_process", {"keys": None})
+        monkeypatch.setattr(keyring, "_process", {"keys": None})
         started = time.monotonic()
         with pytest.raises(BrokerUnavailable, match="secure cluster"):
             client(None, timeout=2.0).submit("imgs", b"plain")
         assert time.monotonic() - started < 10
         with pytest.raises(BrokerUnavailable):
             client(stranger, timeout=2.0).submit("imgs", b"stranger")
-        monkeypatch.setattr(secure, "_process", {"keys": admin})
+        monkeypatch.setattr(keyring, "_process", {"keys": admin})
         status = exchange(first["address"], "status")
         assert status["queues"] == depths and status["secure"] is True
         assert status["counters"]["forbidden"] == 2
@@ -103,9 +104,9 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
         # Pinned to the wrong server key: the handshake cannot complete; an address the file lacks: never tried.
         wrong = tmp_path / "wrong.keys"
         wrong.write_text(keys.file.read_text().replace(
-            secure.server_name(addresses["broker"][0]), "elsewhere-0").replace(
-            secure.server_name(addresses["broker"][1]), secure.server_name(addresses["broker"][0])).replace(
-            "elsewhere-0", secure.server_name(addresses["broker"][1])))
+            server_name(addresses["broker"][0]), "elsewhere-0").replace(
+            server_name(addresses["broker"][1]), server_name(addresses["broker"][0])).replace(
+            "elsewhere-0", server_name(addresses["broker"][1])))
         with pytest.raises(BrokerUnavailable):
             clients.append(Client(zk=cluster.hosts, cluster=cluster.name, key_file=producer, keys_file=wrong,
                                   timeout=2.0))

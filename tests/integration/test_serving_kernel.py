@@ -16,9 +16,11 @@ import pytest
 import zmq
 
 from devtools.procs import free_port
-from election import codes, secure, wire
-from election.keys import new_key_pair, write_key_pair
-from election.secure import ClientKeys, load_client_keys
+from election import wire
+from election.wire import codes
+from election.secure.keys import new_key_pair, write_key_pair
+from election.secure.keyring import ClientKeys, load_client_keys, server_name
+from election.secure import keyring
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -51,7 +53,7 @@ class Member:
 
 def _member(keys: Keys, kind: str) -> Member:
     address = f"tcp://127.0.0.1:{free_port()}"
-    return Member(kind, address, keys.make(kind, secure.server_name(address)))
+    return Member(kind, address, keys.make(kind, server_name(address)))
 
 
 def _launch(procs, cluster, keys: Keys, member: Member):
@@ -104,7 +106,7 @@ def test_the_kernel_answers_what_no_handler_sees_and_counts_it(kind, cluster, pr
     members = [_member(keys, name) for name in kind.members]
     admin_secret, caller_secret = keys.make("admin", "ops"), keys.make(role, "caller")
     admin, caller = keys.client(admin_secret), keys.client(caller_secret)
-    monkeypatch.setattr(secure, "_process", {"keys": admin})  # the harness's readiness pings
+    monkeypatch.setattr(keyring, "_process", {"keys": admin})  # the harness's readiness pings
     started = [_launch(procs, cluster, keys, member) for member in members]
     procs.wait_ready(started)
     server = started[-1]

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-import broker.cluster_shutdown as cluster_shutdown
-from broker.cluster_shutdown import ShutdownFailed, shutdown_cluster
+import broker.admin.cluster_shutdown as cluster_shutdown
+from broker.admin.cluster_shutdown import ShutdownFailed, shutdown_cluster
 from broker.server.shutdown_member import ShutdownMember
 from election.shutdown_node import create_shutdown, read_shutdown, read_stops
-from election.store_status import StoreStatus, read_status, write_status
+from election.local.store_status import StoreStatus, read_status, write_status
 
 pytestmark = [pytest.mark.integration]
 
@@ -87,7 +87,7 @@ def test_a_leader_that_never_writes_the_entry_leaves_the_cluster_as_it_was(clust
 
 
 def test_abandon_forgets_a_finished_shutdown_but_not_one_in_progress(cluster):
-    from broker.cluster_shutdown import abandon_shutdown
+    from broker.admin.cluster_shutdown import abandon_shutdown
 
     with pytest.raises(ShutdownFailed, match="no cluster shutdown is recorded"):
         abandon_shutdown(cluster.zk, cluster.name)

@@ -10,7 +10,7 @@ import pytest
 
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import META
-from election.store_status import StoreStatus, read_status, status_path, write_status
+from election.local.store_status import StoreStatus, read_status, status_path, write_status
 from ledger.log import write_log
 from tests.conftest import wait_for
 

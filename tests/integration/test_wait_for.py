@@ -13,7 +13,7 @@ import time
 import pytest
 
 from broker.api.client import BrokerUnavailable, Client
-from election import codes
+from election.wire import codes
 from election.leader import read_leader
 from election.live import live_brokers
 from tests.conftest import call, wait_for

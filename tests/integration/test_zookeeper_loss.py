@@ -17,7 +17,7 @@ import pytest
 from broker.api.client import Client
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.paths import ClusterPaths
-from election.store_status import read_status
+from election.local.store_status import read_status
 from election.zk import close, connect
 from tests.conftest import TestCluster as ZkCluster, wait_for
 

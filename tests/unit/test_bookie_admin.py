@@ -1,5 +1,5 @@
 """`fencepost bookie list` and the status additions, on plain dicts (no ZooKeeper)."""
-from broker.bookie_admin import bookie_rows, format_bookie_list, human_bytes
+from broker.admin.bookies import bookie_rows, format_bookie_list, human_bytes
 from election.cluster_view import format_status, fragment_count, underreplicated_ids
 
 

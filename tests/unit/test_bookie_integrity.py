@@ -9,7 +9,7 @@ import struct
 import lmdb
 import pytest
 
-from election.lmdb_file import EMPTY, TRUNCATED, UNREADABLE, parse_meta_pages
+from election.local.lmdb_file import EMPTY, TRUNCATED, UNREADABLE, parse_meta_pages
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.integrity import (
     FOREIGN,

@@ -5,8 +5,8 @@ import json
 
 from kazoo.exceptions import ConnectionLoss, NoNodeError
 
-from broker.admin import waiting_for_bookies
-from broker.server.bookie_wait import BookieWait
+from broker.admin.status import waiting_for_bookies
+from broker.server.standing.bookie_wait import BookieWait
 from election.cluster_view import format_status
 from election.paths import ClusterPaths
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from election.cluster_join import (
     ABORT, CLEAN, DIRTY, EMPTY, MANUAL_RECOVERY, RESTORE, START_EMPTY, TRANSIENT, MemberStore, classify_store,
     decide_initialization)
-from election.store_status import StoreStatus
+from election.local.store_status import StoreStatus
 
 SIG_A = ("cid-a", 100.0)
 SIG_B = ("cid-b", 200.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from broker.server.config import BrokerConfig
 from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.store import StateStore
-from election import codes
+from election.wire import codes
 from tests.support.leading import FakeWriter, LeaderHarness, capture_replies, send_request
 
 

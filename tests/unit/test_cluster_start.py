@@ -1,8 +1,8 @@
 """The pure parts of starting a cluster without a log: what a member reports, and reading a store."""
-from broker.server.cluster_start import describe_store, member_doc, member_of
+from broker.server.store.cluster_start import describe_store, member_doc, member_of
 from broker.state.store import StateStore
 from election.cluster_join import MemberStore
-from election.store_status import StoreStatus, ensure_status, mark_clean, read_status
+from election.local.store_status import StoreStatus, ensure_status, mark_clean, read_status
 
 
 def test_a_member_report_survives_its_json_form():

@@ -1,8 +1,8 @@
 """The leader's commit stage timings: percentiles over a window, and the stages the group commit records."""
 from concurrent.futures import Future
 
-from broker.server.commit_timings import CommitTimings, percentile
-from broker.server.group_commit import GroupCommit
+from broker.server.leading.commit_timings import CommitTimings, percentile
+from broker.server.leading.group_commit import GroupCommit
 
 
 def test_percentile_and_summary_over_a_window():

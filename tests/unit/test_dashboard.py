@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from broker import BrokerError
-from broker.dashboard.server import DashboardServer, parse_listen
-from broker.dashboard.view import QueueRates
+from broker.admin.dashboard.server import DashboardServer, parse_listen
+from broker.admin.dashboard.view import QueueRates
 
 pytestmark = pytest.mark.timeout(30)
 

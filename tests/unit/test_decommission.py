@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import random
 
-from broker.bookie_admin import bookie_rows, format_bookie_list, format_progress
-from broker.server.roll_triggers import roll_reason
-from ledger.decommission import DecommissionProgress, holding_fragments, split_remaining
+from broker.admin.bookies import bookie_rows, format_bookie_list, format_progress
+from broker.server.leading.roll_triggers import roll_reason
+from ledger.replication.decommission import DecommissionProgress, holding_fragments, split_remaining
 from ledger.metadata import CLOSED, OPEN, LedgerMetadata
 from ledger.placement import placeable
-from ledger.rereplication import plan_rereplication
+from ledger.replication.rereplication import plan_rereplication
 
 
 def m(i):

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-from election import files
-from election.files import TEMP_SUFFIX, write_json_atomically
+from election.local import files
+from election.local.files import TEMP_SUFFIX, write_json_atomically
 
 
 def test_writes_the_document_and_leaves_no_temp_file(tmp_path):

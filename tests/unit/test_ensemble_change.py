@@ -7,7 +7,7 @@ import pytest
 
 from ledger.client.ensemble_change import fragment_start, plan_change, quorum_holds
 from ledger.metadata import LedgerMetadata
-from ledger.underreplication import merged_mark
+from ledger.replication.underreplication import merged_mark
 
 
 def member(i: int) -> dict:

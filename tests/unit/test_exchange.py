@@ -7,8 +7,10 @@ import time
 import pytest
 import zmq
 
-from election import codes, wire
-from election.exchange import NoReply, exchange
+from election import wire
+
+from election.wire import codes
+from election.wire.exchange import NoReply, exchange
 from devtools.procs import free_port
 
 

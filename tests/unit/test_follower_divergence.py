@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from broker.state.events import encode_batch
-from broker.server.follower import Diverged, FollowerTail, apply_entries
+from broker.server.store.follower import Diverged, FollowerTail, apply_entries
 from broker.state.store import StateStore
 from ledger.codec import Entry
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from broker.server.follower import FollowerTail, apply_entries
+from broker.server.store.follower import FollowerTail, apply_entries
 from broker.state.events import encode_batch
 from broker.state.store import StateStore
 from ledger.codec import Entry

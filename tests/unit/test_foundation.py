@@ -6,7 +6,7 @@ import pytest
 from election import ElectionError
 from election.cluster_config import ClusterOptions
 from election.paths import ClusterPaths
-from election.settings import SettingsError, load_settings
+from election.local.settings import SettingsError, load_settings
 from devtools.zkserver import ZooKeeperServerError, parse_java_version
 from election import wire
 

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 from broker.state.events import BadEvent, decode_batch, encode_batch, event
-from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 
 
 class FakeWriter:

@@ -59,7 +59,7 @@ def test_an_elect_request_lets_only_its_live_target_stand():
 
 
 def test_elect_refusals_name_the_reason():
-    from broker.server.insync import refusal
+    from broker.server.standing.insync import refusal
 
     live = {1: {"address": "a1"}, 2: {"address": "a2"}, 3: {"address": "a3", "learner": True}, 4: {"address": "a4"}}
     lags = {2: 0, 3: 0, 4: 5000}

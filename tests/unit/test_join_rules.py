@@ -1,5 +1,5 @@
 """When a store can replay the log and when it must install a snapshot first."""
-from broker.server.join import needs_snapshot
+from broker.server.store.join import needs_snapshot
 
 
 def test_empty_store_replays_while_history_is_complete():
@@ -35,7 +35,7 @@ def test_resume_position_maps_only_the_seed_to_the_start():
 
 
 def test_the_seed_is_not_beyond_an_empty_or_newer_log():
-    from broker.server.store_guard import position_problem
+    from broker.server.store.guard import position_problem
 
     assert position_problem((7, 1042), [], None, seed=(7, 1042)) is None
     assert position_problem((7, 1042), [9], None, seed=(7, 1042)) is None

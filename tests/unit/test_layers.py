@@ -120,10 +120,10 @@ def test_node_parts_do_not_reach_back_into_the_node():
     # The takeover, the live publisher and the checkpointer get what they need passed in
     # (CheckpointHost, constructor arguments): none of them may import the node.
     graph = import_graph()
-    for part in ("broker.server.takeover", "broker.server.live", "broker.server.checkpoints", "broker.server.stop_budget",
-                 "broker.server.candidacy"):
+    for part in ("broker.server.standing.takeover", "broker.server.live", "broker.server.store.checkpoints", "broker.server.stop_budget",
+                 "broker.server.standing.candidacy"):
         assert "broker.server.node" not in graph[part], f"{part} imports broker.server.node"
-    assert {"broker.server.takeover", "broker.server.live", "broker.server.checkpoints"} <= graph["broker.server.node"]
+    assert {"broker.server.standing.takeover", "broker.server.live", "broker.server.store.checkpoints"} <= graph["broker.server.node"]
 
 
 def collaborator_writes(source: str) -> list[str]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.server.leader_clock import LeaderClock
+from broker.server.leading.leader_clock import LeaderClock
 
 LEASE_MS = 30_000
 GAP_S = 2.0  # from the predecessor's last stamp to the successor's takeover

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker.server.metrics import BrokerMetrics, BrokerSource
 from election import ElectionError
-from election.metrics_endpoint import parse_metrics_listen
+from election.local.metrics_endpoint import parse_metrics_listen
 from ledger.bookie.metrics import BookieMetrics, BookieSource
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,7 +7,7 @@ import pytest
 
 from ledger.metadata import CLOSED, LedgerMetadata
 from ledger.placement import NotEnoughBookies
-from ledger.rereplication import (
+from ledger.replication.rereplication import (
     TokenBucket,
     fragment_ranges,
     lost_bookies,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from broker import protocol
-from broker.server.retry_stamp import stamp_retry_delay
+from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.state.backoff import delay_for, retry_delay_ms, settings
 from tests.support.replica import Replica
 

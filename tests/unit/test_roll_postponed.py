@@ -8,7 +8,7 @@ import broker.server.leading.leadership as leadership_module
 from broker.server.config import BrokerConfig
 from broker.server.leading.leadership import LeaderSession
 from broker.server.request_loop import BrokerServer
-from broker.server.takeover_steps import RollPostponed
+from broker.server.standing.takeover_steps import RollPostponed
 from broker.state.store import StateStore
 from tests.support.leading import FakeWriter, capture_replies, epoch_started, send_request
 

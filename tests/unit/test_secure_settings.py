@@ -1,12 +1,12 @@
-"""election.secure: how a client finds the key to pin, and which settings make a process secure (pure, no sockets)."""
+"""election.secure.keyring: how a client finds the key to pin, and which settings make a process secure (pure, no sockets)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from election.keys import KeysError, new_key_pair, write_key_pair
-from election.secure import check_secure_settings, load_client_keys, server_name
+from election.secure.keys import KeysError, new_key_pair, write_key_pair
+from election.secure.keyring import check_secure_settings, load_client_keys, server_name
 
 pytestmark = pytest.mark.timeout(30)
 

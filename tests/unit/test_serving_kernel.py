@@ -6,7 +6,9 @@ import logging
 import msgpack
 import pytest
 
-from election import codes, wire
+from election import wire
+
+from election.wire import codes
 from election.wire.dispatch import COUNTERS, DEFERRED, Decision, Dispatcher, KernelHooks
 
 pytestmark = pytest.mark.timeout(30)

@@ -2,10 +2,10 @@
 and how `--wait-for` says what it waits for."""
 from __future__ import annotations
 
-from broker.cluster_shutdown import format_report
-from broker.server.member_wait import wait_reason
+from broker.admin.cluster_shutdown import format_report
+from broker.server.standing.member_wait import wait_reason
 from election.shutdown_node import in_progress, shutdown_hold
-from election.store_status import StoreStatus
+from election.local.store_status import StoreStatus
 
 DOC = {"shutdown_id": "s1", "requested_at": 1.0, "members": [1, 2, 3]}
 

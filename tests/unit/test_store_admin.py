@@ -1,4 +1,4 @@
-"""The back-end of `store inspect` and `store mark-clean` (broker/store_admin.py): the pure helpers on rows,
+"""The back-end of `store inspect` and `store mark-clean` (broker/admin/stores.py): the pure helpers on rows,
 then reading and marking real stores in temporary dirs."""
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from broker import BrokerError
-from broker.server.datalock import DataDirInUse, DataDirLock
+from broker.server.store.datalock import DataDirInUse, DataDirLock
 from broker.state.events import event
 from broker.state.store import StateStore
-from broker.store_admin import (
+from broker.admin.stores import (
     _empty_row, clusters, format_inspect, inspect_stores, mark_clean_problem, mark_clean_store, newest,
     read_store, restart_decision, task_count)
-from election.store_status import StoreStatus, ensure_status, read_status, write_status
+from election.local.store_status import StoreStatus, ensure_status, read_status, write_status
 
 MAP = 64 << 20
 

@@ -1,6 +1,6 @@
 """Every interleaving of brokers' takeover and roll steps, checked against the fencing invariants.
 
-The brokers run the real decisions of :mod:`broker.server.takeover_steps` (the
+The brokers run the real decisions of :mod:`broker.server.standing.takeover_steps` (the
 same generators the takeover and the roll drive against ZooKeeper) over an
 in-memory model of ZooKeeper's CAS and multi-op semantics and of bookie
 fencing. Each step is one atomic ZooKeeper or bookie operation; a session
@@ -25,7 +25,7 @@ import copy
 
 import pytest
 
-from broker.server.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
+from broker.server.standing.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
                                           RecoverAndClose, RecoveryShortfall, WaitingForBookies, WriteLog, append_fenced,
                                           close_previous, ready_to_claim)
 from election.leader import EpochClaim, LostLeadership

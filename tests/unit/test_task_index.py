@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import lmdb
 import pytest
 
-from broker.server.housekeeping import PURGE_BATCH, Housekeeping
+from broker.server.leading.housekeeping import PURGE_BATCH, Housekeeping
 from broker.state.listing import BadCursor, decode_cursor
 from broker.state.schema import META_FORMAT
 from broker.state.store import StateStore, StoreDamaged, StoreError

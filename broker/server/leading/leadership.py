@@ -34,17 +34,18 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from broker import protocol
-from broker.server.follower import Diverged
-from broker.server.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
-from broker.server.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
-from broker.server.leader_clock import LeaderClock
-from broker.server.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
+from broker.server.store.follower import Diverged
+from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
+from broker.server.leading.leader_clock import LeaderClock
+from broker.server.leading.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.server.leading.parking import LeaseParking
-from broker.server.retry_stamp import stamp_retry_delay
-from broker.server.takeover_steps import RollPostponed
+from broker.server.leading.retry_stamp import stamp_retry_delay
+from broker.server.standing.takeover_steps import RollPostponed
 from broker.state.schema import STORE_FORMAT
 from broker.state.store import StoreDamaged
-from election import codes, wire
+from election import wire
+from election.wire import codes
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,7 @@ class Leadership:
             self._add_internal([{"type": "LeaseExpired", "now_ms": now_ms}])
 
     def _housekeeping(self) -> None:
-        """WorkerSeen, WorkerLost and result_ttl purges that are due (broker/server/housekeeping.py)."""
+        """WorkerSeen, WorkerLost and result_ttl purges that are due (broker/server/leading/housekeeping.py)."""
         try:
             events = self.housekeeping.due(self.clock.now_ms(), self.monotonic())
             if events:

@@ -1,0 +1,193 @@
+"""What the dashboard shows: one JSON-ready snapshot of the cluster, refreshed by a watcher thread.
+
+:func:`cluster_snapshot` reads ZooKeeper (leader, epoch, live brokers, in-sync set,
+bookies, ledgers) and asks the leader for its ``status`` (queue depths, its position)
+with a short timeout, so a leader that was just killed shows as unreachable rather
+than stalling the page. Only named fields are copied out (:func:`_broker_row`,
+:func:`_bookie_row`, :func:`_dead_row`, :func:`_worker_row`): nothing else the nodes hold
+reaches the page, no payload nor result in particular. The leader also gives the first
+:data:`DEAD_SHOWN` dead tasks (with their errors) and its workers (``list_tasks``, ``list_workers``).
+
+:class:`ClusterWatcher` takes a snapshot every ``interval`` seconds and adds what
+needs history: queue rates (tasks in, done and dead per second over the last
+:data:`RATE_WINDOW_S` seconds) and the leader changes it has seen (``failovers``).
+
+Example::
+
+    watcher = ClusterWatcher(zk, "dev", interval=1.0)
+    watcher.start()
+    watcher.latest_json()      # b'{"cluster": "dev", "leader": {...}, ...}'
+    watcher.stop()
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from kazoo.client import KazooClient
+
+from broker.admin.status import BrokerUnreachable, ask, lag, request_once
+from election.cluster_view import cluster_status
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 10.0
+FAILOVERS_KEPT = 20
+# Rows of the dead-task and worker panels (the leader's listings are paged; the page shows the first).
+DEAD_SHOWN = 20
+WORKERS_SHOWN = 50
+# Queue states whose growth is a rate worth showing (the count of tasks that reached them).
+RATE_STATES = ("done", "dead")
+
+
+def _broker_row(broker: dict, insync: list, leader_id: Any, leader_position: list | None) -> dict:
+    position = broker.get("position")
+    return {"id": broker.get("id"), "name": broker.get("name"), "address": broker.get("address"),
+            "role": broker.get("role"), "learner": bool(broker.get("learner")), "position": position,
+            "epoch": broker.get("epoch"), "in_sync": broker.get("id") in insync,
+            "leader": broker.get("id") == leader_id,
+            "lag": 0 if broker.get("id") == leader_id and leader_position else lag(position, leader_position)}
+
+
+def _bookie_row(bookie: dict) -> dict:
+    return {"id": bookie.get("id"), "address": bookie.get("address"), "free_bytes": bookie.get("free_bytes"),
+            "readonly": bool(bookie.get("readonly"))}
+
+
+def _dead_row(task: dict) -> dict:
+    return {"id": task.get("id"), "queue": task.get("queue"), "attempts": task.get("attempts"),
+            "finished_ms": task.get("finished_ms"), "error": task.get("error")}
+
+
+def _worker_row(worker: dict) -> dict:
+    return {"worker": worker.get("worker"), "queues": list(worker.get("queues") or []),
+            "in_hand": worker.get("in_hand"), "last_seen_ms": worker.get("last_seen_ms")}
+
+
+def _leader_list(address: str, op: str, key: str, timeout: float, **fields) -> list | None:
+    """One listing page from the leader, or None if it cannot give one now (or knows no such op)."""
+    try:
+        return request_once(address, op, timeout, **fields).get(key) or []
+    except BrokerUnreachable:
+        return None
+
+
+def cluster_snapshot(zk: KazooClient, cluster: str, timeout: float = 1.0,
+                     now: Callable[[], float] = time.time) -> dict:
+    """The page's view of ``cluster`` now (without rates and failovers, which need history)."""
+    view = cluster_status(zk, cluster)
+    address = view.get("leader_address")
+    report = ask(address, "status", timeout) if address else None
+    leader_position = report.get("position") if report else None
+    insync = list(view.get("insync") or [])
+    dead = _leader_list(address, "list_tasks", "tasks", timeout, state="dead", limit=DEAD_SHOWN) if report else None
+    workers = _leader_list(address, "list_workers", "workers", timeout, limit=WORKERS_SHOWN) if report else None
+    return {
+        "cluster": view["cluster"], "cluster_id": view.get("cluster_id"), "initialized": view["initialized"],
+        "taken_at": now(), "epoch": view.get("epoch"),
+        "leader": None if view.get("leader") is None else {
+            "id": view["leader"], "address": address, "reachable": report is not None,
+            "position": leader_position},
+        "brokers": sorted((_broker_row(b, insync, view.get("leader"), leader_position) for b in view["brokers"]),
+                          key=lambda row: row["id"]),
+        "insync": insync,
+        "bookies": [_bookie_row(b) for b in view["bookies"]],
+        "ledgers": {"count": len(view["ledgers"]), "underreplicated": view["underreplicated"]["count"]},
+        "queues": {name: dict(counts) for name, counts in sorted(((report or {}).get("queues") or {}).items())},
+        # None: the leader could not list them now (the page says so rather than show an empty list).
+        "dead_tasks": None if dead is None else [_dead_row(t) for t in dead],
+        "workers": None if workers is None else [_worker_row(w) for w in workers],
+    }
+
+
+class QueueRates:
+    """Per queue, tasks in (any state), done and dead per second over a sliding window. Pure."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: collections.deque[tuple[float, dict]] = collections.deque()
+
+    def add(self, at: float, queues: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+        """Record the depths seen at ``at``; return the rates over the window so far."""
+        self._seen.append((at, queues))
+        while len(self._seen) > 2 and at - self._seen[0][0] > self.window_s:
+            self._seen.popleft()
+        first_at, first = self._seen[0]
+        span = at - first_at
+        rates = {}
+        for name, counts in queues.items():
+            before = first.get(name, {})
+            row = {"in": _per_s(_total(counts) - _total(before), span)}
+            for state in RATE_STATES:
+                row[state] = _per_s(counts.get(state, 0) - before.get(state, 0), span)
+            rates[name] = row
+        return rates
+
+
+def _total(counts: dict[str, int]) -> int:
+    # `delayed` is a subset of `waiting`: counted once.
+    return sum(n for state, n in counts.items() if state != "delayed")
+
+
+def _per_s(delta: int, span: float) -> float:
+    # Purges make counts fall: a rate is never negative.
+    return round(max(0, delta) / span, 2) if span > 0 else 0.0
+
+
+class ClusterWatcher:
+    """A thread refreshing the snapshot every ``interval`` seconds; the HTTP handlers only read it."""
+
+    def __init__(self, zk: KazooClient, cluster: str, interval: float = 1.0, timeout: float = 1.0) -> None:
+        self.zk = zk
+        self.cluster = cluster
+        self.interval = interval
+        self.timeout = timeout
+        self.rates = QueueRates()
+        self.failovers: collections.deque[dict] = collections.deque(maxlen=FAILOVERS_KEPT)
+        self._last_leader: tuple | None = None
+        self._latest = json.dumps({"cluster": cluster, "error": "no snapshot yet"}).encode()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard-watcher", daemon=True)
+
+    def start(self) -> None:
+        self.refresh()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.interval + self.timeout + 5)
+
+    def latest_json(self) -> bytes:
+        """The last snapshot, encoded (a bytes object swapped whole: no lock needed)."""
+        return self._latest
+
+    def refresh(self) -> None:
+        """Take one snapshot now; a failure is shown on the page as ``error``, the next one may succeed."""
+        try:
+            snap = cluster_snapshot(self.zk, self.cluster, self.timeout)
+        except Exception as exc:  # ZooKeeper away, a node half-written: say it, keep polling
+            log.debug("snapshot failed", exc_info=True)
+            snap = {"cluster": self.cluster, "taken_at": time.time(), "error": f"{type(exc).__name__}: {exc}"[:300]}
+        else:
+            snap["rates"] = self.rates.add(time.monotonic(), snap["queues"]) if snap["leader"] and \
+                snap["leader"]["reachable"] else {}
+            self._note_leader(snap)
+        snap["failovers"] = list(self.failovers)
+        self._latest = json.dumps(snap, default=str).encode()
+
+    def _note_leader(self, snap: dict) -> None:
+        leader = snap["leader"]
+        current = (leader["id"], snap["epoch"]) if leader else None
+        if current is not None and self._last_leader is not None and current != self._last_leader:
+            self.failovers.appendleft({"at": snap["taken_at"], "epoch": snap["epoch"], "leader": leader["id"],
+                                       "previous": self._last_leader[0]})
+        if current is not None:
+            self._last_leader = current
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.refresh()

@@ -1,0 +1,287 @@
+"""The back-ends of the operator commands: `status`, `admin insync|epochs|elect` and
+`snapshot list|create|verify|restore`.
+
+The CLI only parses options and calls these. `status` is the ZooKeeper view of a
+cluster completed by the leader's own report; the snapshot functions work on a
+broker's data dir (safe while the broker runs, except `restore_into`, which needs
+a data dir no broker uses).
+
+Example::
+
+    view = full_status(zk, "dev")
+    view["brokers"][0]["lag"]
+    insync_report(zk, "dev")["members"]
+    elect(zk, "dev", 3)                   # returns once broker 3 leads, or raises with the reason
+    rows = list_snapshots(Path("broker-data"))
+    header = create_snapshot(Path("broker-data"), cluster_id)
+    restore_into(Path("snap-0000000003-0000000041.fps"), Path("new-broker"), cluster_id)
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from broker import BrokerError
+from broker.admin.epochs import epoch_history  # noqa: F401 - the `admin epochs` back-end
+from broker.server.standing.insync import follower_lags, refusal
+from broker.server.store.datalock import DataDirLock
+from broker.state.restore import restore_snapshot
+from broker.state.store import StateStore
+from election import wire
+from election.cluster_config import read_cluster_config
+from election.cluster_view import cluster_status
+from election.wire.exchange import NoReply, exchange
+from election.identity import META
+from election.insync import clear_elect, read_elect, read_insync, request_elect
+from election.secure.keys import KeysError
+from election.leader import read_leader
+from election.live import live_brokers
+from election.paths import ClusterPaths
+from election.shutdown_node import read_shutdown
+from snapshots.catalog import SnapshotCatalog
+from snapshots.format import verify_snapshot
+
+
+# How long `status` waits for each broker's ping: a live broker answers in milliseconds.
+STATUS_PING_S = 1.0
+
+
+class BrokerUnreachable(BrokerError):
+    """A one-off request got no usable answer (timeout, refusal or a bad frame)."""
+
+
+def request_once(address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+                 **fields) -> dict:
+    """One request to the broker at `address` on a fresh socket; the reply, or BrokerUnreachable.
+
+    For tools and joiners that talk to a named broker once; clients that follow the
+    leader use :class:`broker.api.client.Client`.
+    """
+    try:
+        reply = exchange(address, op, timeout, max_bytes, **fields)
+    except NoReply as exc:
+        raise BrokerUnreachable(exc.message) from None
+    except (wire.WireError, KeysError) as exc:
+        raise BrokerUnreachable(f"{address}: {exc}") from None
+    if not reply.get("ok"):
+        raise BrokerUnreachable(f"{address}: {reply.get('error')}: {reply.get('message')}")
+    return reply
+
+
+def ask(address: str, op: str, timeout: float = 2.0) -> dict | None:
+    """One request to a broker; None if it does not answer in time or refuses."""
+    try:
+        return request_once(address, op, timeout)
+    except BrokerUnreachable:
+        return None
+
+
+def lag(position: list | None, leader_position: list | None) -> int | None:
+    """Entries a broker is behind the leader, when both are in the same ledger; else None."""
+    if not position or not leader_position:
+        return None if leader_position else 0
+    if position[0] == leader_position[0]:
+        return max(0, leader_position[1] - position[1])
+    return None
+
+
+def reachable(addresses: list[str], timeout: float = STATUS_PING_S) -> dict[str, bool]:
+    """Which of ``addresses`` answer a ping within ``timeout`` (asked side by side)."""
+    if not addresses:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
+        answers = pool.map(lambda address: ask(address, "ping", timeout) is not None, addresses)
+        return dict(zip(addresses, answers))
+
+
+def full_status(zk: KazooClient, cluster: str) -> dict:
+    """The cluster view with queue depths and per-broker lag filled in from the leader.
+
+    ZooKeeper keeps a dead broker's nodes until its session expires, so every broker is
+    also pinged: one that does not answer is marked ``reachable: False``, and an
+    unreachable leader (``leader_reachable: False``) gives no lag to anyone.
+    """
+    view = cluster_status(zk, cluster)
+    report = ask(view["leader_address"], "status") if view.get("leader_address") else None
+    leader_position = report.get("position") if report else None
+    if report:
+        view["queues"] = report.get("queues", {})
+    alive = reachable([b["address"] for b in view["brokers"] if b.get("address")])
+    if view.get("leader") is not None:
+        view["leader_reachable"] = report is not None
+    for broker in view["brokers"]:
+        broker["reachable"] = alive.get(broker.get("address"), False)
+        if broker.get("role") == "leader" and leader_position:
+            broker["position"] = leader_position
+            broker["digest"] = report.get("digest", broker.get("digest"))
+        broker["lag"] = lag(broker.get("position"), leader_position) if report else None
+        broker["in_sync"] = broker["id"] in view["insync"]
+    view["waiting"] = waiting_for_members(view, _init_members(zk, ClusterPaths(cluster)))
+    view["waiting_bookies"] = waiting_for_bookies(view)
+    view["shutdown"] = read_shutdown(zk, ClusterPaths(cluster))
+    return view
+
+
+def _init_members(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
+    """The reports of brokers waiting to start a cluster that has no log (``init/members``)."""
+    docs = []
+    try:
+        children = zk.get_children(paths.init_members)
+    except NoNodeError:
+        return []
+    for child in children:
+        try:
+            doc = json.loads(zk.get(f"{paths.init_members}/{child}")[0])
+        except (NoNodeError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return docs
+
+
+def waiting_for_members(view: dict, init_members: list[dict] = ()) -> dict | None:
+    """``{"waiting_for": N, "present": M}`` when no leader serves and brokers wait for N members (--wait-for).
+
+    Running brokers say it in their live nodes; brokers still deciding how a cluster
+    without a log starts say it in ``init/members``.
+    """
+    if view.get("leader") is not None:
+        return None
+    waits = [b["waiting_for"] for b in view["brokers"] if b.get("waiting_for")]
+    if waits:
+        return {"waiting_for": max(waits), "present": len(view["brokers"])}
+    waits = [m["wait_for"] for m in init_members if isinstance(m.get("wait_for"), int) and m["wait_for"] > 1]
+    if waits:
+        return {"waiting_for": max(waits), "present": len(init_members)}
+    return None
+
+
+def waiting_for_bookies(view: dict) -> dict | None:
+    """``{"waiting_for": N, "live": M}`` when no leader serves and brokers wait for bookies for a new ledger.
+
+    Each broker short of bookies says so in its live node (``waiting_for_bookies``,
+    ``live_bookies``); the highest count seen is the freshest.
+    """
+    if view.get("leader") is not None:
+        return None
+    waits = [b for b in view["brokers"] if b.get("waiting_for_bookies")]
+    if not waits:
+        return None
+    out = {"waiting_for": max(b["waiting_for_bookies"] for b in waits),
+           "live": max(int(b.get("live_bookies") or 0) for b in waits)}
+    reasons = sorted({b["waiting_reason"] for b in waits if b.get("waiting_reason")})
+    if reasons:
+        out["reason"] = reasons[0]  # an open ledger's recovery, not the count, holds the takeover
+    return out
+
+
+# ---------------------------------------------------------------- leadership
+def insync_report(zk: KazooClient, cluster: str) -> dict:
+    """The in-sync set, its epochs, and each live broker's lag behind the leader (entries)."""
+    paths = ClusterPaths(cluster)
+    doc, _ = read_insync(zk, paths)
+    leader = read_leader(zk, paths) or {}
+    leader_id = leader.get("broker_id")
+    live = live_brokers(zk, paths)
+    [lags], _ = follower_lags(zk, paths, [(live.get(leader_id) or {}).get("position")], {}, leader_id)
+    members = (doc or {}).get("members", [])
+    return {"members": members, "insync_epoch": (doc or {}).get("insync_epoch"),
+            "leader_epoch": (doc or {}).get("leader_epoch"), "leader": leader_id,
+            "brokers": [{"id": broker_id, "address": info.get("address"), "learner": bool(info.get("learner")),
+                         "in_sync": broker_id in members, "lag": 0 if broker_id == leader_id else lags.get(broker_id)}
+                        for broker_id, info in live.items()]}
+
+
+def elect(zk: KazooClient, cluster: str, target: int, timeout: float = 15.0) -> dict:
+    """Hand leadership to broker ``target``; the new leader node, or BrokerError with the reason."""
+    paths = ClusterPaths(cluster)
+    if not zk.exists(paths.broker_id(target)):
+        raise BrokerError(f"no broker with id {target} in cluster {cluster!r}")
+    leader = read_leader(zk, paths) or {}
+    if leader.get("broker_id") == target:
+        return leader
+    if not leader:
+        raise BrokerError("no leader serves now: nothing to hand over")
+    report = insync_report(zk, cluster)
+    live = {row["id"]: row for row in report["brokers"]}
+    lags = {row["id"]: row["lag"] for row in report["brokers"]}
+    reason = refusal(target, leader["broker_id"], set(report["members"]), live, lags, max_lag=1 << 62)
+    if reason:
+        raise BrokerError(f"cannot hand leadership to broker {target}: {reason}")
+    request_elect(zk, paths, target, time.time())
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now_leader = read_leader(zk, paths) or {}
+            if now_leader.get("broker_id") == target:
+                return now_leader
+            pending = read_elect(zk, paths) or {}
+            if pending.get("refused"):
+                raise BrokerError(f"cannot hand leadership to broker {target}: {pending['refused']}")
+            time.sleep(0.02)
+        raise BrokerError(f"broker {target} did not take over within {timeout:.0f} s")
+    finally:
+        clear_elect(zk, paths, target)
+
+
+
+def cluster_id_of(zk: KazooClient, cluster: str) -> str:
+    config = read_cluster_config(zk, ClusterPaths(cluster))
+    if config is None:
+        raise BrokerError(f"cluster {cluster!r} is not initialized in ZooKeeper")
+    return config["cluster_id"]
+
+
+def list_snapshots(data_dir: Path) -> list[dict]:
+    """The snapshot files of one broker data dir, newest first (damaged ones carry `error`)."""
+    if not (data_dir / "snapshots").is_dir():
+        raise BrokerError(f"{data_dir} has no snapshots directory (is it a broker data dir?)")
+    return SnapshotCatalog.in_data_dir(data_dir).list()
+
+
+def advertised_snapshots(zk: KazooClient, cluster: str) -> list[dict]:
+    """The snapshot each live broker advertises, for a cluster-wide listing."""
+    paths = ClusterPaths(cluster)
+    rows = []
+    for child in sorted(zk.get_children(paths.live_brokers) if zk.exists(paths.live_brokers) else []):
+        info = json.loads(zk.get(paths.live_broker(int(child)))[0])
+        if info.get("snapshot"):
+            rows.append({"broker_id": int(child), "address": info.get("address"), **info["snapshot"]})
+    return rows
+
+
+def create_snapshot(data_dir: Path, cluster_id: str, keep: int | None = None) -> dict:
+    """Snapshot a broker's store now (from a read transaction: the broker may be running)."""
+    try:
+        broker_id = json.loads((data_dir / META).read_text())["broker_id"]
+    except (OSError, ValueError, KeyError):
+        raise BrokerError(f"{data_dir} is not a broker data dir (no readable {META})") from None
+    store = StateStore(data_dir / "state")
+    try:
+        catalog = SnapshotCatalog.in_data_dir(data_dir)
+        header = catalog.create(store, cluster_id, broker_id, clock=time.time)
+        if keep:
+            catalog.prune(keep)
+        return header
+    finally:
+        store.close()
+
+
+def verify_file(path: Path, cluster_id: str | None = None) -> dict:
+    """Check every block and the footer of a snapshot file; raise with the reason if it is bad."""
+    return verify_snapshot(path, cluster_id)
+
+
+def restore_into(path: Path, data_dir: Path, cluster_id: str) -> dict:
+    """Install a snapshot as the state of a broker data dir that no broker is using."""
+    lock = DataDirLock(data_dir)
+    lock.acquire()
+    try:
+        return restore_snapshot(path, data_dir / "state", cluster_id)
+    finally:
+        lock.release()
