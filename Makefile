@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_DIR ?= .fencepost-demo
 PYTEST_ARGS ?=
 
-.PHONY: demo test install clean browser
+.PHONY: demo test install clean browser lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,13 @@ install: $(INSTALLED)
 # half the time on two cores; every test on Spark shares one worker and its session.
 TEST_WORKERS ?= 2
 
-test: $(INSTALLED) browser
+# ruff (pinned in setup.cfg, configured in pyproject.toml) checks the format and the lint rules
+# before the suite runs: `$(BIN)/ruff format .` fixes the first, `$(BIN)/ruff check --fix .` most of the second.
+lint: $(INSTALLED)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+test: $(INSTALLED) browser lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The dashboard's browser test drives Debian's Chromium and its driver: installed here when run as

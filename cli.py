@@ -15,17 +15,24 @@ import click
 
 from broker.server.config import BrokerConfig
 from cli_checks import DELAY, PRIORITY, QUEUE, WAIT
-from cli_errors import FencepostGroup
-from cli_options import (cluster_options, config_options, emit, fail, make_client, resolve_cluster, settings_flags,
-                         with_zk)
-from cli_submit import printable_task as _printable, report_submit
-from cli_lifecycle import cluster_group, store
+from cli_errors import FencepostGroup, fail
 from cli_keys import keys_group
+from cli_lifecycle import cluster_group, store
+from cli_options import (
+    cluster_options,
+    config_options,
+    emit,
+    make_client,
+    resolve_cluster,
+    settings_flags,
+    with_zk,
+)
 from cli_pipeline import analyze, audit, export
+from cli_submit import printable_task as _printable
+from cli_submit import report_submit
 from cli_tasks import queue_group, task_list, task_retry, worker_list
 from devtools.commands import bench, chaos, dev, zk
 from ledger.bookie.config import BookieConfig
-
 
 # Fields a log call may attach with extra={...} that JSON lines carry as their own keys.
 LOG_FIELDS = ("task_id", "queue", "attempt", "duration_ms", "outcome")
@@ -111,7 +118,8 @@ def bookie_start(config_file, zk, cluster, dev_dir, **settings) -> None:
 def bookie_list(as_json, zk, cluster, dev_dir) -> None:
     """Each bookie: id, state (up, or gone: named by ledger metadata but not registered), address,
     free space, read-only, ledgers held (in any fragment) and under-replicated ledgers among them."""
-    from broker.admin.bookies import bookie_list as list_bookies, format_bookie_list
+    from broker.admin.bookies import bookie_list as list_bookies
+    from broker.admin.bookies import format_bookie_list
 
     emit(with_zk(zk, cluster, dev_dir, list_bookies), as_json, lambda rows: click.echo(format_bookie_list(rows)))
 

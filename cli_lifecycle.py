@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 
 import broker
-from cli_options import cluster_options, emit, fail, with_zk
+from cli_errors import fail
+from cli_options import cluster_options, emit, with_zk
 
 
 @click.group("cluster")

@@ -45,9 +45,10 @@ from typing import Any, Callable, Iterable
 import click
 
 from cli_checks import check_zk_hosts, check_zk_resolvable
-from cli_errors import fail, quiet_kazoo  # fail: also imported from here by the commands
+from cli_errors import quiet_kazoo
 from election.local.settings import ENV_PREFIX
-from election.zk_auth import ENV as ZK_AUTH_ENV, ZkAuth, ZkAuthError
+from election.zk_auth import ENV as ZK_AUTH_ENV
+from election.zk_auth import ZkAuth, ZkAuthError
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
 

@@ -12,7 +12,6 @@ import click
 
 from cli_options import cluster_options, emit, resolve_cluster
 
-
 # The options every pipeline command shares.
 MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 SECRET_FILE = click.option("--secret-file", type=click.Path(dir_okay=False), default=None,

@@ -57,9 +57,9 @@ from typing import Callable
 
 from bench.common import BenchError, finish, machine_info, rate
 from bench.devbench import BenchCluster
-from devtools.procs import free_port, new_session_dying_with_parent, private_env, stop_process
 from broker.server.request_loop import time_ordered_id
 from broker.state.schema import STORE_FORMAT
+from devtools.procs import free_port, new_session_dying_with_parent, private_env, stop_process
 from election.paths import ClusterPaths
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2

@@ -18,6 +18,7 @@ import platform
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
+
 class BenchError(RuntimeError):
     """The benchmark could not set up or run (a process did not start, too few bookies...)."""
 

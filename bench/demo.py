@@ -22,8 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from broker.api.client import Client
-from devtools.devcluster import DevCluster, DevClusterSpec, read_broker_id
 from broker.api.worker import Worker
+from devtools.devcluster import DevCluster, DevClusterSpec, read_broker_id
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect

@@ -281,9 +281,8 @@ def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue:
               act: Callable[[dict], None] | None = None) -> tuple[dict, dict]:
     """Signal the leader with ``sig`` (or run ``act`` on its member record instead); return the
     measurements and the leader's member record."""
-    from devtools.procs import pid_alive
-
     from broker.api.client import submit_fields
+    from devtools.procs import pid_alive
 
     leader, _followers = bc.leader_and_followers()
     old = leader["address"]

@@ -64,8 +64,14 @@ from typing import Callable
 
 from bench.common import BenchError, finish, machine_info, median_dict, median_of
 from bench.devbench import BenchCluster, quiet_logs
-from bench.peer_systems import (RABBITMQ_PREFETCH, Settings, async_api, fencepost_async_round, fencepost_round,
-                                rabbitmq_round)
+from bench.peer_systems import (
+    RABBITMQ_PREFETCH,
+    Settings,
+    async_api,
+    fencepost_async_round,
+    fencepost_round,
+    rabbitmq_round,
+)
 from bench.rabbitmq import missing_message
 from bench.rabbitmq_cluster import RabbitCluster
 

@@ -32,8 +32,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.common import BenchError
-from bench.rabbitmq import (START_TIMEOUT_S, NodeProcess, cli_env, find_server, free_port, missing_message,
-                            node_env, start_epmd, stop_process)
+from bench.rabbitmq import (
+    START_TIMEOUT_S,
+    NodeProcess,
+    cli_env,
+    find_server,
+    free_port,
+    missing_message,
+    node_env,
+    start_epmd,
+    stop_process,
+)
 
 CLI_TIMEOUT_S = 60.0
 

@@ -92,11 +92,20 @@ import re
 from typing import Any, Callable
 
 from broker import BrokerError
-from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
-from election.wire import CodedError, shown
-from broker.state.events import (DEAD, MAX_ERROR_CHARS, MAX_LIST, MAX_SPAN_MS, SCHEMAS, STATES, WAITING, check_value,
-                                 describe_kind)
+from broker.state.events import (
+    DEAD,
+    MAX_ERROR_CHARS,
+    MAX_LIST,
+    MAX_SPAN_MS,
+    SCHEMAS,
+    STATES,
+    WAITING,
+    check_value,
+    describe_kind,
+)
 from broker.state.listing import BadCursor, decode_cursor
+from election.wire import CodedError, shown
+from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 
 OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat", "heartbeat_many",
                  "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk",

@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Callable
 
 from broker import BrokerError
-from broker.api.client import Client, ClientError, TaskNotFound
-from devtools.devcluster import DevCluster, DevClusterSpec
-from devtools.procs import pid_alive
 from broker.admin.status import ask
+from broker.api.client import Client, ClientError, TaskNotFound
 from devtools import schedule as S
+from devtools.devcluster import DevCluster, DevClusterSpec
 from devtools.faults import DiskFiller, Injector
 from devtools.history import History, Observed, check, crash_lines
 from devtools.load import Producers, WorkerPool, payload_for
+from devtools.procs import pid_alive
 
 log = logging.getLogger(__name__)
 

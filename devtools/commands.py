@@ -11,7 +11,9 @@ from pathlib import Path
 
 import click
 
-from cli_options import DEFAULT_DEV_DIR, emit, fail
+from cli_errors import fail
+from cli_options import DEFAULT_DEV_DIR, emit
+
 
 # ---------------------------------------------------------------- zk
 @click.group()

@@ -22,8 +22,8 @@ import shutil
 import signal
 from pathlib import Path
 
-from election.secure.keys import new_key_pair, write_key_pair
 from election.secure.keyring import server_name
+from election.secure.keys import new_key_pair, write_key_pair
 
 KEYS_DIR = "keys"
 KEYS_FILE = "cluster.keys"

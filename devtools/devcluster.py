@@ -43,16 +43,32 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from broker import BrokerError
-from election import ElectionError
-from election.cluster_config import (SHARED_OPTIONS, ClusterAlreadyInitialized, ClusterOptions, check_member_secret,
-                                     check_secret_choice, init_cluster, option_differences, read_cluster_config,
-                                     read_secret)
-from election.local.files import write_json_atomically
-from election.paths import ClusterPaths
-from election.paths import check_cluster_name
 from devtools.dev_keys import DevKeys, reload_members
-from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn, stop_pid
+from devtools.procs import (
+    fencepost_command,
+    fencepost_env,
+    free_port,
+    owns,
+    pid_alive,
+    private_env,
+    spawn,
+    stop_pid,
+)
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
+from election import ElectionError
+from election.cluster_config import (
+    SHARED_OPTIONS,
+    ClusterAlreadyInitialized,
+    ClusterOptions,
+    check_member_secret,
+    check_secret_choice,
+    init_cluster,
+    option_differences,
+    read_cluster_config,
+    read_secret,
+)
+from election.local.files import write_json_atomically
+from election.paths import ClusterPaths, check_cluster_name
 
 STATE_FILE = "cluster.json"
 # Held (flock) by the `fencepost dev` command working on the run directory.

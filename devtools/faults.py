@@ -32,11 +32,11 @@ import threading
 import time
 from pathlib import Path
 
-from devtools.devcluster import DevCluster, DevClusterError
-from devtools.procs import pid_alive
 from broker.admin.status import ask
 from devtools import schedule as S
+from devtools.devcluster import DevCluster, DevClusterError
 from devtools.load import WorkerPool
+from devtools.procs import pid_alive
 
 log = logging.getLogger(__name__)
 

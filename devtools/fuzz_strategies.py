@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from devtools.fuzz_mutate import Raw, deep, pack, str_header

@@ -30,7 +30,8 @@ from typing import Any, Callable
 import msgpack
 
 from broker import protocol as broker_protocol
-from devtools.fuzz import QUEUES, TEMPLATES as BROKER_TEMPLATES
+from devtools.fuzz import QUEUES
+from devtools.fuzz import TEMPLATES as BROKER_TEMPLATES
 from ledger.bookie import protocol as bookie_protocol
 from ledger.codec import Digest, Entry, encode_entry
 

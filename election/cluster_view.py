@@ -14,8 +14,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election import ElectionError
-from election.local.human import human_age, human_bytes
 from election.live import live_brokers
+from election.local.human import human_age, human_bytes
 from election.paths import ClusterPaths
 
 

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NoNodeError, NodeExistsError, RolledBackError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
 from election import ElectionError
 from election.leader import LostLeadership

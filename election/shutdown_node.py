@@ -28,8 +28,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 
 from election import ElectionError
-from election.paths import ClusterPaths
 from election.local.store_status import StoreStatus
+from election.paths import ClusterPaths
 
 CLEAN = "clean"
 

@@ -31,7 +31,6 @@ import bisect
 import dataclasses
 import json
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -40,6 +39,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
+
 # Placement is its own pure module; both names stay importable from here.
 from ledger.placement import NotEnoughBookies, choose_ensemble  # noqa: F401
 

@@ -27,8 +27,16 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from pipeline import PipelineError
-from pipeline.analyze import (LEDGER_DDL, RELEASE_DDL, TABLE_ORDER, TABLES, Window, analyze_events, history_span,
-                              prepare_events)
+from pipeline.analyze import (
+    LEDGER_DDL,
+    RELEASE_DDL,
+    TABLE_ORDER,
+    TABLES,
+    Window,
+    analyze_events,
+    history_span,
+    prepare_events,
+)
 from pipeline.export import LEDGER_CREATED, read_bookmark
 from pipeline.history import cluster_entries, export_entries
 from pipeline.plan import ClusterAddress, Connection, end_position

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from election.cluster_config import read_cluster_config
-from election.wire.exchange import NoReply, exchange
 from election.live import live_brokers
 from election.wire import WireError
+from election.wire.exchange import NoReply, exchange
 from ledger import LedgerError
 from ledger.log import read_log_start
 from pipeline import PipelineError
@@ -43,7 +43,13 @@ from pipeline.audit_log import EpochCheck
 from pipeline.audit_tasks import TaskCheck
 from pipeline.findings import Finding, sort_key
 from pipeline.history import Entry, cluster_entries, export_entries
-from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connection, end_position, split_ranges
+from pipeline.plan import (
+    DEFAULT_ENTRIES_PER_PARTITION,
+    ClusterAddress,
+    Connection,
+    end_position,
+    split_ranges,
+)
 from pipeline.replay import ReplayResult, UnreplayableEntry, replay
 from pipeline.rows import Position, format_position
 from snapshots.format import read_header

@@ -34,7 +34,13 @@ from pyspark.sql import SparkSession
 from election.cluster_config import read_cluster_config
 from election.local.files import fsync_dir
 from pipeline import PipelineError
-from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connection, end_position, split_ranges
+from pipeline.plan import (
+    DEFAULT_ENTRIES_PER_PARTITION,
+    ClusterAddress,
+    Connection,
+    end_position,
+    split_ranges,
+)
 from pipeline.rows import Position, format_position
 from pipeline.source import NAME
 

@@ -28,8 +28,15 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from pipeline import PipelineError
-from pipeline.plan import (DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connection, ReadRange, end_position,
-                           position_option, split_ranges)
+from pipeline.plan import (
+    DEFAULT_ENTRIES_PER_PARTITION,
+    ClusterAddress,
+    Connection,
+    ReadRange,
+    end_position,
+    position_option,
+    split_ranges,
+)
 from pipeline.rows import COLUMN_NAMES, DDL, SCHEMA, Position, entry_rows, to_record_batch
 
 NAME = "fencepost"

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from election.local.files import fsync_dir, write_json_atomically
-from election.wire.codes import E_BAD_CHUNK, E_BAD_REPLY, E_BAD_REQUEST, E_NO_SNAPSHOT, E_NO_SUCH_SNAPSHOT
 from election.wire import CodedError
+from election.wire.codes import E_BAD_CHUNK, E_BAD_REPLY, E_BAD_REQUEST, E_NO_SNAPSHOT, E_NO_SUCH_SNAPSHOT
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog, parse_name
 from snapshots.format import SnapshotCorrupt, WrongCluster, crc32c, verify_snapshot

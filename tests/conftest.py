@@ -32,10 +32,10 @@ import pytest
 
 from devtools.procs import fencepost_command, kill_process, pid_alive, signal_group, spawn
 from devtools.procs import free_port as _free_port
-from election.wire.exchange import exchange
-from election.paths import ClusterPaths
-from election.zk import close, connect
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
+from election.paths import ClusterPaths
+from election.wire.exchange import exchange
+from election.zk import close, connect
 
 REPO = Path(__file__).resolve().parent.parent
 

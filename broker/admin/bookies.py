@@ -194,10 +194,15 @@ def decommission_bookie(zk: KazooClient, cluster: str, bookie_id: str, secret: b
     under way: the bookie gets no new copies, and running the command again goes on).
     """
     from election.cluster_config import check_member_secret, read_cluster_config
-    from ledger.replication.auditor import ReplicationWorker
     from ledger.client.bookie_pool import BookiePool
     from ledger.codec import Digest
-    from ledger.replication.decommission import DecommissionError, decommission_round, finish_decommission, start_decommission
+    from ledger.replication.auditor import ReplicationWorker
+    from ledger.replication.decommission import (
+        DecommissionError,
+        decommission_round,
+        finish_decommission,
+        start_decommission,
+    )
     from ledger.replication.rereplication import TokenBucket
 
     paths = ClusterPaths(cluster)

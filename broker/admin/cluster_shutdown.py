@@ -29,14 +29,19 @@ from typing import Callable
 from kazoo.client import KazooClient
 
 from broker import BrokerError
-from election.wire import codes
-from election.wire.exchange import NoReply, exchange
 from election.leader import read_leader
 from election.live import live_brokers
 from election.paths import ClusterPaths
-from election.shutdown_node import (CLEAN, clear_shutdown, create_shutdown, in_progress, read_shutdown,
-                                    read_stops)
-from election.wire import WireError
+from election.shutdown_node import (
+    CLEAN,
+    clear_shutdown,
+    create_shutdown,
+    in_progress,
+    read_shutdown,
+    read_stops,
+)
+from election.wire import WireError, codes
+from election.wire.exchange import NoReply, exchange
 
 DEFAULT_TIMEOUT_S = 60.0
 # How long the leader is given to commit the ClusterShutdown entry (within the timeout).

@@ -35,17 +35,16 @@ from broker.state.store import StateStore
 from election import wire
 from election.cluster_config import read_cluster_config
 from election.cluster_view import cluster_status
-from election.wire.exchange import NoReply, exchange
 from election.identity import META
 from election.insync import clear_elect, read_elect, read_insync, request_elect
-from election.secure.keys import KeysError
 from election.leader import read_leader
 from election.live import live_brokers
 from election.paths import ClusterPaths
+from election.secure.keys import KeysError
 from election.shutdown_node import read_shutdown
+from election.wire.exchange import NoReply, exchange
 from snapshots.catalog import SnapshotCatalog
 from snapshots.format import verify_snapshot
-
 
 # How long `status` waits for each broker's ping: a live broker answers in milliseconds.
 STATUS_PING_S = 1.0

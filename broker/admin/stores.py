@@ -33,7 +33,13 @@ from broker.server.store.guard import state_dir_of, verify_store_dir
 from broker.state.store import StateStore, StoreError, StoreIncomplete
 from election import ElectionError
 from election.cluster_join import (
-    CLEAN, RESTORE, InitDecision, MemberStore, classify_store, decide_initialization)
+    CLEAN,
+    RESTORE,
+    InitDecision,
+    MemberStore,
+    classify_store,
+    decide_initialization,
+)
 from election.identity import META
 from election.local.store_status import StoreStatus, mark_clean, read_status, write_status
 

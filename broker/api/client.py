@@ -77,18 +77,31 @@ from broker.api.client_leader import LeaderTracking
 from broker.api.client_transport import Transport, _Transient
 from broker.api.operate import OperatorCalls
 from broker.api.pipeline import SubmitPipeline
+from broker.api.requests import (
+    AUTO_KEY_PREFIX,
+    FREE_REDIRECTS,
+    SUBMIT_OPTIONS,
+    SUBMIT_OVERHEAD_BYTES,
+    Backoff,
+    BrokerUnavailable,
+    ClientError,
+    TaskNotFound,
+    WaitTimeout,
+    auto_key,
+    backoff_fields,
+    classify,
+    leader_address,
+    submit_cost,
+    submit_fields,
+)
 from broker.api.submit_group import SubmitGroup
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, dev_dir_options, resolve_target
-from broker.api.requests import (AUTO_KEY_PREFIX, FREE_REDIRECTS, SUBMIT_OPTIONS,
-                                 SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, TaskNotFound,
-                                 WaitTimeout, auto_key, backoff_fields, classify, leader_address, submit_cost,
-                                 submit_fields)
-from broker.state.events import FINAL_STATES
 from broker.protocol import MAX_SUBMIT_MANY
-from election.wire.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
+from broker.state.events import FINAL_STATES
 from election.secure.keyring import load_client_keys, process_keys
-from election.zk import close as zk_close
 from election.wire import DEFAULT_MAX_FRAME_BYTES, error_for
+from election.wire.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
+from election.zk import close as zk_close
 
 # The request helpers and error classes are part of this module's interface (and of
 # broker.client's): they live in broker.api.requests and are re-exported here.

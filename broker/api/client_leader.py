@@ -30,7 +30,9 @@ from broker.api.requests import BrokerUnavailable, leader_address
 from broker.api.target import ClusterNotFound, check_cluster_exists
 from election import ElectionError
 from election.paths import ClusterPaths
-from election.zk import ZooKeeperUnavailable, close as zk_close, connect as zk_connect
+from election.zk import ZooKeeperUnavailable
+from election.zk import close as zk_close
+from election.zk import connect as zk_connect
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,11 @@ import weakref
 import zmq
 
 from broker.api.requests import LEADER_CHECK_S, MAX_REPLY_BYTES, ClientError
+from election.secure.keys import KeysError
+from election.wire import WireError, decode, encode
+from election.wire import request as make_request
 from election.wire.codes import E_PAYLOAD_TOO_LARGE, E_UNTRUSTED_SERVER
 from election.wire.exchange import PLAIN_HINT
-from election.secure.keys import KeysError
-from election.wire import WireError, decode, encode, request as make_request
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,22 @@ from typing import Any
 
 import zmq
 
-from broker.api.requests import (FREE_REDIRECTS, LEADER_CHECK_S, MAX_REPLY_BYTES, SUBMIT_OVERHEAD_BYTES, Backoff,
-                                 BrokerUnavailable, ClientError, classify, leader_address, submit_cost)
+from broker.api.requests import (
+    FREE_REDIRECTS,
+    LEADER_CHECK_S,
+    MAX_REPLY_BYTES,
+    SUBMIT_OVERHEAD_BYTES,
+    Backoff,
+    BrokerUnavailable,
+    ClientError,
+    classify,
+    leader_address,
+    submit_cost,
+)
 from broker.protocol import MAX_SUBMIT_MANY
+from election.wire import WireError, decode, encode, error_for
+from election.wire import request as make_request
 from election.wire.codes import E_BAD_REPLY, E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
-from election.wire import WireError, decode, encode, error_for, request as make_request
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import uuid
 from typing import Any, Callable
 
 from broker import BrokerError
-from election.wire.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_WAIT_TIMEOUT
 from election.wire import CodedError
+from election.wire.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_WAIT_TIMEOUT
 
 BACKOFF_START = 0.05
 BACKOFF_CAP = 1.0

@@ -34,11 +34,18 @@ import time
 from collections import deque
 from typing import Any
 
-from broker.api.requests import (SUBMIT_OVERHEAD_BYTES, Backoff, BrokerUnavailable, ClientError, classify,
-                                 each_results, submit_cost)
+from broker.api.requests import (
+    SUBMIT_OVERHEAD_BYTES,
+    Backoff,
+    BrokerUnavailable,
+    ClientError,
+    classify,
+    each_results,
+    submit_cost,
+)
 from broker.protocol import MAX_SUBMIT_MANY
-from election.wire.codes import E_BAD_REPLY, E_INTERNAL
 from election.wire import error_for
+from election.wire.codes import E_BAD_REPLY, E_INTERNAL
 
 # Requests of one client's submits in flight at once. A submit queued behind them
 # waits for one to be answered: with fewer, a handful of threads lost more to that

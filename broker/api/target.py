@@ -25,8 +25,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 
 from broker.api.requests import ClientError
-from election.wire.codes import E_NO_SUCH_CLUSTER
 from election.paths import ROOT, ClusterPaths
+from election.wire.codes import E_NO_SUCH_CLUSTER
 
 DEFAULT_ZK = "127.0.0.1:2181"
 DEFAULT_CLUSTER = "dev"

@@ -80,8 +80,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Union
 
-from broker.api.client import (
-    DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError)
+from broker.api.client import DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError
 from broker.api.command_handler import CommandHandler
 from broker.api.drain import SignalDrain
 from broker.api.reject import Reject

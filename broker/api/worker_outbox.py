@@ -27,7 +27,13 @@ from broker.api.client import Client, ClientError
 from broker.api.task import Task
 from broker.api.worker_hand import Hand, leased_tasks
 from broker.protocol import MAX_SUBMIT_MANY
-from election.wire.codes import E_NO_SUCH_TASK, E_NOT_OWNER, E_NOT_RUNNING, E_PAYLOAD_TOO_LARGE, E_STALE_ATTEMPT
+from election.wire.codes import (
+    E_NO_SUCH_TASK,
+    E_NOT_OWNER,
+    E_NOT_RUNNING,
+    E_PAYLOAD_TOO_LARGE,
+    E_STALE_ATTEMPT,
+)
 
 log = logging.getLogger(__name__)
 

@@ -40,30 +40,30 @@ from kazoo.exceptions import KazooException
 
 from broker import BrokerError
 from broker.server.config import BrokerConfig
+from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
+from broker.server.request_loop import BrokerServer, ServerHooks
+from broker.server.shutdown_member import ShutdownMember
 from broker.server.standing.bookie_wait import BookieWait
 from broker.server.standing.candidacy import Candidacy
-from broker.server.store.cluster_start import ClusterStart
-from broker.server.store.checkpoints import CheckpointHost, Checkpointer
-from broker.server.store.datalock import DataDirLock
-from broker.server.store.follower import Diverged, FollowerTail
 from broker.server.standing.insync import InSyncTracker
-from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
 from broker.server.standing.member_wait import MemberWait
-from broker.server.request_loop import BrokerServer, ServerHooks
-from broker.state.crash_check import clear_in_use
-from broker.state.store import StoreDamaged
-from broker.server.shutdown_member import ShutdownMember
-from broker.server.store.guard import quarantine
-from broker.server.stop_budget import StopBudget
-from broker.server.store.keeper import StoreKeeper
 from broker.server.standing.takeover import Takeover
 from broker.server.standing.takeover_steps import WaitingForBookies
+from broker.server.stop_budget import StopBudget
+from broker.server.store.checkpoints import Checkpointer, CheckpointHost
+from broker.server.store.cluster_start import ClusterStart
+from broker.server.store.datalock import DataDirLock
+from broker.server.store.follower import Diverged, FollowerTail
+from broker.server.store.guard import quarantine
+from broker.server.store.keeper import StoreKeeper
+from broker.state.crash_check import clear_in_use
+from broker.state.store import StoreDamaged
 from election import ElectionError
-from election.local.files import write_json_atomically
 from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
 from election.identity import BrokerIdentity, ensure_broker_id
 from election.insync import election_contenders
 from election.leader import retract_leader
+from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
 from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_keys
 from election.zk import connect, patiently

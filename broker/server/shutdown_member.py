@@ -29,9 +29,9 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
+from election.local.store_status import StoreStatus, mark_clean
 from election.paths import ClusterPaths
 from election.shutdown_node import CLEAN, clear_shutdown, read_shutdown, record_stop, shutdown_hold
-from election.local.store_status import StoreStatus, mark_clean
 
 log = logging.getLogger(__name__)
 

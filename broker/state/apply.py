@@ -56,15 +56,55 @@ from typing import Callable
 
 from broker.state import backoff, idem
 from broker.state.events import (
-    CANCELLED, DEAD, DEFAULT_LEASE_MS, DEFAULT_MAX_ATTEMPTS, DONE, EVENT_TYPES, FAILED, RETRYABLE_STATES,
-    RUNNING, WAITING, BadEvent, err, ok, validate_event)
+    CANCELLED,
+    DEAD,
+    DEFAULT_LEASE_MS,
+    DEFAULT_MAX_ATTEMPTS,
+    DONE,
+    EVENT_TYPES,
+    FAILED,
+    RETRYABLE_STATES,
+    RUNNING,
+    WAITING,
+    BadEvent,
+    err,
+    ok,
+    validate_event,
+)
 from broker.state.schema import (
-    FINISHED_CODE, META_DIVERGED, META_EPOCH, META_SHUTDOWN, QUEUE_SETTINGS, delayed_key, digest_comparable,
-    digest_hex, finished_key, id_key, inline_payload, lease_key, pack, queue_prefix, read_u64,
-    ready_key, state_key, task_id_of, text, unpack, worker_lease_key)
+    FINISHED_CODE,
+    META_DIVERGED,
+    META_EPOCH,
+    META_SHUTDOWN,
+    QUEUE_SETTINGS,
+    delayed_key,
+    digest_comparable,
+    digest_hex,
+    finished_key,
+    id_key,
+    inline_payload,
+    lease_key,
+    pack,
+    queue_prefix,
+    read_u64,
+    ready_key,
+    state_key,
+    task_id_of,
+    text,
+    unpack,
+    worker_lease_key,
+)
 from broker.state.txn import StateTxn
-from election.wire.codes import (E_BAD_STATE, E_DIGEST_MISMATCH, E_DUPLICATE_TASK_ID, E_NO_SUCH_TASK, E_NOT_OWNER,
-                            E_NOT_RUNNING, E_STALE_ATTEMPT, E_STALE_EPOCH)
+from election.wire.codes import (
+    E_BAD_STATE,
+    E_DIGEST_MISMATCH,
+    E_DUPLICATE_TASK_ID,
+    E_NO_SUCH_TASK,
+    E_NOT_OWNER,
+    E_NOT_RUNNING,
+    E_STALE_ATTEMPT,
+    E_STALE_EPOCH,
+)
 
 PROMOTE_LIMIT = 10_000
 EXPIRED_ERROR = "lease_expired"

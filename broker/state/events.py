@@ -28,6 +28,7 @@ from typing import Any, Iterable
 import msgpack
 
 from broker import BrokerError
+
 # The result error codes (stable words; clients match on them) live with every other
 # wire code in election/wire/codes.py.
 from election.wire.codes import E_BAD_EVENT, E_UNKNOWN_EVENT

@@ -35,7 +35,15 @@ from typing import Any
 import lmdb
 
 from broker.state.events import MAX_NAME_BYTES, STATES
-from broker.state.schema import STATE_KEY_CODE, queue_prefix, record_hash, record_state_key, text, unpack, unpack_task
+from broker.state.schema import (
+    STATE_KEY_CODE,
+    queue_prefix,
+    record_hash,
+    record_state_key,
+    text,
+    unpack,
+    unpack_task,
+)
 from broker.state.txn import StateCorrupt
 
 # The longest error text a listed task carries (``task show`` has all of it).

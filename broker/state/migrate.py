@@ -35,9 +35,24 @@ import lmdb
 
 from broker.state.events import PRIORITY_MAX
 from broker.state.schema import (
-    META_DIGEST, META_FORMAT, META_POSITION, META_SEAL, SHORT_KEY_BYTES, STORE_FORMAT, id_key,
-    idem_key, inline_payload, is_hashed, pack_task, ready_key, record_hash, record_state_key, seal, unpack,
-    untext)
+    META_DIGEST,
+    META_FORMAT,
+    META_POSITION,
+    META_SEAL,
+    SHORT_KEY_BYTES,
+    STORE_FORMAT,
+    id_key,
+    idem_key,
+    inline_payload,
+    is_hashed,
+    pack_task,
+    ready_key,
+    record_hash,
+    record_state_key,
+    seal,
+    unpack,
+    untext,
+)
 from broker.state.txn import StateCorrupt
 
 SCRATCH_DB = b"migrating"

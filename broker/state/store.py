@@ -32,14 +32,41 @@ from typing import Any, Iterable, Iterator
 import lmdb
 
 from broker import BrokerError
-from broker.state.apply import apply_event
 from broker.state import listing
+from broker.state.apply import apply_event
 from broker.state.migrate import format_record, migrate_v1, migrate_v2, store_format
 from broker.state.schema import (
-    DB_NAMES, FINISHED_CODE, MAX_DBS, META_CLEAN, META_CLOCK, META_CLUSTER, META_DIGEST, META_DIVERGED, META_EPOCH,
-    META_FORMAT, META_LOADING, META_LOCAL, META_POSITION, META_SEAL, META_SHUTDOWN, STORE_FORMAT,
-    UNHASHED_DBS, digest_hex, id_key, is_hashed, pack_cluster, queue_prefix, read_u64, record_hash, seal, text, unpack,
-    unpack_cluster, unpack_position, unpack_task)
+    DB_NAMES,
+    FINISHED_CODE,
+    MAX_DBS,
+    META_CLEAN,
+    META_CLOCK,
+    META_CLUSTER,
+    META_DIGEST,
+    META_DIVERGED,
+    META_EPOCH,
+    META_FORMAT,
+    META_LOADING,
+    META_LOCAL,
+    META_POSITION,
+    META_SEAL,
+    META_SHUTDOWN,
+    STORE_FORMAT,
+    UNHASHED_DBS,
+    digest_hex,
+    id_key,
+    is_hashed,
+    pack_cluster,
+    queue_prefix,
+    read_u64,
+    record_hash,
+    seal,
+    text,
+    unpack,
+    unpack_cluster,
+    unpack_position,
+    unpack_task,
+)
 from broker.state.txn import StateCorrupt, StateTxn
 from election.local.lmdb_file import check_lmdb_file
 

@@ -34,10 +34,27 @@ import lmdb
 
 from broker import BrokerError
 from broker.state.schema import (
-    COUNT_NAMES, META_CLOCK, META_DIGEST, META_POSITION, META_SEAL, META_SEQ, UNHASHED_DBS, id_key, is_hashed,
-    pack, pack_position, pack_queue, pack_task, read_u64, record_hash, seal, text, u64, unpack,
-    unpack_task)
-
+    COUNT_NAMES,
+    META_CLOCK,
+    META_DIGEST,
+    META_POSITION,
+    META_SEAL,
+    META_SEQ,
+    UNHASHED_DBS,
+    id_key,
+    is_hashed,
+    pack,
+    pack_position,
+    pack_queue,
+    pack_task,
+    read_u64,
+    record_hash,
+    seal,
+    text,
+    u64,
+    unpack,
+    unpack_task,
+)
 
 TASK_WRITES_MAX = 10_000
 

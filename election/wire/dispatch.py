@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Union
 
 from election import wire
-from election.wire.codes import E_FORBIDDEN, E_INTERNAL, E_OVERSIZED
 from election.secure.roles import allowed
+from election.wire.codes import E_FORBIDDEN, E_INTERNAL, E_OVERSIZED
 
 log = logging.getLogger(__name__)
 

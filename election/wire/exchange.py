@@ -22,9 +22,8 @@ from typing import Any
 import zmq
 
 from election import wire
-
-from election.wire import codes
 from election.secure.keyring import ClientKeys, process_keys
+from election.wire import codes
 
 # Said when a server stays silent to a client without keys: a secure server never answers one.
 PLAIN_HINT = " (a secure cluster answers only clients with a key: --key-file and --keys-file)"

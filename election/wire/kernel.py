@@ -24,8 +24,8 @@ from typing import Any, Mapping
 
 import zmq
 
-from election.wire.codes import E_OVERSIZED
 from election.secure.curve import peer_role
+from election.wire.codes import E_OVERSIZED
 from election.wire.dispatch import DEFERRED, Decision, Dispatcher, Handler, KernelHooks
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 
 from election import ElectionError
+from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from election.local.metrics_endpoint import parse_metrics_listen
 from election.secure.keyring import check_secure_settings, key_file_field, keys_file_field
-from election.cluster_config import cluster_option_field, init_if_missing_field, validate_member_options
 from ledger import LedgerError
 from ledger.bookie.store import DEFAULT_MAP_SIZE
 

@@ -38,12 +38,20 @@ from typing import Any
 import zmq
 from kazoo.client import KazooClient
 
+from election import wire
 from election import zk as zkutil
 from election.cluster_config import join_cluster, member_options
 from election.paths import ClusterPaths
-from election import wire
-from election.wire.codes import E_BAD_ENTRY, E_BUSY, E_FENCED, E_NO_ENTRY, E_READONLY, E_UNKNOWN, E_WRONG_BOOKIE
 from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_keys
+from election.wire.codes import (
+    E_BAD_ENTRY,
+    E_BUSY,
+    E_FENCED,
+    E_NO_ENTRY,
+    E_READONLY,
+    E_UNKNOWN,
+    E_WRONG_BOOKIE,
+)
 from election.wire.dispatch import DEFERRED, Handler, KernelHooks, Reply, RequestContext
 from election.wire.kernel import ServingKernel
 from ledger import LedgerError
@@ -52,8 +60,15 @@ from ledger.bookie.cookie import bind_instance, cookie_for_cluster
 from ledger.bookie.gc import GarbageCollector, Handoff
 from ledger.bookie.integrity import open_vouched_store, prepare_store
 from ledger.bookie.polls import LongPolls
-from ledger.bookie.protocol import (MAX_PIGGYBACK_BYTES, OPS, entity_id, info_fields, parse_add, parse_add_batch,
-                                   parse_wait_lac)
+from ledger.bookie.protocol import (
+    MAX_PIGGYBACK_BYTES,
+    OPS,
+    entity_id,
+    info_fields,
+    parse_add,
+    parse_add_batch,
+    parse_wait_lac,
+)
 from ledger.bookie.registration import BookieRegistration
 from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, is_disk_full
 from ledger.codec import CorruptEntry
@@ -178,8 +193,8 @@ class Bookie:
     def _start_autorecovery(self, paths: ClusterPaths) -> None:
         """Run the auditor election and a re-replication worker in this process (``autorecovery``)."""
         from election.cluster_config import read_cluster_config
-        from ledger.replication.auditor import AutoRecovery
         from ledger.codec import Digest
+        from ledger.replication.auditor import AutoRecovery
 
         cfg = self.config
         digest_name = str((read_cluster_config(self._zk, paths) or {}).get("digest", "crc32c"))

@@ -52,11 +52,12 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from ledger import LedgerError
-from election.wire.codes import E_FENCED, E_INTERNAL, E_NO_ENTRY, E_UNKNOWN
-from election.secure.keys import KeysError
 from election.secure.keyring import ClientKeys, process_keys
-from election.wire import RemoteError, WireError, decode, encode, error_for, request as make_request
+from election.secure.keys import KeysError
+from election.wire import RemoteError, WireError, decode, encode, error_for
+from election.wire import request as make_request
+from election.wire.codes import E_FENCED, E_INTERNAL, E_NO_ENTRY, E_UNKNOWN
+from ledger import LedgerError
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from typing import Iterable
 
 from kazoo.client import KazooClient
 
-from election.wire.codes import E_FENCED
 from election.paths import ClusterPaths
+from election.wire.codes import E_FENCED
 from ledger import LedgerError
 from ledger.client.bookie_pool import LedgerFencedError
 from ledger.metadata import OPEN, LedgerMetadata, MetadataConflict, cas_metadata, read_metadata

@@ -29,13 +29,20 @@ from election.cluster_config import ClusterOptions, read_cluster_config
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import DEFAULT_TIMEOUT, BookiePool
-from ledger.codec import Digest
 from ledger.client.log_reader import LogReader
-from ledger.log import START, Position
-from ledger.metadata import CLOSED, MetadataConflict, current_address, list_ledgers, live_bookies, read_metadata
 from ledger.client.reader import DEFAULT_READ_TIMEOUT, LedgerReader
 from ledger.client.recovery import recover_and_close
 from ledger.client.writer import DEFAULT_ADD_TIMEOUT, LedgerWriter, create_ledger
+from ledger.codec import Digest
+from ledger.log import START, Position
+from ledger.metadata import (
+    CLOSED,
+    MetadataConflict,
+    current_address,
+    list_ledgers,
+    live_bookies,
+    read_metadata,
+)
 
 log = logging.getLogger(__name__)
 

@@ -36,11 +36,11 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election.paths import ClusterPaths
+from election.wire import RemoteError
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, NoSuchEntry, Unvouched
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
-from election.wire import RemoteError
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,8 @@ from typing import Callable
 
 from kazoo.client import KazooClient
 
-from election.wire.codes import E_FENCED
 from election.paths import ClusterPaths
+from election.wire.codes import E_FENCED
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError
 from ledger.client.writer_ensemble import EnsembleChanges

@@ -38,7 +38,13 @@ import time
 from functools import partial
 
 from ledger.client.bookie_pool import BookieUnavailable, LedgerFencedError
-from ledger.client.ensemble_change import ChangePlan, fragment_start, plan_change, quorum_holds, write_fragment
+from ledger.client.ensemble_change import (
+    ChangePlan,
+    fragment_start,
+    plan_change,
+    quorum_holds,
+    write_fragment,
+)
 from ledger.metadata import OPEN, live_bookies
 from ledger.replication.underreplication import mark_underreplicated
 

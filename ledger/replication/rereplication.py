@@ -54,7 +54,7 @@ from ledger.metadata import (
     live_bookies,
     read_metadata,
 )
-from ledger.placement import NotEnoughBookies, choose_ensemble
+from ledger.placement import choose_ensemble
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from tests.conftest import call, wait_for
-from tests.support.producers import Producers, assert_replicas_agree, assert_exactly_once
+from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 

@@ -13,9 +13,9 @@ import pytest
 
 from ledger.bookie.cookie import cookie_path
 from ledger.metadata import CLOSED, list_ledgers, read_metadata
+from tests.conftest import BrokerCluster, wait_for
 from tests.support.ledgers import by_id, read_direct, start_bookies, wait_registered
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
-from tests.conftest import BrokerCluster, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(150)]
 

@@ -9,9 +9,9 @@ import pytest
 
 from ledger import LedgerError
 from ledger.client.bookie_pool import LedgerFencedError
-from ledger.metadata import CLOSED, IN_RECOVERY, NotEnoughBookies, read_metadata
 from ledger.client.reader import EntryNotCommitted
 from ledger.client.writer import LedgerWriteError
+from ledger.metadata import CLOSED, IN_RECOVERY, NotEnoughBookies, read_metadata
 from tests.support.ledgers import make_client, procs_in_ensemble_order, start_bookies, wait_registered
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]

@@ -2,8 +2,18 @@
 import pytest
 
 from pipeline import PipelineError
-from pipeline.analyze import (LEDGER_DDL, RELEASE_DDL, TABLE_ORDER, Window, analyze_events, epochs, parse_time,
-                              prepare_events, queue_minutes, task_life)
+from pipeline.analyze import (
+    LEDGER_DDL,
+    RELEASE_DDL,
+    TABLE_ORDER,
+    Window,
+    analyze_events,
+    epochs,
+    parse_time,
+    prepare_events,
+    queue_minutes,
+    task_life,
+)
 from pipeline.replay import GRANT_DDL
 from pipeline.rows import DDL, event_row
 

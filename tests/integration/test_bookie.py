@@ -9,8 +9,8 @@ import msgpack
 import pytest
 import zmq
 
-from election.paths import ClusterPaths
 from election import wire
+from election.paths import ClusterPaths
 from tests.support.bookie_client import entry
 
 pytestmark = pytest.mark.integration
@@ -328,8 +328,8 @@ def test_add_batch_on_a_fenced_ledger_refuses_every_entry(cluster, procs, client
 def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_port, client_for):
     import threading
 
-    from ledger.bookie.server import Bookie
     from ledger.bookie.config import BookieConfig
+    from ledger.bookie.server import Bookie
     from tests.conftest import expire_session
 
     config = BookieConfig(data=str(tmp_path / "b"), listen=f"tcp://127.0.0.1:{free_port()}", zk=cluster.hosts,
@@ -363,8 +363,8 @@ def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_
 
 def test_two_live_bookies_cannot_share_an_id(cluster, procs, tmp_path, free_port):
     from ledger import LedgerError
-    from ledger.bookie.server import Bookie
     from ledger.bookie.config import BookieConfig
+    from ledger.bookie.server import Bookie
 
     first = procs.start_bookie(cluster)
     bookie_id = json.loads((first.data_dir / "COOKIE").read_text())["bookie_id"]

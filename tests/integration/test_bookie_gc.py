@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from election.wire.codes import E_NO_ENTRY
-from ledger.replication.rereplication import rereplicate_ledger
 from ledger.metadata import read_metadata
+from ledger.replication.rereplication import rereplicate_ledger
 from tests.conftest import wait_for
 from tests.support.bookie_client import Client
 from tests.support.ledgers import bookie_id_of, make_client, wait_registered

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from election.wire import codes
 from election.leader import read_leader
-from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
+from election.wire import codes
 from tests.conftest import BrokerCluster, call, wait_for
+from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

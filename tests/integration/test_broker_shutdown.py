@@ -6,10 +6,10 @@ import time
 import pytest
 
 from devtools.devcluster import free_port
+from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect
-from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from tests.conftest import TestCluster as ClusterInfo
 from tests.conftest import wait_for
 

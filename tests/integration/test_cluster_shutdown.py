@@ -16,9 +16,9 @@ import zmq
 from broker.api.client import BrokerUnavailable, Client, ClientError
 from devtools.devcluster import DevCluster
 from election import wire
-from election.wire import codes
-from election.shutdown_node import read_shutdown
 from election.local.store_status import read_status
+from election.shutdown_node import read_shutdown
+from election.wire import codes
 from election.zk import close, connect
 from tests.conftest import call, wait_for
 

@@ -15,8 +15,15 @@ from kazoo.client import KazooClient
 
 from broker.server.standing.takeover import close_previous_ledgers, open_ledger
 from election.cluster_config import ClusterOptions, ensure_cluster_config
+from election.leader import (
+    LostLeadership,
+    check_epoch,
+    claim_epoch,
+    publish_leader,
+    read_leader,
+    retract_leader,
+)
 from election.wire.exchange import NoReply
-from election.leader import LostLeadership, check_epoch, claim_epoch, publish_leader, read_leader, retract_leader
 from ledger.client.facade import LedgerClient
 from ledger.log import START, StaleEpoch, appended, read_log, write_log
 from ledger.metadata import CLOSED, read_metadata

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from election.local.files import write_json_atomically
 from election.identity import META, META_TEMP, IdentityError, ensure_broker_id
 from election.leader import claim_epoch, publish_leader, read_epoch, read_leader, retract_leader
+from election.local.files import write_json_atomically
 
 pytestmark = pytest.mark.integration
 

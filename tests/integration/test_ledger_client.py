@@ -12,14 +12,21 @@ from concurrent.futures import wait as wait_futures
 import pytest
 
 from election import wire
-
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
 from ledger.client.log_reader import LogReader
+from ledger.client.reader import EntryNotCommitted
 from ledger.log import LogConflict, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
-from ledger.client.reader import EntryNotCommitted
-from tests.support.ledgers import start_bookies, wait_registered, make_client, bookie_id_of, procs_in_ensemble_order, corrupt_entry_on_disk, FakeBookie
+from tests.support.ledgers import (
+    FakeBookie,
+    bookie_id_of,
+    corrupt_entry_on_disk,
+    make_client,
+    procs_in_ensemble_order,
+    start_bookies,
+    wait_registered,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -210,9 +217,9 @@ def test_pool_call_later_runs_on_the_io_thread_in_due_order_and_not_after_close(
 
 
 def _fake_writer(fakes, pool, add_timeout=2.0):
+    from ledger.client.writer import LedgerWriter
     from ledger.codec import Digest
     from ledger.metadata import LedgerMetadata
-    from ledger.client.writer import LedgerWriter
 
     ensemble = [{"bookie_id": f"fake-{i}", "address": f.address} for i, f in enumerate(fakes)]
     meta = LedgerMetadata(ledger_id=21, ensemble=ensemble, write_quorum=3, ack_quorum=2, epoch=4)
@@ -220,7 +227,7 @@ def _fake_writer(fakes, pool, add_timeout=2.0):
 
 
 def test_writer_coalesces_a_burst_into_ordered_add_batch_requests():
-    from ledger.codec import check_run, decode_entry, Digest
+    from ledger.codec import Digest, check_run, decode_entry
 
     def handler(msg):
         if msg["op"] == "add_batch":
@@ -470,7 +477,7 @@ def test_corrupt_copy_is_detected_and_another_replica_is_read(ledger_env, procs)
 
     reader = client.open_reader(writer.ledger_id)
     assert reader.read(4).payload == b"value-4"
-    assert [(b, l, e) for b, l, e, r in reader.corruptions if r.startswith("corrupt")] == \
+    assert [(b, led, e) for b, led, e, r in reader.corruptions if r.startswith("corrupt")] == \
         [(meta.ensemble[0]["bookie_id"], writer.ledger_id, 4)]
     assert "digest" in reader.corruptions[0][3]
     # Other entries on that bookie are fine and read from it without complaint.

@@ -13,11 +13,11 @@ import pytest
 import zmq
 
 from broker.api.client import Client, ClientError
-from broker.state.events import encode_batch
 from broker.api.worker import Worker
+from broker.state.events import encode_batch
+from election import wire
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.leader import claim_epoch
-from election import wire
 from ledger.client.facade import LedgerClient
 from ledger.log import append_ledger, read_log
 from tests.conftest import call, wait_for

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from broker.api.client import BrokerUnavailable, Client, ClientError
-from election.wire import codes
-from election.wire.exchange import exchange
-from election.secure.keys import new_key_pair, write_key_pair
 from election.secure import keyring
 from election.secure.keyring import load_client_keys, server_name
+from election.secure.keys import new_key_pair, write_key_pair
+from election.wire import codes
+from election.wire.exchange import exchange
 from tests.conftest import BrokerCluster, _free_port, wait_for
 
 pytestmark = pytest.mark.timeout(150)

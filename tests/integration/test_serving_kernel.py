@@ -17,10 +17,10 @@ import zmq
 
 from devtools.procs import free_port
 from election import wire
-from election.wire import codes
-from election.secure.keys import new_key_pair, write_key_pair
-from election.secure.keyring import ClientKeys, load_client_keys, server_name
 from election.secure import keyring
+from election.secure.keyring import ClientKeys, load_client_keys, server_name
+from election.secure.keys import new_key_pair, write_key_pair
+from election.wire import codes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -9,8 +9,8 @@ import pytest
 import broker.admin.cluster_shutdown as cluster_shutdown
 from broker.admin.cluster_shutdown import ShutdownFailed, shutdown_cluster
 from broker.server.shutdown_member import ShutdownMember
-from election.shutdown_node import create_shutdown, read_shutdown, read_stops
 from election.local.store_status import StoreStatus, read_status, write_status
+from election.shutdown_node import create_shutdown, read_shutdown, read_stops
 
 pytestmark = [pytest.mark.integration]
 

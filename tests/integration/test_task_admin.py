@@ -3,7 +3,6 @@ requeue-dead`, `worker list`, across a SIGKILL of the leader; workers seen and l
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 

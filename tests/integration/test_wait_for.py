@@ -13,9 +13,9 @@ import time
 import pytest
 
 from broker.api.client import BrokerUnavailable, Client
-from election.wire import codes
 from election.leader import read_leader
 from election.live import live_brokers
+from election.wire import codes
 from tests.conftest import call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

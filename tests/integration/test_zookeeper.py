@@ -4,8 +4,8 @@ import json
 import pytest
 from kazoo.exceptions import NoNodeError
 
-from election.zk import close, connect
 from devtools.zkserver import four_letter
+from election.zk import close, connect
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,11 @@ import pytest
 
 from broker.api.client import Client
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
-from election.paths import ClusterPaths
 from election.local.store_status import read_status
+from election.paths import ClusterPaths
 from election.zk import close, connect
-from tests.conftest import TestCluster as ZkCluster, wait_for
+from tests.conftest import TestCluster as ZkCluster
+from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -28,10 +28,10 @@ print(errors)
 
 
 def test_the_documented_names_are_the_api_classes():
+    from broker.aio import AsyncClient
     from broker.api.aio import AsyncClient as api_async
     from broker.api.client import Client as api_client
     from broker.api.worker import Worker as api_worker
-    from broker.aio import AsyncClient
     from broker.client import Client
     from broker.worker import Worker
 

@@ -13,7 +13,6 @@ import pytest
 from bench import peer, peer_load, peer_systems, rabbitmq, rabbitmq_cluster
 from bench.common import to_json
 
-
 # ----------------------------------------------------------------- the load harness
 
 

@@ -10,7 +10,9 @@ import lmdb
 import pytest
 
 from election.local.lmdb_file import EMPTY, TRUNCATED, UNREADABLE, parse_meta_pages
+from ledger.bookie import store as bookie_store
 from ledger.bookie.config import BookieConfig
+from ledger.bookie.cookie import read_cookie, write_cookie
 from ledger.bookie.integrity import (
     FOREIGN,
     MISSING,
@@ -21,12 +23,20 @@ from ledger.bookie.integrity import (
     prepare_store,
     verify_store,
 )
-from ledger.bookie import store as bookie_store
-from ledger.bookie.cookie import read_cookie, write_cookie
 from ledger.bookie.store import BookieStore, ReadOnlyGate, is_disk_full
+from ledger.client.recovery import (
+    ABSENT,
+    CORRUPT,
+    FOUND,
+    HAS,
+    NO_ANSWER,
+    NO_ENTRY,
+    UNDECIDED,
+    UNVOUCHED,
+    entry_verdict,
+)
 from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
 from tests.support.bookie_helpers import add_entries
-from ledger.client.recovery import ABSENT, CORRUPT, FOUND, HAS, NO_ANSWER, NO_ENTRY, UNDECIDED, UNVOUCHED, entry_verdict
 
 MAP = 64 * 1024 * 1024
 

@@ -4,10 +4,15 @@ from __future__ import annotations
 import pytest
 
 from election import wire
-
 from election.wire import codes
-from ledger.bookie.protocol import (MAX_ADD_BATCH, entity_id, info_fields, parse_add, parse_add_batch,
-                                    parse_wait_lac)
+from ledger.bookie.protocol import (
+    MAX_ADD_BATCH,
+    entity_id,
+    info_fields,
+    parse_add,
+    parse_add_batch,
+    parse_wait_lac,
+)
 from ledger.codec import CorruptEntry, Digest, Entry, encode_entry
 
 

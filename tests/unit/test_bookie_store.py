@@ -104,7 +104,7 @@ def test_fence_and_entries_survive_reopen(tmp_path):
 
 
 def test_delete_ledger_removes_only_that_ledger(store):
-    add_entries(store, [(l, i, entry(l, i)) for l in (1, 2, 3) for i in range(4)])
+    add_entries(store, [(led, i, entry(led, i)) for led in (1, 2, 3) for i in range(4)])
     assert store.delete_ledger(2) == 4
     assert store.read(2, 0) is None and store.ledger_info(2) is None
     assert store.read(1, 3) is not None and store.read(3, 0) is not None

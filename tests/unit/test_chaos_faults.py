@@ -1,8 +1,8 @@
 """The full-disk fault is skipped with a recorded reason where a tmpfs cannot be mounted."""
 import subprocess
 
-from devtools.devcluster import DevCluster
 from devtools import faults
+from devtools.devcluster import DevCluster
 from devtools.faults import DiskFiller
 
 

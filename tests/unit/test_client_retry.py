@@ -14,8 +14,17 @@ import zmq
 
 from broker import BrokerError
 from broker.api.client import (
-    AUTO_KEY_PREFIX, Backoff, BrokerUnavailable, Client, ClientError, TaskNotFound, WaitTimeout,
-    classify, leader_address, submit_fields)
+    AUTO_KEY_PREFIX,
+    Backoff,
+    BrokerUnavailable,
+    Client,
+    ClientError,
+    TaskNotFound,
+    WaitTimeout,
+    classify,
+    leader_address,
+    submit_fields,
+)
 from broker.api.worker import Task, Worker, error_text, result_bytes
 from election import wire
 

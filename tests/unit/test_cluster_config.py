@@ -9,9 +9,17 @@ from click.testing import CliRunner
 import cli
 from broker.server.config import BrokerConfig, BrokerConfigError
 from election import ElectionError
-from election.cluster_config import (SHARED_OPTIONS, ClusterOptions, SecretError, check_member_secret,
-                                     check_secret_choice, member_options, new_config, option_differences,
-                                     read_secret)
+from election.cluster_config import (
+    SHARED_OPTIONS,
+    ClusterOptions,
+    SecretError,
+    check_member_secret,
+    check_secret_choice,
+    member_options,
+    new_config,
+    option_differences,
+    read_secret,
+)
 from election.local.settings import load_settings
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig

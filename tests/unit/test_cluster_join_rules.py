@@ -9,8 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from election.cluster_join import (
-    ABORT, CLEAN, DIRTY, EMPTY, MANUAL_RECOVERY, RESTORE, START_EMPTY, TRANSIENT, MemberStore, classify_store,
-    decide_initialization)
+    ABORT,
+    CLEAN,
+    DIRTY,
+    EMPTY,
+    MANUAL_RECOVERY,
+    RESTORE,
+    START_EMPTY,
+    TRANSIENT,
+    MemberStore,
+    classify_store,
+    decide_initialization,
+)
 from election.local.store_status import StoreStatus
 
 SIG_A = ("cid-a", 100.0)

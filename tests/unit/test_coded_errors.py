@@ -7,8 +7,7 @@ import pytest
 from broker import BrokerError
 from broker.api.client import ClientError, TaskNotFound, WaitTimeout
 from broker.protocol import RequestError
-from election.wire import codes
-from election.wire import CodedError, RemoteError, WireError, error_for
+from election.wire import CodedError, RemoteError, WireError, codes, error_for
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookieError, LedgerFencedError, NoSuchEntry, Unvouched
 from snapshots import SnapshotError

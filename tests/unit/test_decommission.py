@@ -5,9 +5,9 @@ import random
 
 from broker.admin.bookies import bookie_rows, format_bookie_list, format_progress
 from broker.server.leading.roll_triggers import roll_reason
-from ledger.replication.decommission import DecommissionProgress, holding_fragments, split_remaining
 from ledger.metadata import CLOSED, OPEN, LedgerMetadata
 from ledger.placement import placeable
+from ledger.replication.decommission import DecommissionProgress, holding_fragments, split_remaining
 from ledger.replication.rereplication import plan_rereplication
 
 

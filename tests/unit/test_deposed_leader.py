@@ -1,9 +1,9 @@
 """A leader that knows it is deposed does not serve reads; one whose own digest mismatches stops."""
 from __future__ import annotations
 
-from broker.server.store.follower import Diverged
 from broker.server.leading.group_commit import WriteFailed
 from broker.server.request_loop import ServerHooks
+from broker.server.store.follower import Diverged
 from election.wire import codes
 from tests.support.leading import LeaderHarness
 

@@ -6,8 +6,16 @@ import uuid
 
 import pytest
 
-from devtools.procs import REPO_ROOT, kill_process, pid_alive, private_env, signal_group, spawn, stop_pid, \
-    stop_process
+from devtools.procs import (
+    REPO_ROOT,
+    kill_process,
+    pid_alive,
+    private_env,
+    signal_group,
+    spawn,
+    stop_pid,
+    stop_process,
+)
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,16 @@ from hypothesis import strategies as st
 
 from broker import BrokerError
 from broker.state.events import (
-    BATCH_FORMAT_VERSION, E_BAD_EVENT, E_UNKNOWN_EVENT, EVENT_TYPES, BadEvent, decode_batch,
-    encode_batch, event, validate_event)
+    BATCH_FORMAT_VERSION,
+    E_BAD_EVENT,
+    E_UNKNOWN_EVENT,
+    EVENT_TYPES,
+    BadEvent,
+    decode_batch,
+    encode_batch,
+    event,
+    validate_event,
+)
 
 
 def submit(**over):

@@ -7,11 +7,10 @@ import time
 import pytest
 import zmq
 
+from devtools.procs import free_port
 from election import wire
-
 from election.wire import codes
 from election.wire.exchange import NoReply, exchange
-from devtools.procs import free_port
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from broker.state.events import encode_batch
 from broker.server.store.follower import Diverged, FollowerTail, apply_entries
+from broker.state.events import encode_batch
 from broker.state.store import StateStore
 from ledger.codec import Entry
 

@@ -3,12 +3,11 @@ import dataclasses
 
 import pytest
 
-from election import ElectionError
-from election.cluster_config import ClusterOptions
-from election.paths import ClusterPaths
-from election.local.settings import SettingsError, load_settings
 from devtools.zkserver import ZooKeeperServerError, parse_java_version
-from election import wire
+from election import ElectionError, wire
+from election.cluster_config import ClusterOptions
+from election.local.settings import SettingsError, load_settings
+from election.paths import ClusterPaths
 
 
 def test_paths_follow_the_design_layout():

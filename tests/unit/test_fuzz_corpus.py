@@ -6,9 +6,9 @@ import random
 import msgpack
 import pytest
 
-from broker.protocol import OPS as BROKER_OPS, RequestError, check_request
-from devtools.fuzz_mutate import length_fields, mutation_messages, valid_frames
-from devtools.fuzz_mutate import Raw, pack
+from broker.protocol import OPS as BROKER_OPS
+from broker.protocol import RequestError, check_request
+from devtools.fuzz_mutate import Raw, length_fields, mutation_messages, pack, valid_frames
 from devtools.fuzz_strategies import hypothesis_messages
 from devtools.fuzz_targets import BOOKIE, BROKER, FUZZ_LEDGER_BASE, entry_bytes
 from election import wire

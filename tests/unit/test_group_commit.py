@@ -9,8 +9,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from broker.state.events import BadEvent, decode_batch, encode_batch, event
 from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
+from broker.state.events import BadEvent, decode_batch, encode_batch, event
 
 
 class FakeWriter:

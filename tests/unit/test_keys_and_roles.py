@@ -5,7 +5,14 @@ import stat
 
 import pytest
 
-from election.secure.keys import KeysError, KeyRing, new_key_pair, parse_keys_file, read_key_pair, write_key_pair
+from election.secure.keys import (
+    KeyRing,
+    KeysError,
+    new_key_pair,
+    parse_keys_file,
+    read_key_pair,
+    write_key_pair,
+)
 from election.secure.roles import allowed
 
 pytestmark = pytest.mark.timeout(30)

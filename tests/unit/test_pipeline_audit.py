@@ -7,7 +7,6 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-
 from broker.state.events import encode_batch, event
 from pipeline.audit_log import CORRUPT, MISSING, OK, Copy, EpochCheck, copy_findings, gap_findings
 from pipeline.audit_tasks import TaskCheck

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from election.secure.keys import KeysError, new_key_pair, write_key_pair
 from election.secure.keyring import check_secure_settings, load_client_keys, server_name
+from election.secure.keys import KeysError, new_key_pair, write_key_pair
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,7 +7,6 @@ import msgpack
 import pytest
 
 from election import wire
-
 from election.wire import codes
 from election.wire.dispatch import COUNTERS, DEFERRED, Decision, Dispatcher, KernelHooks
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from broker.admin.cluster_shutdown import format_report
 from broker.server.standing.member_wait import wait_reason
-from election.shutdown_node import in_progress, shutdown_hold
 from election.local.store_status import StoreStatus
+from election.shutdown_node import in_progress, shutdown_hold
 
 DOC = {"shutdown_id": "s1", "requested_at": 1.0, "members": [1, 2, 3]}
 

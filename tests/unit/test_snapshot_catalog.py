@@ -7,12 +7,11 @@ import os
 import pytest
 
 from broker.state.events import event
-from broker.state.schema import META_LOCAL
 from broker.state.restore import restore_snapshot
+from broker.state.schema import META_LOCAL
 from broker.state.store import StateStore, StoreIncomplete
 from snapshots import SnapshotError
-from snapshots.catalog import (
-    EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, snapshot_name)
+from snapshots.catalog import EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, snapshot_name
 from snapshots.format import SnapshotCorrupt, WrongCluster, read_header, write_snapshot
 
 MAP = 64 << 20

@@ -11,8 +11,17 @@ import pytest
 from snapshots import SnapshotError
 from snapshots import format as fmt
 from snapshots.format import (
-    FOOTER_SIZE, MAGIC, SnapshotBusy, SnapshotCorrupt, WrongCluster, cleanup_temp, iter_records,
-    read_header, verify_snapshot, write_snapshot)
+    FOOTER_SIZE,
+    MAGIC,
+    SnapshotBusy,
+    SnapshotCorrupt,
+    WrongCluster,
+    cleanup_temp,
+    iter_records,
+    read_header,
+    verify_snapshot,
+    write_snapshot,
+)
 
 HEADER = {"cluster_id": "dev", "broker_id": 3, "position": [7, 41], "epoch": 2,
           "created_at": 1700000000.5, "digest": "0123456789abcdef" * 2}

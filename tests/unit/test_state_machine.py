@@ -12,8 +12,14 @@ from hypothesis import strategies as st
 from broker.state import apply as state_apply
 from broker.state.schema import STORE_FORMAT, id_key, state_key, task_id_of, unpack_task
 from broker.state.store import (
-    DigestMismatch, PositionError, StateDiverged, StateStore, StoreError, StoreFull,
-    StoreIncomplete)
+    DigestMismatch,
+    PositionError,
+    StateDiverged,
+    StateStore,
+    StoreError,
+    StoreFull,
+    StoreIncomplete,
+)
 from tests.support.replica import Replica
 
 

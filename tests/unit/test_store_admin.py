@@ -7,12 +7,21 @@ from pathlib import Path
 import pytest
 
 from broker import BrokerError
+from broker.admin.stores import (
+    _empty_row,
+    clusters,
+    format_inspect,
+    inspect_stores,
+    mark_clean_problem,
+    mark_clean_store,
+    newest,
+    read_store,
+    restart_decision,
+    task_count,
+)
 from broker.server.store.datalock import DataDirInUse, DataDirLock
 from broker.state.events import event
 from broker.state.store import StateStore
-from broker.admin.stores import (
-    _empty_row, clusters, format_inspect, inspect_stores, mark_clean_problem, mark_clean_store, newest,
-    read_store, restart_decision, task_count)
 from election.local.store_status import StoreStatus, ensure_status, read_status, write_status
 
 MAP = 64 << 20

@@ -11,8 +11,22 @@ import pytest
 from broker.state.events import PRIORITY_MAX, PRIORITY_MIN
 from broker.state.restore import restore_snapshot
 from broker.state.schema import (
-    INLINE_PAYLOAD_MAX, META_CLUSTER, META_DIGEST, META_FORMAT, META_POSITION, META_SEAL, id_key, is_hashed,
-    key_bytes, key_of, ready_key, record_hash, seal, task_id_of, unpack_task)
+    INLINE_PAYLOAD_MAX,
+    META_CLUSTER,
+    META_DIGEST,
+    META_FORMAT,
+    META_POSITION,
+    META_SEAL,
+    id_key,
+    is_hashed,
+    key_bytes,
+    key_of,
+    ready_key,
+    record_hash,
+    seal,
+    task_id_of,
+    unpack_task,
+)
 from broker.state.store import StateStore, StoreDamaged, StoreError
 from snapshots import format as fmt
 

@@ -1,5 +1,11 @@
 """The pure decisions about a store's place in the cluster's log, and moving a damaged store aside."""
-from broker.server.store.guard import DAMAGED_PREFIX, adoption_problem, position_problem, quarantine, state_dir_of
+from broker.server.store.guard import (
+    DAMAGED_PREFIX,
+    adoption_problem,
+    position_problem,
+    quarantine,
+    state_dir_of,
+)
 from ledger.metadata import CLOSED, OPEN
 
 LOG = [{"id": 0, "epoch": 1}, {"id": 3, "epoch": 2}, {"id": 4, "epoch": 2}]

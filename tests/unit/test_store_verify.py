@@ -5,10 +5,10 @@ import lmdb
 import pytest
 
 from broker.state.events import event
-from election.local.lmdb_file import check_lmdb_file
-from broker.state.schema import META_CLUSTER, META_POSITION, pack_position
 from broker.state.restore import restore_snapshot
+from broker.state.schema import META_CLUSTER, META_POSITION, pack_position
 from broker.state.store import StateStore, StoreDamaged
+from election.local.lmdb_file import check_lmdb_file
 from snapshots.catalog import SnapshotCatalog
 
 MAP = 64 << 20

@@ -25,9 +25,21 @@ import copy
 
 import pytest
 
-from broker.server.standing.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
-                                          RecoverAndClose, RecoveryShortfall, WaitingForBookies, WriteLog, append_fenced,
-                                          close_previous, ready_to_claim)
+from broker.server.standing.takeover_steps import (
+    CONFLICT,
+    STALE,
+    WRITTEN,
+    CountBookies,
+    LedgerStates,
+    ReadLog,
+    RecoverAndClose,
+    RecoveryShortfall,
+    WaitingForBookies,
+    WriteLog,
+    append_fenced,
+    close_previous,
+    ready_to_claim,
+)
 from election.leader import EpochClaim, LostLeadership
 from ledger import LedgerError
 from ledger.log import appended

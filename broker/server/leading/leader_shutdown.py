@@ -22,7 +22,6 @@ import logging
 from typing import Any, Callable
 
 from election import wire
-
 from election.wire import codes
 
 log = logging.getLogger(__name__)

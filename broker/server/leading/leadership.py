@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from broker import protocol
-from broker.server.store.follower import Diverged
 from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
@@ -42,6 +41,7 @@ from broker.server.leading.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.server.leading.parking import LeaseParking
 from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.server.standing.takeover_steps import RollPostponed
+from broker.server.store.follower import Diverged
 from broker.state.schema import STORE_FORMAT
 from broker.state.store import StoreDamaged
 from election import wire

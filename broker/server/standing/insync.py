@@ -30,8 +30,16 @@ from kazoo.exceptions import KazooException
 
 from broker.server.config import BrokerConfig
 from election import ElectionError
-from election.insync import (CatchUpClock, answer_elect, clear_elect, entries_behind, may_stand, read_elect,
-                             read_insync, write_insync)
+from election.insync import (
+    CatchUpClock,
+    answer_elect,
+    clear_elect,
+    entries_behind,
+    may_stand,
+    read_elect,
+    read_insync,
+    write_insync,
+)
 from election.leader import LostLeadership
 from election.live import live_broker_ids, live_brokers
 from election.paths import ClusterPaths

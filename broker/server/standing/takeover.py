@@ -33,14 +33,28 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
 from broker.server.config import BrokerConfig
-from broker.server.store.follower import catch_up
 from broker.server.leading.leadership import LeaderSession, Leadership
-from broker.server.request_loop import BrokerServer
 from broker.server.leading.roll_triggers import RollTriggers
+from broker.server.request_loop import BrokerServer
+from broker.server.standing.takeover_steps import (
+    CONFLICT,
+    STALE,
+    WRITTEN,
+    CountBookies,
+    LedgerStates,
+    ReadLog,
+    RecoverAndClose,
+    RecoveryShortfall,
+    RollPostponed,
+    WriteLog,
+    append_fenced,
+    bookie_wait_reason,
+    close_previous,
+    drive,
+    ready_to_claim,
+)
+from broker.server.store.follower import catch_up
 from broker.state.store import StateStore
-from broker.server.standing.takeover_steps import (CONFLICT, STALE, WRITTEN, CountBookies, LedgerStates, ReadLog,
-                                          RecoverAndClose, RecoveryShortfall, RollPostponed, WriteLog, append_fenced,
-                                          bookie_wait_reason, close_previous, drive, ready_to_claim)
 from election.leader import EpochClaim, LostLeadership, claim_epoch, publish_leader
 from election.paths import ClusterPaths
 from ledger.client.facade import LedgerClient

@@ -46,12 +46,21 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from broker import BrokerError
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
-from election.cluster_join import (ABORT, CLEAN, EMPTY, RESTORE, TRANSIENT, InitDecision, MemberStore,
-                                   classify_store, decide_initialization)
-from election.local.files import fsync_dir
+from election.cluster_join import (
+    ABORT,
+    CLEAN,
+    EMPTY,
+    RESTORE,
+    TRANSIENT,
+    InitDecision,
+    MemberStore,
+    classify_store,
+    decide_initialization,
+)
 from election.leader import read_epoch
-from election.paths import ClusterPaths
+from election.local.files import fsync_dir
 from election.local.store_status import STATUS_NAME, StoreStatus, read_status
+from election.paths import ClusterPaths
 from ledger.log import read_log, read_log_start
 from ledger.metadata import advance_ledger_ids
 

@@ -28,8 +28,7 @@ import time
 from typing import Callable
 
 from broker import BrokerError
-from broker.state.events import decode_batch
-from broker.state.events import BadEvent
+from broker.state.events import BadEvent, decode_batch
 from broker.state.store import PositionError, StateDiverged
 from election.wire.codes import E_DIGEST_MISMATCH
 from ledger import LedgerError

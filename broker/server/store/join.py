@@ -26,8 +26,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from broker import BrokerError
-from broker.state.restore import restore_snapshot
 from broker.admin.status import request_once
+from broker.state.restore import restore_snapshot
 from election.paths import ClusterPaths
 from ledger.log import LogGap, position_after
 from snapshots import SnapshotError

@@ -28,14 +28,20 @@ from typing import Callable
 
 from kazoo.client import KazooClient
 
-from broker.server.store.join import (JoinError, broker_requester, install_snapshot, log_truncated, needs_snapshot,
-                         snapshot_sources)
+from broker.server.store.guard import check_status_cluster, check_store_cluster, quarantine
+from broker.server.store.join import (
+    JoinError,
+    broker_requester,
+    install_snapshot,
+    log_truncated,
+    needs_snapshot,
+    snapshot_sources,
+)
 from broker.state.crash_check import machine_crashed, mark_in_use, verify_in_child
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
-from broker.server.store.guard import check_status_cluster, check_store_cluster, quarantine
-from election.paths import ClusterPaths
 from election.local.store_status import StoreStatus, ensure_status, mark_dirty
+from election.paths import ClusterPaths
 from ledger.log import log_seed, read_log
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog
