@@ -9,6 +9,7 @@ Example::
     @click.option("--priority", type=PRIORITY, default=0)
     hosts = check_zk_hosts("zk1:2181,zk2:2181/apps", "--zk")
 """
+
 from __future__ import annotations
 
 import socket
@@ -65,5 +66,7 @@ def check_zk_resolvable(hosts: str) -> None:
             return
         except (OSError, UnicodeError):
             continue
-    raise click.ClickException(f"cannot resolve the ZooKeeper host{'s' if len(names) > 1 else ''} "
-                               f"{', '.join(names)} (from {hosts!r})")
+    raise click.ClickException(
+        f"cannot resolve the ZooKeeper host{'s' if len(names) > 1 else ''} "
+        f"{', '.join(names)} (from {hosts!r})"
+    )

@@ -15,6 +15,7 @@ Example::
     $ fencepost submit mail x --delay -5
     fencepost: Invalid value for '--delay': -5.0 is not in the range x>=0. (see 'fencepost submit --help')
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,17 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 # Errors whose message is the whole story: no traceback is worth showing for them.
-_KNOWN_ERRORS = (broker.BrokerError, ledger.LedgerError, election.ElectionError, snapshots.SnapshotError,
-                 pipeline.PipelineError, CodedError, KazooException, ValueError, OSError)
+_KNOWN_ERRORS = (
+    broker.BrokerError,
+    ledger.LedgerError,
+    election.ElectionError,
+    snapshots.SnapshotError,
+    pipeline.PipelineError,
+    CodedError,
+    KazooException,
+    ValueError,
+    OSError,
+)
 
 
 def one_line(text: str) -> str:
@@ -89,8 +99,9 @@ class FencepostGroup(click.Group):
             raise OneLineError(str(exc) or type(exc).__name__, EXIT_FAILED) from None
         except Exception as exc:
             log.debug("command failed", exc_info=exc)
-            raise OneLineError(f"internal error: {type(exc).__name__}: {exc} (--log-level debug shows where)",
-                               EXIT_FAILED) from None
+            raise OneLineError(
+                f"internal error: {type(exc).__name__}: {exc} (--log-level debug shows where)", EXIT_FAILED
+            ) from None
 
 
 def quiet_kazoo() -> None:

@@ -5,6 +5,7 @@ total failure, lost ZooKeeper, lost disk").
 Like `cli.py`, this module only parses options and calls the packages; `cli.main`
 adds both groups.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,23 +24,62 @@ def cluster_group() -> None:
 
 
 @cluster_group.command("init")
-@click.option("--write-quorum", type=click.IntRange(1), default=3, show_default=True,
-              help="Bookies each entry is written to (must equal --ensemble-size).")
-@click.option("--ack-quorum", type=click.IntRange(1), default=2, show_default=True,
-              help="Acks that commit an entry (at most --write-quorum).")
-@click.option("--ensemble-size", type=click.IntRange(1), default=3, show_default=True,
-              help="Bookies per ledger; a new ledger needs this many live bookies.")
-@click.option("--digest", type=click.Choice(["crc32c", "hmac-sha256"]), default="crc32c", show_default=True,
-              help="Entry digest; hmac-sha256 is keyed by the secret in --secret-file.")
-@click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
-              help="File holding the cluster secret (needed with, and only with, --digest hmac-sha256). "
-                   "The secret is never written to ZooKeeper: give every broker the same file.")
-@click.option("--max-payload-bytes", type=click.IntRange(1, 64 * 1024 * 1024), default=1024 * 1024,
-              show_default=True, help="Largest task payload or result.")
+@click.option(
+    "--write-quorum",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Bookies each entry is written to (must equal --ensemble-size).",
+)
+@click.option(
+    "--ack-quorum",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Acks that commit an entry (at most --write-quorum).",
+)
+@click.option(
+    "--ensemble-size",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Bookies per ledger; a new ledger needs this many live bookies.",
+)
+@click.option(
+    "--digest",
+    type=click.Choice(["crc32c", "hmac-sha256"]),
+    default="crc32c",
+    show_default=True,
+    help="Entry digest; hmac-sha256 is keyed by the secret in --secret-file.",
+)
+@click.option(
+    "--secret-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="File holding the cluster secret (needed with, and only with, --digest hmac-sha256). "
+    "The secret is never written to ZooKeeper: give every broker the same file.",
+)
+@click.option(
+    "--max-payload-bytes",
+    type=click.IntRange(1, 64 * 1024 * 1024),
+    default=1024 * 1024,
+    show_default=True,
+    help="Largest task payload or result.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the config written, as JSON.")
 @cluster_options
-def cluster_init(write_quorum, ack_quorum, ensemble_size, digest, secret_file, max_payload_bytes, as_json,
-                 zk, cluster, dev_dir) -> None:
+def cluster_init(
+    write_quorum,
+    ack_quorum,
+    ensemble_size,
+    digest,
+    secret_file,
+    max_payload_bytes,
+    as_json,
+    zk,
+    cluster,
+    dev_dir,
+) -> None:
     """Create the cluster: its `config` node with a new cluster id and the options every member shares.
 
     Run once, before (or while) the bookies and brokers start: members started
@@ -51,27 +91,53 @@ def cluster_init(write_quorum, ack_quorum, ensemble_size, digest, secret_file, m
     from election.paths import ClusterPaths
 
     # Everything is checked before ZooKeeper is touched.
-    options = ClusterOptions(write_quorum=write_quorum, ack_quorum=ack_quorum, ensemble_size=ensemble_size,
-                             digest=digest, max_payload_bytes=max_payload_bytes).validate()
+    options = ClusterOptions(
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        ensemble_size=ensemble_size,
+        digest=digest,
+        max_payload_bytes=max_payload_bytes,
+    ).validate()
     secret = read_secret(secret_file) if secret_file else None
     check_secret_choice(options, secret)
-    config = with_zk(zk, cluster, dev_dir,
-                     lambda client, name: {"cluster": name, **init_cluster(client, ClusterPaths(name), options,
-                                                                          clock=time.time, secret=secret)},
-                     must_exist=False)
-    emit(config, as_json, lambda c: click.echo(
-        f"cluster {c['cluster']} initialized: id {c['cluster_id']}, write quorum {c['write_quorum']}, "
-        f"ack quorum {c['ack_quorum']}, ensemble {c['ensemble_size']}, digest {c['digest']}, "
-        f"max payload {c['max_payload_bytes']} bytes"))
+    config = with_zk(
+        zk,
+        cluster,
+        dev_dir,
+        lambda client, name: {
+            "cluster": name,
+            **init_cluster(client, ClusterPaths(name), options, clock=time.time, secret=secret),
+        },
+        must_exist=False,
+    )
+    emit(
+        config,
+        as_json,
+        lambda c: click.echo(
+            f"cluster {c['cluster']} initialized: id {c['cluster_id']}, write quorum {c['write_quorum']}, "
+            f"ack quorum {c['ack_quorum']}, ensemble {c['ensemble_size']}, digest {c['digest']}, "
+            f"max payload {c['max_payload_bytes']} bytes"
+        ),
+    )
 
 
 @cluster_group.command("shutdown")
-@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(1),
-              help="Seconds to wait for every broker to stop.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report (shutdown_id, position, members) as JSON.")
-@click.option("--abandon", is_flag=True,
-              help="Instead: forget a recorded shutdown whose brokers all stopped (none clean, say), so that "
-                   "brokers restarted on dirty stores may lead again.")
+@click.option(
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds to wait for every broker to stop.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the report (shutdown_id, position, members) as JSON."
+)
+@click.option(
+    "--abandon",
+    is_flag=True,
+    help="Instead: forget a recorded shutdown whose brokers all stopped (none clean, say), so that "
+    "brokers restarted on dirty stores may lead again.",
+)
 @cluster_options
 def cluster_shutdown(timeout, as_json, abandon, zk, cluster, dev_dir) -> None:
     """Stop every broker in order at one entry: the leader writes ClusterShutdown and refuses writes,
@@ -85,15 +151,23 @@ def cluster_shutdown(timeout, as_json, abandon, zk, cluster, dev_dir) -> None:
 
     if abandon:
         done = with_zk(zk, cluster, dev_dir, abandon_shutdown)
-        emit(done, as_json, lambda d: click.echo(f"cluster shutdown {d['shutdown_id']} abandoned: the brokers "
-                                                 "stand for election by the usual rules again"))
+        emit(
+            done,
+            as_json,
+            lambda d: click.echo(
+                f"cluster shutdown {d['shutdown_id']} abandoned: the brokers "
+                "stand for election by the usual rules again"
+            ),
+        )
         return
     report = with_zk(zk, cluster, dev_dir, lambda client, name: shutdown_cluster(client, name, timeout))
     emit(report, as_json, lambda r: click.echo(format_report(r)))
     if not report["ok"]:
         bad = [str(m["id"]) for m in report["members"] if not m["clean"]]
-        fail(f"shutdown {report['shutdown_id']}: brokers {', '.join(bad) or '-'} did not stop clean at "
-             f"{report['position']}")
+        fail(
+            f"shutdown {report['shutdown_id']}: brokers {', '.join(bad) or '-'} did not stop clean at "
+            f"{report['position']}"
+        )
 
 
 @click.group()
@@ -119,14 +193,21 @@ def store_verify(data, cluster_id, as_json) -> None:
         if as_json:
             emit({"ok": False, "path": data, "reason": str(exc)}, True, None)
         raise
-    emit(dict(report, ok=True), as_json, lambda r: click.echo(
-        f"ok: {r['path']}: position {r['position']}, {r['records']} records hash to digest {r['digest']}, "
-        f"cluster {r['cluster_id'] or '(not recorded)'}, {'closed in order' if r['clean'] else 'not closed in order'}"))
+    emit(
+        dict(report, ok=True),
+        as_json,
+        lambda r: click.echo(
+            f"ok: {r['path']}: position {r['position']}, {r['records']} records hash to digest {r['digest']}, "
+            f"cluster {r['cluster_id'] or '(not recorded)'}, {'closed in order' if r['clean'] else 'not closed in order'}"
+        ),
+    )
 
 
 @store.command("inspect")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--verify", "full_verify", is_flag=True, help="Also recompute each digest from every record (slow).")
+@click.option(
+    "--verify", "full_verify", is_flag=True, help="Also recompute each digest from every record (slow)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def store_inspect(dirs, full_verify, as_json) -> None:
     """Show each store's signatures, position, epoch, tasks and digest, its cluster, the newest,
@@ -163,12 +244,19 @@ def store_mark_clean(data, cluster_id, yes, as_json) -> None:
     def confirm(plan: dict) -> bool:
         return yes or click.confirm(
             f"mark {plan['path']} clean at position {plan['position']} (epoch {plan['epoch']}, {plan['tasks']} "
-            f"tasks, cluster {plan['cluster_id']})? The cluster will restart from this state", err=True)
+            f"tasks, cluster {plan['cluster_id']})? The cluster will restart from this state",
+            err=True,
+        )
 
     result = mark_clean_store(Path(data), cluster_id, confirm)
     if not result["marked"] and not result.get("already_clean"):
         fail("not marked: not confirmed")
-    emit(result, as_json, lambda r: click.echo(
-        f"{r['path']} is already clean (shutdown {r['shutdown_id']}, position {r['position']})"
-        if r.get("already_clean") else
-        f"marked {r['path']} clean: shutdown {r['shutdown_id']}, position {r['position']}, epoch {r['epoch']}"))
+    emit(
+        result,
+        as_json,
+        lambda r: click.echo(
+            f"{r['path']} is already clean (shutdown {r['shutdown_id']}, position {r['position']})"
+            if r.get("already_clean")
+            else f"marked {r['path']} clean: shutdown {r['shutdown_id']}, position {r['position']}, epoch {r['epoch']}"
+        ),
+    )

@@ -32,6 +32,7 @@ Example::
     def broker_start(config_file, zk, cluster, dev_dir, **settings):
         flags = settings_flags(BrokerConfig, settings)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,6 @@ from election.zk_auth import ENV as ZK_AUTH_ENV
 from election.zk_auth import ZkAuth, ZkAuthError
 
 DEFAULT_DEV_DIR = ".fencepost-dev"
-
-
 
 
 def emit(data, as_json: bool, human) -> None:
@@ -131,6 +130,7 @@ def _key_option(env_name: str) -> Callable[[click.Context, click.Parameter, str 
     def callback(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
         if value:
             os.environ[env_name] = str(Path(value).resolve())
+
     return callback
 
 
@@ -145,21 +145,45 @@ def use_dev_keys(state: dict) -> None:
 
 def cluster_options(fn):
     """--zk/--cluster/--dev-dir/--zk-auth/--key-file/--keys-file, shared by every command that talks to a cluster."""
-    fn = click.option("--keys-file", default=None, expose_value=False, callback=_key_option("FENCEPOST_KEYS_FILE"),
-                      type=click.Path(dir_okay=False),
-                      help="A secure cluster's keys file: the servers' public keys, pinned by address "
-                           "[env FENCEPOST_KEYS_FILE; default: a secure dev cluster's].")(fn)
-    fn = click.option("--key-file", default=None, expose_value=False, callback=_key_option("FENCEPOST_KEY_FILE"),
-                      type=click.Path(dir_okay=False),
-                      help="Secret key file to connect to a secure cluster with (`fencepost keys new`); for "
-                           "`broker start` and `bookie start`, the server's own key [env FENCEPOST_KEY_FILE; "
-                           "default: a secure dev cluster's admin key].")(fn)
-    fn = click.option("--zk-auth", default=None, expose_value=False, callback=_zk_auth, metavar="digest:USER:FILE",
-                      help="ZooKeeper digest credential, the password read from FILE: every node created gets an "
-                           "ACL for USER only [env FENCEPOST_ZK_AUTH].")(fn)
-    fn = click.option("--dev-dir", default=DEFAULT_DEV_DIR, show_default=True,
-                      help="Dev cluster to use when neither --zk nor FENCEPOST_ZK is set.")(fn)
-    fn = click.option("--cluster", default=None, help="Cluster name [env FENCEPOST_CLUSTER; default: the dev cluster's, else dev].")(fn)
+    fn = click.option(
+        "--keys-file",
+        default=None,
+        expose_value=False,
+        callback=_key_option("FENCEPOST_KEYS_FILE"),
+        type=click.Path(dir_okay=False),
+        help="A secure cluster's keys file: the servers' public keys, pinned by address "
+        "[env FENCEPOST_KEYS_FILE; default: a secure dev cluster's].",
+    )(fn)
+    fn = click.option(
+        "--key-file",
+        default=None,
+        expose_value=False,
+        callback=_key_option("FENCEPOST_KEY_FILE"),
+        type=click.Path(dir_okay=False),
+        help="Secret key file to connect to a secure cluster with (`fencepost keys new`); for "
+        "`broker start` and `bookie start`, the server's own key [env FENCEPOST_KEY_FILE; "
+        "default: a secure dev cluster's admin key].",
+    )(fn)
+    fn = click.option(
+        "--zk-auth",
+        default=None,
+        expose_value=False,
+        callback=_zk_auth,
+        metavar="digest:USER:FILE",
+        help="ZooKeeper digest credential, the password read from FILE: every node created gets an "
+        "ACL for USER only [env FENCEPOST_ZK_AUTH].",
+    )(fn)
+    fn = click.option(
+        "--dev-dir",
+        default=DEFAULT_DEV_DIR,
+        show_default=True,
+        help="Dev cluster to use when neither --zk nor FENCEPOST_ZK is set.",
+    )(fn)
+    fn = click.option(
+        "--cluster",
+        default=None,
+        help="Cluster name [env FENCEPOST_CLUSTER; default: the dev cluster's, else dev].",
+    )(fn)
     fn = click.option("--zk", default=None, help="ZooKeeper hosts host:port,... [env FENCEPOST_ZK].")(fn)
     return fn
 
@@ -222,11 +246,13 @@ def config_options(cls: type, skip: Iterable[str] = ()) -> Callable[[Callable], 
         help_text = f"{field.metadata['help']} [{'; '.join(notes)}]"
         name = option_name(field, hints[field.name])
         if base is bool:
-            decorators.append(click.option(name, _param_name(field, base), is_flag=True, default=None,
-                                           help=help_text))
+            decorators.append(
+                click.option(name, _param_name(field, base), is_flag=True, default=None, help=help_text)
+            )
         else:
-            decorators.append(click.option(name, field.name, type=_click_type(field, base), default=None,
-                                           help=help_text))
+            decorators.append(
+                click.option(name, field.name, type=_click_type(field, base), default=None, help=help_text)
+            )
 
     def apply(fn: Callable) -> Callable:
         # click lists options in the order their decorators are applied, innermost last.

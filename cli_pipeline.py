@@ -3,6 +3,7 @@
 Like `cli.py`, this module only parses options and calls the `pipeline` package;
 `cli.main` adds the commands.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,12 @@ from cli_options import cluster_options, emit, resolve_cluster
 
 # The options every pipeline command shares.
 MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-SECRET_FILE = click.option("--secret-file", type=click.Path(dir_okay=False), default=None,
-                           help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.")
+SECRET_FILE = click.option(
+    "--secret-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The cluster secret, for a cluster whose entries carry hmac-sha256 digests.",
+)
 
 
 def _human_export(summary: dict) -> None:
@@ -24,25 +29,43 @@ def _human_export(summary: dict) -> None:
     elif summary["from"] is None:
         click.echo(f"nothing new to export into {summary['out']}")
     else:
-        click.echo(f"exported {summary['entries']} entries ({summary['events']} events) "
-                   f"{summary['from']}..{summary['to']} into {summary['files']} files under {summary['out']}")
+        click.echo(
+            f"exported {summary['entries']} entries ({summary['events']} events) "
+            f"{summary['from']}..{summary['to']} into {summary['files']} files under {summary['out']}"
+        )
     if summary.get("removed"):
         click.echo(f"removed {summary['removed']} files of an unfinished earlier run")
 
 
 @click.command("export")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Export directory: events/epoch=N/*.parquet and the bookmark _export.json.")
-@click.option("--snapshot", "snapshot_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Instead of the history, write this snapshot file's tasks to OUT/tasks/ (no cluster needed).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Export directory: events/epoch=N/*.parquet and the bookmark _export.json.",
+)
+@click.option(
+    "--snapshot",
+    "snapshot_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Instead of the history, write this snapshot file's tasks to OUT/tasks/ (no cluster needed).",
+)
 @MASTER
-@click.option("--entries-per-partition", type=click.IntRange(1), default=1000, show_default=True,
-              help="Largest ledger entry range one Spark task reads.")
+@click.option(
+    "--entries-per-partition",
+    type=click.IntRange(1),
+    default=1000,
+    show_default=True,
+    help="Largest ledger entry range one Spark task reads.",
+)
 @SECRET_FILE
 @click.option("--json", "as_json", is_flag=True, help="Print the run's summary as JSON.")
 @cluster_options
-def export(out_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster,
-           dev_dir) -> None:
+def export(
+    out_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster, dev_dir
+) -> None:
     """Export the log's history as Parquet, partitioned by epoch; a second run appends only what is new.
 
     Entries are read straight from the bookies by Spark (local by default), up
@@ -62,26 +85,36 @@ def export(out_dir, snapshot_file, master, entries_per_partition, secret_file, a
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
     spark = spark_session(master=master, app_name="fencepost-export")
     try:
-        summary = export_history(spark, ClusterAddress(hosts, name, secret_file=secret_file), out,
-                                 entries_per_partition=entries_per_partition)
+        summary = export_history(
+            spark,
+            ClusterAddress(hosts, name, secret_file=secret_file),
+            out,
+            entries_per_partition=entries_per_partition,
+        )
     finally:
         spark.stop()
     emit(summary, as_json, _human_export)
 
 
 def _human_analyze(summary: dict) -> None:
-    click.echo(f"analyzed {summary['events']} events ({summary['entries']} entries) of {summary['source']}: "
-               f"{summary['tasks']} tasks, {summary['attempts']} attempts, {summary['epochs']} epochs "
-               f"in {summary['seconds']} s")
+    click.echo(
+        f"analyzed {summary['events']} events ({summary['entries']} entries) of {summary['source']}: "
+        f"{summary['tasks']} tasks, {summary['attempts']} attempts, {summary['epochs']} epochs "
+        f"in {summary['seconds']} s"
+    )
     for queue, counts in summary["queues"].items():
         states = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
         lat = summary["latency"].get(queue, {})
-        click.echo(f"  {queue}: {states}; submit->start p50 {_ms(lat.get('start_p50_ms'))}, "
-                   f"submit->finish p50 {_ms(lat.get('finish_p50_ms'))} p99 {_ms(lat.get('finish_p99_ms'))}")
+        click.echo(
+            f"  {queue}: {states}; submit->start p50 {_ms(lat.get('start_p50_ms'))}, "
+            f"submit->finish p50 {_ms(lat.get('finish_p50_ms'))} p99 {_ms(lat.get('finish_p99_ms'))}"
+        )
     for failover in summary["failovers"]:
         wall = "an unknown time" if failover["gap_ms"] is None else f"{failover['gap_ms'] / 1000:.2f} s"
-        click.echo(f"  failover to epoch {failover['epoch']} (broker {failover['broker_id']}): writes stopped for "
-                   f"{wall} ({failover['leader_gap_ms'] / 1000:.2f} s in leader time)")
+        click.echo(
+            f"  failover to epoch {failover['epoch']} (broker {failover['broker_id']}): writes stopped for "
+            f"{wall} ({failover['leader_gap_ms'] / 1000:.2f} s in leader time)"
+        )
     click.echo(f"tables in {summary['out']}, report {summary['report']}")
 
 
@@ -102,11 +135,24 @@ def _progress_line():
 
 
 @click.command("analyze")
-@click.option("--out", "out_dir", default="fencepost-analysis", show_default=True, type=click.Path(file_okay=False),
-              help="Where the Parquet tables and report.html go (tables are replaced).")
-@click.option("--from-export", "export_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Read the history from this export directory (fencepost export) instead of the bookies.")
-@click.option("--since", default=None, help="Start of the window: ms since the epoch or ISO 8601 (UTC by default).")
+@click.option(
+    "--out",
+    "out_dir",
+    default="fencepost-analysis",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where the Parquet tables and report.html go (tables are replaced).",
+)
+@click.option(
+    "--from-export",
+    "export_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Read the history from this export directory (fencepost export) instead of the bookies.",
+)
+@click.option(
+    "--since", default=None, help="Start of the window: ms since the epoch or ISO 8601 (UTC by default)."
+)
 @click.option("--until", default=None, help="End of the window (excluded), like --since.")
 @MASTER
 @SECRET_FILE
@@ -144,10 +190,12 @@ def _human_audit(summary: dict) -> None:
     from pipeline.findings import Finding, findings_table
 
     replayed = summary["replay"] or {}
-    click.echo(f"audited {summary['entries']} entries in {summary['ledgers']} ledgers of {summary['source']}; "
-               f"replayed {replayed.get('events', 0)} events ({replayed.get('events_per_s') or 0} events/s); "
-               f"{summary['state_digests']['compared']} state digests and "
-               f"{sum(1 for b in summary['brokers'] if b.get('compared'))} broker digests compared")
+    click.echo(
+        f"audited {summary['entries']} entries in {summary['ledgers']} ledgers of {summary['source']}; "
+        f"replayed {replayed.get('events', 0)} events ({replayed.get('events_per_s') or 0} events/s); "
+        f"{summary['state_digests']['compared']} state digests and "
+        f"{sum(1 for b in summary['brokers'] if b.get('compared'))} broker digests compared"
+    )
     if summary["clean"]:
         click.echo("clean: no findings")
     else:
@@ -156,19 +204,35 @@ def _human_audit(summary: dict) -> None:
 
 
 @click.command("audit")
-@click.option("--from-export", "export_dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Audit this export directory (epochs and task histories only) instead of the cluster.")
-@click.option("--snapshot", "snapshot_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Replay from this snapshot file plus the entries after it (needed once retention "
-                   "deleted the log's first ledgers).")
+@click.option(
+    "--from-export",
+    "export_dir",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Audit this export directory (epochs and task histories only) instead of the cluster.",
+)
+@click.option(
+    "--snapshot",
+    "snapshot_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Replay from this snapshot file plus the entries after it (needed once retention "
+    "deleted the log's first ledgers).",
+)
 @MASTER
-@click.option("--entries-per-partition", type=click.IntRange(1), default=1000, show_default=True,
-              help="Largest ledger entry range whose copies one Spark task reads.")
+@click.option(
+    "--entries-per-partition",
+    type=click.IntRange(1),
+    default=1000,
+    show_default=True,
+    help="Largest ledger entry range whose copies one Spark task reads.",
+)
 @SECRET_FILE
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and the findings as JSON.")
 @cluster_options
-def audit(export_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster,
-          dev_dir) -> None:
+def audit(
+    export_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster, dev_dir
+) -> None:
     """Check the history: gaps, epochs, every replica, each task's events, state digests; exit 1 on any finding.
 
     Every copy of every entry is read from the bookies by Spark (local by
@@ -191,8 +255,9 @@ def audit(export_dir, snapshot_file, master, entries_per_partition, secret_file,
             plan = plan_audit(address, snapshot)  # fails fast, before Spark takes seconds to start
             spark = spark_session(master=master, app_name="fencepost-audit")
             try:
-                report = audit_cluster(spark, address, progress=progress,
-                                       entries_per_partition=entries_per_partition, plan=plan)
+                report = audit_cluster(
+                    spark, address, progress=progress, entries_per_partition=entries_per_partition, plan=plan
+                )
             finally:
                 spark.stop()
     finally:

@@ -12,6 +12,7 @@ Example::
     $ fencepost submit resize "$img" --wait 60 > thumb.png || echo "failed"
     $ fencepost submit mail hello --wait 10 --json | jq .task.state
 """
+
 from __future__ import annotations
 
 import base64
@@ -65,4 +66,3 @@ def report_submit(client, task_id: str, wait_s: float | None, as_json: bool) -> 
         click.echo(task["result"])
     if task.get("state") != DONE:
         fail(_outcome(task_id, task))
-

@@ -10,6 +10,7 @@ Example::
     fencepost task retry 018bcfe5692cf3b1e4e270354efcba43
     fencepost queue purge mail --state done --older-than 7d
 """
+
 from __future__ import annotations
 
 import re
@@ -25,8 +26,11 @@ from cli_options import cluster_options, emit, make_client
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"\A(\d+(?:\.\d+)?)([smhdw]?)\Z")
 # What `queue purge --state` names, as the states purged.
-PURGE_STATES = {**{s: [s] for s in (WAITING,) + FINAL_STATES}, "finished": list(FINAL_STATES),
-                "all": [WAITING, *FINAL_STATES]}
+PURGE_STATES = {
+    **{s: [s] for s in (WAITING,) + FINAL_STATES},
+    "finished": list(FINAL_STATES),
+    "all": [WAITING, *FINAL_STATES],
+}
 
 
 class Duration(click.ParamType):
@@ -56,7 +60,7 @@ def age(ms: int | None, now: float | None = None) -> str:
 
 def _first_line(text: str | None, width: int = 60) -> str:
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= width else line[:width - 3] + "..."
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def _table(header: list[str], rows: list[list[str]]) -> None:
@@ -69,8 +73,13 @@ def _table(header: list[str], rows: list[list[str]]) -> None:
 @click.command("list")
 @click.option("--queue", type=QUEUE, default=None, help="Only this queue's tasks.")
 @click.option("--state", type=click.Choice(STATES), default=None, help="Only tasks in this state.")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, MAX_LIST_TASKS),
-              help="Tasks on this page.")
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, MAX_LIST_TASKS),
+    help="Tasks on this page.",
+)
 @click.option("--after", default=None, help="The cursor a previous page printed: the page after it.")
 @click.option("--json", "as_json", is_flag=True, help="Print {tasks, next} as JSON.")
 @cluster_options
@@ -90,13 +99,29 @@ def task_list(queue, state, limit, after, as_json, zk, cluster, dev_dir) -> None
         click.echo("no tasks")
     else:
         now = time.time()
-        _table(["ID", "QUEUE", "STATE", "ATTEMPTS", "SUBMITTED", "FINISHED", "ERROR"], [
-            [t["id"], t["queue"], t["state"], f"{t['attempts']}/{t['max_attempts'] + (t.get('attempt_base') or 0)}",
-             age(t["submitted_ms"], now), age(t["finished_ms"], now), _first_line(t.get("error"))] for t in tasks])
+        _table(
+            ["ID", "QUEUE", "STATE", "ATTEMPTS", "SUBMITTED", "FINISHED", "ERROR"],
+            [
+                [
+                    t["id"],
+                    t["queue"],
+                    t["state"],
+                    f"{t['attempts']}/{t['max_attempts'] + (t.get('attempt_base') or 0)}",
+                    age(t["submitted_ms"], now),
+                    age(t["finished_ms"], now),
+                    _first_line(t.get("error")),
+                ]
+                for t in tasks
+            ],
+        )
     if cursor is not None:
-        click.echo(f"more: fencepost task list --after {cursor}"
-                   + (f" --queue {queue}" if queue else "") + (f" --state {state}" if state else "")
-                   + f" --limit {limit}", err=True)
+        click.echo(
+            f"more: fencepost task list --after {cursor}"
+            + (f" --queue {queue}" if queue else "")
+            + (f" --state {state}" if state else "")
+            + f" --limit {limit}",
+            err=True,
+        )
 
 
 @click.command("retry")
@@ -111,9 +136,15 @@ def task_retry(task_id, as_json, zk, cluster, dev_dir) -> None:
     """
     with make_client(zk, cluster, dev_dir) as client:
         reply = client.retry(task_id)
-    emit(reply, as_json, lambda r: click.echo(
-        f"task {task_id} is already {r['state']}: nothing to retry" if r["duplicate"]
-        else f"task {task_id} is waiting again (its next attempt is {r['attempt'] + 1})"))
+    emit(
+        reply,
+        as_json,
+        lambda r: click.echo(
+            f"task {task_id} is already {r['state']}: nothing to retry"
+            if r["duplicate"]
+            else f"task {task_id} is waiting again (its next attempt is {r['attempt'] + 1})"
+        ),
+    )
 
 
 # ---------------------------------------------------------------- queue list | purge | requeue-dead
@@ -142,9 +173,20 @@ def queue_list(as_json, zk, cluster, dev_dir) -> None:
         ttl, where = (default, " (brokers)") if ttl is None else (ttl, "")
         return "forever" + where if not ttl else f"{_span(ttl / 1000)}{where}"
 
-    _table(["QUEUE", "WAITING", "DELAYED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED", "RESULTS KEPT"], [
-        [q["queue"], *(q["counts"].get(s, 0) for s in ("waiting", "delayed", "running", "done", "failed", "dead",
-                                                       "cancelled")), kept(q)] for q in reply["queues"]])
+    _table(
+        ["QUEUE", "WAITING", "DELAYED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED", "RESULTS KEPT"],
+        [
+            [
+                q["queue"],
+                *(
+                    q["counts"].get(s, 0)
+                    for s in ("waiting", "delayed", "running", "done", "failed", "dead", "cancelled")
+                ),
+                kept(q),
+            ]
+            for q in reply["queues"]
+        ],
+    )
 
 
 def _span(seconds: float) -> str:
@@ -156,23 +198,38 @@ def _span(seconds: float) -> str:
 
 @queue_group.command("purge")
 @click.argument("queue", type=QUEUE)
-@click.option("--state", "which", type=click.Choice(list(PURGE_STATES)), default="done", show_default=True,
-              help="The tasks to delete: one state, finished (done, failed, dead, cancelled) or all (those and "
-                   "waiting). Running tasks are never purged.")
-@click.option("--older-than", type=Duration(), default=None,
-              help="Only finished tasks that finished at least this long ago (90s, 15m, 2h, 7d).")
+@click.option(
+    "--state",
+    "which",
+    type=click.Choice(list(PURGE_STATES)),
+    default="done",
+    show_default=True,
+    help="The tasks to delete: one state, finished (done, failed, dead, cancelled) or all (those and "
+    "waiting). Running tasks are never purged.",
+)
+@click.option(
+    "--older-than",
+    type=Duration(),
+    default=None,
+    help="Only finished tasks that finished at least this long ago (90s, 15m, 2h, 7d).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @cluster_options
 def queue_purge(queue, which, older_than, as_json, zk, cluster, dev_dir) -> None:
     """Delete QUEUE's tasks in a state for good (their idempotency keys become free again)."""
     states = PURGE_STATES[which]
     if older_than is not None and WAITING in states:
-        raise click.BadParameter("applies to finished tasks only: use --state finished (or one final state)",
-                                 param_hint="--older-than")
+        raise click.BadParameter(
+            "applies to finished tasks only: use --state finished (or one final state)",
+            param_hint="--older-than",
+        )
     with make_client(zk, cluster, dev_dir) as client:
         purged = client.purge(queue, states, older_than=older_than)
-    emit({"queue": queue, "states": states, "purged": purged}, as_json,
-         lambda r: click.echo(f"purged {purged} task(s) from {queue} ({', '.join(states)})"))
+    emit(
+        {"queue": queue, "states": states, "purged": purged},
+        as_json,
+        lambda r: click.echo(f"purged {purged} task(s) from {queue} ({', '.join(states)})"),
+    )
 
 
 @queue_group.command("requeue-dead")
@@ -183,8 +240,11 @@ def queue_requeue_dead(queue, as_json, zk, cluster, dev_dir) -> None:
     """Send every dead task of QUEUE back to waiting, each with its max_attempts again."""
     with make_client(zk, cluster, dev_dir) as client:
         requeued = client.requeue_dead(queue)
-    emit({"queue": queue, "requeued": requeued}, as_json,
-         lambda r: click.echo(f"requeued {requeued} dead task(s) of {queue}"))
+    emit(
+        {"queue": queue, "requeued": requeued},
+        as_json,
+        lambda r: click.echo(f"requeued {requeued} dead task(s) of {queue}"),
+    )
 
 
 # ---------------------------------------------------------------- worker list
@@ -202,6 +262,16 @@ def worker_list(as_json, zk, cluster, dev_dir) -> None:
         click.echo("no workers")
         return
     now = time.time()
-    _table(["WORKER", "QUEUES", "IN HAND", "LAST SEEN", "FIRST SEEN"], [
-        [w["worker"], ",".join(w.get("queues") or []) or "-", w["in_hand"], age(w["last_seen_ms"], now),
-         age(w["first_seen_ms"], now)] for w in workers])
+    _table(
+        ["WORKER", "QUEUES", "IN HAND", "LAST SEEN", "FIRST SEEN"],
+        [
+            [
+                w["worker"],
+                ",".join(w.get("queues") or []) or "-",
+                w["in_hand"],
+                age(w["last_seen_ms"], now),
+                age(w["first_seen_ms"], now),
+            ]
+            for w in workers
+        ],
+    )

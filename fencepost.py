@@ -20,9 +20,19 @@ Example::
 
     worker.run()   # SIGTERM or Ctrl-C: finish the tasks in hand, then return
 """
+
 from broker.api.client import BrokerUnavailable, Client, ClientError, TaskNotFound, WaitTimeout
 from broker.api.reject import REJECT_EXIT_CODE, Reject
 from broker.api.worker import Task, Worker
 
-__all__ = ["BrokerUnavailable", "Client", "ClientError", "REJECT_EXIT_CODE", "Reject", "Task", "TaskNotFound",
-           "WaitTimeout", "Worker"]
+__all__ = [
+    "BrokerUnavailable",
+    "Client",
+    "ClientError",
+    "REJECT_EXIT_CODE",
+    "Reject",
+    "Task",
+    "TaskNotFound",
+    "WaitTimeout",
+    "Worker",
+]

@@ -39,6 +39,7 @@ Run as ``python -m bench.catchup [--json] [--tasks N] [--replay-events N]`` (or
 ``--tasks 0`` skips part 2 and ``--replay-events 0`` skips part 1 (their
 fields are then null). See docs/benchmarks.md for every output field.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,13 +64,13 @@ from devtools.procs import free_port, new_session_dying_with_parent, private_env
 from election.paths import ClusterPaths
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
-EVENTS_PER_ENTRY = 200           # TaskSubmitted events per ledger entry in the replayed history
-DIGEST_EVERY_ENTRIES = 200       # the broker's default digest_every_entries
-BUILD_BATCH = 10_000             # events per apply_batch when building the snapshot's store
+EVENTS_PER_ENTRY = 200  # TaskSubmitted events per ledger entry in the replayed history
+DIGEST_EVERY_ENTRIES = 200  # the broker's default digest_every_entries
+BUILD_BATCH = 10_000  # events per apply_batch when building the snapshot's store
 PAYLOAD_BYTES = 100
-WRITE_INFLIGHT = 32              # ledger adds outstanding while writing the history
-SNAPSHOT_MAP_SIZE = 16 << 30     # the broker's default map_size (sparse)
-MAX_FRAME_BYTES = 8 << 20        # the broker's default max_frame_bytes
+WRITE_INFLIGHT = 32  # ledger adds outstanding while writing the history
+SNAPSHOT_MAP_SIZE = 16 << 30  # the broker's default map_size (sparse)
+MAX_FRAME_BYTES = 8 << 20  # the broker's default max_frame_bytes
 QUEUE = "bench"
 TARGETS = {"replay_events_per_s": 50_000, "snapshot_restore_s": 30.0}
 
@@ -91,15 +92,26 @@ LABELS = {
 
 def _payload(i: int) -> bytes:
     """A ~100-byte JSON-like task payload (partly repetitive, like real job arguments)."""
-    body = (b'{"job":"thumbnail","src":"s3://media/in/%08d.jpg","w":640,"h":480,"fmt":"webp","n":%d}'
-            % (i, i % 977))
+    body = b'{"job":"thumbnail","src":"s3://media/in/%08d.jpg","w":640,"h":480,"fmt":"webp","n":%d}' % (
+        i,
+        i % 977,
+    )
     return body.ljust(PAYLOAD_BYTES, b" ")
 
 
 def _submitted(i: int, now_ms: int) -> dict:
     """A TaskSubmitted event as the leader makes it (broker/protocol.py `_submitted`)."""
-    return {"type": "TaskSubmitted", "task_id": time_ordered_id(time.time), "queue": QUEUE, "payload": _payload(i),
-            "key": None, "priority": 0, "delay_ms": 0, "max_attempts": None, "now_ms": now_ms}
+    return {
+        "type": "TaskSubmitted",
+        "task_id": time_ordered_id(time.time),
+        "queue": QUEUE,
+        "payload": _payload(i),
+        "key": None,
+        "priority": 0,
+        "delay_ms": 0,
+        "max_attempts": None,
+        "now_ms": now_ms,
+    }
 
 
 def _now_ms() -> int:
@@ -165,13 +177,20 @@ class _TimedStore:
         t0 = time.perf_counter()
         results = self._store.apply_batches(entries, validated)
         self.apply_s += time.perf_counter() - t0
-        self.events += sum(len(events) for events, _ in entries[:len(results)])
+        self.events += sum(len(events) for events, _ in entries[: len(results)])
         self.entries += len(results)
         return results
 
 
-def write_history(client, leader_store, paths, entries: int, ledgers: int, events_per_entry: int,
-                  progress: Callable[[str], None]) -> dict:
+def write_history(
+    client,
+    leader_store,
+    paths,
+    entries: int,
+    ledgers: int,
+    events_per_entry: int,
+    progress: Callable[[str], None],
+) -> dict:
     """Write ``entries`` entries (over ``ledgers`` ledgers, one epoch each) as the leader does.
 
     Every batch is also applied to ``leader_store`` (the leader's own state), which
@@ -181,8 +200,15 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
     from broker.state.events import encode_batch
 
     per_ledger = [entries // ledgers + (1 if i < entries % ledgers else 0) for i in range(ledgers)]
-    written = {"entries": 0, "events": 0, "task_events": 0, "bytes": 0, "ledger_ids": [],
-               "last_position": None, "open_writer": None}
+    written = {
+        "entries": 0,
+        "events": 0,
+        "task_events": 0,
+        "bytes": 0,
+        "ledger_ids": [],
+        "last_position": None,
+        "open_writer": None,
+    }
     task_no = 0
     since_digest = 0
     for index, count in enumerate(per_ledger):
@@ -201,7 +227,9 @@ def write_history(client, leader_store, paths, entries: int, ledgers: int, event
                 since_digest += 1
                 if since_digest >= DIGEST_EVERY_ENTRIES:
                     since_digest = 0
-                    events.insert(0, {"type": "StateDigest", "digest": leader_store.digest(), "format": STORE_FORMAT})
+                    events.insert(
+                        0, {"type": "StateDigest", "digest": leader_store.digest(), "format": STORE_FORMAT}
+                    )
             data = encode_batch(events)
             position = (writer.ledger_id, entry_id)
             results = leader_store.apply_batch(events, position)
@@ -252,8 +280,16 @@ def _wait_readable(client, ledger_id: int, last: int, timeout: float = 10.0) -> 
         time.sleep(0.02)
 
 
-def replay_phase(hosts: str, cluster: str, entries: int, ledgers: int, events_per_entry: int, work: Path,
-                 private: bool, progress: Callable[[str], None]) -> dict:
+def replay_phase(
+    hosts: str,
+    cluster: str,
+    entries: int,
+    ledgers: int,
+    events_per_entry: int,
+    work: Path,
+    private: bool,
+    progress: Callable[[str], None],
+) -> dict:
     from broker.server.store.follower import catch_up
     from broker.state.store import StateStore
     from election.cluster_config import ClusterOptions
@@ -264,16 +300,21 @@ def replay_phase(hosts: str, cluster: str, entries: int, ledgers: int, events_pe
     if private:
         paths = ClusterPaths(cluster)
     else:
-        paths = _PrivateLogPaths(cluster, log_node=f"{ClusterPaths(cluster).base}/bench-log-{uuid.uuid4().hex[:12]}")
+        paths = _PrivateLogPaths(
+            cluster, log_node=f"{ClusterPaths(cluster).base}/bench-log-{uuid.uuid4().hex[:12]}"
+        )
     zk = connect(hosts, session_timeout=10.0)
     writer_client = LedgerClient(zk, paths, options=options)
     written: dict = {"ledger_ids": [], "open_writer": None}
     try:
         with StateStore(work / "leader-state", sync=False) as leader_store:
-            progress(f"writing history: {entries} entries of {events_per_entry} events in {ledgers} ledger(s)")
+            progress(
+                f"writing history: {entries} entries of {events_per_entry} events in {ledgers} ledger(s)"
+            )
             t0 = time.perf_counter()
-            written = write_history(writer_client, leader_store, paths, entries, ledgers, events_per_entry,
-                                    progress)
+            written = write_history(
+                writer_client, leader_store, paths, entries, ledgers, events_per_entry, progress
+            )
             write_s = time.perf_counter() - t0
             last_ledger, last_entry = written["last_position"]
             _wait_readable(writer_client, last_ledger, last_entry)
@@ -298,8 +339,10 @@ def replay_phase(hosts: str, cluster: str, entries: int, ledgers: int, events_pe
         close(zk)
 
     if applied != written["entries"] or got_position != want_position:
-        raise BenchError(f"replay applied {applied} entries up to {got_position}; "
-                         f"{written['entries']} were written up to {want_position}")
+        raise BenchError(
+            f"replay applied {applied} entries up to {got_position}; "
+            f"{written['entries']} were written up to {want_position}"
+        )
     digest_ok = got_digest == want_digest and depths.get("waiting") == written["task_events"]
     other_s = max(0.0, replay_s - ledgers_t.read_s - store_t.apply_s)
     return {
@@ -322,7 +365,9 @@ def replay_phase(hosts: str, cluster: str, entries: int, ledgers: int, events_pe
     }
 
 
-def _cleanup_ledgers(client, zk, paths, written: dict, private: bool, progress: Callable[[str], None]) -> None:
+def _cleanup_ledgers(
+    client, zk, paths, written: dict, private: bool, progress: Callable[[str], None]
+) -> None:
     """Close the open ledger; on an existing cluster also delete the ledgers and the private log."""
     writer = written.get("open_writer")
     if writer is not None:
@@ -410,11 +455,17 @@ def serve_snapshots(catalog_dir: str, address: str) -> None:
 
 def _start_server(catalog_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
     address = f"tcp://127.0.0.1:{free_port()}"
-    code = ("import sys; from bench.catchup import serve_snapshots; serve_snapshots(sys.argv[1], sys.argv[2])")
+    code = "import sys; from bench.catchup import serve_snapshots; serve_snapshots(sys.argv[1], sys.argv[2])"
     with open(log_path, "ab") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code, str(catalog_dir), address], stdout=subprocess.PIPE,
-                                stderr=err, stdin=subprocess.DEVNULL, preexec_fn=new_session_dying_with_parent,
-                                env=private_env(), cwd=catalog_dir)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(catalog_dir), address],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=new_session_dying_with_parent,
+            env=private_env(),
+            cwd=catalog_dir,
+        )
     line = proc.stdout.readline()  # the server verifies the snapshot first: no timeout short of a hang
     if line.strip() != b"ready":
         stop_process(proc)
@@ -463,7 +514,9 @@ def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[
         store.close()
     _settle_disk(work / "source" / "state")
 
-    progress(f"snapshot {info['name']}: {info['size']:,} bytes, {info['record_count']:,} records; downloading")
+    progress(
+        f"snapshot {info['name']}: {info['size']:,} bytes, {info['record_count']:,} records; downloading"
+    )
     proc, address = _start_server(catalog.dir, work / "snapshot-server.log")
     try:
         dest = work / "joiner" / "snapshots"
@@ -487,8 +540,11 @@ def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[
     header = restore_snapshot(path, work / "joiner" / "state", cluster_id)
     restore_s = time.perf_counter() - t0
     with StateStore(work / "joiner" / "state") as restored:
-        restored_ok = (restored.position() == want_position and restored.digest() == want_digest
-                       and header["checksum"] == info["checksum"])
+        restored_ok = (
+            restored.position() == want_position
+            and restored.digest() == want_digest
+            and header["checksum"] == info["checksum"]
+        )
     return {
         "snapshot_build_s": round(build_s, 3),
         "snapshot_build_events_per_s": rate(tasks, build_s),
@@ -509,9 +565,16 @@ def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[
 # ------------------------------------------------------------------ the benchmark
 
 
-def run(tasks: int = 1_000_000, replay_entries: int = 1_000, zk: str | None = None, cluster: str | None = None,
-        events_per_entry: int = EVENTS_PER_ENTRY, replay_ledgers: int = 2, replay_events: int | None = None,
-        progress: Callable[[str], None] | None = None) -> dict:
+def run(
+    tasks: int = 1_000_000,
+    replay_entries: int = 1_000,
+    zk: str | None = None,
+    cluster: str | None = None,
+    events_per_entry: int = EVENTS_PER_ENTRY,
+    replay_ledgers: int = 2,
+    replay_events: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Run both parts; return the result dict (see docs/benchmarks.md).
 
     ``replay_entries`` TaskSubmitted entries of ``events_per_entry`` events each are
@@ -525,7 +588,9 @@ def run(tasks: int = 1_000_000, replay_entries: int = 1_000, zk: str | None = No
     if replay_events is not None:
         replay_entries = -(-replay_events // events_per_entry) if replay_events > 0 else 0
     if tasks < 0 or replay_entries < 0 or events_per_entry < 1 or replay_ledgers < 1:
-        raise BenchError("need tasks >= 0, replay entries >= 0, events_per_entry >= 1 and replay_ledgers >= 1")
+        raise BenchError(
+            "need tasks >= 0, replay entries >= 0, events_per_entry >= 1 and replay_ledgers >= 1"
+        )
     if (zk is None) != (cluster is None):
         raise BenchError("give both --zk and --cluster to use an existing cluster, or neither")
     progress = progress or (lambda _msg: None)
@@ -538,12 +603,28 @@ def run(tasks: int = 1_000_000, replay_entries: int = 1_000, zk: str | None = No
             ledgers = min(replay_ledgers, replay_entries)
             if zk is None:
                 with BenchCluster(bookies=ENSEMBLE, brokers=0, progress=progress) as lc:
-                    replay = replay_phase(lc.zk, lc.cluster, replay_entries, ledgers, events_per_entry,
-                                          work, private=True, progress=progress)
+                    replay = replay_phase(
+                        lc.zk,
+                        lc.cluster,
+                        replay_entries,
+                        ledgers,
+                        events_per_entry,
+                        work,
+                        private=True,
+                        progress=progress,
+                    )
                     replay["bookie_pids"] = lc.bookie_pids
             else:
-                replay = replay_phase(zk, cluster, replay_entries, ledgers, events_per_entry, work,
-                                      private=False, progress=progress)
+                replay = replay_phase(
+                    zk,
+                    cluster,
+                    replay_entries,
+                    ledgers,
+                    events_per_entry,
+                    work,
+                    private=False,
+                    progress=progress,
+                )
             shutil.rmtree(work / "leader-state", ignore_errors=True)
             shutil.rmtree(work / "replay-state", ignore_errors=True)
         snap: dict = {}
@@ -561,11 +642,17 @@ def run(tasks: int = 1_000_000, replay_entries: int = 1_000, zk: str | None = No
     result["tasks"] = tasks
     result.update({k: v for k, v in replay.items() if k not in result and k != "bookie_pids"})
     result.update({k: v for k, v in snap.items() if k not in result})
-    result["fsync"] = {"bookies": True if zk is None else None, "replay_store": True,
-                       "snapshot_source_store": False, "restored_store": True}
+    result["fsync"] = {
+        "bookies": True if zk is None else None,
+        "replay_store": True,
+        "snapshot_source_store": False,
+        "restored_store": True,
+    }
     result["ensemble"], result["write_quorum"], result["ack_quorum"] = ENSEMBLE, WRITE_QUORUM, ACK_QUORUM
     result["bookies"] = "private" if zk is None else f"cluster {cluster}"
-    result["started_at"] = datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds")
+    result["started_at"] = datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
+        timespec="seconds"
+    )
     result["machine"] = machine_info()
     if "bookie_pids" in replay:
         result["bookie_pids"] = replay["bookie_pids"]
@@ -582,14 +669,30 @@ def run(tasks: int = 1_000_000, replay_entries: int = 1_000, zk: str | None = No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.catchup", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--tasks", type=int, default=1_000_000,
-                        help="tasks in the snapshotted store (default 1,000,000; 0 skips the snapshot part)")
-    parser.add_argument("--replay-events", type=int, default=None,
-                        help="TaskSubmitted events to replay (default 200,000 = 1,000 entries; 0 skips the replay)")
-    parser.add_argument("--events-per-entry", type=int, default=EVENTS_PER_ENTRY,
-                        help=f"events per ledger entry (default {EVENTS_PER_ENTRY})")
-    parser.add_argument("--ledgers", type=int, default=2, help="ledgers (epochs) the history spans (default 2)")
-    parser.add_argument("--zk", default=None, help="use this ZooKeeper's cluster's bookies instead of private ones")
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        default=1_000_000,
+        help="tasks in the snapshotted store (default 1,000,000; 0 skips the snapshot part)",
+    )
+    parser.add_argument(
+        "--replay-events",
+        type=int,
+        default=None,
+        help="TaskSubmitted events to replay (default 200,000 = 1,000 entries; 0 skips the replay)",
+    )
+    parser.add_argument(
+        "--events-per-entry",
+        type=int,
+        default=EVENTS_PER_ENTRY,
+        help=f"events per ledger entry (default {EVENTS_PER_ENTRY})",
+    )
+    parser.add_argument(
+        "--ledgers", type=int, default=2, help="ledgers (epochs) the history spans (default 2)"
+    )
+    parser.add_argument(
+        "--zk", default=None, help="use this ZooKeeper's cluster's bookies instead of private ones"
+    )
     parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
     args = parser.parse_args(argv)
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
@@ -597,15 +700,24 @@ def main(argv: list[str] | None = None) -> int:
     replay_events = args.replay_events if args.replay_events is not None else 1_000 * args.events_per_entry
 
     def measure() -> dict:
-        return run(tasks=args.tasks, zk=args.zk, cluster=args.cluster, events_per_entry=args.events_per_entry,
-                   replay_ledgers=args.ledgers, replay_events=replay_events, progress=say)
+        return run(
+            tasks=args.tasks,
+            zk=args.zk,
+            cluster=args.cluster,
+            events_per_entry=args.events_per_entry,
+            replay_ledgers=args.ledgers,
+            replay_events=replay_events,
+            progress=say,
+        )
 
     try:
         return finish("catchup", measure, args.json, LABELS)
     except KeyboardInterrupt:
         print("bench catchup: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
+    except (
+        Exception
+    ) as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
         print(f"bench catchup: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 

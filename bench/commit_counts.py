@@ -26,6 +26,7 @@ Example::
     counters.per_task(before, counters.sample(), tasks=1200)  # {"entries_per_task": 0.31, ...}
     counters.close()
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ from bench.proc_stats import per_task
 log = logging.getLogger(__name__)
 
 
-def entries_between(before: list | tuple | None, after: list | tuple | None, log_ids: list[int],
-                    last_entries: dict[int, int]) -> int | None:
+def entries_between(
+    before: list | tuple | None, after: list | tuple | None, log_ids: list[int], last_entries: dict[int, int]
+) -> int | None:
     """Entries after position ``before`` up to and including ``after`` (positions are ``(ledger, entry)``).
 
     ``log_ids`` are the log's ledger ids in order and ``last_entries`` the last
@@ -57,7 +59,7 @@ def entries_between(before: list | tuple | None, after: list | tuple | None, log
         return e1 - e0 if e1 >= e0 else None
     if l0 not in log_ids or l1 not in log_ids or log_ids.index(l1) < log_ids.index(l0):
         return None
-    crossed = log_ids[log_ids.index(l0):log_ids.index(l1)]
+    crossed = log_ids[log_ids.index(l0) : log_ids.index(l1)]
     if any(last_entries.get(lid, -1) < 0 for lid in crossed):
         return None
     middle = sum(last_entries[lid] + 1 for lid in crossed[1:])
@@ -108,8 +110,12 @@ class LedgerCounters:
             log.warning("leader status unavailable: %s", exc)
             status = {}
         bookies = live_bookies(self.zk, self.paths)
-        return {"position": status.get("position"), "requests": (status.get("counters") or {}).get("requests"),
-                "group_commits": group_commits([self._stats(b) for b in bookies]), "bookies": len(bookies)}
+        return {
+            "position": status.get("position"),
+            "requests": (status.get("counters") or {}).get("requests"),
+            "group_commits": group_commits([self._stats(b) for b in bookies]),
+            "bookies": len(bookies),
+        }
 
     @staticmethod
     def _stats(bookie: dict) -> dict | None:
@@ -132,7 +138,7 @@ class LedgerCounters:
         log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
         if before[0] not in log_ids or after[0] not in log_ids:
             return None
-        crossed = log_ids[log_ids.index(before[0]):log_ids.index(after[0])]
+        crossed = log_ids[log_ids.index(before[0]) : log_ids.index(after[0])]
         last = {lid: read_metadata(self.zk, self.paths, lid)[0].last_entry for lid in crossed}
         return entries_between(before, after, log_ids, last)
 
@@ -149,5 +155,7 @@ class LedgerCounters:
     def per_task(self, before: dict, after: dict, tasks: int) -> dict:
         """``entries_per_task`` and ``fsyncs_per_task`` (bookie group commits) over the window."""
         counts = self.counts(before, after)
-        return {"entries_per_task": per_task(counts["entries"], tasks, 3),
-                "fsyncs_per_task": per_task(counts["group_commits"], tasks, 3)}
+        return {
+            "entries_per_task": per_task(counts["entries"], tasks, 3),
+            "fsyncs_per_task": per_task(counts["group_commits"], tasks, 3),
+        }

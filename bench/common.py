@@ -9,6 +9,7 @@ Example::
     summary = latency_summary([0.0012, 0.0009, 0.0031])   # {"count": 3, "p50_ms": 1.2, ...}
     print(format_table(result))
 """
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,9 @@ def rate(count: int, elapsed: float) -> float:
 
 def median_of(results: Sequence[dict], key: str) -> float | None:
     """The median of ``key`` over several runs' result dicts (runs lacking it are skipped)."""
-    values = [r[key] for r in results if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    values = [
+        r[key] for r in results if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
     return percentile(values, 50) if values else None
 
 
@@ -95,7 +98,11 @@ def median_dict(results: Sequence[dict], key: str) -> dict | None:
 
 def machine_info() -> dict:
     """What the numbers were measured on."""
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(terse=True)}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
 
 
 def to_json(result: dict) -> str:
@@ -129,7 +136,9 @@ def emit(result: dict, as_json: bool, labels: dict[str, str] | None = None) -> N
     print(to_json(result) if as_json else format_table(result, labels))
 
 
-def finish(name: str, measure: Callable[[], dict], as_json: bool, labels: dict[str, str] | None = None) -> int:
+def finish(
+    name: str, measure: Callable[[], dict], as_json: bool, labels: dict[str, str] | None = None
+) -> int:
     """Run `measure` and print its result; a BenchError becomes one line on stderr and exit code 1."""
     try:
         result = measure()

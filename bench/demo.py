@@ -8,6 +8,7 @@ time and the throughput. Exits non-zero if anything was lost or duplicated.
 
 Run as ``python -m bench.demo [--tasks N] [--dev-dir DIR] [--keep]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,10 @@ class Producers:
         self.acked: dict[str, str] = {}
         self.lock = threading.Lock()
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=(zk, cluster, range(i, total, threads)), daemon=True)
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(zk, cluster, range(i, total, threads)), daemon=True)
+            for i in range(threads)
+        ]
 
     def _run(self, zk: str, cluster: str, numbers) -> None:
         with Client(zk=zk, cluster=cluster, timeout=60) as client:
@@ -96,8 +99,10 @@ def run(tasks: int, dev_dir: str, keep: bool) -> int:
     spec = DevClusterSpec(cluster="demo", brokers=3)  # the bookies `dev up` starts by default
     state = dev.up(spec, progress=print)
     zk_hosts, cluster = state["zk"], state["cluster"]
-    print(f"cluster up in {time.monotonic() - up_started:.1f}s: ZooKeeper {zk_hosts}, {spec.bookies} bookies, "
-          f"{spec.brokers} brokers")
+    print(
+        f"cluster up in {time.monotonic() - up_started:.1f}s: ZooKeeper {zk_hosts}, {spec.bookies} bookies, "
+        f"{spec.brokers} brokers"
+    )
     try:
         with Client(zk=zk_hosts, cluster=cluster, timeout=60) as client:
             client.status()
@@ -110,8 +115,18 @@ def run(tasks: int, dev_dir: str, keep: bool) -> int:
             return task.payload.upper()
 
         stop = threading.Event()
-        workers = [Worker(zk=zk_hosts, cluster=cluster, queues=[QUEUE], concurrency=4, lease_ms=5000,
-                          handlers={QUEUE: handle}, name=f"demo-worker-{i}") for i in range(2)]
+        workers = [
+            Worker(
+                zk=zk_hosts,
+                cluster=cluster,
+                queues=[QUEUE],
+                concurrency=4,
+                lease_ms=5000,
+                handlers={QUEUE: handle},
+                name=f"demo-worker-{i}",
+            )
+            for i in range(2)
+        ]
         worker_threads = [threading.Thread(target=w.run, args=(stop,), daemon=True) for w in workers]
         started = time.monotonic()
         producers = Producers(zk_hosts, cluster, tasks)
@@ -121,8 +136,10 @@ def run(tasks: int, dev_dir: str, keep: bool) -> int:
         while producers.count() < tasks // 2:
             time.sleep(0.01)
         killed_id, killed_at = kill_leader(dev, zk_hosts, cluster)
-        print(f"killed the leader (broker {killed_id}) with SIGKILL after {producers.count()} acknowledged submits"
-              f" at {time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d}")
+        print(
+            f"killed the leader (broker {killed_id}) with SIGKILL after {producers.count()} acknowledged submits"
+            f" at {time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d}"
+        )
         failover = first_write_after(zk_hosts, cluster, killed_at)
         print(f"new leader committed its first write {failover:.2f}s after the kill")
         producers.join()
@@ -147,7 +164,8 @@ def run(tasks: int, dev_dir: str, keep: bool) -> int:
             "tasks_submitted": len(producers.acked),
             "tasks_completed": states.get("done", 0),
             "lost": len(producers.acked) - states.get("done", 0),
-            "duplicated": (stored - len(producers.acked)) + (len(producers.acked) - len(set(producers.acked.values()))),
+            "duplicated": (stored - len(producers.acked))
+            + (len(producers.acked) - len(set(producers.acked.values()))),
             "handler_reruns": sum(n - 1 for n in runs.values() if n > 1),
             "submit_errors": len(producers.errors),
             "failover_s": round(failover, 2),
@@ -165,7 +183,9 @@ def run(tasks: int, dev_dir: str, keep: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tasks", type=int, default=4000, help="tasks to submit (default 4000)")
     parser.add_argument("--dev-dir", default=".fencepost-demo", help="run directory of the demo cluster")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")

@@ -15,6 +15,7 @@ Example::
     with BenchCluster(bookies=1, brokers=1, quorum=(1, 1, 1)) as bc:   # one fsynced copy of each entry
         bc.process_kinds()   # {"leader": [pid], "bookies": [pid], "zookeeper": [pid], "client": [os.getpid()]}
 """
+
 from __future__ import annotations
 
 import logging
@@ -64,10 +65,19 @@ class BenchCluster:
     (None: its defaults, 3/3/2).
     """
 
-    def __init__(self, zk: str | None = None, cluster: str | None = None, bookies: int = 3, brokers: int = 3,
-                 zk_session_timeout: float = 2.0, keep: bool = False,
-                 progress: Callable[[str], None] | None = None, bookie_args: tuple[str, ...] = (),
-                 secure: bool = False, quorum: tuple[int, int, int] | None = None) -> None:
+    def __init__(
+        self,
+        zk: str | None = None,
+        cluster: str | None = None,
+        bookies: int = 3,
+        brokers: int = 3,
+        zk_session_timeout: float = 2.0,
+        keep: bool = False,
+        progress: Callable[[str], None] | None = None,
+        bookie_args: tuple[str, ...] = (),
+        secure: bool = False,
+        quorum: tuple[int, int, int] | None = None,
+    ) -> None:
         if (zk is None) != (cluster is None):
             raise BenchError("give both zk and cluster, or neither")
         self.zk, self.cluster = zk, cluster
@@ -93,11 +103,18 @@ class BenchCluster:
         self.cluster = f"bench{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         try:
-            state = self.dev.up(DevClusterSpec(cluster=self.cluster, bookies=self.bookies, brokers=self.brokers,
-                                               zk_session_timeout=self.zk_session_timeout,
-                                               bookie_args=self.bookie_args, secure=self.secure,
-                                               **self._quorum_options()),
-                                progress=self.progress)
+            state = self.dev.up(
+                DevClusterSpec(
+                    cluster=self.cluster,
+                    bookies=self.bookies,
+                    brokers=self.brokers,
+                    zk_session_timeout=self.zk_session_timeout,
+                    bookie_args=self.bookie_args,
+                    secure=self.secure,
+                    **self._quorum_options(),
+                ),
+                progress=self.progress,
+            )
             self.zk = state["zk"]
             if self.secure:
                 set_process_keys(load_client_keys(state["admin_key_file"], state["keys_file"]))
@@ -159,7 +176,9 @@ class BenchCluster:
             paths = ClusterPaths(self.cluster)
             while len(live_bookies(zk, paths)) < self.bookies:
                 if time.monotonic() > deadline:
-                    raise BenchError(f"only {len(live_bookies(zk, paths))} of {self.bookies} bookies registered")
+                    raise BenchError(
+                        f"only {len(live_bookies(zk, paths))} of {self.bookies} bookies registered"
+                    )
                 time.sleep(0.05)
         finally:
             close(zk)
@@ -204,6 +223,10 @@ class BenchCluster:
         if self.external:
             return kinds
         leader, followers = self.leader_and_followers()
-        kinds.update(leader=[leader["pid"]], followers=[m["pid"] for m in followers], bookies=self.bookie_pids,
-                     zookeeper=[m["pid"] for m in self.members("zookeeper")])
+        kinds.update(
+            leader=[leader["pid"]],
+            followers=[m["pid"] for m in followers],
+            bookies=self.bookie_pids,
+            zookeeper=[m["pid"] for m in self.members("zookeeper")],
+        )
         return kinds

@@ -32,6 +32,7 @@ first acknowledged call started after it). At the end the acknowledged tasks
 are compared with the tasks the leader holds (``lost``/``duplicated``, both
 must be 0).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,12 @@ from typing import Callable
 from bench.common import BenchError, finish, machine_info, percentile
 from bench.devbench import BenchCluster, quiet_logs
 
-TARGETS = {"kill_median_s": 3.0, "graceful_median_s": 0.5, "elect_median_s": 0.5, "lagging_joiner_kill_s": 3.0}
+TARGETS = {
+    "kill_median_s": 3.0,
+    "graceful_median_s": 0.5,
+    "elect_median_s": 0.5,
+    "lagging_joiner_kill_s": 3.0,
+}
 LABELS = {
     "kill_median_s": "SIGKILL leader: first new write, median (s)",
     "kill_max_s": "SIGKILL leader: first new write, max (s)",
@@ -73,8 +79,10 @@ class Producers:
         self.acked: set[str] = set()
         self.calls: list[tuple[float, float]] = []  # (started, acknowledged), monotonic
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True, name=f"producer-{i}")
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True, name=f"producer-{i}")
+            for i in range(threads)
+        ]
 
     def start(self) -> None:
         for t in self.threads:
@@ -87,7 +95,9 @@ class Producers:
             n += self.batch
             t0 = time.monotonic()
             try:
-                ids = self.client.submit_many([{"queue": self.queue, "payload": b"x" * 100, "key": k} for k in keys])
+                ids = self.client.submit_many(
+                    [{"queue": self.queue, "payload": b"x" * 100, "key": k} for k in keys]
+                )
             except Exception as exc:  # noqa: BLE001 - counted; these tasks count as not acknowledged
                 with self.lock:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
@@ -143,8 +153,9 @@ class LeaderWatch:
         close(self.zk)
 
 
-def probe_first_write(client, queue: str, old: str, since: float, call_timeout: float,
-                      give_up: float = 60.0) -> float:
+def probe_first_write(
+    client, queue: str, old: str, since: float, call_timeout: float, give_up: float = 60.0
+) -> float:
     """Seconds from ``since`` until a submit started after it is acknowledged by a leader other than ``old``.
 
     Loops short calls. After a SIGTERM the old leader may still commit for a
@@ -165,8 +176,10 @@ def probe_first_write(client, queue: str, old: str, since: float, call_timeout: 
     raise BenchError(f"no write was acknowledged within {give_up:g}s of the leader change")
 
 
-_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(elected; taking over with epoch (\d+)"
-                       r"|leading epoch (\d+))")
+_LOG_TIME = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(elected; taking over with epoch (\d+)"
+    r"|leading epoch (\d+))"
+)
 
 
 def takeover_phases(bc: BenchCluster, since_wall: float) -> dict:
@@ -276,9 +289,16 @@ def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
     return act
 
 
-def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str, sig: int,
-              probe_timeout: float, progress: Callable[[str], None],
-              act: Callable[[dict], None] | None = None) -> tuple[dict, dict]:
+def one_event(
+    bc: BenchCluster,
+    producers: Producers,
+    watch: LeaderWatch,
+    queue: str,
+    sig: int,
+    probe_timeout: float,
+    progress: Callable[[str], None],
+    act: Callable[[dict], None] | None = None,
+) -> tuple[dict, dict]:
     """Signal the leader with ``sig`` (or run ``act`` on its member record instead); return the
     measurements and the leader's member record."""
     from broker.api.client import submit_fields
@@ -303,18 +323,26 @@ def one_event(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue:
     end = time.monotonic() + 30
     while act is None and pid_alive(leader["pid"]) and time.monotonic() < end:
         time.sleep(0.02)
-    out = {"first_write_s": round(first_write, 3),
-           "published_s": _round(watch.published_after(t_event, old)),
-           "producer_stall_s": _round(stall),
-           "exited": not pid_alive(leader["pid"]),
-           **takeover_phases(bc, t_wall)}
+    out = {
+        "first_write_s": round(first_write, 3),
+        "published_s": _round(watch.published_after(t_event, old)),
+        "producer_stall_s": _round(stall),
+        "exited": not pid_alive(leader["pid"]),
+        **takeover_phases(bc, t_wall),
+    }
     what = "elect" if act is not None else ("SIGKILL" if sig == signal.SIGKILL else "SIGTERM")
     progress(f"{what} (leader was broker {leader['index']}): {out}")
     return out, leader
 
 
-def lagging_joiner_round(bc: BenchCluster, producers: Producers, watch: LeaderWatch, queue: str,
-                         probe_timeout: float, progress: Callable[[str], None]) -> dict:
+def lagging_joiner_round(
+    bc: BenchCluster,
+    producers: Producers,
+    watch: LeaderWatch,
+    queue: str,
+    probe_timeout: float,
+    progress: Callable[[str], None],
+) -> dict:
     """Add a broker with an empty data dir and SIGKILL the leader while it replays."""
     from broker.admin.status import insync_report
     from election.zk import close, connect
@@ -329,7 +357,9 @@ def lagging_joiner_round(bc: BenchCluster, producers: Producers, watch: LeaderWa
     joiner_lag = (rows.get(joiner_id) or {}).get("lag")
     out, _ = one_event(bc, producers, watch, queue, signal.SIGKILL, probe_timeout, progress)
     new_leader = bc.leader_info() or {}
-    out.update(joiner_id=joiner_id, joiner_lag=joiner_lag, joiner_led=new_leader.get("address") == joiner["address"])
+    out.update(
+        joiner_id=joiner_id, joiner_lag=joiner_lag, joiner_led=new_leader.get("address") == joiner["address"]
+    )
     progress(f"lagging joiner round: {out}")
     return out
 
@@ -348,9 +378,16 @@ def _max(values: list[float | None]) -> float | None:
     return round(max(data), 3) if data else None
 
 
-def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout: float = 2.0,
-        probe_timeout: float = 0.5, settle_s: float = 1.0, keep: bool = False,
-        progress: Callable[[str], None] | None = None) -> dict:
+def run(
+    rounds: int = 5,
+    producers: int = 3,
+    batch: int = 20,
+    zk_session_timeout: float = 2.0,
+    probe_timeout: float = 0.5,
+    settle_s: float = 1.0,
+    keep: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Run the benchmark (see the module docstring); return the result dict."""
     progress = progress or (lambda _msg: None)
     if rounds < 1 or producers < 0 or not 1 <= batch <= 1000:
@@ -377,8 +414,9 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
                     member = restart_member(bc, member)
                     catch_up.append(round(wait_caught_up(bc, member), 3))
                     time.sleep(settle_s)  # steady load again before the next event
-                out, _ = one_event(bc, prod, watch, queue, 0, probe_timeout, progress,
-                                   act=elect_other(bc, elect_errors))
+                out, _ = one_event(
+                    bc, prod, watch, queue, 0, probe_timeout, progress, act=elect_other(bc, elect_errors)
+                )
                 out["round"] = r + 1
                 elects.append(out)
                 time.sleep(settle_s)
@@ -432,14 +470,19 @@ def run(rounds: int = 5, producers: int = 3, batch: int = 20, zk_session_timeout
     if keep:
         result["run_dir"] = run_dir  # broker logs for a closer look (the processes are stopped)
     result["targets"] = dict(TARGETS)
-    result["targets_met"] = (result["kill_median_s"] is not None and result["kill_median_s"] <= TARGETS["kill_median_s"]
-                             and result["graceful_median_s"] is not None
-                             and result["graceful_median_s"] <= TARGETS["graceful_median_s"]
-                             and result["lost"] == 0 and result["duplicated"] == 0
-                             and not elect_errors and result["elect_median_s"] is not None
-                             and result["elect_median_s"] <= TARGETS["elect_median_s"]
-                             and not joiner["joiner_led"]
-                             and joiner["first_write_s"] <= TARGETS["lagging_joiner_kill_s"])
+    result["targets_met"] = (
+        result["kill_median_s"] is not None
+        and result["kill_median_s"] <= TARGETS["kill_median_s"]
+        and result["graceful_median_s"] is not None
+        and result["graceful_median_s"] <= TARGETS["graceful_median_s"]
+        and result["lost"] == 0
+        and result["duplicated"] == 0
+        and not elect_errors
+        and result["elect_median_s"] is not None
+        and result["elect_median_s"] <= TARGETS["elect_median_s"]
+        and not joiner["joiner_led"]
+        and joiner["first_write_s"] <= TARGETS["lagging_joiner_kill_s"]
+    )
     return result
 
 
@@ -448,11 +491,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--rounds", type=int, default=5, help="kill + graceful handovers (default 5)")
     parser.add_argument("--producers", type=int, default=3, help="load threads (default 3)")
-    parser.add_argument("--batch", type=int, default=20, help="tasks per submit_many of the load (default 20)")
-    parser.add_argument("--zk-session-timeout", type=float, default=2.0,
-                        help="the brokers' ZooKeeper session timeout (default 2 s)")
-    parser.add_argument("--probe-timeout", type=float, default=0.5,
-                        help="each probe call's deadline before it starts again (default 0.5 s)")
+    parser.add_argument(
+        "--batch", type=int, default=20, help="tasks per submit_many of the load (default 20)"
+    )
+    parser.add_argument(
+        "--zk-session-timeout",
+        type=float,
+        default=2.0,
+        help="the brokers' ZooKeeper session timeout (default 2 s)",
+    )
+    parser.add_argument(
+        "--probe-timeout",
+        type=float,
+        default=0.5,
+        help="each probe call's deadline before it starts again (default 0.5 s)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs) afterwards")
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
@@ -460,9 +513,15 @@ def main(argv: list[str] | None = None) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
 
     def measure() -> dict:
-        return run(rounds=args.rounds, producers=args.producers, batch=args.batch,
-                   zk_session_timeout=args.zk_session_timeout, probe_timeout=args.probe_timeout, keep=args.keep,
-                   progress=progress)
+        return run(
+            rounds=args.rounds,
+            producers=args.producers,
+            batch=args.batch,
+            zk_session_timeout=args.zk_session_timeout,
+            probe_timeout=args.probe_timeout,
+            keep=args.keep,
+            progress=progress,
+        )
 
     return finish("failover", measure, args.json, LABELS)
 

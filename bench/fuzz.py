@@ -20,6 +20,7 @@ Example::
     result = run(frames=2000, seed=7, target="both")
     assert result["leader_crashes"] == 0 and result["targets"]["bookie"]["crashes"] == 0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,11 @@ CHUNK = 2000
 # Hypothesis draws a few hundred messages a second: a small share of each chunk, a new seed per chunk.
 DRAWN_PER_CHUNK = 50
 TARGETS = ("broker", "bookie", "both")
-LABELS = {"frames_per_s": "frames/s", "leader_crashes": "leader crashes (target 0)",
-          "bookie_crashes": "bookie crashes (target 0)"}
+LABELS = {
+    "frames_per_s": "frames/s",
+    "leader_crashes": "leader crashes (target 0)",
+    "bookie_crashes": "bookie crashes (target 0)",
+}
 
 
 def _leader(bc: BenchCluster) -> tuple[dict, dict]:
@@ -63,29 +67,42 @@ def chunk_messages(target: Target, seed: int, index: int, count: int) -> list[li
     chunk_seed = seed * 1_000_003 + index
     drawn = hypothesis_messages(target, min(DRAWN_PER_CHUNK, count), seed=chunk_seed)
     rest = count - len(drawn)
-    legacy = [[frame] for frame in fuzz_frames(random.Random(chunk_seed), rest // 3)] if target is BROKER else []
+    legacy = (
+        [[frame] for frame in fuzz_frames(random.Random(chunk_seed), rest // 3)] if target is BROKER else []
+    )
     return drawn + legacy + mutation_messages(target, random.Random(chunk_seed), rest - len(legacy))
 
 
 def _broker_serves(address: str) -> bool:
     """A whole submit, lease, complete round on the leader."""
     task_id = exchange(address, "submit", 10.0, queue="after-fuzz", payload=b"ok").get("task_id")
-    tasks = exchange(address, "lease", 10.0, worker="bench-fuzz", queues=["after-fuzz"], wait_ms=0).get("tasks") or []
+    tasks = (
+        exchange(address, "lease", 10.0, worker="bench-fuzz", queues=["after-fuzz"], wait_ms=0).get("tasks")
+        or []
+    )
     mine = [t for t in tasks if t["task_id"] == task_id]
-    return bool(mine) and exchange(address, "complete", 10.0, task_id=task_id, attempt=mine[0]["attempt"],
-                                   result=b"done").get("ok") is True
+    return (
+        bool(mine)
+        and exchange(
+            address, "complete", 10.0, task_id=task_id, attempt=mine[0]["attempt"], result=b"done"
+        ).get("ok")
+        is True
+    )
 
 
 def _bookie_serves(address: str, seed: int) -> bool:
     """An add and a read back on a ledger the fuzzer never names."""
     ledger = FUZZ_LEDGER_BASE + FUZZ_LEDGERS + 1 + seed % 1000
     data = entry_bytes(ledger, 0)
-    return (exchange(address, "add", 10.0, ledger=ledger, entry=0, data=data).get("ok") is True
-            and exchange(address, "read", 10.0, ledger=ledger, entry=0).get("data") == data)
+    return (
+        exchange(address, "add", 10.0, ledger=ledger, entry=0, data=data).get("ok") is True
+        and exchange(address, "read", 10.0, ledger=ledger, entry=0).get("data") == data
+    )
 
 
-def _fuzz_target(bc: BenchCluster, target: Target, frames: int, seed: int, timeout_s: float,
-                 say: Callable[[str], None]) -> dict:
+def _fuzz_target(
+    bc: BenchCluster, target: Target, frames: int, seed: int, timeout_s: float, say: Callable[[str], None]
+) -> dict:
     report, crashes, elapsed = FuzzReport(), 0, 0.0
     if target is BROKER:
         info, member = _leader(bc)
@@ -96,7 +113,9 @@ def _fuzz_target(bc: BenchCluster, target: Target, frames: int, seed: int, timeo
         started = time.monotonic()
         report.merge(send_messages(lambda: dealer(member["address"]), messages, timeout_s))
         elapsed += time.monotonic() - started
-        if target is BROKER and (not pid_alive(member["pid"]) or (bc.leader_info() or {}).get("epoch") != info["epoch"]):
+        if target is BROKER and (
+            not pid_alive(member["pid"]) or (bc.leader_info() or {}).get("epoch") != info["epoch"]
+        ):
             crashes += 1
             say(f"the leader changed after frame {start + CHUNK}: waiting for the next one")
             bc.wait_leader()
@@ -106,16 +125,33 @@ def _fuzz_target(bc: BenchCluster, target: Target, frames: int, seed: int, timeo
             say(f"bookie {member['address']} died after frame {start + CHUNK}: stopping its run")
             break
         say(f"{target.name}: {min(start + CHUNK, frames)}/{frames} frames sent")
-    serves = _broker_serves(member["address"]) if target is BROKER else \
-        pid_alive(member["pid"]) and _bookie_serves(member["address"], seed)
-    return {"frames_sent": report.sent, "replies": dict(sorted(report.replies.items())), "no_reply": report.no_reply,
-            "extra_replies": report.extra_replies, "rid_mismatches": report.rid_mismatches,
-            "internal": report.replies.get(INTERNAL, 0), "crashes": crashes, "serves_after": serves,
-            "seconds": round(elapsed, 2), "frames_per_s": rate(report.sent, elapsed), "samples": report.samples}
+    serves = (
+        _broker_serves(member["address"])
+        if target is BROKER
+        else pid_alive(member["pid"]) and _bookie_serves(member["address"], seed)
+    )
+    return {
+        "frames_sent": report.sent,
+        "replies": dict(sorted(report.replies.items())),
+        "no_reply": report.no_reply,
+        "extra_replies": report.extra_replies,
+        "rid_mismatches": report.rid_mismatches,
+        "internal": report.replies.get(INTERNAL, 0),
+        "crashes": crashes,
+        "serves_after": serves,
+        "seconds": round(elapsed, 2),
+        "frames_per_s": rate(report.sent, elapsed),
+        "samples": report.samples,
+    }
 
 
-def run(frames: int = 20_000, seed: int = 1, timeout_s: float = 2.0,
-        progress: Callable[[str], None] | None = None, target: str = "broker") -> dict:
+def run(
+    frames: int = 20_000,
+    seed: int = 1,
+    timeout_s: float = 2.0,
+    progress: Callable[[str], None] | None = None,
+    target: str = "broker",
+) -> dict:
     say = progress or (lambda _msg: None)
     chosen = [BROKER, BOOKIE] if target == "both" else [BROKER if target == "broker" else BOOKIE]
     results: dict[str, dict] = {}
@@ -154,18 +190,33 @@ def run(frames: int = 20_000, seed: int = 1, timeout_s: float = 2.0,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fencepost bench fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--frames", type=int, default=20_000, help="frames to send to each target (default 20,000)")
-    parser.add_argument("--target", choices=TARGETS, default="broker",
-                        help="the leader broker, a bookie (on ledgers the cluster does not use), or both")
-    parser.add_argument("--seed", type=int, default=1, help="corpus seed; the same seed sends the same frames")
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds without a reply before a frame counts as unanswered")
+    parser.add_argument(
+        "--frames", type=int, default=20_000, help="frames to send to each target (default 20,000)"
+    )
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="broker",
+        help="the leader broker, a bookie (on ledgers the cluster does not use), or both",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=1, help="corpus seed; the same seed sends the same frames"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=2.0,
+        help="seconds without a reply before a frame counts as unanswered",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
     if args.frames < 1:
         parser.error("--frames must be at least 1")
     quiet_logs()
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    return finish("fuzz", lambda: run(args.frames, args.seed, args.timeout, progress, args.target), args.json, LABELS)
+    return finish(
+        "fuzz", lambda: run(args.frames, args.seed, args.timeout, progress, args.target), args.json, LABELS
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ write quorum 3, ack quorum 2:
 The first ~10% of each phase (at most 1 s) is warm-up and is not counted.
 See docs/benchmarks.md for every output field.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,8 +97,14 @@ class _Window:
 # ------------------------------------------------------------------ phase 1: pipelined throughput
 
 
-def throughput_phase(writer, payload: bytes, seconds: float, inflight: int,
-                     clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> _Window:
+def throughput_phase(
+    writer,
+    payload: bytes,
+    seconds: float,
+    inflight: int,
+    clock: Callable[[], float] = time.perf_counter,
+    stop: threading.Event | None = None,
+) -> _Window:
     """Keep up to ``inflight`` adds outstanding on ``writer`` for ``seconds``."""
     slots = threading.BoundedSemaphore(inflight)
     win = _Window()
@@ -144,8 +151,15 @@ def _drain(slots: threading.BoundedSemaphore, inflight: int, timeout: float = 30
 # ------------------------------------------------------------------ phase 2: paced, open loop
 
 
-def paced_phase(writer, payload: bytes, seconds: float, offered_rate: float, inflight: int,
-                clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> _Window:
+def paced_phase(
+    writer,
+    payload: bytes,
+    seconds: float,
+    offered_rate: float,
+    inflight: int,
+    clock: Callable[[], float] = time.perf_counter,
+    stop: threading.Event | None = None,
+) -> _Window:
     """Offer ``offered_rate`` adds/s on a fixed schedule; latency from each scheduled time."""
     slots = threading.BoundedSemaphore(inflight)
     win = _Window()
@@ -191,8 +205,15 @@ def paced_phase(writer, payload: bytes, seconds: float, offered_rate: float, inf
 # ------------------------------------------------------------------ phase 3: ZooKeeper baseline
 
 
-def zk_phase(zk, base_path: str, payload: bytes, seconds: float, inflight: int,
-             clock: Callable[[], float] = time.perf_counter, stop: threading.Event | None = None) -> _Window:
+def zk_phase(
+    zk,
+    base_path: str,
+    payload: bytes,
+    seconds: float,
+    inflight: int,
+    clock: Callable[[], float] = time.perf_counter,
+    stop: threading.Event | None = None,
+) -> _Window:
     """Create sequential znodes under ``base_path`` with kazoo's async API, ``inflight`` outstanding."""
     zk.ensure_path(base_path)
     prefix = base_path + "/r-"
@@ -247,13 +268,25 @@ class _Stall:
         """The longest time without an ack from the kill to the end (the kill itself counts as a point)."""
         if self.killed_at is None:
             return None
-        points = [self.killed_at] + sorted(t for t in self.ack_times if self.killed_at <= t <= self.end) + [self.end]
+        points = (
+            [self.killed_at]
+            + sorted(t for t in self.ack_times if self.killed_at <= t <= self.end)
+            + [self.end]
+        )
         return round(max(b - a for a, b in zip(points, points[1:])) * 1000, 1)
 
 
-def stall_phase(writer, payload: bytes, offered_rate: float, inflight: int, kill: Callable[[dict], None],
-                add_timeout: float, settle_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                stop: threading.Event | None = None) -> _Stall:
+def stall_phase(
+    writer,
+    payload: bytes,
+    offered_rate: float,
+    inflight: int,
+    kill: Callable[[dict], None],
+    add_timeout: float,
+    settle_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    stop: threading.Event | None = None,
+) -> _Stall:
     """Offer ``offered_rate`` adds/s; after ``settle_s`` ``kill`` a bookie of the writer's ensemble.
 
     Runs until ``settle_s`` after the writer's ensemble change (or three add
@@ -305,11 +338,14 @@ def _bookie_killer(members: list[dict]) -> Callable[[dict], None]:
     def kill(member: dict) -> None:
         pid = by_address.get(member["address"])
         if pid is None:
-            raise BenchError(f"bookie {member['bookie_id']} ({member['address']}) is not one of this benchmark's")
+            raise BenchError(
+                f"bookie {member['bookie_id']} ({member['address']}) is not one of this benchmark's"
+            )
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
     return kill
 
 
@@ -358,8 +394,15 @@ def _discard_ledger(client, writer, progress: Callable[[str], None]) -> None:
 # ------------------------------------------------------------------ the benchmark
 
 
-def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, cluster: str | None = None,
-        offered_rate: float = 2000.0, inflight: int = 1000, progress: Callable[[str], None] | None = None) -> dict:
+def run(
+    seconds: float = 10.0,
+    entry_size: int = 100,
+    zk: str | None = None,
+    cluster: str | None = None,
+    offered_rate: float = 2000.0,
+    inflight: int = 1000,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Run the phases; return the result dict (see docs/benchmarks.md).
 
     With ``zk`` and ``cluster`` the bookies registered in that cluster are used
@@ -374,16 +417,35 @@ def run(seconds: float = 10.0, entry_size: int = 100, zk: str | None = None, clu
     progress = progress or (lambda _msg: None)
     with _interruptible() as stop:
         if zk is None:
-            with BenchCluster(bookies=PRIVATE_BOOKIES, brokers=0, progress=progress,
-                              bookie_args=("--no-autorecovery",)) as lc:
+            with BenchCluster(
+                bookies=PRIVATE_BOOKIES, brokers=0, progress=progress, bookie_args=("--no-autorecovery",)
+            ) as lc:
                 pids = lc.bookie_pids  # before the kill: every bookie the run had
-                result = _run_phases(lc.zk, lc.cluster, seconds, entry_size, offered_rate, inflight,
-                                     private=True, progress=progress, stop=stop,
-                                     kill_bookie=_bookie_killer(lc.members("bookie")))
+                result = _run_phases(
+                    lc.zk,
+                    lc.cluster,
+                    seconds,
+                    entry_size,
+                    offered_rate,
+                    inflight,
+                    private=True,
+                    progress=progress,
+                    stop=stop,
+                    kill_bookie=_bookie_killer(lc.members("bookie")),
+                )
                 result["bookie_pids"] = pids
             return result
-        return _run_phases(zk, cluster, seconds, entry_size, offered_rate, inflight, private=False,
-                           progress=progress, stop=stop)
+        return _run_phases(
+            zk,
+            cluster,
+            seconds,
+            entry_size,
+            offered_rate,
+            inflight,
+            private=False,
+            progress=progress,
+            stop=stop,
+        )
 
 
 @contextlib.contextmanager
@@ -414,9 +476,18 @@ def _interruptible():
         signal.signal(signal.SIGINT, previous)
 
 
-def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offered_rate: float, inflight: int,
-                private: bool, progress: Callable[[str], None], stop: threading.Event,
-                kill_bookie: Callable[[dict], None] | None = None) -> dict:
+def _run_phases(
+    hosts: str,
+    cluster: str,
+    seconds: float,
+    entry_size: int,
+    offered_rate: float,
+    inflight: int,
+    private: bool,
+    progress: Callable[[str], None],
+    stop: threading.Event,
+    kill_bookie: Callable[[dict], None] | None = None,
+) -> dict:
     from election.cluster_config import ClusterOptions
     from election.paths import ClusterPaths
     from election.zk import close, connect
@@ -454,17 +525,22 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         rr = None
         if kill_bookie is not None:  # a bookie fewer afterwards: one spare is left for the ensemble change
             from bench.rereplication import rereplication_phase
+
             progress("re-replication: closed ledgers written, a member killed, re-replicated unthrottled")
             rr = rereplication_phase(client, kill_bookie, stop, progress=progress)
             _check(stop)
 
         st = None
         if kill_bookie is not None:  # last: the cluster has one bookie fewer afterwards
-            progress(f"ensemble change: a bookie killed under {offered_rate:g} entries/s "
-                     f"(add timeout {client.add_timeout:g}s)")
+            progress(
+                f"ensemble change: a bookie killed under {offered_rate:g} entries/s "
+                f"(add timeout {client.add_timeout:g}s)"
+            )
             writer = client.create(epoch=1)
             writers.append(writer)
-            st = stall_phase(writer, payload, offered_rate, inflight, kill_bookie, client.add_timeout, stop=stop)
+            st = stall_phase(
+                writer, payload, offered_rate, inflight, kill_bookie, client.add_timeout, stop=stop
+            )
             writer.close()
             _check(stop)
     finally:
@@ -508,14 +584,19 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         "paced_latency": pc_stats,
         "zk_latency": zb_stats,
         "ensemble_change_stall_ms": st.longest_gap_ms() if st else None,
-        "ensemble_change_after_s": (round(st.changed_at - st.killed_at, 2)
-                                    if st and st.changed_at is not None and st.killed_at is not None else None),
+        "ensemble_change_after_s": (
+            round(st.changed_at - st.killed_at, 2)
+            if st and st.changed_at is not None and st.killed_at is not None
+            else None
+        ),
         "ensemble_change_add_timeout_s": client.add_timeout if st else None,
         "rereplication_mb_per_s": rr["mb_per_s"] if rr else None,
         "rereplication_bytes": rr["bytes"] if rr else None,
         "rereplication_s": rr["seconds"] if rr else None,
         "rereplication_ledgers": rr["ledgers"] if rr else None,
-        "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+        "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
         "machine": machine_info(),
     }
     first_error = tp.first_error or pc.first_error or zb.first_error or (st.first_error if st else None)
@@ -527,12 +608,16 @@ def _run_phases(hosts: str, cluster: str, seconds: float, entry_size: int, offer
         # Only measured on a private cluster (the benchmark kills one of its own bookies).
         result["targets"]["ensemble_change_stall_ms"] = STALL_TARGET_ADD_TIMEOUTS * client.add_timeout * 1000
         stall = result["ensemble_change_stall_ms"]
-        stall_ok = (stall is not None and st.changed_at is not None
-                    and stall <= result["targets"]["ensemble_change_stall_ms"])
+        stall_ok = (
+            stall is not None
+            and st.changed_at is not None
+            and stall <= result["targets"]["ensemble_change_stall_ms"]
+        )
     result["targets_met"] = bool(
         entries_per_s >= TARGETS["entries_per_s"]
         and (result["ratio_vs_zk"] or 0) >= TARGETS["ratio_vs_zk"]
-        and pc_stats["p99_ms"] is not None and pc_stats["p99_ms"] < TARGETS["paced_p99_ms"]
+        and pc_stats["p99_ms"] is not None
+        and pc_stats["p99_ms"] < TARGETS["paced_p99_ms"]
         and stall_ok
         and result["errors"] == 0
     )
@@ -544,7 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--seconds", type=float, default=10.0, help="total measuring time (default 10)")
     parser.add_argument("--entry-size", type=int, default=100, help="payload bytes per entry (default 100)")
-    parser.add_argument("--rate", type=float, default=2000.0, help="offered rate of the paced phase (default 2000/s)")
+    parser.add_argument(
+        "--rate", type=float, default=2000.0, help="offered rate of the paced phase (default 2000/s)"
+    )
     parser.add_argument("--inflight", type=int, default=1000, help="outstanding adds/creates (default 1000)")
     parser.add_argument("--zk", default=None, help="use this ZooKeeper's cluster instead of a private one")
     parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
@@ -552,15 +639,24 @@ def main(argv: list[str] | None = None) -> int:
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
 
     def measure() -> dict:
-        return run(seconds=args.seconds, entry_size=args.entry_size, zk=args.zk, cluster=args.cluster,
-                   offered_rate=args.rate, inflight=args.inflight, progress=say)
+        return run(
+            seconds=args.seconds,
+            entry_size=args.entry_size,
+            zk=args.zk,
+            cluster=args.cluster,
+            offered_rate=args.rate,
+            inflight=args.inflight,
+            progress=say,
+        )
 
     try:
         return finish("ledger", measure, args.json, LABELS)
     except KeyboardInterrupt:
         print("bench ledger: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
+    except (
+        Exception
+    ) as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
         print(f"bench ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 

@@ -23,6 +23,7 @@ also counts the snapshots kept beside it.
 ``curve`` samples the leader's RSS and RssAnon every ``tasks / 10`` tasks during
 the load, so growth with the task count shows directly. MB are 2^20 bytes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,12 @@ def _mb(kb: int | None) -> float | None:
 def memory_of(pid: int) -> dict:
     """RSS, RssAnon, RssFile and peak RSS of ``pid`` in MB (None where /proc does not say)."""
     st = proc_status_kb(pid)
-    return {"rss_mb": _mb(st.get("VmRSS")), "rss_anon_mb": _mb(st.get("RssAnon")),
-            "rss_file_mb": _mb(st.get("RssFile")), "hwm_mb": _mb(st.get("VmHWM"))}
+    return {
+        "rss_mb": _mb(st.get("VmRSS")),
+        "rss_anon_mb": _mb(st.get("RssAnon")),
+        "rss_file_mb": _mb(st.get("RssFile")),
+        "hwm_mb": _mb(st.get("VmHWM")),
+    }
 
 
 def _dir_bytes(path: Path) -> int:
@@ -74,14 +79,18 @@ def _dir_bytes(path: Path) -> int:
 class Loader:
     """Threads that submit ``total`` tasks with submit_many, then stop."""
 
-    def __init__(self, bc: BenchCluster, queue: str, total: int, threads: int, batch: int, payload: bytes) -> None:
+    def __init__(
+        self, bc: BenchCluster, queue: str, total: int, threads: int, batch: int, payload: bytes
+    ) -> None:
         self.client = bc.client(timeout=120.0)
         self.queue, self.total, self.batch, self.payload = queue, total, batch, payload
         self.lock = threading.Lock()
         self.claimed = 0
         self.acked = 0
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True, name=f"loader-{i}") for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, daemon=True, name=f"loader-{i}") for i in range(threads)
+        ]
 
     def _take(self) -> int:
         with self.lock:
@@ -143,8 +152,14 @@ def wait_followers(bc: BenchCluster, followers: list[dict], timeout: float) -> f
     return time.monotonic() - started
 
 
-def run(tasks: int = 1_000_000, producers: int = 4, batch: int = 1000, payload_size: int = 100,
-        catch_up_timeout: float = 600.0, progress: Callable[[str], None] | None = None) -> dict:
+def run(
+    tasks: int = 1_000_000,
+    producers: int = 4,
+    batch: int = 1000,
+    payload_size: int = 100,
+    catch_up_timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Run the benchmark (see the module docstring); return the result dict."""
     progress = progress or (lambda _msg: None)
     if tasks < 1 or producers < 1 or not 1 <= batch <= 1000 or payload_size < 0:
@@ -163,8 +178,14 @@ def run(tasks: int = 1_000_000, producers: int = 4, batch: int = 1000, payload_s
         def on_progress(acked: int) -> None:
             if acked >= next_mark[0]:
                 mem = memory_of(leader["pid"])
-                curve.append({"tasks": acked, "s": round(time.monotonic() - t0, 1),
-                              "leader_rss_mb": mem["rss_mb"], "leader_rss_anon_mb": mem["rss_anon_mb"]})
+                curve.append(
+                    {
+                        "tasks": acked,
+                        "s": round(time.monotonic() - t0, 1),
+                        "leader_rss_mb": mem["rss_mb"],
+                        "leader_rss_anon_mb": mem["rss_anon_mb"],
+                    }
+                )
                 progress(f"{acked:,} tasks stored after {time.monotonic() - t0:.0f}s: leader {mem}")
                 while next_mark[0] <= acked:
                     next_mark[0] += step
@@ -216,8 +237,9 @@ def run(tasks: int = 1_000_000, producers: int = 4, batch: int = 1000, payload_s
         "machine": machine_info(),
     }
     result["targets"] = dict(TARGETS)
-    result["targets_met"] = (stored >= tasks and all(result[k] is not None and result[k] <= v
-                                                     for k, v in TARGETS.items()))
+    result["targets_met"] = stored >= tasks and all(
+        result[k] is not None and result[k] <= v for k, v in TARGETS.items()
+    )
     return result
 
 
@@ -234,8 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
 
     def measure() -> dict:
-        return run(tasks=args.tasks, producers=args.producers, batch=args.batch, payload_size=args.payload_size,
-                   progress=progress)
+        return run(
+            tasks=args.tasks,
+            producers=args.producers,
+            batch=args.batch,
+            payload_size=args.payload_size,
+            progress=progress,
+        )
 
     return finish("memory", measure, args.json, LABELS)
 

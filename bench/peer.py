@@ -52,6 +52,7 @@ tasks/s), ``rabbitmq`` and ``rabbitmq_3node`` (version, queue, node start time, 
 ``settings``, ``elapsed_s``, ``started_at``, ``machine``.
 The loads live in :mod:`bench.peer_load` and :mod:`bench.peer_systems`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,13 +78,23 @@ from bench.rabbitmq_cluster import RabbitCluster
 
 SHAPES = ((4, 4), (16, 16))
 ROUNDS = ("fencepost", "fencepost_prefetch", "fencepost_single_copy", "rabbitmq", "rabbitmq_3node")
-RATIOS = {"ratio_vs_rabbitmq": ("fencepost", "rabbitmq"), "ratio_vs_rabbitmq_3node": ("fencepost", "rabbitmq_3node"),
-          "ratio_single_copy_vs_rabbitmq": ("fencepost_single_copy", "rabbitmq")}
+RATIOS = {
+    "ratio_vs_rabbitmq": ("fencepost", "rabbitmq"),
+    "ratio_vs_rabbitmq_3node": ("fencepost", "rabbitmq_3node"),
+    "ratio_single_copy_vs_rabbitmq": ("fencepost_single_copy", "rabbitmq"),
+}
 SINGLE_COPY_QUORUM = (1, 1, 1)  # ensemble size, write quorum, ack quorum
 ASYNC_PRODUCERS, ASYNC_IN_FLIGHT, ASYNC_CONSUMERS = 4, 100, 16
 TARGETS = {"async_tasks_per_s": 10_000}
-MEDIANS = ("tasks_per_s", "submit_p50_ms", "submit_p99_ms", "submitted_per_s", "backlog_at_end",
-           "entries_per_task", "fsyncs_per_task")
+MEDIANS = (
+    "tasks_per_s",
+    "submit_p50_ms",
+    "submit_p99_ms",
+    "submitted_per_s",
+    "backlog_at_end",
+    "entries_per_task",
+    "fsyncs_per_task",
+)
 NESTED_MEDIANS = ("cpu_us_per_task", "leader_ctx_switches_per_task")
 
 Shape = tuple[int, int]
@@ -134,8 +145,13 @@ def shape_result(producers: int, consumers: int, rounds: dict[str, dict | None])
     return out
 
 
-def _each_shape(rounds: dict[str, Callable[[int, int], dict]], shapes: tuple[Shape, ...], runs: int,
-                out: Results, progress: Callable[[str], None]) -> None:
+def _each_shape(
+    rounds: dict[str, Callable[[int, int], dict]],
+    shapes: tuple[Shape, ...],
+    runs: int,
+    out: Results,
+    progress: Callable[[str], None],
+) -> None:
     for _ in range(runs):
         for p, c in shapes:
             for name, one_round in rounds.items():
@@ -143,9 +159,16 @@ def _each_shape(rounds: dict[str, Callable[[int, int], dict]], shapes: tuple[Sha
                 progress(f"{name} {shape_label(p, c)}: {out[name][(p, c)][-1]['tasks_per_s']} tasks/s")
 
 
-def run(shapes: tuple[Shape, ...] = SHAPES, settings: Settings = Settings(), runs: int = 1,
-        with_async: bool = True, with_rabbitmq: bool = True, with_single_copy: bool = True,
-        prefetch: int = RABBITMQ_PREFETCH, progress: Callable[[str], None] | None = None) -> dict:
+def run(
+    shapes: tuple[Shape, ...] = SHAPES,
+    settings: Settings = Settings(),
+    runs: int = 1,
+    with_async: bool = True,
+    with_rabbitmq: bool = True,
+    with_single_copy: bool = True,
+    prefetch: int = RABBITMQ_PREFETCH,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Run every round on every shape, one system at a time (see the module docstring); return the report."""
     progress = progress or (lambda _msg: None)
     if settings.seconds <= 0 or settings.warmup_s < 0 or runs < 1 or settings.max_backlog < 1 or not shapes:
@@ -154,47 +177,88 @@ def run(shapes: tuple[Shape, ...] = SHAPES, settings: Settings = Settings(), run
     began = time.monotonic()
     out: Results = {name: {s: [] for s in shapes} for name in ROUNDS}
     with BenchCluster(progress=progress) as bc:
-        _each_shape({"fencepost": lambda p, c: fencepost_round(bc, p, c, settings),
-                     "fencepost_prefetch": lambda p, c: fencepost_round(bc, p, c, settings, prefetch)},
-                    shapes, runs, out, progress)
-        async_result = _async_round(bc, settings, runs, progress) if with_async else {
-            "skipped": "not requested (--no-async)"}
+        _each_shape(
+            {
+                "fencepost": lambda p, c: fencepost_round(bc, p, c, settings),
+                "fencepost_prefetch": lambda p, c: fencepost_round(bc, p, c, settings, prefetch),
+            },
+            shapes,
+            runs,
+            out,
+            progress,
+        )
+        async_result = (
+            _async_round(bc, settings, runs, progress)
+            if with_async
+            else {"skipped": "not requested (--no-async)"}
+        )
     if with_single_copy:
         with BenchCluster(bookies=1, brokers=1, quorum=SINGLE_COPY_QUORUM, progress=progress) as bc:
-            _each_shape({"fencepost_single_copy": lambda p, c: fencepost_round(bc, p, c, settings)},
-                        shapes, runs, out, progress)
+            _each_shape(
+                {"fencepost_single_copy": lambda p, c: fencepost_round(bc, p, c, settings)},
+                shapes,
+                runs,
+                out,
+                progress,
+            )
     missing = missing_message() if with_rabbitmq else "not requested (--no-rabbitmq)"
     rabbit_info = {}
     for name, size in (("rabbitmq", 1), ("rabbitmq_3node", 3)):
-        rabbit_info[name] = ({"skipped": missing} if missing is not None
-                             else _rabbitmq_rounds(name, size, shapes, settings, runs, out, progress))
+        rabbit_info[name] = (
+            {"skipped": missing}
+            if missing is not None
+            else _rabbitmq_rounds(name, size, shapes, settings, runs, out, progress)
+        )
     return {
-        "shapes": {shape_label(p, c): shape_result(p, c, {name: summarize(out[name][(p, c)]) if out[name][(p, c)]
-                                                          else None for name in ROUNDS})
-                   for p, c in shapes},
+        "shapes": {
+            shape_label(p, c): shape_result(
+                p, c, {name: summarize(out[name][(p, c)]) if out[name][(p, c)] else None for name in ROUNDS}
+            )
+            for p, c in shapes
+        },
         "async": async_result,
         **rabbit_info,
-        "settings": {"seconds": settings.seconds, "warmup_s": settings.warmup_s, "runs": runs,
-                     "payload_bytes": settings.payload_size, "max_backlog": settings.max_backlog,
-                     "prefetch": prefetch},
+        "settings": {
+            "seconds": settings.seconds,
+            "warmup_s": settings.warmup_s,
+            "runs": runs,
+            "payload_bytes": settings.payload_size,
+            "max_backlog": settings.max_backlog,
+            "prefetch": prefetch,
+        },
         "fencepost_cluster": "private (ZooKeeper, 3 bookies fsync on, 3 brokers; ensemble 3, write 3, ack 2)",
-        "fencepost_single_copy_cluster": ("private (ZooKeeper, 1 bookie fsync on, 1 broker; ensemble 1, write 1, "
-                                          "ack 1)" if with_single_copy else "skipped: not requested (--no-single-copy)"),
+        "fencepost_single_copy_cluster": (
+            "private (ZooKeeper, 1 bookie fsync on, 1 broker; ensemble 1, write 1, ack 1)"
+            if with_single_copy
+            else "skipped: not requested (--no-single-copy)"
+        ),
         "elapsed_s": round(time.monotonic() - began, 1),
         "started_at": started_at,
         "machine": machine_info(),
     }
 
 
-def _rabbitmq_rounds(name: str, size: int, shapes: tuple[Shape, ...], settings: Settings, runs: int,
-                     out: Results, progress: Callable[[str], None]) -> dict:
+def _rabbitmq_rounds(
+    name: str,
+    size: int,
+    shapes: tuple[Shape, ...],
+    settings: Settings,
+    runs: int,
+    out: Results,
+    progress: Callable[[str], None],
+) -> dict:
     try:
         with RabbitCluster(size=size, progress=progress) as rc:
             _each_shape({name: lambda p, c: rabbitmq_round(rc, p, c, settings)}, shapes, runs, out, progress)
-            return {"version": rc.version, "nodes": size,
-                    "queue": f"quorum, durable, {size} member(s), leader on node 0",
-                    "publish": "one at a time, publisher confirm awaited", "prefetch": RABBITMQ_PREFETCH,
-                    "clients": "producer and consumer i on node i mod nodes", "up_s": round(rc.up_s or 0.0, 1)}
+            return {
+                "version": rc.version,
+                "nodes": size,
+                "queue": f"quorum, durable, {size} member(s), leader on node 0",
+                "publish": "one at a time, publisher confirm awaited",
+                "prefetch": RABBITMQ_PREFETCH,
+                "clients": "producer and consumer i on node i mod nodes",
+                "up_s": round(rc.up_s or 0.0, 1),
+            }
     except BenchError as exc:  # a node would not start or join: the other figures still stand
         for shape in shapes:
             out[name][shape].clear()
@@ -204,10 +268,15 @@ def _rabbitmq_rounds(name: str, size: int, shapes: tuple[Shape, ...], settings: 
 def _async_round(bc: BenchCluster, settings: Settings, runs: int, progress: Callable[[str], None]) -> dict:
     api = async_api()
     if api is None:
-        return {"skipped": "this fencepost has no async client yet (neither broker.api.aio.AsyncClient nor "
-                           "Client.submit_async)", "target_tasks_per_s": TARGETS["async_tasks_per_s"]}
-    results = [fencepost_async_round(bc, ASYNC_PRODUCERS, ASYNC_CONSUMERS, ASYNC_IN_FLIGHT, settings)
-               for _ in range(runs)]
+        return {
+            "skipped": "this fencepost has no async client yet (neither broker.api.aio.AsyncClient nor "
+            "Client.submit_async)",
+            "target_tasks_per_s": TARGETS["async_tasks_per_s"],
+        }
+    results = [
+        fencepost_async_round(bc, ASYNC_PRODUCERS, ASYNC_CONSUMERS, ASYNC_IN_FLIGHT, settings)
+        for _ in range(runs)
+    ]
     out = {"producers": ASYNC_PRODUCERS, "consumers": ASYNC_CONSUMERS, **summarize(results)}
     out["target_tasks_per_s"] = TARGETS["async_tasks_per_s"]
     out["target_met"] = (out["tasks_per_s"] or 0) >= TARGETS["async_tasks_per_s"]
@@ -219,22 +288,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fencepost bench peer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window per round (default 10)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before the window (default 2)")
-    parser.add_argument("--runs", type=int, default=1, help="rounds per shape and system; medians (default 1)")
-    parser.add_argument("--shapes", default=",".join(shape_label(p, c) for p, c in SHAPES),
-                        help="comma-separated PRODUCERSxCONSUMERS (default 4x4,16x16)")
-    parser.add_argument("--max-backlog", type=int, default=2_000,
-                        help="producers pause while more tasks than this wait (default 2000)")
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="seconds of load before the window (default 2)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="rounds per shape and system; medians (default 1)"
+    )
+    parser.add_argument(
+        "--shapes",
+        default=",".join(shape_label(p, c) for p, c in SHAPES),
+        help="comma-separated PRODUCERSxCONSUMERS (default 4x4,16x16)",
+    )
+    parser.add_argument(
+        "--max-backlog",
+        type=int,
+        default=2_000,
+        help="producers pause while more tasks than this wait (default 2000)",
+    )
     parser.add_argument("--payload-size", type=int, default=100, help="payload bytes (default 100)")
-    parser.add_argument("--prefetch", type=int, default=RABBITMQ_PREFETCH,
-                        help="Worker prefetch of the fencepost_prefetch round (default 100, as RabbitMQ's "
-                             "consumers); the fencepost round keeps the Worker's default")
-    parser.add_argument("--async", dest="with_async", action=argparse.BooleanOptionalAction, default=True,
-                        help="the pipelined round with the async client (default on; skipped if absent)")
-    parser.add_argument("--single-copy", dest="with_single_copy", action=argparse.BooleanOptionalAction,
-                        default=True, help="the 1-bookie, 1-broker round (default on)")
-    parser.add_argument("--rabbitmq", dest="with_rabbitmq", action=argparse.BooleanOptionalAction, default=True,
-                        help="the RabbitMQ rounds (1 node, 3 nodes), when installed (default on)")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=RABBITMQ_PREFETCH,
+        help="Worker prefetch of the fencepost_prefetch round (default 100, as RabbitMQ's "
+        "consumers); the fencepost round keeps the Worker's default",
+    )
+    parser.add_argument(
+        "--async",
+        dest="with_async",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the pipelined round with the async client (default on; skipped if absent)",
+    )
+    parser.add_argument(
+        "--single-copy",
+        dest="with_single_copy",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the 1-bookie, 1-broker round (default on)",
+    )
+    parser.add_argument(
+        "--rabbitmq",
+        dest="with_rabbitmq",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the RabbitMQ rounds (1 node, 3 nodes), when installed (default on)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
     try:
@@ -246,12 +345,24 @@ def main(argv: list[str] | None = None) -> int:
     quiet_logs()
     logging.getLogger("pika").setLevel(logging.CRITICAL)  # its connection workflow logs at INFO/ERROR
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    settings = Settings(seconds=args.seconds, warmup_s=args.warmup, max_backlog=args.max_backlog,
-                        payload_size=args.payload_size)
+    settings = Settings(
+        seconds=args.seconds,
+        warmup_s=args.warmup,
+        max_backlog=args.max_backlog,
+        payload_size=args.payload_size,
+    )
 
     def measure() -> dict:
-        return run(shapes, settings, args.runs, args.with_async, args.with_rabbitmq, args.with_single_copy,
-                   args.prefetch, progress)
+        return run(
+            shapes,
+            settings,
+            args.runs,
+            args.with_async,
+            args.with_rabbitmq,
+            args.with_single_copy,
+            args.prefetch,
+            progress,
+        )
 
     return finish("peer", measure, args.json)
 

@@ -11,6 +11,7 @@ The systems plug in through plain callables (see :mod:`bench.peer_systems`):
 ``submit(payload)`` that returns once the system has accepted the task durably,
 or ``submit_future(payload) -> Future`` for the pipelined round.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,7 +69,9 @@ class Meter:
 # ----------------------------------------------------------------- producers
 
 
-def sync_producer(meter: Meter, submit: Callable[[bytes], object], payload: bytes, stop: threading.Event) -> None:
+def sync_producer(
+    meter: Meter, submit: Callable[[bytes], object], payload: bytes, stop: threading.Event
+) -> None:
     """Submit one task at a time, waiting for each, until ``stop``."""
     while not stop.is_set():
         if not meter.may_submit():
@@ -84,8 +87,13 @@ def sync_producer(meter: Meter, submit: Callable[[bytes], object], payload: byte
         meter.on_submitted(t0, time.monotonic() - t0)
 
 
-def future_producer(meter: Meter, submit_future: Callable[[bytes], Future], payload: bytes,
-                    stop: threading.Event, in_flight: int) -> None:
+def future_producer(
+    meter: Meter,
+    submit_future: Callable[[bytes], Future],
+    payload: bytes,
+    stop: threading.Event,
+    in_flight: int,
+) -> None:
     """Keep ``in_flight`` submits outstanding (futures), until ``stop``; then wait for them."""
     slots = threading.Semaphore(in_flight)
 
@@ -119,8 +127,13 @@ def future_producer(meter: Meter, submit_future: Callable[[bytes], Future], payl
             break
 
 
-def coroutine_producer(meter: Meter, session: Callable[[], AsyncContextManager[Callable[[bytes], Awaitable]]],
-                       payload: bytes, stop: threading.Event, in_flight: int) -> None:
+def coroutine_producer(
+    meter: Meter,
+    session: Callable[[], AsyncContextManager[Callable[[bytes], Awaitable]]],
+    payload: bytes,
+    stop: threading.Event,
+    in_flight: int,
+) -> None:
     """``in_flight`` coroutines on this thread's event loop, each awaiting one submit after another.
 
     ``session()`` is entered inside the loop (an asyncio client belongs to one loop)
@@ -154,8 +167,13 @@ def coroutine_producer(meter: Meter, session: Callable[[], AsyncContextManager[C
 # ----------------------------------------------------------------- the round
 
 
-def measure(meter: Meter, producers: list[Callable[[threading.Event], None]], seconds: float,
-            warmup_s: float, window: Window | None = None) -> dict:
+def measure(
+    meter: Meter,
+    producers: list[Callable[[threading.Event], None]],
+    seconds: float,
+    warmup_s: float,
+    window: Window | None = None,
+) -> dict:
     """Run the producers (consumers already running), measure one window, stop the producers.
 
     Each producer is called in its own thread with the stop event. Returns
@@ -163,8 +181,10 @@ def measure(meter: Meter, producers: list[Callable[[threading.Event], None]], se
     and, with a ``window``, its per-task costs (:meth:`bench.proc_stats.Window.per_task`).
     """
     stop = threading.Event()
-    threads = [threading.Thread(target=fn, args=(stop,), daemon=True, name=f"peer-producer-{i}")
-               for i, fn in enumerate(producers)]
+    threads = [
+        threading.Thread(target=fn, args=(stop,), daemon=True, name=f"peer-producer-{i}")
+        for i, fn in enumerate(producers)
+    ]
     for t in threads:
         t.start()
     try:

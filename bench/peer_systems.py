@@ -23,6 +23,7 @@ Example::
     with BenchCluster() as bc:
         fencepost_round(bc, 4, 4, Settings(seconds=5))["cpu_us_per_task"]["leader"]
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,7 +72,9 @@ def worker_options(prefetch: int | None, worker_class: Any = None) -> dict:
 
 
 @contextlib.contextmanager
-def fencepost_worker(bc: Any, queue: str, concurrency: int, meter: Meter, prefetch: int | None) -> Iterator[dict]:
+def fencepost_worker(
+    bc: Any, queue: str, concurrency: int, meter: Meter, prefetch: int | None
+) -> Iterator[dict]:
     """A running Worker whose no-op handler counts; stopped (tasks in hand finished) on exit.
 
     Yields ``{"worker_prefetch": what the Worker holds in hand, "worker_defaults": no prefetch given}``.
@@ -82,8 +85,14 @@ def fencepost_worker(bc: Any, queue: str, concurrency: int, meter: Meter, prefet
         meter.on_handled()
 
     options = worker_options(prefetch)
-    worker = Worker(zk=bc.zk, cluster=bc.cluster, queues=[queue], concurrency=concurrency,
-                    handlers={queue: handler}, **options)
+    worker = Worker(
+        zk=bc.zk,
+        cluster=bc.cluster,
+        queues=[queue],
+        concurrency=concurrency,
+        handlers={queue: handler},
+        **options,
+    )
     thread = threading.Thread(target=worker.run, daemon=True, name="peer-worker")
     thread.start()
     try:
@@ -100,8 +109,9 @@ def fencepost_window(bc: Any) -> Iterator[Window]:
         yield Window(ProcWatch(bc.process_kinds()), counters)
 
 
-def fencepost_round(bc: Any, producers: int, consumers: int, settings: Settings,
-                    prefetch: int | None = None) -> dict:
+def fencepost_round(
+    bc: Any, producers: int, consumers: int, settings: Settings, prefetch: int | None = None
+) -> dict:
     """P threads each calling ``client.submit`` one task at a time; one Worker with C threads.
 
     ``prefetch`` None leaves the Worker's own default.
@@ -109,10 +119,18 @@ def fencepost_round(bc: Any, producers: int, consumers: int, settings: Settings,
     queue, meter = _queue_name(), Meter(settings.max_backlog)
     client = bc.client()
     try:
-        with fencepost_worker(bc, queue, consumers, meter, prefetch) as worker, fencepost_window(bc) as window:
+        with (
+            fencepost_worker(bc, queue, consumers, meter, prefetch) as worker,
+            fencepost_window(bc) as window,
+        ):
             submit = functools.partial(client.submit, queue)
-            result = measure(meter, [functools.partial(sync_producer, meter, submit, settings.payload)
-                                     for _ in range(producers)], settings.seconds, settings.warmup_s, window)
+            result = measure(
+                meter,
+                [functools.partial(sync_producer, meter, submit, settings.payload) for _ in range(producers)],
+                settings.seconds,
+                settings.warmup_s,
+                window,
+            )
     finally:
         client.close()
     result.update(worker)
@@ -133,8 +151,9 @@ def async_api() -> str | None:
     return "Client.submit_async" if hasattr(Client, "submit_async") else None
 
 
-def fencepost_async_round(bc: Any, producers: int, consumers: int, in_flight: int, settings: Settings,
-                          prefetch: int | None = None) -> dict:
+def fencepost_async_round(
+    bc: Any, producers: int, consumers: int, in_flight: int, settings: Settings, prefetch: int | None = None
+) -> dict:
     """P producers each keeping ``in_flight`` submits outstanding; one Worker with C threads."""
     api = async_api()
     if api is None:
@@ -144,15 +163,19 @@ def fencepost_async_round(bc: Any, producers: int, consumers: int, in_flight: in
     with fencepost_worker(bc, queue, consumers, meter, prefetch) as worker, fencepost_window(bc) as window:
         if api == "AsyncClient":
             session = functools.partial(_aio_session, bc, queue)
-            fns = [functools.partial(coroutine_producer, meter, session, payload, in_flight=in_flight)
-                   for _ in range(producers)]
+            fns = [
+                functools.partial(coroutine_producer, meter, session, payload, in_flight=in_flight)
+                for _ in range(producers)
+            ]
             result = measure(meter, fns, settings.seconds, settings.warmup_s, window)
         else:
             client = bc.client()
             try:
                 submit = functools.partial(client.submit_async, queue)
-                fns = [functools.partial(future_producer, meter, submit, payload, in_flight=in_flight)
-                       for _ in range(producers)]
+                fns = [
+                    functools.partial(future_producer, meter, submit, payload, in_flight=in_flight)
+                    for _ in range(producers)
+                ]
                 result = measure(meter, fns, settings.seconds, settings.warmup_s, window)
             finally:
                 client.close()
@@ -181,15 +204,29 @@ def rabbitmq_round(rc: Any, producers: int, consumers: int, settings: Settings) 
     try:
         admin.channel().queue_declare(queue, durable=True, arguments=rc.queue_arguments())
         stop_consumers = threading.Event()
-        threads = [threading.Thread(target=_rabbit_consumer, args=(rc.parameters(i), queue, meter, stop_consumers),
-                                    daemon=True, name=f"peer-consumer-{i}") for i in range(consumers)]
+        threads = [
+            threading.Thread(
+                target=_rabbit_consumer,
+                args=(rc.parameters(i), queue, meter, stop_consumers),
+                daemon=True,
+                name=f"peer-consumer-{i}",
+            )
+            for i in range(consumers)
+        ]
         for t in threads:
             t.start()
         try:
             window = Window(ProcWatch(rc.process_kinds(), leader=rc.leader_pid()))
-            result = measure(meter, [functools.partial(_rabbit_producer, rc.parameters(i), queue, meter,
-                                                       settings.payload) for i in range(producers)],
-                             settings.seconds, settings.warmup_s, window)
+            result = measure(
+                meter,
+                [
+                    functools.partial(_rabbit_producer, rc.parameters(i), queue, meter, settings.payload)
+                    for i in range(producers)
+                ],
+                settings.seconds,
+                settings.warmup_s,
+                window,
+            )
         finally:
             stop_consumers.set()
             for t in threads:
@@ -201,7 +238,9 @@ def rabbitmq_round(rc: Any, producers: int, consumers: int, settings: Settings) 
     return result
 
 
-def _rabbit_producer(parameters: Any, queue: str, meter: Meter, payload: bytes, stop: threading.Event) -> None:
+def _rabbit_producer(
+    parameters: Any, queue: str, meter: Meter, payload: bytes, stop: threading.Event
+) -> None:
     import pika
 
     try:

@@ -19,6 +19,7 @@ Then:
 Target: analyze plus audit of 1,000,000 events within 120 s on the 2-core
 machine, start-up excluded. See docs/benchmarks.md for every output field.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,9 @@ LABELS = {
 }
 
 
-def _write_history(hosts: str, cluster: str, events: int, ledgers: int, work: Path,
-                   progress: Callable[[str], None]) -> dict:
+def _write_history(
+    hosts: str, cluster: str, events: int, ledgers: int, work: Path, progress: Callable[[str], None]
+) -> dict:
     from bench.pipeline_history import write_workload
     from broker.state.store import StateStore
     from election.cluster_config import ClusterOptions
@@ -62,8 +64,11 @@ def _write_history(hosts: str, cluster: str, events: int, ledgers: int, work: Pa
 
     paths = ClusterPaths(cluster)
     zk = connect(hosts, session_timeout=10.0)
-    client = LedgerClient(zk, paths, options=ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM,
-                                                              ensemble_size=ENSEMBLE))
+    client = LedgerClient(
+        zk,
+        paths,
+        options=ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM, ensemble_size=ENSEMBLE),
+    )
     try:
         with StateStore(work / "leader-state", sync=False) as store:
             started = time.perf_counter()
@@ -77,8 +82,12 @@ def _write_history(hosts: str, cluster: str, events: int, ledgers: int, work: Pa
     return written
 
 
-def run(events: int = 1_000_000, ledgers: int = 3, master: str = "local[*]",
-        progress: Callable[[str], None] | None = None) -> dict:
+def run(
+    events: int = 1_000_000,
+    ledgers: int = 3,
+    master: str = "local[*]",
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     from pipeline.analyze_run import HistorySource, run_analyze
     from pipeline.audit import audit_cluster
     from pipeline.plan import ClusterAddress
@@ -102,8 +111,13 @@ def run(events: int = 1_000_000, ledgers: int = 3, master: str = "local[*]",
             try:
                 say("reading every event")
                 t0 = time.perf_counter()
-                rows = (spark.read.format("fencepost").option("zk", bc.zk).option("cluster", bc.cluster)
-                        .load().count())
+                rows = (
+                    spark.read.format("fencepost")
+                    .option("zk", bc.zk)
+                    .option("cluster", bc.cluster)
+                    .load()
+                    .count()
+                )
                 read_s = time.perf_counter() - t0
                 say("analyze")
                 t0 = time.perf_counter()
@@ -121,28 +135,45 @@ def run(events: int = 1_000_000, ledgers: int = 3, master: str = "local[*]",
     if rows != written["events"]:
         raise BenchError(f"Spark read {rows} events; {written['events']} were written")
     findings = len(report.findings)
-    result.update({
-        "events": written["events"], "entries": written["entries"], "ledgers": len(written["ledger_ids"]),
-        "history_bytes": written["bytes"], "history_write_s": written["history_write_s"],
-        "spark_start_s": round(spark_start_s, 2), "master": master,
-        "read_s": round(read_s, 2), "read_events_per_s": rate(rows, read_s),
-        "analyze_s": round(analyze_s, 2), "audit_s": round(audit_s, 2),
-        "analyze_plus_audit_s": round(analyze_s + audit_s, 2),
-        "analyze_tasks": summary["tasks"],
-        "audit_findings": findings,
-        "audit_finding_kinds": sorted({f.kind for f in report.findings}),
-        "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(), "targets": dict(TARGETS),
-    })
-    result["targets_met"] = findings == 0 and result["analyze_plus_audit_s"] <= TARGETS["analyze_plus_audit_s"]
+    result.update(
+        {
+            "events": written["events"],
+            "entries": written["entries"],
+            "ledgers": len(written["ledger_ids"]),
+            "history_bytes": written["bytes"],
+            "history_write_s": written["history_write_s"],
+            "spark_start_s": round(spark_start_s, 2),
+            "master": master,
+            "read_s": round(read_s, 2),
+            "read_events_per_s": rate(rows, read_s),
+            "analyze_s": round(analyze_s, 2),
+            "audit_s": round(audit_s, 2),
+            "analyze_plus_audit_s": round(analyze_s + audit_s, 2),
+            "analyze_tasks": summary["tasks"],
+            "audit_findings": findings,
+            "audit_finding_kinds": sorted({f.kind for f in report.findings}),
+            "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            ),
+            "machine": machine_info(),
+            "targets": dict(TARGETS),
+        }
+    )
+    result["targets_met"] = (
+        findings == 0 and result["analyze_plus_audit_s"] <= TARGETS["analyze_plus_audit_s"]
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--events", type=int, default=1_000_000, help="events in the history (default 1,000,000)")
-    parser.add_argument("--ledgers", type=int, default=3, help="ledgers (epochs) the history spans (default 3)")
+    parser.add_argument(
+        "--events", type=int, default=1_000_000, help="events in the history (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--ledgers", type=int, default=3, help="ledgers (epochs) the history spans (default 3)"
+    )
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     args = parser.parse_args(argv)
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None

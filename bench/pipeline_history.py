@@ -20,6 +20,7 @@ Example::
         written = write_workload(client, paths, store, events=1_000_000, ledgers=3)
     written["events"], written["ledger_ids"]
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,12 +36,12 @@ WORKERS = tuple(f"w-{i}" for i in range(8))
 SUBMITS_PER_ENTRY = 16
 LEASES_PER_ENTRY = 2
 LEASE_MAX_TASKS = 8
-FINISH_AFTER_ENTRIES = 2        # an attempt is finished this many entries after its lease, or later
+FINISH_AFTER_ENTRIES = 2  # an attempt is finished this many entries after its lease, or later
 MAX_FINISHED_PER_ENTRY = 24
-FAIL_EVERY = 20                 # one finished attempt in this many fails (and is retried until dead)
+FAIL_EVERY = 20  # one finished attempt in this many fails (and is retried until dead)
 MAX_ATTEMPTS = 3
-ENTRY_MS = 20                   # leader time between entries
-FAILOVER_GAP_MS = 2_000         # leader time lost at each new epoch
+ENTRY_MS = 20  # leader time between entries
+FAILOVER_GAP_MS = 2_000  # leader time lost at each new epoch
 DIGEST_EVERY_ENTRIES = 200
 PAYLOAD_BYTES = 100
 
@@ -52,7 +53,9 @@ class Workload:
         self.now_ms = start_ms
         self.entry = 0
         self.submitted = 0
-        self.in_hand: collections.deque[tuple[int, str, int]] = collections.deque()  # (leased at entry, task, attempt)
+        self.in_hand: collections.deque[tuple[int, str, int]] = (
+            collections.deque()
+        )  # (leased at entry, task, attempt)
 
     def _payload(self) -> bytes:
         return (b'{"job":"resize","n":%d}' % self.submitted).ljust(PAYLOAD_BYTES, b" ")
@@ -67,42 +70,83 @@ class Workload:
         now, events = self.now_ms, []
         for _ in range(SUBMITS_PER_ENTRY):
             self.submitted += 1
-            events.append({"type": "TaskSubmitted", "task_id": self._task_id(),
-                           "queue": QUEUES[self.submitted % len(QUEUES)], "payload": self._payload(), "key": None,
-                           "priority": self.submitted % 3, "delay_ms": 0, "max_attempts": MAX_ATTEMPTS,
-                           "now_ms": now})
+            events.append(
+                {
+                    "type": "TaskSubmitted",
+                    "task_id": self._task_id(),
+                    "queue": QUEUES[self.submitted % len(QUEUES)],
+                    "payload": self._payload(),
+                    "key": None,
+                    "priority": self.submitted % 3,
+                    "delay_ms": 0,
+                    "max_attempts": MAX_ATTEMPTS,
+                    "now_ms": now,
+                }
+            )
         finished = 0
-        while self.in_hand and self.in_hand[0][0] <= self.entry - FINISH_AFTER_ENTRIES \
-                and finished < MAX_FINISHED_PER_ENTRY:
+        while (
+            self.in_hand
+            and self.in_hand[0][0] <= self.entry - FINISH_AFTER_ENTRIES
+            and finished < MAX_FINISHED_PER_ENTRY
+        ):
             _, task_id, attempt = self.in_hand.popleft()
             finished += 1
             if (self.submitted + finished) % FAIL_EVERY == 0:
-                events.append({"type": "TaskFailed", "task_id": task_id, "attempt": attempt,
-                               "error": "exit status 1", "retry": True, "retry_delay_ms": 0, "reject": False,
-                               "now_ms": now})
+                events.append(
+                    {
+                        "type": "TaskFailed",
+                        "task_id": task_id,
+                        "attempt": attempt,
+                        "error": "exit status 1",
+                        "retry": True,
+                        "retry_delay_ms": 0,
+                        "reject": False,
+                        "now_ms": now,
+                    }
+                )
             else:
-                events.append({"type": "TaskCompleted", "task_id": task_id, "attempt": attempt, "result": b"ok",
-                               "now_ms": now})
+                events.append(
+                    {
+                        "type": "TaskCompleted",
+                        "task_id": task_id,
+                        "attempt": attempt,
+                        "result": b"ok",
+                        "now_ms": now,
+                    }
+                )
         for k in range(LEASES_PER_ENTRY):
             worker = WORKERS[(self.entry * LEASES_PER_ENTRY + k) % len(WORKERS)]
-            events.append({"type": "TaskLeased", "worker": worker, "queues": [QUEUES[(self.entry + k) % len(QUEUES)]],
-                           "max_tasks": LEASE_MAX_TASKS, "lease_ms": 60_000, "now_ms": now})
+            events.append(
+                {
+                    "type": "TaskLeased",
+                    "worker": worker,
+                    "queues": [QUEUES[(self.entry + k) % len(QUEUES)]],
+                    "max_tasks": LEASE_MAX_TASKS,
+                    "lease_ms": 60_000,
+                    "now_ms": now,
+                }
+            )
         return events
 
     def applied(self, events: list[dict], results: list[dict]) -> None:
         """Note the attempts each ``TaskLeased`` of the entry handed out."""
         for ev, res in zip(events, results):
             if ev["type"] == "TaskLeased":
-                self.in_hand.extend((self.entry, task["task_id"], task["attempt"]) for task in res.get("tasks", ()))
+                self.in_hand.extend(
+                    (self.entry, task["task_id"], task["attempt"]) for task in res.get("tasks", ())
+                )
 
     def new_epoch(self) -> None:
         self.now_ms += FAILOVER_GAP_MS
 
 
-def write_workload(client, paths, store, events: int, ledgers: int,
-                   progress: Callable[[str], None] = lambda text: None) -> dict:
+def write_workload(
+    client, paths, store, events: int, ledgers: int, progress: Callable[[str], None] = lambda text: None
+) -> dict:
     """Write about ``events`` events over ``ledgers`` closed ledgers (one epoch each); what was written."""
-    per_entry = 2 * SUBMITS_PER_ENTRY + LEASES_PER_ENTRY  # in the steady state as many finish as are submitted
+    per_entry = (
+        2 * SUBMITS_PER_ENTRY + LEASES_PER_ENTRY
+    )  # in the steady state as many finish as are submitted
     entries = max(ledgers, -(-events // per_entry))
     per_ledger = [entries // ledgers + (1 if i < entries % ledgers else 0) for i in range(ledgers)]
     workload = Workload(start_ms=int(time.time() * 1000) - entries * ENTRY_MS - ledgers * FAILOVER_GAP_MS)
@@ -117,8 +161,14 @@ def write_workload(client, paths, store, events: int, ledgers: int,
         pending: list = []
         for entry_id in range(count):
             if entry_id == 0:
-                batch = [{"type": "EpochStarted", "epoch": epoch, "broker_id": 1 + index % 3,
-                          "now_ms": workload.now_ms}]
+                batch = [
+                    {
+                        "type": "EpochStarted",
+                        "epoch": epoch,
+                        "broker_id": 1 + index % 3,
+                        "now_ms": workload.now_ms,
+                    }
+                ]
             else:
                 batch = workload.next_events()
                 since_digest += 1
@@ -128,8 +178,9 @@ def write_workload(client, paths, store, events: int, ledgers: int,
             results = store.apply_batch(batch, (writer.ledger_id, entry_id))
             refused = next((r for r in results if not r.get("ok")), None)
             if refused is not None:
-                raise ValueError(f"the workload made an event apply refuses at {writer.ledger_id}:{entry_id}: "
-                                 f"{refused}")
+                raise ValueError(
+                    f"the workload made an event apply refuses at {writer.ledger_id}:{entry_id}: {refused}"
+                )
             if entry_id:
                 workload.applied(batch, results)
             data = encode_batch(batch)
@@ -142,5 +193,7 @@ def write_workload(client, paths, store, events: int, ledgers: int,
                 del pending[: WRITE_INFLIGHT // 2]
         settle(pending)
         writer.close()  # as the next epoch's leader would have closed it
-        progress(f"ledger {writer.ledger_id} (epoch {epoch}): {count} entries, {written['events']:,} events so far")
+        progress(
+            f"ledger {writer.ledger_id} (epoch {epoch}): {count} entries, {written['events']:,} events so far"
+        )
     return written

@@ -26,6 +26,7 @@ Example::
     window.end()
     window.per_task(tasks=1200)   # {"cpu_us_per_task": {"leader": 412.5, ...}, "leader_ctx_switches_per_task": ...}
 """
+
 from __future__ import annotations
 
 import os
@@ -142,13 +143,17 @@ class ProcWatch:
         cpu: dict[str, float | None] = {}
         for kind, start in before["cpu"].items():
             end = after["cpu"].get(kind)
-            cpu[kind] = per_task((end - start) * 1e6, tasks) if start is not None and end is not None else None
+            cpu[kind] = (
+                per_task((end - start) * 1e6, tasks) if start is not None and end is not None else None
+            )
         known = [v for v in cpu.values() if v is not None]
         cpu["total"] = round(sum(known), 1) if known and len(known) == len(before["cpu"]) else None
         ctx = None
         if before["ctx"] is not None and after["ctx"] is not None:
-            ctx = {"voluntary": per_task(after["ctx"][0] - before["ctx"][0], tasks, 2),
-                   "involuntary": per_task(after["ctx"][1] - before["ctx"][1], tasks, 2)}
+            ctx = {
+                "voluntary": per_task(after["ctx"][0] - before["ctx"][0], tasks, 2),
+                "involuntary": per_task(after["ctx"][1] - before["ctx"][1], tasks, 2),
+            }
         return {"cpu_us_per_task": cpu, "leader_ctx_switches_per_task": ctx}
 
 

@@ -15,6 +15,7 @@ Example::
         env = node_env(base, free_port(), free_port(), epmd_port, "n1@localhost", cookie="secret")
         node = NodeProcess(find_server(), base, int(env["RABBITMQ_NODE_PORT"]), env)
 """
+
 from __future__ import annotations
 
 import os
@@ -31,12 +32,18 @@ from bench.proc_stats import session_pids
 
 # Debian/Ubuntu install the real server script here; /usr/sbin/rabbitmq-server is a
 # wrapper that switches to the `rabbitmq` user and the system's data directory.
-SERVER_CANDIDATES = ("/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/local/sbin/rabbitmq-server",
-                     "/opt/homebrew/sbin/rabbitmq-server", "/usr/local/opt/rabbitmq/sbin/rabbitmq-server")
-INSTALL_HINT = ("RabbitMQ is not installed, so only fencepost's figures are shown. To compare: "
-                "install the server (Debian/Ubuntu: `apt-get install rabbitmq-server`; elsewhere see "
-                "https://www.rabbitmq.com/download.html) and the client (`pip install -e '.[bench]'`, "
-                "which pins pika).")
+SERVER_CANDIDATES = (
+    "/usr/lib/rabbitmq/bin/rabbitmq-server",
+    "/usr/local/sbin/rabbitmq-server",
+    "/opt/homebrew/sbin/rabbitmq-server",
+    "/usr/local/opt/rabbitmq/sbin/rabbitmq-server",
+)
+INSTALL_HINT = (
+    "RabbitMQ is not installed, so only fencepost's figures are shown. To compare: "
+    "install the server (Debian/Ubuntu: `apt-get install rabbitmq-server`; elsewhere see "
+    "https://www.rabbitmq.com/download.html) and the client (`pip install -e '.[bench]'`, "
+    "which pins pika)."
+)
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 
@@ -76,8 +83,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_env(base: Path, node_port: int, dist_port: int, epmd_port: int, name: str, cookie: str,
-             join: str | None = None) -> dict[str, str]:
+def node_env(
+    base: Path,
+    node_port: int,
+    dist_port: int,
+    epmd_port: int,
+    name: str,
+    cookie: str,
+    join: str | None = None,
+) -> dict[str, str]:
     """The environment of a private node under ``base`` (see the module docstring).
 
     ``cookie`` goes into ``base/home/.erlang.cookie``: nodes of one cluster, and the
@@ -86,8 +100,10 @@ def node_env(base: Path, node_port: int, dist_port: int, epmd_port: int, name: s
     """
     conf = ["listeners.tcp.default = 127.0.0.1:%d" % node_port, "loopback_users = none"]
     if join:
-        conf += ["cluster_formation.peer_discovery_backend = classic_config",
-                 f"cluster_formation.classic_config.nodes.1 = {join}"]
+        conf += [
+            "cluster_formation.peer_discovery_backend = classic_config",
+            f"cluster_formation.classic_config.nodes.1 = {join}",
+        ]
     (base / "rabbitmq.conf").write_text("\n".join(conf) + "\n")
     (base / "enabled_plugins").write_text("[].\n")
     (base / "rabbitmq-env.conf").write_text("")
@@ -97,32 +113,38 @@ def node_env(base: Path, node_port: int, dist_port: int, epmd_port: int, name: s
     cookie_file.write_text(cookie)
     cookie_file.chmod(0o400)  # Erlang refuses a cookie file others can read
     env = dict(os.environ)
-    env.update({
-        "HOME": str(home),  # the Erlang cookie is read from here, not from the real home
-        "RABBITMQ_NODENAME": name,
-        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-        "RABBITMQ_NODE_PORT": str(node_port),
-        "RABBITMQ_DIST_PORT": str(dist_port),
-        "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-        "RABBITMQ_LOG_BASE": str(base / "log"),
-        "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
-        "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
-        "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-        "RABBITMQ_PLUGINS_EXPAND_DIR": str(base / "plugins-expand"),
-        "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
-        # The distribution listener binds every interface unless told otherwise.
-        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-        "ERL_EPMD_ADDRESS": "127.0.0.1",
-        "ERL_EPMD_PORT": str(epmd_port),
-    })
+    env.update(
+        {
+            "HOME": str(home),  # the Erlang cookie is read from here, not from the real home
+            "RABBITMQ_NODENAME": name,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(node_port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_PLUGINS_EXPAND_DIR": str(base / "plugins-expand"),
+            "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
+            # The distribution listener binds every interface unless told otherwise.
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "ERL_EPMD_PORT": str(epmd_port),
+        }
+    )
     return env
 
 
 def cli_env(env: dict[str, str], dist_port: int) -> dict[str, str]:
     """A node's environment for its CLI tools (``rabbitmqctl``): their own distribution port, on loopback."""
-    return {**env, "RABBITMQ_CTL_DIST_PORT_MIN": str(dist_port), "RABBITMQ_CTL_DIST_PORT_MAX": str(dist_port),
-            "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}"}
+    return {
+        **env,
+        "RABBITMQ_CTL_DIST_PORT_MIN": str(dist_port),
+        "RABBITMQ_CTL_DIST_PORT_MAX": str(dist_port),
+        "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+    }
 
 
 def start_epmd(env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -132,8 +154,13 @@ def start_epmd(env: dict[str, str], log: Path) -> subprocess.Popen:
     """
     epmd = shutil.which("epmd") or "/usr/lib/erlang/bin/epmd"
     with open(log, "ab") as out:
-        return subprocess.Popen([epmd, "-port", env["ERL_EPMD_PORT"], "-address", "127.0.0.1"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [epmd, "-port", env["ERL_EPMD_PORT"], "-address", "127.0.0.1"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 class NodeProcess:
@@ -148,14 +175,25 @@ class NodeProcess:
     def parameters(self) -> Any:
         import pika
 
-        return pika.ConnectionParameters(host="127.0.0.1", port=self.port,
-                                         credentials=pika.PlainCredentials("guest", "guest"),
-                                         heartbeat=0, blocked_connection_timeout=60)
+        return pika.ConnectionParameters(
+            host="127.0.0.1",
+            port=self.port,
+            credentials=pika.PlainCredentials("guest", "guest"),
+            heartbeat=0,
+            blocked_connection_timeout=60,
+        )
 
     def start(self) -> None:
         with open(self.base / "server.out", "ab") as log:
-            self._proc = subprocess.Popen([self.server], env=self.env, cwd=self.base, stdin=subprocess.DEVNULL,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                [self.server],
+                env=self.env,
+                cwd=self.base,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def wait_ready(self, deadline: float) -> None:
         """Block until the node takes an AMQP connection (so it booted, and joined its cluster)."""
@@ -165,16 +203,19 @@ class NodeProcess:
         assert self._proc is not None
         while True:
             if self._proc.poll() is not None:
-                raise BenchError(f"rabbitmq-server {self.name} exited with {self._proc.returncode}: "
-                                 f"{self.log_tail()}")
+                raise BenchError(
+                    f"rabbitmq-server {self.name} exited with {self._proc.returncode}: {self.log_tail()}"
+                )
             try:
                 # A plain connect first: pika logs every refused attempt as an error.
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                 conn = pika.BlockingConnection(self.parameters())
             except (OSError, pika.exceptions.AMQPError):
                 if time.monotonic() > deadline:
-                    raise BenchError(f"rabbitmq-server {self.name} did not answer in {START_TIMEOUT_S:g}s: "
-                                     f"{self.log_tail()}") from None
+                    raise BenchError(
+                        f"rabbitmq-server {self.name} did not answer in {START_TIMEOUT_S:g}s: "
+                        f"{self.log_tail()}"
+                    ) from None
                 time.sleep(0.25)
                 continue
             props = conn._impl.server_properties or {}  # noqa: SLF001 - pika exposes it only here

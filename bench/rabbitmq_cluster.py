@@ -19,6 +19,7 @@ Example::
         admin.channel().queue_declare("q", durable=True, arguments=rc.queue_arguments())
         consumer = pika.BlockingConnection(rc.parameters(1))   # node 1
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,9 @@ class RabbitCluster:
     ``version`` is the server's version, ``up_s`` the seconds it took to start.
     """
 
-    def __init__(self, size: int = 1, server: str | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, size: int = 1, server: str | None = None, progress: Callable[[str], None] | None = None
+    ) -> None:
         if size < 1:
             raise BenchError("a RabbitMQ cluster has at least one node")
         self.size = size
@@ -93,8 +95,10 @@ class RabbitCluster:
             self.stop()
             raise
         self.up_s = time.monotonic() - started
-        self.progress(f"rabbitmq {self.version}: {self.size} node(s) up on 127.0.0.1 ports "
-                      f"{', '.join(str(n.port) for n in self.nodes)} in {self.up_s:.1f}s")
+        self.progress(
+            f"rabbitmq {self.version}: {self.size} node(s) up on 127.0.0.1 ports "
+            f"{', '.join(str(n.port) for n in self.nodes)} in {self.up_s:.1f}s"
+        )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -126,15 +130,22 @@ class RabbitCluster:
         ctl = str(Path(self.server).with_name("rabbitmqctl"))
         env = cli_env(self.nodes[0].env, free_port())
         try:
-            out = subprocess.run([ctl, "-n", names[0], "cluster_status", "--formatter", "json"], env=env,
-                                 capture_output=True, text=True, timeout=CLI_TIMEOUT_S, cwd=self.base)
+            out = subprocess.run(
+                [ctl, "-n", names[0], "cluster_status", "--formatter", "json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=CLI_TIMEOUT_S,
+                cwd=self.base,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BenchError(f"rabbitmqctl cluster_status failed: {exc}") from None
         try:
             running = set(json.loads(out.stdout).get("running_nodes", []))
         except ValueError:
-            raise BenchError(f"rabbitmqctl cluster_status said: {' '.join((out.stdout + out.stderr).split())[:400]}") \
-                from None
+            raise BenchError(
+                f"rabbitmqctl cluster_status said: {' '.join((out.stdout + out.stderr).split())[:400]}"
+            ) from None
         if running != set(names):
             raise BenchError(f"only {sorted(running)} of {len(names)} RabbitMQ nodes formed the cluster")
 

@@ -7,6 +7,7 @@ without AutoRecovery so that nothing but this phase re-replicates): write
 :func:`ledger.replication.rereplication.rereplicate_ledger` by hand, unthrottled, for each
 ledger it held, and time the calls together.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,9 +50,15 @@ def _write_ledger(client, payload: bytes, entries: int, stop: threading.Event) -
     return writer.ledger_id
 
 
-def rereplication_phase(client, kill: Callable[[dict], None], stop: threading.Event,
-                        total_bytes: int = TOTAL_BYTES, entry_size: int = ENTRY_BYTES, ledgers: int = LEDGERS,
-                        progress: Callable[[str], None] = lambda _m: None) -> dict:
+def rereplication_phase(
+    client,
+    kill: Callable[[dict], None],
+    stop: threading.Event,
+    total_bytes: int = TOTAL_BYTES,
+    entry_size: int = ENTRY_BYTES,
+    ledgers: int = LEDGERS,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict:
     """Write, kill a member, re-replicate unthrottled; ``{"bytes", "seconds", "mb_per_s", "ledgers", ...}``."""
     from ledger.metadata import live_bookies, read_metadata
     from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
@@ -66,18 +73,24 @@ def rereplication_phase(client, kill: Callable[[dict], None], stop: threading.Ev
     counts = Counter(m["bookie_id"] for meta in metas.values() for m in meta.ensemble)
     lost_id = counts.most_common(1)[0][0]
     member = next(m for meta in metas.values() for m in meta.ensemble if m["bookie_id"] == lost_id)
-    affected = [lid for lid, meta in metas.items()
-                if any(m["bookie_id"] == lost_id for f in meta.fragments for m in f["ensemble"])]
-    progress(f"re-replication: {len(ids)} ledgers of {per_ledger} x {entry_size} B written; "
-             f"bookie {lost_id} (in {len(affected)}) killed")
+    affected = [
+        lid
+        for lid, meta in metas.items()
+        if any(m["bookie_id"] == lost_id for f in meta.fragments for m in f["ensemble"])
+    ]
+    progress(
+        f"re-replication: {len(ids)} ledgers of {per_ledger} x {entry_size} B written; "
+        f"bookie {lost_id} (in {len(affected)}) killed"
+    )
     kill(member)
 
     unthrottled = TokenBucket(0)  # rate <= 0: unlimited
     copied = entries = 0
     t0 = time.perf_counter()
     for lid in affected:
-        res = rereplicate_ledger(zk, paths, client.pool, lid, client.digest, throttle=unthrottled,
-                                 lost_ids=[lost_id])
+        res = rereplicate_ledger(
+            zk, paths, client.pool, lid, client.digest, throttle=unthrottled, lost_ids=[lost_id]
+        )
         if not res.replaced:
             raise BenchError(f"re-replication phase: ledger {lid} had nothing re-replicated")
         copied += res.bytes_copied
@@ -90,5 +103,10 @@ def rereplication_phase(client, kill: Callable[[dict], None], stop: threading.Ev
         if time.monotonic() > deadline or stop.is_set():
             break
         time.sleep(0.2)
-    return {"bytes": copied, "entries": entries, "seconds": round(elapsed, 3), "ledgers": len(affected),
-            "mb_per_s": round(copied / elapsed / 1e6, 2) if elapsed > 0 else None}
+    return {
+        "bytes": copied,
+        "entries": entries,
+        "seconds": round(elapsed, 3),
+        "ledgers": len(affected),
+        "mb_per_s": round(copied / elapsed / 1e6, 2) if elapsed > 0 else None,
+    }

@@ -40,6 +40,7 @@ and ``secure_cost_pct`` (how many fewer tasks/s, in percent; target at most 15).
 
 The cluster lives in :mod:`bench.devbench`, the /proc readers in :mod:`bench.proc_stats`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,14 @@ from bench.proc_stats import cpu_s, machine_busy_s, per_task
 TARGETS = {"tasks_per_s": 5_000}
 SECURE_COST_TARGET_PCT = 15.0
 WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
-DEFAULTS = {"producers": 2, "workers": 64, "batch": 100, "lease_max": 50, "payload_size": 100,
-            "max_backlog": 10_000}
+DEFAULTS = {
+    "producers": 2,
+    "workers": 64,
+    "batch": 100,
+    "lease_max": 50,
+    "payload_size": 100,
+    "max_backlog": 10_000,
+}
 
 LABELS = {
     "tasks_per_s": "end-to-end throughput (tasks/s)",
@@ -92,8 +99,17 @@ class Counter:
 class Load:
     """Producers (submit_many) and workers (lease N, complete each) on one queue."""
 
-    def __init__(self, bc: BenchCluster, queue: str, producers: int, workers: int, batch: int, lease_max: int,
-                 payload_size: int, max_backlog: int) -> None:
+    def __init__(
+        self,
+        bc: BenchCluster,
+        queue: str,
+        producers: int,
+        workers: int,
+        batch: int,
+        lease_max: int,
+        payload_size: int,
+        max_backlog: int,
+    ) -> None:
         self.bc, self.queue = bc, queue
         self.n_producers, self.n_workers = producers, workers
         self.batch, self.lease_max = batch, lease_max
@@ -115,9 +131,13 @@ class Load:
 
     def start(self) -> None:
         for i in range(self.n_workers):
-            self.threads.append(threading.Thread(target=self._work, args=(i,), daemon=True, name=f"worker-{i}"))
+            self.threads.append(
+                threading.Thread(target=self._work, args=(i,), daemon=True, name=f"worker-{i}")
+            )
         for i in range(self.n_producers):
-            self.threads.append(threading.Thread(target=self._produce, args=(i,), daemon=True, name=f"producer-{i}"))
+            self.threads.append(
+                threading.Thread(target=self._produce, args=(i,), daemon=True, name=f"producer-{i}")
+            )
         for t in self.threads:
             t.start()
 
@@ -152,8 +172,15 @@ class Load:
         client = self.client
         while not self.stop_workers.is_set():
             try:
-                reply = client.call("lease", worker=name, queues=[self.queue], max_tasks=self.lease_max,
-                                    lease_ms=60_000, wait_ms=200, timeout=30)
+                reply = client.call(
+                    "lease",
+                    worker=name,
+                    queues=[self.queue],
+                    max_tasks=self.lease_max,
+                    lease_ms=60_000,
+                    wait_ms=200,
+                    timeout=30,
+                )
             except Exception as exc:  # noqa: BLE001
                 self._error("lease", exc)
                 time.sleep(0.05)
@@ -164,8 +191,9 @@ class Load:
                 self.empty_leases.add(1)
                 continue
             try:
-                results = client.complete_many([{"task_id": t["task_id"], "attempt": t["attempt"], "result": b"ok"}
-                                                for t in tasks])
+                results = client.complete_many(
+                    [{"task_id": t["task_id"], "attempt": t["attempt"], "result": b"ok"} for t in tasks]
+                )
             except Exception as exc:  # noqa: BLE001
                 self._error("complete", exc)
             else:
@@ -183,7 +211,9 @@ class Load:
             self.client.close()
 
 
-def single_submit_phase(bc: BenchCluster, queue: str, seconds: float, payload: bytes) -> tuple[list[float], int]:
+def single_submit_phase(
+    bc: BenchCluster, queue: str, seconds: float, payload: bytes
+) -> tuple[list[float], int]:
     """One thread, one task per ``submit``: the latency a non-batching caller sees."""
     latencies: list[float] = []
     errors = 0
@@ -224,17 +254,41 @@ def _watched_pids(bc: BenchCluster) -> dict[str, int]:
 
 def _start_profiler(pid: int, seconds: float, out: str) -> subprocess.Popen:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    cmd = [pyspy, "record", "--format", "raw", "-d", str(max(1, int(seconds))), "-r", "200",
-           "--idle", "--threads", "--nonblocking", "-o", out, "--pid", str(pid)]
+    cmd = [
+        pyspy,
+        "record",
+        "--format",
+        "raw",
+        "-d",
+        str(max(1, int(seconds))),
+        "-r",
+        "200",
+        "--idle",
+        "--threads",
+        "--nonblocking",
+        "-o",
+        out,
+        "--pid",
+        str(pid),
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: int = DEFAULTS["workers"],
-        batch: int = DEFAULTS["batch"], lease_max: int = DEFAULTS["lease_max"],
-        payload_size: int = DEFAULTS["payload_size"], max_backlog: int = DEFAULTS["max_backlog"],
-        zk: str | None = None, cluster: str | None = None, profile: str | None = None,
-        single_seconds: float | None = None, progress: Callable[[str], None] | None = None,
-        secure: bool = False) -> dict:
+def run(
+    seconds: float = 10.0,
+    producers: int = DEFAULTS["producers"],
+    workers: int = DEFAULTS["workers"],
+    batch: int = DEFAULTS["batch"],
+    lease_max: int = DEFAULTS["lease_max"],
+    payload_size: int = DEFAULTS["payload_size"],
+    max_backlog: int = DEFAULTS["max_backlog"],
+    zk: str | None = None,
+    cluster: str | None = None,
+    profile: str | None = None,
+    single_seconds: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    secure: bool = False,
+) -> dict:
     """Run the benchmark (see the module docstring); return the result dict."""
     progress = progress or (lambda _msg: None)
     if seconds <= 0 or producers < 1 or workers < 1 or not 1 <= batch <= 1000 or not 1 <= lease_max <= 1000:
@@ -242,8 +296,10 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     single_s = max(2.0, seconds / 4) if single_seconds is None else single_seconds
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    with BenchCluster(zk=zk, cluster=cluster, progress=progress, secure=secure) as bc, \
-            LedgerCounters(bc.zk, bc.cluster) as counters:
+    with (
+        BenchCluster(zk=zk, cluster=cluster, progress=progress, secure=secure) as bc,
+        LedgerCounters(bc.zk, bc.cluster) as counters,
+    ):
         pids = _watched_pids(bc)
         load = Load(bc, queue, producers, workers, batch, lease_max, payload_size, max_backlog)
         prof = None
@@ -281,12 +337,16 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
         for name in pids:
             if cpu0.get(name) is not None and cpu1.get(name) is not None and completed:
                 cpu_per_1k[name] = round((cpu1[name] - cpu0[name]) * 1000 / completed * 1000, 1)
-        cpu_busy = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2)
-                    for name in [*pids, "machine"] if cpu0.get(name) is not None and cpu1.get(name) is not None}
+        cpu_busy = {
+            name: round((cpu1[name] - cpu0[name]) / elapsed, 2)
+            for name in [*pids, "machine"]
+            if cpu0.get(name) is not None and cpu1.get(name) is not None
+        }
         if "machine" in cpu_busy:
             # Anything else running on the machine (another benchmark...) makes these figures unreliable.
-            cpu_busy["others"] = round(max(0.0, cpu_busy["machine"] - sum(v for k, v in cpu_busy.items()
-                                                                           if k != "machine")), 2)
+            cpu_busy["others"] = round(
+                max(0.0, cpu_busy["machine"] - sum(v for k, v in cpu_busy.items() if k != "machine")), 2
+            )
         single_summary = latency_summary(single)
         batch_summary = latency_summary(batch_lat)
         result = {
@@ -318,7 +378,9 @@ def run(seconds: float = 10.0, producers: int = DEFAULTS["producers"], workers: 
             "cpu_cores_busy": cpu_busy,
             "single_latency": single_summary,
             "batch_latency": batch_summary,
-            "cluster": "private (3 bookies fsync on, 3 brokers)" if not bc.external else f"cluster {bc.cluster}",
+            "cluster": "private (3 bookies fsync on, 3 brokers)"
+            if not bc.external
+            else f"cluster {bc.cluster}",
             "secure": secure,
             "cluster_up_s": round(bc.up_s, 1) if bc.up_s is not None else None,
             "started_at": started_at,
@@ -336,11 +398,15 @@ def secure_cost(measure: Callable[[bool], dict]) -> dict:
     plain = measure(False)
     result = measure(True)
     result["plain_tasks_per_s"] = plain["tasks_per_s"]
-    result["secure_cost_pct"] = round(100.0 * (1 - result["tasks_per_s"] / plain["tasks_per_s"]), 1) \
-        if plain["tasks_per_s"] else None
+    result["secure_cost_pct"] = (
+        round(100.0 * (1 - result["tasks_per_s"] / plain["tasks_per_s"]), 1) if plain["tasks_per_s"] else None
+    )
     result["targets"]["secure_cost_pct"] = SECURE_COST_TARGET_PCT
-    result["targets_met"] = (result["targets_met"] and result["secure_cost_pct"] is not None
-                             and result["secure_cost_pct"] <= SECURE_COST_TARGET_PCT)
+    result["targets_met"] = (
+        result["targets_met"]
+        and result["secure_cost_pct"] is not None
+        and result["secure_cost_pct"] <= SECURE_COST_TARGET_PCT
+    )
     return result
 
 
@@ -348,26 +414,61 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.tasks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--seconds", type=float, default=10.0, help="throughput phase length (default 10)")
-    parser.add_argument("--producers", type=int, default=DEFAULTS["producers"],
-                        help=f"submit_many threads (default {DEFAULTS['producers']})")
-    parser.add_argument("--workers", type=int, default=DEFAULTS["workers"],
-                        help=f"lease/complete threads (default {DEFAULTS['workers']})")
-    parser.add_argument("--batch", type=int, default=DEFAULTS["batch"],
-                        help=f"tasks per submit_many (default {DEFAULTS['batch']})")
-    parser.add_argument("--lease-max", type=int, default=DEFAULTS["lease_max"],
-                        help=f"max_tasks per lease (default {DEFAULTS['lease_max']})")
-    parser.add_argument("--payload-size", type=int, default=DEFAULTS["payload_size"],
-                        help=f"payload bytes (default {DEFAULTS['payload_size']})")
-    parser.add_argument("--max-backlog", type=int, default=DEFAULTS["max_backlog"],
-                        help=f"producers pause above this many waiting tasks (default {DEFAULTS['max_backlog']})")
-    parser.add_argument("--single-seconds", type=float, default=None,
-                        help="single-submit phase length (default max(2, seconds/4))")
-    parser.add_argument("--profile", default=None, metavar="FILE",
-                        help="py-spy record (raw format) the leader during the throughput phase into FILE")
+    parser.add_argument(
+        "--producers",
+        type=int,
+        default=DEFAULTS["producers"],
+        help=f"submit_many threads (default {DEFAULTS['producers']})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULTS["workers"],
+        help=f"lease/complete threads (default {DEFAULTS['workers']})",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=DEFAULTS["batch"],
+        help=f"tasks per submit_many (default {DEFAULTS['batch']})",
+    )
+    parser.add_argument(
+        "--lease-max",
+        type=int,
+        default=DEFAULTS["lease_max"],
+        help=f"max_tasks per lease (default {DEFAULTS['lease_max']})",
+    )
+    parser.add_argument(
+        "--payload-size",
+        type=int,
+        default=DEFAULTS["payload_size"],
+        help=f"payload bytes (default {DEFAULTS['payload_size']})",
+    )
+    parser.add_argument(
+        "--max-backlog",
+        type=int,
+        default=DEFAULTS["max_backlog"],
+        help=f"producers pause above this many waiting tasks (default {DEFAULTS['max_backlog']})",
+    )
+    parser.add_argument(
+        "--single-seconds",
+        type=float,
+        default=None,
+        help="single-submit phase length (default max(2, seconds/4))",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="py-spy record (raw format) the leader during the throughput phase into FILE",
+    )
     parser.add_argument("--zk", default=None, help="use this ZooKeeper's cluster instead of a private one")
     parser.add_argument("--cluster", default=None, help="cluster name (with --zk)")
-    parser.add_argument("--secure", action="store_true",
-                        help="run on a plain then a secure private cluster: report secure_cost_pct")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="run on a plain then a secure private cluster: report secure_cost_pct",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
     if (args.zk is None) != (args.cluster is None):
@@ -378,14 +479,38 @@ def main(argv: list[str] | None = None) -> int:
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
 
     def measure(secure: bool = False) -> dict:
-        return run(seconds=args.seconds, producers=args.producers, workers=args.workers, batch=args.batch,
-                   lease_max=args.lease_max, payload_size=args.payload_size, max_backlog=args.max_backlog,
-                   zk=args.zk, cluster=args.cluster, profile=args.profile, single_seconds=args.single_seconds,
-                   progress=progress, secure=secure)
+        return run(
+            seconds=args.seconds,
+            producers=args.producers,
+            workers=args.workers,
+            batch=args.batch,
+            lease_max=args.lease_max,
+            payload_size=args.payload_size,
+            max_backlog=args.max_backlog,
+            zk=args.zk,
+            cluster=args.cluster,
+            profile=args.profile,
+            single_seconds=args.single_seconds,
+            progress=progress,
+            secure=secure,
+        )
 
-    return finish("tasks", (lambda: secure_cost(measure)) if args.secure else measure, args.json,
-                  {**LABELS, **({"plain_tasks_per_s": "plain cluster throughput (tasks/s)",
-                                 "secure_cost_pct": "secure: fewer tasks/s than plain (%)"} if args.secure else {})})
+    return finish(
+        "tasks",
+        (lambda: secure_cost(measure)) if args.secure else measure,
+        args.json,
+        {
+            **LABELS,
+            **(
+                {
+                    "plain_tasks_per_s": "plain cluster throughput (tasks/s)",
+                    "secure_cost_pct": "secure: fewer tasks/s than plain (%)",
+                }
+                if args.secure
+                else {}
+            ),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 The client lives in :mod:`broker.api.aio`; this module re-exports it (a plain
 module, safe to import from several threads at once).
 """
+
 from broker.api.aio import AsyncClient
 
 __all__ = ["AsyncClient"]

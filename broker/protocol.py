@@ -86,6 +86,7 @@ Example::
     req = check_request({"op": "submit", "queue": "mail", "payload": b"x"}, max_payload=1 << 20)
     events = request_events(req, now_ms=1000, new_id=lambda: "t1")
 """
+
 from __future__ import annotations
 
 import re
@@ -107,10 +108,32 @@ from broker.state.listing import BadCursor, decode_cursor
 from election.wire import CodedError, shown
 from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 
-OPS = frozenset({"ping", "submit", "submit_many", "get", "cancel", "lease", "heartbeat", "heartbeat_many",
-                 "complete", "complete_many", "fail", "status", "snapshot_info", "snapshot_chunk",
-                 "cluster_shutdown", "declare_queue", "list_tasks", "list_queues", "list_workers", "retry_task",
-                 "purge_queue", "requeue_dead"})
+OPS = frozenset(
+    {
+        "ping",
+        "submit",
+        "submit_many",
+        "get",
+        "cancel",
+        "lease",
+        "heartbeat",
+        "heartbeat_many",
+        "complete",
+        "complete_many",
+        "fail",
+        "status",
+        "snapshot_info",
+        "snapshot_chunk",
+        "cluster_shutdown",
+        "declare_queue",
+        "list_tasks",
+        "list_queues",
+        "list_workers",
+        "retry_task",
+        "purge_queue",
+        "requeue_dead",
+    }
+)
 # Reads the leader answers from its store (also while a cluster shutdown refuses writes).
 LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers"})
 # Ops whose requests name a worker: the leader notes that it was seen (broker/server/leading/housekeeping.py).
@@ -171,8 +194,15 @@ K_WAIT = K_DELAY
 K_OFFSET = _kind("TaskSubmitted", "now_ms")
 
 
-def _field(msg: dict, name: str, kind: str, default: Any = _REQUIRED, lo: int | None = None,
-           hi: int | None = None, code: str = E_BAD_REQUEST) -> Any:
+def _field(
+    msg: dict,
+    name: str,
+    kind: str,
+    default: Any = _REQUIRED,
+    lo: int | None = None,
+    hi: int | None = None,
+    code: str = E_BAD_REQUEST,
+) -> Any:
     """``msg[name]`` checked against an event field kind, then the protocol's narrower ``lo``/``hi``."""
     value = msg.get(name)
     if value is None:  # absent and null are the same: the default applies
@@ -188,16 +218,20 @@ def _field(msg: dict, name: str, kind: str, default: Any = _REQUIRED, lo: int | 
 
 def check_queue(name: Any) -> str:
     if not check_value(K_QUEUE, name) or not QUEUE_NAME.match(name):
-        raise RequestError(E_INVALID_QUEUE, f"invalid queue name {shown(name)}: use 1-128 letters, digits, "
-                                            "'_', '.', ':' or '-', starting with a letter or digit")
+        raise RequestError(
+            E_INVALID_QUEUE,
+            f"invalid queue name {shown(name)}: use 1-128 letters, digits, "
+            "'_', '.', ':' or '-', starting with a letter or digit",
+        )
     return name
 
 
 def _bounded_bytes(msg: dict, name: str, max_payload: int, required: bool) -> bytes | None:
     value = _field(msg, name, K_PAYLOAD, _REQUIRED if required else None)
     if value is not None and len(value) > max_payload:
-        raise RequestError(E_PAYLOAD_TOO_LARGE,
-                           f"{name} of {len(value)} bytes exceeds max_payload_bytes={max_payload}")
+        raise RequestError(
+            E_PAYLOAD_TOO_LARGE, f"{name} of {len(value)} bytes exceeds max_payload_bytes={max_payload}"
+        )
     return value
 
 
@@ -247,9 +281,12 @@ def _check_queues(msg: dict) -> list[str]:
 
 
 def _check_lease(msg: dict) -> dict:
-    return {"worker": _field(msg, "worker", K_WORKER), "queues": _check_queues(msg),
-            "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
-            "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
+    return {
+        "worker": _field(msg, "worker", K_WORKER),
+        "queues": _check_queues(msg),
+        "max_tasks": _field(msg, "max_tasks", K_MAX_TASKS, 1, 1, MAX_LEASE_TASKS),
+        "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40),
+    }
 
 
 def _check_lease_part(lease: Any) -> dict | None:
@@ -277,45 +314,69 @@ def check_request(msg: dict, max_payload: int) -> dict:
     if op in ("ping", "status", "snapshot_info"):
         return {"op": op}
     if op == "snapshot_chunk":
-        return {"op": op, "name": _field(msg, "name", K_TASK_ID),
-                "offset": _field(msg, "offset", K_OFFSET, None, 0, MAX_SNAPSHOT_OFFSET),
-                "length": _field(msg, "length", K_OFFSET, None, 1, MAX_CHUNK)}
+        return {
+            "op": op,
+            "name": _field(msg, "name", K_TASK_ID),
+            "offset": _field(msg, "offset", K_OFFSET, None, 0, MAX_SNAPSHOT_OFFSET),
+            "length": _field(msg, "length", K_OFFSET, None, 1, MAX_CHUNK),
+        }
     if op == "submit":
         return {"op": op, **check_submit(msg, max_payload)}
     if op == "submit_many":
-        return {"op": op, "tasks": _check_items(msg, "submits", lambda t: check_submit(t, max_payload)),
-                "each": _field(msg, "each", K_RETRY, False)}
+        return {
+            "op": op,
+            "tasks": _check_items(msg, "submits", lambda t: check_submit(t, max_payload)),
+            "each": _field(msg, "each", K_RETRY, False),
+        }
     if op in ("get", "cancel"):
         return {"op": op, "task_id": _field(msg, "task_id", K_TASK_ID)}
     if op == "cluster_shutdown":
         return {"op": op, "shutdown_id": _field(msg, "shutdown_id", K_SHUTDOWN_ID)}
     if op == "declare_queue":
-        return {"op": op, "queue": check_queue(msg.get("queue")),
-                "max_attempts": _field(msg, "max_attempts", K_MAX_ATTEMPTS, None, 1, MAX_ATTEMPTS),
-                "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
-                "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
-                "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
-                "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
-                "result_ttl_ms": _field(msg, "result_ttl_ms", K_TTL, None, 0, MAX_SPAN_MS)}
+        return {
+            "op": op,
+            "queue": check_queue(msg.get("queue")),
+            "max_attempts": _field(msg, "max_attempts", K_MAX_ATTEMPTS, None, 1, MAX_ATTEMPTS),
+            "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
+            "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
+            "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
+            "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
+            "result_ttl_ms": _field(msg, "result_ttl_ms", K_TTL, None, 0, MAX_SPAN_MS),
+        }
     if op in _OPERATOR_CHECKS:
         return {"op": op, **_OPERATOR_CHECKS[op](msg)}
     if op == "lease":
         return {"op": op, **_check_lease(msg), "wait_ms": _field(msg, "wait_ms", K_WAIT, 0, 0, MAX_WAIT_MS)}
     if op == "complete_many":
-        return {"op": op, "tasks": _check_items(msg, "completions", lambda t: _check_completion(t, max_payload)),
-                "lease": _check_lease_part(msg.get("lease"))}
+        return {
+            "op": op,
+            "tasks": _check_items(msg, "completions", lambda t: _check_completion(t, max_payload)),
+            "lease": _check_lease_part(msg.get("lease")),
+        }
     if op == "heartbeat":
-        return {"op": op, **_check_attempt(msg), "worker": _field(msg, "worker", K_WORKER),
-                "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
+        return {
+            "op": op,
+            **_check_attempt(msg),
+            "worker": _field(msg, "worker", K_WORKER),
+            "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40),
+        }
     if op == "heartbeat_many":
-        return {"op": op, "worker": _field(msg, "worker", K_WORKER),
-                "tasks": _check_items(msg, "leases", _check_attempt),
-                "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40)}
+        return {
+            "op": op,
+            "worker": _field(msg, "worker", K_WORKER),
+            "tasks": _check_items(msg, "leases", _check_attempt),
+            "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40),
+        }
     if op == "complete":
         return {"op": op, **_check_completion(msg, max_payload)}
     if op == "fail":
-        return {"op": op, **_check_attempt(msg), "error": _check_error_text(msg),
-                "retry": _field(msg, "retry", K_RETRY, True), "reject": _field(msg, "reject", K_RETRY, False)}
+        return {
+            "op": op,
+            **_check_attempt(msg),
+            "error": _check_error_text(msg),
+            "retry": _field(msg, "retry", K_RETRY, True),
+            "reject": _field(msg, "reject", K_RETRY, False),
+        }
     raise RequestError(E_BAD_REQUEST, f"operation {op!r} is not handled")
 
 
@@ -333,33 +394,47 @@ def _check_list_tasks(msg: dict) -> dict:
             decode_cursor(after)
         except BadCursor as exc:
             raise RequestError(E_BAD_REQUEST, f"after: {exc}") from None
-    return {"queue": _optional_queue(msg), "state": state, "after": after,
-            "limit": _field(msg, "limit", K_LIMIT, DEFAULT_LIST_TASKS, 1, MAX_LIST_TASKS)}
+    return {
+        "queue": _optional_queue(msg),
+        "state": state,
+        "after": after,
+        "limit": _field(msg, "limit", K_LIMIT, DEFAULT_LIST_TASKS, 1, MAX_LIST_TASKS),
+    }
 
 
 def _check_purge(msg: dict) -> dict:
-    req = {"queue": check_queue(msg.get("queue")), "states": _field(msg, "states", K_STATES),
-           "older_than_ms": _field(msg, "older_than_ms", K_TTL, None, 0, MAX_SPAN_MS),
-           "before_ms": _field(msg, "before_ms", K_BEFORE, None),
-           "limit": _field(msg, "limit", K_LIMIT, DEFAULT_PURGE, 1, MAX_PURGE)}
+    req = {
+        "queue": check_queue(msg.get("queue")),
+        "states": _field(msg, "states", K_STATES),
+        "older_than_ms": _field(msg, "older_than_ms", K_TTL, None, 0, MAX_SPAN_MS),
+        "before_ms": _field(msg, "before_ms", K_BEFORE, None),
+        "limit": _field(msg, "limit", K_LIMIT, DEFAULT_PURGE, 1, MAX_PURGE),
+    }
     if req["older_than_ms"] is not None and req["before_ms"] is not None:
         raise RequestError(E_BAD_REQUEST, "give older_than_ms or before_ms, not both")
     if WAITING in req["states"] and (req["older_than_ms"] is not None or req["before_ms"] is not None):
-        raise RequestError(E_BAD_REQUEST, "waiting tasks are purged whatever their age: "
-                                          "older_than_ms and before_ms apply to finished tasks only")
+        raise RequestError(
+            E_BAD_REQUEST,
+            "waiting tasks are purged whatever their age: "
+            "older_than_ms and before_ms apply to finished tasks only",
+        )
     return req
 
 
 _OPERATOR_CHECKS: dict[str, Callable[[dict], dict]] = {
     "list_tasks": _check_list_tasks,
     "list_queues": lambda msg: {},
-    "list_workers": lambda msg: {"after": _field(msg, "after", K_WORKER, None),
-                                 "limit": _field(msg, "limit", K_LIMIT, MAX_LIST_WORKERS, 1, MAX_LIST_WORKERS)},
+    "list_workers": lambda msg: {
+        "after": _field(msg, "after", K_WORKER, None),
+        "limit": _field(msg, "limit", K_LIMIT, MAX_LIST_WORKERS, 1, MAX_LIST_WORKERS),
+    },
     "retry_task": lambda msg: {"task_id": _field(msg, "task_id", K_TASK_ID)},
     "purge_queue": _check_purge,
-    "requeue_dead": lambda msg: {"queue": check_queue(msg.get("queue")),
-                                 "before_ms": _field(msg, "before_ms", K_BEFORE, None),
-                                 "limit": _field(msg, "limit", K_LIMIT, DEFAULT_PURGE, 1, MAX_PURGE)},
+    "requeue_dead": lambda msg: {
+        "queue": check_queue(msg.get("queue")),
+        "before_ms": _field(msg, "before_ms", K_BEFORE, None),
+        "limit": _field(msg, "limit", K_LIMIT, DEFAULT_PURGE, 1, MAX_PURGE),
+    },
 }
 
 
@@ -369,31 +444,63 @@ def _purged(req: dict, now_ms: int) -> dict:
     before = req["before_ms"]
     if before is None and WAITING not in req["states"]:
         before = max(0, now_ms - req["older_than_ms"]) if req["older_than_ms"] is not None else now_ms + 1
-    return {"type": "TasksPurged", "queue": req["queue"], "states": req["states"], "before_ms": before,
-            "limit": req["limit"], "now_ms": now_ms}
+    return {
+        "type": "TasksPurged",
+        "queue": req["queue"],
+        "states": req["states"],
+        "before_ms": before,
+        "limit": req["limit"],
+        "now_ms": now_ms,
+    }
 
 
 def _submitted(sub: dict, now_ms: int, new_id: Callable[[], str]) -> dict:
-    return {"type": "TaskSubmitted", "task_id": new_id(), "queue": sub["queue"], "payload": sub["payload"],
-            "key": sub["key"], "priority": sub["priority"], "delay_ms": sub["delay_ms"],
-            "max_attempts": sub["max_attempts"], "max_run_ms": sub["max_run_ms"],
-            "retry_backoff_ms": sub["retry_backoff_ms"], "retry_backoff_max_ms": sub["retry_backoff_max_ms"],
-            "now_ms": now_ms}
+    return {
+        "type": "TaskSubmitted",
+        "task_id": new_id(),
+        "queue": sub["queue"],
+        "payload": sub["payload"],
+        "key": sub["key"],
+        "priority": sub["priority"],
+        "delay_ms": sub["delay_ms"],
+        "max_attempts": sub["max_attempts"],
+        "max_run_ms": sub["max_run_ms"],
+        "retry_backoff_ms": sub["retry_backoff_ms"],
+        "retry_backoff_max_ms": sub["retry_backoff_max_ms"],
+        "now_ms": now_ms,
+    }
 
 
 def _completed(item: dict, now_ms: int) -> dict:
-    return {"type": "TaskCompleted", "task_id": item["task_id"], "attempt": item["attempt"],
-            "result": item["result"], "now_ms": now_ms}
+    return {
+        "type": "TaskCompleted",
+        "task_id": item["task_id"],
+        "attempt": item["attempt"],
+        "result": item["result"],
+        "now_ms": now_ms,
+    }
 
 
 def _leased(lease: dict, now_ms: int) -> dict:
-    return {"type": "TaskLeased", "worker": lease["worker"], "queues": lease["queues"],
-            "max_tasks": lease["max_tasks"], "lease_ms": lease["lease_ms"], "now_ms": now_ms}
+    return {
+        "type": "TaskLeased",
+        "worker": lease["worker"],
+        "queues": lease["queues"],
+        "max_tasks": lease["max_tasks"],
+        "lease_ms": lease["lease_ms"],
+        "now_ms": now_ms,
+    }
 
 
 def _extended(req: dict, item: dict, now_ms: int) -> dict:
-    return {"type": "LeaseExtended", "task_id": item["task_id"], "attempt": item["attempt"],
-            "worker": req["worker"], "lease_ms": req["lease_ms"], "now_ms": now_ms}
+    return {
+        "type": "LeaseExtended",
+        "task_id": item["task_id"],
+        "attempt": item["attempt"],
+        "worker": req["worker"],
+        "lease_ms": req["lease_ms"],
+        "now_ms": now_ms,
+    }
 
 
 def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[dict]:
@@ -419,9 +526,18 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         return [_completed(item, now_ms) for item in req["tasks"]] + lease
     if op == "fail":
         # retry_delay_ms: the leader's backoff stamp (broker/server/leading/retry_stamp.py), 0 if none.
-        return [{"type": "TaskFailed", "task_id": req["task_id"], "attempt": req["attempt"],
-                 "error": req["error"], "retry": req["retry"], "reject": req["reject"],
-                 "retry_delay_ms": req.get("retry_delay_ms", 0), "now_ms": now_ms}]
+        return [
+            {
+                "type": "TaskFailed",
+                "task_id": req["task_id"],
+                "attempt": req["attempt"],
+                "error": req["error"],
+                "retry": req["retry"],
+                "reject": req["reject"],
+                "retry_delay_ms": req.get("retry_delay_ms", 0),
+                "now_ms": now_ms,
+            }
+        ]
     if op == "cluster_shutdown":
         return [{"type": "ClusterShutdown", "shutdown_id": req["shutdown_id"], "now_ms": now_ms}]
     if op == "declare_queue":
@@ -432,8 +548,16 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         return [_purged(req, now_ms)]
     if op == "requeue_dead":
         before = req["before_ms"] if req["before_ms"] is not None else now_ms + 1
-        return [{"type": "TasksRequeued", "queue": req["queue"], "states": [DEAD], "before_ms": before,
-                 "limit": req["limit"], "now_ms": now_ms}]
+        return [
+            {
+                "type": "TasksRequeued",
+                "queue": req["queue"],
+                "states": [DEAD],
+                "before_ms": before,
+                "limit": req["limit"],
+                "now_ms": now_ms,
+            }
+        ]
     raise RequestError(E_BAD_REQUEST, f"{op} is not a write")
 
 
@@ -448,11 +572,18 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
         leased = results[done].get("tasks", []) if len(results) > done else []
         return {**reply_fields({"op": op, "tasks": req["tasks"]}, results[:done]), "tasks": leased}
     if op in ("complete_many", "heartbeat_many"):
-        return {"results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]}
+        return {
+            "results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]
+        }
     if op == "submit_many" and req.get("each"):
-        return {"results": [{"ok": True, "task_id": res["task_id"]} if res.get("ok") else
-                            {"ok": False, "error": res.get("error", E_INTERNAL), "message": res.get("message", "")}
-                            for res in results]}
+        return {
+            "results": [
+                {"ok": True, "task_id": res["task_id"]}
+                if res.get("ok")
+                else {"ok": False, "error": res.get("error", E_INTERNAL), "message": res.get("message", "")}
+                for res in results
+            ]
+        }
     if op == "submit_many":
         for res in results:
             if not res.get("ok"):
@@ -472,8 +603,12 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
     if op == "fail":
         return {name: res.get(name) for name in ("will_retry", "retry_at_ms", "retry_delay_ms")}
     if op == "retry_task":
-        return {"task_id": res["task_id"], "state": res["state"], "attempt": res["attempt"],
-                "duplicate": bool(res.get("duplicate"))}
+        return {
+            "task_id": res["task_id"],
+            "state": res["state"],
+            "attempt": res["attempt"],
+            "duplicate": bool(res.get("duplicate")),
+        }
     if op == "purge_queue":
         return {"purged": res["purged"], "more": res["more"], "before_ms": res["before_ms"]}
     if op == "requeue_dead":

@@ -14,6 +14,7 @@ Example::
     report = ChaosRun(ChaosConfig(seconds=60, seed=7)).run()
     report["anomalies"]          # [] when the cluster kept every promise
 """
+
 from __future__ import annotations
 
 import logging
@@ -94,7 +95,9 @@ class ChaosRun:
         run_dir.mkdir(parents=True, exist_ok=True)
         dev = DevCluster(run_dir)
         if dev.running():
-            raise ChaosError(f"a dev cluster already runs in {run_dir}: give the chaos run a directory of its own")
+            raise ChaosError(
+                f"a dev cluster already runs in {run_dir}: give the chaos run a directory of its own"
+            )
         faults = S.plan(self.seed, cfg.seconds)
         producers = workers = disks = faulting = None
         stop = threading.Event()
@@ -103,8 +106,10 @@ class ChaosRun:
         try:
             disks, reason = DiskFiller.prepare(dev, cfg.bookies)
             skip = {} if disks else {S.FILL_DISK: reason}
-            state = dev.up(DevClusterSpec(cluster=CLUSTER, bookies=cfg.bookies, brokers=cfg.brokers,
-                                          session_files=True), progress=self.progress)
+            state = dev.up(
+                DevClusterSpec(cluster=CLUSTER, bookies=cfg.bookies, brokers=cfg.brokers, session_files=True),
+                progress=self.progress,
+            )
             zk = state["zk"]
             with Client(zk=zk, cluster=CLUSTER, timeout=60) as client:
                 client.status()
@@ -159,7 +164,9 @@ class ChaosRun:
         return report
 
     # ------------------------------------------------------------ during the run
-    def _monitor(self, dev: DevCluster, injector: Injector, workers: WorkerPool, stop: threading.Event) -> None:
+    def _monitor(
+        self, dev: DevCluster, injector: Injector, workers: WorkerPool, stop: threading.Event
+    ) -> None:
         """Find processes that died without a fault, record them, and start them again."""
         while not stop.wait(MONITOR_EVERY_S):
             try:
@@ -180,8 +187,12 @@ class ChaosRun:
             injector.revive(member)
         for name in workers.names:
             pid = workers.pid(name)
-            if injector.busy(name) or workers.exit_code(name) is None or injector.killed_pid(pid) \
-                    or pid in self._seen_dead:
+            if (
+                injector.busy(name)
+                or workers.exit_code(name) is None
+                or injector.killed_pid(pid)
+                or pid in self._seen_dead
+            ):
                 continue
             self._seen_dead.add(pid)
             self.deaths.append({"member": name, "exit_code": workers.exit_code(name)})
@@ -196,17 +207,20 @@ class ChaosRun:
             except ClientError as exc:
                 obs.settle_problem = f"no leader after the load: {exc}"
                 return self._finish(obs, dev, injector)
-            ids = sorted({s.task_id for s in history.submits if s.ok} | {c.task_id for c in history.completions})
+            ids = sorted(
+                {s.task_id for s in history.submits if s.ok} | {c.task_id for c in history.completions}
+            )
             with ThreadPoolExecutor(LOOKUP_THREADS) as pool:
                 for task_id, task in zip(ids, pool.map(lambda t: self._lookup(client, t), ids)):
                     if task is not False:
                         obs.tasks[task_id] = task
             keys = list(dict.fromkeys(s.key for s in history.submits))
             for start in range(0, len(keys), RESUBMIT_CHUNK):
-                chunk = keys[start:start + RESUBMIT_CHUNK]
+                chunk = keys[start : start + RESUBMIT_CHUNK]
                 try:
-                    ids = client.submit_many([{"queue": QUEUE, "payload": payload_for(k).encode(), "key": k}
-                                              for k in chunk])
+                    ids = client.submit_many(
+                        [{"queue": QUEUE, "payload": payload_for(k).encode(), "key": k} for k in chunk]
+                    )
                 except ClientError as exc:
                     log.warning("resubmitting %d keys failed: %s", len(chunk), exc)
                     continue
@@ -226,8 +240,11 @@ class ChaosRun:
             log.warning("cannot look up %s: %s", task_id, exc)
             return False
         payload = task.get("payload")
-        return {"queue": task.get("queue"), "state": task.get("state"),
-                "payload": payload.decode(errors="replace") if isinstance(payload, bytes) else payload}
+        return {
+            "queue": task.get("queue"),
+            "state": task.get("state"),
+            "payload": payload.decode(errors="replace") if isinstance(payload, bytes) else payload,
+        }
 
     def _finish(self, obs: Observed, dev: DevCluster, injector: Injector) -> Observed:
         obs.settled, problem, obs.brokers = self._settle(dev)
@@ -237,8 +254,13 @@ class ChaosRun:
                 text = Path(member["log"]).read_text(errors="replace")
                 obs.log_lines += [[injector.name_of(member), line] for line in crash_lines(text)]
         obs.deaths = self.deaths + injector.restart_failures
-        self.notes = [note for member in dev.read_state()["processes"] if member["kind"] == "bookie"
-                      for note in [log_note(injector.name_of(member), Path(member["log"]))] if note]
+        self.notes = [
+            note
+            for member in dev.read_state()["processes"]
+            if member["kind"] == "bookie"
+            for note in [log_note(injector.name_of(member), Path(member["log"]))]
+            if note
+        ]
         return obs
 
     def _settle(self, dev: DevCluster) -> tuple[bool, str, list[dict]]:
@@ -249,25 +271,44 @@ class ChaosRun:
             for member in dev.read_state()["processes"]:
                 if member["kind"] == "broker":
                     reply = ask(member["address"], "status", timeout=2.0) or {}
-                    brokers.append({"name": Injector.name_of(member), "role": reply.get("role"),
-                                    "position": reply.get("position"), "digest": reply.get("digest")})
+                    brokers.append(
+                        {
+                            "name": Injector.name_of(member),
+                            "role": reply.get("role"),
+                            "position": reply.get("position"),
+                            "digest": reply.get("digest"),
+                        }
+                    )
             leaders = [b for b in brokers if b["role"] == "leader"]
             positions = {tuple(b["position"]) if b["position"] else None for b in brokers}
             if len(leaders) == 1 and len(positions) == 1 and None not in positions:
                 return True, "", brokers
             if time.monotonic() > deadline:
-                seen = ", ".join(f"{b['name']} {b['role'] or 'unreachable'} at {b['position']}" for b in brokers)
+                seen = ", ".join(
+                    f"{b['name']} {b['role'] or 'unreachable'} at {b['position']}" for b in brokers
+                )
                 return False, f"after {self.config.settle_timeout_s:g}s: {seen}", brokers
             time.sleep(0.5)
 
-    def _report(self, history: History, injector: Injector, anomalies: list, faults: list[S.Fault],
-                skip: dict[str, str], started: float) -> dict:
+    def _report(
+        self,
+        history: History,
+        injector: Injector,
+        anomalies: list,
+        faults: list[S.Fault],
+        skip: dict[str, str],
+        started: float,
+    ) -> dict:
         events = sorted(injector.events, key=lambda e: e["seq"])
         injected = Counter(e["kind"] for e in events if e["injected"])
         not_injected = Counter(e["kind"] for e in events if not e["injected"])
         submits_ok = [s for s in history.submits if s.ok]
-        why_not = Counter((e["kind"], e["note"]) for e in events if not e["injected"] and e["kind"] not in skip)
-        notes = self.notes + [f"{kind} not injected ({n}): {why}" for (kind, why), n in sorted(why_not.items())]
+        why_not = Counter(
+            (e["kind"], e["note"]) for e in events if not e["injected"] and e["kind"] not in skip
+        )
+        notes = self.notes + [
+            f"{kind} not injected ({n}): {why}" for (kind, why), n in sorted(why_not.items())
+        ]
         return {
             "seed": self.seed,
             "seconds": self.config.seconds,
@@ -317,24 +358,34 @@ def log_note(name: str, path: Path) -> str:
     if not crashes:
         return ""
     errors = Counter(line.strip() for line in text.splitlines() if ERROR_LINE.match(line))
-    top = f"; most frequent: {errors.most_common(1)[0][0][:160]} ({errors.most_common(1)[0][1]})" if errors else ""
+    top = (
+        f"; most frequent: {errors.most_common(1)[0][0][:160]} ({errors.most_common(1)[0][1]})"
+        if errors
+        else ""
+    )
     return f"{name}: {len(crashes)} traceback/crash lines in its log{top}"
 
 
 def format_report(report: dict) -> str:
     """The human form of a report."""
     f, ops = report["faults"], report["operations"]
-    lines = [f"chaos run: seed {report['seed']}, {report['seconds']:g}s of faults, {report['duration_s']:g}s in all",
-             f"faults injected: {f['injected']} of {f['planned']} planned"]
+    lines = [
+        f"chaos run: seed {report['seed']}, {report['seconds']:g}s of faults, {report['duration_s']:g}s in all",
+        f"faults injected: {f['injected']} of {f['planned']} planned",
+    ]
     lines += [f"  {kind:<16}{n}" for kind, n in f["by_kind"].items()]
     if f["not_injected"]:
         lines.append("not injected: " + ", ".join(f"{k} {n}" for k, n in f["not_injected"].items()))
     lines += [f"skipped {kind}: {why}" for kind, why in f["skipped_kinds"].items()]
-    lines.append(f"submits: {ops['submits_ok']} ok, {ops['submits_failed']} failed ({ops['keys_acknowledged']} of "
-                 f"{ops['keys']} keys acknowledged); completions: {ops['completions_ok']} ok, "
-                 f"{ops['completions_refused']} refused")
-    lines.append(f"checked: {ops['tasks_checked']} tasks, {ops['keys_resubmitted']} keys resubmitted, "
-                 f"{ops['queue_total']} tasks in the queue")
+    lines.append(
+        f"submits: {ops['submits_ok']} ok, {ops['submits_failed']} failed ({ops['keys_acknowledged']} of "
+        f"{ops['keys']} keys acknowledged); completions: {ops['completions_ok']} ok, "
+        f"{ops['completions_refused']} refused"
+    )
+    lines.append(
+        f"checked: {ops['tasks_checked']} tasks, {ops['keys_resubmitted']} keys resubmitted, "
+        f"{ops['queue_total']} tasks in the queue"
+    )
     if report.get("poison_replies"):
         lines.append("poison replies: " + ", ".join(f"{k} {n}" for k, n in report["poison_replies"].items()))
     lines += [f"note: {note}" for note in report.get("notes", [])]

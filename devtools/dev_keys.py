@@ -15,6 +15,7 @@ Example::
     key_file = keys.add_member("bookie", "tcp://127.0.0.1:4181")
     args = keys.member_args(key_file)                     # ["--key-file", ..., "--keys-file", ...]
 """
+
 from __future__ import annotations
 
 import os

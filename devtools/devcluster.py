@@ -27,6 +27,7 @@ Example::
     with dev.locked():
         dev.down()
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -114,8 +115,10 @@ class DevClusterSpec:
         if self.wait_for < 0:
             raise DevClusterError("--wait-for must be >= 0")
         if self.brokers and self.ensemble_size is not None and self.ensemble_size > self.bookies:
-            raise DevClusterError(f"--ensemble-size {self.ensemble_size} needs at least that many bookies, "
-                                  f"not {self.bookies}: no leader could open a ledger")
+            raise DevClusterError(
+                f"--ensemble-size {self.ensemble_size} needs at least that many bookies, "
+                f"not {self.bookies}: no leader could open a ledger"
+            )
         return self
 
     def cluster_options(self) -> dict:
@@ -197,8 +200,10 @@ class DevCluster:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-                raise DevClusterError(f"another `fencepost dev` command (pid {holder}) is working on "
-                                      f"{self.run_dir}: wait for it to finish") from None
+                raise DevClusterError(
+                    f"another `fencepost dev` command (pid {holder}) is working on "
+                    f"{self.run_dir}: wait for it to finish"
+                ) from None
             os.ftruncate(fd, 0)
             os.write(fd, str(os.getpid()).encode())
             yield
@@ -220,8 +225,13 @@ class DevCluster:
         secret = self._secret(secret_file)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         zk_port = free_port()
-        state = {"cluster": spec.cluster, "zk": f"127.0.0.1:{zk_port}", "run_dir": str(self.run_dir),
-                 "zk_session_timeout": spec.zk_session_timeout, "processes": []}
+        state = {
+            "cluster": spec.cluster,
+            "zk": f"127.0.0.1:{zk_port}",
+            "run_dir": str(self.run_dir),
+            "zk_session_timeout": spec.zk_session_timeout,
+            "processes": [],
+        }
         if secret_file:
             state["secret_file"] = secret_file
         if spec.secure:
@@ -241,7 +251,9 @@ class DevCluster:
                 member = self._start_member(state, "bookie", index, list(spec.bookie_args))
                 progress(f"bookie {index} listening on {member['address']}")
             for index in range(spec.brokers):
-                member = self._start_member(state, "broker", index, broker_args, session_file=spec.session_files)
+                member = self._start_member(
+                    state, "broker", index, broker_args, session_file=spec.session_files
+                )
                 progress(f"broker {index} listening on {member['address']}")
         except Exception:
             self.down()
@@ -259,12 +271,19 @@ class DevCluster:
         with self._state_lock:
             state = self.read_state()
             if spec.cluster != state["cluster"]:
-                raise DevClusterError(f"{self.run_dir} holds cluster {state['cluster']!r}, not {spec.cluster!r}: "
-                                      f"give another --dev-dir")
-            stopped = [m for m in state["processes"]
-                       if not (pid_alive(m["pid"]) and owns(m["pid"], str(self.run_dir)))]
+                raise DevClusterError(
+                    f"{self.run_dir} holds cluster {state['cluster']!r}, not {spec.cluster!r}: "
+                    f"give another --dev-dir"
+                )
+            stopped = [
+                m
+                for m in state["processes"]
+                if not (pid_alive(m["pid"]) and owns(m["pid"], str(self.run_dir)))
+            ]
             if not stopped:
-                raise DevClusterError(f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first")
+                raise DevClusterError(
+                    f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first"
+                )
             if spec.wait_for:
                 for member in stopped:
                     if member["kind"] == "broker":
@@ -279,8 +298,7 @@ class DevCluster:
                 progress(self._init_cluster(state, spec, self._secret(secret_file), secret_file))
                 checked = True
             self.restart(member)
-            progress(f"{member_name(member)} restarted on {member['address']} "
-                     f"(data {member['data_dir']})")
+            progress(f"{member_name(member)} restarted on {member['address']} (data {member['data_dir']})")
         return self.read_state()
 
     @staticmethod
@@ -290,7 +308,9 @@ class DevCluster:
         except ElectionError as exc:
             raise DevClusterError(str(exc)) from None
 
-    def _init_cluster(self, state: dict, spec: DevClusterSpec, secret: bytes | None, secret_file: str | None) -> str:
+    def _init_cluster(
+        self, state: dict, spec: DevClusterSpec, secret: bytes | None, secret_file: str | None
+    ) -> str:
         """`cluster init` with the spec's options; an existing config is kept if the spec agrees with it."""
         from election.zk import close, connect
 
@@ -316,7 +336,9 @@ class DevCluster:
             # `dev up` again over the same directories: the cluster exists; keep it, if the flags agree.
             differences = option_differences(config, spec.cluster_options())
             if differences:
-                raise DevClusterError(f"cluster {spec.cluster} exists with other options: " + "; ".join(differences))
+                raise DevClusterError(
+                    f"cluster {spec.cluster} exists with other options: " + "; ".join(differences)
+                )
             try:
                 check_member_secret(config, secret, spec.cluster, source=secret_file or "--secret-file")
             except ElectionError as exc:
@@ -347,8 +369,15 @@ class DevCluster:
         server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))
         proc = server.start(log_file=self.run_dir / "zookeeper.log", die_with_parent=self.private)
         self._popens[proc.pid] = proc
-        state["processes"].append({"kind": "zookeeper", "pid": proc.pid, "address": state["zk"],
-                                   "data_dir": str(data), "log": str(self.run_dir / "zookeeper.log")})
+        state["processes"].append(
+            {
+                "kind": "zookeeper",
+                "pid": proc.pid,
+                "address": state["zk"],
+                "data_dir": str(data),
+                "log": str(self.run_dir / "zookeeper.log"),
+            }
+        )
         self.write_state(state)
 
     def restart(self, member: dict, wait: bool = True) -> dict:
@@ -360,15 +389,27 @@ class DevCluster:
             state = self.read_state()
             if not state:
                 raise DevClusterError(f"no dev cluster recorded in {self.run_dir}")
-            current = next((m for m in state["processes"] if m["kind"] == member["kind"]
-                            and m.get("index") == member.get("index")), None)
+            current = next(
+                (
+                    m
+                    for m in state["processes"]
+                    if m["kind"] == member["kind"] and m.get("index") == member.get("index")
+                ),
+                None,
+            )
             if current is None:
-                raise DevClusterError(f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}")
+                raise DevClusterError(
+                    f"{member['kind']} {member.get('index')} is not recorded in {self.state_path}"
+                )
             if pid_alive(current["pid"]) and owns(current["pid"], str(self.run_dir)):
-                raise DevClusterError(f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})")
+                raise DevClusterError(
+                    f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})"
+                )
             if port_taken(current["address"]):
-                raise DevClusterError(f"port of {member_name(current)} ({current['address']}) is taken by another "
-                                      f"process: free it, or remove {self.state_path} to start afresh on new ports")
+                raise DevClusterError(
+                    f"port of {member_name(current)} ({current['address']}) is taken by another "
+                    f"process: free it, or remove {self.state_path} to start afresh on new ports"
+                )
             if current["kind"] == "zookeeper":
                 port = int(current["address"].rsplit(":", 1)[1])
                 server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
@@ -402,21 +443,43 @@ class DevCluster:
         proc = self._popens.get(pid)
         return None if proc is None else proc.poll()
 
-    def _start_member(self, state: dict, kind: str, index: int, extra: list[str] | None = None,
-                      session_file: bool = False) -> dict:
+    def _start_member(
+        self, state: dict, kind: str, index: int, extra: list[str] | None = None, session_file: bool = False
+    ) -> dict:
         data = self.data_dir(kind, index)
         data.mkdir(parents=True, exist_ok=True)
         address = f"tcp://127.0.0.1:{free_port()}"
         # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
         metrics = f"127.0.0.1:{free_port()}"
-        args = [kind, "start", "--data", str(data), "--listen", address, "--metrics-listen", metrics,
-                "--zk", state["zk"], "--cluster", state["cluster"], *(extra or [])]
+        args = [
+            kind,
+            "start",
+            "--data",
+            str(data),
+            "--listen",
+            address,
+            "--metrics-listen",
+            metrics,
+            "--zk",
+            state["zk"],
+            "--cluster",
+            state["cluster"],
+            *(extra or []),
+        ]
         key_file = self._member_key(state, kind, address)
         if key_file is not None:
             args += DevKeys(self.run_dir).member_args(key_file)
         log_path = self.run_dir / f"{kind}-{index}.log"
-        member = {"kind": kind, "index": index, "address": address, "metrics": metrics, "data_dir": str(data),
-                  "log": str(log_path), "args": args, **({"key_file": str(key_file)} if key_file else {})}
+        member = {
+            "kind": kind,
+            "index": index,
+            "address": address,
+            "metrics": metrics,
+            "data_dir": str(data),
+            "log": str(log_path),
+            "args": args,
+            **({"key_file": str(key_file)} if key_file else {}),
+        }
         if session_file:
             member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
         self._spawn(member)
@@ -430,14 +493,26 @@ class DevCluster:
         if not state.get("secure"):
             return None
         key_file = DevKeys(self.run_dir).add_member(kind, address)
-        reload_members([m["pid"] for m in state["processes"] if m["kind"] in ("bookie", "broker")
-                        and pid_alive(m["pid"]) and owns(m["pid"], str(self.run_dir))])
+        reload_members(
+            [
+                m["pid"]
+                for m in state["processes"]
+                if m["kind"] in ("bookie", "broker")
+                and pid_alive(m["pid"])
+                and owns(m["pid"], str(self.run_dir))
+            ]
+        )
         return key_file
 
     def _spawn(self, member: dict) -> None:
         env = (private_env if self.private else fencepost_env)(member.get("env"))
-        proc = spawn(fencepost_command(*member["args"]), Path(member["log"]), cwd=self.run_dir, env=env,
-                     die_with_parent=self.private)
+        proc = spawn(
+            fencepost_command(*member["args"]),
+            Path(member["log"]),
+            cwd=self.run_dir,
+            env=env,
+            die_with_parent=self.private,
+        )
         member["pid"] = proc.pid
         self._popens[proc.pid] = proc
 
@@ -447,8 +522,10 @@ class DevCluster:
         while time.monotonic() < deadline:
             if not pid_alive(member["pid"]):
                 lines = Path(member["log"]).read_text(errors="replace").strip().splitlines()
-                raise DevClusterError(f"{member_name(member)} exited during start (log {member['log']}): "
-                                      f"{lines[-1] if lines else 'no output'}")
+                raise DevClusterError(
+                    f"{member_name(member)} exited during start (log {member['log']}): "
+                    f"{lines[-1] if lines else 'no output'}"
+                )
             try:
                 with socket.create_connection((host, int(port)), timeout=0.5):
                     return
@@ -481,7 +558,10 @@ class DevCluster:
             if member["kind"] == "zookeeper" and alive:
                 host, port = member["address"].rsplit(":", 1)
                 alive = four_letter(host, int(port)) == "imok"
-            row = {"name": member_name(member), **{k: member.get(k) for k in ("kind", "pid", "address", "data_dir")}}
+            row = {
+                "name": member_name(member),
+                **{k: member.get(k) for k in ("kind", "pid", "address", "data_dir")},
+            }
             row["alive"] = alive
             if member.get("metrics"):
                 row["metrics"] = member["metrics"]

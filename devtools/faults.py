@@ -19,6 +19,7 @@ Example::
     injector.run(plan(seed, 60), t0=time.monotonic(), stop=threading.Event())
     injector.events
 """
+
 from __future__ import annotations
 
 import errno
@@ -77,8 +78,11 @@ class DiskFiller:
         for index in range(bookies):
             path = dev.data_dir("bookie", index)
             path.mkdir(parents=True, exist_ok=True)
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(path)],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(path)],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode != 0:
                 cls(dirs).unmount()
                 return None, f"mount failed: {(done.stderr or done.stdout).strip() or done.returncode}"
@@ -120,8 +124,9 @@ def expire_session(zk_hosts: str, session_file: Path, timeout: float = 10.0) -> 
     from kazoo.client import KazooClient
 
     info = json.loads(session_file.read_text())
-    other = KazooClient(hosts=zk_hosts, client_id=(info["session_id"], bytes.fromhex(info["password"])),
-                        timeout=2.0)
+    other = KazooClient(
+        hosts=zk_hosts, client_id=(info["session_id"], bytes.fromhex(info["password"])), timeout=2.0
+    )
     other.start(timeout=timeout)
     other.stop()
     other.close()
@@ -130,8 +135,13 @@ def expire_session(zk_hosts: str, session_file: Path, timeout: float = 10.0) -> 
 class Injector:
     """Runs a fault schedule against a dev cluster and its workers (see the module docstring)."""
 
-    def __init__(self, dev: DevCluster, workers: WorkerPool, disks: DiskFiller | None = None,
-                 skip: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        dev: DevCluster,
+        workers: WorkerPool,
+        disks: DiskFiller | None = None,
+        skip: dict[str, str] | None = None,
+    ) -> None:
         self.dev = dev
         self.state = dev.read_state()
         self.zk_hosts = self.state["zk"]
@@ -160,8 +170,12 @@ class Injector:
     # ------------------------------------------------------------ running the schedule
     def run(self, faults: list[S.Fault], t0: float, stop: threading.Event) -> None:
         """Run every slot's faults in its own thread; return once all are done or ``stop`` is set."""
-        threads = [threading.Thread(target=self._run_slot, args=(slot_faults, t0, stop), name=f"chaos-{slot}",
-                                    daemon=True) for slot, slot_faults in S.by_slot(faults).items()]
+        threads = [
+            threading.Thread(
+                target=self._run_slot, args=(slot_faults, t0, stop), name=f"chaos-{slot}", daemon=True
+            )
+            for slot, slot_faults in S.by_slot(faults).items()
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -172,7 +186,14 @@ class Injector:
             if stop.wait(max(0.0, t0 + fault.at_s - time.monotonic())):
                 return
             at = round(time.monotonic() - t0, 3)
-            event = {"seq": fault.seq, "kind": fault.kind, "at_s": at, "target": None, "injected": False, "note": ""}
+            event = {
+                "seq": fault.seq,
+                "kind": fault.kind,
+                "at_s": at,
+                "target": None,
+                "injected": False,
+                "note": "",
+            }
             try:
                 if fault.kind in self.skip:
                     event["note"] = self.skip[fault.kind]
@@ -301,14 +322,19 @@ class Injector:
                 except DevClusterError as exc:
                     problems.append(str(exc).splitlines()[0])
             time.sleep(2.0)
-        failure = {"member": self.name_of(member), "exit_code": None,
-                   "reason": f"did not start again: {problems[-1]}"}
+        failure = {
+            "member": self.name_of(member),
+            "exit_code": None,
+            "reason": f"did not start again: {problems[-1]}",
+        }
         with self._lock:
             self.restart_failures.append(failure)
         return f"; {failure['reason']}"
 
     def _wait_answers(self, member: dict) -> bool:
-        current = next((m for m in self._members(member["kind"]) if m.get("index") == member.get("index")), member)
+        current = next(
+            (m for m in self._members(member["kind"]) if m.get("index") == member.get("index")), member
+        )
         deadline = time.monotonic() + RECOVER_TIMEOUT_S
         while time.monotonic() < deadline:
             if ask(current["address"], "ping", timeout=0.5):

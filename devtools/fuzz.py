@@ -16,6 +16,7 @@ Example::
     report = send_messages(lambda: dealer("tcp://127.0.0.1:5601"), [[f] for f in frames])
     assert report.ok()
 """
+
 from __future__ import annotations
 
 import random
@@ -26,11 +27,48 @@ import msgpack
 from election.wire import PROTOCOL_VERSION
 
 QUEUES = ("fz", "fz.1", "fz-2")
-HUGE_INTS = (-1, 0, 1, 99, 100, 1000, 1001, 60_001, 1 << 31, (1 << 31) - 1, -(1 << 31) - 1, 1 << 40,
-             (1 << 40) + 1, 1 << 53, (1 << 53) + 1, (1 << 63) - 1, -(1 << 63), (1 << 64) - 1)
-LONG_TEXTS = ("", "\0", "m\0m", "é" * 100, "é" * 101, "é" * 150, "é" * 200, "a" * 128, "a" * 129,
-              "a" * 200, "a" * 201, "a" * 250, "a" * 251, "😀" * 50, "😀" * 63, "\u202e\ufeff", " ", "-a",
-              "a b", "../x")
+HUGE_INTS = (
+    -1,
+    0,
+    1,
+    99,
+    100,
+    1000,
+    1001,
+    60_001,
+    1 << 31,
+    (1 << 31) - 1,
+    -(1 << 31) - 1,
+    1 << 40,
+    (1 << 40) + 1,
+    1 << 53,
+    (1 << 53) + 1,
+    (1 << 63) - 1,
+    -(1 << 63),
+    (1 << 64) - 1,
+)
+LONG_TEXTS = (
+    "",
+    "\0",
+    "m\0m",
+    "é" * 100,
+    "é" * 101,
+    "é" * 150,
+    "é" * 200,
+    "a" * 128,
+    "a" * 129,
+    "a" * 200,
+    "a" * 201,
+    "a" * 250,
+    "a" * 251,
+    "😀" * 50,
+    "😀" * 63,
+    "\u202e\ufeff",
+    " ",
+    "-a",
+    "a b",
+    "../x",
+)
 
 
 def _nested(rng: random.Random, depth: int) -> Any:
@@ -56,7 +94,9 @@ def hostile_value(rng: random.Random) -> Any:
     if pick in (4, 5):
         return rng.choice(LONG_TEXTS)
     if pick == 6:
-        return rng.choice([b"", b"\xff\xfe", b"x" * rng.randrange(1, 2000), bytes(rng.randrange(256) for _ in range(8))])
+        return rng.choice(
+            [b"", b"\xff\xfe", b"x" * rng.randrange(1, 2000), bytes(rng.randrange(256) for _ in range(8))]
+        )
     if pick == 7:
         name = rng.choice(QUEUES)
         return rng.choice([[], [name, name], [None], [name] * 65, [1, 2], ["é" * 150], [[name]]])
@@ -76,8 +116,12 @@ def _task_id(rng: random.Random) -> str:
 
 def _submit(rng: random.Random) -> dict:
     sub = {"queue": rng.choice(QUEUES), "payload": b"p" * rng.randrange(0, 64)}
-    for name, value in (("key", f"fz:{rng.randrange(1 << 30)}"), ("priority", rng.randrange(-5, 5)),
-                        ("delay_ms", rng.choice([0, 0, 10])), ("max_attempts", rng.randrange(1, 4))):
+    for name, value in (
+        ("key", f"fz:{rng.randrange(1 << 30)}"),
+        ("priority", rng.randrange(-5, 5)),
+        ("delay_ms", rng.choice([0, 0, 10])),
+        ("max_attempts", rng.randrange(1, 4)),
+    ):
         if rng.random() < 0.5:
             sub[name] = value
     return sub
@@ -98,16 +142,27 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
     "submit_many": lambda rng: {"tasks": [_submit(rng) for _ in range(rng.randrange(1, 4))]},
     "get": lambda rng: {"task_id": _task_id(rng)},
     "cancel": lambda rng: {"task_id": _task_id(rng)},
-    "lease": lambda rng: {"worker": "fz-w", "queues": rng.sample(QUEUES, rng.randrange(1, 3)),
-                          "max_tasks": rng.randrange(1, 5), "lease_ms": 60_000, "wait_ms": rng.choice([0, 0, 20])},
+    "lease": lambda rng: {
+        "worker": "fz-w",
+        "queues": rng.sample(QUEUES, rng.randrange(1, 3)),
+        "max_tasks": rng.randrange(1, 5),
+        "lease_ms": 60_000,
+        "wait_ms": rng.choice([0, 0, 20]),
+    },
     "heartbeat": lambda rng: {"worker": "fz-w", "task_id": _task_id(rng), "attempt": 1, "lease_ms": 5000},
-    "heartbeat_many": lambda rng: {"worker": "fz-w", "lease_ms": 5000, "tasks": [
-        {"task_id": _task_id(rng), "attempt": 1} for _ in range(rng.randrange(1, 4))]},
+    "heartbeat_many": lambda rng: {
+        "worker": "fz-w",
+        "lease_ms": 5000,
+        "tasks": [{"task_id": _task_id(rng), "attempt": 1} for _ in range(rng.randrange(1, 4))],
+    },
     "complete": _completion,
     "complete_many": lambda rng: {"tasks": [_completion(rng) for _ in range(rng.randrange(1, 4))]},
     "fail": lambda rng: {"task_id": _task_id(rng), "attempt": 1, "error": "fz", "retry": rng.random() < 0.5},
-    "list_tasks": lambda rng: {"queue": rng.choice((None,) + QUEUES), "state": rng.choice([None, "dead", "waiting"]),
-                               "limit": rng.randrange(1, 20)},
+    "list_tasks": lambda rng: {
+        "queue": rng.choice((None,) + QUEUES),
+        "state": rng.choice([None, "dead", "waiting"]),
+        "limit": rng.randrange(1, 20),
+    },
     "list_queues": lambda rng: {},
     "list_workers": lambda rng: {"limit": rng.randrange(1, 20)},
     "retry_task": lambda rng: {"task_id": _task_id(rng)},
@@ -115,10 +170,36 @@ TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
     "requeue_dead": lambda rng: {"queue": rng.choice(QUEUES), "limit": rng.randrange(1, 20)},
 }
 OPS = tuple(sorted(TEMPLATES))
-_FIELDS = sorted({"queue", "payload", "key", "priority", "delay_ms", "max_attempts", "tasks", "task_id",
-                  "worker", "queues", "max_tasks", "lease_ms", "wait_ms", "attempt", "result", "error",
-                  "retry", "name", "offset", "length", "state", "limit", "after", "states", "older_than_ms",
-                  "before_ms"})
+_FIELDS = sorted(
+    {
+        "queue",
+        "payload",
+        "key",
+        "priority",
+        "delay_ms",
+        "max_attempts",
+        "tasks",
+        "task_id",
+        "worker",
+        "queues",
+        "max_tasks",
+        "lease_ms",
+        "wait_ms",
+        "attempt",
+        "result",
+        "error",
+        "retry",
+        "name",
+        "offset",
+        "length",
+        "state",
+        "limit",
+        "after",
+        "states",
+        "older_than_ms",
+        "before_ms",
+    }
+)
 
 
 def _mutate(rng: random.Random, fields: dict) -> dict:
@@ -156,7 +237,7 @@ def fuzz_frame(rng: random.Random) -> bytes:
         return bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
     if kind < 0.08:
         frame = _pack(_envelope(rng, op, TEMPLATES[op](rng)))
-        return frame[:rng.randrange(0, len(frame))]
+        return frame[: rng.randrange(0, len(frame))]
     if kind < 0.12:
         msg = _envelope(rng, op, TEMPLATES[op](rng))
         which = rng.randrange(6)

@@ -18,6 +18,7 @@ Example::
     messages = mutation_messages(BOOKIE, random.Random(5), 1000)
     assert all(isinstance(part, bytes) for msg in messages for part in msg)
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,13 +33,73 @@ from devtools.fuzz_targets import Target
 from election import wire
 
 # Type codes worth writing over a byte: nil, never-used, bool, bin/ext/str/array/map headers, -1.
-INTERESTING = (0x00, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xC3, 0xC4, 0xC6, 0xC7, 0xC9,
-               0xCA, 0xCB, 0xCF, 0xD3, 0xD4, 0xD8, 0xD9, 0xDB, 0xDC, 0xDD, 0xDE, 0xDF, 0xFF)
+INTERESTING = (
+    0x00,
+    0x7F,
+    0x80,
+    0x8F,
+    0x90,
+    0x9F,
+    0xA0,
+    0xBF,
+    0xC0,
+    0xC1,
+    0xC2,
+    0xC3,
+    0xC4,
+    0xC6,
+    0xC7,
+    0xC9,
+    0xCA,
+    0xCB,
+    0xCF,
+    0xD3,
+    0xD4,
+    0xD8,
+    0xD9,
+    0xDB,
+    0xDC,
+    0xDD,
+    0xDE,
+    0xDF,
+    0xFF,
+)
 # Width of a length field after each header byte (fixed types keep theirs in the low bits).
-_LENGTH_WIDTH = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xC7: 1, 0xC8: 2, 0xC9: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4,
-                 0xDC: 2, 0xDD: 4, 0xDE: 2, 0xDF: 4}
-_FIXED_SIZE = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2,
-               0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+_LENGTH_WIDTH = {
+    0xC4: 1,
+    0xC5: 2,
+    0xC6: 4,
+    0xC7: 1,
+    0xC8: 2,
+    0xC9: 4,
+    0xD9: 1,
+    0xDA: 2,
+    0xDB: 4,
+    0xDC: 2,
+    0xDD: 4,
+    0xDE: 2,
+    0xDF: 4,
+}
+_FIXED_SIZE = {
+    0xC0: 0,
+    0xC2: 0,
+    0xC3: 0,
+    0xCA: 4,
+    0xCB: 8,
+    0xCC: 1,
+    0xCD: 2,
+    0xCE: 4,
+    0xCF: 8,
+    0xD0: 1,
+    0xD1: 2,
+    0xD2: 4,
+    0xD3: 8,
+    0xD4: 2,
+    0xD5: 3,
+    0xD6: 5,
+    0xD7: 9,
+    0xD8: 17,
+}
 _STRUCT = {1: ">B", 2: ">H", 4: ">I"}
 
 
@@ -140,10 +201,12 @@ def _corrupt_length(rng: random.Random, frame: bytearray) -> None:
         code = frame[offset]
         frame[offset] = (code & 0xF0) | rng.randrange(16) if code < 0xA0 else 0xA0 | rng.randrange(32)
         return
-    current = int.from_bytes(frame[offset:offset + width], "big")
+    current = int.from_bytes(frame[offset : offset + width], "big")
     top = (1 << (8 * width)) - 1
-    value = rng.choice([0, 1, top, top - 1, max(current - 1, 0), min(current + 1, top), rng.randrange(top + 1)])
-    frame[offset:offset + width] = value.to_bytes(width, "big")
+    value = rng.choice(
+        [0, 1, top, top - 1, max(current - 1, 0), min(current + 1, top), rng.randrange(top + 1)]
+    )
+    frame[offset : offset + width] = value.to_bytes(width, "big")
 
 
 def mutate(rng: random.Random, frame: bytes, other: bytes) -> bytes:
@@ -151,7 +214,7 @@ def mutate(rng: random.Random, frame: bytes, other: bytes) -> bytes:
     out = bytearray(frame)
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
         if not out:
-            out = bytearray(other[:rng.randrange(len(other) + 1)])
+            out = bytearray(other[: rng.randrange(len(other) + 1)])
             continue
         kind = rng.randrange(9)
         at = rng.randrange(len(out))
@@ -160,13 +223,13 @@ def mutate(rng: random.Random, frame: bytes, other: bytes) -> bytes:
         elif kind == 1:
             out[at] = rng.choice(INTERESTING)
         elif kind == 2:
-            del out[rng.randrange(len(out)):]
+            del out[rng.randrange(len(out)) :]
         elif kind == 3:
             out += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16)))
         elif kind == 4:
-            del out[at:at + rng.randrange(1, 8)]
+            del out[at : at + rng.randrange(1, 8)]
         elif kind == 5:
-            span = out[at:at + rng.randrange(1, 16)]
+            span = out[at : at + rng.randrange(1, 16)]
             out[at:at] = span * rng.randrange(1, 4)
         elif kind == 6:
             cut = rng.randrange(len(other) + 1)
@@ -204,8 +267,10 @@ def structured_frame(rng: random.Random, target: Target) -> bytes:
 
 def _extra_parts(rng: random.Random, frames: list[bytes]) -> list[bytes]:
     """Leading parts of a multi-part message: empty delimiters, junk, whole request frames."""
-    return [rng.choice([b"", b"\x00", rng.randbytes(rng.randrange(1, 40)), rng.choice(frames)])
-            for _ in range(rng.randrange(1, 4))]
+    return [
+        rng.choice([b"", b"\x00", rng.randbytes(rng.randrange(1, 40)), rng.choice(frames)])
+        for _ in range(rng.randrange(1, 4))
+    ]
 
 
 def mutation_messages(target: Target, rng: random.Random, count: int, corpus: int = 512) -> list[list[bytes]]:

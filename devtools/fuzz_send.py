@@ -17,6 +17,7 @@ Example::
     report = send_messages(lambda: dealer("tcp://127.0.0.1:5601"), [[frame] for frame in frames])
     assert report.ok(), report.as_dict()
 """
+
 from __future__ import annotations
 
 import collections
@@ -67,8 +68,13 @@ class FuzzReport:
 
     def ok(self) -> bool:
         """Every message answered once, correctly addressed, never by the safety net."""
-        return not (self.no_reply or self.extra_replies or self.rid_mismatches or self.replies.get(INTERNAL)
-                    or self.replies.get(UNDECODABLE_REPLY))
+        return not (
+            self.no_reply
+            or self.extra_replies
+            or self.rid_mismatches
+            or self.replies.get(INTERNAL)
+            or self.replies.get(UNDECODABLE_REPLY)
+        )
 
     def merge(self, other: "FuzzReport") -> None:
         self.sent += other.sent
@@ -77,11 +83,17 @@ class FuzzReport:
         self.extra_replies += other.extra_replies
         self.rid_mismatches += other.rid_mismatches
         for kind, kept in other.samples.items():
-            self.samples.setdefault(kind, []).extend(kept[:SAMPLES - len(self.samples.get(kind, []))])
+            self.samples.setdefault(kind, []).extend(kept[: SAMPLES - len(self.samples.get(kind, []))])
 
     def as_dict(self) -> dict:
-        return {"sent": self.sent, "replies": dict(sorted(self.replies.items())), NO_REPLY: self.no_reply,
-                "extra_replies": self.extra_replies, "rid_mismatches": self.rid_mismatches, "samples": self.samples}
+        return {
+            "sent": self.sent,
+            "replies": dict(sorted(self.replies.items())),
+            NO_REPLY: self.no_reply,
+            "extra_replies": self.extra_replies,
+            "rid_mismatches": self.rid_mismatches,
+            "samples": self.samples,
+        }
 
 
 def _rid_matches(body: bytes, rid: Any) -> bool:
@@ -106,8 +118,12 @@ def _reply(raw: bytes) -> tuple[str, Any]:
     return ("ok" if msg["ok"] else str(msg.get("error"))), msg.get("rid")
 
 
-def send_messages(connect: Callable[[], zmq.Socket], messages: Iterable[list[bytes]], timeout_s: float = 2.0,
-                  window: int = WINDOW) -> FuzzReport:
+def send_messages(
+    connect: Callable[[], zmq.Socket],
+    messages: Iterable[list[bytes]],
+    timeout_s: float = 2.0,
+    window: int = WINDOW,
+) -> FuzzReport:
     """Send ``messages`` (lists of parts) with at most ``window`` unanswered; check every reply."""
     report = FuzzReport()
     pending: dict[int, list[bytes]] = {}  # tag -> message, until answered

@@ -16,6 +16,7 @@ Example::
     msgs = hypothesis_messages(BROKER, 500, seed=1)
     assert len(msgs) <= 500
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,28 +30,73 @@ from devtools.fuzz_targets import Target
 from election.wire import PROTOCOL_VERSION
 
 INT64 = st.integers(-(1 << 63), (1 << 64) - 1)
-EDGE_INTS = st.sampled_from([0, -1, 1, 99, 100, 1000, 1001, 60_000, 60_001, (1 << 31) - 1, 1 << 31, 1 << 32,
-                             (1 << 53) + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1, -(1 << 63)])
-BAD_UTF8 = st.sampled_from([b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"a\x80b", b"\xf8\x88\x80\x80\x80", b"\xe2\x82"])
+EDGE_INTS = st.sampled_from(
+    [
+        0,
+        -1,
+        1,
+        99,
+        100,
+        1000,
+        1001,
+        60_000,
+        60_001,
+        (1 << 31) - 1,
+        1 << 31,
+        1 << 32,
+        (1 << 53) + 1,
+        (1 << 63) - 1,
+        1 << 63,
+        (1 << 64) - 1,
+        -(1 << 63),
+    ]
+)
+BAD_UTF8 = st.sampled_from(
+    [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"a\x80b", b"\xf8\x88\x80\x80\x80", b"\xe2\x82"]
+)
 RAW_STRINGS = st.one_of(BAD_UTF8, st.binary(max_size=20)).map(lambda data: Raw(str_header(len(data)) + data))
-TEXT = st.one_of(st.text(max_size=20), st.sampled_from(["", "\0", "é" * 101, "a" * 129, "😀" * 51, "fz", "../x"]))
-SCALARS = st.one_of(st.none(), st.booleans(), st.floats(), INT64, EDGE_INTS, TEXT, st.binary(max_size=40),
-                    RAW_STRINGS)
+TEXT = st.one_of(
+    st.text(max_size=20), st.sampled_from(["", "\0", "é" * 101, "a" * 129, "😀" * 51, "fz", "../x"])
+)
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.floats(), INT64, EDGE_INTS, TEXT, st.binary(max_size=40), RAW_STRINGS
+)
 # Map keys that are not strings: ints, bytes, floats, nil, bools (and strings that are not UTF-8).
-ODD_KEYS = st.one_of(st.none(), st.booleans(), INT64, st.floats(allow_nan=False), st.binary(max_size=8), RAW_STRINGS)
+ODD_KEYS = st.one_of(
+    st.none(), st.booleans(), INT64, st.floats(allow_nan=False), st.binary(max_size=8), RAW_STRINGS
+)
 DEEP = st.builds(deep, st.sampled_from([10, 100, 500, 1000, 1020, 5000]), st.booleans())
 HOSTILE = st.one_of(
     SCALARS,
     DEEP,
     st.dictionaries(ODD_KEYS, SCALARS, max_size=3),
-    st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                   st.dictionaries(st.one_of(TEXT, ODD_KEYS), inner, max_size=4)),
-                 max_leaves=12),
+    st.recursive(
+        SCALARS,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(st.one_of(TEXT, ODD_KEYS), inner, max_size=4)
+        ),
+        max_leaves=12,
+    ),
 )
-VERSIONS = st.one_of(st.just(PROTOCOL_VERSION), st.just(PROTOCOL_VERSION), st.just(PROTOCOL_VERSION),
-                     st.sampled_from([0, 2, -1, "1", 1.0, True, None, [1], (1 << 64) - 1]), HOSTILE)
-RIDS = st.one_of(st.integers(0, (1 << 31) - 1), INT64, TEXT, RAW_STRINGS, st.none(), st.floats(), st.booleans(),
-                 st.binary(max_size=8), st.lists(SCALARS, max_size=3), st.dictionaries(ODD_KEYS, SCALARS, max_size=2))
+VERSIONS = st.one_of(
+    st.just(PROTOCOL_VERSION),
+    st.just(PROTOCOL_VERSION),
+    st.just(PROTOCOL_VERSION),
+    st.sampled_from([0, 2, -1, "1", 1.0, True, None, [1], (1 << 64) - 1]),
+    HOSTILE,
+)
+RIDS = st.one_of(
+    st.integers(0, (1 << 31) - 1),
+    INT64,
+    TEXT,
+    RAW_STRINGS,
+    st.none(),
+    st.floats(),
+    st.booleans(),
+    st.binary(max_size=8),
+    st.lists(SCALARS, max_size=3),
+    st.dictionaries(ODD_KEYS, SCALARS, max_size=2),
+)
 _WRONG_OPS = st.sampled_from(["", "nope", "PING", "ping ", "é" * 300])
 _ENVELOPE_KEEP = st.integers(0, 19)  # 0: leave the envelope field out
 _ACTIONS = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3), HOSTILE), max_size=3)
@@ -64,9 +110,15 @@ def _strategies(target: Target) -> tuple[st.SearchStrategy, st.SearchStrategy]:
     cached = _CACHE.get(target.name)
     if cached is None:
         cached = _CACHE[target.name] = (
-            st.one_of(st.sampled_from(target.ops), st.sampled_from(target.ops), st.sampled_from(target.ops),
-                      _WRONG_OPS, HOSTILE),
-            st.lists(st.one_of(st.sampled_from(target.field_names), TEXT), max_size=2))
+            st.one_of(
+                st.sampled_from(target.ops),
+                st.sampled_from(target.ops),
+                st.sampled_from(target.ops),
+                _WRONG_OPS,
+                HOSTILE,
+            ),
+            st.lists(st.one_of(st.sampled_from(target.field_names), TEXT), max_size=2),
+        )
     return cached
 
 
@@ -105,7 +157,12 @@ def message(draw: st.DrawFn, target: Target) -> list[bytes]:
     """One ZeroMQ message: mostly a single frame; sometimes extra leading parts."""
     try:
         body = pack(draw(request_map(target)))
-    except (TypeError, ValueError, OverflowError, UnicodeEncodeError):  # lone surrogates: no peer can send them
+    except (
+        TypeError,
+        ValueError,
+        OverflowError,
+        UnicodeEncodeError,
+    ):  # lone surrogates: no peer can send them
         body = b"\xc1"
     extra = draw(_PARTS) if draw(_SHAPE) == 0 else []
     return [*extra, body]
@@ -116,8 +173,13 @@ def hypothesis_messages(target: Target, count: int, seed: int = 0) -> list[list[
     out: list[list[bytes]] = []
 
     @hypothesis_seed(seed)
-    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=count,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(message(target))
     def collect(msg: list[bytes]) -> None:
         if target.harmless(msg[-1]):

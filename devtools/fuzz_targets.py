@@ -21,6 +21,7 @@ Example::
     frame = wire.encode(wire.request("add", 1, **fields))
     assert BOOKIE.harmless(frame)
 """
+
 from __future__ import annotations
 
 import random
@@ -91,8 +92,12 @@ def _refuse_broker(msg: dict) -> bool:
 
 def _declare(rng: random.Random) -> dict:
     fields = {"queue": rng.choice(QUEUES)}
-    for name, value in (("max_attempts", rng.randrange(1, 5)), ("lease_ms", rng.choice([100, 30_000])),
-                        ("retry_backoff_ms", rng.randrange(0, 100)), ("result_ttl_ms", rng.choice([0, 60_000]))):
+    for name, value in (
+        ("max_attempts", rng.randrange(1, 5)),
+        ("lease_ms", rng.choice([100, 30_000])),
+        ("retry_backoff_ms", rng.randrange(0, 100)),
+        ("result_ttl_ms", rng.choice([0, 60_000])),
+    ):
         if rng.random() < 0.5:
             fields[name] = value
     return fields
@@ -103,9 +108,20 @@ BROKER = Target(
     name="broker",
     ops=tuple(sorted(broker_protocol.OPS - BROKER_UNSAFE)),
     templates={op: t for op, t in _BROKER_TEMPLATES.items() if op in broker_protocol.OPS},
-    field_names=tuple(sorted({"each", "reject", "result_ttl_ms", "shutdown_id", "max_run_ms", "retry_backoff_ms",
-                              "retry_backoff_max_ms", *(k for t in BROKER_TEMPLATES.values()
-                                                        for k in t(random.Random(0)))})),
+    field_names=tuple(
+        sorted(
+            {
+                "each",
+                "reject",
+                "result_ttl_ms",
+                "shutdown_id",
+                "max_run_ms",
+                "retry_backoff_ms",
+                "retry_backoff_max_ms",
+                *(k for t in BROKER_TEMPLATES.values() for k in t(random.Random(0))),
+            }
+        )
+    ),
     refuse=_refuse_broker,
 )
 
@@ -123,7 +139,11 @@ def entry_bytes(ledger: int, entry: int, lac: int = -1, payload: bytes = b"fz") 
 
 def _add(rng: random.Random) -> dict:
     ledger, entry = fuzz_ledger(rng), rng.randrange(8)
-    fields = {"ledger": ledger, "entry": entry, "data": entry_bytes(ledger, entry, entry - 1, b"p" * rng.randrange(32))}
+    fields = {
+        "ledger": ledger,
+        "entry": entry,
+        "data": entry_bytes(ledger, entry, entry - 1, b"p" * rng.randrange(32)),
+    }
     if rng.random() < 0.3:
         fields["recovery"] = rng.random() < 0.5
     return fields
@@ -132,8 +152,11 @@ def _add(rng: random.Random) -> dict:
 def _add_batch(rng: random.Random) -> dict:
     ledger, first = fuzz_ledger(rng), rng.randrange(8)
     count = rng.randrange(1, 5)
-    return {"ledger": ledger, "first": first,
-            "entries": [entry_bytes(ledger, first + i, first + i - 1) for i in range(count)]}
+    return {
+        "ledger": ledger,
+        "first": first,
+        "entries": [entry_bytes(ledger, first + i, first + i - 1) for i in range(count)],
+    }
 
 
 _BOOKIE_TEMPLATES: dict[str, Template] = {
@@ -143,8 +166,12 @@ _BOOKIE_TEMPLATES: dict[str, Template] = {
     "add_batch": _add_batch,
     "read": lambda rng: {"ledger": fuzz_ledger(rng), "entry": rng.randrange(8)},
     "read_lac": lambda rng: {"ledger": fuzz_ledger(rng)},
-    "wait_lac": lambda rng: {"ledger": fuzz_ledger(rng), "after": rng.randrange(-1, 8),
-                             "timeout_ms": rng.choice([0, 0, 5, 20]), "max_entries": rng.randrange(0, 4)},
+    "wait_lac": lambda rng: {
+        "ledger": fuzz_ledger(rng),
+        "after": rng.randrange(-1, 8),
+        "timeout_ms": rng.choice([0, 0, 5, 20]),
+        "max_entries": rng.randrange(0, 4),
+    },
     "write_lac": lambda rng: {"ledger": fuzz_ledger(rng), "lac": rng.randrange(8)},
     "fence": lambda rng: {"ledger": fuzz_ledger(rng)},
     "delete": lambda rng: {"ledger": fuzz_ledger(rng)},
@@ -166,8 +193,19 @@ BOOKIE = Target(
     name="bookie",
     ops=tuple(sorted(bookie_protocol.OPS)),
     templates={op: t for op, t in _BOOKIE_TEMPLATES.items() if op in bookie_protocol.OPS},
-    field_names=("ledger", "entry", "data", "recovery", "first", "entries", "after", "timeout_ms", "max_entries",
-                 "lac", "bookie"),
+    field_names=(
+        "ledger",
+        "entry",
+        "data",
+        "recovery",
+        "first",
+        "entries",
+        "after",
+        "timeout_ms",
+        "max_entries",
+        "lac",
+        "bookie",
+    ),
     refuse=_refuse_bookie,
 )
 TARGETS = {"broker": BROKER, "bookie": BOOKIE}

@@ -16,6 +16,7 @@ Example::
                           resubmits={"k1": "t1"}, queue_total=1, settled=True)
     check(h)   # []
 """
+
 from __future__ import annotations
 
 import re
@@ -142,12 +143,18 @@ def check(history: History) -> list[Anomaly]:
     found: list[Anomaly] = []
 
     if not obs.settled:
-        found += _anomaly(A_NOT_SETTLED, [obs.settle_problem or "no reason recorded"],
-                          "the cluster did not settle after the load")
+        found += _anomaly(
+            A_NOT_SETTLED,
+            [obs.settle_problem or "no reason recorded"],
+            "the cluster did not settle after the load",
+        )
 
     two_ids = [f"key {k}: {sorted(ids)}" for k, ids in sorted(acked.items()) if len(ids) > 1]
-    remapped = [f"key {k}: acknowledged {sorted(acked[k])[0]}, resubmit gave {obs.resubmits[k]}"
-                for k in sorted(acked) if k in obs.resubmits and obs.resubmits[k] not in acked[k]]
+    remapped = [
+        f"key {k}: acknowledged {sorted(acked[k])[0]}, resubmit gave {obs.resubmits[k]}"
+        for k in sorted(acked)
+        if k in obs.resubmits and obs.resubmits[k] not in acked[k]
+    ]
     found += _anomaly(A_KEY_TWO_IDS, two_ids + remapped, "a key maps to two task ids")
 
     lost, wrong = [], []
@@ -159,7 +166,9 @@ def check(history: History) -> list[Anomaly]:
             if task is None:
                 lost.append(f"{task_id} (key {key})")
             elif task.get("queue") != history.queue or task.get("payload") != payload_of[key]:
-                wrong.append(f"{task_id} (key {key}): queue {task.get('queue')!r} payload {task.get('payload')!r}")
+                wrong.append(
+                    f"{task_id} (key {key}): queue {task.get('queue')!r} payload {task.get('payload')!r}"
+                )
     found += _anomaly(A_LOST, lost, "acknowledged task unknown to the leader")
     found += _anomaly(A_WRONG_TASK, wrong, "acknowledged task served with another queue or payload")
 
@@ -167,9 +176,11 @@ def check(history: History) -> list[Anomaly]:
     if obs.queue_total is not None and keys and set(obs.resubmits) >= keys:
         distinct = len(set(obs.resubmits.values()))
         if obs.queue_total != distinct:
-            found += _anomaly(A_DUPLICATE_TASKS, [f"{obs.queue_total} tasks in queue {history.queue} "
-                                                  f"for {distinct} distinct keys"],
-                              "the queue does not hold exactly one task per key")
+            found += _anomaly(
+                A_DUPLICATE_TASKS,
+                [f"{obs.queue_total} tasks in queue {history.queue} for {distinct} distinct keys"],
+                "the queue does not hold exactly one task per key",
+            )
 
     attempts: dict[str, set[int]] = defaultdict(set)
     for c in history.completions:
@@ -177,19 +188,30 @@ def check(history: History) -> list[Anomaly]:
             attempts[c.task_id].add(c.attempt)
     double = [f"{t}: attempts {sorted(a)}" for t, a in sorted(attempts.items()) if len(a) > 1]
     found += _anomaly(A_DOUBLE_COMPLETION, double, "task completed by two attempts")
-    undone = [f"{t}: state {obs.tasks[t].get('state') if obs.tasks[t] else 'unknown'}"
-              for t in sorted(attempts) if t in obs.tasks and (obs.tasks[t] or {}).get("state") != DONE]
+    undone = [
+        f"{t}: state {obs.tasks[t].get('state') if obs.tasks[t] else 'unknown'}"
+        for t in sorted(attempts)
+        if t in obs.tasks and (obs.tasks[t] or {}).get("state") != DONE
+    ]
     found += _anomaly(A_COMPLETION_LOST, undone, "acknowledged completion not in the final state")
 
     at_position: dict[tuple, set[str]] = defaultdict(set)
     for b in obs.brokers:
         if b.get("position") is not None:
             at_position[tuple(b["position"])].add(str(b.get("digest")))
-    diverged = [f"position {list(p)}: digests {sorted(d)}" for p, d in sorted(at_position.items()) if len(d) > 1]
+    diverged = [
+        f"position {list(p)}: digests {sorted(d)}" for p, d in sorted(at_position.items()) if len(d) > 1
+    ]
     found += _anomaly(A_DIVERGED, diverged, "brokers at one position hold different states")
 
-    found += _anomaly(A_LOG_CRASH, [f"{member}: {line[:200]}" for member, line in obs.log_lines],
-                      "crash lines in broker logs")
-    found += _anomaly(A_DIED, [f"{d['member']} exited with {d.get('exit_code')}" for d in obs.deaths],
-                      "processes died without being killed")
+    found += _anomaly(
+        A_LOG_CRASH,
+        [f"{member}: {line[:200]}" for member, line in obs.log_lines],
+        "crash lines in broker logs",
+    )
+    found += _anomaly(
+        A_DIED,
+        [f"{d['member']} exited with {d.get('exit_code')}" for d in obs.deaths],
+        "processes died without being killed",
+    )
     return found

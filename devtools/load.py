@@ -14,6 +14,7 @@ Example::
     pool = WorkerPool(run_dir, zk, cluster, queue="chaos", count=2)
     pool.start(); ...; pool.stop(); pool.completions()
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,14 +49,17 @@ def payload_for(key: str) -> str:
 class Producers:
     """Threads that submit keyed tasks at ``rate`` per second each and record every attempt."""
 
-    def __init__(self, zk: str, cluster: str, queue: str, threads: int = 2, rate: float = 40.0,
-                 tag: str = "k") -> None:
+    def __init__(
+        self, zk: str, cluster: str, queue: str, threads: int = 2, rate: float = 40.0, tag: str = "k"
+    ) -> None:
         self.zk, self.cluster, self.queue, self.rate, self.tag = zk, cluster, queue, rate, tag
         self.submits: list[Submit] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"chaos-producer-{i}", daemon=True)
-                         for i in range(threads)]
+        self._threads = [
+            threading.Thread(target=self._run, args=(i,), name=f"chaos-producer-{i}", daemon=True)
+            for i in range(threads)
+        ]
 
     def start(self) -> None:
         for t in self._threads:
@@ -115,6 +119,7 @@ class Producers:
 
 # ------------------------------------------------------------------ workers (processes)
 
+
 class WorkerPool:
     """``count`` worker processes of this module, each recording its completions in a file."""
 
@@ -131,11 +136,31 @@ class WorkerPool:
         from devtools.procs import fencepost_env
 
         for n in [name] if name else self.names:
-            cmd = [sys.executable, "-m", "devtools.load", "worker", "--zk", self.zk, "--cluster", self.cluster,
-                   "--queue", self.queue, "--name", n, "--out", str(self.record_path(n))]
+            cmd = [
+                sys.executable,
+                "-m",
+                "devtools.load",
+                "worker",
+                "--zk",
+                self.zk,
+                "--cluster",
+                self.cluster,
+                "--queue",
+                self.queue,
+                "--name",
+                n,
+                "--out",
+                str(self.record_path(n)),
+            ]
             with open(self.run_dir / f"{n}.log", "ab") as log:
-                self.procs[n] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 start_new_session=True, env=fencepost_env())
+                self.procs[n] = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=fencepost_env(),
+                )
 
     def pid(self, name: str) -> int:
         return self.procs[name].pid
@@ -176,7 +201,11 @@ def read_completions(path: Path, worker: str) -> list[Completion]:
     for line in lines:
         try:
             rec = json.loads(line)
-            out.append(Completion(str(rec["task_id"]), int(rec["attempt"]), bool(rec["ok"]), worker, rec.get("error")))
+            out.append(
+                Completion(
+                    str(rec["task_id"]), int(rec["attempt"]), bool(rec["ok"]), worker, rec.get("error")
+                )
+            )
         except (ValueError, KeyError, TypeError):
             continue
     return out
@@ -195,20 +224,36 @@ def run_worker(zk: str, cluster: str, queue: str, name: str, out: Path) -> int:
     with open(out, "a", buffering=1) as records:
         while not stopping.is_set():
             try:
-                reply = client.call("lease", worker=name, queues=[queue], max_tasks=WORKER_BATCH,
-                                    lease_ms=WORKER_LEASE_MS, wait_ms=WORKER_WAIT_MS, timeout=10.0)
+                reply = client.call(
+                    "lease",
+                    worker=name,
+                    queues=[queue],
+                    max_tasks=WORKER_BATCH,
+                    lease_ms=WORKER_LEASE_MS,
+                    wait_ms=WORKER_WAIT_MS,
+                    timeout=10.0,
+                )
             except ClientError:
                 stopping.wait(0.2)
                 continue
             for task in reply.get("tasks") or []:
                 ok, error = True, None
                 try:
-                    client.call("complete", task_id=task["task_id"], attempt=task["attempt"], result=b"ok",
-                                timeout=10.0)
+                    client.call(
+                        "complete",
+                        task_id=task["task_id"],
+                        attempt=task["attempt"],
+                        result=b"ok",
+                        timeout=10.0,
+                    )
                 except ClientError as exc:
                     ok, error = False, exc.code
-                records.write(json.dumps({"task_id": task["task_id"], "attempt": task["attempt"],
-                                          "ok": ok, "error": error}) + "\n")
+                records.write(
+                    json.dumps(
+                        {"task_id": task["task_id"], "attempt": task["attempt"], "ok": ok, "error": error}
+                    )
+                    + "\n"
+                )
     if client is not None:
         client.close()
     return 0

@@ -12,6 +12,7 @@ Example::
     signal_group(proc, signal.SIGSTOP)    # pause; SIGCONT resumes
     stop_process(proc)                    # SIGTERM, then SIGKILL after 10 s
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -109,8 +110,13 @@ def new_session_dying_with_parent() -> None:  # pragma: no cover - runs in the c
         pass
 
 
-def spawn(command: list[str], log_path: Path, env: dict | None = None, cwd: Path | str | None = None,
-          die_with_parent: bool = False) -> subprocess.Popen:
+def spawn(
+    command: list[str],
+    log_path: Path,
+    env: dict | None = None,
+    cwd: Path | str | None = None,
+    die_with_parent: bool = False,
+) -> subprocess.Popen:
     """Start `command` in its own session, stdout and stderr appended to `log_path`, no stdin.
 
     `die_with_parent` is for tools whose children must not outlive them (the
@@ -118,10 +124,24 @@ def spawn(command: list[str], log_path: Path, env: dict | None = None, cwd: Path
     """
     with open(log_path, "ab") as out:
         if die_with_parent:
-            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=new_session_dying_with_parent, cwd=cwd, env=env)
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=cwd, env=env)
+            return subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=new_session_dying_with_parent,
+                cwd=cwd,
+                env=env,
+            )
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+            env=env,
+        )
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> None:

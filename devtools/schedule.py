@@ -15,6 +15,7 @@ Example::
     faults == plan(seed=7, duration_s=60)     # always
     Counter(f.kind for f in faults)
 """
+
 from __future__ import annotations
 
 import random
@@ -120,8 +121,19 @@ def plan(seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None)
         if at + down > end:
             continue
         slot_free[spec.slot] = at + down + spec.recover_s
-        faults.append(Fault(seq=seq, at_s=round(at, 3), kind=kind, slot=spec.slot, pick=pick, down_s=down,
-                            recover_s=spec.recover_s, frames=frames, frame_seed=frame_seed))
+        faults.append(
+            Fault(
+                seq=seq,
+                at_s=round(at, 3),
+                kind=kind,
+                slot=spec.slot,
+                pick=pick,
+                down_s=down,
+                recover_s=spec.recover_s,
+                frames=frames,
+                frame_seed=frame_seed,
+            )
+        )
         seq += 1
     faults.sort(key=lambda f: (f.at_s, f.seq))
     return faults

@@ -13,6 +13,7 @@ Example::
     print(server.hosts)       # "127.0.0.1:2181"
     server.stop()
 """
+
 from __future__ import annotations
 
 import errno
@@ -35,10 +36,22 @@ log = logging.getLogger(__name__)
 MIN_JAVA = 17
 # The ZooKeeper server needs these from pyspark/jars; everything else there is Spark's.
 _JAR_PREFIXES = (
-    "zookeeper-", "slf4j-api-", "log4j-api-", "log4j-core-", "log4j-slf4j2-impl-",
-    "audience-annotations-", "commons-cli-", "snappy-java-", "metrics-core-",
-    "netty-handler-4", "netty-common-4", "netty-buffer-4", "netty-transport-4",
-    "netty-codec-base-", "netty-resolver-4", "netty-transport-native-unix-common-",
+    "zookeeper-",
+    "slf4j-api-",
+    "log4j-api-",
+    "log4j-core-",
+    "log4j-slf4j2-impl-",
+    "audience-annotations-",
+    "commons-cli-",
+    "snappy-java-",
+    "metrics-core-",
+    "netty-handler-4",
+    "netty-common-4",
+    "netty-buffer-4",
+    "netty-transport-4",
+    "netty-codec-base-",
+    "netty-resolver-4",
+    "netty-transport-native-unix-common-",
     "netty-transport-classes-epoll-",
 )
 _LOG4J2 = """status = error
@@ -83,7 +96,9 @@ def find_jars() -> list[Path]:
     try:
         import pyspark
     except ImportError:
-        raise ZooKeeperServerError("pyspark is not installed: run `make test` or `pip install -e .`") from None
+        raise ZooKeeperServerError(
+            "pyspark is not installed: run `make test` or `pip install -e .`"
+        ) from None
     jar_dir = Path(pyspark.__file__).parent / "jars"
     jars = sorted(p for p in jar_dir.glob("*.jar") if p.name.startswith(_JAR_PREFIXES))
     if not any(p.name.startswith("zookeeper-3") for p in jars):
@@ -185,15 +200,21 @@ class ZooKeeperServer:
         """The java command line that runs the server."""
         classpath = os.pathsep.join(str(p) for p in find_jars())
         return [
-            find_java(), f"-Xmx{self.config.heap_mb}m", "-XX:+UseSerialGC", "-Xshare:auto",
+            find_java(),
+            f"-Xmx{self.config.heap_mb}m",
+            "-XX:+UseSerialGC",
+            "-Xshare:auto",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-Dzookeeper.jmx.log4j.disable=true",
-            "-cp", classpath,
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(self.data_dir / "zoo.cfg"),
+            "-cp",
+            classpath,
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(self.data_dir / "zoo.cfg"),
         ]
 
-    def start(self, log_file: Path | None = None, foreground: bool = False,
-              die_with_parent: bool = False) -> subprocess.Popen:
+    def start(
+        self, log_file: Path | None = None, foreground: bool = False, die_with_parent: bool = False
+    ) -> subprocess.Popen:
         """Start the JVM and return once it answers; raise a clear error otherwise.
 
         In the background it runs in its own session with its output in the log
@@ -201,7 +222,9 @@ class ZooKeeperServer:
         """
         c = self.config
         if port_in_use(c.host, c.port):
-            raise ZooKeeperServerError(f"port {c.port} on {c.host} is already in use: pick another with --port")
+            raise ZooKeeperServerError(
+                f"port {c.port} on {c.host} is already in use: pick another with --port"
+            )
         cmd = self.command()
         self.write_config()
         log_path = log_file or self.data_dir / "zookeeper.log"
@@ -222,7 +245,9 @@ class ZooKeeperServer:
                 return
             time.sleep(0.05)
         self.stop()
-        raise ZooKeeperServerError(f"ZooKeeper did not answer on {self.hosts} within {self.config.start_timeout:g}s")
+        raise ZooKeeperServerError(
+            f"ZooKeeper did not answer on {self.hosts} within {self.config.start_timeout:g}s"
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the JVM: SIGTERM, then SIGKILL if it lingers."""

@@ -26,6 +26,7 @@ Example::
                           init_if_missing=False, clock=time.time, stop=stop_event)
     secret = check_member_secret(config, secret, "dev")
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -158,9 +159,13 @@ def cluster_option_field(name: str) -> Any:
 
 def init_if_missing_field() -> Any:
     """The ``init_if_missing`` field of a member's config (see :func:`join_cluster`)."""
-    return field(default=False, metadata={
-        "help": "Create the cluster's config with this member's (or the default) options if "
-                "`fencepost cluster init` has not run, instead of waiting for it (dev clusters, tests)."})
+    return field(
+        default=False,
+        metadata={
+            "help": "Create the cluster's config with this member's (or the default) options if "
+            "`fencepost cluster init` has not run, instead of waiting for it (dev clusters, tests)."
+        },
+    )
 
 
 def validate_member_options(config: object, error: type[Exception]) -> None:
@@ -197,8 +202,9 @@ def secret_check(secret: bytes, cluster_id: str) -> str:
     return hmac.new(secret, b"fencepost secret check " + cluster_id.encode(), hashlib.sha256).hexdigest()
 
 
-def check_member_secret(config: Mapping[str, Any], secret: bytes | None, cluster: str,
-                        source: str = "--secret-file") -> bytes | None:
+def check_member_secret(
+    config: Mapping[str, Any], secret: bytes | None, cluster: str, source: str = "--secret-file"
+) -> bytes | None:
     """The secret this member keys digests with: None for ``crc32c``; for ``hmac-sha256``
     ``secret``, which must be there and, where `config` can tell, the cluster's.
 
@@ -207,12 +213,15 @@ def check_member_secret(config: Mapping[str, Any], secret: bytes | None, cluster
     if config.get("digest") != "hmac-sha256":
         return None
     if not secret:
-        raise SecretError(f"cluster {cluster!r} uses the hmac-sha256 digest: "
-                          "this member needs --secret-file with the cluster secret")
+        raise SecretError(
+            f"cluster {cluster!r} uses the hmac-sha256 digest: "
+            "this member needs --secret-file with the cluster secret"
+        )
     expected = config.get("secret_check")
     if expected is not None and not hmac.compare_digest(expected, secret_check(secret, config["cluster_id"])):
-        raise SecretError(f"the secret in {source} is not the secret of cluster {cluster!r} "
-                          f"({config['cluster_id']})")
+        raise SecretError(
+            f"the secret in {source} is not the secret of cluster {cluster!r} ({config['cluster_id']})"
+        )
     return secret
 
 
@@ -243,8 +252,13 @@ def read_cluster_config(zk: KazooClient, paths: ClusterPaths) -> dict | None:
     return json.loads(data)
 
 
-def init_cluster(zk: KazooClient, paths: ClusterPaths, options: ClusterOptions,
-                 clock: Callable[[], float], secret: bytes | None = None) -> dict:
+def init_cluster(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    options: ClusterOptions,
+    clock: Callable[[], float],
+    secret: bytes | None = None,
+) -> dict:
     """Create the `config` node (`fencepost cluster init`) and return it.
 
     Raises :class:`ClusterAlreadyInitialized` if it exists (ZooKeeper settles
@@ -293,8 +307,9 @@ def ensure_cluster_config(
     return config
 
 
-def wait_for_cluster_config(zk: KazooClient, paths: ClusterPaths, stop: threading.Event,
-                            poll_s: float = WAIT_POLL_S) -> dict | None:
+def wait_for_cluster_config(
+    zk: KazooClient, paths: ClusterPaths, stop: threading.Event, poll_s: float = WAIT_POLL_S
+) -> dict | None:
     """Block until the `config` node exists and return it; None once ``stop`` is set.
 
     A watch wakes the wait as soon as the node is created; the bounded poll
@@ -322,9 +337,17 @@ def wait_for_cluster_config(zk: KazooClient, paths: ClusterPaths, stop: threadin
     return None
 
 
-def join_cluster(zk: KazooClient, paths: ClusterPaths, mine: Mapping[str, Any], *, cluster: str,
-                 init_if_missing: bool, clock: Callable[[], float], stop: threading.Event,
-                 secret: bytes | None = None) -> dict | None:
+def join_cluster(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    mine: Mapping[str, Any],
+    *,
+    cluster: str,
+    init_if_missing: bool,
+    clock: Callable[[], float],
+    stop: threading.Event,
+    secret: bytes | None = None,
+) -> dict | None:
     """The cluster's config as a member starting up sees it; None if ``stop`` was set while waiting.
 
     ``mine`` maps each shared option to the member's value or None ("take the
@@ -336,8 +359,16 @@ def join_cluster(zk: KazooClient, paths: ClusterPaths, mine: Mapping[str, Any], 
     config = patiently(read_cluster_config, zk, paths, what="reading the cluster config")
     if config is None and init_if_missing:
         options = ClusterOptions.with_overrides(mine)
-        config = patiently(ensure_cluster_config, zk, paths, options, clock=clock, check=False, secret=secret,
-                           what="creating the cluster config")
+        config = patiently(
+            ensure_cluster_config,
+            zk,
+            paths,
+            options,
+            clock=clock,
+            check=False,
+            secret=secret,
+            what="creating the cluster config",
+        )
     elif config is None:
         log.info("waiting for `fencepost cluster init` of cluster %s", cluster)
         config = wait_for_cluster_config(zk, paths, stop)

@@ -27,6 +27,7 @@ Example::
     d = decide_initialization(members, initial_members=2)
     d.action, d.source, d.take_state      # ("restore", 1, (2,))
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -61,7 +62,9 @@ class MemberStore:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"member {self.member}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise ValueError(
+                f"member {self.member}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}"
+            )
         if self.kind == CLEAN and (self.status is None or not self.status.clean):
             raise ValueError(f"member {self.member}: a clean store needs a clean status")
 
@@ -151,35 +154,56 @@ def decide_initialization(members: Sequence[MemberStore], initial_members: int) 
     ids = [m.member for m in members]
     if len(ids) != initial_members or len(set(ids)) != len(ids):
         raise ValueError(f"need the {initial_members} initial members once each, got members {sorted(ids)}")
-    by_kind: dict[str, list[MemberStore]] = {k: sorted((m for m in members if m.kind == k),
-                                                       key=lambda m: m.member) for k in KINDS}
+    by_kind: dict[str, list[MemberStore]] = {
+        k: sorted((m for m in members if m.kind == k), key=lambda m: m.member) for k in KINDS
+    }
     clean, dirty = by_kind[CLEAN], by_kind[DIRTY]
     if not clean and not dirty:
-        return InitDecision(START_EMPTY, f"no member has a non-empty store ({len(by_kind[TRANSIENT])} "
-                                         f"without a store, {len(by_kind[EMPTY])} empty): all start empty")
+        return InitDecision(
+            START_EMPTY,
+            f"no member has a non-empty store ({len(by_kind[TRANSIENT])} "
+            f"without a store, {len(by_kind[EMPTY])} empty): all start empty",
+        )
     stored = sorted(clean + dirty, key=lambda m: m.member)
     initial = _split(stored, lambda m: m.status.initial_signature if m.status is not None else None)
     if len(initial) > 1 or initial[0][0] is None:
         return InitDecision(ABORT, _disagreement("the stores are not of one cluster", initial, _initial))
     if not clean:
-        return InitDecision(ABORT, f"{MANUAL_RECOVERY} (no store is clean: {_names(dirty)} "
-                                   f"{'is' if len(dirty) == 1 else 'are'} dirty)")
+        return InitDecision(
+            ABORT,
+            f"{MANUAL_RECOVERY} (no store is clean: {_names(dirty)} "
+            f"{'is' if len(dirty) == 1 else 'are'} dirty)",
+        )
     final = _split(clean, lambda m: m.status.final_signature)
     if len(final) > 1:
-        return InitDecision(ABORT, _disagreement("the clean stores stopped at different shutdowns", final, _final))
+        return InitDecision(
+            ABORT, _disagreement("the clean stores stopped at different shutdowns", final, _final)
+        )
     epoch = max(m.epoch for m in clean)
     top = max(clean, key=lambda m: (m.epoch, _position_key(m) or (-1, -1)))
     newer = [m for m in dirty if _newer(m, top.epoch, _position_key(top))]
     if newer:
         pos = _position_key(top)
-        return InitDecision(ABORT, f"{MANUAL_RECOVERY} ({_names(newer)} applied more (epoch "
-                                   f"{max(m.epoch for m in newer)}) than the clean stores (epoch {epoch}, "
-                                   f"position {list(pos) if pos else None}): they are stale)")
+        return InitDecision(
+            ABORT,
+            f"{MANUAL_RECOVERY} ({_names(newer)} applied more (epoch "
+            f"{max(m.epoch for m in newer)}) than the clean stores (epoch {epoch}, "
+            f"position {list(pos) if pos else None}): they are stale)",
+        )
     keep = tuple(m.member for m in clean)
     takers = sorted((m for m in members if m.kind != CLEAN), key=lambda m: m.member)
     source = clean[0]
-    then = f"{_names(takers)} {'takes its' if len(takers) == 1 else 'take their'} state from it" if takers \
+    then = (
+        f"{_names(takers)} {'takes its' if len(takers) == 1 else 'take their'} state from it"
+        if takers
         else "every member keeps its store"
-    return InitDecision(RESTORE, f"restoring from {_name(source)} ({_final(source)}, epoch {epoch}); {then}",
-                        cluster_id=source.status.cluster_id, source=source.member, keep=keep,
-                        take_state=tuple(m.member for m in takers), epoch=epoch)
+    )
+    return InitDecision(
+        RESTORE,
+        f"restoring from {_name(source)} ({_final(source)}, epoch {epoch}); {then}",
+        cluster_id=source.status.cluster_id,
+        source=source.member,
+        keep=keep,
+        take_state=tuple(m.member for m in takers),
+        epoch=epoch,
+    )

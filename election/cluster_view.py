@@ -5,6 +5,7 @@ Example::
     view = cluster_status(zk, "dev")
     print(format_status(view))
 """
+
 from __future__ import annotations
 
 import json
@@ -68,11 +69,17 @@ def cluster_status(zk: KazooClient, cluster: str) -> dict:
     for node in _children(zk, paths.ledgers):
         meta = _read_json(zk, f"{paths.ledgers}/{node}") or {}
         ledger_id = ClusterPaths.ledger_id_of(node)
-        ledgers.append({"id": ledger_id, "state": meta.get("state"),
-                        "epoch": meta.get("epoch"), "last_entry": meta.get("last_entry"),
-                        "ensemble": [m.get("bookie_id") for m in meta.get("ensemble", [])],
-                        "fragments": fragment_count(meta),
-                        "underreplicated": ledger_id in underreplicated})
+        ledgers.append(
+            {
+                "id": ledger_id,
+                "state": meta.get("state"),
+                "epoch": meta.get("epoch"),
+                "last_entry": meta.get("last_entry"),
+                "ensemble": [m.get("bookie_id") for m in meta.get("ensemble", [])],
+                "fragments": fragment_count(meta),
+                "underreplicated": ledger_id in underreplicated,
+            }
+        )
     brokers = [{"id": broker_id, **info} for broker_id, info in live_brokers(zk, paths).items()]
     log = _read_json(zk, paths.log) or {"ledgers": []}
     insync = _read_json(zk, paths.insync)
@@ -117,8 +124,10 @@ def format_status(view: dict, now: float | None = None) -> str:
         return f"cluster {view['cluster']!r}: not initialized (no config node yet)"
     leader = view["leader"] if view["leader"] is not None else "-"
     if view.get("leader_reachable") is False:
-        leader = (f"{leader} NOT ANSWERING (ZooKeeper still names it until its session expires; "
-                  "another broker takes over then)")
+        leader = (
+            f"{leader} NOT ANSWERING (ZooKeeper still names it until its session expires; "
+            "another broker takes over then)"
+        )
     lines = [
         f"cluster {view['cluster']} ({view['cluster_id']})",
         f"leader: {leader}  epoch: {view['epoch'] if view['epoch'] is not None else '-'}",
@@ -126,41 +135,58 @@ def format_status(view: dict, now: float | None = None) -> str:
     ]
     # Why nobody leads, when the brokers say (`broker start --wait-for`, too few bookies, `cluster shutdown`).
     if view.get("waiting"):
-        lines.append(f"no leader: waiting for {view['waiting']['waiting_for']} members "
-                     f"({view['waiting']['present']} present)")
+        lines.append(
+            f"no leader: waiting for {view['waiting']['waiting_for']} members "
+            f"({view['waiting']['present']} present)"
+        )
     if (view.get("waiting_bookies") or {}).get("reason"):
         lines.append(f"no leader: {view['waiting_bookies']['reason']}")
     elif view.get("waiting_bookies"):
-        lines.append(f"no leader: waiting for {view['waiting_bookies']['waiting_for']} bookies, "
-                     f"{view['waiting_bookies']['live']} live (a new ledger needs them; see `bookies` below)")
+        lines.append(
+            f"no leader: waiting for {view['waiting_bookies']['waiting_for']} bookies, "
+            f"{view['waiting_bookies']['live']} live (a new ledger needs them; see `bookies` below)"
+        )
     if view.get("shutdown"):
-        lines.append(f"cluster shutdown {view['shutdown'].get('shutdown_id')} recorded (members "
-                     f"{view['shutdown'].get('members')}): only brokers restarted on the stores it left clean may lead")
+        lines.append(
+            f"cluster shutdown {view['shutdown'].get('shutdown_id')} recorded (members "
+            f"{view['shutdown'].get('members')}): only brokers restarted on the stores it left clean may lead"
+        )
     lines.append(f"brokers ({len(view['brokers'])}):")
     for b in view["brokers"]:
         # Who may lead: in-sync members, and learners (which never may) marked apart.
         mark = "in-sync" if b["id"] in view["insync"] else ("learner" if b.get("learner") else "-")
-        lines.append(f"  {b['id']:<4} {b.get('role', '?'):<9} {mark:<8} {b.get('address', '?')}  "
-                     f"position={b.get('position')}  lag={'-' if b.get('lag') is None else b['lag']}  "
-                     f"digest={str(b.get('digest', '-'))[:12]}  updated {human_age(b.get('updated_at'), now)}"
-                     + ("  NOT ANSWERING" if b.get("reachable") is False else ""))
+        lines.append(
+            f"  {b['id']:<4} {b.get('role', '?'):<9} {mark:<8} {b.get('address', '?')}  "
+            f"position={b.get('position')}  lag={'-' if b.get('lag') is None else b['lag']}  "
+            f"digest={str(b.get('digest', '-'))[:12]}  updated {human_age(b.get('updated_at'), now)}"
+            + ("  NOT ANSWERING" if b.get("reachable") is False else "")
+        )
     # The in-sync set is marked on each broker above; members that are not live are worth a line.
     gone = [member for member in view["insync"] if member not in {b["id"] for b in view["brokers"]}]
     if gone:
         lines.append(f"in-sync members not live: {', '.join(str(m) for m in gone)}")
     lines.append(f"bookies ({len(view['bookies'])}):")
     for b in view["bookies"]:
-        lines.append(f"  {b['id']:<24} {b.get('address', '?')}  free {human_bytes(b.get('free_bytes'))}"
-                     + ("  read-only" if b.get("readonly") else ""))
+        lines.append(
+            f"  {b['id']:<24} {b.get('address', '?')}  free {human_bytes(b.get('free_bytes'))}"
+            + ("  read-only" if b.get("readonly") else "")
+        )
     lines.append(f"ledgers ({len(view['ledgers'])}):")
     for led in view["ledgers"]:
-        lines.append(f"  L{led['id']:<10} {led['state'] or '?':<11} epoch={led['epoch']} last_entry={led['last_entry']} "
-                     f"fragments={led.get('fragments', '?')} ensemble={','.join(str(e) for e in led['ensemble'])}"
-                     + ("  UNDER-REPLICATED" if led.get("underreplicated") else ""))
+        lines.append(
+            f"  L{led['id']:<10} {led['state'] or '?':<11} epoch={led['epoch']} last_entry={led['last_entry']} "
+            f"fragments={led.get('fragments', '?')} ensemble={','.join(str(e) for e in led['ensemble'])}"
+            + ("  UNDER-REPLICATED" if led.get("underreplicated") else "")
+        )
     under = view.get("underreplicated") or {"count": 0, "ledgers": []}
-    lines.append(f"under-replicated ledgers: {under['count']}"
-                 + (f" ({', '.join(f'L{i}' for i in under['ledgers'])}; see `fencepost bookie list`)"
-                    if under["count"] else ""))
+    lines.append(
+        f"under-replicated ledgers: {under['count']}"
+        + (
+            f" ({', '.join(f'L{i}' for i in under['ledgers'])}; see `fencepost bookie list`)"
+            if under["count"]
+            else ""
+        )
+    )
     if view["queues"]:
         lines.append("queues:")
         for name, depth in sorted(view["queues"].items()):

@@ -21,6 +21,7 @@ Example::
                                 "tcp://127.0.0.1:5555", clock=time.time)
     identity.broker_id
 """
+
 from __future__ import annotations
 
 import json
@@ -70,7 +71,9 @@ def _read_meta(path: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise IdentityError(f"{path} is unreadable ({exc.strerror}); restore it or remove the data dir") from None
+        raise IdentityError(
+            f"{path} is unreadable ({exc.strerror}); restore it or remove the data dir"
+        ) from None
     try:
         doc = json.loads(raw)
     except ValueError:
@@ -84,8 +87,12 @@ def _read_meta(path: Path) -> dict | None:
     for field, kind in META_FIELDS:
         value = doc.get(field)
         # bool is an int to Python, never a broker id.
-        if not isinstance(value, kind) or isinstance(value, bool) or value in ("", None) \
-                or (kind is int and value < 0):
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or value in ("", None)
+            or (kind is int and value < 0)
+        ):
             what = "missing" if field not in doc else f"{value!r:.40} is not a valid {kind.__name__}"
             raise IdentityError(f"{path}: field {field!r} {what}; restore it or remove the data dir")
     return doc
@@ -108,8 +115,9 @@ def _next_id(zk: KazooClient, paths: ClusterPaths) -> tuple[int, int]:
 def _apply_id(zk: KazooClient, paths: ClusterPaths, doc: dict, next_version: int | None, clock) -> bool:
     """Step 3: claim ids/N with our code; True if it is ours."""
     node = paths.broker_id(doc["broker_id"])
-    record = json.dumps({"name": doc["name"], "register_code": doc["register_code"],
-                         "address": None, "updated_at": clock()}).encode()
+    record = json.dumps(
+        {"name": doc["name"], "register_code": doc["register_code"], "address": None, "updated_at": clock()}
+    ).encode()
     if next_version is not None:
         tx = zk.transaction()
         tx.create(node, record)
@@ -124,13 +132,21 @@ def _apply_id(zk: KazooClient, paths: ClusterPaths, doc: dict, next_version: int
     return json.loads(data).get("register_code") == doc["register_code"]
 
 
-def _reregister(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, clock, max_tries: int = 20) -> None:
+def _reregister(
+    zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, clock, max_tries: int = 20
+) -> None:
     """ZooKeeper lost ``ids/N`` (its data was re-created): claim it again with the code kept in
     ``.broker.meta``, moving ``next_id`` past N in the same multi-op so that no newcomer gets N."""
     n = identity.broker_id
     doc = {"name": identity.name, "broker_id": n, "register_code": identity.register_code}
-    record = json.dumps({"name": identity.name, "register_code": identity.register_code,
-                         "address": None, "updated_at": clock()}).encode()
+    record = json.dumps(
+        {
+            "name": identity.name,
+            "register_code": identity.register_code,
+            "address": None,
+            "updated_at": clock(),
+        }
+    ).encode()
     for _ in range(max_tries):
         next_id, version = _next_id(zk, paths)
         if next_id > n:
@@ -145,8 +161,11 @@ def _reregister(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, 
         raise IdentityError(f"could not register broker id {n} again (next_id keeps changing)")
     if json.loads(zk.get(paths.broker_id(n))[0]).get("register_code") != identity.register_code:
         raise IdentityError(f"broker id {n} belongs to another broker (register code differs)")
-    log.warning("broker id %d was not registered in ZooKeeper (its data was lost or re-created): "
-                "registered it again from .broker.meta", n)
+    log.warning(
+        "broker id %d was not registered in ZooKeeper (its data was lost or re-created): "
+        "registered it again from .broker.meta",
+        n,
+    )
 
 
 def _register(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, address: str, clock) -> None:
@@ -159,7 +178,9 @@ def _register(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, ad
         data, stat = zk.get(node)
     record = json.loads(data)
     if record.get("register_code") != identity.register_code:
-        raise IdentityError(f"broker id {identity.broker_id} belongs to another broker (register code differs)")
+        raise IdentityError(
+            f"broker id {identity.broker_id} belongs to another broker (register code differs)"
+        )
     record.update(address=address, updated_at=clock(), name=identity.name)
     try:
         zk.set(node, json.dumps(record).encode(), version=stat.version)
@@ -167,8 +188,15 @@ def _register(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, ad
         raise IdentityError(f"broker id {identity.broker_id} changed while registering; retry") from None
 
 
-def ensure_broker_id(zk: KazooClient, paths: ClusterPaths, data_dir: Path, name: str, address: str,
-                     clock: Callable[[], float], max_tries: int = 20) -> BrokerIdentity:
+def ensure_broker_id(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    data_dir: Path,
+    name: str,
+    address: str,
+    clock: Callable[[], float],
+    max_tries: int = 20,
+) -> BrokerIdentity:
     """Return this data dir's broker identity, establishing it on first start."""
     data_dir.mkdir(parents=True, exist_ok=True)
     final_path, temp_path = data_dir / META, data_dir / META_TEMP
@@ -184,8 +212,12 @@ def ensure_broker_id(zk: KazooClient, paths: ClusterPaths, data_dir: Path, name:
         next_version = None
         if doc is None or doc["cluster"] != paths.cluster:
             broker_id, next_version = _next_id(zk, paths)
-            doc = {"cluster": paths.cluster, "name": name, "broker_id": broker_id,
-                   "register_code": secrets.token_hex(16)}
+            doc = {
+                "cluster": paths.cluster,
+                "name": name,
+                "broker_id": broker_id,
+                "register_code": secrets.token_hex(16),
+            }
             write_json_atomically(temp_path, doc)
         if _apply_id(zk, paths, doc, next_version, clock):
             write_json_atomically(final_path, doc)

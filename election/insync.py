@@ -15,6 +15,7 @@ Example::
                             learners=set(), now=12.5)   # -> {1, 2}
     ok, why = may_stand(3, learner=False, members={1, 2}, alive={2, 3}, allow_lagging=True)
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,12 @@ from election.paths import ClusterPaths
 Position = tuple[int, int]
 
 
-def entries_behind(position: Position | list | None, leader_position: Position | list | None,
-                   ledger_ids: list[int], last_entry: dict[int, int]) -> int | None:
+def entries_behind(
+    position: Position | list | None,
+    leader_position: Position | list | None,
+    ledger_ids: list[int],
+    last_entry: dict[int, int],
+) -> int | None:
     """Entries between a follower's applied position and the leader's; None if it cannot be told.
 
     ``ledger_ids`` is the log in order, ``last_entry`` the last entry id of each closed ledger.
@@ -59,7 +64,7 @@ def entries_behind(position: Position | list | None, leader_position: Position |
     if ledger not in last_entry:
         return None
     total = last_entry[ledger] - entry
-    for between in ledger_ids[index + 1:lead_index]:
+    for between in ledger_ids[index + 1 : lead_index]:
         if between not in last_entry:
             return None
         total += last_entry[between] + 1
@@ -81,8 +86,14 @@ class CatchUpClock:
     def __post_init__(self) -> None:
         self.caught_up_at: dict[int, float] = {}
 
-    def members(self, leader_id: int, behind: dict[int, int | None], previous_behind: dict[int, int | None],
-                learners: set[int], now: float) -> set[int]:
+    def members(
+        self,
+        leader_id: int,
+        behind: dict[int, int | None],
+        previous_behind: dict[int, int | None],
+        learners: set[int],
+        now: float,
+    ) -> set[int]:
         """The in-sync set given each live follower's lag now and against the previous check."""
         for broker_id in list(self.caught_up_at):
             if broker_id not in behind:
@@ -94,14 +105,24 @@ class CatchUpClock:
             if previous_behind.get(broker_id) == 0 or lag == 0:
                 self.caught_up_at[broker_id] = now
             caught = self.caught_up_at.get(broker_id)
-            if (lag is not None and lag <= self.max_lag_entries and caught is not None
-                    and now - caught <= self.max_time_not_caught_up):
+            if (
+                lag is not None
+                and lag <= self.max_lag_entries
+                and caught is not None
+                and now - caught <= self.max_time_not_caught_up
+            ):
                 out.add(broker_id)
         return out
 
 
-def may_stand(broker_id: int, learner: bool, members: set[int] | None, alive: set[int],
-              allow_lagging: bool, elect_target: int | None = None) -> tuple[bool, str]:
+def may_stand(
+    broker_id: int,
+    learner: bool,
+    members: set[int] | None,
+    alive: set[int],
+    allow_lagging: bool,
+    elect_target: int | None = None,
+) -> tuple[bool, str]:
     """Whether a broker may stand for election now, and why not.
 
     ``members`` is None before any leader wrote the set (a new cluster: anyone stands).
@@ -115,7 +136,10 @@ def may_stand(broker_id: int, learner: bool, members: set[int] | None, alive: se
     if members is None or broker_id in members:
         return True, ""
     if members & alive:
-        return False, f"not in the in-sync set {sorted(members)}, and members {sorted(members & alive)} are alive"
+        return (
+            False,
+            f"not in the in-sync set {sorted(members)}, and members {sorted(members & alive)} are alive",
+        )
     if allow_lagging:
         return True, ""
     return False, "no in-sync member is alive and allow_lagging_leader is off"
@@ -146,12 +170,19 @@ def write_insync(zk: KazooClient, paths: ClusterPaths, members: set[int], leader
         current = json.loads(data)
         current = int(current["epoch"] if isinstance(current, dict) else current)
         if current != leader_epoch:
-            raise LostLeadership(f"epoch {current} was claimed after ours ({leader_epoch}): in-sync set not written")
+            raise LostLeadership(
+                f"epoch {current} was claimed after ours ({leader_epoch}): in-sync set not written"
+            )
         doc, version = read_insync(zk, paths)
         if doc is not None and int(doc.get("leader_epoch", 0)) > leader_epoch:
-            raise LostLeadership(f"the in-sync set belongs to epoch {doc['leader_epoch']} (ours is {leader_epoch})")
-        new = {"members": sorted(members), "insync_epoch": int((doc or {}).get("insync_epoch", 0)) + 1,
-               "leader_epoch": leader_epoch}
+            raise LostLeadership(
+                f"the in-sync set belongs to epoch {doc['leader_epoch']} (ours is {leader_epoch})"
+            )
+        new = {
+            "members": sorted(members),
+            "insync_epoch": int((doc or {}).get("insync_epoch", 0)) + 1,
+            "leader_epoch": leader_epoch,
+        }
         txn = zk.transaction()
         txn.check(paths.epoch, epoch_stat.version)
         if version < 0:
@@ -161,8 +192,9 @@ def write_insync(zk: KazooClient, paths: ClusterPaths, members: set[int], leader
         results = txn.commit()
         if not any(isinstance(r, Exception) for r in results):
             return new
-        if not any(isinstance(r, (BadVersionError, NodeExistsError, NoNodeError, RolledBackError))
-                   for r in results):
+        if not any(
+            isinstance(r, (BadVersionError, NodeExistsError, NoNodeError, RolledBackError)) for r in results
+        ):
             raise ElectionError(f"writing the in-sync set: {results}")
     raise LostLeadership("could not write the in-sync set: it keeps changing")
 
@@ -203,8 +235,9 @@ def request_elect(zk: KazooClient, paths: ClusterPaths, target: int, now: float)
     try:
         zk.create(paths.elect, json.dumps({"target": target, "requested_at": now}).encode(), makepath=True)
     except NodeExistsError:
-        raise ElectionError(f"another elect request is pending ({read_elect(zk, paths)}); "
-                            "wait for it or delete it") from None
+        raise ElectionError(
+            f"another elect request is pending ({read_elect(zk, paths)}); wait for it or delete it"
+        ) from None
 
 
 def answer_elect(zk: KazooClient, paths: ClusterPaths, refused: str) -> None:

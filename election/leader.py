@@ -18,6 +18,7 @@ Example::
     claim = claim_epoch(zk, paths, 3)     # inside lead(): claim.epoch, claim.version
     publish_leader(zk, paths, {"broker_id": 3, "address": "tcp://...", "epoch": claim.epoch}, claim)
 """
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,9 @@ def check_epoch(zk: KazooClient, paths: ClusterPaths, epoch: int) -> None:
         raise LostLeadership(f"epoch {current} was claimed after ours ({epoch})")
 
 
-def publish_leader(zk: KazooClient, paths: ClusterPaths, info: dict, claim: EpochClaim,
-                   max_tries: int = 20) -> None:
+def publish_leader(
+    zk: KazooClient, paths: ClusterPaths, info: dict, claim: EpochClaim, max_tries: int = 20
+) -> None:
     """Create the ephemeral `leader` node, in one multi-op with the check that our epoch is current.
 
     A node of a lower epoch (our predecessor's, its session not yet expired) is deleted with
@@ -95,8 +97,9 @@ def publish_leader(zk: KazooClient, paths: ClusterPaths, info: dict, claim: Epoc
             if stat.ephemeralOwner == zk.client_id[0]:
                 txn.set_data(paths.leader, data, version=stat.version)
             elif _epoch_of(existing) >= claim.epoch:
-                raise LostLeadership(f"the leader node holds epoch {_epoch_of(existing)}, not below ours "
-                                     f"({claim.epoch})")
+                raise LostLeadership(
+                    f"the leader node holds epoch {_epoch_of(existing)}, not below ours ({claim.epoch})"
+                )
             else:
                 txn.delete(paths.leader, version=stat.version)
                 txn.create(paths.leader, data, ephemeral=True)

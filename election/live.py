@@ -12,6 +12,7 @@ Example::
     for broker_id, info in live_brokers(zk, ClusterPaths("dev")).items():
         print(broker_id, info.get("address"), info.get("snapshot"))
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ def read_live_broker(zk: KazooClient, paths: ClusterPaths, broker_id: int) -> di
     return info if isinstance(info, dict) else {"error": f"unreadable node {path}"}
 
 
-def live_broker_ids(zk: KazooClient, paths: ClusterPaths, watch: Callable[[Any], None] | None = None) -> list[int]:
+def live_broker_ids(
+    zk: KazooClient, paths: ClusterPaths, watch: Callable[[Any], None] | None = None
+) -> list[int]:
     """The ids of the live brokers (one read; ``watch`` fires when one comes or goes)."""
     try:
         children = zk.get_children(paths.live_brokers, watch=watch)

@@ -9,6 +9,7 @@ Example::
     zk.ensure_path(paths.bookies)
     zk.get(paths.epoch)
 """
+
 from __future__ import annotations
 
 import re

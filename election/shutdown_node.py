@@ -19,6 +19,7 @@ Example::
     read_stops(zk, paths)              # {2: {"shutdown_id": .., "position": [7, 41], "state": "clean", ..}}
     clear_shutdown(zk, paths, doc["shutdown_id"])
 """
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,14 @@ class ShutdownExists(ElectionError):
     """A shutdown node is already there (another ``cluster shutdown`` is in progress)."""
 
 
-def create_shutdown(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int],
-                    clock: Callable[[], float], **extra) -> dict:
+def create_shutdown(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    shutdown_id: str,
+    members: list[int],
+    clock: Callable[[], float],
+    **extra,
+) -> dict:
     """Create the ``shutdown`` node; ShutdownExists if one is there."""
     doc = {"shutdown_id": shutdown_id, "requested_at": clock(), "members": sorted(members), **extra}
     try:
@@ -62,8 +69,15 @@ def read_shutdown(zk: KazooClient, paths: ClusterPaths) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("shutdown_id"), str) else None
 
 
-def record_stop(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, broker_id: int,
-                position: tuple[int, int] | None, state: str = CLEAN, **extra) -> bool:
+def record_stop(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    shutdown_id: str,
+    broker_id: int,
+    position: tuple[int, int] | None,
+    state: str = CLEAN,
+    **extra,
+) -> bool:
     """Record that broker ``broker_id`` stopped at ``position`` in shutdown ``shutdown_id``.
 
     Written only under a node of that same shutdown (False otherwise: it is over or
@@ -72,8 +86,14 @@ def record_stop(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, broker_i
     doc = read_shutdown(zk, paths)
     if doc is None or doc["shutdown_id"] != shutdown_id:
         return False
-    data = json.dumps({"shutdown_id": shutdown_id, "position": list(position) if position else None,
-                       "state": state, **extra}).encode()
+    data = json.dumps(
+        {
+            "shutdown_id": shutdown_id,
+            "position": list(position) if position else None,
+            "state": state,
+            **extra,
+        }
+    ).encode()
     try:
         zk.create(paths.shutdown_member(broker_id), data)
     except NodeExistsError:
@@ -151,5 +171,7 @@ def shutdown_hold(doc: dict | None, start_status: StoreStatus | None) -> str:
         return ""
     if start_status is not None and start_status.clean and start_status.shutdown_id == doc["shutdown_id"]:
         return ""
-    return (f"the cluster shutdown {doc['shutdown_id']} is recorded: only a broker restarted on a store "
-            f"it left clean may lead")
+    return (
+        f"the cluster shutdown {doc['shutdown_id']} is recorded: only a broker restarted on a store "
+        f"it left clean may lead"
+    )

@@ -8,6 +8,7 @@ Example::
     finally:
         close(zk)
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,9 @@ class ZooKeeperUnavailable(ElectionError):
     """No ZooKeeper server answered in time."""
 
 
-def connect(hosts: str, session_timeout: float = 10.0, connect_timeout: float = 10.0,
-            auth: ZkAuth | None = None) -> KazooClient:
+def connect(
+    hosts: str, session_timeout: float = 10.0, connect_timeout: float = 10.0, auth: ZkAuth | None = None
+) -> KazooClient:
     """Start a kazoo client on `hosts` and wait until it is connected.
 
     With ``auth`` (by default the one ``FENCEPOST_ZK_AUTH`` names, if any) the session
@@ -57,14 +59,18 @@ def connect(hosts: str, session_timeout: float = 10.0, connect_timeout: float = 
 START_PATIENCE_S = 60.0
 
 
-def patiently(fn: Callable[..., T], *args: Any, what: str, deadline_s: float = START_PATIENCE_S, **kwargs: Any) -> T:
+def patiently(
+    fn: Callable[..., T], *args: Any, what: str, deadline_s: float = START_PATIENCE_S, **kwargs: Any
+) -> T:
     """Run an idempotent ZooKeeper step, retrying through connection and session loss for `deadline_s`.
 
     For the steps of a process start (register, read the cluster config): ZooKeeper
     being restarted must delay the start, not kill the process with a traceback.
     Raises ZooKeeperUnavailable, naming `what`, when ZooKeeper stays away.
     """
-    retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, deadline=deadline_s, ignore_expire=True)
+    retry = KazooRetry(
+        max_tries=-1, delay=0.1, backoff=2, max_delay=2.0, deadline=deadline_s, ignore_expire=True
+    )
     try:
         return retry(fn, *args, **kwargs)
     except RetryFailedError:

@@ -16,6 +16,7 @@ Example::
     auth = ZkAuth.parse("digest:fencepost:/etc/fencepost/zk.password")
     KazooClient(hosts, auth_data=auth.auth_data(), default_acl=auth.acl())
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,9 @@ class ZkAuth:
         try:
             password = Path(password_file).read_text().strip()
         except OSError as exc:
-            raise ZkAuthError(f"cannot read the ZooKeeper password file {password_file}: "
-                              f"{exc.strerror or exc}") from None
+            raise ZkAuthError(
+                f"cannot read the ZooKeeper password file {password_file}: {exc.strerror or exc}"
+            ) from None
         if not password:
             raise ZkAuthError(f"the ZooKeeper password file {password_file} is empty")
         return cls(user, password, password_file)

@@ -22,6 +22,7 @@ Example::
     data = encode_entry(Entry(ledger_id=3, entry_id=0, lac=-1, epoch=1, payload=b"x"), digest)
     assert decode_entry(data, digest).payload == b"x"
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -127,7 +128,9 @@ def encode_entry(entry: Entry, digest: Digest) -> bytes:
     return body + digest.compute(body)
 
 
-def encode_fields(ledger_id: int, entry_id: int, lac: int, epoch: int, payload: bytes, digest: Digest) -> bytes:
+def encode_fields(
+    ledger_id: int, entry_id: int, lac: int, epoch: int, payload: bytes, digest: Digest
+) -> bytes:
     """:func:`encode_entry` without the :class:`Entry` object or the range checks: the writer's fast path.
 
     For callers whose ids are already known to be in range and whose ``payload``
@@ -147,8 +150,10 @@ def decode_entry(data: bytes, digest: Digest) -> Entry:
     ledger_id, entry_id, lac, epoch, length = HEADER.unpack_from(data)
     expected = HEADER_SIZE + length + digest.size
     if len(data) != expected:
-        raise CorruptEntry(f"length mismatch: header says {length} payload bytes, so {expected} in all, got {len(data)}")
-    body, mac = data[:-digest.size], data[-digest.size:]
+        raise CorruptEntry(
+            f"length mismatch: header says {length} payload bytes, so {expected} in all, got {len(data)}"
+        )
+    body, mac = data[: -digest.size], data[-digest.size :]
     if not hmac.compare_digest(digest.compute(body), mac):
         raise CorruptEntry(f"bad {digest.name} digest for ledger {ledger_id} entry {entry_id}")
     return Entry(ledger_id, entry_id, lac, epoch, body[HEADER_SIZE:])
@@ -194,10 +199,14 @@ def check_run(entries: object, ledger_id: int, first_entry_id: int) -> int:
             raise CorruptEntry(f"entry {expected}: too short: {len(data)} bytes")
         h_ledger, h_entry, lac, _epoch, length = unpack(data)
         if h_ledger != ledger_id or h_entry != expected:
-            raise CorruptEntry(f"header says ledger {h_ledger} entry {h_entry}, expected {ledger_id}/{expected}")
+            raise CorruptEntry(
+                f"header says ledger {h_ledger} entry {h_entry}, expected {ledger_id}/{expected}"
+            )
         if len(data) - HEADER_SIZE - length not in sizes:
-            raise CorruptEntry(f"entry {expected}: length mismatch: header says {length} payload bytes "
-                               f"but the frame has {len(data)} bytes")
+            raise CorruptEntry(
+                f"entry {expected}: length mismatch: header says {length} payload bytes "
+                f"but the frame has {len(data)} bytes"
+            )
         if lac > best:
             best = lac
         expected += 1

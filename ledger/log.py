@@ -16,6 +16,7 @@ Example::
     ledgers, version = read_log(zk, paths)
     version = append_ledger(zk, paths, writer.ledger_id, epoch=4, expected_version=version, claim=claim)
 """
+
 from __future__ import annotations
 
 import json
@@ -100,8 +101,10 @@ def position_after(position: Position, ledger_ids: list[int]) -> Position:
     if ledger_id in ledger_ids:
         return ledger_id, entry_id + 1
     if ledger_ids and ledger_id < ledger_ids[0]:
-        raise LogGap(f"position {tuple(position)} is in ledger {ledger_id}, which is no longer in the log "
-                     f"(the oldest is {ledger_ids[0]}): install a snapshot first")
+        raise LogGap(
+            f"position {tuple(position)} is in ledger {ledger_id}, which is no longer in the log "
+            f"(the oldest is {ledger_ids[0]}): install a snapshot first"
+        )
     newer = [i for i in ledger_ids if i > ledger_id]
     # A ledger that never made it into the log (its creator lost the CAS) holds
     # nothing committed: resume at the next one that did.
@@ -132,8 +135,9 @@ def read_log(zk: KazooClient, paths: ClusterPaths) -> tuple[list[dict], int]:
     return parse_log(data), stat.version
 
 
-def write_log(zk: KazooClient, paths: ClusterPaths, ledgers: list[dict], expected_version: int,
-              claim: EpochClaim | None) -> int:
+def write_log(
+    zk: KazooClient, paths: ClusterPaths, ledgers: list[dict], expected_version: int, claim: EpochClaim | None
+) -> int:
     """Write the whole ledger list as one multi-op: CAS on the log, checked against ``claim``; the new version.
 
     ``claim`` None is only for tools working on a cluster with no leader (tests, benchmarks).
@@ -157,8 +161,14 @@ def write_log(zk: KazooClient, paths: ClusterPaths, ledgers: list[dict], expecte
     return 0 if expected_version == -1 else outcome.version
 
 
-def append_ledger(zk: KazooClient, paths: ClusterPaths, ledger_id: int, epoch: int, expected_version: int,
-                  claim: EpochClaim | None = None) -> int:
+def append_ledger(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    ledger_id: int,
+    epoch: int,
+    expected_version: int,
+    claim: EpochClaim | None = None,
+) -> int:
     """Append a ledger to the log (``expected_version`` from :func:`read_log`); return the new version."""
     ledgers, version = read_log(zk, paths)
     if version != expected_version:
@@ -166,8 +176,9 @@ def append_ledger(zk: KazooClient, paths: ClusterPaths, ledger_id: int, epoch: i
     return write_log(zk, paths, appended(ledgers, ledger_id, epoch), expected_version, claim)
 
 
-def remove_ledgers(zk: KazooClient, paths: ClusterPaths, ledger_ids, expected_version: int,
-                   claim: EpochClaim | None = None) -> int:
+def remove_ledgers(
+    zk: KazooClient, paths: ClusterPaths, ledger_ids, expected_version: int, claim: EpochClaim | None = None
+) -> int:
     """Remove the oldest ledgers from the log; return the new version."""
     ledgers, version = read_log(zk, paths)
     if version != expected_version:

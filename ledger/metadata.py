@@ -25,6 +25,7 @@ Example::
     version = cas_metadata(zk, paths, meta, version)
     meta.ensemble_for(12)                               # the bookies that hold entry 12
 """
+
 from __future__ import annotations
 
 import bisect
@@ -70,7 +71,9 @@ def _member(member: Any) -> dict:
 
 
 def _same_bookies(a: list[dict], b: list[dict]) -> bool:
-    return [(m.get("bookie_id"), m.get("address")) for m in a] == [(m.get("bookie_id"), m.get("address")) for m in b]
+    return [(m.get("bookie_id"), m.get("address")) for m in a] == [
+        (m.get("bookie_id"), m.get("address")) for m in b
+    ]
 
 
 @dataclass
@@ -100,7 +103,9 @@ class LedgerMetadata:
     created_at: float = 0.0
     digest: str = "crc32c"
     extra: dict = field(default_factory=dict)  # unknown keys, kept so a rewrite does not drop them
-    fragments: list[dict] = field(default_factory=list)  # [{"first_entry", "ensemble"}] ascending; [0] starts at 0
+    fragments: list[dict] = field(
+        default_factory=list
+    )  # [{"first_entry", "ensemble"}] ascending; [0] starts at 0
 
     def __post_init__(self) -> None:
         if not self.fragments:
@@ -122,16 +127,20 @@ class LedgerMetadata:
                 raise LedgerError(f"ledger {self.ledger_id}: bad fragment {fragment!r}")
             first = fragment.get("first_entry")
             if type(first) is not int or first <= previous or (previous == -1 and first != 0):
-                raise LedgerError(f"ledger {self.ledger_id}: fragments must start at entry 0 and go up, "
-                                  f"got first_entry {first!r} after {previous}")
+                raise LedgerError(
+                    f"ledger {self.ledger_id}: fragments must start at entry 0 and go up, "
+                    f"got first_entry {first!r} after {previous}"
+                )
             previous = first
             members = fragment["ensemble"]
             for member in members:
                 if not isinstance(member, dict) or not member.get("bookie_id") or not member.get("address"):
                     raise LedgerError(f"ledger {self.ledger_id}: bad ensemble member {member!r}")
             if len(members) != len(self.ensemble) or len({m["bookie_id"] for m in members}) != len(members):
-                raise LedgerError(f"ledger {self.ledger_id}: the fragment at entry {first} needs "
-                                  f"{len(self.ensemble)} distinct bookies, got {members!r}")
+                raise LedgerError(
+                    f"ledger {self.ledger_id}: the fragment at entry {first} needs "
+                    f"{len(self.ensemble)} distinct bookies, got {members!r}"
+                )
         if not _same_bookies(self.fragments[-1]["ensemble"], self.ensemble):
             raise LedgerError(f"ledger {self.ledger_id}: ensemble differs from the last fragment's")
         return self
@@ -171,8 +180,10 @@ class LedgerMetadata:
         members = [_member(m) for m in ensemble]
         last = self.last_fragment_start
         if first_entry < last:
-            raise LedgerError(f"ledger {self.ledger_id}: a new fragment cannot start at entry {first_entry}, "
-                              f"before the last one (entry {last})")
+            raise LedgerError(
+                f"ledger {self.ledger_id}: a new fragment cannot start at entry {first_entry}, "
+                f"before the last one (entry {last})"
+            )
         kept = self.fragments[:-1] if first_entry == last else list(self.fragments)
         fragments = kept + [{"first_entry": int(first_entry), "ensemble": members}]
         return dataclasses.replace(self, ensemble=members, fragments=fragments).validate()
@@ -199,8 +210,10 @@ class LedgerMetadata:
         doc.update(
             ledger_id=self.ledger_id,
             ensemble=[_member(m) for m in self.ensemble],
-            fragments=[{"first_entry": int(f["first_entry"]), "ensemble": [_member(m) for m in f["ensemble"]]}
-                       for f in self.fragments],
+            fragments=[
+                {"first_entry": int(f["first_entry"]), "ensemble": [_member(m) for m in f["ensemble"]]}
+                for f in self.fragments
+            ],
             write_quorum=self.write_quorum,
             ack_quorum=self.ack_quorum,
             state=self.state,
@@ -336,11 +349,14 @@ def advance_ledger_ids(zk: KazooClient, paths: ClusterPaths, above: int, batch: 
                 raise result
 
 
-def read_metadata(zk: KazooClient, paths: ClusterPaths, ledger_id: int,
-                  watch: Callable[[Any], None] | None = None) -> tuple[LedgerMetadata, int]:
+def read_metadata(
+    zk: KazooClient, paths: ClusterPaths, ledger_id: int, watch: Callable[[Any], None] | None = None
+) -> tuple[LedgerMetadata, int]:
     """The ledger's metadata and its znode version (for a later CAS); ``watch`` is armed on the node."""
     try:
-        data, stat = zk.get(paths.ledger(ledger_id)) if watch is None else zk.get(paths.ledger(ledger_id), watch=watch)
+        data, stat = (
+            zk.get(paths.ledger(ledger_id)) if watch is None else zk.get(paths.ledger(ledger_id), watch=watch)
+        )
     except NoNodeError:
         raise NoSuchLedger(f"ledger {ledger_id} does not exist") from None
     return LedgerMetadata.from_json(data, ledger_id), stat.version

@@ -23,6 +23,7 @@ Example::
     # a replacement for a failed member, beside the members that stay:
     spare = choose_ensemble(bookies, 1, rng, beside=[m for m in ensemble if m["bookie_id"] != "b2"])
 """
+
 from __future__ import annotations
 
 import random
@@ -52,7 +53,9 @@ def address_key(address: str) -> str:
 def _free_rank(bookie: dict) -> int:
     free = bookie.get("free_bytes")
     # An unknown free space (an old registration) ranks below every known one.
-    return free // FREE_SPACE_UNIT if isinstance(free, int) and not isinstance(free, bool) and free >= 0 else -1
+    return (
+        free // FREE_SPACE_UNIT if isinstance(free, int) and not isinstance(free, bool) and free >= 0 else -1
+    )
 
 
 def _writable(bookies: Iterable, beside: Iterable[dict]) -> tuple[list[dict], list[str]]:
@@ -82,8 +85,9 @@ def placeable(bookies: Iterable, beside: Iterable[dict] = ()) -> int:
     return len({address_key(str(b["address"])) for b in usable})
 
 
-def choose_ensemble(bookies: Iterable, size: int, rng: random.Random,
-                    beside: Iterable[dict] = ()) -> list[dict]:
+def choose_ensemble(
+    bookies: Iterable, size: int, rng: random.Random, beside: Iterable[dict] = ()
+) -> list[dict]:
     """Pick ``size`` live bookies by the rules of the module docstring; NotEnoughBookies if they are short.
 
     Input dicts are ``bookies/<id>`` registrations (``bookie_id``, ``address``, ``free_bytes``,

@@ -7,6 +7,7 @@ change), :meth:`QuorumTracker.forget_member` drops what the old bookie did for
 the entries of the new fragment, so each entry's ack quorum is counted against
 its own fragment's ensemble.
 """
+
 from __future__ import annotations
 
 

@@ -25,6 +25,7 @@ Example::
     # grants, releases: from pipeline.replay (see pipeline.analyze_run); ledgers: ledger_id, created_ms
     tables["latency"].show()
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,19 +41,38 @@ from pipeline import PipelineError
 TABLES = ("tasks", "queue_minutes", "latency", "workers", "epochs")
 # The order each table is written in. The functions here leave their tables unsorted: a global
 # sort costs a sampling job and a shuffle, and a table written as one file sorts within it.
-TABLE_ORDER = {"tasks": ("submitted_ms", "task_id"), "queue_minutes": ("queue", "minute_ms"), "latency": ("queue",),
-               "workers": ("worker",), "epochs": ("epoch",)}
+TABLE_ORDER = {
+    "tasks": ("submitted_ms", "task_id"),
+    "queue_minutes": ("queue", "minute_ms"),
+    "latency": ("queue",),
+    "workers": ("worker",),
+    "epochs": ("epoch",),
+}
 POSITION = ("ledger_id", "entry_id", "event_index")
 MINUTE_MS = 60_000
 PERCENTILES = (0.5, 0.9, 0.99)
 # The event columns the analysis reads: the rest is left out of the cached copy.
-EVENT_COLUMNS = (*POSITION, "epoch", "type", "task_id", "queue", "attempt", "worker", "ts_ms", "key", "retry",
-                 "max_attempts", "extra")
+EVENT_COLUMNS = (
+    *POSITION,
+    "epoch",
+    "type",
+    "task_id",
+    "queue",
+    "attempt",
+    "worker",
+    "ts_ms",
+    "key",
+    "retry",
+    "max_attempts",
+    "extra",
+)
 GRANT_COLUMNS = (*POSITION, "task_id", "attempt", "worker", "ts_ms", "queue")
 RELEASE_COLUMNS = (*POSITION, "task_id", "attempt", "ts_ms", "state")
 LEDGER_DDL = "ledger_id bigint, created_ms bigint"
-RELEASE_DDL = ("ledger_id bigint, entry_id bigint, event_index int, task_id string, attempt bigint, ts_ms bigint, "
-               "state string")
+RELEASE_DDL = (
+    "ledger_id bigint, entry_id bigint, event_index int, task_id string, attempt bigint, ts_ms bigint, "
+    "state string"
+)
 
 
 @dataclass(frozen=True)
@@ -84,7 +104,9 @@ def parse_time(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise PipelineError(f"a time is ms since the epoch or ISO 8601 (2026-11-24T08:00:00), not {text!r}") from None
+        raise PipelineError(
+            f"a time is ms since the epoch or ISO 8601 (2026-11-24T08:00:00), not {text!r}"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1000)
@@ -103,7 +125,9 @@ def created_submits(events: DataFrame) -> DataFrame:
     """
     submits = _with_max_attempts(events.where(F.col("type") == "TaskSubmitted"), events)
     first_of_key = F.row_number().over(_in_order("queue", "key"))
-    created = submits.withColumn("_k", F.when(F.col("key").isNull(), F.lit(1)).otherwise(first_of_key)).where("_k = 1")
+    created = submits.withColumn("_k", F.when(F.col("key").isNull(), F.lit(1)).otherwise(first_of_key)).where(
+        "_k = 1"
+    )
     return created.select(*POSITION, "task_id", "queue", F.col("ts_ms").alias("submitted_ms"), "max_attempts")
 
 
@@ -111,13 +135,17 @@ def _with_max_attempts(submits: DataFrame, events: DataFrame) -> DataFrame:
     """A submit's max_attempts: its own, else the queue's as last declared before it, else the default."""
     declared = events.where((F.col("type") == "QueueDeclared") & F.col("max_attempts").isNotNull())
     columns = (*POSITION, "task_id", "queue", "key", "ts_ms", "max_attempts")
-    rows = (submits.select(*columns, F.lit(False).alias("_decl"))
-            .unionByName(declared.select(*columns, F.lit(True).alias("_decl"))))
+    rows = submits.select(*columns, F.lit(False).alias("_decl")).unionByName(
+        declared.select(*columns, F.lit(True).alias("_decl"))
+    )
     before = _in_order("queue").rowsBetween(W.unboundedPreceding, W.currentRow)
     queue_max = F.last(F.when(F.col("_decl"), F.col("max_attempts")), ignorenulls=True).over(before)
-    return (rows.withColumn("_queue_max", queue_max).where(~F.col("_decl"))
-            .withColumn("max_attempts", F.coalesce("max_attempts", "_queue_max", F.lit(DEFAULT_MAX_ATTEMPTS)))
-            .drop("_decl", "_queue_max"))
+    return (
+        rows.withColumn("_queue_max", queue_max)
+        .where(~F.col("_decl"))
+        .withColumn("max_attempts", F.coalesce("max_attempts", "_queue_max", F.lit(DEFAULT_MAX_ATTEMPTS)))
+        .drop("_decl", "_queue_max")
+    )
 
 
 def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> DataFrame:
@@ -138,48 +166,110 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
     """
     none = F.lit(None)
     no_attempt, no_worker, no_retry, no_state, no_queue, no_max = (
-        none.cast("bigint").alias("attempt"), none.cast("string").alias("worker"), none.cast("boolean").alias("retry"),
-        none.cast("string").alias("_given"), none.cast("string").alias("queue"),
-        none.cast("bigint").alias("max_attempts"))
-    steps = (created_submits(events).select(*POSITION, "task_id", F.lit("submit").alias("kind"), no_attempt, no_worker,
-                                            F.col("submitted_ms").alias("ts_ms"), no_retry, no_state, "queue",
-                                            "max_attempts")
-             .unionByName(grants.select(*POSITION, "task_id", F.lit("grant").alias("kind"), "attempt", "worker",
-                                        "ts_ms", no_retry, no_state, no_queue, no_max))
-             .unionByName(releases.select(
-                 *POSITION, "task_id",
-                 F.when(F.col("state") == "requeued", "requeue").otherwise("release").alias("kind"),
-                 "attempt", no_worker, "ts_ms", no_retry, F.col("state").alias("_given"), no_queue, no_max))
-             .unionByName(events.where(F.col("type").isin("TaskCompleted", "TaskFailed", "TaskCancelled")).select(
-                 *POSITION, "task_id",
-                 F.when(F.col("type") == "TaskCompleted", "complete").when(F.col("type") == "TaskFailed", "fail")
-                 .otherwise("cancel").alias("kind"), "attempt", no_worker, "ts_ms", "retry", no_state, no_queue,
-                 no_max)))
+        none.cast("bigint").alias("attempt"),
+        none.cast("string").alias("worker"),
+        none.cast("boolean").alias("retry"),
+        none.cast("string").alias("_given"),
+        none.cast("string").alias("queue"),
+        none.cast("bigint").alias("max_attempts"),
+    )
+    steps = (
+        created_submits(events)
+        .select(
+            *POSITION,
+            "task_id",
+            F.lit("submit").alias("kind"),
+            no_attempt,
+            no_worker,
+            F.col("submitted_ms").alias("ts_ms"),
+            no_retry,
+            no_state,
+            "queue",
+            "max_attempts",
+        )
+        .unionByName(
+            grants.select(
+                *POSITION,
+                "task_id",
+                F.lit("grant").alias("kind"),
+                "attempt",
+                "worker",
+                "ts_ms",
+                no_retry,
+                no_state,
+                no_queue,
+                no_max,
+            )
+        )
+        .unionByName(
+            releases.select(
+                *POSITION,
+                "task_id",
+                F.when(F.col("state") == "requeued", "requeue").otherwise("release").alias("kind"),
+                "attempt",
+                no_worker,
+                "ts_ms",
+                no_retry,
+                F.col("state").alias("_given"),
+                no_queue,
+                no_max,
+            )
+        )
+        .unionByName(
+            events.where(F.col("type").isin("TaskCompleted", "TaskFailed", "TaskCancelled")).select(
+                *POSITION,
+                "task_id",
+                F.when(F.col("type") == "TaskCompleted", "complete")
+                .when(F.col("type") == "TaskFailed", "fail")
+                .otherwise("cancel")
+                .alias("kind"),
+                "attempt",
+                no_worker,
+                "ts_ms",
+                "retry",
+                no_state,
+                no_queue,
+                no_max,
+            )
+        )
+    )
     # Only the steps of a task that a submit created; its first submit says its queue and max_attempts.
     whole = _in_order("task_id").rowsBetween(W.unboundedPreceding, W.unboundedFollowing)
-    steps = (steps.withColumn("queue", F.first("queue", ignorenulls=True).over(whole))
-             .withColumn("max_attempts", F.first("max_attempts", ignorenulls=True).over(whole))
-             .where(F.col("queue").isNotNull()))
+    steps = (
+        steps.withColumn("queue", F.first("queue", ignorenulls=True).over(whole))
+        .withColumn("max_attempts", F.first("max_attempts", ignorenulls=True).over(whole))
+        .where(F.col("queue").isNotNull())
+    )
     so_far = _in_order("task_id").rowsBetween(W.unboundedPreceding, W.currentRow)
     current = F.last(F.when(F.col("kind") == "grant", F.col("attempt")), ignorenulls=True).over(so_far)
     ending = F.col("kind").isin("complete", "fail", "release")
     # A completion, failure or release ends the attempt last granted, once; any other is refused by apply.
     # So is a second submit of one task id.
-    slot = F.when(ending, F.concat(F.lit("end "), F.col("attempt").cast("string"))).when(F.col("kind") == "submit",
-                                                                                          "submit")
+    slot = F.when(ending, F.concat(F.lit("end "), F.col("attempt").cast("string"))).when(
+        F.col("kind") == "submit", "submit"
+    )
     # A requeue gives the task max_attempts attempts more: those before it no longer count.
-    base = F.coalesce(F.last(F.when(F.col("kind") == "requeue", F.col("attempt")), ignorenulls=True).over(so_far),
-                      F.lit(0))
-    steps = (steps.withColumn("_current", current).where(~ending | (F.col("attempt") == F.col("_current")))
-             .withColumn("_slot", slot).withColumn("_base", base))
+    base = F.coalesce(
+        F.last(F.when(F.col("kind") == "requeue", F.col("attempt")), ignorenulls=True).over(so_far), F.lit(0)
+    )
+    steps = (
+        steps.withColumn("_current", current)
+        .where(~ending | (F.col("attempt") == F.col("_current")))
+        .withColumn("_slot", slot)
+        .withColumn("_base", base)
+    )
     steps = steps.withColumn("_nth", F.row_number().over(_in_order("task_id", "_slot")))
     steps = steps.where(F.col("_slot").isNull() | (F.col("_nth") == 1))
     kind = F.col("kind")
-    state = (F.when(kind == "release", F.col("_given")).when(kind.isin("submit", "requeue"), "waiting")
-             .when(kind == "grant", "running").when(kind == "complete", "done")
-             .when((kind == "fail") & ~F.col("retry"), "failed")
-             .when((kind == "fail") & (F.col("attempt") - F.col("_base") >= F.col("max_attempts")), "dead")
-             .when(kind == "fail", "waiting"))
+    state = (
+        F.when(kind == "release", F.col("_given"))
+        .when(kind.isin("submit", "requeue"), "waiting")
+        .when(kind == "grant", "running")
+        .when(kind == "complete", "done")
+        .when((kind == "fail") & ~F.col("retry"), "failed")
+        .when((kind == "fail") & (F.col("attempt") - F.col("_base") >= F.col("max_attempts")), "dead")
+        .when(kind == "fail", "waiting")
+    )
     steps = steps.withColumn("state", state)
     before = _in_order("task_id").rowsBetween(W.unboundedPreceding, -1)
     # A cancel counts only while the task waits (and only the first: nothing happens to a cancelled task).
@@ -196,33 +286,54 @@ def task_table(life: DataFrame) -> DataFrame:
     position = F.struct(*POSITION)
     grant = F.col("kind") == "grant"
     final = F.max_by("state", position)
-    return (life.groupBy("task_id", "queue").agg(
-        F.min(F.when(F.col("kind") == "submit", F.col("ts_ms"))).alias("submitted_ms"),
-        F.min(F.when(grant, F.col("ts_ms"))).alias("first_start_ms"),
-        F.max_by("ts_ms", position).alias("_last_ms"),
-        F.coalesce(F.max(F.when(grant, F.col("attempt"))), F.lit(0)).alias("attempts"),
-        final.alias("final_state"),
-        F.max_by(F.when(grant, F.col("worker")), F.when(grant, position)).alias("worker"),
-        F.first("max_attempts").alias("max_attempts"))
-        .withColumn("finished_ms", F.when(F.col("final_state").isin("done", "failed", "dead", "cancelled"),
-                                          F.col("_last_ms")))
-        .select("task_id", "queue", "submitted_ms", "first_start_ms", "finished_ms", "attempts", "final_state",
-                "worker", "max_attempts"))
+    return (
+        life.groupBy("task_id", "queue")
+        .agg(
+            F.min(F.when(F.col("kind") == "submit", F.col("ts_ms"))).alias("submitted_ms"),
+            F.min(F.when(grant, F.col("ts_ms"))).alias("first_start_ms"),
+            F.max_by("ts_ms", position).alias("_last_ms"),
+            F.coalesce(F.max(F.when(grant, F.col("attempt"))), F.lit(0)).alias("attempts"),
+            final.alias("final_state"),
+            F.max_by(F.when(grant, F.col("worker")), F.when(grant, position)).alias("worker"),
+            F.first("max_attempts").alias("max_attempts"),
+        )
+        .withColumn(
+            "finished_ms",
+            F.when(F.col("final_state").isin("done", "failed", "dead", "cancelled"), F.col("_last_ms")),
+        )
+        .select(
+            "task_id",
+            "queue",
+            "submitted_ms",
+            "first_start_ms",
+            "finished_ms",
+            "attempts",
+            "final_state",
+            "worker",
+            "max_attempts",
+        )
+    )
 
 
 def queue_minutes(life: DataFrame, window: Window) -> DataFrame:
     """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead,
     cancelled."""
     steps = life.where(window.contains(F.col("ts_ms"))).withColumn(
-        "minute_ms", F.floor(F.col("ts_ms") / MINUTE_MS).cast("bigint") * MINUTE_MS)
+        "minute_ms", F.floor(F.col("ts_ms") / MINUTE_MS).cast("bigint") * MINUTE_MS
+    )
 
     def count(cond: Column, name: str) -> Column:
         return F.sum(F.when(cond, 1).otherwise(0)).cast("bigint").alias(name)
 
     kind, state = F.col("kind"), F.col("state")
-    return (steps.groupBy("queue", "minute_ms").agg(
-        count(kind == "submit", "submitted"), count(kind == "grant", "started"), count(state == "done", "finished"),
-        count(state == "failed", "failed"), count(state == "dead", "dead"), count(state == "cancelled", "cancelled")))
+    return steps.groupBy("queue", "minute_ms").agg(
+        count(kind == "submit", "submitted"),
+        count(kind == "grant", "started"),
+        count(state == "done", "finished"),
+        count(state == "failed", "failed"),
+        count(state == "dead", "dead"),
+        count(state == "cancelled", "cancelled"),
+    )
 
 
 def latency(tasks: DataFrame) -> DataFrame:
@@ -230,9 +341,13 @@ def latency(tasks: DataFrame) -> DataFrame:
     to_start = F.col("first_start_ms") - F.col("submitted_ms")
     ran_to_end = F.col("final_state").isin("done", "failed", "dead")
     to_finish = F.when(ran_to_end, F.col("finished_ms") - F.col("submitted_ms"))
-    aggs = [F.count("*").alias("tasks"), F.count(to_start).alias("started"), F.count(to_finish).alias("finished"),
-            F.percentile(to_start, list(PERCENTILES)).alias("_start"),
-            F.percentile(to_finish, list(PERCENTILES)).alias("_finish")]
+    aggs = [
+        F.count("*").alias("tasks"),
+        F.count(to_start).alias("started"),
+        F.count(to_finish).alias("finished"),
+        F.percentile(to_start, list(PERCENTILES)).alias("_start"),
+        F.percentile(to_finish, list(PERCENTILES)).alias("_finish"),
+    ]
     table = tasks.groupBy("queue").agg(*aggs)
     cols = ["queue", "tasks", "started", "finished"]
     for prefix in ("start", "finish"):
@@ -247,24 +362,32 @@ def attempt_spans(life: DataFrame, history_end_ms: int) -> DataFrame:
     An attempt ends at its completion, failure or release (lease expired,
     worker lost); one still running ends at the history's end.
     """
-    grants = (life.where(F.col("kind") == "grant")
-              .select("task_id", "attempt", "worker", F.col("ts_ms").alias("start_ms")))
-    ends = (life.where(F.col("kind").isin("complete", "fail", "release"))
-            .select("task_id", "attempt", F.col("ts_ms").alias("_end")))
+    grants = life.where(F.col("kind") == "grant").select(
+        "task_id", "attempt", "worker", F.col("ts_ms").alias("start_ms")
+    )
+    ends = life.where(F.col("kind").isin("complete", "fail", "release")).select(
+        "task_id", "attempt", F.col("ts_ms").alias("_end")
+    )
     end = F.greatest(F.coalesce("_end", F.lit(history_end_ms)), F.col("start_ms"))
-    return grants.join(ends, ["task_id", "attempt"], "left").select("task_id", "attempt", "worker", "start_ms",
-                                                                    end.alias("end_ms"))
+    return grants.join(ends, ["task_id", "attempt"], "left").select(
+        "task_id", "attempt", "worker", "start_ms", end.alias("end_ms")
+    )
 
 
 def worker_utilization(spans: DataFrame, start_ms: int, end_ms: int) -> DataFrame:
     """Per worker: attempts started and busy time within [start_ms, end_ms), and busy / window."""
-    clipped = (F.least(F.col("end_ms"), F.lit(end_ms)) - F.greatest(F.col("start_ms"), F.lit(start_ms)))
+    clipped = F.least(F.col("end_ms"), F.lit(end_ms)) - F.greatest(F.col("start_ms"), F.lit(start_ms))
     window_ms = max(end_ms - start_ms, 1)
-    return (spans.where((F.col("end_ms") >= start_ms) & (F.col("start_ms") < end_ms))
-            .groupBy("worker").agg(F.count("*").alias("attempts"),
-                                   F.sum(F.greatest(clipped, F.lit(0))).cast("bigint").alias("busy_ms"))
-            .withColumn("window_ms", F.lit(window_ms).cast("bigint"))
-            .withColumn("utilization", F.col("busy_ms") / F.col("window_ms")))
+    return (
+        spans.where((F.col("end_ms") >= start_ms) & (F.col("start_ms") < end_ms))
+        .groupBy("worker")
+        .agg(
+            F.count("*").alias("attempts"),
+            F.sum(F.greatest(clipped, F.lit(0))).cast("bigint").alias("busy_ms"),
+        )
+        .withColumn("window_ms", F.lit(window_ms).cast("bigint"))
+        .withColumn("utilization", F.col("busy_ms") / F.col("window_ms"))
+    )
 
 
 def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
@@ -281,27 +404,44 @@ def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
     the previous epoch ended ``its end_ms - its start_ms`` after its ledger
     was created. ``gap_ms`` is null where a ledger's creation is unknown.
     """
-    started = (events.where(F.col("type") == "EpochStarted")
-               .select(F.get_json_object("extra", "$.epoch").cast("bigint").alias("epoch"),
-                       F.get_json_object("extra", "$.broker_id").cast("bigint").alias("broker_id"),
-                       F.col("ts_ms").alias("_started")))
+    started = events.where(F.col("type") == "EpochStarted").select(
+        F.get_json_object("extra", "$.epoch").cast("bigint").alias("epoch"),
+        F.get_json_object("extra", "$.broker_id").cast("bigint").alias("broker_id"),
+        F.col("ts_ms").alias("_started"),
+    )
     spans = events.groupBy("epoch").agg(
-        F.min("ledger_id").alias("ledger_id"), F.min("ts_ms").alias("_first"), F.max("ts_ms").alias("end_ms"),
-        F.count_distinct("ledger_id", "entry_id").alias("entries"), F.count("*").alias("events"))
+        F.min("ledger_id").alias("ledger_id"),
+        F.min("ts_ms").alias("_first"),
+        F.max("ts_ms").alias("end_ms"),
+        F.count_distinct("ledger_id", "entry_id").alias("entries"),
+        F.count("*").alias("events"),
+    )
     previous = W.orderBy("epoch")
-    table = (spans.join(started, "epoch", "left").join(ledgers.select("ledger_id", "created_ms"), "ledger_id", "left")
-             .withColumn("start_ms", F.coalesce("_started", "_first"))
-             .withColumn("_wall_end", F.col("created_ms") + F.col("end_ms") - F.col("start_ms"))
-             .withColumn("leader_gap_ms", F.col("start_ms") - F.lag("end_ms").over(previous))
-             .withColumn("gap_ms", F.col("created_ms") - F.lag("_wall_end").over(previous)))
+    table = (
+        spans.join(started, "epoch", "left")
+        .join(ledgers.select("ledger_id", "created_ms"), "ledger_id", "left")
+        .withColumn("start_ms", F.coalesce("_started", "_first"))
+        .withColumn("_wall_end", F.col("created_ms") + F.col("end_ms") - F.col("start_ms"))
+        .withColumn("leader_gap_ms", F.col("start_ms") - F.lag("end_ms").over(previous))
+        .withColumn("gap_ms", F.col("created_ms") - F.lag("_wall_end").over(previous))
+    )
     inside = F.lit(True)
     if window.since_ms is not None:
         inside = inside & (F.col("end_ms") >= window.since_ms)
     if window.until_ms is not None:
         inside = inside & (F.col("start_ms") < window.until_ms)
-    return (table.where(inside).select("epoch", "broker_id", "ledger_id", "start_ms", "end_ms", "gap_ms",
-                                       "leader_gap_ms", F.col("created_ms").alias("ledger_created_ms"), "entries",
-                                       "events"))
+    return table.where(inside).select(
+        "epoch",
+        "broker_id",
+        "ledger_id",
+        "start_ms",
+        "end_ms",
+        "gap_ms",
+        "leader_gap_ms",
+        F.col("created_ms").alias("ledger_created_ms"),
+        "entries",
+        "events",
+    )
 
 
 def prepare_events(events: DataFrame) -> DataFrame:
@@ -319,8 +459,14 @@ def history_span(events: DataFrame, window: Window) -> tuple[int, int] | None:
     return start, max(start, end)
 
 
-def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, ledgers: DataFrame,
-                   window: Window, span: tuple[int, int] | None = None) -> dict[str, DataFrame]:
+def analyze_events(
+    events: DataFrame,
+    grants: DataFrame,
+    releases: DataFrame,
+    ledgers: DataFrame,
+    window: Window,
+    span: tuple[int, int] | None = None,
+) -> dict[str, DataFrame]:
     """The tables (:data:`TABLES`) of the history in ``events`` (as :func:`prepare_events` returns them: every
     table reads them); ``grants`` and ``releases`` (see :func:`task_life`) come from a replay of that history,
     ``ledgers`` (see :func:`epochs`) from ZooKeeper; ``span``: :func:`history_span`, if already known."""
@@ -331,8 +477,10 @@ def analyze_events(events: DataFrame, grants: DataFrame, releases: DataFrame, le
     life = task_life(events, grants.select(*GRANT_COLUMNS), releases.select(*RELEASE_COLUMNS)).cache()
     tasks_in_window = task_table(life).where(window.contains(F.col("submitted_ms"))).cache()
     spans = attempt_spans(life, span[1])
-    return {"tasks": tasks_in_window,
-            "queue_minutes": queue_minutes(life, window),
-            "latency": latency(tasks_in_window),
-            "workers": worker_utilization(spans, span[0], span[1]),
-            "epochs": epochs(events, ledgers, window)}
+    return {
+        "tasks": tasks_in_window,
+        "queue_minutes": queue_minutes(life, window),
+        "latency": latency(tasks_in_window),
+        "workers": worker_utilization(spans, span[0], span[1]),
+        "epochs": epochs(events, ledgers, window),
+    }

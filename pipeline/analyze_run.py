@@ -13,6 +13,7 @@ Example::
     summary = run_analyze(spark, HistorySource(address=ClusterAddress(hosts, "dev")), Path("fp-analysis"))
     summary["queues"]["mail"]["done"], summary["failovers"], summary["report"]
 """
+
 from __future__ import annotations
 
 import time
@@ -80,20 +81,27 @@ class ReleaseCollector:
     def __init__(self) -> None:
         self.rows: list[tuple] = []
 
-    def __call__(self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]) -> None:
+    def __call__(
+        self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]
+    ) -> None:
         for index, ev, res in items:
             kind = ev["type"]
             if not res.get("ok"):
                 continue
             if kind in ("LeaseExpired", "WorkerLost"):
-                self.rows.extend((ledger_id, entry_id, index, e["task_id"], e["attempt"], ev["now_ms"], e["state"])
-                                 for e in res["expired"])
+                self.rows.extend(
+                    (ledger_id, entry_id, index, e["task_id"], e["attempt"], ev["now_ms"], e["state"])
+                    for e in res["expired"]
+                )
             elif kind == "TasksRequeued":
-                self.rows.extend((ledger_id, entry_id, index, e["task_id"], e["attempt"], ev["now_ms"], "requeued")
-                                 for e in res["requeued"])
+                self.rows.extend(
+                    (ledger_id, entry_id, index, e["task_id"], e["attempt"], ev["now_ms"], "requeued")
+                    for e in res["requeued"]
+                )
             elif kind == "TaskRetried" and not res.get("duplicate"):
-                self.rows.append((ledger_id, entry_id, index, res["task_id"], res["attempt"], ev["now_ms"],
-                                  "requeued"))
+                self.rows.append(
+                    (ledger_id, entry_id, index, res["task_id"], res["attempt"], ev["now_ms"], "requeued")
+                )
 
 
 def _read(spark: SparkSession, source: HistorySource) -> tuple[DataFrame, Iterable, bool, str | None, dict]:
@@ -104,8 +112,13 @@ def _read(spark: SparkSession, source: HistorySource) -> tuple[DataFrame, Iterab
         if bookmark is None:
             raise PipelineError(f"{source.export_dir} holds no fencepost export")
         created = {int(k): v for k, v in bookmark.get(LEDGER_CREATED, {}).items()}
-        return (spark.read.format(NAME).load(str(source.export_dir)), export_entries(source.export_dir), False,
-                None, created)
+        return (
+            spark.read.format(NAME).load(str(source.export_dir)),
+            export_entries(source.export_dir),
+            False,
+            None,
+            created,
+        )
     address = source.address
     with Connection.open(address) as conn:
         extents = conn.extents()
@@ -113,13 +126,22 @@ def _read(spark: SparkSession, source: HistorySource) -> tuple[DataFrame, Iterab
     end = end_position(extents)
     if end is None:
         raise PipelineError(f"the log of cluster {address.cluster!r} holds no entries")
-    options = {"zk": address.zk, "cluster": address.cluster, "to": format_position(end),
-               "readTimeout": str(address.read_timeout)}
+    options = {
+        "zk": address.zk,
+        "cluster": address.cluster,
+        "to": format_position(end),
+        "readTimeout": str(address.read_timeout),
+    }
     if address.secret_file:
         options["secretFile"] = address.secret_file
     # Spark and the replay read the same entries: the end is fixed here, once.
-    return (spark.read.format(NAME).options(**options).load(), cluster_entries(address, extents=extents), True,
-            format_position(end), created)
+    return (
+        spark.read.format(NAME).options(**options).load(),
+        cluster_entries(address, extents=extents),
+        True,
+        format_position(end),
+        created,
+    )
 
 
 def _write(tables: dict[str, DataFrame], out: Path, progress: Progress) -> dict[str, pa.Table]:
@@ -128,7 +150,8 @@ def _write(tables: dict[str, DataFrame], out: Path, progress: Progress) -> dict[
         progress(f"writing the {name} table")
         # One file per table, sorted within it: every table but the tasks is small.
         tables[name].coalesce(1).sortWithinPartitions(*TABLE_ORDER[name]).write.mode("overwrite").parquet(
-            str(out / name))
+            str(out / name)
+        )
         written[name] = pq.read_table(out / name)
     return written
 
@@ -141,17 +164,37 @@ def summarize(tables: dict[str, pa.Table]) -> dict:
         counts = queues.setdefault(row["queue"], dict.fromkeys(FINAL_STATES, 0))
         counts[row["final_state"]] = row["task_id_count"]
     epochs = tables["epochs"].to_pylist()
-    latency = {r["queue"]: {k: r[k] for k in ("start_p50_ms", "start_p99_ms", "finish_p50_ms", "finish_p99_ms")}
-               for r in tables["latency"].to_pylist()}
-    return {"tasks": tasks.num_rows, "attempts": int(pc.sum(tasks["attempts"]).as_py() or 0),
-            "queues": dict(sorted(queues.items())), "epochs": len(epochs),
-            "failovers": [{"epoch": e["epoch"], "broker_id": e["broker_id"], "gap_ms": e["gap_ms"],
-                           "leader_gap_ms": e["leader_gap_ms"]} for e in epochs if e["leader_gap_ms"] is not None],
-            "latency": latency, "workers": tables["workers"].num_rows}
+    latency = {
+        r["queue"]: {k: r[k] for k in ("start_p50_ms", "start_p99_ms", "finish_p50_ms", "finish_p99_ms")}
+        for r in tables["latency"].to_pylist()
+    }
+    return {
+        "tasks": tasks.num_rows,
+        "attempts": int(pc.sum(tasks["attempts"]).as_py() or 0),
+        "queues": dict(sorted(queues.items())),
+        "epochs": len(epochs),
+        "failovers": [
+            {
+                "epoch": e["epoch"],
+                "broker_id": e["broker_id"],
+                "gap_ms": e["gap_ms"],
+                "leader_gap_ms": e["leader_gap_ms"],
+            }
+            for e in epochs
+            if e["leader_gap_ms"] is not None
+        ],
+        "latency": latency,
+        "workers": tables["workers"].num_rows,
+    }
 
 
-def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: Window = Window(),
-                progress: Progress = lambda text: None) -> dict:
+def run_analyze(
+    spark: SparkSession,
+    source: HistorySource,
+    out: Path,
+    window: Window = Window(),
+    progress: Progress = lambda text: None,
+) -> dict:
     """Analyze the history of ``source`` into ``out`` (tables and report); the run's summary."""
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -173,18 +216,31 @@ def run_analyze(spark: SparkSession, source: HistorySource, out: Path, window: W
         raise PipelineError("the history holds no events")
     if result.diverged is not None:
         check = result.diverged
-        raise PipelineError(f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}: "
-                            "the history cannot be analyzed past it (fencepost audit says more)")
+        raise PipelineError(
+            f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}: "
+            "the history cannot be analyzed past it (fencepost audit says more)"
+        )
     progress("building the tables")
-    frames = analyze_events(events, grants_dataframe(spark, result.grants),
-                            spark.createDataFrame(releases.rows, RELEASE_DDL),
-                            spark.createDataFrame(sorted(created.items()), LEDGER_DDL), window, span)
+    frames = analyze_events(
+        events,
+        grants_dataframe(spark, result.grants),
+        spark.createDataFrame(releases.rows, RELEASE_DDL),
+        spark.createDataFrame(sorted(created.items()), LEDGER_DDL),
+        window,
+        span,
+    )
     tables = _write(frames, out, progress)
-    summary = {"source": source.describe(), "to": end or (format_position(result.last) if result.last else None),
-               "since_ms": window.since_ms, "until_ms": window.until_ms, "entries": result.entries,
-               # From an export the replay leaves the StateDigest events out (it cannot compare them).
-               "events": result.events + (0 if compare else len(result.digest_checks)), **summarize(tables),
-               "out": str(out)}
+    summary = {
+        "source": source.describe(),
+        "to": end or (format_position(result.last) if result.last else None),
+        "since_ms": window.since_ms,
+        "until_ms": window.until_ms,
+        "entries": result.entries,
+        # From an export the replay leaves the StateDigest events out (it cannot compare them).
+        "events": result.events + (0 if compare else len(result.digest_checks)),
+        **summarize(tables),
+        "out": str(out),
+    }
     progress("drawing the report")
     summary["report"] = str(write_report(out, tables, summary))
     summary["seconds"] = round(time.monotonic() - started, 1)

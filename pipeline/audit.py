@@ -25,6 +25,7 @@ Example::
     report = audit_cluster(spark, address, plan=plan)
     report = audit_export(Path("/data/fp-export"))
 """
+
 from __future__ import annotations
 
 import time
@@ -85,17 +86,30 @@ class AuditReport:
         checks = result.digest_checks if result else []
         replayed = None
         if result is not None:
-            replayed = {"from": None if result.start is None else format_position(result.start),
-                        "to": None if result.last is None else format_position(result.last),
-                        "entries": result.entries, "events": result.events, "seconds": round(result.seconds, 3),
-                        "events_per_s": round(result.events / result.seconds) if result.seconds else None,
-                        "grants": len(result.grants)}
-        return {"clean": not self.findings, "source": self.source, "ledgers": self.ledgers, "entries": self.entries,
-                "copies": dict(self.copies), "replay": replayed,
-                "state_digests": {"compared": sum(1 for c in checks if c.compared),
-                                  "not_compared": sum(1 for c in checks if not c.compared)},
-                "brokers": self.brokers, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-                "findings": [f.as_dict() for f in sorted(self.findings, key=sort_key)]}
+            replayed = {
+                "from": None if result.start is None else format_position(result.start),
+                "to": None if result.last is None else format_position(result.last),
+                "entries": result.entries,
+                "events": result.events,
+                "seconds": round(result.seconds, 3),
+                "events_per_s": round(result.events / result.seconds) if result.seconds else None,
+                "grants": len(result.grants),
+            }
+        return {
+            "clean": not self.findings,
+            "source": self.source,
+            "ledgers": self.ledgers,
+            "entries": self.entries,
+            "copies": dict(self.copies),
+            "replay": replayed,
+            "state_digests": {
+                "compared": sum(1 for c in checks if c.compared),
+                "not_compared": sum(1 for c in checks if not c.compared),
+            },
+            "brokers": self.brokers,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "findings": [f.as_dict() for f in sorted(self.findings, key=sort_key)],
+        }
 
 
 def broker_digests(address: ClusterAddress, conn: Connection, timeout: float = 2.0) -> list[dict]:
@@ -129,15 +143,31 @@ def _with_epochs(entries: Iterable[Entry], check: EpochCheck) -> Iterator[Entry]
         yield entry
 
 
-def _replay_checked(report: AuditReport, entries: Iterable[Entry], epochs: EpochCheck, snapshot: Path | None,
-                    digests_at: list[Position], compare_digests: bool, progress: Progress | None) -> None:
+def _replay_checked(
+    report: AuditReport,
+    entries: Iterable[Entry],
+    epochs: EpochCheck,
+    snapshot: Path | None,
+    digests_at: list[Position],
+    compare_digests: bool,
+    progress: Progress | None,
+) -> None:
     tasks = TaskCheck()
     started = time.monotonic()
-    step = None if progress is None else (
-        lambda done, events, position: progress("replay (entries)", done, report.entries or None))
+    step = (
+        None
+        if progress is None
+        else (lambda done, events, position: progress("replay (entries)", done, report.entries or None))
+    )
     try:
-        report.replay = replay(_with_epochs(entries, epochs), snapshot=snapshot, digests_at=digests_at,
-                               on_entry=tasks.entry, progress=step, compare_digests=compare_digests)
+        report.replay = replay(
+            _with_epochs(entries, epochs),
+            snapshot=snapshot,
+            digests_at=digests_at,
+            on_entry=tasks.entry,
+            progress=step,
+            compare_digests=compare_digests,
+        )
     except UnreplayableEntry as exc:
         report.findings.append(Finding("replay_failed", exc.position[0], exc.position[1], detail=str(exc)))
     except LedgerError as exc:  # no valid copy of an entry: the replica scan names the gap
@@ -149,9 +179,15 @@ def _replay_checked(report: AuditReport, entries: Iterable[Entry], epochs: Epoch
         return
     for check in result.digest_checks:
         if check.matches is False:
-            report.findings.append(Finding("digest_mismatch", check.ledger_id, check.entry_id,
-                                           detail=f"StateDigest says {check.expected}, the replayed state "
-                                                  f"{check.actual}; the replay stops here"))
+            report.findings.append(
+                Finding(
+                    "digest_mismatch",
+                    check.ledger_id,
+                    check.entry_id,
+                    detail=f"StateDigest says {check.expected}, the replayed state "
+                    f"{check.actual}; the replay stops here",
+                )
+            )
 
 
 def _compare_brokers(report: AuditReport) -> None:
@@ -161,9 +197,14 @@ def _compare_brokers(report: AuditReport) -> None:
         mine = result.digests_at.get(position) if result is not None and position else None
         row["compared"] = mine is not None
         if mine is not None and mine != row["digest"]:
-            report.findings.append(Finding("broker_digest_mismatch", position[0], position[1],
-                                           detail=f"broker {row['id']} reports {row['digest']}, "
-                                                  f"the replayed state {mine}"))
+            report.findings.append(
+                Finding(
+                    "broker_digest_mismatch",
+                    position[0],
+                    position[1],
+                    detail=f"broker {row['id']} reports {row['digest']}, the replayed state {mine}",
+                )
+            )
 
 
 @dataclass
@@ -196,15 +237,19 @@ def plan_audit(address: ClusterAddress, snapshot: Path | None = None) -> AuditPl
     with Connection.open(address) as conn:
         start = read_log_start(conn.zk, conn.paths)
         if start and snapshot is None:
-            raise PipelineError(f"the log no longer starts at the beginning of the history ({start}): give a "
-                                "snapshot (--snapshot FILE) taken at or after its first entry to replay from")
+            raise PipelineError(
+                f"the log no longer starts at the beginning of the history ({start}): give a "
+                "snapshot (--snapshot FILE) taken at or after its first entry to replay from"
+            )
         first = None
         if snapshot is not None:
             header = read_header(snapshot)
             cluster_id = (read_cluster_config(conn.zk, conn.paths) or {}).get("cluster_id")
             if header.get("cluster_id") != cluster_id:
-                raise PipelineError(f"{snapshot} is a snapshot of cluster {header.get('cluster_id')}, "
-                                    f"not of {address.cluster!r} ({cluster_id})")
+                raise PipelineError(
+                    f"{snapshot} is a snapshot of cluster {header.get('cluster_id')}, "
+                    f"not of {address.cluster!r} ({cluster_id})"
+                )
             first = (int(header["position"][0]), int(header["position"][1]) + 1)
         brokers = broker_digests(address, conn)
         wanted = max((tuple(b["position"]) for b in brokers if b["position"]), default=None)
@@ -218,15 +263,21 @@ def plan_audit(address: ClusterAddress, snapshot: Path | None = None) -> AuditPl
     return AuditPlan(address, snapshot, extents, end, brokers, first)
 
 
-def audit_cluster(spark, address: ClusterAddress, snapshot: Path | None = None, progress: Progress | None = None,
-                  entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION, plan: AuditPlan | None = None
-                  ) -> AuditReport:
+def audit_cluster(
+    spark,
+    address: ClusterAddress,
+    snapshot: Path | None = None,
+    progress: Progress | None = None,
+    entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION,
+    plan: AuditPlan | None = None,
+) -> AuditReport:
     """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here."""
     from pipeline.audit_replicas import scan_replicas
 
     plan = plan or plan_audit(address, snapshot)
-    report = AuditReport(source=f"cluster {address.cluster} at {address.zk}", brokers=plan.brokers,
-                         ledgers=len(plan.extents))
+    report = AuditReport(
+        source=f"cluster {address.cluster} at {address.zk}", brokers=plan.brokers, ledgers=len(plan.extents)
+    )
     if plan.end is None:
         return report
     ranges = split_ranges(plan.extents, None, plan.end, entries_per_partition)

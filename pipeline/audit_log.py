@@ -12,6 +12,7 @@ Example::
     check.entry(7, 0, 3); check.entry(9, 0, 2)      # -> a Finding("epoch_regression", 9, 0, ...)
     gap_findings(7, 0, 9, present=[0, 1, 2, 5, 6, 7, 8, 9])     # entries 3..4 missing
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -49,23 +50,39 @@ def copy_findings(ledger_id: int, entry_id: int, copies: list[Copy], ack_quorum:
     needs only the ack quorum, and a bookie down at the time never got it).
     An entry with no valid copy at all is a gap, reported by :func:`gap_findings`.
     """
-    out = [Finding("corrupt_replica", ledger_id, entry_id, c.bookie, detail=c.detail or "fails its digest")
-           for c in copies if c.status == CORRUPT]
+    out = [
+        Finding("corrupt_replica", ledger_id, entry_id, c.bookie, detail=c.detail or "fails its digest")
+        for c in copies
+        if c.status == CORRUPT
+    ]
     groups = Counter(c.data_hash for c in copies if c.status == OK)
     if not groups:
         return out
-    (best, size), = groups.most_common(1)
+    ((best, size),) = groups.most_common(1)
     tie = sum(1 for n in groups.values() if n == size) > 1
     if len(groups) > 1:
         for c in copies:
             if c.status == OK and (tie or c.data_hash != best):
-                out.append(Finding("replica_disagrees", ledger_id, entry_id, c.bookie,
-                                   detail=f"its copy differs from {sum(groups.values()) - groups[c.data_hash]} "
-                                          f"other valid copies"))
+                out.append(
+                    Finding(
+                        "replica_disagrees",
+                        ledger_id,
+                        entry_id,
+                        c.bookie,
+                        detail=f"its copy differs from {sum(groups.values()) - groups[c.data_hash]} "
+                        f"other valid copies",
+                    )
+                )
     if tie or size < ack_quorum:
         states = ", ".join(f"{c.bookie}: {c.status}" for c in copies)
-        out.append(Finding("under_quorum", ledger_id, entry_id,
-                           detail=f"{0 if tie else size} identical valid copies, ack quorum {ack_quorum} ({states})"))
+        out.append(
+            Finding(
+                "under_quorum",
+                ledger_id,
+                entry_id,
+                detail=f"{0 if tie else size} identical valid copies, ack quorum {ack_quorum} ({states})",
+            )
+        )
     return out
 
 
@@ -100,15 +117,21 @@ class EpochCheck:
     def __init__(self, ledger_epochs: dict[int, int]) -> None:
         self.ledger_epochs = ledger_epochs
         self.findings: list[Finding] = []
-        self._high = 0                 # the highest epoch seen so far (of an entry or a ledger)
+        self._high = 0  # the highest epoch seen so far (of an entry or a ledger)
         self._high_at = ""
         self._ledger: int | None = None
         for_order: list[tuple[int, int]] = sorted(ledger_epochs.items())
         for (prev, prev_epoch), (ledger_id, epoch) in zip(for_order, for_order[1:]):
             if epoch <= prev_epoch:
-                self.findings.append(Finding("epoch_regression", ledger_id, None,
-                                             detail=f"ledger {ledger_id} of epoch {epoch} follows ledger {prev} "
-                                                    f"of epoch {prev_epoch} in the log"))
+                self.findings.append(
+                    Finding(
+                        "epoch_regression",
+                        ledger_id,
+                        None,
+                        detail=f"ledger {ledger_id} of epoch {epoch} follows ledger {prev} "
+                        f"of epoch {prev_epoch} in the log",
+                    )
+                )
 
     def entry(self, ledger_id: int, entry_id: int, epoch: int) -> list[Finding]:
         """The findings of one entry (also kept in :attr:`findings`)."""
@@ -119,8 +142,14 @@ class EpochCheck:
             if ledger_epoch is not None and ledger_epoch > self._high:
                 self._high, self._high_at = ledger_epoch, f"ledger {ledger_id}"
         if epoch < self._high:
-            out.append(Finding("epoch_regression", ledger_id, entry_id,
-                               detail=f"an entry of epoch {epoch} after {self._high_at} of epoch {self._high}"))
+            out.append(
+                Finding(
+                    "epoch_regression",
+                    ledger_id,
+                    entry_id,
+                    detail=f"an entry of epoch {epoch} after {self._high_at} of epoch {self._high}",
+                )
+            )
         elif epoch > self._high:
             self._high, self._high_at = epoch, f"entry {ledger_id}:{entry_id}"
         self.findings.extend(out)

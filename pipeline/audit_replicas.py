@@ -13,6 +13,7 @@ Example::
     scan = scan_replicas(spark, ClusterAddress("127.0.0.1:2181", "dev"), ranges)
     scan.findings, scan.entries, scan.copies        # [Finding(...)], 1649, {"ok": 4947}
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,16 +80,28 @@ def scan_range(address: ClusterAddress, rng: ReadRange) -> tuple[list[Finding], 
             asked = []
             for entry_id in range(start, min(rng.last, start + _WINDOW - 1) + 1):
                 requests = []
-                for member in meta.ensemble_for(entry_id)[:meta.write_quorum]:
+                for member in meta.ensemble_for(entry_id)[: meta.write_quorum]:
                     bookie = member["bookie_id"]
                     if bookie not in addresses:
                         addresses[bookie] = current_address(conn.zk, conn.paths, member)
-                    requests.append((bookie, conn.client.pool.request(
-                        addresses[bookie], "read", timeout=timeout, ledger=rng.ledger_id, entry=entry_id,
-                        bookie=bookie)))
+                    requests.append(
+                        (
+                            bookie,
+                            conn.client.pool.request(
+                                addresses[bookie],
+                                "read",
+                                timeout=timeout,
+                                ledger=rng.ledger_id,
+                                entry=entry_id,
+                                bookie=bookie,
+                            ),
+                        )
+                    )
                 asked.append((entry_id, requests))
             for entry_id, requests in asked:
-                copies = [_copy(conn, bookie, rng.ledger_id, entry_id, fut, timeout) for bookie, fut in requests]
+                copies = [
+                    _copy(conn, bookie, rng.ledger_id, entry_id, fut, timeout) for bookie, fut in requests
+                ]
                 statuses.update(c.status for c in copies)
                 if any(c.status == OK for c in copies):
                     present.append(entry_id)
@@ -102,9 +115,11 @@ def scan_replicas(spark: SparkSession, address: ClusterAddress, ranges: list[Rea
     scan = ReplicaScan()
     if not ranges:
         return scan
-    results = (spark.sparkContext.parallelize(ranges, len(ranges))
-               .map(lambda rng: scan_range(address, rng))
-               .collect())
+    results = (
+        spark.sparkContext.parallelize(ranges, len(ranges))
+        .map(lambda rng: scan_range(address, rng))
+        .collect()
+    )
     for findings, entries, statuses in results:
         scan.findings.extend(findings)
         scan.entries += entries

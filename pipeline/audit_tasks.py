@@ -22,6 +22,7 @@ Example::
     replay(entries, on_entry=check.entry)         # items: (event_index, event, apply result)
     check.findings
 """
+
 from __future__ import annotations
 
 from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, RUNNING, WAITING
@@ -78,10 +79,16 @@ class TaskCheck:
             if task[1] == _FINISHED:
                 self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it finished")
             elif task[0] and attempt != task[0] + 1:
-                self._add("attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}")
+                self._add(
+                    "attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}"
+                )
             if task[2] is not None and attempt - task[3] > task[2]:
-                self._add("attempts_exceeded", where, task_id,
-                          f"leased as attempt {attempt} of at most {task[2] + task[3]}")
+                self._add(
+                    "attempts_exceeded",
+                    where,
+                    task_id,
+                    f"leased as attempt {attempt} of at most {task[2] + task[3]}",
+                )
             task[0], task[1] = attempt, RUNNING
 
     def _released(self, where, ev: dict, res: dict) -> None:
@@ -94,8 +101,12 @@ class TaskCheck:
         task = self._task(task_id)
         if task[1] != _FINISHED and (attempt != task[0] or task[1] != RUNNING):
             state = "not running" if task[1] != RUNNING else f"attempt {task[0]} was current"
-            self._add("stale_completion", where, task_id,
-                      f"{ev['type']} by attempt {attempt} accepted while {state}")
+            self._add(
+                "stale_completion",
+                where,
+                task_id,
+                f"{ev['type']} by attempt {attempt} accepted while {state}",
+            )
         self._end(where, task_id, task, res["state"], ev["type"])
 
     def _cancelled(self, where, ev: dict, res: dict) -> None:
@@ -118,8 +129,14 @@ class TaskCheck:
 
 
 _HANDLERS = {
-    "QueueDeclared": TaskCheck._declared, "TaskSubmitted": TaskCheck._submitted,
-    "TaskLeased": TaskCheck._leased, "LeaseExpired": TaskCheck._released, "WorkerLost": TaskCheck._released,
-    "TaskCompleted": TaskCheck._ended, "TaskFailed": TaskCheck._ended, "TaskCancelled": TaskCheck._cancelled,
-    "TaskRetried": TaskCheck._retried, "TasksRequeued": TaskCheck._retried,
+    "QueueDeclared": TaskCheck._declared,
+    "TaskSubmitted": TaskCheck._submitted,
+    "TaskLeased": TaskCheck._leased,
+    "LeaseExpired": TaskCheck._released,
+    "WorkerLost": TaskCheck._released,
+    "TaskCompleted": TaskCheck._ended,
+    "TaskFailed": TaskCheck._ended,
+    "TaskCancelled": TaskCheck._cancelled,
+    "TaskRetried": TaskCheck._retried,
+    "TasksRequeued": TaskCheck._retried,
 }

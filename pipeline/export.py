@@ -20,6 +20,7 @@ Example::
     summary = export_history(spark, ClusterAddress("127.0.0.1:2181", "dev"), Path("/data/export"))
     summary["entries"], summary["events"], summary["to"]
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,12 @@ def _parquet_rows(files: list[Path]) -> int:
     return sum(pq.read_metadata(f).num_rows for f in files)
 
 
-def export_history(spark: SparkSession, address: ClusterAddress, out: Path,
-                   entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION) -> dict:
+def export_history(
+    spark: SparkSession,
+    address: ClusterAddress,
+    out: Path,
+    entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION,
+) -> dict:
     """Append the entries committed since the last run to the export in ``out``; a summary of the run.
 
     The summary: ``from`` and ``to`` (positions, None when nothing was new),
@@ -103,8 +108,10 @@ def export_history(spark: SparkSession, address: ClusterAddress, out: Path,
         if cluster_id is None:
             raise PipelineError(f"cluster {address.cluster!r} is not initialized")
         if bookmark is not None and bookmark.get("cluster_id") != cluster_id:
-            raise PipelineError(f"{out} holds an export of cluster {bookmark.get('cluster_id')}, "
-                                f"not of {address.cluster!r} ({cluster_id})")
+            raise PipelineError(
+                f"{out} holds an export of cluster {bookmark.get('cluster_id')}, "
+                f"not of {address.cluster!r} ({cluster_id})"
+            )
         done = tuple(bookmark["position"]) if bookmark and bookmark.get("position") else None
         removed = _remove_unfinished(out, done)
         first = None if done is None else (done[0], done[1] + 1)
@@ -112,19 +119,30 @@ def export_history(spark: SparkSession, address: ClusterAddress, out: Path,
         created = conn.ledger_created_ms(ext.ledger_id for ext in extents)
     end = end_position(extents)
     ranges = split_ranges(extents, first, end, entries_per_partition) if end is not None else []
-    summary = {"from": None, "to": None, "entries": 0, "events": 0, "files": 0, "removed": removed,
-               "out": str(out)}
+    summary = {
+        "from": None,
+        "to": None,
+        "entries": 0,
+        "events": 0,
+        "files": 0,
+        "removed": removed,
+        "out": str(out),
+    }
     if not ranges:
         return summary
     run_first = (ranges[0].ledger_id, ranges[0].first)
     staging = out / STAGING
-    options = {"zk": address.zk, "cluster": address.cluster, "from": format_position(run_first),
-               "to": format_position(end), "entriesPerPartition": str(entries_per_partition),
-               "readTimeout": str(address.read_timeout)}
+    options = {
+        "zk": address.zk,
+        "cluster": address.cluster,
+        "from": format_position(run_first),
+        "to": format_position(end),
+        "entriesPerPartition": str(entries_per_partition),
+        "readTimeout": str(address.read_timeout),
+    }
     if address.secret_file:
         options["secretFile"] = address.secret_file
-    (spark.read.format(NAME).options(**options).load()
-     .write.partitionBy("epoch").parquet(str(staging)))
+    (spark.read.format(NAME).options(**options).load().write.partitionBy("epoch").parquet(str(staging)))
     moved = []
     prefix = f"run-{run_first[0]}-{run_first[1]}-"
     for path in sorted(staging.glob("epoch=*/*.parquet")):
@@ -136,9 +154,23 @@ def export_history(spark: SparkSession, address: ClusterAddress, out: Path,
         fsync_dir(directory)
     # Kept for analyze: the wall-clock start of each ledger (the events carry leader time only).
     created = {**(bookmark or {}).get(LEDGER_CREATED, {}), **{str(k): v for k, v in created.items()}}
-    _write_bookmark(out, {"cluster_id": cluster_id, "cluster": address.cluster, "position": list(end),
-                          LEDGER_CREATED: created})
+    _write_bookmark(
+        out,
+        {
+            "cluster_id": cluster_id,
+            "cluster": address.cluster,
+            "position": list(end),
+            LEDGER_CREATED: created,
+        },
+    )
     shutil.rmtree(staging, ignore_errors=True)
-    summary.update({"from": format_position(run_first), "to": format_position(end),
-                    "entries": sum(r.entries for r in ranges), "events": _parquet_rows(moved), "files": len(moved)})
+    summary.update(
+        {
+            "from": format_position(run_first),
+            "to": format_position(end),
+            "entries": sum(r.entries for r in ranges),
+            "events": _parquet_rows(moved),
+            "files": len(moved),
+        }
+    )
     return summary

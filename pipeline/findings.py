@@ -11,6 +11,7 @@ Example::
     print(findings_table(found))
     exit_code(found)            # 1
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -61,8 +62,13 @@ def exit_code(findings: Iterable[Finding]) -> int:
 
 def sort_key(finding: Finding) -> tuple:
     """Findings in log order, then by kind and bookie."""
-    return (finding.ledger if finding.ledger is not None else -1, finding.entry if finding.entry is not None else -1,
-            finding.kind, finding.bookie or "", finding.task_id or "")
+    return (
+        finding.ledger if finding.ledger is not None else -1,
+        finding.entry if finding.entry is not None else -1,
+        finding.kind,
+        finding.bookie or "",
+        finding.task_id or "",
+    )
 
 
 def findings_table(findings: list[Finding]) -> str:

@@ -18,6 +18,7 @@ Example::
         ...
     result = replay(export_entries(Path("/data/fp-export")), compare_digests=False)
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,12 @@ READ_AHEAD = 4
 Entry = tuple[int, int, int, "bytes | list[dict]"]
 
 
-def cluster_entries(address: ClusterAddress, first: Position | None = None, last: Position | None = None,
-                    extents: list[LedgerExtent] | None = None) -> Iterator[Entry]:
+def cluster_entries(
+    address: ClusterAddress,
+    first: Position | None = None,
+    last: Position | None = None,
+    extents: list[LedgerExtent] | None = None,
+) -> Iterator[Entry]:
     """The committed entries from ``first`` to ``last`` (inclusive, None: unbounded), in log order.
 
     ``extents`` (from :meth:`pipeline.plan.Connection.extents`) fixes the end
@@ -55,8 +60,9 @@ def cluster_entries(address: ClusterAddress, first: Position | None = None, last
         yield from chunk
 
 
-def _read_chunks(address: ClusterAddress, first: Position | None, last: Position | None,
-                 extents: list[LedgerExtent] | None) -> Iterator[list[Entry]]:
+def _read_chunks(
+    address: ClusterAddress, first: Position | None, last: Position | None, extents: list[LedgerExtent] | None
+) -> Iterator[list[Entry]]:
     with Connection.open(address) as conn:
         if extents is None:
             extents = conn.extents(from_ledger=None if first is None else first[0])
@@ -65,7 +71,10 @@ def _read_chunks(address: ClusterAddress, first: Position | None, last: Position
             reader = readers.get(rng.ledger_id)
             if reader is None:
                 reader = readers[rng.ledger_id] = conn.client.open_reader(rng.ledger_id)
-            yield [(rng.ledger_id, e.entry_id, e.epoch, e.payload) for e in reader.read_range(rng.first, rng.last)]
+            yield [
+                (rng.ledger_id, e.entry_id, e.epoch, e.payload)
+                for e in reader.read_range(rng.first, rng.last)
+            ]
 
 
 _DONE = object()
@@ -124,19 +133,44 @@ def export_table(path: Path, first: Position | None = None, last: Position | Non
         return pa.table({name: [] for name in COLUMN_NAMES})
     table = pa.concat_tables(tables, promote_options="permissive")
     if first is not None:
-        table = table.filter(pc.or_(pc.greater(table["ledger_id"], first[0]),
-                                    pc.and_(pc.equal(table["ledger_id"], first[0]),
-                                            pc.greater_equal(table["entry_id"], first[1]))))
+        table = table.filter(
+            pc.or_(
+                pc.greater(table["ledger_id"], first[0]),
+                pc.and_(
+                    pc.equal(table["ledger_id"], first[0]), pc.greater_equal(table["entry_id"], first[1])
+                ),
+            )
+        )
     if last is not None:
-        table = table.filter(pc.or_(pc.less(table["ledger_id"], last[0]),
-                                    pc.and_(pc.equal(table["ledger_id"], last[0]),
-                                            pc.less_equal(table["entry_id"], last[1]))))
-    return table.sort_by([("ledger_id", "ascending"), ("entry_id", "ascending"), ("event_index", "ascending")])
+        table = table.filter(
+            pc.or_(
+                pc.less(table["ledger_id"], last[0]),
+                pc.and_(pc.equal(table["ledger_id"], last[0]), pc.less_equal(table["entry_id"], last[1])),
+            )
+        )
+    return table.sort_by(
+        [("ledger_id", "ascending"), ("entry_id", "ascending"), ("event_index", "ascending")]
+    )
 
 
 # Event fields stored in a column of the same name (the rest: now_ms in ts_ms, sizes, extra).
-_COLUMN_FIELDS = frozenset(("task_id", "queue", "queues", "attempt", "worker", "priority", "error", "retry",
-                            "key", "delay_ms", "lease_ms", "max_tasks", "max_attempts"))
+_COLUMN_FIELDS = frozenset(
+    (
+        "task_id",
+        "queue",
+        "queues",
+        "attempt",
+        "worker",
+        "priority",
+        "error",
+        "retry",
+        "key",
+        "delay_ms",
+        "lease_ms",
+        "max_tasks",
+        "max_attempts",
+    )
+)
 
 
 def row_event(row: dict) -> dict:
@@ -144,8 +178,10 @@ def row_event(row: dict) -> dict:
     kind = row["type"]
     schema = SCHEMAS.get(kind)
     if schema is None:
-        raise PipelineError(f"row {row['ledger_id']}:{row['entry_id']}/{row['event_index']} has the unknown "
-                            f"event type {kind!r}")
+        raise PipelineError(
+            f"row {row['ledger_id']}:{row['entry_id']}/{row['event_index']} has the unknown "
+            f"event type {kind!r}"
+        )
     extra = json.loads(row["extra"]) if row.get("extra") else {}
     ev: dict = {"type": kind}
     for name in schema:
@@ -163,11 +199,14 @@ def row_event(row: dict) -> dict:
     try:
         return validate_event(ev)
     except BadEvent as exc:
-        raise PipelineError(f"row {row['ledger_id']}:{row['entry_id']}/{row['event_index']} is not an event: "
-                            f"{exc.message}") from None
+        raise PipelineError(
+            f"row {row['ledger_id']}:{row['entry_id']}/{row['event_index']} is not an event: {exc.message}"
+        ) from None
 
 
-def export_entries(path: Path, first: Position | None = None, last: Position | None = None) -> Iterator[Entry]:
+def export_entries(
+    path: Path, first: Position | None = None, last: Position | None = None
+) -> Iterator[Entry]:
     """The entries of an export in log order, each with its events rebuilt from the rows."""
     table = export_table(path, first, last)
     current: Position | None = None
@@ -181,8 +220,9 @@ def export_entries(path: Path, first: Position | None = None, last: Position | N
                     yield current[0], current[1], epoch, events
                 current, epoch, events = position, row["epoch"], []
             if row["event_index"] != len(events):
-                raise PipelineError(f"the export lacks event {len(events)} of the entry at "
-                                    f"{format_position(position)}")
+                raise PipelineError(
+                    f"the export lacks event {len(events)} of the entry at {format_position(position)}"
+                )
             events.append(row_event(row))
     if current is not None:
         yield current[0], current[1], epoch, events

@@ -11,6 +11,7 @@ Example::
         extents = conn.extents()                        # [LedgerExtent(ledger_id, epoch, last), ...]
     ranges = split_ranges(extents, first=(7, 0), last=None, per_range=5000)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,9 @@ class ReadRange:
         return self.last - self.first + 1
 
 
-def split_ranges(extents: list[LedgerExtent], first: Position | None, last: Position | None,
-                 per_range: int) -> list[ReadRange]:
+def split_ranges(
+    extents: list[LedgerExtent], first: Position | None, last: Position | None, per_range: int
+) -> list[ReadRange]:
     """The committed entries from ``first`` to ``last`` (both inclusive, None: unbounded), in log order,
     as ranges of at most ``per_range`` entries that never span two ledgers.
 
@@ -125,9 +127,15 @@ class ClusterAddress:
     def from_options(cls, options: Mapping[str, str]) -> "ClusterAddress":
         zk, cluster = options.get("zk"), options.get("cluster")
         if not zk or not cluster:
-            raise PipelineError("the fencepost source needs the options zk and cluster (or a path to an export)")
-        return cls(zk=zk, cluster=cluster, secret_file=options.get("secretFile") or None,
-                   read_timeout=float(options.get("readTimeout", 5.0)))
+            raise PipelineError(
+                "the fencepost source needs the options zk and cluster (or a path to an export)"
+            )
+        return cls(
+            zk=zk,
+            cluster=cluster,
+            secret_file=options.get("secretFile") or None,
+            read_timeout=float(options.get("readTimeout", 5.0)),
+        )
 
 
 class Connection:

@@ -33,6 +33,7 @@ Example::
     grants = grants_dataframe(spark, result.grants)
     [c for c in result.digest_checks if c.compared and not c.matches]
 """
+
 from __future__ import annotations
 
 import shutil
@@ -91,12 +92,28 @@ class Grant(NamedTuple):
 
 
 GRANT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("ledger_id", "bigint"), ("entry_id", "bigint"), ("event_index", "int"), ("task_id", "string"),
-    ("attempt", "bigint"), ("worker", "string"), ("ts_ms", "bigint"), ("queue", "string"))
+    ("ledger_id", "bigint"),
+    ("entry_id", "bigint"),
+    ("event_index", "int"),
+    ("task_id", "string"),
+    ("attempt", "bigint"),
+    ("worker", "string"),
+    ("ts_ms", "bigint"),
+    ("queue", "string"),
+)
 GRANT_DDL = ", ".join(f"{name} {kind}" for name, kind in GRANT_COLUMNS)
-GRANT_SCHEMA = pa.schema([
-    ("ledger_id", pa.int64()), ("entry_id", pa.int64()), ("event_index", pa.int32()), ("task_id", pa.string()),
-    ("attempt", pa.int64()), ("worker", pa.string()), ("ts_ms", pa.int64()), ("queue", pa.string())])
+GRANT_SCHEMA = pa.schema(
+    [
+        ("ledger_id", pa.int64()),
+        ("entry_id", pa.int64()),
+        ("event_index", pa.int32()),
+        ("task_id", pa.string()),
+        ("attempt", pa.int64()),
+        ("worker", pa.string()),
+        ("ts_ms", pa.int64()),
+        ("queue", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -156,8 +173,9 @@ Progress = Callable[[int, int, Position], None]
 def grants_table(grants: Iterable[tuple]) -> pa.Table:
     """Lease grants (:class:`Grant` or tuples in its field order) as an Arrow table of :data:`GRANT_SCHEMA`."""
     columns = list(zip(*grants)) or [()] * len(GRANT_SCHEMA)
-    return pa.Table.from_arrays([pa.array(col, type=f.type) for col, f in zip(columns, GRANT_SCHEMA)],
-                                schema=GRANT_SCHEMA)
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, GRANT_SCHEMA)], schema=GRANT_SCHEMA
+    )
 
 
 def grants_dataframe(spark, grants: Iterable[tuple]):
@@ -171,8 +189,15 @@ def grants_dataframe(spark, grants: Iterable[tuple]):
 class _Replayer:
     """The store and the bookkeeping of one replay (see :func:`replay`)."""
 
-    def __init__(self, store: StateStore, result: ReplayResult, digests_at: set[Position],
-                 on_entry: EntryObserver | None, progress: Progress | None, compare_digests: bool) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        result: ReplayResult,
+        digests_at: set[Position],
+        on_entry: EntryObserver | None,
+        progress: Progress | None,
+        compare_digests: bool,
+    ) -> None:
         self.store = store
         self.result = result
         self.digests_at = digests_at
@@ -212,8 +237,10 @@ class _Replayer:
         try:
             results = self.store.apply_batches([(events, pos) for pos, _, events, _ in group], validated=True)
         except StoreError as exc:
-            raise PipelineError(f"replay cannot apply entries {format_position(group[0][0])}.."
-                                f"{format_position(group[-1][0])}: {exc}") from None
+            raise PipelineError(
+                f"replay cannot apply entries {format_position(group[0][0])}.."
+                f"{format_position(group[-1][0])}: {exc}"
+            ) from None
         except Exception as exc:  # apply raised: nothing of the group was stored; name the entry
             if len(group) > 1:
                 for one in group:
@@ -221,8 +248,11 @@ class _Replayer:
                     if not self.flush():
                         return False
                 return True
-            raise UnreplayableEntry(group[0][0], f"replay cannot apply the entry at {format_position(group[0][0])}: "
-                                                 f"{type(exc).__name__}: {exc}") from exc
+            raise UnreplayableEntry(
+                group[0][0],
+                f"replay cannot apply the entry at {format_position(group[0][0])}: "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
         for (position, epoch, events, indexes), entry_results in zip(group, results):
             self._record(position, epoch, events, indexes, entry_results)
         if len(results) < len(group):
@@ -234,16 +264,19 @@ class _Replayer:
             self.progress(self.result.entries, self.result.events, last)
         return True
 
-    def _record(self, position: Position, epoch: int, events: list[dict], indexes: list[int],
-                results: list[dict]) -> None:
+    def _record(
+        self, position: Position, epoch: int, events: list[dict], indexes: list[int], results: list[dict]
+    ) -> None:
         result = self.result
         ledger_id, entry_id = position
         for i, ev, res in zip(indexes, events, results):
             kind = ev["type"]
             if kind == "TaskLeased" and res.get("ok"):
                 worker, ts = ev["worker"], ev["now_ms"]
-                result.grants.extend(Grant(ledger_id, entry_id, i, t["task_id"], t["attempt"], worker, ts, t["queue"])
-                                     for t in res["tasks"])
+                result.grants.extend(
+                    Grant(ledger_id, entry_id, i, t["task_id"], t["attempt"], worker, ts, t["queue"])
+                    for t in res["tasks"]
+                )
             elif kind == "StateDigest":
                 check = self._digest_check(position, i, ev, res)
                 if check.matches is False and result.diverged is None:
@@ -256,13 +289,23 @@ class _Replayer:
 
     def _digest_check(self, position: Position, index: int, ev: dict, res: dict | None) -> DigestCheck:
         if res is None:
-            check = DigestCheck(position[0], position[1], index, ev["digest"], None, ev.get("format"), False, None)
+            check = DigestCheck(
+                position[0], position[1], index, ev["digest"], None, ev.get("format"), False, None
+            )
         else:
             mismatch = not res.get("ok") and res.get("error") == E_DIGEST_MISMATCH
             actual = res.get("actual") if mismatch else res.get("digest")
             compared = mismatch or (res.get("ok") and res.get("compared", True))
-            check = DigestCheck(position[0], position[1], index, ev["digest"], actual, ev.get("format"),
-                                bool(compared), (not mismatch) if compared else None)
+            check = DigestCheck(
+                position[0],
+                position[1],
+                index,
+                ev["digest"],
+                actual,
+                ev.get("format"),
+                bool(compared),
+                (not mismatch) if compared else None,
+            )
         self.result.digest_checks.append(check)
         return check
 
@@ -271,14 +314,21 @@ def _decode(position: Position, payload: bytes) -> list[dict]:
     try:
         return decode_batch(payload)
     except BadEvent as exc:
-        raise UnreplayableEntry(position,
-                                f"entry {format_position(position)} cannot be decoded: {exc.message}") from None
+        raise UnreplayableEntry(
+            position, f"entry {format_position(position)} cannot be decoded: {exc.message}"
+        ) from None
 
 
-def replay(entries: Iterable[tuple[int, int, int, bytes | list]], *, snapshot: Path | None = None,
-           digests_at: Iterable[Position] = (), on_entry: EntryObserver | None = None,
-           progress: Progress | None = None, compare_digests: bool = True,
-           work_dir: Path | None = None) -> ReplayResult:
+def replay(
+    entries: Iterable[tuple[int, int, int, bytes | list]],
+    *,
+    snapshot: Path | None = None,
+    digests_at: Iterable[Position] = (),
+    on_entry: EntryObserver | None = None,
+    progress: Progress | None = None,
+    compare_digests: bool = True,
+    work_dir: Path | None = None,
+) -> ReplayResult:
     """Apply ``entries`` in log order to a fresh temporary store (loaded from ``snapshot`` first, if given).
 
     ``digests_at``: positions after whose entry the replayed digest is kept in

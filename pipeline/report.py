@@ -13,6 +13,7 @@ Example::
     tables = {name: pq.read_table(out / name) for name in TABLES}
     path = write_report(out, tables, summary)       # out / "report.html"
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,9 +37,13 @@ MINUTE_MS = 60_000
 # Beyond these, a chart shows the busiest ones and says how many it left out.
 MAX_QUEUES = 10
 MAX_WORKERS = 30
-CHARTS = (("throughput", "Throughput per queue"), ("latency", "Latency percentiles"),
-          ("attempts", "Attempts and dead tasks"), ("workers", "Worker utilization"),
-          ("failovers", "Failover gaps per epoch"))
+CHARTS = (
+    ("throughput", "Throughput per queue"),
+    ("latency", "Latency percentiles"),
+    ("attempts", "Attempts and dead tasks"),
+    ("workers", "Worker utilization"),
+    ("failovers", "Failover gaps per epoch"),
+)
 
 
 def _label(text: object) -> str:
@@ -86,8 +91,15 @@ def throughput_chart(minutes: pa.Table, epochs: pa.Table) -> str:
     for epoch in epochs.to_pylist():
         if epoch["leader_gap_ms"] is not None:
             ax.axvline(_time(epoch["start_ms"]), color="red", linestyle="--", linewidth=1)
-            ax.annotate(f"epoch {epoch['epoch']}", (_time(epoch["start_ms"]), 1), xycoords=("data", "axes fraction"),
-                        color="red", fontsize=8, ha="left", va="top")
+            ax.annotate(
+                f"epoch {epoch['epoch']}",
+                (_time(epoch["start_ms"]), 1),
+                xycoords=("data", "axes fraction"),
+                color="red",
+                fontsize=8,
+                ha="left",
+                va="top",
+            )
     ax.set_ylim(bottom=0)
     ax.set_ylabel("tasks finished / minute")
     ax.set_xlabel("time (UTC)" + (f"; {left_out} quieter queues not shown" if left_out else ""))
@@ -103,11 +115,16 @@ def latency_chart(latency: pa.Table) -> str:
     if not rows:
         return _empty(fig, axes[0], "no tasks in the window")
     width = 0.27
-    for ax, prefix, title in ((axes[0], "start", "submit to first start"), (axes[1], "finish", "submit to finish")):
+    for ax, prefix, title in (
+        (axes[0], "start", "submit to first start"),
+        (axes[1], "finish", "submit to finish"),
+    ):
         for i, pct in enumerate(("p50", "p90", "p99")):
             values = [(r[f"{prefix}_{pct}_ms"] or 0) / 1000 for r in rows]
             ax.bar([x + (i - 1) * width for x in range(len(rows))], values, width, label=pct)
-        ax.set_xticks(range(len(rows)), [_label(r["queue"]) for r in rows], rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(
+            range(len(rows)), [_label(r["queue"]) for r in rows], rotation=30, ha="right", fontsize=8
+        )
         ax.set_title(title, fontsize=10)
         ax.set_ylabel("s")
         ax.legend(fontsize=8)
@@ -129,10 +146,18 @@ def attempts_chart(tasks: pa.Table) -> str:
     states = tasks.group_by(["queue", "final_state"]).aggregate([("task_id", "count")]).to_pylist()
     queues, _ = _busiest(states, "queue", "task_id_count", MAX_QUEUES)
     bottom = [0] * len(queues)
-    for state, color in (("done", "tab:green"), ("failed", "tab:orange"), ("dead", "tab:red"),
-                         ("cancelled", "tab:gray"), ("running", "tab:blue"), ("waiting", "tab:cyan")):
-        counts = [sum(r["task_id_count"] for r in states if r["queue"] == q and r["final_state"] == state)
-                  for q in queues]
+    for state, color in (
+        ("done", "tab:green"),
+        ("failed", "tab:orange"),
+        ("dead", "tab:red"),
+        ("cancelled", "tab:gray"),
+        ("running", "tab:blue"),
+        ("waiting", "tab:cyan"),
+    ):
+        counts = [
+            sum(r["task_id_count"] for r in states if r["queue"] == q and r["final_state"] == state)
+            for q in queues
+        ]
         if any(counts):
             right.bar(range(len(queues)), counts, bottom=bottom, label=state, color=color)
             bottom = [b + c for b, c in zip(bottom, counts)]
@@ -150,8 +175,9 @@ def workers_chart(workers: pa.Table) -> str:
         return _empty(fig, ax, "no lease was granted in the window")
     ax.barh(range(len(rows)), [100 * r["utilization"] for r in rows][::-1])
     ax.set_yticks(range(len(rows)), [_label(r["worker"]) for r in rows][::-1])
-    ax.set_xlabel("busy % of the window" + (f" (busiest {MAX_WORKERS} shown)" if workers.num_rows > MAX_WORKERS
-                                             else ""))
+    ax.set_xlabel(
+        "busy % of the window" + (f" (busiest {MAX_WORKERS} shown)" if workers.num_rows > MAX_WORKERS else "")
+    )
     ax.set_xlim(0, 100)
     return _png(fig)
 
@@ -164,10 +190,20 @@ def failovers_chart(epochs: pa.Table) -> str:
         return _empty(fig, ax, "no failover in the window")
     width = 0.4
     xs = range(len(rows))
-    ax.bar([x - width / 2 for x in xs], [(r["gap_ms"] or 0) / 1000 for r in rows], width, color="tab:red",
-           label="wall clock")
-    ax.bar([x + width / 2 for x in xs], [r["leader_gap_ms"] / 1000 for r in rows], width, color="tab:gray",
-           label="leader time")
+    ax.bar(
+        [x - width / 2 for x in xs],
+        [(r["gap_ms"] or 0) / 1000 for r in rows],
+        width,
+        color="tab:red",
+        label="wall clock",
+    )
+    ax.bar(
+        [x + width / 2 for x in xs],
+        [r["leader_gap_ms"] / 1000 for r in rows],
+        width,
+        color="tab:gray",
+        label="leader time",
+    )
     ax.set_xticks(list(xs), [f"{r['epoch']}\n(broker {r['broker_id']})" for r in rows])
     ax.set_xlabel("epoch (its leader)")
     ax.set_ylabel("write gap before it (s)")
@@ -177,8 +213,9 @@ def failovers_chart(epochs: pa.Table) -> str:
 
 def _html_table(rows: list[dict], columns: list[str]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in columns) + "</tr>"
-                   for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_cell(r.get(c)))}</td>" for c in columns) + "</tr>" for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -192,24 +229,33 @@ def _cell(value: object) -> str:
 
 def render_report(tables: dict[str, pa.Table], summary: dict) -> str:
     """The report as one HTML document (every chart of :data:`CHARTS` embedded)."""
-    images = {"throughput": throughput_chart(tables["queue_minutes"], tables["epochs"]),
-              "latency": latency_chart(tables["latency"]),
-              "attempts": attempts_chart(tables["tasks"]),
-              "workers": workers_chart(tables["workers"]),
-              "failovers": failovers_chart(tables["epochs"])}
+    images = {
+        "throughput": throughput_chart(tables["queue_minutes"], tables["epochs"]),
+        "latency": latency_chart(tables["latency"]),
+        "attempts": attempts_chart(tables["tasks"]),
+        "workers": workers_chart(tables["workers"]),
+        "failovers": failovers_chart(tables["epochs"]),
+    }
     facts = [{"": k, "value": v} for k, v in summary.items() if not isinstance(v, (dict, list))]
     queues = [{"queue": q, **counts} for q, counts in sorted(summary.get("queues", {}).items())]
     state_columns = ["queue", "waiting", "running", "done", "failed", "dead", "cancelled"]
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html.escape('fencepost analysis: ' + str(summary.get('source', '')))}</title>",
-             "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
-             "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-             "img{max-width:100%}</style></head><body>",
-             f"<h1>{html.escape('fencepost analysis: ' + str(summary.get('source', '')))}</h1>",
-             _html_table(facts, ["", "value"]), "<h2>Tasks per queue</h2>", _html_table(queues, state_columns)]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape('fencepost analysis: ' + str(summary.get('source', '')))}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;"
+        "margin:1em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+        "img{max-width:100%}</style></head><body>",
+        f"<h1>{html.escape('fencepost analysis: ' + str(summary.get('source', '')))}</h1>",
+        _html_table(facts, ["", "value"]),
+        "<h2>Tasks per queue</h2>",
+        _html_table(queues, state_columns),
+    ]
     for name, title in CHARTS:
         parts.append(f'<h2 id="{name}">{html.escape(title)}</h2>')
-        parts.append(f'<img id="chart-{name}" alt="{html.escape(title)}" src="data:image/png;base64,{images[name]}">')
+        parts.append(
+            f'<img id="chart-{name}" alt="{html.escape(title)}" src="data:image/png;base64,{images[name]}">'
+        )
         if name == "latency":
             parts.append(_html_table(tables["latency"].to_pylist(), tables["latency"].column_names))
         if name == "failovers":

@@ -15,6 +15,7 @@ Example::
     batch = to_record_batch(rows)          # a pyarrow.RecordBatch in SCHEMA's column order
     position = parse_position("7:41")      # (7, 41)
 """
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,36 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 DDL = ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
 
-_ARROW_TYPES = {"bigint": pa.int64(), "int": pa.int32(), "string": pa.string(), "boolean": pa.bool_(),
-                "array<string>": pa.list_(pa.string())}
+_ARROW_TYPES = {
+    "bigint": pa.int64(),
+    "int": pa.int32(),
+    "string": pa.string(),
+    "boolean": pa.bool_(),
+    "array<string>": pa.list_(pa.string()),
+}
 SCHEMA = pa.schema([pa.field(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
 
 # Event fields that have a column of their own (under the same name unless renamed here).
 _RENAMED = {"now_ms": "ts_ms"}
-_COLUMN_OF = {field: _RENAMED.get(field, field) for field in (
-    "task_id", "queue", "queues", "attempt", "worker", "now_ms", "priority", "error", "retry", "key",
-    "delay_ms", "lease_ms", "max_tasks", "max_attempts")}
+_COLUMN_OF = {
+    field: _RENAMED.get(field, field)
+    for field in (
+        "task_id",
+        "queue",
+        "queues",
+        "attempt",
+        "worker",
+        "now_ms",
+        "priority",
+        "error",
+        "retry",
+        "key",
+        "delay_ms",
+        "lease_ms",
+        "max_tasks",
+        "max_attempts",
+    )
+}
 _SIZED = {"payload": "payload_bytes", "result": "result_bytes"}
 _INDEX = {name: i for i, name in enumerate(COLUMN_NAMES)}
 
@@ -101,8 +123,9 @@ def entry_rows(ledger_id: int, entry_id: int, epoch: int, payload: bytes) -> lis
 def to_record_batch(rows: Iterable[tuple]) -> pa.RecordBatch:
     """``rows`` (tuples in :data:`COLUMNS` order) as one Arrow record batch of :data:`SCHEMA`."""
     columns = list(zip(*rows)) or [()] * len(COLUMNS)
-    return pa.RecordBatch.from_arrays([pa.array(col, type=field.type) for col, field in zip(columns, SCHEMA)],
-                                      schema=SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(col, type=field.type) for col, field in zip(columns, SCHEMA)], schema=SCHEMA
+    )
 
 
 def parse_position(text: str) -> Position:

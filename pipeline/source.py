@@ -15,6 +15,7 @@ Example::
           .option("from", "7:0").load())
     stream = spark.readStream.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -219,11 +220,15 @@ class ExportReader(DataSourceReader):
                 continue
             ledger, entry = bound
             if keep_ge:
-                cond = pc.or_(pc.greater(table["ledger_id"], ledger),
-                              pc.and_(pc.equal(table["ledger_id"], ledger), pc.greater_equal(table["entry_id"], entry)))
+                cond = pc.or_(
+                    pc.greater(table["ledger_id"], ledger),
+                    pc.and_(pc.equal(table["ledger_id"], ledger), pc.greater_equal(table["entry_id"], entry)),
+                )
             else:
-                cond = pc.or_(pc.less(table["ledger_id"], ledger),
-                              pc.and_(pc.equal(table["ledger_id"], ledger), pc.less_equal(table["entry_id"], entry)))
+                cond = pc.or_(
+                    pc.less(table["ledger_id"], ledger),
+                    pc.and_(pc.equal(table["ledger_id"], ledger), pc.less_equal(table["entry_id"], entry)),
+                )
             mask = cond if mask is None else pc.and_(mask, cond)
         if mask is not None:
             table = table.filter(mask)

@@ -11,6 +11,7 @@ Example::
     spark = spark_session(master="spark://10.0.0.5:7077", app_name="fencepost-export")
     spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,9 @@ def _log4j_file() -> str:
     return path
 
 
-def spark_session(master: str = DEFAULT_MASTER, app_name: str = "fencepost",
-                  shuffle_partitions: int | None = None) -> SparkSession:
+def spark_session(
+    master: str = DEFAULT_MASTER, app_name: str = "fencepost", shuffle_partitions: int | None = None
+) -> SparkSession:
     """A Spark session (the running one if there is one) with the ``fencepost`` data source registered."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -52,14 +54,19 @@ def spark_session(master: str = DEFAULT_MASTER, app_name: str = "fencepost",
     if local:
         # Otherwise Spark binds to the first non-loopback interface it finds.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
-               # Each query here is small next to Spark's default of 200 shuffle partitions.
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8)))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
+        # Each query here is small next to Spark's default of 200 shuffle partitions.
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8))
+    )
     if local:
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
     try:
         spark = builder.getOrCreate()
     finally:

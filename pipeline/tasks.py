@@ -12,6 +12,7 @@ Example::
     info = export_snapshot_tasks(Path("snap-000007-000041.fps"), Path("/data/export"))
     info["path"], info["tasks"]      # .../tasks/snapshot-7-41.parquet
 """
+
 from __future__ import annotations
 
 import os
@@ -27,26 +28,62 @@ from snapshots.format import iter_records, read_header
 TASKS = "tasks"
 _BATCH_ROWS = 10_000
 
-TASK_SCHEMA = pa.schema([
-    ("snapshot_ledger_id", pa.int64()), ("snapshot_entry_id", pa.int64()), ("snapshot_epoch", pa.int64()),
-    ("task_id", pa.string()), ("queue", pa.string()), ("state", pa.string()), ("priority", pa.int64()),
-    ("seq", pa.int64()), ("attempts", pa.int64()), ("max_attempts", pa.int64()), ("key", pa.string()),
-    ("submitted_ms", pa.int64()), ("not_before_ms", pa.int64()), ("started_ms", pa.int64()),
-    ("finished_ms", pa.int64()), ("worker", pa.string()), ("lease_deadline_ms", pa.int64()),
-    ("max_run_ms", pa.int64()), ("run_deadline_ms", pa.int64()), ("payload_bytes", pa.int64()),
-    ("result_bytes", pa.int64()), ("error", pa.string()),
-])
-_RECORD_FIELDS = ("queue", "state", "priority", "seq", "attempts", "max_attempts", "key", "submitted_ms",
-                  "not_before_ms", "started_ms", "finished_ms", "worker", "lease_deadline_ms", "max_run_ms",
-                  "run_deadline_ms")
+TASK_SCHEMA = pa.schema(
+    [
+        ("snapshot_ledger_id", pa.int64()),
+        ("snapshot_entry_id", pa.int64()),
+        ("snapshot_epoch", pa.int64()),
+        ("task_id", pa.string()),
+        ("queue", pa.string()),
+        ("state", pa.string()),
+        ("priority", pa.int64()),
+        ("seq", pa.int64()),
+        ("attempts", pa.int64()),
+        ("max_attempts", pa.int64()),
+        ("key", pa.string()),
+        ("submitted_ms", pa.int64()),
+        ("not_before_ms", pa.int64()),
+        ("started_ms", pa.int64()),
+        ("finished_ms", pa.int64()),
+        ("worker", pa.string()),
+        ("lease_deadline_ms", pa.int64()),
+        ("max_run_ms", pa.int64()),
+        ("run_deadline_ms", pa.int64()),
+        ("payload_bytes", pa.int64()),
+        ("result_bytes", pa.int64()),
+        ("error", pa.string()),
+    ]
+)
+_RECORD_FIELDS = (
+    "queue",
+    "state",
+    "priority",
+    "seq",
+    "attempts",
+    "max_attempts",
+    "key",
+    "submitted_ms",
+    "not_before_ms",
+    "started_ms",
+    "finished_ms",
+    "worker",
+    "lease_deadline_ms",
+    "max_run_ms",
+    "run_deadline_ms",
+)
 
 
 def task_row(snapshot: tuple[int, int, int], rec: dict, payload_bytes: int | None) -> dict:
     """The table row of one unpacked task record; ``payload_bytes`` for a payload kept apart."""
-    row = {"snapshot_ledger_id": snapshot[0], "snapshot_entry_id": snapshot[1], "snapshot_epoch": snapshot[2],
-           "task_id": rec["id"], "error": rec["error"],
-           "payload_bytes": len(rec["payload"]) if rec["payload"] is not None else payload_bytes,
-           "result_bytes": None if rec["result"] is None else len(rec["result"])}
+    row = {
+        "snapshot_ledger_id": snapshot[0],
+        "snapshot_entry_id": snapshot[1],
+        "snapshot_epoch": snapshot[2],
+        "task_id": rec["id"],
+        "error": rec["error"],
+        "payload_bytes": len(rec["payload"]) if rec["payload"] is not None else payload_bytes,
+        "result_bytes": None if rec["result"] is None else len(rec["result"]),
+    }
     row.update({field: rec.get(field) for field in _RECORD_FIELDS})
     return row
 
@@ -55,8 +92,10 @@ def export_snapshot_tasks(snapshot: Path, out: Path) -> dict:
     """Write ``out/tasks/snapshot-L-E.parquet`` from the snapshot file; its path, position and task count."""
     header = read_header(snapshot)
     if header.get("format_version") != 2:
-        raise PipelineError(f"{snapshot} is a format {header.get('format_version')} snapshot: only format 2 "
-                            "task records are read (restore it into a broker and take a new snapshot)")
+        raise PipelineError(
+            f"{snapshot} is a format {header.get('format_version')} snapshot: only format 2 "
+            "task records are read (restore it into a broker and take a new snapshot)"
+        )
     ledger_id, entry_id = header["position"]
     position = (int(ledger_id), int(entry_id), int(header["epoch"]))
     apart = {key: len(value) for db, key, value in iter_records(snapshot) if db == "payloads"}
@@ -79,4 +118,9 @@ def export_snapshot_tasks(snapshot: Path, out: Path) -> dict:
             writer.write_table(pa.Table.from_pylist(rows, schema=TASK_SCHEMA))
             count += len(rows)
     os.replace(tmp, target)
-    return {"path": str(target), "position": f"{position[0]}:{position[1]}", "epoch": position[2], "tasks": count}
+    return {
+        "path": str(target),
+        "position": f"{position[0]}:{position[1]}",
+        "epoch": position[2],
+        "tasks": count,
+    }

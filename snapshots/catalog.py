@@ -23,6 +23,7 @@ Example::
 Restoring a snapshot into a state store is :func:`broker.state.restore.restore_snapshot`
 (the store is the broker's; this package stays below it).
 """
+
 from __future__ import annotations
 
 import os
@@ -77,7 +78,7 @@ class SnapshotCatalog:
     def __init__(self, directory: str | os.PathLike) -> None:
         self.dir = Path(directory)
         self.directory = self.dir  # the same path under its long name
-        self._lock = threading.Lock()         # guards _verified
+        self._lock = threading.Lock()  # guards _verified
         self._create_lock = threading.Lock()  # one writer at a time in this process
         self._verified: dict[str, tuple[tuple, dict | None, str | None]] = {}
 
@@ -116,12 +117,12 @@ class SnapshotCatalog:
             try:
                 header = read_header(path)
                 if tuple(header["position"]) != position:
-                    raise SnapshotCorrupt(path, f"name says position {list(position)}, "
-                                                f"header says {header['position']}")
+                    raise SnapshotCorrupt(
+                        path, f"name says position {list(position)}, header says {header['position']}"
+                    )
                 out.append(dict(header, name=name, path=str(path)))
             except SnapshotError as exc:
-                entry = {"name": name, "path": str(path),
-                         "error": getattr(exc, "reason", str(exc))}
+                entry = {"name": name, "path": str(path), "error": getattr(exc, "reason", str(exc))}
                 try:
                     entry["size"] = path.stat().st_size
                 except OSError:
@@ -173,8 +174,9 @@ class SnapshotCatalog:
 
     # ------------------------------------------------------------ writing
 
-    def create(self, store: StoreView, cluster_id: str, broker_id: int | str,
-               clock: Callable[[], float]) -> dict:
+    def create(
+        self, store: StoreView, cluster_id: str, broker_id: int | str, clock: Callable[[], float]
+    ) -> dict:
         """Snapshot ``store`` now; return the header plus ``name``, ``path``, ``size``.
 
         Reads through ``store.snapshot_view()`` (one LMDB read transaction), so
@@ -186,17 +188,21 @@ class SnapshotCatalog:
             self.dir.mkdir(parents=True, exist_ok=True)
             with store.snapshot_view() as view:
                 if view["position"] is None:
-                    raise EmptyStore("the state store has applied nothing yet; "
-                                     "there is nothing to snapshot")
+                    raise EmptyStore("the state store has applied nothing yet; there is nothing to snapshot")
                 name = snapshot_name(view["position"])
                 if (self.dir / name).exists():
                     try:
                         return dict(self.verify(name), existing=True)
                     except SnapshotCorrupt:
                         os.unlink(self.dir / name)  # damaged copy of what we are about to write
-                header = {"cluster_id": cluster_id, "broker_id": broker_id,
-                          "position": list(view["position"]), "epoch": view["epoch"],
-                          "created_at": float(clock()), "digest": view["digest"]}
+                header = {
+                    "cluster_id": cluster_id,
+                    "broker_id": broker_id,
+                    "position": list(view["position"]),
+                    "epoch": view["epoch"],
+                    "created_at": float(clock()),
+                    "digest": view["digest"],
+                }
                 final = write_snapshot(self.dir / name, header, view["records"])
         path = self.dir / name
         st = path.stat()

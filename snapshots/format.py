@@ -49,6 +49,7 @@ Example::
     for db, key, value in iter_records("snap.fps"):
         ...
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,17 +72,17 @@ READABLE_VERSIONS = (1, 2)
 COMPRESSION = "zlib"
 TEMP_SUFFIX = ".tmp"
 
-BLOCK_TARGET = 1 << 20           # uncompressed bytes per block before it is flushed
-MAX_RECORD_BYTES = 64 << 20      # one packed record (a task payload is far smaller)
+BLOCK_TARGET = 1 << 20  # uncompressed bytes per block before it is flushed
+MAX_RECORD_BYTES = 64 << 20  # one packed record (a task payload is far smaller)
 MAX_BLOCK_RAW = BLOCK_TARGET + MAX_RECORD_BYTES + 64
 MAX_BLOCK_COMPRESSED = MAX_BLOCK_RAW + (MAX_BLOCK_RAW >> 8) + 1024  # zlib's worst case fits
 MAX_HEADER_BYTES = 64 << 10
-DEFAULT_LEVEL = 1                # zlib level: 1 is ~3x faster than 6 for ~15% more bytes
+DEFAULT_LEVEL = 1  # zlib level: 1 is ~3x faster than 6 for ~15% more bytes
 
 _U32 = struct.Struct(">I")
 _BLOCK = struct.Struct(">II")
 _FOOTER = struct.Struct(">9sQI")
-FOOTER_SIZE = _FOOTER.size       # 21
+FOOTER_SIZE = _FOOTER.size  # 21
 _HEADER_START = len(MAGIC) + _U32.size
 _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 _REQUIRED = ("cluster_id", "broker_id", "position", "epoch", "created_at", "digest")
@@ -118,10 +119,13 @@ def crc32c(data: bytes | memoryview, value: int = 0) -> int:
 
 # ---------------------------------------------------------------- header
 
+
 def _check_header(h: Any, path: Any) -> dict:
     """Validate a decoded header map; raise SnapshotCorrupt naming the first problem."""
+
     def bad(why: str) -> SnapshotCorrupt:
         return SnapshotCorrupt(path, f"bad header: {why}")
+
     if not isinstance(h, dict):
         raise bad("not a map")
     version = h.get("format_version")
@@ -132,8 +136,11 @@ def _check_header(h: Any, path: Any) -> dict:
     if type(h.get("broker_id")) not in (int, str):
         raise bad("broker_id")
     pos = h.get("position")
-    if (not isinstance(pos, (list, tuple)) or len(pos) != 2
-            or not all(type(x) is int and 0 <= x <= _U64_MAX for x in pos)):
+    if (
+        not isinstance(pos, (list, tuple))
+        or len(pos) != 2
+        or not all(type(x) is int and 0 <= x <= _U64_MAX for x in pos)
+    ):
         raise bad("position")
     if type(h.get("epoch")) is not int or h["epoch"] < 0:
         raise bad("epoch")
@@ -162,12 +169,13 @@ def _parse_region(region: bytes, path: Any) -> dict:
         h = unpacker.unpack()
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise SnapshotCorrupt(path, f"bad header: not msgpack ({type(exc).__name__})") from None
-    if region[unpacker.tell():].strip(b"\0"):
+    if region[unpacker.tell() :].strip(b"\0"):
         raise SnapshotCorrupt(path, "bad header: non-zero padding")
     return _check_header(h, path)
 
 
 # ---------------------------------------------------------------- writing
+
 
 def _file_crc(fh: BinaryIO, end: int) -> int:
     fh.seek(0)
@@ -181,9 +189,12 @@ def _file_crc(fh: BinaryIO, end: int) -> int:
     return crc
 
 
-def write_snapshot(path: str | os.PathLike, header: dict,
-                   records: Iterable[tuple[str, bytes, bytes]],
-                   level: int = DEFAULT_LEVEL) -> dict:
+def write_snapshot(
+    path: str | os.PathLike,
+    header: dict,
+    records: Iterable[tuple[str, bytes, bytes]],
+    level: int = DEFAULT_LEVEL,
+) -> dict:
     """Write a snapshot of ``records`` to ``path`` atomically; return the final header.
 
     ``header`` needs ``cluster_id, broker_id, position, epoch, created_at,
@@ -198,8 +209,7 @@ def write_snapshot(path: str | os.PathLike, header: dict,
     missing = [k for k in _REQUIRED if k not in header]
     if missing:
         raise SnapshotError(f"snapshot header lacks {', '.join(missing)}")
-    final = dict(header, format_version=FORMAT_VERSION, compression=COMPRESSION,
-                 record_count=_U64_MAX)
+    final = dict(header, format_version=FORMAT_VERSION, compression=COMPRESSION, record_count=_U64_MAX)
     try:
         final = _check_header(final, path)
     except SnapshotCorrupt as exc:
@@ -213,8 +223,10 @@ def write_snapshot(path: str | os.PathLike, header: dict,
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise SnapshotBusy(f"{tmp} exists: another snapshot of this position is being written, "
-                           "or a crash left it (cleanup_temp removes it)") from None
+        raise SnapshotBusy(
+            f"{tmp} exists: another snapshot of this position is being written, "
+            "or a crash left it (cleanup_temp removes it)"
+        ) from None
     except OSError as exc:
         raise SnapshotError(f"cannot create {tmp}: {exc}") from None
     try:
@@ -268,8 +280,10 @@ def _write_blocks(fh: BinaryIO, records: Iterable[tuple[str, bytes, bytes]], lev
         if item is None:
             raise SnapshotError(f"bad snapshot record #{count}: db name must be a str")
         if len(item) > MAX_RECORD_BYTES:
-            raise SnapshotError(f"snapshot record #{count} ({db}) is {len(item)} bytes, "
-                                f"over the {MAX_RECORD_BYTES}-byte limit")
+            raise SnapshotError(
+                f"snapshot record #{count} ({db}) is {len(item)} bytes, "
+                f"over the {MAX_RECORD_BYTES}-byte limit"
+            )
         raw += u32(len(item))
         raw += item
         count += 1
@@ -301,6 +315,7 @@ def cleanup_temp(directory: str | os.PathLike) -> list[str]:
 
 
 # ---------------------------------------------------------------- reading
+
 
 class _Scan:
     """Sequential, bounded reader of one snapshot file (shared by every read path)."""
@@ -339,8 +354,7 @@ class _Scan:
         magic = self.fh.read(len(MAGIC))
         if magic != MAGIC:
             # A short file that is a prefix of the magic is a cut-off snapshot.
-            raise self.corrupt("truncated" if MAGIC.startswith(magic) else
-                               "not a fencepost snapshot")
+            raise self.corrupt("truncated" if MAGIC.startswith(magic) else "not a fencepost snapshot")
         self.crc, self.offset = crc32c(magic), len(magic)
         self.footer_count, self.footer_crc = self.footer()
         (region_len,) = _U32.unpack(self.read(_U32.size))
@@ -348,8 +362,10 @@ class _Scan:
             raise self.corrupt(f"bad header: region length {region_len}")
         header = _parse_region(self.read(region_len), self.path)
         if header["record_count"] != self.footer_count:
-            raise self.corrupt(f"record count mismatch: header says {header['record_count']}, "
-                               f"footer says {self.footer_count}")
+            raise self.corrupt(
+                f"record count mismatch: header says {header['record_count']}, "
+                f"footer says {self.footer_count}"
+            )
         return header
 
     def records(self) -> Iterator[tuple[str, bytes, bytes]]:
@@ -379,8 +395,7 @@ class _Scan:
         if self.crc != self.footer_crc:
             raise self.corrupt("bad checksum")
         if count != self.footer_count:
-            raise self.corrupt(f"record count mismatch: footer says {self.footer_count}, "
-                               f"file holds {count}")
+            raise self.corrupt(f"record count mismatch: footer says {self.footer_count}, file holds {count}")
 
 
 def _block_records(comp: bytes, at: int, corrupt: Any) -> Iterator[tuple[str, bytes, bytes]]:
@@ -402,11 +417,16 @@ def _block_records(comp: bytes, at: int, corrupt: Any) -> Iterator[tuple[str, by
         if size > MAX_RECORD_BYTES or pos + size > n:
             raise corrupt(f"bad record in block at offset {at}")
         try:
-            rec = unpackb(view[pos:pos + size], raw=False)
+            rec = unpackb(view[pos : pos + size], raw=False)
         except Exception:
             rec = None
-        if (type(rec) is not list or len(rec) != 3 or type(rec[0]) is not str
-                or type(rec[1]) is not bytes or type(rec[2]) is not bytes):
+        if (
+            type(rec) is not list
+            or len(rec) != 3
+            or type(rec[0]) is not str
+            or type(rec[1]) is not bytes
+            or type(rec[2]) is not bytes
+        ):
             raise corrupt(f"bad record in block at offset {at}")
         pos += size
         yield rec[0], rec[1], rec[2]
@@ -461,6 +481,8 @@ def verify_snapshot(path: str | os.PathLike, cluster_id: str | None = None) -> d
         for _ in scan.records():
             pass
     if cluster_id is not None and header["cluster_id"] != cluster_id:
-        raise WrongCluster(os.fspath(path), f"wrong cluster: snapshot is of {header['cluster_id']}, "
-                                            f"this cluster is {cluster_id}")
+        raise WrongCluster(
+            os.fspath(path),
+            f"wrong cluster: snapshot is of {header['cluster_id']}, this cluster is {cluster_id}",
+        )
     return dict(header, size=scan.size, checksum=scan.footer_crc)

@@ -10,6 +10,7 @@ Example::
     if checkpoints.due(entries_since=applied - at_last, seconds_since=now - last_time):
         catalog.create(store, cluster_id, broker_id, clock=time.time)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -22,6 +22,7 @@ Example::
         now=10_000.0, retention_seconds=3600.0)
     assert doomed == [1]        # the snapshot stands in 4: 4 stays
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -49,9 +50,13 @@ def coverage_index(log: list[dict], servable_positions: Iterable[tuple[int, int]
     return best
 
 
-def deletable_ledgers(log: list[dict], ledger_meta: dict[int, dict],
-                      servable_positions: list[tuple[int, int]], now: float,
-                      retention_seconds: float) -> list[int]:
+def deletable_ledgers(
+    log: list[dict],
+    ledger_meta: dict[int, dict],
+    servable_positions: list[tuple[int, int]],
+    now: float,
+    retention_seconds: float,
+) -> list[int]:
     """The ids of the ledgers that may be deleted now, oldest first (always a prefix of ``log``).
 
     A ledger qualifies when it is CLOSED, is not the last ledger of the log,

@@ -31,6 +31,7 @@ Example::
                     progress=lambda done, total: print(done, "/", total))
     broker.state.restore.restore_snapshot(path, data_dir / "state", cluster_id="dev")
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,17 @@ SIDECAR = ".part.json"
 
 Request = Callable[[str, dict], dict]
 
-_INFO_FIELDS = ("name", "size", "checksum", "position", "epoch", "cluster_id", "digest",
-                "created_at", "record_count")
+_INFO_FIELDS = (
+    "name",
+    "size",
+    "checksum",
+    "position",
+    "epoch",
+    "cluster_id",
+    "digest",
+    "created_at",
+    "record_count",
+)
 
 
 class TransferError(CodedError, SnapshotError):
@@ -69,6 +79,7 @@ class TransferError(CodedError, SnapshotError):
 
 
 # ---------------------------------------------------------------- server side
+
 
 def describe(catalog: SnapshotCatalog) -> dict | None:
     """The reply field ``snapshot`` for ``snapshot_info``: the newest valid snapshot, or None.
@@ -99,8 +110,9 @@ def read_chunk(catalog: SnapshotCatalog, name: Any, offset: Any, length: Any) ->
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
-        raise TransferError(E_NO_SUCH_SNAPSHOT, f"no snapshot {name} here (it may have been pruned; "
-                                           "ask snapshot_info again)") from None
+        raise TransferError(
+            E_NO_SUCH_SNAPSHOT, f"no snapshot {name} here (it may have been pruned; ask snapshot_info again)"
+        ) from None
     except OSError as exc:
         raise TransferError(E_NO_SUCH_SNAPSHOT, f"cannot read snapshot {name}: {exc.strerror}") from None
     try:
@@ -114,6 +126,7 @@ def read_chunk(catalog: SnapshotCatalog, name: Any, offset: Any, length: Any) ->
 
 
 # ---------------------------------------------------------------- client side
+
 
 def _check_info(info: Any) -> dict:
     if info is None:
@@ -136,7 +149,7 @@ def _remove_parts(dest: Path, except_name: str | None = None) -> None:
     for entry in os.listdir(dest):
         for suffix in (SIDECAR, PART):
             if entry.endswith(suffix):
-                stem = entry[:-len(suffix)]
+                stem = entry[: -len(suffix)]
                 if parse_name(stem) is not None and stem != except_name:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(dest / entry)
@@ -155,9 +168,13 @@ def _resume_offset(part: Path, sidecar: Path, info: dict) -> int:
     return size
 
 
-def download(request: Request, dest_dir: str | os.PathLike,
-             progress: Callable[[int, int], None] | None = None, chunk: int = MAX_CHUNK,
-             cluster_id: str | None = None) -> Path:
+def download(
+    request: Request,
+    dest_dir: str | os.PathLike,
+    progress: Callable[[int, int], None] | None = None,
+    chunk: int = MAX_CHUNK,
+    cluster_id: str | None = None,
+) -> Path:
     """Fetch the broker's newest snapshot into ``dest_dir``; return its final path.
 
     ``request(op, fields)`` sends one request and returns the reply map,
@@ -174,8 +191,9 @@ def download(request: Request, dest_dir: str | os.PathLike,
     info = _check_info(request(OP_INFO, {}).get("snapshot"))
     name, size = info["name"], info["size"]
     if cluster_id is not None and info["cluster_id"] != cluster_id:
-        raise WrongCluster(name, f"wrong cluster: snapshot is of {info['cluster_id']}, "
-                                 f"this cluster is {cluster_id}")
+        raise WrongCluster(
+            name, f"wrong cluster: snapshot is of {info['cluster_id']}, this cluster is {cluster_id}"
+        )
     final = dest / name
     if final.exists():
         with contextlib.suppress(SnapshotError):
@@ -194,11 +212,15 @@ def download(request: Request, dest_dir: str | os.PathLike,
             reply = request(OP_CHUNK, {"name": name, "offset": offset, "length": want})
             data, crc = reply.get("data"), reply.get("crc")
             if not isinstance(data, bytes) or not 0 < len(data) <= want:
-                raise TransferError(E_BAD_CHUNK, f"chunk at offset {offset} of {name} has "
-                                                 f"{len(data) if isinstance(data, bytes) else 'no'} bytes")
+                raise TransferError(
+                    E_BAD_CHUNK,
+                    f"chunk at offset {offset} of {name} has "
+                    f"{len(data) if isinstance(data, bytes) else 'no'} bytes",
+                )
             if reply.get("size", size) != size:
-                raise TransferError(E_BAD_CHUNK, f"{name} changed size on the server "
-                                                 f"({reply['size']} != {size})")
+                raise TransferError(
+                    E_BAD_CHUNK, f"{name} changed size on the server ({reply['size']} != {size})"
+                )
             if type(crc) is not int or crc32c(data) != crc:
                 raise TransferError(E_BAD_CHUNK, f"chunk at offset {offset} of {name} fails its crc")
             fh.write(data)
@@ -210,8 +232,9 @@ def download(request: Request, dest_dir: str | os.PathLike,
     try:
         header = verify_snapshot(part, cluster_id)
         if header["checksum"] != info["checksum"]:
-            raise SnapshotCorrupt(part, f"checksum {header['checksum']} is not the offered "
-                                        f"{info['checksum']}")
+            raise SnapshotCorrupt(
+                part, f"checksum {header['checksum']} is not the offered {info['checksum']}"
+            )
     except SnapshotError:
         for p in (part, sidecar):
             with contextlib.suppress(FileNotFoundError):

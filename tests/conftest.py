@@ -15,6 +15,7 @@ Fixtures:
 - ``free_port``: a callable returning a free loopback port.
 - ``expire_session(session_id, password)``: expires a real ZooKeeper session.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -167,10 +168,23 @@ class ProcessManager:
         self.procs: list[Proc] = []
         self._counter = itertools.count()
 
-    def start(self, name: str, args: list[str], ready: Callable[[Proc], bool] | None = None,
-              timeout: float = 30.0, env: dict | None = None, **attrs) -> Proc:
+    def start(
+        self,
+        name: str,
+        args: list[str],
+        ready: Callable[[Proc], bool] | None = None,
+        timeout: float = 30.0,
+        env: dict | None = None,
+        **attrs,
+    ) -> Proc:
         log_path = self.workdir / f"{name}-{next(self._counter)}.log"
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **HARNESS_ENV, **(env or {})}
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            **HARNESS_ENV,
+            **(env or {}),
+        }
         popen = spawn(fencepost_command(*args), log_path, env=full_env, cwd=REPO)
         proc = Proc(name=name, args=args, log_path=log_path, popen=popen, **attrs)
         proc.extra["env"] = env
@@ -187,8 +201,10 @@ class ProcessManager:
         for proc in started:
             while not ready(proc):
                 if proc.popen.poll() is not None:
-                    raise AssertionError(f"{proc.name} exited with {proc.popen.returncode} while starting:\n"
-                                         f"{proc.output()[-3000:]}")
+                    raise AssertionError(
+                        f"{proc.name} exited with {proc.popen.returncode} while starting:\n"
+                        f"{proc.output()[-3000:]}"
+                    )
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{proc.name} not ready within {timeout}s:\n{proc.output()[-3000:]}")
                 time.sleep(0.05)
@@ -205,47 +221,114 @@ class ProcessManager:
         self.wait_ready(started)
         return started
 
-    def run(self, args: list[str], timeout: float = 60.0, env: dict | None = None,
-            input: bytes | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, args: list[str], timeout: float = 60.0, env: dict | None = None, input: bytes | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a fencepost command to completion."""
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **HARNESS_ENV, **(env or {})}
-        return subprocess.run(fencepost_command(*args), cwd=REPO, capture_output=True,
-                              timeout=timeout, env=full_env, input=input)
+        return subprocess.run(
+            fencepost_command(*args),
+            cwd=REPO,
+            capture_output=True,
+            timeout=timeout,
+            env=full_env,
+            input=input,
+        )
 
-    def start_bookie(self, cluster: TestCluster, data_dir: Path | None = None, fsync: bool = True,
-                     address: str | None = None, extra: list[str] | None = None, init_if_missing: bool = True,
-                     ready: bool = True, env: dict | None = None) -> Proc:
+    def start_bookie(
+        self,
+        cluster: TestCluster,
+        data_dir: Path | None = None,
+        fsync: bool = True,
+        address: str | None = None,
+        extra: list[str] | None = None,
+        init_if_missing: bool = True,
+        ready: bool = True,
+        env: dict | None = None,
+    ) -> Proc:
         """A bookie; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
         data_dir = data_dir or self.workdir / f"bookie-data-{next(self._counter)}"
         address = address or f"tcp://127.0.0.1:{_free_port()}"
-        args = ["bookie", "start", "--data", str(data_dir), "--listen", address,
-                "--zk", cluster.hosts, "--cluster", cluster.name, *(extra or [])]
+        args = [
+            "bookie",
+            "start",
+            "--data",
+            str(data_dir),
+            "--listen",
+            address,
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+            *(extra or []),
+        ]
         if not fsync:
             args.append("--no-fsync")
         env = {"FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0", **(env or {})}
-        return self.start("bookie", args, ready=_answers_ping if ready else None, address=address,
-                          data_dir=data_dir, env=env)
+        return self.start(
+            "bookie",
+            args,
+            ready=_answers_ping if ready else None,
+            address=address,
+            data_dir=data_dir,
+            env=env,
+        )
 
-    def start_broker(self, cluster: TestCluster, data_dir: Path | None = None, session_timeout: float = 2.0,
-                     extra: list[str] | None = None, init_if_missing: bool = True, ready: bool = True,
-                     env: dict | None = None) -> Proc:
+    def start_broker(
+        self,
+        cluster: TestCluster,
+        data_dir: Path | None = None,
+        session_timeout: float = 2.0,
+        extra: list[str] | None = None,
+        init_if_missing: bool = True,
+        ready: bool = True,
+        env: dict | None = None,
+    ) -> Proc:
         """A broker; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
         data_dir = data_dir or self.workdir / f"broker-data-{next(self._counter)}"
         address = f"tcp://127.0.0.1:{_free_port()}"
-        args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", cluster.hosts,
-                "--cluster", cluster.name, "--zk-session-timeout", str(session_timeout), *(extra or [])]
-        env = {"FENCEPOST_ZK_SESSION_FILE": str(data_dir) + ".zk-session",
-               "FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0", **(env or {})}
-        return self.start("broker", args, ready=_answers_ping if ready else None, address=address,
-                          data_dir=data_dir, env=env)
+        args = [
+            "broker",
+            "start",
+            "--data",
+            str(data_dir),
+            "--listen",
+            address,
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+            "--zk-session-timeout",
+            str(session_timeout),
+            *(extra or []),
+        ]
+        env = {
+            "FENCEPOST_ZK_SESSION_FILE": str(data_dir) + ".zk-session",
+            "FENCEPOST_INIT_IF_MISSING": "1" if init_if_missing else "0",
+            **(env or {}),
+        }
+        return self.start(
+            "broker",
+            args,
+            ready=_answers_ping if ready else None,
+            address=address,
+            data_dir=data_dir,
+            env=env,
+        )
 
     def restart(self, proc: Proc) -> Proc:
         """Start `proc` again with the same arguments and data dir (it must have stopped)."""
         if proc.alive():
             proc.kill()
         ready = _answers_ping
-        return self.start(proc.name, proc.args, ready=ready, address=proc.address,
-                          data_dir=proc.data_dir, env=proc.extra.get("env"))
+        return self.start(
+            proc.name,
+            proc.args,
+            ready=ready,
+            address=proc.address,
+            data_dir=proc.data_dir,
+            env=proc.extra.get("env"),
+        )
 
     def stop_all(self) -> None:
         for proc in self.procs:
@@ -269,8 +352,10 @@ def procs(request, tmp_path):
     manager = ProcessManager(tmp_path)
     yield manager
     manager.stop_all()
-    failed = any(getattr(request.node, f"rep_{when}", None) is not None
-                 and getattr(request.node, f"rep_{when}").failed for when in ("setup", "call"))
+    failed = any(
+        getattr(request.node, f"rep_{when}", None) is not None and getattr(request.node, f"rep_{when}").failed
+        for when in ("setup", "call")
+    )
     if failed:
         manager.dump_logs()
 

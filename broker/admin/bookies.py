@@ -17,6 +17,7 @@ Example::
     rows[0]["ledgers_held"], rows[0]["underreplicated"]
     print(format_bookie_list(rows))
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,12 @@ UP = "up"
 GONE = "gone"
 
 
-def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[int, dict],
-                leaving: dict[str, dict] | None = None) -> list[dict]:
+def bookie_rows(
+    registered: dict[str, dict],
+    ledgers: list[dict],
+    marks: dict[int, dict],
+    leaving: dict[str, dict] | None = None,
+) -> list[dict]:
     """One row per bookie, registered first then gone ones, each sorted by id. Pure.
 
     ``leaving``: the ``decommissioning/<id>`` nodes; such a bookie's mode and
@@ -71,22 +76,36 @@ def bookie_rows(registered: dict[str, dict], ledgers: list[dict], marks: dict[in
                     last_address[bookie_id] = member["address"]
     under: dict[str, set[int]] = {}
     for ledger_id, mark in marks.items():
-        named = {str(m.get("bookie_id")) for m in (mark or {}).get("missing") or [] if isinstance(m, dict)
-                 and m.get("bookie_id")}
+        named = {
+            str(m.get("bookie_id"))
+            for m in (mark or {}).get("missing") or []
+            if isinstance(m, dict) and m.get("bookie_id")
+        }
         for bookie_id in named | holders_of.get(ledger_id, set()):
             under.setdefault(bookie_id, set()).add(ledger_id)
 
     def row(bookie_id: str, node: dict | None) -> dict:
         node = node or {}
         free = node.get("free_bytes")
-        return {"id": bookie_id, "state": UP if node or bookie_id in registered else GONE,
-                "address": node.get("address") or last_address.get(bookie_id),
-                "free_bytes": free, "free": human_bytes(free), "readonly": bool(node.get("readonly")),
-                "decommissioning": (None if bookie_id not in leaving
-                                    else "retired" if leaving[bookie_id].get("done") else "leaving"),
-                "ledgers_held": len(held.get(bookie_id, ())), "ledgers": sorted(held.get(bookie_id, ())),
-                "underreplicated": len(under.get(bookie_id, ())),
-                "underreplicated_ledgers": sorted(under.get(bookie_id, ()))}
+        return {
+            "id": bookie_id,
+            "state": UP if node or bookie_id in registered else GONE,
+            "address": node.get("address") or last_address.get(bookie_id),
+            "free_bytes": free,
+            "free": human_bytes(free),
+            "readonly": bool(node.get("readonly")),
+            "decommissioning": (
+                None
+                if bookie_id not in leaving
+                else "retired"
+                if leaving[bookie_id].get("done")
+                else "leaving"
+            ),
+            "ledgers_held": len(held.get(bookie_id, ())),
+            "ledgers": sorted(held.get(bookie_id, ())),
+            "underreplicated": len(under.get(bookie_id, ())),
+            "underreplicated_ledgers": sorted(under.get(bookie_id, ())),
+        }
 
     rows = [row(b, registered[b]) for b in sorted(registered)]
     rows += [row(b, None) for b in sorted((set(held) | set(under)) - set(registered))]
@@ -98,12 +117,20 @@ def format_bookie_list(rows: list[dict]) -> str:
     if not rows:
         return "no bookies registered and none named in ledger metadata"
     width = max(8, *(len(r["id"]) for r in rows))
-    lines = [f"{'ID':<{width}}  {'STATE':<5}  {'ADDRESS':<24}  {'FREE':>10}  {'MODE':<9}  {'LEDGERS':>7}  "
-             f"{'UNDER-REPL':>10}"]
+    lines = [
+        f"{'ID':<{width}}  {'STATE':<5}  {'ADDRESS':<24}  {'FREE':>10}  {'MODE':<9}  {'LEDGERS':>7}  "
+        f"{'UNDER-REPL':>10}"
+    ]
     for r in rows:
-        mode = ("-" if r["state"] == GONE else r["decommissioning"] or ("read-only" if r["readonly"] else "writable"))
-        lines.append(f"{r['id']:<{width}}  {r['state']:<5}  {r['address'] or '-':<24}  {r['free']:>10}  "
-                     f"{mode:<9}  {r['ledgers_held']:>7}  {r['underreplicated']:>10}")
+        mode = (
+            "-"
+            if r["state"] == GONE
+            else r["decommissioning"] or ("read-only" if r["readonly"] else "writable")
+        )
+        lines.append(
+            f"{r['id']:<{width}}  {r['state']:<5}  {r['address'] or '-':<24}  {r['free']:>10}  "
+            f"{mode:<9}  {r['ledgers_held']:>7}  {r['underreplicated']:>10}"
+        )
     return "\n".join(lines)
 
 
@@ -126,8 +153,9 @@ def _children(zk: KazooClient, path: str) -> list[str]:
         return []
 
 
-def read_bookie_view(zk: KazooClient, cluster: str) -> tuple[dict[str, dict], list[dict], dict[int, dict],
-                                                             dict[str, dict]]:
+def read_bookie_view(
+    zk: KazooClient, cluster: str
+) -> tuple[dict[str, dict], list[dict], dict[int, dict], dict[str, dict]]:
     """The registrations, the ledgers' fragments, the under-replication marks and the bookies being
     decommissioned (the inputs of :func:`bookie_rows`)."""
     paths = ClusterPaths(cluster)
@@ -142,7 +170,11 @@ def read_bookie_view(zk: KazooClient, cluster: str) -> tuple[dict[str, dict], li
             ledger_id = ClusterPaths.ledger_id_of(child)
             data, _ = zk.get(paths.ledger(ledger_id))
             meta = LedgerMetadata.from_json(data, ledger_id)
-        except (NoNodeError, LedgerError, ElectionError):  # deleted meanwhile (retention) or not a ledger node: nothing held
+        except (
+            NoNodeError,
+            LedgerError,
+            ElectionError,
+        ):  # deleted meanwhile (retention) or not a ledger node: nothing held
             continue
         ledgers.append({"id": ledger_id, "fragments": meta.fragments})
     marks = {}
@@ -166,10 +198,14 @@ def bookie_list(zk: KazooClient, cluster: str) -> list[dict]:
 def format_progress(progress: dict) -> str:
     """One line about a decommission under way (``DecommissionProgress.as_dict()``). Pure."""
     moved = len(progress["moved"])
-    text = (f"decommissioning {progress['bookie_id']}: {progress['total'] - progress['remaining']}/"
-            f"{progress['total']} ledgers moved off it")
+    text = (
+        f"decommissioning {progress['bookie_id']}: {progress['total'] - progress['remaining']}/"
+        f"{progress['total']} ledgers moved off it"
+    )
     if progress["waiting"]:
-        text += f"; waiting for {len(progress['waiting'])} open ledger(s) to close ({_ids(progress['waiting'])})"
+        text += (
+            f"; waiting for {len(progress['waiting'])} open ledger(s) to close ({_ids(progress['waiting'])})"
+        )
     if progress["problems"]:
         ledger_id, problem = next(iter(sorted(progress["problems"].items())))
         text += f"; retrying ledger {ledger_id}: {problem}"
@@ -183,10 +219,17 @@ def _ids(ids: list[int], limit: int = 5) -> str:
     return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
 
 
-def decommission_bookie(zk: KazooClient, cluster: str, bookie_id: str, secret: bytes | None = None,
-                        timeout: float | None = None, max_bytes_per_s: float = 0.0,
-                        on_progress: Callable[[dict], None] = lambda progress: None, poll_s: float = 1.0,
-                        clock: Callable[[], float] = time.monotonic) -> dict:
+def decommission_bookie(
+    zk: KazooClient,
+    cluster: str,
+    bookie_id: str,
+    secret: bytes | None = None,
+    timeout: float | None = None,
+    max_bytes_per_s: float = 0.0,
+    on_progress: Callable[[dict], None] = lambda progress: None,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict:
     """Decommission ``bookie_id`` (the steps of :mod:`ledger.replication.decommission`); return the last progress.
 
     Raises :class:`ledger.replication.decommission.DecommissionError` when it cannot start, or when
@@ -209,13 +252,16 @@ def decommission_bookie(zk: KazooClient, cluster: str, bookie_id: str, secret: b
     config = read_cluster_config(zk, paths)
     if config is None:
         raise LedgerError(f"cluster {cluster!r} is not initialized")
-    digest = Digest.for_config(str(config.get("digest", "crc32c")), check_member_secret(config, secret, cluster))
+    digest = Digest.for_config(
+        str(config.get("digest", "crc32c")), check_member_secret(config, secret, cluster)
+    )
     start_decommission(zk, paths, bookie_id, int(config.get("ensemble_size", 3)))
     deadline = None if not timeout else clock() + timeout
     pool = BookiePool()
     try:
-        worker = ReplicationWorker(zk, paths, pool, digest, f"decommission-{bookie_id}",
-                                   throttle=TokenBucket(max_bytes_per_s))
+        worker = ReplicationWorker(
+            zk, paths, pool, digest, f"decommission-{bookie_id}", throttle=TokenBucket(max_bytes_per_s)
+        )
         progress = None
         while True:
             progress = decommission_round(zk, paths, bookie_id, worker, progress)
@@ -224,8 +270,10 @@ def decommission_bookie(zk: KazooClient, cluster: str, bookie_id: str, secret: b
                 finish_decommission(zk, paths, bookie_id)
                 return progress.as_dict()
             if deadline is not None and clock() >= deadline:
-                raise DecommissionError(f"{format_progress(progress.as_dict())} after {timeout:.0f} s; the bookie gets "
-                                   f"no new copies meanwhile: run the command again to go on")
+                raise DecommissionError(
+                    f"{format_progress(progress.as_dict())} after {timeout:.0f} s; the bookie gets "
+                    f"no new copies meanwhile: run the command again to go on"
+                )
             time.sleep(poll_s)
     finally:
         pool.close()

@@ -20,6 +20,7 @@ Example::
     report["ok"], report["position"]            # every member stopped clean at that entry
     print(format_report(report))
 """
+
 from __future__ import annotations
 
 import time
@@ -60,8 +61,10 @@ def _check_not_in_progress(zk: KazooClient, paths: ClusterPaths, live: set[int])
         return
     running = in_progress(existing, read_stops(zk, paths, existing["shutdown_id"]), live)
     if running:
-        raise ShutdownFailed(f"a cluster shutdown ({existing['shutdown_id']}) is in progress: brokers "
-                             f"{', '.join(map(str, running))} have not stopped yet")
+        raise ShutdownFailed(
+            f"a cluster shutdown ({existing['shutdown_id']}) is in progress: brokers "
+            f"{', '.join(map(str, running))} have not stopped yet"
+        )
     # Every member of that one stopped, and no restarted leader has served since to delete it.
     clear_shutdown(zk, paths, existing["shutdown_id"])
 
@@ -76,8 +79,12 @@ def _ask_leader(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, patience
             last = "no leader serves"
         else:
             try:
-                reply = exchange(leader["address"], "cluster_shutdown", min(5.0, max(0.1, deadline - time.monotonic())),
-                                 shutdown_id=shutdown_id)
+                reply = exchange(
+                    leader["address"],
+                    "cluster_shutdown",
+                    min(5.0, max(0.1, deadline - time.monotonic())),
+                    shutdown_id=shutdown_id,
+                )
             except (NoReply, WireError) as exc:
                 last = f"{leader['address']}: {exc}"
             else:
@@ -90,8 +97,9 @@ def _ask_leader(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, patience
     raise ShutdownFailed(f"the leader did not write the shutdown entry within {patience:g} s ({last})")
 
 
-def shutdown_cluster(zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIMEOUT_S,
-                     clock: Callable[[], float] = time.time) -> dict:
+def shutdown_cluster(
+    zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIMEOUT_S, clock: Callable[[], float] = time.time
+) -> dict:
     """Shut the cluster's brokers down at one entry; the report (``ok`` when every member stopped clean)."""
     paths = ClusterPaths(cluster)
     started = time.monotonic()
@@ -99,8 +107,10 @@ def shutdown_cluster(zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIM
     _check_not_in_progress(zk, paths, set(live))
     leader = read_leader(zk, paths)
     if not leader:
-        raise ShutdownFailed("no leader serves: the shutdown needs one to write its entry "
-                             "(wait for the cluster to elect one, or stop the brokers with SIGTERM)")
+        raise ShutdownFailed(
+            "no leader serves: the shutdown needs one to write its entry "
+            "(wait for the cluster to elect one, or stop the brokers with SIGTERM)"
+        )
     shutdown_id = uuid.uuid4().hex
     create_shutdown(zk, paths, shutdown_id, sorted(live), clock)
     try:
@@ -116,14 +126,26 @@ def shutdown_cluster(zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIM
     for broker_id in sorted(live):
         info, stop = live[broker_id], stops.get(broker_id)
         state = stop["state"] if stop else "timed_out" if broker_id in live_brokers(zk, paths) else "gone"
-        members.append({"id": broker_id, "name": info.get("name"), "address": info.get("address"),
-                        "position": stop.get("position") if stop else None, "state": state,
-                        "clean": state == CLEAN})
+        members.append(
+            {
+                "id": broker_id,
+                "name": info.get("name"),
+                "address": info.get("address"),
+                "position": stop.get("position") if stop else None,
+                "state": state,
+                "clean": state == CLEAN,
+            }
+        )
     if position is None:
         position = next((m["position"] for m in members if m["clean"]), None)
-    return {"cluster": cluster, "shutdown_id": shutdown_id, "position": position, "members": members,
-            "ok": all(m["clean"] and m["position"] == position for m in members),
-            "seconds": round(time.monotonic() - started, 3)}
+    return {
+        "cluster": cluster,
+        "shutdown_id": shutdown_id,
+        "position": position,
+        "members": members,
+        "ok": all(m["clean"] and m["position"] == position for m in members),
+        "seconds": round(time.monotonic() - started, 3),
+    }
 
 
 def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
@@ -135,15 +157,22 @@ def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
     stops = read_stops(zk, paths, doc["shutdown_id"])
     running = in_progress(doc, stops, set(live_brokers(zk, paths)))
     if running:
-        raise ShutdownFailed(f"the cluster shutdown {doc['shutdown_id']} is in progress: brokers "
-                             f"{', '.join(map(str, running))} have not stopped yet")
+        raise ShutdownFailed(
+            f"the cluster shutdown {doc['shutdown_id']} is in progress: brokers "
+            f"{', '.join(map(str, running))} have not stopped yet"
+        )
     clear_shutdown(zk, paths, doc["shutdown_id"])
-    return {"cluster": cluster, "shutdown_id": doc["shutdown_id"], "abandoned": True,
-            "clean": sorted(m for m, stop in stops.items() if stop.get("state") == CLEAN)}
+    return {
+        "cluster": cluster,
+        "shutdown_id": doc["shutdown_id"],
+        "abandoned": True,
+        "clean": sorted(m for m, stop in stops.items() if stop.get("state") == CLEAN),
+    }
 
 
-def _wait_for_members(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int],
-                      deadline: float) -> dict[int, dict]:
+def _wait_for_members(
+    zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int], deadline: float
+) -> dict[int, dict]:
     """Until each member recorded its stop or its live node is gone (or the deadline)."""
     while True:
         stops = read_stops(zk, paths, shutdown_id)
@@ -155,14 +184,27 @@ def _wait_for_members(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, me
 
 def format_report(report: dict) -> str:
     """The text form of a :func:`shutdown_cluster` report."""
-    lines = [f"cluster {report['cluster']}: shutdown {report['shutdown_id']} at position {report['position']}"]
-    words = {CLEAN: "stopped clean", "dirty": "stopped, NOT clean", "gone": "gone without recording its stop",
-             "timed_out": "still running (timed out)"}
+    lines = [
+        f"cluster {report['cluster']}: shutdown {report['shutdown_id']} at position {report['position']}"
+    ]
+    words = {
+        CLEAN: "stopped clean",
+        "dirty": "stopped, NOT clean",
+        "gone": "gone without recording its stop",
+        "timed_out": "still running (timed out)",
+    }
     for m in report["members"]:
         where = "" if m["position"] is None else f"  position={m['position']}"
-        lines.append(f"  broker {m['id']:<4} {m['name'] or '?':<16} {words.get(m['state'], m['state'])}{where}")
+        lines.append(
+            f"  broker {m['id']:<4} {m['name'] or '?':<16} {words.get(m['state'], m['state'])}{where}"
+        )
     clean = sum(m["clean"] for m in report["members"])
-    lines.append(f"{clean} of {len(report['members'])} brokers stopped clean"
-                 + ("; restart them on the same data dirs to serve again (the bookies keep running)"
-                    if report["ok"] else ""))
+    lines.append(
+        f"{clean} of {len(report['members'])} brokers stopped clean"
+        + (
+            "; restart them on the same data dirs to serve again (the bookies keep running)"
+            if report["ok"]
+            else ""
+        )
+    )
     return "\n".join(lines)

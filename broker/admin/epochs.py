@@ -9,6 +9,7 @@ Example::
     for row in epoch_history(zk, "dev"):
         print(row["epoch"], row["broker_id"], row["first_position"], row["started_at"])
 """
+
 from __future__ import annotations
 
 from kazoo.client import KazooClient
@@ -44,13 +45,24 @@ def epoch_history(zk: KazooClient, cluster: str, secret: bytes | None = None) ->
             try:
                 meta, _ = read_metadata(zk, paths, first)
                 row["started_at"] = meta.created_at
-                started = next((e for e in decode_batch(client.open_reader(first).read(0).payload)
-                                if e.get("type") == "EpochStarted"), None)
+                started = next(
+                    (
+                        e
+                        for e in decode_batch(client.open_reader(first).read(0).payload)
+                        if e.get("type") == "EpochStarted"
+                    ),
+                    None,
+                )
             except (LedgerError, BadEvent, NoNodeError):
                 started = None
             if started:
                 row.update(broker_id=started["broker_id"], started_at=started["now_ms"] / 1000.0)
     if current and current not in history:  # claimed, but its ledger is not in the log yet
-        history[current] = {"epoch": current, "ledgers": [], "first_position": None, "broker_id": None,
-                            "started_at": None}
+        history[current] = {
+            "epoch": current,
+            "ledgers": [],
+            "first_position": None,
+            "broker_id": None,
+            "started_at": None,
+        }
     return [history[epoch] for epoch in sorted(history)]

@@ -16,6 +16,7 @@ Example::
     header = create_snapshot(Path("broker-data"), cluster_id)
     restore_into(Path("snap-0000000003-0000000041.fps"), Path("new-broker"), cluster_id)
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,9 @@ class BrokerUnreachable(BrokerError):
     """A one-off request got no usable answer (timeout, refusal or a bad frame)."""
 
 
-def request_once(address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
-                 **fields) -> dict:
+def request_once(
+    address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES, **fields
+) -> dict:
     """One request to the broker at `address` on a fresh socket; the reply, or BrokerUnreachable.
 
     For tools and joiners that talk to a named broker once; clients that follow the
@@ -171,8 +173,10 @@ def waiting_for_bookies(view: dict) -> dict | None:
     waits = [b for b in view["brokers"] if b.get("waiting_for_bookies")]
     if not waits:
         return None
-    out = {"waiting_for": max(b["waiting_for_bookies"] for b in waits),
-           "live": max(int(b.get("live_bookies") or 0) for b in waits)}
+    out = {
+        "waiting_for": max(b["waiting_for_bookies"] for b in waits),
+        "live": max(int(b.get("live_bookies") or 0) for b in waits),
+    }
     reasons = sorted({b["waiting_reason"] for b in waits if b.get("waiting_reason")})
     if reasons:
         out["reason"] = reasons[0]  # an open ledger's recovery, not the count, holds the takeover
@@ -189,11 +193,22 @@ def insync_report(zk: KazooClient, cluster: str) -> dict:
     live = live_brokers(zk, paths)
     [lags], _ = follower_lags(zk, paths, [(live.get(leader_id) or {}).get("position")], {}, leader_id)
     members = (doc or {}).get("members", [])
-    return {"members": members, "insync_epoch": (doc or {}).get("insync_epoch"),
-            "leader_epoch": (doc or {}).get("leader_epoch"), "leader": leader_id,
-            "brokers": [{"id": broker_id, "address": info.get("address"), "learner": bool(info.get("learner")),
-                         "in_sync": broker_id in members, "lag": 0 if broker_id == leader_id else lags.get(broker_id)}
-                        for broker_id, info in live.items()]}
+    return {
+        "members": members,
+        "insync_epoch": (doc or {}).get("insync_epoch"),
+        "leader_epoch": (doc or {}).get("leader_epoch"),
+        "leader": leader_id,
+        "brokers": [
+            {
+                "id": broker_id,
+                "address": info.get("address"),
+                "learner": bool(info.get("learner")),
+                "in_sync": broker_id in members,
+                "lag": 0 if broker_id == leader_id else lags.get(broker_id),
+            }
+            for broker_id, info in live.items()
+        ],
+    }
 
 
 def elect(zk: KazooClient, cluster: str, target: int, timeout: float = 15.0) -> dict:
@@ -226,7 +241,6 @@ def elect(zk: KazooClient, cluster: str, target: int, timeout: float = 15.0) -> 
         raise BrokerError(f"broker {target} did not take over within {timeout:.0f} s")
     finally:
         clear_elect(zk, paths, target)
-
 
 
 def cluster_id_of(zk: KazooClient, cluster: str) -> str:

@@ -17,6 +17,7 @@ Example::
     print(format_inspect(report))            # each store, its cluster, the newest, what a restart does
     mark_clean_store(Path(report["newest"]), cluster_id=None, confirm=lambda plan: True)
 """
+
 from __future__ import annotations
 
 import datetime
@@ -50,6 +51,7 @@ UNKNOWN_CREATED_AT = 0.0
 
 # ---------------------------------------------------------------- pure helpers
 
+
 def task_count(depths: dict[str, dict[str, int]]) -> int:
     """Tasks in the store from its per-queue counters (``delayed`` is a subset of ``waiting``)."""
     return sum(n for counts in depths.values() for state, n in counts.items() if state != "delayed")
@@ -73,9 +75,15 @@ def clusters(rows: Sequence[dict]) -> list[dict]:
     for r in rows:
         if r["error"] is None and r["kind"] in ("clean", "dirty"):
             groups.setdefault((r["cluster_id"], r["created_at"]), []).append(r)
-    return [{"cluster_id": cid, "created_at": created, "paths": [r["path"] for r in members],
-             "newest": newest(members)["path"]}
-            for (cid, created), members in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+    return [
+        {
+            "cluster_id": cid,
+            "created_at": created,
+            "paths": [r["path"] for r in members],
+            "newest": newest(members)["path"],
+        }
+        for (cid, created), members in sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    ]
 
 
 def restart_decision(rows: Sequence[dict]) -> InitDecision | None:
@@ -83,17 +91,30 @@ def restart_decision(rows: Sequence[dict]) -> InitDecision | None:
     readable = [r for r in rows if r["error"] is None]
     if not readable:
         return None
-    members = [MemberStore(i, r["kind"], _status_of(r), epoch=r["epoch"] or 0,
-                           position=tuple(r["position"]) if r["position"] else None, label=r["path"])
-               for i, r in enumerate(readable, 1)]
+    members = [
+        MemberStore(
+            i,
+            r["kind"],
+            _status_of(r),
+            epoch=r["epoch"] or 0,
+            position=tuple(r["position"]) if r["position"] else None,
+            label=r["path"],
+        )
+        for i, r in enumerate(readable, 1)
+    ]
     return decide_initialization(members, len(members))
 
 
 def _status_of(row: dict) -> StoreStatus | None:
     if row["state"] == "none":
         return None
-    return StoreStatus(row["cluster_id"], row["created_at"], row["state"], row["shutdown_id"],
-                       tuple(row["status_position"]) if row["status_position"] else None)
+    return StoreStatus(
+        row["cluster_id"],
+        row["created_at"],
+        row["state"],
+        row["shutdown_id"],
+        tuple(row["status_position"]) if row["status_position"] else None,
+    )
 
 
 def mark_clean_problem(row: dict, wanted_cluster: str | None) -> str | None:
@@ -107,8 +128,10 @@ def mark_clean_problem(row: dict, wanted_cluster: str | None) -> str | None:
     if recorded is None and signed is None:
         return f"{where}: the store records no cluster id and has no store.status: it cannot be signed"
     if recorded is not None and signed is not None and recorded != signed:
-        return (f"{where}: the store belongs to cluster {recorded} but its store.status says "
-                f"{signed}: it is of another cluster")
+        return (
+            f"{where}: the store belongs to cluster {recorded} but its store.status says "
+            f"{signed}: it is of another cluster"
+        )
     if wanted_cluster is not None and wanted_cluster not in (recorded, signed):
         return f"{where}: the store belongs to cluster {recorded or signed}, not {wanted_cluster}"
     return None
@@ -130,14 +153,20 @@ def format_inspect(report: dict) -> str:
         if r["kind"] == "transient":
             lines.append(f"{r['path']}: no state store")
             continue
-        lines.append(f"{r['path']}: cluster {r['cluster_id'] or '(not recorded)'}  state {r['state']}"
-                     f"  shutdown {r['shutdown_id'] or '-'}  created {_when(r['created_at'])}")
-        lines.append(f"    position {r['position']}  epoch {r['epoch']}  tasks {r['tasks']}  digest {r['digest']}"
-                     + ("  (empty)" if r["kind"] == "empty" else ""))
+        lines.append(
+            f"{r['path']}: cluster {r['cluster_id'] or '(not recorded)'}  state {r['state']}"
+            f"  shutdown {r['shutdown_id'] or '-'}  created {_when(r['created_at'])}"
+        )
+        lines.append(
+            f"    position {r['position']}  epoch {r['epoch']}  tasks {r['tasks']}  digest {r['digest']}"
+            + ("  (empty)" if r["kind"] == "empty" else "")
+        )
         lines.extend(f"    problem: {p}" for p in r["problems"])
     for g in report["clusters"]:
-        lines.append(f"cluster {g['cluster_id'] or '(not recorded)'} (created {_when(g['created_at'])}): "
-                     f"{', '.join(g['paths'])}; newest {g['newest']}")
+        lines.append(
+            f"cluster {g['cluster_id'] or '(not recorded)'} (created {_when(g['created_at'])}): "
+            f"{', '.join(g['paths'])}; newest {g['newest']}"
+        )
     if len(report["clusters"]) > 1:
         lines.append("the stores belong to different clusters")
     lines.append(f"newest: {report['newest'] or '(no store holds any state)'}")
@@ -148,6 +177,7 @@ def format_inspect(report: dict) -> str:
 
 
 # ---------------------------------------------------------------- file access
+
 
 def data_dir_of(path: Path) -> Path:
     """The broker data dir for a data dir or for its ``state/`` given directly."""
@@ -165,10 +195,25 @@ def _broker_id(data_dir: Path) -> int | None:
 
 
 def _empty_row(path: Path) -> dict:
-    return {"path": str(path), "error": None, "kind": "transient", "state": "none", "broker_id": None,
-            "cluster_id": None, "store_cluster_id": None, "status_cluster_id": None, "created_at": None,
-            "shutdown_id": None, "status_position": None, "position": None, "epoch": None, "tasks": None,
-            "digest": None, "closed_in_order": None, "problems": []}
+    return {
+        "path": str(path),
+        "error": None,
+        "kind": "transient",
+        "state": "none",
+        "broker_id": None,
+        "cluster_id": None,
+        "store_cluster_id": None,
+        "status_cluster_id": None,
+        "created_at": None,
+        "shutdown_id": None,
+        "status_position": None,
+        "position": None,
+        "epoch": None,
+        "tasks": None,
+        "digest": None,
+        "closed_in_order": None,
+        "problems": [],
+    }
 
 
 def read_store(path: Path, full_verify: bool = False) -> dict:
@@ -186,9 +231,14 @@ def read_store(path: Path, full_verify: bool = False) -> dict:
     except ElectionError as exc:
         return dict(row, error=str(exc))
     if status is not None:
-        row.update(state=status.state, cluster_id=status.cluster_id, status_cluster_id=status.cluster_id,
-                   created_at=status.created_at, shutdown_id=status.shutdown_id,
-                   status_position=list(status.position) if status.position else None)
+        row.update(
+            state=status.state,
+            cluster_id=status.cluster_id,
+            status_cluster_id=status.cluster_id,
+            created_at=status.created_at,
+            shutdown_id=status.shutdown_id,
+            status_position=list(status.position) if status.position else None,
+        )
     if not (state / "data.mdb").exists():
         return row
     try:
@@ -202,9 +252,15 @@ def read_store(path: Path, full_verify: bool = False) -> dict:
         if full_verify:
             store.verify()
         position = store.position()
-        row.update(store_cluster_id=store.cluster_id(), position=list(position) if position else None,
-                   epoch=store.epoch(), digest=store.digest(), tasks=task_count(store.queue_depths()),
-                   closed_in_order=store.was_clean(), kind=classify_store(status, True, store.is_empty()))
+        row.update(
+            store_cluster_id=store.cluster_id(),
+            position=list(position) if position else None,
+            epoch=store.epoch(),
+            digest=store.digest(),
+            tasks=task_count(store.queue_depths()),
+            closed_in_order=store.was_clean(),
+            kind=classify_store(status, True, store.is_empty()),
+        )
     except StoreError as exc:
         return dict(row, error=str(exc))
     except lmdb.Error as exc:  # the few reads that do not translate their own errors
@@ -213,10 +269,13 @@ def read_store(path: Path, full_verify: bool = False) -> dict:
         store.close()
     row["cluster_id"] = row["cluster_id"] or row["store_cluster_id"]
     if row["store_cluster_id"] and status is not None and status.cluster_id != row["store_cluster_id"]:
-        row["problems"].append(f"the store records cluster {row['store_cluster_id']}, its store.status "
-                               f"{status.cluster_id}")
+        row["problems"].append(
+            f"the store records cluster {row['store_cluster_id']}, its store.status {status.cluster_id}"
+        )
     if row["kind"] == CLEAN and status.position is not None and list(status.position) != row["position"]:
-        row["problems"].append(f"marked clean at {list(status.position)} but the store is at {row['position']}")
+        row["problems"].append(
+            f"marked clean at {list(status.position)} but the store is at {row['position']}"
+        )
     return row
 
 
@@ -235,14 +294,26 @@ def inspect_stores(paths: Sequence[Path], full_verify: bool = False) -> dict:
         summary = decision.reason if decision.action != "start_empty" else "start every member empty"
     if unread and decision is not None:
         summary += f" (leaving out the unreadable {', '.join(unread)})"
-    restart = {"summary": summary, "action": decision.action if decision else None,
-               "reason": decision.reason if decision else None}
-    return {"stores": rows, "clusters": clusters(rows), "newest": top["path"] if top else None,
-            "restart": restart, "readable": len(rows) - len(unread)}
+    restart = {
+        "summary": summary,
+        "action": decision.action if decision else None,
+        "reason": decision.reason if decision else None,
+    }
+    return {
+        "stores": rows,
+        "clusters": clusters(rows),
+        "newest": top["path"] if top else None,
+        "restart": restart,
+        "readable": len(rows) - len(unread),
+    }
 
 
-def mark_clean_store(path: Path, cluster_id: str | None, confirm: Callable[[dict], bool],
-                     new_id: Callable[[], str] = lambda: MANUAL_PREFIX + uuid.uuid4().hex) -> dict:
+def mark_clean_store(
+    path: Path,
+    cluster_id: str | None,
+    confirm: Callable[[dict], bool],
+    new_id: Callable[[], str] = lambda: MANUAL_PREFIX + uuid.uuid4().hex,
+) -> dict:
     """Mark the store in ``path`` clean at its current position with a new manual shutdown id.
 
     Holds the data-dir lock throughout (a running broker's lock refuses it: DataDirInUse),
@@ -262,10 +333,18 @@ def mark_clean_store(path: Path, cluster_id: str | None, confirm: Callable[[dict
         problem = mark_clean_problem(row, cluster_id)
         if problem:
             raise BrokerError(problem)
-        verify_store_dir(path, cluster_id)   # the whole store must hash to its digest
-        plan = {"path": str(path), "cluster_id": row["cluster_id"], "position": row["position"],
-                "epoch": row["epoch"], "tasks": row["tasks"], "digest": row["digest"],
-                "shutdown_id": row["shutdown_id"], "wrote_status": row["state"] == "none", "marked": False}
+        verify_store_dir(path, cluster_id)  # the whole store must hash to its digest
+        plan = {
+            "path": str(path),
+            "cluster_id": row["cluster_id"],
+            "position": row["position"],
+            "epoch": row["epoch"],
+            "tasks": row["tasks"],
+            "digest": row["digest"],
+            "shutdown_id": row["shutdown_id"],
+            "wrote_status": row["state"] == "none",
+            "marked": False,
+        }
         if row["state"] == CLEAN:
             return dict(plan, already_clean=True, wrote_status=False)
         plan["shutdown_id"] = new_id()

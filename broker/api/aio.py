@@ -16,6 +16,7 @@ Example::
         ids = await asyncio.gather(*(client.submit("mail", p) for p in payloads))
         print((await client.wait(ids[0], timeout=60))["state"])
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,13 +40,27 @@ class AsyncClient:
             task_id = await client.submit("mail", b"hi", key="order-17")
     """
 
-    def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, key_file: str | Path | None = None,
-                 keys_file: str | Path | None = None) -> None:
-        self._args = {"zk": zk, "cluster": cluster, "brokers": brokers, "timeout": timeout,
-                      "request_timeout": request_timeout, "max_frame_bytes": max_frame_bytes,
-                      "key_file": key_file, "keys_file": keys_file}
+    def __init__(
+        self,
+        zk: str | None = None,
+        cluster: str | None = None,
+        brokers: list[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        key_file: str | Path | None = None,
+        keys_file: str | Path | None = None,
+    ) -> None:
+        self._args = {
+            "zk": zk,
+            "cluster": cluster,
+            "brokers": brokers,
+            "timeout": timeout,
+            "request_timeout": request_timeout,
+            "max_frame_bytes": max_frame_bytes,
+            "key_file": key_file,
+            "keys_file": keys_file,
+        }
         self._client: Client | None = None
 
     @classmethod
@@ -66,14 +81,34 @@ class AsyncClient:
             raise RuntimeError("the AsyncClient is not open: use `async with` or `await open()`")
         return self._client
 
-    async def submit(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-                     delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
-                     timeout: float | None = None, retry_backoff: float | None = None,
-                     retry_backoff_max: float | None = None) -> str:
+    async def submit(
+        self,
+        queue: str,
+        payload: bytes,
+        key: str | None = None,
+        priority: int = 0,
+        delay: float = 0,
+        max_attempts: int | None = None,
+        max_run: float | None = None,
+        timeout: float | None = None,
+        retry_backoff: float | None = None,
+        retry_backoff_max: float | None = None,
+    ) -> str:
         """Submit one task; its id once committed (see :meth:`Client.submit_async`)."""
-        return await asyncio.wrap_future(self.client.submit_async(
-            queue, payload, key=key, priority=priority, delay=delay, max_attempts=max_attempts,
-            max_run=max_run, timeout=timeout, retry_backoff=retry_backoff, retry_backoff_max=retry_backoff_max))
+        return await asyncio.wrap_future(
+            self.client.submit_async(
+                queue,
+                payload,
+                key=key,
+                priority=priority,
+                delay=delay,
+                max_attempts=max_attempts,
+                max_run=max_run,
+                timeout=timeout,
+                retry_backoff=retry_backoff,
+                retry_backoff_max=retry_backoff_max,
+            )
+        )
 
     async def submit_many(self, tasks: list[dict]) -> list[str]:
         """:meth:`Client.submit_many`: up to 1000 tasks per request, committed together."""

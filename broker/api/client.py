@@ -57,6 +57,7 @@ Example::
         task_id = client.submit("mail", b'{"to": "ann"}', priority=5)
         print(client.wait(task_id, timeout=60)["state"])
 """
+
 from __future__ import annotations
 
 import itertools
@@ -105,9 +106,23 @@ from election.zk import close as zk_close
 
 # The request helpers and error classes are part of this module's interface (and of
 # broker.client's): they live in broker.api.requests and are re-exported here.
-__all__ = ["AUTO_KEY_PREFIX", "Backoff", "BrokerUnavailable", "Client", "ClientError", "ClusterNotFound",
-           "DEFAULT_REQUEST_TIMEOUT", "DEFAULT_TIMEOUT", "DEFAULT_ZK", "TaskNotFound", "WaitTimeout", "auto_key",
-           "classify", "leader_address", "submit_fields"]
+__all__ = [
+    "AUTO_KEY_PREFIX",
+    "Backoff",
+    "BrokerUnavailable",
+    "Client",
+    "ClientError",
+    "ClusterNotFound",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_ZK",
+    "TaskNotFound",
+    "WaitTimeout",
+    "auto_key",
+    "classify",
+    "leader_address",
+    "submit_fields",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +150,17 @@ class Client(OperatorCalls, LeaderTracking, Transport):
     and ``FENCEPOST_KEYS_FILE``, or the keys a command-line tool set for its process).
     """
 
-    def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, key_file: str | Path | None = None,
-                 keys_file: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        zk: str | None = None,
+        cluster: str | None = None,
+        brokers: list[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        key_file: str | Path | None = None,
+        keys_file: str | Path | None = None,
+    ) -> None:
         if zk is not None and brokers:
             raise ValueError("give zk or brokers, not both")
         self._keys = load_client_keys(key_file, keys_file) if key_file or keys_file else process_keys()
@@ -170,9 +192,18 @@ class Client(OperatorCalls, LeaderTracking, Transport):
 
     # ------------------------------------------------------------ public API
 
-    def submit(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-               delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
-               retry_backoff: float | None = None, retry_backoff_max: float | None = None) -> str:
+    def submit(
+        self,
+        queue: str,
+        payload: bytes,
+        key: str | None = None,
+        priority: int = 0,
+        delay: float = 0,
+        max_attempts: int | None = None,
+        max_run: float | None = None,
+        retry_backoff: float | None = None,
+        retry_backoff_max: float | None = None,
+    ) -> str:
         """Submit one task; return its id once committed. The same ``key`` returns the same id.
 
         ``max_run`` (seconds) bounds each attempt: past it the worker abandons the
@@ -182,15 +213,25 @@ class Client(OperatorCalls, LeaderTracking, Transport):
         unset, the queue's settings apply, else the brokers' ``retry_backoff_ms``.
         Submits that several threads make at once travel together in one request.
         """
-        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff,
-                               retry_backoff_max)
+        fields = submit_fields(
+            queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
+        )
         self._check_payload(fields["payload"])
         return self._submits.submit(fields, self.timeout)
 
-    def submit_async(self, queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-                     delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
-                     timeout: float | None = None, retry_backoff: float | None = None,
-                     retry_backoff_max: float | None = None) -> "Future[str]":
+    def submit_async(
+        self,
+        queue: str,
+        payload: bytes,
+        key: str | None = None,
+        priority: int = 0,
+        delay: float = 0,
+        max_attempts: int | None = None,
+        max_run: float | None = None,
+        timeout: float | None = None,
+        retry_backoff: float | None = None,
+        retry_backoff_max: float | None = None,
+    ) -> "Future[str]":
         """Submit one task without waiting: a future of its id (or of the :class:`ClientError` ``submit`` raises).
 
         The submits waiting at the same moment, from any thread, go to the leader
@@ -199,8 +240,9 @@ class Client(OperatorCalls, LeaderTracking, Transport):
         never makes a second task. Bad arguments raise here, at once.
         Example: ``ids = [f.result() for f in [client.submit_async("q", p) for p in payloads]]``.
         """
-        fields = submit_fields(queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff,
-                               retry_backoff_max)
+        fields = submit_fields(
+            queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
+        )
         try:
             self._check_payload(fields["payload"])
         except ClientError as exc:
@@ -243,8 +285,9 @@ class Client(OperatorCalls, LeaderTracking, Transport):
     def _check_payload(self, payload: bytes) -> None:
         limit = self._payload_limit()
         if limit is not None and len(payload) > limit:
-            raise ClientError(E_PAYLOAD_TOO_LARGE,
-                              f"payload of {len(payload)} bytes exceeds max_payload_bytes={limit}")
+            raise ClientError(
+                E_PAYLOAD_TOO_LARGE, f"payload of {len(payload)} bytes exceeds max_payload_bytes={limit}"
+            )
 
     def _payload_limit(self) -> int | None:
         """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
@@ -296,9 +339,15 @@ class Client(OperatorCalls, LeaderTracking, Transport):
         fields = [{k: c[k] for k in ("task_id", "attempt", "result") if k in c} for c in completions]
         return self.call("complete_many", tasks=fields)["results"]
 
-    def declare_queue(self, queue: str, max_attempts: int | None = None, max_run: float | None = None,
-                      retry_backoff: float | None = None, retry_backoff_max: float | None = None,
-                      result_ttl: float | None = None) -> dict:
+    def declare_queue(
+        self,
+        queue: str,
+        max_attempts: int | None = None,
+        max_run: float | None = None,
+        retry_backoff: float | None = None,
+        retry_backoff_max: float | None = None,
+        result_ttl: float | None = None,
+    ) -> dict:
         """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
 
         A setting left None keeps its value. ``retry_backoff``/``retry_backoff_max``

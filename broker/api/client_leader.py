@@ -14,6 +14,7 @@ Example::
 
     address = client._current_leader(deadline=time.monotonic() + 5)
 """
+
 from __future__ import annotations
 
 import json

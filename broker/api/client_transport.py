@@ -15,6 +15,7 @@ Example::
 
     reply = client._exchange("tcp://10.0.0.5:7000", "ping", {}, timeout=1.0)
 """
+
 from __future__ import annotations
 
 import itertools
@@ -127,8 +128,11 @@ class Transport:
         frame = encode(make_request(op, rid, **fields))
         if len(frame) > self.max_frame_bytes:
             # The broker would drop the connection, not answer: say so now instead of timing out.
-            raise ClientError(E_PAYLOAD_TOO_LARGE, f"{op} request of {len(frame)} bytes exceeds the "
-                                                   f"brokers' frame limit of {self.max_frame_bytes} bytes")
+            raise ClientError(
+                E_PAYLOAD_TOO_LARGE,
+                f"{op} request of {len(frame)} bytes exceeds the "
+                f"brokers' frame limit of {self.max_frame_bytes} bytes",
+            )
         sock = self._socket(address)
         try:
             sock.send(frame, zmq.NOBLOCK)

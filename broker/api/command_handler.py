@@ -18,6 +18,7 @@ Example::
     handler = CommandHandler(["wc", "-c"], timeout=60)
     worker = Worker(zk="127.0.0.1:2181", queues=["count"], handlers={"count": handler})
 """
+
 from __future__ import annotations
 
 import os
@@ -54,15 +55,25 @@ class CommandHandler:
         self._running: set[int] = set()  # process group ids of the commands running now
 
     def __call__(self, task) -> bytes:
-        env = {**os.environ, "FENCEPOST_TASK_ID": task.task_id, "FENCEPOST_ATTEMPT": str(task.attempt),
-               "FENCEPOST_QUEUE": task.queue}
+        env = {
+            **os.environ,
+            "FENCEPOST_TASK_ID": task.task_id,
+            "FENCEPOST_ATTEMPT": str(task.attempt),
+            "FENCEPOST_QUEUE": task.queue,
+        }
         timeout = self.timeout
         max_run_ms = getattr(task, "max_run_ms", None)
         if max_run_ms is not None:
             timeout = min(timeout or float("inf"), max_run_ms / 1000)
         try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
         with self._lock:
@@ -78,8 +89,10 @@ class CommandHandler:
                 self._running.discard(proc.pid)
             _kill_group(proc.pid)  # what the command left behind in its group
         if proc.returncode == REJECT_EXIT_CODE:
-            raise Reject(f"{self.argv[0]} exited with status {REJECT_EXIT_CODE} (reject): "
-                         f"{stderr[-STDERR_TAIL:].decode(errors='replace')}")
+            raise Reject(
+                f"{self.argv[0]} exited with status {REJECT_EXIT_CODE} (reject): "
+                f"{stderr[-STDERR_TAIL:].decode(errors='replace')}"
+            )
         if proc.returncode != 0:
             tail = stderr[-STDERR_TAIL:].decode(errors="replace")
             raise CommandFailed(f"{self.argv[0]} exited with status {proc.returncode}: {tail}")

@@ -18,6 +18,7 @@ Example::
     finally:
         drain.restore()
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,12 @@ SIGNAL_EXIT_BASE = 128
 class SignalDrain:
     """First SIGTERM/SIGINT calls ``on_drain``; the next calls ``hard_stop`` and exits the process."""
 
-    def __init__(self, on_drain: Callable[[], None], hard_stop: Callable[[], None],
-                 exit_now: Callable[[int], Any] = os._exit) -> None:
+    def __init__(
+        self,
+        on_drain: Callable[[], None],
+        hard_stop: Callable[[], None],
+        exit_now: Callable[[int], Any] = os._exit,
+    ) -> None:
         self._on_drain, self._hard_stop, self._exit_now = on_drain, hard_stop, exit_now
         self._previous: dict[int, Any] = {}
         self.draining = False
@@ -60,8 +65,10 @@ class SignalDrain:
         name = signal.Signals(signum).name
         if not self.draining:
             self.draining = True
-            log.info("%s: draining: no new tasks; finishing the tasks in hand (a second signal stops at once)",
-                     name)
+            log.info(
+                "%s: draining: no new tasks; finishing the tasks in hand (a second signal stops at once)",
+                name,
+            )
             self._on_drain()
             return
         log.warning("%s again: stopping at once; the tasks in hand run again after their leases expire", name)

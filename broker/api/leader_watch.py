@@ -16,6 +16,7 @@ Example::
     ...
     watch.stop()
 """
+
 from __future__ import annotations
 
 import logging

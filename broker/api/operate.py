@@ -18,6 +18,7 @@ Example::
         client.requeue_dead("mail")
         client.queues()["queues"], client.workers()
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
@@ -28,8 +29,9 @@ from broker.protocol import DEFAULT_PURGE, MAX_LIST_TASKS, MAX_LIST_WORKERS
 class OperatorCalls:
     """Mixed into :class:`broker.api.client.Client` (which provides ``call``)."""
 
-    def list_tasks(self, queue: str | None = None, state: str | None = None, limit: int = 100,
-                   after: str | None = None) -> tuple[list[dict], str | None]:
+    def list_tasks(
+        self, queue: str | None = None, state: str | None = None, limit: int = 100, after: str | None = None
+    ) -> tuple[list[dict], str | None]:
         """One page of tasks (queue, then submit order) and the cursor of the next page (None: the last).
 
         Each task is a map of ``id, queue, state, attempts, max_attempts, priority,
@@ -40,8 +42,9 @@ class OperatorCalls:
         reply = self.call("list_tasks", queue=queue, state=state, limit=int(limit), after=after)
         return reply["tasks"], reply["next"]
 
-    def iter_tasks(self, queue: str | None = None, state: str | None = None,
-                   page: int = MAX_LIST_TASKS) -> Iterator[dict]:
+    def iter_tasks(
+        self, queue: str | None = None, state: str | None = None, page: int = MAX_LIST_TASKS
+    ) -> Iterator[dict]:
         """Every task of :meth:`list_tasks`, page by page; each at most once, however they change meanwhile."""
         after = None
         while True:
@@ -64,8 +67,13 @@ class OperatorCalls:
         default TTL of finished tasks (0: kept) for queues that set none."""
         return self.call("list_queues")
 
-    def purge(self, queue: str, states: Iterable[str] = ("done",), older_than: float | None = None,
-              limit: int = DEFAULT_PURGE) -> int:
+    def purge(
+        self,
+        queue: str,
+        states: Iterable[str] = ("done",),
+        older_than: float | None = None,
+        limit: int = DEFAULT_PURGE,
+    ) -> int:
         """Delete the tasks of ``queue`` in ``states`` (any of waiting, done, failed, dead, cancelled);
         finished ones only if they finished ``older_than`` seconds ago or more. Returns how many."""
         fields: dict[str, Any] = {"queue": queue, "states": list(states), "limit": int(limit)}

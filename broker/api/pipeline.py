@@ -26,6 +26,7 @@ Example::
     task_id = future.result()
     pipeline.close()
 """
+
 from __future__ import annotations
 
 import collections
@@ -116,10 +117,17 @@ class SubmitPipeline:
         """Queue one submit (fields from :func:`submit_fields`); the future gives its task id."""
         future: Future = Future()
         frame_bytes = submit_cost(fields) + SUBMIT_OVERHEAD_BYTES
-        if frame_bytes > self._client.max_frame_bytes and len(encode(make_request("submit", 0, **fields))) \
-                > self._client.max_frame_bytes:
-            future.set_exception(ClientError(E_PAYLOAD_TOO_LARGE, "submit request exceeds the brokers' frame "
-                                                                  f"limit of {self._client.max_frame_bytes} bytes"))
+        if (
+            frame_bytes > self._client.max_frame_bytes
+            and len(encode(make_request("submit", 0, **fields))) > self._client.max_frame_bytes
+        ):
+            future.set_exception(
+                ClientError(
+                    E_PAYLOAD_TOO_LARGE,
+                    "submit request exceeds the brokers' frame "
+                    f"limit of {self._client.max_frame_bytes} bytes",
+                )
+            )
             return future
         with self._lock:
             if self._closed:
@@ -216,7 +224,9 @@ class SubmitPipeline:
             if item.deadline > now:
                 keep.append(item)
             else:
-                self._resolve(item, exc=BrokerUnavailable(f"submit gave up after {item.timeout:g}s: {self._last}"))
+                self._resolve(
+                    item, exc=BrokerUnavailable(f"submit gave up after {item.timeout:g}s: {self._last}")
+                )
         self._waiting = keep
 
     def _send_waiting(self, now: float) -> None:
@@ -284,7 +294,9 @@ class SubmitPipeline:
         if self._inflight:
             wake_at.append(now + LEADER_CHECK_S)
         if self._waiting:
-            wake_at.append(max(self._not_before, now) if len(self._inflight) < self._max_inflight else now + 1.0)
+            wake_at.append(
+                max(self._not_before, now) if len(self._inflight) < self._max_inflight else now + 1.0
+            )
             wake_at.append(min(item.deadline for item in self._waiting))
         ready = dict(self._poller.poll(max(0, int((min(wake_at) - now) * 1000))))
         if self._sock is not None and self._sock in ready:
@@ -339,14 +351,18 @@ class SubmitPipeline:
             results = [{"ok": True, "task_id": task_id} for task_id in msg["task_ids"]]
         if not isinstance(results, list) or len(results) != len(batch.items):
             for item in batch.items:
-                self._resolve(item, exc=ClientError(E_BAD_REPLY, "the submit reply does not match the request"))
+                self._resolve(
+                    item, exc=ClientError(E_BAD_REPLY, "the submit reply does not match the request")
+                )
             return
         retry = []
         for item, res in zip(batch.items, results):
             if res.get("ok"):
                 self._resolve(item, res.get("task_id"))
             elif classify(str(res.get("error"))) == "fatal":
-                self._resolve(item, exc=error_for(ClientError, str(res.get("error")), str(res.get("message", ""))))
+                self._resolve(
+                    item, exc=error_for(ClientError, str(res.get("error")), str(res.get("message", "")))
+                )
             else:
                 retry.append(item)
         self._requeue(retry)

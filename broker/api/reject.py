@@ -16,6 +16,7 @@ Example::
             raise fencepost.Reject("empty message: nothing to send")
         return deliver(task.payload)
 """
+
 from __future__ import annotations
 
 # The exit status by which a `worker run` command rejects its task (sysexits.h leaves 100 free).

@@ -12,6 +12,7 @@ Example::
     classify("not_leader")                         # -> "redirect"
     delay = Backoff().next_delay()
 """
+
 from __future__ import annotations
 
 import random
@@ -25,8 +26,19 @@ from election.wire.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_W
 BACKOFF_START = 0.05
 BACKOFF_CAP = 1.0
 AUTO_KEY_PREFIX = "auto:"
-SUBMIT_OPTIONS = frozenset({"queue", "payload", "key", "priority", "delay", "max_attempts", "max_run",
-                            "retry_backoff", "retry_backoff_max"})
+SUBMIT_OPTIONS = frozenset(
+    {
+        "queue",
+        "payload",
+        "key",
+        "priority",
+        "delay",
+        "max_attempts",
+        "max_run",
+        "retry_backoff",
+        "retry_backoff_max",
+    }
+)
 # Room in a frame for the envelope and the field names around a submit_many's payloads.
 SUBMIT_OVERHEAD_BYTES = 512
 # A broker's reply may carry a payload and a result of up to max_payload_bytes each;
@@ -74,12 +86,13 @@ def classify(code: str) -> str:
 class Backoff:
     """Exponential backoff with "equal jitter": delay n is in [b/2, b], b = min(cap, start * 2**n)."""
 
-    def __init__(self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP,
-                 rng: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self, start: float = BACKOFF_START, cap: float = BACKOFF_CAP, rng: Callable[[], float] = random.random
+    ) -> None:
         self.start, self.cap, self._rng, self._n = start, cap, rng, 0
 
     def next_delay(self) -> float:
-        base = min(self.cap, self.start * (2 ** self._n))
+        base = min(self.cap, self.start * (2**self._n))
         self._n = min(self._n + 1, 60)  # keeps 2**n finite however long a call retries
         return base * (0.5 + 0.5 * self._rng())
 
@@ -89,9 +102,17 @@ def auto_key() -> str:
     return AUTO_KEY_PREFIX + uuid.uuid4().hex
 
 
-def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: int = 0,
-                  delay: float = 0, max_attempts: int | None = None, max_run: float | None = None,
-                  retry_backoff: float | None = None, retry_backoff_max: float | None = None) -> dict:
+def submit_fields(
+    queue: str,
+    payload: bytes,
+    key: str | None = None,
+    priority: int = 0,
+    delay: float = 0,
+    max_attempts: int | None = None,
+    max_run: float | None = None,
+    retry_backoff: float | None = None,
+    retry_backoff_max: float | None = None,
+) -> dict:
     """The wire fields of one submit; the key is fixed here, once, so every retry resends it.
 
     ``retry_backoff`` and ``retry_backoff_max`` (seconds) set the task's retry backoff
@@ -101,8 +122,13 @@ def submit_fields(queue: str, payload: bytes, key: str | None = None, priority: 
         raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
     if delay < 0:
         raise ValueError("delay must be >= 0 seconds")
-    fields = {"queue": queue, "payload": bytes(payload), "key": auto_key() if key is None else key,
-              "priority": int(priority), "delay_ms": int(round(delay * 1000))}
+    fields = {
+        "queue": queue,
+        "payload": bytes(payload),
+        "key": auto_key() if key is None else key,
+        "priority": int(priority),
+        "delay_ms": int(round(delay * 1000)),
+    }
     if max_attempts is not None:
         fields["max_attempts"] = int(max_attempts)
     if max_run is not None:
@@ -138,7 +164,11 @@ def each_results(reply: dict, count: int) -> list[dict] | None:
     results = reply.get("results")
     if results is None and isinstance(reply.get("task_ids"), list):
         results = [{"ok": True, "task_id": task_id} for task_id in reply["task_ids"]]
-    if not isinstance(results, list) or len(results) != count or not all(isinstance(r, dict) for r in results):
+    if (
+        not isinstance(results, list)
+        or len(results) != count
+        or not all(isinstance(r, dict) for r in results)
+    ):
         return None
     return results
 

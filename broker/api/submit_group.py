@@ -27,6 +27,7 @@ Example::
     group = SubmitGroup(client)
     task_id = group.submit(submit_fields("mail", b"hi"), timeout=30.0)   # from any thread
 """
+
 from __future__ import annotations
 
 import threading
@@ -58,7 +59,18 @@ MAX_SENDERS = 4
 class _Caller:
     """One thread's submit: its fields, its deadline, and its answer once known."""
 
-    __slots__ = ("fields", "timeout", "deadline", "wake", "lead", "taken", "alone", "done", "task_id", "error")
+    __slots__ = (
+        "fields",
+        "timeout",
+        "deadline",
+        "wake",
+        "lead",
+        "taken",
+        "alone",
+        "done",
+        "task_id",
+        "error",
+    )
 
     def __init__(self, fields: dict, timeout: float, wake: threading.Condition) -> None:
         self.fields, self.timeout, self.wake = fields, timeout, wake
@@ -112,8 +124,12 @@ class SubmitGroup:
             remaining = me.deadline - time.monotonic()
             if remaining <= 0 and not me.taken:
                 self._waiting.remove(me)
-                self._resolve(me, error=BrokerUnavailable(
-                    f"submit gave up after {me.timeout:g}s: still waiting behind this client's other submits"))
+                self._resolve(
+                    me,
+                    error=BrokerUnavailable(
+                        f"submit gave up after {me.timeout:g}s: still waiting behind this client's other submits"
+                    ),
+                )
                 return
             # Once taken, the batch's call ends by this caller's deadline: wait for its answer.
             me.wake.wait(None if me.taken else remaining)
@@ -123,7 +139,9 @@ class SubmitGroup:
         backoff = Backoff()
         while True:
             with self._lock:
-                while me.taken:  # made a sender, but taken into another sender's batch: its answer comes from there
+                while (
+                    me.taken
+                ):  # made a sender, but taken into another sender's batch: its answer comes from there
                     me.wake.wait()
                 if me.done:
                     return
@@ -172,8 +190,9 @@ class SubmitGroup:
                 reply = self._client.call("submit", timeout=timeout, **batch[0].fields)
                 results = [{"ok": True, "task_id": reply.get("task_id")}]
             else:
-                reply = self._client.call("submit_many", timeout=timeout, each=True,
-                                          tasks=[c.fields for c in batch])
+                reply = self._client.call(
+                    "submit_many", timeout=timeout, each=True, tasks=[c.fields for c in batch]
+                )
                 results = each_results(reply, len(batch))
         except BrokerUnavailable as exc:
             # The earliest deadline has passed: its callers are answered, the others go again.
@@ -196,20 +215,26 @@ class SubmitGroup:
         except Exception as exc:  # a bug here must not leave the other callers waiting forever
             with self._lock:
                 for caller in batch:
-                    self._resolve(caller, error=ClientError(E_INTERNAL, f"submit failed: {type(exc).__name__}: {exc}"))
+                    self._resolve(
+                        caller, error=ClientError(E_INTERNAL, f"submit failed: {type(exc).__name__}: {exc}")
+                    )
             return True
         with self._lock:
             if results is None:
                 for caller in batch:
-                    self._resolve(caller, error=ClientError(E_BAD_REPLY, "the submit reply does not match the request"))
+                    self._resolve(
+                        caller, error=ClientError(E_BAD_REPLY, "the submit reply does not match the request")
+                    )
                 return True
             again = []
             for caller, res in zip(batch, results):
                 if res.get("ok"):
                     self._resolve(caller, task_id=res.get("task_id"))
                 elif classify(str(res.get("error"))) == "fatal":
-                    self._resolve(caller, error=error_for(ClientError, str(res.get("error")),
-                                                          str(res.get("message", ""))))
+                    self._resolve(
+                        caller,
+                        error=error_for(ClientError, str(res.get("error")), str(res.get("message", ""))),
+                    )
                 else:
                     again.append(caller)
             self._requeue(again)

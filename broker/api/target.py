@@ -15,6 +15,7 @@ Example::
     dev_dir_options(".fencepost-dev")  # {"zk": ..., "cluster": ...} and, if secure, "key_file", "keys_file"
     check_cluster_exists(zk, cluster, hosts)           # ClusterNotFound if ZooKeeper has no such root
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ class ClusterNotFound(ClientError, code=E_NO_SUCH_CLUSTER):
 
 def resolve_target(zk: str | None, cluster: str | None) -> tuple[str, str]:
     """ZooKeeper hosts and cluster name: the arguments, then the environment, then the defaults."""
-    return (zk or os.environ.get(ENV_ZK) or DEFAULT_ZK,
-            cluster or os.environ.get(ENV_CLUSTER) or DEFAULT_CLUSTER)
+    return (
+        zk or os.environ.get(ENV_ZK) or DEFAULT_ZK,
+        cluster or os.environ.get(ENV_CLUSTER) or DEFAULT_CLUSTER,
+    )
 
 
 def dev_dir_options(dev_dir: str | Path) -> dict:
@@ -54,7 +57,9 @@ def dev_dir_options(dev_dir: str | Path) -> dict:
         state = json.loads(path.read_text())
         options = {"zk": state["zk"], "cluster": state["cluster"]}
     except FileNotFoundError:
-        raise ValueError(f"no dev cluster in {dev_dir} (no {DEV_STATE_FILE}): run `fencepost dev up` first") from None
+        raise ValueError(
+            f"no dev cluster in {dev_dir} (no {DEV_STATE_FILE}): run `fencepost dev up` first"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
     if state.get("admin_key_file"):

@@ -9,6 +9,7 @@ Example::
         print(task.task_id, task.attempt, task.queue)
         return task.payload.upper()
 """
+
 from __future__ import annotations
 
 import traceback
@@ -32,7 +33,7 @@ class Task:
 def error_text(exc: BaseException) -> str:
     """The error recorded for a failed handler: ``Type: message`` first, then the traceback."""
     text = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback.format_exception(exc))
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def result_bytes(value: object) -> bytes | None:

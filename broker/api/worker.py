@@ -69,6 +69,7 @@ Example::
 
     worker.run()          # blocks until worker.stop(), SIGTERM or Ctrl-C, then drains
 """
+
 from __future__ import annotations
 
 import logging
@@ -153,13 +154,25 @@ class Worker(OutboxSender, HeartbeatSender):
         worker.run()
     """
 
-    def __init__(self, zk: str | None = None, cluster: str | None = None, brokers: list[str] | None = None,
-                 queues: list[str] | None = None, concurrency: int = 1, lease_ms: int = DEFAULT_LEASE_MS,
-                 name: str | None = None, handlers: dict[str, Handler] | None = None,
-                 wait_ms: int = DEFAULT_WAIT_MS, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 client: Client | None = None, prefetch: int | None = None,
-                 drain_timeout: float | None = DEFAULT_DRAIN_TIMEOUT, handle_signals: bool = True,
-                 key_file: str | None = None, keys_file: str | None = None) -> None:
+    def __init__(
+        self,
+        zk: str | None = None,
+        cluster: str | None = None,
+        brokers: list[str] | None = None,
+        queues: list[str] | None = None,
+        concurrency: int = 1,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        name: str | None = None,
+        handlers: dict[str, Handler] | None = None,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        client: Client | None = None,
+        prefetch: int | None = None,
+        drain_timeout: float | None = DEFAULT_DRAIN_TIMEOUT,
+        handle_signals: bool = True,
+        key_file: str | None = None,
+        keys_file: str | None = None,
+    ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if prefetch is not None and prefetch < 1:
@@ -177,8 +190,13 @@ class Worker(OutboxSender, HeartbeatSender):
         self.handle_signals = handle_signals
         # False after run() if the drain ran out of time with tasks or outcomes still in hand.
         self.drained = True
-        self._connect = {"zk": zk, "cluster": cluster, "brokers": brokers, "key_file": key_file,
-                         "keys_file": keys_file}
+        self._connect = {
+            "zk": zk,
+            "cluster": cluster,
+            "brokers": brokers,
+            "key_file": key_file,
+            "keys_file": keys_file,
+        }
         self._client = client
         self._handlers: dict[str, Handler] = {}
         for queue, fn in (handlers or {}).items():
@@ -217,9 +235,11 @@ class Worker(OutboxSender, HeartbeatSender):
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Decorator: register ``fn`` as the handler of ``queue``."""
+
         def register(fn: Handler) -> Handler:
             self._handlers[self._checked(queue)] = fn
             return fn
+
         return register
 
     def stop(self) -> None:
@@ -264,8 +284,13 @@ class Worker(OutboxSender, HeartbeatSender):
         if client is None:
             return
         self._hand.prefetch = self.prefetch  # with the handlers registered since __init__
-        log.info("worker %s leasing from %s with %d thread(s), prefetch %d", self.name, ", ".join(queues),
-                 self.concurrency, self.prefetch)
+        log.info(
+            "worker %s leasing from %s with %d thread(s), prefetch %d",
+            self.name,
+            ", ".join(queues),
+            self.concurrency,
+            self.prefetch,
+        )
         heartbeats_done = threading.Event()
         beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
         sender = self._start(self._send_loop, f"sender-{self.name}", client, queues)
@@ -280,8 +305,9 @@ class Worker(OutboxSender, HeartbeatSender):
         self._stopping.set()
         self._hand.stop_leasing()
         end = None if self.drain_timeout is None else time.monotonic() + self.drain_timeout
-        drained = _join(leaser, end) and all(_join(t, end, lambda t=t: t.ident in self._hand.abandoned_threads)
-                                             for t in handlers)
+        drained = _join(leaser, end) and all(
+            _join(t, end, lambda t=t: t.ident in self._hand.abandoned_threads) for t in handlers
+        )
         if drained:
             self._hand.handlers_ended()
             # The outbox is flushed: each of its requests is bounded by the client's timeout.
@@ -291,8 +317,13 @@ class Worker(OutboxSender, HeartbeatSender):
             with self._hand.lock:
                 left = len(self._hand.held)
             if left:
-                log.warning("worker %s: the drain ran past %gs; stopping with %d task(s) in hand (their leases "
-                            "expire and they run again)", self.name, self.drain_timeout, left)
+                log.warning(
+                    "worker %s: the drain ran past %gs; stopping with %d task(s) in hand (their leases "
+                    "expire and they run again)",
+                    self.name,
+                    self.drain_timeout,
+                    left,
+                )
                 self.kill_handlers()
             else:
                 # Only a lease call is still out (the cluster is unreachable): nothing in hand to lose.
@@ -336,8 +367,15 @@ class Worker(OutboxSender, HeartbeatSender):
                     return
                 tasks: list = []
                 try:
-                    reply = client.call("lease", worker=self.name, queues=queues, max_tasks=asked,
-                                        lease_ms=self.lease_ms, wait_ms=self.wait_ms, timeout=call_timeout)
+                    reply = client.call(
+                        "lease",
+                        worker=self.name,
+                        queues=queues,
+                        max_tasks=asked,
+                        lease_ms=self.lease_ms,
+                        wait_ms=self.wait_ms,
+                        timeout=call_timeout,
+                    )
                     tasks = reply.get("tasks") or []
                 except ClientError as exc:  # BrokerUnavailable included: keep trying
                     log.warning("worker %s: lease failed: %s", self.name, exc)
@@ -383,10 +421,22 @@ class Worker(OutboxSender, HeartbeatSender):
         if not self._hand.claim_report(key):
             return None
         duration_ms = round((time.monotonic() - started) * 1000, 1)
-        log.info("task %s attempt %d (%s) %s in %.3fs%s", task.task_id, task.attempt, task.queue, outcome,
-                 duration_ms / 1000, why, extra={"task_id": task.task_id, "queue": task.queue,
-                                                 "attempt": task.attempt, "duration_ms": duration_ms,
-                                                 "outcome": outcome})
+        log.info(
+            "task %s attempt %d (%s) %s in %.3fs%s",
+            task.task_id,
+            task.attempt,
+            task.queue,
+            outcome,
+            duration_ms / 1000,
+            why,
+            extra={
+                "task_id": task.task_id,
+                "queue": task.queue,
+                "attempt": task.attempt,
+                "duration_ms": duration_ms,
+                "outcome": outcome,
+            },
+        )
         return ("complete" if outcome == "done" else "fail"), fields
 
 

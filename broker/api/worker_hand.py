@@ -26,6 +26,7 @@ Example::
     hand.add_leased(leased_tasks(reply["tasks"]), asked=n)
     task = hand.next_task()                  # in a handler thread
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,9 +52,15 @@ def leased_tasks(raw_tasks: list, worker: str = "") -> list[Task]:
     for raw in raw_tasks:
         try:
             max_run_ms = raw.get("max_run_ms")
-            tasks.append(Task(task_id=str(raw["task_id"]), attempt=int(raw["attempt"]), queue=str(raw["queue"]),
-                              payload=bytes(raw.get("payload") or b""),
-                              max_run_ms=int(max_run_ms) if max_run_ms is not None else None))
+            tasks.append(
+                Task(
+                    task_id=str(raw["task_id"]),
+                    attempt=int(raw["attempt"]),
+                    queue=str(raw["queue"]),
+                    payload=bytes(raw.get("payload") or b""),
+                    max_run_ms=int(max_run_ms) if max_run_ms is not None else None,
+                )
+            )
         except (KeyError, TypeError, ValueError, AttributeError):
             log.error("worker %s: ignoring a malformed leased task %r", worker, raw)
     return tasks
@@ -119,8 +126,9 @@ class Hand:
                     claimed = min(room, MAX_LEASE_TASKS)
                     self.asked += claimed
                     return claimed
-                self._room_freed.wait(None if deferred_until is None
-                                      else max(deferred_until - self._clock(), 0.001))
+                self._room_freed.wait(
+                    None if deferred_until is None else max(deferred_until - self._clock(), 0.001)
+                )
             return 0
 
     def _sender_leases_until(self) -> float | None:
@@ -194,8 +202,9 @@ class Hand:
         """True if the handler's outcome is still ours to report (the watchdog has not abandoned it)."""
         with self.lock:
             if key not in self.running:
-                log.warning("task %s attempt %d: the handler returned after max_run_ms; its outcome is dropped",
-                            *key)
+                log.warning(
+                    "task %s attempt %d: the handler returned after max_run_ms; its outcome is dropped", *key
+                )
                 return False
             self.running.discard(key)
             self.run_deadlines.pop(key, None)

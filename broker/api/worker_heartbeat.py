@@ -13,6 +13,7 @@ Example::
 
     beat = threading.Thread(target=worker._heartbeat_loop, args=(client, done), daemon=True)
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,13 +53,18 @@ class HeartbeatSender:
             with self._hand.lock:
                 held = sorted(self._hand.held)
             for start in range(0, len(held), MAX_SUBMIT_MANY):
-                self._beat(client, held[start:start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
+                self._beat(client, held[start : start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
 
     def _beat(self, client: Client, keys: list[tuple[str, int]], timeout: float) -> None:
         """Extend these leases with one heartbeat_many; drop a queued task whose lease is gone."""
         try:
-            reply = client.call("heartbeat_many", worker=self.name, lease_ms=self.lease_ms, timeout=timeout,
-                                tasks=[{"task_id": task_id, "attempt": attempt} for task_id, attempt in keys])
+            reply = client.call(
+                "heartbeat_many",
+                worker=self.name,
+                lease_ms=self.lease_ms,
+                timeout=timeout,
+                tasks=[{"task_id": task_id, "attempt": attempt} for task_id, attempt in keys],
+            )
         except ClientError as exc:
             log.warning("worker %s: heartbeat of %d lease(s) failed: %s", self.name, len(keys), exc)
             return
@@ -72,8 +78,15 @@ class HeartbeatSender:
             if code not in LOST_LEASE_CODES:
                 log.warning("task %s attempt %d: heartbeat failed: %s: %s", task_id, attempt, code, message)
             elif self._hand.drop_queued((task_id, attempt)):
-                log.warning("task %s attempt %d: lease lost before it ran (%s); dropping it", task_id, attempt, code)
+                log.warning(
+                    "task %s attempt %d: lease lost before it ran (%s); dropping it", task_id, attempt, code
+                )
             else:
                 # Also seen when this worker's own completion was applied just before the
                 # heartbeat: the result is then recorded; otherwise it will be dropped.
-                log.info("task %s attempt %d: heartbeat refused (%s): the attempt is closed", task_id, attempt, code)
+                log.info(
+                    "task %s attempt %d: heartbeat refused (%s): the attempt is closed",
+                    task_id,
+                    attempt,
+                    code,
+                )

@@ -18,6 +18,7 @@ Example::
 
     sender = threading.Thread(target=worker._send_loop, args=(client, ["mail"]), daemon=True)
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,7 +66,12 @@ class OutboxSender:
             for chunk in _result_batches(completions):
                 lease = None
                 if ask:
-                    lease = {"worker": self.name, "queues": queues, "max_tasks": ask, "lease_ms": self.lease_ms}
+                    lease = {
+                        "worker": self.name,
+                        "queues": queues,
+                        "max_tasks": ask,
+                        "lease_ms": self.lease_ms,
+                    }
                 self._complete(client, chunk, lease)
                 ask = 0
             for op, task, fields in batch:
@@ -75,8 +81,10 @@ class OutboxSender:
 
     def _complete(self, client: Client, chunk: list[tuple[Task, dict]], lease: dict | None = None) -> None:
         """Send one complete_many (with ``lease``: and lease that many tasks); log, never raise, if that fails."""
-        items = [{"task_id": task.task_id, "attempt": task.attempt, "result": fields["result"]}
-                 for task, fields in chunk]
+        items = [
+            {"task_id": task.task_id, "attempt": task.attempt, "result": fields["result"]}
+            for task, fields in chunk
+        ]
         try:
             reply = client.call("complete_many", tasks=items, **({"lease": lease} if lease else {}))
             results = reply["results"]
@@ -108,12 +116,22 @@ class OutboxSender:
             if res.get("ok"):
                 self._hand.settle(task, "completed")
             elif res.get("error") in LOST_LEASE_CODES:
-                log.warning("task %s attempt %d: lease lost (%s: %s); dropping it", task.task_id, task.attempt,
-                            res.get("error"), res.get("message", ""))
+                log.warning(
+                    "task %s attempt %d: lease lost (%s: %s); dropping it",
+                    task.task_id,
+                    task.attempt,
+                    res.get("error"),
+                    res.get("message", ""),
+                )
                 self._hand.settle(task, "lost")
             else:
-                log.error("task %s attempt %d: could not complete: %s: %s", task.task_id, task.attempt,
-                          res.get("error"), res.get("message", ""))
+                log.error(
+                    "task %s attempt %d: could not complete: %s: %s",
+                    task.task_id,
+                    task.attempt,
+                    res.get("error"),
+                    res.get("message", ""),
+                )
                 self._hand.settle(task, "unreported")
 
     def _leased(self, reply: dict | None, lease: dict | None) -> None:
@@ -122,8 +140,11 @@ class OutboxSender:
             return
         tasks = reply.get("tasks") if reply is not None else None
         # Only an answer tells whether this broker leases in complete_many; a failure says nothing.
-        self._hand.add_leased(leased_tasks(tasks if isinstance(tasks, list) else [], self.name),
-                              lease["max_tasks"], combined=None if reply is None else "tasks" in reply)
+        self._hand.add_leased(
+            leased_tasks(tasks if isinstance(tasks, list) else [], self.name),
+            lease["max_tasks"],
+            combined=None if reply is None else "tasks" in reply,
+        )
 
     def _fail(self, client: Client, task: Task, counted: bool, **fields: object) -> None:
         """Send fail for the task's attempt (``counted`` False: an abandoned one, counted already)."""
@@ -131,11 +152,17 @@ class OutboxSender:
             client.call("fail", task_id=task.task_id, attempt=task.attempt, **fields)
         except ClientError as exc:
             if not counted:
-                log.info("task %s attempt %d: could not fail the abandoned attempt (%s); its lease expires",
-                         task.task_id, task.attempt, exc)
+                log.info(
+                    "task %s attempt %d: could not fail the abandoned attempt (%s); its lease expires",
+                    task.task_id,
+                    task.attempt,
+                    exc,
+                )
                 self._hand.settle(task, None)
             elif exc.code in LOST_LEASE_CODES:
-                log.warning("task %s attempt %d: lease lost (%s); dropping it", task.task_id, task.attempt, exc)
+                log.warning(
+                    "task %s attempt %d: lease lost (%s); dropping it", task.task_id, task.attempt, exc
+                )
                 self._hand.settle(task, "lost")
             else:
                 log.error("task %s attempt %d: could not fail: %s", task.task_id, task.attempt, exc)

@@ -14,6 +14,7 @@ Example::
         server.serve_once()
         live.update()
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ class BrokerIdTaken(BrokerError):
     """Another live process holds this broker id (a copied data directory, say)."""
 
 
-def claim_live_node(zk: KazooClient, paths: ClusterPaths, broker_id: int, address: str, data: bytes,
-                    wait_s: float) -> None:
+def claim_live_node(
+    zk: KazooClient, paths: ClusterPaths, broker_id: int, address: str, data: bytes, wait_s: float
+) -> None:
     """Create ``brokers/live/<broker_id>`` for our session, or raise BrokerIdTaken.
 
     A node left by a previous run of ours that died goes with its session: we wait up to
@@ -71,15 +73,22 @@ def claim_live_node(zk: KazooClient, paths: ClusterPaths, broker_id: int, addres
             raise BrokerIdTaken(
                 f"broker id {broker_id} is already live at {other or 'an unknown address'} (another process "
                 f"with this id, e.g. a copy of this data directory): stop that broker, or give this copy its "
-                f"own id by deleting {META} from its data directory before starting it")
+                f"own id by deleting {META} from its data directory before starting it"
+            )
         time.sleep(0.2)
 
 
 class LivePublisher:
     """Keeps ``brokers/live/<broker_id>`` up to date with what ``describe()`` returns."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, broker_id: int,
-                 describe: Callable[[], dict], every_s: float) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        broker_id: int,
+        describe: Callable[[], dict],
+        every_s: float,
+    ) -> None:
         self.zk = zk
         self.path = paths.live_broker(broker_id)
         self.describe = describe
@@ -102,7 +111,8 @@ class LivePublisher:
         if self._dirty:
             self._dirty = False
             self.zk.create_async(self.path, data, ephemeral=True, makepath=True).rawlink(
-                lambda result: self._created(result, data))
+                lambda result: self._created(result, data)
+            )
         else:
             self.zk.set_async(self.path, data).rawlink(self._set)
 
@@ -127,8 +137,12 @@ def advertised_snapshot(latest: dict | None) -> dict | None:
     """What the live node says of our newest snapshot (a catalog header), for joiners and retention."""
     if not latest:
         return None
-    return {"position": list(latest["position"]), "name": latest.get("name"), "size": latest.get("size"),
-            "checksum": latest.get("checksum")}
+    return {
+        "position": list(latest["position"]),
+        "name": latest.get("name"),
+        "size": latest.get("size"),
+        "checksum": latest.get("checksum"),
+    }
 
 
 def live_snapshot_of(zk: KazooClient, paths: ClusterPaths, broker_id: int) -> dict | None:
@@ -138,5 +152,8 @@ def live_snapshot_of(zk: KazooClient, paths: ClusterPaths, broker_id: int) -> di
 
 def servable_snapshot_positions(zk: KazooClient, paths: ClusterPaths) -> list[tuple[int, int]]:
     """Positions of the snapshots that live brokers advertise (they can serve them to joiners)."""
-    return [tuple(info["snapshot"]["position"]) for info in live_brokers(zk, paths).values()
-            if info.get("snapshot")]
+    return [
+        tuple(info["snapshot"]["position"])
+        for info in live_brokers(zk, paths).values()
+        if info.get("snapshot")
+    ]

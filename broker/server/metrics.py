@@ -17,6 +17,7 @@ Example::
     server.metrics = metrics                       # the request loop's hooks
     endpoint = MetricsEndpoint.start("127.0.0.1:9102", metrics.registry)
 """
+
 from __future__ import annotations
 
 import json
@@ -37,10 +38,12 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 EVENTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # The loop's own counters (BrokerServer.counters) and the metric each becomes.
-LOOP_COUNTERS = {"bad_requests": "Requests refused as malformed or invalid.",
-                 "internal_errors": "Requests that failed inside the broker (answered `internal`).",
-                 "refused_shutting_down": "Writes refused during an orderly cluster shutdown.",
-                 "forbidden": "Requests refused because the client key's role may not make them (secure brokers)."}
+LOOP_COUNTERS = {
+    "bad_requests": "Requests refused as malformed or invalid.",
+    "internal_errors": "Requests that failed inside the broker (answered `internal`).",
+    "refused_shutting_down": "Writes refused during an orderly cluster shutdown.",
+    "forbidden": "Requests refused because the client key's role may not make them (secure brokers).",
+}
 
 
 @dataclass
@@ -62,22 +65,44 @@ class BrokerMetrics:
     def __init__(self, source: BrokerSource) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.requests = Counter("fencepost_broker_requests", "Requests answered, by op and outcome "
-                                "(ok, or the error code).", ["op", "outcome"], registry=reg)
-        self.request_seconds = Histogram("fencepost_broker_request_duration_seconds",
-                                         "From a request's arrival (a lease: its hand-off to the group commit) "
-                                         "to its reply.", ["op"], buckets=LATENCY_BUCKETS, registry=reg)
-        self.commit_seconds = Histogram("fencepost_broker_commit_stage_seconds",
-                                        "Time of each ledger entry in each commit stage on the leader: gather, "
-                                        "ledger (until an ack quorum fsynced it), wake, apply.", ["stage"],
-                                        buckets=LATENCY_BUCKETS, registry=reg)
-        self.entry_events = Histogram("fencepost_broker_entry_events", "Events per ledger entry (group-commit "
-                                      "batch size).", buckets=EVENTS_BUCKETS, registry=reg)
-        self.lease_expiries = Counter("fencepost_broker_lease_expiries", "Leases the leader ended: past their "
-                                      "deadline (LeaseExpired) or held by a worker declared lost (WorkerLost).",
-                                      registry=reg)
-        self.leaderships = Counter("fencepost_broker_leaderships_won", "Takeovers this process completed "
-                                   "(each one a new epoch it led).", registry=reg)
+        self.requests = Counter(
+            "fencepost_broker_requests",
+            "Requests answered, by op and outcome (ok, or the error code).",
+            ["op", "outcome"],
+            registry=reg,
+        )
+        self.request_seconds = Histogram(
+            "fencepost_broker_request_duration_seconds",
+            "From a request's arrival (a lease: its hand-off to the group commit) to its reply.",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.commit_seconds = Histogram(
+            "fencepost_broker_commit_stage_seconds",
+            "Time of each ledger entry in each commit stage on the leader: gather, "
+            "ledger (until an ack quorum fsynced it), wake, apply.",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.entry_events = Histogram(
+            "fencepost_broker_entry_events",
+            "Events per ledger entry (group-commit batch size).",
+            buckets=EVENTS_BUCKETS,
+            registry=reg,
+        )
+        self.lease_expiries = Counter(
+            "fencepost_broker_lease_expiries",
+            "Leases the leader ended: past their "
+            "deadline (LeaseExpired) or held by a worker declared lost (WorkerLost).",
+            registry=reg,
+        )
+        self.leaderships = Counter(
+            "fencepost_broker_leaderships_won",
+            "Takeovers this process completed (each one a new epoch it led).",
+            registry=reg,
+        )
         # Children bound once: the hot path does no label lookup.
         self._ok = {op: self.requests.labels(op, "ok") for op in protocol.OPS}
         self._latency = {op: self.request_seconds.labels(op) for op in protocol.OPS}
@@ -121,12 +146,17 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator:
         src = self.source
         role = src.role()
-        roles = GaugeMetricFamily("fencepost_broker_role", "1 for this broker's role (leader, follower, "
-                                  "learner, starting).", labels=["role", "broker_id"])
+        roles = GaugeMetricFamily(
+            "fencepost_broker_role",
+            "1 for this broker's role (leader, follower, learner, starting).",
+            labels=["role", "broker_id"],
+        )
         roles.add_metric([role, str(src.broker_id)], 1)
         yield roles
-        applied = CounterMetricFamily("fencepost_broker_applied_entries", "Ledger entries this process applied "
-                                      "(as leader and as follower).")
+        applied = CounterMetricFamily(
+            "fencepost_broker_applied_entries",
+            "Ledger entries this process applied (as leader and as follower).",
+        )
         applied.add_metric([], src.applied_entries())
         yield applied
         counters = src.counters()
@@ -136,8 +166,11 @@ class BrokerCollector(Collector):
             yield family
         lag = src.lag()
         if lag is not None:
-            yield GaugeMetricFamily("fencepost_broker_lag_entries", "Entries this broker is behind the "
-                                    "leader's published position (0 on the leader).", value=lag)
+            yield GaugeMetricFamily(
+                "fencepost_broker_lag_entries",
+                "Entries this broker is behind the leader's published position (0 on the leader).",
+                value=lag,
+            )
         try:
             yield from self._store_metrics(src.store())
         except Exception as exc:  # closed or swapped under us: the next scrape has it again
@@ -148,18 +181,27 @@ class BrokerCollector(Collector):
         depths = store.queue_depths()
         position = store.position()
         epoch = store.epoch()
-        queues = GaugeMetricFamily("fencepost_queue_tasks", "Tasks per queue and state in this broker's store "
-                                   "(`delayed` is a subset of `waiting`).", labels=["queue", "state"])
+        queues = GaugeMetricFamily(
+            "fencepost_queue_tasks",
+            "Tasks per queue and state in this broker's store (`delayed` is a subset of `waiting`).",
+            labels=["queue", "state"],
+        )
         for queue, counts in sorted(depths.items()):
             for state, count in sorted(counts.items()):
                 queues.add_metric([queue, state], count)
         yield queues
-        yield GaugeMetricFamily("fencepost_broker_epoch", "Epoch of the last EpochStarted applied.", value=epoch)
+        yield GaugeMetricFamily(
+            "fencepost_broker_epoch", "Epoch of the last EpochStarted applied.", value=epoch
+        )
         if position is not None:
-            yield GaugeMetricFamily("fencepost_broker_applied_ledger", "Ledger of the last applied entry.",
-                                    value=position[0])
-            yield GaugeMetricFamily("fencepost_broker_applied_entry", "Entry id (within its ledger) of the last "
-                                    "applied entry.", value=position[1])
+            yield GaugeMetricFamily(
+                "fencepost_broker_applied_ledger", "Ledger of the last applied entry.", value=position[0]
+            )
+            yield GaugeMetricFamily(
+                "fencepost_broker_applied_entry",
+                "Entry id (within its ledger) of the last applied entry.",
+                value=position[1],
+            )
 
 
 def leader_lag(zk, paths, own_position: tuple[int, int] | None, timeout: float = 1.0) -> int | None:

@@ -23,6 +23,7 @@ Example::
     node = BrokerNode(load_settings(BrokerConfig, "broker", flags))
     sys.exit(node.run())
 """
+
 from __future__ import annotations
 
 import json
@@ -118,21 +119,42 @@ class BrokerNode:
             self._start_keys()  # first: a bad key stops us at once; the bookie pool connects with it
             secret = read_secret(cfg.secret_file) if cfg.secret_file else None
             # Before `fencepost cluster init` this waits (or, with init_if_missing, creates `config`).
-            cluster = join_cluster(self.zk, self.paths, member_options(cfg), cluster=cfg.cluster,
-                                   init_if_missing=cfg.init_if_missing, clock=self.clock, stop=self.stop_event,
-                                   secret=secret)
+            cluster = join_cluster(
+                self.zk,
+                self.paths,
+                member_options(cfg),
+                cluster=cfg.cluster,
+                init_if_missing=cfg.init_if_missing,
+                clock=self.clock,
+                stop=self.stop_event,
+                secret=secret,
+            )
             if cluster is None:  # stopped while waiting for the cluster to be initialized
                 return self.exit_code
             self.cluster = cluster
             self._cluster_secret = check_member_secret(cluster, secret, cfg.cluster, source=cfg.secret_file)
             data = Path(cfg.data)
             # A cluster without a log may be restarting after ZooKeeper lost its data: the stores decide.
-            start = ClusterStart(self.zk, self.paths, data, broker_id=lambda: self._claim_identity(data).broker_id,
-                                 wait_for=cfg.wait_for, clock=self.clock, stop=self.stop_event)
+            start = ClusterStart(
+                self.zk,
+                self.paths,
+                data,
+                broker_id=lambda: self._claim_identity(data).broker_id,
+                wait_for=cfg.wait_for,
+                clock=self.clock,
+                stop=self.stop_event,
+            )
             self.cluster = start.run(self.cluster)
             # Before the identity: a foreign store is refused without registering anything.
-            self.keeper = StoreKeeper(cfg, self.zk, self.paths, self.cluster["cluster_id"], self.clock,
-                                      self.stop_event, created_at=self.cluster.get("created_at"))
+            self.keeper = StoreKeeper(
+                cfg,
+                self.zk,
+                self.paths,
+                self.cluster["cluster_id"],
+                self.clock,
+                self.stop_event,
+                created_at=self.cluster.get("created_at"),
+            )
             store = self.keeper.checked()
             self.identity = self._claim_identity(data)
             log.info("broker %s starting on %s", self.identity, cfg.listen)
@@ -145,44 +167,84 @@ class BrokerNode:
             # Who may stand besides the in-sync rules: --wait-for N, and a cluster shutdown under way.
             # A start decided with the members present already waited for them: members that take
             # their state from a snapshot only go live once a leader serves one.
-            self.member_wait = MemberWait(self.zk, self.paths, 0 if cfg.learner or start.decided else cfg.wait_for,
-                                          changed=self._live_changed)
-            self.shutdown_member = ShutdownMember(self.zk, self.paths, data, self.identity.broker_id,
-                                                  self.identity.name, self.keeper.start_status)
+            self.member_wait = MemberWait(
+                self.zk,
+                self.paths,
+                0 if cfg.learner or start.decided else cfg.wait_for,
+                changed=self._live_changed,
+            )
+            self.shutdown_member = ShutdownMember(
+                self.zk,
+                self.paths,
+                data,
+                self.identity.broker_id,
+                self.identity.name,
+                self.keeper.start_status,
+            )
             # A takeover needs bookies for its ledger: short of them, stand later rather than burn epochs.
-            self.bookie_wait = BookieWait(self.zk, self.paths, self.ledgers.options.ensemble_size,
-                                          changed=self._live_changed)
+            self.bookie_wait = BookieWait(
+                self.zk, self.paths, self.ledgers.options.ensemble_size, changed=self._live_changed
+            )
             self._start_metrics()
-            self.server = BrokerServer(cfg, self.store, self.identity.broker_id, clock=self.clock,
-                                       max_payload=int(self.cluster["max_payload_bytes"]), keys=self.keys,
-                                       hooks=ServerHooks(
-                                           on_leadership_lost=self._leadership_lost,
-                                           on_cluster_shutdown=self._cluster_shutdown_committed,
-                                           not_leader_note=lambda: self.member_wait.reason() or (
-                                               self.bookie_wait.reason() if self.server.leader_address is None
-                                               else ""),
-                                           on_fatal=self.fail,
-                                           describe_snapshot=lambda: describe(self.catalog),
-                                           read_snapshot_chunk=lambda name, offset, length: read_chunk(
-                                               self.catalog, name, offset, length),
-                                           metrics=self.metrics))
+            self.server = BrokerServer(
+                cfg,
+                self.store,
+                self.identity.broker_id,
+                clock=self.clock,
+                max_payload=int(self.cluster["max_payload_bytes"]),
+                keys=self.keys,
+                hooks=ServerHooks(
+                    on_leadership_lost=self._leadership_lost,
+                    on_cluster_shutdown=self._cluster_shutdown_committed,
+                    not_leader_note=lambda: (
+                        self.member_wait.reason()
+                        or (self.bookie_wait.reason() if self.server.leader_address is None else "")
+                    ),
+                    on_fatal=self.fail,
+                    describe_snapshot=lambda: describe(self.catalog),
+                    read_snapshot_chunk=lambda name, offset, length: read_chunk(
+                        self.catalog, name, offset, length
+                    ),
+                    metrics=self.metrics,
+                ),
+            )
             self.server.bind()
             self._start_metrics_endpoint()
             # One live process per broker id: a copy of this data dir must not pose as us.
-            claim_live_node(self.zk, self.paths, self.identity.broker_id, cfg.listen,
-                            json.dumps({"address": cfg.listen, "learner": cfg.learner, "secure": self.keys is not None}).encode(), wait_s=cfg.zk_session_timeout * 1.5 + 1)
-            self.live = LivePublisher(self.zk, self.paths, self.identity.broker_id, describe=self._live_info,
-                                      every_s=cfg.live_update_ms / 1000.0)
+            claim_live_node(
+                self.zk,
+                self.paths,
+                self.identity.broker_id,
+                cfg.listen,
+                json.dumps(
+                    {"address": cfg.listen, "learner": cfg.learner, "secure": self.keys is not None}
+                ).encode(),
+                wait_s=cfg.zk_session_timeout * 1.5 + 1,
+            )
+            self.live = LivePublisher(
+                self.zk,
+                self.paths,
+                self.identity.broker_id,
+                describe=self._live_info,
+                every_s=cfg.live_update_ms / 1000.0,
+            )
             self.checkpointer = Checkpointer(self._checkpoint_host())
             self.checkpointer.start()
             self.server.role = "learner" if cfg.learner else "follower"
             self.zk.add_listener(self._on_zk_state)
             self.zk.DataWatch(self.paths.leader, self._on_leader_node)
-            self.candidacy = Candidacy(self.zk, self.paths, self.identity.broker_id, cfg, lead=self._lead_epoch,
-                                       may_lead=lambda: not (self.stop_event.is_set() or self._damaged.is_set()),
-                                       stop=self.stop_event,
-                                       hold=lambda: (self.member_wait.hold() or self.shutdown_member.hold()
-                                                     or self.bookie_wait.hold()))
+            self.candidacy = Candidacy(
+                self.zk,
+                self.paths,
+                self.identity.broker_id,
+                cfg,
+                lead=self._lead_epoch,
+                may_lead=lambda: not (self.stop_event.is_set() or self._damaged.is_set()),
+                stop=self.stop_event,
+                hold=lambda: (
+                    self.member_wait.hold() or self.shutdown_member.hold() or self.bookie_wait.hold()
+                ),
+            )
             self.zk.DataWatch(self.paths.elect, lambda *_: self.candidacy.poke())
             self._start_tail()
             if not cfg.learner:
@@ -208,8 +270,12 @@ class BrokerNode:
         self.keys = ServerKeys(zmq.Context.instance(), self.config.key_file, self.config.keys_file, "broker")
         set_process_keys(self.keys.client_keys())
         reload_on_sighup(self.keys)
-        log.info("secure: CURVE with key %s, %d client keys in %s", self.keys.pair.name, len(self.keys.ring),
-                 self.config.keys_file)
+        log.info(
+            "secure: CURVE with key %s, %d client keys in %s",
+            self.keys.pair.name,
+            len(self.keys.ring),
+            self.config.keys_file,
+        )
 
     def _start_autorecovery(self) -> None:
         """In an hmac-sha256 cluster the bookies cannot verify copies: brokers run AutoRecovery."""
@@ -218,10 +284,15 @@ class BrokerNode:
             return
         from ledger.replication.auditor import AutoRecovery
 
-        self._autorecovery = AutoRecovery(self.zk, self.paths, None, self.ledgers.digest,
-                                          f"broker-{self.identity.broker_id}",
-                                          lost_bookie_grace_s=cfg.lost_bookie_grace_s,
-                                          max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
+        self._autorecovery = AutoRecovery(
+            self.zk,
+            self.paths,
+            None,
+            self.ledgers.digest,
+            f"broker-{self.identity.broker_id}",
+            lost_bookie_grace_s=cfg.lost_bookie_grace_s,
+            max_bytes_per_s=cfg.rereplication_max_bytes_per_s,
+        )
         self._autorecovery.start()
         log.info("AutoRecovery runs in this broker (the cluster signs entries with hmac-sha256)")
 
@@ -231,13 +302,17 @@ class BrokerNode:
             return
         from broker.server.metrics import BrokerMetrics, BrokerSource, leader_lag
 
-        self.metrics = BrokerMetrics(BrokerSource(
-            broker_id=self.identity.broker_id, store=lambda: self.store,
-            # Registering the collectors reads them once, before the server exists.
-            role=lambda: self.server.role if self.server is not None else "starting",
-            counters=lambda: self.server.counters if self.server is not None else {},
-            applied_entries=self.applied_entries,
-            lag=lambda: 0 if self.leading() else leader_lag(self.zk, self.paths, self.store.position())))
+        self.metrics = BrokerMetrics(
+            BrokerSource(
+                broker_id=self.identity.broker_id,
+                store=lambda: self.store,
+                # Registering the collectors reads them once, before the server exists.
+                role=lambda: self.server.role if self.server is not None else "starting",
+                counters=lambda: self.server.counters if self.server is not None else {},
+                applied_entries=self.applied_entries,
+                lag=lambda: 0 if self.leading() else leader_lag(self.zk, self.paths, self.store.position()),
+            )
+        )
 
     def _start_metrics_endpoint(self) -> None:
         from election.local.metrics_endpoint import MetricsEndpoint
@@ -251,8 +326,16 @@ class BrokerNode:
             self._autorecovery = None
 
     def _claim_identity(self, data: Path) -> BrokerIdentity:
-        return patiently(ensure_broker_id, self.zk, self.paths, data, self.config.name or data.name,
-                         self.config.listen, clock=self.clock, what="claiming the broker id")
+        return patiently(
+            ensure_broker_id,
+            self.zk,
+            self.paths,
+            data,
+            self.config.name or data.name,
+            self.config.listen,
+            clock=self.clock,
+            what="claiming the broker id",
+        )
 
     def _rejoin(self) -> None:
         """The tail found its position in a deleted ledger: install a snapshot, then tail again (server thread)."""
@@ -325,13 +408,23 @@ class BrokerNode:
     def _checkpoint_host(self) -> CheckpointHost:
         cfg = self.config
         return CheckpointHost(
-            zk=self.zk, paths=self.paths, ledgers=self.ledgers, catalog=self.catalog,
-            cluster_id=self.cluster["cluster_id"], broker_id=self.identity.broker_id, clock=self.clock,
+            zk=self.zk,
+            paths=self.paths,
+            ledgers=self.ledgers,
+            catalog=self.catalog,
+            cluster_id=self.cluster["cluster_id"],
+            broker_id=self.identity.broker_id,
+            clock=self.clock,
             policy=CheckpointPolicy(cfg.checkpoint_entries, cfg.checkpoint_seconds),
-            snapshots_kept=cfg.snapshots_kept, retention_seconds=cfg.retention_seconds,
-            store=lambda: self.store, applied_entries=self.applied_entries, leading=self.leading,
-            store_damaged=self.store_damaged, live_changed=lambda: self.live.mark_dirty(),
-            epoch_claim=self._epoch_claim)
+            snapshots_kept=cfg.snapshots_kept,
+            retention_seconds=cfg.retention_seconds,
+            store=lambda: self.store,
+            applied_entries=self.applied_entries,
+            leading=self.leading,
+            store_damaged=self.store_damaged,
+            live_changed=lambda: self.live.mark_dirty(),
+            epoch_claim=self._epoch_claim,
+        )
 
     def _epoch_claim(self):
         leadership = self._leadership()
@@ -390,7 +483,9 @@ class BrokerNode:
         """
         if self.server.leadership is not None:
             self._step_down.set()
-            deadline = time.monotonic() + self.stop_budget.remaining(self.config.shutdown_timeout * HANDOVER_SHARE)
+            deadline = time.monotonic() + self.stop_budget.remaining(
+                self.config.shutdown_timeout * HANDOVER_SHARE
+            )
             while self.server.leadership is not None and time.monotonic() < deadline:
                 self.server.serve_once()
             # The ledger is closed and the leader node retracted after the session ends: let that
@@ -485,9 +580,14 @@ class BrokerNode:
 
     # ------------------------------------------------------------ follower tail
     def _start_tail(self) -> None:
-        self._tail = FollowerTail(self.ledgers, self.store, on_fatal=self._on_tail_fatal,
-                                  on_applied=self._count_tail, on_shutdown=self._cluster_shutdown_applied,
-                                  pause_s=self.config.tail_pause_ms / 1000.0)
+        self._tail = FollowerTail(
+            self.ledgers,
+            self.store,
+            on_fatal=self._on_tail_fatal,
+            on_applied=self._count_tail,
+            on_shutdown=self._cluster_shutdown_applied,
+            pause_s=self.config.tail_pause_ms / 1000.0,
+        )
         self._tail.start()
 
     def _stop_tail(self, timeout: float = 30.0) -> None:
@@ -504,8 +604,17 @@ class BrokerNode:
         self._step_down.clear()
         self._handing_over = False
         self._stop_tail()
-        takeover = Takeover(self.zk, self.paths, self.ledgers, self.store, self.server, self.identity.broker_id,
-                            self.config, step_down=self._step_down, stopping=self.stop_event)
+        takeover = Takeover(
+            self.zk,
+            self.paths,
+            self.ledgers,
+            self.store,
+            self.server,
+            self.identity.broker_id,
+            self.config,
+            step_down=self._step_down,
+            stopping=self.stop_event,
+        )
         try:
             session = takeover.run()
             if self.metrics is not None:
@@ -513,9 +622,17 @@ class BrokerNode:
             self.shutdown_member.served()  # a cluster restarted after a shutdown: that shutdown is over
             self.checkpointer.request("won leadership")
             self.live.mark_dirty()
-            tracker = InSyncTracker(self.zk, self.paths, self.config, self.identity.broker_id, session.epoch,
-                                    position=lambda: self.store.position(), contenders=lambda: election_contenders(self.zk, self.paths),
-                                    hand_over=self._hand_over, lost=self._leadership_lost)
+            tracker = InSyncTracker(
+                self.zk,
+                self.paths,
+                self.config,
+                self.identity.broker_id,
+                session.epoch,
+                position=lambda: self.store.position(),
+                contenders=lambda: election_contenders(self.zk, self.paths),
+                hand_over=self._hand_over,
+                lost=self._leadership_lost,
+            )
             tracker.start()
             try:
                 while not self._step_down.wait(0.1) and not self.stop_event.is_set():
@@ -539,8 +656,12 @@ class BrokerNode:
 
     def _end_leadership(self, writer) -> None:
         session = self.server.leadership
-        graceful = ((self.stop_event.is_set() or self._handing_over) and session is not None and session.group is not None
-                    and session.group.failed is None)
+        graceful = (
+            (self.stop_event.is_set() or self._handing_over)
+            and session is not None
+            and session.group is not None
+            and session.group.failed is None
+        )
         if graceful:
             # Answer what is in flight before handing over, so a graceful stop loses no reply.
             self.server.draining = True
@@ -577,9 +698,17 @@ class BrokerNode:
     def _live_info(self) -> dict:
         """What our live node advertises (see :mod:`broker.server.live`)."""
         position = self.store.position()
-        return {"address": self.config.listen, "role": self.server.role, "learner": self.config.learner,
-                "position": list(position) if position else None, "epoch": self.store.epoch(),
-                "digest": self.store.digest(), "name": self.identity.name, "updated_at": self.clock(),
-                "snapshot": advertised_snapshot(self.checkpointer.latest), "secure": self.keys is not None,
-                **self.member_wait.live_fields(),
-                **self._bookie_wait_fields()}
+        return {
+            "address": self.config.listen,
+            "role": self.server.role,
+            "learner": self.config.learner,
+            "position": list(position) if position else None,
+            "epoch": self.store.epoch(),
+            "digest": self.store.digest(),
+            "name": self.identity.name,
+            "updated_at": self.clock(),
+            "snapshot": advertised_snapshot(self.checkpointer.latest),
+            "secure": self.keys is not None,
+            **self.member_wait.live_fields(),
+            **self._bookie_wait_fields(),
+        }

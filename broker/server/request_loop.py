@@ -32,6 +32,7 @@ Example::
     while not stop.is_set():
         server.serve_once()
 """
+
 from __future__ import annotations
 
 import logging
@@ -93,9 +94,17 @@ class ServerHooks:
 class BrokerServer:
     """Serves clients and workers; leads when handed a :class:`LeaderSession`."""
 
-    def __init__(self, config, store, broker_id: int, clock: Callable[[], float] = time.time,
-                 new_id: Callable[[], str] | None = None, max_payload: int = 1 << 20, keys=None,
-                 hooks: ServerHooks = ServerHooks()) -> None:
+    def __init__(
+        self,
+        config,
+        store,
+        broker_id: int,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[], str] | None = None,
+        max_payload: int = 1 << 20,
+        keys=None,
+        hooks: ServerHooks = ServerHooks(),
+    ) -> None:
         self.config = config
         # election.secure.keyring.ServerKeys of a secure broker (its ZAP thread runs on Context.instance()).
         self.keys = keys
@@ -119,14 +128,25 @@ class BrokerServer:
         self.housekeeping = Housekeeping(lambda: self.store, config)
         self.metrics = hooks.metrics
         ops = {op: self._leader_op for op in protocol.OPS}
-        ops.update(ping=self._ping, status=lambda req, ctx: wire.ok_reply(ctx.rid, **self.status()),
-                   snapshot_info=self._snapshot_info, snapshot_chunk=self._snapshot_chunk)
+        ops.update(
+            ping=self._ping,
+            status=lambda req, ctx: wire.ok_reply(ctx.rid, **self.status()),
+            snapshot_info=self._snapshot_info,
+            snapshot_chunk=self._snapshot_chunk,
+        )
         # To a client an oversized frame is a payload too large for the brokers: a code it stops on.
-        self.kernel = ServingKernel("broker", ops, config.max_frame_bytes, counters=self.counters,
-                                    oversized_code=codes.E_PAYLOAD_TOO_LARGE, hooks=KernelHooks(
-                                        check=lambda msg: protocol.check_request(msg, self.max_payload),
-                                        on_handler_error=self._handler_failed,
-                                        replied=self.metrics.replied if self.metrics is not None else None))
+        self.kernel = ServingKernel(
+            "broker",
+            ops,
+            config.max_frame_bytes,
+            counters=self.counters,
+            oversized_code=codes.E_PAYLOAD_TOO_LARGE,
+            hooks=KernelHooks(
+                check=lambda msg: protocol.check_request(msg, self.max_payload),
+                on_handler_error=self._handler_failed,
+                replied=self.metrics.replied if self.metrics is not None else None,
+            ),
+        )
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -196,7 +216,9 @@ class BrokerServer:
         if self.hooks.read_snapshot_chunk is None:
             return wire.error_reply(ctx.rid, codes.E_NO_SNAPSHOT, "this broker serves no snapshots")
         try:
-            return wire.ok_reply(ctx.rid, **self.hooks.read_snapshot_chunk(req["name"], req["offset"], req["length"]))
+            return wire.ok_reply(
+                ctx.rid, **self.hooks.read_snapshot_chunk(req["name"], req["offset"], req["length"])
+            )
         except TransferError as exc:
             return wire.error_reply(ctx.rid, exc.code, exc.message)
         except Exception as exc:  # a missing or unreadable file: the joiner tries elsewhere
@@ -208,11 +230,17 @@ class BrokerServer:
         leadership = self.leadership
         if leadership is None:
             note = self.hooks.not_leader_note()
-            return wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is not the leader"
-                                    + (f": {note}" if note else ""), leader=self.leader_address)
+            return wire.error_reply(
+                rid,
+                codes.E_NOT_LEADER,
+                "this broker is not the leader" + (f": {note}" if note else ""),
+                leader=self.leader_address,
+            )
         if leadership.failed is not None:
             # Fenced or lost: we know we are deposed, so our store is no longer the truth to read from.
-            return wire.error_reply(rid, codes.E_NOT_LEADER, "this broker is no longer the leader", leader=None)
+            return wire.error_reply(
+                rid, codes.E_NOT_LEADER, "this broker is no longer the leader", leader=None
+            )
         if op == "cluster_shutdown":
             leadership.cluster_shutdown(ctx.route, rid, req, self.writable and not self.draining)
             return DEFERRED
@@ -233,14 +261,26 @@ class BrokerServer:
         position = self.store.position()
         leadership = self.leadership
         shutdown = leadership.shutdown if leadership is not None else None
-        return {"broker_id": self.broker_id, "role": self.role, "leader": self.leader_address,
-                "epoch": leadership.epoch if leadership else self.store.epoch(),
-                "position": list(position) if position else None, "digest": self.store.digest(),
-                "queues": self.store.queue_depths(), "counters": dict(self.counters),
-                "shutting_down": shutdown.shutdown_id if shutdown is not None else None,
-                "secure": self.keys is not None,
-                **({"commit_stages": leadership.group.timings.summary(),
-                    "entries_written": leadership.group.entries_written} if leadership is not None else {})}
+        return {
+            "broker_id": self.broker_id,
+            "role": self.role,
+            "leader": self.leader_address,
+            "epoch": leadership.epoch if leadership else self.store.epoch(),
+            "position": list(position) if position else None,
+            "digest": self.store.digest(),
+            "queues": self.store.queue_depths(),
+            "counters": dict(self.counters),
+            "shutting_down": shutdown.shutdown_id if shutdown is not None else None,
+            "secure": self.keys is not None,
+            **(
+                {
+                    "commit_stages": leadership.group.timings.summary(),
+                    "entries_written": leadership.group.entries_written,
+                }
+                if leadership is not None
+                else {}
+            ),
+        }
 
     @property
     def applied_entries(self) -> int:
@@ -254,12 +294,20 @@ class BrokerServer:
         self.leader_clock.start(self.store.clock_ms())
         self.housekeeping.start(self.leader_clock.now_ms())
         metrics = self.metrics
-        hooks = LeaderHooks(send=self.kernel.send, internal_error=self.kernel.internal_error, wake=self.wake,
-                            new_id=self.new_id, on_fatal=self.hooks.on_fatal, on_lost=self.hooks.on_leadership_lost,
-                            on_cluster_shutdown=self.hooks.on_cluster_shutdown,
-                            on_entry_committed=metrics.entry_committed if metrics is not None else None,
-                            on_internal_applied=metrics.internal_applied if metrics is not None else None)
-        self.leadership = Leadership(session, self.store, self.config, hooks, self.leader_clock, self.housekeeping)
+        hooks = LeaderHooks(
+            send=self.kernel.send,
+            internal_error=self.kernel.internal_error,
+            wake=self.wake,
+            new_id=self.new_id,
+            on_fatal=self.hooks.on_fatal,
+            on_lost=self.hooks.on_leadership_lost,
+            on_cluster_shutdown=self.hooks.on_cluster_shutdown,
+            on_entry_committed=metrics.entry_committed if metrics is not None else None,
+            on_internal_applied=metrics.internal_applied if metrics is not None else None,
+        )
+        self.leadership = Leadership(
+            session, self.store, self.config, hooks, self.leader_clock, self.housekeeping
+        )
         self.draining = False
         self.role = "leader"
         self.leadership.start(first_events)
@@ -280,5 +328,3 @@ class BrokerServer:
         """True when the leader has nothing gathered or in flight (safe to read from any thread)."""
         leadership = self.leadership
         return leadership is None or leadership.idle
-
-

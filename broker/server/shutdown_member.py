@@ -20,6 +20,7 @@ Example::
         node.stop()
     member.finish(store, sound=True, connected=zk.connected)   # in the orderly stop
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,15 @@ READ_ATTEMPTS = 10
 class ShutdownMember:
     """What one broker does about cluster shutdowns (see the module docstring)."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, data_dir: Path, broker_id: int, name: str,
-                 start_status: StoreStatus | None) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        data_dir: Path,
+        broker_id: int,
+        name: str,
+        start_status: StoreStatus | None,
+    ) -> None:
         self.zk, self.paths, self.data = zk, paths, Path(data_dir)
         self.broker_id, self.name, self.start_status = broker_id, name, start_status
         # (shutdown_id, position) once this broker is stopping at a ClusterShutdown entry.
@@ -56,22 +64,35 @@ class ShutdownMember:
     def leader_committed(self, shutdown_id: str, position: tuple[int, int]) -> None:
         """Our own ClusterShutdown entry is applied: this leader stops there."""
         self.stopping_at = (shutdown_id, tuple(position))
-        log.warning("cluster shutdown %s: stopping at %s (the last entry); leadership goes to nobody",
-                    shutdown_id, list(position))
+        log.warning(
+            "cluster shutdown %s: stopping at %s (the last entry); leadership goes to nobody",
+            shutdown_id,
+            list(position),
+        )
 
     def follower_applied(self, shutdown_id: str, position: tuple[int, int]) -> bool:
         """A ClusterShutdown was applied by the tail; True if we are one of its members (then stop)."""
         doc = self._read_node()
         if doc is None or doc["shutdown_id"] != shutdown_id:
-            log.info("applied ClusterShutdown %s at %s, but it is not the cluster's current shutdown: "
-                     "going on as a follower", shutdown_id, list(position))
+            log.info(
+                "applied ClusterShutdown %s at %s, but it is not the cluster's current shutdown: "
+                "going on as a follower",
+                shutdown_id,
+                list(position),
+            )
             return False
         if self.broker_id not in doc.get("members", []):
-            log.info("applied ClusterShutdown %s at %s; this broker started during the shutdown and is not "
-                     "one of its members: going on as a follower", shutdown_id, list(position))
+            log.info(
+                "applied ClusterShutdown %s at %s; this broker started during the shutdown and is not "
+                "one of its members: going on as a follower",
+                shutdown_id,
+                list(position),
+            )
             return False
         self.stopping_at = (shutdown_id, tuple(position))
-        log.warning("cluster shutdown %s: applied its entry at %s; stopping in order", shutdown_id, list(position))
+        log.warning(
+            "cluster shutdown %s: applied its entry at %s; stopping in order", shutdown_id, list(position)
+        )
         return True
 
     def _read_node(self) -> dict | None:
@@ -98,17 +119,32 @@ class ShutdownMember:
             mark_clean(self.data, shutdown_id, position)
             log.warning("cluster shutdown %s: store marked clean at %s", shutdown_id, list(position))
         else:
-            log.error("cluster shutdown %s: the store is at %s, not at the shutdown's %s%s: not marking it clean",
-                      shutdown_id, list(at) if at else None, list(position), "" if sound else " (or not sound)")
+            log.error(
+                "cluster shutdown %s: the store is at %s, not at the shutdown's %s%s: not marking it clean",
+                shutdown_id,
+                list(at) if at else None,
+                list(position),
+                "" if sound else " (or not sound)",
+            )
         if not connected:
-            log.warning("cluster shutdown %s: ZooKeeper is unreachable: our stop is not recorded", shutdown_id)
+            log.warning(
+                "cluster shutdown %s: ZooKeeper is unreachable: our stop is not recorded", shutdown_id
+            )
             return state
         try:
-            record_stop(self.zk, self.paths, shutdown_id, self.broker_id, tuple(at) if at else None, state,
-                        name=self.name)
+            record_stop(
+                self.zk,
+                self.paths,
+                shutdown_id,
+                self.broker_id,
+                tuple(at) if at else None,
+                state,
+                name=self.name,
+            )
         except KazooException as exc:
-            log.warning("cluster shutdown %s: could not record our stop: %s: %s", shutdown_id,
-                        type(exc).__name__, exc)
+            log.warning(
+                "cluster shutdown %s: could not record our stop: %s: %s", shutdown_id, type(exc).__name__, exc
+            )
         return state
 
     def served(self) -> None:
@@ -118,8 +154,14 @@ class ShutdownMember:
             return
         try:
             if clear_shutdown(self.zk, self.paths, status.shutdown_id):
-                log.info("the cluster serves again after shutdown %s: its shutdown node is deleted",
-                         status.shutdown_id)
+                log.info(
+                    "the cluster serves again after shutdown %s: its shutdown node is deleted",
+                    status.shutdown_id,
+                )
         except KazooException as exc:
-            log.warning("could not delete the shutdown node of %s: %s: %s", status.shutdown_id,
-                        type(exc).__name__, exc)
+            log.warning(
+                "could not delete the shutdown node of %s: %s: %s",
+                status.shutdown_id,
+                type(exc).__name__,
+                exc,
+            )

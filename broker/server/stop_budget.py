@@ -14,6 +14,7 @@ Example::
     tail.join(budget.remaining(5.0))
     budget.done()
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,13 @@ def _exit_now(code: int) -> None:
 class StopBudget:
     """Watches `stop_event`; the process ends ``timeout`` seconds after it is set, whatever happens."""
 
-    def __init__(self, stop_event: threading.Event, timeout: float, exit_code: Callable[[], int],
-                 exit: Callable[[int], None] = _exit_now) -> None:
+    def __init__(
+        self,
+        stop_event: threading.Event,
+        timeout: float,
+        exit_code: Callable[[], int],
+        exit: Callable[[int], None] = _exit_now,
+    ) -> None:
         self.stop_event = stop_event
         self.timeout = timeout
         self.exit_code = exit_code
@@ -69,6 +75,8 @@ class StopBudget:
         self.stop_event.wait()
         self._deadline = time.monotonic() + self.timeout
         if not self._done.wait(self.timeout):
-            log.warning("stopping took longer than shutdown_timeout (%gs; ZooKeeper unreachable?): "
-                        "exiting now", self.timeout)
+            log.warning(
+                "stopping took longer than shutdown_timeout (%gs; ZooKeeper unreachable?): exiting now",
+                self.timeout,
+            )
             self._exit(self.exit_code())

@@ -50,6 +50,7 @@ Decisions worth knowing:
   task id (``created: False``), whatever the payload; purging the task frees
   the key.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -112,6 +113,7 @@ WORKER_LOST_ERROR = "worker_lost"
 
 
 # -- index maintenance: every state change is _leave(old) then _enter(new) ---
+
 
 def _leave(tx: StateTxn, rec: dict) -> None:
     """Remove a task from the index of its current state and from the counters."""
@@ -202,8 +204,12 @@ def _check_attempt(rec: dict | None, task_id: str, attempt: int) -> dict | None:
     if rec is None:
         return err(E_NO_SUCH_TASK, f"no task {task_id!r}")
     if attempt != rec["attempts"]:
-        return err(E_STALE_ATTEMPT, f"attempt {attempt} is not the current attempt "
-                   f"{rec['attempts']}", state=rec["state"], attempt=rec["attempts"])
+        return err(
+            E_STALE_ATTEMPT,
+            f"attempt {attempt} is not the current attempt {rec['attempts']}",
+            state=rec["state"],
+            attempt=rec["attempts"],
+        )
     if rec["state"] != RUNNING:
         return err(E_NOT_RUNNING, f"task is {rec['state']}", state=rec["state"])
     return None
@@ -223,6 +229,7 @@ def _touch_worker(tx: StateTxn, worker: str, now_ms: int, queues: list[str] | No
 
 # -- handlers ----------------------------------------------------------------
 
+
 def _queue_declared(tx: StateTxn, ev: dict) -> dict:
     name = ev["queue"]
     q = tx.queue(name)
@@ -237,8 +244,13 @@ def _queue_declared(tx: StateTxn, ev: dict) -> dict:
         if ev[setting] is not None:
             q[setting] = ev[setting]
     tx.touch_queue(name)
-    return ok(queue=name, created=created, max_attempts=q["max_attempts"], lease_ms=q["lease_ms"],
-              **{setting: q.get(setting) for setting in QUEUE_SETTINGS})
+    return ok(
+        queue=name,
+        created=created,
+        max_attempts=q["max_attempts"],
+        lease_ms=q["lease_ms"],
+        **{setting: q.get(setting) for setting in QUEUE_SETTINGS},
+    )
 
 
 def _task_submitted(tx: StateTxn, ev: dict) -> dict:
@@ -251,12 +263,26 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
     if tx.get("tasks", tid_b) is not None:
         return err(E_DUPLICATE_TASK_ID, f"task id {tid!r} already exists")
     q = tx.queue(name) or tx.new_queue(name, DEFAULT_MAX_ATTEMPTS, DEFAULT_LEASE_MS)
-    rec = {"id": tid, "queue": name, "state": None, "key": ev["key"],
-           "priority": ev["priority"], "seq": tx.next_seq(), "attempts": 0,
-           "max_attempts": ev["max_attempts"] or q["max_attempts"], "submitted_ms": now,
-           "not_before_ms": now + ev["delay_ms"], "started_ms": None, "finished_ms": None,
-           "worker": None, "lease_deadline_ms": None, "result": None, "error": None,
-           "max_run_ms": ev["max_run_ms"], "payload": inline_payload(ev["payload"])}
+    rec = {
+        "id": tid,
+        "queue": name,
+        "state": None,
+        "key": ev["key"],
+        "priority": ev["priority"],
+        "seq": tx.next_seq(),
+        "attempts": 0,
+        "max_attempts": ev["max_attempts"] or q["max_attempts"],
+        "submitted_ms": now,
+        "not_before_ms": now + ev["delay_ms"],
+        "started_ms": None,
+        "finished_ms": None,
+        "worker": None,
+        "lease_deadline_ms": None,
+        "result": None,
+        "error": None,
+        "max_run_ms": ev["max_run_ms"],
+        "payload": inline_payload(ev["payload"]),
+    }
     for setting in (backoff.BASE_FIELD, backoff.MAX_FIELD):
         if ev[setting] is not None:
             rec[setting] = ev[setting]
@@ -307,8 +333,15 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
             rec["lease_deadline_ms"] = _capped(now + lease_ms, rec)
             _enter(tx, rec, RUNNING, now)
             payload = rec["payload"] if rec["payload"] is not None else tx.get("payloads", found[1])
-            tasks.append({"task_id": rec["id"], "attempt": rec["attempts"], "queue": name,
-                          "payload": payload, "max_run_ms": max_run_ms})
+            tasks.append(
+                {
+                    "task_id": rec["id"],
+                    "attempt": rec["attempts"],
+                    "queue": name,
+                    "payload": payload,
+                    "max_run_ms": max_run_ms,
+                }
+            )
     _touch_worker(tx, worker, now)
     return ok(tasks=tasks)
 
@@ -366,9 +399,13 @@ def _task_failed(tx: StateTxn, ev: dict) -> dict:
     if ev["reject"] is not None:  # see events.SCHEMAS: older events record nothing new
         rec["will_retry"] = will_retry
         tx.save_task(rec)
-    return ok(task_id=tid, state=rec["state"], will_retry=will_retry,
-              retry_at_ms=rec["not_before_ms"] if will_retry else None,
-              retry_delay_ms=ev["retry_delay_ms"] if will_retry else None)
+    return ok(
+        task_id=tid,
+        state=rec["state"],
+        will_retry=will_retry,
+        retry_at_ms=rec["not_before_ms"] if will_retry else None,
+        retry_delay_ms=ev["retry_delay_ms"] if will_retry else None,
+    )
 
 
 def _expire_running(tx: StateTxn, task_id: bytes, now_ms: int, why: str) -> dict:
@@ -397,8 +434,9 @@ def _task_cancelled(tx: StateTxn, ev: dict) -> dict:
     if rec["state"] == CANCELLED:
         return ok(task_id=tid, state=CANCELLED, duplicate=True)
     if rec["state"] != WAITING:
-        return err(E_BAD_STATE, f"only waiting tasks can be cancelled; task is {rec['state']}",
-                   state=rec["state"])
+        return err(
+            E_BAD_STATE, f"only waiting tasks can be cancelled; task is {rec['state']}", state=rec["state"]
+        )
     _leave(tx, rec)
     _finish(tx, rec, CANCELLED, ev["now_ms"])
     return ok(task_id=tid, state=CANCELLED)
@@ -413,8 +451,7 @@ def _worker_lost(tx: StateTxn, ev: dict) -> dict:
     prefix = queue_prefix(ev["worker"])
     expired: list[dict] = []
     while (found := tx.first("worker_leases", prefix)) is not None:
-        expired.append(_expire_running(tx, found[0][len(prefix):], ev["now_ms"],
-                                       WORKER_LOST_ERROR))
+        expired.append(_expire_running(tx, found[0][len(prefix) :], ev["now_ms"], WORKER_LOST_ERROR))
     tx.delete("workers", text(ev["worker"]))
     return ok(worker=ev["worker"], expired=expired)
 
@@ -470,8 +507,11 @@ def _task_retried(tx: StateTxn, ev: dict) -> dict:
     if rec["state"] in (WAITING, RUNNING):  # retried already (a repeated request), or never finished
         return ok(task_id=tid, state=rec["state"], attempt=rec["attempts"], duplicate=True)
     if rec["state"] not in RETRYABLE_STATES:
-        return err(E_BAD_STATE, f"only failed or dead tasks can be retried; task is {rec['state']}",
-                   state=rec["state"])
+        return err(
+            E_BAD_STATE,
+            f"only failed or dead tasks can be retried; task is {rec['state']}",
+            state=rec["state"],
+        )
     _requeue(tx, rec, ev["now_ms"])
     return ok(task_id=tid, state=WAITING, attempt=rec["attempts"])
 
@@ -494,16 +534,16 @@ def _tasks_requeued(tx: StateTxn, ev: dict) -> dict:
 def _epoch_started(tx: StateTxn, ev: dict) -> dict:
     cur = tx.meta(META_EPOCH)
     if cur is not None and ev["epoch"] <= cur["epoch"]:
-        return err(E_STALE_EPOCH, f"epoch {ev['epoch']} is not above {cur['epoch']}",
-                   epoch=cur["epoch"])
-    tx.set_meta(META_EPOCH, {"epoch": ev["epoch"], "broker_id": ev["broker_id"],
-                             "started_ms": ev["now_ms"]})
+        return err(E_STALE_EPOCH, f"epoch {ev['epoch']} is not above {cur['epoch']}", epoch=cur["epoch"])
+    tx.set_meta(META_EPOCH, {"epoch": ev["epoch"], "broker_id": ev["broker_id"], "started_ms": ev["now_ms"]})
     return ok(epoch=ev["epoch"])
 
 
 def _cluster_shutdown(tx: StateTxn, ev: dict) -> dict:
-    tx.set_meta(META_SHUTDOWN, {"shutdown_id": ev["shutdown_id"], "now_ms": ev["now_ms"],
-                                "position": list(tx.position)})
+    tx.set_meta(
+        META_SHUTDOWN,
+        {"shutdown_id": ev["shutdown_id"], "now_ms": ev["now_ms"], "position": list(tx.position)},
+    )
     return ok(shutdown_id=ev["shutdown_id"], position=list(tx.position))
 
 
@@ -520,20 +560,31 @@ def _state_digest(tx: StateTxn, ev: dict) -> dict:
         return ok(digest=mine)
     # Remembered durably (outside the digest): apply_batch refuses to go on, so a
     # restarted replica cannot carry on past a divergence it already found.
-    tx.set_meta(META_DIVERGED, {"position": list(tx.position), "expected": ev["digest"],
-                                "actual": mine})
-    return err(E_DIGEST_MISMATCH, f"state digest {mine} differs from the leader's "
-               f"{ev['digest']}", expected=ev["digest"], actual=mine)
+    tx.set_meta(META_DIVERGED, {"position": list(tx.position), "expected": ev["digest"], "actual": mine})
+    return err(
+        E_DIGEST_MISMATCH,
+        f"state digest {mine} differs from the leader's {ev['digest']}",
+        expected=ev["digest"],
+        actual=mine,
+    )
 
 
 HANDLERS: dict[str, Callable[[StateTxn, dict], dict]] = {
-    "QueueDeclared": _queue_declared, "TaskSubmitted": _task_submitted,
-    "TaskLeased": _task_leased, "LeaseExtended": _lease_extended,
-    "TaskCompleted": _task_completed, "TaskFailed": _task_failed,
-    "LeaseExpired": _lease_expired, "TaskCancelled": _task_cancelled,
-    "WorkerSeen": _worker_seen, "WorkerLost": _worker_lost, "TasksPurged": _tasks_purged,
-    "TaskRetried": _task_retried, "TasksRequeued": _tasks_requeued,
-    "EpochStarted": _epoch_started, "ClusterShutdown": _cluster_shutdown,
+    "QueueDeclared": _queue_declared,
+    "TaskSubmitted": _task_submitted,
+    "TaskLeased": _task_leased,
+    "LeaseExtended": _lease_extended,
+    "TaskCompleted": _task_completed,
+    "TaskFailed": _task_failed,
+    "LeaseExpired": _lease_expired,
+    "TaskCancelled": _task_cancelled,
+    "WorkerSeen": _worker_seen,
+    "WorkerLost": _worker_lost,
+    "TasksPurged": _tasks_purged,
+    "TaskRetried": _task_retried,
+    "TasksRequeued": _tasks_requeued,
+    "EpochStarted": _epoch_started,
+    "ClusterShutdown": _cluster_shutdown,
     "StateDigest": _state_digest,
 }
 assert set(HANDLERS) == set(EVENT_TYPES), "every event type needs a handler"

@@ -18,6 +18,7 @@ Example::
     settings({"retry_backoff_ms": 200}, {"retry_backoff_max_ms": 1000}, (1000, 300_000))
     # -> (200, 1000)
 """
+
 from __future__ import annotations
 
 # Record and event field names of the two settings (task records, queue records, events).
@@ -49,8 +50,9 @@ def settings(task: dict | None, queue: dict | None, default: tuple[int, int] = N
     return values[0], values[1]
 
 
-def delay_for(attempt: int, task: dict | None, queue: dict | None,
-              default: tuple[int, int] = NO_BACKOFF) -> int:
+def delay_for(
+    attempt: int, task: dict | None, queue: dict | None, default: tuple[int, int] = NO_BACKOFF
+) -> int:
     """The retry delay of a task whose attempt ``attempt`` just failed (see :func:`settings`)."""
     base, cap = settings(task, queue, default)
     return retry_delay_ms(attempt, base, cap)

@@ -23,6 +23,7 @@ Example::
     ...
     clear_in_use(data_dir)                                # after the orderly close
 """
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,9 @@ def verify_in_child(state_dir: str | os.PathLike, timeout: float = CHILD_TIMEOUT
     if not (Path(state_dir) / "data.mdb").exists():
         return None  # nothing to tear: an empty store is created fresh
     try:
-        done = subprocess.run([sys.executable, "-m", __name__, os.fspath(state_dir)], capture_output=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, os.fspath(state_dir)], capture_output=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return f"checking the store took longer than {timeout:.0f} s"
     if done.returncode == 0:

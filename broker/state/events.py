@@ -20,6 +20,7 @@ Example::
     data = encode_batch([ev])
     assert decode_batch(data) == [ev]
 """
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,13 @@ BATCH_FORMAT_VERSION = 1
 
 # Task states. FINAL_STATES never change again (except by purge).
 WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED = (
-    "waiting", "running", "done", "failed", "dead", "cancelled")
+    "waiting",
+    "running",
+    "done",
+    "failed",
+    "dead",
+    "cancelled",
+)
 STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED)
 FINAL_STATES = (DONE, FAILED, DEAD, CANCELLED)
 PURGEABLE_STATES = (WAITING,) + FINAL_STATES
@@ -68,47 +75,88 @@ _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 # request checks of broker/protocol.py use the same kinds, so a request they accept
 # always makes events that pass here.
 SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
-    "QueueDeclared": {"queue": ("name", _REQUIRED), "max_attempts": ("attempts?", None),
-                      "lease_ms": ("span?", None), "max_run_ms": ("span?", None),
-                      "retry_backoff_ms": ("delay?", None), "retry_backoff_max_ms": ("delay?", None),
-                      # 0: finished tasks of the queue are kept; null: the leader's result_ttl_s
-                      "result_ttl_ms": ("delay?", None)},
-    "TaskSubmitted": {"task_id": ("id", _REQUIRED), "queue": ("name", _REQUIRED),
-                      "payload": ("bytes", _REQUIRED), "key": ("key?", None),
-                      "priority": ("priority", 0), "delay_ms": ("delay", 0),
-                      "max_attempts": ("attempts?", None), "max_run_ms": ("span?", None),
-                      "retry_backoff_ms": ("delay?", None), "retry_backoff_max_ms": ("delay?", None),
-                      "now_ms": ("time", _REQUIRED)},
-    "TaskLeased": {"worker": ("name", _REQUIRED), "queues": ("names", _REQUIRED),
-                   "max_tasks": ("max_tasks", 1), "lease_ms": ("span?", None),
-                   "now_ms": ("time", _REQUIRED)},
-    "LeaseExtended": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
-                      "worker": ("name", _REQUIRED), "lease_ms": ("span?", None),
-                      "now_ms": ("time", _REQUIRED)},
-    "TaskCompleted": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
-                      "result": ("bytes?", None), "now_ms": ("time", _REQUIRED)},
-    "TaskFailed": {"task_id": ("id", _REQUIRED), "attempt": ("attempts", _REQUIRED),
-                   "error": ("text", ""), "retry": ("bool", True),
-                   "retry_delay_ms": ("delay", 0), "now_ms": ("time", _REQUIRED),
-                   # reject: true = no retry, dead at once. Leaders stamp true or false; null (an
-                   # event written before the field existed) is applied as before, recording no
-                   # will_retry, so old histories replay to the same digests.
-                   "reject": ("bool?", None)},
+    "QueueDeclared": {
+        "queue": ("name", _REQUIRED),
+        "max_attempts": ("attempts?", None),
+        "lease_ms": ("span?", None),
+        "max_run_ms": ("span?", None),
+        "retry_backoff_ms": ("delay?", None),
+        "retry_backoff_max_ms": ("delay?", None),
+        # 0: finished tasks of the queue are kept; null: the leader's result_ttl_s
+        "result_ttl_ms": ("delay?", None),
+    },
+    "TaskSubmitted": {
+        "task_id": ("id", _REQUIRED),
+        "queue": ("name", _REQUIRED),
+        "payload": ("bytes", _REQUIRED),
+        "key": ("key?", None),
+        "priority": ("priority", 0),
+        "delay_ms": ("delay", 0),
+        "max_attempts": ("attempts?", None),
+        "max_run_ms": ("span?", None),
+        "retry_backoff_ms": ("delay?", None),
+        "retry_backoff_max_ms": ("delay?", None),
+        "now_ms": ("time", _REQUIRED),
+    },
+    "TaskLeased": {
+        "worker": ("name", _REQUIRED),
+        "queues": ("names", _REQUIRED),
+        "max_tasks": ("max_tasks", 1),
+        "lease_ms": ("span?", None),
+        "now_ms": ("time", _REQUIRED),
+    },
+    "LeaseExtended": {
+        "task_id": ("id", _REQUIRED),
+        "attempt": ("attempts", _REQUIRED),
+        "worker": ("name", _REQUIRED),
+        "lease_ms": ("span?", None),
+        "now_ms": ("time", _REQUIRED),
+    },
+    "TaskCompleted": {
+        "task_id": ("id", _REQUIRED),
+        "attempt": ("attempts", _REQUIRED),
+        "result": ("bytes?", None),
+        "now_ms": ("time", _REQUIRED),
+    },
+    "TaskFailed": {
+        "task_id": ("id", _REQUIRED),
+        "attempt": ("attempts", _REQUIRED),
+        "error": ("text", ""),
+        "retry": ("bool", True),
+        "retry_delay_ms": ("delay", 0),
+        "now_ms": ("time", _REQUIRED),
+        # reject: true = no retry, dead at once. Leaders stamp true or false; null (an
+        # event written before the field existed) is applied as before, recording no
+        # will_retry, so old histories replay to the same digests.
+        "reject": ("bool?", None),
+    },
     "LeaseExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
     "TaskCancelled": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
     # queues: what the worker leases from (null: unchanged, and what older events recorded).
     "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED), "queues": ("names?", None)},
     "WorkerLost": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
-    "TasksPurged": {"queue": ("name", _REQUIRED), "states": ("states", _REQUIRED),
-                    "before_ms": ("time?", None), "limit": ("limit?", None),
-                    "now_ms": ("time", _REQUIRED)},
+    "TasksPurged": {
+        "queue": ("name", _REQUIRED),
+        "states": ("states", _REQUIRED),
+        "before_ms": ("time?", None),
+        "limit": ("limit?", None),
+        "now_ms": ("time", _REQUIRED),
+    },
     # A failed or dead task back to waiting (an operator's `task retry`); TasksRequeued: every task of
     # a queue in those states that finished before before_ms, at most limit of them.
     "TaskRetried": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
-    "TasksRequeued": {"queue": ("name", _REQUIRED), "states": ("retryable_states", _REQUIRED),
-                      "before_ms": ("time?", None), "limit": ("limit?", None), "now_ms": ("time", _REQUIRED)},
-    "EpochStarted": {"epoch": ("epoch", _REQUIRED), "broker_id": ("broker_id", _REQUIRED),
-                     "now_ms": ("time", _REQUIRED)},
+    "TasksRequeued": {
+        "queue": ("name", _REQUIRED),
+        "states": ("retryable_states", _REQUIRED),
+        "before_ms": ("time?", None),
+        "limit": ("limit?", None),
+        "now_ms": ("time", _REQUIRED),
+    },
+    "EpochStarted": {
+        "epoch": ("epoch", _REQUIRED),
+        "broker_id": ("broker_id", _REQUIRED),
+        "now_ms": ("time", _REQUIRED),
+    },
     "ClusterShutdown": {"shutdown_id": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
     # format: the store format whose records the digest was computed over (absent: format 1).
     "StateDigest": {"digest": ("hex128", _REQUIRED), "format": ("limit?", None)},
@@ -117,9 +165,14 @@ EVENT_TYPES = tuple(SCHEMAS)
 
 # Integer kinds: (lowest, highest) allowed value.
 _INT_RANGES = {
-    "time": (0, MAX_TIME_MS), "span": (1, MAX_SPAN_MS), "delay": (0, MAX_SPAN_MS),
-    "attempts": (1, 1 << 31), "priority": (PRIORITY_MIN, PRIORITY_MAX),
-    "max_tasks": (1, MAX_LEASE_TASKS), "limit": (1, 1 << 31), "epoch": (1, 1 << 62),
+    "time": (0, MAX_TIME_MS),
+    "span": (1, MAX_SPAN_MS),
+    "delay": (0, MAX_SPAN_MS),
+    "attempts": (1, 1 << 31),
+    "priority": (PRIORITY_MIN, PRIORITY_MAX),
+    "max_tasks": (1, MAX_LEASE_TASKS),
+    "limit": (1, 1 << 31),
+    "epoch": (1, 1 << 62),
     "broker_id": (0, 1 << 62),
 }
 
@@ -176,14 +229,26 @@ def check_value(kind: str, v: Any) -> bool:
     if kind == "bool":
         return type(v) is bool
     if kind == "names":
-        return (isinstance(v, list) and 0 < len(v) <= MAX_LIST
-                and all(_is_name(x) for x in v) and len(set(v)) == len(v))
+        return (
+            isinstance(v, list)
+            and 0 < len(v) <= MAX_LIST
+            and all(_is_name(x) for x in v)
+            and len(set(v)) == len(v)
+        )
     if kind == "states":
-        return (isinstance(v, list) and 0 < len(v) <= len(PURGEABLE_STATES)
-                and all(x in PURGEABLE_STATES for x in v) and len(set(v)) == len(v))
+        return (
+            isinstance(v, list)
+            and 0 < len(v) <= len(PURGEABLE_STATES)
+            and all(x in PURGEABLE_STATES for x in v)
+            and len(set(v)) == len(v)
+        )
     if kind == "retryable_states":
-        return (isinstance(v, list) and 0 < len(v) <= len(RETRYABLE_STATES)
-                and all(x in RETRYABLE_STATES for x in v) and len(set(v)) == len(v))
+        return (
+            isinstance(v, list)
+            and 0 < len(v) <= len(RETRYABLE_STATES)
+            and all(x in RETRYABLE_STATES for x in v)
+            and len(set(v)) == len(v)
+        )
     if kind == "hex128":
         return isinstance(v, str) and _HEX128.match(v) is not None
     raise AssertionError(f"unknown field kind {kind}")
@@ -203,7 +268,9 @@ _KIND_TEXT = {
     "name": f"a string of 1-{MAX_NAME_BYTES} UTF-8 bytes without NUL",
     "id": f"a string of 1-{MAX_ID_BYTES} UTF-8 bytes",
     "key": f"a string of 1-{MAX_KEY_BYTES} UTF-8 bytes",
-    "bytes": "bytes", "text": f"a string of at most {MAX_ERROR_CHARS} characters", "bool": "true or false",
+    "bytes": "bytes",
+    "text": f"a string of at most {MAX_ERROR_CHARS} characters",
+    "bool": "true or false",
     "names": f"a list of 1-{MAX_LIST} different names (1-{MAX_NAME_BYTES} UTF-8 bytes each, no NUL)",
     "states": f"a list of different states among {', '.join(PURGEABLE_STATES)}",
     "retryable_states": f"a list of different states among {', '.join(RETRYABLE_STATES)}",
@@ -264,8 +331,7 @@ def encode_events(events: Iterable[dict]) -> tuple[list[dict], bytes]:
 
 
 # The batch map {"v": .., "events": [..]} up to its array header; the items follow it.
-_BATCH_HEAD = (b"\x82" + msgpack.packb("v") + msgpack.packb(BATCH_FORMAT_VERSION)
-               + msgpack.packb("events"))
+_BATCH_HEAD = b"\x82" + msgpack.packb("v") + msgpack.packb(BATCH_FORMAT_VERSION) + msgpack.packb("events")
 
 
 def batch_payload(items: Iterable[bytes], count: int) -> bytes:

@@ -18,6 +18,7 @@ Example::
     if tid is None:
         add(tx, "mail", "auto:" + "7" * 32, id_key("t1"))
 """
+
 from __future__ import annotations
 
 from broker.state.schema import SHORT_KEY_BYTES, idem_key, short_idem_key
@@ -60,7 +61,7 @@ def remove(tx: StateTxn, queue: str, key: str, tid: bytes) -> None:
     if short is not None and tx.get("keys", short) == tid:
         tx.delete("keys", short)
         # The smallest full entry sharing the short form, if any, takes it over.
-        found = tx.first("keys", full[:1 + SHORT_KEY_BYTES])
+        found = tx.first("keys", full[: 1 + SHORT_KEY_BYTES])
         if found is not None:
             tx.delete("keys", found[0])
             tx.put("keys", short, found[1])

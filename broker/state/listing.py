@@ -25,6 +25,7 @@ Example::
         rows, cursor = task_page(txn, dbs, queue="mail", state="dead", limit=100)
         more, cursor = task_page(txn, dbs, queue="mail", state="dead", limit=100, after=decode_cursor(cursor))
 """
+
 from __future__ import annotations
 
 import base64
@@ -50,8 +51,22 @@ from broker.state.txn import StateCorrupt
 LIST_ERROR_CHARS = 500
 MAX_CURSOR_CHARS = 1024
 # The fields of a task a listing returns (no payload or result: ``task show`` has them).
-LIST_FIELDS = ("id", "queue", "state", "attempts", "max_attempts", "priority", "submitted_ms", "not_before_ms",
-               "started_ms", "finished_ms", "worker", "error", "will_retry", "attempt_base")
+LIST_FIELDS = (
+    "id",
+    "queue",
+    "state",
+    "attempts",
+    "max_attempts",
+    "priority",
+    "submitted_ms",
+    "not_before_ms",
+    "started_ms",
+    "finished_ms",
+    "worker",
+    "error",
+    "will_retry",
+    "attempt_base",
+)
 
 
 class BadCursor(ValueError):
@@ -82,7 +97,7 @@ def summary(rec: dict) -> dict:
     """What a listing shows of a task record (the error text cut to LIST_ERROR_CHARS)."""
     out = {name: rec.get(name) for name in LIST_FIELDS}
     if isinstance(out["error"], str) and len(out["error"]) > LIST_ERROR_CHARS:
-        out["error"] = out["error"][:LIST_ERROR_CHARS - 3] + "..."
+        out["error"] = out["error"][: LIST_ERROR_CHARS - 3] + "..."
     return out
 
 
@@ -114,7 +129,7 @@ def _merged(txn: lmdb.Transaction, dbs: dict, queue: str, states: list[str], aft
                 continue
             key = bytes(cur.key())
             if key.startswith(prefix):
-                heap.append((key[len(prefix):], i))
+                heap.append((key[len(prefix) :], i))
         heapq.heapify(heap)
         while heap:
             task_key, i = heapq.heappop(heap)
@@ -123,14 +138,20 @@ def _merged(txn: lmdb.Transaction, dbs: dict, queue: str, states: list[str], aft
             if cur.next():
                 key = bytes(cur.key())
                 if key.startswith(prefixes[i]):
-                    heapq.heappush(heap, (key[len(prefixes[i]):], i))
+                    heapq.heappush(heap, (key[len(prefixes[i]) :], i))
     finally:
         for cur in cursors:
             cur.close()
 
 
-def task_page(txn: lmdb.Transaction, dbs: dict, queue: str | None = None, state: str | None = None,
-              limit: int = 100, after: tuple[str, bytes] | None = None) -> tuple[list[dict], str | None]:
+def task_page(
+    txn: lmdb.Transaction,
+    dbs: dict,
+    queue: str | None = None,
+    state: str | None = None,
+    limit: int = 100,
+    after: tuple[str, bytes] | None = None,
+) -> tuple[list[dict], str | None]:
     """One page of tasks (:func:`summary` of each) and the cursor of the next page (None: no more).
 
     ``queue``/``state`` filter (None: every queue, every state); ``after`` is a decoded cursor.

@@ -26,6 +26,7 @@ Example::
             migrate_v1(env, txn, dbs)
         migrate_v2(txn, dbs)
 """
+
 from __future__ import annotations
 
 import struct
@@ -107,17 +108,22 @@ def _short_forms() -> Callable[[bytes], bytes]:
 
     def place(key: bytes) -> bytes:
         nonlocal last
-        group = key[:1 + SHORT_KEY_BYTES]
+        group = key[: 1 + SHORT_KEY_BYTES]
         if key[:1] != b"\xff" or group == last:
             return key
         last = group
-        return b"\xfe" + key[1:1 + SHORT_KEY_BYTES]
+        return b"\xfe" + key[1 : 1 + SHORT_KEY_BYTES]
+
     return place
 
 
-def _rewrite(env: lmdb.Environment, txn: lmdb.Transaction, db: Any,
-             convert: Callable[[bytes, bytes], tuple[bytes, bytes] | None],
-             place: Callable[[bytes], bytes] | None = None) -> None:
+def _rewrite(
+    env: lmdb.Environment,
+    txn: lmdb.Transaction,
+    db: Any,
+    convert: Callable[[bytes, bytes], tuple[bytes, bytes] | None],
+    place: Callable[[bytes], bytes] | None = None,
+) -> None:
     """Replace every entry of ``db`` by ``convert(key, value)`` (None drops it), stored
     under ``place(new key)`` if given (called in key order)."""
     scratch = env.open_db(SCRATCH_DB, txn=txn)

@@ -10,6 +10,7 @@ Example::
     # on a new member, before opening its StateStore:
     header = restore_snapshot(newest["path"], data_dir / "state", cluster_id="dev")
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,9 @@ def _remove_store(state_dir: Path, created_dir: bool) -> None:
             pass
 
 
-def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, cluster_id: str,
-                     map_size: int | None = None) -> dict:
+def restore_snapshot(
+    path: str | os.PathLike, state_dir: str | os.PathLike, cluster_id: str, map_size: int | None = None
+) -> dict:
     """Install the snapshot at ``path`` as the state store in ``state_dir``; return its header.
 
     Verifies the whole file first (damage or another cluster: nothing is
@@ -74,7 +76,8 @@ def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, clus
         if position is not None or first is not None:
             raise RestoreRefused(
                 f"{state_dir} already holds state (position {list(position) if position else None}); "
-                "restoring would overwrite it: move that directory away first")
+                "restoring would overwrite it: move that directory away first"
+            )
     except BaseException:
         store.close()
         if created_dir:
@@ -87,8 +90,9 @@ def restore_snapshot(path: str | os.PathLike, state_dir: str | os.PathLike, clus
             if digest != header["digest"]:
                 raise SnapshotCorrupt(path, f"records hash to {digest}, header says {header['digest']}")
             if store.position() != tuple(header["position"]):
-                raise SnapshotCorrupt(path, f"restored position {store.position()} is not the "
-                                            f"header's {header['position']}")
+                raise SnapshotCorrupt(
+                    path, f"restored position {store.position()} is not the header's {header['position']}"
+                )
             store.upgrade()
     except BaseException as exc:
         _remove_store(state_dir, created_dir)

@@ -52,6 +52,7 @@ Example::
     assert k.startswith(queue_prefix("mail"))
     assert task_id_of(id_key("018bcfe5692cf3b1e4e270354efcba43")) == "018bcfe5692cf3b1e4e270354efcba43"
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -69,8 +70,20 @@ STORE_FORMAT = 3
 DIGEST_FORMATS = frozenset({2, 3})
 
 # Order matters only for iter_records(): snapshots list databases in this order.
-DB_NAMES = ("meta", "queues", "tasks", "payloads", "ready", "delayed", "leases",
-            "worker_leases", "finished", "keys", "workers", "by_state")
+DB_NAMES = (
+    "meta",
+    "queues",
+    "tasks",
+    "payloads",
+    "ready",
+    "delayed",
+    "leases",
+    "worker_leases",
+    "finished",
+    "keys",
+    "workers",
+    "by_state",
+)
 # Derived databases: rebuilt from the task records, outside the digest (see by_state above).
 UNHASHED_DBS = frozenset({"by_state"})
 MAX_DBS = 16
@@ -85,28 +98,64 @@ META_POSITION = b"position"
 META_DIGEST = b"digest"
 META_DIVERGED = b"diverged"
 META_LOADING = b"loading"
-META_SEAL = b"seal"              # check of position + digest, so damage to them is told apart
-META_CLUSTER = b"cluster_id"     # the cluster this store was created for, with its own check
-META_CLEAN = b"clean"            # present only between an orderly close and the next open
+META_SEAL = b"seal"  # check of position + digest, so damage to them is told apart
+META_CLUSTER = b"cluster_id"  # the cluster this store was created for, with its own check
+META_CLEAN = b"clean"  # present only between an orderly close and the next open
 # The layout's version: it says how to read the records, it is not state, so outside the digest
 # (which then compares replicas of any format by their records alone).
 META_FORMAT = b"format"
-META_UNHASHED = frozenset({META_POSITION, META_DIGEST, META_DIVERGED, META_LOADING, META_SEAL,
-                           META_CLUSTER, META_CLEAN, META_FORMAT})
+META_UNHASHED = frozenset(
+    {
+        META_POSITION,
+        META_DIGEST,
+        META_DIVERGED,
+        META_LOADING,
+        META_SEAL,
+        META_CLUSTER,
+        META_CLEAN,
+        META_FORMAT,
+    }
+)
 # Bookkeeping of one replica that a snapshot must not carry into another store.
 META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META_CLEAN})
 
 # A task record's positions. Fields most tasks leave unset come last, so that the trailing
 # nils can be cut. submitted_ms is stored relative to the time in the id (brokers make ids
 # from their clock, so it is a byte or two, not nine) and later times relative to submitted_ms.
-TASK_LAYOUT = ("queue", "state", "priority", "seq", "attempts", "max_attempts", "submitted_ms",
-               "not_before_ms", "payload", "key", "started_ms", "worker", "lease_deadline_ms",
-               "finished_ms", "result", "error", "max_run_ms", "run_deadline_ms",
-               "retry_backoff_ms", "retry_backoff_max_ms", "will_retry", "attempt_base")
+TASK_LAYOUT = (
+    "queue",
+    "state",
+    "priority",
+    "seq",
+    "attempts",
+    "max_attempts",
+    "submitted_ms",
+    "not_before_ms",
+    "payload",
+    "key",
+    "started_ms",
+    "worker",
+    "lease_deadline_ms",
+    "finished_ms",
+    "result",
+    "error",
+    "max_run_ms",
+    "run_deadline_ms",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "will_retry",
+    "attempt_base",
+)
 # Fields stored only when set (absent from a record that never had them, so such records hash as before).
 # attempt_base: the attempts a task had used when an operator last retried it (TaskRetried,
 # TasksRequeued): it may then run max_attempts more, and attempt numbers (the fencing token) go on.
-OPTIONAL_TASK_FIELDS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "will_retry", "attempt_base")
+OPTIONAL_TASK_FIELDS = (
+    "max_run_ms",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "will_retry",
+    "attempt_base",
+)
 # Payloads up to this size are kept in the task record: rewriting and re-hashing them with
 # each state change costs less than a second B-tree entry per task.
 INLINE_PAYLOAD_MAX = 512
@@ -241,7 +290,7 @@ def short_idem_key(key: str) -> bytes | None:
     """The short ``keys`` entry of an automatic key (0xfe, then the first
     ``SHORT_KEY_BYTES`` of it), None for other keys: see :mod:`broker.state.idem`."""
     raw = key_bytes(key)
-    return b"\xfe" + raw[1:1 + SHORT_KEY_BYTES] if raw[:1] == b"\xff" else None
+    return b"\xfe" + raw[1 : 1 + SHORT_KEY_BYTES] if raw[:1] == b"\xff" else None
 
 
 def pack_position(position: tuple[int, int]) -> bytes:
@@ -277,13 +326,30 @@ def pack_task(key: bytes, rec: dict) -> bytes:
     """A task record (``payload`` is the inline payload, None if it is kept apart) to store
     under ``key`` (its :func:`id_key`), as the array of :data:`TASK_LAYOUT`."""
     base, idem = rec["submitted_ms"], rec["key"]
-    doc = [rec["queue"], _STATE_CODE[rec["state"]], rec["priority"], rec["seq"], rec["attempts"],
-           rec["max_attempts"], base - _id_ms(key), rec["not_before_ms"] - base, rec["payload"],
-           None if idem is None else key_bytes(idem),
-           _rel(rec["started_ms"], base), rec["worker"], _rel(rec["lease_deadline_ms"], base),
-           _rel(rec["finished_ms"], base), rec["result"], rec["error"], rec.get("max_run_ms"),
-           _rel(rec.get("run_deadline_ms"), base), rec.get("retry_backoff_ms"), rec.get("retry_backoff_max_ms"),
-           rec.get("will_retry"), rec.get("attempt_base")]
+    doc = [
+        rec["queue"],
+        _STATE_CODE[rec["state"]],
+        rec["priority"],
+        rec["seq"],
+        rec["attempts"],
+        rec["max_attempts"],
+        base - _id_ms(key),
+        rec["not_before_ms"] - base,
+        rec["payload"],
+        None if idem is None else key_bytes(idem),
+        _rel(rec["started_ms"], base),
+        rec["worker"],
+        _rel(rec["lease_deadline_ms"], base),
+        _rel(rec["finished_ms"], base),
+        rec["result"],
+        rec["error"],
+        rec.get("max_run_ms"),
+        _rel(rec.get("run_deadline_ms"), base),
+        rec.get("retry_backoff_ms"),
+        rec.get("retry_backoff_max_ms"),
+        rec.get("will_retry"),
+        rec.get("attempt_base"),
+    ]
     while doc[-1] is None:
         doc.pop()
     return pack(doc)
@@ -294,18 +360,53 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
     except ``run_deadline_ms`` and :data:`OPTIONAL_TASK_FIELDS`, present only when set."""
     doc = unpack(raw)
     doc += [None] * (len(TASK_LAYOUT) - len(doc))
-    (queue, state, priority, seq, attempts, max_attempts, submitted, not_before, payload, idem,
-     started, worker, lease_deadline, finished, result, error, max_run_ms, run_deadline,
-     backoff, backoff_max, will_retry, attempt_base) = doc
+    (
+        queue,
+        state,
+        priority,
+        seq,
+        attempts,
+        max_attempts,
+        submitted,
+        not_before,
+        payload,
+        idem,
+        started,
+        worker,
+        lease_deadline,
+        finished,
+        result,
+        error,
+        max_run_ms,
+        run_deadline,
+        backoff,
+        backoff_max,
+        will_retry,
+        attempt_base,
+    ) = doc
     base = _id_ms(key) + submitted
-    rec = {"id": task_id_of(key), "queue": queue, "state": STATES[state],
-           "key": None if idem is None else key_of(idem),
-           "priority": priority, "seq": seq, "attempts": attempts, "max_attempts": max_attempts,
-           "submitted_ms": base, "not_before_ms": base + not_before,
-           "started_ms": _abs(started, base), "finished_ms": _abs(finished, base), "worker": worker,
-           "lease_deadline_ms": _abs(lease_deadline, base), "result": result, "error": error,
-           "payload": payload}
-    for name, value in zip(OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry, attempt_base)):
+    rec = {
+        "id": task_id_of(key),
+        "queue": queue,
+        "state": STATES[state],
+        "key": None if idem is None else key_of(idem),
+        "priority": priority,
+        "seq": seq,
+        "attempts": attempts,
+        "max_attempts": max_attempts,
+        "submitted_ms": base,
+        "not_before_ms": base + not_before,
+        "started_ms": _abs(started, base),
+        "finished_ms": _abs(finished, base),
+        "worker": worker,
+        "lease_deadline_ms": _abs(lease_deadline, base),
+        "result": result,
+        "error": error,
+        "payload": payload,
+    }
+    for name, value in zip(
+        OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry, attempt_base)
+    ):
         if value is not None:
             rec[name] = value
     if run_deadline is not None:
@@ -326,8 +427,11 @@ QUEUE_SETTINGS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "res
 
 def pack_queue(rec: dict) -> bytes:
     counts = rec["counts"]
-    doc = {"max_attempts": rec["max_attempts"], "lease_ms": rec["lease_ms"],
-           "counts": {c: counts[c] for c in COUNT_NAMES}}
+    doc = {
+        "max_attempts": rec["max_attempts"],
+        "lease_ms": rec["lease_ms"],
+        "counts": {c: counts[c] for c in COUNT_NAMES},
+    }
     for name in QUEUE_SETTINGS:
         if rec.get(name) is not None:
             doc[name] = rec[name]

@@ -22,6 +22,7 @@ Example::
     assert results[0]["ok"] and store.position() == (1, 0)
     store.close()
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,7 +72,7 @@ from broker.state.txn import StateCorrupt, StateTxn
 from election.local.lmdb_file import check_lmdb_file
 
 DEFAULT_MAP_SIZE = 4 << 30  # sparse on Linux; raise it for big backlogs
-LOAD_CHUNK = 10_000         # records per write transaction in load_records
+LOAD_CHUNK = 10_000  # records per write transaction in load_records
 
 
 class StoreError(BrokerError):
@@ -115,8 +116,11 @@ def _lmdb_reason(exc: lmdb.Error) -> str:
 
 
 def _check_position(position: Any) -> tuple[int, int]:
-    if (not isinstance(position, (tuple, list)) or len(position) != 2
-            or not all(type(x) is int and 0 <= x < 1 << 64 for x in position)):
+    if (
+        not isinstance(position, (tuple, list))
+        or len(position) != 2
+        or not all(type(x) is int and 0 <= x < 1 << 64 for x in position)
+    ):
         raise StoreError(f"position must be (ledger_id, entry_id) u64s, got {position!r:.60}")
     return (position[0], position[1])
 
@@ -140,8 +144,14 @@ class StateStore:
             store.position(), store.digest(), store.queue_depths()
     """
 
-    def __init__(self, path: str | os.PathLike, map_size: int = DEFAULT_MAP_SIZE,
-                 sync: bool = True, readonly: bool = False, sync_on_close: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        map_size: int = DEFAULT_MAP_SIZE,
+        sync: bool = True,
+        readonly: bool = False,
+        sync_on_close: bool = True,
+    ) -> None:
         self.path = os.fspath(path)
         self._sync_on_close = sync_on_close and not readonly
         if not readonly:
@@ -153,22 +163,33 @@ class StateStore:
         try:
             # metasync off: a crash may undo the last transaction, never corrupt one; the ledgers
             # hold every committed entry, so the tail re-applies it from the store's own position.
-            self._env = lmdb.open(self.path, map_size=map_size, max_dbs=MAX_DBS, sync=sync,
-                                  metasync=False, readahead=False, subdir=True, readonly=readonly,
-                                  create=not readonly)
+            self._env = lmdb.open(
+                self.path,
+                map_size=map_size,
+                max_dbs=MAX_DBS,
+                sync=sync,
+                metasync=False,
+                readahead=False,
+                subdir=True,
+                readonly=readonly,
+                create=not readonly,
+            )
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         self._max_key = self._env.max_key_size()
         try:
             self._dbs = self._open_dbs(readonly)
             if self._meta_raw(META_LOADING) is not None:
-                raise StoreIncomplete(f"{path}: an interrupted snapshot load left this store "
-                                      "partial; delete it and load again")
+                raise StoreIncomplete(
+                    f"{path}: an interrupted snapshot load left this store partial; delete it and load again"
+                )
             with self._env.begin() as txn:
                 self._format = store_format(txn, self._dbs)
             if self._format not in (None, 1, 2, STORE_FORMAT):
-                raise StoreError(f"state store format {self._format} in {self.path}: this broker "
-                                 f"reads format {STORE_FORMAT}; run the fencepost that wrote it")
+                raise StoreError(
+                    f"state store format {self._format} in {self.path}: this broker "
+                    f"reads format {STORE_FORMAT}; run the fencepost that wrote it"
+                )
             if not readonly:
                 self.upgrade()
         except lmdb.Error as exc:
@@ -204,8 +225,9 @@ class StateStore:
         """
         return self.apply_batches([(events, position)])[0]
 
-    def apply_batches(self, entries: list[tuple[list[dict], tuple[int, int]]],
-                      validated: bool = False) -> list[list[dict]]:
+    def apply_batches(
+        self, entries: list[tuple[list[dict], tuple[int, int]]], validated: bool = False
+    ) -> list[list[dict]]:
         """Apply several committed entries, in order, in ONE write transaction.
 
         Each entry is applied exactly as :meth:`apply_batch` would (its own
@@ -238,14 +260,15 @@ class StateStore:
                     tx.finish()
                     applied = pos
         except lmdb.MapFullError as exc:
-            raise StoreFull(f"state store map is full ({self._env.info()['map_size']} "
-                            "bytes): reopen with a larger map_size") from exc
+            raise StoreFull(
+                f"state store map is full ({self._env.info()['map_size']} "
+                "bytes): reopen with a larger map_size"
+            ) from exc
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         return out
 
-    def load_records(self, records: Iterable[tuple[str, bytes, bytes]],
-                     cluster_id: str | None = None) -> str:
+    def load_records(self, records: Iterable[tuple[str, bytes, bytes]], cluster_id: str | None = None) -> str:
         """Bulk-load snapshot records into this empty store; return the digest (hex).
 
         The digest is recomputed from the records; if they carry one that
@@ -311,9 +334,11 @@ class StateStore:
                     migrate_v1(self._env, txn, self._dbs)
                 migrate_v2(txn, self._dbs)
         except lmdb.MapFullError as exc:
-            raise StoreFull(f"state store map is full ({self._env.info()['map_size']} bytes) while "
-                            f"converting it to format {STORE_FORMAT}: reopen with a larger "
-                            "map_size") from exc
+            raise StoreFull(
+                f"state store map is full ({self._env.info()['map_size']} bytes) while "
+                f"converting it to format {STORE_FORMAT}: reopen with a larger "
+                "map_size"
+            ) from exc
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         except StateCorrupt as exc:
@@ -340,8 +365,9 @@ class StateStore:
     def is_empty(self) -> bool:
         """True if nothing was ever applied or loaded (bookkeeping such as the cluster id aside)."""
         with self._env.begin() as txn:
-            return (txn.get(META_POSITION, db=self._dbs["meta"]) is None
-                    and not any(txn.stat(db)["entries"] for name, db in self._dbs.items() if name != "meta"))
+            return txn.get(META_POSITION, db=self._dbs["meta"]) is None and not any(
+                txn.stat(db)["entries"] for name, db in self._dbs.items() if name != "meta"
+            )
 
     def was_clean(self) -> bool:
         """True if the last close was orderly (:meth:`mark_clean`) and nothing opened it since."""
@@ -397,8 +423,13 @@ class StateStore:
                 clean = txn.get(META_CLEAN, db=self._dbs["meta"]) is not None
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
-        return {"position": view["position"], "digest": view["digest"], "records": count,
-                "cluster_id": self.cluster_id(), "clean": clean}
+        return {
+            "position": view["position"],
+            "digest": view["digest"],
+            "records": count,
+            "cluster_id": self.cluster_id(),
+            "clean": clean,
+        }
 
     # -- reads (each in its own read transaction) ---------------------------
 
@@ -473,8 +504,10 @@ class StateStore:
     def get_task(self, task_id: str) -> dict | None:
         """The task record (with its ``payload``) or None."""
         if self._format == 1:
-            raise StoreError(f"state store format 1 in {self.path}: this broker reads format "
-                             f"{STORE_FORMAT}; open it read-write once (start its broker) to convert it")
+            raise StoreError(
+                f"state store format 1 in {self.path}: this broker reads format "
+                f"{STORE_FORMAT}; open it read-write once (start its broker) to convert it"
+            )
         key = self._task_key(task_id)
         if key is None:
             return None
@@ -499,8 +532,9 @@ class StateStore:
             raw = txn.get(text(name), db=self._dbs["queues"])
         return None if raw is None else unpack(raw)
 
-    def list_tasks(self, queue: str | None = None, state: str | None = None, limit: int = 100,
-                   after: str | None = None) -> tuple[list[dict], str | None]:
+    def list_tasks(
+        self, queue: str | None = None, state: str | None = None, limit: int = 100, after: str | None = None
+    ) -> tuple[list[dict], str | None]:
         """A page of tasks through the ``by_state`` index and the cursor of the next (None: the last).
 
         In queue name order, then id (submit) order; ``after`` is the cursor of the
@@ -508,8 +542,10 @@ class StateStore:
         ``listing.BadCursor`` for a cursor it did not make.
         """
         if self._format in (1, 2):
-            raise StoreError(f"state store format {self._format} in {self.path} has no task index; "
-                             "open it read-write once (start its broker) to build it")
+            raise StoreError(
+                f"state store format {self._format} in {self.path} has no task index; "
+                "open it read-write once (start its broker) to build it"
+            )
         cursor = listing.decode_cursor(after) if after is not None else None
         try:
             with self._read() as txn:
@@ -534,8 +570,11 @@ class StateStore:
         """Worker records (``worker``, ``first_seen_ms``, ``last_seen_ms``, ``queues``, ``in_hand``: the
         tasks it holds leased) in name order, after ``after``; O(workers listed + tasks they hold)."""
         out: list[dict] = []
-        with self._read() as txn, txn.cursor(db=self._dbs["workers"]) as cur, \
-                txn.cursor(db=self._dbs["worker_leases"]) as held:
+        with (
+            self._read() as txn,
+            txn.cursor(db=self._dbs["workers"]) as cur,
+            txn.cursor(db=self._dbs["worker_leases"]) as held,
+        ):
             found = cur.set_range(text(after)) if after is not None else cur.first()
             while found and (limit is None or len(out) < limit):
                 name = bytes(cur.key()).decode()
@@ -547,9 +586,15 @@ class StateStore:
                     while ok and held.key().startswith(prefix):
                         in_hand += 1
                         ok = held.next()
-                    out.append({"worker": name, "first_seen_ms": rec["first_seen_ms"],
-                                "last_seen_ms": rec["last_seen_ms"], "queues": rec.get("queues"),
-                                "in_hand": in_hand})
+                    out.append(
+                        {
+                            "worker": name,
+                            "first_seen_ms": rec["first_seen_ms"],
+                            "last_seen_ms": rec["last_seen_ms"],
+                            "queues": rec.get("queues"),
+                            "in_hand": in_hand,
+                        }
+                    )
                 found = cur.next()
         return out
 
@@ -566,7 +611,7 @@ class StateStore:
         with self._read() as txn, txn.cursor(db=self._dbs["worker_leases"]) as cur:
             ok = cur.set_range(prefix)
             while ok and cur.key().startswith(prefix):
-                task_key = bytes(cur.key())[len(prefix):]
+                task_key = bytes(cur.key())[len(prefix) :]
                 raw = txn.get(task_key, db=self._dbs["tasks"])
                 if raw is not None:
                     deadline = unpack_task(task_key, raw)["lease_deadline_ms"]
@@ -624,9 +669,12 @@ class StateStore:
             epoch_no = 0 if epoch is None else unpack(epoch)["epoch"]
         except Exception:  # msgpack raises several unrelated types on garbage
             raise StoreDamaged(self.path, "its epoch record does not decode") from None
-        return {"position": None if pos is None else unpack_position(pos),
-                "digest": digest_hex(digest), "epoch": epoch_no,
-                "records": self._checked_records(txn, digest, index=store_format(txn, self._dbs) == STORE_FORMAT)}
+        return {
+            "position": None if pos is None else unpack_position(pos),
+            "digest": digest_hex(digest),
+            "epoch": epoch_no,
+            "records": self._checked_records(txn, digest, index=store_format(txn, self._dbs) == STORE_FORMAT),
+        }
 
     def _check_seal(self, txn: lmdb.Transaction) -> None:
         meta = self._dbs["meta"]
@@ -634,12 +682,17 @@ class StateStore:
         if stored is None:
             return  # a store written before seals existed; its next batch writes one
         position, digest = txn.get(META_POSITION, db=meta), txn.get(META_DIGEST, db=meta)
-        if position is None or digest is None or len(position) != 16 \
-                or seal(position, digest) != bytes(stored):
+        if (
+            position is None
+            or digest is None
+            or len(position) != 16
+            or seal(position, digest) != bytes(stored)
+        ):
             raise StoreDamaged(self.path, "its position or digest record fails its seal")
 
-    def _checked_records(self, txn: lmdb.Transaction, expected: int,
-                         index: bool = True) -> Iterator[tuple[str, bytes, bytes]]:
+    def _checked_records(
+        self, txn: lmdb.Transaction, expected: int, index: bool = True
+    ) -> Iterator[tuple[str, bytes, bytes]]:
         """Every record, hashing as it goes; raises StoreDamaged after the last if they
         do not hash to ``expected`` (the incremental digest), or (``index``) if the
         ``by_state`` index does not list exactly the tasks."""
@@ -655,8 +708,9 @@ class StateStore:
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, _lmdb_reason(exc)) from None
         if d != expected:
-            raise StoreDamaged(self.path, f"its records hash to {digest_hex(d)}, "
-                                          f"its digest says {digest_hex(expected)}")
+            raise StoreDamaged(
+                self.path, f"its records hash to {digest_hex(d)}, its digest says {digest_hex(expected)}"
+            )
         problem = check.problem() if check is not None else None
         if problem is not None:
             raise StoreDamaged(self.path, problem)

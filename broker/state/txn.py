@@ -26,6 +26,7 @@ Example::
         tx.put("workers", b"w1", b"...")
         tx.finish()          # writes position, digest and cached records
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -73,8 +74,9 @@ class StateTxn:
         tx.finish()
     """
 
-    def __init__(self, txn: lmdb.Transaction, dbs: dict[str, Any], digest: int,
-                 position: tuple[int, int]) -> None:
+    def __init__(
+        self, txn: lmdb.Transaction, dbs: dict[str, Any], digest: int, position: tuple[int, int]
+    ) -> None:
         self.txn = txn
         self.dbs = dbs
         self.digest = digest
@@ -198,8 +200,7 @@ class StateTxn:
         return rec
 
     def new_queue(self, name: str, max_attempts: int, lease_ms: int) -> dict:
-        rec = {"max_attempts": max_attempts, "lease_ms": lease_ms,
-               "counts": {c: 0 for c in COUNT_NAMES}}
+        rec = {"max_attempts": max_attempts, "lease_ms": lease_ms, "counts": {c: 0 for c in COUNT_NAMES}}
         self._queues[name] = rec
         self._dirty.add(name)
         return rec

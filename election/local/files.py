@@ -9,6 +9,7 @@ Example::
     write_json_atomically(Path("data/.broker.meta"), {"broker_id": 3})
     write_json_atomically(Path("/run/session.json"), doc, mode=0o600)   # secrets: owner only
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_json_atomically(path: str | os.PathLike, doc: dict, *, mode: int = 0o666,
-                          sort_keys: bool = False, indent: int | None = None) -> None:
+def write_json_atomically(
+    path: str | os.PathLike,
+    doc: dict,
+    *,
+    mode: int = 0o666,
+    sort_keys: bool = False,
+    indent: int | None = None,
+) -> None:
     """Write `doc` to `path` so that a crash leaves either the old or the new file whole.
 
     ``mode`` is the permission of the new file (before the umask); ``sort_keys`` and

@@ -5,6 +5,7 @@ Example::
     human_bytes(79982592000)        # "74.5 GiB"
     human_age(1795511419.5, now)    # "3s ago"
 """
+
 from __future__ import annotations
 
 

@@ -20,6 +20,7 @@ Example::
     facts = read_meta_facts("bookie/data.mdb")     # raises LmdbFileDamaged(kind, message)
     problem = check_lmdb_file("state/data.mdb")    # None, or the one-line reason
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,8 @@ EMPTY, TRUNCATED, UNREADABLE = "empty", "truncated", "unreadable"
 
 _PAGE_HEADER = 16
 _META = struct.Struct("<II8x8x")  # magic, version, (address), (mapsize)
-_PSIZE = struct.Struct("<I")      # md_pad of the free-list MDB_db holds the page size
-_TAIL = struct.Struct("<QQ")      # last page number, txn id
+_PSIZE = struct.Struct("<I")  # md_pad of the free-list MDB_db holds the page size
+_TAIL = struct.Struct("<QQ")  # last page number, txn id
 _PSIZE_OFF, _TAIL_OFF = _PAGE_HEADER + 24, _PAGE_HEADER + 120
 _MAGIC, _VERSION = 0xBEEFC0DE, 1
 _MIN_PAGE, _MAX_PAGE = 512, 1 << 16
@@ -62,13 +63,17 @@ class MetaFacts:
 
 
 def _meta_at(head: bytes, offset: int) -> MetaFacts | None:
-    page = head[offset:offset + _TAIL_OFF + _TAIL.size]
+    page = head[offset : offset + _TAIL_OFF + _TAIL.size]
     if len(page) < _TAIL_OFF + _TAIL.size:
         return None
     magic, version = _META.unpack_from(page, _PAGE_HEADER)
     (page_size,) = _PSIZE.unpack_from(page, _PSIZE_OFF)
-    if magic != _MAGIC or version != _VERSION or not _MIN_PAGE <= page_size <= _MAX_PAGE \
-            or page_size & (page_size - 1):
+    if (
+        magic != _MAGIC
+        or version != _VERSION
+        or not _MIN_PAGE <= page_size <= _MAX_PAGE
+        or page_size & (page_size - 1)
+    ):
         return None
     return MetaFacts(page_size, *_TAIL.unpack_from(page, _TAIL_OFF))
 
@@ -102,8 +107,11 @@ def read_meta_facts(path: str | os.PathLike) -> MetaFacts:
     except ValueError as exc:
         raise LmdbFileDamaged(UNREADABLE if size >= 2 * _MIN_PAGE else TRUNCATED, f"{path}: {exc}") from None
     if size < max(2 * facts.page_size, facts.needed_bytes):
-        raise LmdbFileDamaged(TRUNCATED, f"{path} is truncated: {size} bytes, LMDB's meta page says "
-                              f"{facts.needed_bytes} ({facts.last_page + 1} pages of {facts.page_size})")
+        raise LmdbFileDamaged(
+            TRUNCATED,
+            f"{path} is truncated: {size} bytes, LMDB's meta page says "
+            f"{facts.needed_bytes} ({facts.last_page + 1} pages of {facts.page_size})",
+        )
     return facts
 
 

@@ -12,6 +12,7 @@ Example::
     ...
     endpoint.close()
 """
+
 from __future__ import annotations
 
 import logging

@@ -13,6 +13,7 @@ Example::
 
     config = load_settings(BookieConfig, "bookie", flags={"data": None})
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,7 +85,9 @@ def load_settings(
     for name in names:
         kind = hints[name]
         # ``int | None`` (a types.UnionType) as well as ``Optional[int]``: coerce to the int.
-        base = typing.get_args(kind)[0] if typing.get_origin(kind) in (typing.Union, types.UnionType) else kind
+        base = (
+            typing.get_args(kind)[0] if typing.get_origin(kind) in (typing.Union, types.UnionType) else kind
+        )
         if flags and flags.get(name) is not None:
             values[name] = flags[name]
         elif ENV_PREFIX + name.upper() in env:

@@ -25,6 +25,7 @@ Example::
     mark_clean(data_dir, "c5f0..", (7, 1042))             # orderly cluster shutdown
     read_status(data_dir).final_signature                 # ("c5f0..", (7, 1042))
 """
+
 from __future__ import annotations
 
 import json
@@ -97,8 +98,11 @@ def _parse(path: Path, doc: object) -> StoreStatus:
     if shutdown_id is not None and (not isinstance(shutdown_id, str) or not shutdown_id):
         raise bad("shutdown_id")
     if position is not None:
-        if (not isinstance(position, list) or len(position) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in position)):
+        if (
+            not isinstance(position, list)
+            or len(position) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in position)
+        ):
             raise bad("position")
         position = (position[0], position[1])
     if state == CLEAN and shutdown_id is None:
@@ -152,10 +156,19 @@ def mark_dirty(data_dir: str | os.PathLike) -> StoreStatus:
     return write_status(data_dir, replace(status, state=DIRTY, shutdown_id=None, position=None))
 
 
-def mark_clean(data_dir: str | os.PathLike, shutdown_id: str, position: tuple[int, int] | None) -> StoreStatus:
+def mark_clean(
+    data_dir: str | os.PathLike, shutdown_id: str, position: tuple[int, int] | None
+) -> StoreStatus:
     """The store stopped at the orderly cluster shutdown ``shutdown_id``, at ``position``."""
     status = read_status(data_dir)
     if status is None:
         raise StoreStatusError(f"{status_path(data_dir)} does not exist: the store has no signature to mark")
-    return write_status(data_dir, replace(status, state=CLEAN, shutdown_id=shutdown_id,
-                                          position=tuple(position) if position is not None else None))
+    return write_status(
+        data_dir,
+        replace(
+            status,
+            state=CLEAN,
+            shutdown_id=shutdown_id,
+            position=tuple(position) if position is not None else None,
+        ),
+    )

@@ -23,6 +23,7 @@ Example::
 
     make_client(csock, client_pair, server_public)   # before connect
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,10 @@ class KeyRingAuthenticator(ThreadAuthenticator):
                 if len(self._refused_logged) > 10_000:  # bounded whatever keys strangers try
                     self._refused_logged.clear()
                 self._refused_logged[key] = now
-                log.warning("refused a CURVE client with an unknown key %s... (said once a minute per key)",
-                            key[:8].decode(errors="replace"))
+                log.warning(
+                    "refused a CURVE client with an unknown key %s... (said once a minute per key)",
+                    key[:8].decode(errors="replace"),
+                )
         return entry is not None
 
     def curve_user_id(self, client_public_key: bytes) -> str:

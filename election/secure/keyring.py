@@ -28,6 +28,7 @@ Example::
         keys.secure(sock, "tcp://10.0.0.5:5601")           # pins the key named 10.0.0.5:5601
     sock.connect("tcp://10.0.0.5:5601")
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,11 +67,15 @@ class ClientKeys:
         name = server_name(address)
         entry = self.ring.by_name(name)
         if entry is None:
-            raise KeysError(f"the keys file {self.ring.path} has no line named {name!r}: a secure server's line is "
-                            f"named after its address, so {address} cannot be trusted")
+            raise KeysError(
+                f"the keys file {self.ring.path} has no line named {name!r}: a secure server's line is "
+                f"named after its address, so {address} cannot be trusted"
+            )
         if entry.role not in roles:
-            raise KeysError(f"{name!r} in {self.ring.path} has role {entry.role}, not {' or '.join(roles)}: "
-                            f"refusing to talk to {address}")
+            raise KeysError(
+                f"{name!r} in {self.ring.path} has role {entry.role}, not {' or '.join(roles)}: "
+                f"refusing to talk to {address}"
+            )
         return entry.public
 
     def secure(self, sock: zmq.Socket, address: str, roles: tuple[str, ...] = SERVER_ROLES) -> None:
@@ -78,8 +83,11 @@ class ClientKeys:
         make_client(sock, self.pair, self.server_public(address, roles))
 
 
-def load_client_keys(key_file: str | os.PathLike | None = None, keys_file: str | os.PathLike | None = None,
-                     env: Mapping[str, str] | None = None) -> ClientKeys | None:
+def load_client_keys(
+    key_file: str | os.PathLike | None = None,
+    keys_file: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ClientKeys | None:
     """The keys given, else ``FENCEPOST_KEY_FILE`` / ``FENCEPOST_KEYS_FILE``; None when there are none (plain)."""
     env = os.environ if env is None else env
     key_file = key_file or env.get(ENV_KEY_FILE) or None
@@ -87,8 +95,11 @@ def load_client_keys(key_file: str | os.PathLike | None = None, keys_file: str |
     if key_file is None and keys_file is None:
         return None
     if key_file is None or keys_file is None:
-        missing = "a key file (key_file, FENCEPOST_KEY_FILE)" if key_file is None else \
-            "the keys file (keys_file, FENCEPOST_KEYS_FILE)"
+        missing = (
+            "a key file (key_file, FENCEPOST_KEY_FILE)"
+            if key_file is None
+            else "the keys file (keys_file, FENCEPOST_KEYS_FILE)"
+        )
         raise KeysError(f"a secure client needs its key and the cluster's keys file: {missing} is missing")
     return ClientKeys(read_key_pair(Path(key_file)), KeyRing(Path(keys_file)))
 
@@ -147,27 +158,41 @@ def reload_on_sighup(keys: ServerKeys) -> None:
     """Reload ``keys`` on SIGHUP (main thread only; the reload runs on its own thread, never in the handler)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=keys.reload, name="keys-reload",
-                                                             daemon=True).start())
+    signal.signal(
+        signal.SIGHUP,
+        lambda *_: threading.Thread(target=keys.reload, name="keys-reload", daemon=True).start(),
+    )
 
 
 def keys_file_field() -> Any:
     """The ``keys_file`` setting of a server's config dataclass."""
-    return field(default="", metadata={
-        "help": "The cluster's keys file (docs/security.md). With key_file the server is secure: CURVE-encrypted "
-                "sockets, every client's key checked against this file (reloaded on SIGHUP) and its role's "
-                "rights enforced.", "path": "file"})
+    return field(
+        default="",
+        metadata={
+            "help": "The cluster's keys file (docs/security.md). With key_file the server is secure: CURVE-encrypted "
+            "sockets, every client's key checked against this file (reloaded on SIGHUP) and its role's "
+            "rights enforced.",
+            "path": "file",
+        },
+    )
 
 
 def key_file_field(role: str) -> Any:
     """The ``key_file`` setting of a server's config dataclass (``role``: the key's role)."""
-    return field(default="", metadata={
-        "help": f"This {role}'s secret key file (`fencepost keys new --role {role}`); with keys_file the "
-                f"{role} is secure.", "path": "file"})
+    return field(
+        default="",
+        metadata={
+            "help": f"This {role}'s secret key file (`fencepost keys new --role {role}`); with keys_file the "
+            f"{role} is secure.",
+            "path": "file",
+        },
+    )
 
 
 def check_secure_settings(config: Any, error: type[Exception]) -> None:
     """Both ``key_file`` and ``keys_file``, or neither: half a secure server would refuse everyone."""
     if bool(config.key_file) != bool(config.keys_file):
-        raise error("a secure server needs both key_file (its secret key) and keys_file (the cluster's keys); "
-                    f"only {'key_file' if config.key_file else 'keys_file'} is set")
+        raise error(
+            "a secure server needs both key_file (its secret key) and keys_file (the cluster's keys); "
+            f"only {'key_file' if config.key_file else 'keys_file'} is set"
+        )

@@ -21,6 +21,7 @@ Example::
     ring = KeyRing(Path("cluster.keys"))
     ring.lookup(pair.public)                     # KeyEntry(role="worker", name="thumbnails", ...) or None
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,10 @@ def _check_role(role: str) -> str:
 
 def _check_name(name: str) -> str:
     if not NAME.match(name or ""):
-        raise KeysError(f"invalid key name {name!r}: letters, digits and _.:- (up to 128), starting with a letter "
-                        "or digit")
+        raise KeysError(
+            f"invalid key name {name!r}: letters, digits and _.:- (up to 128), starting with a letter "
+            "or digit"
+        )
     return name
 
 
@@ -96,8 +99,18 @@ def write_key_pair(pair: KeyPair, out_dir: Path) -> tuple[Path, Path]:
     for path in (secret_path, public_path):
         if path.exists():
             raise KeysError(f"{path} exists: keys are never overwritten (remove it first to replace the key)")
-    body = json.dumps({"role": pair.role, "name": pair.name, "public": pair.public.decode(),
-                       "secret": pair.secret.decode()}, indent=1) + "\n"
+    body = (
+        json.dumps(
+            {
+                "role": pair.role,
+                "name": pair.name,
+                "public": pair.public.decode(),
+                "secret": pair.secret.decode(),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SECRET_MODE)
     with os.fdopen(fd, "w") as f:
         f.write(body)
@@ -114,8 +127,9 @@ def read_key_pair(path: Path) -> KeyPair:
         if mode & 0o077:
             raise KeysError(f"{path} is readable by others (mode {mode:o}): chmod 600 it")
         doc = json.loads(path.read_text())
-        pair = KeyPair(_check_role(doc["role"]), _check_name(doc["name"]), doc["public"].encode(),
-                       doc["secret"].encode())
+        pair = KeyPair(
+            _check_role(doc["role"]), _check_name(doc["name"]), doc["public"].encode(), doc["secret"].encode()
+        )
     except OSError as exc:
         raise KeysError(f"cannot read the key file {path}: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -145,12 +159,18 @@ def parse_keys_file(text: str, source: str = "keys file") -> dict[bytes, KeyEntr
         except KeysError as exc:
             raise KeysError(f"{source} line {number}: {exc}") from None
         if not Z85_KEY.match(public):
-            raise KeysError(f"{source} line {number}: {public[:12]!r}... is not a 40-character Z85 public key")
+            raise KeysError(
+                f"{source} line {number}: {public[:12]!r}... is not a 40-character Z85 public key"
+            )
         if public.encode() in entries:
-            raise KeysError(f"{source} line {number}: the key of {name!r} is already listed on line "
-                            f"{entries[public.encode()].line}")
+            raise KeysError(
+                f"{source} line {number}: the key of {name!r} is already listed on line "
+                f"{entries[public.encode()].line}"
+            )
         if name in names:
-            raise KeysError(f"{source} line {number}: the name {name!r} is already used on line {names[name]}")
+            raise KeysError(
+                f"{source} line {number}: the name {name!r} is already used on line {names[name]}"
+            )
         names[name] = number
         entries[public.encode()] = KeyEntry(role, name, public.encode(), number)
     return entries

@@ -20,6 +20,7 @@ Example::
     allowed("worker", "broker", "purge_queue")   # False
     allowed("broker", "bookie", "add")           # True
 """
+
 from __future__ import annotations
 
 ANYONE = frozenset({"ping", "status"})
@@ -34,8 +35,9 @@ BROKER_OPS_BY_ROLE: dict[str, frozenset[str]] = {
 BOOKIE_OPS_BY_ROLE: dict[str, frozenset[str]] = {
     # Brokers write, fence, recover, read and delete ledgers; the pipeline, audits and `bookie decommission`
     # run with an admin key.
-    "broker": frozenset({"add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete",
-                         "stats"}),
+    "broker": frozenset(
+        {"add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"}
+    ),
     # Re-replication runs in bookies (AutoRecovery): it reads from and adds to other bookies.
     "bookie": frozenset({"add", "add_batch", "read", "read_lac", "stats"}),
 }

@@ -21,6 +21,7 @@ Example::
     msg = decode(frame, max_bytes=1 << 20)
     assert msg["op"] == "read"
 """
+
 from __future__ import annotations
 
 import reprlib
@@ -33,10 +34,29 @@ from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_MALFORMED, E_OVERSI
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
-__all__ = ["CodedError", "WireError", "RemoteError", "error_for", "encode", "decode", "decode_request",
-           "request", "ok_reply", "error_reply", "check_reply", "field", "shown", "PROTOCOL_VERSION",
-           "DEFAULT_MAX_FRAME_BYTES", "E_MALFORMED", "E_OVERSIZED", "E_VERSION", "E_UNKNOWN_OP",
-           "E_BAD_REQUEST", "E_INTERNAL"]
+__all__ = [
+    "CodedError",
+    "WireError",
+    "RemoteError",
+    "error_for",
+    "encode",
+    "decode",
+    "decode_request",
+    "request",
+    "ok_reply",
+    "error_reply",
+    "check_reply",
+    "field",
+    "shown",
+    "PROTOCOL_VERSION",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "E_MALFORMED",
+    "E_OVERSIZED",
+    "E_VERSION",
+    "E_UNKNOWN_OP",
+    "E_BAD_REQUEST",
+    "E_INTERNAL",
+]
 
 # The one code -> exception table, filled by the subclasses that declare a code.
 _BY_CODE: dict[str, list[type["CodedError"]]] = {}
@@ -129,8 +149,9 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
     still be matched by the client.
     """
     if len(frame) > max_bytes:
-        raise WireError(E_OVERSIZED, f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}",
-                        peek_rid(frame))
+        raise WireError(
+            E_OVERSIZED, f"frame of {len(frame)} bytes exceeds the limit of {max_bytes}", peek_rid(frame)
+        )
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -140,7 +161,11 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
     rid = msg.get("rid")
     version = msg.get("v")
     if version != PROTOCOL_VERSION:
-        raise WireError(E_VERSION, f"protocol version {shown(version)} is not supported (expected {PROTOCOL_VERSION})", rid)
+        raise WireError(
+            E_VERSION,
+            f"protocol version {shown(version)} is not supported (expected {PROTOCOL_VERSION})",
+            rid,
+        )
     return msg
 
 
@@ -166,7 +191,9 @@ def peek_rid(frame: bytes) -> Any:
     return None
 
 
-def decode_request(frame: bytes, known_ops: frozenset[str] | set[str], max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
+def decode_request(
+    frame: bytes, known_ops: frozenset[str] | set[str], max_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> dict:
     """Decode a request frame and check that it names a known operation."""
     msg = decode(frame, max_bytes)
     op = msg.get("op")
@@ -189,5 +216,9 @@ def field(msg: dict, name: str, kind: type | tuple[type, ...]) -> Any:
     """Return ``msg[name]`` if present and of type ``kind``, else raise a bad_request error."""
     value = msg.get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise WireError(E_BAD_REQUEST, f"field {name!r} is missing or not {getattr(kind, '__name__', kind)}", msg.get("rid"))
+        raise WireError(
+            E_BAD_REQUEST,
+            f"field {name!r} is missing or not {getattr(kind, '__name__', kind)}",
+            msg.get("rid"),
+        )
     return value

@@ -11,6 +11,7 @@ Example::
     if exc.code == codes.E_NOT_LEADER:
         follow(reply["leader"])
 """
+
 from __future__ import annotations
 
 # The envelope (election/wire/): any server, before the request reaches its handler.

@@ -24,6 +24,7 @@ Example::
     decision = dispatcher.handle([b"peer"], wire.encode(wire.request("ping", 7)), None, time.perf_counter())
     assert decision.reply["ok"] and decision.op == "ping"
 """
+
 from __future__ import annotations
 
 import logging
@@ -101,9 +102,15 @@ class Decision(NamedTuple):
 class Dispatcher:
     """Decides the answer to each frame of one server kind (``"broker"`` or ``"bookie"``); no I/O."""
 
-    def __init__(self, kind: str, ops: Mapping[str, Handler], max_frame_bytes: int,
-                 hooks: KernelHooks = KernelHooks(), counters: dict[str, int] | None = None,
-                 oversized_code: str = E_OVERSIZED) -> None:
+    def __init__(
+        self,
+        kind: str,
+        ops: Mapping[str, Handler],
+        max_frame_bytes: int,
+        hooks: KernelHooks = KernelHooks(),
+        counters: dict[str, int] | None = None,
+        oversized_code: str = E_OVERSIZED,
+    ) -> None:
         self.kind = kind
         self.ops = dict(ops)
         self.known_ops = frozenset(self.ops)
@@ -126,8 +133,12 @@ class Dispatcher:
         op, rid = msg["op"], msg["rid"]
         if peer is not None and not allowed(peer[0], self.kind, op):
             self.counters["forbidden"] += 1
-            return Decision(op, wire.error_reply(rid, E_FORBIDDEN,
-                                                 f"a {peer[0] or 'keyless'} key may not {op} on a {self.kind}"))
+            return Decision(
+                op,
+                wire.error_reply(
+                    rid, E_FORBIDDEN, f"a {peer[0] or 'keyless'} key may not {op} on a {self.kind}"
+                ),
+            )
         check = self.hooks.check
         if check is not None:
             try:
@@ -167,10 +178,15 @@ class Dispatcher:
         """``reply`` as a frame; one that cannot be encoded (a server bug) still becomes an ``internal`` reply."""
         try:
             return wire.encode(reply)
-        except Exception as exc:  # msgpack raises several unrelated types (TypeError, ValueError, OverflowError)
+        except (
+            Exception
+        ) as exc:  # msgpack raises several unrelated types (TypeError, ValueError, OverflowError)
             log.error("cannot encode a reply of the %s: %s: %s", self.kind, type(exc).__name__, exc)
-            return wire.encode(wire.error_reply(_plain_rid(reply.get("rid")), E_INTERNAL,
-                                                f"the {self.kind} could not encode its reply"))
+            return wire.encode(
+                wire.error_reply(
+                    _plain_rid(reply.get("rid")), E_INTERNAL, f"the {self.kind} could not encode its reply"
+                )
+            )
 
 
 def _plain_rid(rid: Any) -> Any:

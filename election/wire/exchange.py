@@ -15,6 +15,7 @@ Example::
     if not reply["ok"]:
         print(reply["error"], reply["message"])
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,8 +34,14 @@ class NoReply(wire.CodedError, code=codes.E_NO_REPLY):
     """The server did not answer in time, or the socket failed."""
 
 
-def exchange(address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
-             keys: ClientKeys | None = None, **fields: Any) -> dict:
+def exchange(
+    address: str,
+    op: str,
+    timeout: float = 2.0,
+    max_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
+    keys: ClientKeys | None = None,
+    **fields: Any,
+) -> dict:
     """Send one ``op`` request to ``address`` and return the decoded reply map (ok or not).
 
     Raises :class:`NoReply` after ``timeout`` seconds of silence or on a socket
@@ -51,8 +58,11 @@ def exchange(address: str, op: str, timeout: float = 2.0, max_bytes: int = wire.
         sock.connect(address)
         sock.send(wire.encode(wire.request(op, 1, **fields)))
         if not sock.poll(int(timeout * 1000)):
-            raise NoReply(codes.E_NO_REPLY, f"{address} did not answer {op} within {timeout:g}s"
-                                            + ("" if keys is not None else PLAIN_HINT))
+            raise NoReply(
+                codes.E_NO_REPLY,
+                f"{address} did not answer {op} within {timeout:g}s"
+                + ("" if keys is not None else PLAIN_HINT),
+            )
         return wire.decode(sock.recv(), max_bytes=max_bytes)
     except zmq.ZMQError as exc:
         raise NoReply(codes.E_NO_REPLY, f"{address}: {exc}") from None

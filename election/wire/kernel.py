@@ -16,6 +16,7 @@ and answered with its ``rid``, a far larger one makes ZeroMQ drop the peer befor
 the frame can take the memory. On a secure server the socket is a CURVE server
 (``keys.secure``, before bind) and each frame's User-Id names the sender's role.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,9 +64,17 @@ class ServingKernel:
         kernel.close()
     """
 
-    def __init__(self, kind: str, ops: Mapping[str, Handler], max_frame_bytes: int, *,
-                 hooks: KernelHooks = KernelHooks(), counters: dict[str, int] | None = None,
-                 oversized_code: str = E_OVERSIZED, receive_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        ops: Mapping[str, Handler],
+        max_frame_bytes: int,
+        *,
+        hooks: KernelHooks = KernelHooks(),
+        counters: dict[str, int] | None = None,
+        oversized_code: str = E_OVERSIZED,
+        receive_limit: int | None = None,
+    ) -> None:
         """``kind``: ``"broker"`` or ``"bookie"`` (for the role check and messages); ``counters``: the
         server's own map to count in; ``oversized_code``: the code an oversized frame is answered with;
         ``receive_limit``: ZMQ_MAXMSGSIZE (default ``OVERSIZED_FRAME_FACTOR * max_frame_bytes``)."""
@@ -166,8 +175,9 @@ class ServingKernel:
         if replied is not None and op is not None:
             replied(op, reply, started)
 
-    def internal_error(self, route: list, rid: Any, op: str | None, exc: Exception,
-                       started: float | None = None) -> None:
+    def internal_error(
+        self, route: list, rid: Any, op: str | None, exc: Exception, started: float | None = None
+    ) -> None:
         """The safety net for a request that failed after its handler returned (a deferred reply's work)."""
         self._carry_out(route, self.dispatcher.fail(rid, op, exc), started)
 

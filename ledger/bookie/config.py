@@ -11,6 +11,7 @@ Example::
     config = load_settings(BookieConfig, "bookie", flags={"listen": "tcp://127.0.0.1:3181"})
     run_bookie(config)
 """
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,10 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not match or not 1 <= int(match.group("port")) <= 65535:
         raise LedgerError(f"listen must look like tcp://HOST:PORT with a port in 1-65535, got {listen!r}")
     if match.group("host") in WILDCARD_HOSTS:
-        raise LedgerError(f"listen {listen!r} is also the address other processes connect to: "
-                          "give a reachable host or IP, not a wildcard")
+        raise LedgerError(
+            f"listen {listen!r} is also the address other processes connect to: "
+            "give a reachable host or IP, not a wildcard"
+        )
     return match.group("host"), int(match.group("port"))
 
 
@@ -56,40 +59,78 @@ class BookieConfig:
     """
 
     data: str = field(default="./bookie-data", metadata={"help": "Data directory.", "path": "dir"})
-    listen: str = field(default="tcp://127.0.0.1:3181", metadata={
-        "help": "Address to serve on, tcp://HOST:PORT."})
-    metrics_listen: str = field(default="", metadata={
-        "help": "Serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md lists them); "
-                "empty: off. Bind a loopback or private address: the endpoint has no authentication."})
+    listen: str = field(
+        default="tcp://127.0.0.1:3181", metadata={"help": "Address to serve on, tcp://HOST:PORT."}
+    )
+    metrics_listen: str = field(
+        default="",
+        metadata={
+            "help": "Serve Prometheus metrics on http://HOST:PORT/metrics (docs/operations.md lists them); "
+            "empty: off. Bind a loopback or private address: the endpoint has no authentication."
+        },
+    )
     zk: str = field(default="127.0.0.1:2181", metadata={"help": "ZooKeeper hosts host:port,..."})
     cluster: str = field(default="dev", metadata={"help": "Cluster name."})
     keys_file: str = keys_file_field()
     key_file: str = key_file_field("bookie")
-    bookie_id: str | None = field(default=None, metadata={
-        "help": "Stable bookie id.", "default_text": "kept in the data dir's cookie"})
-    max_frame_bytes: int = field(default=8 * 1024 * 1024, metadata={
-        "help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1024})
-    max_batch: int = field(default=1000, metadata={
-        "help": "Frames drained per poll turn: the most adds in one group commit.", "min": 1})
+    bookie_id: str | None = field(
+        default=None, metadata={"help": "Stable bookie id.", "default_text": "kept in the data dir's cookie"}
+    )
+    max_frame_bytes: int = field(
+        default=8 * 1024 * 1024,
+        metadata={"help": "Largest request frame accepted.", "default_text": "8 MiB", "min": 1024},
+    )
+    max_batch: int = field(
+        default=1000,
+        metadata={"help": "Frames drained per poll turn: the most adds in one group commit.", "min": 1},
+    )
     long_poll_max_ms: int = field(default=30000, metadata={"help": "Cap on a wait_lac long poll.", "min": 0})
-    fsync: bool = field(default=True, metadata={"help": "Do not fsync (tests only: loses acked data on a crash)."})
-    map_size: int = field(default=DEFAULT_MAP_SIZE, metadata={
-        "help": "LMDB map size in bytes, the most the store can hold (sparse).",
-        "default_text": f"{DEFAULT_MAP_SIZE >> 30} GiB", "min": 1 << 20})
-    zk_session_timeout_s: float = field(default=10.0, metadata={
-        "help": "ZooKeeper session timeout in seconds: how long a dead bookie stays registered."})
-    autorecovery: bool = field(default=True, metadata={
-        "help": "Do not run AutoRecovery in this bookie (the elected auditor that marks closed ledgers of lost "
-                "bookies under-replicated, and the worker that re-replicates them)."})
-    lost_bookie_grace_s: float = field(default=60.0, metadata={
-        "help": "Seconds a bookie may stay unregistered before the auditor marks its closed ledgers "
-                "under-replicated and re-replication replaces it.", "min": 1})
-    rereplication_max_bytes_per_s: int = field(default=20 * 1024 * 1024, metadata={
-        "help": "Throttle of re-replication copies in bytes per second (0: unlimited), so that it does not "
-                "take the leader's write bandwidth.", "default_text": "20 MiB", "min": 0})
-    gc_interval_s: float = field(default=60.0, metadata={
-        "help": "Seconds between garbage-collection passes, which delete the local copies of ledgers whose "
-                "metadata no longer names this bookie (one pass also runs at start, before serving)."})
+    fsync: bool = field(
+        default=True, metadata={"help": "Do not fsync (tests only: loses acked data on a crash)."}
+    )
+    map_size: int = field(
+        default=DEFAULT_MAP_SIZE,
+        metadata={
+            "help": "LMDB map size in bytes, the most the store can hold (sparse).",
+            "default_text": f"{DEFAULT_MAP_SIZE >> 30} GiB",
+            "min": 1 << 20,
+        },
+    )
+    zk_session_timeout_s: float = field(
+        default=10.0,
+        metadata={"help": "ZooKeeper session timeout in seconds: how long a dead bookie stays registered."},
+    )
+    autorecovery: bool = field(
+        default=True,
+        metadata={
+            "help": "Do not run AutoRecovery in this bookie (the elected auditor that marks closed ledgers of lost "
+            "bookies under-replicated, and the worker that re-replicates them)."
+        },
+    )
+    lost_bookie_grace_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "Seconds a bookie may stay unregistered before the auditor marks its closed ledgers "
+            "under-replicated and re-replication replaces it.",
+            "min": 1,
+        },
+    )
+    rereplication_max_bytes_per_s: int = field(
+        default=20 * 1024 * 1024,
+        metadata={
+            "help": "Throttle of re-replication copies in bytes per second (0: unlimited), so that it does not "
+            "take the leader's write bandwidth.",
+            "default_text": "20 MiB",
+            "min": 0,
+        },
+    )
+    gc_interval_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "Seconds between garbage-collection passes, which delete the local copies of ledgers whose "
+            "metadata no longer names this bookie (one pass also runs at start, before serving)."
+        },
+    )
     # The cluster-wide options (the `config` node): None takes the cluster's; a value that
     # differs from the cluster's stops the bookie at start, naming the difference.
     write_quorum: int | None = cluster_option_field("write_quorum")
@@ -111,9 +152,13 @@ class BookieConfig:
                 raise LedgerError(str(exc)) from None
         if not isinstance(self.zk, str) or not self.zk.strip():
             raise LedgerError("zk must list ZooKeeper servers as host:port[,host:port...]")
-        if not isinstance(self.cluster, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", self.cluster):
+        if not isinstance(self.cluster, str) or not re.match(
+            r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", self.cluster
+        ):
             raise LedgerError(f"cluster must be 1-64 letters, digits, '.', '_' or '-', got {self.cluster!r}")
-        if self.bookie_id is not None and (not isinstance(self.bookie_id, str) or not _BOOKIE_ID.match(self.bookie_id)):
+        if self.bookie_id is not None and (
+            not isinstance(self.bookie_id, str) or not _BOOKIE_ID.match(self.bookie_id)
+        ):
             raise LedgerError(
                 f"bookie_id must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, got {self.bookie_id!r}"
             )
@@ -128,22 +173,36 @@ class BookieConfig:
                 raise LedgerError(f"{name} must be an integer between {low} and {high}, got {value!r}")
         if not isinstance(self.fsync, bool):
             raise LedgerError(f"fsync must be true or false, got {self.fsync!r}")
-        if not isinstance(self.zk_session_timeout_s, (int, float)) or not 1 <= self.zk_session_timeout_s <= 600:
-            raise LedgerError(f"zk_session_timeout_s must be between 1 and 600 seconds, got {self.zk_session_timeout_s!r}")
+        if (
+            not isinstance(self.zk_session_timeout_s, (int, float))
+            or not 1 <= self.zk_session_timeout_s <= 600
+        ):
+            raise LedgerError(
+                f"zk_session_timeout_s must be between 1 and 600 seconds, got {self.zk_session_timeout_s!r}"
+            )
         if not isinstance(self.autorecovery, bool):
             raise LedgerError(f"autorecovery must be true or false, got {self.autorecovery!r}")
-        if (not isinstance(self.lost_bookie_grace_s, (int, float)) or isinstance(self.lost_bookie_grace_s, bool)
-                or not 1 <= self.lost_bookie_grace_s <= 30 * 86400):
-            raise LedgerError(f"lost_bookie_grace_s must be between 1 and 2592000 seconds, "
-                              f"got {self.lost_bookie_grace_s!r}")
+        if (
+            not isinstance(self.lost_bookie_grace_s, (int, float))
+            or isinstance(self.lost_bookie_grace_s, bool)
+            or not 1 <= self.lost_bookie_grace_s <= 30 * 86400
+        ):
+            raise LedgerError(
+                f"lost_bookie_grace_s must be between 1 and 2592000 seconds, got {self.lost_bookie_grace_s!r}"
+            )
         rate = self.rereplication_max_bytes_per_s
         if not isinstance(rate, int) or isinstance(rate, bool) or not 0 <= rate <= 1 << 40:
-            raise LedgerError(f"rereplication_max_bytes_per_s must be an integer between 0 and {1 << 40}, "
-                              f"got {rate!r}")
-        if (not isinstance(self.gc_interval_s, (int, float)) or isinstance(self.gc_interval_s, bool)
-                or not 0 < self.gc_interval_s <= 30 * 86400):
-            raise LedgerError(f"gc_interval_s must be more than 0 and at most 2592000 seconds, "
-                              f"got {self.gc_interval_s!r}")
+            raise LedgerError(
+                f"rereplication_max_bytes_per_s must be an integer between 0 and {1 << 40}, got {rate!r}"
+            )
+        if (
+            not isinstance(self.gc_interval_s, (int, float))
+            or isinstance(self.gc_interval_s, bool)
+            or not 0 < self.gc_interval_s <= 30 * 86400
+        ):
+            raise LedgerError(
+                f"gc_interval_s must be more than 0 and at most 2592000 seconds, got {self.gc_interval_s!r}"
+            )
         validate_member_options(self, LedgerError)
         if not isinstance(self.init_if_missing, bool):
             raise LedgerError(f"init_if_missing must be true or false, got {self.init_if_missing!r}")

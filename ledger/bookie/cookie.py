@@ -16,6 +16,7 @@ Example::
     cookie = check_or_write_cookie(data_dir, "prod", cluster_id, None, "bookie-host-1")
     cookie = bind_instance(zk, paths, data_dir, cookie)   # raises InstanceMismatch
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,9 @@ def read_cookie(data_dir: str | os.PathLike) -> dict | None:
         return None
     except (OSError, ValueError) as exc:
         raise CookieError(f"cannot read the cookie {path}: {exc}") from None
-    if not isinstance(cookie, dict) or not all(isinstance(cookie.get(k), str) for k in ("cluster_id", "bookie_id", "cluster")):
+    if not isinstance(cookie, dict) or not all(
+        isinstance(cookie.get(k), str) for k in ("cluster_id", "bookie_id", "cluster")
+    ):
         raise CookieError(f"the cookie {path} is not a map with cluster, cluster_id and bookie_id")
     return cookie
 
@@ -71,8 +74,14 @@ def write_cookie(data_dir: str | os.PathLike, cookie: dict) -> None:
     write_json_atomically(os.path.join(os.fspath(data_dir), COOKIE_NAME), cookie, mode=0o600, sort_keys=True)
 
 
-def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id: str, bookie_id: str | None,
-                          default_bookie_id: str | None = None, replaced_cluster_id: str | None = None) -> dict:
+def check_or_write_cookie(
+    data_dir: str | os.PathLike,
+    cluster: str,
+    cluster_id: str,
+    bookie_id: str | None,
+    default_bookie_id: str | None = None,
+    replaced_cluster_id: str | None = None,
+) -> dict:
     """Check that ``data_dir`` belongs to this cluster, writing the cookie on first use.
 
     Returns the cookie; its ``bookie_id`` is the bookie's identity: ``bookie_id``
@@ -91,8 +100,11 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
             raise CookieError(
                 f"{data_dir} holds ledger data but no {COOKIE_NAME}: refusing to adopt it for cluster {cluster!r}"
             )
-        cookie = {"cluster": cluster, "cluster_id": cluster_id,
-                  "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}"}
+        cookie = {
+            "cluster": cluster,
+            "cluster_id": cluster_id,
+            "bookie_id": bookie_id or default_bookie_id or f"bookie-{uuid.uuid4().hex[:12]}",
+        }
         write_cookie(data_dir, cookie)
         return cookie
     if replaced_cluster_id is not None and cookie["cluster_id"] == replaced_cluster_id:
@@ -110,8 +122,16 @@ def check_or_write_cookie(data_dir: str | os.PathLike, cluster: str, cluster_id:
     return cookie
 
 
-def cookie_for_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, config: dict, bookie_id: str | None,
-                 default_bookie_id: str | None, stop: threading.Event | None = None, poll_s: float = 1.0) -> tuple[dict, dict]:
+def cookie_for_cluster(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    data_dir: str,
+    config: dict,
+    bookie_id: str | None,
+    default_bookie_id: str | None,
+    stop: threading.Event | None = None,
+    poll_s: float = 1.0,
+) -> tuple[dict, dict]:
     """The checked cookie and the cluster config it was checked against.
 
     A data directory of another cluster is refused at once, and so is one of this
@@ -125,15 +145,27 @@ def cookie_for_cluster(zk: KazooClient, paths: ClusterPaths, data_dir: str, conf
     while True:
         replaced = (config.get("reinitialized") or {}).get("replaced_cluster_id")
         try:
-            return check_or_write_cookie(data_dir, paths.cluster, config["cluster_id"], bookie_id, default_bookie_id,
-                                         replaced_cluster_id=replaced), config
+            return check_or_write_cookie(
+                data_dir,
+                paths.cluster,
+                config["cluster_id"],
+                bookie_id,
+                default_bookie_id,
+                replaced_cluster_id=replaced,
+            ), config
         except WrongClusterError as exc:
-            if (read_cookie(data_dir) or {}).get("cluster") != paths.cluster or _has_log(zk, paths) \
-                    or stop.is_set():
+            if (
+                (read_cookie(data_dir) or {}).get("cluster") != paths.cluster
+                or _has_log(zk, paths)
+                or stop.is_set()
+            ):
                 raise
             if not said:
-                log.warning("%s; the cluster has no log yet, so its brokers may still restore that id from "
-                            "their stores: waiting", exc)
+                log.warning(
+                    "%s; the cluster has no log yet, so its brokers may still restore that id from "
+                    "their stores: waiting",
+                    exc,
+                )
                 said = True
         stop.wait(poll_s)
         config = json.loads(zk.get(paths.config)[0])

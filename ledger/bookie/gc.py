@@ -31,6 +31,7 @@ Example::
     gc.start()                      # then every interval_s; the loop calls handoff.run_pending()
     gc.stop()
 """
+
 from __future__ import annotations
 
 import collections
@@ -55,8 +56,9 @@ HANDOFF_TIMEOUT_S = 10.0
 _ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
-def disowned_reason(ledger_id: int, meta: LedgerMetadata | None, bookie_id: str,
-                    newest_ledger_id: int | None) -> str | None:
+def disowned_reason(
+    ledger_id: int, meta: LedgerMetadata | None, bookie_id: str, newest_ledger_id: int | None
+) -> str | None:
     """Why this bookie should delete its copy of ``ledger_id`` (``meta`` None: no metadata node), or None."""
     if meta is None:
         if newest_ledger_id is not None and ledger_id < newest_ledger_id:
@@ -69,8 +71,12 @@ def disowned_reason(ledger_id: int, meta: LedgerMetadata | None, bookie_id: str,
     return "its closed metadata no longer names this bookie"
 
 
-def disowned(local_ledger_ids: Iterable[int], metas: Mapping[int, LedgerMetadata | None], bookie_id: str,
-             newest_ledger_id: int | None) -> list[tuple[int, str]]:
+def disowned(
+    local_ledger_ids: Iterable[int],
+    metas: Mapping[int, LedgerMetadata | None],
+    bookie_id: str,
+    newest_ledger_id: int | None,
+) -> list[tuple[int, str]]:
     """``(ledger_id, reason)`` of each local ledger to delete, in id order. Pure.
 
     ``metas`` maps a ledger id to its metadata, or to None when it has no metadata
@@ -161,8 +167,16 @@ class GarbageCollector:
     store: a pass in the collector's thread runs them through ``handoff``.
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, bookie_id: str, local_ledgers: Callable[[], list[int]],
-                 delete: Callable[[int], int], handoff: Handoff, interval_s: float) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        bookie_id: str,
+        local_ledgers: Callable[[], list[int]],
+        delete: Callable[[int], int],
+        handoff: Handoff,
+        interval_s: float,
+    ) -> None:
         self.zk = zk
         self.paths = paths
         self.bookie_id = bookie_id

@@ -27,6 +27,7 @@ Example::
         report = verify_store(store)                     # logs and quarantines damage
     store.clear_clean()
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,16 +78,32 @@ def reregister_command(config: BookieConfig, bookie_id: str) -> str:
     data = config.data.rstrip("/") or config.data
     new_id = f"{bookie_id[:120]}-{uuid.uuid4().hex[:6]}"
     aside = f"{data}.unvouched-{uuid.uuid4().hex[:6]}"
-    start = ["fencepost", "bookie", "start", "--data", data, "--bookie-id", new_id, "--listen", config.listen,
-             "--zk", config.zk, "--cluster", config.cluster]
+    start = [
+        "fencepost",
+        "bookie",
+        "start",
+        "--data",
+        data,
+        "--bookie-id",
+        new_id,
+        "--listen",
+        config.listen,
+        "--zk",
+        config.zk,
+        "--cluster",
+        config.cluster,
+    ]
     return f"mv {shlex.quote(data)} {shlex.quote(aside)} && {shlex.join(start)}"
 
 
 def _refuse(config: BookieConfig, bookie_id: str, reason: str, what: str) -> StoreRefused:
-    return StoreRefused(reason, f"bookie {bookie_id} refuses to start: {what}; it cannot vouch for the entries "
-                                f"it acknowledged, so it must not answer for them. Its copies are restored "
-                                f"by recovery from the other bookies. To re-register it as a new bookie, run: "
-                                f"{reregister_command(config, bookie_id)}")
+    return StoreRefused(
+        reason,
+        f"bookie {bookie_id} refuses to start: {what}; it cannot vouch for the entries "
+        f"it acknowledged, so it must not answer for them. Its copies are restored "
+        f"by recovery from the other bookies. To re-register it as a new bookie, run: "
+        f"{reregister_command(config, bookie_id)}",
+    )
 
 
 def open_vouched_store(config: BookieConfig, cookie: dict) -> tuple[BookieStore, dict]:
@@ -106,8 +123,12 @@ def open_vouched_store(config: BookieConfig, cookie: dict) -> tuple[BookieStore,
         stamped = store.instance_id()
         if stamped is None and store.records():
             store.close()
-            raise _refuse(config, bookie_id, FOREIGN, f"{config.data} holds ledgers but neither its cookie "
-                                                      f"nor its store names an instance id")
+            raise _refuse(
+                config,
+                bookie_id,
+                FOREIGN,
+                f"{config.data} holds ledgers but neither its cookie nor its store names an instance id",
+            )
         instance = stamped or uuid.uuid4().hex
         if stamped is None:
             store.set_instance_id(instance)
@@ -115,22 +136,32 @@ def open_vouched_store(config: BookieConfig, cookie: dict) -> tuple[BookieStore,
         write_cookie(config.data, cookie)
         return store, cookie
     if not os.path.exists(path):
-        raise _refuse(config, bookie_id, MISSING, f"{path} is missing although the cookie of instance "
-                                                  f"{instance} says this directory held its entries")
+        raise _refuse(
+            config,
+            bookie_id,
+            MISSING,
+            f"{path} is missing although the cookie of instance "
+            f"{instance} says this directory held its entries",
+        )
     check_or_raise(config, bookie_id, path)
     store = _open(config, bookie_id)
     stamped = store.instance_id()
     if stamped is None and not store.created:
         # A store from before instance ids: adopt it, but verify it as after a crash.
-        log.warning("bookie store %s carries no instance id (made by an older version): stamping %s and "
-                    "verifying it", config.data, instance)
+        log.warning(
+            "bookie store %s carries no instance id (made by an older version): stamping %s and verifying it",
+            config.data,
+            instance,
+        )
         store.set_instance_id(instance)
         store.clear_clean()
         return store, cookie
     if stamped != instance:
         store.close()
         found = "no instance id (a new, empty store)" if stamped is None else f"instance {stamped}"
-        raise _refuse(config, bookie_id, FOREIGN, f"{path} holds {found}, but its cookie names instance {instance}")
+        raise _refuse(
+            config, bookie_id, FOREIGN, f"{path} holds {found}, but its cookie names instance {instance}"
+        )
     return store, cookie
 
 
@@ -149,6 +180,7 @@ def _open(config: BookieConfig, bookie_id: str) -> BookieStore:
 
 
 # -- verification after an unclean stop ----------------------------------------------------
+
 
 def check_entry(ledger: int, entry: int, data: bytes) -> str | None:
     """Why a stored entry cannot be vouched for, or None: framing, key, and a CRC32C digest."""
@@ -226,8 +258,12 @@ def verify_store(store: BookieStore) -> VerifyReport:
         if damaged:
             report.damaged[ledger] = damaged
             for entry, why in sorted(damaged.items())[:_WARN_LIMIT]:
-                log.warning("ledger %d entry %d is damaged on this bookie (%s): dropped, never served",
-                            ledger, entry, why)
+                log.warning(
+                    "ledger %d entry %d is damaged on this bookie (%s): dropped, never served",
+                    ledger,
+                    entry,
+                    why,
+                )
         report.limbo[ledger] = reason
         if ledger not in already or damaged:
             store.quarantine(ledger, reason, sorted(damaged))
@@ -249,12 +285,19 @@ def prepare_store(config: BookieConfig, bookie_id: str, store: BookieStore) -> d
             report = verify_store(store)
         except StoreRefused as exc:
             raise _refuse(config, bookie_id, exc.reason, str(exc)) from None
-        log.warning("bookie %s verified %d entries in %.1f s: %d damaged, %d ledgers in limbo", bookie_id,
-                    report.entries, time.monotonic() - started, sum(map(len, report.damaged.values())),
-                    len(report.limbo))
+        log.warning(
+            "bookie %s verified %d entries in %.1f s: %d damaged, %d ledgers in limbo",
+            bookie_id,
+            report.entries,
+            time.monotonic() - started,
+            sum(map(len, report.damaged.values())),
+            len(report.limbo),
+        )
     try:
         store.clear_clean()
     except lmdb.Error as exc:
-        raise LedgerError(f"bookie {bookie_id} cannot clear its clean-shutdown marker in {config.data} ({exc}): "
-                          f"free disk space or raise map_size, then start it again") from None
+        raise LedgerError(
+            f"bookie {bookie_id} cannot clear its clean-shutdown marker in {config.data} ({exc}): "
+            f"free disk space or raise map_size, then start it again"
+        ) from None
     return store.limbo()

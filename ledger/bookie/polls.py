@@ -14,6 +14,7 @@ Example::
     polls.expire(time.monotonic())              # each loop turn
     sock.poll(polls.timeout_ms(time.monotonic(), 100))
 """
+
 from __future__ import annotations
 
 import heapq
@@ -44,16 +45,22 @@ class LongPolls:
     poll that asked for them (``max_entries``), as a dict of extra reply fields.
     """
 
-    def __init__(self, info: Callable[[int], dict], send: Callable[[list, dict], None],
-                 limit: int = MAX_WAITERS,
-                 entries: Callable[[int, int, int, int], dict] = lambda ledger, after, lac, n: {}) -> None:
+    def __init__(
+        self,
+        info: Callable[[int], dict],
+        send: Callable[[list, dict], None],
+        limit: int = MAX_WAITERS,
+        entries: Callable[[int, int, int, int], dict] = lambda ledger, after, lac, n: {},
+    ) -> None:
         self._info, self._send, self.limit, self._entries = info, send, limit, entries
         self._waiters: dict[int, list[_Waiter]] = {}
         self._deadlines: list[tuple[float, int, _Waiter]] = []
         self._seq = itertools.count()
         self.waiting = 0
 
-    def park(self, route: list, rid: Any, ledger: int, after: int, deadline: float, max_entries: int = 0) -> bool:
+    def park(
+        self, route: list, rid: Any, ledger: int, after: int, deadline: float, max_entries: int = 0
+    ) -> bool:
         """Park a poll until ``ledger``'s LAC passes ``after`` or ``deadline``; False when full."""
         if self.waiting >= self.limit:
             return False
@@ -66,8 +73,11 @@ class LongPolls:
     def _finish(self, waiter: _Waiter, info: dict) -> None:
         waiter.done = True
         self.waiting -= 1
-        extra = (self._entries(waiter.ledger, waiter.after, info["lac"], waiter.max_entries)
-                 if waiter.max_entries and info["lac"] > waiter.after else {})
+        extra = (
+            self._entries(waiter.ledger, waiter.after, info["lac"], waiter.max_entries)
+            if waiter.max_entries and info["lac"] > waiter.after
+            else {}
+        )
         self._send(waiter.route, wire.ok_reply(waiter.rid, **info, **extra))
 
     def wake(self, ledger: int, always: bool = False) -> None:

@@ -63,12 +63,15 @@ always trails by one entry and readers must not wait for the next add to see
 the last one. It is kept in memory only: after a restart the piggybacked LAC
 (and, for a dead writer, recovery) covers the same ground.
 """
+
 from __future__ import annotations
 
 from election import wire
 from ledger.codec import CorruptEntry, check_run, peek_header
 
-OPS = frozenset({"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"})
+OPS = frozenset(
+    {"ping", "add", "add_batch", "read", "read_lac", "wait_lac", "write_lac", "fence", "delete", "stats"}
+)
 MAX_ADD_BATCH = 10_000  # entries in one add_batch request
 _U64_MAX = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
@@ -112,8 +115,11 @@ def parse_add_batch(msg: dict) -> tuple[int, int, list, int, bool]:
     entries = wire.field(msg, "entries", list)
     recovery = recovery_flag(msg)
     if not 1 <= len(entries) <= MAX_ADD_BATCH:
-        raise wire.WireError(wire.E_BAD_REQUEST, f"'entries' must hold 1 to {MAX_ADD_BATCH} entries, "
-                             f"got {len(entries)}", msg["rid"])
+        raise wire.WireError(
+            wire.E_BAD_REQUEST,
+            f"'entries' must hold 1 to {MAX_ADD_BATCH} entries, got {len(entries)}",
+            msg["rid"],
+        )
     if first + len(entries) - 1 > _U64_MAX:
         raise wire.WireError(wire.E_BAD_REQUEST, "entry ids would pass 2^64", msg["rid"])
     return ledger, first, entries, check_run(entries, ledger, first), recovery
@@ -130,10 +136,14 @@ def parse_wait_lac(msg: dict) -> tuple[int, int, int, int]:
     after, timeout_ms = wire.field(msg, "after", int), wire.field(msg, "timeout_ms", int)
     # ``after`` is an entry id or -1 (nothing yet): entries after it may be read back for the reply.
     if not -1 <= after <= _I64_MAX or timeout_ms < 0:
-        raise wire.WireError(wire.E_BAD_REQUEST, "'after' must be -1 or an entry id below 2^63 and "
-                             "'timeout_ms' >= 0", msg["rid"])
+        raise wire.WireError(
+            wire.E_BAD_REQUEST,
+            "'after' must be -1 or an entry id below 2^63 and 'timeout_ms' >= 0",
+            msg["rid"],
+        )
     max_entries = msg.get("max_entries", 0)
     if type(max_entries) is not int or not 0 <= max_entries <= MAX_PIGGYBACK_ENTRIES:
-        raise wire.WireError(wire.E_BAD_REQUEST, f"'max_entries' must be an int in 0..{MAX_PIGGYBACK_ENTRIES}",
-                             msg["rid"])
+        raise wire.WireError(
+            wire.E_BAD_REQUEST, f"'max_entries' must be an int in 0..{MAX_PIGGYBACK_ENTRIES}", msg["rid"]
+        )
     return ledger, after, timeout_ms, max_entries

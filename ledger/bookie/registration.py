@@ -12,6 +12,7 @@ Example::
     registration.start_keeper()
     registration.set_readonly(True)    # published by the keeper within half a second
 """
+
 from __future__ import annotations
 
 import json
@@ -49,11 +50,24 @@ class BookieRegistration:
 
     REFRESH_S = 30.0
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, bookie_id: str, address: str, data_dir: str,
-                 secure: bool = False) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        bookie_id: str,
+        address: str,
+        data_dir: str,
+        secure: bool = False,
+    ) -> None:
         self.fatal: str | None = None
         self._secure = secure  # shown by `fencepost status`
-        self._zk, self._paths, self._id, self._address, self._data_dir = zk, paths, bookie_id, address, data_dir
+        self._zk, self._paths, self._id, self._address, self._data_dir = (
+            zk,
+            paths,
+            bookie_id,
+            address,
+            data_dir,
+        )
         self._path, self._wait_s = paths.bookie(bookie_id), 10.0
         self._lost, self._stop, self._changed = threading.Event(), threading.Event(), threading.Event()
         self._readonly = False
@@ -62,8 +76,15 @@ class BookieRegistration:
 
     def _data(self) -> bytes:
         free = shutil.disk_usage(self._data_dir).free
-        return json.dumps({"address": self._address, "free_bytes": free, "bookie_id": self._id,
-                           "readonly": self._readonly, "secure": self._secure}).encode()
+        return json.dumps(
+            {
+                "address": self._address,
+                "free_bytes": free,
+                "bookie_id": self._id,
+                "readonly": self._readonly,
+                "secure": self._secure,
+            }
+        ).encode()
 
     def set_readonly(self, readonly: bool) -> None:
         """Publish the read-only state (from any thread; the keeper writes it)."""
@@ -97,7 +118,9 @@ class BookieRegistration:
                     pass
                 continue
             if time.monotonic() >= deadline:
-                raise LedgerError(f"bookie id {self._id!r} is already registered by a live bookie at {address!r}")
+                raise LedgerError(
+                    f"bookie id {self._id!r} is already registered by a live bookie at {address!r}"
+                )
             time.sleep(0.2)
 
     def _on_state(self, state: str) -> None:
@@ -131,5 +154,3 @@ class BookieRegistration:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._zk.remove_listener(self._on_state)
-
-

@@ -27,6 +27,7 @@ answered ``forbidden`` and counted. A plain bookie reads and checks nothing of t
 The request protocol (operations, fields, error codes) is described and
 checked in :mod:`ledger.bookie.protocol`; the envelope is ``election.wire``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -102,8 +103,15 @@ class Bookie:
         self.config = config.validate()
         self.bookie_id: str | None = None
         self.cluster_id: str | None = None
-        self.counters = {"adds": 0, "reads": 0, "bad_requests": 0, "batches": 0, "readonly_refusals": 0,
-                         "unknown_replies": 0, "forbidden": 0}
+        self.counters = {
+            "adds": 0,
+            "reads": 0,
+            "bad_requests": 0,
+            "batches": 0,
+            "readonly_refusals": 0,
+            "unknown_replies": 0,
+            "forbidden": 0,
+        }
         self.verified_at_start = False
         self._limbo: dict[int, dict] = {}
         # This turn's checked adds, stored by _commit in one transaction (see _commit for an item).
@@ -117,10 +125,14 @@ class Bookie:
         self._ctx: zmq.Context | None = None
         self._registration: BookieRegistration | None = None
         self._autorecovery = None  # ledger.replication.auditor.AutoRecovery, when the config runs it
-        self._kernel = ServingKernel("bookie", self._op_table(), self.config.max_frame_bytes,
-                                     hooks=KernelHooks(failure_reply=self._failure_reply), counters=self.counters,
-                                     receive_limit=max(RECEIVE_FACTOR * self.config.max_frame_bytes,
-                                                       MIN_RECEIVE_LIMIT))
+        self._kernel = ServingKernel(
+            "bookie",
+            self._op_table(),
+            self.config.max_frame_bytes,
+            hooks=KernelHooks(failure_reply=self._failure_reply),
+            counters=self.counters,
+            receive_limit=max(RECEIVE_FACTOR * self.config.max_frame_bytes, MIN_RECEIVE_LIMIT),
+        )
         self._polls = LongPolls(self._info, self._kernel.send, entries=self._entries_after)
         self._explicit_lac: dict[int, int] = {}
         self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
@@ -142,22 +154,39 @@ class Bookie:
             self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
             paths = ClusterPaths(cfg.cluster)
             stop = stop or threading.Event()
-            cluster = join_cluster(self._zk, paths, member_options(cfg), cluster=cfg.cluster,
-                                   init_if_missing=cfg.init_if_missing, clock=time.time, stop=stop)
+            cluster = join_cluster(
+                self._zk,
+                paths,
+                member_options(cfg),
+                cluster=cfg.cluster,
+                init_if_missing=cfg.init_if_missing,
+                clock=time.time,
+                stop=stop,
+            )
             if cluster is None:
                 self.close()
                 return False
-            cookie, cluster = cookie_for_cluster(self._zk, paths, cfg.data, cluster, cfg.bookie_id,
-                                                 cfg.default_bookie_id(), stop=stop)
+            cookie, cluster = cookie_for_cluster(
+                self._zk, paths, cfg.data, cluster, cfg.bookie_id, cfg.default_bookie_id(), stop=stop
+            )
             self.cluster_id = cluster["cluster_id"]
             self._store, cookie = open_vouched_store(cfg, cookie)
-            cookie = zkutil.patiently(bind_instance, self._zk, paths, cfg.data, cookie, what="binding the cookie")
+            cookie = zkutil.patiently(
+                bind_instance, self._zk, paths, cfg.data, cookie, what="binding the cookie"
+            )
             self.bookie_id = cookie["bookie_id"]
             self.verified_at_start = not self._store.was_clean()
             self._limbo = prepare_store(cfg, self.bookie_id, self._store)
             self._vouching = True
-            self._gc = GarbageCollector(self._zk, paths, self.bookie_id, self._local_ledgers, self._forget_ledger,
-                                        self._handoff, cfg.gc_interval_s)
+            self._gc = GarbageCollector(
+                self._zk,
+                paths,
+                self.bookie_id,
+                self._local_ledgers,
+                self._forget_ledger,
+                self._handoff,
+                cfg.gc_interval_s,
+            )
             self._gc.collect_once(inline=True)  # before binding: never serve a ledger this bookie lost
             self._ctx = zmq.Context()
             if cfg.key_file:
@@ -166,10 +195,14 @@ class Bookie:
                 self._kernel.bind(self._ctx, cfg.listen, self.keys)
             except zmq.ZMQError as exc:
                 raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
-            self._registration = BookieRegistration(self._zk, paths, self.bookie_id, cfg.listen, cfg.data,
-                                                    secure=self.keys is not None)
-            zkutil.patiently(self._registration.register, wait_s=1.5 * cfg.zk_session_timeout_s + 1,
-                             what="registering the bookie")
+            self._registration = BookieRegistration(
+                self._zk, paths, self.bookie_id, cfg.listen, cfg.data, secure=self.keys is not None
+            )
+            zkutil.patiently(
+                self._registration.register,
+                wait_s=1.5 * cfg.zk_session_timeout_s + 1,
+                what="registering the bookie",
+            )
             self._registration.start_keeper()
             self._gc.start()
             self._start_metrics()
@@ -179,8 +212,14 @@ class Bookie:
             self.close()
             raise
         self._started = time.monotonic()
-        log.info("bookie %s serving %s for cluster %s (%s), data in %s",
-                 self.bookie_id, cfg.listen, cfg.cluster, self.cluster_id, cfg.data)
+        log.info(
+            "bookie %s serving %s for cluster %s (%s), data in %s",
+            self.bookie_id,
+            cfg.listen,
+            cfg.cluster,
+            self.cluster_id,
+            cfg.data,
+        )
         return True
 
     def _secure(self) -> None:
@@ -200,12 +239,21 @@ class Bookie:
         digest_name = str((read_cluster_config(self._zk, paths) or {}).get("digest", "crc32c"))
         if digest_name != "crc32c":
             # A bookie holds no secret: it cannot verify the copies it would re-replicate.
-            log.warning("autorecovery is off in bookie %s: the cluster's %s digest needs the secret to verify "
-                        "copies", self.bookie_id, digest_name)
+            log.warning(
+                "autorecovery is off in bookie %s: the cluster's %s digest needs the secret to verify copies",
+                self.bookie_id,
+                digest_name,
+            )
             return
-        self._autorecovery = AutoRecovery(self._zk, paths, None, Digest.crc32c(), self.bookie_id,
-                                          lost_bookie_grace_s=cfg.lost_bookie_grace_s,
-                                          max_bytes_per_s=cfg.rereplication_max_bytes_per_s)
+        self._autorecovery = AutoRecovery(
+            self._zk,
+            paths,
+            None,
+            Digest.crc32c(),
+            self.bookie_id,
+            lost_bookie_grace_s=cfg.lost_bookie_grace_s,
+            max_bytes_per_s=cfg.rereplication_max_bytes_per_s,
+        )
         self._autorecovery.start()
 
     def _start_metrics(self) -> None:
@@ -215,9 +263,15 @@ class Bookie:
         from election.local.metrics_endpoint import MetricsEndpoint
         from ledger.bookie.metrics import BookieMetrics, BookieSource
 
-        self.metrics = BookieMetrics(BookieSource(
-            bookie_id=lambda: self.bookie_id, store=lambda: self._store, counters=lambda: self.counters,
-            readonly=lambda: self._gate.readonly, limbo_ledgers=lambda: len(self._limbo)))
+        self.metrics = BookieMetrics(
+            BookieSource(
+                bookie_id=lambda: self.bookie_id,
+                store=lambda: self._store,
+                counters=lambda: self.counters,
+                readonly=lambda: self._gate.readonly,
+                limbo_ledgers=lambda: len(self._limbo),
+            )
+        )
         self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)
 
     def close(self) -> None:
@@ -274,20 +328,32 @@ class Bookie:
     # -- the kernel's op table and hooks ------------------------------------------------
 
     def _op_table(self) -> dict[str, Handler]:
-        ops = {"ping": self._op_ping, "add": self._op_add, "add_batch": self._op_add_batch, "read": self._op_read,
-               "read_lac": self._op_read_lac, "wait_lac": self._op_wait_lac, "write_lac": self._op_write_lac,
-               "fence": self._op_fence, "delete": self._op_delete, "stats": self._op_stats}
+        ops = {
+            "ping": self._op_ping,
+            "add": self._op_add,
+            "add_batch": self._op_add_batch,
+            "read": self._op_read,
+            "read_lac": self._op_read_lac,
+            "wait_lac": self._op_wait_lac,
+            "write_lac": self._op_write_lac,
+            "fence": self._op_fence,
+            "delete": self._op_delete,
+            "stats": self._op_stats,
+        }
         assert ops.keys() == OPS, "the op table and the protocol's ops differ"
         return {op: self._addressed(handler) for op, handler in ops.items()}
 
     def _addressed(self, handler: Handler) -> Handler:
         """``handler`` behind the check that a request naming a bookie names this one (``wrong_bookie``)."""
+
         def checked(msg: dict, ctx: RequestContext) -> Reply:
             expected = msg.get("bookie")
             if expected is not None and expected != self.bookie_id:
-                return wire.error_reply(ctx.rid, E_WRONG_BOOKIE,
-                                        f"this is bookie {self.bookie_id}, not {wire.shown(expected)}")
+                return wire.error_reply(
+                    ctx.rid, E_WRONG_BOOKIE, f"this is bookie {self.bookie_id}, not {wire.shown(expected)}"
+                )
             return handler(msg, ctx)
+
         return checked
 
     def _failure_reply(self, exc: Exception, rid: Any) -> dict | None:
@@ -328,8 +394,11 @@ class Bookie:
             return
         if self._gate.succeeded():
             self._publish_readonly(False)
-            log.warning("bookie %s is writable again: a commit succeeded after %d refused adds",
-                        self.bookie_id, self.counters["readonly_refusals"])
+            log.warning(
+                "bookie %s is writable again: a commit succeeded after %d refused adds",
+                self.bookie_id,
+                self.counters["readonly_refusals"],
+            )
         self.counters["batches"] += 1
         ledgers = set()
         stored = size = 0
@@ -365,16 +434,24 @@ class Bookie:
             return
         if self._gate.succeeded():
             self._publish_readonly(False)
-            log.warning("bookie %s is writable again: a probe commit succeeded after %d refused adds",
-                        self.bookie_id, self.counters["readonly_refusals"])
+            log.warning(
+                "bookie %s is writable again: a probe commit succeeded after %d refused adds",
+                self.bookie_id,
+                self.counters["readonly_refusals"],
+            )
 
     def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
         """The reply to a request that hit a full disk; logs once per read-only episode."""
         if self._gate.failed(time.monotonic()):
             self._publish_readonly(True)
-            log.warning("bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "
-                        "a commit succeeds again (retried every %.0f s)", self.bookie_id, exc, E_READONLY,
-                        self._gate.probe_s)
+            log.warning(
+                "bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "
+                "a commit succeeds again (retried every %.0f s)",
+                self.bookie_id,
+                exc,
+                E_READONLY,
+                self._gate.probe_s,
+            )
         self.counters["readonly_refusals"] += 1
         return self._readonly_reply(rid)
 
@@ -391,8 +468,9 @@ class Bookie:
         if limbo is None:
             return None
         self.counters["unknown_replies"] += 1
-        return wire.error_reply(rid, E_UNKNOWN, f"bookie {self.bookie_id} cannot vouch for ledger {ledger}: "
-                                                f"{limbo['reason']}")
+        return wire.error_reply(
+            rid, E_UNKNOWN, f"bookie {self.bookie_id} cannot vouch for ledger {ledger}: {limbo['reason']}"
+        )
 
     # -- operations (the op table): each returns its reply, or DEFERRED when it is sent later --
 
@@ -423,7 +501,8 @@ class Bookie:
         data = self._store.read(ledger, entry)
         if data is None:
             return self._unknown(ctx.rid, ledger) or wire.error_reply(
-                ctx.rid, E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie")
+                ctx.rid, E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie"
+            )
         return wire.ok_reply(ctx.rid, data=data)
 
     def _op_read_lac(self, msg: dict, ctx: RequestContext) -> Reply:
@@ -440,8 +519,9 @@ class Bookie:
         if info["lac"] > after or timeout_ms == 0:
             extra = self._entries_after(ledger, after, info["lac"], max_entries) if max_entries else {}
             return wire.ok_reply(ctx.rid, **info, **extra)
-        if not self._polls.park(ctx.route, ctx.rid, ledger, after, time.monotonic() + timeout_ms / 1000,
-                                max_entries):
+        if not self._polls.park(
+            ctx.route, ctx.rid, ledger, after, time.monotonic() + timeout_ms / 1000, max_entries
+        ):
             return wire.error_reply(ctx.rid, E_BUSY, f"{self._polls.limit} long polls are already waiting")
         return DEFERRED
 
@@ -497,10 +577,17 @@ class Bookie:
         return sorted(set(self._store.list_ledgers()) | set(self._limbo))
 
     def _op_stats(self, msg: dict, ctx: RequestContext) -> Reply:
-        return wire.ok_reply(ctx.rid, **self.counters, **self._store.counts(), bookie_id=self.bookie_id,
-                             uptime_s=round(time.monotonic() - self._started, 3), readonly=self._gate.readonly,
-                             disk_full_events=self._gate.events, limbo_ledgers=len(self._limbo),
-                             verified_at_start=self.verified_at_start)
+        return wire.ok_reply(
+            ctx.rid,
+            **self.counters,
+            **self._store.counts(),
+            bookie_id=self.bookie_id,
+            uptime_s=round(time.monotonic() - self._started, 3),
+            readonly=self._gate.readonly,
+            disk_full_events=self._gate.events,
+            limbo_ledgers=len(self._limbo),
+            verified_at_start=self.verified_at_start,
+        )
 
 
 def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> None:

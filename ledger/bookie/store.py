@@ -31,6 +31,7 @@ Example::
     store.fence(3)                               # -> {"fenced": True, "lac": -1, "last_entry": 0}
     store.close()
 """
+
 from __future__ import annotations
 
 import errno
@@ -147,13 +148,25 @@ class ReadOnlyGate:
 class BookieStore:
     """The LMDB environment of one bookie. Not thread-safe: one owner thread."""
 
-    def __init__(self, path: str | os.PathLike, map_size: int = DEFAULT_MAP_SIZE, sync: bool = True,
-                 max_dbs: int = DEFAULT_MAX_DBS) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        map_size: int = DEFAULT_MAP_SIZE,
+        sync: bool = True,
+        max_dbs: int = DEFAULT_MAX_DBS,
+    ) -> None:
         self.path = os.fspath(path)
         os.makedirs(self.path, exist_ok=True)
         try:
-            self._env = lmdb.open(self.path, subdir=True, sync=sync, metasync=sync, max_dbs=max_dbs,
-                                  map_size=map_size, readahead=False)
+            self._env = lmdb.open(
+                self.path,
+                subdir=True,
+                sync=sync,
+                metasync=sync,
+                max_dbs=max_dbs,
+                map_size=map_size,
+                readahead=False,
+            )
         except lmdb.Error as exc:
             raise LedgerError(f"cannot open the bookie store at {self.path}: {exc}") from None
         self._entries = self._env.open_db(b"entries")
@@ -169,7 +182,9 @@ class BookieStore:
                 txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
                 txn.put(_CLEAN_KEY, b"1", db=self._meta)  # nothing in it to verify
             elif int(version) != FORMAT_VERSION:
-                raise LedgerError(f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}")
+                raise LedgerError(
+                    f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}"
+                )
 
     # -- identity and shutdown marker -------------------------------------------------
 
@@ -354,7 +369,10 @@ class BookieStore:
     def counts(self) -> dict:
         """``{ledgers, entries}``: record counts, read from the B+tree headers (cheap)."""
         with self._env.begin() as txn:
-            return {"ledgers": txn.stat(self._ledgers)["entries"], "entries": txn.stat(self._entries)["entries"]}
+            return {
+                "ledgers": txn.stat(self._ledgers)["entries"],
+                "entries": txn.stat(self._entries)["entries"],
+            }
 
     def used_bytes(self) -> int:
         """Bytes of the map in use: every page up to the last one written (free pages among them included)."""

@@ -36,6 +36,7 @@ Example::
     print(fut.result()["lac"])
     pool.close()
 """
+
 from __future__ import annotations
 
 import collections
@@ -103,7 +104,9 @@ class NoSuchEntry(BookieError, code=E_NO_ENTRY):
 class Unvouched(BookieError, code=E_UNKNOWN):
     """The bookie cannot vouch for the ledger (its copy was damaged or lost): it does not count."""
 
-    def __init__(self, code: str = E_UNKNOWN, message: str = "the bookie cannot vouch for this ledger") -> None:
+    def __init__(
+        self, code: str = E_UNKNOWN, message: str = "the bookie cannot vouch for this ledger"
+    ) -> None:
         super().__init__(code, message)
 
 
@@ -139,6 +142,7 @@ def _future_callback(fut: Future) -> Callback:
                 fut.set_exception(exc)
         except InvalidStateError:
             pass
+
     return resolve
 
 
@@ -168,8 +172,13 @@ class BookiePool:
         pool.close()
     """
 
-    def __init__(self, context: zmq.Context | None = None, default_timeout: float = DEFAULT_TIMEOUT,
-                 window: int = DEFAULT_WINDOW, keys: ClientKeys | None = None) -> None:
+    def __init__(
+        self,
+        context: zmq.Context | None = None,
+        default_timeout: float = DEFAULT_TIMEOUT,
+        window: int = DEFAULT_WINDOW,
+        keys: ClientKeys | None = None,
+    ) -> None:
         self._own_context = context is None
         # A secure cluster's bookies are reached with these keys: the process's own (a member's key) by default.
         self._keys = keys or process_keys()
@@ -206,7 +215,9 @@ class BookiePool:
             fut.set_exception(exc)
         return fut
 
-    def call(self, address: str, op: str, callback: Callback, timeout: float | None = None, **fields: Any) -> None:
+    def call(
+        self, address: str, op: str, callback: Callback, timeout: float | None = None, **fields: Any
+    ) -> None:
         """Like :meth:`request`, but ``callback(reply, exc)`` is called on the I/O thread.
 
         Lighter than a future (this is the writer's hot path). Raises
@@ -215,8 +226,14 @@ class BookiePool:
         """
         self.call_many([address], op, lambda _index, reply, exc: callback(reply, exc), timeout, **fields)
 
-    def call_many(self, addresses: list[str], op: str, callback: Callable[[int, Optional[dict], Optional[BaseException]], None],
-                  timeout: float | None = None, **fields: Any) -> None:
+    def call_many(
+        self,
+        addresses: list[str],
+        op: str,
+        callback: Callable[[int, Optional[dict], Optional[BaseException]], None],
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> None:
         """Send one request to several bookies; ``callback(index, reply, exc)`` once per address.
 
         The frame is encoded once: the request id only has to be unique per
@@ -226,8 +243,10 @@ class BookiePool:
             rid = next(self._rids)
         frame = encode(make_request(op, rid, **fields))
         limit = self.default_timeout if timeout is None else timeout
-        reqs = [_Request(rid, address, op, frame, limit, partial(callback, index))
-                for index, address in enumerate(addresses)]
+        reqs = [
+            _Request(rid, address, op, frame, limit, partial(callback, index))
+            for index, address in enumerate(addresses)
+        ]
         with self._submit_lock:
             # Checked under the lock the I/O thread takes for its final drain, so a
             # request is either refused here or failed by that drain, never lost.
@@ -451,8 +470,11 @@ class BookiePool:
             if msg.get("ok"):
                 _deliver(req, msg)
             else:
-                _deliver(req, None, error_for(BookieError, str(msg.get("error", E_INTERNAL)),
-                                           str(msg.get("message", ""))))
+                _deliver(
+                    req,
+                    None,
+                    error_for(BookieError, str(msg.get("error", E_INTERNAL)), str(msg.get("message", ""))),
+                )
         # Replies freed window slots: send what was held back, oldest first.
         while conn.queued and len(conn.inflight) < self.window:
             rid = next(iter(conn.queued))
@@ -476,7 +498,9 @@ class BookiePool:
             # Queued ones are failed too: the bookie is not answering, and a writer
             # should learn that now rather than one timeout per queued request later.
             for other in [*conn.inflight.values(), *conn.queued.values()]:
-                _deliver(other, None, BookieUnavailable(address, f"connection reset after a timeout ({other.op})"))
+                _deliver(
+                    other, None, BookieUnavailable(address, f"connection reset after a timeout ({other.op})")
+                )
             conn.inflight.clear()
             conn.queued.clear()
             poller.unregister(conn.socket)

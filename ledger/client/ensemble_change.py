@@ -29,6 +29,7 @@ Example::
     if plan.replaced:
         meta, version = write_fragment(zk, paths, meta, version, fragment_start(lac, meta), plan.ensemble)
 """
+
 from __future__ import annotations
 
 import random
@@ -60,8 +61,13 @@ class ChangePlan:
     unreplaced: list[int] = field(default_factory=list)  # failed slots without a spare, ascending
 
 
-def plan_change(ensemble: list[dict], failed_slots: Iterable[int], live: list[dict], excluded: Iterable[dict],
-                rng: random.Random) -> ChangePlan:
+def plan_change(
+    ensemble: list[dict],
+    failed_slots: Iterable[int],
+    live: list[dict],
+    excluded: Iterable[dict],
+    rng: random.Random,
+) -> ChangePlan:
     """Replacements for as many ``failed_slots`` of ``ensemble`` as the ``live`` registrations allow. Pure.
 
     Candidates follow :func:`ledger.placement.choose_ensemble` beside every
@@ -96,8 +102,14 @@ def quorum_holds(write_quorum: int, ack_quorum: int, failed_slots: int) -> bool:
     return write_quorum - failed_slots >= ack_quorum
 
 
-def write_fragment(zk: KazooClient, paths: ClusterPaths, meta: LedgerMetadata, version: int, first_entry: int,
-                   ensemble: list[dict]) -> tuple[LedgerMetadata, int]:
+def write_fragment(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    meta: LedgerMetadata,
+    version: int,
+    first_entry: int,
+    ensemble: list[dict],
+) -> tuple[LedgerMetadata, int]:
     """CAS ``meta`` plus the fragment ``first_entry -> ensemble``; return the new metadata and version.
 
     A lost CAS re-reads the node: no longer OPEN means another client is
@@ -106,12 +118,16 @@ def write_fragment(zk: KazooClient, paths: ClusterPaths, meta: LedgerMetadata, v
     """
     for _ in range(_CAS_ATTEMPTS):
         if meta.state != OPEN:
-            raise LedgerFencedError(E_FENCED, f"ledger {meta.ledger_id} is {meta.state}: another client "
-                                              f"recovered it, so its writer may not change the ensemble")
+            raise LedgerFencedError(
+                E_FENCED,
+                f"ledger {meta.ledger_id} is {meta.state}: another client "
+                f"recovered it, so its writer may not change the ensemble",
+            )
         changed = meta.with_fragment(first_entry, ensemble)
         try:
             return changed, cas_metadata(zk, paths, changed, version)
         except MetadataConflict:
             meta, version = read_metadata(zk, paths, meta.ledger_id)
-    raise LedgerError(f"ledger {meta.ledger_id}: the metadata kept changing while adding a fragment at entry "
-                      f"{first_entry}")
+    raise LedgerError(
+        f"ledger {meta.ledger_id}: the metadata kept changing while adding a fragment at entry {first_entry}"
+    )

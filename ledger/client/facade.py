@@ -14,6 +14,7 @@ Example::
     assert reader.read(0).payload == b"hello"
     client.close()
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,11 +62,20 @@ class LedgerClient:
             last = client.recover_and_close(ledger_id)
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, digest: Digest | str | None = None,
-                 secret: bytes | None = None, options: ClusterOptions | None = None,
-                 context: zmq.Context | None = None, add_timeout: float = DEFAULT_ADD_TIMEOUT,
-                 read_timeout: float = DEFAULT_READ_TIMEOUT, request_timeout: float = DEFAULT_TIMEOUT,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        digest: Digest | str | None = None,
+        secret: bytes | None = None,
+        options: ClusterOptions | None = None,
+        context: zmq.Context | None = None,
+        add_timeout: float = DEFAULT_ADD_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        request_timeout: float = DEFAULT_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
         self.zk = zk
         self.paths = paths
         if options is None:
@@ -91,8 +101,17 @@ class LedgerClient:
 
     def create(self, epoch: int) -> LedgerWriter:
         """A new OPEN ledger on a random ensemble of live bookies, and its writer."""
-        return create_ledger(self.zk, self.paths, self.pool, self.options, epoch, self.digest, clock=self._clock,
-                             rng=self._rng, add_timeout=self.add_timeout)
+        return create_ledger(
+            self.zk,
+            self.paths,
+            self.pool,
+            self.options,
+            epoch,
+            self.digest,
+            clock=self._clock,
+            rng=self._rng,
+            add_timeout=self.add_timeout,
+        )
 
     def open_reader(self, ledger_id: int) -> LedgerReader:
         """A reader of ``ledger_id`` (committed entries only)."""
@@ -100,11 +119,15 @@ class LedgerClient:
 
     def log_reader(self, after: Position = START) -> LogReader:
         """A reader of the whole log, from just after ``after``."""
-        return LogReader(self.zk, self.paths, self.pool, self.digest, after=after, read_timeout=self.read_timeout)
+        return LogReader(
+            self.zk, self.paths, self.pool, self.digest, after=after, read_timeout=self.read_timeout
+        )
 
     def recover_and_close(self, ledger_id: int) -> int:
         """Fence and close ``ledger_id``; return its ``last_entry`` (idempotent)."""
-        return recover_and_close(self.zk, self.paths, self.pool, ledger_id, self.digest, timeout=self.add_timeout)
+        return recover_and_close(
+            self.zk, self.paths, self.pool, ledger_id, self.digest, timeout=self.add_timeout
+        )
 
     def delete(self, ledger_id: int, force: bool = False) -> None:
         """Delete a CLOSED ledger from every bookie of any of its fragments, then its metadata.
@@ -123,8 +146,10 @@ class LedgerClient:
         if meta.state != CLOSED and not force:
             raise LedgerError(f"ledger {ledger_id} is {meta.state}: only a CLOSED ledger may be deleted")
         members = meta.all_bookies()  # every fragment's: an ensemble change leaves copies on both sides
-        futures = [self.pool.request(current_address(self.zk, self.paths, m), "delete", ledger=ledger_id)
-                   for m in members]
+        futures = [
+            self.pool.request(current_address(self.zk, self.paths, m), "delete", ledger=ledger_id)
+            for m in members
+        ]
         errors = []
         for member, fut in zip(members, futures):
             try:
@@ -132,7 +157,9 @@ class LedgerClient:
             except (LedgerError, TimeoutError) as exc:
                 errors.append(f"{member['bookie_id']}: {exc}")
         if errors and not force:
-            raise LedgerError(f"ledger {ledger_id}: delete failed on {len(errors)} bookie(s): {'; '.join(errors)}")
+            raise LedgerError(
+                f"ledger {ledger_id}: delete failed on {len(errors)} bookie(s): {'; '.join(errors)}"
+            )
         try:
             self.zk.delete(self.paths.ledger(ledger_id), version=version)
         except NoNodeError:

@@ -12,6 +12,7 @@ Example::
         apply(position, entry.payload)
     batch = reader.poll(max_entries=500, timeout=1.0)  # long-poll for the next batch
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,15 @@ class LogReader:
             ...
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, digest: Digest,
-                 after: Position = START, read_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        pool: BookiePool,
+        digest: Digest,
+        after: Position = START,
+        read_timeout: float = 2.0,
+    ) -> None:
         self._zk = zk
         self._paths = paths
         self._pool = pool
@@ -62,8 +70,10 @@ class LogReader:
         if ledger_id not in ids:
             return None, entry_id, None
         if self._reader is None or self._reader.ledger_id != ledger_id:
-            self._reader = LedgerReader(self._zk, self._paths, self._pool, ledger_id, self._digest, self._read_timeout)
-        newer = ids[ids.index(ledger_id) + 1:]
+            self._reader = LedgerReader(
+                self._zk, self._paths, self._pool, ledger_id, self._digest, self._read_timeout
+            )
+        newer = ids[ids.index(ledger_id) + 1 :]
         return self._reader, entry_id, (newer[0] if newer else None)
 
     def poll(self, max_entries: int = 1000, timeout: float = 0.0) -> list[tuple[Position, Entry]]:
@@ -121,8 +131,9 @@ class LogReader:
             ledger_id, _ = position_after(self.position, ids)
         except LogGap:
             return
-        if ledger_id in ids and (self._reader is None or self._reader.ledger_id != ledger_id
-                                 or ids[-1] != ledger_id):
+        if ledger_id in ids and (
+            self._reader is None or self._reader.ledger_id != ledger_id or ids[-1] != ledger_id
+        ):
             return
         changed.wait(timeout)
 
@@ -131,8 +142,9 @@ class LogReader:
             self.corruptions.extend(reader.corruptions)
             reader.corruptions.clear()
 
-    def entries(self, follow: bool = False, deadline: float | None = None,
-                batch: int = 1000) -> Iterator[tuple[Position, Entry]]:
+    def entries(
+        self, follow: bool = False, deadline: float | None = None, batch: int = 1000
+    ) -> Iterator[tuple[Position, Entry]]:
         """Yield ``(position, entry)``; without ``follow`` stop at what is committed now,
         with it keep long-polling until ``deadline`` (a ``time.monotonic()`` value; None: forever)."""
         while True:

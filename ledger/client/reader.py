@@ -24,6 +24,7 @@ Example::
     for entry in reader.read_range(0, last):
         handle(entry.payload)
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,8 +75,15 @@ class LedgerReader:
         reader.corruptions     # [(bookie_id, ledger_id, entry_id, reason), ...]
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
-                 timeout: float = DEFAULT_READ_TIMEOUT) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        pool: BookiePool,
+        ledger_id: int,
+        digest: Digest,
+        timeout: float = DEFAULT_READ_TIMEOUT,
+    ) -> None:
         self._zk = zk
         self._paths = paths
         self._pool = pool
@@ -114,7 +122,9 @@ class LedgerReader:
         Arms a watch on the node: :meth:`wait_for` re-reads as soon as it changes.
         """
         self._metadata_changed.clear()
-        self.metadata, _ = read_metadata(self._zk, self._paths, self.ledger_id, watch=self._on_metadata_change)
+        self.metadata, _ = read_metadata(
+            self._zk, self._paths, self.ledger_id, watch=self._on_metadata_change
+        )
         self._refreshed_at = time.monotonic()
         return self.metadata
 
@@ -143,23 +153,33 @@ class LedgerReader:
         for _ in range(2):
             members = self._last_members()
             answered, fenced = self._ask_lac(members)
-            if answered or [m["bookie_id"] for m in self.refresh().ensemble] == [m["bookie_id"] for m in members]:
+            if answered or [m["bookie_id"] for m in self.refresh().ensemble] == [
+                m["bookie_id"] for m in members
+            ]:
                 break
             # No bookie of the ensemble we knew answered, and the writer moved to others: ask them.
         if self._lac <= before or fenced or not answered:
             if self.refresh().state == CLOSED:
                 return self.metadata.last_entry
         if not answered:
-            raise BookieUnavailable(",".join(self._address(m) for m in members),
-                                    f"no bookie of ledger {self.ledger_id} answered read_lac")
+            raise BookieUnavailable(
+                ",".join(self._address(m) for m in members),
+                f"no bookie of ledger {self.ledger_id} answered read_lac",
+            )
         return self._lac
 
     def _ask_lac(self, members: list[dict]) -> tuple[int, bool]:
         """``read_lac`` of ``members`` into ``self._lac``; return (how many answered, whether one is fenced)."""
         addresses = [self._address(m) for m in members]
-        futures = [(self._pool.is_suspect(a), self._pool.request(a, "read_lac", timeout=self.timeout,
-                                                                  ledger=self.ledger_id, bookie=m["bookie_id"]))
-                   for m, a in zip(members, addresses)]
+        futures = [
+            (
+                self._pool.is_suspect(a),
+                self._pool.request(
+                    a, "read_lac", timeout=self.timeout, ledger=self.ledger_id, bookie=m["bookie_id"]
+                ),
+            )
+            for m, a in zip(members, addresses)
+        ]
         if not all(suspect for suspect, _ in futures):
             wait_futures([f for suspect, f in futures if not suspect], timeout=self.timeout + 1.0)
         else:
@@ -186,7 +206,8 @@ class LedgerReader:
             return
         if self.closed:
             raise EntryNotCommitted(
-                f"ledger {self.ledger_id} is closed at entry {self.metadata.last_entry}; entry {entry_id} does not exist")
+                f"ledger {self.ledger_id} is closed at entry {self.metadata.last_entry}; entry {entry_id} does not exist"
+            )
         raise EntryNotCommitted(f"ledger {self.ledger_id}: entry {entry_id} is past the LAC {self._lac}")
 
     # ----------------------------------------------------------------- reads
@@ -196,8 +217,14 @@ class LedgerReader:
         return sorted(members, key=lambda m: self._pool.is_suspect(self._address(m)))
 
     def _request(self, member: dict, entry_id: int) -> Future:
-        return self._pool.request(self._address(member), "read", timeout=self.timeout,
-                                  ledger=self.ledger_id, entry=entry_id, bookie=member["bookie_id"])
+        return self._pool.request(
+            self._address(member),
+            "read",
+            timeout=self.timeout,
+            ledger=self.ledger_id,
+            entry=entry_id,
+            bookie=member["bookie_id"],
+        )
 
     def _accept(self, member: dict, entry_id: int, fut: Future) -> Entry | None:
         """The verified entry from one bookie's reply, or None (and the event recorded)."""
@@ -206,15 +233,27 @@ class LedgerReader:
             reply = fut.result(self.timeout + 1.0)
         except NoSuchEntry:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "missing"))
-            log.info("ledger %d entry %d: bookie %s has no copy; trying another", self.ledger_id, entry_id, bookie_id)
+            log.info(
+                "ledger %d entry %d: bookie %s has no copy; trying another",
+                self.ledger_id,
+                entry_id,
+                bookie_id,
+            )
             return None
         except Unvouched as exc:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "unknown"))
-            log.info("ledger %d entry %d: bookie %s cannot vouch for it (%s); trying another",
-                     self.ledger_id, entry_id, bookie_id, exc.message)
+            log.info(
+                "ledger %d entry %d: bookie %s cannot vouch for it (%s); trying another",
+                self.ledger_id,
+                entry_id,
+                bookie_id,
+                exc.message,
+            )
             return None
         except (BookieUnavailable, RemoteError, TimeoutError) as exc:
-            log.info("ledger %d entry %d: bookie %s: %s; trying another", self.ledger_id, entry_id, bookie_id, exc)
+            log.info(
+                "ledger %d entry %d: bookie %s: %s; trying another", self.ledger_id, entry_id, bookie_id, exc
+            )
             # It may have come back elsewhere (restarted on another port): look it up again next time.
             self._address_of.pop(bookie_id, None)
             return None
@@ -224,8 +263,13 @@ class LedgerReader:
                 raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id} instead")
         except CorruptEntry as exc:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, f"corrupt: {exc.reason}"))
-            log.warning("ledger %d entry %d: the copy on bookie %s is corrupt (%s); reading another replica",
-                        self.ledger_id, entry_id, bookie_id, exc.reason)
+            log.warning(
+                "ledger %d entry %d: the copy on bookie %s is corrupt (%s); reading another replica",
+                self.ledger_id,
+                entry_id,
+                bookie_id,
+                exc.reason,
+            )
             return None
         return entry
 
@@ -247,8 +291,10 @@ class LedgerReader:
                     if entry is not None:
                         return entry
                 tried = order + tried
-        raise LedgerReadError(f"ledger {self.ledger_id} entry {entry_id}: no bookie returned a valid copy "
-                              f"(tried {', '.join(m['bookie_id'] for m in tried)})")
+        raise LedgerReadError(
+            f"ledger {self.ledger_id} entry {entry_id}: no bookie returned a valid copy "
+            f"(tried {', '.join(m['bookie_id'] for m in tried)})"
+        )
 
     def read(self, entry_id: int) -> Entry:
         """One committed entry, verified; raises :class:`EntryNotCommitted` past the LAC."""
@@ -329,15 +375,26 @@ class LedgerReader:
                 healthy = [m for m in members if not self._pool.is_suspect(self._address(m))]
                 members = [healthy[self._turn % len(healthy)]] if healthy else members
                 self._turn += 1
-            futures = {self._pool.request(self._address(m), "wait_lac", timeout=poll + self.timeout,
-                                          ledger=self.ledger_id, after=after, timeout_ms=int(poll * 1000),
-                                          bookie=m["bookie_id"], max_entries=_PIGGYBACK_ENTRIES)
-                       for m in members}
+            futures = {
+                self._pool.request(
+                    self._address(m),
+                    "wait_lac",
+                    timeout=poll + self.timeout,
+                    ledger=self.ledger_id,
+                    after=after,
+                    timeout_ms=int(poll * 1000),
+                    bookie=m["bookie_id"],
+                    max_entries=_PIGGYBACK_ENTRIES,
+                )
+                for m in members
+            }
             fenced = False
             answered = 0
             pending = futures
             while pending and self._lac <= after:
-                done, pending = wait_futures(pending, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED)
+                done, pending = wait_futures(
+                    pending, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED
+                )
                 if not done:
                     break
                 for fut in done:
@@ -360,8 +417,11 @@ class LedgerReader:
             if fenced:
                 # Recovery is running: the answer will be in the metadata. Wait for its change.
                 self._wait_metadata_change(deadline)
-            elif (not answered or self._metadata_changed.is_set()
-                  or time.monotonic() - self._refreshed_at >= _REFRESH_EVERY_S):
+            elif (
+                not answered
+                or self._metadata_changed.is_set()
+                or time.monotonic() - self._refreshed_at >= _REFRESH_EVERY_S
+            ):
                 self.refresh()
 
     def _wait_metadata_change(self, deadline: float) -> None:

@@ -37,6 +37,7 @@ Example::
 
     last_entry = recover_and_close(zk, paths, pool, ledger_id=7, digest=Digest.crc32c())
 """
+
 from __future__ import annotations
 
 import logging
@@ -97,7 +98,9 @@ def _describe(meta: LedgerMetadata, answers: dict[int, str], fenced: set[int]) -
     for index, answer in sorted(answers.items()):
         if answer == NO_ENTRY and index not in fenced:
             answer = "no_entry but not fenced"
-        label = {UNVOUCHED: "unknown (cannot vouch)", NO_ANSWER: "no answer", CORRUPT: "corrupt copy"}.get(answer, answer)
+        label = {UNVOUCHED: "unknown (cannot vouch)", NO_ANSWER: "no answer", CORRUPT: "corrupt copy"}.get(
+            answer, answer
+        )
         groups.setdefault(label, []).append(meta.ensemble[index]["bookie_id"])
     return "; ".join(f"{label}: {', '.join(ids)}" for label, ids in groups.items())
 
@@ -110,15 +113,21 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
     quorum is all safety needs), or at the timeout. A bookie answering
     ``unknown`` persisted the fence but cannot vouch for its LAC: not counted.
     """
-    futures = {pool.request(a, "fence", timeout=timeout, ledger=meta.ledger_id, bookie=meta.ensemble[i]["bookie_id"]): i
-               for i, a in enumerate(addresses)}
+    futures = {
+        pool.request(
+            a, "fence", timeout=timeout, ledger=meta.ledger_id, bookie=meta.ensemble[i]["bookie_id"]
+        ): i
+        for i, a in enumerate(addresses)
+    }
     fenced: dict[int, dict] = {}
     answers: dict[int, str] = {i: NO_ANSWER for i in range(len(addresses))}
     errors: list[str] = []
     pending = set(futures)
     deadline = time.monotonic() + timeout + 1.0
     while pending:
-        done, pending = wait_futures(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+        done, pending = wait_futures(
+            pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+        )
         if not done:
             break
         for fut in done:
@@ -141,8 +150,14 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
     return fenced
 
 
-def _probe(meta: LedgerMetadata, fenced: set[int], entry_id: int, digest: Digest, futures: list[Future],
-           timeout: float) -> bytes | None:
+def _probe(
+    meta: LedgerMetadata,
+    fenced: set[int],
+    entry_id: int,
+    digest: Digest,
+    futures: list[Future],
+    timeout: float,
+) -> bytes | None:
     """The bytes of a valid copy of ``entry_id``, or None when it is provably absent.
 
     Every committed entry has a copy on some fenced bookie (an ack quorum and
@@ -167,8 +182,13 @@ def _probe(meta: LedgerMetadata, fenced: set[int], entry_id: int, digest: Digest
         except Unvouched:
             answers[index] = UNVOUCHED
         except CorruptEntry as exc:
-            log.warning("recovery of ledger %d: entry %d on bookie %s is corrupt (%s)",
-                        meta.ledger_id, entry_id, bookie_id, exc.reason)
+            log.warning(
+                "recovery of ledger %d: entry %d on bookie %s is corrupt (%s)",
+                meta.ledger_id,
+                entry_id,
+                bookie_id,
+                exc.reason,
+            )
             answers[index] = CORRUPT
         except (LedgerError, KeyError, TypeError, TimeoutError):
             answers[index] = NO_ANSWER
@@ -182,24 +202,45 @@ def _probe(meta: LedgerMetadata, fenced: set[int], entry_id: int, digest: Digest
     )
 
 
-def _replicate(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], entries: list[tuple[int, bytes]],
-               timeout: float) -> None:
+def _replicate(
+    pool: BookiePool,
+    meta: LedgerMetadata,
+    addresses: list[str],
+    entries: list[tuple[int, bytes]],
+    timeout: float,
+) -> None:
     """Write ``entries`` to every bookie with ``recovery: true``; each needs ``ack_quorum`` acks.
 
     Waits per entry only until its ack quorum is reached, not for bookies
     that are down.
     """
-    sends = [(entry_id, [pool.request(a, "add", timeout=timeout, ledger=meta.ledger_id, entry=entry_id, data=data,
-                                      recovery=True, bookie=meta.ensemble[i]["bookie_id"])
-                         for i, a in enumerate(addresses)])
-             for entry_id, data in entries]
+    sends = [
+        (
+            entry_id,
+            [
+                pool.request(
+                    a,
+                    "add",
+                    timeout=timeout,
+                    ledger=meta.ledger_id,
+                    entry=entry_id,
+                    data=data,
+                    recovery=True,
+                    bookie=meta.ensemble[i]["bookie_id"],
+                )
+                for i, a in enumerate(addresses)
+            ],
+        )
+        for entry_id, data in entries
+    ]
     deadline = time.monotonic() + timeout + 1.0
     for entry_id, futures in sends:
         acks, errors = 0, []
         pending = set(futures)
         while pending and acks < meta.ack_quorum:
-            done, pending = wait_futures(pending, timeout=max(0.0, deadline - time.monotonic()),
-                                         return_when=FIRST_COMPLETED)
+            done, pending = wait_futures(
+                pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+            )
             if not done:
                 break
             for fut in done:
@@ -209,12 +250,20 @@ def _replicate(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], ent
                 except LedgerError as exc:
                     errors.append(f"{meta.ensemble[futures.index(fut)]['bookie_id']}: {exc}")
         if acks < meta.ack_quorum:
-            raise RecoveryError(f"ledger {meta.ledger_id}: re-replicating entry {entry_id} reached {acks} bookies, "
-                                f"need {meta.ack_quorum} ({'; '.join(errors) or 'no answer'})")
+            raise RecoveryError(
+                f"ledger {meta.ledger_id}: re-replicating entry {entry_id} reached {acks} bookies, "
+                f"need {meta.ack_quorum} ({'; '.join(errors) or 'no answer'})"
+            )
 
 
-def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
-                      timeout: float = DEFAULT_TIMEOUT) -> int:
+def recover_and_close(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    pool: BookiePool,
+    ledger_id: int,
+    digest: Digest,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> int:
     """Fence ``ledger_id``, settle its last entry, close it; return ``last_entry``. Idempotent."""
     while True:
         meta, version = read_metadata(zk, paths, ledger_id)
@@ -226,7 +275,9 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
             except MetadataConflict:
                 continue  # the writer closed it, or another recoverer started: look again
             meta = meta.with_state(IN_RECOVERY)
-        log.info("recovering ledger %d (epoch %d, %d fragment(s))", ledger_id, meta.epoch, len(meta.fragments))
+        log.info(
+            "recovering ledger %d (epoch %d, %d fragment(s))", ledger_id, meta.epoch, len(meta.fragments)
+        )
         # meta.ensemble is the last fragment's: the only one fenced, and the only one
         # read from below (every entry past the start is in it).
         addresses = [current_address(zk, paths, m) for m in meta.ensemble]
@@ -242,9 +293,20 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
         done = False
         while not done:
             window = range(last + 1, last + 1 + _WINDOW)
-            probes = [[pool.request(a, "read", timeout=timeout, ledger=ledger_id, entry=e,
-                                    bookie=meta.ensemble[i]["bookie_id"]) for i, a in enumerate(addresses)]
-                      for e in window]
+            probes = [
+                [
+                    pool.request(
+                        a,
+                        "read",
+                        timeout=timeout,
+                        ledger=ledger_id,
+                        entry=e,
+                        bookie=meta.ensemble[i]["bookie_id"],
+                    )
+                    for i, a in enumerate(addresses)
+                ]
+                for e in window
+            ]
             for entry_id, futures in zip(window, probes):
                 data = _probe(meta, fenced, entry_id, digest, futures, timeout)
                 if data is None:
@@ -258,6 +320,13 @@ def recover_and_close(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, le
             cas_metadata(zk, paths, meta.with_state(CLOSED, last_entry=last), version)
         except MetadataConflict:
             continue  # a concurrent recoverer closed it first: return its answer
-        log.info("ledger %d recovered and closed at entry %d (LAC was %d, last fragment from %d, "
-                 "%d entries re-replicated)", ledger_id, last, lac, meta.last_fragment_start, len(found))
+        log.info(
+            "ledger %d recovered and closed at entry %d (LAC was %d, last fragment from %d, "
+            "%d entries re-replicated)",
+            ledger_id,
+            last,
+            lac,
+            meta.last_fragment_start,
+            len(found),
+        )
         return last

@@ -36,6 +36,7 @@ Example::
     ids = [f.result() for f in futures]          # 0..99, in order
     last = writer.close()                        # metadata CLOSED with last_entry == 99
 """
+
 from __future__ import annotations
 
 import collections
@@ -131,9 +132,17 @@ class LedgerWriter(EnsembleChanges):
     are kept until committed, to re-send them to a replacement.
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, meta: LedgerMetadata,
-                 version: int, digest: Digest, add_timeout: float = DEFAULT_ADD_TIMEOUT,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        pool: BookiePool,
+        meta: LedgerMetadata,
+        version: int,
+        digest: Digest,
+        add_timeout: float = DEFAULT_ADD_TIMEOUT,
+        rng: random.Random | None = None,
+    ) -> None:
         if meta.state != OPEN:
             raise LedgerError(f"ledger {meta.ledger_id} is {meta.state}, a writer needs it OPEN")
         # The ids are checked once here, so the hot path can encode without range checks.
@@ -154,7 +163,9 @@ class LedgerWriter(EnsembleChanges):
         self._idle = threading.Condition(self._lock)
         self._futures: collections.deque[Future] = collections.deque()  # pending entries lac+1, lac+2, ...
         self._unsent: list[bytes] = []  # payloads of the newest pending entries, not yet flushed
-        self._sent: collections.deque[tuple[int, list[bytes]]] = collections.deque()  # (first, encoded) not all committed
+        self._sent: collections.deque[tuple[int, list[bytes]]] = (
+            collections.deque()
+        )  # (first, encoded) not all committed
         self._flush_scheduled = False
         self._next_entry = 0
         self._error: LedgerError | None = None  # set once: fenced or quorum lost
@@ -163,7 +174,9 @@ class LedgerWriter(EnsembleChanges):
         self._lac_sent = -1  # the highest LAC the bookies have been told (piggybacked or explicit)
         self._lac_scheduled = False
         # Ensemble change state (ledger.client.ensemble_change).
-        self._failed: dict[int, tuple[str, int]] = {}  # slot -> (why, first entry it may lack): not replaced yet
+        self._failed: dict[
+            int, tuple[str, int]
+        ] = {}  # slot -> (why, first entry it may lack): not replaced yet
         self._degraded: set[int] = set()  # failed slots that found no spare: tried again at _retry_at
         self._failed_bookies: dict[str, dict] = {}  # every bookie that failed this writer: never chosen again
         self._marked: set[str] = set()  # bookie ids already recorded in underreplicated/
@@ -213,7 +226,9 @@ class LedgerWriter(EnsembleChanges):
 
     def add(self, payload: bytes) -> Future:
         """Start adding ``payload``; return a future of its entry id, set once it is committed."""
-        payload = bytes(payload)  # a copy unless it is bytes already: later changes by the caller cannot leak in
+        payload = bytes(
+            payload
+        )  # a copy unless it is bytes already: later changes by the caller cannot leak in
         if len(payload) > _MAX_PAYLOAD:
             raise LedgerError(f"payload of {len(payload)} bytes is too large")
         fut: Future = Future()
@@ -244,7 +259,9 @@ class LedgerWriter(EnsembleChanges):
 
     def _refusal(self) -> LedgerError | None:
         if isinstance(self._error, LedgerFencedError):
-            return LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced: another client recovered it")
+            return LedgerFencedError(
+                E_FENCED, f"ledger {self.ledger_id} is fenced: another client recovered it"
+            )
         if self._error is not None:
             return LedgerWriteError(f"ledger {self.ledger_id}: the writer failed earlier ({self._error})")
         if self._closing:
@@ -279,9 +296,13 @@ class LedgerWriter(EnsembleChanges):
         ledger, epoch, digest = self.metadata.ledger_id, self.metadata.epoch, self._digest
         try:
             datas = [encode_fields(ledger, first + i, lac, epoch, p, digest) for i, p in enumerate(payloads)]
-        except Exception as exc:  # a bug (add() checked the payloads): fail the adds, never leave them hanging
+        except (
+            Exception
+        ) as exc:  # a bug (add() checked the payloads): fail the adds, never leave them hanging
             log.exception("ledger %d: encoding entries %d.. failed", ledger, first)
-            self._fail_unsendable(first, LedgerWriteError(f"ledger {ledger} entry {first}: cannot encode: {exc}"))
+            self._fail_unsendable(
+                first, LedgerWriteError(f"ledger {ledger} entry {first}: cannot encode: {exc}")
+            )
             return
         with self._lock:
             if self._error is not None:
@@ -301,7 +322,11 @@ class LedgerWriter(EnsembleChanges):
         start = 0
         while start < n:
             end, size = start, 0
-            while end < n and end - start < MAX_BATCH_ENTRIES and (end == start or size + len(datas[end]) <= MAX_BATCH_BYTES):
+            while (
+                end < n
+                and end - start < MAX_BATCH_ENTRIES
+                and (end == start or size + len(datas[end]) <= MAX_BATCH_BYTES)
+            ):
                 size += len(datas[end])
                 end += 1
             if not self._send_batch(first + start, datas[start:end], addresses, targets):
@@ -310,8 +335,15 @@ class LedgerWriter(EnsembleChanges):
 
     def _send_batch(self, first: int, datas: list[bytes], addresses: list[str], targets: Targets) -> bool:
         try:
-            self._pool.call_many(addresses, "add_batch", partial(self._on_batch_reply, first, len(datas), targets),
-                                 timeout=self.add_timeout, ledger=self.metadata.ledger_id, first=first, entries=datas)
+            self._pool.call_many(
+                addresses,
+                "add_batch",
+                partial(self._on_batch_reply, first, len(datas), targets),
+                timeout=self.add_timeout,
+                ledger=self.metadata.ledger_id,
+                first=first,
+                entries=datas,
+            )
             return True
         except BookieUnavailable as exc:  # the pool closed after accepting the flush
             self._fail_unsendable(first, LedgerWriteError(f"ledger {self.ledger_id} entry {first}: {exc}"))
@@ -327,8 +359,15 @@ class LedgerWriter(EnsembleChanges):
                 self._idle.notify_all()
         _resolve(resolved)
 
-    def _on_batch_reply(self, first: int, count: int, targets: Targets, index: int, reply: dict | None,
-                        exc: BaseException | None) -> None:
+    def _on_batch_reply(
+        self,
+        first: int,
+        count: int,
+        targets: Targets,
+        index: int,
+        reply: dict | None,
+        exc: BaseException | None,
+    ) -> None:
         """One bookie's answer to one add_batch (entries ``first .. first+count-1``), on the I/O thread."""
         slot, gen = targets[index]
         done: range | None = None
@@ -350,10 +389,17 @@ class LedgerWriter(EnsembleChanges):
             elif isinstance(exc, LedgerFencedError):
                 # From any bookie, even a replaced one: somebody is recovering the ledger.
                 if not isinstance(self._error, LedgerFencedError):
-                    log.warning("ledger %d is fenced (bookie %s refused entries %d..%d): the writer stops",
-                                self.ledger_id, self._slots[slot]["bookie_id"], first, first + count - 1)
-                    self._error = LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced "
-                                                              f"(bookie {self._slots[slot]['bookie_id']})")
+                    log.warning(
+                        "ledger %d is fenced (bookie %s refused entries %d..%d): the writer stops",
+                        self.ledger_id,
+                        self._slots[slot]["bookie_id"],
+                        first,
+                        first + count - 1,
+                    )
+                    self._error = LedgerFencedError(
+                        E_FENCED,
+                        f"ledger {self.ledger_id} is fenced (bookie {self._slots[slot]['bookie_id']})",
+                    )
                 resolved = self._abandon_from(0, self._error)
             elif current:
                 resolved = self._fail_slot(slot, exc)
@@ -402,8 +448,14 @@ class LedgerWriter(EnsembleChanges):
         self._lac_sent = lac
         try:
             # Best effort: a bookie that misses it still learns the LAC from the next add.
-            self._pool.call_many([self._addresses[s] for s, _ in self._targets()], "write_lac", _ignore_reply,
-                                 timeout=self.add_timeout, ledger=self.ledger_id, lac=lac)
+            self._pool.call_many(
+                [self._addresses[s] for s, _ in self._targets()],
+                "write_lac",
+                _ignore_reply,
+                timeout=self.add_timeout,
+                ledger=self.ledger_id,
+                lac=lac,
+            )
         except BookieUnavailable:
             pass  # the pool is closed
 
@@ -412,7 +464,7 @@ class LedgerWriter(EnsembleChanges):
         dropped = self._tracker.abandon_from(entry_id)
         unsent_first = self._next_entry - len(self._unsent)
         if self._unsent and entry_id <= unsent_first + len(self._unsent) - 1:
-            del self._unsent[max(0, entry_id - unsent_first):]
+            del self._unsent[max(0, entry_id - unsent_first) :]
         if dropped:
             self._sent.clear()  # only ever abandoned on an error, after which nothing is re-sent
         # Pending entries are lac+1, lac+2, ...: the dropped ones are the newest futures.
@@ -450,12 +502,16 @@ class LedgerWriter(EnsembleChanges):
             while self._futures:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise LedgerWriteError(f"ledger {self.ledger_id}: {len(self._futures)} adds still pending after {wait:g}s")
+                    raise LedgerWriteError(
+                        f"ledger {self.ledger_id}: {len(self._futures)} adds still pending after {wait:g}s"
+                    )
                 self._idle.wait(left)
             error = self._error
             last = self._tracker.lac
         if isinstance(error, LedgerFencedError):
-            raise LedgerFencedError(E_FENCED, f"ledger {self.ledger_id} is fenced: its metadata belongs to the recoverer")
+            raise LedgerFencedError(
+                E_FENCED, f"ledger {self.ledger_id} is fenced: its metadata belongs to the recoverer"
+            )
         # Under the metadata lock: an ensemble change CASes the same node, and its
         # fragment (if written first) is in self.metadata and self._version.
         with self._meta_lock:
@@ -472,17 +528,26 @@ class LedgerWriter(EnsembleChanges):
                     last = current.last_entry
                 else:
                     raise LedgerFencedError(
-                        E_FENCED, f"ledger {self.ledger_id} was taken over ({current.state}, "
-                                  f"last_entry {current.last_entry})"
+                        E_FENCED,
+                        f"ledger {self.ledger_id} was taken over ({current.state}, "
+                        f"last_entry {current.last_entry})",
                     ) from None
             with self._lock:
                 self._closed_last = last
         return last
 
 
-def create_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, options, epoch: int, digest: Digest,
-                  clock: Callable[[], float] = time.time, rng: random.Random | None = None,
-                  add_timeout: float = DEFAULT_ADD_TIMEOUT) -> LedgerWriter:
+def create_ledger(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    pool: BookiePool,
+    options,
+    epoch: int,
+    digest: Digest,
+    clock: Callable[[], float] = time.time,
+    rng: random.Random | None = None,
+    add_timeout: float = DEFAULT_ADD_TIMEOUT,
+) -> LedgerWriter:
     """Create a new OPEN ledger on a random ensemble of live bookies; return its writer.
 
     ``options`` supplies ``ensemble_size``, ``write_quorum``, ``ack_quorum`` and
@@ -503,6 +568,10 @@ def create_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, option
         digest=digest.name,
     )
     _, version = create_metadata(zk, paths, meta)
-    log.info("created ledger %d on %s (epoch %d)", meta.ledger_id,
-             ", ".join(m["bookie_id"] for m in ensemble), epoch)
+    log.info(
+        "created ledger %d on %s (epoch %d)",
+        meta.ledger_id,
+        ", ".join(m["bookie_id"] for m in ensemble),
+        epoch,
+    )
     return LedgerWriter(zk, paths, pool, meta, version, digest, add_timeout=add_timeout, rng=rng)

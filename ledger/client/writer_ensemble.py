@@ -30,6 +30,7 @@ Example (what a test sees)::
     writer.ensemble_changes               # 1 once the replacement is in the metadata
     writer.failed_bookies                 # [] (or the unreplaced ones)
 """
+
 from __future__ import annotations
 
 import logging
@@ -76,8 +77,13 @@ class EnsembleChanges:
             if quorum_holds(len(self._slots), self._tracker.ack_quorum, len(self._failed)):
                 return []
             return self._abandon_from(0, self._error)
-        log.warning("ledger %d: bookie %s failed (%s); entries from %d on go to a replacement",
-                    self.ledger_id, member["bookie_id"], exc, lac + 1)
+        log.warning(
+            "ledger %d: bookie %s failed (%s); entries from %d on go to a replacement",
+            self.ledger_id,
+            member["bookie_id"],
+            exc,
+            lac + 1,
+        )
         self._start_change()
         return []
 
@@ -86,7 +92,9 @@ class EnsembleChanges:
         if self._changing:
             return
         self._changing = True
-        threading.Thread(target=self._change_loop, name=f"ensemble-change-{self.ledger_id}", daemon=True).start()
+        threading.Thread(
+            target=self._change_loop, name=f"ensemble-change-{self.ledger_id}", daemon=True
+        ).start()
 
     def _change_loop(self) -> None:
         """Replace failed slots until none is left to try (the change thread)."""
@@ -95,8 +103,12 @@ class EnsembleChanges:
                 with self._lock:
                     todo = sorted(s for s in self._failed if s not in self._degraded)
                     # Stopping is decided under the lock that _fail_slot holds: no failure is missed.
-                    if (not todo or self._error is not None or self._closed_last is not None
-                            or (self._closing and not self._futures)):
+                    if (
+                        not todo
+                        or self._error is not None
+                        or self._closed_last is not None
+                        or (self._closing and not self._futures)
+                    ):
                         self._changing = False
                         if not self._resends:
                             self._pin = None
@@ -109,11 +121,15 @@ class EnsembleChanges:
                     lac = self._tracker.lac
                     self._pin = lac + 1 if self._pin is None else min(self._pin, lac + 1)
                 self._change_once(todo, ensemble, excluded)
-        except Exception as exc:  # a bug or ZooKeeper trouble past the handled cases: never leave adds hanging
+        except (
+            Exception
+        ) as exc:  # a bug or ZooKeeper trouble past the handled cases: never leave adds hanging
             log.exception("ledger %d: the ensemble change failed", self.ledger_id)
             with self._lock:
                 self._changing = False
-            self._fail_writer(self._write_error(f"ledger {self.ledger_id}: the ensemble change failed: {exc}"))
+            self._fail_writer(
+                self._write_error(f"ledger {self.ledger_id}: the ensemble change failed: {exc}")
+            )
 
     def _change_once(self, todo: list[int], ensemble: list[dict], excluded: list[dict]) -> None:
         plan = plan_change(ensemble, todo, self._live_bookies(), excluded, self._rng)
@@ -135,24 +151,34 @@ class EnsembleChanges:
             holds = quorum_holds(len(self._slots), self._tracker.ack_quorum, len(self._failed))
             reasons = "; ".join(self._failed[s][0] for s in sorted(self._failed))
             pending = self._tracker.lac + 1
-            to_mark = [(dict(self._slots[s]), self._failed[s][1]) for s in unreplaced
-                       if self._slots[s]["bookie_id"] not in self._marked]
+            to_mark = [
+                (dict(self._slots[s]), self._failed[s][1])
+                for s in unreplaced
+                if self._slots[s]["bookie_id"] not in self._marked
+            ]
             installed = tuple((s, self._gens[s]) for s in replaced)
             if replaced:
                 self._resends += 1
         if replaced:
-            log.warning("ledger %d: entries from %d on go to %s (replacing %s)", self.ledger_id, first,
-                        ", ".join(m["bookie_id"] for m in plan.ensemble),
-                        ", ".join(ensemble[s]["bookie_id"] for s in replaced))
+            log.warning(
+                "ledger %d: entries from %d on go to %s (replacing %s)",
+                self.ledger_id,
+                first,
+                ", ".join(m["bookie_id"] for m in plan.ensemble),
+                ", ".join(ensemble[s]["bookie_id"] for s in replaced),
+            )
             try:
                 self._pool.submit(partial(self._resend, installed, first))
             except BookieUnavailable as exc:  # the pool is closed
                 self._fail_writer(self._write_error(f"ledger {self.ledger_id}: {exc}"))
                 return
         if not holds:
-            self._fail_writer(self._write_error(
-                f"ledger {self.ledger_id} entry {pending}: fewer than {self._tracker.ack_quorum} of "
-                f"{len(self._slots)} bookies can acknowledge it ({reasons}; no spare bookie to replace them)"))
+            self._fail_writer(
+                self._write_error(
+                    f"ledger {self.ledger_id} entry {pending}: fewer than {self._tracker.ack_quorum} of "
+                    f"{len(self._slots)} bookies can acknowledge it ({reasons}; no spare bookie to replace them)"
+                )
+            )
             return
         if to_mark:
             self._mark_underreplicated(to_mark)
@@ -165,13 +191,17 @@ class EnsembleChanges:
             with self._lock:
                 first = fragment_start(self._tracker.lac, self.metadata)
             try:
-                meta, version = write_fragment(self._zk, self._paths, self.metadata, self._version, first, plan.ensemble)
+                meta, version = write_fragment(
+                    self._zk, self._paths, self.metadata, self._version, first, plan.ensemble
+                )
             except LedgerFencedError as exc:
                 log.warning("ledger %d: %s; the writer stops", self.ledger_id, exc.message)
                 self._fail_writer(exc)
                 return None
             except Exception as exc:  # ZooKeeper unreachable, a conflict that kept coming: no spare this time
-                log.warning("ledger %d: could not write the new fragment at entry %d: %s", self.ledger_id, first, exc)
+                log.warning(
+                    "ledger %d: could not write the new fragment at entry %d: %s", self.ledger_id, first, exc
+                )
                 return None
             self.metadata, self._version = meta, version
             self.ensemble_changes += 1
@@ -192,7 +222,9 @@ class EnsembleChanges:
             if self._error is not None:
                 return
             targets = tuple((s, g) for s, g in installed if self._gens[s] == g)  # still theirs
-            runs = [(f, d) if f >= first else (first, d[first - f:]) for f, d in self._sent if f + len(d) > first]
+            runs = [
+                (f, d) if f >= first else (first, d[first - f :]) for f, d in self._sent if f + len(d) > first
+            ]
             addresses = [self._addresses[s] for s, _ in targets]
         if targets:
             for first, datas in runs:
@@ -217,7 +249,12 @@ class EnsembleChanges:
             except Exception as exc:  # best effort: the auditor finds it too
                 log.warning("ledger %d: could not mark it under-replicated: %s", self.ledger_id, exc)
                 continue
-            log.warning("ledger %d: no spare bookie for %s; writing on the others from entry %d, marked "
-                        "under-replicated", self.ledger_id, member["bookie_id"], from_entry)
+            log.warning(
+                "ledger %d: no spare bookie for %s; writing on the others from entry %d, marked "
+                "under-replicated",
+                self.ledger_id,
+                member["bookie_id"],
+                from_entry,
+            )
             with self._lock:
                 self._marked.add(member["bookie_id"])

@@ -25,6 +25,7 @@ Example::
     auto.audit_once()     # or a round by hand (tests)
     auto.stop()
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,14 @@ log = logging.getLogger(__name__)
 class Auditor:
     """Marks closed ledgers with entries on a bookie gone longer than the grace. Call only while elected."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, lost_bookie_grace_s: float,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        lost_bookie_grace_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.zk = zk
         self.paths = paths
         self.grace_s = lost_bookie_grace_s
@@ -119,15 +126,20 @@ class Auditor:
         for bookie_id in named - live:
             if bookie_id not in self.missing_since:
                 self.missing_since[bookie_id] = now
-                log.info("auditor: bookie %s is not registered; its ledgers are marked under-replicated if it is "
-                         "still gone in %.0f s", bookie_id, self.grace_s)
+                log.info(
+                    "auditor: bookie %s is not registered; its ledgers are marked under-replicated if it is "
+                    "still gone in %.0f s",
+                    bookie_id,
+                    self.grace_s,
+                )
         self._remember()
         marked = []
         for meta in metas:
             if meta.state != CLOSED:
                 continue
-            lost = lost_bookies((m["bookie_id"] for m in meta.all_bookies()), live, self.missing_since, now,
-                                self.grace_s)
+            lost = lost_bookies(
+                (m["bookie_id"] for m in meta.all_bookies()), live, self.missing_since, now, self.grace_s
+            )
             holes = underreplicated_fragments(meta, lost)
             if not holes:
                 continue
@@ -137,10 +149,21 @@ class Auditor:
             if set(members) <= listed:
                 continue
             first = min(int(meta.fragments[index]["first_entry"]) for index, _, _ in holes)
-            mark_underreplicated(self.zk, self.paths, meta.ledger_id, list(members.values()), from_entry=first,
-                                 by="auditor", clock=time.time)
-            log.warning("auditor: ledger %d is under-replicated: bookie(s) %s gone longer than %.0f s",
-                        meta.ledger_id, ", ".join(sorted(members)), self.grace_s)
+            mark_underreplicated(
+                self.zk,
+                self.paths,
+                meta.ledger_id,
+                list(members.values()),
+                from_entry=first,
+                by="auditor",
+                clock=time.time,
+            )
+            log.warning(
+                "auditor: ledger %d is under-replicated: bookie(s) %s gone longer than %.0f s",
+                meta.ledger_id,
+                ", ".join(sorted(members)),
+                self.grace_s,
+            )
             marked.append(meta.ledger_id)
         return marked
 
@@ -148,9 +171,17 @@ class Auditor:
 class ReplicationWorker:
     """Re-replicates marked closed ledgers, one claimed ledger at a time."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool, digest: Digest, identifier: str,
-                 throttle: TokenBucket | None = None, rng: random.Random | None = None,
-                 timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        pool: BookiePool,
+        digest: Digest,
+        identifier: str,
+        throttle: TokenBucket | None = None,
+        rng: random.Random | None = None,
+        timeout: float = 5.0,
+    ) -> None:
         self.zk = zk
         self.paths = paths
         self.pool = pool
@@ -181,8 +212,16 @@ class ReplicationWorker:
                     continue
                 if meta.state != CLOSED:
                     continue  # the writer (or recovery) handles the open ledger
-                rereplicate_ledger(self.zk, self.paths, self.pool, ledger_id, self.digest, throttle=self.throttle,
-                                   rng=self.rng, timeout=self.timeout)
+                rereplicate_ledger(
+                    self.zk,
+                    self.paths,
+                    self.pool,
+                    ledger_id,
+                    self.digest,
+                    throttle=self.throttle,
+                    rng=self.rng,
+                    timeout=self.timeout,
+                )
                 self.failures.pop(ledger_id, None)
                 done.append(ledger_id)
             except (LedgerError, KazooException) as exc:
@@ -200,9 +239,19 @@ class ReplicationWorker:
 class AutoRecovery:
     """The auditor (while this process holds ``auditor``) and a worker, in one daemon thread."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, pool: BookiePool | None, digest: Digest,
-                 identifier: str, lost_bookie_grace_s: float, max_bytes_per_s: float = 0, interval_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        pool: BookiePool | None,
+        digest: Digest,
+        identifier: str,
+        lost_bookie_grace_s: float,
+        max_bytes_per_s: float = 0,
+        interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.zk = zk
         self.paths = paths
         self.interval_s = interval_s
@@ -212,7 +261,9 @@ class AutoRecovery:
         pool = BookiePool() if pool is None else pool
         self.pool = pool
         self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock, wall=wall)
-        self.worker = ReplicationWorker(zk, paths, pool, digest, identifier, throttle=TokenBucket(max_bytes_per_s))
+        self.worker = ReplicationWorker(
+            zk, paths, pool, digest, identifier, throttle=TokenBucket(max_bytes_per_s)
+        )
         self._lock = zk.Lock(paths.auditor, identifier)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -238,8 +289,12 @@ class AutoRecovery:
             try:
                 if self._lock.acquire(blocking=False):
                     self.auditor.resume()
-                    log.info("this process is the auditor now%s", "; bookies missing already: " + ", ".join(
-                        sorted(self.auditor.missing_since)) if self.auditor.missing_since else "")
+                    log.info(
+                        "this process is the auditor now%s",
+                        "; bookies missing already: " + ", ".join(sorted(self.auditor.missing_since))
+                        if self.auditor.missing_since
+                        else "",
+                    )
             except KazooException as exc:
                 log.debug("auditor election: %s", exc)
         if self._lock.is_acquired:

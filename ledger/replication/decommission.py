@@ -34,6 +34,7 @@ Example::
         time.sleep(1)
     finish_decommission(zk, paths, "bookie-3")
 """
+
 from __future__ import annotations
 
 import json
@@ -82,15 +83,25 @@ class DecommissionProgress:
         return not self.closed and not self.waiting
 
     def as_dict(self) -> dict:
-        return {"bookie_id": self.bookie_id, "total": self.total, "remaining": self.remaining,
-                "closed": self.closed, "waiting": self.waiting, "moved": sorted(self.moved),
-                "problems": {str(k): v for k, v in self.problems.items()}, "done": self.done}
+        return {
+            "bookie_id": self.bookie_id,
+            "total": self.total,
+            "remaining": self.remaining,
+            "closed": self.closed,
+            "waiting": self.waiting,
+            "moved": sorted(self.moved),
+            "problems": {str(k): v for k, v in self.problems.items()},
+            "done": self.done,
+        }
 
 
 def holding_fragments(meta: LedgerMetadata, bookie_id: str) -> list[int]:
     """The first entries of the fragments whose ensemble names ``bookie_id``. Pure."""
-    return [int(f["first_entry"]) for f in meta.fragments
-            if any(m["bookie_id"] == bookie_id for m in f["ensemble"])]
+    return [
+        int(f["first_entry"])
+        for f in meta.fragments
+        if any(m["bookie_id"] == bookie_id for m in f["ensemble"])
+    ]
 
 
 def split_remaining(metas: Iterable[LedgerMetadata], bookie_id: str) -> tuple[list[int], list[int]]:
@@ -112,8 +123,13 @@ def _read_all(zk: KazooClient, paths: ClusterPaths) -> list[LedgerMetadata]:
     return metas
 
 
-def start_decommission(zk: KazooClient, paths: ClusterPaths, bookie_id: str, ensemble_size: int,
-                       clock: Callable[[], float] = time.time) -> bool:
+def start_decommission(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    bookie_id: str,
+    ensemble_size: int,
+    clock: Callable[[], float] = time.time,
+) -> bool:
     """Record that ``bookie_id`` is leaving; True if this call started it, False if it was under way.
 
     Raises :class:`DecommissionError` for a bookie that is neither registered,
@@ -122,14 +138,21 @@ def start_decommission(zk: KazooClient, paths: ClusterPaths, bookie_id: str, ens
     """
     bookies = live_bookies(zk, paths)
     registered = {str(b.get("bookie_id")) for b in bookies}
-    known = (bookie_id in registered or zk.exists(paths.cookie(bookie_id)) is not None
-             or any(holding_fragments(m, bookie_id) for m in _read_all(zk, paths)))
+    known = (
+        bookie_id in registered
+        or zk.exists(paths.cookie(bookie_id)) is not None
+        or any(holding_fragments(m, bookie_id) for m in _read_all(zk, paths))
+    )
     if not known:
-        raise DecommissionError(f"no bookie {bookie_id!r}: it is not registered, has no cookie and no ledger names it")
+        raise DecommissionError(
+            f"no bookie {bookie_id!r}: it is not registered, has no cookie and no ledger names it"
+        )
     others = placeable([b for b in bookies if str(b.get("bookie_id")) != bookie_id])
     if others < ensemble_size:
-        raise DecommissionError(f"decommissioning {bookie_id} would leave {others} writable bookie(s), fewer than "
-                                f"the ensemble size {ensemble_size}: add a bookie first")
+        raise DecommissionError(
+            f"decommissioning {bookie_id} would leave {others} writable bookie(s), fewer than "
+            f"the ensemble size {ensemble_size}: add a bookie first"
+        )
     doc = {"bookie_id": bookie_id, "started_at": clock()}
     try:
         zk.create(paths.decommissioning_bookie(bookie_id), json.dumps(doc).encode(), makepath=True)
@@ -151,8 +174,9 @@ def mark_for_decommission(zk: KazooClient, paths: ClusterPaths, meta: LedgerMeta
     return True
 
 
-def decommission_round(zk: KazooClient, paths: ClusterPaths, bookie_id: str, worker,
-                       progress: DecommissionProgress | None = None) -> DecommissionProgress:
+def decommission_round(
+    zk: KazooClient, paths: ClusterPaths, bookie_id: str, worker, progress: DecommissionProgress | None = None
+) -> DecommissionProgress:
     """Mark what still names the bookie, re-replicate what this process can claim; return the progress.
 
     ``worker`` is a :class:`ledger.replication.auditor.ReplicationWorker` (its ``run_once``
@@ -176,8 +200,9 @@ def decommission_round(zk: KazooClient, paths: ClusterPaths, bookie_id: str, wor
     return progress
 
 
-def finish_decommission(zk: KazooClient, paths: ClusterPaths, bookie_id: str,
-                        clock: Callable[[], float] = time.time) -> None:
+def finish_decommission(
+    zk: KazooClient, paths: ClusterPaths, bookie_id: str, clock: Callable[[], float] = time.time
+) -> None:
     """Forget the bookie: delete its cookie and record ``done`` in its ``decommissioning`` node (one transaction).
 
     Call only once no ledger names it (:attr:`DecommissionProgress.done`). The

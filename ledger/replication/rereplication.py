@@ -28,6 +28,7 @@ Example::
     meta2 = replaced_metadata(meta, plan)
     rereplicate_ledger(zk, paths, pool, 7, digest, throttle=TokenBucket(50e6))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,21 +94,29 @@ def fragment_ranges(meta: LedgerMetadata) -> list[tuple[int, int]]:
     out = []
     for i, fragment in enumerate(meta.fragments):
         first = int(fragment["first_entry"])
-        nxt = int(meta.fragments[i + 1]["first_entry"]) - 1 if i + 1 < len(meta.fragments) else meta.last_entry
+        nxt = (
+            int(meta.fragments[i + 1]["first_entry"]) - 1 if i + 1 < len(meta.fragments) else meta.last_entry
+        )
         out.append((first, min(nxt, meta.last_entry)))
     return out
 
 
-def lost_bookies(member_ids: Iterable[str], live_ids: Iterable[str], missing_since: dict[str, float],
-                 now: float, grace_s: float) -> set[str]:
+def lost_bookies(
+    member_ids: Iterable[str],
+    live_ids: Iterable[str],
+    missing_since: dict[str, float],
+    now: float,
+    grace_s: float,
+) -> set[str]:
     """The members gone for longer than ``grace_s``: not live, and missing since at least ``now - grace_s``.
 
     ``missing_since`` is when each bookie was first seen missing (the auditor's
     memory); a member not live and not in it has just gone missing (not lost yet).
     """
     live = set(live_ids)
-    return {b for b in member_ids
-            if b not in live and b in missing_since and now - missing_since[b] >= grace_s}
+    return {
+        b for b in member_ids if b not in live and b in missing_since and now - missing_since[b] >= grace_s
+    }
 
 
 def underreplicated_fragments(meta: LedgerMetadata, lost_ids: Iterable[str]) -> list[tuple[int, int, dict]]:
@@ -123,8 +132,9 @@ def underreplicated_fragments(meta: LedgerMetadata, lost_ids: Iterable[str]) -> 
     return out
 
 
-def plan_rereplication(meta: LedgerMetadata, bookies: list[dict], rng: random.Random,
-                       lost_ids: Iterable[str] | None = None) -> list[Replacement]:
+def plan_rereplication(
+    meta: LedgerMetadata, bookies: list[dict], rng: random.Random, lost_ids: Iterable[str] | None = None
+) -> list[Replacement]:
     """Which members of which fragments to replace, and by whom. Pure.
 
     ``bookies`` are the live registrations; ``lost_ids`` the members to replace
@@ -135,7 +145,9 @@ def plan_rereplication(meta: LedgerMetadata, bookies: list[dict], rng: random.Ra
     rules beside the members that stay and the replacements already chosen for
     that fragment. Raises :class:`NotEnoughBookies` when no bookie fits.
     """
-    live_ids = {str(b.get("bookie_id")) for b in bookies if isinstance(b, dict) and not b.get("decommissioning")}
+    live_ids = {
+        str(b.get("bookie_id")) for b in bookies if isinstance(b, dict) and not b.get("decommissioning")
+    }
     lost = set(lost_ids) if lost_ids is not None else {m["bookie_id"] for m in meta.all_bookies()} - live_ids
     candidates = [b for b in bookies if isinstance(b, dict) and str(b.get("bookie_id")) not in lost]
     plan: list[Replacement] = []
@@ -150,20 +162,33 @@ def plan_rereplication(meta: LedgerMetadata, bookies: list[dict], rng: random.Ra
             chosen = choose_ensemble(pool, 1, rng, beside=staying)[0]
             staying.append(chosen)
             taken_ids.add(chosen["bookie_id"])
-            plan.append(Replacement(index, slot, dict(member), chosen, first, last,
-                                    copy=last >= first and slot < meta.write_quorum))
+            plan.append(
+                Replacement(
+                    index,
+                    slot,
+                    dict(member),
+                    chosen,
+                    first,
+                    last,
+                    copy=last >= first and slot < meta.write_quorum,
+                )
+            )
     return plan
 
 
 def replaced_metadata(meta: LedgerMetadata, plan: list[Replacement]) -> LedgerMetadata:
     """A copy of ``meta`` whose fragments name the replacements of ``plan``. Pure."""
-    fragments = [{"first_entry": int(f["first_entry"]), "ensemble": [dict(m) for m in f["ensemble"]]}
-                 for f in meta.fragments]
+    fragments = [
+        {"first_entry": int(f["first_entry"]), "ensemble": [dict(m) for m in f["ensemble"]]}
+        for f in meta.fragments
+    ]
     for r in plan:
         current = fragments[r.fragment]["ensemble"][r.slot]
         if current["bookie_id"] != r.lost["bookie_id"]:
-            raise LedgerError(f"ledger {meta.ledger_id}: fragment {r.fragment} slot {r.slot} holds "
-                              f"{current['bookie_id']}, not {r.lost['bookie_id']}")
+            raise LedgerError(
+                f"ledger {meta.ledger_id}: fragment {r.fragment} slot {r.slot} holds "
+                f"{current['bookie_id']}, not {r.lost['bookie_id']}"
+            )
         fragments[r.fragment]["ensemble"][r.slot] = dict(r.replacement)
     return dataclasses.replace(meta, fragments=fragments, ensemble=list(fragments[-1]["ensemble"])).validate()
 
@@ -176,8 +201,13 @@ class TokenBucket:
     leaves it in debt, so the average still holds.
     """
 
-    def __init__(self, rate: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(rate, 1.0))
         self._clock = clock
@@ -220,35 +250,71 @@ class TokenBucket:
 # ------------------------------------------------------------------ copying
 
 
-def _read_copy(pool: BookiePool, addresses: dict[str, str], sources: list[dict], ledger_id: int, entry_id: int,
-               digest: Digest, timeout: float) -> bytes:
+def _read_copy(
+    pool: BookiePool,
+    addresses: dict[str, str],
+    sources: list[dict],
+    ledger_id: int,
+    entry_id: int,
+    digest: Digest,
+    timeout: float,
+) -> bytes:
     """A verified copy of one entry from the first source that has a valid one."""
     problems = []
     for member in sources:
         try:
-            reply = pool.request(addresses[member["bookie_id"]], "read", timeout=timeout, ledger=ledger_id,
-                                 entry=entry_id, bookie=member["bookie_id"]).result(timeout + 1.0)
+            reply = pool.request(
+                addresses[member["bookie_id"]],
+                "read",
+                timeout=timeout,
+                ledger=ledger_id,
+                entry=entry_id,
+                bookie=member["bookie_id"],
+            ).result(timeout + 1.0)
             data = bytes(reply["data"])
             entry = decode_entry(data, digest)
             if (entry.ledger_id, entry.entry_id) != (ledger_id, entry_id):
                 raise CorruptEntry(f"holds ledger {entry.ledger_id} entry {entry.entry_id}")
             return data
         except CorruptEntry as exc:
-            log.warning("re-replication of ledger %d: entry %d on bookie %s is corrupt (%s); trying another",
-                        ledger_id, entry_id, member["bookie_id"], exc.reason)
+            log.warning(
+                "re-replication of ledger %d: entry %d on bookie %s is corrupt (%s); trying another",
+                ledger_id,
+                entry_id,
+                member["bookie_id"],
+                exc.reason,
+            )
             problems.append(f"{member['bookie_id']}: corrupt")
         except (LedgerError, KeyError, TypeError, TimeoutError) as exc:
             problems.append(f"{member['bookie_id']}: {exc}")
-    raise RereplicationError(f"ledger {ledger_id} entry {entry_id}: no valid copy to re-replicate "
-                             f"({'; '.join(problems) or 'no surviving replica'})")
+    raise RereplicationError(
+        f"ledger {ledger_id} entry {entry_id}: no valid copy to re-replicate "
+        f"({'; '.join(problems) or 'no surviving replica'})"
+    )
 
 
-def _read_window(pool: BookiePool, addresses: dict[str, str], sources: list[dict], ledger_id: int,
-                 entries: range, digest: Digest, timeout: float) -> list[bytes]:
+def _read_window(
+    pool: BookiePool,
+    addresses: dict[str, str],
+    sources: list[dict],
+    ledger_id: int,
+    entries: range,
+    digest: Digest,
+    timeout: float,
+) -> list[bytes]:
     """Verified copies of ``entries``: asked of the first source in parallel, the others for what failed."""
     first = sources[0]
-    futures = [pool.request(addresses[first["bookie_id"]], "read", timeout=timeout, ledger=ledger_id, entry=e,
-                            bookie=first["bookie_id"]) for e in entries]
+    futures = [
+        pool.request(
+            addresses[first["bookie_id"]],
+            "read",
+            timeout=timeout,
+            ledger=ledger_id,
+            entry=e,
+            bookie=first["bookie_id"],
+        )
+        for e in entries
+    ]
     out = []
     for entry_id, fut in zip(entries, futures):
         try:
@@ -259,16 +325,28 @@ def _read_window(pool: BookiePool, addresses: dict[str, str], sources: list[dict
             out.append(data)
             continue
         except CorruptEntry as exc:
-            log.warning("re-replication of ledger %d: entry %d on bookie %s is corrupt (%s); trying another",
-                        ledger_id, entry_id, first["bookie_id"], exc.reason)
+            log.warning(
+                "re-replication of ledger %d: entry %d on bookie %s is corrupt (%s); trying another",
+                ledger_id,
+                entry_id,
+                first["bookie_id"],
+                exc.reason,
+            )
         except (LedgerError, KeyError, TypeError, TimeoutError):
             pass
         out.append(_read_copy(pool, addresses, sources[1:], ledger_id, entry_id, digest, timeout))
     return out
 
 
-def copy_fragment(pool: BookiePool, addresses: dict[str, str], meta: LedgerMetadata, r: Replacement,
-                  digest: Digest, throttle: TokenBucket | None = None, timeout: float = DEFAULT_TIMEOUT) -> int:
+def copy_fragment(
+    pool: BookiePool,
+    addresses: dict[str, str],
+    meta: LedgerMetadata,
+    r: Replacement,
+    digest: Digest,
+    throttle: TokenBucket | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> int:
     """Copy the entries of ``r``'s fragment to ``r.replacement``; return the bytes copied.
 
     Reads from the fragment's surviving holders (the first ``write_quorum``
@@ -279,8 +357,9 @@ def copy_fragment(pool: BookiePool, addresses: dict[str, str], meta: LedgerMetad
     members = meta.fragments[r.fragment]["ensemble"][: meta.write_quorum]
     sources = [m for m in members if m["bookie_id"] != r.lost["bookie_id"] and m["bookie_id"] in addresses]
     if not sources:
-        raise RereplicationError(f"ledger {meta.ledger_id}: no surviving replica of entries "
-                                 f"{r.first_entry}..{r.last_entry}")
+        raise RereplicationError(
+            f"ledger {meta.ledger_id}: no surviving replica of entries {r.first_entry}..{r.last_entry}"
+        )
     target = r.replacement
     target_address = addresses.get(target["bookie_id"], target["address"])
     copied = 0
@@ -298,12 +377,21 @@ def copy_fragment(pool: BookiePool, addresses: dict[str, str], meta: LedgerMetad
             if throttle is not None:
                 throttle.acquire(size)
             try:
-                pool.request(target_address, "add_batch", timeout=timeout, ledger=meta.ledger_id,
-                             first=window[start], entries=datas[start:end], recovery=True,
-                             bookie=target["bookie_id"]).result(timeout + 1.0)
+                pool.request(
+                    target_address,
+                    "add_batch",
+                    timeout=timeout,
+                    ledger=meta.ledger_id,
+                    first=window[start],
+                    entries=datas[start:end],
+                    recovery=True,
+                    bookie=target["bookie_id"],
+                ).result(timeout + 1.0)
             except (LedgerError, TimeoutError) as exc:
-                raise RereplicationError(f"ledger {meta.ledger_id}: bookie {target['bookie_id']} refused entries "
-                                         f"{window[start]}..{window[end - 1]}: {exc}") from None
+                raise RereplicationError(
+                    f"ledger {meta.ledger_id}: bookie {target['bookie_id']} refused entries "
+                    f"{window[start]}..{window[end - 1]}: {exc}"
+                ) from None
             copied += size
             start = end
         entry_id = window[-1] + 1
@@ -326,10 +414,18 @@ def clear_mark(zk: KazooClient, paths: ClusterPaths, ledger_id: int) -> None:
         pass
 
 
-def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, ledger_id: int, digest: Digest,
-                       throttle: TokenBucket | None = None, rng: random.Random | None = None,
-                       lost_ids: Iterable[str] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                       max_rounds: int = 10) -> RereplicationResult:
+def rereplicate_ledger(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    pool: BookiePool,
+    ledger_id: int,
+    digest: Digest,
+    throttle: TokenBucket | None = None,
+    rng: random.Random | None = None,
+    lost_ids: Iterable[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    max_rounds: int = 10,
+) -> RereplicationResult:
     """Bring every fragment of closed ``ledger_id`` back to ``write_quorum`` live bookies; clear its mark.
 
     ``lost_ids`` (default: every member not registered under ``bookies/``, and every
@@ -348,16 +444,21 @@ def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, l
             clear_mark(zk, paths, ledger_id)  # deleted (retention): nothing left to protect
             return total
         if meta.state != CLOSED:
-            raise RereplicationError(f"ledger {ledger_id} is {meta.state}: only closed ledgers are re-replicated "
-                                     f"(its writer or recovery handles it)")
+            raise RereplicationError(
+                f"ledger {ledger_id} is {meta.state}: only closed ledgers are re-replicated "
+                f"(its writer or recovery handles it)"
+            )
         bookies = live_bookies(zk, paths)
         plan = plan_rereplication(meta, bookies, rng, lost_ids=lost_arg)
         if not plan:
             clear_mark(zk, paths, ledger_id)
             return total
         # Where each live bookie is registered now; the lost ones are never read from.
-        addresses = {str(b["bookie_id"]): str(b["address"]) for b in bookies
-                     if b.get("address") and str(b["bookie_id"]) not in (lost_arg or ())}
+        addresses = {
+            str(b["bookie_id"]): str(b["address"])
+            for b in bookies
+            if b.get("address") and str(b["bookie_id"]) not in (lost_arg or ())
+        }
         started = time.monotonic()
         for r in plan:
             copied = copy_fragment(pool, addresses, meta, r, digest, throttle, timeout)
@@ -373,9 +474,14 @@ def rereplicate_ledger(zk: KazooClient, paths: ClusterPaths, pool: BookiePool, l
             clear_mark(zk, paths, ledger_id)
             return total
         total.replaced.extend((r.first_entry, r.lost["bookie_id"], r.replacement["bookie_id"]) for r in plan)
-        log.info("ledger %d re-replicated: %s; %d entries (%d bytes) in %.2f s", ledger_id,
-                 ", ".join(f"{lost} -> {new} from entry {first}" for first, lost, new in total.replaced),
-                 total.entries_copied, total.bytes_copied, time.monotonic() - started)
+        log.info(
+            "ledger %d re-replicated: %s; %d entries (%d bytes) in %.2f s",
+            ledger_id,
+            ", ".join(f"{lost} -> {new} from entry {first}" for first, lost, new in total.replaced),
+            total.entries_copied,
+            total.bytes_copied,
+            time.monotonic() - started,
+        )
         if lost_arg is not None:  # the named bookies may still be live: the next plan would not be empty
             clear_mark(zk, paths, ledger_id)
             return total

@@ -21,6 +21,7 @@ Example::
     list_underreplicated(zk, paths)        # [7]
     read_underreplicated(zk, paths, 7)["missing"][0]["bookie_id"]   # "b2"
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ from election.paths import ClusterPaths
 from ledger import LedgerError
 
 
-def merged_mark(existing: dict | None, ledger_id: int, missing: list[dict], from_entry: int, by: str,
-                now: float) -> dict:
+def merged_mark(
+    existing: dict | None, ledger_id: int, missing: list[dict], from_entry: int, by: str, now: float
+) -> dict:
     """The mark after adding ``missing`` (bookies lacking entries from ``from_entry`` on) to ``existing``. Pure.
 
     Example::
@@ -52,8 +54,12 @@ def merged_mark(existing: dict | None, ledger_id: int, missing: list[dict], from
         bookie_id = str(member["bookie_id"])
         old = by_id.get(bookie_id)
         if old is None:
-            entry = {"bookie_id": bookie_id, "address": str(member.get("address", "")), "from_entry": int(from_entry),
-                     "by": by}
+            entry = {
+                "bookie_id": bookie_id,
+                "address": str(member.get("address", "")),
+                "from_entry": int(from_entry),
+                "by": by,
+            }
             by_id[bookie_id] = entry
             listed.append(entry)
         else:
@@ -62,8 +68,15 @@ def merged_mark(existing: dict | None, ledger_id: int, missing: list[dict], from
     return doc
 
 
-def mark_underreplicated(zk: KazooClient, paths: ClusterPaths, ledger_id: int, missing: list[dict],
-                         from_entry: int, by: str = "writer", clock: Callable[[], float] = time.time) -> dict:
+def mark_underreplicated(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    ledger_id: int,
+    missing: list[dict],
+    from_entry: int,
+    by: str = "writer",
+    clock: Callable[[], float] = time.time,
+) -> dict:
     """Create or extend ``underreplicated/<ledger>`` (CAS on its version); return the stored mark."""
     path = paths.underreplicated_ledger(ledger_id)
     for _ in range(20):

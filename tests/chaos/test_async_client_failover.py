@@ -1,4 +1,5 @@
 """The asyncio client across a leader SIGKILL: pipelined keyed submits in flight resolve once each, no duplicates."""
+
 from __future__ import annotations
 
 import asyncio
@@ -82,8 +83,10 @@ def test_async_client_survives_a_leader_sigkill_with_keyed_submits_in_flight(bro
         # The same keys again name the same tasks: a lost reply's resend made no second task.
         keys = sorted(acked)
         for start in range(0, len(keys), 1000):
-            chunk = keys[start:start + 1000]
-            again = client.submit_many([{"queue": QUEUE, "payload": f"task {k}".encode(), "key": k} for k in chunk])
+            chunk = keys[start : start + 1000]
+            again = client.submit_many(
+                [{"queue": QUEUE, "payload": f"task {k}".encode(), "key": k} for k in chunk]
+            )
             assert again == [acked[k] for k in chunk]
     depth = wait_for(lambda: call(leader, "status")["queues"].get(QUEUE), 10, "the queue's counts")
     # Every submit was awaited to its end, so the queue holds exactly the acknowledged tasks.

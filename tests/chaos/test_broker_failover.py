@@ -1,4 +1,5 @@
 """Failover of the replicated broker: no acknowledged task lost or duplicated, replicas agree."""
+
 import time
 
 import pytest

@@ -1,4 +1,5 @@
 """`fencepost chaos` end to end: a 30-second seeded fault run on its own cluster finds no anomaly."""
+
 import json
 import signal
 import subprocess
@@ -42,9 +43,13 @@ def test_thirty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
 @pytest.mark.timeout(180)
 def test_sigterm_stops_the_run_and_everything_it_started(tmp_path):
     run_dir = tmp_path / "chaos"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "chaos", "--seconds", "600", "--seed", "3",
-                             "--dir", str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "chaos", "--seconds", "600", "--seed", "3", "--dir", str(run_dir)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Wait until the load and the faults run: the cluster is up and the workers started.
         wait_for(lambda: (run_dir / "worker-1.log").exists(), 90, "the chaos run's workers")
@@ -61,8 +66,13 @@ def test_sigterm_stops_the_run_and_everything_it_started(tmp_path):
 
 def run_chaos(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     """Run `fencepost chaos`; past `timeout`, SIGTERM it so it stops its cluster, then fail."""
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "chaos", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "chaos", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -88,6 +98,11 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def test_chaos_rejects_minutes_and_seconds_together():
-    done = subprocess.run([sys.executable, "-m", "cli", "chaos", "--minutes", "1", "--seconds", "60"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "chaos", "--minutes", "1", "--seconds", "60"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "not both" in done.stderr

@@ -5,6 +5,7 @@ command must finish with no ledger naming the bookie and every entry of every
 closed ledger on Qw other bookies (read from each directly); the bookie is then
 SIGKILLed and nothing acknowledged is lost or duplicated, and no submit stalls.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,21 @@ def test_decommission_a_live_bookie_under_keyed_load(cluster, procs):
         wait_for(lambda: load.count() > 150, 30, "load to start")
         current = read_log(cluster.zk, cluster.paths)[0][-1]["id"]
         victim = read_metadata(cluster.zk, cluster.paths, current)[0].ensemble[0]["bookie_id"]
-        result = procs.run(["bookie", "decommission", victim, "--zk", cluster.hosts, "--cluster", cluster.name,
-                            "--timeout", "60", "--json"], timeout=90)
+        result = procs.run(
+            [
+                "bookie",
+                "decommission",
+                victim,
+                "--zk",
+                cluster.hosts,
+                "--cluster",
+                cluster.name,
+                "--timeout",
+                "60",
+                "--json",
+            ],
+            timeout=90,
+        )
         assert result.returncode == 0, result.stderr.decode()[-2000:]
         report = json.loads(result.stdout)
         assert report["done"] and report["remaining"] == 0 and report["total"] >= 1, report
@@ -55,8 +69,11 @@ def test_decommission_a_live_bookie_under_keyed_load(cluster, procs):
             if meta.state != CLOSED:
                 continue
             for index, fragment in enumerate(meta.fragments):
-                last = (int(meta.fragments[index + 1]["first_entry"]) - 1 if index + 1 < len(meta.fragments)
-                        else meta.last_entry)
+                last = (
+                    int(meta.fragments[index + 1]["first_entry"]) - 1
+                    if index + 1 < len(meta.fragments)
+                    else meta.last_entry
+                )
                 for member in fragment["ensemble"][: meta.write_quorum]:
                     for entry_id in range(int(fragment["first_entry"]), last + 1):
                         reply = read_direct(live[member["bookie_id"]].address, meta.ledger_id, entry_id)
@@ -75,6 +92,9 @@ def test_decommission_a_live_bookie_under_keyed_load(cluster, procs):
 
     # Started again on its data directory, it binds a new cookie and is a writable member again.
     procs.restart(live[victim])
-    wait_for(lambda: cluster.zk.exists(cluster.paths.decommissioning_bookie(victim)) is None, 15,
-             "the finished decommission to be cleared by the bookie's return")
+    wait_for(
+        lambda: cluster.zk.exists(cluster.paths.decommissioning_bookie(victim)) is None,
+        15,
+        "the finished decommission to be cleared by the bookie's return",
+    )
     assert cluster.zk.exists(cookie_path(cluster.paths, victim)) is not None

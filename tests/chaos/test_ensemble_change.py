@@ -2,6 +2,7 @@
 
 Real ZooKeeper and real bookie processes (E/Qw/Qa = 3/3/2); bookies die by SIGKILL.
 """
+
 from __future__ import annotations
 
 import json
@@ -155,7 +156,9 @@ def test_without_a_spare_the_writer_goes_on_and_marks_the_ledger(cluster, procs)
             by_id(bookies)[victim["bookie_id"]].kill()
             killed_at = time.monotonic()
             wait_for(lambda: writer.failed_bookies == [victim["bookie_id"]], 4 * ADD_TIMEOUT, "the failure")
-            wait_for(lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id), 10, "the mark")
+            wait_for(
+                lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id), 10, "the mark"
+            )
             stream.wait_acks(len(stream.acked) + 300)
         finally:
             stream.finish()
@@ -192,8 +195,11 @@ def test_two_of_the_ensemble_killed_with_one_spare_goes_on_with_two(four):
     # Stalled until the dead bookies timed out, then the change: about one add timeout.
     assert time.monotonic() - started < 2 * ADD_TIMEOUT
     # The second failure may be seen later (its requests time out later): then there is no spare left.
-    mark = wait_for(lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id), 3 * ADD_TIMEOUT,
-                    "the under-replication mark")
+    mark = wait_for(
+        lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id),
+        3 * ADD_TIMEOUT,
+        "the under-replication mark",
+    )
     assert len(mark["missing"]) == 1 and mark["missing"][0]["bookie_id"] in victims
     assert writer.failed_bookies == [mark["missing"][0]["bookie_id"]]
     meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
@@ -270,7 +276,9 @@ def test_recovery_reads_and_closes_each_fragment(four, abandon_pending):
         assert all(e.epoch == 3 for e in entries)
         # The last fragment's bookies are fenced; the dead one of the first fragment was never needed.
         for member in closed.ensemble:
-            assert Client(member["address"], timeout_ms=3000).call("read_lac", ledger=writer.ledger_id)["fenced"]
+            assert Client(member["address"], timeout_ms=3000).call("read_lac", ledger=writer.ledger_id)[
+                "fenced"
+            ]
         assert victim not in {m["bookie_id"] for m in closed.ensemble}
         # The old writer is fenced: what it still had in flight failed, its next add too.
         for f in late:
@@ -292,8 +300,11 @@ def test_a_reader_reads_across_fragments_with_one_more_bookie_down(four):
     last = writer.close()
     meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
     # One more bookie down: a member of both fragments. Each entry still has a copy in its fragment.
-    both = [m["bookie_id"] for m in meta.fragments[0]["ensemble"]
-            if m["bookie_id"] in {x["bookie_id"] for x in meta.ensemble}]
+    both = [
+        m["bookie_id"]
+        for m in meta.fragments[0]["ensemble"]
+        if m["bookie_id"] in {x["bookie_id"] for x in meta.ensemble}
+    ]
     procs_by_id[both[0]].kill()
     other = make_client(cluster)
     try:
@@ -329,10 +340,15 @@ def test_a_reader_with_metadata_from_before_the_changes_finds_later_entries(clus
                 procs_by_id[victim].pause()
             else:
                 procs_by_id[victim].kill()
-            futs = [writer.add(p) for p in payloads[20 + 60 * step: 80 + 60 * step]]
+            futs = [writer.add(p) for p in payloads[20 + 60 * step : 80 + 60 * step]]
             assert [f.result(4 * ADD_TIMEOUT) for f in futs] == list(range(20 + 60 * step, 80 + 60 * step))
-            wait_for(lambda v=victim: v in writer.failed_bookies or v not in
-                     {m["bookie_id"] for m in writer.ensemble}, 3 * ADD_TIMEOUT, f"{victim} swapped out or failed")
+            wait_for(
+                lambda v=victim: (
+                    v in writer.failed_bookies or v not in {m["bookie_id"] for m in writer.ensemble}
+                ),
+                3 * ADD_TIMEOUT,
+                f"{victim} swapped out or failed",
+            )
         procs_by_id[c].resume()
         assert writer.ensemble_changes == 2 and writer.failed_bookies == [c]
         writer.add_sync(b"x-last")
@@ -364,8 +380,13 @@ def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):
         victim = meta.ensemble[0]["bookie_id"]
         by_id(bookies)[victim].kill()
         load.longest = 0.0
-        changed = wait_for(lambda: (lambda m: m if len(m.fragments) == 2 else None)(
-            read_metadata(cluster.zk, cluster.paths, ledger_id)[0]), 30, "the ensemble change")
+        changed = wait_for(
+            lambda: (lambda m: m if len(m.fragments) == 2 else None)(
+                read_metadata(cluster.zk, cluster.paths, ledger_id)[0]
+            ),
+            30,
+            "the ensemble change",
+        )
         before = load.count()
         wait_for(lambda: load.count() > before + 200, 30, "load to go on after the change")
     assert not load.errors, load.errors[:3]
@@ -377,7 +398,10 @@ def test_a_bookie_of_four_killed_under_keyed_load(cluster, procs):
     # The same leader goes on, and rolls the changed ledger so that it can be re-replicated once closed.
     log_ledgers = read_log(cluster.zk, cluster.paths)[0]
     assert {entry["epoch"] for entry in log_ledgers if entry["id"] >= ledger_id} == {changed.epoch}
-    wait_for(lambda: read_metadata(cluster.zk, cluster.paths, ledger_id)[0].state == CLOSED, 10,
-             "the changed ledger to be rolled")
+    wait_for(
+        lambda: read_metadata(cluster.zk, cluster.paths, ledger_id)[0].state == CLOSED,
+        10,
+        "the changed ledger to be rolled",
+    )
     assert_exactly_once(bc, load.acked)
     assert_replicas_agree(bc, brokers)

@@ -1,4 +1,5 @@
 """Ledger client under failures: killed and paused bookies, fencing a live writer."""
+
 from __future__ import annotations
 
 import threading

@@ -6,6 +6,7 @@ ack quorum), then B's data is lost and C is down at takeover. Before bookies
 vouched for their data, B came back empty and its "no such entry", with A's,
 closed the ledger at its start.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,7 +45,9 @@ def check_recovered(cluster, ledger_id: int) -> None:
     try:
         assert client.recover_and_close(ledger_id) == ENTRIES - 1
         reader = client.open_reader(ledger_id)
-        assert [e.payload for e in reader.read_range(0, ENTRIES - 1)] == [b"task-%d" % i for i in range(ENTRIES)]
+        assert [e.payload for e in reader.read_range(0, ENTRIES - 1)] == [
+            b"task-%d" % i for i in range(ENTRIES)
+        ]
     finally:
         client.close()
 
@@ -82,8 +85,11 @@ def test_wiped_bookie_refuses_and_recovery_waits_for_one_that_knows(cluster, pro
     # Re-registered under a new id on a fresh directory, B is not in the ensemble: it cannot vote.
     move, start = line.split("run: ", 1)[1].split(" && ")
     os.rename(*shlex.split(move)[1:])
-    procs.start("bookie-renewed", shlex.split(start)[1:], ready=lambda p: len(cluster.zk.get_children(
-        cluster.paths.bookies)) >= 2)
+    procs.start(
+        "bookie-renewed",
+        shlex.split(start)[1:],
+        ready=lambda p: len(cluster.zk.get_children(cluster.paths.bookies)) >= 2,
+    )
     assert "fenced 1 of 3" in recovery_fails(cluster, ledger_id)
 
     procs.restart(c)
@@ -152,8 +158,11 @@ def test_broker_takeover_with_a_wiped_bookie_loses_no_acknowledged_task(broker_c
 
     # The takeover waits, and says why, instead of closing the ledger short.
     survivors = [p for p in bc.brokers if p.alive()]
-    wait_for(lambda: any(f"ledger {ledger_id}: fenced 1 of 3 bookies" in p.output() for p in survivors), 60,
-             "a broker to report the recovery it cannot finish")
+    wait_for(
+        lambda: any(f"ledger {ledger_id}: fenced 1 of 3 bookies" in p.output() for p in survivors),
+        60,
+        "a broker to report the recovery it cannot finish",
+    )
     meta, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
     assert meta.state != CLOSED
 

@@ -1,4 +1,5 @@
 """A worker paused past its lease cannot complete; the task is retried and completed once."""
+
 import threading
 import time
 
@@ -15,8 +16,13 @@ def test_paused_worker_loses_its_lease_and_cannot_complete(broker_cluster, procs
     bc = broker_cluster
     target = ["--zk", bc.zk_hosts, "--cluster", bc.cluster.name]
     stop = threading.Event()
-    second = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, queues=["slow"], name="second-worker",
-                    handlers={"slow": lambda task: b"second"})
+    second = Worker(
+        zk=bc.zk_hosts,
+        cluster=bc.cluster.name,
+        queues=["slow"],
+        name="second-worker",
+        handlers={"slow": lambda task: b"second"},
+    )
     runner = threading.Thread(target=second.run, args=(stop,), daemon=True)
     slow = None
     # Every wait below is bounded and every stop is in `finally`: a failed assertion must end
@@ -25,9 +31,27 @@ def test_paused_worker_loses_its_lease_and_cannot_complete(broker_cluster, procs
         try:
             task_id = client.submit("slow", b"work", max_attempts=5)
             script = "import sys, time; sys.stdin.read(); time.sleep(2); print('first', end='')"
-            slow = procs.start("worker", ["worker", "run", "--queue", "slow", "--lease-ms", "1000",
-                                          "--name", "paused-worker", *target, "--", "python3", "-c", script])
-            wait_for(lambda: client.get(task_id)["state"] == "running", 30, "the first worker to lease the task")
+            slow = procs.start(
+                "worker",
+                [
+                    "worker",
+                    "run",
+                    "--queue",
+                    "slow",
+                    "--lease-ms",
+                    "1000",
+                    "--name",
+                    "paused-worker",
+                    *target,
+                    "--",
+                    "python3",
+                    "-c",
+                    script,
+                ],
+            )
+            wait_for(
+                lambda: client.get(task_id)["state"] == "running", 30, "the first worker to lease the task"
+            )
             assert client.get(task_id)["worker"] == "paused-worker"
             slow.pause()  # no heartbeats from now on: the 1 s lease runs out
             runner.start()

@@ -1,4 +1,5 @@
 """`analyze` on a real cluster's history with a leader SIGKILL in it (real Spark in local mode)."""
+
 import threading
 import time
 from html.parser import HTMLParser
@@ -22,19 +23,29 @@ STATES = ("waiting", "running", "done", "failed", "dead", "cancelled")
 
 def work(bc, queues, until_idle_of):
     """A worker on ``queues`` until every task of ``until_idle_of`` (a client) has ended; 'bad' payloads raise."""
+
     def handler(task):
         if task.payload.startswith(b"bad"):
             raise RuntimeError("bad payload")
         return b"ok"
 
-    worker = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, handlers=dict.fromkeys(queues, handler),
-                    concurrency=4, lease_ms=3000, wait_ms=200, name=f"w-{'-'.join(queues)}")
+    worker = Worker(
+        zk=bc.zk_hosts,
+        cluster=bc.cluster.name,
+        handlers=dict.fromkeys(queues, handler),
+        concurrency=4,
+        lease_ms=3000,
+        wait_ms=200,
+        name=f"w-{'-'.join(queues)}",
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
 
     def idle():
         counts = until_idle_of.status()["queues"]
-        return all(c.get("waiting", 0) == 0 and c.get("running", 0) == 0 for q, c in counts.items() if q in queues)
+        return all(
+            c.get("waiting", 0) == 0 and c.get("running", 0) == 0 for q, c in counts.items() if q in queues
+        )
 
     wait_for(idle, 60, f"the worker to finish {queues}")
     worker.stop()
@@ -108,7 +119,9 @@ def test_analyze_a_history_with_a_leader_failover(spark, broker_cluster, tmp_pat
     summary = run_analyze(spark, HistorySource(address=ClusterAddress(bc.zk_hosts, bc.cluster.name)), out)
 
     for queue, counts in status.items():
-        assert {s: summary["queues"][queue][s] for s in STATES} == {s: counts.get(s, 0) for s in STATES}, queue
+        assert {s: summary["queues"][queue][s] for s in STATES} == {s: counts.get(s, 0) for s in STATES}, (
+            queue
+        )
     assert summary["queues"]["alpha"]["dead"] == 3 and summary["queues"]["beta"]["cancelled"] == 1
     tasks = pq.read_table(out / "tasks").to_pylist()
     dead = [t for t in tasks if t["final_state"] == "dead"]
@@ -119,11 +132,14 @@ def test_analyze_a_history_with_a_leader_failover(spark, broker_cluster, tmp_pat
     assert abs(failover["gap_ms"] - measured_gap_ms) < 1000, (failover, measured_gap_ms)
     epochs = pq.read_table(out / "epochs").to_pylist()
     assert [e["epoch"] for e in epochs] == [1, 2]
-    assert epochs[1]["start_ms"] - epochs[0]["end_ms"] == failover["leader_gap_ms"] <= failover["gap_ms"] + 100
+    assert (
+        epochs[1]["start_ms"] - epochs[0]["end_ms"] == failover["leader_gap_ms"] <= failover["gap_ms"] + 100
+    )
 
     minutes = pq.read_table(out / "queue_minutes").to_pylist()
-    assert sum(m["submitted"] for m in minutes if m["queue"] == "gamma") == sum(status["gamma"].values()) - \
-        status["gamma"].get("delayed", 0)
+    assert sum(m["submitted"] for m in minutes if m["queue"] == "gamma") == sum(
+        status["gamma"].values()
+    ) - status["gamma"].get("delayed", 0)
     assert {w["worker"] for w in pq.read_table(out / "workers").to_pylist()} == {"w-alpha-beta", "w-gamma"}
 
     report = Report()

@@ -1,4 +1,5 @@
 """The analyze tables on a small hand-built history (real Spark, local mode; no cluster)."""
+
 import pytest
 
 from pipeline import PipelineError
@@ -23,8 +24,17 @@ T0 = 1_764_000_000_000 - 1_764_000_000_000 % 60_000  # a minute's start
 
 
 def submit(task_id, queue="q", key=None, max_attempts=None, at=0):
-    return {"type": "TaskSubmitted", "task_id": task_id, "queue": queue, "payload": b"x", "key": key,
-            "priority": 0, "delay_ms": 0, "max_attempts": max_attempts, "now_ms": T0 + at}
+    return {
+        "type": "TaskSubmitted",
+        "task_id": task_id,
+        "queue": queue,
+        "payload": b"x",
+        "key": key,
+        "priority": 0,
+        "delay_ms": 0,
+        "max_attempts": max_attempts,
+        "now_ms": T0 + at,
+    }
 
 
 def done(task_id, attempt, at):
@@ -32,8 +42,14 @@ def done(task_id, attempt, at):
 
 
 def failed(task_id, attempt, at, retry=True):
-    return {"type": "TaskFailed", "task_id": task_id, "attempt": attempt, "retry": retry, "error": "e",
-            "now_ms": T0 + at}
+    return {
+        "type": "TaskFailed",
+        "task_id": task_id,
+        "attempt": attempt,
+        "retry": retry,
+        "error": "e",
+        "now_ms": T0 + at,
+    }
 
 
 def leased(worker, at):
@@ -44,12 +60,36 @@ def leased(worker, at):
 HISTORY = [
     (1, 0, 1, [{"type": "EpochStarted", "epoch": 1, "broker_id": 0, "now_ms": T0}]),
     (1, 1, 1, [{"type": "QueueDeclared", "queue": "q", "max_attempts": 2, "now_ms": T0}]),
-    (1, 2, 1, [submit("a", key="k", at=1000), submit("dup", key="k", at=1000), submit("b", at=1000),
-               submit("c", max_attempts=1, at=1000), submit("x", at=1000), submit("w", at=1000)]),
+    (
+        1,
+        2,
+        1,
+        [
+            submit("a", key="k", at=1000),
+            submit("dup", key="k", at=1000),
+            submit("b", at=1000),
+            submit("c", max_attempts=1, at=1000),
+            submit("x", at=1000),
+            submit("w", at=1000),
+        ],
+    ),
     (1, 3, 1, [leased("w1", 2000)]),
-    (1, 4, 1, [done("a", 1, 4000), failed("b", 1, 4000), {"type": "TaskCancelled", "task_id": "c",
-                                                             "now_ms": T0 + 4000}]),
-    (1, 5, 1, [failed("c", 1, 5000, retry=False), {"type": "TaskCancelled", "task_id": "x", "now_ms": T0 + 5000}]),
+    (
+        1,
+        4,
+        1,
+        [
+            done("a", 1, 4000),
+            failed("b", 1, 4000),
+            {"type": "TaskCancelled", "task_id": "c", "now_ms": T0 + 4000},
+        ],
+    ),
+    (
+        1,
+        5,
+        1,
+        [failed("c", 1, 5000, retry=False), {"type": "TaskCancelled", "task_id": "x", "now_ms": T0 + 5000}],
+    ),
     (2, 0, 2, [{"type": "EpochStarted", "epoch": 2, "broker_id": 1, "now_ms": T0 + 8000}]),
     (2, 1, 2, [{"type": "LeaseExpired", "now_ms": T0 + 61_000}]),
     (2, 2, 2, [leased("w2", 62_000)]),
@@ -58,9 +98,14 @@ HISTORY = [
     (2, 5, 2, [leased("w2", 66_000)]),
     (2, 6, 2, [failed("b", 3, 67_000)]),
 ]
-GRANTS = [(1, 3, 0, "a", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "b", 1, "w1", T0 + 2000, "q"),
-          (1, 3, 0, "c", 1, "w1", T0 + 2000, "q"), (1, 3, 0, "w", 1, "w1", T0 + 2000, "q"),
-          (2, 2, 0, "b", 2, "w2", T0 + 62_000, "q"), (2, 5, 0, "b", 3, "w2", T0 + 66_000, "q")]
+GRANTS = [
+    (1, 3, 0, "a", 1, "w1", T0 + 2000, "q"),
+    (1, 3, 0, "b", 1, "w1", T0 + 2000, "q"),
+    (1, 3, 0, "c", 1, "w1", T0 + 2000, "q"),
+    (1, 3, 0, "w", 1, "w1", T0 + 2000, "q"),
+    (2, 2, 0, "b", 2, "w2", T0 + 62_000, "q"),
+    (2, 5, 0, "b", 3, "w2", T0 + 66_000, "q"),
+]
 RELEASES = [(2, 1, 0, "w", 1, T0 + 61_000, "waiting"), (2, 4, 0, "b", 2, T0 + 65_000, "requeued")]
 # Ledger 2's leader continued from its predecessor's clock: by the wall clock it started 4 s later.
 LEDGERS = [(1, T0 - 5), (2, T0 + 12_000)]
@@ -68,17 +113,26 @@ LEDGERS = [(1, T0 - 5), (2, T0 + 12_000)]
 
 @pytest.fixture(scope="module")
 def history(spark):
-    rows = [event_row(ledger, entry, epoch, i, ev) for ledger, entry, epoch, events in HISTORY
-            for i, ev in enumerate(events)]
-    return (prepare_events(spark.createDataFrame(rows, DDL)), spark.createDataFrame(GRANTS, GRANT_DDL),
-            spark.createDataFrame(RELEASES, RELEASE_DDL), spark.createDataFrame(LEDGERS, LEDGER_DDL))
+    rows = [
+        event_row(ledger, entry, epoch, i, ev)
+        for ledger, entry, epoch, events in HISTORY
+        for i, ev in enumerate(events)
+    ]
+    return (
+        prepare_events(spark.createDataFrame(rows, DDL)),
+        spark.createDataFrame(GRANTS, GRANT_DDL),
+        spark.createDataFrame(RELEASES, RELEASE_DDL),
+        spark.createDataFrame(LEDGERS, LEDGER_DDL),
+    )
 
 
 @pytest.fixture(scope="module")
 def tables(history):
     result = analyze_events(*history, Window())
-    return {name: sorted((r.asDict() for r in df.collect()), key=lambda r: [r[k] for k in TABLE_ORDER[name]])
-            for name, df in result.items()}
+    return {
+        name: sorted((r.asDict() for r in df.collect()), key=lambda r: [r[k] for k in TABLE_ORDER[name]])
+        for name, df in result.items()
+    }
 
 
 def test_each_task_follows_the_rules_apply_follows(tables):
@@ -86,7 +140,11 @@ def test_each_task_follows_the_rules_apply_follows(tables):
     assert "dup" not in tasks, "a second submit with the key created a task"
     assert tasks["a"]["final_state"] == "done" and tasks["a"]["finished_ms"] == T0 + 4000, "a repeat counted"
     # b died at its second attempt; retried by an operator, its third attempt fails and it waits again
-    assert tasks["b"]["final_state"] == "waiting" and tasks["b"]["attempts"] == 3 and tasks["b"]["worker"] == "w2"
+    assert (
+        tasks["b"]["final_state"] == "waiting"
+        and tasks["b"]["attempts"] == 3
+        and tasks["b"]["worker"] == "w2"
+    )
     assert tasks["b"]["max_attempts"] == 2, "the queue's declared max_attempts"
     assert tasks["c"]["final_state"] == "failed", "a cancel of a running task counted"
     assert tasks["x"]["final_state"] == "cancelled" and tasks["x"]["attempts"] == 0
@@ -98,8 +156,13 @@ def test_queue_minutes_bucket_by_the_minute_of_each_step(tables):
     by_minute = {r["minute_ms"]: r for r in tables["queue_minutes"]}
     assert sorted(by_minute) == [T0, T0 + 60_000]
     first, second = by_minute[T0], by_minute[T0 + 60_000]
-    assert (first["submitted"], first["started"], first["finished"], first["failed"], first["cancelled"]) == \
-        (5, 4, 1, 1, 1)
+    assert (first["submitted"], first["started"], first["finished"], first["failed"], first["cancelled"]) == (
+        5,
+        4,
+        1,
+        1,
+        1,
+    )
     assert (second["submitted"], second["started"], second["finished"], second["dead"]) == (0, 2, 0, 1)
 
 
@@ -122,7 +185,12 @@ def test_worker_busy_time_ends_at_each_attempts_end(tables):
 
 def test_epochs_and_the_write_gap_of_a_failover(tables):
     first, second = tables["epochs"]
-    assert (first["epoch"], first["broker_id"], first["leader_gap_ms"], first["end_ms"]) == (1, 0, None, T0 + 5000)
+    assert (first["epoch"], first["broker_id"], first["leader_gap_ms"], first["end_ms"]) == (
+        1,
+        0,
+        None,
+        T0 + 5000,
+    )
     assert first["gap_ms"] is None
     assert (second["epoch"], second["broker_id"], second["start_ms"]) == (2, 1, T0 + 8000)
     assert second["leader_gap_ms"] == 3000 and second["entries"] == 7
@@ -134,7 +202,9 @@ def test_a_window_bounds_the_minutes_and_the_epochs(history):
     events, grants, releases, ledgers = history
     later = Window(T0 + 60_000, None)
     assert [r.epoch for r in epochs(events, ledgers, later).collect()] == [2]
-    assert [r.minute_ms for r in queue_minutes(task_life(events, grants, releases), later).collect()] == [T0 + 60_000]
+    assert [r.minute_ms for r in queue_minutes(task_life(events, grants, releases), later).collect()] == [
+        T0 + 60_000
+    ]
     assert [r.epoch for r in epochs(events, ledgers, Window(None, T0 + 6000)).collect()] == [1]
 
 

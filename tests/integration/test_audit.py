@@ -1,4 +1,5 @@
 """`audit` on a real cluster's history (Spark in local mode): clean, then one bookie's copy flipped on disk."""
+
 import json
 
 import pyarrow as pa
@@ -36,7 +37,9 @@ def write_export(address, out):
     for epoch, rows in by_epoch.items():
         table = pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA)
         (out / "events" / f"epoch={epoch}").mkdir(parents=True)
-        pq.write_table(table.drop_columns(["epoch"]), out / "events" / f"epoch={epoch}" / "run-0-0-part-0.parquet")
+        pq.write_table(
+            table.drop_columns(["epoch"]), out / "events" / f"epoch={epoch}" / "run-0-0-part-0.parquet"
+        )
 
 
 def test_audit_is_clean_then_names_the_bookie_and_entry_of_a_flipped_copy(spark, broker_cluster, tmp_path):
@@ -45,7 +48,9 @@ def test_audit_is_clean_then_names_the_bookie_and_entry_of_a_flipped_copy(spark,
     address = ClusterAddress(bc.zk_hosts, bc.cluster.name)
 
     steps = []
-    report = audit_cluster(spark, address, entries_per_partition=10, progress=lambda *step: steps.append(step))
+    report = audit_cluster(
+        spark, address, entries_per_partition=10, progress=lambda *step: steps.append(step)
+    )
     summary = report.summary()
     assert report.findings == [], summary
     assert summary["replay"]["grants"] >= 10 and summary["copies"]["ok"] == 3 * report.entries

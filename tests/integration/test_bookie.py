@@ -1,4 +1,5 @@
 """A real bookie process, spoken to over a DEALER socket: protocol, durability, fencing, long polls."""
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,18 @@ def test_ping_registration_and_graceful_stop(cluster, procs, client_for):
     config = json.loads(cluster.zk.get(cluster.paths.config)[0])
     assert reply["ok"] and reply["cluster_id"] == config["cluster_id"]
     node = json.loads(cluster.zk.get(cluster.paths.bookie(reply["bookie_id"]))[0])
-    assert node["address"] == bookie.address and node["bookie_id"] == reply["bookie_id"] and node["free_bytes"] > 0
+    assert (
+        node["address"] == bookie.address
+        and node["bookie_id"] == reply["bookie_id"]
+        and node["free_bytes"] > 0
+    )
     cookie = json.loads((bookie.data_dir / "COOKIE").read_text())
     instance = cookie.pop("instance_id")
-    assert cookie == {"cluster": cluster.name, "cluster_id": config["cluster_id"], "bookie_id": reply["bookie_id"]}
+    assert cookie == {
+        "cluster": cluster.name,
+        "cluster_id": config["cluster_id"],
+        "bookie_id": reply["bookie_id"],
+    }
     registered = json.loads(cluster.zk.get(f"{cluster.paths.base}/cookies/{reply['bookie_id']}")[0])
     assert registered["instance_id"] == instance
     assert bookie.terminate() == 0
@@ -42,7 +51,11 @@ def test_bad_frames_get_error_replies_and_the_bookie_keeps_serving(cluster, proc
         (good[:-3], None, wire.E_MALFORMED),
         (msgpack.packb([1, 2, 3]), None, wire.E_MALFORMED),
         # Refused before it is decoded, yet answered with its rid (read from the frame's first bytes).
-        (wire.encode(wire.request("add", 11, ledger=1, entry=0, data=b"x" * (8 * 1024 * 1024 + 1))), 11, wire.E_OVERSIZED),
+        (
+            wire.encode(wire.request("add", 11, ledger=1, entry=0, data=b"x" * (8 * 1024 * 1024 + 1))),
+            11,
+            wire.E_OVERSIZED,
+        ),
         (wire.encode({"v": 99, "op": "ping", "rid": 12}), 12, wire.E_VERSION),
         (wire.encode({"op": "ping", "rid": 13}), 13, wire.E_VERSION),
         (wire.encode(wire.request("frobnicate", 14)), 14, wire.E_UNKNOWN_OP),
@@ -53,7 +66,11 @@ def test_bad_frames_get_error_replies_and_the_bookie_keeps_serving(cluster, proc
         (wire.encode(wire.request("add", 19, ledger=1, entry=0, data="text")), 19, wire.E_BAD_REQUEST),
         (wire.encode(wire.request("add", 20, ledger=1, entry=0)), 20, wire.E_BAD_REQUEST),
         (wire.encode(wire.request("add", 21, ledger=1.5, entry=0, data=b"")), 21, wire.E_BAD_REQUEST),
-        (wire.encode(wire.request("wait_lac", 22, ledger=1, after=0, timeout_ms="soon")), 22, wire.E_BAD_REQUEST),
+        (
+            wire.encode(wire.request("wait_lac", 22, ledger=1, after=0, timeout_ms="soon")),
+            22,
+            wire.E_BAD_REQUEST,
+        ),
         (wire.encode(wire.request("wait_lac", 23, ledger=1, after=0, timeout_ms=-5)), 23, wire.E_BAD_REQUEST),
         (wire.encode(wire.request("add", 24, ledger=1, entry=0, data=b"short")), 24, "bad_entry"),
         (wire.encode(wire.request("add", 25, ledger=1, entry=0, data=entry(1, 1))), 25, "bad_entry"),
@@ -104,8 +121,18 @@ def test_a_bookie_refuses_another_clusters_data_dir(cluster, procs, client_for, 
     first_id = json.loads(cluster.zk.get(cluster.paths.config)[0])["cluster_id"]
 
     other = f"t{uuid.uuid4().hex[:10]}"
-    args = ["bookie", "start", "--data", str(bookie.data_dir), "--listen", bookie.address,
-            "--zk", cluster.hosts, "--cluster", other]
+    args = [
+        "bookie",
+        "start",
+        "--data",
+        str(bookie.data_dir),
+        "--listen",
+        bookie.address,
+        "--zk",
+        cluster.hosts,
+        "--cluster",
+        other,
+    ]
     intruder = procs.start("bookie-other", args)
     assert intruder.wait(60) == 1
     other_id = json.loads(cluster.zk.get(ClusterPaths(other).config)[0])["cluster_id"]
@@ -208,7 +235,8 @@ def test_wait_lac_carries_the_committed_entries_it_waited_for(cluster, procs, cl
     reply = poller.call("wait_lac", ledger=8, after=-1, timeout_ms=1000, max_entries=10)
     assert reply["lac"] == 1 and reply["entries"] == [entry(8, 0, lac=-1), entry(8, 1, lac=0)]
     assert poller.call("wait_lac", ledger=8, after=0, timeout_ms=1000, max_entries=1)["entries"] == [
-        entry(8, 1, lac=0)]
+        entry(8, 1, lac=0)
+    ]
     # Parked, then woken by the add that commits entry 2: the reply carries it.
     rid = poller.send("wait_lac", ledger=8, after=1, timeout_ms=20000, max_entries=10)
     assert not poller.sock.poll(200, zmq.POLLIN)
@@ -243,8 +271,10 @@ def test_add_batch_stores_a_run_and_answers_once(cluster, procs, client_for):
     info = c.call("read_lac", ledger=12)
     assert (info["lac"], info["last_entry"], info["fenced"]) == (302, 304, False)
     # Pipelined batches and single adds share group commits; every request gets its one reply.
-    rids = [c.send("add_batch", ledger=13, first=10 * k, entries=[entry(13, 10 * k + i) for i in range(10)])
-            for k in range(50)]
+    rids = [
+        c.send("add_batch", ledger=13, first=10 * k, entries=[entry(13, 10 * k + i) for i in range(10)])
+        for k in range(50)
+    ]
     rids.append(c.send("add", ledger=13, entry=500, data=entry(13, 500)))
     replies = [c.recv(timeout_ms=10000) for _ in rids]
     assert sorted(r["rid"] for r in replies) == sorted(rids) and all(r["ok"] for r in replies)
@@ -295,11 +325,17 @@ def test_add_batch_bad_input_gets_error_replies_and_the_bookie_keeps_serving(clu
 def test_add_batch_on_a_fenced_ledger_refuses_every_entry(cluster, procs, client_for):
     bookie = procs.start_bookie(cluster)
     writer, recoverer = client_for(bookie.address), client_for(bookie.address)
-    assert writer.call("add_batch", ledger=3, first=0, entries=[entry(3, i, lac=i - 1) for i in range(4)])["ok"]
+    assert writer.call("add_batch", ledger=3, first=0, entries=[entry(3, i, lac=i - 1) for i in range(4)])[
+        "ok"
+    ]
     # Batches pipelined around a fence: each is stored whole or refused whole, with one reply,
     # and nothing sent after the fence was acknowledged is stored.
-    before = [writer.send("add_batch", ledger=3, first=4 + 10 * k, entries=[entry(3, 4 + 10 * k + i) for i in range(10)])
-              for k in range(20)]
+    before = [
+        writer.send(
+            "add_batch", ledger=3, first=4 + 10 * k, entries=[entry(3, 4 + 10 * k + i) for i in range(10)]
+        )
+        for k in range(20)
+    ]
     fence = recoverer.call("fence", ledger=3)
     assert fence["fenced"] is True
     fenced_at = fence["last_entry"]
@@ -319,7 +355,9 @@ def test_add_batch_on_a_fenced_ledger_refuses_every_entry(cluster, procs, client
     info = writer.call("read_lac", ledger=3)
     assert info["fenced"] is True and info["last_entry"] == fenced_at
     # A recovery batch is accepted on the fenced ledger.
-    redo = writer.call("add_batch", ledger=3, first=204, entries=[entry(3, 204), entry(3, 205)], recovery=True)
+    redo = writer.call(
+        "add_batch", ledger=3, first=204, entries=[entry(3, 204), entry(3, 205)], recovery=True
+    )
     assert redo["ok"] and redo["count"] == 2
     assert writer.call("read_lac", ledger=3)["last_entry"] == 205
     assert writer.call("stats")["bad_requests"] == 0
@@ -332,9 +370,16 @@ def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_
     from ledger.bookie.server import Bookie
     from tests.conftest import expire_session
 
-    config = BookieConfig(data=str(tmp_path / "b"), listen=f"tcp://127.0.0.1:{free_port()}", zk=cluster.hosts,
-                          cluster=cluster.name, bookie_id="in-process", map_size=64 << 20, zk_session_timeout_s=4,
-                          init_if_missing=True)
+    config = BookieConfig(
+        data=str(tmp_path / "b"),
+        listen=f"tcp://127.0.0.1:{free_port()}",
+        zk=cluster.hosts,
+        cluster=cluster.name,
+        bookie_id="in-process",
+        map_size=64 << 20,
+        zk_session_timeout_s=4,
+        init_if_missing=True,
+    )
     bookie, stop = Bookie(config), threading.Event()
     bookie.start()
     thread = threading.Thread(target=bookie.serve, args=(stop,), daemon=True)
@@ -368,8 +413,15 @@ def test_two_live_bookies_cannot_share_an_id(cluster, procs, tmp_path, free_port
 
     first = procs.start_bookie(cluster)
     bookie_id = json.loads((first.data_dir / "COOKIE").read_text())["bookie_id"]
-    config = BookieConfig(data=str(tmp_path / "twin"), listen=f"tcp://127.0.0.1:{free_port()}", zk=cluster.hosts,
-                          cluster=cluster.name, bookie_id=bookie_id, map_size=64 << 20, zk_session_timeout_s=1)
+    config = BookieConfig(
+        data=str(tmp_path / "twin"),
+        listen=f"tcp://127.0.0.1:{free_port()}",
+        zk=cluster.hosts,
+        cluster=cluster.name,
+        bookie_id=bookie_id,
+        map_size=64 << 20,
+        zk_session_timeout_s=1,
+    )
     # Another data directory under the same id is refused by the ZooKeeper cookie already.
     with pytest.raises(LedgerError, match="belongs to another data directory"):
         Bookie(config).start()

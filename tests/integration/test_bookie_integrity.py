@@ -1,5 +1,6 @@
 """Real bookie processes that cannot vouch for their data: refusals at start, limbo after a crash,
 read-only mode on a full disk."""
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,9 @@ def test_a_truncated_data_file_is_one_line_not_a_sigbus(cluster, procs, client_f
     os.rename(src, dst)
     args = shlex.split(start)[1:]
     new_id = args[args.index("--bookie-id") + 1]
-    renewed = procs.start("bookie-renewed", args, ready=lambda p: cluster.zk.exists(cluster.paths.bookie(new_id)))
+    renewed = procs.start(
+        "bookie-renewed", args, ready=lambda p: cluster.zk.exists(cluster.paths.bookie(new_id))
+    )
     assert renewed.alive() and os.path.exists(os.path.join(dst, "COOKIE"))
 
 
@@ -101,8 +104,13 @@ def test_after_an_unclean_stop_a_damaged_entry_is_named_and_answered_unknown(clu
     assert "ledger 1 entry 5 is damaged on this bookie (bad crc32c digest)" in output
     assert "verified 15 entries" in output and "Traceback" not in output
     c = client_for(restarted.address)
-    for op, fields in (("read", {"entry": 5}), ("read", {"entry": 50}), ("read_lac", {}), ("fence", {}),
-                       ("wait_lac", {"after": -1, "timeout_ms": 0})):
+    for op, fields in (
+        ("read", {"entry": 5}),
+        ("read", {"entry": 50}),
+        ("read_lac", {}),
+        ("fence", {}),
+        ("wait_lac", {"after": -1, "timeout_ms": 0}),
+    ):
         reply = c.call(op, ledger=1, **fields)
         assert reply["ok"] is False and reply["error"] == "unknown", (op, reply)
         assert "cannot vouch for ledger 1" in reply["message"]
@@ -110,7 +118,9 @@ def test_after_an_unclean_stop_a_damaged_entry_is_named_and_answered_unknown(clu
     assert c.call("read_lac", ledger=2)["lac"] == 3 and c.call("read", ledger=2, entry=4)["ok"]
     assert c.call("read", ledger=2, entry=50)["error"] == "no_entry"  # other ledgers: a plain "no"
     stats = c.call("stats")
-    assert stats["verified_at_start"] is True and stats["limbo_ledgers"] == 1 and stats["unknown_replies"] == 5
+    assert (
+        stats["verified_at_start"] is True and stats["limbo_ledgers"] == 1 and stats["unknown_replies"] == 5
+    )
 
     # Limbo outlives a clean restart (no verification then); deleting the ledger ends it.
     assert restarted.terminate() == 0
@@ -123,16 +133,31 @@ def test_after_an_unclean_stop_a_damaged_entry_is_named_and_answered_unknown(clu
     assert c.call("read", ledger=1, entry=5)["error"] == "no_entry"
 
 
-def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(cluster, procs, client_for, free_port):
+def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(
+    cluster, procs, client_for, free_port
+):
     data_dir = procs.workdir / "tiny-bookie"
     address = f"tcp://127.0.0.1:{free_port()}"
-    args = ["bookie", "start", "--data", str(data_dir), "--listen", address, "--zk", cluster.hosts,
-            "--cluster", cluster.name]
-    bookie = procs.start("bookie", args, ready=_answers_ping, address=address, env={"FENCEPOST_MAP_SIZE": str(1 << 20)})
+    args = [
+        "bookie",
+        "start",
+        "--data",
+        str(data_dir),
+        "--listen",
+        address,
+        "--zk",
+        cluster.hosts,
+        "--cluster",
+        cluster.name,
+    ]
+    bookie = procs.start(
+        "bookie", args, ready=_answers_ping, address=address, env={"FENCEPOST_MAP_SIZE": str(1 << 20)}
+    )
     c = client_for(address)
     # Ledger 1 takes big entries (overflow pages), freed at once when it is deleted.
-    assert c.call("add_batch", ledger=1, first=0,
-                  entries=[entry(1, i, payload=bytes(20_000)) for i in range(20)])["ok"]
+    assert c.call(
+        "add_batch", ledger=1, first=0, entries=[entry(1, i, payload=bytes(20_000)) for i in range(20)]
+    )["ok"]
     refused_at = None
     for i in range(2000):
         reply = c.call("add", ledger=2, entry=i, data=entry(2, i, payload=bytes(2000)))
@@ -142,11 +167,18 @@ def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(cluste
             break
     assert refused_at is not None, "the 1 MiB map never filled"
     for i in range(200):
-        assert c.call("add", ledger=2, entry=refused_at + i, data=entry(2, refused_at + i))["error"] == "readonly"
+        assert (
+            c.call("add", ledger=2, entry=refused_at + i, data=entry(2, refused_at + i))["error"]
+            == "readonly"
+        )
     stats = c.call("stats")
     assert stats["readonly"] is True and stats["disk_full_events"] == 1 and stats["readonly_refusals"] >= 201
     node = cluster.paths.bookie(stats["bookie_id"])
-    wait_for(lambda: json.loads(cluster.zk.get(node)[0])["readonly"] is True, 10, "the registration to say readonly")
+    wait_for(
+        lambda: json.loads(cluster.zk.get(node)[0])["readonly"] is True,
+        10,
+        "the registration to say readonly",
+    )
     assert c.call("read", ledger=2, entry=0)["ok"]  # reads go on
 
     assert c.call("delete", ledger=1)["ok"]
@@ -154,7 +186,11 @@ def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(cluste
     wait_for(lambda: c.call("add", ledger=3, entry=0, data=entry(3, 0))["ok"], 15, "an add after the delete")
     stats = c.call("stats")
     assert stats["readonly"] is False and stats["disk_full_events"] == 1
-    wait_for(lambda: json.loads(cluster.zk.get(node)[0])["readonly"] is False, 10, "the registration to say writable")
+    wait_for(
+        lambda: json.loads(cluster.zk.get(node)[0])["readonly"] is False,
+        10,
+        "the registration to say writable",
+    )
     output = bookie.output()
     assert output.count("is read-only: its store is full") == 1, output
     assert output.count("is writable again") == 1, output

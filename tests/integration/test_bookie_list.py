@@ -3,6 +3,7 @@ holds; after one bookie is SIGKILLed it is listed as gone (still holding the led
 it), the ledger shows its ensemble change as a second fragment, and an `underreplicated/` mark shows up
 in both commands.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,22 +48,32 @@ def test_bookie_list_and_status_after_a_bookie_is_killed(cluster, procs):
     assert len(holders) == 3, rows  # the ledger's ensemble: 3 of the 4 bookies
     view = run_json(procs, cluster, "status")
     assert view["underreplicated"] == {"count": 0, "ledgers": []}
-    assert view["ledgers"] and all(led["fragments"] == 1 and led["underreplicated"] is False
-                                   for led in view["ledgers"])
+    assert view["ledgers"] and all(
+        led["fragments"] == 1 and led["underreplicated"] is False for led in view["ledgers"]
+    )
 
     # SIGKILL a bookie of the open ledger's ensemble; writes go on (the writer swaps it for the spare).
     victim_row = holders[0]
     victim = next(p for p in bookies if p.address == victim_row["address"])
     victim.kill()
-    wait_for(lambda: victim_row["id"] not in cluster.zk.get_children(cluster.paths.bookies), 20,
-             "the killed bookie's registration to expire")
+    wait_for(
+        lambda: victim_row["id"] not in cluster.zk.get_children(cluster.paths.bookies),
+        20,
+        "the killed bookie's registration to expire",
+    )
     with Client(zk=cluster.hosts, cluster=cluster.name, timeout=30) as client:
         for n in range(5):
             client.submit("q", f"after {n}".encode())
     open_ledger = max(victim_row["ledgers"])
-    wait_for(lambda: [led for led in run_json(procs, cluster, "status")["ledgers"]
-                      if led["id"] == open_ledger and led["fragments"] >= 2], 30,
-             "the ensemble change in the open ledger's metadata")
+    wait_for(
+        lambda: [
+            led
+            for led in run_json(procs, cluster, "status")["ledgers"]
+            if led["id"] == open_ledger and led["fragments"] >= 2
+        ],
+        30,
+        "the ensemble change in the open ledger's metadata",
+    )
 
     rows = {r["id"]: r for r in run_json(procs, cluster, "bookie", "list")}
     gone = rows[victim_row["id"]]
@@ -71,8 +82,14 @@ def test_bookie_list_and_status_after_a_bookie_is_killed(cluster, procs):
     assert sum(1 for r in rows.values() if r["state"] == "up") == 3
 
     # An under-replicated mark naming the dead bookie (as the writer or an auditor leaves it).
-    mark_underreplicated(cluster.zk, cluster.paths, open_ledger,
-                         [{"bookie_id": victim_row["id"], "address": victim.address}], from_entry=0, by="test")
+    mark_underreplicated(
+        cluster.zk,
+        cluster.paths,
+        open_ledger,
+        [{"bookie_id": victim_row["id"], "address": victim.address}],
+        from_entry=0,
+        by="test",
+    )
     view = run_json(procs, cluster, "status")
     assert view["underreplicated"]["count"] >= 1 and open_ledger in view["underreplicated"]["ledgers"]
     led = next(led for led in view["ledgers"] if led["id"] == open_ledger)
@@ -84,7 +101,10 @@ def test_bookie_list_and_status_after_a_bookie_is_killed(cluster, procs):
             assert open_ledger in row["underreplicated_ledgers"] and row["underreplicated"] >= 1
 
     text = procs.run(["status", "--zk", cluster.hosts, "--cluster", cluster.name])
-    assert text.returncode == 0 and f"L{open_ledger}" in text.stdout.decode().split("under-replicated ledgers:")[1]
+    assert (
+        text.returncode == 0
+        and f"L{open_ledger}" in text.stdout.decode().split("under-replicated ledgers:")[1]
+    )
     text = procs.run(["bookie", "list", "--zk", cluster.hosts, "--cluster", cluster.name])
     assert text.returncode == 0
     line = next(x for x in text.stdout.decode().splitlines() if x.startswith(victim_row["id"]))
@@ -92,7 +112,9 @@ def test_bookie_list_and_status_after_a_bookie_is_killed(cluster, procs):
 
 
 def test_bookie_list_without_zookeeper_fails_with_one_line(procs, free_port):
-    result = procs.run(["bookie", "list", "--zk", f"127.0.0.1:{free_port()}", "--cluster", "nozk"], timeout=30)
+    result = procs.run(
+        ["bookie", "list", "--zk", f"127.0.0.1:{free_port()}", "--cluster", "nozk"], timeout=30
+    )
     assert result.returncode == 1
     lines = result.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fencepost: "), lines

@@ -2,6 +2,7 @@
 bookies without claiming epochs and says why (log, `status`, `not_leader`); once the bookie is back
 on its data directory the takeover completes, and every acknowledged task is there exactly once.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,11 @@ def test_takeover_waits_for_a_lost_bookie_without_burning_epochs(cluster, procs)
         # A bookie dies: writes go on (2 of 3 still make the ack quorum) once its registration is gone.
         lost = bookies[0]
         lost.kill()
-        wait_for(lambda: len(cluster.zk.get_children(cluster.paths.bookies)) == 2, 20,
-                 "the dead bookie's registration to expire")
+        wait_for(
+            lambda: len(cluster.zk.get_children(cluster.paths.bookies)) == 2,
+            20,
+            "the dead bookie's registration to expire",
+        )
         before = load.count()
         wait_for(lambda: load.count() > before + 50, 30, "writes to go on with two bookies")
 
@@ -57,8 +61,11 @@ def test_takeover_waits_for_a_lost_bookie_without_burning_epochs(cluster, procs)
         wait_for(lambda: read_leader(cluster.zk, cluster.paths) is None, 20, "the dead leader's node to go")
         epoch_before = epoch_node(cluster)
         waited_from = time.monotonic()
-        text, doc = wait_for(lambda: (lambda s: s if WAITING in s[0] else None)(status(procs, cluster)),
-                             20, "status to say why nobody leads")
+        text, doc = wait_for(
+            lambda: (lambda s: s if WAITING in s[0] else None)(status(procs, cluster)),
+            20,
+            "status to say why nobody leads",
+        )
         assert f"no leader: {WAITING}" in text, text
         assert doc["waiting_bookies"] == {"waiting_for": 3, "live": 2}
         assert doc["leader"] is None
@@ -102,11 +109,17 @@ def test_with_a_spare_bookie_a_takeover_needs_no_operator(cluster, procs):
     with Producers(bc.zk_hosts, cluster.name, threads=3) as load:
         wait_for(lambda: load.count() > 100, 30, "load to start")
         lost = bookies[0]
-        lost_id = next(child for child in cluster.zk.get_children(cluster.paths.bookies)
-                       if json.loads(cluster.zk.get(cluster.paths.bookie(child))[0])["address"] == lost.address)
+        lost_id = next(
+            child
+            for child in cluster.zk.get_children(cluster.paths.bookies)
+            if json.loads(cluster.zk.get(cluster.paths.bookie(child))[0])["address"] == lost.address
+        )
         lost.kill()
-        wait_for(lambda: len(cluster.zk.get_children(cluster.paths.bookies)) == 3, 20,
-                 "the dead bookie's registration to expire")
+        wait_for(
+            lambda: len(cluster.zk.get_children(cluster.paths.bookies)) == 3,
+            20,
+            "the dead bookie's registration to expire",
+        )
         old_id = bc.leader_info()["broker_id"]
         epoch = bc.leader_info()["epoch"]
         old = bc.leader_proc()
@@ -151,18 +164,30 @@ def test_takeover_waits_for_an_open_ledgers_bookies_though_a_new_ledger_fits(clu
         for p in [old, *victims]:
             p.kill()
         survivor = next(p for p in brokers if p is not old)
-        waiting = f"waiting for the bookies of ledger {ledger_id}: 1 of its last ensemble live, recovery needs 2"
+        waiting = (
+            f"waiting for the bookies of ledger {ledger_id}: 1 of its last ensemble live, recovery needs 2"
+        )
         # Text and JSON come from two calls: wait until both say it (the reason is republished each hold).
-        text, doc = wait_for(lambda: (lambda s: s if waiting in s[0] and
-                                      (s[1].get("waiting_bookies") or {}).get("reason") == waiting else None)(
-            status(procs, cluster)), 30, "status to say why nobody leads")
+        text, doc = wait_for(
+            lambda: (
+                lambda s: (
+                    s
+                    if waiting in s[0] and (s[1].get("waiting_bookies") or {}).get("reason") == waiting
+                    else None
+                )
+            )(status(procs, cluster)),
+            30,
+            "status to say why nobody leads",
+        )
         assert doc["leader"] is None and doc["waiting_bookies"]["reason"] == waiting
         epoch_before = epoch_node(cluster)
         held_from = time.monotonic()
         # Four seconds: twice bookie_wait.RECOVERY_HOLD_S, so the hold of a failed takeover runs out
         # and the broker looks again at least once while the epoch is watched.
         while time.monotonic() - held_from < 4:
-            assert epoch_node(cluster) == epoch_before, "an epoch was claimed while the ledger cannot be recovered"
+            assert epoch_node(cluster) == epoch_before, (
+                "an epoch was claimed while the ledger cannot be recovered"
+            )
             time.sleep(0.5)
 
         procs.restart(victims[0])

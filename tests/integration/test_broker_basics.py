@@ -1,4 +1,5 @@
 """The replicated broker serves, redirects, and refuses bad input while it keeps serving."""
+
 import time
 
 import pytest
@@ -52,11 +53,17 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker_cluster
         (wire.encode({"v": 7, "op": "ping", "rid": 1}), "wrong_version"),
         (wire.encode(wire.request("explode", 1)), "unknown_op"),
         (wire.encode(wire.request("submit", 1, queue="bad queue!", payload=b"x")), "invalid_queue"),
-        (wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (1024 * 1024 + 1))), "payload_too_large"),
+        (
+            wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (1024 * 1024 + 1))),
+            "payload_too_large",
+        ),
         (wire.encode(wire.request("submit", 1, queue="q", payload="not bytes")), "bad_request"),
         (wire.encode(wire.request("lease", 1, worker="w", queues="q")), "bad_request"),
         # Over max_frame_bytes (8 MiB): refused with the rid, so a client can match the refusal.
-        (wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (8 * 1024 * 1024))), "payload_too_large"),
+        (
+            wire.encode(wire.request("submit", 1, queue="q", payload=b"x" * (8 * 1024 * 1024))),
+            "payload_too_large",
+        ),
     ]  # a frame over twice max_frame_bytes gets no reply: the socket drops it (tests/integration/test_poison_requests.py)
     for frame, code in cases:
         reply = _raw(address, frame)
@@ -96,11 +103,15 @@ def test_leader_rolls_to_new_ledgers_in_the_same_epoch(cluster, procs):
     procs.start_bookies(cluster, 3)
     brokers = procs.start_brokers(cluster, 2, extra=["--ledger-max-entries", "5"])
     from tests.conftest import BrokerCluster
+
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=[], brokers=brokers)
     leader = bc.wait_leader()
-    ids = [call(leader["address"], "submit", queue="roll", payload=b"%d" % i, key=f"k{i}")["task_id"]
-           for i in range(30)]
+    ids = [
+        call(leader["address"], "submit", queue="roll", payload=b"%d" % i, key=f"k{i}")["task_id"]
+        for i in range(30)
+    ]
     from ledger.log import read_log
+
     ledgers, _ = read_log(cluster.zk, cluster.paths)
     assert len(ledgers) >= 5 and {x["epoch"] for x in ledgers} == {leader["epoch"]}
     status = call(leader["address"], "status")

@@ -5,6 +5,7 @@ frame, `status` with a just-killed leader, `dev restart`, `dev down` + `dev up` 
 same ports with an added broker, and the run directory's lock. The commands run in
 process with click's CliRunner; the cluster's members are real processes.
 """
+
 import json
 import os
 import signal
@@ -28,8 +29,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 def dev_dir(tmp_path_factory):
     # A longer ZooKeeper session than dev up's default, so that a killed leader stays named long
     # enough for `status` to be asked about it.
-    with dev_up(tmp_path_factory.mktemp("scripting") / "dev", "--bookies", "3", "--brokers", "2",
-                "--zk-session-timeout", "4") as path:
+    with dev_up(
+        tmp_path_factory.mktemp("scripting") / "dev",
+        "--bookies",
+        "3",
+        "--brokers",
+        "2",
+        "--zk-session-timeout",
+        "4",
+    ) as path:
         yield str(path)
 
 
@@ -46,7 +54,9 @@ def test_submit_wait_prints_the_id_then_the_result_and_fails_unless_done(dev_dir
     def boom(task):
         raise ValueError("no thanks")
 
-    worker = Worker.from_dev_dir(dev_dir, queues=["echo", "boom"], handlers={"echo": lambda t: t.payload, "boom": boom})
+    worker = Worker.from_dev_dir(
+        dev_dir, queues=["echo", "boom"], handlers={"echo": lambda t: t.payload, "boom": boom}
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
@@ -73,7 +83,10 @@ def test_an_unknown_cluster_fails_at_once_naming_the_known_ones(dev_dir):
     started = time.monotonic()
     result = fencepost("status", "--zk", zk, "--cluster", "nope")
     assert result.exit_code == 1
-    assert result.output == f"fencepost: no_such_cluster: no cluster 'nope' in ZooKeeper at {zk} (clusters there: dev)\n"
+    assert (
+        result.output
+        == f"fencepost: no_such_cluster: no cluster 'nope' in ZooKeeper at {zk} (clusters there: dev)\n"
+    )
     with pytest.raises(ClusterNotFound):
         Client(zk=zk, cluster="nope")
     assert time.monotonic() - started < 10

@@ -1,4 +1,5 @@
 """`fencepost submit`, `task show` and `worker run -- CMD` against a real cluster."""
+
 import json
 import time
 
@@ -16,8 +17,9 @@ def test_submit_worker_run_and_task_show(broker_cluster, procs):
     bad = procs.run(["submit", "shout", *target], input=b"boom")
     fails = bad.stdout.decode().strip()
     script = "import sys; d=sys.stdin.read(); sys.exit(3) if d=='boom' else print(d.upper(), end='')"
-    worker = procs.start("worker", ["worker", "run", "--queue", "shout", *target, "--",
-                                    "python3", "-c", script])
+    worker = procs.start(
+        "worker", ["worker", "run", "--queue", "shout", *target, "--", "python3", "-c", script]
+    )
     deadline = time.monotonic() + 60
     while True:
         shown = procs.run(["task", "show", task_id, "--json", *target])
@@ -38,7 +40,9 @@ def test_submit_worker_run_and_task_show(broker_cluster, procs):
 
 
 def test_task_show_unknown_id_fails_with_one_line(broker_cluster, procs):
-    result = procs.run(["task", "show", "nope", "--zk", broker_cluster.zk_hosts, "--cluster", broker_cluster.cluster.name])
+    result = procs.run(
+        ["task", "show", "nope", "--zk", broker_cluster.zk_hosts, "--cluster", broker_cluster.cluster.name]
+    )
     assert result.returncode == 1
     assert result.stderr.decode().count("\n") == 1 and "nope" in result.stderr.decode()
 

@@ -1,4 +1,5 @@
 """The Python Client and Worker against a real three-broker cluster (ZooKeeper, bookies, brokers)."""
+
 from __future__ import annotations
 
 import threading
@@ -37,7 +38,9 @@ class RunningWorker:
 
 def make_worker(bc, handler, queue="jobs", **options) -> RunningWorker:
     options.setdefault("wait_ms", 500)
-    return RunningWorker(Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, handlers={queue: handler}, **options))
+    return RunningWorker(
+        Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, handlers={queue: handler}, **options)
+    )
 
 
 def test_submit_get_wait_cancel_and_keys(client):
@@ -45,14 +48,18 @@ def test_submit_get_wait_cancel_and_keys(client):
     task = client.get(task_id)
     assert task["id"] == task_id and task["queue"] == "jobs" and task["state"] == "waiting"
     assert task["attempts"] == 0 and task["payload"] == b"hello"
-    assert client.submit("jobs", b"other payload", key="order-17") == client.submit("jobs", b"x", key="order-17")
+    assert client.submit("jobs", b"other payload", key="order-17") == client.submit(
+        "jobs", b"x", key="order-17"
+    )
     assert client.submit("jobs", b"no key") != client.submit("jobs", b"no key")  # auto keys differ per call
     with pytest.raises(WaitTimeout):
         client.wait(task_id, timeout=0.3)
     client.cancel(task_id)
     client.cancel(task_id)  # a repeated cancel is fine
     assert client.wait(task_id, timeout=5)["state"] == "cancelled"
-    ids = client.submit_many([{"queue": "jobs", "payload": b"a"}, {"queue": "mail", "payload": b"b", "delay": 60}])
+    ids = client.submit_many(
+        [{"queue": "jobs", "payload": b"a"}, {"queue": "mail", "payload": b"b", "delay": 60}]
+    )
     assert [client.get(i)["queue"] for i in ids] == ["jobs", "mail"]
     with pytest.raises(TaskNotFound):
         client.get("no-such-task")

@@ -10,6 +10,7 @@
   secret, or with another one, are refused at start; the secret is nowhere in ZooKeeper,
   the members' logs or `status --json`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -56,22 +57,50 @@ def _secret_file(tmp_path, secret: bytes = SECRET):
 
 def _member_args(kind: str, procs, cluster, *extra: str) -> list[str]:
     data = procs.workdir / f"{kind}-{uuid.uuid4().hex[:6]}"
-    return [kind, "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1", "--zk", cluster.hosts,
-            "--cluster", cluster.name, *extra]
+    return [
+        kind,
+        "start",
+        "--data",
+        str(data),
+        "--listen",
+        "tcp://127.0.0.1:1",
+        "--zk",
+        cluster.hosts,
+        "--cluster",
+        cluster.name,
+        *extra,
+    ]
 
 
 # ------------------------------------------------------------------ init itself
 def test_init_writes_config_once_and_refuses_a_second_time(cluster, procs):
-    result = _init(procs, cluster, "--write-quorum", "5", "--ack-quorum", "3", "--ensemble-size", "5",
-                   "--max-payload-bytes", "4096", "--json")
+    result = _init(
+        procs,
+        cluster,
+        "--write-quorum",
+        "5",
+        "--ack-quorum",
+        "3",
+        "--ensemble-size",
+        "5",
+        "--max-payload-bytes",
+        "4096",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr.decode()
     printed = json.loads(result.stdout)
     stored = read_cluster_config(cluster.zk, cluster.paths)
     assert printed["cluster"] == cluster.name
     assert {k: v for k, v in printed.items() if k != "cluster"} == stored
     assert uuid.UUID(stored["cluster_id"]).version == 4
-    assert (stored["write_quorum"], stored["ack_quorum"], stored["ensemble_size"], stored["digest"],
-            stored["max_payload_bytes"], stored["format_version"]) == (5, 3, 5, "crc32c", 4096, 1)
+    assert (
+        stored["write_quorum"],
+        stored["ack_quorum"],
+        stored["ensemble_size"],
+        stored["digest"],
+        stored["max_payload_bytes"],
+        stored["format_version"],
+    ) == (5, 3, 5, "crc32c", 4096, 1)
     assert abs(stored["created_at"] - time.time()) < 60
 
     again = _init(procs, cluster)
@@ -93,12 +122,20 @@ def test_init_refuses_bad_combinations_in_one_line(cluster, procs, tmp_path):
     empty = tmp_path / "empty"
     empty.write_bytes(b"\n")
     cases = [
-        (["--ack-quorum", "3", "--write-quorum", "2", "--ensemble-size", "2"], 1, "ack_quorum <= write_quorum"),
+        (
+            ["--ack-quorum", "3", "--write-quorum", "2", "--ensemble-size", "2"],
+            1,
+            "ack_quorum <= write_quorum",
+        ),
         (["--write-quorum", "2"], 1, "write_quorum must equal ensemble_size"),
         (["--digest", "hmac-sha256"], 1, "give --secret-file"),
         (["--secret-file", str(secret)], 1, "only used with --digest hmac-sha256"),
         (["--digest", "hmac-sha256", "--secret-file", str(empty)], 1, "is empty"),
-        (["--digest", "hmac-sha256", "--secret-file", str(tmp_path / "none")], 1, "cannot read the secret file"),
+        (
+            ["--digest", "hmac-sha256", "--secret-file", str(tmp_path / "none")],
+            1,
+            "cannot read the secret file",
+        ),
         (["--digest", "md5"], 2, "--digest"),
         (["--max-payload-bytes", "0"], 2, "--max-payload-bytes"),
     ]
@@ -117,15 +154,31 @@ def test_init_refuses_bad_combinations_in_one_line(cluster, procs, tmp_path):
 @pytest.mark.timeout(120)
 def test_members_whose_options_differ_abort_naming_each_difference(cluster, procs):
     assert _init(procs, cluster).returncode == 0
-    broker = procs.run(_member_args("broker", procs, cluster, "--write-quorum", "2", "--ensemble-size", "3",
-                                    "--ack-quorum", "2"), timeout=60)
+    broker = procs.run(
+        _member_args(
+            "broker", procs, cluster, "--write-quorum", "2", "--ensemble-size", "3", "--ack-quorum", "2"
+        ),
+        timeout=60,
+    )
     assert broker.returncode == 1, broker.stderr.decode()
     line = _one_line(broker)
     assert "write_quorum: cluster has 3, this member has 2" in line
     assert "ensemble_size" not in line and "ack_quorum" not in line  # equal values set are no difference
 
-    bookie = procs.run(_member_args("bookie", procs, cluster, "--ack-quorum", "3", "--digest", "hmac-sha256",
-                                    "--max-payload-bytes", "1048576"), timeout=60)
+    bookie = procs.run(
+        _member_args(
+            "bookie",
+            procs,
+            cluster,
+            "--ack-quorum",
+            "3",
+            "--digest",
+            "hmac-sha256",
+            "--max-payload-bytes",
+            "1048576",
+        ),
+        timeout=60,
+    )
     assert bookie.returncode == 1, bookie.stderr.decode()
     line = _one_line(bookie)
     assert "ack_quorum: cluster has 2, this member has 3" in line
@@ -133,8 +186,9 @@ def test_members_whose_options_differ_abort_naming_each_difference(cluster, proc
     assert "max_payload_bytes" not in line
 
     # A broker whose environment sets an option compares it too.
-    env_broker = procs.run(_member_args("broker", procs, cluster), env={"FENCEPOST_MAX_PAYLOAD_BYTES": "10"},
-                           timeout=60)
+    env_broker = procs.run(
+        _member_args("broker", procs, cluster), env={"FENCEPOST_MAX_PAYLOAD_BYTES": "10"}, timeout=60
+    )
     assert env_broker.returncode == 1
     assert "max_payload_bytes: cluster has 1048576, this member has 10" in _one_line(env_broker)
 
@@ -162,8 +216,14 @@ def test_members_started_before_init_wait_for_it_then_serve(cluster, procs):
         result = _init(procs, cluster)
         assert result.returncode == 0, result.stderr.decode()
         wait_for(lambda: all(_answers_ping(p) for p in (*bookies, broker)), 30, "members to serve after init")
-        info = wait_for(lambda: cluster.zk.exists(cluster.paths.leader) and
-                        json.loads(cluster.zk.get(cluster.paths.leader)[0]), 30, "a leader")
+        info = wait_for(
+            lambda: (
+                cluster.zk.exists(cluster.paths.leader)
+                and json.loads(cluster.zk.get(cluster.paths.leader)[0])
+            ),
+            30,
+            "a leader",
+        )
         reply = call(info["address"], "submit", queue="q", payload=b"after init", timeout=10)
         assert reply["ok"], reply
         config = read_cluster_config(cluster.zk, cluster.paths)
@@ -210,16 +270,25 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
     missing = procs.run(_member_args("broker", procs, cluster), timeout=60)
     assert missing.returncode == 1 and "uses the hmac-sha256 digest" in _one_line(missing)
     assert "--secret-file" in _one_line(missing)
-    wrong = procs.run(_member_args("broker", procs, cluster, "--secret-file",
-                                   str(_secret_file(tmp_path, b"another secret"))), timeout=60)
+    wrong = procs.run(
+        _member_args(
+            "broker", procs, cluster, "--secret-file", str(_secret_file(tmp_path, b"another secret"))
+        ),
+        timeout=60,
+    )
     assert wrong.returncode == 1 and "is not the secret of cluster" in _one_line(wrong)
 
     # Debug logging: the secret must not show up even there.
     debug = {"FENCEPOST_LOG_LEVEL": "debug"}
     bookies = procs.start_bookies(cluster, 3, env=debug)
     brokers = procs.start_brokers(cluster, 2, extra=["--secret-file", str(secret_file)], env=debug)
-    leader = wait_for(lambda: cluster.zk.exists(cluster.paths.leader) and
-                      json.loads(cluster.zk.get(cluster.paths.leader)[0]), 30, "a leader")
+    leader = wait_for(
+        lambda: (
+            cluster.zk.exists(cluster.paths.leader) and json.loads(cluster.zk.get(cluster.paths.leader)[0])
+        ),
+        30,
+        "a leader",
+    )
     task = call(leader["address"], "submit", queue="q", payload=b"signed", timeout=10)
     assert task["ok"], task
 
@@ -293,8 +362,12 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
     status = procs.run(["status", "--zk", cluster.hosts, "--cluster", cluster.name, "--json"], timeout=60)
     assert status.returncode == 0, status.stderr.decode()
     json.loads(status.stdout)
-    texts = {"status": status.stdout + status.stderr, "init": result.stdout + result.stderr,
-             "refused brokers": missing.stderr + wrong.stderr, "epochs": epochs.stdout + epochs.stderr}
+    texts = {
+        "status": status.stdout + status.stderr,
+        "init": result.stdout + result.stderr,
+        "refused brokers": missing.stderr + wrong.stderr,
+        "epochs": epochs.stdout + epochs.stderr,
+    }
     for path, data in _walk(cluster.zk, cluster.paths.base):
         texts[path] = data
     for proc in procs.procs:
@@ -336,16 +409,37 @@ def test_dev_up_runs_init_with_its_flags_and_keeps_the_config_on_a_second_up(pro
     secret_file = _secret_file(tmp_path)
     where = ["--dev-dir", str(dev_dir)]
     try:
-        up = _dev(procs, "up", *where, "--cluster", "dv", "--bookies", "3", "--brokers", "1",
-                  "--digest", "hmac-sha256", "--secret-file", str(secret_file), "--max-payload-bytes", "2048")
+        up = _dev(
+            procs,
+            "up",
+            *where,
+            "--cluster",
+            "dv",
+            "--bookies",
+            "3",
+            "--brokers",
+            "1",
+            "--digest",
+            "hmac-sha256",
+            "--secret-file",
+            str(secret_file),
+            "--max-payload-bytes",
+            "2048",
+        )
         assert up.returncode == 0, up.stderr.decode()
         assert "cluster dv initialized (cluster id" in up.stdout.decode()
         config = _dev_config(dev_dir, "dv")
-        assert (config["digest"], config["max_payload_bytes"], config["write_quorum"]) == ("hmac-sha256", 2048, 3)
+        assert (config["digest"], config["max_payload_bytes"], config["write_quorum"]) == (
+            "hmac-sha256",
+            2048,
+            3,
+        )
         state = json.loads((dev_dir / "cluster.json").read_text())
         broker = next(m for m in state["processes"] if m["kind"] == "broker")
         assert str(secret_file.resolve()) in broker["args"]  # brokers get the secret file; bookies need none
-        assert all("--secret-file" not in m.get("args", []) for m in state["processes"] if m["kind"] == "bookie")
+        assert all(
+            "--secret-file" not in m.get("args", []) for m in state["processes"] if m["kind"] == "bookie"
+        )
         submit = procs.run(["submit", *where, "q", "x"], timeout=60)
         assert submit.returncode == 0, submit.stderr.decode()
         assert _dev(procs, "down", *where).returncode == 0
@@ -358,8 +452,19 @@ def test_dev_up_runs_init_with_its_flags_and_keeps_the_config_on_a_second_up(pro
         assert _dev(procs, "down", *where).returncode == 0
 
         # With flags that disagree with the existing config: refused, naming the difference.
-        other = _dev(procs, "up", *where, "--cluster", "dv", "--bookies", "0", "--brokers", "0",
-                     "--max-payload-bytes", "4096")
+        other = _dev(
+            procs,
+            "up",
+            *where,
+            "--cluster",
+            "dv",
+            "--bookies",
+            "0",
+            "--brokers",
+            "0",
+            "--max-payload-bytes",
+            "4096",
+        )
         assert other.returncode == 1
         assert "max_payload_bytes: cluster has 2048" in _one_line(other)
     finally:

@@ -4,6 +4,7 @@ Every broker exits 0 with its store clean at the same entry; the leader refuses 
 once asked; the restarted cluster serves every acknowledged task exactly once, in a
 higher epoch, without any snapshot download (the stores are at the log's end).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,12 @@ pytestmark = [pytest.mark.integration]
 
 QUEUE = "load"
 # Log lines of a store that had to be verified, rebuilt or joined by snapshot at start.
-NOT_AT_THE_END = ("installing a snapshot", "installed snapshot", "not closed in order", "rebuilding the state store")
+NOT_AT_THE_END = (
+    "installing a snapshot",
+    "installed snapshot",
+    "not closed in order",
+    "rebuilding the state store",
+)
 
 
 class KeyedLoad:
@@ -37,8 +43,10 @@ class KeyedLoad:
         self.refusals: list[str] = []
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(zk_hosts, cluster, i), daemon=True)
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(zk_hosts, cluster, i), daemon=True)
+            for i in range(threads)
+        ]
 
     def _run(self, zk_hosts: str, cluster: str, index: int) -> None:
         with Client(zk=zk_hosts, cluster=cluster, timeout=5) as client:
@@ -92,7 +100,9 @@ class Prober(threading.Thread):
             for rid in range(1, 10_000):  # bounded: a broker that stopped answering is not flooded
                 if self.halt.is_set():
                     return
-                sock.send(wire.encode(wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}")))
+                sock.send(
+                    wire.encode(wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}"))
+                )
                 while sock.poll(1):
                     reply = wire.decode(sock.recv())
                     self.replies.append((reply["rid"], None if reply.get("ok") else reply.get("error")))
@@ -100,14 +110,17 @@ class Prober(threading.Thread):
             sock.close()
 
 
-def assert_every_acked_task_once(zk_hosts: str, cluster: str, leader_address: str, acked: dict[str, str],
-                                 unacked_at_most: int) -> None:
+def assert_every_acked_task_once(
+    zk_hosts: str, cluster: str, leader_address: str, acked: dict[str, str], unacked_at_most: int
+) -> None:
     with Client(zk=zk_hosts, cluster=cluster, timeout=30) as client:
         # Submitting every key again returns the same task: present, and never created twice.
         keys = list(acked)
         for i in range(0, len(keys), 500):
-            chunk = keys[i:i + 500]
-            again = client.submit_many([{"queue": QUEUE, "payload": f"task {k}".encode(), "key": k} for k in chunk])
+            chunk = keys[i : i + 500]
+            again = client.submit_many(
+                [{"queue": QUEUE, "payload": f"task {k}".encode(), "key": k} for k in chunk]
+            )
             assert again == [acked[k] for k in chunk], "an acknowledged task is missing or was created again"
     depth = call(leader_address, "status")["queues"][QUEUE]
     stored = sum(depth.values())
@@ -115,8 +128,10 @@ def assert_every_acked_task_once(zk_hosts: str, cluster: str, leader_address: st
 
 
 def run_shutdown(procs, zk_hosts: str, cluster: str, timeout: float = 60) -> dict:
-    result = procs.run(["cluster", "shutdown", "--json", "--timeout", str(timeout), "--zk", zk_hosts,
-                        "--cluster", cluster], timeout=timeout + 30)
+    result = procs.run(
+        ["cluster", "shutdown", "--json", "--timeout", str(timeout), "--zk", zk_hosts, "--cluster", cluster],
+        timeout=timeout + 30,
+    )
     assert result.returncode == 0, (result.stdout.decode(), result.stderr.decode())
     return json.loads(result.stdout)
 
@@ -200,8 +215,13 @@ def test_dev_up_again_after_a_shutdown_restarts_the_brokers_on_their_data(tmp_pa
             assert_stores_clean([Path(m["data_dir"]) for m in brokers], report)
             again = procs.run(["dev", "up", "--dev-dir", str(dev_dir)], timeout=120)
             assert again.returncode == 0, again.stderr.decode()
-            second = wait_for(lambda: (read_leader(zk, paths) or {}).get("epoch", 0) > first["epoch"]
-                              and read_leader(zk, paths), 60, "a leader of a later epoch")
+            second = wait_for(
+                lambda: (
+                    (read_leader(zk, paths) or {}).get("epoch", 0) > first["epoch"] and read_leader(zk, paths)
+                ),
+                60,
+                "a leader of a later epoch",
+            )
             assert_every_acked_task_once(hosts, cluster, second["address"], load.acked, unacked_at_most=2)
             for m in brokers:  # one log per member across both runs: read the second run's part
                 out = Path(m["log"]).read_text(errors="replace").rsplit("starting on", 1)[-1]

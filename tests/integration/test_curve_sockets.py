@@ -1,4 +1,5 @@
 """CURVE on real ZeroMQ sockets over loopback: known keys get in with their role, others never connect."""
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,16 @@ def secure_server(tmp_path):
     make_server(sock, server_pair)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     try:
-        yield {"ctx": ctx, "sock": sock, "address": f"tcp://127.0.0.1:{port}", "server": server_pair,
-               "worker": worker, "admin": admin, "ring": ring, "keys": keys}
+        yield {
+            "ctx": ctx,
+            "sock": sock,
+            "address": f"tcp://127.0.0.1:{port}",
+            "server": server_pair,
+            "worker": worker,
+            "admin": admin,
+            "ring": ring,
+            "keys": keys,
+        }
     finally:
         sock.close(0)
         auth.stop()

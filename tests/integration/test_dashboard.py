@@ -1,5 +1,6 @@
 """`fencepost dashboard` in a real headless Chromium: it loads without console errors, shows the
 leader, a dead task's error as text, the workers, and the new leader within seconds of a leader SIGKILL."""
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,17 @@ from tests.conftest import call, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # Without the background-networking flags Chromium reaches for external hosts at start.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
 
 
 def _browser_missing() -> str | None:
@@ -24,8 +33,10 @@ def _browser_missing() -> str | None:
     except ImportError:
         return "selenium is not installed (pip install -e '.[test]')"
     if not shutil.which("chromium") or not shutil.which("chromedriver"):
-        return ("no Chromium: install the Debian packages chromium and chromium-driver "
-                "(`make test` run as root installs them)")
+        return (
+            "no Chromium: install the Debian packages chromium and chromium-driver "
+            "(`make test` run as root installs them)"
+        )
     return None
 
 
@@ -43,7 +54,9 @@ def browser(tmp_path):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(executable_path=shutil.which("chromedriver"), log_output=str(tmp_path / "chromedriver.log"))
+    service = Service(
+        executable_path=shutil.which("chromedriver"), log_output=str(tmp_path / "chromedriver.log")
+    )
     driver = webdriver.Chrome(service=service, options=options)
     try:
         yield driver
@@ -61,10 +74,14 @@ def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):
     assert call(leader["address"], "submit", queue="mail", payload=b"x", max_attempts=1)["ok"]
     [task] = call(leader["address"], "lease", worker="w-dash", queues=["mail"], max_tasks=1)["tasks"]
     error = "<b>boom</b> & <script>alert(1)</script>"  # shown as text, never as markup
-    assert call(leader["address"], "fail", task_id=task["task_id"], attempt=task["attempt"], error=error)["ok"]
-    dash = procs.start("dashboard", ["dashboard", "--listen", "127.0.0.1:0", "--zk", cluster.hosts,
-                                     "--cluster", cluster.name],
-                       ready=lambda proc: "dashboard of cluster" in proc.output())
+    assert call(leader["address"], "fail", task_id=task["task_id"], attempt=task["attempt"], error=error)[
+        "ok"
+    ]
+    dash = procs.start(
+        "dashboard",
+        ["dashboard", "--listen", "127.0.0.1:0", "--zk", cluster.hosts, "--cluster", cluster.name],
+        ready=lambda proc: "dashboard of cluster" in proc.output(),
+    )
     url = re.search(r"on (http://\S+)", dash.output()).group(1)
 
     browser.get(url)
@@ -80,11 +97,19 @@ def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):
     WebDriverWait(browser, 10).until(lambda d: "w-dash" in d.find_element(By.ID, "workers").text)
 
     next(p for p in brokers if p.address == leader["address"]).kill()
-    new = wait_for(lambda: (info := read_leader(cluster.zk, cluster.paths)) and
-                   info["broker_id"] != leader["broker_id"] and info, 30, "a new leader")
+    new = wait_for(
+        lambda: (
+            (info := read_leader(cluster.zk, cluster.paths))
+            and info["broker_id"] != leader["broker_id"]
+            and info
+        ),
+        30,
+        "a new leader",
+    )
     WebDriverWait(browser, 10).until(lambda d: shown_leader(d) == str(new["broker_id"]))
     WebDriverWait(browser, 10).until(
-        lambda d: f"broker {new['broker_id']} leads" in d.find_element(By.ID, "failovers").text)
+        lambda d: f"broker {new['broker_id']} leads" in d.find_element(By.ID, "failovers").text
+    )
 
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors

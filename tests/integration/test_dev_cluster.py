@@ -1,4 +1,5 @@
 """`fencepost dev up|status|down` starts a local cluster and stops exactly what it started."""
+
 import json
 import urllib.request
 

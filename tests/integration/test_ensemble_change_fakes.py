@@ -3,6 +3,7 @@
 The fakes (``FakeBookie`` of test_ledger_client) let a test decide exactly which
 bookie fails and when, and see every request each one got.
 """
+
 from __future__ import annotations
 
 import time
@@ -152,19 +153,31 @@ def test_recovery_starts_at_the_last_fragment_when_the_fenced_lacs_lag(cluster):
                 return wire.ok_reply(msg["rid"], lac=-1, last_entry=max(holds, default=-1), fenced=True)
             if msg["op"] == "read":
                 if msg["entry"] in holds:
-                    data = encode_entry(Entry(msg["ledger"], msg["entry"], -1, 4, b"e-%d" % msg["entry"]), digest)
+                    data = encode_entry(
+                        Entry(msg["ledger"], msg["entry"], -1, 4, b"e-%d" % msg["entry"]), digest
+                    )
                     return wire.ok_reply(msg["rid"], data=data)
                 return wire.error_reply(msg["rid"], "no_entry", "none")
             return wire.ok_reply(msg["rid"])
+
         return handler
 
-    fakes = {"a": FakeBookie(bookie("a", range(5, 15))), "b": FakeBookie(bookie("b", range(10, 15))),
-             "c": FakeBookie(bookie("c", range(0, 10))), "d": FakeBookie(bookie("d", range(10, 15)))}
+    fakes = {
+        "a": FakeBookie(bookie("a", range(5, 15))),
+        "b": FakeBookie(bookie("b", range(10, 15))),
+        "c": FakeBookie(bookie("c", range(0, 10))),
+        "d": FakeBookie(bookie("d", range(10, 15))),
+    }
     pool = BookiePool(default_timeout=2.0)
     try:
         member = {k: {"bookie_id": k, "address": f.address} for k, f in fakes.items()}
-        meta = LedgerMetadata(ledger_id=-1, ensemble=[member["a"], member["b"], member["c"]], write_quorum=3,
-                              ack_quorum=2, epoch=4)
+        meta = LedgerMetadata(
+            ledger_id=-1,
+            ensemble=[member["a"], member["b"], member["c"]],
+            write_quorum=3,
+            ack_quorum=2,
+            epoch=4,
+        )
         meta = meta.with_fragment(10, [member["a"], member["b"], member["d"]])
         ledger_id, _ = create_metadata(cluster.zk, cluster.paths, meta)
         assert recover_and_close(cluster.zk, cluster.paths, pool, ledger_id, digest, timeout=2.0) == 14

@@ -7,6 +7,7 @@ acknowledged submits and completions: the successor holds every acknowledged
 task, and every acknowledged completion, because the leader replies only once
 the entry is committed on the ack quorum and applied.
 """
+
 from __future__ import annotations
 
 import threading
@@ -25,8 +26,12 @@ TASKS = 100
 def test_keyed_submits_and_their_completions_write_at_most_two_entries_per_task(broker_cluster):
     bc = broker_cluster
     done: list[str] = []
-    worker = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, concurrency=4,
-                    handlers={"q": lambda task: done.append(task.task_id) or b"ok"})
+    worker = Worker(
+        zk=bc.zk_hosts,
+        cluster=bc.cluster.name,
+        concurrency=4,
+        handlers={"q": lambda task: done.append(task.task_id) or b"ok"},
+    )
     runner = threading.Thread(target=worker.run, daemon=True)
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=30) as client:
         try:
@@ -36,8 +41,11 @@ def test_keyed_submits_and_their_completions_write_at_most_two_entries_per_task(
             before = client.status()["position"]
             wait_for(lambda: client.status()["position"] == before, 10, "the leader to settle")
             ids = [client.submit("q", b"%d" % i, key=f"k{i}") for i in range(TASKS)]
-            wait_for(lambda: len(done) >= TASKS and all(client.get(i)["state"] == "done" for i in ids[-5:]), 60,
-                     "every task to be done")
+            wait_for(
+                lambda: len(done) >= TASKS and all(client.get(i)["state"] == "done" for i in ids[-5:]),
+                60,
+                "every task to be done",
+            )
             wait_for(lambda: all(client.get(i)["state"] == "done" for i in ids), 30, "every completion")
             after = client.status()["position"]
         finally:

@@ -4,6 +4,7 @@ Two kazoo sessions on a real ZooKeeper with real bookies play the old leader
 (epoch 1) and the new one (epoch 2); the old one is "paused" between its epoch
 check and its log change simply by running the new one's takeover in between.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,14 @@ def _session(cluster) -> KazooClient:
 
 def _bookies(cluster, procs) -> None:
     procs.start_bookies(cluster, 3)
-    wait_for(lambda: cluster.zk.exists(cluster.paths.bookies)
-             and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3, 20, "3 bookies")
+    wait_for(
+        lambda: (
+            cluster.zk.exists(cluster.paths.bookies)
+            and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3
+        ),
+        20,
+        "3 bookies",
+    )
     ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=time.time)
 
 
@@ -89,18 +96,27 @@ def test_stale_leader_cannot_remove_leader_node(cluster):
     zk_old, zk_new = _session(cluster), _session(cluster)
     try:
         old = claim_epoch(zk_old, paths, 1)
-        publish_leader(zk_old, paths, {"broker_id": 1, "address": "tcp://127.0.0.1:1", "epoch": old.epoch}, old)
+        publish_leader(
+            zk_old, paths, {"broker_id": 1, "address": "tcp://127.0.0.1:1", "epoch": old.epoch}, old
+        )
         new = claim_epoch(zk_new, paths, 2)
         # The old leader's session is still alive: the new one replaces its lower-epoch node.
-        publish_leader(zk_new, paths, {"broker_id": 2, "address": "tcp://127.0.0.1:2", "epoch": new.epoch}, new)
+        publish_leader(
+            zk_new, paths, {"broker_id": 2, "address": "tcp://127.0.0.1:2", "epoch": new.epoch}, new
+        )
         assert read_leader(cluster.zk, paths)["broker_id"] == 2
         # The stale leader publishing again (as the pre-fix code did: delete whatever is there) fails ...
         with pytest.raises(LostLeadership):
-            publish_leader(zk_old, paths, {"broker_id": 1, "address": "tcp://127.0.0.1:1", "epoch": old.epoch}, old)
+            publish_leader(
+                zk_old, paths, {"broker_id": 1, "address": "tcp://127.0.0.1:1", "epoch": old.epoch}, old
+            )
         # ... and its retract on stepping down leaves the real leader's node alone.
         retract_leader(zk_old, paths)
-        assert read_leader(cluster.zk, paths) == {"broker_id": 2, "address": "tcp://127.0.0.1:2",
-                                                  "epoch": new.epoch}
+        assert read_leader(cluster.zk, paths) == {
+            "broker_id": 2,
+            "address": "tcp://127.0.0.1:2",
+            "epoch": new.epoch,
+        }
         retract_leader(zk_new, paths)
         assert read_leader(cluster.zk, paths) is None
     finally:
@@ -135,13 +151,34 @@ def test_leader_stopped_between_epoch_check_and_log_change_is_fenced(cluster, pr
     def broker(name: str, env: dict) -> object:
         data = procs.workdir / f"{name}-data"
         address = f"tcp://127.0.0.1:{free_port()}"
-        return procs.start(name, ["broker", "start", "--data", str(data), "--listen", address,
-                                  "--zk", cluster.hosts, "--cluster", cluster.name, "--zk-session-timeout", "2",
-                                  "--ledger-max-entries", "40"],
-                           ready=_answers_ping, address=address, data_dir=data, env=env)
+        return procs.start(
+            name,
+            [
+                "broker",
+                "start",
+                "--data",
+                str(data),
+                "--listen",
+                address,
+                "--zk",
+                cluster.hosts,
+                "--cluster",
+                cluster.name,
+                "--zk-session-timeout",
+                "2",
+                "--ledger-max-entries",
+                "40",
+            ],
+            ready=_answers_ping,
+            address=address,
+            data_dir=data,
+            env=env,
+        )
 
     old = broker("old", {"FENCEPOST_FAULT_STOP_BEFORE_ROLL_LOG_CHANGE": "1"})
-    wait_for(lambda: (read_leader(cluster.zk, cluster.paths) or {}).get("address") == old.address, 30, "old leads")
+    wait_for(
+        lambda: (read_leader(cluster.zk, cluster.paths) or {}).get("address") == old.address, 30, "old leads"
+    )
     old_id = read_leader(cluster.zk, cluster.paths)["broker_id"]
     others = [broker(f"b{i}", {}) for i in range(2)]
     acked: dict[str, str] = {}
@@ -157,8 +194,13 @@ def test_leader_stopped_between_epoch_check_and_log_change_is_fenced(cluster, pr
         assert n < 500, "the roll's fault hook never stopped the leader"
     new = None
     try:
-        new_info = wait_for(lambda: (lambda i: i if i and i["broker_id"] != old_id else None)(
-            read_leader(cluster.zk, cluster.paths)), 30, "a new leader")
+        new_info = wait_for(
+            lambda: (lambda i: i if i and i["broker_id"] != old_id else None)(
+                read_leader(cluster.zk, cluster.paths)
+            ),
+            30,
+            "a new leader",
+        )
         new = new_info["address"]
         for i in range(n, n + 20):
             reply = call(new, "submit", timeout=5.0, queue="q", payload=b"p%d" % i, key=f"k{i}")
@@ -179,6 +221,8 @@ def test_leader_stopped_between_epoch_check_and_log_change_is_fenced(cluster, pr
     def converged():
         lead = call(new, "status")
         states = [call(a, "status") for a in addresses]
-        return all(s.get("position") == lead["position"] and s.get("digest") == lead["digest"] for s in states)
+        return all(
+            s.get("position") == lead["position"] and s.get("digest") == lead["digest"] for s in states
+        )
 
     wait_for(converged, 30, "every broker at the leader's position with its digest")

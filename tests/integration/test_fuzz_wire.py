@@ -6,6 +6,7 @@ gets exactly one reply, correctly addressed, never ``internal``; no process
 dies; afterwards the leader serves a submit/lease/complete round and the bookie
 an add/read, and the ledger the leader writes is neither fenced nor stalled.
 """
+
 from __future__ import annotations
 
 import random
@@ -39,7 +40,9 @@ def _corpus(target: Target) -> list[list[bytes]]:
 def corpora():
     """Both targets' messages, drawn in a thread while the cluster starts."""
     with ThreadPoolExecutor(1) as pool:
-        yield {name: pool.submit(_corpus, target) for name, target in (("broker", BROKER), ("bookie", BOOKIE))}
+        yield {
+            name: pool.submit(_corpus, target) for name, target in (("broker", BROKER), ("bookie", BOOKIE))
+        }
 
 
 def _fuzz(address: str, future: Future) -> dict:
@@ -88,7 +91,10 @@ def test_a_fuzzed_leader_and_bookie_answer_every_message_and_keep_serving(corpor
     assert call(bookie.address, "add", ledger=own, entry=0, data=entry_bytes(own, 0))["ok"]
     assert call(bookie.address, "read", ledger=own, entry=0)["data"] == entry_bytes(own, 0)
     after = call(bookie.address, "read_lac", ledger=cluster_ledger)
-    assert after["ok"] and not after["fenced"] and after["last_entry"] >= before["last_entry"], (before, after)
+    assert after["ok"] and not after["fenced"] and after["last_entry"] >= before["last_entry"], (
+        before,
+        after,
+    )
     assert read_log(bc.cluster.zk, bc.cluster.paths)[0][-1]["id"] == cluster_ledger
 
 
@@ -98,9 +104,11 @@ def test_what_the_fuzzer_found_on_a_bookie_is_refused_or_served(cluster, procs, 
     a value nested deeper than Python's repr recurses."""
     bookie = client_for(procs.start_bookie(cluster).address)
     ledger = FUZZ_LEDGER_BASE
-    for op, fields in (("add", {"ledger": ledger, "entry": 0, "data": entry_bytes(ledger, 0)}),
-                       ("add", {"ledger": ledger, "entry": 0, "data": b"\x00" * 40}),
-                       ("wait_lac", {"ledger": ledger, "after": 0, "timeout_ms": 0})):
+    for op, fields in (
+        ("add", {"ledger": ledger, "entry": 0, "data": entry_bytes(ledger, 0)}),
+        ("add", {"ledger": ledger, "entry": 0, "data": b"\x00" * 40}),
+        ("wait_lac", {"ledger": ledger, "after": 0, "timeout_ms": 0}),
+    ):
         bookie.send_raw(wire.encode({"v": wire.PROTOCOL_VERSION, "op": op, **fields}))
         reply = bookie.recv(timeout_ms=5000)
         assert reply["rid"] is None and reply.get("error") != "internal", reply
@@ -108,8 +116,10 @@ def test_what_the_fuzzer_found_on_a_bookie_is_refused_or_served(cluster, procs, 
     assert reply["error"] == "bad_request", reply
     # Values nested deeper than Python's repr recurses, quoted in the error message.
     nested = b"\x81\xa1a" * 1020 + b"\x01"
-    for frame, code in ((b"\x83\xa1v" + nested + b"\xa2op\xa4ping\xa3rid\x07", "wrong_version"),
-                        (b"\x84\xa1v\x01\xa2op\xa4ping\xa3rid\x07\xa6bookie" + nested, "wrong_bookie")):
+    for frame, code in (
+        (b"\x83\xa1v" + nested + b"\xa2op\xa4ping\xa3rid\x07", "wrong_version"),
+        (b"\x84\xa1v\x01\xa2op\xa4ping\xa3rid\x07\xa6bookie" + nested, "wrong_bookie"),
+    ):
         bookie.send_raw(frame)
         reply = bookie.recv(timeout_ms=5000)
         assert reply["rid"] == 7 and reply["error"] == code, reply

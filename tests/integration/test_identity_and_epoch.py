@@ -1,4 +1,5 @@
 """Persistent broker ids and epoch claims against a real ZooKeeper."""
+
 import json
 import threading
 import time
@@ -16,7 +17,9 @@ def test_first_start_takes_an_id_and_restart_keeps_it(cluster, tmp_path):
     a = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "tcp://127.0.0.1:1", clock=time.time)
     b = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "b", "b", "tcp://127.0.0.1:2", clock=time.time)
     assert (a.broker_id, b.broker_id) == (1, 2)
-    again = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "tcp://127.0.0.1:9", clock=time.time)
+    again = ensure_broker_id(
+        cluster.zk, cluster.paths, tmp_path / "a", "a", "tcp://127.0.0.1:9", clock=time.time
+    )
     assert again == a
     record = json.loads(cluster.zk.get(cluster.paths.broker_id(1))[0])
     assert record["address"] == "tcp://127.0.0.1:9" and record["register_code"] == a.register_code
@@ -37,16 +40,19 @@ def test_crash_after_apply_before_rename_resumes_with_the_same_id(cluster, tmp_p
 def test_temp_file_whose_id_was_taken_gets_a_new_id(cluster, tmp_path):
     other = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "other", "o", "x", clock=time.time)
     (tmp_path / "a").mkdir()
-    write_json_atomically(tmp_path / "a" / META_TEMP, {"cluster": cluster.name, "name": "a",
-                                                       "broker_id": other.broker_id, "register_code": "mine"})
+    write_json_atomically(
+        tmp_path / "a" / META_TEMP,
+        {"cluster": cluster.name, "name": "a", "broker_id": other.broker_id, "register_code": "mine"},
+    )
     mine = ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
     assert mine.broker_id != other.broker_id and mine.register_code != "mine"
 
 
 def test_data_dir_of_another_cluster_is_refused(cluster, tmp_path):
     (tmp_path / "a").mkdir()
-    write_json_atomically(tmp_path / "a" / META, {"cluster": "elsewhere", "name": "a", "broker_id": 1,
-                                                  "register_code": "c"})
+    write_json_atomically(
+        tmp_path / "a" / META, {"cluster": "elsewhere", "name": "a", "broker_id": 1, "register_code": "c"}
+    )
     with pytest.raises(IdentityError, match="elsewhere"):
         ensure_broker_id(cluster.zk, cluster.paths, tmp_path / "a", "a", "x", clock=time.time)
 
@@ -56,8 +62,11 @@ def test_concurrent_starts_get_distinct_ids(cluster, tmp_path):
 
     def start(i):
         try:
-            ids.append(ensure_broker_id(cluster.zk, cluster.paths, tmp_path / str(i), str(i), "x",
-                                        clock=time.time).broker_id)
+            ids.append(
+                ensure_broker_id(
+                    cluster.zk, cluster.paths, tmp_path / str(i), str(i), "x", clock=time.time
+                ).broker_id
+            )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
 
@@ -72,8 +81,10 @@ def test_concurrent_starts_get_distinct_ids(cluster, tmp_path):
 
 def test_epoch_claims_are_unique_and_increasing(cluster):
     claimed = []
-    threads = [threading.Thread(target=lambda i=i: claimed.append(claim_epoch(cluster.zk, cluster.paths, i).epoch))
-               for i in range(8)]
+    threads = [
+        threading.Thread(target=lambda i=i: claimed.append(claim_epoch(cluster.zk, cluster.paths, i).epoch))
+        for i in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -92,15 +103,18 @@ def test_leader_node_publish_and_retract(cluster):
     assert read_leader(cluster.zk, cluster.paths) is None
 
 
-@pytest.mark.parametrize("content, field", [
-    ('{"cluster": "%(c)s", "name": "a", "broker_id": "one", "register_code": "x"}', "broker_id"),
-    ('{"cluster": "%(c)s", "name": "a", "broker_id": true, "register_code": "x"}', "broker_id"),
-    ('{"cluster": "%(c)s", "name": "a", "register_code": "x"}', "broker_id"),
-    ('{"cluster": "%(c)s", "name": "a", "broker_id": 1, "register_code": 7}', "register_code"),
-    ('{"cluster": 3, "name": "a", "broker_id": 1, "register_code": "x"}', "cluster"),
-    ('["not", "a", "map"]', "JSON object"),
-    ('{"cluster": "%(c)s", "name": "a", "bro', "valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, field",
+    [
+        ('{"cluster": "%(c)s", "name": "a", "broker_id": "one", "register_code": "x"}', "broker_id"),
+        ('{"cluster": "%(c)s", "name": "a", "broker_id": true, "register_code": "x"}', "broker_id"),
+        ('{"cluster": "%(c)s", "name": "a", "register_code": "x"}', "broker_id"),
+        ('{"cluster": "%(c)s", "name": "a", "broker_id": 1, "register_code": 7}', "register_code"),
+        ('{"cluster": 3, "name": "a", "broker_id": 1, "register_code": "x"}', "cluster"),
+        ('["not", "a", "map"]', "JSON object"),
+        ('{"cluster": "%(c)s", "name": "a", "bro', "valid JSON"),
+    ],
+)
 def test_damaged_broker_meta_is_named_with_its_field(cluster, tmp_path, content, field):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / META).write_text(content % {"c": cluster.name})

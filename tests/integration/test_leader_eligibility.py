@@ -1,5 +1,6 @@
 """Who may lead (docs/architecture.md, "Who may lead"): the in-sync set, learners, lagging joiners, admin elect,
 and one live process per broker id. Real ZooKeeper, bookies and brokers."""
+
 import json
 import shutil
 import threading
@@ -41,8 +42,14 @@ def _fill(bc: BrokerCluster, n: int, queue: str = "q") -> set[str]:
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=30) as client:
         ids = set()
         for start in range(0, n, 200):
-            ids.update(client.submit_many([{"queue": queue, "payload": b"x", "key": f"k{i}"}
-                                           for i in range(start, min(n, start + 200))]))
+            ids.update(
+                client.submit_many(
+                    [
+                        {"queue": queue, "payload": b"x", "key": f"k{i}"}
+                        for i in range(start, min(n, start + 200))
+                    ]
+                )
+            )
         return ids
 
 
@@ -66,11 +73,14 @@ def test_insync_set_admin_views_and_learner_marks(cluster, procs):
     assert epochs[-1]["broker_id"] == leader and epochs[-1]["first_position"][1] == 0
     assert epochs[-1]["started_at"] > time.time() - 120
     status = procs.run(["status", "--zk", bc.zk_hosts, "--cluster", cluster.name])
-    learner_line = next(line for line in status.stdout.decode().splitlines() if line.strip().startswith(str(learner)))
+    learner_line = next(
+        line for line in status.stdout.decode().splitlines() if line.strip().startswith(str(learner))
+    )
     assert "learner" in learner_line and "in-sync" not in learner_line
     # a stale leader's write of the set fails: the epoch it names is no longer the current one
     from election.insync import write_insync
     from election.leader import LostLeadership
+
     with pytest.raises(LostLeadership):
         write_insync(cluster.zk, cluster.paths, {99}, report["leader_epoch"] - 1)
     assert _insync(bc) == {leader, follower}
@@ -116,8 +126,13 @@ def test_learner_never_leads_and_lagging_leaders_follow_the_switch(cluster, proc
     bc = _cluster(cluster, procs, [[], ["--learner", "--no-allow-lagging-leader"]])
     leader_proc, learner = bc.brokers
     _fill(bc, 20)
-    wait_for(lambda: any(i.get("address") == learner.address for i in live_brokers(cluster.zk, cluster.paths).values()),
-             10, "the learner's live node")
+    wait_for(
+        lambda: any(
+            i.get("address") == learner.address for i in live_brokers(cluster.zk, cluster.paths).values()
+        ),
+        10,
+        "the learner's live node",
+    )
     first = bc.wait_leader()["broker_id"]
     leader_proc.kill()
     strict = procs.start_broker(cluster, extra=["--no-allow-lagging-leader"])
@@ -146,8 +161,11 @@ def test_admin_elect_moves_leadership_under_keyed_load_and_refuses(cluster, proc
             n = 0
             while not stop.is_set():
                 try:
-                    acked.update(client.submit_many([{"queue": "keyed", "payload": b"x", "key": f"e{n + i}"}
-                                                     for i in range(10)]))
+                    acked.update(
+                        client.submit_many(
+                            [{"queue": "keyed", "payload": b"x", "key": f"e{n + i}"} for i in range(10)]
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001 - reported by the assertion below
                     errors.append(repr(exc))
                 n += 10
@@ -193,8 +211,23 @@ def test_a_copy_of_a_live_brokers_data_dir_is_refused(cluster, procs, tmp_path, 
     original_id = _id_of(bc, original)
     copy = tmp_path / "copied-broker"
     shutil.copytree(original.data_dir, copy, ignore=shutil.ignore_patterns("*.lock", "lock"))
-    out = procs.run(["broker", "start", "--data", str(copy), "--listen", f"tcp://127.0.0.1:{free_port()}",
-                     "--zk", bc.zk_hosts, "--cluster", cluster.name, "--zk-session-timeout", "2"], timeout=60)
+    out = procs.run(
+        [
+            "broker",
+            "start",
+            "--data",
+            str(copy),
+            "--listen",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--zk",
+            bc.zk_hosts,
+            "--cluster",
+            cluster.name,
+            "--zk-session-timeout",
+            "2",
+        ],
+        timeout=60,
+    )
     err = out.stderr.decode()
     assert out.returncode == 1, err
     assert f"broker id {original_id} is already live at {original.address}" in err

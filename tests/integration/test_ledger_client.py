@@ -3,6 +3,7 @@
 Also exercises the BookiePool against an in-process fake bookie (a ROUTER
 socket driven by the test) for timeouts, late replies and error mapping.
 """
+
 from __future__ import annotations
 
 import threading
@@ -179,8 +180,12 @@ def test_pool_submit_runs_tasks_on_the_io_thread_in_order():
     def task(k):
         seen.append((k, threading.current_thread().name))
         # A task's requests go out in the same turn, without a wake-up byte.
-        pool.call(fake.address, "ping", lambda reply, exc: (replies.append(reply["n"]), len(replies) == 3 and done.set()),
-                  n=k)
+        pool.call(
+            fake.address,
+            "ping",
+            lambda reply, exc: (replies.append(reply["n"]), len(replies) == 3 and done.set()),
+            n=k,
+        )
 
     try:
         for k in range(3):
@@ -232,7 +237,9 @@ def test_writer_coalesces_a_burst_into_ordered_add_batch_requests():
     def handler(msg):
         if msg["op"] == "add_batch":
             time.sleep(0.002)  # a group commit's fsync: adds pile up meanwhile
-            return wire.ok_reply(msg["rid"], ledger=msg["ledger"], first=msg["first"], count=len(msg["entries"]))
+            return wire.ok_reply(
+                msg["rid"], ledger=msg["ledger"], first=msg["first"], count=len(msg["entries"])
+            )
         return wire.ok_reply(msg["rid"])
 
     fakes = [FakeBookie(handler) for _ in range(3)]
@@ -246,7 +253,8 @@ def test_writer_coalesces_a_burst_into_ordered_add_batch_requests():
         # Committed means 2 of 3: the slowest fake may still be working through its batches.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not all(
-                sum(len(m["entries"]) for m in list(f.seen) if m["op"] == "add_batch") == n for f in fakes):
+            sum(len(m["entries"]) for m in list(f.seen) if m["op"] == "add_batch") == n for f in fakes
+        ):
             time.sleep(0.01)
         for fake in fakes:
             batches = [m for m in fake.seen if m["op"] == "add_batch"]
@@ -265,7 +273,9 @@ def test_writer_coalesces_a_burst_into_ordered_add_batch_requests():
             assert (last.payload, last.epoch) == (b"e-%d" % (n - 1), 4)
         # Idle again: the writer told the bookies its LAC explicitly.
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not all(m["op"] == "write_lac" for m in (f.seen[-1] for f in fakes)):
+        while time.monotonic() < deadline and not all(
+            m["op"] == "write_lac" for m in (f.seen[-1] for f in fakes)
+        ):
             time.sleep(0.01)
         assert [f.seen[-1]["lac"] for f in fakes] == [n - 1] * 3
     finally:
@@ -477,8 +487,9 @@ def test_corrupt_copy_is_detected_and_another_replica_is_read(ledger_env, procs)
 
     reader = client.open_reader(writer.ledger_id)
     assert reader.read(4).payload == b"value-4"
-    assert [(b, led, e) for b, led, e, r in reader.corruptions if r.startswith("corrupt")] == \
-        [(meta.ensemble[0]["bookie_id"], writer.ledger_id, 4)]
+    assert [(b, led, e) for b, led, e, r in reader.corruptions if r.startswith("corrupt")] == [
+        (meta.ensemble[0]["bookie_id"], writer.ledger_id, 4)
+    ]
     assert "digest" in reader.corruptions[0][3]
     # Other entries on that bookie are fine and read from it without complaint.
     assert reader.read(5).payload == b"value-5"
@@ -588,8 +599,9 @@ def test_log_reader_crosses_two_ledgers_from_a_position(ledger_env):
     # From a position inside the first ledger: the rest of it, then the second up to its LAC.
     reader = client.log_reader(after=(first.ledger_id, 2))
     got = list(reader.entries())
-    assert [pos for pos, _ in got] == [(first.ledger_id, 3), (first.ledger_id, 4)] + \
-        [(second.ledger_id, i) for i in range(4)]
+    assert [pos for pos, _ in got] == [(first.ledger_id, 3), (first.ledger_id, 4)] + [
+        (second.ledger_id, i) for i in range(4)
+    ]
     assert [e.payload for _, e in got] == [b"one-3", b"one-4", b"two-0", b"two-1", b"two-2", b"two-3"]
     assert reader.position == (second.ledger_id, 3)
 

@@ -1,4 +1,5 @@
 """brokers/live/<id>: the one reader and the publisher, against a real ZooKeeper."""
+
 import json
 
 import pytest

@@ -4,6 +4,7 @@ The worker gives up on an attempt past its task's ``max_run_ms`` (failing it), a
 leader expires the lease at that moment even if heartbeats keep arriving, so a handler
 that never returns cannot hold its task forever.
 """
+
 from __future__ import annotations
 
 import threading
@@ -37,8 +38,14 @@ def test_a_handler_that_never_returns_is_abandoned_and_its_task_retried(broker_c
         return b"second attempt"
 
     # A long lease: without max_run the retry would wait 30 s for the lease to expire.
-    worker = Worker(zk=broker_cluster.zk_hosts, cluster=broker_cluster.cluster.name, handlers={"slow": handle},
-                    concurrency=2, lease_ms=30_000, wait_ms=500)
+    worker = Worker(
+        zk=broker_cluster.zk_hosts,
+        cluster=broker_cluster.cluster.name,
+        handlers={"slow": handle},
+        concurrency=2,
+        lease_ms=30_000,
+        wait_ms=500,
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

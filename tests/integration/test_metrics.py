@@ -1,4 +1,5 @@
 """The Prometheus endpoints of real brokers and bookies parse, and their counters move with a workload."""
+
 from __future__ import annotations
 
 import urllib.request
@@ -15,8 +16,11 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
     """Every sample of ``http://127.0.0.1:PORT/metrics`` as {(name, sorted labels): value}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict, name: str, **labels) -> float:
@@ -25,14 +29,18 @@ def value(samples: dict, name: str, **labels) -> float:
 
 def test_broker_and_bookie_metrics_move_with_the_workload(cluster, procs, free_port):
     bookie_ports = [free_port() for _ in range(3)]
-    bookies = [procs.start_bookie(cluster, ready=False, extra=["--metrics-listen", f"127.0.0.1:{port}"])
-               for port in bookie_ports]
+    bookies = [
+        procs.start_bookie(cluster, ready=False, extra=["--metrics-listen", f"127.0.0.1:{port}"])
+        for port in bookie_ports
+    ]
     procs.wait_ready(bookies)
     broker_ports = {}
     brokers = []
     for _ in range(2):
         port = free_port()
-        brokers.append(procs.start_broker(cluster, ready=False, extra=["--metrics-listen", f"127.0.0.1:{port}"]))
+        brokers.append(
+            procs.start_broker(cluster, ready=False, extra=["--metrics-listen", f"127.0.0.1:{port}"])
+        )
         broker_ports[brokers[-1].address] = port
     procs.wait_ready(brokers)
     from election.leader import read_leader
@@ -49,8 +57,12 @@ def test_broker_and_bookie_metrics_move_with_the_workload(cluster, procs, free_p
         assert call(leader, "submit", queue="mq", payload=b"x%d" % index)["ok"]
     leased = call(leader, "lease", worker="w", queues=["mq"], max_tasks=3, lease_ms=60_000)["tasks"]
     assert len(leased) == 3
-    assert call(leader, "complete", task_id=leased[0]["task_id"], attempt=leased[0]["attempt"], result=b"r")["ok"]
-    assert call(leader, "fail", task_id=leased[1]["task_id"], attempt=leased[1]["attempt"], error="boom")["ok"]
+    assert call(leader, "complete", task_id=leased[0]["task_id"], attempt=leased[0]["attempt"], result=b"r")[
+        "ok"
+    ]
+    assert call(leader, "fail", task_id=leased[1]["task_id"], attempt=leased[1]["attempt"], error="boom")[
+        "ok"
+    ]
     assert call(leader, "complete", task_id="no-such-task", attempt=1, result=b"r")["ok"] is False
 
     after = scrape(port)
@@ -60,17 +72,23 @@ def test_broker_and_bookie_metrics_move_with_the_workload(cluster, procs, free_p
     assert value(after, "fencepost_broker_requests_total", op="fail", outcome="ok") >= 1
     assert value(after, "fencepost_broker_requests_total", op="complete", outcome="no_such_task") >= 1
     assert value(after, "fencepost_broker_request_duration_seconds_count", op="submit") >= 5
-    assert (value(after, "fencepost_broker_commit_stage_seconds_count", stage="ledger")
-            > value(before, "fencepost_broker_commit_stage_seconds_count", stage="ledger"))
-    assert value(after, "fencepost_broker_entry_events_sum") > value(before, "fencepost_broker_entry_events_sum")
+    assert value(after, "fencepost_broker_commit_stage_seconds_count", stage="ledger") > value(
+        before, "fencepost_broker_commit_stage_seconds_count", stage="ledger"
+    )
+    assert value(after, "fencepost_broker_entry_events_sum") > value(
+        before, "fencepost_broker_entry_events_sum"
+    )
     assert value(after, "fencepost_queue_tasks", queue="mq", state="done") == 1
     assert value(after, "fencepost_queue_tasks", queue="mq", state="running") == 1
     assert value(after, "fencepost_broker_lag_entries") == 0
     assert value(after, "fencepost_broker_epoch") >= 1
 
     # The follower applies the same entries and reports its lag once its tail catches up.
-    wait_for(lambda: value(scrape(follower_port), "fencepost_queue_tasks", queue="mq", state="done") == 1, 15,
-             "the follower applying the workload")
+    wait_for(
+        lambda: value(scrape(follower_port), "fencepost_queue_tasks", queue="mq", state="done") == 1,
+        15,
+        "the follower applying the workload",
+    )
     follower = scrape(follower_port)
     assert value(follower, "fencepost_broker_requests_total", op="submit", outcome="ok") == 0
     assert value(follower, "fencepost_broker_applied_entries_total") > 0

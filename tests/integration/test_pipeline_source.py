@@ -1,4 +1,5 @@
 """The fencepost Spark source and `export` on a real cluster's history, with Spark in local mode."""
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -13,7 +14,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 def submit(bc, queue, count, start=0):
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name) as client:
-        return [client.submit(queue, f"job {i}".encode(), key=f"{queue}-{i}") for i in range(start, start + count)]
+        return [
+            client.submit(queue, f"job {i}".encode(), key=f"{queue}-{i}") for i in range(start, start + count)
+        ]
 
 
 def source(spark, bc, stream=False):
@@ -33,9 +36,17 @@ def test_streaming_reader_picks_up_entries_written_after_the_query_started(spark
     positions = [(r.ledger_id, r.entry_id, r.event_index) for r in rows]
     assert len(set(positions)) == len(positions)
 
-    query = (source(spark, bc, stream=True).load().where("type = 'TaskSubmitted'")
-             .writeStream.format("memory").queryName("tail").trigger(processingTime="300 milliseconds").start())
+    query = (
+        source(spark, bc, stream=True)
+        .load()
+        .where("type = 'TaskSubmitted'")
+        .writeStream.format("memory")
+        .queryName("tail")
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
     try:
+
         def seen():
             return {r.task_id for r in spark.sql("select task_id from tail").collect()}
 
@@ -70,7 +81,9 @@ def test_export_twice_appends_only_the_new_entries(spark, broker_cluster, tmp_pa
     files = sorted(out.glob("events/epoch=*/*.parquet"))
     assert len(files) == first["files"] + second["files"]
     table = pq.ParquetDataset([str(f) for f in files]).read()
-    keys = list(zip(table["ledger_id"].to_pylist(), table["entry_id"].to_pylist(), table["event_index"].to_pylist()))
+    keys = list(
+        zip(table["ledger_id"].to_pylist(), table["entry_id"].to_pylist(), table["event_index"].to_pylist())
+    )
     assert len(keys) == len(set(keys)) == first["events"] + second["events"], "an entry exported twice"
 
     exported = spark.read.format("fencepost").load(str(out))

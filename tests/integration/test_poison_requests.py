@@ -4,6 +4,7 @@ Real ZooKeeper, bookies and brokers. Each poison request of the issue used to
 make the leader exit; the next leader then got the client's retry and died the
 same way, until no broker was left.
 """
+
 from __future__ import annotations
 
 import threading
@@ -66,7 +67,9 @@ def test_poison_requests_get_replies_and_every_broker_keeps_serving(broker_clust
     done = procs.run(["task", "cancel", "é" * 150, *cli_env(bc)], timeout=60)
     assert done.returncode == 1
     assert "bad_request" in one_line_error(done.stderr)
-    worker = procs.start("worker", ["worker", "run", "--queue", "m", "--queue", "m", *cli_env(bc), "--", "cat"])
+    worker = procs.start(
+        "worker", ["worker", "run", "--queue", "m", "--queue", "m", *cli_env(bc), "--", "cat"]
+    )
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=30) as client:
         task_id = client.submit("m", b"from a doubled --queue")
         assert client.wait(task_id, timeout=30)["result"] == b"from a doubled --queue"
@@ -74,8 +77,12 @@ def test_poison_requests_get_replies_and_every_broker_keeps_serving(broker_clust
 
         # The Python API of the reproduction.
         stop = threading.Event()
-        api_worker = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, queues=["pq", "pq"],
-                            handlers={"pq": lambda task: task.payload.upper()})
+        api_worker = Worker(
+            zk=bc.zk_hosts,
+            cluster=bc.cluster.name,
+            queues=["pq", "pq"],
+            handlers={"pq": lambda task: task.payload.upper()},
+        )
         thread = threading.Thread(target=api_worker.run, kwargs={"stop": stop}, daemon=True)
         thread.start()
         try:
@@ -149,14 +156,22 @@ def test_the_client_refuses_what_a_broker_cannot_take_at_once(broker_cluster, pr
 def test_a_committed_entry_no_broker_can_decode_stops_them_loudly(cluster, procs, free_port):
     """A ledger holding an entry that is not a batch: the catching-up leader and a learner both stop."""
     procs.start_bookies(cluster, 3)
-    wait_for(lambda: cluster.zk.exists(cluster.paths.bookies)
-             and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3, 20, "3 bookies")
+    wait_for(
+        lambda: (
+            cluster.zk.exists(cluster.paths.bookies)
+            and len(cluster.zk.get_children(cluster.paths.bookies)) >= 3
+        ),
+        20,
+        "3 bookies",
+    )
     ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=time.time)
     epoch = claim_epoch(cluster.zk, cluster.paths, 0).epoch
     ledgers = LedgerClient(cluster.zk, cluster.paths)
     try:
         writer = ledgers.create(epoch)
-        append_ledger(cluster.zk, cluster.paths, writer.ledger_id, epoch, read_log(cluster.zk, cluster.paths)[1])
+        append_ledger(
+            cluster.zk, cluster.paths, writer.ledger_id, epoch, read_log(cluster.zk, cluster.paths)[1]
+        )
         writer.add_sync(encode_batch([{"type": "EpochStarted", "epoch": epoch, "broker_id": 0, "now_ms": 1}]))
         writer.add_sync(b"\xc1 not a batch")
         writer.close(timeout=5)
@@ -166,9 +181,24 @@ def test_a_committed_entry_no_broker_can_decode_stops_them_loudly(cluster, procs
 
     def start(name: str, extra: list[str]):
         address = f"tcp://127.0.0.1:{free_port()}"
-        return procs.start(name, ["broker", "start", "--data", str(procs.workdir / f"{name}-data"),
-                                  "--listen", address, "--zk", cluster.hosts, "--cluster", cluster.name,
-                                  "--zk-session-timeout", "2", *extra])
+        return procs.start(
+            name,
+            [
+                "broker",
+                "start",
+                "--data",
+                str(procs.workdir / f"{name}-data"),
+                "--listen",
+                address,
+                "--zk",
+                cluster.hosts,
+                "--cluster",
+                cluster.name,
+                "--zk-session-timeout",
+                "2",
+                *extra,
+            ],
+        )
 
     learner = start("learner", ["--learner"])
     standing = start("standing", [])

@@ -3,6 +3,7 @@
 The blocks are taken from README.md itself: the worker runs in the background while
 the other blocks (a producer, the asyncio client) run to completion.
 """
+
 import re
 import subprocess
 import sys
@@ -28,12 +29,20 @@ def test_readme_python_examples_run_against_dev_up(tmp_path):
     assert len(others) == 2
     with dev_up(tmp_path / ".fencepost-dev", "--bookies", "3", "--brokers", "1"):
         (tmp_path / "worker_example.py").write_text(worker_code)
-        worker = spawn([sys.executable, "worker_example.py"], tmp_path / "worker.log", env=clean_env(), cwd=tmp_path)
+        worker = spawn(
+            [sys.executable, "worker_example.py"], tmp_path / "worker.log", env=clean_env(), cwd=tmp_path
+        )
         try:
             outputs = []
             for code in others:
-                done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(),
-                                      capture_output=True, text=True, timeout=60)
+                done = subprocess.run(
+                    [sys.executable, "-c", code],
+                    cwd=tmp_path,
+                    env=clean_env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
                 assert done.returncode == 0, done.stderr + (tmp_path / "worker.log").read_text()
                 outputs.append(done.stdout.strip())
             assert outputs == ["done", "100 tasks submitted"]

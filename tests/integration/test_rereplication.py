@@ -1,4 +1,5 @@
 """Re-replication of a closed ledger after a bookie is lost for good (real bookies, real ZooKeeper)."""
+
 from __future__ import annotations
 
 import random
@@ -42,12 +43,18 @@ def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
         lost = members[1]
         by_id[lost].kill()
         shutil.rmtree(by_id[lost].data_dir)
-        wait_for(lambda: lost not in cluster.zk.get_children(cluster.paths.bookies), 30,
-                 "the killed bookie's registration to expire")
-        mark_underreplicated(cluster.zk, cluster.paths, ledger_id, [meta.ensemble[1]], from_entry=0, by="test")
+        wait_for(
+            lambda: lost not in cluster.zk.get_children(cluster.paths.bookies),
+            30,
+            "the killed bookie's registration to expire",
+        )
+        mark_underreplicated(
+            cluster.zk, cluster.paths, ledger_id, [meta.ensemble[1]], from_entry=0, by="test"
+        )
 
-        result = rereplicate_ledger(cluster.zk, cluster.paths, client.pool, ledger_id, client.digest,
-                                    throttle=TokenBucket(50e6))
+        result = rereplicate_ledger(
+            cluster.zk, cluster.paths, client.pool, ledger_id, client.digest, throttle=TokenBucket(50e6)
+        )
         assert result.replaced == [(0, lost, spare)]
         assert result.entries_copied == ENTRIES and result.bytes_copied > ENTRIES * 200
         assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is None
@@ -66,8 +73,11 @@ def test_lost_bookie_copies_come_back_on_a_replacement(cluster, procs):
                     reply = c.call("read", ledger=ledger_id, entry=entry_id)
                     assert reply.get("ok"), (bookie_id, entry_id, reply)
                     entry = decode_entry(reply["data"], DIGEST)
-                    assert (entry.ledger_id, entry.entry_id, entry.payload) == (ledger_id, entry_id,
-                                                                                 payloads[entry_id])
+                    assert (entry.ledger_id, entry.entry_id, entry.payload) == (
+                        ledger_id,
+                        entry_id,
+                        payloads[entry_id],
+                    )
             finally:
                 c.close()
 
@@ -95,8 +105,17 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)
     now = [1000.0]
-    auto = AutoRecovery(cluster.zk, cluster.paths, client.pool, client.digest, "test-auditor",
-                        lost_bookie_grace_s=30, max_bytes_per_s=0, clock=lambda: now[0], wall=lambda: now[0])
+    auto = AutoRecovery(
+        cluster.zk,
+        cluster.paths,
+        client.pool,
+        client.digest,
+        "test-auditor",
+        lost_bookie_grace_s=30,
+        max_bytes_per_s=0,
+        clock=lambda: now[0],
+        wall=lambda: now[0],
+    )
     try:
         closed_writer = client.create(epoch=1)
         for f in [closed_writer.add(b"closed-%d" % i) for i in range(50)]:
@@ -108,8 +127,11 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
 
         by_id[lost].kill()
         shutil.rmtree(by_id[lost].data_dir)
-        wait_for(lambda: lost not in cluster.zk.get_children(cluster.paths.bookies), 30,
-                 "the killed bookie's registration to expire")
+        wait_for(
+            lambda: lost not in cluster.zk.get_children(cluster.paths.bookies),
+            30,
+            "the killed bookie's registration to expire",
+        )
 
         auto.round()  # elected; notes the bookie missing, within the grace: nothing marked
         assert auto.is_auditor and auto.auditor.missing_since == {lost: 1000.0}
@@ -119,8 +141,17 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
         # The auditor is replaced: its successor remembers since when the bookie is missing.
         now[0] += 20
         auto.stop()
-        auto = AutoRecovery(cluster.zk, cluster.paths, client.pool, client.digest, "test-auditor-2",
-                            lost_bookie_grace_s=30, max_bytes_per_s=0, clock=lambda: now[0], wall=lambda: now[0])
+        auto = AutoRecovery(
+            cluster.zk,
+            cluster.paths,
+            client.pool,
+            client.digest,
+            "test-auditor-2",
+            lost_bookie_grace_s=30,
+            max_bytes_per_s=0,
+            clock=lambda: now[0],
+            wall=lambda: now[0],
+        )
         auto.round()  # within the grace still: nothing marked, so its worker has nothing to do
         assert auto.is_auditor and auto.auditor.missing_since == {lost: 1000.0}
         assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
@@ -131,7 +162,9 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
         assert auto.worker.run_once() == [closed_writer.ledger_id]
         assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
         after, _ = read_metadata(cluster.zk, cluster.paths, closed_writer.ledger_id)
-        assert [m["bookie_id"] for m in after.ensemble] == [spare] + [m["bookie_id"] for m in meta.ensemble[1:]]
+        assert [m["bookie_id"] for m in after.ensemble] == [spare] + [
+            m["bookie_id"] for m in meta.ensemble[1:]
+        ]
         assert cluster.zk.get_children(cluster.paths.rereplication_locks) == []
 
         c = Client(by_id[spare].address)
@@ -165,7 +198,9 @@ def test_bookie_processes_re_replicate_a_lost_bookies_closed_ledgers(cluster, pr
             ledgers.append(writer.ledger_id)
         named = set()
         for ledger_id in ledgers:
-            named.update(m["bookie_id"] for m in read_metadata(cluster.zk, cluster.paths, ledger_id)[0].ensemble)
+            named.update(
+                m["bookie_id"] for m in read_metadata(cluster.zk, cluster.paths, ledger_id)[0].ensemble
+            )
         lost = sorted(named)[0]
         by_id[lost].kill()
         shutil.rmtree(by_id[lost].data_dir)
@@ -175,8 +210,10 @@ def test_bookie_processes_re_replicate_a_lost_bookies_closed_ledgers(cluster, pr
                 meta = read_metadata(cluster.zk, cluster.paths, ledger_id)[0]
                 if any(m["bookie_id"] == lost for m in meta.all_bookies()):
                     return False
-            return not cluster.zk.exists(cluster.paths.underreplicated) or \
-                cluster.zk.get_children(cluster.paths.underreplicated) == []
+            return (
+                not cluster.zk.exists(cluster.paths.underreplicated)
+                or cluster.zk.get_children(cluster.paths.underreplicated) == []
+            )
 
         wait_for(repaired, 60, "the lost bookie's ledgers to be re-replicated by the bookies' AutoRecovery")
         for ledger_id in ledgers:
@@ -204,13 +241,27 @@ def test_in_an_hmac_cluster_the_brokers_re_replicate_a_lost_bookies_ledgers(clus
 
     secret = tmp_path / "secret"
     secret.write_bytes(b"fencepost-rereplication-secret\n")
-    init = procs.run(["cluster", "init", "--zk", cluster.hosts, "--cluster", cluster.name,
-                      "--digest", "hmac-sha256", "--secret-file", str(secret)])
+    init = procs.run(
+        [
+            "cluster",
+            "init",
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+            "--digest",
+            "hmac-sha256",
+            "--secret-file",
+            str(secret),
+        ]
+    )
     assert init.returncode == 0, init.stderr.decode()
     bookies = procs.start_bookies(cluster, 4, extra=["--zk-session-timeout-s", "2"])
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
-    brokers = procs.start_brokers(cluster, 2, extra=["--secret-file", str(secret), "--lost-bookie-grace-s", "2"])
+    brokers = procs.start_brokers(
+        cluster, 2, extra=["--secret-file", str(secret), "--lost-bookie-grace-s", "2"]
+    )
     with BrokerClient(zk=cluster.hosts, cluster=cluster.name, timeout=30) as client:
         for i in range(20):
             client.submit("q", b"before %d" % i, key=f"b{i}")

@@ -1,4 +1,5 @@
 """Re-replication against in-process fake bookies and a real ZooKeeper: conflicts, corrupt copies, deletion."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,9 @@ N = 20
 class Holder:
     """A fake bookie holding ``entries`` of one ledger (bytes per id); ``corrupt`` ids answer damaged bytes."""
 
-    def __init__(self, ledger_id_box: list, entries: range = range(0), corrupt: frozenset = frozenset(),
-                 on_add=None):
+    def __init__(
+        self, ledger_id_box: list, entries: range = range(0), corrupt: frozenset = frozenset(), on_add=None
+    ):
         self.box = ledger_id_box
         self.entries = set(entries)
         self.corrupt = corrupt
@@ -41,7 +43,9 @@ class Holder:
         if msg["op"] == "add_batch":
             if self.on_add is not None:
                 self.on_add(msg)
-            return wire.ok_reply(msg["rid"], ledger=msg["ledger"], first=msg["first"], count=len(msg["entries"]))
+            return wire.ok_reply(
+                msg["rid"], ledger=msg["ledger"], first=msg["first"], count=len(msg["entries"])
+            )
         return wire.ok_reply(msg["rid"])
 
 
@@ -80,8 +84,9 @@ def test_a_metadata_change_during_the_copy_makes_it_plan_again(env):
             meta, version = read_metadata(cluster.zk, cluster.paths, msg["ledger"])
             cas_metadata(cluster.zk, cluster.paths, meta, version)
 
-    ledger_id, fakes = make([lambda b: Holder(b, range(N)), lambda b: Holder(b, range(N)),
-                             lambda b: Holder(b, on_add=bump)])
+    ledger_id, fakes = make(
+        [lambda b: Holder(b, range(N)), lambda b: Holder(b, range(N)), lambda b: Holder(b, on_add=bump)]
+    )
     result = rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
     assert result.replaced == [(0, "gone", "fake-2")]
     assert sorted(entries_seen(fakes[2])) == sorted(list(range(N)) * 2)  # copied twice: once per plan
@@ -92,9 +97,13 @@ def test_a_metadata_change_during_the_copy_makes_it_plan_again(env):
 
 def test_a_corrupt_copy_is_read_from_another_replica_and_none_valid_fails(env):
     cluster, pool, make = env
-    ledger_id, fakes = make([lambda b: Holder(b, range(N), corrupt=frozenset({3, 7})),
-                             lambda b: Holder(b, range(N), corrupt=frozenset({7})),
-                             lambda b: Holder(b)])
+    ledger_id, fakes = make(
+        [
+            lambda b: Holder(b, range(N), corrupt=frozenset({3, 7})),
+            lambda b: Holder(b, range(N), corrupt=frozenset({7})),
+            lambda b: Holder(b),
+        ]
+    )
     with pytest.raises(RereplicationError, match="entry 7"):
         rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
     assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is not None  # stays for a later try

@@ -1,4 +1,5 @@
 """Retry backoff on the leader's clock, and rejected tasks, on a real three-broker cluster."""
+
 from __future__ import annotations
 
 import threading

@@ -3,6 +3,7 @@
 Members get keys named after their addresses (the rule clients pin servers by);
 the test process does its one-off pings and status requests with an admin key.
 """
+
 from __future__ import annotations
 
 import signal
@@ -38,22 +39,39 @@ class Keys:
 
 def _start_secure(procs, cluster, keys: Keys, kind: str, address: str) -> object:
     data = procs.workdir / f"{kind}-{address.rsplit(':', 1)[1]}"
-    args = [kind, "start", "--data", str(data), "--listen", address, "--zk", cluster.hosts, "--cluster", cluster.name,
-            "--key-file", str(keys.dir / f"{server_name(address)}.secret"), "--keys-file", str(keys.file)]
+    args = [
+        kind,
+        "start",
+        "--data",
+        str(data),
+        "--listen",
+        address,
+        "--zk",
+        cluster.hosts,
+        "--cluster",
+        cluster.name,
+        "--key-file",
+        str(keys.dir / f"{server_name(address)}.secret"),
+        "--keys-file",
+        str(keys.file),
+    ]
     if kind == "broker":
         args += ["--zk-session-timeout", "2.0"]
     env = {"FENCEPOST_INIT_IF_MISSING": "1", "FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
     return procs.start(kind, args, address=address, data_dir=data, env=env)
 
 
-def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cluster, procs, tmp_path,
-                                                                               monkeypatch):
+def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(
+    cluster, procs, tmp_path, monkeypatch
+):
     keys = Keys(tmp_path)
     admin_file = keys.make("admin", "admin")
     producer, worker = keys.make("producer", "shop"), keys.make("worker", "thumbs")
     stranger = keys.make("producer", "stranger", listed=False)
-    addresses = {kind: [f"tcp://127.0.0.1:{_free_port()}" for _ in range(n)] for kind, n in (("bookie", 3),
-                                                                                              ("broker", 2))}
+    addresses = {
+        kind: [f"tcp://127.0.0.1:{_free_port()}" for _ in range(n)]
+        for kind, n in (("bookie", 3), ("broker", 2))
+    }
     for kind, listed in addresses.items():  # every member's key is listed before any member starts
         for address in listed:
             keys.make(kind, server_name(address))
@@ -64,8 +82,13 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
     clients = []
 
     def client(key_file: str | None, **options) -> Client:
-        made = Client(zk=cluster.hosts, cluster=cluster.name, key_file=key_file,
-                      keys_file=keys.file if key_file else None, **options)
+        made = Client(
+            zk=cluster.hosts,
+            cluster=cluster.name,
+            key_file=key_file,
+            keys_file=keys.file if key_file else None,
+            **options,
+        )
         clients.append(made)
         return made
 
@@ -76,12 +99,17 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
         shop, thumbs = client(producer, timeout=20.0), client(worker, timeout=20.0)
         task_id = shop.submit("imgs", b"cat.png", key="k1")
         [leased] = thumbs.call("lease", worker="w1", queues=["imgs"], max_tasks=1, wait_ms=0)["tasks"]
-        thumbs.call("complete", task_id=leased["task_id"], attempt=leased["attempt"], worker="w1", result=b"ok")
+        thumbs.call(
+            "complete", task_id=leased["task_id"], attempt=leased["attempt"], worker="w1", result=b"ok"
+        )
         assert shop.get(task_id)["state"] == "done"
         depths = exchange(first["address"], "status")["queues"]
 
         # A worker key may not submit or purge; a bookie refuses a worker's fence. Nothing changes.
-        for attempt in (lambda: thumbs.submit("imgs", b"dog.png"), lambda: thumbs.purge("imgs", states=["done"])):
+        for attempt in (
+            lambda: thumbs.submit("imgs", b"dog.png"),
+            lambda: thumbs.purge("imgs", states=["done"]),
+        ):
             with pytest.raises(ClientError) as refused:
                 attempt()
             assert refused.value.code == codes.E_FORBIDDEN
@@ -103,13 +131,18 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
 
         # Pinned to the wrong server key: the handshake cannot complete; an address the file lacks: never tried.
         wrong = tmp_path / "wrong.keys"
-        wrong.write_text(keys.file.read_text().replace(
-            server_name(addresses["broker"][0]), "elsewhere-0").replace(
-            server_name(addresses["broker"][1]), server_name(addresses["broker"][0])).replace(
-            "elsewhere-0", server_name(addresses["broker"][1])))
+        wrong.write_text(
+            keys.file.read_text()
+            .replace(server_name(addresses["broker"][0]), "elsewhere-0")
+            .replace(server_name(addresses["broker"][1]), server_name(addresses["broker"][0]))
+            .replace("elsewhere-0", server_name(addresses["broker"][1]))
+        )
         with pytest.raises(BrokerUnavailable):
-            clients.append(Client(zk=cluster.hosts, cluster=cluster.name, key_file=producer, keys_file=wrong,
-                                  timeout=2.0))
+            clients.append(
+                Client(
+                    zk=cluster.hosts, cluster=cluster.name, key_file=producer, keys_file=wrong, timeout=2.0
+                )
+            )
             clients[-1].submit("imgs", b"rogue")
         with pytest.raises(ClientError) as untrusted:
             clients.append(Client(brokers=["tcp://127.0.0.1:1"], key_file=producer, keys_file=keys.file))
@@ -123,8 +156,19 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
         wait_for(lambda: _submits(cluster, late, keys.file), 10, "the new key admitted after SIGHUP")
 
         # The `status` command with the admin key says the cluster is secure.
-        shown = procs.run(["status", "--zk", cluster.hosts, "--cluster", cluster.name, "--key-file", admin_file,
-                           "--keys-file", str(keys.file)])
+        shown = procs.run(
+            [
+                "status",
+                "--zk",
+                cluster.hosts,
+                "--cluster",
+                cluster.name,
+                "--key-file",
+                admin_file,
+                "--keys-file",
+                str(keys.file),
+            ]
+        )
         assert b"secure: yes" in shown.stdout, shown.stderr
 
         # Brokers and bookies talk with their keys: a leader SIGKILL fails over.
@@ -139,11 +183,11 @@ def test_a_secure_cluster_admits_keys_by_role_refuses_the_rest_and_fails_over(cl
 
 
 def _submits(cluster, key_file: str, keys_file) -> bool:
-    with Client(zk=cluster.hosts, cluster=cluster.name, key_file=key_file, keys_file=keys_file,
-                timeout=1.5) as late:
+    with Client(
+        zk=cluster.hosts, cluster=cluster.name, key_file=key_file, keys_file=keys_file, timeout=1.5
+    ) as late:
         try:
             late.submit("imgs", b"late")
             return True
         except BrokerUnavailable:
             return False
-

@@ -1,5 +1,6 @@
 """`fencepost dev up --secure`: keys for every member and an admin key; commands and `Client.from_dev_dir` at the
 dev dir use the admin key."""
+
 import json
 
 import pytest

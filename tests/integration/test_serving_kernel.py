@@ -5,6 +5,7 @@ request outside the sender's role is ``forbidden``, an unknown op ``unknown_op``
 a frame that is not msgpack ``malformed``; each is counted and the server keeps
 serving, on a bookie and on a broker alike.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,22 @@ def _member(keys: Keys, kind: str) -> Member:
 
 def _launch(procs, cluster, keys: Keys, member: Member):
     data = procs.workdir / f"{member.kind}-{member.address.rsplit(':', 1)[1]}"
-    args = [member.kind, "start", "--data", str(data), "--listen", member.address, "--zk", cluster.hosts,
-            "--cluster", cluster.name, "--key-file", str(member.secret), "--keys-file", str(keys.file)]
+    args = [
+        member.kind,
+        "start",
+        "--data",
+        str(data),
+        "--listen",
+        member.address,
+        "--zk",
+        cluster.hosts,
+        "--cluster",
+        cluster.name,
+        "--key-file",
+        str(member.secret),
+        "--keys-file",
+        str(keys.file),
+    ]
     if member.kind == "broker":
         args += ["--zk-session-timeout", "2.0"]
     env = {"FENCEPOST_INIT_IF_MISSING": "1", "FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
@@ -78,8 +93,12 @@ class Kind:
 
 BOOKIE = Kind(("bookie",), ("worker", "fence", {"ledger": 0}), "stats", lambda reply: reply)
 # A broker starts once bookies are there to write to.
-BROKER = Kind(("bookie", "bookie", "bookie", "broker"), ("worker", "submit", {"queue": "q", "payload": b"x"}),
-              "status", lambda reply: reply["counters"])
+BROKER = Kind(
+    ("bookie", "bookie", "bookie", "broker"),
+    ("worker", "submit", {"queue": "q", "payload": b"x"}),
+    "status",
+    lambda reply: reply["counters"],
+)
 
 
 def _ask(address: str, keys: ClientKeys, frame: bytes, timeout_ms: int = 10_000) -> dict:
@@ -95,10 +114,13 @@ def _ask(address: str, keys: ClientKeys, frame: bytes, timeout_ms: int = 10_000)
         sock.close(linger=0)
 
 
-@pytest.mark.parametrize("kind", [
-    pytest.param(BOOKIE, id="bookie"),
-    pytest.param(BROKER, id="broker"),
-])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(BOOKIE, id="bookie"),
+        pytest.param(BROKER, id="broker"),
+    ],
+)
 def test_the_kernel_answers_what_no_handler_sees_and_counts_it(kind, cluster, procs, tmp_path, monkeypatch):
     keys = Keys(tmp_path)
     role, op, fields = kind.forbidden
@@ -122,7 +144,10 @@ def test_the_kernel_answers_what_no_handler_sees_and_counts_it(kind, cluster, pr
 
     assert _ask(server.address, caller, wire.encode(wire.request("ping", 5)))["ok"]  # anyone may ping
     after = kind.counters(_ask(server.address, admin, wire.encode(wire.request(kind.counters_op, 6))))
-    grew = {name: after[name] - before[name] for name in ("requests", "forbidden", "bad_requests", "internal_errors")}
+    grew = {
+        name: after[name] - before[name]
+        for name in ("requests", "forbidden", "bad_requests", "internal_errors")
+    }
     # requests: the forbidden, unknown, garbled and ping ones, and the counters request itself.
     assert grew == {"requests": 5, "forbidden": 1, "bad_requests": 2, "internal_errors": 0}, (before, after)
     assert server.alive()

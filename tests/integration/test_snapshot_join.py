@@ -1,4 +1,5 @@
 """Checkpoints, retention and joining with real brokers, bookies and ZooKeeper."""
+
 import json
 import time
 from pathlib import Path
@@ -37,7 +38,9 @@ def caught_up(bc, proc):
 def test_new_broker_joins_by_snapshot_after_early_ledgers_were_deleted(cluster, procs):
     bc = start(cluster, procs)
     submit_many(bc, 120, "a")
-    wait_for(lambda: read_log(cluster.zk, cluster.paths)[0][0]["id"] > 2, 60, "retention to delete early ledgers")
+    wait_for(
+        lambda: read_log(cluster.zk, cluster.paths)[0][0]["id"] > 2, 60, "retention to delete early ledgers"
+    )
     joiner = procs.start_broker(cluster, extra=SMALL)
     bc.brokers.append(joiner)
     submit_many(bc, 10, "b")
@@ -47,8 +50,20 @@ def test_new_broker_joins_by_snapshot_after_early_ledgers_were_deleted(cluster, 
 
 
 def test_retention_keeps_ledgers_that_no_snapshot_covers(cluster, procs):
-    bc = start(cluster, procs, extra=["--ledger-max-entries", "10", "--checkpoint-entries", "100000",
-                                      "--checkpoint-seconds", "100000", "--retention-seconds", "0"])
+    bc = start(
+        cluster,
+        procs,
+        extra=[
+            "--ledger-max-entries",
+            "10",
+            "--checkpoint-entries",
+            "100000",
+            "--checkpoint-seconds",
+            "100000",
+            "--retention-seconds",
+            "0",
+        ],
+    )
     submit_many(bc, 60, "c")
     time.sleep(6)  # more than one retention pass
     ledgers, _ = read_log(cluster.zk, cluster.paths)
@@ -117,7 +132,7 @@ def test_damaged_or_foreign_snapshots_are_refused_with_a_reason(cluster, procs, 
     good = path.read_bytes()
     flipped = tmp_path / path.name
     middle = len(good) // 2
-    flipped.write_bytes(good[:middle] + bytes([good[middle] ^ 0x40]) + good[middle + 1:])
+    flipped.write_bytes(good[:middle] + bytes([good[middle] ^ 0x40]) + good[middle + 1 :])
     truncated = tmp_path / ("t-" + path.name)
     truncated.write_bytes(good[: len(good) // 2])
     for bad, reasons in ((flipped, ("crc", "checksum")), (truncated, ("truncated",))):
@@ -126,8 +141,19 @@ def test_damaged_or_foreign_snapshots_are_refused_with_a_reason(cluster, procs, 
         assert result.returncode == 1 and any(r in err for r in reasons), err
     foreign = procs.run(["snapshot", "verify", str(path), "--cluster-id", "another-cluster"])
     assert foreign.returncode == 1 and "cluster" in foreign.stderr.decode()
-    restore = procs.run(["snapshot", "restore", str(path), "--data", str(tmp_path / "fresh"), "--zk", cluster.hosts,
-                         "--cluster", "someothercluster"])
+    restore = procs.run(
+        [
+            "snapshot",
+            "restore",
+            str(path),
+            "--data",
+            str(tmp_path / "fresh"),
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            "someothercluster",
+        ]
+    )
     assert restore.returncode == 1
     in_use = procs.run(["snapshot", "restore", str(path), "--data", str(data), *target])
     assert in_use.returncode == 1 and "in use" in in_use.stderr.decode()
@@ -142,15 +168,20 @@ def test_join_falls_back_to_another_source_when_a_snapshot_is_damaged(cluster, p
     wait_for(lambda: cluster.zk.exists(cluster.paths.log_start), 30, "retention to delete early ledgers")
 
     def advertised():
-        infos = [json.loads(cluster.zk.get(cluster.paths.live_broker(int(c)))[0])
-                 for c in cluster.zk.get_children(cluster.paths.live_brokers)]
+        infos = [
+            json.loads(cluster.zk.get(cluster.paths.live_broker(int(c)))[0])
+            for c in cluster.zk.get_children(cluster.paths.live_brokers)
+        ]
         return infos if len(infos) == 2 and all(i.get("snapshot") for i in infos) else None
 
     wait_for(advertised, 30, "both brokers to advertise a snapshot")
     time.sleep(1.5)  # let the last checkpoints settle: no new entries, so no new snapshots
     latest = json.loads(cluster.zk.get(cluster.paths.snapshots_latest)[0])
-    damaged = next(p for p in bc.brokers
-                   if json.loads((Path(p.data_dir) / ".broker.meta").read_text())["broker_id"] == latest["broker_id"])
+    damaged = next(
+        p
+        for p in bc.brokers
+        if json.loads((Path(p.data_dir) / ".broker.meta").read_text())["broker_id"] == latest["broker_id"]
+    )
     for path in (Path(damaged.data_dir) / "snapshots").glob("*.fps"):
         raw = bytearray(path.read_bytes())
         raw[len(raw) // 2] ^= 0xFF

@@ -5,6 +5,7 @@ decodes frames with :mod:`election.wire`, answers ``snapshot_info`` and
 ``snapshot_chunk`` through :mod:`snapshots.transfer`, and turns a
 :class:`TransferError` into an error reply with its code, as the broker should.
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,8 +45,9 @@ def serve(catalog, address, halt, ready, stop_after_chunks=None):
                 else:
                     if stop_after_chunks is not None and served >= stop_after_chunks:
                         return  # the server "dies": this request is never answered
-                    reply = wire.ok_reply(rid, **read_chunk(catalog, msg.get("name"),
-                                                            msg.get("offset"), msg.get("length")))
+                    reply = wire.ok_reply(
+                        rid, **read_chunk(catalog, msg.get("name"), msg.get("offset"), msg.get("length"))
+                    )
                     served += 1
             except wire.WireError as exc:
                 reply = wire.error_reply(exc.rid, exc.code, exc.message)
@@ -92,9 +94,19 @@ def source(tmp_path):
     store = StateStore(tmp_path / "src" / "state", map_size=MAP, sync=False)
     store.apply_batch([event("EpochStarted", epoch=1, broker_id=0, now_ms=1)], (1, 0))
     for b in range(20):
-        store.apply_batch([event("TaskSubmitted", task_id=f"t{b}-{i}", queue="q",
-                                 payload=f"payload {b} {i}".encode() * 4, now_ms=10 + b)
-                           for i in range(1000)], (1, b + 1))
+        store.apply_batch(
+            [
+                event(
+                    "TaskSubmitted",
+                    task_id=f"t{b}-{i}",
+                    queue="q",
+                    payload=f"payload {b} {i}".encode() * 4,
+                    now_ms=10 + b,
+                )
+                for i in range(1000)
+            ],
+            (1, b + 1),
+        )
     catalog = SnapshotCatalog(tmp_path / "src" / "snapshots")
     info = catalog.create(store, "dev", 1, clock=lambda: 123.0)
     yield store, catalog, info

@@ -3,6 +3,7 @@
 The chaos run found a bookie restarting as ZooKeeper was killed: its registration
 raised ConnectionLoss and the process died with a traceback.
 """
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """`fencepost store inspect` and `store mark-clean` through the real CLI: on stores built with events
 applied (a total failure's leftovers), and on the stores of a running cluster (read-only, never refused)."""
+
 from __future__ import annotations
 
 import json
@@ -19,15 +20,21 @@ MAP = 64 << 20
 CLUSTER = "5d0c7c3e9a7b4b8e8f6f1d2a3b4c5d6e"
 
 
-def build(data: Path, tasks: int, epoch: int = 2, entries: int = 1, cluster: str = CLUSTER,
-          status: bool = True) -> tuple[int, int]:
+def build(
+    data: Path, tasks: int, epoch: int = 2, entries: int = 1, cluster: str = CLUSTER, status: bool = True
+) -> tuple[int, int]:
     """A broker data dir whose store applied an epoch start and ``tasks`` tasks over ``entries`` entries."""
     store = StateStore(data / "state", map_size=MAP)
     store.set_cluster_id(cluster)
     store.apply_batch([event("EpochStarted", epoch=epoch, broker_id=1, now_ms=1)], (3, 0))
     for e in range(entries):
-        store.apply_batch([event("TaskSubmitted", task_id=f"t{e}-{i}", queue="q", payload=b"p", now_ms=5 + e)
-                           for i in range(tasks // entries)], (3, 1 + e))
+        store.apply_batch(
+            [
+                event("TaskSubmitted", task_id=f"t{e}-{i}", queue="q", payload=b"p", now_ms=5 + e)
+                for i in range(tasks // entries)
+            ],
+            (3, 1 + e),
+        )
     position = store.position()
     store.close()
     if status:
@@ -42,7 +49,7 @@ def inspect(procs, *dirs, extra=()):
 def test_inspect_after_a_dirty_total_failure_then_mark_clean_the_newest(procs, tmp_path):
     b0, b1, b2 = tmp_path / "b0", tmp_path / "b1", tmp_path / "b2"
     build(b0, 10, entries=2)
-    newest_position = build(b1, 12, entries=3)     # applied the most
+    newest_position = build(b1, 12, entries=3)  # applied the most
     build(b2, 4, entries=1)
     res = inspect(procs, b0, b1, b2)
     assert res.returncode == 0, res.stderr
@@ -54,8 +61,14 @@ def test_inspect_after_a_dirty_total_failure_then_mark_clean_the_newest(procs, t
     assert [s["tasks"] for s in report["stores"]] == [10, 12, 4]
     assert [s["position"] for s in report["stores"]] == [[3, 2], [3, 3], [3, 1]]
     assert report["newest"] == str(b1) and report["restart"]["action"] == "abort"
-    assert report["clusters"] == [{"cluster_id": CLUSTER, "created_at": 1700000000.0,
-                                   "paths": [str(b0), str(b1), str(b2)], "newest": str(b1)}]
+    assert report["clusters"] == [
+        {
+            "cluster_id": CLUSTER,
+            "created_at": 1700000000.0,
+            "paths": [str(b0), str(b1), str(b2)],
+            "newest": str(b1),
+        }
+    ]
     assert all(len(s["digest"]) == 32 and s["epoch"] == 2 for s in report["stores"])
 
     marked = procs.run(["store", "mark-clean", str(b1), "--yes", "--json"])
@@ -68,7 +81,10 @@ def test_inspect_after_a_dirty_total_failure_then_mark_clean_the_newest(procs, t
     after = json.loads(inspect(procs, b0, b1, b2, extra=["--json"]).stdout)
     assert after["restart"]["action"] == "restore"
     assert after["restart"]["summary"] == f"restore from {b1}"
-    assert "members 1 (" in after["restart"]["reason"] and "take their state from it" in after["restart"]["reason"]
+    assert (
+        "members 1 (" in after["restart"]["reason"]
+        and "take their state from it" in after["restart"]["reason"]
+    )
 
 
 def test_inspect_tells_clusters_apart_and_reports_unreadable_dirs(procs, tmp_path):
@@ -97,7 +113,7 @@ def test_inspect_after_an_orderly_shutdown_says_restore(procs, tmp_path):
     for d in dirs:
         position = build(d, 5)
         mark_clean(d, "shutdown-1", position)
-    (tmp_path / "b3").mkdir()          # a fourth member lost its disk
+    (tmp_path / "b3").mkdir()  # a fourth member lost its disk
     report = json.loads(inspect(procs, *dirs, tmp_path / "b3", extra=["--json", "--verify"]).stdout)
     assert [s["state"] for s in report["stores"]] == ["clean", "clean", "clean", "none"]
     assert report["restart"]["summary"] == f"restore from {dirs[0]}"
@@ -108,7 +124,7 @@ def test_mark_clean_refusals(procs, tmp_path):
     data = tmp_path / "b0"
     build(data, 3)
     lock = DataDirLock(data)
-    lock.acquire()                      # what a running broker holds
+    lock.acquire()  # what a running broker holds
     try:
         res = procs.run(["store", "mark-clean", str(data), "--yes"])
         assert res.returncode == 1 and "in use" in res.stderr.decode()
@@ -116,7 +132,7 @@ def test_mark_clean_refusals(procs, tmp_path):
     finally:
         lock.release()
 
-    res = procs.run(["store", "mark-clean", str(data)], input=b"")   # no terminal, no --yes
+    res = procs.run(["store", "mark-clean", str(data)], input=b"")  # no terminal, no --yes
     assert res.returncode == 2 and "pass --yes" in res.stderr.decode()
 
     res = procs.run(["store", "mark-clean", str(data), "--yes", "--cluster-id", "another"])
@@ -148,7 +164,7 @@ def test_inspect_the_stores_of_a_running_cluster(broker_cluster):
     bc = broker_cluster
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name) as client:
         for i in range(5):
-            client.submit("mail", b"x%d" % i)      # returns once committed
+            client.submit("mail", b"x%d" % i)  # returns once committed
     dirs = [p.data_dir for p in bc.brokers]
 
     def caught_up():
@@ -158,6 +174,6 @@ def test_inspect_the_stores_of_a_running_cluster(broker_cluster):
     report = wait_for(caught_up, 20, "every store at the leader's digest")
     assert report["readable"] == 3 and len(report["clusters"]) == 1
     assert all(s["tasks"] == 5 and s["epoch"] >= 1 for s in report["stores"])
-    assert report["restart"]["action"] == "abort"      # stores of a running cluster are not clean
+    assert report["restart"]["action"] == "abort"  # stores of a running cluster are not clean
     res = bc.procs.run(["store", "mark-clean", "--yes", str(dirs[0])])
     assert res.returncode == 1 and "in use" in res.stderr.decode(), res

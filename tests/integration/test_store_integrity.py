@@ -1,4 +1,5 @@
 """Broker stores that verify themselves and know their cluster, on real processes."""
+
 import json
 import os
 import uuid
@@ -111,7 +112,9 @@ def test_flipped_payload_byte_is_found_at_the_next_checkpoint_and_the_store_rebu
     # Now let it lead: it must serve the payload that was acknowledged, not the damaged one.
     assert leader.terminate() == 0
     wait_for(lambda: (bc.leader_info() or {}).get("address") == follower.address, 30, "the follower to lead")
-    got = wait_for(lambda: call(follower.address, "get", task_id=task_id).get("task"), 30, "get from the new leader")
+    got = wait_for(
+        lambda: call(follower.address, "get", task_id=task_id).get("task"), 30, "get from the new leader"
+    )
     assert got["payload"] == payload and got["state"] == "done"
 
 
@@ -132,17 +135,24 @@ def test_flipped_payload_byte_after_an_unclean_stop_is_found_at_start(cluster, p
 
 def _foreign_store(data_dir: Path, cluster_id: str | None, position=(0, 0)) -> None:
     with StateStore(data_dir / "state", map_size=64 << 20) as store:
-        store.apply_batch([event("EpochStarted", epoch=1, broker_id=1, now_ms=1),
-                           event("TaskSubmitted", task_id="t1", queue="q", payload=b"theirs", now_ms=2)],
-                          position)
+        store.apply_batch(
+            [
+                event("EpochStarted", epoch=1, broker_id=1, now_ms=1),
+                event("TaskSubmitted", task_id="t1", queue="q", payload=b"theirs", now_ms=2),
+            ],
+            position,
+        )
         if cluster_id:
             store.set_cluster_id(cluster_id)
 
 
-@pytest.mark.parametrize("foreign_id, expect", [
-    ("0b9e4c9e-another-cluster", "belongs to cluster 0b9e4c9e-another-cluster"),
-    (None, "beyond the cluster's log"),
-])
+@pytest.mark.parametrize(
+    "foreign_id, expect",
+    [
+        ("0b9e4c9e-another-cluster", "belongs to cluster 0b9e4c9e-another-cluster"),
+        (None, "beyond the cluster's log"),
+    ],
+)
 def test_a_foreign_state_dir_without_broker_meta_is_refused(cluster, procs, tmp_path, foreign_id, expect):
     config = ensure_cluster_config(cluster.zk, cluster.paths, ClusterOptions(), clock=lambda: 1.0)
     # An active cluster (its log has a ledger): a cluster without one decides by the join rules instead.
@@ -150,8 +160,21 @@ def test_a_foreign_state_dir_without_broker_meta_is_refused(cluster, procs, tmp_
     data = tmp_path / "foreign"
     _foreign_store(data, foreign_id, position=(5, 0))
     assert not (data / META).exists()
-    result = procs.run(["broker", "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1",
-                        "--zk", cluster.hosts, "--cluster", cluster.name], timeout=60)
+    result = procs.run(
+        [
+            "broker",
+            "start",
+            "--data",
+            str(data),
+            "--listen",
+            "tcp://127.0.0.1:1",
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+        ],
+        timeout=60,
+    )
     err = result.stderr.decode()
     assert result.returncode == 1, err
     last = err.strip().splitlines()[-1]
@@ -160,16 +183,32 @@ def test_a_foreign_state_dir_without_broker_meta_is_refused(cluster, procs, tmp_
     assert not (data / META).exists() and not cluster.zk.exists(cluster.paths.broker_id(1))
 
 
-@pytest.mark.parametrize("content, field", [
-    ('{"cluster": "%s", "name": "b", "broker_id": "one", "register_code": "c"}', "broker_id"),
-    ('{"cluster": "%s", "name": "b", "broker_id": 1', "valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, field",
+    [
+        ('{"cluster": "%s", "name": "b", "broker_id": "one", "register_code": "c"}', "broker_id"),
+        ('{"cluster": "%s", "name": "b", "broker_id": 1', "valid JSON"),
+    ],
+)
 def test_a_damaged_broker_meta_stops_the_broker_with_one_line(cluster, procs, tmp_path, content, field):
     data = tmp_path / "b"
     data.mkdir()
     (data / META).write_text(content % cluster.name if "%s" in content else content)
-    result = procs.run(["broker", "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1",
-                        "--zk", cluster.hosts, "--cluster", cluster.name], timeout=60)
+    result = procs.run(
+        [
+            "broker",
+            "start",
+            "--data",
+            str(data),
+            "--listen",
+            "tcp://127.0.0.1:1",
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+        ],
+        timeout=60,
+    )
     err = result.stderr.decode()
     last = err.strip().splitlines()[-1]
     assert result.returncode == 1 and "Traceback" not in err
@@ -217,10 +256,14 @@ def test_a_leader_whose_store_is_damaged_while_it_runs_hands_over_and_rebuilds(c
     finally:
         os.close(fd)
     nudge(leader.address, 8, "b")  # its next checkpoint reads the damaged payload
-    wait_for(lambda: "rebuilt the state store" in leader.output(), 60, "the leader to find the damage and rebuild")
+    wait_for(
+        lambda: "rebuilt the state store" in leader.output(), 60, "the leader to find the damage and rebuild"
+    )
     new = bc.wait_leader(timeout=30)
     assert new["address"] == follower.address, "a broker rebuilding its store must not lead"
-    got = wait_for(lambda: call(follower.address, "get", task_id=task_id).get("task"), 30, "get from the new leader")
+    got = wait_for(
+        lambda: call(follower.address, "get", task_id=task_id).get("task"), 30, "get from the new leader"
+    )
     assert got["payload"] == payload
     wait_for(lambda: caught_up(bc, leader), 60, "the rebuilt broker to reach the new leader's digest")
     assert_rebuilt(leader.data_dir, leader.output())
@@ -249,7 +292,7 @@ def test_a_torn_or_rolled_back_store_after_a_machine_crash_loses_no_acknowledged
     torn = bytearray(late)
     # Meta pages from the end, every other page of the tree from the beginning.
     for at in range(2 * page, min(len(early), len(late)), 2 * page):
-        torn[at:at + page] = early[at:at + page]
+        torn[at : at + page] = early[at : at + page]
     assert bytes(torn) != late
     bc.wait_leader(not_id=old_id)  # the survivor leads: the restarted broker follows it
     for image, expect_rebuild in ((bytes(torn), True), (early, False)):

@@ -2,6 +2,7 @@
 across restarts (an old store without one is signed from its cluster id), and a status of
 another cluster refused with "wrong store" like the LMDB record is.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,28 @@ def test_a_store_status_of_another_cluster_is_refused_as_a_wrong_store(cluster, 
     write_log(cluster.zk, cluster.paths, [{"id": 0, "epoch": 1}], expected_version=-1, claim=None)
     data = tmp_path / "foreign"
     write_status(data, StoreStatus("0b9e4c9e-another-cluster", 5.0))
-    result = procs.run(["broker", "start", "--data", str(data), "--listen", "tcp://127.0.0.1:1",
-                        "--zk", cluster.hosts, "--cluster", cluster.name], timeout=60)
+    result = procs.run(
+        [
+            "broker",
+            "start",
+            "--data",
+            str(data),
+            "--listen",
+            "tcp://127.0.0.1:1",
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+        ],
+        timeout=60,
+    )
     err = result.stderr.decode()
     assert result.returncode == 1 and "Traceback" not in err, err
     last = err.strip().splitlines()[-1]
-    assert last == (f"fencepost: wrong store: {data} belongs to cluster 0b9e4c9e-another-cluster, "
-                    f"this cluster ({cluster.name}) is {config['cluster_id']}"), last
+    assert last == (
+        f"fencepost: wrong store: {data} belongs to cluster 0b9e4c9e-another-cluster, "
+        f"this cluster ({cluster.name}) is {config['cluster_id']}"
+    ), last
     assert not (data / META).exists() and not (data / "state").exists()
 
 

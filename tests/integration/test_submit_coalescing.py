@@ -5,6 +5,7 @@ submits (``submit_many`` with ``each: true``); each thread gets the id of its ow
 task, a key submitted again returns the same id, and one thread's bad submit
 fails that thread alone.
 """
+
 from __future__ import annotations
 
 import threading
@@ -64,7 +65,9 @@ def test_threads_submitting_at_once_share_requests_and_each_get_their_own_task(b
         run_threads(threads, produce)
         assert len(ids) == threads * per_thread and len(set(ids.values())) == len(ids)
         assert client.batched > 0 and client.requests < threads * per_thread + threads
-        assert sorted(errors) == list(range(threads)) and {e.code for e in errors.values()} == {"invalid_queue"}
+        assert sorted(errors) == list(range(threads)) and {e.code for e in errors.values()} == {
+            "invalid_queue"
+        }
         # Each id is its caller's own task.
         for key in list(ids)[::37]:
             task = client.get(ids[key])
@@ -89,6 +92,7 @@ def test_coalesced_submits_survive_a_leader_sigkill_once_each(broker_cluster):
     errors: list[BaseException] = []
     stop = threading.Event()
     with Counting(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=60) as client:
+
         def produce(n: int) -> None:
             i = 0
             while not stop.is_set() and not errors:

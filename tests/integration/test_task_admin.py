@@ -1,5 +1,6 @@
 """Finding and acting on tasks, queues and workers on real clusters: `task list|retry`, `queue list|purge|
 requeue-dead`, `worker list`, across a SIGKILL of the leader; workers seen and lost; result_ttl purges."""
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,12 @@ def test_dead_tasks_are_listed_retried_requeued_and_purged_across_a_leader_sigki
         client.submit("jobs", b"waiting")
         pages, after = [], None
         while True:  # two at a time through the CLI: every dead task of jobs once, in submit order
-            page = cli_json(procs, ["task", "list", "--queue", "jobs", "--state", "dead", "--limit", "2"]
-                            + (["--after", after] if after else []), target)
+            page = cli_json(
+                procs,
+                ["task", "list", "--queue", "jobs", "--state", "dead", "--limit", "2"]
+                + (["--after", after] if after else []),
+                target,
+            )
             pages.append([t["id"] for t in page["tasks"]])
             after = page["next"]
             if after is None:
@@ -53,8 +58,15 @@ def test_dead_tasks_are_listed_retried_requeued_and_purged_across_a_leader_sigki
 
         shown = procs.run(["task", "list", "--state", "dead", "--limit", "3", *target])
         assert shown.returncode == 0 and "more: fencepost task list --after" in shown.stderr.decode()
-        assert shown.stdout.decode().split()[:7] == ["ID", "QUEUE", "STATE", "ATTEMPTS", "SUBMITTED", "FINISHED",
-                                                     "ERROR"]
+        assert shown.stdout.decode().split()[:7] == [
+            "ID",
+            "QUEUE",
+            "STATE",
+            "ATTEMPTS",
+            "SUBMITTED",
+            "FINISHED",
+            "ERROR",
+        ]
         retried = procs.run(["task", "retry", jobs[0], *target])
         assert retried.returncode == 0 and "waiting again" in retried.stdout.decode(), retried.stderr.decode()
         task = client.get(jobs[0])
@@ -80,14 +92,22 @@ def test_worker_list_shows_a_running_worker_then_loses_it_and_result_ttl_purges(
         kept = client.submit("keep", b"k")
         [task] = client.call("lease", worker="maker", queues=["keep"])["tasks"]
         client.call("complete", task_id=kept, attempt=task["attempt"])
-        worker = procs.start("worker", ["worker", "run", "--queue", "shout", "--name", "w-test", *target, "--",
-                                        "tr", "a-z", "A-Z"])
-        seen = wait_for(lambda: [w for w in client.workers() if w["worker"] == "w-test"], 30, "w-test in the list")
+        worker = procs.start(
+            "worker",
+            ["worker", "run", "--queue", "shout", "--name", "w-test", *target, "--", "tr", "a-z", "A-Z"],
+        )
+        seen = wait_for(
+            lambda: [w for w in client.workers() if w["worker"] == "w-test"], 30, "w-test in the list"
+        )
         assert seen[0]["queues"] == ["shout"] and seen[0]["in_hand"] == 0
         done = client.submit("shout", b"hi")
         assert client.wait(done, timeout=30)["result"] == b"HI"
         listed = procs.run(["worker", "list", *target])
-        assert listed.returncode == 0 and "w-test" in listed.stdout.decode() and "shout" in listed.stdout.decode()
+        assert (
+            listed.returncode == 0
+            and "w-test" in listed.stdout.decode()
+            and "shout" in listed.stdout.decode()
+        )
 
         worker.kill()
         wait_for(lambda: all(w["worker"] != "w-test" for w in client.workers()), 30, "w-test lost")

@@ -5,6 +5,7 @@ Two cases: a new cluster (no log yet: the brokers wait in the cluster start, bef
 bind) and a cluster restarted one member at a time (a log exists: the brokers run, follow
 the log, and stay out of the election).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,11 @@ def assert_nobody_serves(procs, cluster, present: int) -> None:
         with pytest.raises(BrokerUnavailable) as refused:
             client.submit("q", b"x", key="early")
     assert refused.value.code == codes.E_UNAVAILABLE
-    text, doc = wait_for(lambda: (lambda s: s if "waiting for 3 members" in s[0] else None)(status(procs, cluster)),
-                         20, "status to say what the cluster waits for")
+    text, doc = wait_for(
+        lambda: (lambda s: s if "waiting for 3 members" in s[0] else None)(status(procs, cluster)),
+        20,
+        "status to say what the cluster waits for",
+    )
     assert f"waiting for 3 members ({present} present)" in text, text
     assert doc["waiting"] == {"waiting_for": 3, "present": present}
 
@@ -69,9 +73,18 @@ def test_a_restarted_cluster_waits_for_three_live_brokers(cluster, procs):
         assert proc.terminate() == 0
     data_dirs = [p.data_dir for p in brokers]
     two = [procs.start_broker(cluster, data_dir=d, extra=WAIT) for d in data_dirs[:2]]
-    live = wait_for(lambda: (lambda nodes: nodes if len(nodes) == 2 and all(
-        n.get("waiting_for") == 3 and n.get("present") == 2 for n in nodes.values()) else None)(
-        live_brokers(cluster.zk, cluster.paths)), 30, "the live nodes to show the wait")
+    live = wait_for(
+        lambda: (
+            lambda nodes: (
+                nodes
+                if len(nodes) == 2
+                and all(n.get("waiting_for") == 3 and n.get("present") == 2 for n in nodes.values())
+                else None
+            )
+        )(live_brokers(cluster.zk, cluster.paths)),
+        30,
+        "the live nodes to show the wait",
+    )
     assert len(live) == 2
     assert_nobody_serves(procs, cluster, present=2)
     reply = call(two[0].address, "submit", queue="q", payload=b"x")
@@ -79,10 +92,16 @@ def test_a_restarted_cluster_waits_for_three_live_brokers(cluster, procs):
     third = procs.start_broker(cluster, data_dir=data_dirs[2], extra=WAIT)
     leader = wait_for(lambda: read_leader(cluster.zk, cluster.paths), 60, "a leader once three are up")
     assert_writes_succeed(cluster)
-    wait_for(lambda: all("waiting_for" not in n for n in live_brokers(cluster.zk, cluster.paths).values()),
-             10, "the live nodes to drop the wait")
+    wait_for(
+        lambda: all("waiting_for" not in n for n in live_brokers(cluster.zk, cluster.paths).values()),
+        10,
+        "the live nodes to drop the wait",
+    )
     # Once seen, the condition holds: with the leader gone, the two left elect one of them.
     next(p for p in [*two, third] if p.address == leader["address"]).kill()
-    wait_for(lambda: (read_leader(cluster.zk, cluster.paths) or {}).get("epoch", 0) > leader["epoch"], 60,
-             "a new leader among the two left")
+    wait_for(
+        lambda: (read_leader(cluster.zk, cluster.paths) or {}).get("epoch", 0) > leader["epoch"],
+        60,
+        "a new leader among the two left",
+    )
     assert_writes_succeed(cluster)

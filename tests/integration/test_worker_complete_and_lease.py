@@ -5,6 +5,7 @@ its ``complete_many`` (the leader leases them in the same ledger entry as the
 completions) or from the long-poll ``lease``; every task is done once, comes by
 exactly one of the two, and the worker never asks for more than its prefetch.
 """
+
 from __future__ import annotations
 
 import threading
@@ -49,8 +50,15 @@ def test_a_busy_worker_takes_its_next_tasks_with_its_completions(broker_cluster)
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=20) as client:
         ids = client.submit_many([{"queue": "flow", "payload": b"%d" % i} for i in range(n)])
         counting = Counting(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=20)
-        worker = Worker(client=counting, queues=["flow"], concurrency=4, prefetch=16, wait_ms=500,
-                        handlers={"flow": lambda task: b"done:" + task.payload}, handle_signals=False)
+        worker = Worker(
+            client=counting,
+            queues=["flow"],
+            concurrency=4,
+            prefetch=16,
+            wait_ms=500,
+            handlers={"flow": lambda task: b"done:" + task.payload},
+            handle_signals=False,
+        )
         counting.worker = worker
         runner = threading.Thread(target=worker.run, daemon=True)
         runner.start()
@@ -69,4 +77,7 @@ def test_a_busy_worker_takes_its_next_tasks_with_its_completions(broker_cluster)
     # task frees is a race between the lease loop and the outbox: on a loaded machine the lease
     # loop can take all of it (seen in make test: 300 by lease, 0 by complete_many), so the
     # split is not asserted here; the leader's side of complete-and-lease is in test_leadership.
-    assert counting.brought["lease"] + counting.brought["complete_many"] == n, (counting.brought, counting.requests)
+    assert counting.brought["lease"] + counting.brought["complete_many"] == n, (
+        counting.brought,
+        counting.requests,
+    )

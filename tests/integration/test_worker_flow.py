@@ -5,6 +5,7 @@ yet had acknowledged loses nothing: the leases expire and another worker does
 every task, each completed once. A fleet of idle workers long-polling leaves the
 leader's ledger alone.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # A worker whose completions never leave its outbox (the sender hangs in complete_many)
 # and whose handler finishes three tasks, then hangs in every later one.
-DOOMED_WORKER = '''
+DOOMED_WORKER = """
 import sys
 import threading
 
@@ -60,7 +61,7 @@ def handle(task):
 client = Unacknowledged(zk=zk, cluster=cluster, timeout=20)
 Worker(client=client, queues=["held"], handlers={"held": handle}, concurrency=2, prefetch=6,
        lease_ms=2000, wait_ms=500, name="doomed").run()
-'''
+"""
 
 
 def _trace_lines(path: Path, word: str) -> list[str]:
@@ -75,8 +76,12 @@ def test_a_killed_worker_loses_no_prefetched_or_unacknowledged_task(broker_clust
     with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=20) as client:
         ids = client.submit_many([{"queue": "held", "payload": b"%d" % i} for i in range(12)])
         log_path = tmp_path / "doomed-worker.log"
-        popen = spawn([sys.executable, str(script), bc.zk_hosts, bc.cluster.name, str(trace)], log_path,
-                      env=fencepost_env(), cwd=REPO)
+        popen = spawn(
+            [sys.executable, str(script), bc.zk_hosts, bc.cluster.name, str(trace)],
+            log_path,
+            env=fencepost_env(),
+            cwd=REPO,
+        )
         doomed = Proc(name="doomed-worker", args=[str(script)], log_path=log_path, popen=popen)
         procs.procs.append(doomed)
 
@@ -88,8 +93,11 @@ def test_a_killed_worker_loses_no_prefetched_or_unacknowledged_task(broker_clust
 
         def holding() -> bool:
             running = client.status()["queues"].get("held", {}).get("running", 0)
-            return (len(_trace_lines(trace, "finished")) == 3 and len(_trace_lines(trace, "hanging")) == 2
-                    and running == leased())
+            return (
+                len(_trace_lines(trace, "finished")) == 3
+                and len(_trace_lines(trace, "hanging")) == 2
+                and running == leased()
+            )
 
         wait_for(holding, 30, "the doomed worker to hold every task it leased")
         held = leased()
@@ -99,8 +107,13 @@ def test_a_killed_worker_loses_no_prefetched_or_unacknowledged_task(broker_clust
         doomed.kill()
 
         handled: list[str] = []
-        second = Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, handlers={"held": lambda task: (
-            handled.append(task.task_id), b"second:" + task.payload)[1]}, concurrency=4, wait_ms=500)
+        second = Worker(
+            zk=bc.zk_hosts,
+            cluster=bc.cluster.name,
+            handlers={"held": lambda task: (handled.append(task.task_id), b"second:" + task.payload)[1]},
+            concurrency=4,
+            wait_ms=500,
+        )
         runner = threading.Thread(target=second.run, daemon=True)
         runner.start()
         try:
@@ -124,8 +137,17 @@ def test_an_idle_fleet_writes_nothing_to_the_ledger(broker_cluster):
         def position() -> list:
             return client.status()["position"]
 
-        fleet = [Worker(zk=bc.zk_hosts, cluster=bc.cluster.name, handlers={"idle": lambda task: task.payload},
-                        concurrency=2, wait_ms=300, lease_ms=1000) for _ in range(10)]
+        fleet = [
+            Worker(
+                zk=bc.zk_hosts,
+                cluster=bc.cluster.name,
+                handlers={"idle": lambda task: task.payload},
+                concurrency=2,
+                wait_ms=300,
+                lease_ms=1000,
+            )
+            for _ in range(10)
+        ]
         threads = [threading.Thread(target=w.run, daemon=True) for w in fleet]
         for t in threads:
             t.start()

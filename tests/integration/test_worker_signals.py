@@ -7,6 +7,7 @@ the worker exits 0 and the command's pid is gone. A second signal stops at once
 worker whose cluster disappears (ZooKeeper, bookies and brokers stopped) still
 stops within its drain timeout on SIGINT.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,25 @@ def gone(pid: int) -> bool:
 
 
 def start_worker(procs, zk_hosts: str, cluster: str, pid_file: Path, *extra: str):
-    return procs.start("worker", ["worker", "run", "--queue", "jobs", "--zk", zk_hosts, "--cluster", cluster,
-                                  *extra, "--", "python3", "-c", COMMAND, str(pid_file)])
+    return procs.start(
+        "worker",
+        [
+            "worker",
+            "run",
+            "--queue",
+            "jobs",
+            "--zk",
+            zk_hosts,
+            "--cluster",
+            cluster,
+            *extra,
+            "--",
+            "python3",
+            "-c",
+            COMMAND,
+            str(pid_file),
+        ],
+    )
 
 
 def test_sigterm_drains_the_task_in_hand_and_a_second_signal_stops_at_once(broker_cluster, procs, tmp_path):

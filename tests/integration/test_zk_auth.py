@@ -1,5 +1,6 @@
 """ZooKeeper digest ACLs: members with the credential work through a leader SIGKILL; a raw client without it
 can neither read nor change the cluster's nodes."""
+
 from __future__ import annotations
 
 import uuid
@@ -18,8 +19,9 @@ from tests.conftest import TestCluster as Cluster
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_members_with_the_credential_work_and_a_raw_client_without_it_is_refused(zk_server, procs, tmp_path,
-                                                                                  monkeypatch):
+def test_members_with_the_credential_work_and_a_raw_client_without_it_is_refused(
+    zk_server, procs, tmp_path, monkeypatch
+):
     password = tmp_path / "zk.password"
     password.write_text(uuid.uuid4().hex + "\n")
     spec = f"digest:fencepost:{password}"
@@ -52,7 +54,9 @@ def test_members_with_the_credential_work_and_a_raw_client_without_it_is_refused
 
         bc.leader_proc().kill()
         bc.wait_leader(timeout=30, not_id=first["broker_id"])
-        assert client.submit("acl", b"one", key="k1") == before  # the same task, found again after the failover
+        assert (
+            client.submit("acl", b"one", key="k1") == before
+        )  # the same task, found again after the failover
         after = client.submit("acl", b"two")
         assert client.get(after)["state"] == "waiting"
         assert client.get(before)["queue"] == "acl"

@@ -1,4 +1,5 @@
 """The ZooKeeper fixture and `fencepost zk start|stop` really serve."""
+
 import json
 
 import pytest
@@ -49,8 +50,10 @@ def test_zk_start_on_a_busy_port_fails_clearly(procs, zk_server, tmp_path):
 
 
 def test_zk_start_without_java_says_what_to_install(procs, tmp_path, free_port, java_less_path):
-    result = procs.run(["zk", "start", "--port", str(free_port()), "--data", str(tmp_path / "zk")],
-                       env={"PATH": java_less_path, "JAVA_HOME": ""})
+    result = procs.run(
+        ["zk", "start", "--port", str(free_port()), "--data", str(tmp_path / "zk")],
+        env={"PATH": java_less_path, "JAVA_HOME": ""},
+    )
     assert result.returncode == 1
     err = result.stderr.decode()
     assert "Java 17" in err and "install" in err

@@ -5,6 +5,7 @@ same port. After an orderly `cluster shutdown`, `cluster init` plus starting the
 brokers again restores every acknowledged task; after a dirty stop the start
 aborts with "manual recovery needed" until `store mark-clean` names the newest store.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,22 @@ def _start(procs, tc: ZkCluster) -> tuple[list, list]:
     for i in range(3):
         data_dir = procs.workdir / f"broker-data-{i}"
         address = f"tcp://127.0.0.1:{_free_port()}"
-        args = ["broker", "start", "--data", str(data_dir), "--listen", address, "--zk", tc.hosts,
-                "--cluster", tc.name, "--zk-session-timeout", "2.0", "--wait-for", "3"]
+        args = [
+            "broker",
+            "start",
+            "--data",
+            str(data_dir),
+            "--listen",
+            address,
+            "--zk",
+            tc.hosts,
+            "--cluster",
+            tc.name,
+            "--zk-session-timeout",
+            "2.0",
+            "--wait-for",
+            "3",
+        ]
         brokers.append(procs.start("broker", args, address=address, data_dir=data_dir))
     return bookies, brokers
 
@@ -115,6 +130,7 @@ def _leader(tc: ZkCluster, zk, timeout: float = 90.0) -> dict:
             return json.loads(zk.get(tc.paths.leader)[0])
         except Exception:
             return None
+
     return wait_for(read, timeout, "a leader")
 
 
@@ -160,8 +176,11 @@ def test_orderly_shutdown_then_zookeeper_wiped_restores_every_task(procs, privat
     assert leader["epoch"] > old_epoch
     _assert_every_task(tc, acked)
     # Every store was clean with the same final signature: all kept, nothing downloaded.
-    wait_for(lambda: all("restarts from the state this store kept" in p.output() for p in restarted), 30,
-             "every broker to keep its store")
+    wait_for(
+        lambda: all("restarts from the state this store kept" in p.output() for p in restarted),
+        30,
+        "every broker to keep its store",
+    )
     assert not any("installing a snapshot" in p.output() for p in restarted)
     assert not any(list(p.data_dir.glob("state.before-init-*")) for p in brokers)
 
@@ -202,6 +221,9 @@ def test_zookeeper_wiped_after_a_dirty_stop_needs_mark_clean_of_the_newest_store
             assert not list(broker.data_dir.glob("state.before-init-*"))
         else:
             assert list(broker.data_dir.glob("state.before-init-*"))
-            wait_for(lambda: "installed snapshot" in proc.output(), 90,
-                     "the moved-aside member to install a snapshot")
+            wait_for(
+                lambda: "installed snapshot" in proc.output(),
+                90,
+                "the moved-aside member to install a snapshot",
+            )
     assert all(p.alive() for p in restarted)

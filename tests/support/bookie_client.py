@@ -1,4 +1,5 @@
 """Talking to a real bookie in tests: a raw DEALER client and well-formed entries."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,5 @@
 """Test helpers for the bookie store: entries added one by one, as the bookie's add would."""
+
 from __future__ import annotations
 
 from ledger.bookie.store import BookieStore

@@ -5,6 +5,7 @@ Example::
     with dev_up(tmp_path / ".fencepost-dev", "--bookies", "3", "--brokers", "1") as dev_dir:
         ...
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,14 @@ def clean_env() -> dict:
 
 def dev(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `fencepost dev ARGS`; fail the test unless it exits 0."""
-    done = subprocess.run(fencepost_command("dev", *args), capture_output=True, text=True, timeout=timeout,
-                          env=clean_env(), cwd=REPO)
+    done = subprocess.run(
+        fencepost_command("dev", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(),
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr + done.stdout
     return done
 
@@ -38,5 +45,10 @@ def dev_up(dev_dir: Path, *args: str) -> Iterator[Path]:
         dev("up", "--dev-dir", str(dev_dir), *args)
         yield dev_dir
     finally:
-        subprocess.run(fencepost_command("dev", "down", "--dev-dir", str(dev_dir)), capture_output=True,
-                       timeout=120, env=clean_env(), cwd=REPO)
+        subprocess.run(
+            fencepost_command("dev", "down", "--dev-dir", str(dev_dir)),
+            capture_output=True,
+            timeout=120,
+            env=clean_env(),
+            cwd=REPO,
+        )

@@ -13,6 +13,7 @@ Example::
     assert leader.reply(1)["ok"] and len(leader.writer.entries) == 2
     leader.close()
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -68,11 +69,19 @@ def epoch_started(now_ms: int) -> list[dict]:
 class LeaderHarness:
     """A leading BrokerServer on a real store and a :class:`FakeWriter`; replies go to ``sent``."""
 
-    def __init__(self, tmp_path: Any, config: BrokerConfig | None = None, hooks: ServerHooks = ServerHooks(),
-                 writer: FakeWriter | None = None, lead: bool = True, **session: Any) -> None:
+    def __init__(
+        self,
+        tmp_path: Any,
+        config: BrokerConfig | None = None,
+        hooks: ServerHooks = ServerHooks(),
+        writer: FakeWriter | None = None,
+        lead: bool = True,
+        **session: Any,
+    ) -> None:
         self.store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
-        self.server = BrokerServer(config or BrokerConfig(listen="tcp://127.0.0.1:1"), self.store, broker_id=1,
-                                   hooks=hooks)
+        self.server = BrokerServer(
+            config or BrokerConfig(listen="tcp://127.0.0.1:1"), self.store, broker_id=1, hooks=hooks
+        )
         self.sent = capture_replies(self.server)
         self.writer = writer or FakeWriter()
         self.leadership: Leadership | None = None
@@ -81,8 +90,9 @@ class LeaderHarness:
 
     def lead(self, **session: Any) -> Leadership:
         """Start leading and wait (by committing) until the epoch's first entry is applied."""
-        self.leadership = self.server.start_leading(LeaderSession(epoch=1, writer=self.writer, **session),
-                                                    epoch_started)
+        self.leadership = self.server.start_leading(
+            LeaderSession(epoch=1, writer=self.writer, **session), epoch_started
+        )
         self.settle()
         assert self.leadership.ready
         return self.leadership

@@ -1,4 +1,5 @@
 """Helpers of the ledger tests: bookies started and registered, a ledger client, fake bookies, damage on disk."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,10 @@ def start_bookies(procs, cluster, n: int = 3) -> list:
 def wait_registered(cluster, n: int, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cluster.zk.exists(cluster.paths.bookies) and len(cluster.zk.get_children(cluster.paths.bookies)) >= n:
+        if (
+            cluster.zk.exists(cluster.paths.bookies)
+            and len(cluster.zk.get_children(cluster.paths.bookies)) >= n
+        ):
             return
         time.sleep(0.05)
     raise AssertionError(f"fewer than {n} bookies registered within {timeout}s")
@@ -101,7 +105,9 @@ def read_direct(address: str, ledger_id: int, entry_id: int) -> dict:
 
 def register(cluster, fake: FakeBookie, bookie_id: str, free_gib: int = 10) -> None:
     doc = {"bookie_id": bookie_id, "address": fake.address, "free_bytes": free_gib << 30}
-    cluster.zk.create(cluster.paths.bookie(bookie_id), json.dumps(doc).encode(), ephemeral=True, makepath=True)
+    cluster.zk.create(
+        cluster.paths.bookie(bookie_id), json.dumps(doc).encode(), ephemeral=True, makepath=True
+    )
 
 
 def entries_seen(fake: FakeBookie) -> list[int]:

@@ -1,4 +1,5 @@
 """Keyed producers for failover tests, and the checks that nothing acknowledged was lost or duplicated."""
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,10 @@ class Producers:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.longest = 0.0
-        self.threads = [threading.Thread(target=self._run, args=(zk_hosts, cluster, i), daemon=True)
-                        for i in range(threads)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(zk_hosts, cluster, i), daemon=True)
+            for i in range(threads)
+        ]
 
     def _run(self, zk_hosts, cluster, index):
         with Client(zk=zk_hosts, cluster=cluster, timeout=self.timeout) as client:
@@ -57,10 +60,12 @@ class Producers:
 
 def assert_replicas_agree(bc, brokers, timeout=30):
     """Every live broker reaches the leader's position, with the same digest there."""
+
     def same():
         statuses = [call(p.address, "status") for p in brokers]
         positions = {tuple(s["position"] or ()) for s in statuses}
         return statuses if len(positions) == 1 else None
+
     statuses = wait_for(same, timeout, "replicas to reach the same position")
     digests = {s["digest"] for s in statuses}
     assert len(digests) == 1, statuses

@@ -1,4 +1,5 @@
 """A state-machine replica on a real LMDB store, for tests that apply events by hand."""
+
 from __future__ import annotations
 
 from broker.state.store import StateStore
@@ -19,14 +20,14 @@ class Replica:
         return self.batch({"type": etype, **fields})[0]
 
     def submit(self, tid, queue="q", now_ms=0, **kw):
-        res = self.do("TaskSubmitted", task_id=tid, queue=queue, payload=tid.encode(),
-                      now_ms=now_ms, **kw)
+        res = self.do("TaskSubmitted", task_id=tid, queue=queue, payload=tid.encode(), now_ms=now_ms, **kw)
         assert res["ok"], res
         return res
 
     def lease(self, worker="w", queues=("q",), max_tasks=10, now_ms=0, **kw):
-        res = self.do("TaskLeased", worker=worker, queues=list(queues), max_tasks=max_tasks,
-                      now_ms=now_ms, **kw)
+        res = self.do(
+            "TaskLeased", worker=worker, queues=list(queues), max_tasks=max_tasks, now_ms=now_ms, **kw
+        )
         assert res["ok"], res
         return [(t["task_id"], t["attempt"]) for t in res["tasks"]]
 

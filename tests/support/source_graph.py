@@ -1,4 +1,5 @@
 """The project's modules and the imports between them, read from the source (parsed, never imported)."""
+
 from __future__ import annotations
 
 import ast

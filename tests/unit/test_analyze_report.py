@@ -1,4 +1,5 @@
 """The analyze report: every chart embedded, user text escaped, well-formed HTML (no Spark needed)."""
+
 import base64
 from html.parser import HTMLParser
 
@@ -12,17 +13,39 @@ T0 = 1_764_000_000_000
 
 def sample_tables() -> dict[str, pa.Table]:
     return {
-        "tasks": pa.table({"task_id": ["a", "b"], "queue": [EVIL, "mail"], "attempts": [1, 3],
-                           "final_state": ["done", "dead"]}),
-        "queue_minutes": pa.table({"queue": [EVIL, EVIL, "mail"], "minute_ms": [T0, T0 + 60_000, T0],
-                                   "finished": [3, 5, 1]}),
-        "latency": pa.table({"queue": [EVIL, "mail"], "tasks": [8, 1], "start_p50_ms": [10.0, 20.0],
-                             "start_p90_ms": [15.0, 20.0], "start_p99_ms": [19.0, 20.0],
-                             "finish_p50_ms": [110.0, None], "finish_p90_ms": [150.0, None],
-                             "finish_p99_ms": [190.0, None]}),
+        "tasks": pa.table(
+            {
+                "task_id": ["a", "b"],
+                "queue": [EVIL, "mail"],
+                "attempts": [1, 3],
+                "final_state": ["done", "dead"],
+            }
+        ),
+        "queue_minutes": pa.table(
+            {"queue": [EVIL, EVIL, "mail"], "minute_ms": [T0, T0 + 60_000, T0], "finished": [3, 5, 1]}
+        ),
+        "latency": pa.table(
+            {
+                "queue": [EVIL, "mail"],
+                "tasks": [8, 1],
+                "start_p50_ms": [10.0, 20.0],
+                "start_p90_ms": [15.0, 20.0],
+                "start_p99_ms": [19.0, 20.0],
+                "finish_p50_ms": [110.0, None],
+                "finish_p90_ms": [150.0, None],
+                "finish_p99_ms": [190.0, None],
+            }
+        ),
         "workers": pa.table({"worker": [EVIL, "w2"], "utilization": [0.5, 0.25]}),
-        "epochs": pa.table({"epoch": [1, 2], "broker_id": [0, 1], "start_ms": [T0, T0 + 30_000],
-                            "gap_ms": [None, 2500], "leader_gap_ms": [None, 10]}),
+        "epochs": pa.table(
+            {
+                "epoch": [1, 2],
+                "broker_id": [0, 1],
+                "start_ms": [T0, T0 + 30_000],
+                "gap_ms": [None, 2500],
+                "leader_gap_ms": [None, 10],
+            }
+        ),
     }
 
 

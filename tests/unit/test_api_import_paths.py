@@ -1,4 +1,5 @@
 """The documented import paths are plain modules: importing them from many threads at once never fails."""
+
 from __future__ import annotations
 
 import subprocess
@@ -40,5 +41,7 @@ def test_the_documented_names_are_the_api_classes():
 
 def test_importing_from_many_threads_at_once_never_fails():
     for _ in range(5):
-        out = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", RACE], capture_output=True, text=True, timeout=60, check=True
+        )
         assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,4 +1,5 @@
 """The pure helpers of bench/common.py: percentiles, latency summaries, rates, output."""
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,14 @@ def test_rate_and_median_of_runs():
 
 
 def test_table_and_json_render_nested_results():
-    result = {"entries_per_s": 21234.5, "fsync": True, "seconds": 10.0, "errors": 0, "nested": {"p50_ms": 1.25},
-              "zk": None}
+    result = {
+        "entries_per_s": 21234.5,
+        "fsync": True,
+        "seconds": 10.0,
+        "errors": 0,
+        "nested": {"p50_ms": 1.25},
+        "zk": None,
+    }
     text = format_table(result, {"entries_per_s": "throughput (entries/s)"})
     lines = text.splitlines()
     assert lines[0].startswith("throughput (entries/s)") and lines[0].endswith("21,234.5")

@@ -1,4 +1,5 @@
 """bench ledger's ensemble-change phase against a fake writer (no bookies)."""
+
 from __future__ import annotations
 
 import threading
@@ -32,8 +33,9 @@ class FakeWriter:
 
 def test_the_stall_is_the_longest_gap_between_acks_after_the_kill():
     writer = FakeWriter(pause=0.3)
-    out = stall_phase(writer, b"x", offered_rate=200, inflight=1000, kill=writer.kill, add_timeout=1.0,
-                      settle_s=0.3)
+    out = stall_phase(
+        writer, b"x", offered_rate=200, inflight=1000, kill=writer.kill, add_timeout=1.0, settle_s=0.3
+    )
     assert writer.killed == [writer.ensemble[1]]
     assert out.errors == 0 and out.changed_at is not None
     assert 0.25 <= out.changed_at - out.killed_at <= 0.6

@@ -1,4 +1,5 @@
 """bench peer without real processes: the load harness, the report's shape, the RabbitMQ set-up rules."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,9 +25,9 @@ def test_backlog_bound():
 
 def test_meter_keeps_only_the_calls_inside_the_window():
     m = peer_load.Meter(max_backlog=10)
-    m.on_submitted(0.5, 0.1)   # started before the window
-    m.on_submitted(1.2, 0.3)   # inside
-    m.on_submitted(1.9, 0.2)   # ends after the window
+    m.on_submitted(0.5, 0.1)  # started before the window
+    m.on_submitted(1.2, 0.3)  # inside
+    m.on_submitted(1.9, 0.2)  # ends after the window
     m.on_handled()
     m.on_error("submit", ValueError("boom"))
     m.on_error("submit", ValueError("later"))
@@ -38,8 +39,10 @@ def test_meter_keeps_only_the_calls_inside_the_window():
 def test_sync_producers_stop_at_the_backlog_bound_without_consumers():
     m = peer_load.Meter(max_backlog=10)
     stop = threading.Event()
-    threads = [threading.Thread(target=peer_load.sync_producer, args=(m, lambda p: None, b"x", stop))
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=peer_load.sync_producer, args=(m, lambda p: None, b"x", stop))
+        for _ in range(2)
+    ]
     for t in threads:
         t.start()
     time.sleep(0.2)
@@ -174,12 +177,35 @@ def test_ratio():
 
 
 def test_summarize_takes_medians_and_sums_errors():
-    runs = [{"tasks_per_s": 100.0, "submit_p50_ms": 5.0, "submit_p99_ms": 50.0, "submitted_per_s": 101.0,
-             "errors": 0, "first_error": None, "worker_prefetch": 100},
-            {"tasks_per_s": 300.0, "submit_p50_ms": 3.0, "submit_p99_ms": 30.0, "submitted_per_s": 301.0,
-             "errors": 2, "first_error": "submit: X: y", "worker_prefetch": 100},
-            {"tasks_per_s": 200.0, "submit_p50_ms": 4.0, "submit_p99_ms": 40.0, "submitted_per_s": 201.0,
-             "errors": 0, "first_error": None, "worker_prefetch": 100}]
+    runs = [
+        {
+            "tasks_per_s": 100.0,
+            "submit_p50_ms": 5.0,
+            "submit_p99_ms": 50.0,
+            "submitted_per_s": 101.0,
+            "errors": 0,
+            "first_error": None,
+            "worker_prefetch": 100,
+        },
+        {
+            "tasks_per_s": 300.0,
+            "submit_p50_ms": 3.0,
+            "submit_p99_ms": 30.0,
+            "submitted_per_s": 301.0,
+            "errors": 2,
+            "first_error": "submit: X: y",
+            "worker_prefetch": 100,
+        },
+        {
+            "tasks_per_s": 200.0,
+            "submit_p50_ms": 4.0,
+            "submit_p99_ms": 40.0,
+            "submitted_per_s": 201.0,
+            "errors": 0,
+            "first_error": None,
+            "worker_prefetch": 100,
+        },
+    ]
     s = peer.summarize(runs)
     assert (s["tasks_per_s"], s["submit_p50_ms"], s["submit_p99_ms"]) == (200.0, 4.0, 40.0)
     assert s["errors"] == 2 and s["first_error"] == "submit: X: y"
@@ -189,15 +215,29 @@ def test_summarize_takes_medians_and_sums_errors():
 
 
 def test_summarize_takes_medians_of_the_costs_per_kind():
-    runs = [{"tasks_per_s": 1.0, "entries_per_task": 0.5, "fsyncs_per_task": 1.5,
-             "cpu_us_per_task": {"leader": 400.0, "total": 900.0},
-             "leader_ctx_switches_per_task": {"voluntary": 3.0, "involuntary": 0.5}},
-            {"tasks_per_s": 2.0, "entries_per_task": 0.25, "fsyncs_per_task": 0.75,
-             "cpu_us_per_task": {"leader": 300.0, "total": None},
-             "leader_ctx_switches_per_task": None},
-            {"tasks_per_s": 3.0, "entries_per_task": 0.3, "fsyncs_per_task": 0.9,
-             "cpu_us_per_task": {"leader": 350.0, "total": 800.0},
-             "leader_ctx_switches_per_task": {"voluntary": 5.0, "involuntary": 1.5}}]
+    runs = [
+        {
+            "tasks_per_s": 1.0,
+            "entries_per_task": 0.5,
+            "fsyncs_per_task": 1.5,
+            "cpu_us_per_task": {"leader": 400.0, "total": 900.0},
+            "leader_ctx_switches_per_task": {"voluntary": 3.0, "involuntary": 0.5},
+        },
+        {
+            "tasks_per_s": 2.0,
+            "entries_per_task": 0.25,
+            "fsyncs_per_task": 0.75,
+            "cpu_us_per_task": {"leader": 300.0, "total": None},
+            "leader_ctx_switches_per_task": None,
+        },
+        {
+            "tasks_per_s": 3.0,
+            "entries_per_task": 0.3,
+            "fsyncs_per_task": 0.9,
+            "cpu_us_per_task": {"leader": 350.0, "total": 800.0},
+            "leader_ctx_switches_per_task": {"voluntary": 5.0, "involuntary": 1.5},
+        },
+    ]
     s = peer.summarize(runs)
     assert (s["entries_per_task"], s["fsyncs_per_task"]) == (0.3, 0.9)
     assert s["cpu_us_per_task"] == {"leader": 350.0, "total": 850.0}
@@ -205,11 +245,18 @@ def test_summarize_takes_medians_of_the_costs_per_kind():
 
 
 def test_shape_result_ratios_name_their_rounds():
-    rounds = {"fencepost": {"tasks_per_s": 600.0}, "fencepost_single_copy": {"tasks_per_s": 900.0},
-              "rabbitmq": {"tasks_per_s": 1200.0}, "rabbitmq_3node": {"tasks_per_s": 800.0}}
+    rounds = {
+        "fencepost": {"tasks_per_s": 600.0},
+        "fencepost_single_copy": {"tasks_per_s": 900.0},
+        "rabbitmq": {"tasks_per_s": 1200.0},
+        "rabbitmq_3node": {"tasks_per_s": 800.0},
+    }
     s = peer.shape_result(4, 4, rounds)
-    assert (s["ratio_vs_rabbitmq"], s["ratio_vs_rabbitmq_3node"], s["ratio_single_copy_vs_rabbitmq"]) == \
-        (0.5, 0.75, 0.75)
+    assert (s["ratio_vs_rabbitmq"], s["ratio_vs_rabbitmq_3node"], s["ratio_single_copy_vs_rabbitmq"]) == (
+        0.5,
+        0.75,
+        0.75,
+    )
     assert s["fencepost_prefetch"] is None and set(peer.ROUNDS) <= set(s)
 
 
@@ -232,8 +279,15 @@ class _FakeNodes(_FakeCluster):
 
 def _fake_round(tasks_per_s: float):
     def round_(_system, producers, consumers, _settings, _prefetch=None):
-        return {"tasks_per_s": tasks_per_s * producers, "submit_p50_ms": 2.0, "submit_p99_ms": 9.0,
-                "submitted_per_s": tasks_per_s * producers, "errors": 0, "first_error": None}
+        return {
+            "tasks_per_s": tasks_per_s * producers,
+            "submit_p50_ms": 2.0,
+            "submit_p99_ms": 9.0,
+            "submitted_per_s": tasks_per_s * producers,
+            "errors": 0,
+            "first_error": None,
+        }
+
     return round_
 
 
@@ -323,13 +377,24 @@ def test_worker_prefetch_only_when_the_constructor_takes_it():
 
 
 def test_node_env_is_private_and_on_loopback(tmp_path):
-    env = rabbitmq.node_env(tmp_path, node_port=5999, dist_port=25999, epmd_port=4999, name="n@localhost",
-                            cookie="c00kie")
+    env = rabbitmq.node_env(
+        tmp_path, node_port=5999, dist_port=25999, epmd_port=4999, name="n@localhost", cookie="c00kie"
+    )
     assert env["RABBITMQ_NODE_IP_ADDRESS"] == "127.0.0.1" and env["ERL_EPMD_ADDRESS"] == "127.0.0.1"
     assert "{127,0,0,1}" in env["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
-    assert (env["RABBITMQ_NODE_PORT"], env["RABBITMQ_DIST_PORT"], env["ERL_EPMD_PORT"]) == ("5999", "25999", "4999")
-    for key in ("HOME", "RABBITMQ_MNESIA_BASE", "RABBITMQ_LOG_BASE", "RABBITMQ_CONFIG_FILE",
-                "RABBITMQ_CONF_ENV_FILE", "RABBITMQ_ENABLED_PLUGINS_FILE"):
+    assert (env["RABBITMQ_NODE_PORT"], env["RABBITMQ_DIST_PORT"], env["ERL_EPMD_PORT"]) == (
+        "5999",
+        "25999",
+        "4999",
+    )
+    for key in (
+        "HOME",
+        "RABBITMQ_MNESIA_BASE",
+        "RABBITMQ_LOG_BASE",
+        "RABBITMQ_CONFIG_FILE",
+        "RABBITMQ_CONF_ENV_FILE",
+        "RABBITMQ_ENABLED_PLUGINS_FILE",
+    ):
         assert env[key].startswith(str(tmp_path)), key
     assert "127.0.0.1:5999" in (tmp_path / "rabbitmq.conf").read_text()
     assert "cluster_formation" not in (tmp_path / "rabbitmq.conf").read_text()

@@ -1,4 +1,5 @@
 """bench pipeline's workload: apply accepts every event it makes, and it has retries, failures and epochs."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,9 @@ def test_the_workload_is_legal_and_tasks_finish_fail_and_die(tmp_path):
     types: dict[str, int] = {}
     retried = 0
     with StateStore(tmp_path / "state", sync=False) as store:
-        store.apply_batch([{"type": "EpochStarted", "epoch": 1, "broker_id": 1, "now_ms": workload.now_ms}], (0, 0))
+        store.apply_batch(
+            [{"type": "EpochStarted", "epoch": 1, "broker_id": 1, "now_ms": workload.now_ms}], (0, 0)
+        )
         for entry_id in range(1, 400):
             if entry_id == 200:
                 workload.new_epoch()

@@ -1,4 +1,5 @@
 """bench.proc_stats and bench.commit_counts without a cluster: /proc parsing, per-task arithmetic, entry counts."""
+
 from __future__ import annotations
 
 import os
@@ -111,10 +112,10 @@ def test_entries_between_across_rolls():
 
 
 def test_entries_between_refuses_what_it_cannot_count():
-    assert commit_counts.entries_between((7, 1), (8, 0), [7, 8], {}) is None          # 7 not closed yet
-    assert commit_counts.entries_between((7, 1), (8, 0), [7, 8], {7: -1}) is None     # open: last_entry -1
-    assert commit_counts.entries_between((7, 1), (9, 0), [7, 9], {7: 5}) == 5         # 8 is not in the log
-    assert commit_counts.entries_between((6, 1), (9, 0), [7, 9], {7: 5}) is None      # 6 is not in the log
+    assert commit_counts.entries_between((7, 1), (8, 0), [7, 8], {}) is None  # 7 not closed yet
+    assert commit_counts.entries_between((7, 1), (8, 0), [7, 8], {7: -1}) is None  # open: last_entry -1
+    assert commit_counts.entries_between((7, 1), (9, 0), [7, 9], {7: 5}) == 5  # 8 is not in the log
+    assert commit_counts.entries_between((6, 1), (9, 0), [7, 9], {7: 5}) is None  # 6 is not in the log
     assert commit_counts.entries_between((9, 1), (7, 0), [7, 9], {7: 5, 9: 3}) is None
 
 

@@ -1,4 +1,5 @@
 """Pure helpers of bench.tasks, bench.failover and bench.memory (no cluster is started)."""
+
 from __future__ import annotations
 
 import datetime
@@ -45,11 +46,15 @@ def _stamp(t: float) -> str:
 def test_takeover_phases_reads_the_first_election_after_the_event(tmp_path):
     t = 1_800_000_000.0
     a, b = tmp_path / "broker-0.log", tmp_path / "broker-1.log"
-    a.write_text(f"{_stamp(t - 5)} INFO  broker.server.node: elected; taking over with epoch 1\n"
-                 f"{_stamp(t - 4.9)} INFO  broker.server.node: leading epoch 1 with ledger 0\n")
-    b.write_text(f"{_stamp(t + 0.25)} INFO  broker.server.node: elected; taking over with epoch 2\n"
-                 "a line in another format\n"
-                 f"{_stamp(t + 0.3)} INFO  broker.server.node: leading epoch 2 with ledger 1\n")
+    a.write_text(
+        f"{_stamp(t - 5)} INFO  broker.server.node: elected; taking over with epoch 1\n"
+        f"{_stamp(t - 4.9)} INFO  broker.server.node: leading epoch 1 with ledger 0\n"
+    )
+    b.write_text(
+        f"{_stamp(t + 0.25)} INFO  broker.server.node: elected; taking over with epoch 2\n"
+        "a line in another format\n"
+        f"{_stamp(t + 0.3)} INFO  broker.server.node: leading epoch 2 with ledger 1\n"
+    )
     out = failover.takeover_phases(_FakeCluster([a, b]), t)
     assert abs(out["elected_s"] - 0.25) < 0.002
     assert abs(out["takeover_s"] - 0.05) < 0.002

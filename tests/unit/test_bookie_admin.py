@@ -1,4 +1,5 @@
 """`fencepost bookie list` and the status additions, on plain dicts (no ZooKeeper)."""
+
 from broker.admin.bookies import bookie_rows, format_bookie_list, human_bytes
 from election.cluster_view import format_status, fragment_count, underreplicated_ids
 
@@ -10,20 +11,27 @@ def _member(bookie_id):
 LEDGERS = [
     {"id": 1, "fragments": [{"first_entry": 0, "ensemble": [_member("b1"), _member("b2"), _member("b3")]}]},
     # Ensemble change at entry 50: b3 swapped for b4.
-    {"id": 2, "fragments": [{"first_entry": 0, "ensemble": [_member("b1"), _member("b2"), _member("b3")]},
-                            {"first_entry": 50, "ensemble": [_member("b1"), _member("b2"), _member("b4")]}]},
+    {
+        "id": 2,
+        "fragments": [
+            {"first_entry": 0, "ensemble": [_member("b1"), _member("b2"), _member("b3")]},
+            {"first_entry": 50, "ensemble": [_member("b1"), _member("b2"), _member("b4")]},
+        ],
+    },
     {"id": 3, "fragments": [{"first_entry": 0, "ensemble": [_member("b1"), _member("b2"), _member("b4")]}]},
 ]
-REGISTERED = {"b1": {"address": "tcp://h:1", "free_bytes": 5 * 1024 ** 3, "readonly": False},
-              "b2": {"address": "tcp://h:2", "free_bytes": 1536, "readonly": True},
-              "b4": {"address": "tcp://h:4", "free_bytes": 10, "readonly": False}}
+REGISTERED = {
+    "b1": {"address": "tcp://h:1", "free_bytes": 5 * 1024**3, "readonly": False},
+    "b2": {"address": "tcp://h:2", "free_bytes": 1536, "readonly": True},
+    "b4": {"address": "tcp://h:4", "free_bytes": 10, "readonly": False},
+}
 
 
 def test_human_bytes():
     assert human_bytes(0) == "0 B"
     assert human_bytes(1023) == "1023 B"
     assert human_bytes(1536) == "1.5 KiB"
-    assert human_bytes(5 * 1024 ** 3) == "5.0 GiB"
+    assert human_bytes(5 * 1024**3) == "5.0 GiB"
     assert human_bytes(None) == "-" and human_bytes("x") == "-" and human_bytes(True) == "-"
 
 
@@ -41,9 +49,11 @@ def test_rows_count_ledgers_in_any_fragment_and_list_gone_bookies():
 
 
 def test_underreplicated_counts_marked_ledgers_naming_or_holding_the_bookie():
-    marks = {2: {"ledger_id": 2, "missing": [{"bookie_id": "b3", "from_entry": 40}]},
-             # A mark naming a bookie no fragment holds any more (already swapped out everywhere).
-             3: {"ledger_id": 3, "missing": [{"bookie_id": "b9", "from_entry": 0}]}}
+    marks = {
+        2: {"ledger_id": 2, "missing": [{"bookie_id": "b3", "from_entry": 40}]},
+        # A mark naming a bookie no fragment holds any more (already swapped out everywhere).
+        3: {"ledger_id": 3, "missing": [{"bookie_id": "b9", "from_entry": 0}]},
+    }
     rows = {r["id"]: r for r in bookie_rows(REGISTERED, LEDGERS, marks)}
     assert rows["b1"]["underreplicated"] == 2 and rows["b1"]["underreplicated_ledgers"] == [2, 3]
     assert rows["b3"]["underreplicated_ledgers"] == [2]
@@ -70,11 +80,29 @@ def test_fragment_count_and_underreplicated_ids():
 
 
 def test_format_status_shows_fragments_and_underreplicated_ledgers():
-    view = {"initialized": True, "cluster": "c", "cluster_id": "x", "leader": 1, "epoch": 2, "brokers": [],
-            "insync": [], "bookies": [], "queues": {},
-            "ledgers": [{"id": 4, "state": "OPEN", "epoch": 2, "last_entry": 9, "ensemble": ["b1"],
-                         "fragments": 2, "underreplicated": True}],
-            "underreplicated": {"count": 1, "ledgers": [4]}}
+    view = {
+        "initialized": True,
+        "cluster": "c",
+        "cluster_id": "x",
+        "leader": 1,
+        "epoch": 2,
+        "brokers": [],
+        "insync": [],
+        "bookies": [],
+        "queues": {},
+        "ledgers": [
+            {
+                "id": 4,
+                "state": "OPEN",
+                "epoch": 2,
+                "last_entry": 9,
+                "ensemble": ["b1"],
+                "fragments": 2,
+                "underreplicated": True,
+            }
+        ],
+        "underreplicated": {"count": 1, "ledgers": [4]},
+    }
     text = format_status(view)
     assert "fragments=2" in text and "UNDER-REPLICATED" in text
     assert "under-replicated ledgers: 1 (L4;" in text

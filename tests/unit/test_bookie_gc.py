@@ -1,4 +1,5 @@
 """Garbage collection by metadata: which local ledgers a bookie deletes, and how it hands deletions over."""
+
 from __future__ import annotations
 
 import threading
@@ -20,14 +21,19 @@ def member(bookie_id: str) -> dict:
 
 
 def meta(ledger_id: int, state: str, *ensembles: list[str]) -> LedgerMetadata:
-    fragments = [{"first_entry": 10 * i, "ensemble": [member(b) for b in ids]} for i, ids in enumerate(ensembles)]
-    return LedgerMetadata(ledger_id, list(fragments[-1]["ensemble"]), 3, 2, state, last_entry=40,
-                          fragments=fragments).validate()
+    fragments = [
+        {"first_entry": 10 * i, "ensemble": [member(b) for b in ids]} for i, ids in enumerate(ensembles)
+    ]
+    return LedgerMetadata(
+        ledger_id, list(fragments[-1]["ensemble"]), 3, 2, state, last_entry=40, fragments=fragments
+    ).validate()
 
 
 def test_closed_and_not_named_is_deleted():
     metas = {5: meta(5, CLOSED, ["a", "b", "c"])}
-    assert disowned([5], metas, ME, newest_ledger_id=9) == [(5, "its closed metadata no longer names this bookie")]
+    assert disowned([5], metas, ME, newest_ledger_id=9) == [
+        (5, "its closed metadata no longer names this bookie")
+    ]
 
 
 def test_named_only_in_an_old_fragment_is_kept():
@@ -41,7 +47,9 @@ def test_open_and_in_recovery_ledgers_are_kept_even_when_not_named(state):
 
 
 def test_no_metadata_and_older_than_the_newest_is_deleted():
-    assert disowned([3], {3: None}, ME, newest_ledger_id=9) == [(3, "it has no metadata and ledger 9 is newer")]
+    assert disowned([3], {3: None}, ME, newest_ledger_id=9) == [
+        (3, "it has no metadata and ledger 9 is newer")
+    ]
 
 
 @pytest.mark.parametrize("newest", [9, 7, None])
@@ -104,7 +112,7 @@ class FakeZk:
     def get_children(self, path):
         if self.fail:
             raise ConnectionLoss()
-        return [p[len(path) + 1:] for p in self.nodes if p.rsplit("/", 1)[0] == path]
+        return [p[len(path) + 1 :] for p in self.nodes if p.rsplit("/", 1)[0] == path]
 
     def get(self, path):
         if path not in self.nodes:
@@ -136,8 +144,13 @@ def collector(zk: FakeZk, local: list[int], deleted: list[int]) -> GarbageCollec
 
 def test_collector_decides_again_under_the_lock_and_releases_it(caplog):
     disowned_meta, named_meta = meta(1, CLOSED, ["a", "b", "c"]), meta(2, CLOSED, ["a", "b", "c"])
-    zk = FakeZk({PATHS.ledger(1): disowned_meta.to_json(), PATHS.ledger(2): named_meta.to_json(),
-                 PATHS.ledger(4): meta(4, OPEN, [ME, "b", "c"]).to_json()})
+    zk = FakeZk(
+        {
+            PATHS.ledger(1): disowned_meta.to_json(),
+            PATHS.ledger(2): named_meta.to_json(),
+            PATHS.ledger(4): meta(4, OPEN, [ME, "b", "c"]).to_json(),
+        }
+    )
 
     def copied_here_meanwhile(path):  # a re-replication onto this bookie finished before our lock
         if path == PATHS.rereplication_lock(2):
@@ -149,12 +162,16 @@ def test_collector_decides_again_under_the_lock_and_releases_it(caplog):
         assert collector(zk, local, deleted).collect_once(inline=True) == [1, 3]
     assert local == [2, 4, 5] and deleted == [1, 3]
     assert not [p for p in zk.nodes if p.startswith(PATHS.rereplication_locks)]
-    assert "garbage-collected ledger 1 (3 entries): its closed metadata no longer names this bookie" in caplog.text
+    assert (
+        "garbage-collected ledger 1 (3 entries): its closed metadata no longer names this bookie"
+        in caplog.text
+    )
 
 
 def test_collector_skips_a_locked_ledger_and_logs_a_zookeeper_failure_once(caplog):
-    zk = FakeZk({PATHS.ledger(1): meta(1, CLOSED, ["a", "b", "c"]).to_json(),
-                 PATHS.rereplication_lock(1): b"worker"})
+    zk = FakeZk(
+        {PATHS.ledger(1): meta(1, CLOSED, ["a", "b", "c"]).to_json(), PATHS.rereplication_lock(1): b"worker"}
+    )
     local, deleted = [1], []
     gc = collector(zk, local, deleted)
     assert gc.collect_once(inline=True) == [] and local == [1]

@@ -1,5 +1,6 @@
 """Whether a bookie can vouch for its store: data-file checks, verification, limbo, read-only mode,
 and recovery's verdict on an entry (never "absent" on answers that cannot vouch)."""
+
 from __future__ import annotations
 
 import itertools
@@ -46,8 +47,13 @@ def entry(ledger: int, entry_id: int, lac: int = -1, payload: bytes = b"payload"
 
 
 def config(tmp_path) -> BookieConfig:
-    return BookieConfig(data=str(tmp_path / "bookie"), listen="tcp://127.0.0.1:4999", zk="127.0.0.1:2181",
-                        cluster="c1", map_size=MAP)
+    return BookieConfig(
+        data=str(tmp_path / "bookie"),
+        listen="tcp://127.0.0.1:4999",
+        zk="127.0.0.1:2181",
+        cluster="c1",
+        map_size=MAP,
+    )
 
 
 def fresh(tmp_path, n: int = 50) -> tuple[BookieConfig, dict]:
@@ -67,6 +73,7 @@ def data_file(cfg: BookieConfig) -> str:
 
 # -- the data file, before LMDB maps it --------------------------------------------------------
 
+
 def test_meta_pages_give_the_size_lmdb_needs(tmp_path):
     cfg, _ = fresh(tmp_path, 2000)
     with open(data_file(cfg), "rb") as fh:
@@ -76,7 +83,9 @@ def test_meta_pages_give_the_size_lmdb_needs(tmp_path):
     assert check_data_file(data_file(cfg)) == facts
 
 
-@pytest.mark.parametrize("size, reason", [(0, EMPTY), (100, TRUNCATED), (5000, TRUNCATED), ("half", TRUNCATED)])
+@pytest.mark.parametrize(
+    "size, reason", [(0, EMPTY), (100, TRUNCATED), (5000, TRUNCATED), ("half", TRUNCATED)]
+)
 def test_short_data_files_are_named(tmp_path, size, reason):
     cfg, _ = fresh(tmp_path, 2000)
     path = data_file(cfg)
@@ -95,6 +104,7 @@ def test_garbage_is_unreadable(tmp_path):
 
 
 # -- opening: the store must be the one the cookie vouches for ----------------------------------
+
 
 def test_first_start_stamps_store_then_cookie_and_reopens(tmp_path):
     cfg, cookie = fresh(tmp_path)
@@ -118,9 +128,16 @@ def test_a_crash_between_stamping_the_store_and_the_cookie_is_resumed(tmp_path):
     assert cookie["instance_id"] == "abc" == read_cookie(cfg.data)["instance_id"]
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("delete", MISSING), ("empty", EMPTY), ("half", TRUNCATED), ("replace", FOREIGN), ("other", FOREIGN),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("delete", MISSING),
+        ("empty", EMPTY),
+        ("half", TRUNCATED),
+        ("replace", FOREIGN),
+        ("other", FOREIGN),
+    ],
+)
 def test_a_store_the_cookie_does_not_vouch_for_is_refused_with_the_command(tmp_path, damage, reason):
     cfg, cookie = fresh(tmp_path, 2000)
     path = data_file(cfg)
@@ -161,6 +178,7 @@ def test_a_store_from_before_instance_ids_is_adopted_and_verified(tmp_path):
 
 
 # -- verification after an unclean stop ---------------------------------------------------------
+
 
 def flip(cfg: BookieConfig, ledger: int, entry_id: int, offset: int = HEADER_SIZE) -> None:
     env = lmdb.open(cfg.data, max_dbs=8, map_size=MAP)
@@ -208,13 +226,18 @@ def test_records_that_disagree_with_their_entries_are_limbo(tmp_path):
     cfg, cookie = fresh(tmp_path, 5)
     env = lmdb.open(cfg.data, max_dbs=8, map_size=MAP)
     import msgpack
+
     ledgers = env.open_db(b"ledgers")
     entries = env.open_db(b"entries")
     with env.begin(write=True) as txn:
-        txn.put(struct.pack(">Q", 1), msgpack.packb({"fenced": False, "lac": 9, "last_entry": 10}), db=ledgers)
+        txn.put(
+            struct.pack(">Q", 1), msgpack.packb({"fenced": False, "lac": 9, "last_entry": 10}), db=ledgers
+        )
         txn.put(struct.pack(">Q", 3), msgpack.packb({"fenced": True, "lac": -1, "last_entry": 4}), db=ledgers)
         txn.put(struct.pack(">QQ", 5, 0), entry(5, 0), db=entries)  # no record
-        txn.put(struct.pack(">Q", 6), msgpack.packb({"fenced": True, "lac": -1, "last_entry": -1}), db=ledgers)
+        txn.put(
+            struct.pack(">Q", 6), msgpack.packb({"fenced": True, "lac": -1, "last_entry": -1}), db=ledgers
+        )
     env.close()
     store = BookieStore(cfg.data, map_size=MAP)
     try:
@@ -227,6 +250,7 @@ def test_records_that_disagree_with_their_entries_are_limbo(tmp_path):
 
 
 # -- full disk -----------------------------------------------------------------------------------
+
 
 def test_read_only_gate_changes_state_once_per_episode():
     gate = ReadOnlyGate(probe_s=1.0)
@@ -301,7 +325,9 @@ def test_new_ensembles_never_take_a_read_only_bookie():
 
     from ledger.metadata import NotEnoughBookies, choose_ensemble
 
-    bookies = [{"bookie_id": f"b{i}", "address": f"tcp://127.0.0.1:{4000 + i}", "readonly": i == 0} for i in range(4)]
+    bookies = [
+        {"bookie_id": f"b{i}", "address": f"tcp://127.0.0.1:{4000 + i}", "readonly": i == 0} for i in range(4)
+    ]
     for seed in range(30):
         assert "b0" not in {m["bookie_id"] for m in choose_ensemble(bookies, 3, random.Random(seed))}
     # A full disk refuses every add: a ledger waits for a writable bookie rather than start one copy short.

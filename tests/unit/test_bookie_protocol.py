@@ -1,4 +1,5 @@
 """The bookie's request checks, without a socket or a store."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,7 +34,13 @@ def test_ids_are_u64():
 
 
 def test_add_returns_the_header_lac_and_refuses_a_header_naming_another_entry():
-    assert parse_add({"rid": 1, "ledger": 3, "entry": 4, "data": entry(3, 4, lac=2)}) == (3, 4, entry(3, 4, lac=2), 2, False)
+    assert parse_add({"rid": 1, "ledger": 3, "entry": 4, "data": entry(3, 4, lac=2)}) == (
+        3,
+        4,
+        entry(3, 4, lac=2),
+        2,
+        False,
+    )
     assert parse_add({"rid": 1, "ledger": 3, "entry": 4, "data": entry(3, 4), "recovery": True})[4] is True
     with pytest.raises(CorruptEntry):
         parse_add({"rid": 1, "ledger": 3, "entry": 5, "data": entry(3, 4)})
@@ -52,18 +59,29 @@ def test_add_batch_bounds_and_checks_every_entry():
 
 def test_wait_lac_fields():
     assert parse_wait_lac({"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 0}) == (1, -1, 0, 0)
-    assert parse_wait_lac({"rid": 1, "ledger": 1, "after": 4, "timeout_ms": 9, "max_entries": 64}) == (1, 4, 9, 64)
+    assert parse_wait_lac({"rid": 1, "ledger": 1, "after": 4, "timeout_ms": 9, "max_entries": 64}) == (
+        1,
+        4,
+        9,
+        64,
+    )
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": -1})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": "64"})
-    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": 10 ** 6})
+    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": 5, "max_entries": 10**6})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -1, "timeout_ms": -5})
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": 1 << 63, "timeout_ms": 5})
     # Found by the wire fuzzer: an 'after' below -1 made the piggybacked read ask the store for a
     # negative entry id, and the bookie answered ``internal``.
     bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -2, "timeout_ms": 0, "max_entries": 4})
-    bad_request(parse_wait_lac, {"rid": 1, "ledger": 1, "after": -(1 << 63) + 1, "timeout_ms": 0, "max_entries": 4})
+    bad_request(
+        parse_wait_lac, {"rid": 1, "ledger": 1, "after": -(1 << 63) + 1, "timeout_ms": 0, "max_entries": 4}
+    )
 
 
 def test_info_fields_of_no_record():
     assert info_fields(None) == {"lac": -1, "last_entry": -1, "fenced": False}
-    assert info_fields({"lac": 3, "last_entry": 4, "fenced": 1}) == {"lac": 3, "last_entry": 4, "fenced": True}
+    assert info_fields({"lac": 3, "last_entry": 4, "fenced": 1}) == {
+        "lac": 3,
+        "last_entry": 4,
+        "fenced": True,
+    }

@@ -1,4 +1,5 @@
 """The bookie's LMDB store and its cookie, without sockets."""
+
 from __future__ import annotations
 
 import json
@@ -162,17 +163,20 @@ def test_corrupt_cookie_is_an_error(tmp_path):
         read_cookie(tmp_path)
 
 
-@pytest.mark.parametrize("changes, word", [
-    ({"listen": "127.0.0.1:3181"}, "listen"),
-    ({"listen": "tcp://127.0.0.1:0"}, "listen"),
-    ({"listen": "tcp://127.0.0.1"}, "listen"),
-    ({"cluster": "no/slash"}, "cluster"),
-    ({"bookie_id": "bad id"}, "bookie_id"),
-    ({"max_batch": 0}, "max_batch"),
-    ({"max_frame_bytes": True}, "max_frame_bytes"),
-    ({"map_size": 10}, "map_size"),
-    ({"fsync": "yes"}, "fsync"),
-])
+@pytest.mark.parametrize(
+    "changes, word",
+    [
+        ({"listen": "127.0.0.1:3181"}, "listen"),
+        ({"listen": "tcp://127.0.0.1:0"}, "listen"),
+        ({"listen": "tcp://127.0.0.1"}, "listen"),
+        ({"cluster": "no/slash"}, "cluster"),
+        ({"bookie_id": "bad id"}, "bookie_id"),
+        ({"max_batch": 0}, "max_batch"),
+        ({"max_frame_bytes": True}, "max_frame_bytes"),
+        ({"map_size": 10}, "map_size"),
+        ({"fsync": "yes"}, "fsync"),
+    ],
+)
 def test_bookie_config_validation(changes, word):
     with pytest.raises(LedgerError, match=word):
         BookieConfig(**changes).validate()

@@ -1,4 +1,5 @@
 """A would-be leader short of bookies: the candidacy's hold, the live-node fields, and what `status` says."""
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,9 @@ class Clock:
 
 def make(zk: FakeZk, need: int = 3):
     clock, changes = Clock(), []
-    wait = BookieWait(zk, PATHS, need, changed=lambda: changes.append(wait.live_fields()), poll_s=1.0, clock=clock)
+    wait = BookieWait(
+        zk, PATHS, need, changed=lambda: changes.append(wait.live_fields()), poll_s=1.0, clock=clock
+    )
     return wait, clock, changes
 
 
@@ -72,10 +75,15 @@ def test_holds_while_short_and_stands_once_a_bookie_registers():
     assert wait.hold() == "waiting for 3 bookies, 2 live"
     assert wait.live_fields() == {"waiting_for_bookies": 3, "live_bookies": 2}
     assert wait.reason() == "no broker can lead yet: waiting for 3 bookies, 2 live"
-    zk.register("b3", 3)  # the watch marks the count stale: seen at the next hold, without waiting for the poll
+    zk.register(
+        "b3", 3
+    )  # the watch marks the count stale: seen at the next hold, without waiting for the poll
     assert wait.hold() == ""
     assert wait.live_fields() == {} and wait.reason() == ""
-    assert changes == [{"waiting_for_bookies": 3, "live_bookies": 2}, {}]  # the live node is rewritten at each change
+    assert changes == [
+        {"waiting_for_bookies": 3, "live_bookies": 2},
+        {},
+    ]  # the live node is rewritten at each change
 
 
 def test_reads_only_on_a_watch_or_when_the_poll_is_due():
@@ -131,16 +139,26 @@ def test_two_ids_on_one_address_count_once():
 
 
 def view(leader=None, brokers=()):
-    return {"cluster": "dev", "cluster_id": "c1", "initialized": True, "leader": leader, "epoch": 4,
-            "brokers": list(brokers), "insync": [], "bookies": [{"id": "b1", "address": "tcp://h:1",
-                                                                 "free_bytes": 5, "readonly": True}],
-            "ledgers": [], "queues": {}}
+    return {
+        "cluster": "dev",
+        "cluster_id": "c1",
+        "initialized": True,
+        "leader": leader,
+        "epoch": 4,
+        "brokers": list(brokers),
+        "insync": [],
+        "bookies": [{"id": "b1", "address": "tcp://h:1", "free_bytes": 5, "readonly": True}],
+        "ledgers": [],
+        "queues": {},
+    }
 
 
 def test_status_says_no_leader_waiting_for_bookies():
-    brokers = [{"id": 1, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 2},
-               {"id": 2, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 1},
-               {"id": 3, "role": "follower"}]
+    brokers = [
+        {"id": 1, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 2},
+        {"id": 2, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 1},
+        {"id": 3, "role": "follower"},
+    ]
     v = view(brokers=brokers)
     v["waiting_bookies"] = waiting_for_bookies(v)
     assert v["waiting_bookies"] == {"waiting_for": 3, "live": 2}
@@ -165,8 +183,11 @@ def test_an_open_ledger_that_cannot_be_recovered_holds_for_a_while_and_status_sa
     clock.now += 2.5  # then the takeover may check again
     assert wait.hold() == "" and wait.live_fields() == {}
 
-    v = view(brokers=[{"id": 1, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 3,
-                       "waiting_reason": why}])
+    v = view(
+        brokers=[
+            {"id": 1, "role": "follower", "waiting_for_bookies": 3, "live_bookies": 3, "waiting_reason": why}
+        ]
+    )
     v["waiting_bookies"] = waiting_for_bookies(v)
     assert v["waiting_bookies"]["reason"] == why
     assert f"no leader: {why}" in format_status(v)

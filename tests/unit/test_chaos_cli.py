@@ -1,4 +1,5 @@
 """`fencepost chaos` output and exit codes, with the run itself replaced by a canned report."""
+
 import json
 
 from click.testing import CliRunner
@@ -9,13 +10,32 @@ from devtools import chaos
 
 def canned(anomalies):
     return {
-        "seed": 5, "seconds": 60, "duration_s": 80.0, "run_dir": None,
-        "faults": {"planned": 3, "injected": 2, "by_kind": {"kill_leader": 1, "poison": 1},
-                   "not_injected": {"kill_follower": 1}, "skipped_kinds": {}, "events": []},
-        "operations": {"submits_ok": 10, "submits_failed": 1, "keys": 10, "keys_acknowledged": 10,
-                       "completions_ok": 9, "completions_refused": 0, "tasks_checked": 10,
-                       "keys_resubmitted": 10, "queue_total": 10},
-        "poison_replies": {"bad_request": 3}, "brokers": [], "anomalies": anomalies,
+        "seed": 5,
+        "seconds": 60,
+        "duration_s": 80.0,
+        "run_dir": None,
+        "faults": {
+            "planned": 3,
+            "injected": 2,
+            "by_kind": {"kill_leader": 1, "poison": 1},
+            "not_injected": {"kill_follower": 1},
+            "skipped_kinds": {},
+            "events": [],
+        },
+        "operations": {
+            "submits_ok": 10,
+            "submits_failed": 1,
+            "keys": 10,
+            "keys_acknowledged": 10,
+            "completions_ok": 9,
+            "completions_refused": 0,
+            "tasks_checked": 10,
+            "keys_resubmitted": 10,
+            "queue_total": 10,
+        },
+        "poison_replies": {"bad_request": 3},
+        "brokers": [],
+        "anomalies": anomalies,
         "reproduce": "fencepost chaos --seconds 60 --seed 5",
     }
 
@@ -56,8 +76,10 @@ def test_anomalies_exit_1_with_one_line_naming_them(monkeypatch):
 
 def test_log_note_names_the_most_frequent_error(tmp_path):
     log = tmp_path / "bookie-0.log"
-    trace = ("ERROR ledger.bookie.server: add batch failed\nTraceback (most recent call last):\n"
-             "  File \"x.py\", line 1, in f\nlmdb.Error: mdb_txn_commit: Input/output error\n")
+    trace = (
+        "ERROR ledger.bookie.server: add batch failed\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\nlmdb.Error: mdb_txn_commit: Input/output error\n'
+    )
     log.write_text("INFO serving\n" + trace * 3 + "Traceback (most recent call last):\nValueError: other\n")
     note = chaos.log_note("bookie-0", log)
     assert note.startswith("bookie-0: 4 traceback/crash lines")

@@ -1,4 +1,5 @@
 """The full-disk fault is skipped with a recorded reason where a tmpfs cannot be mounted."""
+
 import subprocess
 
 from devtools import faults

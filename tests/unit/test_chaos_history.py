@@ -1,4 +1,5 @@
 """The chaos run's history check: each hand-made anomaly is found, a clean history has none."""
+
 import pytest
 
 from devtools import history as h
@@ -10,24 +11,31 @@ Q = "chaos"
 def clean() -> History:
     hist = History(queue=Q)
     hist.submits = [
-        Submit("k1", "p1", ok=False, error="unavailable"),   # failed attempt, then retried
+        Submit("k1", "p1", ok=False, error="unavailable"),  # failed attempt, then retried
         Submit("k1", "p1", ok=True, task_id="t1"),
         Submit("k2", "p2", ok=True, task_id="t2"),
-        Submit("k3", "p3", ok=False, error="unavailable"),   # never acknowledged
+        Submit("k3", "p3", ok=False, error="unavailable"),  # never acknowledged
     ]
     hist.completions = [
         Completion("t1", 1, ok=True, worker="w0"),
-        Completion("t1", 1, ok=True, worker="w0"),           # a retried completion of the same attempt
+        Completion("t1", 1, ok=True, worker="w0"),  # a retried completion of the same attempt
         Completion("t2", 1, ok=False, worker="w1", error="stale_attempt"),
         Completion("t2", 2, ok=True, worker="w0"),
     ]
     hist.observed = Observed(
-        tasks={"t1": {"queue": Q, "payload": "p1", "state": "done"},
-               "t2": {"queue": Q, "payload": "p2", "state": "done"}},
-        resubmits={"k1": "t1", "k2": "t2", "k3": "t3"}, queue_total=3, settled=True,
-        brokers=[{"name": "broker-0", "position": [4, 10], "digest": "aa"},
-                 {"name": "broker-1", "position": [4, 10], "digest": "aa"},
-                 {"name": "broker-2", "position": [4, 10], "digest": "aa"}])
+        tasks={
+            "t1": {"queue": Q, "payload": "p1", "state": "done"},
+            "t2": {"queue": Q, "payload": "p2", "state": "done"},
+        },
+        resubmits={"k1": "t1", "k2": "t2", "k3": "t3"},
+        queue_total=3,
+        settled=True,
+        brokers=[
+            {"name": "broker-0", "position": [4, 10], "digest": "aa"},
+            {"name": "broker-1", "position": [4, 10], "digest": "aa"},
+            {"name": "broker-2", "position": [4, 10], "digest": "aa"},
+        ],
+    )
     return hist
 
 
@@ -124,13 +132,16 @@ def test_crash_lines_in_broker_logs_and_unexpected_deaths():
     assert kinds(hist) == [h.A_LOG_CRASH, h.A_DIED]
 
 
-@pytest.mark.parametrize("line, crash", [
-    ("2024 INFO broker.server.node: broker 1 starting", False),
-    ("2024 WARNI broker.server.node: leadership lost: session expired", False),
-    ("Traceback (most recent call last):", True),
-    ("2024 CRITICAL broker.server.node: stopping: wrong store", True),
-    ("Fatal Python error: Bus error", True),
-])
+@pytest.mark.parametrize(
+    "line, crash",
+    [
+        ("2024 INFO broker.server.node: broker 1 starting", False),
+        ("2024 WARNI broker.server.node: leadership lost: session expired", False),
+        ("Traceback (most recent call last):", True),
+        ("2024 CRITICAL broker.server.node: stopping: wrong store", True),
+        ("Fatal Python error: Bus error", True),
+    ],
+)
 def test_crash_lines(line, crash):
     assert crash_lines(f"first\n{line}\nlast\n") == ([line] if crash else [])
 

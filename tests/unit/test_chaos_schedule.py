@@ -1,4 +1,5 @@
 """The chaos run's fault schedule is a pure function of the seed and respects its slots."""
+
 from collections import Counter
 
 from devtools import schedule

@@ -2,6 +2,7 @@
 
 Run in process with click's CliRunner: none of these cases reaches a server.
 """
+
 import pytest
 from click.testing import CliRunner
 
@@ -12,19 +13,22 @@ pytestmark = pytest.mark.timeout(30)
 TARGET = ["--zk", "127.0.0.1:1", "--cluster", "c"]
 
 
-@pytest.mark.parametrize("args, env, code, words", [
-    (["submit", "q", "x", "--delay", "-5", *TARGET], {}, 2, "'--delay'"),
-    (["submit", "q", "x", "--priority", str(1 << 31), *TARGET], {}, 2, "'--priority'"),
-    (["submit", "q", "x", "--wait", "0", *TARGET], {}, 2, "'--wait'"),
-    (["submit", "bad/q", "x", *TARGET], {}, 2, "invalid queue name 'bad/q'"),
-    (["worker", "run", "--queue", "bad/q", *TARGET, "--", "cat"], {}, 2, "invalid queue name 'bad/q'"),
-    (["status", "--zk", "notahost:abc", "--cluster", "c"], {}, 2, "port 'abc'"),
-    (["status"], {"FENCEPOST_ZK": "zk:0", "FENCEPOST_CLUSTER": "c"}, 2, "FENCEPOST_ZK"),
-    (["submit", "q", "x", "--zk", "zk.invalid:2181", "--cluster", "c"], {}, 1, "cannot resolve"),
-    (["status", "--zk", "zk.invalid:2181", "--cluster", "c"], {}, 1, "cannot resolve"),
-    (["frobnicate"], {}, 2, "No such command"),
-    (["--no-such-flag"], {}, 2, "No such option"),
-])
+@pytest.mark.parametrize(
+    "args, env, code, words",
+    [
+        (["submit", "q", "x", "--delay", "-5", *TARGET], {}, 2, "'--delay'"),
+        (["submit", "q", "x", "--priority", str(1 << 31), *TARGET], {}, 2, "'--priority'"),
+        (["submit", "q", "x", "--wait", "0", *TARGET], {}, 2, "'--wait'"),
+        (["submit", "bad/q", "x", *TARGET], {}, 2, "invalid queue name 'bad/q'"),
+        (["worker", "run", "--queue", "bad/q", *TARGET, "--", "cat"], {}, 2, "invalid queue name 'bad/q'"),
+        (["status", "--zk", "notahost:abc", "--cluster", "c"], {}, 2, "port 'abc'"),
+        (["status"], {"FENCEPOST_ZK": "zk:0", "FENCEPOST_CLUSTER": "c"}, 2, "FENCEPOST_ZK"),
+        (["submit", "q", "x", "--zk", "zk.invalid:2181", "--cluster", "c"], {}, 1, "cannot resolve"),
+        (["status", "--zk", "zk.invalid:2181", "--cluster", "c"], {}, 1, "cannot resolve"),
+        (["frobnicate"], {}, 2, "No such command"),
+        (["--no-such-flag"], {}, 2, "No such option"),
+    ],
+)
 def test_one_line_and_exit_code(args, env, code, words):
     result = CliRunner().invoke(cli.main, args, env=env)
     assert result.exit_code == code, result.output

@@ -1,4 +1,5 @@
 """`broker start` and `bookie start` options are generated from the config dataclasses."""
+
 import dataclasses
 import typing
 
@@ -44,8 +45,16 @@ def test_every_field_has_help_and_the_help_names_its_env_variable(command, cls):
 def test_options_keep_their_names_types_and_shown_defaults():
     result = CliRunner().invoke(cli.main, ["broker", "start", "--help"])
     assert result.exit_code == 0
-    for text in ("--no-fsync", "--learner", "--zk-session-timeout FLOAT", "--checkpoint-entries INTEGER RANGE",
-                 "default 256 MiB", "--data DIRECTORY", "--secret-file FILE", "--shutdown-timeout FLOAT"):
+    for text in (
+        "--no-fsync",
+        "--learner",
+        "--zk-session-timeout FLOAT",
+        "--checkpoint-entries INTEGER RANGE",
+        "default 256 MiB",
+        "--data DIRECTORY",
+        "--secret-file FILE",
+        "--shutdown-timeout FLOAT",
+    ):
         assert text in result.output, text
     result = CliRunner().invoke(cli.main, ["broker", "start", "--snapshots-kept", "0"])
     assert result.exit_code == 2 and "--snapshots-kept" in result.output
@@ -72,10 +81,17 @@ def test_absent_options_leave_env_and_toml_in_charge():
 
 
 def test_given_options_become_typed_flags():
-    flags = _captured(BrokerConfig, ["--no-fsync", "--learner", "--tick-ms", "7", "--checkpoint-seconds", "1.5",
-                                     "--name", "b9"])
-    assert (flags["fsync"], flags["learner"], flags["tick_ms"], flags["checkpoint_seconds"], flags["name"]) == (
-        False, True, 7, 1.5, "b9")
+    flags = _captured(
+        BrokerConfig,
+        ["--no-fsync", "--learner", "--tick-ms", "7", "--checkpoint-seconds", "1.5", "--name", "b9"],
+    )
+    assert (
+        flags["fsync"],
+        flags["learner"],
+        flags["tick_ms"],
+        flags["checkpoint_seconds"],
+        flags["name"],
+    ) == (False, True, 7, 1.5, "b9")
     assert _captured(BookieConfig, ["--bookie-id", "bk-1", "--map-size", "2097152"])["bookie_id"] == "bk-1"
 
 

@@ -1,4 +1,5 @@
 """Usage errors exit 2 and package errors exit 1, each with one line naming the problem."""
+
 from click.testing import CliRunner
 
 import cli
@@ -19,12 +20,22 @@ def test_unknown_command_exits_2():
 # The commands of the project's design (its command list) that cli.py implements today, with their subcommands:
 # removing one (or dropping it from the help) must fail here.
 IMPLEMENTED_COMMANDS = {
-    "bench": [], "bookie": ["start", "list", "decommission"], "broker": ["start"], "chaos": [],
-    "cluster": ["init", "shutdown"], "dev": ["up", "down", "status", "restart", "add-broker"], "export": [], "audit": [],
+    "bench": [],
+    "bookie": ["start", "list", "decommission"],
+    "broker": ["start"],
+    "chaos": [],
+    "cluster": ["init", "shutdown"],
+    "dev": ["up", "down", "status", "restart", "add-broker"],
+    "export": [],
+    "audit": [],
     "dashboard": [],
     "snapshot": ["list", "create", "verify", "restore"],
-    "status": [], "store": ["verify", "inspect", "mark-clean"], "submit": [], "task": ["show", "list", "cancel", "retry"],
-    "queue": ["list", "purge", "requeue-dead"], "worker": ["run", "list"],
+    "status": [],
+    "store": ["verify", "inspect", "mark-clean"],
+    "submit": [],
+    "task": ["show", "list", "cancel", "retry"],
+    "queue": ["list", "purge", "requeue-dead"],
+    "worker": ["run", "list"],
     "zk": ["start", "stop"],
 }
 
@@ -61,7 +72,9 @@ def test_invalid_cluster_name_fails_with_one_line(tmp_path):
     result = CliRunner().invoke(cli.main, ["dev", "up", "--dev-dir", str(tmp_path), "--cluster", "bad/name"])
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("fencepost: invalid cluster name 'bad/name'"), result.output
+    assert len(lines) == 1 and lines[0].startswith("fencepost: invalid cluster name 'bad/name'"), (
+        result.output
+    )
     assert "Traceback" not in result.output
     assert not (tmp_path / "cluster.json").exists()
 

@@ -3,6 +3,7 @@
 The socket tests run against a tiny scripted ZeroMQ ROUTER on 127.0.0.1 (no
 real broker): every test uses short timeouts so nothing can hang.
 """
+
 from __future__ import annotations
 
 import threading
@@ -112,8 +113,15 @@ def test_backoff_doubles_from_50ms_to_a_1s_cap():
 def test_error_classification():
     assert classify("not_leader") == "redirect"
     assert classify("unavailable") == "retry"
-    for code in ("invalid_queue", "payload_too_large", "bad_request", "stale_attempt", "no_such_task",
-                 "internal", "wrong_version"):
+    for code in (
+        "invalid_queue",
+        "payload_too_large",
+        "bad_request",
+        "stale_attempt",
+        "no_such_task",
+        "internal",
+        "wrong_version",
+    ):
         assert classify(code) == "fatal"
     assert issubclass(ClientError, BrokerError)
     assert issubclass(BrokerUnavailable, ClientError) and issubclass(TaskNotFound, ClientError)
@@ -237,8 +245,15 @@ def test_unavailable_is_retried_with_backoff(fakes):
     assert len({m["key"] for m in fake.ops("submit")}) == 1
 
 
-@pytest.mark.parametrize("code,exc_type", [("invalid_queue", ClientError), ("payload_too_large", ClientError),
-                                           ("no_such_task", TaskNotFound), ("bad_state", ClientError)])
+@pytest.mark.parametrize(
+    "code,exc_type",
+    [
+        ("invalid_queue", ClientError),
+        ("payload_too_large", ClientError),
+        ("no_such_task", TaskNotFound),
+        ("bad_state", ClientError),
+    ],
+)
 def test_non_retryable_errors_raise_at_once(fakes, code, exc_type):
     fake = fakes(lambda m: leader_ping(m) or wire.error_reply(m["rid"], code, "nope"))
     with client_for(fake) as client:
@@ -264,8 +279,15 @@ def test_wait_polls_until_a_final_state_then_times_out_on_a_stuck_task(fakes):
             return leader_ping(msg)
         polls = len(fake.ops("get"))
         state = "done" if msg["task_id"] == "t5" and polls >= 3 else "running"
-        return wire.ok_reply(msg["rid"], task={"id": msg["task_id"], "state": state, "attempts": 1,
-                                               "result": b"ok" if state == "done" else None})
+        return wire.ok_reply(
+            msg["rid"],
+            task={
+                "id": msg["task_id"],
+                "state": state,
+                "attempts": 1,
+                "result": b"ok" if state == "done" else None,
+            },
+        )
 
     fake = fakes(respond)
     with client_for(fake) as client:
@@ -276,11 +298,15 @@ def test_wait_polls_until_a_final_state_then_times_out_on_a_stuck_task(fakes):
 
 
 def test_submit_many_gives_each_task_its_own_stable_key(fakes):
-    fake = fakes(lambda m: leader_ping(m) or wire.ok_reply(
-        m["rid"], task_ids=[f"t{i}" for i in range(len(m["tasks"]))]))
+    fake = fakes(
+        lambda m: (
+            leader_ping(m) or wire.ok_reply(m["rid"], task_ids=[f"t{i}" for i in range(len(m["tasks"]))])
+        )
+    )
     with client_for(fake) as client:
-        ids = client.submit_many([{"queue": "q", "payload": b"a"}, {"queue": "q", "payload": b"b", "key": "mine",
-                                                                    "delay": 0.25}])
+        ids = client.submit_many(
+            [{"queue": "q", "payload": b"a"}, {"queue": "q", "payload": b"b", "key": "mine", "delay": 0.25}]
+        )
         with pytest.raises(ValueError):
             client.submit_many([{"queue": "q", "payload": b"a", "prio": 1}])
     assert ids == ["t0", "t1"]
@@ -296,13 +322,15 @@ def test_threads_share_a_client_with_a_socket_each(fakes):
             return wire.ok_reply(msg["rid"], task_id="id-" + msg["key"])
         if msg["op"] == "submit_many":  # the submits of threads that met (broker/api/submit_group.py)
             time.sleep(0.01)
-            return wire.ok_reply(msg["rid"], results=[{"ok": True, "task_id": "id-" + t["key"]}
-                                                      for t in msg["tasks"]])
+            return wire.ok_reply(
+                msg["rid"], results=[{"ok": True, "task_id": "id-" + t["key"]} for t in msg["tasks"]]
+            )
         return leader_ping(msg)
 
     fake = fakes(respond)
     results: dict[str, str] = {}
     with client_for(fake) as client:
+
         def submit_some(n: int) -> None:
             for i in range(5):
                 key = f"{n}-{i}"
@@ -329,9 +357,11 @@ def test_closed_client_refuses_calls(fakes):
 
 
 def test_worker_completes_fails_and_survives_stale_attempts(fakes):
-    pending = [{"task_id": "a", "attempt": 1, "queue": "q", "payload": b"ok"},
-               {"task_id": "b", "attempt": 1, "queue": "q", "payload": b"boom"},
-               {"task_id": "c", "attempt": 2, "queue": "q", "payload": b"stale"}]
+    pending = [
+        {"task_id": "a", "attempt": 1, "queue": "q", "payload": b"ok"},
+        {"task_id": "b", "attempt": 1, "queue": "q", "payload": b"boom"},
+        {"task_id": "c", "attempt": 2, "queue": "q", "payload": b"stale"},
+    ]
     lock = threading.Lock()
 
     def respond(msg):
@@ -347,15 +377,32 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
         if op in ("complete", "fail", "heartbeat"):
             return wire.ok_reply(msg["rid"])
         if op in ("complete_many", "heartbeat_many"):  # what the Worker sends: one result per task
-            return wire.ok_reply(msg["rid"], results=[
-                {"ok": False, "error": "stale_attempt", "message": "attempt 2 is not the current attempt 3"}
-                if item["task_id"] == "c" else {"ok": True} for item in msg["tasks"]])
+            return wire.ok_reply(
+                msg["rid"],
+                results=[
+                    {
+                        "ok": False,
+                        "error": "stale_attempt",
+                        "message": "attempt 2 is not the current attempt 3",
+                    }
+                    if item["task_id"] == "c"
+                    else {"ok": True}
+                    for item in msg["tasks"]
+                ],
+            )
         return leader_ping(msg)
 
     fake = fakes(respond)
     stop = threading.Event()
-    worker = Worker(brokers=[fake.address], queues=["q"], concurrency=2, lease_ms=300, wait_ms=50,
-                    request_timeout=0.5, name="w1")
+    worker = Worker(
+        brokers=[fake.address],
+        queues=["q"],
+        concurrency=2,
+        lease_ms=300,
+        wait_ms=50,
+        request_timeout=0.5,
+        name="w1",
+    )
 
     @worker.handler("q")
     def handle(task: Task) -> bytes:
@@ -367,7 +414,10 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
     runner = threading.Thread(target=worker.run, args=(stop,), daemon=True)
     runner.start()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and worker.stats["completed"] + worker.stats["failed"] + worker.stats["lost"] < 3:
+    while (
+        time.monotonic() < deadline
+        and worker.stats["completed"] + worker.stats["failed"] + worker.stats["lost"] < 3
+    ):
         time.sleep(0.02)
     stop.set()
     runner.join(10)
@@ -383,7 +433,9 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
     assert beats and all(b["worker"] == "w1" and b["lease_ms"] == 300 for b in beats)
     # Prefetch defaults to 4 tasks a thread, at least 32: never more asked for at once.
     assert worker.prefetch == 32
-    assert all(m["worker"] == "w1" and m["queues"] == ["q"] and 1 <= m["max_tasks"] <= 32 for m in fake.ops("lease"))
+    assert all(
+        m["worker"] == "w1" and m["queues"] == ["q"] and 1 <= m["max_tasks"] <= 32 for m in fake.ops("lease")
+    )
 
 
 def test_worker_checks_its_configuration():
@@ -415,7 +467,9 @@ def test_worker_abandons_an_attempt_past_max_run_ms_and_drops_its_late_result(fa
     fake = fakes(respond)
     release = threading.Event()
     stop = threading.Event()
-    worker = Worker(brokers=[fake.address], queues=["q"], lease_ms=3000, wait_ms=50, request_timeout=0.5, name="w1")
+    worker = Worker(
+        brokers=[fake.address], queues=["q"], lease_ms=3000, wait_ms=50, request_timeout=0.5, name="w1"
+    )
 
     @worker.handler("q")
     def handle(task: Task) -> bytes:
@@ -439,5 +493,7 @@ def test_worker_abandons_an_attempt_past_max_run_ms_and_drops_its_late_result(fa
     time.sleep(0.3)  # the handler returns now: its result must not be reported
     with lock:
         outcomes = [m for m in reports if m["op"] in ("complete", "fail")]
-    assert [(m["op"], m["task_id"], m["attempt"], m["retry"]) for m in outcomes] == [("fail", "slow", 1, True)]
+    assert [(m["op"], m["task_id"], m["attempt"], m["retry"]) for m in outcomes] == [
+        ("fail", "slow", 1, True)
+    ]
     assert "max_run_ms" in outcomes[0]["error"]

@@ -1,5 +1,6 @@
 """The cluster-wide options: only the options a member sets are compared with `config`;
 the secret goes with hmac-sha256 only and is recognized by its check value, never stored."""
+
 import dataclasses
 import json
 
@@ -34,8 +35,13 @@ def test_unset_options_take_the_clusters_and_never_differ():
 
 
 def test_only_set_options_are_compared_and_each_difference_is_named():
-    mine = {"write_quorum": 2, "ack_quorum": None, "ensemble_size": 3, "digest": "hmac-sha256",
-            "max_payload_bytes": None}
+    mine = {
+        "write_quorum": 2,
+        "ack_quorum": None,
+        "ensemble_size": 3,
+        "digest": "hmac-sha256",
+        "max_payload_bytes": None,
+    }
     assert option_differences(CONFIG, mine) == [
         "write_quorum: cluster has 3, this member has 2",
         "digest: cluster has crc32c, this member has hmac-sha256",
@@ -46,7 +52,8 @@ def test_only_set_options_are_compared_and_each_difference_is_named():
 
 def test_an_option_the_cluster_lacks_is_a_difference():
     assert option_differences({"cluster_id": "x"}, {"max_payload_bytes": 10}) == [
-        "max_payload_bytes: cluster has nothing, this member has 10"]
+        "max_payload_bytes: cluster has nothing, this member has 10"
+    ]
 
 
 def test_cluster_options_compare_every_option():
@@ -56,7 +63,9 @@ def test_cluster_options_compare_every_option():
 
 
 def test_overrides_fill_the_defaults():
-    assert ClusterOptions.with_overrides({"write_quorum": None, "ack_quorum": 1}) == ClusterOptions(ack_quorum=1)
+    assert ClusterOptions.with_overrides({"write_quorum": None, "ack_quorum": 1}) == ClusterOptions(
+        ack_quorum=1
+    )
 
 
 @pytest.mark.parametrize("cls, error", [(BrokerConfig, BrokerConfigError), (BookieConfig, LedgerError)])
@@ -75,8 +84,12 @@ def test_a_broker_with_hmac_needs_a_secret_file():
 
 
 def test_environment_values_of_optional_numbers_are_converted():
-    config = load_settings(BrokerConfig, "broker", env={"FENCEPOST_WRITE_QUORUM": "5",
-                                                        "FENCEPOST_INIT_IF_MISSING": "1"}, toml_path="/nonexistent")
+    config = load_settings(
+        BrokerConfig,
+        "broker",
+        env={"FENCEPOST_WRITE_QUORUM": "5", "FENCEPOST_INIT_IF_MISSING": "1"},
+        toml_path="/nonexistent",
+    )
     assert config.write_quorum == 5 and config.init_if_missing is True and config.ack_quorum is None
 
 

@@ -1,5 +1,6 @@
 """The initialization decision table (election/cluster_join.py; docs/architecture.md, "Starting a cluster that has no log"): one test per row,
 then properties over every small member set."""
+
 from __future__ import annotations
 
 import itertools
@@ -28,8 +29,13 @@ SIG_B = ("cid-b", 200.0)
 
 
 def clean(member, sig=SIG_A, shutdown="s1", position=(7, 40), epoch=3, **kw):
-    return MemberStore(member, CLEAN, StoreStatus(*sig, state="clean", shutdown_id=shutdown, position=position),
-                       epoch=epoch, **kw)
+    return MemberStore(
+        member,
+        CLEAN,
+        StoreStatus(*sig, state="clean", shutdown_id=shutdown, position=position),
+        epoch=epoch,
+        **kw,
+    )
 
 
 def dirty(member, sig=SIG_A, epoch=3, position=None, **kw):
@@ -46,6 +52,7 @@ def transient(member):
 
 # ---------------------------------------------------------------- classify_store
 
+
 def test_classify_store():
     clean_status = StoreStatus(*SIG_A, state="clean", shutdown_id="s1", position=(1, 2))
     assert classify_store(None, store_exists=False, store_empty=True) == TRANSIENT
@@ -54,10 +61,11 @@ def test_classify_store():
     assert classify_store(clean_status, store_exists=True, store_empty=True) == EMPTY
     assert classify_store(clean_status, store_exists=True, store_empty=False) == CLEAN
     assert classify_store(StoreStatus(*SIG_A), store_exists=True, store_empty=False) == DIRTY
-    assert classify_store(None, store_exists=True, store_empty=False) == DIRTY   # nobody vouched for it
+    assert classify_store(None, store_exists=True, store_empty=False) == DIRTY  # nobody vouched for it
 
 
 # ---------------------------------------------------------------- one test per row
+
 
 def test_all_transient_or_empty_start_empty():
     d = decide_initialization([transient(1), empty(2), transient(3)], 3)
@@ -158,20 +166,28 @@ def test_labels_name_members_in_messages():
 
 # ---------------------------------------------------------------- properties
 
+
 def member_strategy(member: int):
     sig = st.sampled_from([SIG_A, SIG_B])
     final = st.tuples(st.sampled_from(["s1", "s2"]), st.sampled_from([(7, 40), (7, 41)]))
     epoch = st.integers(1, 3)
     pos = st.one_of(st.none(), st.sampled_from([(7, 39), (7, 40), (7, 41)]))
     return st.one_of(
-        st.just(transient(member)), st.just(empty(member)),
-        st.builds(lambda s, f, e: clean(member, sig=s, shutdown=f[0], position=f[1], epoch=e), sig, final, epoch),
+        st.just(transient(member)),
+        st.just(empty(member)),
+        st.builds(
+            lambda s, f, e: clean(member, sig=s, shutdown=f[0], position=f[1], epoch=e), sig, final, epoch
+        ),
         st.builds(lambda s, e, p: dirty(member, sig=s, epoch=e, position=p), sig, epoch, pos),
-        st.builds(lambda e: MemberStore(member, DIRTY, None, epoch=e), epoch))
+        st.builds(lambda e: MemberStore(member, DIRTY, None, epoch=e), epoch),
+    )
 
 
-members_strategy = st.integers(1, 5).flatmap(
-    lambda n: st.tuples(*[member_strategy(i) for i in range(1, n + 1)])).flatmap(st.permutations)
+members_strategy = (
+    st.integers(1, 5)
+    .flatmap(lambda n: st.tuples(*[member_strategy(i) for i in range(1, n + 1)]))
+    .flatmap(st.permutations)
+)
 
 
 def check_invariants(members):
@@ -182,8 +198,9 @@ def check_invariants(members):
     assert d.reason and "\n" not in d.reason
     # all transient or empty <=> start empty
     assert (d.action == START_EMPTY) == (not stored)
-    agree_initial = len({m.status.initial_signature if m.status else None for m in stored}) == 1 \
-        and all(m.status is not None for m in stored)
+    agree_initial = len({m.status.initial_signature if m.status else None for m in stored}) == 1 and all(
+        m.status is not None for m in stored
+    )
     agree_final = len({m.status.final_signature for m in cleans}) <= 1
     if stored and not (agree_initial and cleans and agree_final):
         assert d.action == ABORT
@@ -212,8 +229,16 @@ def test_decision_invariants(members):
     check_invariants(members)
 
 
-VARIANTS = (transient, empty, clean, lambda i: clean(i, shutdown="s2"), lambda i: clean(i, sig=SIG_B),
-            dirty, lambda i: dirty(i, sig=SIG_B), lambda i: dirty(i, epoch=4))
+VARIANTS = (
+    transient,
+    empty,
+    clean,
+    lambda i: clean(i, shutdown="s2"),
+    lambda i: clean(i, sig=SIG_B),
+    dirty,
+    lambda i: dirty(i, sig=SIG_B),
+    lambda i: dirty(i, epoch=4),
+)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

@@ -5,6 +5,7 @@ gathered before the request are written first, ClusterShutdown is the last entry
 every later write gets ``shutting_down`` while reads are still answered, and the
 requester hears the entry's position once it is applied.
 """
+
 from __future__ import annotations
 
 from broker.server.config import BrokerConfig
@@ -17,8 +18,13 @@ from tests.support.leading import FakeWriter, LeaderHarness, capture_replies, se
 def _leading(tmp_path):
     committed: list = []
     config = BrokerConfig(listen="tcp://127.0.0.1:1", lease_check_ms=1, digest_every_entries=1)
-    leader = LeaderHarness(tmp_path, config, ServerHooks(
-        on_cluster_shutdown=lambda shutdown_id, position: committed.append((shutdown_id, position))))
+    leader = LeaderHarness(
+        tmp_path,
+        config,
+        ServerHooks(
+            on_cluster_shutdown=lambda shutdown_id, position: committed.append((shutdown_id, position))
+        ),
+    )
     return leader.server, leader.writer, leader.sent, committed
 
 
@@ -85,12 +91,19 @@ def test_a_shutdown_not_yet_written_is_forgotten_when_leadership_ends(tmp_path):
 
 def test_a_follower_names_the_wait_in_not_leader(tmp_path):
     store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
-    server = BrokerServer(BrokerConfig(listen="tcp://127.0.0.1:1"), store, broker_id=1,
-                          hooks=ServerHooks(not_leader_note=lambda: "waiting for 3 members (2 present)"))
+    server = BrokerServer(
+        BrokerConfig(listen="tcp://127.0.0.1:1"),
+        store,
+        broker_id=1,
+        hooks=ServerHooks(not_leader_note=lambda: "waiting for 3 members (2 present)"),
+    )
     sent = capture_replies(server)
     try:
         _request(server, "submit", 1, queue="q", payload=b"a")
-        assert sent[0]["error"] == codes.E_NOT_LEADER and "waiting for 3 members (2 present)" in sent[0]["message"]
+        assert (
+            sent[0]["error"] == codes.E_NOT_LEADER
+            and "waiting for 3 members (2 present)" in sent[0]["message"]
+        )
     finally:
         server.close()
         store.close()

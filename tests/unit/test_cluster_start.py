@@ -1,4 +1,5 @@
 """The pure parts of starting a cluster without a log: what a member reports, and reading a store."""
+
 from broker.server.store.cluster_start import describe_store, member_doc, member_of
 from broker.state.store import StateStore
 from election.cluster_join import MemberStore

@@ -1,4 +1,5 @@
 """The entry codec: round trips, corruption detection, header peeking."""
+
 from __future__ import annotations
 
 import pytest
@@ -92,7 +93,9 @@ def test_peek_header_accepts_both_digest_sizes_and_refuses_bad_framing():
         peek_header(b"")
 
 
-@pytest.mark.parametrize("field, value", [("ledger_id", -1), ("entry_id", 1 << 64), ("lac", 1 << 63), ("epoch", -5)])
+@pytest.mark.parametrize(
+    "field, value", [("ledger_id", -1), ("entry_id", 1 << 64), ("lac", 1 << 63), ("epoch", -5)]
+)
 def test_encode_refuses_out_of_range_fields(field, value):
     kwargs = dict(ledger_id=1, entry_id=1, lac=0, epoch=1, payload=b"")
     kwargs[field] = value
@@ -108,8 +111,10 @@ def test_encode_fields_is_encode_entry_without_the_object(entry, digest):
 
 def test_check_run_returns_the_largest_lac_and_refuses_bad_runs():
     crc, mac = Digest.crc32c(), Digest.hmac_sha256(b"s")
-    run = [encode_entry(Entry(4, 10 + i, lac, 1, b"x" * i), crc if i % 2 else mac)
-           for i, lac in enumerate([7, 9, 8])]
+    run = [
+        encode_entry(Entry(4, 10 + i, lac, 1, b"x" * i), crc if i % 2 else mac)
+        for i, lac in enumerate([7, 9, 8])
+    ]
     assert check_run(run, 4, 10) == 9
     assert check_run(run[:1], 4, 10) == 7
     bad = [

@@ -1,4 +1,5 @@
 """One coded-error base, one code -> exception table, every wire code in election/wire/codes.py."""
+
 import ast
 import pathlib
 
@@ -16,11 +17,19 @@ from snapshots.transfer import TransferError
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("cls, root", [
-    (RequestError, BrokerError), (ClientError, BrokerError), (TaskNotFound, BrokerError),
-    (BookieError, LedgerError), (LedgerFencedError, LedgerError), (NoSuchEntry, LedgerError),
-    (Unvouched, LedgerError), (TransferError, SnapshotError),
-])
+@pytest.mark.parametrize(
+    "cls, root",
+    [
+        (RequestError, BrokerError),
+        (ClientError, BrokerError),
+        (TaskNotFound, BrokerError),
+        (BookieError, LedgerError),
+        (LedgerFencedError, LedgerError),
+        (NoSuchEntry, LedgerError),
+        (Unvouched, LedgerError),
+        (TransferError, SnapshotError),
+    ],
+)
 def test_coded_errors_keep_their_package_root(cls, root):
     exc = cls("some_code", "some message")
     assert isinstance(exc, CodedError) and isinstance(exc, root)
@@ -39,17 +48,20 @@ def test_wait_timeout_is_a_client_error_and_a_timeout():
     assert exc.code == codes.E_WAIT_TIMEOUT
 
 
-@pytest.mark.parametrize("root, code, expected", [
-    (BookieError, codes.E_FENCED, LedgerFencedError),
-    (BookieError, codes.E_NO_ENTRY, NoSuchEntry),
-    (BookieError, codes.E_UNKNOWN, Unvouched),
-    (BookieError, codes.E_BUSY, BookieError),
-    (ClientError, codes.E_NO_SUCH_TASK, TaskNotFound),
-    (ClientError, codes.E_INVALID_QUEUE, ClientError),
-    # A code declared by one family never leaks into another.
-    (ClientError, codes.E_FENCED, ClientError),
-    (BookieError, codes.E_NO_SUCH_TASK, BookieError),
-])
+@pytest.mark.parametrize(
+    "root, code, expected",
+    [
+        (BookieError, codes.E_FENCED, LedgerFencedError),
+        (BookieError, codes.E_NO_ENTRY, NoSuchEntry),
+        (BookieError, codes.E_UNKNOWN, Unvouched),
+        (BookieError, codes.E_BUSY, BookieError),
+        (ClientError, codes.E_NO_SUCH_TASK, TaskNotFound),
+        (ClientError, codes.E_INVALID_QUEUE, ClientError),
+        # A code declared by one family never leaks into another.
+        (ClientError, codes.E_FENCED, ClientError),
+        (BookieError, codes.E_NO_SUCH_TASK, BookieError),
+    ],
+)
 def test_error_for_picks_the_class_declared_for_the_code_within_the_root(root, code, expected):
     exc = error_for(root, code, "msg")
     assert type(exc) is expected and (exc.code, exc.message) == (code, "msg")
@@ -62,8 +74,16 @@ def _product_files():
 
 def test_no_bare_string_codes_where_errors_are_built():
     """error_reply(...) and coded-error constructors name their code by a constant, never a literal."""
-    builders = {"error_reply", "RequestError", "ClientError", "TransferError", "WireError", "RemoteError",
-                "LedgerFencedError", "err"}
+    builders = {
+        "error_reply",
+        "RequestError",
+        "ClientError",
+        "TransferError",
+        "WireError",
+        "RemoteError",
+        "LedgerFencedError",
+        "err",
+    }
     found = []
     for path in _product_files():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -90,7 +110,8 @@ def test_no_bare_string_codes_where_codes_are_compared():
             sides = [node.left, *node.comparators]
             text = " ".join(ast.unparse(side) for side in sides)
             if ("code" in text or "error" in text) and any(
-                    isinstance(side, ast.Constant) and side.value in words for side in sides):
+                isinstance(side, ast.Constant) and side.value in words for side in sides
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
 
@@ -113,5 +134,10 @@ def test_the_wire_sits_below_ledger_and_broker():
     for module in ("election.wire", "election.wire.codes"):
         assert all(t.split(".")[0] == "election" for t in graph[module]), graph[module]
     # The broker answers and calls through election.wire: none of these climbs into ledger.
-    for module in ("broker.protocol", "broker.server.request_loop", "broker.api.client", "broker.admin.status"):
+    for module in (
+        "broker.protocol",
+        "broker.server.request_loop",
+        "broker.api.client",
+        "broker.admin.status",
+    ):
         assert not any(t.split(".")[0] == "ledger" for t in graph[module]), (module, graph[module])

@@ -1,4 +1,5 @@
 """The leader's commit stage timings: percentiles over a window, and the stages the group commit records."""
+
 from concurrent.futures import Future
 
 from broker.server.leading.commit_timings import CommitTimings, percentile
@@ -31,8 +32,12 @@ class Writer:
 
 def test_the_group_commit_records_each_entry_it_applies():
     writer, replies = Writer(), []
-    gc = GroupCommit(writer, apply=lambda entries: [[{"ok": True}] * len(ev) for ev, _ in entries],
-                     reply=lambda ctx, res, exc: replies.append(ctx), wake=lambda: None)
+    gc = GroupCommit(
+        writer,
+        apply=lambda entries: [[{"ok": True}] * len(ev) for ev, _ in entries],
+        reply=lambda ctx, res, exc: replies.append(ctx),
+        wake=lambda: None,
+    )
     gc.add([{"type": "WorkerSeen", "worker": "w", "now_ms": 1}], "r1")
     gc.add([{"type": "WorkerSeen", "worker": "w", "now_ms": 2}], "r2")
     gc.flush()

@@ -1,4 +1,5 @@
 """The dashboard's pieces without a cluster: queue rates, and what the HTTP server serves."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Decommissioning, the pure parts: what still names a bookie, who replaces it, when the leader rolls, the output."""
+
 from __future__ import annotations
 
 import random
@@ -17,8 +18,9 @@ def m(i):
 
 def meta(ledger_id, fragments, state=CLOSED, last_entry=19):
     frags = [{"first_entry": f, "ensemble": [m(i) for i in ids]} for f, ids in fragments]
-    return LedgerMetadata(ledger_id, frags[-1]["ensemble"], 3, 2, state,
-                          last_entry if state == CLOSED else -1, fragments=frags).validate()
+    return LedgerMetadata(
+        ledger_id, frags[-1]["ensemble"], 3, 2, state, last_entry if state == CLOSED else -1, fragments=frags
+    ).validate()
 
 
 def test_holding_fragments_and_what_remains():

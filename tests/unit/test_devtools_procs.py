@@ -1,4 +1,5 @@
 """devtools.procs on real child processes: log capture, pause, stop, the pid-reuse guard."""
+
 import os
 import signal
 import sys

@@ -1,4 +1,5 @@
 """The one atomic JSON writer: whole files, the caller's format and mode, no leftovers."""
+
 import json
 import os
 import stat

@@ -1,4 +1,5 @@
 """The pure decisions of an ensemble change and of the under-replication mark."""
+
 from __future__ import annotations
 
 import random
@@ -73,20 +74,32 @@ def test_a_fragment_starts_at_the_lac_plus_one_never_before_the_last():
     assert fragment_start(60, changed) == 61
 
 
-@pytest.mark.parametrize("wq, aq, failed, holds", [(3, 2, 0, True), (3, 2, 1, True), (3, 2, 2, False),
-                                                   (3, 3, 1, False), (5, 3, 2, True), (5, 3, 3, False)])
+@pytest.mark.parametrize(
+    "wq, aq, failed, holds",
+    [(3, 2, 0, True), (3, 2, 1, True), (3, 2, 2, False), (3, 3, 1, False), (5, 3, 2, True), (5, 3, 3, False)],
+)
 def test_the_quorum_holds_while_enough_slots_are_left(wq, aq, failed, holds):
     assert quorum_holds(wq, aq, failed) is holds
 
 
 def test_the_mark_lists_each_missing_bookie_once_with_its_lowest_entry():
     doc = merged_mark(None, 7, [member(2)], 120, "writer", 1.0)
-    assert doc == {"ledger_id": 7, "marked_at": 1.0,
-                   "missing": [{"bookie_id": "b2", "address": member(2)["address"], "from_entry": 120, "by": "writer"}]}
+    assert doc == {
+        "ledger_id": 7,
+        "marked_at": 1.0,
+        "missing": [{"bookie_id": "b2", "address": member(2)["address"], "from_entry": 120, "by": "writer"}],
+    }
     doc = merged_mark(doc, 7, [member(2)], 90, "writer", 2.0)
     doc = merged_mark(doc, 7, [member(0)], 300, "auditor", 3.0)
     assert doc["marked_at"] == 1.0
-    assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in doc["missing"]] == [("b2", 90, "writer"),
-                                                                                  ("b0", 300, "auditor")]
+    assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in doc["missing"]] == [
+        ("b2", 90, "writer"),
+        ("b0", 300, "auditor"),
+    ]
     # An unreadable or foreign mark is rewritten whole, keeping what it can.
-    assert merged_mark({"missing": "junk", "note": 1}, 7, [member(1)], 5, "writer", 4.0)["missing"][0]["bookie_id"] == "b1"
+    assert (
+        merged_mark({"missing": "junk", "note": 1}, 7, [member(1)], 5, "writer", 4.0)["missing"][0][
+            "bookie_id"
+        ]
+        == "b1"
+    )

@@ -1,4 +1,5 @@
 """The one-off request helper on real loopback sockets: replies as they are, silence as NoReply."""
+
 from __future__ import annotations
 
 import threading
@@ -31,7 +32,9 @@ def server():
             if msg["op"] == "ping":
                 sock.send_multipart([*route, wire.encode(wire.ok_reply(msg["rid"], echo=msg.get("x")))])
             elif msg["op"] == "fail":
-                sock.send_multipart([*route, wire.encode(wire.error_reply(msg["rid"], codes.E_BAD_REQUEST, "no"))])
+                sock.send_multipart(
+                    [*route, wire.encode(wire.error_reply(msg["rid"], codes.E_BAD_REQUEST, "no"))]
+                )
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()

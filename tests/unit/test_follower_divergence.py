@@ -3,6 +3,7 @@
 Real LMDB store (in tmp_path); the ledger reader is a stand-in that hands out
 fixed entries, since the point is what the tail does with them.
 """
+
 from __future__ import annotations
 
 import threading

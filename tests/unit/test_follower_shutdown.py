@@ -3,6 +3,7 @@ and goes on (re-reading what it did not apply) when it is not.
 
 Real LMDB store; a stand-in ledger reader that hands out fixed entries, once each.
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,8 +17,9 @@ from ledger.codec import Entry
 
 
 def entry(position: tuple[int, int], events: list[dict]) -> tuple[tuple[int, int], Entry]:
-    return position, Entry(ledger_id=position[0], entry_id=position[1], lac=-1, epoch=1,
-                           payload=encode_batch(events))
+    return position, Entry(
+        ledger_id=position[0], entry_id=position[1], lac=-1, epoch=1, payload=encode_batch(events)
+    )
 
 
 def seen(i: int) -> list[dict]:

@@ -1,4 +1,5 @@
 """Pure pieces of the foundation: paths, settings precedence, Java version parsing, wire envelope."""
+
 import dataclasses
 
 import pytest
@@ -71,13 +72,16 @@ def test_cluster_options_validate_and_compare():
     assert diffs == ["ack_quorum: cluster has 3, this member has 2"]
 
 
-@pytest.mark.parametrize("frame,code", [
-    (b"\xc1\xc1garbage", wire.E_MALFORMED),
-    (wire.encode([1, 2, 3]), wire.E_MALFORMED),
-    (wire.encode({"v": 99, "op": "ping", "rid": 1}), wire.E_VERSION),
-    (wire.encode({"v": 1, "op": "nope", "rid": 1}), wire.E_UNKNOWN_OP),
-    (b"x" * 2000, wire.E_OVERSIZED),
-])
+@pytest.mark.parametrize(
+    "frame,code",
+    [
+        (b"\xc1\xc1garbage", wire.E_MALFORMED),
+        (wire.encode([1, 2, 3]), wire.E_MALFORMED),
+        (wire.encode({"v": 99, "op": "ping", "rid": 1}), wire.E_VERSION),
+        (wire.encode({"v": 1, "op": "nope", "rid": 1}), wire.E_UNKNOWN_OP),
+        (b"x" * 2000, wire.E_OVERSIZED),
+    ],
+)
 def test_wire_rejects_bad_frames_with_codes(frame, code):
     with pytest.raises(wire.WireError) as info:
         wire.decode_request(frame, {"ping"}, max_bytes=1000)

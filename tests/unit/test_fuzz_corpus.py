@@ -1,4 +1,5 @@
 """The wire fuzzer's own parts: its safety filter, its msgpack walker, its seeded corpora (pure)."""
+
 from __future__ import annotations
 
 import random
@@ -54,7 +55,9 @@ def test_raw_strings_and_deep_nesting_reach_the_frame_as_written():
 
 
 def test_the_same_seed_gives_the_same_messages():
-    assert mutation_messages(BOOKIE, random.Random(4), 300) == mutation_messages(BOOKIE, random.Random(4), 300)
+    assert mutation_messages(BOOKIE, random.Random(4), 300) == mutation_messages(
+        BOOKIE, random.Random(4), 300
+    )
     assert hypothesis_messages(BROKER, 30, seed=4) == hypothesis_messages(BROKER, 30, seed=4)
 
 

@@ -3,6 +3,7 @@
 A fake writer stands in for the ledger (futures resolved by hand); everything
 else is the real code, including the batch codec.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -45,8 +46,13 @@ def make(apply=None, **kw):
         applied.extend(entries)
         return [[{"ok": True}] * len(events) for events, _pos in entries]
 
-    gc = GroupCommit(writer, apply=apply or default_apply, reply=lambda c, r, e: replies.append((c, r, e)),
-                     wake=lambda: None, **kw)
+    gc = GroupCommit(
+        writer,
+        apply=apply or default_apply,
+        reply=lambda c, r, e: replies.append((c, r, e)),
+        wake=lambda: None,
+        **kw,
+    )
     return gc, writer, replies, applied
 
 
@@ -110,7 +116,10 @@ def test_a_batch_waits_for_the_entry_in_flight_and_an_idle_one_goes_at_once():
 def test_a_request_too_large_for_any_entry_is_refused_alone():
     gc, writer, _replies, _applied = make(max_entry_bytes=1000)
     with pytest.raises(EntryTooLarge):
-        gc.add([{"type": "TaskSubmitted", "task_id": "t", "queue": "q", "payload": b"x" * 2000, "now_ms": 1}], "big")
+        gc.add(
+            [{"type": "TaskSubmitted", "task_id": "t", "queue": "q", "payload": b"x" * 2000, "now_ms": 1}],
+            "big",
+        )
     gc.add([cancel("a")], "small")
     gc.flush()
     assert [len(decode_batch(e)) for e in writer.entries] == [1]

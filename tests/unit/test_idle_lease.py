@@ -4,6 +4,7 @@ A fake writer stands in for the ledger (entries committed by hand). An idle
 worker's long polls must leave the ledger alone, while a lease that finds a
 task (a ready one, or a delayed one that has come due) is written as before.
 """
+
 from __future__ import annotations
 
 import time

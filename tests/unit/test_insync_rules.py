@@ -1,4 +1,5 @@
 """The pure leader-eligibility rules: lag across ledgers, the in-sync set, who may stand."""
+
 from election.insync import CatchUpClock, entries_behind, may_stand
 
 LOG = [3, 5, 9]
@@ -21,7 +22,9 @@ def test_in_sync_needs_small_lag_and_a_recent_catch_up():
     # 2 caught up, 3 within the lag but never reached the leader, 4 far behind, 5 a learner
     members = clock.members(1, {2: 0, 3: 4, 4: 500, 5: 0}, {}, learners={5}, now=100.0)
     assert members == {1, 2}
-    members = clock.members(1, {2: 3, 3: 4, 4: 500, 5: 0}, {2: 3, 3: 0, 4: 400, 5: 0}, learners={5}, now=101.0)
+    members = clock.members(
+        1, {2: 3, 3: 4, 4: 500, 5: 0}, {2: 3, 3: 0, 4: 400, 5: 0}, learners={5}, now=101.0
+    )
     assert members == {1, 2, 3}  # 3 reached the previous leader position
     # 2 stays within the lag but never catches up for longer than the limit: out
     members = clock.members(1, {2: 3, 3: 0}, {2: 1, 3: 0}, learners=set(), now=106.5)
@@ -61,7 +64,12 @@ def test_an_elect_request_lets_only_its_live_target_stand():
 def test_elect_refusals_name_the_reason():
     from broker.server.standing.insync import refusal
 
-    live = {1: {"address": "a1"}, 2: {"address": "a2"}, 3: {"address": "a3", "learner": True}, 4: {"address": "a4"}}
+    live = {
+        1: {"address": "a1"},
+        2: {"address": "a2"},
+        3: {"address": "a3", "learner": True},
+        4: {"address": "a4"},
+    }
     lags = {2: 0, 3: 0, 4: 5000}
     assert refusal(2, 1, {1, 2}, live, lags, max_lag=10) == ""
     assert "is a learner" in refusal(3, 1, {1, 2}, live, lags, max_lag=10)

@@ -1,4 +1,5 @@
 """When a store can replay the log and when it must install a snapshot first."""
+
 from broker.server.store.join import needs_snapshot
 
 

@@ -1,4 +1,5 @@
 """Keys, the keys file and roles: pure rules and files, no sockets."""
+
 from __future__ import annotations
 
 import stat
@@ -39,12 +40,15 @@ def test_a_secret_file_whose_halves_do_not_match_is_refused(tmp_path):
         read_key_pair(secret)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("worker w1", "expected ROLE NAME PUBLIC-KEY"),
-    ("wizard w1 " + "a" * 40, "unknown role"),
-    ("worker bad/name " + "a" * 40, "invalid key name"),
-    ("worker w1 tooshort", "not a 40-character"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("worker w1", "expected ROLE NAME PUBLIC-KEY"),
+        ("wizard w1 " + "a" * 40, "unknown role"),
+        ("worker bad/name " + "a" * 40, "invalid key name"),
+        ("worker w1 tooshort", "not a 40-character"),
+    ],
+)
 def test_a_bad_keys_file_line_is_named(line, message):
     with pytest.raises(KeysError, match=f"line 2: .*{message}"):
         parse_keys_file("# comment\n" + line + "\n")
@@ -73,24 +77,27 @@ def test_a_reload_that_fails_keeps_the_previous_keys(tmp_path):
     assert ring.lookup(second.public) is not None
 
 
-@pytest.mark.parametrize("role, server, op, expected", [
-    ("producer", "broker", "submit", True),
-    ("producer", "broker", "complete", False),
-    ("worker", "broker", "complete_many", True),
-    ("worker", "broker", "submit", False),
-    ("worker", "broker", "purge_queue", False),
-    ("producer", "broker", "purge_queue", False),
-    ("admin", "broker", "purge_queue", True),
-    ("admin", "broker", "cluster_shutdown", True),
-    ("broker", "broker", "snapshot_chunk", True),
-    ("broker", "broker", "submit", False),
-    ("worker", "broker", "status", True),
-    ("broker", "bookie", "fence", True),
-    ("worker", "bookie", "read", False),
-    ("producer", "bookie", "add", False),
-    ("bookie", "bookie", "fence", False),
-    ("admin", "bookie", "read", True),
-])
+@pytest.mark.parametrize(
+    "role, server, op, expected",
+    [
+        ("producer", "broker", "submit", True),
+        ("producer", "broker", "complete", False),
+        ("worker", "broker", "complete_many", True),
+        ("worker", "broker", "submit", False),
+        ("worker", "broker", "purge_queue", False),
+        ("producer", "broker", "purge_queue", False),
+        ("admin", "broker", "purge_queue", True),
+        ("admin", "broker", "cluster_shutdown", True),
+        ("broker", "broker", "snapshot_chunk", True),
+        ("broker", "broker", "submit", False),
+        ("worker", "broker", "status", True),
+        ("broker", "bookie", "fence", True),
+        ("worker", "bookie", "read", False),
+        ("producer", "bookie", "add", False),
+        ("bookie", "bookie", "fence", False),
+        ("admin", "bookie", "read", True),
+    ],
+)
 def test_roles(role, server, op, expected):
     assert allowed(role, server, op) is expected
 

@@ -5,6 +5,7 @@ Layers only point down: ``election`` <- ``ledger``, ``snapshots`` <- ``broker`` 
 state modules; ``devtools`` may use anything, but nothing in the product imports it. Imports
 inside functions count as much as module-level ones: a lazy import is still a dependency.
 """
+
 from __future__ import annotations
 
 import ast
@@ -41,7 +42,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:
@@ -73,8 +74,10 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if other not in ALLOWED[layer]:
                 problems.append(f"{module} -> {target} ({layer} may not import {other})")
-            elif layer == "pipeline" and other == "broker" and not (
-                target == "broker" or target.startswith(PIPELINE_BROKER_MODULES[1:])
+            elif (
+                layer == "pipeline"
+                and other == "broker"
+                and not (target == "broker" or target.startswith(PIPELINE_BROKER_MODULES[1:]))
             ):
                 problems.append(f"{module} -> {target} (pipeline may use only the broker's state modules)")
     return problems
@@ -91,8 +94,14 @@ def test_the_walk_sees_every_package_and_lazy_imports():
 def test_cycle_and_layer_checks_catch_what_they_name():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    bad = {"election.x": {"broker.server.node"}, "broker.server.node": set(), "pipeline.y": {"broker.server.request_loop"},
-           "broker.server.request_loop": set(), "ledger.z": {"devtools.chaos"}, "devtools.chaos": set()}
+    bad = {
+        "election.x": {"broker.server.node"},
+        "broker.server.node": set(),
+        "pipeline.y": {"broker.server.request_loop"},
+        "broker.server.request_loop": set(),
+        "ledger.z": {"devtools.chaos"},
+        "devtools.chaos": set(),
+    }
     assert layer_violations(bad) == [
         "election.x -> broker.server.node (election may not import broker)",
         "ledger.z -> devtools.chaos (ledger may not import devtools)",
@@ -120,10 +129,19 @@ def test_node_parts_do_not_reach_back_into_the_node():
     # The takeover, the live publisher and the checkpointer get what they need passed in
     # (CheckpointHost, constructor arguments): none of them may import the node.
     graph = import_graph()
-    for part in ("broker.server.standing.takeover", "broker.server.live", "broker.server.store.checkpoints", "broker.server.stop_budget",
-                 "broker.server.standing.candidacy"):
+    for part in (
+        "broker.server.standing.takeover",
+        "broker.server.live",
+        "broker.server.store.checkpoints",
+        "broker.server.stop_budget",
+        "broker.server.standing.candidacy",
+    ):
         assert "broker.server.node" not in graph[part], f"{part} imports broker.server.node"
-    assert {"broker.server.standing.takeover", "broker.server.live", "broker.server.store.checkpoints"} <= graph["broker.server.node"]
+    assert {
+        "broker.server.standing.takeover",
+        "broker.server.live",
+        "broker.server.store.checkpoints",
+    } <= graph["broker.server.node"]
 
 
 def collaborator_writes(source: str) -> list[str]:
@@ -149,7 +167,9 @@ def collaborator_writes(source: str) -> list[str]:
 
 def test_the_collaborator_check_catches_what_it_names():
     assert collaborator_writes("server.on_fatal = node.fail\nx.hook = lambda: 1\nself.on_y = f\n") == [
-        "line 1: server.on_fatal = node.fail", "line 2: x.hook = lambda: 1"]
+        "line 1: server.on_fatal = node.fail",
+        "line 2: x.hook = lambda: 1",
+    ]
 
 
 def test_collaborators_are_passed_to_constructors_not_set_from_outside():
@@ -168,8 +188,13 @@ def test_no_test_module_imports_another():
     problems = []
     for path in sorted(tests_root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             for name in names:
                 if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_"):
                     problems.append(f"{path.relative_to(ROOT)} imports {name}")

@@ -1,4 +1,5 @@
 """Leader time across a failover: a successor's wall clock 60 s off neither expires leases early nor lets them linger."""
+
 from __future__ import annotations
 
 import pytest

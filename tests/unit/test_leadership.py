@@ -4,6 +4,7 @@ A submit that meets a parked lease hands its task out in the same entry; a
 worker's completions and its next lease are one request and one entry; an idle
 leader writes nothing; two parked leases are not both woken for one task.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -68,8 +69,12 @@ def test_complete_and_lease_is_one_request_and_one_entry(leader):
     leader.settle()
     (first,) = leader.reply(2)["tasks"]
     before = len(leader.writer.entries)
-    leader.request("complete_many", 3, tasks=[{"task_id": first["task_id"], "attempt": first["attempt"],
-                                               "result": b"ok"}], lease={**LEASE, "max_tasks": 1})
+    leader.request(
+        "complete_many",
+        3,
+        tasks=[{"task_id": first["task_id"], "attempt": first["attempt"], "result": b"ok"}],
+        lease={**LEASE, "max_tasks": 1},
+    )
     leader.settle()
     assert _new_entries(leader, before) == [["TaskCompleted", "TaskLeased"]]
     reply = leader.reply(3)
@@ -85,15 +90,18 @@ def test_complete_and_lease_with_nothing_to_lease_writes_only_the_completion(lea
     leader.settle()
     (task,) = leader.reply(2)["tasks"]
     before = len(leader.writer.entries)
-    leader.request("complete_many", 3, tasks=[{"task_id": task["task_id"], "attempt": task["attempt"]}],
-                   lease=LEASE)
+    leader.request(
+        "complete_many", 3, tasks=[{"task_id": task["task_id"], "attempt": task["attempt"]}], lease=LEASE
+    )
     leader.settle()
     assert _new_entries(leader, before) == [["TaskCompleted"]]
     assert leader.reply(3)["tasks"] == [] and leader.reply(3)["results"] == [{"ok": True}]
 
 
 def test_a_bad_lease_part_fails_the_request_naming_it(leader):
-    leader.request("complete_many", 1, tasks=[{"task_id": "t", "attempt": 1}], lease={"worker": "w", "queues": []})
+    leader.request(
+        "complete_many", 1, tasks=[{"task_id": "t", "attempt": 1}], lease={"worker": "w", "queues": []}
+    )
     assert leader.reply(1)["error"] == "bad_request" and "lease:" in leader.reply(1)["message"]
 
 

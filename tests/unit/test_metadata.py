@@ -1,4 +1,5 @@
 """Pure logic of ledger metadata, ensemble choice and the log's list and positions."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,17 @@ ENSEMBLE = [{"bookie_id": f"b{i}", "address": f"tcp://127.0.0.1:{4000 + i}"} for
 
 
 def make_meta(**changes) -> LedgerMetadata:
-    fields = dict(ledger_id=7, ensemble=list(ENSEMBLE), write_quorum=3, ack_quorum=2, state=OPEN, last_entry=-1,
-                  epoch=4, created_at=1700000000.5, digest="crc32c")
+    fields = dict(
+        ledger_id=7,
+        ensemble=list(ENSEMBLE),
+        write_quorum=3,
+        ack_quorum=2,
+        state=OPEN,
+        last_entry=-1,
+        epoch=4,
+        created_at=1700000000.5,
+        digest="crc32c",
+    )
     fields.update(changes)
     return LedgerMetadata(**fields)
 
@@ -53,9 +63,20 @@ def test_metadata_keeps_unknown_keys():
     assert json.loads(meta.to_json())["future_field"] == {"x": 1}
 
 
-@pytest.mark.parametrize("raw", [b"not json", b"{}", b'{"ensemble": 5}', json.dumps({
-    "ledger_id": 1, "ensemble": ENSEMBLE, "write_quorum": 3, "ack_quorum": 4, "state": "OPEN"}).encode(),
-    json.dumps({"ledger_id": 1, "ensemble": ENSEMBLE, "write_quorum": 3, "ack_quorum": 2, "state": "WEIRD"}).encode()])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"{}",
+        b'{"ensemble": 5}',
+        json.dumps(
+            {"ledger_id": 1, "ensemble": ENSEMBLE, "write_quorum": 3, "ack_quorum": 4, "state": "OPEN"}
+        ).encode(),
+        json.dumps(
+            {"ledger_id": 1, "ensemble": ENSEMBLE, "write_quorum": 3, "ack_quorum": 2, "state": "WEIRD"}
+        ).encode(),
+    ],
+)
 def test_bad_metadata_is_refused(raw):
     with pytest.raises(LedgerError):
         LedgerMetadata.from_json(raw, ledger_id=1)
@@ -76,7 +97,6 @@ def test_fence_quorum_is_ensemble_minus_ack_quorum_plus_one():
     assert make_meta().fence_quorum == 2
     assert make_meta(ack_quorum=3).fence_quorum == 1
     assert make_meta(ack_quorum=1, write_quorum=3).fence_quorum == 3
-
 
 
 # ------------------------------------------------------------------ fragments
@@ -127,20 +147,38 @@ def test_a_fragment_at_the_same_entry_replaces_the_last_one_and_earlier_is_refus
         meta.with_fragment(49, [SPARE, ENSEMBLE[1], ENSEMBLE[2]])
     # A change before anything was written replaces the creation ensemble.
     assert make_meta().with_fragment(0, [SPARE, ENSEMBLE[1], ENSEMBLE[2]]).fragments == [
-        {"first_entry": 0, "ensemble": [SPARE, ENSEMBLE[1], ENSEMBLE[2]]}]
+        {"first_entry": 0, "ensemble": [SPARE, ENSEMBLE[1], ENSEMBLE[2]]}
+    ]
 
 
-@pytest.mark.parametrize("fragments, why", [
-    ([{"first_entry": 5, "ensemble": ENSEMBLE}], "start at entry 0"),
-    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 0, "ensemble": ENSEMBLE}], "go up"),
-    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": ENSEMBLE[:2]}], "3 distinct"),
-    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": [ENSEMBLE[0]] * 3}], "3 distinct"),
-    ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": [OTHER, ENSEMBLE[1], {"x": 1}]}],
-     "bad ensemble member"),
-    ([{"first_entry": 0, "ensemble": [OTHER, ENSEMBLE[1], ENSEMBLE[2]]}], "differs from the last fragment"),
-    (["junk"], "unreadable metadata"),
-    ([{"first_entry": 0}], "bad fragment"),
-])
+@pytest.mark.parametrize(
+    "fragments, why",
+    [
+        ([{"first_entry": 5, "ensemble": ENSEMBLE}], "start at entry 0"),
+        ([{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 0, "ensemble": ENSEMBLE}], "go up"),
+        (
+            [{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": ENSEMBLE[:2]}],
+            "3 distinct",
+        ),
+        (
+            [{"first_entry": 0, "ensemble": ENSEMBLE}, {"first_entry": 9, "ensemble": [ENSEMBLE[0]] * 3}],
+            "3 distinct",
+        ),
+        (
+            [
+                {"first_entry": 0, "ensemble": ENSEMBLE},
+                {"first_entry": 9, "ensemble": [OTHER, ENSEMBLE[1], {"x": 1}]},
+            ],
+            "bad ensemble member",
+        ),
+        (
+            [{"first_entry": 0, "ensemble": [OTHER, ENSEMBLE[1], ENSEMBLE[2]]}],
+            "differs from the last fragment",
+        ),
+        (["junk"], "unreadable metadata"),
+        ([{"first_entry": 0}], "bad fragment"),
+    ],
+)
 def test_bad_fragments_are_refused(fragments, why):
     doc = json.loads(make_meta().to_json())
     doc["fragments"] = fragments
@@ -160,7 +198,9 @@ def test_ensemble_for_is_the_last_fragment_starting_at_or_before_the_entry(steps
     start = 0
     for i, step in enumerate(steps):
         start += step
-        meta = meta.with_fragment(start, [{"bookie_id": f"n{i}", "address": f"tcp://n:{i}"}, ENSEMBLE[1], ENSEMBLE[2]])
+        meta = meta.with_fragment(
+            start, [{"bookie_id": f"n{i}", "address": f"tcp://n:{i}"}, ENSEMBLE[1], ENSEMBLE[2]]
+        )
     expected = [f for f in meta.fragments if f["first_entry"] <= entry][-1]["ensemble"]
     assert meta.ensemble_for(entry) == expected
     assert LedgerMetadata.from_json(meta.to_json()).ensemble_for(entry) == expected

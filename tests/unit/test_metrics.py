@@ -1,4 +1,5 @@
 """The metrics' own logic without servers: what the hooks count, and a scrape whose store is away."""
+
 from __future__ import annotations
 
 import time
@@ -17,8 +18,11 @@ pytestmark = pytest.mark.timeout(30)
 
 def _samples(registry) -> dict:
     text = generate_latest(registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _closed_store():
@@ -26,9 +30,16 @@ def _closed_store():
 
 
 def test_broker_hooks_count_by_op_and_outcome_and_skip_long_polls():
-    metrics = BrokerMetrics(BrokerSource(broker_id=3, store=_closed_store, role=lambda: "leader",
-                                         counters=lambda: {"bad_requests": 2}, applied_entries=lambda: 7,
-                                         lag=lambda: 0))
+    metrics = BrokerMetrics(
+        BrokerSource(
+            broker_id=3,
+            store=_closed_store,
+            role=lambda: "leader",
+            counters=lambda: {"bad_requests": 2},
+            applied_entries=lambda: 7,
+            lag=lambda: 0,
+        )
+    )
     metrics.replied("submit", {"ok": True}, time.perf_counter())
     metrics.replied("submit", {"ok": False, "error": "unavailable"}, time.perf_counter())
     metrics.replied("lease", {"ok": True, "tasks": []}, None)  # a long poll that ran out
@@ -40,7 +51,9 @@ def test_broker_hooks_count_by_op_and_outcome_and_skip_long_polls():
     assert samples[("fencepost_broker_requests_total", (("op", "lease"), ("outcome", "ok")))] == 1
     assert samples[("fencepost_broker_request_duration_seconds_count", (("op", "submit"),))] == 2
     assert samples[("fencepost_broker_request_duration_seconds_count", (("op", "lease"),))] == 0
-    assert samples[("fencepost_broker_commit_stage_seconds_sum", (("stage", "ledger"),))] == pytest.approx(0.002)
+    assert samples[("fencepost_broker_commit_stage_seconds_sum", (("stage", "ledger"),))] == pytest.approx(
+        0.002
+    )
     assert samples[("fencepost_broker_entry_events_sum", ())] == 12
     assert samples[("fencepost_broker_lease_expiries_total", ())] == 2
     assert samples[("fencepost_broker_bad_requests_total", ())] == 2
@@ -51,8 +64,15 @@ def test_broker_hooks_count_by_op_and_outcome_and_skip_long_polls():
 
 
 def test_bookie_commit_hook():
-    metrics = BookieMetrics(BookieSource(bookie_id=lambda: "b1", store=lambda: None, counters=lambda: {"reads": 4},
-                                         readonly=lambda: False, limbo_ledgers=lambda: 0))
+    metrics = BookieMetrics(
+        BookieSource(
+            bookie_id=lambda: "b1",
+            store=lambda: None,
+            counters=lambda: {"reads": 4},
+            readonly=lambda: False,
+            limbo_ledgers=lambda: 0,
+        )
+    )
     metrics.committed(time.perf_counter(), took=0.003, requests=3, entries=5, size=500)
     samples = _samples(metrics.registry)
     assert samples[("fencepost_bookie_add_duration_seconds_count", ())] == 3

@@ -1,4 +1,5 @@
 """pipeline.replay: lease grants and digest checks from a unit-built history, replayed into a real store."""
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -20,7 +21,9 @@ def entry(entry_id, *events, ledger_id=5, epoch=1):
 
 
 def submit(task_id, queue="q", priority=0, now=1000, **fields):
-    return event("TaskSubmitted", task_id=task_id, queue=queue, payload=b"p", priority=priority, now_ms=now, **fields)
+    return event(
+        "TaskSubmitted", task_id=task_id, queue=queue, payload=b"p", priority=priority, now_ms=now, **fields
+    )
 
 
 def lease(worker, queues, max_tasks, now, **fields):
@@ -32,7 +35,7 @@ def history():
         entry(0, event("EpochStarted", epoch=1, broker_id=1, now_ms=900)),
         entry(1, submit("a"), submit("b", priority=5), submit("c", queue="other")),
         entry(2, lease("w1", ["q", "other"], 2, 1100, lease_ms=50), lease("w2", ["q", "other"], 5, 1101)),
-        entry(3, event("LeaseExpired", now_ms=1200)),           # w1's leases ran out: a and b wait again
+        entry(3, event("LeaseExpired", now_ms=1200)),  # w1's leases ran out: a and b wait again
         entry(4, lease("w3", ["q"], 1, 1300)),
         entry(5, event("TaskCompleted", task_id="b", attempt=2, now_ms=1400)),
     ]
@@ -41,10 +44,10 @@ def history():
 def test_a_lease_grants_the_tasks_apply_chose_with_their_attempts():
     result = replay(history())
     assert result.grants == [
-        Grant(5, 2, 0, "b", 1, "w1", 1100, "q"),    # highest priority first
+        Grant(5, 2, 0, "b", 1, "w1", 1100, "q"),  # highest priority first
         Grant(5, 2, 0, "a", 1, "w1", 1100, "q"),
         Grant(5, 2, 1, "c", 1, "w2", 1101, "other"),
-        Grant(5, 4, 0, "b", 2, "w3", 1300, "q"),    # its second attempt, after the expiry
+        Grant(5, 4, 0, "b", 2, "w3", 1300, "q"),  # its second attempt, after the expiry
     ]
     assert (result.entries, result.events, result.last, result.start) == (6, 9, (5, 5), None)
     table = grants_table(result.grants)
@@ -55,8 +58,11 @@ def test_a_lease_grants_the_tasks_apply_chose_with_their_attempts():
 
 def test_every_entry_is_seen_with_apply_results_and_digests_are_kept_where_asked(tmp_path):
     seen = []
-    result = replay(history(), digests_at=[(5, 3)],
-                    on_entry=lambda ledger, entry_id, epoch, items: seen.append((entry_id, epoch, items)))
+    result = replay(
+        history(),
+        digests_at=[(5, 3)],
+        on_entry=lambda ledger, entry_id, epoch, items: seen.append((entry_id, epoch, items)),
+    )
     assert [s[0] for s in seen] == [0, 1, 2, 3, 4, 5]
     index, ev, res = seen[3][2][0]
     assert (index, ev["type"]) == (0, "LeaseExpired")
@@ -74,23 +80,31 @@ def test_state_digests_are_compared_in_their_format_and_a_mismatch_stops_the_rep
     wrong = "0" * 32
     entries = history() + [
         entry(6, event("StateDigest", digest=right, format=STORE_FORMAT)),
-        entry(7, event("StateDigest", digest=wrong, format=1)),      # another layout: not compared
+        entry(7, event("StateDigest", digest=wrong, format=1)),  # another layout: not compared
         entry(8, event("StateDigest", digest=wrong, format=STORE_FORMAT)),
         entry(9, submit("late")),
     ]
     result = replay(entries)
     checks = [(c.entry_id, c.compared, c.matches) for c in result.digest_checks]
     assert checks == [(6, True, True), (7, False, None), (8, True, False)]
-    assert result.diverged.entry_id == 8 and result.diverged.actual == right and result.diverged.expected == wrong
+    assert (
+        result.diverged.entry_id == 8
+        and result.diverged.actual == right
+        and result.diverged.expected == wrong
+    )
     assert result.last == (5, 8), "nothing after the divergence is replayed"
 
 
 def test_a_replay_from_an_export_grants_the_same_tasks_without_comparing_digests(tmp_path):
-    entries = history() + [entry(6, event("StateDigest", digest="0" * 32, format=STORE_FORMAT)),
-                           entry(7, lease("w1", ["q"], 1, 1500), ledger_id=6, epoch=2)]
+    entries = history() + [
+        entry(6, event("StateDigest", digest="0" * 32, format=STORE_FORMAT)),
+        entry(7, lease("w1", ["q"], 1, 1500), ledger_id=6, epoch=2),
+    ]
     for epoch in (1, 2):
         rows = [r for e in entries if e[2] == epoch for r in entry_rows(*e)]
-        table = pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA).drop_columns(["epoch"])
+        table = pa.Table.from_pylist([dict(zip(SCHEMA.names, r)) for r in rows], schema=SCHEMA).drop_columns(
+            ["epoch"]
+        )
         (tmp_path / "events" / f"epoch={epoch}").mkdir(parents=True)
         pq.write_table(table, tmp_path / "events" / f"epoch={epoch}" / "run-5-0-part-0.parquet")
     from_export = replay(export_entries(tmp_path), compare_digests=False)
@@ -108,9 +122,18 @@ def test_a_replay_from_a_snapshot_starts_after_its_position(tmp_path):
             store.apply_batch(decode_batch(payload), (ledger_id, entry_id))
         with store.snapshot_view() as view:
             snap = tmp_path / "snap.fps"
-            write_snapshot(snap, {"cluster_id": "c", "broker_id": 1, "position": list(view["position"]),
-                                  "epoch": view["epoch"], "created_at": 0, "digest": view["digest"]},
-                           view["records"])
+            write_snapshot(
+                snap,
+                {
+                    "cluster_id": "c",
+                    "broker_id": 1,
+                    "position": list(view["position"]),
+                    "epoch": view["epoch"],
+                    "created_at": 0,
+                    "digest": view["digest"],
+                },
+                view["records"],
+            )
     result = replay(entries, snapshot=snap)
     assert result.start == (5, 2) and result.entries == 3
     assert result.grants == [Grant(5, 4, 0, "b", 2, "w3", 1300, "q")]

@@ -1,4 +1,5 @@
 """Event rows of ledger entries, and the planning of read ranges (pure: no cluster, no Spark)."""
+
 import json
 
 import pytest
@@ -10,20 +11,45 @@ from pipeline.rows import COLUMN_NAMES, SCHEMA, entry_rows, parse_position, to_r
 
 
 def test_every_event_of_an_entry_is_a_row_with_its_fields_in_columns():
-    payload = encode_batch([
-        event("TaskSubmitted", task_id="t1", queue="mail", payload=b"hello", key="k1", priority=5, now_ms=1000),
-        event("TaskLeased", worker="w1", queues=["mail", "sms"], max_tasks=4, now_ms=1001),
-        event("TaskFailed", task_id="t1", attempt=1, error="boom", retry=False, retry_delay_ms=50, now_ms=1002),
-        event("TaskCompleted", task_id="t2", attempt=2, result=b"ok!", now_ms=1003),
-        event("StateDigest", digest="0" * 32, format=2),
-    ])
+    payload = encode_batch(
+        [
+            event(
+                "TaskSubmitted",
+                task_id="t1",
+                queue="mail",
+                payload=b"hello",
+                key="k1",
+                priority=5,
+                now_ms=1000,
+            ),
+            event("TaskLeased", worker="w1", queues=["mail", "sms"], max_tasks=4, now_ms=1001),
+            event(
+                "TaskFailed",
+                task_id="t1",
+                attempt=1,
+                error="boom",
+                retry=False,
+                retry_delay_ms=50,
+                now_ms=1002,
+            ),
+            event("TaskCompleted", task_id="t2", attempt=2, result=b"ok!", now_ms=1003),
+            event("StateDigest", digest="0" * 32, format=2),
+        ]
+    )
     rows = [dict(zip(COLUMN_NAMES, r)) for r in entry_rows(7, 41, 3, payload)]
-    assert [(r["ledger_id"], r["entry_id"], r["epoch"], r["event_index"]) for r in rows] == \
-        [(7, 41, 3, i) for i in range(5)]
+    assert [(r["ledger_id"], r["entry_id"], r["epoch"], r["event_index"]) for r in rows] == [
+        (7, 41, 3, i) for i in range(5)
+    ]
     submitted, leased, failed, completed, digest = rows
-    assert (submitted["type"], submitted["task_id"], submitted["queue"], submitted["priority"],
-            submitted["payload_bytes"], submitted["key"], submitted["ts_ms"]) == \
-        ("TaskSubmitted", "t1", "mail", 5, 5, "k1", 1000)
+    assert (
+        submitted["type"],
+        submitted["task_id"],
+        submitted["queue"],
+        submitted["priority"],
+        submitted["payload_bytes"],
+        submitted["key"],
+        submitted["ts_ms"],
+    ) == ("TaskSubmitted", "t1", "mail", 5, 5, "k1", 1000)
     # apply, not the event, decides which tasks a lease hands out
     assert leased["task_id"] is None and leased["queues"] == ["mail", "sms"] and leased["max_tasks"] == 4
     assert (failed["attempt"], failed["error"], failed["retry"]) == (1, "boom", False)
@@ -51,8 +77,12 @@ def test_positions_parse_as_ledger_colon_entry():
 def test_ranges_stay_inside_a_ledger_and_its_committed_entries():
     extents = [LedgerExtent(3, 1, 9), LedgerExtent(5, 2, -1), LedgerExtent(8, 3, 4)]
     assert split_ranges(extents, None, None, 4) == [
-        ReadRange(3, 1, 0, 3), ReadRange(3, 1, 4, 7), ReadRange(3, 1, 8, 9), ReadRange(8, 3, 0, 3),
-        ReadRange(8, 3, 4, 4)]
+        ReadRange(3, 1, 0, 3),
+        ReadRange(3, 1, 4, 7),
+        ReadRange(3, 1, 8, 9),
+        ReadRange(8, 3, 0, 3),
+        ReadRange(8, 3, 4, 4),
+    ]
     # bounds are inclusive; a start past a closed ledger's end goes on with the next ledger
     assert split_ranges(extents, (3, 8), (8, 2), 100) == [ReadRange(3, 1, 8, 9), ReadRange(8, 3, 0, 2)]
     assert split_ranges(extents, (3, 10), None, 100) == [ReadRange(8, 3, 0, 4)]
@@ -69,23 +99,54 @@ def test_a_snapshot_becomes_a_table_of_its_tasks(tmp_path):
     from snapshots.format import write_snapshot
 
     def record(task_id, state, payload, **fields):
-        rec = {"queue": "mail", "state": state, "priority": 0, "seq": 1, "attempts": 0, "max_attempts": 3,
-               "submitted_ms": 1_000, "not_before_ms": 1_000, "payload": payload, "key": None,
-               "started_ms": None, "worker": None, "lease_deadline_ms": None, "finished_ms": None,
-               "result": None, "error": None, **fields}
+        rec = {
+            "queue": "mail",
+            "state": state,
+            "priority": 0,
+            "seq": 1,
+            "attempts": 0,
+            "max_attempts": 3,
+            "submitted_ms": 1_000,
+            "not_before_ms": 1_000,
+            "payload": payload,
+            "key": None,
+            "started_ms": None,
+            "worker": None,
+            "lease_deadline_ms": None,
+            "finished_ms": None,
+            "result": None,
+            "error": None,
+            **fields,
+        }
         return "tasks", id_key(task_id), pack_task(id_key(task_id), rec)
 
     big = "b" * 32
-    records = [record("a" * 32, "waiting", b"tiny", key="k"),
-               record(big, "failed", None, attempts=3, error="boom", finished_ms=2_000),
-               ("payloads", id_key(big), b"x" * 4000)]
+    records = [
+        record("a" * 32, "waiting", b"tiny", key="k"),
+        record(big, "failed", None, attempts=3, error="boom", finished_ms=2_000),
+        ("payloads", id_key(big), b"x" * 4000),
+    ]
     snap = tmp_path / "snap.fps"
-    write_snapshot(snap, {"cluster_id": "c", "broker_id": 1, "position": [7, 41], "epoch": 3,
-                          "created_at": 0.0, "digest": "0" * 32}, records)
+    write_snapshot(
+        snap,
+        {
+            "cluster_id": "c",
+            "broker_id": 1,
+            "position": [7, 41],
+            "epoch": 3,
+            "created_at": 0.0,
+            "digest": "0" * 32,
+        },
+        records,
+    )
     info = export_snapshot_tasks(snap, tmp_path / "out")
     assert info["tasks"] == 2 and info["position"] == "7:41"
     rows = {r["task_id"]: r for r in pq.read_table(info["path"]).to_pylist()}
     assert rows["a" * 32]["state"] == "waiting" and rows["a" * 32]["payload_bytes"] == 4
     assert rows["a" * 32]["key"] == "k" and rows["a" * 32]["snapshot_entry_id"] == 41
-    assert (rows[big]["state"], rows[big]["payload_bytes"], rows[big]["error"], rows[big]["finished_ms"]) == \
-        ("failed", 4000, "boom", 2_000)
+    assert (rows[big]["state"], rows[big]["payload_bytes"], rows[big]["error"], rows[big]["finished_ms"]) == (
+        "failed",
+        4000,
+        "boom",
+        2_000,
+    )

@@ -1,4 +1,5 @@
 """Placement of a new ledger's ensemble (ledger/placement.py): the rules, one by one, and as properties."""
+
 from __future__ import annotations
 
 import random
@@ -59,8 +60,13 @@ def test_never_a_read_only_bookie():
 
 
 def test_more_free_space_first():
-    bookies = [bookie(0, free=1 * GIB), bookie(1, free=50 * GIB), bookie(2, free=20 * GIB),
-               bookie(3, free=30 * GIB), bookie(4, free=None)]
+    bookies = [
+        bookie(0, free=1 * GIB),
+        bookie(1, free=50 * GIB),
+        bookie(2, free=20 * GIB),
+        bookie(3, free=30 * GIB),
+        bookie(4, free=None),
+    ]
     for seed in range(20):
         chosen = choose_ensemble(bookies, 3, random.Random(seed))
         assert [m["bookie_id"] for m in chosen] == ["b1", "b3", "b2"]
@@ -71,7 +77,8 @@ def test_more_free_space_first():
 def test_random_only_among_equals():
     # b0 and b1 have the most room and are always taken; the third place is drawn from b2..b5.
     bookies = [bookie(0, free=90 * GIB), bookie(1, free=90 * GIB + 5)] + [
-        bookie(i, free=10 * GIB + i) for i in range(2, 6)]
+        bookie(i, free=10 * GIB + i) for i in range(2, 6)
+    ]
     rng = random.Random(7)
     thirds = Counter()
     for _ in range(400):
@@ -92,8 +99,10 @@ def test_deterministic_for_a_seed_whatever_the_order():
 
 def test_beside_the_members_that_stay():
     bookies = [bookie(i) for i in range(5)]
-    staying = [{"bookie_id": "b0", "address": "tcp://10.0.0.0:3181"},
-               {"bookie_id": "b9", "address": "tcp://10.0.0.1:3181"}]  # another id on b1's address
+    staying = [
+        {"bookie_id": "b0", "address": "tcp://10.0.0.0:3181"},
+        {"bookie_id": "b9", "address": "tcp://10.0.0.1:3181"},
+    ]  # another id on b1's address
     for seed in range(30):
         (spare,) = choose_ensemble(bookies, 1, random.Random(seed), beside=staying)
         assert spare["bookie_id"] in {"b2", "b3", "b4"}
@@ -109,12 +118,16 @@ def test_short_names_what_it_found():
 
 
 registrations = st.lists(
-    st.fixed_dictionaries({
-        "bookie_id": st.sampled_from([f"b{i}" for i in range(8)]),
-        "address": st.sampled_from([f"tcp://h{i % 4}:{3180 + i % 3}" for i in range(12)]),
-        "free_bytes": st.one_of(st.none(), st.integers(0, 8).map(lambda n: n * GIB)),
-        "readonly": st.booleans(),
-    }), max_size=10)
+    st.fixed_dictionaries(
+        {
+            "bookie_id": st.sampled_from([f"b{i}" for i in range(8)]),
+            "address": st.sampled_from([f"tcp://h{i % 4}:{3180 + i % 3}" for i in range(12)]),
+            "free_bytes": st.one_of(st.none(), st.integers(0, 8).map(lambda n: n * GIB)),
+            "readonly": st.booleans(),
+        }
+    ),
+    max_size=10,
+)
 
 
 @given(registrations, st.integers(1, 5), st.integers(0, 1000))

@@ -1,4 +1,5 @@
 """QuorumTracker: in-order completion once ack_quorum members acked, failure detection."""
+
 from __future__ import annotations
 
 import pytest
@@ -199,8 +200,12 @@ def test_forgetting_keeps_earlier_entries_and_clears_failures():
     assert t.ack(2, 1) == [2]
 
 
-@given(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), max_size=60), st.integers(0, 2), st.integers(0, 10),
-       st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), max_size=30))
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), max_size=60),
+    st.integers(0, 2),
+    st.integers(0, 10),
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2)), max_size=30),
+)
 @settings(max_examples=300)
 def test_after_forgetting_a_slot_each_entry_counts_its_own_fragments_acks(before, slot, first, after):
     """Model: an entry's acks are a set of slots; the change removes ``slot`` from entries >= first."""

@@ -5,6 +5,7 @@ This is the promise that keeps one request from killing the leader: if
 gathered entry could not be encoded (issue 8: ``queues: ["m", "m"]``, a task id
 of 150 "é", explicit nulls).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -26,39 +27,102 @@ from broker.state.events import decode_batch, encode_batch, validate_event
 
 MAX_PAYLOAD = 64
 DEFAULT_LEASE_MS = 30_000
-READS = {"ping", "status", "snapshot_info", "snapshot_chunk", "get", "list_tasks", "list_queues", "list_workers"}
+READS = {
+    "ping",
+    "status",
+    "snapshot_info",
+    "snapshot_chunk",
+    "get",
+    "list_tasks",
+    "list_queues",
+    "list_workers",
+}
 
 # Values of every shape a msgpack peer can send, and some it cannot (lone surrogates).
-BOUNDARY_INTS = st.sampled_from([0, 1, -1, 99, 100, 1000, 1001, 10_000, 10_001, 60_000, 60_001,
-                                 (1 << 31) - 1, 1 << 31, (1 << 31) + 1, -(1 << 31), -(1 << 31) - 1,
-                                 1 << 40, (1 << 40) + 1, 1 << 53, (1 << 53) + 1, (1 << 63) - 1,
-                                 -(1 << 63), (1 << 64) - 1, 1 << 70])
+BOUNDARY_INTS = st.sampled_from(
+    [
+        0,
+        1,
+        -1,
+        99,
+        100,
+        1000,
+        1001,
+        10_000,
+        10_001,
+        60_000,
+        60_001,
+        (1 << 31) - 1,
+        1 << 31,
+        (1 << 31) + 1,
+        -(1 << 31),
+        -(1 << 31) - 1,
+        1 << 40,
+        (1 << 40) + 1,
+        1 << 53,
+        (1 << 53) + 1,
+        (1 << 63) - 1,
+        -(1 << 63),
+        (1 << 64) - 1,
+        1 << 70,
+    ]
+)
 INTS = st.one_of(BOUNDARY_INTS, st.integers(), st.integers(-5, 2000))
-BOUNDARY_TEXT = st.builds(lambda ch, n: ch * n, st.sampled_from(["a", "é", "😀", "\0", "\ud800", " "]),
-                          st.sampled_from([0, 1, 50, 63, 64, 66, 67, 100, 101, 128, 129, 199, 200, 201, 250, 251]))
+BOUNDARY_TEXT = st.builds(
+    lambda ch, n: ch * n,
+    st.sampled_from(["a", "é", "😀", "\0", "\ud800", " "]),
+    st.sampled_from([0, 1, 50, 63, 64, 66, 67, 100, 101, 128, 129, 199, 200, 201, 250, 251]),
+)
 TEXT = st.one_of(st.text(max_size=30), BOUNDARY_TEXT, st.from_regex(QUEUE_NAME, fullmatch=True))
 SCALARS = st.one_of(st.none(), st.booleans(), INTS, st.floats(), TEXT, st.binary(max_size=80))
 NAMES = st.one_of(st.sampled_from(["m", "pq", "q.1"]), TEXT)
-LISTS = st.one_of(st.lists(NAMES, max_size=70), st.lists(st.sampled_from(["m", "pq"]), min_size=1, max_size=5),
-                  st.lists(SCALARS, max_size=4))
-ANY = st.recursive(st.one_of(SCALARS, LISTS), lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=3)),
-    max_leaves=8)
+LISTS = st.one_of(
+    st.lists(NAMES, max_size=70),
+    st.lists(st.sampled_from(["m", "pq"]), min_size=1, max_size=5),
+    st.lists(SCALARS, max_size=4),
+)
+ANY = st.recursive(
+    st.one_of(SCALARS, LISTS),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
 
 FIELDS = {
     "snapshot_chunk": ["name", "offset", "length"],
-    "submit": ["queue", "payload", "key", "priority", "delay_ms", "max_attempts", "retry_backoff_ms",
-               "retry_backoff_max_ms"],
-    "submit_many": ["tasks"], "get": ["task_id"], "cancel": ["task_id"],
+    "submit": [
+        "queue",
+        "payload",
+        "key",
+        "priority",
+        "delay_ms",
+        "max_attempts",
+        "retry_backoff_ms",
+        "retry_backoff_max_ms",
+    ],
+    "submit_many": ["tasks"],
+    "get": ["task_id"],
+    "cancel": ["task_id"],
     "lease": ["worker", "queues", "max_tasks", "lease_ms", "wait_ms"],
     "heartbeat": ["worker", "task_id", "attempt", "lease_ms"],
     "heartbeat_many": ["worker", "lease_ms", "tasks"],
-    "complete": ["task_id", "attempt", "result"], "complete_many": ["tasks"],
+    "complete": ["task_id", "attempt", "result"],
+    "complete_many": ["tasks"],
     "fail": ["task_id", "attempt", "error", "retry", "reject"],
-    "declare_queue": ["queue", "max_attempts", "lease_ms", "retry_backoff_ms", "retry_backoff_max_ms",
-                      "result_ttl_ms"],
-    "list_tasks": ["queue", "state", "limit", "after"], "list_workers": ["limit", "after"],
-    "retry_task": ["task_id"], "purge_queue": ["queue", "states", "older_than_ms", "before_ms", "limit"],
+    "declare_queue": [
+        "queue",
+        "max_attempts",
+        "lease_ms",
+        "retry_backoff_ms",
+        "retry_backoff_max_ms",
+        "result_ttl_ms",
+    ],
+    "list_tasks": ["queue", "state", "limit", "after"],
+    "list_workers": ["limit", "after"],
+    "retry_task": ["task_id"],
+    "purge_queue": ["queue", "states", "older_than_ms", "before_ms", "limit"],
     "requeue_dead": ["queue", "before_ms", "limit"],
     "cluster_shutdown": ["shutdown_id"],
 }
@@ -68,32 +132,50 @@ VALID = {
     "queue": st.one_of(st.sampled_from(["m", "pq", "q.1"]), st.from_regex(QUEUE_NAME, fullmatch=True)),
     "worker": st.one_of(st.sampled_from(["w", "é" * 100]), st.text(min_size=1, max_size=40)),
     "task_id": st.one_of(st.sampled_from(["t1", "é" * 100, "a" * 200]), st.text(min_size=1, max_size=40)),
-    "name": st.text(min_size=1, max_size=40), "key": st.one_of(st.none(), st.text(min_size=1, max_size=40)),
-    "payload": st.binary(max_size=MAX_PAYLOAD), "result": st.one_of(st.none(), st.binary(max_size=MAX_PAYLOAD)),
-    "priority": st.integers(-(1 << 31), (1 << 31) - 1), "delay_ms": st.integers(0, 1 << 40),
+    "name": st.text(min_size=1, max_size=40),
+    "key": st.one_of(st.none(), st.text(min_size=1, max_size=40)),
+    "payload": st.binary(max_size=MAX_PAYLOAD),
+    "result": st.one_of(st.none(), st.binary(max_size=MAX_PAYLOAD)),
+    "priority": st.integers(-(1 << 31), (1 << 31) - 1),
+    "delay_ms": st.integers(0, 1 << 40),
     "max_attempts": st.one_of(st.none(), st.integers(1, 1000)),
     "queues": st.lists(st.sampled_from(["m", "pq", "q.1"]), min_size=1, max_size=6),
-    "max_tasks": st.integers(1, 1000), "lease_ms": st.one_of(st.none(), st.integers(100, 1 << 40)),
-    "wait_ms": st.integers(0, 60_000), "attempt": st.integers(1, 1 << 31), "error": st.text(max_size=40),
-    "retry": st.booleans(), "reject": st.booleans(),
+    "max_tasks": st.integers(1, 1000),
+    "lease_ms": st.one_of(st.none(), st.integers(100, 1 << 40)),
+    "wait_ms": st.integers(0, 60_000),
+    "attempt": st.integers(1, 1 << 31),
+    "error": st.text(max_size=40),
+    "retry": st.booleans(),
+    "reject": st.booleans(),
     "retry_backoff_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
     "retry_backoff_max_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
-    "offset": st.integers(0, 1 << 50), "length": st.integers(1, 4 << 20),
+    "offset": st.integers(0, 1 << 50),
+    "length": st.integers(1, 4 << 20),
     "shutdown_id": st.one_of(st.just("c5f0" * 8), st.text(min_size=1, max_size=40)),
     "result_ttl_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
-    "state": st.one_of(st.none(), st.sampled_from(["waiting", "running", "done", "failed", "dead", "cancelled"])),
+    "state": st.one_of(
+        st.none(), st.sampled_from(["waiting", "running", "done", "failed", "dead", "cancelled"])
+    ),
     "limit": st.one_of(st.none(), st.integers(1, 1000)),
     "after": st.one_of(st.none(), st.just("bQBhYmM")),  # a cursor: queue "m", task key b"abc"
-    "states": st.lists(st.sampled_from(["done", "failed", "dead", "cancelled"]), min_size=1, max_size=4,
-                       unique=True),
+    "states": st.lists(
+        st.sampled_from(["done", "failed", "dead", "cancelled"]), min_size=1, max_size=4, unique=True
+    ),
     "older_than_ms": st.one_of(st.none(), st.integers(0, 1 << 40)),
     "before_ms": st.one_of(st.none(), st.integers(0, 1 << 53)),
 }
 NEAR = {
-    "queue": NAMES, "worker": NAMES, "task_id": NAMES, "name": NAMES, "key": TEXT, "shutdown_id": NAMES,
-    "payload": st.one_of(st.binary(min_size=MAX_PAYLOAD - 1, max_size=MAX_PAYLOAD + 2), TEXT), "queues": LISTS,
-    "error": st.builds(lambda ch, n: ch * n, st.sampled_from(["x", "é", "\ud800"]),
-                       st.sampled_from([65_535, 65_536, 65_537])),
+    "queue": NAMES,
+    "worker": NAMES,
+    "task_id": NAMES,
+    "name": NAMES,
+    "key": TEXT,
+    "shutdown_id": NAMES,
+    "payload": st.one_of(st.binary(min_size=MAX_PAYLOAD - 1, max_size=MAX_PAYLOAD + 2), TEXT),
+    "queues": LISTS,
+    "error": st.builds(
+        lambda ch, n: ch * n, st.sampled_from(["x", "é", "\ud800"]), st.sampled_from([65_535, 65_536, 65_537])
+    ),
 }
 
 
@@ -120,13 +202,18 @@ def request_fields(draw, names: list[str]) -> dict:
 def fields_for(op: str) -> st.SearchStrategy:
     fixed = request_fields([n for n in FIELDS.get(op, []) if n != "tasks"])
     if op in ("submit_many", "complete_many", "heartbeat_many"):
-        names = {"submit_many": FIELDS["submit"], "complete_many": FIELDS["complete"],
-                 "heartbeat_many": ["task_id", "attempt"]}[op]
+        names = {
+            "submit_many": FIELDS["submit"],
+            "complete_many": FIELDS["complete"],
+            "heartbeat_many": ["task_id", "attempt"],
+        }[op]
         valid = st.fixed_dictionaries({n: VALID[n] for n in names})
         item = st.one_of(valid, valid, valid, request_fields(names), ANY)
-        fixed = st.one_of(st.fixed_dictionaries({"tasks": st.lists(item, min_size=1, max_size=3)}),
-                          st.fixed_dictionaries({"tasks": st.lists(item, min_size=1, max_size=3)}),
-                          st.fixed_dictionaries({}, optional={"tasks": ANY}))
+        fixed = st.one_of(
+            st.fixed_dictionaries({"tasks": st.lists(item, min_size=1, max_size=3)}),
+            st.fixed_dictionaries({"tasks": st.lists(item, min_size=1, max_size=3)}),
+            st.fixed_dictionaries({}, optional={"tasks": ANY}),
+        )
     junk = st.dictionaries(st.one_of(st.text(max_size=6), st.integers()), ANY, max_size=2)
     return st.builds(lambda a, b: {**b, **a}, fixed, st.one_of(st.just({}), junk))
 
@@ -160,6 +247,7 @@ def test_accepted_requests_make_valid_encodable_events(op, data):
 
 # ---------------------------------------------------------------- the reproductions of issue 8, one by one
 
+
 def ok_events(msg: dict) -> list[dict]:
     req = check_request({"v": 1, "rid": 1, **msg}, MAX_PAYLOAD)
     events = stamped_events(req)
@@ -179,10 +267,18 @@ def test_task_id_of_200_characters_but_300_bytes_is_refused():
     assert ok_events({"op": "cancel", "task_id": "é" * 100})[0]["task_id"] == "é" * 100
 
 
-@pytest.mark.parametrize("op,field,default", [("submit", "priority", 0), ("submit", "delay_ms", 0),
-                                              ("submit", "max_attempts", None), ("submit", "key", None),
-                                              ("lease", "max_tasks", 1), ("lease", "wait_ms", 0),
-                                              ("lease", "lease_ms", DEFAULT_LEASE_MS)])
+@pytest.mark.parametrize(
+    "op,field,default",
+    [
+        ("submit", "priority", 0),
+        ("submit", "delay_ms", 0),
+        ("submit", "max_attempts", None),
+        ("submit", "key", None),
+        ("lease", "max_tasks", 1),
+        ("lease", "wait_ms", 0),
+        ("lease", "lease_ms", DEFAULT_LEASE_MS),
+    ],
+)
 def test_an_explicit_null_means_the_default(op, field, default):
     base = {"submit": {"queue": "q", "payload": b"x"}, "lease": {"worker": "w", "queues": ["q"]}}[op]
     req = check_request({"op": op, **base, field: None}, MAX_PAYLOAD)
@@ -195,9 +291,16 @@ def test_an_explicit_null_means_the_default(op, field, default):
 
 def test_errors_name_the_field_and_the_item():
     with pytest.raises(RequestError) as info:
-        check_request({"op": "submit_many", "tasks": [{"queue": "q", "payload": b""},
-                                                      {"queue": "q", "payload": b"", "priority": 1 << 40}]},
-                      MAX_PAYLOAD)
+        check_request(
+            {
+                "op": "submit_many",
+                "tasks": [
+                    {"queue": "q", "payload": b""},
+                    {"queue": "q", "payload": b"", "priority": 1 << 40},
+                ],
+            },
+            MAX_PAYLOAD,
+        )
     assert info.value.message.startswith("tasks[1]: priority must be an integer between")
     with pytest.raises(RequestError) as info:
         check_request({"op": "complete_many", "tasks": [7]}, MAX_PAYLOAD)
@@ -212,8 +315,10 @@ def test_worker_names_are_bounded_in_bytes_and_refuse_nul():
 
 
 def test_oversized_payloads_and_results_are_payload_too_large():
-    for msg in ({"op": "submit", "queue": "q", "payload": b"x" * (MAX_PAYLOAD + 1)},
-                {"op": "complete", "task_id": "t", "attempt": 1, "result": b"x" * (MAX_PAYLOAD + 1)}):
+    for msg in (
+        {"op": "submit", "queue": "q", "payload": b"x" * (MAX_PAYLOAD + 1)},
+        {"op": "complete", "task_id": "t", "attempt": 1, "result": b"x" * (MAX_PAYLOAD + 1)},
+    ):
         with pytest.raises(RequestError) as info:
             check_request(msg, MAX_PAYLOAD)
         assert info.value.code == E_PAYLOAD_TOO_LARGE
@@ -225,16 +330,31 @@ def test_a_long_error_text_is_cut_not_refused():
 
 
 def test_heartbeat_many_extends_each_lease_and_answers_per_item():
-    events = ok_events({"op": "heartbeat_many", "worker": "w", "lease_ms": 900,
-                        "tasks": [{"task_id": "a", "attempt": 1}, {"task_id": "b", "attempt": 3}]})
+    events = ok_events(
+        {
+            "op": "heartbeat_many",
+            "worker": "w",
+            "lease_ms": 900,
+            "tasks": [{"task_id": "a", "attempt": 1}, {"task_id": "b", "attempt": 3}],
+        }
+    )
     assert [(ev["type"], ev["task_id"], ev["attempt"], ev["worker"], ev["lease_ms"]) for ev in events] == [
-        ("LeaseExtended", "a", 1, "w", 900), ("LeaseExtended", "b", 3, "w", 900)]
-    req = check_request({"op": "heartbeat_many", "worker": "w", "tasks": [{"task_id": "a", "attempt": 1}] * 2},
-                        MAX_PAYLOAD)
-    results = [{"ok": True, "task_id": "a", "lease_deadline_ms": 5},
-               {"ok": False, "error": "stale_attempt", "message": "attempt 1 is not the current attempt 2"}]
-    assert reply_fields(req, results) == {"results": [
-        {"ok": True}, {"ok": False, "error": "stale_attempt", "message": "attempt 1 is not the current attempt 2"}]}
+        ("LeaseExtended", "a", 1, "w", 900),
+        ("LeaseExtended", "b", 3, "w", 900),
+    ]
+    req = check_request(
+        {"op": "heartbeat_many", "worker": "w", "tasks": [{"task_id": "a", "attempt": 1}] * 2}, MAX_PAYLOAD
+    )
+    results = [
+        {"ok": True, "task_id": "a", "lease_deadline_ms": 5},
+        {"ok": False, "error": "stale_attempt", "message": "attempt 1 is not the current attempt 2"},
+    ]
+    assert reply_fields(req, results) == {
+        "results": [
+            {"ok": True},
+            {"ok": False, "error": "stale_attempt", "message": "attempt 1 is not the current attempt 2"},
+        ]
+    }
     with pytest.raises(RequestError) as info:
         check_request({"op": "heartbeat_many", "worker": "w", "tasks": [{"task_id": "a"}]}, MAX_PAYLOAD)
     assert info.value.message.startswith("tasks[0]: attempt is required")

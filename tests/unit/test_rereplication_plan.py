@@ -1,4 +1,5 @@
 """Re-replication decisions (pure): which fragments lost a copy, who replaces it, the new fragments, the throttle."""
+
 from __future__ import annotations
 
 import random

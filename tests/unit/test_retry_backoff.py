@@ -1,4 +1,5 @@
 """Retry backoff and rejected attempts: the pure rule, the leader's stamp, and apply."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,9 @@ def test_delays_double_from_the_base_and_stop_at_the_cap():
 
 def test_each_setting_comes_from_the_task_else_the_queue_else_the_default():
     assert settings(None, None, (1000, 60_000)) == (1000, 60_000)
-    assert settings({"retry_backoff_ms": 10}, {"retry_backoff_ms": 20, "retry_backoff_max_ms": 30},
-                    (1, 2)) == (10, 30)
+    assert settings(
+        {"retry_backoff_ms": 10}, {"retry_backoff_ms": 20, "retry_backoff_max_ms": 30}, (1, 2)
+    ) == (10, 30)
     assert settings({"retry_backoff_ms": 0}, {"retry_backoff_ms": 20}) == (0, 0)  # 0 is a setting
     assert delay_for(3, {"retry_backoff_ms": 10, "retry_backoff_max_ms": 1000}, None) == 40
 
@@ -32,16 +34,26 @@ def r(tmp_path):
 
 
 def fail_event(r, tid, attempt, now_ms, **fields):
-    req = protocol.check_request({"op": "fail", "task_id": tid, "attempt": attempt, "error": "boom", **fields},
-                                 1 << 20)
+    req = protocol.check_request(
+        {"op": "fail", "task_id": tid, "attempt": attempt, "error": "boom", **fields}, 1 << 20
+    )
     stamp_retry_delay(r.store, req, (1000, 300_000))
     [ev] = protocol.request_events(req, now_ms, new_id=lambda: "unused")
     return r.batch(ev)[0]
 
 
 def test_the_leader_stamps_the_tasks_backoff_and_apply_delays_the_retry(r):
-    req = protocol.check_request({"op": "submit", "queue": "q", "payload": b"x", "max_attempts": 5,
-                                  "retry_backoff_ms": 100, "retry_backoff_max_ms": 300}, 1 << 20)
+    req = protocol.check_request(
+        {
+            "op": "submit",
+            "queue": "q",
+            "payload": b"x",
+            "max_attempts": 5,
+            "retry_backoff_ms": 100,
+            "retry_backoff_max_ms": 300,
+        },
+        1 << 20,
+    )
     [ev] = protocol.request_events(req, 0, new_id=lambda: "t")
     r.batch(ev)
     waits = []

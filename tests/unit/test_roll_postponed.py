@@ -2,6 +2,7 @@
 
 Runs the real request loop and store with a fake writer (tests/support/leading.py).
 """
+
 from __future__ import annotations
 
 import broker.server.leading.leadership as leadership_module
@@ -25,13 +26,18 @@ def test_a_roll_short_of_bookies_goes_on_in_the_full_ledger(tmp_path, monkeypatc
     def roll(current):
         rolls.append(current.ledger_id)
         if bookies["live"] < 3:
-            raise RollPostponed(f"ledger {current.ledger_id} is full but the next one cannot be created: "
-                                f"waiting for 3 bookies, {bookies['live']} live")
+            raise RollPostponed(
+                f"ledger {current.ledger_id} is full but the next one cannot be created: "
+                f"waiting for 3 bookies, {bookies['live']} live"
+            )
         return second
 
-    session = server.start_leading(LeaderSession(epoch=1, writer=first, roll=roll,
-                                                 should_roll=lambda writer, entries, size: entries >= 2),
-                                   epoch_started)
+    session = server.start_leading(
+        LeaderSession(
+            epoch=1, writer=first, roll=roll, should_roll=lambda writer, entries, size: entries >= 2
+        ),
+        epoch_started,
+    )
 
     def turn(writer):
         session.turn(True)

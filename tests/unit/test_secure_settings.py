@@ -1,4 +1,5 @@
 """election.secure.keyring: how a client finds the key to pin, and which settings make a process secure (pure, no sockets)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,8 +14,11 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.fixture
 def files(tmp_path):
-    pairs = [new_key_pair("producer", "shop"), new_key_pair("broker", "10.0.0.5:5601"),
-             new_key_pair("worker", "10.0.0.6:5601")]
+    pairs = [
+        new_key_pair("producer", "shop"),
+        new_key_pair("broker", "10.0.0.5:5601"),
+        new_key_pair("worker", "10.0.0.6:5601"),
+    ]
     for pair in pairs:
         write_key_pair(pair, tmp_path)
     (tmp_path / "cluster.keys").write_text("".join(p.public_line() + "\n" for p in pairs))

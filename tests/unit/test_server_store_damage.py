@@ -1,4 +1,5 @@
 """A read that hits a damaged state store fails that request and reports the damage at once."""
+
 from __future__ import annotations
 
 from broker.server.request_loop import ServerHooks

@@ -1,4 +1,5 @@
 """The serving kernel's decisions, without a socket: every refusal, the safety net and deferred replies."""
+
 from __future__ import annotations
 
 import logging
@@ -23,10 +24,14 @@ class Server:
         self.parked: list = []
 
     def ops(self) -> dict:
-        return {"ping": lambda msg, ctx: wire.ok_reply(ctx.rid, pong=True),
-                "fence": lambda msg, ctx: wire.ok_reply(ctx.rid),
-                "wait_lac": self.wait, "boom": self.boom, "silent": lambda msg, ctx: None,
-                "read": lambda msg, ctx: wire.ok_reply(ctx.rid, ledger=wire.field(msg, "ledger", int))}
+        return {
+            "ping": lambda msg, ctx: wire.ok_reply(ctx.rid, pong=True),
+            "fence": lambda msg, ctx: wire.ok_reply(ctx.rid),
+            "wait_lac": self.wait,
+            "boom": self.boom,
+            "silent": lambda msg, ctx: None,
+            "read": lambda msg, ctx: wire.ok_reply(ctx.rid, ledger=wire.field(msg, "ledger", int)),
+        }
 
     def wait(self, msg, ctx):
         self.parked.append(ctx)
@@ -55,14 +60,17 @@ def refusal(decision: Decision) -> tuple:
     return reply["rid"], reply["error"]
 
 
-@pytest.mark.parametrize("raw, rid, code", [
-    (b"\xc1 not msgpack", None, codes.E_MALFORMED),
-    (msgpack.packb([1, 2]), None, codes.E_MALFORMED),
-    (wire.encode({"v": 1, "rid": 3}), 3, codes.E_MALFORMED),
-    (wire.encode({"v": 99, "op": "ping", "rid": 4}), 4, codes.E_VERSION),
-    (wire.encode({"op": "ping", "rid": 5}), 5, codes.E_VERSION),
-    (frame("frobnicate", 6), 6, codes.E_UNKNOWN_OP),
-])
+@pytest.mark.parametrize(
+    "raw, rid, code",
+    [
+        (b"\xc1 not msgpack", None, codes.E_MALFORMED),
+        (msgpack.packb([1, 2]), None, codes.E_MALFORMED),
+        (wire.encode({"v": 1, "rid": 3}), 3, codes.E_MALFORMED),
+        (wire.encode({"v": 99, "op": "ping", "rid": 4}), 4, codes.E_VERSION),
+        (wire.encode({"op": "ping", "rid": 5}), 5, codes.E_VERSION),
+        (frame("frobnicate", 6), 6, codes.E_UNKNOWN_OP),
+    ],
+)
 def test_frames_that_do_not_decode_into_a_known_op_are_bad_requests(raw, rid, code):
     d, _ = dispatcher()
     decision = decide(d, raw)
@@ -129,8 +137,12 @@ def test_field_errors_of_a_handler_or_the_check_hook_are_bad_requests_with_the_r
         return {**msg, "checked": True}
 
     seen = []
-    checked = Dispatcher("broker", {"ping": lambda msg, ctx: seen.append(msg) or wire.ok_reply(ctx.rid)}, MAX,
-                         hooks=KernelHooks(check=check))
+    checked = Dispatcher(
+        "broker",
+        {"ping": lambda msg, ctx: seen.append(msg) or wire.ok_reply(ctx.rid)},
+        MAX,
+        hooks=KernelHooks(check=check),
+    )
     assert refusal(checked.handle(ROUTE, frame("ping", 16), None, 0.0)) == (16, codes.E_INVALID_QUEUE)
     assert checked.handle(ROUTE, frame("ping", 17, queue="q"), None, 0.0).reply["ok"]
     assert seen == [{**wire.request("ping", 17, queue="q"), "checked": True}]
@@ -142,7 +154,13 @@ def test_a_deferred_reply_is_not_sent_now_and_its_handler_keeps_the_context():
     decision = d.handle(ROUTE, frame("wait_lac", 18), ("broker", "b1"), 99.0)
     assert decision == Decision("wait_lac", DEFERRED)
     [ctx] = server.parked
-    assert (ctx.route, ctx.rid, ctx.op, ctx.peer, ctx.received) == (ROUTE, 18, "wait_lac", ("broker", "b1"), 99.0)
+    assert (ctx.route, ctx.rid, ctx.op, ctx.peer, ctx.received) == (
+        ROUTE,
+        18,
+        "wait_lac",
+        ("broker", "b1"),
+        99.0,
+    )
     assert d.counters == dict.fromkeys(COUNTERS, 0)
 
 
@@ -155,8 +173,13 @@ def test_the_servers_own_counters_hold_the_kernels_too():
     own = {"adds": 3, "forbidden": 2}
     d, _ = dispatcher(counters=own)
     decide(d, b"garbage")
-    assert d.counters is own and own == {"adds": 3, "forbidden": 2, "requests": 0, "bad_requests": 1,
-                                         "internal_errors": 0}
+    assert d.counters is own and own == {
+        "adds": 3,
+        "forbidden": 2,
+        "requests": 0,
+        "bad_requests": 1,
+        "internal_errors": 0,
+    }
 
 
 def test_a_reply_that_cannot_be_encoded_still_becomes_one():

@@ -1,5 +1,6 @@
 """The pure rules of a cluster shutdown: who may stand while it is recorded, whether it is in progress,
 and how `--wait-for` says what it waits for."""
+
 from __future__ import annotations
 
 from broker.admin.cluster_shutdown import format_report
@@ -32,9 +33,16 @@ def test_the_wait_is_said_the_same_way_everywhere():
 
 
 def test_the_report_names_each_member_and_what_it_did():
-    report = {"cluster": "dev", "shutdown_id": "s1", "position": [3, 9], "ok": False, "members": [
-        {"id": 1, "name": "b1", "state": "clean", "position": [3, 9], "clean": True},
-        {"id": 2, "name": None, "state": "timed_out", "position": None, "clean": False}]}
+    report = {
+        "cluster": "dev",
+        "shutdown_id": "s1",
+        "position": [3, 9],
+        "ok": False,
+        "members": [
+            {"id": 1, "name": "b1", "state": "clean", "position": [3, 9], "clean": True},
+            {"id": 2, "name": None, "state": "timed_out", "position": None, "clean": False},
+        ],
+    }
     text = format_report(report)
     assert "shutdown s1 at position [3, 9]" in text
     assert "broker 1" in text and "stopped clean  position=[3, 9]" in text

@@ -1,4 +1,5 @@
 """The snapshot catalog with a real StateStore: create, list, prune, restore."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,17 +42,33 @@ class Replica:
         for _ in range(count):
             self.n += 1
             self.now += 1
-            evs.append(event("TaskSubmitted", task_id=f"t{self.n}", queue=queue,
-                             payload=f"payload {self.n}".encode(), priority=self.n % 5,
-                             now_ms=self.now))
+            evs.append(
+                event(
+                    "TaskSubmitted",
+                    task_id=f"t{self.n}",
+                    queue=queue,
+                    payload=f"payload {self.n}".encode(),
+                    priority=self.n % 5,
+                    now_ms=self.now,
+                )
+            )
         assert all(r["ok"] for r in self.batch(evs))
 
     def work(self):
-        [res] = self.batch([event("TaskLeased", worker="w1", queues=["q"], max_tasks=5,
-                                  now_ms=self.now)])
+        [res] = self.batch([event("TaskLeased", worker="w1", queues=["q"], max_tasks=5, now_ms=self.now)])
         tasks = res["tasks"]
-        self.batch([event("TaskCompleted", task_id=t["task_id"], attempt=t["attempt"],
-                          result=b"ok", now_ms=self.now + 1) for t in tasks[:3]])
+        self.batch(
+            [
+                event(
+                    "TaskCompleted",
+                    task_id=t["task_id"],
+                    attempt=t["attempt"],
+                    result=b"ok",
+                    now_ms=self.now + 1,
+                )
+                for t in tasks[:3]
+            ]
+        )
 
 
 @pytest.fixture
@@ -87,8 +104,13 @@ def test_names():
     assert snapshot_name((3, 41)) == "snap-0000000003-0000000041.fps"
     assert parse_name("snap-0000000003-0000000041.fps") == (3, 41)
     assert parse_name(snapshot_name((1 << 63, 12))) == (1 << 63, 12)
-    for bad in ("snap-3-41.fps", "snap-0000000003-0000000041.fps.tmp", "../snap-0000000003-0000000041.fps",
-                "snap-0000000003-0000000041.fps.part", "x"):
+    for bad in (
+        "snap-3-41.fps",
+        "snap-0000000003-0000000041.fps.tmp",
+        "../snap-0000000003-0000000041.fps",
+        "snap-0000000003-0000000041.fps.part",
+        "x",
+    ):
         assert parse_name(bad) is None
 
 
@@ -110,8 +132,9 @@ def test_create_then_restore_gives_the_same_state(replica, catalog, tmp_path):
         assert restored.queue_depths()["q"]["done"] == 3
         # The restored replica continues from the snapshot position.
         entry = restored.position()[1] + 1
-        restored.apply_batch([event("TaskSubmitted", task_id="after", queue="q", payload=b"x",
-                                    now_ms=9_999_999)], (1, entry))
+        restored.apply_batch(
+            [event("TaskSubmitted", task_id="after", queue="q", payload=b"x", now_ms=9_999_999)], (1, entry)
+        )
         assert restored.get_task("after")["state"] == "waiting"
 
 
@@ -137,11 +160,13 @@ def test_create_reads_one_transaction_while_writes_go_on(replica, catalog, tmp_p
         @contextlib.contextmanager
         def snapshot_view(self):
             with replica.store.snapshot_view() as view:
+
                 def records():
                     for i, rec in enumerate(view["records"]):
                         if i in (10, 1000):
                             replica.submit(20)  # the leader goes on writing
                         yield rec
+
                 yield dict(view, records=records())
 
     info = catalog.create(Busy(), "dev", 1, Clock())
@@ -160,13 +185,17 @@ def test_list_newest_first_with_errors_reported(replica, catalog):
     b = catalog.create(replica.store, "dev", 1, clock)
     (catalog.dir / "snap-0000000099-0000000000.fps").write_bytes(b"garbage")
     (catalog.dir / "snap-0000000098-0000000000.fps").write_bytes(
-        open(a["path"], "rb").read())  # a good file under the wrong name
-    for ignored in ("snap-0000000097-0000000000.fps.tmp", "snap-0000000097-0000000000.fps.part",
-                    "notes.txt"):
+        open(a["path"], "rb").read()
+    )  # a good file under the wrong name
+    for ignored in ("snap-0000000097-0000000000.fps.tmp", "snap-0000000097-0000000000.fps.part", "notes.txt"):
         (catalog.dir / ignored).write_bytes(b"x")
     listing = catalog.list()
     assert [s["name"] for s in listing] == [
-        "snap-0000000099-0000000000.fps", "snap-0000000098-0000000000.fps", b["name"], a["name"]]
+        "snap-0000000099-0000000000.fps",
+        "snap-0000000098-0000000000.fps",
+        b["name"],
+        a["name"],
+    ]
     assert listing[0]["error"] == "not a fencepost snapshot" and listing[0]["size"] == 7
     assert "name says position" in listing[1]["error"]
     assert listing[2]["checksum"] == b["checksum"] and "error" not in listing[2]
@@ -272,8 +301,14 @@ def test_failed_load_leaves_nothing_half_installed(replica, tmp_path):
     """An intact file whose records do not hash to its digest: the load fails midway."""
     with replica.store.snapshot_view() as view:
         recs = list(view["records"])
-        header = {"cluster_id": "dev", "broker_id": 1, "position": list(view["position"]),
-                  "epoch": view["epoch"], "created_at": 1.0, "digest": view["digest"]}
+        header = {
+            "cluster_id": "dev",
+            "broker_id": 1,
+            "position": list(view["position"]),
+            "epoch": view["epoch"],
+            "created_at": 1.0,
+            "digest": view["digest"],
+        }
     recs = [(db, k, v + b"!" if db == "tasks" and k == b"t7" else v) for db, k, v in recs]
     path = tmp_path / "lying.fps"
     write_snapshot(path, header, recs)

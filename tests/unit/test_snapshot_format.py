@@ -1,4 +1,5 @@
 """The snapshot file format: round trips, damage of every kind, crash safety."""
+
 from __future__ import annotations
 
 import os
@@ -23,20 +24,33 @@ from snapshots.format import (
     write_snapshot,
 )
 
-HEADER = {"cluster_id": "dev", "broker_id": 3, "position": [7, 41], "epoch": 2,
-          "created_at": 1700000000.5, "digest": "0123456789abcdef" * 2}
+HEADER = {
+    "cluster_id": "dev",
+    "broker_id": 3,
+    "position": [7, 41],
+    "epoch": 2,
+    "created_at": 1700000000.5,
+    "digest": "0123456789abcdef" * 2,
+}
 
 # Every reason a damaged file may be reported with (N stands for a number).
 REASONS = re.compile(
     r"\A(truncated|bad checksum|not a fencepost snapshot|bad block crc at offset \d+"
     r"|bad block length at offset \d+|bad block data at offset \d+|bad end marker at offset \d+"
     r"|bad record in block at offset \d+|bad header: .+|unsupported format version .+"
-    r"|record count mismatch: .+|\d+ unexpected bytes before the footer)\Z")
+    r"|record count mismatch: .+|\d+ unexpected bytes before the footer)\Z"
+)
 
 
 def records(n, payload=20):
-    return [("tasks" if i % 2 else "payloads", f"task-{i:07d}".encode(),
-             bytes((i * 7 + j) % 251 for j in range(payload + i % 13))) for i in range(n)]
+    return [
+        (
+            "tasks" if i % 2 else "payloads",
+            f"task-{i:07d}".encode(),
+            bytes((i * 7 + j) % 251 for j in range(payload + i % 13)),
+        )
+        for i in range(n)
+    ]
 
 
 def read_all(path):
@@ -75,6 +89,7 @@ def block_offsets(data):
 
 
 # ---------------------------------------------------------------- round trips
+
 
 def test_round_trip_thousands_of_records(tmp_path):
     recs = records(20_000)
@@ -126,14 +141,24 @@ def test_layout_is_as_documented(tmp_path):
     assert offsets and end + 8 == len(data) - FOOTER_SIZE
     for at in offsets:
         length, crc = struct.unpack_from(">II", data, at)
-        assert fmt.crc32c(data[at + 8:at + 8 + length]) == crc
+        assert fmt.crc32c(data[at + 8 : at + 8 + length]) == crc
 
 
 # ---------------------------------------------------------------- bad input to the writer
 
-@pytest.mark.parametrize("change", [
-    {"cluster_id": ""}, {"position": [1]}, {"position": [-1, 0]}, {"epoch": -1},
-    {"digest": "xyz"}, {"created_at": "now"}, {"broker_id": None}])
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"cluster_id": ""},
+        {"position": [1]},
+        {"position": [-1, 0]},
+        {"epoch": -1},
+        {"digest": "xyz"},
+        {"created_at": "now"},
+        {"broker_id": None},
+    ],
+)
 def test_writer_refuses_bad_headers(tmp_path, change):
     with pytest.raises(SnapshotError, match="cannot write snapshot"):
         write_snapshot(tmp_path / "s.fps", dict(HEADER, **change), records(2))
@@ -155,6 +180,7 @@ def test_writer_refuses_bad_records_and_leaves_nothing(tmp_path, bad):
 
 
 # ---------------------------------------------------------------- damage
+
 
 def test_every_flipped_byte_is_detected(small):
     path, _ = small
@@ -243,8 +269,9 @@ def test_trailing_bytes_are_refused(small):
         verify_snapshot(damaged(path, path.read_bytes() + b"\0" * 30))
 
 
-@pytest.mark.parametrize("content", [b"", b"hello world, this is not a snapshot" * 3,
-                                     b"FPSNAP02" + bytes(100), os.urandom(500)])
+@pytest.mark.parametrize(
+    "content", [b"", b"hello world, this is not a snapshot" * 3, b"FPSNAP02" + bytes(100), os.urandom(500)]
+)
 def test_other_files_are_not_snapshots(tmp_path, content):
     path = tmp_path / "other.fps"
     path.write_bytes(content)
@@ -285,7 +312,7 @@ def test_block_length_beyond_bound_is_refused(tmp_path, monkeypatch):
 
 def test_well_framed_garbage_records_are_refused(tmp_path):
     """Valid CRCs around records that are not [str, bytes, bytes]: still refused."""
-    raw = struct.pack(">I", 3) + b"\x93\x01\x02"   # [1, 2, ...] cut short
+    raw = struct.pack(">I", 3) + b"\x93\x01\x02"  # [1, 2, ...] cut short
     comp = zlib.compress(raw)
     header = fmt._pack_header(dict(HEADER, format_version=1, compression="zlib", record_count=1))
     body = MAGIC + struct.pack(">I", len(header)) + header
@@ -298,6 +325,7 @@ def test_well_framed_garbage_records_are_refused(tmp_path):
 
 
 # ---------------------------------------------------------------- crash safety
+
 
 def test_failure_while_writing_keeps_the_previous_snapshot(tmp_path):
     path = tmp_path / "s.fps"
@@ -335,8 +363,7 @@ def test_a_format_1_file_is_read_and_an_unknown_version_refused(tmp_path):
     """Version 1 has the same framing (its records are converted when restored); a later
     version is refused by name, never misread."""
     for version in (1, 3):
-        header = fmt._pack_header(dict(HEADER, format_version=version, compression="zlib",
-                                       record_count=0))
+        header = fmt._pack_header(dict(HEADER, format_version=version, compression="zlib", record_count=0))
         body = MAGIC + struct.pack(">I", len(header)) + header + struct.pack(">II", 0, 0)
         body += struct.pack(">9sQI", b"FPSNAPEND", 0, fmt.crc32c(body))
         path = tmp_path / f"v{version}.fps"

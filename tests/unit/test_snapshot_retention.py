@@ -1,4 +1,5 @@
 """Which ledgers may be deleted: only a covered, closed, old prefix of the log."""
+
 from __future__ import annotations
 
 import itertools
@@ -20,8 +21,12 @@ def log_of(*ids):
 
 
 LOG = log_of(3, 7, 12, 20)
-META = {3: closed(99), 7: closed(49), 12: closed(9), 20: {"state": "OPEN", "last_entry": -1,
-                                                         "created_at": 0.0}}
+META = {
+    3: closed(99),
+    7: closed(49),
+    12: closed(9),
+    20: {"state": "OPEN", "last_entry": -1, "created_at": 0.0},
+}
 
 
 def run(servable, log=LOG, meta=META, now=NOW, retention=HOUR):
@@ -39,26 +44,31 @@ def servable(brokers):
 
 
 def test_snapshot_only_on_a_dead_broker_deletes_nothing():
-    brokers = [{"live": False, "snapshot": (12, 9)},   # the only snapshot: its broker is down
-               {"live": True, "snapshot": None},
-               {"live": True, "snapshot": None}]
+    brokers = [
+        {"live": False, "snapshot": (12, 9)},  # the only snapshot: its broker is down
+        {"live": True, "snapshot": None},
+        {"live": True, "snapshot": None},
+    ]
     assert run(servable(brokers)) == []
-    brokers[1]["snapshot"] = (7, 49)                   # a live broker can serve up to (7, 49)
+    brokers[1]["snapshot"] = (7, 49)  # a live broker can serve up to (7, 49)
     assert run(servable(brokers)) == [3]
     brokers[0]["live"] = True
     assert run(servable(brokers)) == [3, 7]
 
 
-@pytest.mark.parametrize("servable, expected", [
-    ([(3, 98)], []),                 # 3 is not covered up to its last entry 99
-    ([(3, 99)], []),                 # exactly its last entry: who installs it stands in 3, which stays
-    ([(3, 500)], []),
-    ([(7, 0)], [3]),                 # a snapshot in 7 covers all of 3
-    ([(7, 49)], [3]),
-    ([(12, 9)], [3, 7]),
-    ([(20, 1000)], [3, 7, 12]),      # never the last ledger of the log
-    ([(3, 10), (12, 9), (7, 1)], [3, 7]),  # the furthest live snapshot counts
-])
+@pytest.mark.parametrize(
+    "servable, expected",
+    [
+        ([(3, 98)], []),  # 3 is not covered up to its last entry 99
+        ([(3, 99)], []),  # exactly its last entry: who installs it stands in 3, which stays
+        ([(3, 500)], []),
+        ([(7, 0)], [3]),  # a snapshot in 7 covers all of 3
+        ([(7, 49)], [3]),
+        ([(12, 9)], [3, 7]),
+        ([(20, 1000)], [3, 7, 12]),  # never the last ledger of the log
+        ([(3, 10), (12, 9), (7, 1)], [3, 7]),  # the furthest live snapshot counts
+    ],
+)
 def test_coverage(servable, expected):
     assert run(servable) == expected
 
@@ -75,8 +85,8 @@ def test_comparison_is_by_log_order_not_by_id():
 
 
 def test_positions_in_unknown_ledgers_are_ignored():
-    assert run([(1, 5)]) == []        # a ledger already deleted: covers nothing left
-    assert run([(15, 0)]) == []       # not in the log at all
+    assert run([(1, 5)]) == []  # a ledger already deleted: covers nothing left
+    assert run([(15, 0)]) == []  # not in the log at all
     assert run([(15, 0), (7, 0)]) == [3]
 
 
@@ -94,16 +104,16 @@ def test_missing_metadata_stops_the_scan():
 
 def test_retention_age():
     meta = {**META, 3: closed(99, created=NOW - HOUR), 7: closed(49, created=NOW - HOUR + 1)}
-    assert run([(12, 9)], meta=meta) == [3]       # created_at + retention <= now, inclusive
+    assert run([(12, 9)], meta=meta) == [3]  # created_at + retention <= now, inclusive
     assert run([(12, 9)], meta=meta, retention=0.0) == [3, 7]
     assert run([(12, 9)], meta=meta, now=NOW - 1) == []
 
 
 def test_never_a_hole():
     """A young or uncovered ledger in the middle stops deletion of everything after it."""
-    meta = {**META, 7: closed(49, created=NOW)}   # too young
+    meta = {**META, 7: closed(49, created=NOW)}  # too young
     assert run([(12, 9)], meta=meta) == [3]
-    meta = {**META, 3: closed(99, created=NOW)}   # the first is too young
+    meta = {**META, 3: closed(99, created=NOW)}  # the first is too young
     assert run([(12, 9)], meta=meta) == []
 
 
@@ -132,14 +142,13 @@ def test_exhaustive_small_logs_are_safe():
     for n in range(1, 4):
         log = log_of(*[10 * (i + 1) for i in range(n)])
         for combo in itertools.product(states, repeat=n):
-            meta = {e["id"]: {"state": s, "last_entry": 2, "created_at": c}
-                    for e, (s, c) in zip(log, combo)}
+            meta = {e["id"]: {"state": s, "last_entry": 2, "created_at": c} for e, (s, c) in zip(log, combo)}
             positions = [(e["id"], x) for e in log for x in (1, 2)] + [(999, 0)]
             for k in range(3):
                 for servable in itertools.combinations(positions, k):
                     out = deletable_ledgers(log, meta, list(servable), NOW, HOUR)
                     ids = [e["id"] for e in log]
-                    assert out == ids[:len(out)] and len(out) < n
+                    assert out == ids[: len(out)] and len(out) < n
                     cover = coverage_index(log, servable)
                     for i, lid in enumerate(out):
                         m = meta[lid]

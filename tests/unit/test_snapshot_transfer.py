@@ -1,4 +1,5 @@
 """Snapshot download without sockets: a fake request() in front of a real catalog."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,14 @@ def records(n):
 
 def make_snapshot(catalog, position=(5, 9), cluster="dev", n=2000):
     catalog.dir.mkdir(parents=True, exist_ok=True)
-    header = {"cluster_id": cluster, "broker_id": 2, "position": list(position), "epoch": 3,
-              "created_at": 10.0, "digest": "ab" * 16}
+    header = {
+        "cluster_id": cluster,
+        "broker_id": 2,
+        "position": list(position),
+        "epoch": 3,
+        "created_at": 10.0,
+        "digest": "ab" * 16,
+    }
     return write_snapshot(catalog.dir / snapshot_name(position), header, records(n))
 
 
@@ -29,7 +36,7 @@ class Server:
 
     def __init__(self, catalog, cut_after=None, corrupt_chunk=None):
         self.catalog = catalog
-        self.cut_after = cut_after          # raise after this many chunks
+        self.cut_after = cut_after  # raise after this many chunks
         self.corrupt_chunk = corrupt_chunk  # flip a byte in this chunk (crc unchanged)
         self.chunks = 0
         self.bytes = 0
@@ -66,18 +73,30 @@ def test_describe(catalog):
     assert describe(catalog) is None
     info = make_snapshot(catalog)
     d = describe(catalog)
-    assert d == {"name": "snap-0000000005-0000000009.fps", "size": info["size"],
-                 "checksum": info["checksum"], "position": [5, 9], "epoch": 3,
-                 "cluster_id": "dev", "digest": "ab" * 16, "created_at": 10.0,
-                 "record_count": 2000}
+    assert d == {
+        "name": "snap-0000000005-0000000009.fps",
+        "size": info["size"],
+        "checksum": info["checksum"],
+        "position": [5, 9],
+        "epoch": 3,
+        "cluster_id": "dev",
+        "digest": "ab" * 16,
+        "created_at": 10.0,
+        "record_count": 2000,
+    }
 
 
 def test_download_whole(catalog, dest):
     info = make_snapshot(catalog)
     seen = []
     server = Server(catalog)
-    path = download(server, dest, progress=lambda done, total: seen.append((done, total)),
-                    chunk=64 << 10, cluster_id="dev")
+    path = download(
+        server,
+        dest,
+        progress=lambda done, total: seen.append((done, total)),
+        chunk=64 << 10,
+        cluster_id="dev",
+    )
     assert path == dest / "snap-0000000005-0000000009.fps"
     assert path.read_bytes() == (catalog.dir / path.name).read_bytes()
     assert verify_snapshot(path, "dev")["checksum"] == info["checksum"]
@@ -163,7 +182,7 @@ def test_a_changed_file_behind_the_same_name_is_not_resumed(catalog, dest):
     with pytest.raises(ConnectionError):
         download(Server(catalog, cut_after=2), dest, chunk=10_000)
     os.unlink(catalog.dir / "snap-0000000005-0000000009.fps")
-    info = make_snapshot(catalog)          # same position, different bytes and checksum
+    info = make_snapshot(catalog)  # same position, different bytes and checksum
     path = download(Server(catalog), dest, chunk=10_000)
     assert verify_snapshot(path)["checksum"] == info["checksum"]
 
@@ -174,7 +193,7 @@ def test_a_bad_part_file_is_caught_at_the_end_and_dropped(catalog, dest):
         download(Server(catalog, cut_after=2), dest, chunk=10_000)
     part = dest / "snap-0000000005-0000000009.fps.part"
     data = bytearray(part.read_bytes())
-    data[-100] ^= 0xFF                      # damaged at rest between the two tries
+    data[-100] ^= 0xFF  # damaged at rest between the two tries
     part.write_bytes(data)
     with pytest.raises(SnapshotCorrupt):
         download(Server(catalog), dest, chunk=10_000)
@@ -185,12 +204,22 @@ def test_a_bad_part_file_is_caught_at_the_end_and_dropped(catalog, dest):
 
 # ---------------------------------------------------------------- server side checks
 
+
 def test_read_chunk_refuses_paths_and_bad_numbers(catalog, tmp_path):
     info = make_snapshot(catalog)
     name = "snap-0000000005-0000000009.fps"
     (tmp_path / "server" / "secret.fps").write_bytes(b"secret")
-    for bad in ("../secret.fps", "/etc/passwd", f"../snapshots/{name}", name + "/..",
-                f"{name}.tmp", "", None, 5, ["x"]):
+    for bad in (
+        "../secret.fps",
+        "/etc/passwd",
+        f"../snapshots/{name}",
+        name + "/..",
+        f"{name}.tmp",
+        "",
+        None,
+        5,
+        ["x"],
+    ):
         with pytest.raises(TransferError) as exc:
             read_chunk(catalog, bad, 0, 10)
         assert exc.value.code == "bad_request"
@@ -218,12 +247,15 @@ def test_read_chunk_does_not_follow_symlinks(catalog, tmp_path):
         read_chunk(catalog, "snap-0000000001-0000000001.fps", 0, 10)
 
 
-@pytest.mark.parametrize("reply", [
-    {"data": b"", "crc": 0},
-    {"data": "text", "crc": 0},
-    {"crc": 0},
-    {"data": b"x" * 20, "crc": 0},     # more than asked for
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"data": b"", "crc": 0},
+        {"data": "text", "crc": 0},
+        {"crc": 0},
+        {"data": b"x" * 20, "crc": 0},  # more than asked for
+    ],
+)
 def test_client_refuses_malformed_chunk_replies(catalog, dest, reply):
     make_snapshot(catalog, n=10)
 

@@ -1,4 +1,5 @@
 """The task state machine on a real (temporary) LMDB store."""
+
 from __future__ import annotations
 
 import random
@@ -33,10 +34,16 @@ def r(tmp_path):
 def test_submit_lease_complete(r):
     assert r.submit("t1", now_ms=5) == {"ok": True, "task_id": "t1", "created": True}
     res = r.do("TaskLeased", worker="w1", queues=["q"], max_tasks=5, lease_ms=100, now_ms=7)
-    assert res["tasks"] == [{"task_id": "t1", "attempt": 1, "queue": "q", "payload": b"t1", "max_run_ms": None}]
+    assert res["tasks"] == [
+        {"task_id": "t1", "attempt": 1, "queue": "q", "payload": b"t1", "max_run_ms": None}
+    ]
     task = r.store.get_task("t1")
-    assert (task["state"], task["worker"], task["started_ms"], task["lease_deadline_ms"]) == \
-        ("running", "w1", 7, 107)
+    assert (task["state"], task["worker"], task["started_ms"], task["lease_deadline_ms"]) == (
+        "running",
+        "w1",
+        7,
+        107,
+    )
     assert r.store.next_lease_deadline() == 107
     assert r.do("TaskCompleted", task_id="t1", attempt=1, result=b"ok", now_ms=9)["ok"]
     task = r.store.get_task("t1")
@@ -53,8 +60,9 @@ def test_idempotent_key(r):
     assert r.submit("t2", key="k") == {"ok": True, "task_id": "t1", "created": False}
     assert r.store.get_task("t2") is None
     assert r.submit("t3", queue="other", key="k")["created"]  # keys are per queue
-    assert r.do("TaskSubmitted", task_id="t1", queue="q", payload=b"", now_ms=0)["error"] == \
-        "duplicate_task_id"
+    assert (
+        r.do("TaskSubmitted", task_id="t1", queue="q", payload=b"", now_ms=0)["error"] == "duplicate_task_id"
+    )
     r.do("TaskCancelled", task_id="t1", now_ms=1)
     assert r.submit("t4", key="k")["task_id"] == "t1"  # still held by the cancelled task
     assert r.do("TasksPurged", queue="q", states=["cancelled"], now_ms=2)["purged"] == 1
@@ -111,8 +119,7 @@ def test_heartbeat_extends_lease(r):
     res = r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=100, now_ms=40)
     assert res["lease_deadline_ms"] == 140
     assert r.do("LeaseExpired", now_ms=60)["expired"] == []
-    assert r.do("LeaseExtended", task_id="t", attempt=1, worker="other", now_ms=41)["error"] \
-        == "not_owner"
+    assert r.do("LeaseExtended", task_id="t", attempt=1, worker="other", now_ms=41)["error"] == "not_owner"
 
 
 def test_max_run_ms_caps_the_lease_and_heartbeats_cannot_extend_it(r):
@@ -121,10 +128,22 @@ def test_max_run_ms_caps_the_lease_and_heartbeats_cannot_extend_it(r):
     assert res["tasks"][0]["max_run_ms"] == 1000
     assert r.store.get_task("t")["lease_deadline_ms"] == 600
     # A heartbeat extends the lease, but never past started + max_run_ms.
-    assert r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=600, now_ms=500)["lease_deadline_ms"] == 1000
-    assert r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=600, now_ms=900)["lease_deadline_ms"] == 1000
+    assert (
+        r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=600, now_ms=500)[
+            "lease_deadline_ms"
+        ]
+        == 1000
+    )
+    assert (
+        r.do("LeaseExtended", task_id="t", attempt=1, worker="w", lease_ms=600, now_ms=900)[
+            "lease_deadline_ms"
+        ]
+        == 1000
+    )
     assert r.do("LeaseExpired", now_ms=999)["expired"] == []
-    assert r.do("LeaseExpired", now_ms=1000)["expired"] == [{"task_id": "t", "attempt": 1, "state": "waiting"}]
+    assert r.do("LeaseExpired", now_ms=1000)["expired"] == [
+        {"task_id": "t", "attempt": 1, "state": "waiting"}
+    ]
     # The next attempt gets its own max_run_ms from its own start.
     r.do("TaskLeased", worker="w", queues=["q"], max_tasks=1, lease_ms=5000, now_ms=2000)
     assert r.store.get_task("t")["lease_deadline_ms"] == 3000
@@ -145,8 +164,11 @@ def test_stale_attempt_rejected(r):
     r.lease(lease_ms=10, now_ms=0)
     r.do("LeaseExpired", now_ms=10)
     r.lease(worker="w2", lease_ms=10, now_ms=20)  # attempt 2 now running
-    for etype, extra in [("TaskCompleted", {}), ("TaskFailed", {"error": "x"}),
-                         ("LeaseExtended", {"worker": "w"})]:
+    for etype, extra in [
+        ("TaskCompleted", {}),
+        ("TaskFailed", {"error": "x"}),
+        ("LeaseExtended", {"worker": "w"}),
+    ]:
         res = r.do(etype, task_id="t", attempt=1, now_ms=21, **extra)
         assert (res["ok"], res["error"], res["attempt"]) == (False, "stale_attempt", 2)
     assert r.do("TaskCompleted", task_id="nope", attempt=1, now_ms=0)["error"] == "no_such_task"
@@ -161,8 +183,7 @@ def test_fail_retry_no_retry_and_exhausted(r):
     r.lease(now_ms=0)
     res = r.do("TaskFailed", task_id="a", attempt=1, error="boom", retry_delay_ms=30, now_ms=5)
     assert res["state"] == "waiting" and r.store.get_task("a")["not_before_ms"] == 35
-    assert r.do("TaskFailed", task_id="b", attempt=1, error="bad", retry=False,
-                now_ms=5)["state"] == "failed"
+    assert r.do("TaskFailed", task_id="b", attempt=1, error="bad", retry=False, now_ms=5)["state"] == "failed"
     assert r.do("TaskFailed", task_id="b", attempt=1, retry=False, now_ms=6)["duplicate"]
     assert r.lease(now_ms=34) == []
     assert r.lease(now_ms=35) == [("a", 2)]
@@ -180,8 +201,15 @@ def test_cancel(r):
     assert r.do("TaskCancelled", task_id="d1", now_ms=2)["duplicate"]
     assert r.do("TaskCancelled", task_id="r1", now_ms=1)["error"] == "bad_state"
     assert r.do("TaskCancelled", task_id="zz", now_ms=1)["error"] == "no_such_task"
-    assert r.store.queue_depths()["q"] == {"waiting": 0, "running": 1, "done": 0, "failed": 0,
-                                           "dead": 0, "cancelled": 2, "delayed": 0}
+    assert r.store.queue_depths()["q"] == {
+        "waiting": 0,
+        "running": 1,
+        "done": 0,
+        "failed": 0,
+        "dead": 0,
+        "cancelled": 2,
+        "delayed": 0,
+    }
     assert r.lease(now_ms=5000) == []
 
 
@@ -212,8 +240,7 @@ def test_worker_lost(r):
     r.lease(worker="w2", max_tasks=1, now_ms=0)
     r.do("WorkerSeen", worker="w1", now_ms=3)
     res = r.do("WorkerLost", worker="w1", now_ms=5)
-    assert sorted((e["task_id"], e["state"]) for e in res["expired"]) == \
-        [("a", "waiting"), ("b", "dead")]
+    assert sorted((e["task_id"], e["state"]) for e in res["expired"]) == [("a", "waiting"), ("b", "dead")]
     assert r.store.get_task("b")["error"] == "worker_lost"
     assert r.state("c") == "running"
     assert r.do("TaskCompleted", task_id="a", attempt=1, now_ms=6)["error"] == "not_running"
@@ -237,8 +264,10 @@ def test_epoch_shutdown_clock_and_bad_events(r):
 def test_state_digest_check_and_divergence(r):
     r.submit("t")
     good = r.store.digest()
-    results = r.batch({"type": "WorkerSeen", "worker": "w", "now_ms": 1},
-                      {"type": "StateDigest", "digest": r.store.digest(), "format": STORE_FORMAT})
+    results = r.batch(
+        {"type": "WorkerSeen", "worker": "w", "now_ms": 1},
+        {"type": "StateDigest", "digest": r.store.digest(), "format": STORE_FORMAT},
+    )
     assert results[1]["ok"] is False  # WorkerSeen changed the state first
     assert results[1]["error"] == "digest_mismatch" and r.store.diverged()["expected"] == good
     with pytest.raises(StateDiverged):
@@ -249,7 +278,9 @@ def test_state_digest_sees_earlier_events_of_its_batch(r, tmp_path):
     other = Replica(tmp_path / "o")
     events = [{"type": "TaskSubmitted", "task_id": "t", "queue": "q", "payload": b"", "now_ms": 0}]
     other.batch(*events)
-    assert r.batch(*events, {"type": "StateDigest", "digest": other.store.digest(), "format": STORE_FORMAT})[1]["ok"]
+    assert r.batch(*events, {"type": "StateDigest", "digest": other.store.digest(), "format": STORE_FORMAT})[
+        1
+    ]["ok"]
     other.store.close()
 
 
@@ -263,11 +294,16 @@ def test_position_is_checked_and_atomic_with_the_batch(r, monkeypatch):
 
     def boom(tx, ev):
         raise RuntimeError("crash mid-batch")
+
     monkeypatch.setitem(state_apply.HANDLERS, "WorkerSeen", boom)
     with pytest.raises(RuntimeError):
-        r.store.apply_batch([{"type": "TaskSubmitted", "task_id": "u", "queue": "q",
-                              "payload": b"", "now_ms": 0},
-                             {"type": "WorkerSeen", "worker": "w", "now_ms": 0}], (2, 0))
+        r.store.apply_batch(
+            [
+                {"type": "TaskSubmitted", "task_id": "u", "queue": "q", "payload": b"", "now_ms": 0},
+                {"type": "WorkerSeen", "worker": "w", "now_ms": 0},
+            ],
+            (2, 0),
+        )
     assert (r.store.position(), r.store.digest(), r.store.queue_depths()) == before
     assert r.store.get_task("u") is None
     monkeypatch.undo()
@@ -279,8 +315,18 @@ def test_store_full_applies_nothing(tmp_path):
     rep = Replica(tmp_path / "small", map_size=1 << 20)
     rep.submit("small")
     with pytest.raises(StoreFull):
-        rep.store.apply_batch([{"type": "TaskSubmitted", "task_id": "big", "queue": "q",
-                                "payload": b"x" * (2 << 20), "now_ms": 0}], (9, 0))
+        rep.store.apply_batch(
+            [
+                {
+                    "type": "TaskSubmitted",
+                    "task_id": "big",
+                    "queue": "q",
+                    "payload": b"x" * (2 << 20),
+                    "now_ms": 0,
+                }
+            ],
+            (9, 0),
+        )
     assert rep.store.position() == (1, 0) and rep.store.get_task("big") is None
     rep.store.close()
 
@@ -317,39 +363,85 @@ def test_snapshot_records_roundtrip_and_load_checks(r, tmp_path):
 
 # -- random operation sequences: digests, determinism and index invariants ---
 
+
 def random_events(rep: Replica, rnd: random.Random, now: int, n: int) -> list[dict]:
     """Events built from the store's current state, mostly valid, some stale."""
     tids = [task_id_of(k) for db, k, _ in rep.store.iter_records() if db == "tasks"] + ["ghost"]
     queues, workers = ["a", "b", "c"], ["w1", "w2"]
     out = []
     for _ in range(n):
-        kind = rnd.choice(["submit"] * 4 + ["lease"] * 3 + ["complete", "fail", "fail",
-                          "heartbeat", "expire", "cancel", "lost", "purge", "declare", "retry", "requeue"])
+        kind = rnd.choice(
+            ["submit"] * 4
+            + ["lease"] * 3
+            + [
+                "complete",
+                "fail",
+                "fail",
+                "heartbeat",
+                "expire",
+                "cancel",
+                "lost",
+                "purge",
+                "declare",
+                "retry",
+                "requeue",
+            ]
+        )
         tid = rnd.choice(tids)
         task = rep.store.get_task(tid)
         attempt = (task["attempts"] if task else 1) + rnd.choice([0, 0, 0, -1])
         attempt = max(attempt, 1)
         if kind == "submit":
-            out.append({"type": "TaskSubmitted", "task_id": f"s{now}-{len(out)}",
-                        "queue": rnd.choice(queues), "payload": bytes(rnd.randrange(4)),
-                        "key": rnd.choice([None, None, "k1", "k2"]),
-                        "priority": rnd.randint(-2, 2), "delay_ms": rnd.choice([0, 0, 50]),
-                        "max_attempts": rnd.choice([None, 1, 2]), "now_ms": now})
+            out.append(
+                {
+                    "type": "TaskSubmitted",
+                    "task_id": f"s{now}-{len(out)}",
+                    "queue": rnd.choice(queues),
+                    "payload": bytes(rnd.randrange(4)),
+                    "key": rnd.choice([None, None, "k1", "k2"]),
+                    "priority": rnd.randint(-2, 2),
+                    "delay_ms": rnd.choice([0, 0, 50]),
+                    "max_attempts": rnd.choice([None, 1, 2]),
+                    "now_ms": now,
+                }
+            )
         elif kind == "lease":
-            out.append({"type": "TaskLeased", "worker": rnd.choice(workers),
-                        "queues": rnd.sample(queues, rnd.randint(1, 3)),
-                        "max_tasks": rnd.randint(1, 4), "lease_ms": rnd.choice([None, 30]),
-                        "now_ms": now})
+            out.append(
+                {
+                    "type": "TaskLeased",
+                    "worker": rnd.choice(workers),
+                    "queues": rnd.sample(queues, rnd.randint(1, 3)),
+                    "max_tasks": rnd.randint(1, 4),
+                    "lease_ms": rnd.choice([None, 30]),
+                    "now_ms": now,
+                }
+            )
         elif kind == "complete":
-            out.append({"type": "TaskCompleted", "task_id": tid, "attempt": attempt,
-                        "result": b"r", "now_ms": now})
+            out.append(
+                {"type": "TaskCompleted", "task_id": tid, "attempt": attempt, "result": b"r", "now_ms": now}
+            )
         elif kind == "fail":
-            out.append({"type": "TaskFailed", "task_id": tid, "attempt": attempt,
-                        "error": "e", "retry": rnd.random() < 0.7,
-                        "retry_delay_ms": rnd.choice([0, 20]), "now_ms": now})
+            out.append(
+                {
+                    "type": "TaskFailed",
+                    "task_id": tid,
+                    "attempt": attempt,
+                    "error": "e",
+                    "retry": rnd.random() < 0.7,
+                    "retry_delay_ms": rnd.choice([0, 20]),
+                    "now_ms": now,
+                }
+            )
         elif kind == "heartbeat":
-            out.append({"type": "LeaseExtended", "task_id": tid, "attempt": attempt,
-                        "worker": (task or {}).get("worker") or "w1", "now_ms": now})
+            out.append(
+                {
+                    "type": "LeaseExtended",
+                    "task_id": tid,
+                    "attempt": attempt,
+                    "worker": (task or {}).get("worker") or "w1",
+                    "now_ms": now,
+                }
+            )
         elif kind == "expire":
             out.append({"type": "LeaseExpired", "now_ms": now, "limit": rnd.choice([None, 1])})
         elif kind == "cancel":
@@ -359,15 +451,31 @@ def random_events(rep: Replica, rnd: random.Random, now: int, n: int) -> list[di
         elif kind == "retry":
             out.append({"type": "TaskRetried", "task_id": tid, "now_ms": now})
         elif kind == "requeue":
-            out.append({"type": "TasksRequeued", "queue": rnd.choice(queues), "states": ["dead"],
-                        "before_ms": rnd.choice([None, now]), "limit": rnd.choice([None, 1]), "now_ms": now})
+            out.append(
+                {
+                    "type": "TasksRequeued",
+                    "queue": rnd.choice(queues),
+                    "states": ["dead"],
+                    "before_ms": rnd.choice([None, now]),
+                    "limit": rnd.choice([None, 1]),
+                    "now_ms": now,
+                }
+            )
         elif kind == "purge":
             states = rnd.sample(["waiting", "done", "failed", "dead", "cancelled"], 2)
-            out.append({"type": "TasksPurged", "queue": rnd.choice(queues), "states": states,
-                        "limit": rnd.choice([None, 2]), "now_ms": now})
+            out.append(
+                {
+                    "type": "TasksPurged",
+                    "queue": rnd.choice(queues),
+                    "states": states,
+                    "limit": rnd.choice([None, 2]),
+                    "now_ms": now,
+                }
+            )
         else:
-            out.append({"type": "QueueDeclared", "queue": rnd.choice(queues),
-                        "max_attempts": rnd.choice([None, 3])})
+            out.append(
+                {"type": "QueueDeclared", "queue": rnd.choice(queues), "max_attempts": rnd.choice([None, 3])}
+            )
     return out
 
 
@@ -384,12 +492,12 @@ def check_invariants(store: StateStore) -> None:
     n = Counter(t["state"] for t in tasks.values())
     assert len(by_db.get("ready", [])) + len(by_db.get("delayed", [])) == n["waiting"]
     assert len(by_db.get("leases", [])) == len(by_db.get("worker_leases", [])) == n["running"]
-    assert len(by_db.get("finished", [])) == sum(n[s] for s in ("done", "failed", "dead",
-                                                                "cancelled"))
+    assert len(by_db.get("finished", [])) == sum(n[s] for s in ("done", "failed", "dead", "cancelled"))
     assert len(by_db.get("payloads", [])) == sum(t["payload"] is None for t in tasks.values())
     assert all(t["attempts"] - t.get("attempt_base", 0) <= t["max_attempts"] for t in tasks.values())
     assert sorted(by_db.get("by_state", [])) == sorted(
-        (state_key(t["queue"], t["state"], id_key(t["id"])), b"") for t in tasks.values())
+        (state_key(t["queue"], t["state"], id_key(t["id"])), b"") for t in tasks.values()
+    )
     assert store.digest() == store.recompute_digest()
     store.verify()  # the by_state check too
 
@@ -405,7 +513,9 @@ def test_random_sequences_keep_digest_and_replicas_equal(seed, steps):
             now += rnd.choice([0, 5, 20, 40])
             events = random_events(leader, rnd, now, rnd.randint(1, 4))
             if rnd.random() < 0.2:  # the digest as of the end of the previous batch
-                events.insert(0, {"type": "StateDigest", "digest": leader.store.digest(), "format": STORE_FORMAT})
+                events.insert(
+                    0, {"type": "StateDigest", "digest": leader.store.digest(), "format": STORE_FORMAT}
+                )
             results = leader.batch(*events)
             assert follower.batch(*events) == results
             assert leader.store.digest() == leader.store.recompute_digest()

@@ -1,4 +1,5 @@
 """The broker's bound on stopping: remaining time, and the exit when a stop overruns."""
+
 import threading
 
 from broker.server.stop_budget import StopBudget

@@ -1,5 +1,6 @@
 """The back-end of `store inspect` and `store mark-clean` (broker/admin/stores.py): the pure helpers on rows,
 then reading and marking real stores in temporary dirs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,37 +30,68 @@ MAP = 64 << 20
 
 def row(path, kind="dirty", state="dirty", epoch=1, position=(1, 1), cluster="cid-a", created=100.0, **kw):
     r = _empty_row(Path(path))
-    r.update(kind=kind, state=state, epoch=epoch, position=list(position) if position else None,
-             cluster_id=cluster, status_cluster_id=cluster, store_cluster_id=cluster, created_at=created)
+    r.update(
+        kind=kind,
+        state=state,
+        epoch=epoch,
+        position=list(position) if position else None,
+        cluster_id=cluster,
+        status_cluster_id=cluster,
+        store_cluster_id=cluster,
+        created_at=created,
+    )
     r.update(kw)
     return r
 
 
 def clean_row(path, shutdown="s1", position=(1, 1), **kw):
-    return row(path, kind="clean", state="clean", shutdown_id=shutdown, status_position=list(position),
-               position=position, **kw)
+    return row(
+        path,
+        kind="clean",
+        state="clean",
+        shutdown_id=shutdown,
+        status_position=list(position),
+        position=position,
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------- pure helpers
 
+
 def test_task_count_leaves_out_delayed_which_are_waiting_too():
-    depths = {"a": {"waiting": 3, "running": 1, "done": 2, "failed": 0, "dead": 1, "cancelled": 1, "delayed": 2},
-              "b": {"waiting": 1, "running": 0, "done": 0, "failed": 0, "dead": 0, "cancelled": 0, "delayed": 0}}
+    depths = {
+        "a": {"waiting": 3, "running": 1, "done": 2, "failed": 0, "dead": 1, "cancelled": 1, "delayed": 2},
+        "b": {"waiting": 1, "running": 0, "done": 0, "failed": 0, "dead": 0, "cancelled": 0, "delayed": 0},
+    }
     assert task_count(depths) == 9 and task_count({}) == 0
 
 
 def test_newest_is_the_latest_epoch_then_position_then_clean():
-    rows = [row("a", epoch=2, position=(1, 5)), row("b", epoch=3, position=(1, 1)), row("c", epoch=3, position=(1, 0))]
+    rows = [
+        row("a", epoch=2, position=(1, 5)),
+        row("b", epoch=3, position=(1, 1)),
+        row("c", epoch=3, position=(1, 0)),
+    ]
     assert newest(rows)["path"] == "b"
     rows = [row("a", position=(4, 9)), clean_row("b", position=(4, 9)), row("c", position=(4, 8))]
     assert newest(rows)["path"] == "b"
-    skipped = [row("e", kind="empty", position=None), row("x", epoch=9, error="damaged"), _empty_row(Path("t"))]
+    skipped = [
+        row("e", kind="empty", position=None),
+        row("x", epoch=9, error="damaged"),
+        _empty_row(Path("t")),
+    ]
     assert newest(skipped) is None and newest(skipped + [row("d")])["path"] == "d"
 
 
 def test_clusters_group_by_initial_signature():
-    rows = [row("a"), row("b", cluster="cid-b"), clean_row("c", position=(2, 0)), row("d", created=101.0),
-            row("e", kind="empty", position=None)]
+    rows = [
+        row("a"),
+        row("b", cluster="cid-b"),
+        clean_row("c", position=(2, 0)),
+        row("d", created=101.0),
+        row("e", kind="empty", position=None),
+    ]
     groups = clusters(rows)
     assert [g["paths"] for g in groups] == [["a", "c"], ["b"], ["d"]]
     assert groups[0]["newest"] == "c" and groups[0]["cluster_id"] == "cid-a"
@@ -70,7 +102,9 @@ def test_restart_decision_uses_the_readable_dirs_as_the_members():
     assert d.action == "restore" and d.source == 2 and d.take_state == (1, 3)
     assert "member 2 (b)" in d.reason
     d = restart_decision([row("a"), row("b")])
-    assert d.action == "abort" and d.reason.startswith("manual recovery needed: run `fencepost store inspect`")
+    assert d.action == "abort" and d.reason.startswith(
+        "manual recovery needed: run `fencepost store inspect`"
+    )
     assert restart_decision([row("x", error="gone")]) is None
 
 
@@ -88,8 +122,12 @@ def test_mark_clean_problems():
 
 def test_format_inspect_names_each_store_the_newest_and_the_restart():
     rows = [row("a", tasks=4, digest="d" * 32), clean_row("b", tasks=5), row("x", error="x is damaged: LMDB")]
-    report = {"stores": rows, "clusters": clusters(rows), "newest": "b",
-              "restart": {"summary": "restore from b", "action": "restore", "reason": "restoring from member 2"}}
+    report = {
+        "stores": rows,
+        "clusters": clusters(rows),
+        "newest": "b",
+        "restart": {"summary": "restore from b", "action": "restore", "reason": "restoring from member 2"},
+    }
     text = format_inspect(report)
     assert "a: cluster cid-a  state dirty" in text and "tasks 4" in text
     assert "x: UNREADABLE: x is damaged" in text
@@ -98,13 +136,19 @@ def test_format_inspect_names_each_store_the_newest_and_the_restart():
 
 # ---------------------------------------------------------------- real stores
 
+
 def make_store(data: Path, tasks: int, cluster="cid-a", status=True, epoch=1, ledger=1) -> tuple[int, int]:
     store = StateStore(data / "state", map_size=MAP)
     store.set_cluster_id(cluster)
     store.apply_batch([event("EpochStarted", epoch=epoch, broker_id=1, now_ms=1)], (ledger, 0))
     if tasks:
-        store.apply_batch([event("TaskSubmitted", task_id=f"t{i}", queue="q", payload=b"x", now_ms=5)
-                           for i in range(tasks)], (ledger, 1))
+        store.apply_batch(
+            [
+                event("TaskSubmitted", task_id=f"t{i}", queue="q", payload=b"x", now_ms=5)
+                for i in range(tasks)
+            ],
+            (ledger, 1),
+        )
     position = store.position()
     store.close()
     if status:
@@ -146,7 +190,9 @@ def test_mark_clean_marks_at_the_store_position_with_a_manual_id(tmp_path):
     position = make_store(tmp_path / "b0", 3)
     seen = []
     result = mark_clean_store(tmp_path / "b0", None, lambda plan: seen.append(plan) or True)
-    assert result["marked"] and result["shutdown_id"].startswith("manual-") and len(result["shutdown_id"]) == 39
+    assert (
+        result["marked"] and result["shutdown_id"].startswith("manual-") and len(result["shutdown_id"]) == 39
+    )
     status = read_status(tmp_path / "b0")
     assert status.clean and status.shutdown_id == result["shutdown_id"] and status.position == position
     assert seen[0]["position"] == list(position)
@@ -193,14 +239,15 @@ def test_mark_clean_refusals(tmp_path):
 def test_mark_clean_refuses_a_store_whose_records_do_not_hash_to_its_digest(tmp_path):
     make_store(tmp_path / "b0", 0)
     store = StateStore(tmp_path / "b0" / "state", map_size=MAP)
-    store.apply_batch([event("TaskSubmitted", task_id="m", queue="q", payload=b"MARKER-xyz-0123456789",
-                             now_ms=5)], (1, 1))
+    store.apply_batch(
+        [event("TaskSubmitted", task_id="m", queue="q", payload=b"MARKER-xyz-0123456789", now_ms=5)], (1, 1)
+    )
     store.close()
     mdb = tmp_path / "b0" / "state" / "data.mdb"
     data = bytearray(mdb.read_bytes())
     data[data.index(b"MARKER-xyz") + 3] ^= 1
     mdb.write_bytes(bytes(data))
-    assert read_store(tmp_path / "b0")["error"] is None   # the cheap checks cannot see it
+    assert read_store(tmp_path / "b0")["error"] is None  # the cheap checks cannot see it
     with pytest.raises(BrokerError, match="records hash to"):
         mark_clean_store(tmp_path / "b0", None, lambda plan: True)
     assert read_status(tmp_path / "b0").state == "dirty"

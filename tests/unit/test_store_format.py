@@ -1,5 +1,6 @@
 """The compact record layout (store format 2, plus the by_state index of format 3) and the conversion of
 format-1 and format-2 stores and snapshots."""
+
 from __future__ import annotations
 
 import struct
@@ -32,15 +33,31 @@ from snapshots import format as fmt
 
 HEX = "018bcfe5692cf3b1e4e270354efcba43"
 AUTO = "auto:" + "7" * 32
-TWIN = "auto:" + "7" * 8 + "0" * 24   # the same short form as AUTO, and smaller
+TWIN = "auto:" + "7" * 8 + "0" * 24  # the same short form as AUTO, and smaller
 # Format-1 task record fields, in the order format 1 packed them.
-V1_FIELDS = ("id", "queue", "state", "key", "priority", "seq", "attempts", "max_attempts",
-             "submitted_ms", "not_before_ms", "started_ms", "finished_ms", "worker",
-             "lease_deadline_ms", "result", "error")
+V1_FIELDS = (
+    "id",
+    "queue",
+    "state",
+    "key",
+    "priority",
+    "seq",
+    "attempts",
+    "max_attempts",
+    "submitted_ms",
+    "not_before_ms",
+    "started_ms",
+    "finished_ms",
+    "worker",
+    "lease_deadline_ms",
+    "result",
+    "error",
+)
 
 
-@pytest.mark.parametrize("task_id", [HEX, "t-1", "é" * 8, "abcdefghijklmnop", "x" * 200, HEX.upper(),
-                                     HEX[:31] + "g", "\xff"])
+@pytest.mark.parametrize(
+    "task_id", [HEX, "t-1", "é" * 8, "abcdefghijklmnop", "x" * 200, HEX.upper(), HEX[:31] + "g", "\xff"]
+)
 def test_task_ids_round_trip_and_only_32_hex_ids_take_16_bytes(task_id):
     key = id_key(task_id)
     assert task_id_of(key) == task_id
@@ -63,13 +80,29 @@ def build(path):
 
     now = 1_700_000_000_000
     do({"type": "QueueDeclared", "queue": "q", "max_attempts": 2, "max_run_ms": 5000})
-    do(*[{"type": "TaskSubmitted", "task_id": tid, "queue": "q", "payload": payload, "key": key,
-          "priority": prio, "delay_ms": delay, "now_ms": now}
-         for tid, payload, key, prio, delay in [
-             (HEX, b"p" * 100, AUTO, 0, 0), ("t-1", b"", None, 3, 0),
-             ("abcdefghijklmnop", b"b" * (INLINE_PAYLOAD_MAX + 1), "order-17", -1, 0),
-             ("later", b"d", None, 0, 60_000), ("done", b"x", None, 9, 0), ("gone", b"g", None, 0, 0),
-             ("twin", b"t", TWIN, 0, 0)]])
+    do(
+        *[
+            {
+                "type": "TaskSubmitted",
+                "task_id": tid,
+                "queue": "q",
+                "payload": payload,
+                "key": key,
+                "priority": prio,
+                "delay_ms": delay,
+                "now_ms": now,
+            }
+            for tid, payload, key, prio, delay in [
+                (HEX, b"p" * 100, AUTO, 0, 0),
+                ("t-1", b"", None, 3, 0),
+                ("abcdefghijklmnop", b"b" * (INLINE_PAYLOAD_MAX + 1), "order-17", -1, 0),
+                ("later", b"d", None, 0, 60_000),
+                ("done", b"x", None, 9, 0),
+                ("gone", b"g", None, 0, 0),
+                ("twin", b"t", TWIN, 0, 0),
+            ]
+        ]
+    )
     do({"type": "TaskLeased", "worker": "w1", "queues": ["q"], "max_tasks": 2, "now_ms": now + 1})
     do({"type": "TaskCompleted", "task_id": "done", "attempt": 1, "result": b"r", "now_ms": now + 2})
     do({"type": "TaskCancelled", "task_id": "gone", "now_ms": now + 3})
@@ -94,8 +127,9 @@ def downgrade(path, records):
             out.append((db, v1_id(key), msgpack.packb(doc, use_bin_type=True)))
         elif db == "ready":
             rec = tasks[task_id_of(value)]
-            v1_key = (rec["queue"].encode() + b"\0"
-                      + struct.pack(">IQ", PRIORITY_MAX - rec["priority"], rec["seq"]))
+            v1_key = (
+                rec["queue"].encode() + b"\0" + struct.pack(">IQ", PRIORITY_MAX - rec["priority"], rec["seq"])
+            )
             out.append((db, v1_key, v1_id(value)))
         elif db in ("delayed", "finished"):
             out.append((db, key, v1_id(value)))
@@ -107,7 +141,9 @@ def downgrade(path, records):
         elif db == "worker_leases":
             worker, _, tid = key.partition(b"\0")
             out.append((db, worker + b"\0" + v1_id(tid), value))
-        elif db not in ("payloads", "by_state") and not (db == "meta" and key in (META_FORMAT, META_DIGEST, META_SEAL)):
+        elif db not in ("payloads", "by_state") and not (
+            db == "meta" and key in (META_FORMAT, META_DIGEST, META_SEAL)
+        ):
             out.append((db, key, value))
     out += [("payloads", tid.encode(), payloads.get(tid, rec["payload"])) for tid, rec in tasks.items()]
     digest = 0
@@ -170,8 +206,13 @@ def test_a_store_of_an_unknown_format_is_refused(tmp_path):
 def test_a_format_1_snapshot_is_restored_converted(tmp_path, monkeypatch):
     store, _ = build(tmp_path / "new")
     records = list(store.iter_records())
-    header = {"cluster_id": "c", "broker_id": 1, "position": list(store.position()), "epoch": 1,
-              "created_at": 0.0}
+    header = {
+        "cluster_id": "c",
+        "broker_id": 1,
+        "position": list(store.position()),
+        "epoch": 1,
+        "created_at": 0.0,
+    }
     old = downgrade(tmp_path / "old", records)
     v1 = 0
     for db, key, value in old:
@@ -199,21 +240,55 @@ def test_automatic_keys_sharing_a_short_form_are_found_freed_and_laid_out_alike(
         store = StateStore(tmp_path / str(n), sync=False, map_size=64 << 20)
         pos = iter(range(100))
         for tid in order:
-            [res] = store.apply_batch([{"type": "TaskSubmitted", "task_id": tid, "queue": "q",
-                                        "payload": b"", "key": keys[tid], "now_ms": 1}], (1, next(pos)))
+            [res] = store.apply_batch(
+                [
+                    {
+                        "type": "TaskSubmitted",
+                        "task_id": tid,
+                        "queue": "q",
+                        "payload": b"",
+                        "key": keys[tid],
+                        "now_ms": 1,
+                    }
+                ],
+                (1, next(pos)),
+            )
             assert res["created"]
         for tid, key in keys.items():
-            [res] = store.apply_batch([{"type": "TaskSubmitted", "task_id": "new", "queue": "q",
-                                        "payload": b"", "key": key, "now_ms": 1}], (1, next(pos)))
+            [res] = store.apply_batch(
+                [
+                    {
+                        "type": "TaskSubmitted",
+                        "task_id": "new",
+                        "queue": "q",
+                        "payload": b"",
+                        "key": key,
+                        "now_ms": 1,
+                    }
+                ],
+                (1, next(pos)),
+            )
             assert res == {"ok": True, "task_id": tid, "created": False}
         layouts.append(keys_db(store))
         assert sum(len(k) == 5 for k, _ in layouts[-1]) == 2  # 0xfe + 4 bytes: a and d
         store.apply_batch([{"type": "TaskCancelled", "task_id": "a", "now_ms": 2}], (1, next(pos)))
-        store.apply_batch([{"type": "TasksPurged", "queue": "q", "states": ["cancelled"],
-                            "now_ms": 3}], (1, next(pos)))
+        store.apply_batch(
+            [{"type": "TasksPurged", "queue": "q", "states": ["cancelled"], "now_ms": 3}], (1, next(pos))
+        )
         assert {task_id_of(v) for k, v in keys_db(store) if len(k) == 5} == {"b", "d"}
-        [res] = store.apply_batch([{"type": "TaskSubmitted", "task_id": "a2", "queue": "q",
-                                    "payload": b"", "key": TWIN, "now_ms": 4}], (1, next(pos)))
+        [res] = store.apply_batch(
+            [
+                {
+                    "type": "TaskSubmitted",
+                    "task_id": "a2",
+                    "queue": "q",
+                    "payload": b"",
+                    "key": TWIN,
+                    "now_ms": 4,
+                }
+            ],
+            (1, next(pos)),
+        )
         assert res == {"ok": True, "task_id": "a2", "created": True}
         assert {task_id_of(v) for k, v in keys_db(store) if len(k) == 5} == {"a2", "d"}
         assert store.digest() == store.recompute_digest()
@@ -223,9 +298,22 @@ def test_automatic_keys_sharing_a_short_form_are_found_freed_and_laid_out_alike(
 
 def test_the_same_automatic_key_in_two_queues_names_two_tasks(tmp_path):
     with StateStore(tmp_path / "s", sync=False, map_size=64 << 20) as store:
+
         def submit(tid, queue, position):
-            return store.apply_batch([{"type": "TaskSubmitted", "task_id": tid, "queue": queue,
-                                       "payload": b"", "key": AUTO, "now_ms": 1}], (1, position))[0]
+            return store.apply_batch(
+                [
+                    {
+                        "type": "TaskSubmitted",
+                        "task_id": tid,
+                        "queue": queue,
+                        "payload": b"",
+                        "key": AUTO,
+                        "now_ms": 1,
+                    }
+                ],
+                (1, position),
+            )[0]
+
         assert submit("in-r", "r", 0)["created"] and submit("in-q", "q", 1)["created"]
         assert submit("again", "q", 2) == {"ok": True, "task_id": "in-q", "created": False}
         assert submit("again", "r", 3) == {"ok": True, "task_id": "in-r", "created": False}

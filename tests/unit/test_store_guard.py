@@ -1,4 +1,5 @@
 """The pure decisions about a store's place in the cluster's log, and moving a damaged store aside."""
+
 from broker.server.store.guard import (
     DAMAGED_PREFIX,
     adoption_problem,
@@ -13,11 +14,11 @@ IDS = [x["id"] for x in LOG]
 
 
 def test_positions_the_log_can_have_written_are_fine():
-    assert position_problem(None, [], None) is None                    # an empty store
-    assert position_problem((3, 9), IDS, (CLOSED, 9)) is None           # at a closed ledger's end
-    assert position_problem((4, 500), IDS, (OPEN, None)) is None        # the open ledger: its end is unknown
-    assert position_problem((1, 0), IDS, None) is None                  # a ledger that lost its CAS
-    assert position_problem((0, 5), [3, 4], None) is None               # deleted by retention: a snapshot's job
+    assert position_problem(None, [], None) is None  # an empty store
+    assert position_problem((3, 9), IDS, (CLOSED, 9)) is None  # at a closed ledger's end
+    assert position_problem((4, 500), IDS, (OPEN, None)) is None  # the open ledger: its end is unknown
+    assert position_problem((1, 0), IDS, None) is None  # a ledger that lost its CAS
+    assert position_problem((0, 5), [3, 4], None) is None  # deleted by retention: a snapshot's job
 
 
 def test_positions_beyond_the_log_are_named():
@@ -29,7 +30,7 @@ def test_positions_beyond_the_log_are_named():
 def test_adoption_needs_the_epoch_of_the_positions_ledger():
     assert adoption_problem(None, 0, LOG) is None
     assert adoption_problem((3, 2), 2, LOG) is None
-    assert adoption_problem((3, 2), 0, LOG) is None                     # no EpochStarted applied: nothing to compare
+    assert adoption_problem((3, 2), 0, LOG) is None  # no EpochStarted applied: nothing to compare
     assert "epoch 5 is not the epoch 2" in adoption_problem((4, 1), 5, LOG)
 
 

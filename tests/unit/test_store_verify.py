@@ -1,4 +1,5 @@
 """A state store that verifies itself: damaged bytes, meta pages, seals, cluster ids, clean marker."""
+
 from __future__ import annotations
 
 import lmdb
@@ -18,8 +19,10 @@ MARKER = b"MARKER-payload-7f3a"
 def make_store(path, tasks=300):
     store = StateStore(path, map_size=MAP)
     store.apply_batch([event("EpochStarted", epoch=1, broker_id=1, now_ms=1)], (1, 0))
-    evs = [event("TaskSubmitted", task_id=f"t{i}", queue="q", payload=b"p%d" % i, now_ms=10 + i)
-           for i in range(tasks)]
+    evs = [
+        event("TaskSubmitted", task_id=f"t{i}", queue="q", payload=b"p%d" % i, now_ms=10 + i)
+        for i in range(tasks)
+    ]
     evs.append(event("TaskSubmitted", task_id="marked", queue="q", payload=MARKER * 4, now_ms=9999))
     assert all(r["ok"] for r in store.apply_batch(evs, (1, 1)))
     return store

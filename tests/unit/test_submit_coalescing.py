@@ -3,6 +3,7 @@
 The pipeline tests run against a scripted ZeroMQ ROUTER on 127.0.0.1 (no real
 broker) with short timeouts, like tests/unit/test_client_retry.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,14 +27,25 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def test_submit_many_each_reports_every_item_in_order():
-    req = check_request({"op": "submit_many", "each": True, "tasks": [
-        {"queue": "q", "payload": b"a"}, {"queue": "q", "payload": b"b", "key": "k"}]}, 1024)
+    req = check_request(
+        {
+            "op": "submit_many",
+            "each": True,
+            "tasks": [{"queue": "q", "payload": b"a"}, {"queue": "q", "payload": b"b", "key": "k"}],
+        },
+        1024,
+    )
     assert req["each"] is True and len(request_events(req, 1, iter(["t1", "t2"]).__next__)) == 2
-    results = [{"ok": True, "task_id": "t1", "created": True},
-               {"ok": False, "error": "duplicate_task_id", "message": "task id 't2' already exists"}]
-    assert reply_fields(req, results) == {"results": [
-        {"ok": True, "task_id": "t1"},
-        {"ok": False, "error": "duplicate_task_id", "message": "task id 't2' already exists"}]}
+    results = [
+        {"ok": True, "task_id": "t1", "created": True},
+        {"ok": False, "error": "duplicate_task_id", "message": "task id 't2' already exists"},
+    ]
+    assert reply_fields(req, results) == {
+        "results": [
+            {"ok": True, "task_id": "t1"},
+            {"ok": False, "error": "duplicate_task_id", "message": "task id 't2' already exists"},
+        ]
+    }
 
 
 def test_submit_many_without_each_keeps_its_old_reply():
@@ -105,14 +117,19 @@ def answer(msg: dict, item_error: Callable[[dict], str | None] = lambda sub: Non
         return wire.ok_reply(rid, broker_id=1, role="leader", leader=None)
     if msg["op"] == "submit":
         code = item_error(msg)
-        return wire.error_reply(rid, code, "refused") if code else wire.ok_reply(rid, task_id=task_id_for(msg))
+        return (
+            wire.error_reply(rid, code, "refused") if code else wire.ok_reply(rid, task_id=task_id_for(msg))
+        )
     if msg["op"] == "submit_many":
         assert msg["each"] is True
         results = []
         for sub in msg["tasks"]:
             code = item_error(sub)
-            results.append({"ok": False, "error": code, "message": "refused"} if code
-                           else {"ok": True, "task_id": task_id_for(sub)})
+            results.append(
+                {"ok": False, "error": code, "message": "refused"}
+                if code
+                else {"ok": True, "task_id": task_id_for(sub)}
+            )
         return wire.ok_reply(rid, results=results)
     return wire.error_reply(rid, "bad_request", "unexpected op")
 
@@ -163,6 +180,7 @@ def held_first_submit(gate: threading.Event, item_error: Callable[[dict], str | 
             seen.append(msg)
             gate.wait(5)
         return answer(msg, item_error)
+
     return respond
 
 
@@ -203,7 +221,9 @@ def test_concurrent_submits_of_many_threads_share_requests(brokers, clients):
 
 def test_a_failed_item_fails_only_its_own_call(brokers, clients):
     gate = threading.Event()
-    broker = brokers(held_first_submit(gate, lambda sub: "duplicate_task_id" if sub["payload"] == b"2" else None))
+    broker = brokers(
+        held_first_submit(gate, lambda sub: "duplicate_task_id" if sub["payload"] == b"2" else None)
+    )
     client = clients(broker.address, max_inflight=1)
     first = client.submit_async("q", b"0")
     wait_until(lambda: broker.ops("submit"))
@@ -251,8 +271,13 @@ def test_retries_follow_redirects_and_lost_replies_with_the_same_keys(brokers, c
         return answer(msg)
 
     new = brokers(leader)
-    old = brokers(lambda msg: wire.error_reply(msg["rid"], "not_leader", "no", leader=new.address)
-                  if msg["op"] != "ping" else wire.ok_reply(msg["rid"], role="follower", leader=new.address))
+    old = brokers(
+        lambda msg: (
+            wire.error_reply(msg["rid"], "not_leader", "no", leader=new.address)
+            if msg["op"] != "ping"
+            else wire.ok_reply(msg["rid"], role="follower", leader=new.address)
+        )
+    )
     client = clients(old.address, max_inflight=1)
     client._set_leader(old.address)
     futures = [client.submit_async("q", b"%d" % i) for i in range(5)]
@@ -263,8 +288,11 @@ def test_retries_follow_redirects_and_lost_replies_with_the_same_keys(brokers, c
 
 
 def test_a_submit_gives_up_at_its_own_deadline(brokers, clients):
-    broker = brokers(lambda msg: answer(msg) if msg["op"] == "ping" else
-                     wire.error_reply(msg["rid"], "unavailable", "not yet"))
+    broker = brokers(
+        lambda msg: (
+            answer(msg) if msg["op"] == "ping" else wire.error_reply(msg["rid"], "unavailable", "not yet")
+        )
+    )
     client = clients(broker.address)
     start = time.monotonic()
     short, longer = client.submit_async("q", b"a", timeout=0.3), client.submit_async("q", b"b", timeout=1.0)

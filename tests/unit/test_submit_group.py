@@ -5,6 +5,7 @@ the tests decide which submits meet: a lone submit goes alone and at once, the
 submits that arrive while requests are in flight go as one ``submit_many`` with
 ``each: true``, and each caller gets its own id or its own error.
 """
+
 from __future__ import annotations
 
 import threading
@@ -55,8 +56,11 @@ class FakeClient:
             code = errors.pop(0) if errors else None
             while op == "submit" and code == "unavailable":  # call() retries a request refused so
                 code = errors.pop(0) if errors else None
-            results.append({"ok": False, "error": code, "message": code} if code else
-                           {"ok": True, "task_id": "id-" + sub["key"]})
+            results.append(
+                {"ok": False, "error": code, "message": code}
+                if code
+                else {"ok": True, "task_id": "id-" + sub["key"]}
+            )
         if op == "submit":
             if not results[0]["ok"]:
                 raise ClientError(results[0]["error"], results[0]["message"])
@@ -123,7 +127,11 @@ def test_one_callers_refused_submit_fails_only_that_caller_and_an_unavailable_it
     for thread, _ in senders + callers:
         thread.join(5)
     outs = {key: out for key, (_, out) in zip(("ok1", "bad", "busy", "ok2"), callers)}
-    assert outs["ok1"] == {"id": "id-ok1"} and outs["ok2"] == {"id": "id-ok2"} and outs["busy"] == {"id": "id-busy"}
+    assert (
+        outs["ok1"] == {"id": "id-ok1"}
+        and outs["ok2"] == {"id": "id-ok2"}
+        and outs["busy"] == {"id": "id-busy"}
+    )
     assert outs["bad"]["error"].code == "invalid_queue"
     assert client.ops()[MAX_SENDERS:] == [("submit_many", 4), ("submit", 1)]
     # The retry resends the caller's own fields: its key, so never a second task.
@@ -166,7 +174,10 @@ def test_a_caller_keeps_its_own_deadline_behind_a_stuck_request():
 
 def test_each_results_reads_per_item_results_or_an_older_brokers_task_ids():
     assert each_results({"results": [{"ok": True, "task_id": "a"}]}, 1) == [{"ok": True, "task_id": "a"}]
-    assert each_results({"task_ids": ["a", "b"]}, 2) == [{"ok": True, "task_id": "a"}, {"ok": True, "task_id": "b"}]
+    assert each_results({"task_ids": ["a", "b"]}, 2) == [
+        {"ok": True, "task_id": "a"},
+        {"ok": True, "task_id": "b"},
+    ]
     assert each_results({"results": [{"ok": True}]}, 2) is None and each_results({}, 1) is None
 
 

@@ -19,6 +19,7 @@ The pre-fix decisions (an epoch read, then a log CAS checking only the log's
 version; a `leader` node replaced whatever it held) are kept here as
 ``legacy`` programs, and the test asserts that the explorer catches them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -66,16 +67,29 @@ class World:
         self.violations: list[str] = []
 
     def key(self):
-        return (self.epoch, self.epoch_version, tuple((x["id"], x["epoch"]) for x in self.log), self.log_version,
-                self.leader, tuple(sorted((k, tuple(v)) for k, v in self.ledgers.items())), self.next_ledger,
-                tuple(sorted(self.sessions.items())), self.published, tuple(sorted(self.acked)),
-                self.bookies, self.burned, tuple(self.violations))
+        return (
+            self.epoch,
+            self.epoch_version,
+            tuple((x["id"], x["epoch"]) for x in self.log),
+            self.log_version,
+            self.leader,
+            tuple(sorted((k, tuple(v)) for k, v in self.ledgers.items())),
+            self.next_ledger,
+            tuple(sorted(self.sessions.items())),
+            self.published,
+            tuple(sorted(self.acked)),
+            self.bookies,
+            self.burned,
+            tuple(self.violations),
+        )
 
     # ---------------------------------------------------------------- ZooKeeper
     def claim(self) -> EpochClaim:
         self.epoch, self.epoch_version = self.epoch + 1, self.epoch_version + 1
         if self.bookies < ENSEMBLE:
-            self.violations.append(f"(e) epoch {self.epoch} claimed with {self.bookies} of {ENSEMBLE} bookies live")
+            self.violations.append(
+                f"(e) epoch {self.epoch} claimed with {self.bookies} of {ENSEMBLE} bookies live"
+            )
         return EpochClaim(self.epoch, self.epoch_version)
 
     def write_log(self, ledgers, expected_version: int, claim: EpochClaim | None) -> str:
@@ -116,7 +130,9 @@ class World:
         self.leader = (epoch, session, version)
         self.published = max(self.published, epoch)
         if epoch < self.published:
-            self.violations.append(f"(d) leader node of epoch {epoch} after epoch {self.published} was published")
+            self.violations.append(
+                f"(d) leader node of epoch {epoch} after epoch {self.published} was published"
+            )
 
     def expire(self, broker: str) -> None:
         old = self.sessions[broker]
@@ -132,8 +148,10 @@ class World:
         self.ledgers[ledger_id][3] = count + 1
         self.acked.add((ledger_id, count))
         if any(x["epoch"] > epoch for x in self.log):
-            self.violations.append(f"(a) entry {count} acknowledged in ledger {ledger_id} of epoch {epoch} "
-                                   f"after a ledger of a higher epoch is in the log")
+            self.violations.append(
+                f"(a) entry {count} acknowledged in ledger {ledger_id} of epoch {epoch} "
+                f"after a ledger of a higher epoch is in the log"
+            )
         return True
 
     def close_own(self, ledger_id: int) -> bool:
@@ -167,23 +185,33 @@ class World:
         if isinstance(action, WriteLog):
             return self.write_log(action.ledgers, action.expected_version, action.claim)
         kind, *args = action
-        return {"claim": lambda: self.claim(), "create": lambda: self.create_ledger(*args),
-                "publish": lambda: self.publish(broker, *args), "publish_legacy": lambda: self.publish_legacy(broker, *args),
-                "add": lambda: self.add(*args), "close": lambda: self.close_own(*args),
-                "read_epoch": lambda: self.epoch, "await_bookies": lambda: None,
-                "write_log_legacy": lambda: self.write_log(args[0], args[1], None)}[kind]()
+        return {
+            "claim": lambda: self.claim(),
+            "create": lambda: self.create_ledger(*args),
+            "publish": lambda: self.publish(broker, *args),
+            "publish_legacy": lambda: self.publish_legacy(broker, *args),
+            "add": lambda: self.add(*args),
+            "close": lambda: self.close_own(*args),
+            "read_epoch": lambda: self.epoch,
+            "await_bookies": lambda: None,
+            "write_log_legacy": lambda: self.write_log(args[0], args[1], None),
+        }[kind]()
 
     # ---------------------------------------------------------------- what a reader sees
     def check_state(self) -> None:
         for item in self.log[:-1]:
             if self.ledgers[item["id"]][1] != CLOSED:
-                self.violations.append(f"(c) ledger {item['id']} of epoch {item['epoch']} is OPEN before "
-                                       f"ledger {self.log[-1]['id']}: readers block on it")
+                self.violations.append(
+                    f"(c) ledger {item['id']} of epoch {item['epoch']} is OPEN before "
+                    f"ledger {self.log[-1]['id']}: readers block on it"
+                )
 
     def check_final(self) -> None:
         if self.bookies >= ENSEMBLE and self.published != self.epoch:
-            self.violations.append(f"(f) bookies are back but epoch {self.epoch} was never published "
-                                   f"(published {self.published}, {self.burned} epochs burned)")
+            self.violations.append(
+                f"(f) bookies are back but epoch {self.epoch} was never published "
+                f"(published {self.published}, {self.burned} epochs burned)"
+            )
         read = set()
         for item in self.log:
             _, state, _, count = self.ledgers[item["id"]]
@@ -291,7 +319,12 @@ class Explorer:
         return self._explore(world, brokers, self.expiries, self.returns)
 
     def _explore(self, world: World, brokers: dict[str, Broker], expiries: int, returns: int) -> int:
-        key = (world.key(), tuple((n, repr(b.history)) for n, b in sorted(brokers.items())), expiries, returns)
+        key = (
+            world.key(),
+            tuple((n, repr(b.history)) for n, b in sorted(brokers.items())),
+            expiries,
+            returns,
+        )
         if key in self.memo:
             return self.memo[key]
         self.states += 1
@@ -337,14 +370,17 @@ def old_leader_world(brokers: list[str]) -> tuple[World, EpochClaim, int]:
 def explore(brokers: dict, names: list[str], expiries: int) -> Explorer:
     world, claim, ledger = old_leader_world(names)
     explorer = Explorer(expiries)
-    explorer.paths = explorer.run(world, {n: Broker(lambda make=make: make(claim, ledger)) for n, make in
-                                          brokers.items()})
+    explorer.paths = explorer.run(
+        world, {n: Broker(lambda make=make: make(claim, ledger)) for n, make in brokers.items()}
+    )
     return explorer
 
 
 def scenario(legacy: bool, three: bool):
-    programs = {"a": lambda claim, ledger: old_leader_rolls(claim, ledger, legacy),
-                "b": lambda claim, ledger: takes_over(legacy)}
+    programs = {
+        "a": lambda claim, ledger: old_leader_rolls(claim, ledger, legacy),
+        "b": lambda claim, ledger: takes_over(legacy),
+    }
     if three:
         programs["c"] = lambda claim, ledger: takes_over(legacy)
     return programs
@@ -354,8 +390,10 @@ def scenario(legacy: bool, three: bool):
 def test_every_interleaving_keeps_the_fencing_invariants(three, expiries):
     programs = scenario(legacy=False, three=three)
     explorer = explore(programs, list(programs), expiries)
-    print(f"{len(programs)} brokers, up to {expiries} session expiries: {explorer.paths} interleavings "
-          f"explored ({explorer.states} distinct states)")
+    print(
+        f"{len(programs)} brokers, up to {expiries} session expiries: {explorer.paths} interleavings "
+        f"explored ({explorer.states} distinct states)"
+    )
     assert explorer.paths > 1000
     assert not explorer.violations, sorted(explorer.violations)[:5]
 
@@ -395,7 +433,9 @@ def test_a_takeover_short_of_bookies_claims_no_epoch_and_completes_once_they_ret
     """(e) and (f): no claim while short, whatever the interleaving; the takeover completes after the return."""
     for returns in (0, 1):
         explorer = short_of_bookies(legacy=False, three=three, returns=returns, expiries=1)
-        print(f"short of bookies, {returns} return(s): {explorer.paths} interleavings ({explorer.states} states)")
+        print(
+            f"short of bookies, {returns} return(s): {explorer.paths} interleavings ({explorer.states} states)"
+        )
         assert not explorer.violations, sorted(explorer.violations)[:5]
 
 

@@ -1,5 +1,6 @@
 """The by_state index and what stands on it: task pages, operator retries, the format-2 conversion,
 and the leader's housekeeping decisions (WorkerSeen, WorkerLost, result_ttl purges), on real stores."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -26,7 +27,9 @@ class Rep:
         return self.store.apply_batch([{"type": fields.pop("type", etype), **fields}], (1, self.entry))[0]
 
     def submit(self, tid, queue="q", **kw):
-        assert self.do("TaskSubmitted", task_id=tid, queue=queue, payload=b"p", now_ms=kw.pop("now_ms", 0), **kw)["ok"]
+        assert self.do(
+            "TaskSubmitted", task_id=tid, queue=queue, payload=b"p", now_ms=kw.pop("now_ms", 0), **kw
+        )["ok"]
 
     def dead(self, tid, queue="q", now_ms=10):
         """Submit ``tid`` with one attempt and fail it: dead."""
@@ -60,7 +63,10 @@ def test_pages_list_each_task_once_in_queue_then_submit_order_whatever_changes_b
     in_order = [f"t{i:02}" for i in range(0, 12, 2)] + [f"t{i:02}" for i in range(1, 12, 2)] + ["t12"]
     assert every_page(r.store, 5) == in_order and every_page(r.store, 13) == in_order
     assert every_page(r.store, 2, queue="b", state="dead") == ["t12"]
-    assert every_page(r.store, 1, state="running") == [] and r.store.list_tasks(state="dead")[0][0]["error"] == "boom"
+    assert (
+        every_page(r.store, 1, state="running") == []
+        and r.store.list_tasks(state="dead")[0][0]["error"] == "boom"
+    )
     # A listing while tasks change state, are submitted and purged: never a task twice.
     seen, after, step = [], None, 0
     while True:
@@ -84,7 +90,9 @@ def test_retry_gives_a_dead_task_its_attempts_again_and_fences_its_old_attempts(
     [task] = r.do("TaskLeased", worker="w2", queues=["q"], now_ms=22)["tasks"]
     assert task["attempt"] == 2
     assert r.do("TaskCompleted", task_id="d", attempt=1, now_ms=23)["error"] == "stale_attempt"
-    assert r.do("TaskFailed", task_id="d", attempt=2, retry=True, now_ms=24)["state"] == "dead"  # max_attempts 1 again
+    assert (
+        r.do("TaskFailed", task_id="d", attempt=2, retry=True, now_ms=24)["state"] == "dead"
+    )  # max_attempts 1 again
     r.submit("ok")
     r.do("TaskLeased", worker="w", queues=["q"], now_ms=25)
     r.do("TaskCompleted", task_id="ok", attempt=1, now_ms=26)
@@ -187,8 +195,14 @@ def test_housekeeping_purges_finished_tasks_past_the_queue_or_default_ttl(r):
     hk = Housekeeping(lambda: r.store, config(result_ttl_s=30.0))
     hk.start(60_000)
     [purge] = hk.due(60_000, 0.0)
-    assert purge == {"type": "TasksPurged", "queue": "q", "states": ["dead"], "before_ms": 30_000,
-                     "limit": PURGE_BATCH, "now_ms": 60_000}
+    assert purge == {
+        "type": "TasksPurged",
+        "queue": "q",
+        "states": ["dead"],
+        "before_ms": 30_000,
+        "limit": PURGE_BATCH,
+        "now_ms": 60_000,
+    }
     hk.applied([r.do(**purge)])
     assert r.store.get_task("old") is None and r.store.get_task("new") and r.store.get_task("kept")
     assert hk.due(60_500, 0.5) == []
@@ -200,8 +214,14 @@ def test_the_audit_follows_a_retried_task():
     lease = {"type": "TaskLeased"}
     check.entry(1, 0, 1, [(0, sub, {"ok": True, "created": True})])
     check.entry(1, 1, 1, [(0, lease, {"ok": True, "tasks": [{"task_id": "t", "attempt": 1}]})])
-    check.entry(1, 2, 1, [(0, {"type": "TaskFailed", "task_id": "t", "attempt": 1}, {"ok": True, "state": "dead"})])
-    check.entry(1, 3, 1, [(0, {"type": "TaskRetried", "task_id": "t"}, {"ok": True, "task_id": "t", "attempt": 1})])
+    check.entry(
+        1, 2, 1, [(0, {"type": "TaskFailed", "task_id": "t", "attempt": 1}, {"ok": True, "state": "dead"})]
+    )
+    check.entry(
+        1, 3, 1, [(0, {"type": "TaskRetried", "task_id": "t"}, {"ok": True, "task_id": "t", "attempt": 1})]
+    )
     check.entry(1, 4, 1, [(0, lease, {"ok": True, "tasks": [{"task_id": "t", "attempt": 2}]})])
-    check.entry(1, 5, 1, [(0, {"type": "TaskFailed", "task_id": "t", "attempt": 2}, {"ok": True, "state": "dead"})])
+    check.entry(
+        1, 5, 1, [(0, {"type": "TaskFailed", "task_id": "t", "attempt": 2}, {"ok": True, "state": "dead"})]
+    )
     assert check.findings == []

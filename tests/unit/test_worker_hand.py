@@ -6,6 +6,7 @@ for), the lease loop leaving the room to completions on their way, the drain.
 Then a whole Worker against a fake client whose leader leases in ``complete_many``
 (or does not, as a broker before complete-and-lease).
 """
+
 from __future__ import annotations
 
 import threading
@@ -154,8 +155,13 @@ def test_a_leased_task_past_max_run_ms_while_queued_is_abandoned_and_its_room_fr
 
 
 def test_leased_tasks_skips_a_malformed_one():
-    got = leased_tasks([{"task_id": "a", "attempt": 2, "queue": "q", "payload": b"x", "max_run_ms": 100},
-                        {"task_id": "b"}, "junk"])
+    got = leased_tasks(
+        [
+            {"task_id": "a", "attempt": 2, "queue": "q", "payload": b"x", "max_run_ms": 100},
+            {"task_id": "b"},
+            "junk",
+        ]
+    )
     assert got == [Task("a", 2, "q", b"x", 100)]
 
 
@@ -169,7 +175,9 @@ class FakeLeader:
     """
 
     def __init__(self, n: int, combined: bool) -> None:
-        self.waiting = [{"task_id": f"t{i}", "attempt": 1, "queue": "q", "payload": b"%d" % i} for i in range(n)]
+        self.waiting = [
+            {"task_id": f"t{i}", "attempt": 1, "queue": "q", "payload": b"%d" % i} for i in range(n)
+        ]
         self.combined = combined
         self.lock = threading.Lock()
         self.ops: list[str] = []
@@ -213,8 +221,16 @@ class FakeLeader:
 @pytest.mark.parametrize("combined", [True, False])
 def test_a_worker_takes_its_next_tasks_with_its_completions_where_the_broker_can(combined):
     leader = FakeLeader(400, combined)
-    worker = Worker(client=leader, queues=["q"], concurrency=4, prefetch=8, wait_ms=20, name="w",
-                    handlers={"q": lambda task: task.payload}, handle_signals=False)
+    worker = Worker(
+        client=leader,
+        queues=["q"],
+        concurrency=4,
+        prefetch=8,
+        wait_ms=20,
+        name="w",
+        handlers={"q": lambda task: task.payload},
+        handle_signals=False,
+    )
     leader.worker = worker
     runner = threading.Thread(target=worker.run, daemon=True)
     runner.start()

@@ -9,6 +9,7 @@ Example::
 
     run_dashboard(zk, "dev", listen="127.0.0.1:8080")   # blocks until SIGTERM or Ctrl-C
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,13 @@ from kazoo.client import KazooClient
 log = logging.getLogger(__name__)
 
 
-def run_dashboard(zk: KazooClient, cluster: str, listen: str = "127.0.0.1:8080", interval: float = 1.0,
-                  ready=lambda url: None) -> None:
+def run_dashboard(
+    zk: KazooClient,
+    cluster: str,
+    listen: str = "127.0.0.1:8080",
+    interval: float = 1.0,
+    ready=lambda url: None,
+) -> None:
     """Serve the dashboard of ``cluster`` on ``listen`` until SIGTERM/SIGINT; ``ready(url)`` once it listens."""
     from broker.admin.dashboard.server import DashboardServer
     from broker.admin.dashboard.view import ClusterWatcher

@@ -12,6 +12,7 @@ Example::
     server = DashboardServer("127.0.0.1:8080", watcher)
     server.serve_forever()        # until server.shutdown() from another thread
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,14 +25,20 @@ from broker import BrokerError
 log = logging.getLogger(__name__)
 
 _LISTEN = re.compile(r"\A(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})\Z")
-STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
-          "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
-          "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
-          "/favicon.svg": ("favicon.svg", "image/svg+xml")}
-HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                                      "img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
-                                      "frame-ancestors 'none'",
-           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+    "/favicon.svg": ("favicon.svg", "image/svg+xml"),
+}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

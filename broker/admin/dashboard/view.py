@@ -19,6 +19,7 @@ Example::
     watcher.latest_json()      # b'{"cluster": "dev", "leader": {...}, ...}'
     watcher.stop()
 """
+
 from __future__ import annotations
 
 import collections
@@ -46,26 +47,46 @@ RATE_STATES = ("done", "dead")
 
 def _broker_row(broker: dict, insync: list, leader_id: Any, leader_position: list | None) -> dict:
     position = broker.get("position")
-    return {"id": broker.get("id"), "name": broker.get("name"), "address": broker.get("address"),
-            "role": broker.get("role"), "learner": bool(broker.get("learner")), "position": position,
-            "epoch": broker.get("epoch"), "in_sync": broker.get("id") in insync,
-            "leader": broker.get("id") == leader_id,
-            "lag": 0 if broker.get("id") == leader_id and leader_position else lag(position, leader_position)}
+    return {
+        "id": broker.get("id"),
+        "name": broker.get("name"),
+        "address": broker.get("address"),
+        "role": broker.get("role"),
+        "learner": bool(broker.get("learner")),
+        "position": position,
+        "epoch": broker.get("epoch"),
+        "in_sync": broker.get("id") in insync,
+        "leader": broker.get("id") == leader_id,
+        "lag": 0 if broker.get("id") == leader_id and leader_position else lag(position, leader_position),
+    }
 
 
 def _bookie_row(bookie: dict) -> dict:
-    return {"id": bookie.get("id"), "address": bookie.get("address"), "free_bytes": bookie.get("free_bytes"),
-            "readonly": bool(bookie.get("readonly"))}
+    return {
+        "id": bookie.get("id"),
+        "address": bookie.get("address"),
+        "free_bytes": bookie.get("free_bytes"),
+        "readonly": bool(bookie.get("readonly")),
+    }
 
 
 def _dead_row(task: dict) -> dict:
-    return {"id": task.get("id"), "queue": task.get("queue"), "attempts": task.get("attempts"),
-            "finished_ms": task.get("finished_ms"), "error": task.get("error")}
+    return {
+        "id": task.get("id"),
+        "queue": task.get("queue"),
+        "attempts": task.get("attempts"),
+        "finished_ms": task.get("finished_ms"),
+        "error": task.get("error"),
+    }
 
 
 def _worker_row(worker: dict) -> dict:
-    return {"worker": worker.get("worker"), "queues": list(worker.get("queues") or []),
-            "in_hand": worker.get("in_hand"), "last_seen_ms": worker.get("last_seen_ms")}
+    return {
+        "worker": worker.get("worker"),
+        "queues": list(worker.get("queues") or []),
+        "in_hand": worker.get("in_hand"),
+        "last_seen_ms": worker.get("last_seen_ms"),
+    }
 
 
 def _leader_list(address: str, op: str, key: str, timeout: float, **fields) -> list | None:
@@ -76,28 +97,47 @@ def _leader_list(address: str, op: str, key: str, timeout: float, **fields) -> l
         return None
 
 
-def cluster_snapshot(zk: KazooClient, cluster: str, timeout: float = 1.0,
-                     now: Callable[[], float] = time.time) -> dict:
+def cluster_snapshot(
+    zk: KazooClient, cluster: str, timeout: float = 1.0, now: Callable[[], float] = time.time
+) -> dict:
     """The page's view of ``cluster`` now (without rates and failovers, which need history)."""
     view = cluster_status(zk, cluster)
     address = view.get("leader_address")
     report = ask(address, "status", timeout) if address else None
     leader_position = report.get("position") if report else None
     insync = list(view.get("insync") or [])
-    dead = _leader_list(address, "list_tasks", "tasks", timeout, state="dead", limit=DEAD_SHOWN) if report else None
-    workers = _leader_list(address, "list_workers", "workers", timeout, limit=WORKERS_SHOWN) if report else None
+    dead = (
+        _leader_list(address, "list_tasks", "tasks", timeout, state="dead", limit=DEAD_SHOWN)
+        if report
+        else None
+    )
+    workers = (
+        _leader_list(address, "list_workers", "workers", timeout, limit=WORKERS_SHOWN) if report else None
+    )
     return {
-        "cluster": view["cluster"], "cluster_id": view.get("cluster_id"), "initialized": view["initialized"],
-        "taken_at": now(), "epoch": view.get("epoch"),
-        "leader": None if view.get("leader") is None else {
-            "id": view["leader"], "address": address, "reachable": report is not None,
-            "position": leader_position},
-        "brokers": sorted((_broker_row(b, insync, view.get("leader"), leader_position) for b in view["brokers"]),
-                          key=lambda row: row["id"]),
+        "cluster": view["cluster"],
+        "cluster_id": view.get("cluster_id"),
+        "initialized": view["initialized"],
+        "taken_at": now(),
+        "epoch": view.get("epoch"),
+        "leader": None
+        if view.get("leader") is None
+        else {
+            "id": view["leader"],
+            "address": address,
+            "reachable": report is not None,
+            "position": leader_position,
+        },
+        "brokers": sorted(
+            (_broker_row(b, insync, view.get("leader"), leader_position) for b in view["brokers"]),
+            key=lambda row: row["id"],
+        ),
         "insync": insync,
         "bookies": [_bookie_row(b) for b in view["bookies"]],
         "ledgers": {"count": len(view["ledgers"]), "underreplicated": view["underreplicated"]["count"]},
-        "queues": {name: dict(counts) for name, counts in sorted(((report or {}).get("queues") or {}).items())},
+        "queues": {
+            name: dict(counts) for name, counts in sorted(((report or {}).get("queues") or {}).items())
+        },
         # None: the leader could not list them now (the page says so rather than show an empty list).
         "dead_tasks": None if dead is None else [_dead_row(t) for t in dead],
         "workers": None if workers is None else [_worker_row(w) for w in workers],
@@ -171,10 +211,17 @@ class ClusterWatcher:
             snap = cluster_snapshot(self.zk, self.cluster, self.timeout)
         except Exception as exc:  # ZooKeeper away, a node half-written: say it, keep polling
             log.debug("snapshot failed", exc_info=True)
-            snap = {"cluster": self.cluster, "taken_at": time.time(), "error": f"{type(exc).__name__}: {exc}"[:300]}
+            snap = {
+                "cluster": self.cluster,
+                "taken_at": time.time(),
+                "error": f"{type(exc).__name__}: {exc}"[:300],
+            }
         else:
-            snap["rates"] = self.rates.add(time.monotonic(), snap["queues"]) if snap["leader"] and \
-                snap["leader"]["reachable"] else {}
+            snap["rates"] = (
+                self.rates.add(time.monotonic(), snap["queues"])
+                if snap["leader"] and snap["leader"]["reachable"]
+                else {}
+            )
             self._note_leader(snap)
         snap["failovers"] = list(self.failovers)
         self._latest = json.dumps(snap, default=str).encode()
@@ -183,8 +230,14 @@ class ClusterWatcher:
         leader = snap["leader"]
         current = (leader["id"], snap["epoch"]) if leader else None
         if current is not None and self._last_leader is not None and current != self._last_leader:
-            self.failovers.appendleft({"at": snap["taken_at"], "epoch": snap["epoch"], "leader": leader["id"],
-                                       "previous": self._last_leader[0]})
+            self.failovers.appendleft(
+                {
+                    "at": snap["taken_at"],
+                    "epoch": snap["epoch"],
+                    "leader": leader["id"],
+                    "previous": self._last_leader[0],
+                }
+            )
         if current is not None:
             self._last_leader = current
 

@@ -21,6 +21,7 @@ Example::
     timings.record(gather=0.0004, ledger=0.0021, wake=0.0001, apply=0.0003, events=12)
     timings.summary()["ledger"]["p50_ms"]     # 2.1
 """
+
 from __future__ import annotations
 
 import collections
@@ -43,7 +44,9 @@ class CommitTimings:
     """A ring of the last :data:`WINDOW` entries' stage durations (seconds)."""
 
     def __init__(self, window: int = WINDOW) -> None:
-        self._rows: collections.deque[tuple[float, float, float, float, int]] = collections.deque(maxlen=window)
+        self._rows: collections.deque[tuple[float, float, float, float, int]] = collections.deque(
+            maxlen=window
+        )
         self._lock = threading.Lock()  # status() reads from a request while the loop records
         # Also told of every entry (the broker's Prometheus histograms), when set.
         self.observer: Callable[[float, float, float, float, int], None] | None = None
@@ -58,10 +61,14 @@ class CommitTimings:
         """``{stage: {"p50_ms", "p99_ms"}, "entries": n, "events_per_entry": mean}``."""
         with self._lock:
             rows = list(self._rows)
-        out: dict = {"entries": len(rows),
-                     "events_per_entry": round(sum(r[4] for r in rows) / len(rows), 2) if rows else 0.0}
+        out: dict = {
+            "entries": len(rows),
+            "events_per_entry": round(sum(r[4] for r in rows) / len(rows), 2) if rows else 0.0,
+        }
         for index, stage in enumerate(STAGES):
             values = sorted(r[index] for r in rows)
-            out[stage] = {"p50_ms": round(percentile(values, 0.5) * 1000, 3),
-                          "p99_ms": round(percentile(values, 0.99) * 1000, 3)}
+            out[stage] = {
+                "p50_ms": round(percentile(values, 0.5) * 1000, 3),
+                "p99_ms": round(percentile(values, 0.99) * 1000, 3),
+            }
         return out

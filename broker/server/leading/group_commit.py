@@ -27,6 +27,7 @@ Example::
     gc.flush()                     # write the gathered batch if there is room
     gc.drain_completed()           # apply finished entries, reply in order
 """
+
 from __future__ import annotations
 
 import collections
@@ -96,10 +97,16 @@ class Batch:
 class GroupCommit:
     """Batches events into ledger entries and answers each request after apply."""
 
-    def __init__(self, writer, apply: Callable[[list[tuple[list[dict], tuple[int, int]]]], list[list[dict]]],
-                 reply: Callable[[Any, list[dict] | None, Exception | None], None],
-                 wake: Callable[[], None], max_inflight: int = 8, max_batch_events: int = 2000,
-                 max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES) -> None:
+    def __init__(
+        self,
+        writer,
+        apply: Callable[[list[tuple[list[dict], tuple[int, int]]]], list[list[dict]]],
+        reply: Callable[[Any, list[dict] | None, Exception | None], None],
+        wake: Callable[[], None],
+        max_inflight: int = 8,
+        max_batch_events: int = 2000,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+    ) -> None:
         self.writer = writer
         self.apply = apply
         self.reply = reply
@@ -125,8 +132,10 @@ class GroupCommit:
     def _encode(self, events: list[dict]) -> tuple[list[dict], bytes]:
         checked, data = encode_events(events)
         if len(data) > self.max_entry_bytes:
-            raise EntryTooLarge(f"the request's events take {len(data)} bytes, more than an entry holds "
-                                f"({self.max_entry_bytes})")
+            raise EntryTooLarge(
+                f"the request's events take {len(data)} bytes, more than an entry holds "
+                f"({self.max_entry_bytes})"
+            )
         return checked, data
 
     def add(self, events: list[dict], context: Any) -> None:
@@ -168,7 +177,10 @@ class GroupCommit:
         """Whether the gathered batch goes out now: nothing in flight, or it is full and there is room."""
         if not self.inflight:
             return True
-        full = len(self.pending.events) >= self.max_batch_events or self.pending.size >= self.max_entry_bytes // 2
+        full = (
+            len(self.pending.events) >= self.max_batch_events
+            or self.pending.size >= self.max_entry_bytes // 2
+        )
         return full and len(self.inflight) < self.max_inflight
 
     def _committed(self, batch: Batch, _future: Future) -> None:
@@ -188,13 +200,20 @@ class GroupCommit:
     def _take(self) -> Batch:
         """The pending batch, split at request boundaries if it is over the size limit."""
         batch = self.pending
-        if (len(batch.events) <= self.max_batch_events and batch.size <= self.max_entry_bytes) or len(batch.owners) == 1:
+        if (len(batch.events) <= self.max_batch_events and batch.size <= self.max_entry_bytes) or len(
+            batch.owners
+        ) == 1:
             self.pending = Batch()
             return batch
         head, rest = Batch(), Batch()
         for (context, start, end), data in zip(batch.owners, batch.chunks):
-            fits = not rest.owners and (not head.events or (len(head.events) + end - start <= self.max_batch_events
-                                                            and head.size + len(data) <= self.max_entry_bytes))
+            fits = not rest.owners and (
+                not head.events
+                or (
+                    len(head.events) + end - start <= self.max_batch_events
+                    and head.size + len(data) <= self.max_entry_bytes
+                )
+            )
             (head if fits else rest).add(batch.events[start:end], data, context)
         self.pending = rest
         return head
@@ -223,8 +242,13 @@ class GroupCommit:
             applied_in = time.monotonic() - taken
             for b in done:
                 committed = b.committed_at or taken
-                self.timings.record(b.sent_at - (b.gathered_at or b.sent_at), committed - b.sent_at,
-                                    taken - committed, applied_in, len(b.events))
+                self.timings.record(
+                    b.sent_at - (b.gathered_at or b.sent_at),
+                    committed - b.sent_at,
+                    taken - committed,
+                    applied_in,
+                    len(b.events),
+                )
             for batch, results in zip(done, applied):
                 for context, start, end in batch.owners:
                     self.reply(context, results[start:end], None)

@@ -36,6 +36,7 @@ Example::
     events = hk.due(now_ms, time.monotonic())      # per leader turn; add them with HOUSEKEEPING_ENTRY
     hk.applied(results)                            # when they are applied (None if they failed)
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,10 +47,10 @@ from broker.state.events import FINAL_STATES
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_ENTRY = object()  # the group commit context of the leader's housekeeping events
-CHECK_INTERVAL_S = 1.0         # how often lost workers and result_ttl purges are looked for
-PURGE_BATCH = 500              # tasks one TasksPurged removes at most
-MAX_PURGES = 4                 # TasksPurged per turn (one per queue)
-MAX_WORKER_EVENTS = 200        # WorkerSeen + WorkerLost per turn
+CHECK_INTERVAL_S = 1.0  # how often lost workers and result_ttl purges are looked for
+PURGE_BATCH = 500  # tasks one TasksPurged removes at most
+MAX_PURGES = 4  # TasksPurged per turn (one per queue)
+MAX_WORKER_EVENTS = 200  # WorkerSeen + WorkerLost per turn
 
 
 class Housekeeping:
@@ -65,11 +66,11 @@ class Housekeeping:
     def start(self, now_ms: int) -> None:
         """Begin (again) for a new leadership starting at leader time ``now_ms``."""
         self.started_ms = now_ms
-        self.heard: dict[str, int] = {}            # worker -> leader ms of its last request
-        self.queues: dict[str, list[str]] = {}     # worker -> queues of its last lease
-        self.recorded: dict[str, int] = {}         # worker -> last_seen_ms the store has (or will have)
+        self.heard: dict[str, int] = {}  # worker -> leader ms of its last request
+        self.queues: dict[str, list[str]] = {}  # worker -> queues of its last lease
+        self.recorded: dict[str, int] = {}  # worker -> last_seen_ms the store has (or will have)
         self.recorded_queues: dict[str, list[str] | None] = {}
-        self.pending: dict[str, None] = {}         # workers whose record may need a WorkerSeen (ordered set)
+        self.pending: dict[str, None] = {}  # workers whose record may need a WorkerSeen (ordered set)
         self.next_check = 0.0
         self.purge_again = False
         self.inflight = False
@@ -81,8 +82,11 @@ class Housekeeping:
         if queues is not None:
             self.queues[worker] = queues
         known = self.recorded.get(worker)
-        if known is None or self._stale(known, now_ms) or (
-                queues is not None and self.recorded_queues.get(worker) != queues):
+        if (
+            known is None
+            or self._stale(known, now_ms)
+            or (queues is not None and self.recorded_queues.get(worker) != queues)
+        ):
             self.pending[worker] = None
 
     def _stale(self, recorded_ms: int, now_ms: int) -> bool:
@@ -175,6 +179,14 @@ class Housekeeping:
             if len(events) >= MAX_PURGES:
                 self.purge_again = True  # more queues are due: at the next turn
                 break
-            events.append({"type": "TasksPurged", "queue": name, "states": states, "before_ms": before,
-                           "limit": PURGE_BATCH, "now_ms": now_ms})
+            events.append(
+                {
+                    "type": "TasksPurged",
+                    "queue": name,
+                    "states": states,
+                    "before_ms": before,
+                    "limit": PURGE_BATCH,
+                    "now_ms": now_ms,
+                }
+            )
         return events

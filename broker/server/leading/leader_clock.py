@@ -17,6 +17,7 @@ Example::
     clock.start(store.clock_ms())        # on taking over
     event["now_ms"] = clock.now_ms()
 """
+
 from __future__ import annotations
 
 import time

@@ -16,6 +16,7 @@ Example::
         group.add(shutdown.entry(now_ms), SHUTDOWN_ENTRY)
     position = shutdown.applied(results, None)    # answers the waiters; (ledger, entry)
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,10 @@ class LeaderShutdown:
         self.position: list[int] | None = None
 
     def message(self) -> str:
-        return (f"the cluster is shutting down (shutdown {self.shutdown_id}): "
-                "no writes are accepted until it is restarted")
+        return (
+            f"the cluster is shutting down (shutdown {self.shutdown_id}): "
+            "no writes are accepted until it is restarted"
+        )
 
     def refuse(self, route: list[bytes], rid: Any) -> None:
         self.send(route, wire.error_reply(rid, codes.E_SHUTTING_DOWN, self.message()))
@@ -80,7 +83,7 @@ class LeaderShutdown:
 
     def abandon(self, reason: str, waiters: list | None = None) -> None:
         """Leadership ends before the entry: the requester asks the next leader."""
-        for route, rid in (self.waiters if waiters is None else waiters):
+        for route, rid in self.waiters if waiters is None else waiters:
             self.send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason))
         if waiters is None:
             self.waiters = []

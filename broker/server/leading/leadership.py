@@ -26,6 +26,7 @@ Example::
     leadership.write(route, rid, req, started)    # a checked write request
     leadership.turn(writable=True)                # every pass of the loop
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,16 @@ class LeaderHooks:
 class Leadership:
     """A leader's duties for one epoch (see the module docstring)."""
 
-    def __init__(self, session: LeaderSession, store: Any, config: Any, hooks: LeaderHooks, clock: LeaderClock,
-                 housekeeping: Housekeeping, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        session: LeaderSession,
+        store: Any,
+        config: Any,
+        hooks: LeaderHooks,
+        clock: LeaderClock,
+        housekeeping: Housekeeping,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.session = session
         self.epoch = session.epoch
         self.claim = session.claim
@@ -104,8 +113,14 @@ class Leadership:
         self.ready = False
         self.parking = LeaseParking()
         self.shutdown: LeaderShutdown | None = None
-        self.group = GroupCommit(session.writer, apply=self._apply, reply=self._reply, wake=hooks.wake,
-                                 max_inflight=config.max_inflight_entries, max_batch_events=config.max_batch_events)
+        self.group = GroupCommit(
+            session.writer,
+            apply=self._apply,
+            reply=self._reply,
+            wake=hooks.wake,
+            max_inflight=config.max_inflight_entries,
+            max_batch_events=config.max_batch_events,
+        )
         if hooks.on_entry_committed is not None:
             self.group.timings.observer = hooks.on_entry_committed
         self.applied_entries = 0
@@ -123,7 +138,9 @@ class Leadership:
         try:
             self.group.add(first_events(self.clock.now_ms()), INTERNAL_ENTRY)
         except Exception as exc:  # a bug in what the node built: we cannot lead with it
-            log.error("cannot write the first events of epoch %d: %s: %s", self.epoch, type(exc).__name__, exc)
+            log.error(
+                "cannot write the first events of epoch %d: %s: %s", self.epoch, type(exc).__name__, exc
+            )
             self.group.abort(WriteFailed(f"first events refused: {exc}"))
 
     def stop(self, reason: str) -> None:
@@ -187,7 +204,9 @@ class Leadership:
             self.parking.submitted(queue, count)
         try:
             if req["op"] == "fail":
-                stamp_retry_delay(self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms))
+                stamp_retry_delay(
+                    self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
+                )
             events = protocol.request_events(req, self.clock.now_ms(), self.hooks.new_id)
             self.group.add(events, (route, rid, req, started))
         except protocol.RequestError as exc:
@@ -196,7 +215,9 @@ class Leadership:
             return
         except EntryTooLarge as exc:
             self._forget(req)
-            self.hooks.send(route, wire.error_reply(rid, codes.E_PAYLOAD_TOO_LARGE, str(exc)), req["op"], started)
+            self.hooks.send(
+                route, wire.error_reply(rid, codes.E_PAYLOAD_TOO_LARGE, str(exc)), req["op"], started
+            )
             return
         except Exception as exc:
             self._forget(req)
@@ -212,12 +233,22 @@ class Leadership:
         """Begin (or wait for) the shutdown: refuse writes from now on; ClusterShutdown follows what is gathered."""
         if self.shutdown is None:
             if not self.ready or not accepting:
-                self.hooks.send(route, wire.error_reply(rid, codes.E_UNAVAILABLE,
-                                                        "the leader is not accepting writes yet"), req["op"], None)
+                self.hooks.send(
+                    route,
+                    wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet"),
+                    req["op"],
+                    None,
+                )
                 return
-            self.shutdown = LeaderShutdown(req["shutdown_id"], lambda r, m: self.hooks.send(r, m, req["op"], None))
-            log.warning("cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
-                        "in flight", self.shutdown.shutdown_id, len(self.group.inflight))
+            self.shutdown = LeaderShutdown(
+                req["shutdown_id"], lambda r, m: self.hooks.send(r, m, req["op"], None)
+            )
+            log.warning(
+                "cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
+                "in flight",
+                self.shutdown.shutdown_id,
+                len(self.group.inflight),
+            )
             # A parked lease would become a write after the last entry: answer it now.
             for parked_route, parked_rid, _req in self.parking.take_all():
                 self.shutdown.refuse(parked_route, parked_rid)
@@ -260,6 +291,7 @@ class Leadership:
                 if due is not None and due <= now_ms:
                     return 1  # a delayed task is due: the lease event will promote it
             return count
+
         return ready
 
     def _wake_parked(self) -> None:
@@ -300,7 +332,10 @@ class Leadership:
         # held back until everything in flight is applied; the pause is one round trip.
         group = self.group
         if not self.digest_due:
-            if not start or group.entries_written - self.entries_since_digest < self.config.digest_every_entries:
+            if (
+                not start
+                or group.entries_written - self.entries_since_digest < self.config.digest_every_entries
+            ):
                 return
             self.digest_due = True
         group.held = True
@@ -308,8 +343,9 @@ class Leadership:
             return
         self.digest_due = False
         self.entries_since_digest = group.entries_written
-        self._add_internal([{"type": "StateDigest", "digest": self.store.digest(), "format": STORE_FORMAT}],
-                           first=True)
+        self._add_internal(
+            [{"type": "StateDigest", "digest": self.store.digest(), "format": STORE_FORMAT}], first=True
+        )
         group.held = False
 
     def _maybe_roll(self) -> None:
@@ -317,8 +353,11 @@ class Leadership:
         group, roll = self.group, self.session.roll
         if roll is None:
             return
-        if (not group.held and self.monotonic() >= self.roll_after
-                and self.session.should_roll(self.writer, group.ledger_entries, group.ledger_bytes)):
+        if (
+            not group.held
+            and self.monotonic() >= self.roll_after
+            and self.session.should_roll(self.writer, group.ledger_entries, group.ledger_bytes)
+        ):
             group.held = True
         if group.held and not group.inflight:
             try:
@@ -394,8 +433,13 @@ class Leadership:
         except Exception as err:
             self.hooks.internal_error(route, rid, req.get("op"), err)
             return
-        if (req["op"] == "lease" and not fields["tasks"] and req.get("deadline", 0) > self.monotonic()
-                and self.shutdown is None and self.group.failed is None):
+        if (
+            req["op"] == "lease"
+            and not fields["tasks"]
+            and req.get("deadline", 0) > self.monotonic()
+            and self.shutdown is None
+            and self.group.failed is None
+        ):
             self.parking.park((route, rid, req))  # another worker took what it was woken for
             return
         send(route, wire.ok_reply(rid, **fields), req["op"], started)
@@ -408,7 +452,9 @@ class Leadership:
         for res in results or []:
             if not res.get("ok") and res.get("error") == codes.E_DIGEST_MISMATCH:
                 # The same rule as on a follower: a store that disagrees with the log is never served.
-                self.hooks.on_fatal(Diverged(f"state digest mismatch on the leader itself: {res.get('message')}"))
+                self.hooks.on_fatal(
+                    Diverged(f"state digest mismatch on the leader itself: {res.get('message')}")
+                )
                 return
         if not self.ready:
             self.ready = True
@@ -417,8 +463,11 @@ class Leadership:
     def _shutdown_applied(self, results: list[dict] | None, exc: Exception | None) -> None:
         position = self.shutdown.applied(results, exc) if self.shutdown is not None else None
         if position is not None:
-            log.warning("cluster shutdown %s: ClusterShutdown committed and applied at %s",
-                        self.shutdown.shutdown_id, list(position))
+            log.warning(
+                "cluster shutdown %s: ClusterShutdown committed and applied at %s",
+                self.shutdown.shutdown_id,
+                list(position),
+            )
             self.hooks.on_cluster_shutdown(self.shutdown.shutdown_id, position)
 
 

@@ -26,6 +26,7 @@ Example::
         ...                                               # queue None: the wait ran out
     parking.applied_submit("mail", 1)                     # its entry was applied
 """
+
 from __future__ import annotations
 
 from collections import Counter

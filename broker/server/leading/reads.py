@@ -13,6 +13,7 @@ Example::
                                           "limit": 100, "after": None})
     fields["tasks"], fields["next"]
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,12 +34,14 @@ def answer(store: Any, housekeeping: Any, req: dict) -> dict:
         tasks, cursor = store.list_tasks(req["queue"], req["state"], req["limit"], req["after"])
         return {"tasks": tasks, "next": cursor}
     if op == "list_queues":
-        return {"queues": [{"queue": name, **rec} for name, rec in store.queue_records().items()],
-                "result_ttl_ms": housekeeping.default_ttl_ms}
+        return {
+            "queues": [{"queue": name, **rec} for name, rec in store.queue_records().items()],
+            "result_ttl_ms": housekeeping.default_ttl_ms,
+        }
     if op == "list_workers":
         rows = store.workers(req["after"], req["limit"] + 1)
         more = len(rows) > req["limit"]
-        rows = rows[:req["limit"]]
+        rows = rows[: req["limit"]]
         for row in rows:  # the leader may have heard from it since its record was written
             row["last_seen_ms"] = max(row["last_seen_ms"], housekeeping.last_heard(row["worker"]) or 0)
         return {"workers": rows, "next": rows[-1]["worker"] if more else None}

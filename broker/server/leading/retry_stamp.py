@@ -15,6 +15,7 @@ Example::
     stamp_retry_delay(store, req, default=(1000, 300_000))
     events = protocol.request_events(req, now_ms, new_id)   # TaskFailed carries retry_delay_ms
 """
+
 from __future__ import annotations
 
 from broker.state import backoff

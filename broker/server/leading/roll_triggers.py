@@ -19,6 +19,7 @@ Example::
     triggers = RollTriggers(zk, paths)
     reason = triggers.reason(writer)    # None, or why to roll now
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,9 @@ INTERVAL_S = 2.0
 EVALUATE_S = 0.25
 
 
-def roll_reason(ensemble_changes: int, failed: list[str], ensemble_ids: list[str],
-                leaving: set[str]) -> str | None:
+def roll_reason(
+    ensemble_changes: int, failed: list[str], ensemble_ids: list[str], leaving: set[str]
+) -> str | None:
     """Why a ledger with this writer state should be rolled now, or None. Pure."""
     gone = sorted(set(ensemble_ids) & leaving)
     if gone:
@@ -53,8 +55,13 @@ def roll_reason(ensemble_changes: int, failed: list[str], ensemble_ids: list[str
 class RollTriggers:
     """Decides, without blocking, whether the leader's current ledger should be rolled."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, interval_s: float = INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._zk, self._paths = zk, paths
         self._interval_s, self._clock = interval_s, clock
         self._leaving: set[str] = set()
@@ -102,8 +109,9 @@ class RollTriggers:
         self._refresh()
         with self._lock:
             leaving = self._leaving
-        why = roll_reason(writer.ensemble_changes, writer.failed_bookies,
-                          [m["bookie_id"] for m in writer.ensemble], leaving)
+        why = roll_reason(
+            writer.ensemble_changes, writer.failed_bookies, [m["bookie_id"] for m in writer.ensemble], leaving
+        )
         if why is not None and self._said.get(writer.ledger_id) != why:
             self._said = {writer.ledger_id: why}
             log.info("rolling ledger %d: %s", writer.ledger_id, why)

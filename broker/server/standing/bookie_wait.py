@@ -21,6 +21,7 @@ Example::
     wait.hold()          # "waiting for 3 bookies, 2 live", or "" when a ledger could be created
     wait.live_fields()   # {"waiting_for_bookies": 3, "live_bookies": 2} while short, else {}
 """
+
 from __future__ import annotations
 
 import threading
@@ -44,8 +45,15 @@ RECOVERY_HOLD_S = 2.0
 class BookieWait:
     """Whether enough bookies are live for a new ledger (see the module docstring)."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, need: int, changed: Callable[[], None] = lambda: None,
-                 poll_s: float = POLL_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        need: int,
+        changed: Callable[[], None] = lambda: None,
+        poll_s: float = POLL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.zk, self.paths, self.need, self.changed = zk, paths, need, changed
         self.poll_s, self.clock = poll_s, clock
         self.live: int | None = None  # unknown until first read: nothing to say yet

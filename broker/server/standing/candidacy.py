@@ -18,6 +18,7 @@ Example::
     candidacy.poke()      # the elect request changed: look again now
     candidacy.cancel()    # leave the queue (shutdown)
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,9 +54,17 @@ class Candidacy:
     at all right now (not stopping, its store not being rebuilt).
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig,
-                 lead: Callable[[], None], may_lead: Callable[[], bool], stop: threading.Event,
-                 hold: Callable[[], str] = lambda: "") -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        broker_id: int,
+        config: BrokerConfig,
+        lead: Callable[[], None],
+        may_lead: Callable[[], bool],
+        stop: threading.Event,
+        hold: Callable[[], str] = lambda: "",
+    ) -> None:
         self.zk, self.paths, self.broker_id, self.config = zk, paths, broker_id, config
         self.lead, self.may_lead, self.stop = lead, may_lead, stop
         # Why not to stand before the in-sync rules are even asked ("" for none); may read ZooKeeper.
@@ -84,8 +93,11 @@ class Candidacy:
         """Whether we may stand now; each change of the reason is logged once."""
         try:
             why = self.hold()
-            ok, why = (False, why) if why else standing(self.zk, self.paths, self.broker_id, self.config,
-                                                        watch=self._on_change)
+            ok, why = (
+                (False, why)
+                if why
+                else standing(self.zk, self.paths, self.broker_id, self.config, watch=self._on_change)
+            )
         except (KazooException, ElectionError) as exc:
             ok, why = False, f"cannot read the in-sync set: {exc}"
         if why != self._reason:
@@ -104,8 +116,9 @@ class Candidacy:
             done = threading.Event()
             try:
                 self._election = LeaderElection(self.zk, self.paths, self.broker_id)
-                threading.Thread(target=self._watch, args=(self._election, done), name="standing",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=self._watch, args=(self._election, done), name="standing", daemon=True
+                ).start()
                 self._election.run(self._elected)
             except (KazooException, ElectionError, LedgerError, BrokerError) as exc:
                 log.warning("election: %s: %s", type(exc).__name__, exc)
@@ -126,7 +139,9 @@ class Candidacy:
     def _wait_for_change(self, until: threading.Event | None = None) -> None:
         """Until a watch fires or :meth:`poke` is called, at most STANDING_POLL_S; then clear it."""
         waited = 0.0
-        while waited < STANDING_POLL_S and not self.stop.is_set() and not (until is not None and until.is_set()):
+        while (
+            waited < STANDING_POLL_S and not self.stop.is_set() and not (until is not None and until.is_set())
+        ):
             if self._changed.wait(STOP_CHECK_S):
                 break
             waited += STOP_CHECK_S

@@ -18,6 +18,7 @@ Example::
     ...
     tracker.stop()
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,13 @@ ELECT_READY_TIMEOUT_S = 10.0
 ELECT_CHECK_S = 0.02
 
 
-def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: BrokerConfig,
-             watch: Callable[[Any], None] | None = None) -> tuple[bool, str]:
+def standing(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    broker_id: int,
+    config: BrokerConfig,
+    watch: Callable[[Any], None] | None = None,
+) -> tuple[bool, str]:
     """Whether this broker may stand for election now (:func:`election.insync.may_stand` on live data).
 
     ``watch`` is armed on what the answer depends on (the in-sync set, the live brokers,
@@ -73,8 +79,9 @@ def standing(zk: KazooClient, paths: ClusterPaths, broker_id: int, config: Broke
     return may_stand(broker_id, config.learner, members, alive, config.allow_lagging_leader, target)
 
 
-def follower_lags(zk: KazooClient, paths: ClusterPaths, leader_positions: list, lengths: dict[int, int],
-                  leader_id: int) -> tuple[list[dict[int, int | None]], dict[int, dict]]:
+def follower_lags(
+    zk: KazooClient, paths: ClusterPaths, leader_positions: list, lengths: dict[int, int], leader_id: int
+) -> tuple[list[dict[int, int | None]], dict[int, dict]]:
     """Each live follower's entries behind each of ``leader_positions``, from one reading of the
     log and the live nodes (``lengths`` caches closed ledgers)."""
     ledgers, _ = read_log(zk, paths)
@@ -86,17 +93,31 @@ def follower_lags(zk: KazooClient, paths: ClusterPaths, leader_positions: list, 
             if meta.state == CLOSED:
                 lengths[ledger_id] = meta.last_entry
     live = {broker_id: info for broker_id, info in live_brokers(zk, paths).items() if broker_id != leader_id}
-    lags = [{broker_id: entries_behind(info.get("position"), position, ids, lengths)
-             for broker_id, info in live.items()} for position in leader_positions]
+    lags = [
+        {
+            broker_id: entries_behind(info.get("position"), position, ids, lengths)
+            for broker_id, info in live.items()
+        }
+        for position in leader_positions
+    ]
     return lags, live
 
 
 class InSyncTracker:
     """Keeps ``insync`` current while we lead, and serves ``admin elect`` requests."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, config: BrokerConfig, broker_id: int, epoch: int,
-                 position: Callable[[], object], contenders: Callable[[], list[str]],
-                 hand_over: Callable[[int], None], lost: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        config: BrokerConfig,
+        broker_id: int,
+        epoch: int,
+        position: Callable[[], object],
+        contenders: Callable[[], list[str]],
+        hand_over: Callable[[int], None],
+        lost: Callable[[str], None],
+    ) -> None:
         self.zk, self.paths, self.config = zk, paths, config
         self.broker_id, self.epoch = broker_id, epoch
         self.position, self.contenders, self.hand_over, self.lost = position, contenders, hand_over, lost
@@ -182,7 +203,9 @@ class InSyncTracker:
         if request is None or "refused" in request:
             return
         target = request.get("target")
-        reason = refusal(target, self.broker_id, self.members or set(), live, lags, self.config.max_lag_entries)
+        reason = refusal(
+            target, self.broker_id, self.members or set(), live, lags, self.config.max_lag_entries
+        )
         if reason:
             answer_elect(self.zk, self.paths, reason)
             return
@@ -205,14 +228,24 @@ class InSyncTracker:
             self.hand_over(target)
             self._stop.set()
         elif now - self._elect_since > ELECT_READY_TIMEOUT_S:
-            answer_elect(self.zk, self.paths, f"broker {target} was not next in line within "
-                                              f"{ELECT_READY_TIMEOUT_S:.0f} s (queue: {waiting})")
+            answer_elect(
+                self.zk,
+                self.paths,
+                f"broker {target} was not next in line within "
+                f"{ELECT_READY_TIMEOUT_S:.0f} s (queue: {waiting})",
+            )
             self._elect_target = self._elect_since = None
         return True
 
 
-def refusal(target, leader_id: int, members: set[int], live: dict[int, dict], lags: dict[int, int | None],
-            max_lag: int) -> str:
+def refusal(
+    target,
+    leader_id: int,
+    members: set[int],
+    live: dict[int, dict],
+    lags: dict[int, int | None],
+    max_lag: int,
+) -> str:
     """Why leadership cannot go to ``target`` ("" if it can)."""
     if not isinstance(target, int):
         return f"not a broker id: {target!r}"
@@ -225,6 +258,8 @@ def refusal(target, leader_id: int, members: set[int], live: dict[int, dict], la
         return f"broker {target} is a learner: learners never lead"
     lag = lags.get(target)
     if target not in members or lag is None or lag > max_lag:
-        return f"broker {target} is lagging ({'unknown' if lag is None else lag} entries behind; " \
-               f"in-sync set {sorted(members)})"
+        return (
+            f"broker {target} is lagging ({'unknown' if lag is None else lag} entries behind; "
+            f"in-sync set {sorted(members)})"
+        )
     return ""

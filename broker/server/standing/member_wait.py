@@ -16,6 +16,7 @@ Example::
     wait.hold()          # "waiting for 3 members (2 present)", or "" once 3 were seen
     wait.live_fields()   # {"waiting_for": 3, "present": 2} while waiting, else {}
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,8 +38,9 @@ def wait_reason(wait_for: int, present: int) -> str:
 class MemberWait:
     """Whether this broker has seen ``wait_for`` live brokers yet (see the module docstring)."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, wait_for: int,
-                 changed: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self, zk: KazooClient, paths: ClusterPaths, wait_for: int, changed: Callable[[], None] = lambda: None
+    ) -> None:
         self.zk, self.paths, self.wait_for, self.changed = zk, paths, wait_for, changed
         self.present = 0
         self.met = wait_for <= 1
@@ -56,8 +58,11 @@ class MemberWait:
             self.changed()
         if present >= self.wait_for:
             self.met = True
-            log.info("%d members are present (waited for %d): standing for election from now on",
-                     present, self.wait_for)
+            log.info(
+                "%d members are present (waited for %d): standing for election from now on",
+                present,
+                self.wait_for,
+            )
             self.changed()
             return ""
         return wait_reason(self.wait_for, present)

@@ -21,6 +21,7 @@ Example::
                         step_down=step_down, stopping=stop_event)
     session = takeover.run()   # serving and published; raises if a step fails
 """
+
 from __future__ import annotations
 
 import logging
@@ -111,8 +112,13 @@ def recovery_shortfall(zk: KazooClient, paths: ClusterPaths, ids) -> list[tuple[
 class RealEffects:
     """Performs the effects of :mod:`broker.server.standing.takeover_steps` on ZooKeeper and the bookies."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient,
-                 before_write: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        ledgers: LedgerClient,
+        before_write: Callable[[], None] = lambda: None,
+    ) -> None:
         self.zk, self.paths, self.ledgers = zk, paths, ledgers
         self.before_write = before_write
 
@@ -146,8 +152,13 @@ def close_previous_ledgers(zk: KazooClient, paths: ClusterPaths, ledgers: Ledger
     drive(close_previous(), RealEffects(zk, paths, ledgers))
 
 
-def open_ledger(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, claim: EpochClaim,
-                before_write: Callable[[], None] = lambda: None) -> LedgerWriter:
+def open_ledger(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    ledgers: LedgerClient,
+    claim: EpochClaim,
+    before_write: Callable[[], None] = lambda: None,
+) -> LedgerWriter:
     """Create a ledger of our epoch and append it to the log, fenced by our claim (LostLeadership if stale)."""
     writer = ledgers.create(claim.epoch)
     # A ledger that never makes it into the log holds nothing committed: readers skip it.
@@ -155,8 +166,9 @@ def open_ledger(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, cla
     return writer
 
 
-def roll_ledger(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, claim: EpochClaim,
-                current: LedgerWriter) -> LedgerWriter:
+def roll_ledger(
+    zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, claim: EpochClaim, current: LedgerWriter
+) -> LedgerWriter:
     """Close the full ledger and continue in a new one of the same epoch (runs on the server thread).
 
     Short of bookies for the new ledger, raises RollPostponed before closing anything: the
@@ -164,11 +176,15 @@ def roll_ledger(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, cla
     """
     need, live = ledgers.options.ensemble_size, placeable(live_bookies(zk, paths))
     if live < need:
-        raise RollPostponed(f"ledger {current.ledger_id} is full but the next one cannot be created: "
-                            f"{bookie_wait_reason(need, live)}")
+        raise RollPostponed(
+            f"ledger {current.ledger_id} is full but the next one cannot be created: "
+            f"{bookie_wait_reason(need, live)}"
+        )
     current.close(timeout=5)
     writer = open_ledger(zk, paths, ledgers, claim, before_write=ROLL_FAULT)
-    log.info("rolled from ledger %d to ledger %d (epoch %d)", current.ledger_id, writer.ledger_id, claim.epoch)
+    log.info(
+        "rolled from ledger %d to ledger %d (epoch %d)", current.ledger_id, writer.ledger_id, claim.epoch
+    )
     return writer
 
 
@@ -185,9 +201,18 @@ class Takeover:
     tell the caller what to close when a step fails.
     """
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient, store: StateStore,
-                 server: BrokerServer, broker_id: int, config: BrokerConfig,
-                 step_down: threading.Event, stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        ledgers: LedgerClient,
+        store: StateStore,
+        server: BrokerServer,
+        broker_id: int,
+        config: BrokerConfig,
+        step_down: threading.Event,
+        stopping: threading.Event,
+    ) -> None:
         self.zk, self.paths, self.ledgers, self.store = zk, paths, ledgers, store
         self.server, self.broker_id, self.config = server, broker_id, config
         self.step_down, self.stopping = step_down, stopping
@@ -197,7 +222,9 @@ class Takeover:
 
     def run(self) -> Leadership:
         # Before anything irreversible: an epoch claimed without bookies for its ledger is burned.
-        drive(ready_to_claim(self.ledgers.options.ensemble_size), RealEffects(self.zk, self.paths, self.ledgers))
+        drive(
+            ready_to_claim(self.ledgers.options.ensemble_size), RealEffects(self.zk, self.paths, self.ledgers)
+        )
         claim = claim_epoch(self.zk, self.paths, self.broker_id)
         epoch = claim.epoch
         log.info("elected; taking over with epoch %d", epoch)
@@ -221,7 +248,11 @@ class Takeover:
         session = self.session
 
         def leading() -> bool:
-            return self.server.leadership is session and not self.step_down.is_set() and not self.stopping.is_set()
+            return (
+                self.server.leadership is session
+                and not self.step_down.is_set()
+                and not self.stopping.is_set()
+            )
 
         def republish() -> None:
             try:
@@ -248,15 +279,25 @@ class Takeover:
         cfg = self.config
         epoch = claim.epoch
         triggers = RollTriggers(self.zk, self.paths)
-        session = LeaderSession(epoch=epoch, writer=writer, on_ready=ready.set, claim=claim,
-                                roll=lambda current: roll_ledger(self.zk, self.paths, self.ledgers, claim, current),
-                                should_roll=lambda current, entries, size: (entries >= cfg.ledger_max_entries
-                                                                            or size >= cfg.ledger_max_bytes
-                                                                            or triggers.reason(current) is not None))
+        session = LeaderSession(
+            epoch=epoch,
+            writer=writer,
+            on_ready=ready.set,
+            claim=claim,
+            roll=lambda current: roll_ledger(self.zk, self.paths, self.ledgers, claim, current),
+            should_roll=lambda current, entries, size: (
+                entries >= cfg.ledger_max_entries
+                or size >= cfg.ledger_max_bytes
+                or triggers.reason(current) is not None
+            ),
+        )
         started: list[Leadership] = []
         broker_id = self.broker_id
-        self.server.call_soon(lambda: started.append(self.server.start_leading(
-            session, lambda now_ms: [epoch_started(epoch, broker_id, now_ms)])))
+        self.server.call_soon(
+            lambda: started.append(
+                self.server.start_leading(session, lambda now_ms: [epoch_started(epoch, broker_id, now_ms)])
+            )
+        )
         while not ready.wait(READY_POLL_S):
             if self.step_down.is_set() or self.stopping.is_set():
                 raise LostLeadership("stepped down before serving")

@@ -24,6 +24,7 @@ Example::
     steps = append_fenced(ledger_id=7, claim=claim)
     drive(steps, perform)       # perform(effect) does the real call and returns its result
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,8 +52,10 @@ def bookie_wait_reason(need: int, live: int) -> str:
 
 def recovery_wait_reason(ledger_id: int, need: int, live: int) -> str:
     """Why a takeover waits for bookies of an open ledger's last ensemble."""
-    return (f"waiting for the bookies of ledger {ledger_id}: {live} of its last ensemble live, "
-            f"recovery needs {need}")
+    return (
+        f"waiting for the bookies of ledger {ledger_id}: {live} of its last ensemble live, "
+        f"recovery needs {need}"
+    )
 
 
 class WaitingForBookies(NotEnoughBookies):
@@ -78,6 +81,7 @@ class CountBookies:
 class RecoveryShortfall:
     """Result: ``[(ledger_id, need, live), ...]`` for each ledger of ``ids`` that is not CLOSED and has
     fewer live bookies in its last fragment than its recovery needs (fence and ack quorums)."""
+
     ids: tuple
 
 
@@ -89,18 +93,21 @@ class ReadLog:
 @dataclass(frozen=True)
 class LedgerStates:
     """Result: ``{ledger_id: state}`` for ``ids``."""
+
     ids: tuple
 
 
 @dataclass(frozen=True)
 class RecoverAndClose:
     """Fence the ledger on its bookies and close it at its last acknowledged entry."""
+
     ledger_id: int
 
 
 @dataclass(frozen=True)
 class WriteLog:
     """Result: WRITTEN, CONFLICT or STALE."""
+
     ledgers: tuple
     expected_version: int
     claim: EpochClaim
@@ -125,15 +132,17 @@ def append_fenced(ledger_id: int, claim: EpochClaim) -> Steps:
     for _ in range(MAX_LOG_TRIES):
         ledgers, version = yield ReadLog()
         if ledgers and ledgers[-1]["epoch"] > claim.epoch:
-            raise LostLeadership(f"the log holds a ledger of epoch {ledgers[-1]['epoch']}, newer than ours "
-                                 f"({claim.epoch})")
+            raise LostLeadership(
+                f"the log holds a ledger of epoch {ledgers[-1]['epoch']}, newer than ours ({claim.epoch})"
+            )
         yield from close_open_ledgers(ledgers)
         outcome = yield WriteLog(tuple(appended(ledgers, ledger_id, claim.epoch)), version, claim)
         if outcome == WRITTEN:
             return version + 1
         if outcome == STALE:
-            raise LostLeadership(f"epoch {claim.epoch} is no longer current: ledger {ledger_id} "
-                                 f"was not added to the log")
+            raise LostLeadership(
+                f"epoch {claim.epoch} is no longer current: ledger {ledger_id} was not added to the log"
+            )
     raise LostLeadership(f"the log kept changing: ledger {ledger_id} was not added to it")
 
 

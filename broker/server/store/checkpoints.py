@@ -22,6 +22,7 @@ Example::
     checkpointer.start()
     checkpointer.request("leadership")   # a checkpoint soon, whatever the policy says
 """
+
 from __future__ import annotations
 
 import json
@@ -58,6 +59,7 @@ class CheckpointHost:
 
     ``store`` is a callable because the running store is replaced when it is rebuilt.
     """
+
     zk: KazooClient
     paths: ClusterPaths
     ledgers: LedgerClient
@@ -123,7 +125,8 @@ class Checkpointer(threading.Thread):
     def _due(self) -> bool:
         entries = self.host.applied_entries()
         return entries > self._last_entries and self.policy.due(
-            entries - self._last_entries, time.monotonic() - self._last_time)
+            entries - self._last_entries, time.monotonic() - self._last_time
+        )
 
     def checkpoint(self, publish: bool = True) -> dict | None:
         """Snapshot the store now (unless nothing changed since the last one); return its header.
@@ -138,13 +141,19 @@ class Checkpointer(threading.Thread):
                 return self.latest
             entries = self.host.applied_entries()
             started = time.monotonic()
-            header = self.host.catalog.create(store, self.host.cluster_id, self.host.broker_id,
-                                              clock=self.host.clock)
+            header = self.host.catalog.create(
+                store, self.host.cluster_id, self.host.broker_id, clock=self.host.clock
+            )
             self.host.catalog.prune(self.host.snapshots_kept)
             self._last_entries, self._last_time = entries, time.monotonic()
             self.latest = header
-            log.info("checkpoint at %s: %d records, %d bytes in %.2fs", tuple(header["position"]),
-                     header.get("record_count", 0), header.get("size", 0), time.monotonic() - started)
+            log.info(
+                "checkpoint at %s: %d records, %d bytes in %.2fs",
+                tuple(header["position"]),
+                header.get("record_count", 0),
+                header.get("size", 0),
+                time.monotonic() - started,
+            )
         self.host.live_changed()
         if publish:
             self._publish_latest(header)
@@ -153,8 +162,13 @@ class Checkpointer(threading.Thread):
     def _publish_latest(self, header: dict) -> None:
         """Point `snapshots/latest` at this snapshot if it is newer than the one named there."""
         zk, paths = self.host.zk, self.host.paths
-        doc = {"broker_id": self.host.broker_id, "position": list(header["position"]),
-               "checksum": header.get("checksum"), "size": header.get("size"), "name": header.get("name")}
+        doc = {
+            "broker_id": self.host.broker_id,
+            "position": list(header["position"]),
+            "checksum": header.get("checksum"),
+            "size": header.get("size"),
+            "name": header.get("name"),
+        }
         for _ in range(5):
             try:
                 data, stat = zk.get(paths.snapshots_latest)
@@ -179,8 +193,9 @@ class Checkpointer(threading.Thread):
             return False
         zk, paths = self.host.zk, self.host.paths
         ids = [x["id"] for x in read_log(zk, paths)[0]]
-        return (live_snapshot_of(zk, paths, current["broker_id"]) is not None
-                and _order(current["position"], ids) >= _order(doc["position"], ids))
+        return live_snapshot_of(zk, paths, current["broker_id"]) is not None and _order(
+            current["position"], ids
+        ) >= _order(doc["position"], ids)
 
     def apply_retention(self) -> list[int]:
         """Delete the oldest ledgers that live snapshots cover and retention allows; return their ids."""
@@ -201,7 +216,9 @@ class Checkpointer(threading.Thread):
             mark_log_start(zk, paths, first_kept=ledgers[len(doomed)]["id"], deleted_through=doomed[-1])
             # StaleEpoch (a newer leader) and LogConflict (a roll since we read) skip this round.
             remove_ledgers(zk, paths, doomed, expected_version=version, claim=claim)
-            log.info("retention removed ledgers %s from the log (covered by snapshots at %s)", doomed, servable)
+            log.info(
+                "retention removed ledgers %s from the log (covered by snapshots at %s)", doomed, servable
+            )
         self._delete_orphans([x["id"] for x in ledgers if x["id"] not in doomed])
         return doomed
 

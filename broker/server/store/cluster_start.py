@@ -30,6 +30,7 @@ Example::
     start = ClusterStart(zk, paths, data_dir, identity_of, wait_for=3, clock=time.time, stop=stop_event)
     config = start.run(config)     # raises ClusterStartAborted; may return an adopted config
 """
+
 from __future__ import annotations
 
 import json
@@ -95,9 +96,14 @@ def describe_store(data_dir: Path) -> tuple[str, StoreStatus | None, int, tuple[
 
 
 def member_doc(member: MemberStore) -> dict:
-    return {"member": member.member, "kind": member.kind, "epoch": member.epoch,
-            "position": list(member.position) if member.position is not None else None,
-            "status": member.status.to_json() if member.status is not None else None, "label": member.label}
+    return {
+        "member": member.member,
+        "kind": member.kind,
+        "epoch": member.epoch,
+        "position": list(member.position) if member.position is not None else None,
+        "status": member.status.to_json() if member.status is not None else None,
+        "label": member.label,
+    }
 
 
 def member_of(doc: dict) -> MemberStore:
@@ -105,11 +111,22 @@ def member_of(doc: dict) -> MemberStore:
     parsed = None
     if status:
         position = status.get("position")
-        parsed = StoreStatus(status["cluster_id"], float(status["created_at"]), status["state"],
-                             status.get("shutdown_id"), tuple(position) if position else None)
+        parsed = StoreStatus(
+            status["cluster_id"],
+            float(status["created_at"]),
+            status["state"],
+            status.get("shutdown_id"),
+            tuple(position) if position else None,
+        )
     position = doc.get("position")
-    return MemberStore(int(doc["member"]), doc["kind"], parsed, int(doc.get("epoch", 0)),
-                       tuple(position) if position else None, doc.get("label", ""))
+    return MemberStore(
+        int(doc["member"]),
+        doc["kind"],
+        parsed,
+        int(doc.get("epoch", 0)),
+        tuple(position) if position else None,
+        doc.get("label", ""),
+    )
 
 
 def seed_of(decision: dict) -> dict | None:
@@ -120,8 +137,16 @@ def seed_of(decision: dict) -> dict | None:
 class ClusterStart:
     """One broker's part in starting a cluster that has no log (see the module docstring)."""
 
-    def __init__(self, zk: KazooClient, paths: ClusterPaths, data_dir: Path, broker_id: Callable[[], int],
-                 wait_for: int, clock: Callable[[], float], stop: threading.Event) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        data_dir: Path,
+        broker_id: Callable[[], int],
+        wait_for: int,
+        clock: Callable[[], float],
+        stop: threading.Event,
+    ) -> None:
         self.zk, self.paths, self.data = zk, paths, Path(data_dir)
         self.broker_id, self.wait_for, self.clock, self.stop = broker_id, max(1, wait_for), clock, stop
         self.token = uuid.uuid4().hex
@@ -197,8 +222,11 @@ class ClusterStart:
                 decision = decide_initialization(members, initial_members=len(members))
                 return self._settle(decision, members, [token for _, token in present])
             if not said:
-                log.info("the cluster has no log: waiting for %d members to decide how it starts (%d present)",
-                         self.wait_for, len(present))
+                log.info(
+                    "the cluster has no log: waiting for %d members to decide how it starts (%d present)",
+                    self.wait_for,
+                    len(present),
+                )
                 said = True
             changed.wait(POLL_S)
         raise ClusterStartAborted("stopped while waiting for the cluster's members")
@@ -208,7 +236,9 @@ class ClusterStart:
         apart (``init/aborted``, naming the starts it was decided on) so that it stops every
         member it concerns while a later start, with other members, may decide again."""
         if decision.action == ABORT:
-            doc = json.dumps({"reason": decision.reason, "tokens": tokens, "decided_at": self.clock()}).encode()
+            doc = json.dumps(
+                {"reason": decision.reason, "tokens": tokens, "decided_at": self.clock()}
+            ).encode()
             try:
                 self.zk.create(self.paths.init_aborted, doc, makepath=True)
             except NodeExistsError:
@@ -234,15 +264,26 @@ class ClusterStart:
         config = self._fit_zookeeper(decision, config)
         seed = seed_of(decision)
         mine = me.status.final_signature if me.kind == CLEAN and me.status is not None else None
-        if mine is not None and mine == (seed["shutdown_id"], tuple(seed["position"])) \
-                and me.status.cluster_id == decision["cluster_id"]:
-            log.info("the cluster restarts from the state this store kept (shutdown %s at %s)",
-                     seed["shutdown_id"], seed["position"])
+        if (
+            mine is not None
+            and mine == (seed["shutdown_id"], tuple(seed["position"]))
+            and me.status.cluster_id == decision["cluster_id"]
+        ):
+            log.info(
+                "the cluster restarts from the state this store kept (shutdown %s at %s)",
+                seed["shutdown_id"],
+                seed["position"],
+            )
             return config
         if me.kind not in (TRANSIENT, EMPTY):
             aside = self._move_aside()
-            log.warning("the cluster restarts from member %s's clean store: this store (%s) was moved to %s "
-                        "and the state comes from a snapshot", decision["source"], me.kind, aside)
+            log.warning(
+                "the cluster restarts from member %s's clean store: this store (%s) was moved to %s "
+                "and the state comes from a snapshot",
+                decision["source"],
+                me.kind,
+                aside,
+            )
         return config
 
     def _fit_zookeeper(self, decision: dict, config: dict) -> dict:
@@ -265,14 +306,22 @@ class ClusterStart:
             config = json.loads(data)
             if config["cluster_id"] == cluster_id:
                 return config
-            adopted = {**config, "cluster_id": cluster_id, "created_at": created_at,
-                       "reinitialized": {"at": self.clock(), "replaced_cluster_id": config["cluster_id"]}}
+            adopted = {
+                **config,
+                "cluster_id": cluster_id,
+                "created_at": created_at,
+                "reinitialized": {"at": self.clock(), "replaced_cluster_id": config["cluster_id"]},
+            }
             try:
                 self.zk.set(self.paths.config, json.dumps(adopted).encode(), version=stat.version)
             except BadVersionError:
                 continue
-            log.warning("cluster %s continues the stores' cluster id %s (ZooKeeper's config had %s)",
-                        self.paths.cluster, cluster_id, config["cluster_id"])
+            log.warning(
+                "cluster %s continues the stores' cluster id %s (ZooKeeper's config had %s)",
+                self.paths.cluster,
+                cluster_id,
+                config["cluster_id"],
+            )
             return adopted
 
     def _raise_epoch(self, epoch: int) -> None:
@@ -304,4 +353,3 @@ class ClusterStart:
                 (self.data / name).rename(aside / name)
         fsync_dir(self.data)
         return aside
-

@@ -7,6 +7,7 @@ Example::
     ...
     lock.release()
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -36,7 +37,9 @@ class DataDirLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DataDirInUse(f"{self.path.parent} is in use by another process (stop that broker first)") from None
+            raise DataDirInUse(
+                f"{self.path.parent} is in use by another process (stop that broker first)"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd

@@ -20,6 +20,7 @@ Example::
     ...
     tail.stop(); tail.join()
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,7 +64,9 @@ def apply_entries(store, entries, stop_at_shutdown: bool = False) -> int:
         except BadEvent as exc:
             if group:
                 _apply_group(store, group)
-            raise Diverged(f"committed entry at position {position} cannot be decoded: {exc.message}") from None
+            raise Diverged(
+                f"committed entry at position {position} cannot be decoded: {exc.message}"
+            ) from None
         group.append((events, position))
         applied += 1
         size += len(events)
@@ -87,8 +90,9 @@ def _apply_group(store, group: list) -> None:
             for one in group:
                 _apply_group(store, [one])
             return
-        raise Diverged(f"committed entry at position {group[0][1]} cannot be applied: "
-                       f"{type(exc).__name__}: {exc}") from exc
+        raise Diverged(
+            f"committed entry at position {group[0][1]} cannot be applied: {type(exc).__name__}: {exc}"
+        ) from exc
     for (events, position), results in zip(group, applied):
         for res in results:
             if not res.get("ok") and res.get("error") == E_DIGEST_MISMATCH:
@@ -110,9 +114,16 @@ def catch_up(ledgers, store, stop: threading.Event | None = None, batch: int = 5
 class FollowerTail(threading.Thread):
     """Long-polls the log and applies what gets committed, until stopped."""
 
-    def __init__(self, ledgers, store, on_fatal: Callable[[Exception], None],
-                 on_applied: Callable[[int], None] = lambda entries: None, batch: int = 500,
-                 on_shutdown: Callable[[str, tuple[int, int]], bool] | None = None, pause_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        ledgers,
+        store,
+        on_fatal: Callable[[Exception], None],
+        on_applied: Callable[[int], None] = lambda entries: None,
+        batch: int = 500,
+        on_shutdown: Callable[[str, tuple[int, int]], bool] | None = None,
+        pause_s: float = 0.0,
+    ) -> None:
         super().__init__(name="follower-tail", daemon=True)
         self.ledgers = ledgers
         self.store = store

@@ -24,6 +24,7 @@ Example::
         store.close()
         aside = quarantine(data / "state", time.time)
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,9 +64,12 @@ def check_status_cluster(data_dir: Path, cluster: str, cluster_id: str) -> Store
     return status
 
 
-def position_problem(position: tuple[int, int] | None, log_ids: list[int],
-                     ledger_state: tuple[str, int | None] | None,
-                     seed: tuple[int, int] | None = None) -> str | None:
+def position_problem(
+    position: tuple[int, int] | None,
+    log_ids: list[int],
+    ledger_state: tuple[str, int | None] | None,
+    seed: tuple[int, int] | None = None,
+) -> str | None:
     """Why the log with ``log_ids`` cannot have produced ``position``, or None.
 
     ``ledger_state`` is ``(state, last_entry)`` of the position's ledger when it is
@@ -79,18 +83,21 @@ def position_problem(position: tuple[int, int] | None, log_ids: list[int],
     if not log_ids:
         return f"its position {list(position)} is beyond the cluster's log, which is empty"
     if ledger not in log_ids and ledger > log_ids[-1]:
-        return (f"its position {list(position)} is beyond the cluster's log "
-                f"(ledger {ledger} is not in it; the last is {log_ids[-1]})")
+        return (
+            f"its position {list(position)} is beyond the cluster's log "
+            f"(ledger {ledger} is not in it; the last is {log_ids[-1]})"
+        )
     if ledger_state is not None:
         state, last_entry = ledger_state
         if state == CLOSED and last_entry is not None and entry > last_entry:
-            return (f"its position {list(position)} is beyond the cluster's log "
-                    f"(ledger {ledger} is closed at entry {last_entry})")
+            return (
+                f"its position {list(position)} is beyond the cluster's log "
+                f"(ledger {ledger} is closed at entry {last_entry})"
+            )
     return None
 
 
-def adoption_problem(position: tuple[int, int] | None, store_epoch: int,
-                     log: list[dict]) -> str | None:
+def adoption_problem(position: tuple[int, int] | None, store_epoch: int, log: list[dict]) -> str | None:
     """Why a store without a recorded cluster id must not adopt this cluster, or None.
 
     Each ledger of the log was written in one epoch, and the store's last applied
@@ -102,8 +109,10 @@ def adoption_problem(position: tuple[int, int] | None, store_epoch: int,
     epochs = {x["id"]: x["epoch"] for x in log}
     ledger = position[0]
     if ledger in epochs and store_epoch and store_epoch != epochs[ledger]:
-        return (f"its epoch {store_epoch} is not the epoch {epochs[ledger]} in which the "
-                f"log wrote ledger {ledger}")
+        return (
+            f"its epoch {store_epoch} is not the epoch {epochs[ledger]} in which the "
+            f"log wrote ledger {ledger}"
+        )
     return None
 
 
@@ -129,18 +138,25 @@ def check_store_cluster(store: StateStore, zk: KazooClient, paths: ClusterPaths,
     log_ids = [x["id"] for x in ledgers]
     position = store.position()
     in_log = position is not None and position[0] in log_ids
-    problem = position_problem(position, log_ids, _ledger_state(zk, paths, position[0]) if in_log else None,
-                               log_seed(zk, paths))
+    problem = position_problem(
+        position, log_ids, _ledger_state(zk, paths, position[0]) if in_log else None, log_seed(zk, paths)
+    )
     if problem is None and recorded is None:
         problem = adoption_problem(position, store.epoch(), ledgers)
     if problem is not None:
         whose = f"cluster {recorded}" if recorded else "no recorded cluster"
-        raise WrongStore(f"wrong store: {store.path} ({whose}) does not fit cluster {paths.cluster} "
-                         f"({cluster_id}): {problem}")
+        raise WrongStore(
+            f"wrong store: {store.path} ({whose}) does not fit cluster {paths.cluster} "
+            f"({cluster_id}): {problem}"
+        )
     if recorded is None:
         store.set_cluster_id(cluster_id)
-        log.info("state store %s recorded no cluster id; its position %s fits the log: adopting "
-                 "cluster %s", store.path, list(position) if position else None, cluster_id)
+        log.info(
+            "state store %s recorded no cluster id; its position %s fits the log: adopting cluster %s",
+            store.path,
+            list(position) if position else None,
+            cluster_id,
+        )
 
 
 def quarantine(state_dir: Path, clock: Callable[[], float] = time.time) -> Path:

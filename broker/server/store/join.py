@@ -13,6 +13,7 @@ Example::
     if needs_snapshot(store.position(), log_ids, log_truncated=True):
         header = install_snapshot(sources, data_dir, cluster_id, request_to)
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,12 @@ class JoinError(BrokerError):
     """No snapshot could be installed, so this store cannot catch up."""
 
 
-def needs_snapshot(position: tuple[int, int] | None, log_ids: list[int], log_truncated: bool,
-                   seed: tuple[int, int] | None = None) -> bool:
+def needs_snapshot(
+    position: tuple[int, int] | None,
+    log_ids: list[int],
+    log_truncated: bool,
+    seed: tuple[int, int] | None = None,
+) -> bool:
     """True when replaying the log alone cannot rebuild this store's state.
 
     An empty store replays from the start unless ledgers were ever deleted
@@ -86,6 +91,7 @@ def snapshot_sources(zk: KazooClient, paths: ClusterPaths, own_id: int) -> list[
 
 def broker_requester(address: str, timeout: float = 10.0) -> Callable[[str, dict], dict]:
     """A function sending one request to the broker at `address` and returning its reply (raising on error)."""
+
     def request(op: str, fields: dict) -> dict:
         return request_once(address, op, timeout, max_bytes=64 * 1024 * 1024, **fields)
 
@@ -115,8 +121,12 @@ class ProgressLog:
         log.info("%s: %.1f / %.1f MB (%.1f MB/s)", self.what, done / 1e6, total / 1e6, rate)
 
 
-def install_snapshot(sources: list[dict], data_dir: Path, cluster_id: str,
-                     request_to: Callable[[str], Callable[[str, dict], dict]]) -> dict:
+def install_snapshot(
+    sources: list[dict],
+    data_dir: Path,
+    cluster_id: str,
+    request_to: Callable[[str], Callable[[str, dict], dict]],
+) -> dict:
     """Download and install the newest snapshot from the first source that works; return its header.
 
     `request_to(address)` gives a function sending one request to that broker.
@@ -128,9 +138,12 @@ def install_snapshot(sources: list[dict], data_dir: Path, cluster_id: str,
     errors = []
     for source in sources:
         try:
-            path = download(request_to(source["address"]), catalog.directory,
-                            progress=ProgressLog(f"snapshot from broker {source['broker_id']}"),
-                            cluster_id=cluster_id)
+            path = download(
+                request_to(source["address"]),
+                catalog.directory,
+                progress=ProgressLog(f"snapshot from broker {source['broker_id']}"),
+                cluster_id=cluster_id,
+            )
             return _replace_state(path, data_dir, cluster_id)
         except (SnapshotError, BrokerError, OSError) as exc:
             log.warning("snapshot from broker %s failed: %s", source["broker_id"], exc)
@@ -148,6 +161,10 @@ def _replace_state(path: Path, data_dir: Path, cluster_id: str) -> dict:
         state.rename(old)
     fresh.rename(state)
     shutil.rmtree(old, ignore_errors=True)
-    log.info("installed snapshot at %s (%d records) in %.1fs", tuple(header["position"]),
-             header.get("record_count", 0), time.monotonic() - started)
+    log.info(
+        "installed snapshot at %s (%d records) in %.1fs",
+        tuple(header["position"]),
+        header.get("record_count", 0),
+        time.monotonic() - started,
+    )
     return header

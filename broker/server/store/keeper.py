@@ -18,6 +18,7 @@ Example::
     keeper.attach(broker_id, catalog)
     store = keeper.verified(store)       # ready to serve
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,16 @@ JOIN_PATIENCE_S = 120.0
 class StoreKeeper:
     """Brings one broker's state store (``<data>/state``) to a state it may serve from."""
 
-    def __init__(self, config, zk: KazooClient, paths: ClusterPaths, cluster_id: str,
-                 clock: Callable[[], float], stop: threading.Event, created_at: float | None = None) -> None:
+    def __init__(
+        self,
+        config,
+        zk: KazooClient,
+        paths: ClusterPaths,
+        cluster_id: str,
+        clock: Callable[[], float],
+        stop: threading.Event,
+        created_at: float | None = None,
+    ) -> None:
         self.config = config
         self.zk = zk
         self.paths = paths
@@ -79,9 +88,12 @@ class StoreKeeper:
         self.catalog = catalog
 
     def new_store(self) -> StateStore:
-        return StateStore(self.state_dir, map_size=self.config.map_size,
-                          sync=self.config.fsync and self.config.fsync_each_apply,
-                          sync_on_close=self.config.fsync)
+        return StateStore(
+            self.state_dir,
+            map_size=self.config.map_size,
+            sync=self.config.fsync and self.config.fsync_each_apply,
+            sync_on_close=self.config.fsync,
+        )
 
     def checked(self) -> StateStore | None:
         """The store, refused (WrongStore) if of another cluster or beyond the log; None if it was
@@ -131,8 +143,12 @@ class StoreKeeper:
             log.info("the state store was not closed in order: verifying it")
             try:
                 report = store.verify()
-                log.info("state store verified: %d records at %s hash to %s", report["records"],
-                         report["position"], report["digest"])
+                log.info(
+                    "state store verified: %d records at %s hash to %s",
+                    report["records"],
+                    report["position"],
+                    report["digest"],
+                )
             except StoreDamaged as exc:
                 store.close()
                 self.set_aside(exc)
@@ -154,19 +170,25 @@ class StoreKeeper:
         log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
         truncated = log_truncated(self.zk, self.paths)
         for snap in self.catalog.list() if self.catalog is not None else []:
-            if snap.get("error") or needs_snapshot(tuple(snap["position"]), log_ids, truncated,
-                                                   log_seed(self.zk, self.paths)):
+            if snap.get("error") or needs_snapshot(
+                tuple(snap["position"]), log_ids, truncated, log_seed(self.zk, self.paths)
+            ):
                 continue
             try:
                 restore_snapshot(snap["path"], self.state_dir, self.cluster_id, self.config.map_size)
             except SnapshotError as exc:
                 log.warning("own snapshot %s cannot rebuild the store: %s", snap["name"], exc)
                 continue
-            log.info("rebuilt the state store from own snapshot %s; the ledgers bring it up to date",
-                     snap["name"])
+            log.info(
+                "rebuilt the state store from own snapshot %s; the ledgers bring it up to date", snap["name"]
+            )
             return self.new_store()
-        log.info("rebuilding the state store from %s", "another broker's snapshot" if truncated
-                 else "the ledgers alone (the log still starts at the beginning)")
+        log.info(
+            "rebuilding the state store from %s",
+            "another broker's snapshot"
+            if truncated
+            else "the ledgers alone (the log still starts at the beginning)",
+        )
         store = self.open(join=True)
         check_store_cluster(store, self.zk, self.paths, self.cluster_id)
         return store
@@ -175,8 +197,9 @@ class StoreKeeper:
         """The store, first installing a snapshot if the log alone cannot bring it up to date."""
         store = store or self.new_store()
         log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
-        if not join or not needs_snapshot(store.position(), log_ids, log_truncated(self.zk, self.paths),
-                                          log_seed(self.zk, self.paths)):
+        if not join or not needs_snapshot(
+            store.position(), log_ids, log_truncated(self.zk, self.paths), log_seed(self.zk, self.paths)
+        ):
             return store
         log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
         store.close()
