@@ -1,4 +1,9 @@
-"""fencepost broker: the task broker: state machine, leader and follower loops, client protocol."""
+"""fencepost broker: the task broker.
+
+``protocol.py`` (ops and request checks, pure), ``state/`` (the replicated state machine),
+``server/`` (one broker process), ``api/`` (what applications import) and ``admin/`` (the back-ends
+of the operator commands and the dashboard).
+"""
 
 
 class BrokerError(Exception):

@@ -1,4 +1,9 @@
-"""fencepost ledger: fenced, quorum-replicated log ledgers: entry codec, bookies, ledger client, the log."""
+"""fencepost ledger: fenced, quorum-replicated log ledgers.
+
+The top level is pure or ZooKeeper only: the entry codec, quorum bookkeeping, ledger metadata,
+placement and the log (the ordered list of ledgers). ``client/`` is what a broker uses, ``bookie/``
+the bookie process, ``replication/`` the auditor, re-replication and decommissioning.
+"""
 
 
 class LedgerError(Exception):

@@ -1,2 +1,2 @@
-"""One broker process: node lifecycle, takeover, request loop, group commit, follower tail,
-checkpoints, joining, store keeping, configuration."""
+"""One broker process: ``node.py`` wires it; ``leading/`` holds a leader's duties, ``standing/`` the
+candidacy and takeover, ``store/`` the store's keeping, follower tail, checkpoints and joining."""
