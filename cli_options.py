@@ -47,11 +47,10 @@ import click
 
 from cli_checks import check_zk_hosts, check_zk_resolvable
 from cli_errors import quiet_kazoo
+from election.local.dev_cluster import DEFAULT_DEV_DIR, STATE_FILE, read_dev_state
 from election.local.settings import ENV_PREFIX
 from election.zk_auth import ENV as ZK_AUTH_ENV
 from election.zk_auth import ZkAuth, ZkAuthError
-
-DEFAULT_DEV_DIR = ".fencepost-dev"
 
 
 def emit(data, as_json: bool, human) -> None:
@@ -72,13 +71,11 @@ def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[
     cluster = cluster or os.environ.get("FENCEPOST_CLUSTER")
     if zk and cluster:
         return check_zk_hosts(zk, source), cluster
-    from devtools.devcluster import DevCluster
-
-    state = DevCluster(Path(dev_dir)).read_state()
+    state = read_dev_state(dev_dir)
     if not zk:
         if not state:
             raise click.UsageError(f"no --zk given, FENCEPOST_ZK unset, and no dev cluster in {dev_dir}")
-        zk, source = state["zk"], f"{dev_dir}/cluster.json"
+        zk, source = state["zk"], f"{dev_dir}/{STATE_FILE}"
         use_dev_keys(state)
     return check_zk_hosts(zk, source), cluster or (state or {}).get("cluster") or "dev"
 

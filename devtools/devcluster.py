@@ -68,10 +68,10 @@ from election.cluster_config import (
     read_cluster_config,
     read_secret,
 )
+from election.local.dev_cluster import DevStateError, read_dev_state, state_path
 from election.local.files import write_json_atomically
 from election.paths import ClusterPaths, check_cluster_name
 
-STATE_FILE = "cluster.json"
 # Held (flock) by the `fencepost dev` command working on the run directory.
 LOCK_FILE = ".dev.lock"
 # One more bookie than the default ensemble (3): with one bookie dead a new ledger still finds
@@ -170,7 +170,7 @@ class DevCluster:
         # A benchmark's throwaway cluster: its processes die with the benchmark and ignore
         # the FENCEPOST_* settings of the shell; a `dev up` cluster outlives the command.
         self.private = private
-        self.state_path = self.run_dir / STATE_FILE
+        self.state_path = state_path(self.run_dir)
         # The processes this object started, so their exit codes can be read (not only "gone").
         self._popens: dict[int, subprocess.Popen] = {}
         # Threads of one run (a chaos fault and the monitor) restart members at once: each
@@ -179,11 +179,9 @@ class DevCluster:
 
     def read_state(self) -> dict | None:
         try:
-            return json.loads(self.state_path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise DevClusterError(f"cannot read {self.state_path}: {exc}") from None
+            return read_dev_state(self.run_dir)
+        except DevStateError as exc:
+            raise DevClusterError(str(exc)) from None
 
     def write_state(self, state: dict) -> None:
         """Replace cluster.json atomically so a crash never leaves half a record."""
