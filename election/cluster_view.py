@@ -9,13 +9,13 @@ Example::
 from __future__ import annotations
 
 import json
-import time
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election import ElectionError
 from election.live import live_brokers
+from election.local.clock import SYSTEM_CLOCK
 from election.local.human import human_age, human_bytes
 from election.paths import ClusterPaths
 
@@ -114,12 +114,14 @@ def _secure_text(view: dict) -> str:
 
 
 def format_status(view: dict, now: float | None = None) -> str:
-    """Human-readable text for a :func:`cluster_status` view (sizes and ages for people; ``now`` in seconds).
+    """Human-readable text for a :func:`cluster_status` view (sizes and ages for people).
+
+    ``now``: wall-clock seconds the ages are counted to (None: the system clock's now).
 
     A view completed by ``broker.admin.status.full_status`` also says which brokers answer: a
     leader that does not is marked, since ZooKeeper names it until its session expires.
     """
-    now = time.time() if now is None else now
+    now = SYSTEM_CLOCK.now() if now is None else now
     if not view["initialized"]:
         return f"cluster {view['cluster']!r}: not initialized (no config node yet)"
     leader = view["leader"] if view["leader"] is not None else "-"

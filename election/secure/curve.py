@@ -27,11 +27,11 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.secure.keys import KeyPair, KeyRing
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,10 @@ REFUSED_LOG_S = 60.0
 class KeyRingAuthenticator(ThreadAuthenticator):
     """pyzmq's ZAP thread, answering from a :class:`KeyRing` (so a SIGHUP reload applies to new connections)."""
 
-    def __init__(self, context: zmq.Context, ring: KeyRing) -> None:
+    def __init__(self, context: zmq.Context, ring: KeyRing, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__(context, log=log)
         self.ring = ring
+        self._clock = clock
         # A refused client reconnects every fraction of a second: say so once a minute per key, not each time.
         self._refused_logged: dict[bytes, float] = {}
 
@@ -55,7 +56,7 @@ class KeyRingAuthenticator(ThreadAuthenticator):
     def callback(self, domain: str, key: bytes) -> bool:
         entry = self.ring.lookup(key)
         if entry is None:
-            now = time.monotonic()
+            now = self._clock.monotonic()
             if now - self._refused_logged.get(key, -REFUSED_LOG_S) >= REFUSED_LOG_S:
                 if len(self._refused_logged) > 10_000:  # bounded whatever keys strangers try
                     self._refused_logged.clear()

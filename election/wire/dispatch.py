@@ -21,7 +21,7 @@ one answer:
 Example::
 
     dispatcher = Dispatcher("bookie", {"ping": lambda msg, ctx: wire.ok_reply(ctx.rid)}, 1 << 20)
-    decision = dispatcher.handle([b"peer"], wire.encode(wire.request("ping", 7)), None, time.perf_counter())
+    decision = dispatcher.handle([b"peer"], wire.encode(wire.request("ping", 7)), None, clock.monotonic())
     assert decision.reply["ok"] and decision.op == "ping"
 """
 
@@ -62,7 +62,7 @@ class RequestContext(NamedTuple):
     rid: Any  # the request id, echoed in the reply (None when the request has none)
     op: str
     peer: tuple[str, str] | None  # (role, name) of the sender's key on a secure server; None on a plain one
-    received: float  # time.perf_counter() when the frame was read: the start of its latency
+    received: float  # the server clock's monotonic() when the frame was read: the start of its latency
 
 
 Reply = Union[dict, Deferred]

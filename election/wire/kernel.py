@@ -20,11 +20,11 @@ the frame can take the memory. On a secure server the socket is a CURVE server
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Mapping
 
 import zmq
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.secure.curve import peer_role
 from election.wire.codes import E_OVERSIZED
 from election.wire.dispatch import DEFERRED, Decision, Dispatcher, Handler, KernelHooks
@@ -74,16 +74,19 @@ class ServingKernel:
         counters: dict[str, int] | None = None,
         oversized_code: str = E_OVERSIZED,
         receive_limit: int | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``kind``: ``"broker"`` or ``"bookie"`` (for the role check and messages); ``counters``: the
         server's own map to count in; ``oversized_code``: the code an oversized frame is answered with;
-        ``receive_limit``: ZMQ_MAXMSGSIZE (default ``OVERSIZED_FRAME_FACTOR * max_frame_bytes``)."""
+        ``receive_limit``: ZMQ_MAXMSGSIZE (default ``OVERSIZED_FRAME_FACTOR * max_frame_bytes``); ``clock``:
+        the server's, whose ``monotonic`` stamps each request's arrival (the start of its latency)."""
         self.dispatcher = Dispatcher(kind, ops, max_frame_bytes, hooks, counters, oversized_code)
         self.counters = self.dispatcher.counters
         self._hooks = hooks
         self._receive_limit = receive_limit or OVERSIZED_FRAME_FACTOR * max_frame_bytes
         self._sock: zmq.Socket | None = None
         self._secure = False
+        self._monotonic = clock.monotonic  # bound once: read for every request
 
     @property
     def socket(self) -> zmq.Socket:
@@ -147,7 +150,7 @@ class ServingKernel:
 
     def answer(self, route: list, frame: bytes, peer: tuple[str, str] | None = None) -> None:
         """Decide about one received message and send its reply (unless its handler defers it)."""
-        received = time.perf_counter()
+        received = self._monotonic()
         self._carry_out(route, self.dispatcher.handle(route, frame, peer, received), received)
 
     def _carry_out(self, route: list, decision: Decision, started: float | None) -> None:
@@ -159,7 +162,7 @@ class ServingKernel:
     def send(self, route: list, reply: dict, op: str | None = None, started: float | None = None) -> None:
         """Send ``reply`` on ``route``: the one place a reply leaves.
 
-        ``op`` and ``started`` (perf_counter, None for a reply without a latency) go to the
+        ``op`` and ``started`` (the clock's ``monotonic``, None for a reply without a latency) go to the
         ``replied`` hook; a reply with no ``op`` is not counted there. A peer that is gone or
         not reading loses the reply (logged at debug): the server goes on.
         """
