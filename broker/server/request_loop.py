@@ -27,7 +27,7 @@ received whole).
 
 Example::
 
-    server = BrokerServer(config, store, broker_id=1, clock=time.time, hooks=ServerHooks(on_fatal=stop))
+    server = BrokerServer(config, store, broker_id=1, clock=SYSTEM_CLOCK, hooks=ServerHooks(on_fatal=stop))
     server.bind()
     while not stop.is_set():
         server.serve_once()
@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,9 +47,11 @@ from broker import protocol
 from broker.server.leading import reads
 from broker.server.leading.housekeeping import Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
-from broker.server.leading.leadership import LeaderHooks, LeaderSession, Leadership
+from broker.server.leading.leadership import Leadership
+from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.state.store import StoreDamaged
 from election import wire
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import codes
 from election.wire.dispatch import DEFERRED, KernelHooks, Reply, RequestContext
 from election.wire.kernel import ServingKernel
@@ -59,13 +60,13 @@ from snapshots.transfer import TransferError
 log = logging.getLogger(__name__)
 
 
-def time_ordered_id(clock: Callable[[], float]) -> str:
+def time_ordered_id(clock: Clock) -> str:
     """A task id that sorts by creation time (48-bit milliseconds, then 80 random bits), UUIDv7-like.
 
     Ids made close in time land next to each other in the store's B-trees, so
     applying a batch touches a few pages instead of hundreds.
     """
-    return f"{int(clock() * 1000) & ((1 << 48) - 1):012x}{os.urandom(10).hex()}"
+    return f"{clock.now_ms() & ((1 << 48) - 1):012x}{os.urandom(10).hex()}"
 
 
 def _raise(exc: Exception) -> None:
@@ -99,7 +100,7 @@ class BrokerServer:
         config,
         store,
         broker_id: int,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         new_id: Callable[[], str] | None = None,
         max_payload: int = 1 << 20,
         keys=None,
@@ -122,7 +123,7 @@ class BrokerServer:
         self.leadership: Leadership | None = None
         self._applied_before = 0  # entries applied by the leaderships before the current one
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
-        self.leader_clock = LeaderClock(wall=clock)
+        self.leader_clock = LeaderClock(clock)
         self.counters = {"refused_shutting_down": 0}
         # While leading: workers seen and lost, finished tasks past their result_ttl.
         self.housekeeping = Housekeeping(lambda: self.store, config)
@@ -306,7 +307,7 @@ class BrokerServer:
             on_internal_applied=metrics.internal_applied if metrics is not None else None,
         )
         self.leadership = Leadership(
-            session, self.store, self.config, hooks, self.leader_clock, self.housekeeping
+            session, self.store, self.config, hooks, self.leader_clock, self.housekeeping, self.clock
         )
         self.draining = False
         self.role = "leader"

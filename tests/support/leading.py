@@ -20,7 +20,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from broker.server.config import BrokerConfig
-from broker.server.leading.leadership import LeaderSession, Leadership
+from broker.server.leading.leadership import Leadership
+from broker.server.leading.session import LeaderSession
 from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.events import decode_batch
 from broker.state.store import StateStore

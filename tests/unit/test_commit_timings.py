@@ -4,6 +4,7 @@ from concurrent.futures import Future
 
 from broker.server.leading.commit_timings import CommitTimings, percentile
 from broker.server.leading.group_commit import GroupCommit
+from tests.support.clock import FakeClock
 
 
 def test_percentile_and_summary_over_a_window():
@@ -31,18 +32,34 @@ class Writer:
 
 
 def test_the_group_commit_records_each_entry_it_applies():
-    writer, replies = Writer(), []
+    writer, replies, clock, observed = Writer(), [], FakeClock(), []
+
+    def apply(entries):
+        clock.advance(0.004)  # applying takes 4 ms
+        return [[{"ok": True}] * len(ev) for ev, _ in entries]
+
     gc = GroupCommit(
         writer,
-        apply=lambda entries: [[{"ok": True}] * len(ev) for ev, _ in entries],
+        apply=apply,
         reply=lambda ctx, res, exc: replies.append(ctx),
         wake=lambda: None,
+        clock=clock,
+        observer=lambda *row: observed.append(row),
     )
     gc.add([{"type": "WorkerSeen", "worker": "w", "now_ms": 1}], "r1")
+    clock.advance(0.001)
     gc.add([{"type": "WorkerSeen", "worker": "w", "now_ms": 2}], "r2")
-    gc.flush()
-    writer.futures[0].set_result(0)
+    gc.flush()  # gathered for 1 ms
+    clock.advance(0.002)
+    writer.futures[0].set_result(0)  # committed 2 ms after it was sent
+    clock.advance(0.003)  # the server thread takes it 3 ms later
     assert gc.drain_completed() == 1 and replies == ["r1", "r2"]
     out = gc.timings.summary()
     assert out["entries"] == 1 and out["events_per_entry"] == 2.0
-    assert all(out[stage]["p50_ms"] >= 0 for stage in ("gather", "ledger", "wake", "apply"))
+    assert {stage: out[stage]["p50_ms"] for stage in ("gather", "ledger", "wake", "apply")} == {
+        "gather": 1.0,
+        "ledger": 2.0,
+        "wake": 3.0,
+        "apply": 4.0,
+    }
+    assert len(observed) == 1 and observed[0][4] == 2

@@ -11,7 +11,10 @@ GAP_S = 2.0  # from the predecessor's last stamp to the successor's takeover
 
 
 class Clocks:
-    """Real time, and a broker's view of it: its wall clock off by `skew_s`, its own monotonic clock."""
+    """Real time, and a broker's view of it: its wall clock off by `skew_s`, its own monotonic clock.
+
+    The two readings of :class:`election.local.clock.Clock` a LeaderClock uses.
+    """
 
     def __init__(self, skew_s: float) -> None:
         self.real = 1_000_000.0
@@ -19,6 +22,9 @@ class Clocks:
 
     def wall(self) -> float:
         return self.real + self.skew
+
+    def now_ms(self) -> int:
+        return int(self.wall() * 1000)
 
     def monotonic(self) -> float:
         return self.real - 900_000.0  # any origin: only differences count
@@ -31,7 +37,7 @@ def test_a_lease_expires_on_time_after_a_failover(skew_s):
     deadline = granted_at + LEASE_MS  # the lease event the predecessor stamped last
 
     clocks = Clocks(skew_s)
-    successor = LeaderClock(wall=clocks.wall, monotonic=clocks.monotonic)
+    successor = LeaderClock(clocks)
     successor.observe(granted_at - 700)  # an earlier stamp, at the follower's first look
     clocks.real = predecessor.real + 0.05  # the follower applies the lease entry 50 ms later
     successor.observe(granted_at)
@@ -47,7 +53,7 @@ def test_a_lease_expires_on_time_after_a_failover(skew_s):
 
 def test_a_broker_that_never_saw_the_stamp_uses_its_wall_clock_but_never_goes_backwards():
     clocks = Clocks(-60.0)
-    fresh = LeaderClock(wall=clocks.wall, monotonic=clocks.monotonic)
+    fresh = LeaderClock(clocks)
     last_stamp = int(clocks.real * 1000)  # stamped by a predecessor whose clock was right
     fresh.start(last_stamp)
     first = fresh.now_ms()
@@ -59,7 +65,7 @@ def test_a_broker_that_never_saw_the_stamp_uses_its_wall_clock_but_never_goes_ba
 def test_a_first_look_dates_nothing():
     """A broker that just started with a store stamped long ago must not resume from that old stamp."""
     clocks = Clocks(0.0)
-    clock = LeaderClock(wall=clocks.wall, monotonic=clocks.monotonic)
+    clock = LeaderClock(clocks)
     old_stamp = int((clocks.real - 3600) * 1000)  # the cluster was down for an hour
     clock.observe(old_stamp)
     clock.start(old_stamp)
@@ -68,7 +74,7 @@ def test_a_first_look_dates_nothing():
 
 def test_time_never_goes_backwards_within_a_leadership_or_across_two():
     clocks = Clocks(0.0)
-    clock = LeaderClock(wall=clocks.wall, monotonic=clocks.monotonic)
+    clock = LeaderClock(clocks)
     clock.start(0)
     stamps = [clock.now_ms()]
     clocks.skew = -3600.0  # the wall clock is set back an hour while we lead

@@ -1,7 +1,7 @@
 """Where the leader's commit time goes, stage by stage, over its recent entries.
 
 Each ledger entry the group commit writes passes four stages, timed with
-``time.monotonic()`` on the server thread except the commit itself (the
+the leader's monotonic clock on the server thread except the commit itself (the
 writer's I/O thread):
 
 * ``gather``: from the first request gathered into the entry until it is handed
@@ -43,13 +43,17 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 class CommitTimings:
     """A ring of the last :data:`WINDOW` entries' stage durations (seconds)."""
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(
+        self,
+        window: int = WINDOW,
+        observer: Callable[[float, float, float, float, int], None] | None = None,
+    ) -> None:
         self._rows: collections.deque[tuple[float, float, float, float, int]] = collections.deque(
             maxlen=window
         )
         self._lock = threading.Lock()  # status() reads from a request while the loop records
-        # Also told of every entry (the broker's Prometheus histograms), when set.
-        self.observer: Callable[[float, float, float, float, int], None] | None = None
+        # Also told of every entry (the broker's Prometheus histograms), when given.
+        self.observer = observer
 
     def record(self, gather: float, ledger: float, wake: float, apply: float, events: int) -> None:
         with self._lock:

@@ -22,7 +22,7 @@ boundaries to stay under ``max_batch_events`` events and ``max_entry_bytes``.
 
 Example::
 
-    gc = GroupCommit(writer, apply=store.apply_batches, reply=send, wake=poke)
+    gc = GroupCommit(writer, apply=store.apply_batches, reply=send, wake=poke, clock=SYSTEM_CLOCK)
     gc.add(events, context)        # from the poll loop
     gc.flush()                     # write the gathered batch if there is room
     gc.drain_completed()           # apply finished entries, reply in order
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +40,7 @@ from typing import Any, Callable
 from broker import BrokerError
 from broker.server.leading.commit_timings import CommitTimings
 from broker.state.events import batch_payload, encode_events
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,6 @@ class Batch:
     committed_at: float = 0.0
 
     def add(self, events: list[dict], data: bytes, context: Any) -> None:
-        if not self.owners:
-            self.gathered_at = time.monotonic()
         start = len(self.events)
         self.events.extend(events)
         self.owners.append((context, start, len(self.events)))
@@ -106,6 +104,8 @@ class GroupCommit:
         max_inflight: int = 8,
         max_batch_events: int = 2000,
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+        clock: Clock = SYSTEM_CLOCK,
+        observer: Callable[[float, float, float, float, int], None] | None = None,
     ) -> None:
         self.writer = writer
         self.apply = apply
@@ -122,7 +122,9 @@ class GroupCommit:
         self.held = False
         self.ledger_entries = 0
         self.ledger_bytes = 0
-        self.timings = CommitTimings()
+        self.clock = clock
+        # observer: also told of every entry's stage timings (the broker's Prometheus histograms).
+        self.timings = CommitTimings(observer=observer)
 
     @property
     def idle(self) -> bool:
@@ -148,6 +150,8 @@ class GroupCommit:
             self.reply(context, None, WriteFailed(str(self.failed)))
             return
         checked, data = self._encode(events)
+        if not self.pending.owners:
+            self.pending.gathered_at = self.clock.monotonic()
         self.pending.add(checked, data, context)
 
     def prepend(self, events: list[dict], context: Any) -> None:
@@ -161,7 +165,7 @@ class GroupCommit:
             batch = self._take()
             data = batch_payload(batch.chunks, len(batch.events))
             batch.ledger_id = self.writer.ledger_id
-            batch.sent_at = time.monotonic()
+            batch.sent_at = self.clock.monotonic()
             try:
                 batch.future = self.writer.add(data)
             except Exception as exc:  # the writer refused at once: like a failed write, we stop writing
@@ -185,7 +189,7 @@ class GroupCommit:
 
     def _committed(self, batch: Batch, _future: Future) -> None:
         """The writer's callback (its I/O thread): note the time, wake the server loop."""
-        batch.committed_at = time.monotonic()
+        batch.committed_at = self.clock.monotonic()
         self.wake()
 
     def switch_writer(self, writer) -> None:
@@ -206,6 +210,7 @@ class GroupCommit:
             self.pending = Batch()
             return batch
         head, rest = Batch(), Batch()
+        head.gathered_at = rest.gathered_at = self.clock.monotonic()
         for (context, start, end), data in zip(batch.owners, batch.chunks):
             fits = not rest.owners and (
                 not head.events
@@ -234,12 +239,12 @@ class GroupCommit:
             done.append(batch)
         if done:
             entries = [(b.events, (b.ledger_id, b.future.result())) for b in done]
-            taken = time.monotonic()
+            taken = self.clock.monotonic()
             try:
                 applied = self.apply(entries)
             except Exception as exc:  # committed but not appliable: never skip it, stop
                 self._fail_apply(exc, done, entries)
-            applied_in = time.monotonic() - taken
+            applied_in = self.clock.monotonic() - taken
             for b in done:
                 committed = b.committed_at or taken
                 self.timings.record(

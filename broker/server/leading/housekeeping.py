@@ -33,7 +33,7 @@ Example::
     hk = Housekeeping(lambda: store, config)
     hk.start(now_ms)                               # on becoming leader
     hk.heard_from("w1", ["mail"], now_ms)          # per worker request
-    events = hk.due(now_ms, time.monotonic())      # per leader turn; add them with HOUSEKEEPING_ENTRY
+    events = hk.due(now_ms, clock.monotonic())     # per leader turn; add them with HOUSEKEEPING_ENTRY
     hk.applied(results)                            # when they are applied (None if they failed)
 """
 

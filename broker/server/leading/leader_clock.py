@@ -12,7 +12,7 @@ what it already stamped.
 
 Example::
 
-    clock = LeaderClock(wall=time.time)
+    clock = LeaderClock(SYSTEM_CLOCK)
     clock.observe(store.clock_ms())      # while following, each turn
     clock.start(store.clock_ms())        # on taking over
     event["now_ms"] = clock.now_ms()
@@ -20,16 +20,14 @@ Example::
 
 from __future__ import annotations
 
-import time
-from typing import Callable
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 
 class LeaderClock:
-    """Leader time in milliseconds; pure apart from the two clocks it is given."""
+    """Leader time in milliseconds; pure apart from the clock it is given (its wall and monotonic time)."""
 
-    def __init__(self, wall: Callable[[], float], monotonic: Callable[[], float] = time.monotonic) -> None:
-        self._wall = wall
-        self._monotonic = monotonic
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._first: int | None = None  # the stamp at our first look
         self._seen: tuple[int, float] | None = None  # (stamp, monotonic seconds when we saw it appear)
         self._base: tuple[int, float] | None = None  # (leader time, monotonic seconds) at the takeover
@@ -40,13 +38,13 @@ class LeaderClock:
         if self._first is None:
             self._first = stamped_ms  # stamped at some unknown time before we started
         elif stamped_ms != (self._seen[0] if self._seen else self._first):
-            self._seen = (stamped_ms, self._monotonic())
+            self._seen = (stamped_ms, self._clock.monotonic())
 
     def start(self, stamped_ms: int) -> None:
         """Begin leading after a store whose latest stamp is ``stamped_ms`` (0 for a new cluster)."""
-        now = self._monotonic()
+        now = self._clock.monotonic()
         if self._seen is None:  # never saw a stamp move: the wall clock is all we have
-            base = int(self._wall() * 1000)
+            base = self._clock.now_ms()
         else:
             seen_stamp, seen_at = self._seen
             # A stamp applied while catching up (after the last observation) is taken as just seen.
@@ -56,10 +54,10 @@ class LeaderClock:
     def now_ms(self) -> int:
         """The time to stamp the next event with (wall clock until :meth:`start`)."""
         if self._base is None:
-            now = int(self._wall() * 1000)
+            now = self._clock.now_ms()
         else:
             stamp, since = self._base
-            now = stamp + int((self._monotonic() - since) * 1000)
+            now = stamp + int((self._clock.monotonic() - since) * 1000)
         self._last = max(now, self._last)
         return self._last
 

@@ -19,9 +19,13 @@ later write with ``shutting_down`` at once; what was gathered before is written,
 then ``ClusterShutdown`` as the last entry (no lease expiry, digest or roll after
 it), and :attr:`LeaderHooks.on_cluster_shutdown` tells the node where it lies.
 
+Digests and rolls (the leader's entries about its log) are :mod:`broker.server.leading.upkeep`.
+
 Example::
 
-    leadership = Leadership(LeaderSession(epoch=3, writer=writer), store, config, hooks, clock, housekeeping)
+    leadership = Leadership(
+        LeaderSession(epoch=3, writer=writer), store, config, hooks, leader_clock, housekeeping, clock
+    )
     leadership.start(lambda now_ms: [epoch_started(3, broker_id, now_ms)])
     leadership.write(route, rid, req, started)    # a checked write request
     leadership.turn(writable=True)                # every pass of the loop
@@ -30,8 +34,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from broker import protocol
@@ -39,52 +41,20 @@ from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, Group
 from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
 from broker.server.leading.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
-from broker.server.leading.parking import LeaseParking
+from broker.server.leading.parking import LeaseParking, incoming
 from broker.server.leading.retry_stamp import stamp_retry_delay
-from broker.server.standing.takeover_steps import RollPostponed
+from broker.server.leading.session import LeaderHooks, LeaderSession
+from broker.server.leading.upkeep import LogUpkeep
 from broker.server.store.follower import Diverged
-from broker.state.schema import STORE_FORMAT
 from broker.state.store import StoreDamaged
 from election import wire
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import codes
 
 log = logging.getLogger(__name__)
 
-# How long a leader whose roll found too few bookies writes on in its ledger before it looks again.
-ROLL_RETRY_S = 1.0
 # The group-commit context of the leader's own events (epoch start, lease expiry, digest).
 INTERNAL_ENTRY = None
-
-
-@dataclass(frozen=True)
-class LeaderSession:
-    """What the takeover hands the request loop: one epoch's writer and how to roll it."""
-
-    epoch: int
-    writer: Any
-    # The EpochClaim every change of the log made while leading is checked against.
-    claim: Any = None
-    on_ready: Callable[[], None] = lambda: None
-    # Called with the current writer when the ledger is full; returns the next ledger's writer.
-    roll: Callable[[Any], Any] | None = None
-    should_roll: Callable[[Any, int, int], bool] = lambda writer, entries, size: False
-
-
-@dataclass(frozen=True)
-class LeaderHooks:
-    """How a leadership reaches the rest of the broker (all called on the server thread)."""
-
-    # send(route, reply, op, started): the one way a reply leaves (op and started feed the metrics).
-    send: Callable[[list[bytes], dict, str | None, float | None], None]
-    # internal_error(route, rid, op, exc): a request failed inside the broker; answer it, go on.
-    internal_error: Callable[[list[bytes], Any, Any, Exception], None]
-    wake: Callable[[], None]
-    new_id: Callable[[], str]
-    on_fatal: Callable[[Exception], None]
-    on_lost: Callable[[str], None]
-    on_cluster_shutdown: Callable[[str, tuple[int, int]], None]
-    on_entry_committed: Callable[..., None] | None = None
-    on_internal_applied: Callable[[list[dict]], None] | None = None
 
 
 class Leadership:
@@ -96,20 +66,19 @@ class Leadership:
         store: Any,
         config: Any,
         hooks: LeaderHooks,
-        clock: LeaderClock,
+        leader_clock: LeaderClock,
         housekeeping: Housekeeping,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.session = session
         self.epoch = session.epoch
         self.claim = session.claim
-        self.writer = session.writer
         self.store = store
         self.config = config
         self.hooks = hooks
-        self.clock = clock
+        self.leader_clock = leader_clock  # stamps events (now_ms); `clock` times waits and intervals
         self.housekeeping = housekeeping
-        self.monotonic = monotonic
+        self.clock = clock
         self.ready = False
         self.parking = LeaseParking()
         self.shutdown: LeaderShutdown | None = None
@@ -120,23 +89,19 @@ class Leadership:
             wake=hooks.wake,
             max_inflight=config.max_inflight_entries,
             max_batch_events=config.max_batch_events,
+            clock=clock,
+            observer=hooks.on_entry_committed,
         )
-        if hooks.on_entry_committed is not None:
-            self.group.timings.observer = hooks.on_entry_committed
+        self.upkeep = LogUpkeep(session, self.group, store, config, self._add_internal, clock)
         self.applied_entries = 0
         self.next_lease_check = 0.0
-        self.entries_since_digest = 0
-        self.digest_due = False
         self.lost_reported = False
-        # A roll postponed for want of bookies (RollPostponed): not tried again before this (monotonic).
-        self.roll_after = 0.0
-        self.roll_postponed = False
 
     # ------------------------------------------------------------ life
     def start(self, first_events: Callable[[int], list[dict]]) -> None:
         """Write ``first_events(now_ms)``; the leadership serves once they are applied."""
         try:
-            self.group.add(first_events(self.clock.now_ms()), INTERNAL_ENTRY)
+            self.group.add(first_events(self.leader_clock.now_ms()), INTERNAL_ENTRY)
         except Exception as exc:  # a bug in what the node built: we cannot lead with it
             log.error(
                 "cannot write the first events of epoch %d: %s: %s", self.epoch, type(exc).__name__, exc
@@ -153,6 +118,11 @@ class Leadership:
             self.shutdown.abandon(reason)
 
     @property
+    def writer(self) -> Any:
+        """The current ledger's writer (a roll replaces the session's first one)."""
+        return self.upkeep.writer
+
+    @property
     def idle(self) -> bool:
         return self.group.idle
 
@@ -165,14 +135,14 @@ class Leadership:
         """A checked write (or lease): gather it, park it, or answer it; a failure fails it alone."""
         op = req["op"]
         if op in protocol.WORKER_OPS:
-            self.housekeeping.heard_from(req["worker"], req.get("queues"), self.clock.now_ms())
+            self.housekeeping.heard_from(req["worker"], req.get("queues"), self.leader_clock.now_ms())
         if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
             req["lease_ms"] = self.config.default_lease_ms
         if op == "complete_many" and req.get("lease"):
             self._settle_and_lease(req)
         if op == "lease":
             if req["wait_ms"]:
-                req["deadline"] = self.monotonic() + req["wait_ms"] / 1000.0
+                req["deadline"] = self.clock.monotonic() + req["wait_ms"] / 1000.0
             queue = self.parking.pick(req["queues"], self._ready_counter())
             if queue is None:
                 # A TaskLeased that hands out nothing would only record that a worker asked:
@@ -192,7 +162,7 @@ class Leadership:
         lease = req["lease"]
         if lease.get("lease_ms") is None:
             lease["lease_ms"] = self.config.default_lease_ms
-        self.housekeeping.heard_from(lease["worker"], lease["queues"], self.clock.now_ms())
+        self.housekeeping.heard_from(lease["worker"], lease["queues"], self.leader_clock.now_ms())
         queue = self.parking.pick(lease["queues"], self._ready_counter())
         req["lease_now"] = queue is not None
         if queue is not None:
@@ -200,14 +170,14 @@ class Leadership:
 
     def _gather(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> None:
         # Counted before the add: a failed group commit answers (and uncounts) inside it.
-        for queue, count in _incoming(req):
+        for queue, count in incoming(req):
             self.parking.submitted(queue, count)
         try:
             if req["op"] == "fail":
                 stamp_retry_delay(
                     self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
                 )
-            events = protocol.request_events(req, self.clock.now_ms(), self.hooks.new_id)
+            events = protocol.request_events(req, self.leader_clock.now_ms(), self.hooks.new_id)
             self.group.add(events, (route, rid, req, started))
         except protocol.RequestError as exc:
             self._forget(req)
@@ -225,7 +195,7 @@ class Leadership:
 
     def _forget(self, req: dict) -> None:
         """A request that was not gathered, or whose entry is applied or lost, no longer counts."""
-        for queue, count in _incoming(req):
+        for queue, count in incoming(req):
             self.parking.applied_submit(queue, count)
         self.parking.applied_lease(req)
 
@@ -274,14 +244,14 @@ class Leadership:
                 self._wake_parked()
                 self._expire_leases()
                 self._housekeeping()
-                self._maybe_digest()
-                self._maybe_roll()
+                self.upkeep.digest()
+                self.upkeep.roll()
         group.flush()
 
     def _ready_counter(self) -> Callable[[str], int]:
         """``ready(queue)``: tasks of the queue a lease applied now could take (a due delayed one counts)."""
         depths = self.store.queue_depths()
-        now_ms = self.clock.now_ms()
+        now_ms = self.leader_clock.now_ms()
 
         def ready(queue: str) -> int:
             depth = depths.get(queue)
@@ -298,26 +268,28 @@ class Leadership:
         """Write the parked leases that now find work; answer those whose wait ran out."""
         if not len(self.parking):
             return
-        for (route, rid, req), queue in self.parking.wake(self._ready_counter(), self.monotonic()):
+        for (route, rid, req), queue in self.parking.wake(self._ready_counter(), self.clock.monotonic()):
             if queue is None:
                 self.hooks.send(route, wire.ok_reply(rid, tasks=[]), "lease", None)  # no latency to count
             else:
-                self._gather(route, rid, req, time.perf_counter())  # its latency starts now, not when parked
+                self._gather(
+                    route, rid, req, self.clock.monotonic()
+                )  # its latency starts now, not when parked
 
     def _expire_leases(self) -> None:
-        now = self.monotonic()
+        now = self.clock.monotonic()
         if now < self.next_lease_check:
             return
         self.next_lease_check = now + self.config.lease_check_ms / 1000.0
         deadline = self.store.next_lease_deadline()
-        now_ms = self.clock.now_ms()
+        now_ms = self.leader_clock.now_ms()
         if deadline is not None and deadline <= now_ms:
             self._add_internal([{"type": "LeaseExpired", "now_ms": now_ms}])
 
     def _housekeeping(self) -> None:
         """WorkerSeen, WorkerLost and result_ttl purges that are due (broker/server/leading/housekeeping.py)."""
         try:
-            events = self.housekeeping.due(self.clock.now_ms(), self.monotonic())
+            events = self.housekeeping.due(self.leader_clock.now_ms(), self.clock.monotonic())
             if events:
                 self.group.add(events, HOUSEKEEPING_ENTRY)
         except StoreDamaged as exc:
@@ -326,67 +298,15 @@ class Leadership:
             log.error("housekeeping failed: %s: %s", type(exc).__name__, exc)
             self.housekeeping.applied(None)
 
-    def _maybe_digest(self, start: bool = True) -> None:
-        """Write a StateDigest when one is due; ``start`` False only finishes one already begun."""
-        # The digest must describe the state just before the event, so new entries are
-        # held back until everything in flight is applied; the pause is one round trip.
-        group = self.group
-        if not self.digest_due:
-            if (
-                not start
-                or group.entries_written - self.entries_since_digest < self.config.digest_every_entries
-            ):
-                return
-            self.digest_due = True
-        group.held = True
-        if group.inflight:
-            return
-        self.digest_due = False
-        self.entries_since_digest = group.entries_written
-        self._add_internal(
-            [{"type": "StateDigest", "digest": self.store.digest(), "format": STORE_FORMAT}], first=True
-        )
-        group.held = False
-
-    def _maybe_roll(self) -> None:
-        """Move to a new ledger of the same epoch once the current one is full (so old ones can go)."""
-        group, roll = self.group, self.session.roll
-        if roll is None:
-            return
-        if (
-            not group.held
-            and self.monotonic() >= self.roll_after
-            and self.session.should_roll(self.writer, group.ledger_entries, group.ledger_bytes)
-        ):
-            group.held = True
-        if group.held and not group.inflight:
-            try:
-                writer = roll(group.writer)
-            except RollPostponed as exc:  # nothing was closed: go on in this ledger, try again later
-                group.held = False
-                self.roll_after = self.monotonic() + ROLL_RETRY_S
-                if not self.roll_postponed:
-                    log.warning("%s; going on in it", exc)
-                    self.roll_postponed = True
-                return
-            except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
-                group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
-                return
-            if self.roll_postponed:
-                log.info("rolled to ledger %d after waiting for bookies", writer.ledger_id)
-                self.roll_postponed = False
-            self.writer = writer
-            group.switch_writer(writer)
-
     def _shutdown_turn(self) -> None:
         """Write ClusterShutdown once everything before it is written; nothing may follow it."""
         if self.shutdown.written:
             return  # no lease expiry, digest or roll after the last entry
-        self._maybe_digest(start=False)  # one already holding the pipeline; no new one
-        self._maybe_roll()
+        self.upkeep.digest(start=False)  # one already holding the pipeline; no new one
+        self.upkeep.roll()
         if self.shutdown.due(self.group):
             try:
-                self.group.add(self.shutdown.entry(self.clock.now_ms()), SHUTDOWN_ENTRY)
+                self.group.add(self.shutdown.entry(self.leader_clock.now_ms()), SHUTDOWN_ENTRY)
             except Exception as exc:  # cannot happen with a checked id; never leave the requests unanswered
                 self._shutdown_applied(None, exc)
 
@@ -436,7 +356,7 @@ class Leadership:
         if (
             req["op"] == "lease"
             and not fields["tasks"]
-            and req.get("deadline", 0) > self.monotonic()
+            and req.get("deadline", 0) > self.clock.monotonic()
             and self.shutdown is None
             and self.group.failed is None
         ):
@@ -469,17 +389,3 @@ class Leadership:
                 list(position),
             )
             self.hooks.on_cluster_shutdown(self.shutdown.shutdown_id, position)
-
-
-def _incoming(req: dict) -> list[tuple[str, int]]:
-    """The (queue, count) of tasks a submit makes ready when applied (delayed ones are not)."""
-    op = req["op"]
-    if op == "submit":
-        return [(req["queue"], 1)] if not req["delay_ms"] else []
-    if op == "submit_many":
-        counts: dict[str, int] = {}
-        for sub in req["tasks"]:
-            if not sub["delay_ms"]:
-                counts[sub["queue"]] = counts.get(sub["queue"], 0) + 1
-        return list(counts.items())
-    return []

@@ -21,8 +21,9 @@ Example::
 
     parking = LeaseParking()
     parking.park(("route", 1, req))                       # a lease that found nothing
-    parking.submitted("mail", 1)                          # a submit is gathered
-    for (route, rid, req), queue in parking.wake(store_ready, time.monotonic()):
+    for queue, count in incoming(submit_req):             # a submit is gathered
+        parking.submitted(queue, count)
+    for (route, rid, req), queue in parking.wake(store_ready, clock.monotonic()):
         ...                                               # queue None: the wait ran out
     parking.applied_submit("mail", 1)                     # its entry was applied
 """
@@ -104,6 +105,20 @@ class LeaseParking:
             out.append((parked, queue))
         self.parked = keep
         return out
+
+
+def incoming(req: dict) -> list[tuple[str, int]]:
+    """The (queue, count) of tasks a checked submit makes ready when applied (delayed ones are not)."""
+    op = req["op"]
+    if op == "submit":
+        return [(req["queue"], 1)] if not req["delay_ms"] else []
+    if op == "submit_many":
+        counts: dict[str, int] = {}
+        for sub in req["tasks"]:
+            if not sub["delay_ms"]:
+                counts[sub["queue"]] = counts.get(sub["queue"], 0) + 1
+        return list(counts.items())
+    return []
 
 
 def _decrease(counter: Counter, key: str, count: int) -> None:

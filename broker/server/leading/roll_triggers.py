@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class RollTriggers:
         zk: KazooClient,
         paths: ClusterPaths,
         interval_s: float = INTERVAL_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._zk, self._paths = zk, paths
         self._interval_s, self._clock = interval_s, clock
@@ -73,7 +73,7 @@ class RollTriggers:
         self._last: tuple[int | None, str | None] = (None, None)
 
     def _refresh(self) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         with self._lock:
             if self._pending or now < self._next:
                 return
@@ -102,7 +102,7 @@ class RollTriggers:
         Looked at again at most every :data:`EVALUATE_S`: it is asked on every turn of the
         server loop, and copying the writer's ensemble under its lock each time would cost.
         """
-        now = self._clock()
+        now = self._clock.monotonic()
         if now < self._evaluate_at and self._last[0] == writer.ledger_id:
             return self._last[1]
         self._evaluate_at = now + EVALUATE_S

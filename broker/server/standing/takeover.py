@@ -34,8 +34,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
 from broker.server.config import BrokerConfig
-from broker.server.leading.leadership import LeaderSession, Leadership
+from broker.server.leading.leadership import Leadership
 from broker.server.leading.roll_triggers import RollTriggers
+from broker.server.leading.session import LeaderSession
 from broker.server.request_loop import BrokerServer
 from broker.server.standing.takeover_steps import (
     CONFLICT,
