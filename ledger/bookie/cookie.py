@@ -23,12 +23,12 @@ import json
 import logging
 import os
 import threading
-import time
 import uuid
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
 from ledger import LedgerError
@@ -131,6 +131,7 @@ def cookie_for_cluster(
     default_bookie_id: str | None,
     stop: threading.Event | None = None,
     poll_s: float = 1.0,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[dict, dict]:
     """The checked cookie and the cluster config it was checked against.
 
@@ -167,7 +168,7 @@ def cookie_for_cluster(
                     exc,
                 )
                 said = True
-        stop.wait(poll_s)
+        clock.wait(stop, poll_s)
         config = json.loads(zk.get(paths.config)[0])
 
 
@@ -183,13 +184,15 @@ def cookie_path(paths: ClusterPaths, bookie_id: str) -> str:
     return paths.cookie(bookie_id)
 
 
-def bind_instance(zk: KazooClient, paths: ClusterPaths, data_dir: str, cookie: dict) -> dict:
+def bind_instance(
+    zk: KazooClient, paths: ClusterPaths, data_dir: str, cookie: dict, clock: Clock = SYSTEM_CLOCK
+) -> dict:
     """Check (or record, the first time) that `data_dir` is the one directory of its bookie id."""
     if not cookie.get("instance_id"):
         cookie = {**cookie, "instance_id": uuid.uuid4().hex}
         write_cookie(data_dir, cookie)
     node = cookie_path(paths, cookie["bookie_id"])
-    doc = {"instance_id": cookie["instance_id"], "created_at": time.time()}
+    doc = {"instance_id": cookie["instance_id"], "created_at": clock.now()}
     try:
         zk.create(node, json.dumps(doc).encode(), makepath=True)
     except NodeExistsError:
@@ -201,7 +204,7 @@ def bind_instance(zk: KazooClient, paths: ClusterPaths, data_dir: str, cookie: d
     try:
         registered = json.loads(zk.get(node)[0])
     except NoNodeError:
-        return bind_instance(zk, paths, data_dir, cookie)
+        return bind_instance(zk, paths, data_dir, cookie, clock)
     if registered.get("instance_id") != cookie["instance_id"]:
         raise InstanceMismatch(
             f"bookie id {cookie['bookie_id']!r} belongs to another data directory (instance "

@@ -33,13 +33,13 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import time
 import uuid
 from dataclasses import dataclass, field
 
 import crc32c
 import lmdb
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.lmdb_file import UNREADABLE, LmdbFileDamaged, MetaFacts, read_meta_facts
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
@@ -174,7 +174,7 @@ def check_or_raise(config: BookieConfig, bookie_id: str, path: str) -> None:
 
 def _open(config: BookieConfig, bookie_id: str) -> BookieStore:
     try:
-        return BookieStore(config.data, map_size=config.map_size, sync=config.fsync)
+        return BookieStore(config.data, map_size=config.map_size_bytes, sync=config.fsync)
     except (LedgerError, lmdb.Error) as exc:
         raise _refuse(config, bookie_id, UNREADABLE, f"its store cannot be opened ({exc})") from None
 
@@ -271,7 +271,9 @@ def verify_store(store: BookieStore) -> VerifyReport:
     return report
 
 
-def prepare_store(config: BookieConfig, bookie_id: str, store: BookieStore) -> dict[int, dict]:
+def prepare_store(
+    config: BookieConfig, bookie_id: str, store: BookieStore, clock: Clock = SYSTEM_CLOCK
+) -> dict[int, dict]:
     """Verify the store if the last stop was unclean, then clear the clean-shutdown marker.
 
     Returns the ledgers in limbo (``{ledger: {reason, dropped}}``), which the
@@ -280,7 +282,7 @@ def prepare_store(config: BookieConfig, bookie_id: str, store: BookieStore) -> d
     """
     if not store.was_clean():
         log.warning("bookie %s was not shut down cleanly: verifying its store before serving", bookie_id)
-        started = time.monotonic()
+        started = clock.monotonic()
         try:
             report = verify_store(store)
         except StoreRefused as exc:
@@ -289,7 +291,7 @@ def prepare_store(config: BookieConfig, bookie_id: str, store: BookieStore) -> d
             "bookie %s verified %d entries in %.1f s: %d damaged, %d ledgers in limbo",
             bookie_id,
             report.entries,
-            time.monotonic() - started,
+            clock.monotonic() - started,
             sum(map(len, report.damaged.values())),
             len(report.limbo),
         )
@@ -298,6 +300,6 @@ def prepare_store(config: BookieConfig, bookie_id: str, store: BookieStore) -> d
     except lmdb.Error as exc:
         raise LedgerError(
             f"bookie {bookie_id} cannot clear its clean-shutdown marker in {config.data} ({exc}): "
-            f"free disk space or raise map_size, then start it again"
+            f"free disk space or raise map_size_bytes, then start it again"
         ) from None
     return store.limbo()

@@ -16,13 +16,14 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ class BookieSource:
 class BookieMetrics:
     """The registry of one bookie process and the hook its serving loop calls."""
 
-    def __init__(self, source: BookieSource) -> None:
+    def __init__(self, source: BookieSource, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         self.add_seconds = Histogram(
@@ -81,12 +83,15 @@ class BookieMetrics:
         reg.register(BookieCollector(source))
 
     def committed(self, turn_started: float, took: float, requests: int, entries: int, size: int) -> None:
-        """A group commit stored ``requests`` add requests (``entries`` entries, ``size`` bytes) in ``took`` s."""
+        """A group commit stored ``requests`` add requests (``entries`` entries, ``size`` bytes) in ``took`` s.
+
+        ``turn_started``: the clock's ``monotonic`` when the poll turn that read them began.
+        """
         self.commit_seconds.observe(took)
         self.commit_requests.observe(requests)
         self.entries.inc(entries)
         self.added_bytes.inc(size)
-        latency = time.perf_counter() - turn_started
+        latency = self._clock.monotonic() - turn_started
         observe = self.add_seconds.observe
         for _ in range(requests):
             observe(latency)

@@ -2,17 +2,18 @@
 
 Waiters are kept per ledger (an add batch, an explicit LAC or a fence wakes
 only that ledger's) and in a heap of deadlines (the poll loop sleeps no longer
-than the nearest one, so every waiter is answered on time). Not thread-safe:
-the bookie's serving thread owns it.
+than the nearest one, so every waiter is answered on time). Pure of time: the
+caller passes its clock's ``monotonic`` readings. Not thread-safe: the bookie's
+serving thread owns it.
 
 Example::
 
     polls = LongPolls(info=store_info, send=kernel.send)     # election.wire.kernel.ServingKernel
-    if not polls.park(ctx.route, ctx.rid, ledger=7, after=3, deadline=time.monotonic() + 5):
+    if not polls.park(ctx.route, ctx.rid, ledger=7, after=3, deadline=clock.monotonic() + 5):
         ...answer "busy"
     polls.wake(7)                               # after an add batch to ledger 7
-    polls.expire(time.monotonic())              # each loop turn
-    sock.poll(polls.timeout_ms(time.monotonic(), 100))
+    polls.expire(clock.monotonic())             # each loop turn
+    sock.poll(polls.timeout_ms(clock.monotonic(), 100))
 """
 
 from __future__ import annotations

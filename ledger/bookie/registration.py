@@ -19,12 +19,12 @@ import json
 import logging
 import shutil
 import threading
-import time
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 
@@ -58,9 +58,11 @@ class BookieRegistration:
         address: str,
         data_dir: str,
         secure: bool = False,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.fatal: str | None = None
         self._secure = secure  # shown by `fencepost status`
+        self._clock = clock
         self._zk, self._paths, self._id, self._address, self._data_dir = (
             zk,
             paths,
@@ -95,7 +97,7 @@ class BookieRegistration:
         """Create the node, settling a leftover one as the class docstring says."""
         self._wait_s = wait_s
         self._zk.ensure_path(self._paths.bookies)
-        deadline = time.monotonic() + wait_s
+        deadline = self._clock.monotonic() + wait_s
         while True:
             try:
                 self._zk.create(self._path, self._data(), ephemeral=True)
@@ -117,11 +119,11 @@ class BookieRegistration:
                 except NoNodeError:
                     pass
                 continue
-            if time.monotonic() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 raise LedgerError(
                     f"bookie id {self._id!r} is already registered by a live bookie at {address!r}"
                 )
-            time.sleep(0.2)
+            self._clock.sleep(0.2)
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:
@@ -132,16 +134,18 @@ class BookieRegistration:
         self._thread.start()
 
     def _keep(self) -> None:
-        next_refresh = time.monotonic() + self.REFRESH_S
-        while not self._stop.wait(0.5):
+        next_refresh = self._clock.monotonic() + self.REFRESH_S
+        while not self._clock.wait(self._stop, 0.5):
             try:
                 if self._lost.is_set() and self._zk.connected:
                     self.register(self._wait_s)
                     self._lost.clear()
                     log.info("re-registered bookie %s after a ZooKeeper session loss", self._id)
-                elif (self._changed.is_set() or time.monotonic() >= next_refresh) and self._zk.connected:
+                elif (
+                    self._changed.is_set() or self._clock.monotonic() >= next_refresh
+                ) and self._zk.connected:
                     self._changed.clear()
-                    next_refresh = time.monotonic() + self.REFRESH_S
+                    next_refresh = self._clock.monotonic() + self.REFRESH_S
                     self._zk.set(self._path, self._data())
             except LedgerError as exc:
                 self.fatal = str(exc)
