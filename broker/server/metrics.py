@@ -13,7 +13,7 @@ Two kinds, so that the request loop pays as little as possible:
 
 Example::
 
-    metrics = BrokerMetrics(BrokerSource(store=lambda: node.store, role=lambda: server.role, ...))
+    metrics = BrokerMetrics(BrokerSource(store=lambda: node.store, role=lambda: server.role, ...), clock)
     server.metrics = metrics                       # the request loop's hooks
     endpoint = MetricsEndpoint.start("127.0.0.1:9102", metrics.registry)
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -32,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from broker import protocol
 from broker.server.leading.commit_timings import STAGES
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,9 @@ class BrokerSource:
 class BrokerMetrics:
     """The registry of one broker process and the hooks its request loop calls."""
 
-    def __init__(self, source: BrokerSource) -> None:
+    def __init__(self, source: BrokerSource, clock: Clock = SYSTEM_CLOCK) -> None:
+        # A request's latency ends on the clock its arrival was read from (the serving kernel's).
+        self._monotonic = clock.monotonic
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         self.requests = Counter(
@@ -110,7 +112,7 @@ class BrokerMetrics:
         reg.register(BrokerCollector(source))
 
     def replied(self, op: str, msg: dict, started: float | None) -> None:
-        """A reply to an ``op`` request is sent; ``started`` (perf_counter) None: no latency (a long poll)."""
+        """A reply to an ``op`` request is sent; ``started`` (the clock's monotonic) None: no latency (a long poll)."""
         child = self._ok.get(op) if msg["ok"] else None
         if child is None:
             child = self.requests.labels(op, "ok" if msg["ok"] else msg.get("error") or "error")
@@ -118,7 +120,7 @@ class BrokerMetrics:
         if started is not None:
             latency = self._latency.get(op)
             if latency is not None:
-                latency.observe(time.perf_counter() - started)
+                latency.observe(self._monotonic() - started)
 
     def entry_committed(self, gather: float, ledger: float, wake: float, apply: float, events: int) -> None:
         """One ledger entry went through the commit stages (``CommitTimings`` observer)."""

@@ -142,6 +142,7 @@ class BrokerServer:
             config.max_frame_bytes,
             counters=self.counters,
             oversized_code=codes.E_PAYLOAD_TOO_LARGE,
+            clock=clock,
             hooks=KernelHooks(
                 check=lambda msg: protocol.check_request(msg, self.max_payload),
                 on_handler_error=self._handler_failed,

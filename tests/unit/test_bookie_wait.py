@@ -10,6 +10,7 @@ from broker.admin.status import waiting_for_bookies
 from broker.server.standing.bookie_wait import BookieWait
 from election.cluster_view import format_status
 from election.paths import ClusterPaths
+from tests.support.clock import FakeClock
 
 PATHS = ClusterPaths("dev")
 
@@ -51,16 +52,8 @@ class FakeZk:
             w(None)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def make(zk: FakeZk, need: int = 3):
-    clock, changes = Clock(), []
+    clock, changes = FakeClock(), []
     wait = BookieWait(
         zk, PATHS, need, changed=lambda: changes.append(wait.live_fields()), poll_s=1.0, clock=clock
     )
@@ -99,7 +92,7 @@ def test_reads_only_on_a_watch_or_when_the_poll_is_due():
     # A registration turning read-only changes its data, not the children: the poll finds it.
     zk.bookies["b0"]["readonly"] = True
     assert wait.hold() == ""
-    clock.now += 1.0
+    clock.advance(1.0)
     assert wait.hold() == "waiting for 3 bookies, 2 live"
 
 
@@ -122,10 +115,10 @@ def test_no_bookies_node_yet_and_zookeeper_trouble():
     for i in range(3):
         zk.register(f"b{i}", i)
     zk.down = True
-    clock.now += 5
+    clock.advance(5)
     assert wait.hold() == "waiting for 3 bookies, 0 live"  # what we knew, until ZooKeeper answers
     zk.down = False
-    clock.now += 5
+    clock.advance(5)
     assert wait.hold() == ""
 
 
@@ -180,7 +173,7 @@ def test_an_open_ledger_that_cannot_be_recovered_holds_for_a_while_and_status_sa
     assert wait.hold() == why and wait.reason() == f"no broker can lead yet: {why}"
     assert wait.live_fields() == {"waiting_for_bookies": 3, "live_bookies": 3, "waiting_reason": why}
     assert changes[-1]["waiting_reason"] == why
-    clock.now += 2.5  # then the takeover may check again
+    clock.advance(2.5)  # then the takeover may check again
     assert wait.hold() == "" and wait.live_fields() == {}
 
     v = view(

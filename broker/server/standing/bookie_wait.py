@@ -25,13 +25,13 @@ Example::
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 
 from broker.server.standing.takeover_steps import bookie_wait_reason
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger.metadata import live_bookies
 from ledger.placement import placeable
@@ -52,7 +52,7 @@ class BookieWait:
         need: int,
         changed: Callable[[], None] = lambda: None,
         poll_s: float = POLL_S,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk, self.paths, self.need, self.changed = zk, paths, need, changed
         self.poll_s, self.clock = poll_s, clock
@@ -63,7 +63,7 @@ class BookieWait:
 
     def hold(self) -> str:
         """Why we may not stand ("" when a ledger could be created); reads ``bookies/`` when due."""
-        if self._stale.is_set() or self.clock() >= self._next_read:
+        if self._stale.is_set() or self.clock.monotonic() >= self._next_read:
             self._read()
         return self._reason()
 
@@ -75,9 +75,9 @@ class BookieWait:
         after which the takeover checks again (the count alone cannot tell).
         """
         was = self._reason()
-        self._recovery = (reason, self.clock() + RECOVERY_HOLD_S) if reason else None
+        self._recovery = (reason, self.clock.monotonic() + RECOVERY_HOLD_S) if reason else None
         self.live = live
-        self._next_read = self.clock() + self.poll_s
+        self._next_read = self.clock.monotonic() + self.poll_s
         if self._reason() != was:
             self.changed()
 
@@ -96,14 +96,14 @@ class BookieWait:
 
     def _reason(self) -> str:
         if self._recovery is not None:
-            if self.clock() < self._recovery[1]:
+            if self.clock.monotonic() < self._recovery[1]:
                 return self._recovery[0]
             self._recovery = None
         return "" if self.live is None or self.live >= self.need else bookie_wait_reason(self.need, self.live)
 
     def _read(self) -> None:
         self._stale.clear()
-        self._next_read = self.clock() + self.poll_s
+        self._next_read = self.clock.monotonic() + self.poll_s
         try:
             try:
                 # A one-shot watch, armed again by every read; kazoo keeps one entry per callback.

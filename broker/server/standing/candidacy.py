@@ -13,7 +13,7 @@ milliseconds.
 Example::
 
     candidacy = Candidacy(zk, paths, broker_id, config, lead=node.lead_epoch,
-                          may_lead=lambda: not damaged.is_set(), stop=stop_event)
+                          may_lead=lambda: not damaged.is_set(), stop=stop_event, clock=SYSTEM_CLOCK)
     threading.Thread(target=candidacy.run, name="election", daemon=True).start()
     candidacy.poke()      # the elect request changed: look again now
     candidacy.cancel()    # leave the queue (shutdown)
@@ -33,6 +33,7 @@ from broker.server.config import BrokerConfig
 from broker.server.standing.insync import standing
 from election import ElectionError
 from election.leader import LeaderElection
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 
@@ -64,8 +65,10 @@ class Candidacy:
         may_lead: Callable[[], bool],
         stop: threading.Event,
         hold: Callable[[], str] = lambda: "",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk, self.paths, self.broker_id, self.config = zk, paths, broker_id, config
+        self.clock = clock
         self.lead, self.may_lead, self.stop = lead, may_lead, stop
         # Why not to stand before the in-sync rules are even asked ("" for none); may read ZooKeeper.
         self.hold = hold
@@ -130,7 +133,7 @@ class Candidacy:
             if self._declined or self._reason:
                 backoff = STOP_CHECK_S  # we did not try to lead: nothing to back off from
             if not self.stop.is_set():
-                self.stop.wait(backoff)
+                self.clock.wait(self.stop, backoff)
 
     def _on_change(self, _event) -> None:
         """A ZooKeeper watch: what the standing rules read changed (never blocks)."""
@@ -142,7 +145,7 @@ class Candidacy:
         while (
             waited < STANDING_POLL_S and not self.stop.is_set() and not (until is not None and until.is_set())
         ):
-            if self._changed.wait(STOP_CHECK_S):
+            if self.clock.wait(self._changed, STOP_CHECK_S):
                 break
             waited += STOP_CHECK_S
         self._changed.clear()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Callable
 
 from kazoo.client import KazooClient
@@ -43,6 +42,7 @@ from election.insync import (
 )
 from election.leader import LostLeadership
 from election.live import live_broker_ids, live_brokers
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.log import read_log
@@ -117,11 +117,12 @@ class InSyncTracker:
         contenders: Callable[[], list[str]],
         hand_over: Callable[[int], None],
         lost: Callable[[str], None],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.zk, self.paths, self.config = zk, paths, config
+        self.zk, self.paths, self.config, self.clock = zk, paths, config, clock
         self.broker_id, self.epoch = broker_id, epoch
         self.position, self.contenders, self.hand_over, self.lost = position, contenders, hand_over, lost
-        self.clock = CatchUpClock(config.max_lag_entries, config.max_time_not_caught_up)
+        self.catch_up = CatchUpClock(config.max_lag_entries, config.max_time_not_caught_up_s)
         self.members: set[int] | None = None
         self._lengths: dict[int, int] = {}
         self._previous_position = None
@@ -167,13 +168,13 @@ class InSyncTracker:
         while not self._stop.is_set():
             try:
                 self._arm_watches()
-                self.check(time.monotonic())
+                self.check(self.clock.monotonic())
             except LostLeadership as exc:
                 self.lost(str(exc))
                 return
             except (KazooException, ElectionError, LedgerError, ValueError) as exc:
                 log.debug("in-sync check: %s", exc)  # the next turn tries again
-            self._wake.wait(ELECT_CHECK_S if self._elect_since is not None else every)
+            self.clock.wait(self._wake, ELECT_CHECK_S if self._elect_since is not None else every)
             self._wake.clear()
 
     def check(self, now: float) -> None:
@@ -190,7 +191,7 @@ class InSyncTracker:
         lags, previous = found[0], (found[1] if len(found) > 1 else {})
         self._previous_position = position
         learners = {broker_id for broker_id, info in live.items() if info.get("learner")}
-        members = self.clock.members(self.broker_id, lags, previous, learners, now)
+        members = self.catch_up.members(self.broker_id, lags, previous, learners, now)
         if members != self.members:
             write_insync(self.zk, self.paths, members, self.epoch)
             if self.members is not None:

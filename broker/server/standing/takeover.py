@@ -18,7 +18,7 @@ Rolling to a new ledger of the same epoch (:func:`roll_ledger`) reuses the
 Example::
 
     takeover = Takeover(zk, paths, ledgers, store, server, broker_id, config,
-                        step_down=step_down, stopping=stop_event)
+                        step_down=step_down, stopping=stop_event, clock=SYSTEM_CLOCK)
     session = takeover.run()   # serving and published; raises if a step fails
 """
 
@@ -58,6 +58,7 @@ from broker.server.standing.takeover_steps import (
 from broker.server.store.follower import catch_up
 from broker.state.store import StateStore
 from election.leader import EpochClaim, LostLeadership, claim_epoch, publish_leader
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger.client.facade import LedgerClient
 from ledger.client.writer import LedgerWriter
@@ -213,8 +214,10 @@ class Takeover:
         config: BrokerConfig,
         step_down: threading.Event,
         stopping: threading.Event,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk, self.paths, self.ledgers, self.store = zk, paths, ledgers, store
+        self.clock = clock
         self.server, self.broker_id, self.config = server, broker_id, config
         self.step_down, self.stopping = step_down, stopping
         self.writer: LedgerWriter | None = None
@@ -279,7 +282,7 @@ class Takeover:
         ready = threading.Event()
         cfg = self.config
         epoch = claim.epoch
-        triggers = RollTriggers(self.zk, self.paths)
+        triggers = RollTriggers(self.zk, self.paths, clock=self.clock)
         session = LeaderSession(
             epoch=epoch,
             writer=writer,
@@ -299,7 +302,7 @@ class Takeover:
                 self.server.start_leading(session, lambda now_ms: [epoch_started(epoch, broker_id, now_ms)])
             )
         )
-        while not ready.wait(READY_POLL_S):
+        while not self.clock.wait(ready, READY_POLL_S):
             if self.step_down.is_set() or self.stopping.is_set():
                 raise LostLeadership("stepped down before serving")
         return started[0]
