@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from election.wire import RemoteError
-from ledger.client.bookie_pool import BookieUnavailable, NoSuchEntry, Unvouched
+from ledger.client.bookie_errors import BookieUnavailable, NoSuchEntry, Unvouched
 from ledger.codec import CorruptEntry, decode_entry
 from ledger.metadata import current_address, read_metadata
 from pipeline.audit_log import CORRUPT, MISSING, OK, UNKNOWN, UNREACHABLE, Copy, copy_findings, gap_findings

@@ -41,7 +41,7 @@ from kazoo.client import KazooClient
 from election.paths import ClusterPaths
 from election.wire.codes import E_FENCED
 from ledger import LedgerError
-from ledger.client.bookie_pool import LedgerFencedError
+from ledger.client.bookie_errors import LedgerFencedError
 from ledger.metadata import OPEN, LedgerMetadata, MetadataConflict, cas_metadata, read_metadata
 from ledger.placement import choose_ensemble, placeable
 

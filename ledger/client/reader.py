@@ -39,7 +39,8 @@ from kazoo.exceptions import NoNodeError
 from election.paths import ClusterPaths
 from election.wire import RemoteError
 from ledger import LedgerError
-from ledger.client.bookie_pool import BookiePool, BookieUnavailable, NoSuchEntry, Unvouched
+from ledger.client.bookie_errors import BookieUnavailable, NoSuchEntry, Unvouched
+from ledger.client.bookie_pool import BookiePool
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
 

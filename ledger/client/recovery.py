@@ -49,7 +49,8 @@ from kazoo.client import KazooClient
 
 from election.paths import ClusterPaths
 from ledger import LedgerError
-from ledger.client.bookie_pool import BookiePool, NoSuchEntry, Unvouched
+from ledger.client.bookie_errors import NoSuchEntry, Unvouched
+from ledger.client.bookie_pool import BookiePool
 from ledger.codec import CorruptEntry, Digest, decode_entry
 from ledger.metadata import (
     CLOSED,

@@ -53,7 +53,8 @@ from kazoo.client import KazooClient
 from election.paths import ClusterPaths
 from election.wire.codes import E_FENCED
 from ledger import LedgerError
-from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError
+from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
+from ledger.client.bookie_pool import BookiePool
 from ledger.client.writer_ensemble import EnsembleChanges
 from ledger.codec import Digest, Entry, encode_entry, encode_fields
 from ledger.metadata import (

@@ -38,7 +38,7 @@ import threading
 import time
 from functools import partial
 
-from ledger.client.bookie_pool import BookieUnavailable, LedgerFencedError
+from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
 from ledger.client.ensemble_change import (
     ChangePlan,
     fragment_start,

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ledger.client.bookie_pool import LedgerFencedError
+from ledger.client.bookie_errors import LedgerFencedError
 from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, OPEN, read_metadata
 from ledger.replication.underreplication import read_underreplicated

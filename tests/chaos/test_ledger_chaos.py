@@ -9,7 +9,7 @@ from concurrent.futures import wait as wait_futures
 import pytest
 
 from ledger import LedgerError
-from ledger.client.bookie_pool import LedgerFencedError
+from ledger.client.bookie_errors import LedgerFencedError
 from ledger.client.reader import EntryNotCommitted
 from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, IN_RECOVERY, NotEnoughBookies, read_metadata

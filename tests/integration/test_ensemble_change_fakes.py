@@ -12,7 +12,8 @@ from concurrent.futures import wait as wait_futures
 import pytest
 
 from election import wire
-from ledger.client.bookie_pool import BookiePool, LedgerFencedError
+from ledger.client.bookie_errors import LedgerFencedError
+from ledger.client.bookie_pool import BookiePool
 from ledger.client.writer import LedgerWriteError, LedgerWriter
 from ledger.codec import Digest, decode_entry
 from ledger.metadata import IN_RECOVERY, OPEN, LedgerMetadata, cas_metadata, create_metadata, read_metadata

@@ -14,7 +14,8 @@ import pytest
 
 from election import wire
 from ledger import LedgerError
-from ledger.client.bookie_pool import BookiePool, BookieUnavailable, LedgerFencedError, NoSuchEntry
+from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError, NoSuchEntry
+from ledger.client.bookie_pool import BookiePool
 from ledger.client.log_reader import LogReader
 from ledger.client.reader import EntryNotCommitted
 from ledger.log import LogConflict, append_ledger, read_log, remove_ledgers

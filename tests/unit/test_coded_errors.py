@@ -10,7 +10,7 @@ from broker.api.client import ClientError, TaskNotFound, WaitTimeout
 from broker.protocol import RequestError
 from election.wire import CodedError, RemoteError, WireError, codes, error_for
 from ledger import LedgerError
-from ledger.client.bookie_pool import BookieError, LedgerFencedError, NoSuchEntry, Unvouched
+from ledger.client.bookie_errors import BookieError, LedgerFencedError, NoSuchEntry, Unvouched
 from snapshots import SnapshotError
 from snapshots.transfer import TransferError
 
