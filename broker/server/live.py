@@ -9,7 +9,7 @@ ZooKeeper; a write that fails only makes the next update recreate the node.
 
 Example::
 
-    live = LivePublisher(zk, paths, broker_id, describe=node_info, every_s=1.0)
+    live = LivePublisher(zk, paths, broker_id, describe=node_info, every_s=1.0, clock=SYSTEM_CLOCK)
     while serving:
         server.serve_once()
         live.update()
@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import json
-import time
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -27,6 +26,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from broker import BrokerError
 from election.identity import META
 from election.live import live_brokers, read_live_broker
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 
 
@@ -35,7 +35,13 @@ class BrokerIdTaken(BrokerError):
 
 
 def claim_live_node(
-    zk: KazooClient, paths: ClusterPaths, broker_id: int, address: str, data: bytes, wait_s: float
+    zk: KazooClient,
+    paths: ClusterPaths,
+    broker_id: int,
+    address: str,
+    data: bytes,
+    wait_s: float,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     """Create ``brokers/live/<broker_id>`` for our session, or raise BrokerIdTaken.
 
@@ -45,7 +51,7 @@ def claim_live_node(
     that outlives the wait belongs to a live process with the same id.
     """
     path = paths.live_broker(broker_id)
-    deadline = time.monotonic() + wait_s
+    deadline = clock.monotonic() + wait_s
     while True:
         try:
             zk.create(path, data, ephemeral=True, makepath=True)
@@ -69,13 +75,13 @@ def claim_live_node(
             except (NoNodeError, BadVersionError):
                 pass
             continue
-        if time.monotonic() > deadline:
+        if clock.monotonic() > deadline:
             raise BrokerIdTaken(
                 f"broker id {broker_id} is already live at {other or 'an unknown address'} (another process "
                 f"with this id, e.g. a copy of this data directory): stop that broker, or give this copy its "
                 f"own id by deleting {META} from its data directory before starting it"
             )
-        time.sleep(0.2)
+        clock.sleep(0.2)
 
 
 class LivePublisher:
@@ -88,8 +94,10 @@ class LivePublisher:
         broker_id: int,
         describe: Callable[[], dict],
         every_s: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk = zk
+        self.clock = clock
         self.path = paths.live_broker(broker_id)
         self.describe = describe
         self.every_s = every_s
@@ -103,7 +111,7 @@ class LivePublisher:
 
     def update(self) -> None:
         """Publish if due or dirty (request-loop thread; never blocks on ZooKeeper)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now < self._next and not self._dirty:
             return
         self._next = now + self.every_s

@@ -24,12 +24,12 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.store_status import StoreStatus, mark_clean
 from election.paths import ClusterPaths
 from election.shutdown_node import CLEAN, clear_shutdown, read_shutdown, record_stop, shutdown_hold
@@ -51,8 +51,9 @@ class ShutdownMember:
         broker_id: int,
         name: str,
         start_status: StoreStatus | None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        self.zk, self.paths, self.data = zk, paths, Path(data_dir)
+        self.zk, self.paths, self.data, self.clock = zk, paths, Path(data_dir), clock
         self.broker_id, self.name, self.start_status = broker_id, name, start_status
         # (shutdown_id, position) once this broker is stopping at a ClusterShutdown entry.
         self.stopping_at: tuple[str, tuple[int, int]] | None = None
@@ -101,7 +102,7 @@ class ShutdownMember:
                 return read_shutdown(self.zk, self.paths)
             except KazooException as exc:
                 log.warning("cannot read the shutdown node (%s: %s); trying again", type(exc).__name__, exc)
-                time.sleep(0.2 * (attempt + 1))
+                self.clock.sleep(0.2 * (attempt + 1))
         return None
 
     def finish(self, store, sound: bool, connected: bool) -> str | None:

@@ -1,4 +1,4 @@
-"""The bound on stopping: once asked to stop, a broker exits within ``shutdown_timeout``.
+"""The bound on stopping: once asked to stop, a broker exits within ``shutdown_timeout_s``.
 
 A ZooKeeper call without a timeout (the server unreachable) must not keep the
 process alive: a watchdog thread starts the clock when the stop event is set
@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from typing import Callable
 
 from kazoo.client import KazooClient
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.zk import close
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,10 @@ class StopBudget:
         timeout: float,
         exit_code: Callable[[], int],
         exit: Callable[[int], None] = _exit_now,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.stop_event = stop_event
+        self.clock = clock
         self.timeout = timeout
         self.exit_code = exit_code
         self._exit = exit
@@ -63,7 +65,7 @@ class StopBudget:
         """Seconds left before the shutdown deadline, at most ``cap`` (``cap`` while not stopping)."""
         if self._deadline is None:
             return cap
-        return max(0.0, min(cap, self._deadline - time.monotonic()))
+        return max(0.0, min(cap, self._deadline - self.clock.monotonic()))
 
     def close_zk(self, zk: KazooClient) -> None:
         """Close the ZooKeeper session, waiting no longer than the shutdown deadline allows."""
@@ -73,10 +75,10 @@ class StopBudget:
 
     def _watch(self) -> None:
         self.stop_event.wait()
-        self._deadline = time.monotonic() + self.timeout
-        if not self._done.wait(self.timeout):
+        self._deadline = self.clock.monotonic() + self.timeout
+        if not self.clock.wait(self._done, self.timeout):
             log.warning(
-                "stopping took longer than shutdown_timeout (%gs; ZooKeeper unreachable?): exiting now",
+                "stopping took longer than shutdown_timeout_s (%gs; ZooKeeper unreachable?): exiting now",
                 self.timeout,
             )
             self._exit(self.exit_code())

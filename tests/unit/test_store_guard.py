@@ -8,6 +8,7 @@ from broker.server.store.guard import (
     state_dir_of,
 )
 from ledger.metadata import CLOSED, OPEN
+from tests.support.clock import FakeClock
 
 LOG = [{"id": 0, "epoch": 1}, {"id": 3, "epoch": 2}, {"id": 4, "epoch": 2}]
 IDS = [x["id"] for x in LOG]
@@ -39,7 +40,7 @@ def test_quarantine_keeps_every_damaged_copy(tmp_path):
         state = tmp_path / "state"
         state.mkdir()
         (state / "data.mdb").write_bytes(b"copy %d" % n)
-        aside = quarantine(state, clock=lambda: 1_700_000_000.0)
+        aside = quarantine(state, clock=FakeClock(wall_ms=1_700_000_000_000))
         assert not state.exists() and aside.name.startswith(DAMAGED_PREFIX + "20231114T221320Z")
     copies = sorted(p.name for p in tmp_path.iterdir())
     assert len(copies) == 2 and copies[1].endswith("-2")

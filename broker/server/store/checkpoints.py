@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -38,6 +37,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from broker import BrokerError
 from broker.server.live import live_snapshot_of, servable_snapshot_positions
 from broker.state.store import StateStore, StoreDamaged
+from election.local.clock import Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
@@ -66,7 +66,7 @@ class CheckpointHost:
     catalog: SnapshotCatalog
     cluster_id: str
     broker_id: int
-    clock: Callable[[], float]
+    clock: Clock
     policy: CheckpointPolicy
     snapshots_kept: int
     retention_seconds: float
@@ -90,7 +90,8 @@ class Checkpointer(threading.Thread):
         self._wanted = threading.Event()
         self.lock = threading.Lock()
         self._last_entries = 0
-        self._last_time = time.monotonic()
+        self.clock = host.clock
+        self._last_time = self.clock.monotonic()
         self._next_retention = 0.0
         self.latest: dict | None = host.catalog.latest_valid()
 
@@ -105,7 +106,7 @@ class Checkpointer(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            self._wanted.wait(1.0)
+            self.clock.wait(self._wanted, 1.0)
             if self._halt.is_set():
                 return
             try:
@@ -116,8 +117,8 @@ class Checkpointer(threading.Thread):
                     except StoreDamaged as exc:
                         self.host.store_damaged(exc)
                         continue
-                if self.host.leading() and time.monotonic() >= self._next_retention:
-                    self._next_retention = time.monotonic() + RETENTION_EVERY_S
+                if self.host.leading() and self.clock.monotonic() >= self._next_retention:
+                    self._next_retention = self.clock.monotonic() + RETENTION_EVERY_S
                     self.apply_retention()
             except (SnapshotError, BrokerError, LedgerError, KazooException, OSError) as exc:
                 log.warning("checkpoint/retention: %s: %s", type(exc).__name__, exc)
@@ -125,7 +126,7 @@ class Checkpointer(threading.Thread):
     def _due(self) -> bool:
         entries = self.host.applied_entries()
         return entries > self._last_entries and self.policy.due(
-            entries - self._last_entries, time.monotonic() - self._last_time
+            entries - self._last_entries, self.clock.monotonic() - self._last_time
         )
 
     def checkpoint(self, publish: bool = True) -> dict | None:
@@ -140,19 +141,19 @@ class Checkpointer(threading.Thread):
             if position is None or (self.latest and tuple(self.latest["position"]) == tuple(position)):
                 return self.latest
             entries = self.host.applied_entries()
-            started = time.monotonic()
+            started = self.clock.monotonic()
             header = self.host.catalog.create(
-                store, self.host.cluster_id, self.host.broker_id, clock=self.host.clock
+                store, self.host.cluster_id, self.host.broker_id, clock=self.clock.now
             )
             self.host.catalog.prune(self.host.snapshots_kept)
-            self._last_entries, self._last_time = entries, time.monotonic()
+            self._last_entries, self._last_time = entries, self.clock.monotonic()
             self.latest = header
             log.info(
                 "checkpoint at %s: %d records, %d bytes in %.2fs",
                 tuple(header["position"]),
                 header.get("record_count", 0),
                 header.get("size", 0),
-                time.monotonic() - started,
+                self.clock.monotonic() - started,
             )
         self.host.live_changed()
         if publish:
@@ -209,7 +210,7 @@ class Checkpointer(threading.Thread):
             m, _ = read_metadata(zk, paths, item["id"])
             meta[item["id"]] = {"state": m.state, "last_entry": m.last_entry, "created_at": m.created_at}
         servable = servable_snapshot_positions(zk, paths)
-        doomed = deletable_ledgers(ledgers, meta, servable, self.host.clock(), self.host.retention_seconds)
+        doomed = deletable_ledgers(ledgers, meta, servable, self.clock.now(), self.host.retention_seconds)
         if doomed:
             # Say first that history no longer starts at the log's head (an empty store must
             # then install a snapshot), then take the ledgers out of the log, then delete them.

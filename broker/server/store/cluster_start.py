@@ -27,7 +27,7 @@ on: that is a new cluster's first start.
 
 Example::
 
-    start = ClusterStart(zk, paths, data_dir, identity_of, wait_for=3, clock=time.time, stop=stop_event)
+    start = ClusterStart(zk, paths, data_dir, identity_of, wait_for=3, clock=SYSTEM_CLOCK, stop=stop_event)
     config = start.run(config)     # raises ClusterStartAborted; may return an adopted config
 """
 
@@ -59,6 +59,7 @@ from election.cluster_join import (
     decide_initialization,
 )
 from election.leader import read_epoch
+from election.local.clock import Clock
 from election.local.files import fsync_dir
 from election.local.store_status import STATUS_NAME, StoreStatus, read_status
 from election.paths import ClusterPaths
@@ -144,7 +145,7 @@ class ClusterStart:
         data_dir: Path,
         broker_id: Callable[[], int],
         wait_for: int,
-        clock: Callable[[], float],
+        clock: Clock,
         stop: threading.Event,
     ) -> None:
         self.zk, self.paths, self.data = zk, paths, Path(data_dir)
@@ -228,7 +229,7 @@ class ClusterStart:
                     len(present),
                 )
                 said = True
-            changed.wait(POLL_S)
+            self.clock.wait(changed, POLL_S)
         raise ClusterStartAborted("stopped while waiting for the cluster's members")
 
     def _settle(self, decision: InitDecision, members: list[MemberStore], tokens: list[str]) -> dict:
@@ -237,14 +238,14 @@ class ClusterStart:
         member it concerns while a later start, with other members, may decide again."""
         if decision.action == ABORT:
             doc = json.dumps(
-                {"reason": decision.reason, "tokens": tokens, "decided_at": self.clock()}
+                {"reason": decision.reason, "tokens": tokens, "decided_at": self.clock.now()}
             ).encode()
             try:
                 self.zk.create(self.paths.init_aborted, doc, makepath=True)
             except NodeExistsError:
                 self.zk.set(self.paths.init_aborted, doc)
             raise ClusterStartAborted(f"cannot start the cluster: {decision.reason}")
-        doc = {**asdict(decision), "members": [m.member for m in members], "decided_at": self.clock()}
+        doc = {**asdict(decision), "members": [m.member for m in members], "decided_at": self.clock.now()}
         if decision.action == RESTORE:
             source = next(m for m in members if m.member == decision.source)
             doc["seed"] = {"shutdown_id": source.status.shutdown_id, "position": list(source.status.position)}
@@ -310,7 +311,7 @@ class ClusterStart:
                 **config,
                 "cluster_id": cluster_id,
                 "created_at": created_at,
-                "reinitialized": {"at": self.clock(), "replaced_cluster_id": config["cluster_id"]},
+                "reinitialized": {"at": self.clock.now(), "replaced_cluster_id": config["cluster_id"]},
             }
             try:
                 self.zk.set(self.paths.config, json.dumps(adopted).encode(), version=stat.version)
@@ -341,7 +342,7 @@ class ClusterStart:
                 continue
 
     def _move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock.now()))
         aside = self.data / f"{ASIDE_PREFIX}{stamp}"
         n = 1
         while aside.exists():

@@ -15,7 +15,8 @@ of that shutdown stops there, any other broker goes on tailing.
 
 Example::
 
-    tail = FollowerTail(ledger_client, store, on_fatal=node.fail, on_shutdown=node.shutdown_applied)
+    tail = FollowerTail(ledger_client, store, on_fatal=node.fail, on_shutdown=node.shutdown_applied,
+                        clock=SYSTEM_CLOCK)
     tail.start()
     ...
     tail.stop(); tail.join()
@@ -25,12 +26,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 from broker import BrokerError
 from broker.state.events import BadEvent, decode_batch
 from broker.state.store import PositionError, StateDiverged
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire.codes import E_DIGEST_MISMATCH
 from ledger import LedgerError
 from ledger.log import START, LogGap
@@ -123,8 +124,10 @@ class FollowerTail(threading.Thread):
         batch: int = 500,
         on_shutdown: Callable[[str, tuple[int, int]], bool] | None = None,
         pause_s: float = 0.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         super().__init__(name="follower-tail", daemon=True)
+        self.clock = clock
         self.ledgers = ledgers
         self.store = store
         self.on_fatal = on_fatal
@@ -158,7 +161,7 @@ class FollowerTail(threading.Thread):
                     if applied < len(entries):
                         reader = None  # the rest of this poll was not applied: read it again if we go on
                     if self.pause_s and len(entries) < self.batch:
-                        self._halt.wait(self.pause_s)
+                        self.clock.wait(self._halt, self.pause_s)
                     if watch and self.store.shutdown_info() != seen:
                         seen = self.store.shutdown_info()
                         if self.on_shutdown(seen["shutdown_id"], (seen["position"][0], seen["position"][1])):
@@ -170,10 +173,10 @@ class FollowerTail(threading.Thread):
             except (LedgerError, BrokerError, OSError) as exc:
                 log.warning("follower tail: %s; retrying in %.1fs", exc, backoff)
                 reader = None
-                self._halt.wait(backoff)
+                self.clock.wait(self._halt, backoff)
                 backoff = min(backoff * 2, 2.0)
             except Exception as exc:  # a kazoo error while the session is down, for one
                 log.warning("follower tail: %s: %s; retrying", type(exc).__name__, exc)
                 reader = None
-                time.sleep(backoff)
+                self.clock.wait(self._halt, backoff)
                 backoff = min(backoff * 2, 2.0)

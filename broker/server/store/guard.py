@@ -22,7 +22,7 @@ Example::
         store.verify()
     except StoreDamaged:
         store.close()
-        aside = quarantine(data / "state", time.time)
+        aside = quarantine(data / "state", SYSTEM_CLOCK)
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Callable
 
 from kazoo.client import KazooClient
 
 from broker import BrokerError
 from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.files import fsync_dir
 from election.local.store_status import StoreStatus, read_status
 from election.paths import ClusterPaths
@@ -159,9 +159,9 @@ def check_store_cluster(store: StateStore, zk: KazooClient, paths: ClusterPaths,
         )
 
 
-def quarantine(state_dir: Path, clock: Callable[[], float] = time.time) -> Path:
+def quarantine(state_dir: Path, clock: Clock = SYSTEM_CLOCK) -> Path:
     """Move a damaged state directory aside (never deleted); return where it went."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(clock()))
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(clock.now()))
     target = state_dir.with_name(DAMAGED_PREFIX + stamp)
     n = 1
     while target.exists():

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +28,7 @@ from kazoo.exceptions import NoNodeError
 from broker import BrokerError
 from broker.admin.status import request_once
 from broker.state.restore import restore_snapshot
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger.log import LogGap, position_after
 from snapshots import SnapshotError
@@ -106,14 +106,14 @@ def log_truncated(zk: KazooClient, paths: ClusterPaths) -> bool:
 class ProgressLog:
     """Logs transfer progress about once a second: bytes, total and rate."""
 
-    def __init__(self, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, what: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.what = what
         self.clock = clock
-        self.started = clock()
+        self.started = clock.monotonic()
         self.next = self.started
 
     def __call__(self, done: int, total: int) -> None:
-        now = self.clock()
+        now = self.clock.monotonic()
         if now < self.next and done < total:
             return
         self.next = now + 1.0
@@ -126,6 +126,7 @@ def install_snapshot(
     data_dir: Path,
     cluster_id: str,
     request_to: Callable[[str], Callable[[str, dict], dict]],
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict:
     """Download and install the newest snapshot from the first source that works; return its header.
 
@@ -141,20 +142,20 @@ def install_snapshot(
             path = download(
                 request_to(source["address"]),
                 catalog.directory,
-                progress=ProgressLog(f"snapshot from broker {source['broker_id']}"),
+                progress=ProgressLog(f"snapshot from broker {source['broker_id']}", clock),
                 cluster_id=cluster_id,
             )
-            return _replace_state(path, data_dir, cluster_id)
+            return _replace_state(path, data_dir, cluster_id, clock)
         except (SnapshotError, BrokerError, OSError) as exc:
             log.warning("snapshot from broker %s failed: %s", source["broker_id"], exc)
             errors.append(f"broker {source['broker_id']}: {exc}")
     raise JoinError("no snapshot could be installed: " + "; ".join(errors))
 
 
-def _replace_state(path: Path, data_dir: Path, cluster_id: str) -> dict:
+def _replace_state(path: Path, data_dir: Path, cluster_id: str, clock: Clock) -> dict:
     fresh, state, old = data_dir / "state.joining", data_dir / "state", data_dir / "state.replaced"
     shutil.rmtree(fresh, ignore_errors=True)
-    started = time.monotonic()
+    started = clock.monotonic()
     header = restore_snapshot(path, fresh, cluster_id)
     shutil.rmtree(old, ignore_errors=True)
     if state.exists():
@@ -165,6 +166,6 @@ def _replace_state(path: Path, data_dir: Path, cluster_id: str) -> dict:
         "installed snapshot at %s (%d records) in %.1fs",
         tuple(header["position"]),
         header.get("record_count", 0),
-        time.monotonic() - started,
+        clock.monotonic() - started,
     )
     return header
