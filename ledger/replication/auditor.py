@@ -32,12 +32,11 @@ import json
 import logging
 import random
 import threading
-import time
-from typing import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool
@@ -66,15 +65,13 @@ class Auditor:
         zk: KazooClient,
         paths: ClusterPaths,
         lost_bookie_grace_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk = zk
         self.paths = paths
         self.grace_s = lost_bookie_grace_s
         self._clock = clock
-        self._wall = wall
-        self.missing_since: dict[str, float] = {}  # in ``clock`` time
+        self.missing_since: dict[str, float] = {}  # in the clock's monotonic time
         self._saved: dict[str, float] = {}  # what the auditor node holds, in wall-clock time
 
     def resume(self) -> None:
@@ -87,7 +84,7 @@ class Auditor:
             saved = None
         if not isinstance(saved, dict):
             saved = {}
-        now, wall = self._clock(), self._wall()
+        now, wall = self._clock.monotonic(), self._clock.now()
         for bookie_id, since in saved.items():
             if isinstance(since, (int, float)) and not isinstance(since, bool):
                 # A wall time in the future (clocks differ between hosts) counts as "just now".
@@ -96,7 +93,7 @@ class Auditor:
 
     def _remember(self) -> None:
         """Write when each bookie went missing into the auditor node, if that changed."""
-        now, wall = self._clock(), self._wall()
+        now, wall = self._clock.monotonic(), self._clock.now()
         keep = {b: self._saved[b] for b in self.missing_since if b in self._saved}
         keep.update({b: wall - (now - since) for b, since in self.missing_since.items() if b not in keep})
         if keep == self._saved:
@@ -109,7 +106,7 @@ class Auditor:
 
     def audit_once(self) -> list[int]:
         """One audit; returns the ids of the ledgers it marked."""
-        now = self._clock()
+        now = self._clock.monotonic()
         live = {str(b["bookie_id"]) for b in live_bookies(self.zk, self.paths)}
         metas = []
         named: set[str] = set()
@@ -156,7 +153,7 @@ class Auditor:
                 list(members.values()),
                 from_entry=first,
                 by="auditor",
-                clock=time.time,
+                clock=self._clock,
             )
             log.warning(
                 "auditor: ledger %d is under-replicated: bookie(s) %s gone longer than %.0f s",
@@ -249,18 +246,18 @@ class AutoRecovery:
         lost_bookie_grace_s: float,
         max_bytes_per_s: float = 0,
         interval_s: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk = zk
         self.paths = paths
         self.interval_s = interval_s
+        self._clock = clock
         # Without a pool given, its own (closed by stop()): copies never queue behind, or ahead
         # of, the requests of the process it runs in (a bookie's serving, a leader's adds).
         self._own_pool = pool is None
         pool = BookiePool() if pool is None else pool
         self.pool = pool
-        self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock, wall=wall)
+        self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock)
         self.worker = ReplicationWorker(
             zk, paths, pool, digest, identifier, throttle=TokenBucket(max_bytes_per_s)
         )
@@ -309,7 +306,7 @@ class AutoRecovery:
                 log.warning("autorecovery round failed: %s", exc)
             except Exception:
                 log.exception("autorecovery round failed")
-            self._stop.wait(self.interval_s)
+            self._clock.wait(self._stop, self.interval_s)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="autorecovery", daemon=True)

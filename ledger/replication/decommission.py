@@ -31,20 +31,20 @@ Example::
     start_decommission(zk, paths, "bookie-3", ensemble_size=3)
     worker = ReplicationWorker(zk, paths, pool, digest, "decommission-bookie-3")
     while not (progress := decommission_round(zk, paths, "bookie-3", worker)).done:
-        time.sleep(1)
+        clock.sleep(1)
     finish_decommission(zk, paths, "bookie-3")
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, list_ledgers, live_bookies, read_metadata
@@ -128,7 +128,7 @@ def start_decommission(
     paths: ClusterPaths,
     bookie_id: str,
     ensemble_size: int,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> bool:
     """Record that ``bookie_id`` is leaving; True if this call started it, False if it was under way.
 
@@ -153,7 +153,7 @@ def start_decommission(
             f"decommissioning {bookie_id} would leave {others} writable bookie(s), fewer than "
             f"the ensemble size {ensemble_size}: add a bookie first"
         )
-    doc = {"bookie_id": bookie_id, "started_at": clock()}
+    doc = {"bookie_id": bookie_id, "started_at": clock.now()}
     try:
         zk.create(paths.decommissioning_bookie(bookie_id), json.dumps(doc).encode(), makepath=True)
         return True
@@ -201,7 +201,7 @@ def decommission_round(
 
 
 def finish_decommission(
-    zk: KazooClient, paths: ClusterPaths, bookie_id: str, clock: Callable[[], float] = time.time
+    zk: KazooClient, paths: ClusterPaths, bookie_id: str, clock: Clock = SYSTEM_CLOCK
 ) -> None:
     """Forget the bookie: delete its cookie and record ``done`` in its ``decommissioning`` node (one transaction).
 
@@ -215,7 +215,7 @@ def finish_decommission(
             data, stat = zk.get(node)
         except NoNodeError:
             raise DecommissionError(f"bookie {bookie_id} is not being decommissioned") from None
-        doc = {**_json(data), "bookie_id": bookie_id, "done": True, "finished_at": clock()}
+        doc = {**_json(data), "bookie_id": bookie_id, "done": True, "finished_at": clock.now()}
         txn = zk.transaction()
         if zk.exists(paths.cookie(bookie_id)) is not None:
             txn.delete(paths.cookie(bookie_id))

@@ -25,12 +25,11 @@ Example::
 from __future__ import annotations
 
 import json
-import time
-from typing import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 
@@ -75,7 +74,7 @@ def mark_underreplicated(
     missing: list[dict],
     from_entry: int,
     by: str = "writer",
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict:
     """Create or extend ``underreplicated/<ledger>`` (CAS on its version); return the stored mark."""
     path = paths.underreplicated_ledger(ledger_id)
@@ -83,7 +82,7 @@ def mark_underreplicated(
         try:
             data, stat = zk.get(path)
         except NoNodeError:
-            doc = merged_mark(None, ledger_id, missing, from_entry, by, clock())
+            doc = merged_mark(None, ledger_id, missing, from_entry, by, clock.now())
             try:
                 zk.create(path, json.dumps(doc, sort_keys=True).encode(), makepath=True)
                 return doc
@@ -93,7 +92,7 @@ def mark_underreplicated(
             existing = json.loads(data)
         except ValueError:
             existing = None  # unreadable: rewritten whole
-        doc = merged_mark(existing, ledger_id, missing, from_entry, by, clock())
+        doc = merged_mark(existing, ledger_id, missing, from_entry, by, clock.now())
         try:
             zk.set(path, json.dumps(doc, sort_keys=True).encode(), version=stat.version)
             return doc

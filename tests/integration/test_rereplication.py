@@ -13,6 +13,7 @@ from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
 from ledger.replication.underreplication import mark_underreplicated, read_underreplicated
 from tests.conftest import wait_for
 from tests.support.bookie_client import DIGEST, Client
+from tests.support.clock import FakeClock
 from tests.support.ledgers import bookie_id_of, make_client, wait_registered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -104,7 +105,7 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
     wait_registered(cluster, 4)
     by_id = {bookie_id_of(p): p for p in bookies}
     client = make_client(cluster)
-    now = [1000.0]
+    clock = FakeClock(wall_ms=1_000_000, monotonic=1000.0)
     auto = AutoRecovery(
         cluster.zk,
         cluster.paths,
@@ -113,8 +114,7 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
         "test-auditor",
         lost_bookie_grace_s=30,
         max_bytes_per_s=0,
-        clock=lambda: now[0],
-        wall=lambda: now[0],
+        clock=clock,
     )
     try:
         closed_writer = client.create(epoch=1)
@@ -139,7 +139,7 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
         assert read_metadata(cluster.zk, cluster.paths, closed_writer.ledger_id)[0].ensemble == meta.ensemble
 
         # The auditor is replaced: its successor remembers since when the bookie is missing.
-        now[0] += 20
+        clock.advance(20)
         auto.stop()
         auto = AutoRecovery(
             cluster.zk,
@@ -149,13 +149,12 @@ def test_autorecovery_marks_after_the_grace_then_re_replicates(cluster, procs):
             "test-auditor-2",
             lost_bookie_grace_s=30,
             max_bytes_per_s=0,
-            clock=lambda: now[0],
-            wall=lambda: now[0],
+            clock=clock,
         )
         auto.round()  # within the grace still: nothing marked, so its worker has nothing to do
         assert auto.is_auditor and auto.auditor.missing_since == {lost: 1000.0}
         assert read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id) is None
-        now[0] += 11  # 31 s after it went missing, not 31 s after the new auditor was elected
+        clock.advance(11)  # 31 s after it went missing, not 31 s after the new auditor was elected
         assert auto.auditor.audit_once() == [closed_writer.ledger_id]
         mark = read_underreplicated(cluster.zk, cluster.paths, closed_writer.ledger_id)
         assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in mark["missing"]] == [(lost, 0, "auditor")]
