@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Iterator
 
 from kazoo.client import KazooClient
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger.client.bookie_pool import BookiePool
 from ledger.client.reader import LedgerReader
@@ -39,7 +39,7 @@ class LogReader:
     Example::
 
         reader = LogReader(zk, paths, pool, digest, after=START)
-        for (ledger_id, entry_id), entry in reader.entries(follow=True, deadline=time.monotonic() + 10):
+        for (ledger_id, entry_id), entry in reader.entries(follow=True, deadline=clock.monotonic() + 10):
             ...
     """
 
@@ -51,12 +51,14 @@ class LogReader:
         digest: Digest,
         after: Position = START,
         read_timeout: float = 2.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._zk = zk
         self._paths = paths
         self._pool = pool
         self._digest = digest
         self._read_timeout = read_timeout
+        self._clock = clock
         # A store re-created the log from its own state: its position is the log's start.
         self.position: Position = resume_position(after, log_seed(zk, paths)) if after != START else START
         self._reader: LedgerReader | None = None
@@ -78,7 +80,7 @@ class LogReader:
 
     def poll(self, max_entries: int = 1000, timeout: float = 0.0) -> list[tuple[Position, Entry]]:
         """The next committed entries (at most ``max_entries``), waiting up to ``timeout`` if there are none."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         fresh = False  # whether the cached ledger list was read from ZooKeeper in this round
         while True:
             if self._ids is None:
@@ -109,7 +111,7 @@ class LogReader:
             if (reader is None or reader.closed) and not fresh:
                 self._ids = None  # the cached list may be stale: a newer ledger may exist
                 continue
-            left = deadline - time.monotonic()
+            left = deadline - self._clock.monotonic()
             if left <= 0:
                 return []
             if reader is None or reader.closed:
@@ -135,7 +137,7 @@ class LogReader:
             self._reader is None or self._reader.ledger_id != ledger_id or ids[-1] != ledger_id
         ):
             return
-        changed.wait(timeout)
+        self._clock.wait(changed, timeout)
 
     def _collect(self, reader: LedgerReader) -> None:
         if reader.corruptions:
@@ -146,10 +148,10 @@ class LogReader:
         self, follow: bool = False, deadline: float | None = None, batch: int = 1000
     ) -> Iterator[tuple[Position, Entry]]:
         """Yield ``(position, entry)``; without ``follow`` stop at what is committed now,
-        with it keep long-polling until ``deadline`` (a ``time.monotonic()`` value; None: forever)."""
+        with it keep long-polling until ``deadline`` (a reading of the clock's ``monotonic``; None: forever)."""
         while True:
             if follow:
-                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                left = 1.0 if deadline is None else min(1.0, deadline - self._clock.monotonic())
                 if left <= 0:
                     return
                 got = self.poll(batch, timeout=left)
