@@ -18,7 +18,7 @@ A restart with ``.broker.meta`` goes to 5, one with only the temp file to 3.
 Example::
 
     identity = ensure_broker_id(zk, ClusterPaths("dev"), Path("data"), "broker-a",
-                                "tcp://127.0.0.1:5555", clock=time.time)
+                                "tcp://127.0.0.1:5555", clock=SYSTEM_CLOCK.now)
     identity.broker_id
 """
 

@@ -14,7 +14,7 @@ node once it serves (:func:`clear_shutdown`).
 
 Example::
 
-    doc = create_shutdown(zk, paths, uuid.uuid4().hex, members=[1, 2, 3], clock=time.time)
+    doc = create_shutdown(zk, paths, uuid.uuid4().hex, members=[1, 2, 3], clock=SYSTEM_CLOCK.now)
     record_stop(zk, paths, doc["shutdown_id"], 2, (7, 41), name="broker-2")
     read_stops(zk, paths)              # {2: {"shutdown_id": .., "position": [7, 41], "state": "clean", ..}}
     clear_shutdown(zk, paths, doc["shutdown_id"])

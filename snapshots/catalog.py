@@ -16,7 +16,7 @@ file (name, size, mtime, inode): the broker's request loop can answer
 Example::
 
     catalog = SnapshotCatalog.in_data_dir(data_dir)
-    info = catalog.create(store, cluster_id="dev", broker_id=3, clock=time.time)
+    info = catalog.create(store, cluster_id="dev", broker_id=3, clock=SYSTEM_CLOCK.now)
     catalog.prune(keep=3)
     newest = catalog.latest_valid()         # header + path, or None
 
@@ -182,7 +182,8 @@ class SnapshotCatalog:
         Reads through ``store.snapshot_view()`` (one LMDB read transaction), so
         the store keeps applying batches meanwhile. If a valid snapshot of the
         same position exists it is returned with ``existing: True``. Raises
-        :class:`EmptyStore` if the store has applied nothing.
+        :class:`EmptyStore` if the store has applied nothing. ``clock`` gives the wall-clock
+        seconds stamped as ``created_at`` (a :class:`~election.local.clock.Clock`'s ``now``).
         """
         with self._create_lock:
             self.dir.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,14 @@
 """When to checkpoint (take a snapshot).
 
 A pure decision over counters the caller keeps; it reads no clock (the caller
-passes elapsed seconds from its own monotonic clock), so it is unit-tested as a
+passes elapsed seconds from its own clock's ``monotonic``), so it is unit-tested as a
 table.
 
 Example::
 
     checkpoints = CheckpointPolicy(every_entries=50_000, every_seconds=600.0)
-    if checkpoints.due(entries_since=applied - at_last, seconds_since=now - last_time):
-        catalog.create(store, cluster_id, broker_id, clock=time.time)
+    if checkpoints.due(entries_since=applied - at_last, seconds_since=clock.monotonic() - last_time):
+        catalog.create(store, cluster_id, broker_id, clock=clock.now)  # clock: election.local.clock.Clock
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ never guessed at.
 
 Example::
 
-    status = ensure_status(data_dir, cluster_id, created_at=time.time())
+    status = ensure_status(data_dir, cluster_id, created_at=SYSTEM_CLOCK.now())
     mark_dirty(data_dir)                                  # a broker runs on it
     mark_clean(data_dir, "c5f0..", (7, 1042))             # orderly cluster shutdown
     read_status(data_dir).final_signature                 # ("c5f0..", (7, 1042))
