@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from pipeline import PipelineError
 from pipeline.analyze import (
     LEDGER_DDL,
@@ -194,9 +194,10 @@ def run_analyze(
     out: Path,
     window: Window = Window(),
     progress: Progress = lambda text: None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict:
-    """Analyze the history of ``source`` into ``out`` (tables and report); the run's summary."""
-    started = time.monotonic()
+    """Analyze the history of ``source`` into ``out`` (tables and report); the run's summary (timed on ``clock``)."""
+    started = clock.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     progress(f"planning the history of {source.describe()}")
     events, entries, compare, end, created = _read(spark, source)
@@ -209,7 +210,7 @@ def run_analyze(
     events = prepare_events(events)
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(history_span, events, window)
-        result = replay(entries, on_entry=releases, compare_digests=compare, progress=replayed)
+        result = replay(entries, on_entry=releases, compare_digests=compare, progress=replayed, clock=clock)
         progress(f"reading the events ({result.events} replayed)")
         span = reading.result()
     if span is None:
@@ -243,5 +244,5 @@ def run_analyze(
     }
     progress("drawing the report")
     summary["report"] = str(write_report(out, tables, summary))
-    summary["seconds"] = round(time.monotonic() - started, 1)
+    summary["seconds"] = round(clock.monotonic() - started, 1)
     return summary

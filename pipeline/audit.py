@@ -28,13 +28,13 @@ Example::
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from election.cluster_config import read_cluster_config
 from election.live import live_brokers
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import WireError
 from election.wire.exchange import NoReply, exchange
 from ledger import LedgerError
@@ -151,9 +151,10 @@ def _replay_checked(
     digests_at: list[Position],
     compare_digests: bool,
     progress: Progress | None,
+    clock: Clock,
 ) -> None:
     tasks = TaskCheck()
-    started = time.monotonic()
+    started = clock.monotonic()
     step = (
         None
         if progress is None
@@ -167,12 +168,13 @@ def _replay_checked(
             on_entry=tasks.entry,
             progress=step,
             compare_digests=compare_digests,
+            clock=clock,
         )
     except UnreplayableEntry as exc:
         report.findings.append(Finding("replay_failed", exc.position[0], exc.position[1], detail=str(exc)))
     except LedgerError as exc:  # no valid copy of an entry: the replica scan names the gap
         report.findings.append(Finding("replay_failed", detail=str(exc)))
-    report.seconds["replay"] = time.monotonic() - started
+    report.seconds["replay"] = clock.monotonic() - started
     report.findings += epochs.findings + tasks.findings
     result = report.replay
     if result is None:
@@ -228,11 +230,14 @@ class AuditPlan:
     first: Position | None
 
 
-def plan_audit(address: ClusterAddress, snapshot: Path | None = None) -> AuditPlan:
+def plan_audit(
+    address: ClusterAddress, snapshot: Path | None = None, clock: Clock = SYSTEM_CLOCK
+) -> AuditPlan:
     """Check that the history can be audited and fix its extent; :class:`~pipeline.PipelineError` if not.
 
     The brokers' positions and digests are taken first, then the log is planned
-    at least as far as those positions, so that each can be compared.
+    at least as far as those positions, so that each can be compared (waiting on ``clock``, up to
+    ``_PLAN_WAIT_S``, for the log to reach them).
     """
     with Connection.open(address) as conn:
         start = read_log_start(conn.zk, conn.paths)
@@ -253,13 +258,13 @@ def plan_audit(address: ClusterAddress, snapshot: Path | None = None) -> AuditPl
             first = (int(header["position"][0]), int(header["position"][1]) + 1)
         brokers = broker_digests(address, conn)
         wanted = max((tuple(b["position"]) for b in brokers if b["position"]), default=None)
-        deadline = time.monotonic() + _PLAN_WAIT_S
+        deadline = clock.monotonic() + _PLAN_WAIT_S
         while True:
             extents = conn.extents()
             end = end_position(extents)
-            if wanted is None or (end is not None and end >= wanted) or time.monotonic() > deadline:
+            if wanted is None or (end is not None and end >= wanted) or clock.monotonic() > deadline:
                 break
-            time.sleep(0.05)
+            clock.sleep(0.05)
     return AuditPlan(address, snapshot, extents, end, brokers, first)
 
 
@@ -270,11 +275,15 @@ def audit_cluster(
     progress: Progress | None = None,
     entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION,
     plan: AuditPlan | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AuditReport:
-    """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here."""
+    """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here.
+
+    ``clock`` times the stages (:attr:`AuditReport.seconds`).
+    """
     from pipeline.audit_replicas import scan_replicas
 
-    plan = plan or plan_audit(address, snapshot)
+    plan = plan or plan_audit(address, snapshot, clock)
     report = AuditReport(
         source=f"cluster {address.cluster} at {address.zk}", brokers=plan.brokers, ledgers=len(plan.extents)
     )
@@ -284,25 +293,27 @@ def audit_cluster(
     report.entries = sum(r.entries for r in ranges)
     if progress is not None:
         progress("replicas", 0, report.entries)
-    started = time.monotonic()
+    started = clock.monotonic()
     scan = scan_replicas(spark, address, ranges)
-    report.seconds["replicas"] = time.monotonic() - started
+    report.seconds["replicas"] = clock.monotonic() - started
     report.findings += scan.findings
     report.copies = dict(scan.copies)
     epochs = EpochCheck({e.ledger_id: e.epoch for e in plan.extents})
     digests_at = [tuple(b["position"]) for b in plan.brokers if b["position"]]
     entries = cluster_entries(address, first=plan.first, last=plan.end, extents=plan.extents)
-    _replay_checked(report, entries, epochs, plan.snapshot, digests_at, True, progress)
+    _replay_checked(report, entries, epochs, plan.snapshot, digests_at, True, progress, clock)
     _compare_brokers(report)
     return report
 
 
-def audit_export(path: Path, snapshot: Path | None = None, progress: Progress | None = None) -> AuditReport:
+def audit_export(
+    path: Path, snapshot: Path | None = None, progress: Progress | None = None, clock: Clock = SYSTEM_CLOCK
+) -> AuditReport:
     """Audit the history in an export directory: epochs and task histories (no copies, no digests)."""
     report = AuditReport(source=f"export {path}")
     entries = export_entries(path)
     counted = _counting(entries, report)
-    _replay_checked(report, counted, EpochCheck({}), snapshot, [], False, progress)
+    _replay_checked(report, counted, EpochCheck({}), snapshot, [], False, progress, clock)
     return report
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
@@ -47,6 +46,7 @@ import pyarrow as pa
 
 from broker.state.events import BadEvent, decode_batch
 from broker.state.store import StateStore, StoreError
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire.codes import E_DIGEST_MISMATCH
 from pipeline import PipelineError
 from pipeline.rows import Position, format_position
@@ -328,6 +328,7 @@ def replay(
     progress: Progress | None = None,
     compare_digests: bool = True,
     work_dir: Path | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ReplayResult:
     """Apply ``entries`` in log order to a fresh temporary store (loaded from ``snapshot`` first, if given).
 
@@ -342,9 +343,10 @@ def replay(
     The temporary store lives under ``work_dir`` (default: the system's temp
     directory) and is removed at the end. :class:`UnreplayableEntry` for an
     entry that cannot be decoded or applied, :class:`~pipeline.PipelineError`
-    for a snapshot that cannot be loaded or a store that fails.
+    for a snapshot that cannot be loaded or a store that fails. ``clock`` times the run
+    (:attr:`ReplayResult.seconds`).
     """
-    started = time.monotonic()
+    started = clock.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="fencepost-replay-", dir=work_dir))
     try:
         result = ReplayResult()
@@ -364,7 +366,7 @@ def replay(
             store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    result.seconds = time.monotonic() - started
+    result.seconds = clock.monotonic() - started
     return result
 
 
