@@ -41,12 +41,12 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_futures
 
 from kazoo.client import KazooClient
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_errors import NoSuchEntry, Unvouched
@@ -106,7 +106,9 @@ def _describe(meta: LedgerMetadata, answers: dict[int, str], fenced: set[int]) -
     return "; ".join(f"{label}: {', '.join(ids)}" for label, ids in groups.items())
 
 
-def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout: float) -> dict[int, dict]:
+def _fence(
+    pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout: float, clock: Clock
+) -> dict[int, dict]:
     """Fence every bookie; return the replies of those fenced, by ensemble index.
 
     Returns when every bookie answered, or a short grace after the fence
@@ -124,10 +126,10 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
     answers: dict[int, str] = {i: NO_ANSWER for i in range(len(addresses))}
     errors: list[str] = []
     pending = set(futures)
-    deadline = time.monotonic() + timeout + 1.0
+    deadline = clock.monotonic() + timeout + 1.0
     while pending:
         done, pending = wait_futures(
-            pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+            pending, timeout=max(0.0, deadline - clock.monotonic()), return_when=FIRST_COMPLETED
         )
         if not done:
             break
@@ -141,7 +143,7 @@ def _fence(pool: BookiePool, meta: LedgerMetadata, addresses: list[str], timeout
             except LedgerError as exc:
                 errors.append(f"{meta.ensemble[index]['bookie_id']}: {exc}")
         if len(fenced) >= meta.fence_quorum:
-            deadline = min(deadline, time.monotonic() + _GRACE)
+            deadline = min(deadline, clock.monotonic() + _GRACE)
     if len(fenced) < meta.fence_quorum:
         raise NotEnoughBookies(
             f"ledger {meta.ledger_id}: fenced {len(fenced)} of {len(addresses)} bookies, need {meta.fence_quorum} "
@@ -209,6 +211,7 @@ def _replicate(
     addresses: list[str],
     entries: list[tuple[int, bytes]],
     timeout: float,
+    clock: Clock,
 ) -> None:
     """Write ``entries`` to every bookie with ``recovery: true``; each needs ``ack_quorum`` acks.
 
@@ -234,13 +237,13 @@ def _replicate(
         )
         for entry_id, data in entries
     ]
-    deadline = time.monotonic() + timeout + 1.0
+    deadline = clock.monotonic() + timeout + 1.0
     for entry_id, futures in sends:
         acks, errors = 0, []
         pending = set(futures)
         while pending and acks < meta.ack_quorum:
             done, pending = wait_futures(
-                pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED
+                pending, timeout=max(0.0, deadline - clock.monotonic()), return_when=FIRST_COMPLETED
             )
             if not done:
                 break
@@ -264,8 +267,12 @@ def recover_and_close(
     ledger_id: int,
     digest: Digest,
     timeout: float = DEFAULT_TIMEOUT,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> int:
-    """Fence ``ledger_id``, settle its last entry, close it; return ``last_entry``. Idempotent."""
+    """Fence ``ledger_id``, settle its last entry, close it; return ``last_entry``. Idempotent.
+
+    ``clock`` times the waits for the fence and re-replication replies.
+    """
     while True:
         meta, version = read_metadata(zk, paths, ledger_id)
         if meta.state == CLOSED:
@@ -282,7 +289,7 @@ def recover_and_close(
         # meta.ensemble is the last fragment's: the only one fenced, and the only one
         # read from below (every entry past the start is in it).
         addresses = [current_address(zk, paths, m) for m in meta.ensemble]
-        fence_replies = _fence(pool, meta, addresses, timeout)
+        fence_replies = _fence(pool, meta, addresses, timeout, clock)
         lac = max(int(r.get("lac", -1)) for r in fence_replies.values())
         fenced = set(fence_replies)
 
@@ -315,7 +322,7 @@ def recover_and_close(
                     break
                 found.append((entry_id, data))
                 last = entry_id
-        _replicate(pool, meta, addresses, found, timeout)
+        _replicate(pool, meta, addresses, found, timeout, clock)
 
         try:
             cas_metadata(zk, paths, meta.with_state(CLOSED, last_entry=last), version)
