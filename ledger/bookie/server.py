@@ -2,12 +2,10 @@
 
 One thread owns the serving kernel (:class:`election.wire.kernel.ServingKernel`: the
 ROUTER socket, decoding, role check, the one send site) and the LMDB store. The
-bookie's operations are the kernel's op table. Each turn of the poll loop drains
-every waiting frame (up to ``max_batch``), answers reads at once, gathers all adds
-into ONE store transaction (one fsync) and only then acks them: group commit, so
-throughput grows with load instead of paying an fsync per entry (an add's handler
-answers "later", and :meth:`Bookie._commit` sends its ack). Frames are never
-trusted: anything that does not decode, is too large, has the wrong protocol
+bookie's operations are the kernel's op table (:mod:`ledger.bookie.ops`). Each turn
+of the poll loop drains every waiting frame (up to ``max_batch``), answers reads at
+once, gathers all adds into ONE store transaction (one fsync) and only then acks
+them (:mod:`ledger.bookie.group_commit`). Frames are never trusted: anything that does not decode, is too large, has the wrong protocol
 version, names an unknown operation or carries bad fields gets an error reply and
 is counted; the loop never dies on input.
 
@@ -34,45 +32,26 @@ import logging
 import signal
 import threading
 import time
-from typing import Any
 
 import zmq
 from kazoo.client import KazooClient
 
-from election import wire
 from election import zk as zkutil
 from election.cluster_config import join_cluster, member_options
 from election.paths import ClusterPaths
 from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_keys
-from election.wire.codes import (
-    E_BAD_ENTRY,
-    E_BUSY,
-    E_FENCED,
-    E_NO_ENTRY,
-    E_READONLY,
-    E_UNKNOWN,
-    E_WRONG_BOOKIE,
-)
-from election.wire.dispatch import DEFERRED, Handler, KernelHooks, Reply, RequestContext
+from election.wire.dispatch import KernelHooks
 from election.wire.kernel import ServingKernel
 from ledger import LedgerError
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance, cookie_for_cluster
 from ledger.bookie.gc import GarbageCollector, Handoff
+from ledger.bookie.group_commit import GroupCommit
 from ledger.bookie.integrity import open_vouched_store, prepare_store
+from ledger.bookie.ops import BookieOps
 from ledger.bookie.polls import LongPolls
-from ledger.bookie.protocol import (
-    MAX_PIGGYBACK_BYTES,
-    OPS,
-    entity_id,
-    info_fields,
-    parse_add,
-    parse_add_batch,
-    parse_wait_lac,
-)
 from ledger.bookie.registration import BookieRegistration
-from ledger.bookie.store import FENCED, STORED, BookieStore, ReadOnlyGate, is_disk_full
-from ledger.codec import CorruptEntry
+from ledger.bookie.store import BookieStore, ReadOnlyGate
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +64,11 @@ IDLE_PROBE_S = 3.0
 RECEIVE_FACTOR, MIN_RECEIVE_LIMIT = 4, 64 * 1024 * 1024
 
 
-class Bookie:
+class Bookie(BookieOps, GroupCommit):
     """One bookie: a store, a ROUTER socket and a ZooKeeper registration.
+
+    This module holds its lifecycle and poll loop; the op table is :class:`BookieOps`,
+    the group commit and read-only mode :class:`GroupCommit`.
 
     Usage (``run_bookie(config)`` does this, plus SIGTERM/SIGINT handling)::
 
@@ -324,270 +306,6 @@ class Bookie:
                 self._probe_disk(now)
             if self._registration is not None and self._registration.fatal:
                 raise LedgerError(self._registration.fatal)
-
-    # -- the kernel's op table and hooks ------------------------------------------------
-
-    def _op_table(self) -> dict[str, Handler]:
-        ops = {
-            "ping": self._op_ping,
-            "add": self._op_add,
-            "add_batch": self._op_add_batch,
-            "read": self._op_read,
-            "read_lac": self._op_read_lac,
-            "wait_lac": self._op_wait_lac,
-            "write_lac": self._op_write_lac,
-            "fence": self._op_fence,
-            "delete": self._op_delete,
-            "stats": self._op_stats,
-        }
-        assert ops.keys() == OPS, "the op table and the protocol's ops differ"
-        return {op: self._addressed(handler) for op, handler in ops.items()}
-
-    def _addressed(self, handler: Handler) -> Handler:
-        """``handler`` behind the check that a request naming a bookie names this one (``wrong_bookie``)."""
-
-        def checked(msg: dict, ctx: RequestContext) -> Reply:
-            expected = msg.get("bookie")
-            if expected is not None and expected != self.bookie_id:
-                return wire.error_reply(
-                    ctx.rid, E_WRONG_BOOKIE, f"this is bookie {self.bookie_id}, not {wire.shown(expected)}"
-                )
-            return handler(msg, ctx)
-
-        return checked
-
-    def _failure_reply(self, exc: Exception, rid: Any) -> dict | None:
-        """A request that hit a full disk is refused ``readonly``: not a bug, so not the kernel's ``internal``."""
-        return self._refuse_full(rid, exc) if is_disk_full(exc, self._store.path) else None
-
-    # -- group commit: the turn's adds in one transaction, then their acks ----------------
-
-    def _commit(self) -> None:
-        """Store the gathered adds in one transaction, then ack each (group commit).
-
-        An item of ``self._adds`` is ``(route, rid, ledger, first, entries, lac,
-        recovery, batch)``: one checked run of entries from an ``add`` (``batch``
-        false, one entry) or an ``add_batch`` request, answered once.
-        """
-        if not self._adds:
-            return
-        self._adds_seen_at = time.monotonic()
-        batch, self._adds = self._adds, []
-        send = self._kernel.send
-        if not self._gate.may_try(time.monotonic()):
-            self.counters["readonly_refusals"] += len(batch)
-            for route, rid, *_ in batch:
-                send(route, self._readonly_reply(rid))
-            return
-        try:
-            committing = time.perf_counter()
-            results = self._store.add_runs([a[2:7] for a in batch])
-            took = time.perf_counter() - committing
-        except Exception as exc:
-            if is_disk_full(exc, self._store.path):
-                for route, rid, *_ in batch:
-                    send(route, self._refuse_full(rid, exc))
-                return
-            log.exception("add batch of %d requests failed", len(batch))
-            for route, rid, *_ in batch:
-                send(route, wire.error_reply(rid, wire.E_INTERNAL, f"store failed: {exc}"))
-            return
-        if self._gate.succeeded():
-            self._publish_readonly(False)
-            log.warning(
-                "bookie %s is writable again: a commit succeeded after %d refused adds",
-                self.bookie_id,
-                self.counters["readonly_refusals"],
-            )
-        self.counters["batches"] += 1
-        ledgers = set()
-        stored = size = 0
-        for (route, rid, ledger, first, entries, _lac, _rec, is_batch), result in zip(batch, results):
-            ledgers.add(ledger)
-            if result == STORED:
-                self.counters["adds"] += len(entries)
-                stored += len(entries)
-                if self.metrics is not None:
-                    size += sum(map(len, entries))
-                if is_batch:
-                    reply = wire.ok_reply(rid, ledger=ledger, first=first, count=len(entries))
-                else:
-                    reply = wire.ok_reply(rid, ledger=ledger, entry=first)
-            elif result == FENCED:
-                reply = wire.error_reply(rid, E_FENCED, f"ledger {ledger} is fenced")
-            else:  # pragma: no cover - add_runs answers stored or fenced only
-                reply = wire.error_reply(rid, wire.E_INTERNAL, f"store answered {result!r}")
-            send(route, reply)
-        if self.metrics is not None:
-            self.metrics.committed(self._turn_started, took, len(batch), stored, size)
-        for ledger in ledgers:
-            self._polls.wake(ledger)
-
-    def _probe_disk(self, now: float) -> None:
-        """Read-only with no adds coming: a commit of our own tells whether space came back."""
-        try:
-            self._store.probe_write()
-        except Exception as exc:
-            if not is_disk_full(exc, self._store.path):
-                log.warning("bookie %s: disk probe failed: %s: %s", self.bookie_id, type(exc).__name__, exc)
-            self._gate.failed(now)  # still read-only: probe again in probe_s
-            return
-        if self._gate.succeeded():
-            self._publish_readonly(False)
-            log.warning(
-                "bookie %s is writable again: a probe commit succeeded after %d refused adds",
-                self.bookie_id,
-                self.counters["readonly_refusals"],
-            )
-
-    def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
-        """The reply to a request that hit a full disk; logs once per read-only episode."""
-        if self._gate.failed(time.monotonic()):
-            self._publish_readonly(True)
-            log.warning(
-                "bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "
-                "a commit succeeds again (retried every %.0f s)",
-                self.bookie_id,
-                exc,
-                E_READONLY,
-                self._gate.probe_s,
-            )
-        self.counters["readonly_refusals"] += 1
-        return self._readonly_reply(rid)
-
-    def _publish_readonly(self, readonly: bool) -> None:
-        if self._registration is not None:
-            self._registration.set_readonly(readonly)
-
-    def _readonly_reply(self, rid: Any) -> dict:
-        return wire.error_reply(rid, E_READONLY, f"bookie {self.bookie_id} is read-only: its disk is full")
-
-    def _unknown(self, rid: Any, ledger: int) -> dict | None:
-        """The ``unknown`` reply if ``ledger`` is in limbo, else None."""
-        limbo = self._limbo.get(ledger)
-        if limbo is None:
-            return None
-        self.counters["unknown_replies"] += 1
-        return wire.error_reply(
-            rid, E_UNKNOWN, f"bookie {self.bookie_id} cannot vouch for ledger {ledger}: {limbo['reason']}"
-        )
-
-    # -- operations (the op table): each returns its reply, or DEFERRED when it is sent later --
-
-    def _op_ping(self, msg: dict, ctx: RequestContext) -> Reply:
-        return wire.ok_reply(ctx.rid, bookie_id=self.bookie_id, cluster_id=self.cluster_id)
-
-    def _op_add(self, msg: dict, ctx: RequestContext) -> Reply:
-        try:
-            ledger, entry, data, lac, recovery = parse_add(msg)
-        except CorruptEntry as exc:
-            self.counters["bad_requests"] += 1
-            return wire.error_reply(ctx.rid, E_BAD_ENTRY, str(exc))
-        self._adds.append((ctx.route, ctx.rid, ledger, entry, [data], lac, recovery, False))
-        return DEFERRED
-
-    def _op_add_batch(self, msg: dict, ctx: RequestContext) -> Reply:
-        try:
-            ledger, first, entries, lac, recovery = parse_add_batch(msg)
-        except CorruptEntry as exc:
-            self.counters["bad_requests"] += 1
-            return wire.error_reply(ctx.rid, E_BAD_ENTRY, str(exc))
-        self._adds.append((ctx.route, ctx.rid, ledger, first, entries, lac, recovery, True))
-        return DEFERRED
-
-    def _op_read(self, msg: dict, ctx: RequestContext) -> Reply:
-        ledger, entry = entity_id(msg, "ledger"), entity_id(msg, "entry")
-        self.counters["reads"] += 1
-        data = self._store.read(ledger, entry)
-        if data is None:
-            return self._unknown(ctx.rid, ledger) or wire.error_reply(
-                ctx.rid, E_NO_ENTRY, f"no entry {entry} of ledger {ledger} on this bookie"
-            )
-        return wire.ok_reply(ctx.rid, data=data)
-
-    def _op_read_lac(self, msg: dict, ctx: RequestContext) -> Reply:
-        ledger = entity_id(msg, "ledger")
-        return self._unknown(ctx.rid, ledger) or wire.ok_reply(ctx.rid, **self._info(ledger))
-
-    def _op_wait_lac(self, msg: dict, ctx: RequestContext) -> Reply:
-        ledger, after, timeout_ms, max_entries = parse_wait_lac(msg)
-        unknown = self._unknown(ctx.rid, ledger)
-        if unknown is not None:
-            return unknown
-        info = self._info(ledger)
-        timeout_ms = min(timeout_ms, self.config.long_poll_max_ms)
-        if info["lac"] > after or timeout_ms == 0:
-            extra = self._entries_after(ledger, after, info["lac"], max_entries) if max_entries else {}
-            return wire.ok_reply(ctx.rid, **info, **extra)
-        if not self._polls.park(
-            ctx.route, ctx.rid, ledger, after, time.monotonic() + timeout_ms / 1000, max_entries
-        ):
-            return wire.error_reply(ctx.rid, E_BUSY, f"{self._polls.limit} long polls are already waiting")
-        return DEFERRED
-
-    def _entries_after(self, ledger: int, after: int, lac: int, max_entries: int) -> dict:
-        """``{"entries": [...]}``: the stored entries after..lac (committed), as many as fit, in order."""
-        out, size = [], 0
-        for entry_id in range(after + 1, min(lac, after + max_entries) + 1):
-            data = self._store.read(ledger, entry_id)
-            if data is None:
-                break  # not here (a striped ensemble, a replaced member): the reader reads it elsewhere
-            out.append(data)
-            size += len(data)
-            if size >= MAX_PIGGYBACK_BYTES:
-                break
-        return {"entries": out}
-
-    def _info(self, ledger: int) -> dict:
-        info = info_fields(self._store.ledger_info(ledger))
-        info["lac"] = max(info["lac"], self._explicit_lac.get(ledger, -1))
-        return info
-
-    def _op_write_lac(self, msg: dict, ctx: RequestContext) -> Reply:
-        ledger, lac = entity_id(msg, "ledger"), entity_id(msg, "lac")
-        unknown = self._unknown(ctx.rid, ledger)
-        if unknown is not None:
-            return unknown
-        if lac > self._explicit_lac.get(ledger, -1):
-            self._explicit_lac[ledger] = lac
-            self._polls.wake(ledger)
-        return wire.ok_reply(ctx.rid, **self._info(ledger))
-
-    def _op_fence(self, msg: dict, ctx: RequestContext) -> Reply:
-        ledger = entity_id(msg, "ledger")
-        info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
-        self._polls.wake(ledger, always=True)  # long pollers learn of the recovery at once
-        return self._unknown(ctx.rid, ledger) or wire.ok_reply(ctx.rid, **info_fields(info))
-
-    def _op_delete(self, msg: dict, ctx: RequestContext) -> Reply:
-        ledger = entity_id(msg, "ledger")
-        self._commit()  # an add that arrived before the delete must not outlive it
-        log.info("deleted ledger %d (%d entries)", ledger, self._forget_ledger(ledger))
-        return wire.ok_reply(ctx.rid)
-
-    def _forget_ledger(self, ledger: int) -> int:
-        """Delete a ledger's entries and everything the loop keeps about it; the number of entries deleted."""
-        deleted = self._store.delete_ledger(ledger)
-        self._explicit_lac.pop(ledger, None)
-        self._limbo.pop(ledger, None)
-        self._polls.wake(ledger, always=True)  # parked polls learn now, not at their deadline
-        return deleted
-
-    def _local_ledgers(self) -> list[int]:
-        return sorted(set(self._store.list_ledgers()) | set(self._limbo))
-
-    def _op_stats(self, msg: dict, ctx: RequestContext) -> Reply:
-        return wire.ok_reply(
-            ctx.rid,
-            **self.counters,
-            **self._store.counts(),
-            bookie_id=self.bookie_id,
-            uptime_s=round(time.monotonic() - self._started, 3),
-            readonly=self._gate.readonly,
-            disk_full_events=self._gate.events,
-            limbo_ledgers=len(self._limbo),
-            verified_at_start=self.verified_at_start,
-        )
 
 
 def run_bookie(config: BookieConfig, stop: threading.Event | None = None) -> None:
