@@ -37,13 +37,13 @@ import itertools
 import logging
 import os
 import threading
-import time
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any, Callable, Optional
 
 import zmq
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.secure.keyring import ClientKeys, process_keys
 from election.wire import encode
 from election.wire import request as make_request
@@ -100,12 +100,14 @@ class BookiePool:
         default_timeout: float = DEFAULT_TIMEOUT,
         window: int = DEFAULT_WINDOW,
         keys: ClientKeys | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._own_context = context is None
         # A secure cluster's bookies are reached with these keys: the process's own (a member's key) by default.
         self._keys = keys or process_keys()
         self._context = context or zmq.Context()
         self.default_timeout = default_timeout
+        self._clock = clock  # request deadlines, timers and suspects run on its monotonic time
         self._cmds: collections.deque = collections.deque()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []  # heap of (due, seq, fn)
         self._timer_seq = itertools.count()
@@ -197,7 +199,7 @@ class BookiePool:
         with self._submit_lock:
             if self._closed:
                 raise BookieUnavailable("-", "the bookie pool is closed")
-            heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn))
+            heapq.heappush(self._timers, (self._clock.monotonic() + delay, next(self._timer_seq), fn))
         self._wake()
 
     def _run_due_timers(self, now: float) -> float | None:
@@ -218,7 +220,7 @@ class BookiePool:
 
     def is_suspect(self, address: str) -> bool:
         """True if ``address`` timed out recently and has not answered since."""
-        return self._connections.is_suspect(address, time.monotonic())
+        return self._connections.is_suspect(address, self._clock.monotonic())
 
     def close(self, timeout: float = 5.0) -> None:
         """Fail every outstanding request, close the sockets and stop the I/O thread."""
@@ -260,6 +262,7 @@ class BookiePool:
 
     def _run(self) -> None:
         connections = self._connections
+        monotonic = self._clock.monotonic
         stopping = False
         wake_r = self._wake_r
         piped = True
@@ -276,7 +279,7 @@ class BookiePool:
                     except (BlockingIOError, OSError):
                         pass
                 self._wake_flag = False
-                now = time.monotonic()
+                now = monotonic()
                 while self._cmds:
                     req = self._cmds.popleft()
                     if req is None:
@@ -288,17 +291,17 @@ class BookiePool:
                     connections.start(req, now)
                 if stopping:
                     break
-                timer_in = self._run_due_timers(time.monotonic()) if self._timers else None
+                timer_in = self._run_due_timers(monotonic()) if self._timers else None
                 wait_ms = None
                 if self._cmds:
                     wait_ms = 0  # submitted from this thread (a callback, a task): no wake byte
                 elif (next_deadline := connections.next_deadline()) is not None:
-                    wait_ms = max(0, int((next_deadline - time.monotonic()) * 1000) + 1)
+                    wait_ms = max(0, int((next_deadline - monotonic()) * 1000) + 1)
                 if timer_in is not None and not self._cmds:
                     timer_ms = int(timer_in * 1000) + 1
                     wait_ms = timer_ms if wait_ms is None else min(wait_ms, timer_ms)
                 piped = connections.poll(wait_ms)
-                connections.expire(time.monotonic())
+                connections.expire(monotonic())
         except Exception:  # pragma: no cover - a bug here must not leave callers hanging
             log.exception("bookie pool I/O thread crashed")
         finally:

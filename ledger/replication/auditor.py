@@ -255,7 +255,7 @@ class AutoRecovery:
         # Without a pool given, its own (closed by stop()): copies never queue behind, or ahead
         # of, the requests of the process it runs in (a bookie's serving, a leader's adds).
         self._own_pool = pool is None
-        pool = BookiePool() if pool is None else pool
+        pool = BookiePool(clock=clock) if pool is None else pool
         self.pool = pool
         self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock)
         self.worker = ReplicationWorker(
