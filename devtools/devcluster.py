@@ -236,7 +236,7 @@ class DevCluster:
             keys = DevKeys(self.run_dir)
             keys.create()
             keys.record(state)
-        broker_args = ["--zk-session-timeout", str(spec.zk_session_timeout)]
+        broker_args = ["--zk-session-timeout-s", str(spec.zk_session_timeout)]
         if secret_file:
             broker_args += ["--secret-file", secret_file]
         if spec.wait_for:
@@ -351,7 +351,7 @@ class DevCluster:
         if not state or not self.running():
             raise DevClusterError(f"no dev cluster runs in {self.run_dir}: `fencepost dev up` first")
         index = 1 + max((m["index"] for m in state["processes"] if m["kind"] == "broker"), default=-1)
-        args = ["--zk-session-timeout", str(state.get("zk_session_timeout", 2.0))]
+        args = ["--zk-session-timeout-s", str(state.get("zk_session_timeout", 2.0))]
         if state.get("secret_file"):
             args += ["--secret-file", state["secret_file"]]
         member = self._start_member(state, "broker", index, args)

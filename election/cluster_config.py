@@ -151,7 +151,10 @@ def cluster_option_field(name: str) -> Any:
         "ack_quorum": ("Acks that commit an entry; must match the cluster's.", {"min": 1}),
         "ensemble_size": ("Bookies per ledger; must match the cluster's.", {"min": 1}),
         "digest": ("Entry digest, crc32c or hmac-sha256; must match the cluster's.", {"choices": DIGESTS}),
-        "max_payload_bytes": ("Largest task payload; must match the cluster's.", {"min": 1}),
+        "max_payload_bytes": (
+            "Largest task payload; must match the cluster's.",
+            {"min": 1, "max": MAX_PAYLOAD_LIMIT, "unit": "bytes"},
+        ),
     }
     text, extra = helps[name]
     return field(default=None, metadata={"help": text, "default_text": "the cluster's", **extra})

@@ -298,7 +298,7 @@ class ProcessManager:
             cluster.hosts,
             "--cluster",
             cluster.name,
-            "--zk-session-timeout",
+            "--zk-session-timeout-s",
             str(session_timeout),
             *(extra or []),
         ]

@@ -16,7 +16,7 @@ cluster's store, or one beyond the log, stops the broker ("wrong store"); a
 store that was not closed in order is verified in full; a damaged one (found
 then, by a checkpoint, or by the tail) is never served: it is moved aside and
 rebuilt from a snapshot and the ledgers while the broker keeps running.
-SIGTERM stops the broker within ``shutdown_timeout`` whatever ZooKeeper's state.
+SIGTERM stops the broker within ``shutdown_timeout_s`` whatever ZooKeeper's state.
 
 Example::
 
@@ -79,7 +79,7 @@ from snapshots.transfer import describe, read_chunk
 
 log = logging.getLogger(__name__)
 
-# Share of shutdown_timeout a leader may spend handing over; the rest is for local steps.
+# Share of shutdown_timeout_s a leader may spend handing over; the rest is for local steps.
 HANDOVER_SHARE = 0.5
 
 
@@ -100,7 +100,7 @@ class BrokerNode:
         self._damaged = threading.Event()
         self._damage_lock = threading.Lock()
         self._handing_over = False
-        self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout, lambda: self.exit_code)
+        self.stop_budget = StopBudget(self.stop_event, self.config.shutdown_timeout_s, lambda: self.exit_code)
         self.metrics = None  # broker.server.metrics.BrokerMetrics, with --metrics-listen
         self.server: BrokerServer | None = None
         self.keys: ServerKeys | None = None  # election.secure.keyring.ServerKeys, when secure
@@ -113,7 +113,7 @@ class BrokerNode:
         self.data_lock.acquire()
         self._install_signals()
         self.stop_budget.start()
-        self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout)
+        self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
         self._write_session_file()
         try:
             self._start_keys()  # first: a bad key stops us at once; the bookie pool connects with it
@@ -219,7 +219,7 @@ class BrokerNode:
                 json.dumps(
                     {"address": cfg.listen, "learner": cfg.learner, "secure": self.keys is not None}
                 ).encode(),
-                wait_s=cfg.zk_session_timeout * 1.5 + 1,
+                wait_s=cfg.zk_session_timeout_s * 1.5 + 1,
             )
             self.live = LivePublisher(
                 self.zk,
@@ -415,9 +415,9 @@ class BrokerNode:
             cluster_id=self.cluster["cluster_id"],
             broker_id=self.identity.broker_id,
             clock=self.clock,
-            policy=CheckpointPolicy(cfg.checkpoint_entries, cfg.checkpoint_seconds),
+            policy=CheckpointPolicy(cfg.checkpoint_entries, cfg.checkpoint_s),
             snapshots_kept=cfg.snapshots_kept,
-            retention_seconds=cfg.retention_seconds,
+            retention_seconds=cfg.retention_s,
             store=lambda: self.store,
             applied_entries=self.applied_entries,
             leading=self.leading,
@@ -450,7 +450,7 @@ class BrokerNode:
             signal.signal(signal.SIGINT, lambda *_: self.stop())
 
     def stop(self) -> None:
-        """Begin an orderly stop; the process ends within ``shutdown_timeout`` whatever happens."""
+        """Begin an orderly stop; the process ends within ``shutdown_timeout_s`` whatever happens."""
         self.stop_event.set()
         server = getattr(self, "server", None)
         if server is not None:
@@ -478,13 +478,13 @@ class BrokerNode:
     def _shutdown(self) -> None:
         """Graceful stop: hand leadership over if ZooKeeper lets us, checkpoint, mark the store clean.
 
-        Every wait is bounded by what is left of ``shutdown_timeout``; the ZooKeeper steps
+        Every wait is bounded by what is left of ``shutdown_timeout_s``; the ZooKeeper steps
         are skipped while it is unreachable (the ledger's fencing stops a stale leader).
         """
         if self.server.leadership is not None:
             self._step_down.set()
             deadline = time.monotonic() + self.stop_budget.remaining(
-                self.config.shutdown_timeout * HANDOVER_SHARE
+                self.config.shutdown_timeout_s * HANDOVER_SHARE
             )
             while self.server.leadership is not None and time.monotonic() < deadline:
                 self.server.serve_once()

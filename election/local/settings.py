@@ -4,6 +4,11 @@ Precedence, highest first: command-line flags that were given, environment
 variables ``FENCEPOST_<FIELD>``, the ``[<section>]`` table of ``fencepost.toml``
 (or the file named by ``FENCEPOST_CONFIG``), then the dataclass defaults.
 
+A renamed field keeps its old spelling at every level: the class attribute ``former_names``
+(old -> new, see :mod:`election.local.member_config`) lets a flag, ``FENCEPOST_<OLD>``
+variable or TOML key of the old name set the field, with a deprecation warning naming the new
+one; where both spellings are given at one level, the new one wins.
+
 Example::
 
     @dataclass
@@ -17,14 +22,17 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from election import ElectionError
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ENV_PREFIX = "FENCEPOST_"
@@ -65,6 +73,30 @@ def _read_toml(path: Path, section: str) -> dict:
     return table
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _renamed(
+    values: Mapping[str, Any], former_names: Mapping[str, str], spell: Callable[[str], str], where: str = ""
+) -> dict:
+    """``values`` with each former name given replaced by its field's name, and a warning for each.
+
+    ``spell`` writes a name as the user wrote it at that level (``--zk-session-timeout``).
+    """
+    out = dict(values)
+    for old, new in former_names.items():
+        if out.get(old) is None:
+            continue
+        value = out.pop(old)
+        if out.get(new) is None:
+            out[new] = value
+            log.warning("%s%s is deprecated: use %s", spell(old), where, spell(new))
+        else:
+            log.warning("%s%s is deprecated and ignored: %s is also given", spell(old), where, spell(new))
+    return out
+
+
 def load_settings(
     cls: type[T],
     section: str,
@@ -78,9 +110,15 @@ def load_settings(
     table = _read_toml(path, section)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(table) - names
+    former_names: Mapping[str, str] = getattr(cls, "former_names", {})
+    unknown = set(table) - names - set(former_names)
     if unknown:
         raise SettingsError(f"unknown keys in [{section}] of {path}: {', '.join(sorted(unknown))}")
+    flags = _renamed(flags or {}, former_names, _flag)
+    env = _renamed(
+        env, {ENV_PREFIX + o.upper(): ENV_PREFIX + n.upper() for o, n in former_names.items()}, str
+    )
+    table = _renamed(table, former_names, str, f" in [{section}] of {path}")
     values: dict[str, Any] = {}
     for name in names:
         kind = hints[name]
@@ -88,7 +126,7 @@ def load_settings(
         base = (
             typing.get_args(kind)[0] if typing.get_origin(kind) in (typing.Union, types.UnionType) else kind
         )
-        if flags and flags.get(name) is not None:
+        if flags.get(name) is not None:
             values[name] = flags[name]
         elif ENV_PREFIX + name.upper() in env:
             values[name] = _coerce(ENV_PREFIX + name.upper(), env[ENV_PREFIX + name.upper()], base)

@@ -177,13 +177,13 @@ def keys_file_field() -> Any:
     )
 
 
-def key_file_field(role: str) -> Any:
-    """The ``key_file`` setting of a server's config dataclass (``role``: the key's role)."""
+def key_file_field() -> Any:
+    """The ``key_file`` setting of a server's config dataclass."""
     return field(
         default="",
         metadata={
-            "help": f"This {role}'s secret key file (`fencepost keys new --role {role}`); with keys_file the "
-            f"{role} is secure.",
+            "help": "This server's secret key file (`fencepost keys new --role broker` or `--role bookie`); "
+            "with keys_file the server is secure.",
             "path": "file",
         },
     )

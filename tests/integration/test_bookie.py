@@ -376,7 +376,7 @@ def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_
         zk=cluster.hosts,
         cluster=cluster.name,
         bookie_id="in-process",
-        map_size=64 << 20,
+        map_size_bytes=64 << 20,
         zk_session_timeout_s=4,
         init_if_missing=True,
     )
@@ -419,7 +419,7 @@ def test_two_live_bookies_cannot_share_an_id(cluster, procs, tmp_path, free_port
         zk=cluster.hosts,
         cluster=cluster.name,
         bookie_id=bookie_id,
-        map_size=64 << 20,
+        map_size_bytes=64 << 20,
         zk_session_timeout_s=1,
     )
     # Another data directory under the same id is refused by the ZooKeeper cookie already.

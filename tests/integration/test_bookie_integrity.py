@@ -151,7 +151,7 @@ def test_a_full_disk_makes_the_bookie_read_only_with_one_warning_each_way(
         cluster.name,
     ]
     bookie = procs.start(
-        "bookie", args, ready=_answers_ping, address=address, env={"FENCEPOST_MAP_SIZE": str(1 << 20)}
+        "bookie", args, ready=_answers_ping, address=address, env={"FENCEPOST_MAP_SIZE_BYTES": str(1 << 20)}
     )
     c = client_for(address)
     # Ledger 1 takes big entries (overflow pages), freed at once when it is deleted.

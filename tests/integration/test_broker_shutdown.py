@@ -45,10 +45,10 @@ def test_sigterm_with_zookeeper_down_exits_within_the_timeout(private_zk, procs)
         zk.ensure_path(cluster.paths.base)
         procs.start_bookies(cluster, 3)
         leader = procs.start_broker(
-            cluster, session_timeout=4.0, extra=["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
+            cluster, session_timeout=4.0, extra=["--shutdown-timeout-s", str(SHUTDOWN_TIMEOUT)]
         )
         follower = procs.start_broker(
-            cluster, session_timeout=4.0, extra=["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
+            cluster, session_timeout=4.0, extra=["--shutdown-timeout-s", str(SHUTDOWN_TIMEOUT)]
         )
         info = wait_for(lambda: read_leader(zk, cluster.paths), 30, "a leader")
         if info["address"] != leader.address:

@@ -164,7 +164,7 @@ def test_leader_stopped_between_epoch_check_and_log_change_is_fenced(cluster, pr
                 cluster.hosts,
                 "--cluster",
                 cluster.name,
-                "--zk-session-timeout",
+                "--zk-session-timeout-s",
                 "2",
                 "--ledger-max-entries",
                 "40",

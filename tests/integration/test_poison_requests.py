@@ -194,7 +194,7 @@ def test_a_committed_entry_no_broker_can_decode_stops_them_loudly(cluster, procs
                 cluster.hosts,
                 "--cluster",
                 cluster.name,
-                "--zk-session-timeout",
+                "--zk-session-timeout-s",
                 "2",
                 *extra,
             ],

@@ -56,7 +56,7 @@ def _start_secure(procs, cluster, keys: Keys, kind: str, address: str) -> object
         str(keys.file),
     ]
     if kind == "broker":
-        args += ["--zk-session-timeout", "2.0"]
+        args += ["--zk-session-timeout-s", "2.0"]
     env = {"FENCEPOST_INIT_IF_MISSING": "1", "FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
     return procs.start(kind, args, address=address, data_dir=data, env=env)
 

@@ -76,7 +76,7 @@ def _launch(procs, cluster, keys: Keys, member: Member):
         str(keys.file),
     ]
     if member.kind == "broker":
-        args += ["--zk-session-timeout", "2.0"]
+        args += ["--zk-session-timeout-s", "2.0"]
     env = {"FENCEPOST_INIT_IF_MISSING": "1", "FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
     return procs.start(member.kind, args, address=member.address, data_dir=data, env=env)
 

@@ -11,7 +11,7 @@ from tests.conftest import BrokerCluster, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-SMALL = ["--ledger-max-entries", "10", "--checkpoint-entries", "15", "--retention-seconds", "0"]
+SMALL = ["--ledger-max-entries", "10", "--checkpoint-entries", "15", "--retention-s", "0"]
 
 
 def start(cluster, procs, brokers=2, extra=SMALL):
@@ -58,9 +58,9 @@ def test_retention_keeps_ledgers_that_no_snapshot_covers(cluster, procs):
             "10",
             "--checkpoint-entries",
             "100000",
-            "--checkpoint-seconds",
+            "--checkpoint-s",
             "100000",
-            "--retention-seconds",
+            "--retention-s",
             "0",
         ],
     )
@@ -162,7 +162,7 @@ def test_damaged_or_foreign_snapshots_are_refused_with_a_reason(cluster, procs, 
 
 
 def test_join_falls_back_to_another_source_when_a_snapshot_is_damaged(cluster, procs):
-    extra = ["--checkpoint-entries", "5", "--ledger-max-entries", "5", "--retention-seconds", "0"]
+    extra = ["--checkpoint-entries", "5", "--ledger-max-entries", "5", "--retention-s", "0"]
     bc = start(cluster, procs, extra=extra)
     submit_many(bc, 20, "g")
     wait_for(lambda: cluster.zk.exists(cluster.paths.log_start), 30, "retention to delete early ledgers")

@@ -92,7 +92,7 @@ def _start(procs, tc: ZkCluster) -> tuple[list, list]:
             tc.hosts,
             "--cluster",
             tc.name,
-            "--zk-session-timeout",
+            "--zk-session-timeout-s",
             "2.0",
             "--wait-for",
             "3",

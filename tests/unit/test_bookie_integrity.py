@@ -52,7 +52,7 @@ def config(tmp_path) -> BookieConfig:
         listen="tcp://127.0.0.1:4999",
         zk="127.0.0.1:2181",
         cluster="c1",
-        map_size=MAP,
+        map_size_bytes=MAP,
     )
 
 

@@ -173,7 +173,7 @@ def test_corrupt_cookie_is_an_error(tmp_path):
         ({"bookie_id": "bad id"}, "bookie_id"),
         ({"max_batch": 0}, "max_batch"),
         ({"max_frame_bytes": True}, "max_frame_bytes"),
-        ({"map_size": 10}, "map_size"),
+        ({"map_size_bytes": 10}, "map_size_bytes"),
         ({"fsync": "yes"}, "fsync"),
     ],
 )

@@ -9,14 +9,12 @@ from click.testing import CliRunner
 
 import cli
 from broker.server.config import BrokerConfig
-from commands.bookie import bookie_start
-from commands.broker import broker_start
-from commands.options import config_options, option_name, settings_flags
+from cli_options import config_options, option_name, settings_flags
 from ledger.bookie.config import BookieConfig
 
 # Options of these commands that are not settings of the process.
 NOT_SETTINGS = {"--config", "--dev-dir", "--zk-auth", "--help"}
-COMMANDS = [(broker_start, BrokerConfig), (bookie_start, BookieConfig)]
+COMMANDS = [(cli.broker_start, BrokerConfig), (cli.bookie_start, BookieConfig)]
 
 
 def _option_names(command: click.Command) -> list[str]:
@@ -50,12 +48,12 @@ def test_options_keep_their_names_types_and_shown_defaults():
     for text in (
         "--no-fsync",
         "--learner",
-        "--zk-session-timeout FLOAT",
+        "--zk-session-timeout-s FLOAT",
         "--checkpoint-entries INTEGER RANGE",
         "default 256 MiB",
         "--data DIRECTORY",
         "--secret-file FILE",
-        "--shutdown-timeout FLOAT",
+        "--shutdown-timeout-s FLOAT",
     ):
         assert text in result.output, text
     result = CliRunner().invoke(cli.main, ["broker", "start", "--snapshots-kept", "0"])
@@ -85,16 +83,18 @@ def test_absent_options_leave_env_and_toml_in_charge():
 def test_given_options_become_typed_flags():
     flags = _captured(
         BrokerConfig,
-        ["--no-fsync", "--learner", "--tick-ms", "7", "--checkpoint-seconds", "1.5", "--name", "b9"],
+        ["--no-fsync", "--learner", "--tick-ms", "7", "--checkpoint-s", "1.5", "--name", "b9"],
     )
     assert (
         flags["fsync"],
         flags["learner"],
         flags["tick_ms"],
-        flags["checkpoint_seconds"],
+        flags["checkpoint_s"],
         flags["name"],
     ) == (False, True, 7, 1.5, "b9")
-    assert _captured(BookieConfig, ["--bookie-id", "bk-1", "--map-size", "2097152"])["bookie_id"] == "bk-1"
+    assert (
+        _captured(BookieConfig, ["--bookie-id", "bk-1", "--map-size-bytes", "2097152"])["bookie_id"] == "bk-1"
+    )
 
 
 def test_a_field_without_help_is_refused():

@@ -90,7 +90,7 @@ class StoreKeeper:
     def new_store(self) -> StateStore:
         return StateStore(
             self.state_dir,
-            map_size=self.config.map_size,
+            map_size=self.config.map_size_bytes,
             sync=self.config.fsync and self.config.fsync_each_apply,
             sync_on_close=self.config.fsync,
         )
@@ -175,7 +175,7 @@ class StoreKeeper:
             ):
                 continue
             try:
-                restore_snapshot(snap["path"], self.state_dir, self.cluster_id, self.config.map_size)
+                restore_snapshot(snap["path"], self.state_dir, self.cluster_id, self.config.map_size_bytes)
             except SnapshotError as exc:
                 log.warning("own snapshot %s cannot rebuild the store: %s", snap["name"], exc)
                 continue

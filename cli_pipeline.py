@@ -1,6 +1,7 @@
 """The Spark pipeline's commands: `export`, `analyze`, `audit` (docs/pipeline.md).
 
-Like every command module, it only parses options and calls the `pipeline` package.
+Like `cli.py`, this module only parses options and calls the `pipeline` package;
+`cli.main` adds the commands.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from pathlib import Path
 
 import click
 
-from commands.options import cluster_options, resolve_cluster
-from commands.output import emit
+from cli_options import cluster_options, emit, resolve_cluster
 
 # The options every pipeline command shares.
 MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master.")

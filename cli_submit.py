@@ -1,0 +1,68 @@
+"""What `fencepost submit` prints, so that scripts can use it.
+
+The task id comes first, on its own line, as soon as the submit is committed. With
+``--wait`` the result follows once the task is finished (``--json``: one object
+with the id and the whole record); the exit code is 0 only when the task ended
+``done``, and a wait that runs out still printed the id, so a script can look
+the task up later.
+
+Example::
+
+    $ id=$(fencepost submit mail hello)
+    $ fencepost submit resize "$img" --wait 60 > thumb.png || echo "failed"
+    $ fencepost submit mail hello --wait 10 --json | jq .task.state
+"""
+
+from __future__ import annotations
+
+import base64
+
+import click
+
+from broker.api.requests import WaitTimeout
+from cli_errors import fail
+from cli_options import emit
+
+DONE = "done"
+
+
+def printable_task(task: dict) -> dict:
+    """A task record with its bytes as text (or ``base64:...`` when they are not UTF-8), for output."""
+    out = {}
+    for name, value in task.items():
+        if isinstance(value, bytes):
+            try:
+                value = value.decode()
+            except UnicodeDecodeError:
+                value = "base64:" + base64.b64encode(value).decode()
+        out[name] = value
+    return out
+
+
+def _outcome(task_id: str, task: dict) -> str:
+    """The one-line reason a finished task is a failure of the command."""
+    error = (task.get("error") or "").strip().splitlines()
+    return f"task {task_id} ended {task.get('state')}" + (f": {error[0]}" if error else "")
+
+
+def report_submit(client, task_id: str, wait_s: float | None, as_json: bool) -> None:
+    """Print the submitted task's id, then (with ``wait_s``) wait for it and print its result; exit 1 unless done."""
+    if not as_json:
+        click.echo(task_id)
+    if wait_s is None:
+        if as_json:
+            emit({"task_id": task_id, "task": None}, True, None)
+        return
+    try:
+        task = client.wait(task_id, timeout=wait_s)
+    except WaitTimeout as exc:
+        if as_json:
+            emit({"task_id": task_id, "task": printable_task(exc.task), "timed_out": True}, True, None)
+        fail(f"task {task_id} still {exc.task.get('state')} after waiting {wait_s:g}s")
+        return
+    if as_json:
+        emit({"task_id": task_id, "task": printable_task(task)}, True, None)
+    elif task.get("state") == DONE and task.get("result") is not None:
+        click.echo(task["result"])
+    if task.get("state") != DONE:
+        fail(_outcome(task_id, task))
