@@ -1,10 +1,10 @@
 """Run handler functions on the tasks of some queues: the worker side of fencepost.
 
 A :class:`Worker` keeps up to ``prefetch`` tasks in hand, queued or running.
-One lease thread long-polls ``lease`` for as many tasks as that leaves room for
-and queues them locally; ``concurrency`` handler threads take tasks from that
-queue (each leased task wakes one of them) and call the queue's handler with a
-:class:`Task`.
+One lease thread (:mod:`broker.api.worker_lease`) long-polls ``lease`` for as many
+tasks as that leaves room for and queues them locally; ``concurrency`` handler
+threads (:mod:`broker.api.worker_handling`) take tasks from that queue (each leased
+task wakes one of them) and call the queue's handler with a :class:`Task`.
 What the handler returns (bytes, str or None) is a completion; an exception is
 a failure (``retry=True``: the broker retries the task after its backoff until
 its ``max_attempts``, then marks it dead), except :class:`~broker.api.reject.Reject`
@@ -79,16 +79,17 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
-from broker.api.client import DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client, ClientError
+from broker.api.client import DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client
 from broker.api.command_handler import CommandHandler
 from broker.api.drain import SignalDrain
-from broker.api.reject import Reject
 from broker.api.target import dev_dir_options
 from broker.api.task import MAX_ERROR_CHARS, Task, error_text, result_bytes
-from broker.api.worker_hand import Hand, leased_tasks
+from broker.api.worker_hand import Hand
+from broker.api.worker_handling import Handler, TaskRunner
 from broker.api.worker_heartbeat import HeartbeatSender
+from broker.api.worker_lease import LeaseLoop
 from broker.api.worker_outbox import OutboxSender
 from broker.protocol import RequestError, check_queue
 
@@ -104,9 +105,6 @@ DEFAULT_DRAIN_TIMEOUT = 25.0
 PREFETCH_PER_THREAD = 4
 PREFETCH_FLOOR = 32
 PREFETCH_CAP = 256
-
-
-Handler = Callable[[Task], Union[bytes, str, None]]
 
 
 def default_worker_name() -> str:
@@ -291,11 +289,15 @@ class Worker(OutboxSender, HeartbeatSender):
             self.concurrency,
             self.prefetch,
         )
+        leases = LeaseLoop(
+            self.name, self.lease_ms, self.wait_ms, self.request_timeout, self._hand, self._stopping
+        )
+        runner = TaskRunner(self._handlers, self._hand)
         heartbeats_done = threading.Event()
         beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
         sender = self._start(self._send_loop, f"sender-{self.name}", client, queues)
-        leaser = self._start(self._lease_loop, f"lease-{self.name}", client, queues)
-        handlers = [self._start(self._handle_loop, f"worker-{i}") for i in range(self.concurrency)]
+        leaser = self._start(leases.run, f"lease-{self.name}", client, queues)
+        handlers = [self._start(runner.loop, f"worker-{i}") for i in range(self.concurrency)]
         try:
             while not (stop is not None and stop.is_set()):
                 if self._stopping.wait(0.1):
@@ -352,92 +354,6 @@ class Worker(OutboxSender, HeartbeatSender):
                 log.warning("worker %s: cannot reach the cluster yet: %s", self.name, exc)
                 self._stopping.wait(backoff.next_delay())
         return None
-
-    # ---------------------------------------------------------------- leasing
-
-    def _lease_loop(self, client: Client, queues: list[str]) -> None:
-        backoff = Backoff(start=0.1, cap=2.0)
-        # Long enough for the long-poll plus a failover's worth of retries, short
-        # enough that an outage is logged and stop() is honoured reasonably soon.
-        call_timeout = self.wait_ms / 1000 + 2 * self.request_timeout
-        try:
-            while True:
-                asked = self._hand.claim_for_lease_loop()
-                if not asked:
-                    return
-                tasks: list = []
-                try:
-                    reply = client.call(
-                        "lease",
-                        worker=self.name,
-                        queues=queues,
-                        max_tasks=asked,
-                        lease_ms=self.lease_ms,
-                        wait_ms=self.wait_ms,
-                        timeout=call_timeout,
-                    )
-                    tasks = reply.get("tasks") or []
-                except ClientError as exc:  # BrokerUnavailable included: keep trying
-                    log.warning("worker %s: lease failed: %s", self.name, exc)
-                except Exception:
-                    log.exception("worker %s: unexpected error while leasing", self.name)
-                else:
-                    backoff = Backoff(start=0.1, cap=2.0)
-                    # A task leased while stopping is still ours: run it rather than let it time out.
-                    self._hand.add_leased(leased_tasks(tasks, self.name), asked)
-                    continue
-                self._hand.add_leased([], asked)
-                self._stopping.wait(backoff.next_delay())
-        finally:
-            self._hand.lease_loop_ended()
-
-    # ---------------------------------------------------------------- handling
-
-    def _handle_loop(self) -> None:
-        while True:
-            task = self._hand.next_task()
-            if task is None:
-                return
-            outcome = None
-            try:
-                outcome = self._process(task)
-            finally:
-                self._hand.finish(task, outcome)
-
-    def _process(self, task: Task) -> tuple[str, dict] | None:
-        """Run the handler; the outcome to send (op, fields), or None if it is no longer ours to report."""
-        key = (task.task_id, task.attempt)
-        started = time.monotonic()
-        try:
-            result = result_bytes(self._handlers[task.queue](task))
-        except Reject as exc:
-            outcome, why = "rejected", f": {exc}"
-            fields: dict = {"error": f"Reject: {exc}", "retry": False, "reject": True}
-        except Exception as exc:
-            outcome, why = "failed", f": {type(exc).__name__}: {exc}"
-            fields = {"error": error_text(exc), "retry": True}
-        else:
-            outcome, why, fields = "done", "", {"result": result}
-        if not self._hand.claim_report(key):
-            return None
-        duration_ms = round((time.monotonic() - started) * 1000, 1)
-        log.info(
-            "task %s attempt %d (%s) %s in %.3fs%s",
-            task.task_id,
-            task.attempt,
-            task.queue,
-            outcome,
-            duration_ms / 1000,
-            why,
-            extra={
-                "task_id": task.task_id,
-                "queue": task.queue,
-                "attempt": task.attempt,
-                "duration_ms": duration_ms,
-                "outcome": outcome,
-            },
-        )
-        return ("complete" if outcome == "done" else "fail"), fields
 
 
 def _join(thread: threading.Thread, end: float | None, given_up: Callable[[], bool] = lambda: False) -> bool:
