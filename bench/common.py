@@ -147,3 +147,19 @@ def finish(
         return 1
     emit(result, as_json, labels)
     return 0
+
+
+def finish_or_fail(
+    name: str, measure: Callable[[], dict], as_json: bool, labels: dict[str, str] | None = None
+) -> int:
+    """:func:`finish`, and any other error also one line on stderr: exit code 1 (130 after Ctrl-C)."""
+    try:
+        return finish(name, measure, as_json, labels)
+    except KeyboardInterrupt:
+        print(f"bench {name}: interrupted", file=sys.stderr)
+        return 130
+    except (
+        Exception
+    ) as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
+        print(f"bench {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1

@@ -1,10 +1,11 @@
 """A task history written straight to ledgers, for ``bench pipeline``: legal, varied and fast to make.
 
 Going through brokers would take minutes per million events, so the history is
-written the way a leader writes it, with the ledger writer: one ledger per
-epoch appended to the log with a CAS, an ``EpochStarted`` first, a
-``StateDigest`` every 200 entries. Every entry is also applied to a leader-side
-:class:`~broker.state.store.StateStore`, which is what makes the history legal:
+written the way a leader writes it, with the ledger writer
+(:class:`bench.leader_history.LeaderHistory`): one ledger per epoch appended to
+the log with a CAS, an ``EpochStarted`` first, a ``StateDigest`` every 200 entries.
+Every entry is also applied to a leader-side :class:`~broker.state.store.StateStore`,
+which is what makes the history legal:
 a ``TaskLeased`` hands out what apply picks, and only those attempts are later
 completed or failed, exactly as a worker would.
 
@@ -27,9 +28,7 @@ import collections
 import time
 from typing import Callable
 
-from bench.catchup import WRITE_INFLIGHT, new_epoch_ledger, settle
-from broker.state.events import encode_batch
-from broker.state.schema import STORE_FORMAT
+from bench.leader_history import LeaderHistory, entries_per_ledger
 
 QUEUES = tuple(f"q-{i}" for i in range(4))
 WORKERS = tuple(f"w-{i}" for i in range(8))
@@ -42,7 +41,6 @@ FAIL_EVERY = 20  # one finished attempt in this many fails (and is retried until
 MAX_ATTEMPTS = 3
 ENTRY_MS = 20  # leader time between entries
 FAILOVER_GAP_MS = 2_000  # leader time lost at each new epoch
-DIGEST_EVERY_ENTRIES = 200
 PAYLOAD_BYTES = 100
 
 
@@ -148,52 +146,24 @@ def write_workload(
         2 * SUBMITS_PER_ENTRY + LEASES_PER_ENTRY
     )  # in the steady state as many finish as are submitted
     entries = max(ledgers, -(-events // per_entry))
-    per_ledger = [entries // ledgers + (1 if i < entries % ledgers else 0) for i in range(ledgers)]
     workload = Workload(start_ms=int(time.time() * 1000) - entries * ENTRY_MS - ledgers * FAILOVER_GAP_MS)
-    written = {"entries": 0, "events": 0, "bytes": 0, "ledger_ids": []}
-    since_digest = 0
-    for index, count in enumerate(per_ledger):
+    history = LeaderHistory(client, paths, store)
+    for index, count in enumerate(entries_per_ledger(entries, ledgers)):
         epoch = index + 1
-        writer = new_epoch_ledger(client, paths, epoch)
-        written["ledger_ids"].append(writer.ledger_id)
         if index:
             workload.new_epoch()
-        pending: list = []
-        for entry_id in range(count):
-            if entry_id == 0:
-                batch = [
-                    {
-                        "type": "EpochStarted",
-                        "epoch": epoch,
-                        "broker_id": 1 + index % 3,
-                        "now_ms": workload.now_ms,
-                    }
-                ]
-            else:
-                batch = workload.next_events()
-                since_digest += 1
-                if since_digest >= DIGEST_EVERY_ENTRIES:
-                    since_digest = 0
-                    batch.insert(0, {"type": "StateDigest", "digest": store.digest(), "format": STORE_FORMAT})
-            results = store.apply_batch(batch, (writer.ledger_id, entry_id))
-            refused = next((r for r in results if not r.get("ok")), None)
-            if refused is not None:
-                raise ValueError(
-                    f"the workload made an event apply refuses at {writer.ledger_id}:{entry_id}: {refused}"
-                )
-            if entry_id:
-                workload.applied(batch, results)
-            data = encode_batch(batch)
-            pending.append((entry_id, writer.add(data)))
-            written["entries"] += 1
-            written["events"] += len(batch)
-            written["bytes"] += len(data)
-            if len(pending) >= WRITE_INFLIGHT:
-                settle(pending[: WRITE_INFLIGHT // 2])
-                del pending[: WRITE_INFLIGHT // 2]
-        settle(pending)
-        writer.close()  # as the next epoch's leader would have closed it
+        history.start_epoch(epoch, broker_id=1 + index % 3, now_ms=workload.now_ms)
+        for _ in range(count - 1):  # the first entry was the EpochStarted
+            batch = workload.next_events()
+            workload.applied(batch, history.append(batch))
+        history.close_ledger()  # as the next epoch's leader would have closed it
         progress(
-            f"ledger {writer.ledger_id} (epoch {epoch}): {count} entries, {written['events']:,} events so far"
+            f"ledger {history.ledger_ids[-1]} (epoch {epoch}): {count} entries, "
+            f"{history.events:,} events so far"
         )
-    return written
+    return {
+        "entries": history.entries,
+        "events": history.events,
+        "bytes": history.bytes,
+        "ledger_ids": history.ledger_ids,
+    }
