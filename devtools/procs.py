@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-# The repository root (where cli.py lives) is this package's parent; importing cli to find
-# it would make the tools and cli import each other.
+# The repository root (where cli.py lives) is this package's parent: found from here, since the
+# dev tools never import the command line (tests/unit/test_layers.py).
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -4,7 +4,8 @@ The top level is coordination through ZooKeeper: paths, the election with epochs
 ids, the in-sync set, live nodes, the cluster config and the join rules. Three subpackages hold the
 rest of what every process shares: ``wire/`` (the envelope, error codes, the one-off exchange and the
 serving kernel both servers use), ``secure/`` (CURVE keys, ZAP, roles) and ``local/`` (files written
-whole, LMDB file checks, store status, settings, the metrics endpoint, the clock, human formats).
+whole, LMDB file checks, store status, settings, the metrics endpoint, the clock, human formats, the
+dev cluster's record).
 """
 
 

@@ -144,7 +144,7 @@ def cluster_option_field(name: str) -> Any:
     """The dataclass field of one shared option in a member's config (``BrokerConfig``, ``BookieConfig``).
 
     Declared here once so that brokers and bookies describe them alike; the
-    metadata is the generated command-line option's (see ``cli_options.py``).
+    metadata is the generated command-line option's (see ``commands/options.py``).
     """
     helps = {
         "write_quorum": ("Bookies each entry is written to; must match the cluster's.", {"min": 1}),

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 import cli
+import commands.task
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,7 +41,7 @@ def test_a_bug_is_one_line_too(monkeypatch):
     def broken(*_args, **_kwargs):
         raise KeyError("oops")
 
-    monkeypatch.setattr(cli, "make_client", broken)
+    monkeypatch.setattr(commands.task, "make_client", broken)
     result = CliRunner().invoke(cli.main, ["task", "show", "t1", *TARGET])
     assert result.exit_code == 1
     assert result.output == "fencepost: internal error: KeyError: 'oops' (--log-level debug shows where)\n"

@@ -17,7 +17,7 @@ def test_unknown_command_exits_2():
     assert result.exit_code == 2
 
 
-# The commands of the project's design (its command list) that cli.py implements today, with their subcommands:
+# The commands of the project's design (its command list) that `fencepost` implements today, with their subcommands:
 # removing one (or dropping it from the help) must fail here.
 IMPLEMENTED_COMMANDS = {
     "bench": [],

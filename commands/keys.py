@@ -1,7 +1,6 @@
 """`fencepost keys new`: a CURVE key pair for one member or client of a secure cluster (docs/security.md).
 
-Like `cli.py`, this module only parses options and calls the `election` package;
-`cli.main` adds the command.
+Like every command module, it only parses options and calls the packages (``election.secure.keys``).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from cli_options import emit
+from commands.output import emit
 from election.secure.keys import ROLES, new_key_pair, write_key_pair
 
 

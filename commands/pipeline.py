@@ -1,7 +1,6 @@
 """The Spark pipeline's commands: `export`, `analyze`, `audit` (docs/pipeline.md).
 
-Like `cli.py`, this module only parses options and calls the `pipeline` package;
-`cli.main` adds the commands.
+Like every command module, it only parses options and calls the `pipeline` package.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from cli_options import cluster_options, emit, resolve_cluster
+from commands.options import cluster_options, resolve_cluster
+from commands.output import emit
 
 # The options every pipeline command shares.
 MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master.")

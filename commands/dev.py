@@ -1,87 +1,21 @@
-"""The development commands: `fencepost zk`, `dev`, `bench` and `chaos` (registered by cli.py).
+"""`fencepost dev up|add-broker|down|restart|status`: a local cluster running in the background.
 
-They run ZooKeeper from the bundled jars, a local cluster in the background, the
-benchmarks and the chaos run; like the rest of the CLI they only parse options and call.
+A development command: it parses options and calls ``devtools.devcluster``; the cluster it
+starts is recorded in DEV_DIR/cluster.json (:mod:`election.local.dev_cluster`), where the other
+commands find it.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 from pathlib import Path
 
 import click
 
-from cli_errors import fail
-from cli_options import DEFAULT_DEV_DIR, emit
+from commands.output import emit
+from election.local.dev_cluster import DEFAULT_DEV_DIR
 
 
-# ---------------------------------------------------------------- zk
-@click.group()
-def zk() -> None:
-    """A development ZooKeeper server from the jars bundled in pyspark."""
-
-
-@zk.command("start")
-@click.option("--port", default=2181, show_default=True, type=click.IntRange(1, 65535), help="Client port.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--data",
-    default="./zk-data",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Data directory (config, snapshots, log, pid file).",
-)
-@click.option(
-    "--tick-ms",
-    default=200,
-    show_default=True,
-    type=int,
-    help="ZooKeeper tick; sessions may be as short as 2 ticks.",
-)
-@click.option("--foreground", is_flag=True, help="Run in the foreground until interrupted.")
-def zk_start(port: int, host: str, data: str, tick_ms: int, foreground: bool) -> None:
-    """Start ZooKeeper and wait until it answers."""
-    from devtools.zkserver import ZkServerConfig, ZooKeeperServer
-
-    server = ZooKeeperServer(
-        ZkServerConfig(port=port, host=host, data=data, tick_ms=tick_ms, min_session_ms=2 * tick_ms)
-    )
-    if foreground:
-        proc = server.start(foreground=True)
-        click.echo(f"zookeeper listening on {server.hosts} (pid {proc.pid}); Ctrl-C stops it")
-        try:
-            proc.wait()
-        except KeyboardInterrupt:
-            server.stop()
-        return
-    proc = server.start()
-    (server.data_dir / "zookeeper.pid").write_text(str(proc.pid))
-    click.echo(f"zookeeper listening on {server.hosts} (pid {proc.pid}, data {server.data_dir})")
-
-
-@zk.command("stop")
-@click.option(
-    "--data",
-    default="./zk-data",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Data directory given to `zk start`.",
-)
-def zk_stop(data: str) -> None:
-    """Stop the ZooKeeper started in the background by `zk start --data DIR`."""
-    from devtools.procs import stop_pid
-
-    pid_file = Path(data).resolve() / "zookeeper.pid"
-    if not pid_file.exists():
-        fail(f"no ZooKeeper pid file in {pid_file.parent}")
-    stop_pid(int(pid_file.read_text()), str(pid_file.parent))
-    pid_file.unlink()
-    click.echo("zookeeper stopped")
-
-
-# ---------------------------------------------------------------- dev
-@click.group()
+@click.group("dev")
 def dev() -> None:
     """A local cluster (ZooKeeper, bookies, brokers) running in the background."""
 
@@ -279,89 +213,3 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
             )
 
     emit(rows, as_json, human)
-
-
-# ---------------------------------------------------------------- bench
-BENCHMARKS = {
-    "ledger": "bench.ledger",
-    "tasks": "bench.tasks",
-    "failover": "bench.failover",
-    "memory": "bench.memory",
-    "catchup": "bench.catchup",
-    "fuzz": "bench.fuzz",
-    "peer": "bench.peer",
-    "pipeline": "bench.pipeline",
-}
-
-
-@click.command(
-    "bench",
-    context_settings={
-        "ignore_unknown_options": True,
-        "allow_extra_args": True,
-        "allow_interspersed_args": False,
-    },
-)
-@click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench(name: str, args: tuple[str, ...]) -> None:
-    """Run benchmark NAME (ledger, tasks, failover, memory, catchup, fuzz, peer, pipeline); `fencepost bench NAME --help` lists its options.
-
-    Each starts its own local cluster on loopback ports, stops it at the end, and with
-    --json prints one JSON object.
-    """
-    import importlib
-
-    try:
-        module = importlib.import_module(BENCHMARKS[name])
-    except ImportError as exc:
-        fail(f"benchmark {name} is not available: {exc}")
-    sys.exit(module.main(list(args)))
-
-
-# ---------------------------------------------------------------- chaos
-@click.command("chaos")
-@click.option("--minutes", default=None, type=click.FloatRange(0.1), help="Minutes of faults [default 3].")
-@click.option(
-    "--seconds", default=None, type=click.FloatRange(10), help="Seconds of faults (for short runs)."
-)
-@click.option(
-    "--seed", default=None, type=int, help="Seed of the fault schedule (printed; replays the same schedule)."
-)
-@click.option(
-    "--dir",
-    "run_dir",
-    default=None,
-    type=click.Path(file_okay=False),
-    help="Run directory of the private cluster [default: a temporary one].",
-)
-@click.option(
-    "--keep", is_flag=True, help="Keep the run directory (logs, data) afterwards; kept anyway on anomalies."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
-    """Inject random faults into a private cluster under keyed load, then check the history.
-
-    Starts its own ZooKeeper, 3 bookies and 3 brokers, kills and pauses leaders,
-    followers, bookies and workers, restarts ZooKeeper, expires sessions, fills a
-    bookie's disk (as root) and sends poison requests, then checks that every
-    acknowledged task is there exactly once, no task completed twice, and all brokers
-    agree. Exit 0 with no anomaly, 1 otherwise.
-    """
-    from devtools.chaos import ChaosConfig, ChaosRun, format_report
-
-    if minutes is not None and seconds is not None:
-        raise click.UsageError("give --minutes or --seconds, not both")
-    length = seconds if seconds is not None else (minutes if minutes is not None else 3.0) * 60
-    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
-    logging.getLogger("broker.api.client").setLevel(logging.ERROR)
-    config = ChaosConfig(seconds=length, seed=seed, run_dir=Path(run_dir) if run_dir else None, keep=keep)
-    progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
-    report = ChaosRun(config, progress=progress).run()
-    emit(report, as_json, lambda r: click.echo(format_report(r)))
-    if report["anomalies"]:
-        fail(
-            f"{len(report['anomalies'])} anomalies: "
-            + "; ".join(f"{a['kind']} ({a['count']})" for a in report["anomalies"])
-            + f"; seed {report['seed']}"
-        )

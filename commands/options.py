@@ -1,10 +1,9 @@
-"""The options and output shared by the commands, and options generated from config dataclasses.
+"""The options every command that talks to a cluster shares, and options generated from config dataclasses.
 
-Shared by `cli.py` and the development commands (`devtools/commands.py`): ``cluster_options``
-(``--zk/--cluster/--dev-dir``, the ZooKeeper credential and a secure cluster's keys)
-and :func:`resolve_cluster` (which also picks a secure dev cluster's admin key), :func:`with_zk` for a short
-ZooKeeper session, :func:`make_client` for a client, :func:`emit` (JSON or text) and
-:func:`fail` (one line, exit 1).
+Which cluster a command talks to: ``cluster_options`` (``--zk/--cluster/--dev-dir``, the ZooKeeper
+credential and a secure cluster's keys) and :func:`resolve_cluster` (flags, then the environment,
+then the dev cluster's record, :mod:`election.local.dev_cluster`, with a secure dev cluster's admin
+key); :func:`with_zk` for a short ZooKeeper session, :func:`make_client` for a client.
 
 Generated options: a setting of a process's config dataclass is declared once.
 
@@ -36,7 +35,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import types
 import typing
@@ -45,20 +43,12 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from cli_checks import check_zk_hosts, check_zk_resolvable
-from cli_errors import quiet_kazoo
+from commands.checks import check_zk_hosts, check_zk_resolvable
+from commands.errors import quiet_kazoo
 from election.local.dev_cluster import DEFAULT_DEV_DIR, STATE_FILE, read_dev_state
 from election.local.settings import ENV_PREFIX
 from election.zk_auth import ENV as ZK_AUTH_ENV
 from election.zk_auth import ZkAuth, ZkAuthError
-
-
-def emit(data, as_json: bool, human) -> None:
-    """Print `data` as JSON, or through the `human` formatter."""
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
-    else:
-        human(data)
 
 
 def resolve_cluster(zk: str | None, cluster: str | None, dev_dir: str) -> tuple[str, str]:

@@ -1,0 +1,61 @@
+"""`fencepost chaos`: random faults injected into a private cluster under load, then the history checked.
+
+A development command: it parses options and calls ``devtools.chaos``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from commands.errors import fail
+from commands.output import emit
+
+
+@click.command("chaos")
+@click.option("--minutes", default=None, type=click.FloatRange(0.1), help="Minutes of faults [default 3].")
+@click.option(
+    "--seconds", default=None, type=click.FloatRange(10), help="Seconds of faults (for short runs)."
+)
+@click.option(
+    "--seed", default=None, type=int, help="Seed of the fault schedule (printed; replays the same schedule)."
+)
+@click.option(
+    "--dir",
+    "run_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Run directory of the private cluster [default: a temporary one].",
+)
+@click.option(
+    "--keep", is_flag=True, help="Keep the run directory (logs, data) afterwards; kept anyway on anomalies."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
+    """Inject random faults into a private cluster under keyed load, then check the history.
+
+    Starts its own ZooKeeper, 3 bookies and 3 brokers, kills and pauses leaders,
+    followers, bookies and workers, restarts ZooKeeper, expires sessions, fills a
+    bookie's disk (as root) and sends poison requests, then checks that every
+    acknowledged task is there exactly once, no task completed twice, and all brokers
+    agree. Exit 0 with no anomaly, 1 otherwise.
+    """
+    from devtools.chaos import ChaosConfig, ChaosRun, format_report
+
+    if minutes is not None and seconds is not None:
+        raise click.UsageError("give --minutes or --seconds, not both")
+    length = seconds if seconds is not None else (minutes if minutes is not None else 3.0) * 60
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+    logging.getLogger("broker.api.client").setLevel(logging.ERROR)
+    config = ChaosConfig(seconds=length, seed=seed, run_dir=Path(run_dir) if run_dir else None, keep=keep)
+    progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
+    report = ChaosRun(config, progress=progress).run()
+    emit(report, as_json, lambda r: click.echo(format_report(r)))
+    if report["anomalies"]:
+        fail(
+            f"{len(report['anomalies'])} anomalies: "
+            + "; ".join(f"{a['kind']} ({a['count']})" for a in report["anomalies"])
+            + f"; seed {report['seed']}"
+        )

@@ -1,0 +1,65 @@
+"""`fencepost status` and `fencepost dashboard`: the whole cluster at a glance, once or live.
+
+Like every command module, they only parse options and call the packages (``broker.admin``).
+"""
+
+from __future__ import annotations
+
+import click
+
+from commands.options import cluster_options, resolve_cluster, with_zk
+from commands.output import emit
+
+
+@click.command("status")
+@cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def status(zk, cluster, dev_dir, as_json) -> None:
+    """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues."""
+    from broker.admin.status import full_status
+    from election.cluster_view import format_status
+
+    view = with_zk(zk, cluster, dev_dir, full_status)
+    emit(view, as_json, lambda v: click.echo(format_status(v)))
+
+
+@click.command("dashboard")
+@click.option(
+    "--listen",
+    default="127.0.0.1:8080",
+    show_default=True,
+    help="HOST:PORT to serve the page on (port 0: a free one). The page has no authentication: "
+    "keep it on loopback or a private network.",
+)
+@click.option(
+    "--interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.2, 60),
+    help="Seconds between two reads of the cluster.",
+)
+@cluster_options
+def dashboard(listen, interval, zk, cluster, dev_dir) -> None:
+    """A live, read-only web page of the cluster: leader, epoch, brokers (role, lag, in-sync), bookies,
+    queues (depths and rates), recent failovers. Runs until Ctrl-C or SIGTERM."""
+    from broker import BrokerError
+    from broker.admin.dashboard import run_dashboard
+    from broker.admin.dashboard.server import parse_listen
+    from election.zk import close, connect
+
+    try:
+        parse_listen(listen)
+    except BrokerError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from None
+    hosts, name = resolve_cluster(zk, cluster, dev_dir)
+    client = connect(hosts, connect_timeout=5.0)
+    try:
+        run_dashboard(
+            client,
+            name,
+            listen,
+            interval,
+            ready=lambda url: click.echo(f"dashboard of cluster {name} on {url}"),
+        )
+    finally:
+        close(client)
