@@ -9,12 +9,14 @@ from click.testing import CliRunner
 
 import cli
 from broker.server.config import BrokerConfig
-from cli_options import config_options, option_name, settings_flags
+from commands.bookie import bookie_start
+from commands.broker import broker_start
+from commands.options import config_options, option_name, settings_flags
 from ledger.bookie.config import BookieConfig
 
 # Options of these commands that are not settings of the process.
 NOT_SETTINGS = {"--config", "--dev-dir", "--zk-auth", "--help"}
-COMMANDS = [(cli.broker_start, BrokerConfig), (cli.bookie_start, BookieConfig)]
+COMMANDS = [(broker_start, BrokerConfig), (bookie_start, BookieConfig)]
 
 
 def _option_names(command: click.Command) -> list[str]:
