@@ -16,6 +16,7 @@ as ``(bookie_id, ledger_id, entry_id, reason)`` and a corrupt copy is logged as 
 warning, so audits and operators see under-replication and bit rot. A bookie
 answering ``unknown`` (it cannot vouch for the ledger) is treated like one that
 is down: it is skipped (reason ``"unknown"``), and its ``read_lac`` does not count.
+Waiting for new entries (``wait_for``, long polls) is :mod:`ledger.client.reader_tail`.
 
 Example::
 
@@ -30,32 +31,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from election.paths import ClusterPaths
 from election.wire import RemoteError
 from ledger import LedgerError
 from ledger.client.bookie_errors import BookieUnavailable, NoSuchEntry, Unvouched
 from ledger.client.bookie_pool import BookiePool
+from ledger.client.reader_tail import ReaderTail
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
-from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, current_address, read_metadata
+from ledger.metadata import CLOSED, LedgerMetadata, current_address, read_metadata
 
 log = logging.getLogger(__name__)
 
 DEFAULT_READ_TIMEOUT = 2.0
 _READ_WINDOW = 256  # reads in flight at once in read_range
-_MAX_LONG_POLL = 5.0  # one wait_lac round; longer waits are several rounds
-# A tail long-polls in short rounds (to stop quickly); re-reading the metadata after every round
-# without progress cost each idle follower ten ZooKeeper reads a second. A watch on the node says
-# when it changed; this is the fallback should a watch be lost with a ZooKeeper session.
-_REFRESH_EVERY_S = 1.0
-# Entries asked to ride on each wait_lac reply: a tail then reads what it waited for without
-# another round trip (the bookie stops at 1 MiB).
-_PIGGYBACK_ENTRIES = 256
 
 
 class LedgerReadError(LedgerError):
@@ -66,7 +59,7 @@ class EntryNotCommitted(LedgerError):
     """The entry is past the LAC (or past ``last_entry`` of a closed ledger)."""
 
 
-class LedgerReader:
+class LedgerReader(ReaderTail):
     """Reads one ledger. Safe to use from one thread at a time.
 
     Example::
@@ -302,21 +295,6 @@ class LedgerReader:
         self._check_committed(entry_id)
         return self._read_from(entry_id, self._order(self.metadata.ensemble_for(entry_id)))
 
-    def _keep_piggybacked(self, after: int, datas) -> None:
-        """Keep the verified entries that rode on a ``wait_lac`` reply (entries after..its LAC)."""
-        if not isinstance(datas, list):
-            return
-        for entry_id, data in enumerate(datas, start=after + 1):
-            if entry_id in self._piggybacked:
-                continue
-            try:
-                entry = decode_entry(bytes(data), self._digest)
-                if (entry.ledger_id, entry.entry_id) != (self.ledger_id, entry_id):
-                    raise CorruptEntry("not the entry asked for")
-            except (CorruptEntry, TypeError, ValueError):
-                return  # read_range reads it (and reports a corrupt copy) the usual way
-            self._piggybacked[entry_id] = entry
-
     def read_range(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, pipelined; all must be committed."""
         if last < first:
@@ -350,90 +328,3 @@ class LedgerReader:
                     entry = self._read_from(entry_id, order[1:])
                 out.append(entry)
         return out
-
-    def wait_for(self, after: int, timeout: float) -> int:
-        """Wait until an entry past ``after`` is committed (or ``timeout``); return the readable limit.
-
-        Long-polls one healthy bookie of the last fragment with ``wait_lac`` (each
-        of them receives every entry with the writer's LAC on it, so any one tells),
-        every bookie of it after a round in which the one asked did not answer;
-        returns early once the ledger is closed (nothing more will come). A round
-        without progress re-reads the metadata, at most every
-        :data:`_REFRESH_EVERY_S` (recovery may have closed the ledger, or an
-        ensemble change moved the writer to other bookies); a fenced bookie's
-        answer waits for the metadata change at once.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.last_readable > after or self.closed:
-                return self.last_readable
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return self.last_readable
-            poll = min(left, _MAX_LONG_POLL)
-            members = self._last_members()
-            if self._ask_one:
-                healthy = [m for m in members if not self._pool.is_suspect(self._address(m))]
-                members = [healthy[self._turn % len(healthy)]] if healthy else members
-                self._turn += 1
-            futures = {
-                self._pool.request(
-                    self._address(m),
-                    "wait_lac",
-                    timeout=poll + self.timeout,
-                    ledger=self.ledger_id,
-                    after=after,
-                    timeout_ms=int(poll * 1000),
-                    bookie=m["bookie_id"],
-                    max_entries=_PIGGYBACK_ENTRIES,
-                )
-                for m in members
-            }
-            fenced = False
-            answered = 0
-            pending = futures
-            while pending and self._lac <= after:
-                done, pending = wait_futures(
-                    pending, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED
-                )
-                if not done:
-                    break
-                for fut in done:
-                    try:
-                        reply = fut.result()
-                    except LedgerError:
-                        continue
-                    answered += 1
-                    self._lac = max(self._lac, int(reply.get("lac", -1)))
-                    fenced = fenced or bool(reply.get("fenced"))
-                    self._keep_piggybacked(after, reply.get("entries"))
-            # Asked one bookie and it did not answer: ask them all next time.
-            self._ask_one = answered > 0 or len(futures) > 1
-            if self._lac > after:
-                return self._lac
-            if not answered:
-                # Every bookie asked failed at once (e.g. unreachable): back off a little
-                # instead of spinning until the deadline.
-                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-            if fenced:
-                # Recovery is running: the answer will be in the metadata. Wait for its change.
-                self._wait_metadata_change(deadline)
-            elif (
-                not answered
-                or self._metadata_changed.is_set()
-                or time.monotonic() - self._refreshed_at >= _REFRESH_EVERY_S
-            ):
-                self.refresh()
-
-    def _wait_metadata_change(self, deadline: float) -> None:
-        """Wait (on ZooKeeper watches, not polling) until the ledger is CLOSED or ``deadline``."""
-        while True:
-            changed = threading.Event()
-            try:
-                data, _ = self._zk.get(self._paths.ledger(self.ledger_id), watch=lambda _event: changed.set())
-            except NoNodeError:
-                raise NoSuchLedger(f"ledger {self.ledger_id} was deleted") from None
-            self.metadata = LedgerMetadata.from_json(data, self.ledger_id)
-            left = deadline - time.monotonic()
-            if self.closed or left <= 0 or not changed.wait(left):
-                return
