@@ -42,12 +42,8 @@ from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool
 from ledger.codec import Digest
 from ledger.metadata import CLOSED, list_ledgers, live_bookies, read_metadata
-from ledger.replication.rereplication import (
-    TokenBucket,
-    lost_bookies,
-    rereplicate_ledger,
-    underreplicated_fragments,
-)
+from ledger.replication.plan import lost_bookies, underreplicated_fragments
+from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
 from ledger.replication.underreplication import (
     list_underreplicated,
     mark_underreplicated,

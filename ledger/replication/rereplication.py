@@ -5,10 +5,10 @@ A closed ledger's entries sit, fragment by fragment, on the first
 entry to those). When a member is gone for good, its copies are lost and the
 entries it held live on fewer than ``write_quorum`` bookies. Re-replication:
 
-1. decides, purely (:func:`plan_rereplication`), which fragments hold entries on
-   a lost member and which live bookie replaces each lost member there: the
-   placement rules of :mod:`ledger.placement`, never a bookie already in that
-   fragment (by id or by ``host:port``);
+1. decides, purely (:mod:`ledger.replication.plan`), which fragments hold
+   entries on a lost member and which live bookie replaces each lost member
+   there: the placement rules of :mod:`ledger.placement`, never a bookie
+   already in that fragment (by id or by ``host:port``);
 2. copies each such fragment's entries from the surviving members (each copy's
    digest verified, another replica read if it is corrupt) to the replacement
    with ``add_batch`` and ``recovery: true`` (what recovery uses: a bookie stores
@@ -24,14 +24,11 @@ Only CLOSED ledgers: the open ledger's writer changes its own ensemble
 
 Example::
 
-    plan = plan_rereplication(meta, live_bookies(zk, paths), random.Random())
-    meta2 = replaced_metadata(meta, plan)
     rereplicate_ledger(zk, paths, pool, 7, digest, throttle=TokenBucket(50e6))
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import threading
@@ -55,7 +52,7 @@ from ledger.metadata import (
     live_bookies,
     read_metadata,
 )
-from ledger.placement import choose_ensemble
+from ledger.replication.plan import Replacement, plan_rereplication, replaced_metadata
 
 log = logging.getLogger(__name__)
 
@@ -66,131 +63,6 @@ BATCH_BYTES = 4 << 20  # ... or fewer, once this many bytes are gathered
 
 class RereplicationError(LedgerError):
     """A fragment could not be copied (no valid replica, replacement refused): retried later."""
-
-
-# ------------------------------------------------------------------ pure decisions
-
-
-@dataclass(frozen=True)
-class Replacement:
-    """One lost member of one fragment and the bookie that takes its place.
-
-    ``first_entry..last_entry`` (inclusive) is the fragment's range of entries;
-    ``copy`` is False when the lost member held none of them (a slot past the
-    write quorum, or an empty fragment): only the metadata changes then.
-    """
-
-    fragment: int  # index in meta.fragments
-    slot: int  # index in the fragment's ensemble
-    lost: dict
-    replacement: dict
-    first_entry: int
-    last_entry: int
-    copy: bool
-
-
-def fragment_ranges(meta: LedgerMetadata) -> list[tuple[int, int]]:
-    """``(first_entry, last_entry)`` of every fragment of a closed ledger; empty ones have last < first."""
-    out = []
-    for i, fragment in enumerate(meta.fragments):
-        first = int(fragment["first_entry"])
-        nxt = (
-            int(meta.fragments[i + 1]["first_entry"]) - 1 if i + 1 < len(meta.fragments) else meta.last_entry
-        )
-        out.append((first, min(nxt, meta.last_entry)))
-    return out
-
-
-def lost_bookies(
-    member_ids: Iterable[str],
-    live_ids: Iterable[str],
-    missing_since: dict[str, float],
-    now: float,
-    grace_s: float,
-) -> set[str]:
-    """The members gone for longer than ``grace_s``: not live, and missing since at least ``now - grace_s``.
-
-    ``missing_since`` is when each bookie was first seen missing (the auditor's
-    memory); a member not live and not in it has just gone missing (not lost yet).
-    """
-    live = set(live_ids)
-    return {
-        b for b in member_ids if b not in live and b in missing_since and now - missing_since[b] >= grace_s
-    }
-
-
-def underreplicated_fragments(meta: LedgerMetadata, lost_ids: Iterable[str]) -> list[tuple[int, int, dict]]:
-    """``(fragment, slot, member)`` of each lost member holding entries (slot < write_quorum, non-empty)."""
-    lost = set(lost_ids)
-    out = []
-    for index, (first, last) in enumerate(fragment_ranges(meta)):
-        if last < first:
-            continue
-        for slot, member in enumerate(meta.fragments[index]["ensemble"][: meta.write_quorum]):
-            if member["bookie_id"] in lost:
-                out.append((index, slot, member))
-    return out
-
-
-def plan_rereplication(
-    meta: LedgerMetadata, bookies: list[dict], rng: random.Random, lost_ids: Iterable[str] | None = None
-) -> list[Replacement]:
-    """Which members of which fragments to replace, and by whom. Pure.
-
-    ``bookies`` are the live registrations; ``lost_ids`` the members to replace
-    (default: every member not among ``bookies``, or listed there as
-    ``decommissioning``). Every fragment with a lost
-    member gets a replacement for it (also the fragments whose lost member held
-    nothing: the metadata then names no lost bookie), chosen by the placement
-    rules beside the members that stay and the replacements already chosen for
-    that fragment. Raises :class:`NotEnoughBookies` when no bookie fits.
-    """
-    live_ids = {
-        str(b.get("bookie_id")) for b in bookies if isinstance(b, dict) and not b.get("decommissioning")
-    }
-    lost = set(lost_ids) if lost_ids is not None else {m["bookie_id"] for m in meta.all_bookies()} - live_ids
-    candidates = [b for b in bookies if isinstance(b, dict) and str(b.get("bookie_id")) not in lost]
-    plan: list[Replacement] = []
-    for index, (first, last) in enumerate(fragment_ranges(meta)):
-        members = meta.fragments[index]["ensemble"]
-        staying = [m for m in members if m["bookie_id"] not in lost]
-        taken_ids = {m["bookie_id"] for m in members}
-        for slot, member in enumerate(members):
-            if member["bookie_id"] not in lost:
-                continue
-            pool = [b for b in candidates if str(b.get("bookie_id")) not in taken_ids]
-            chosen = choose_ensemble(pool, 1, rng, beside=staying)[0]
-            staying.append(chosen)
-            taken_ids.add(chosen["bookie_id"])
-            plan.append(
-                Replacement(
-                    index,
-                    slot,
-                    dict(member),
-                    chosen,
-                    first,
-                    last,
-                    copy=last >= first and slot < meta.write_quorum,
-                )
-            )
-    return plan
-
-
-def replaced_metadata(meta: LedgerMetadata, plan: list[Replacement]) -> LedgerMetadata:
-    """A copy of ``meta`` whose fragments name the replacements of ``plan``. Pure."""
-    fragments = [
-        {"first_entry": int(f["first_entry"]), "ensemble": [dict(m) for m in f["ensemble"]]}
-        for f in meta.fragments
-    ]
-    for r in plan:
-        current = fragments[r.fragment]["ensemble"][r.slot]
-        if current["bookie_id"] != r.lost["bookie_id"]:
-            raise LedgerError(
-                f"ledger {meta.ledger_id}: fragment {r.fragment} slot {r.slot} holds "
-                f"{current['bookie_id']}, not {r.lost['bookie_id']}"
-            )
-        fragments[r.fragment]["ensemble"][r.slot] = dict(r.replacement)
-    return dataclasses.replace(meta, fragments=fragments, ensemble=list(fragments[-1]["ensemble"])).validate()
 
 
 class TokenBucket:

@@ -9,7 +9,7 @@ from broker.server.leading.roll_triggers import roll_reason
 from ledger.metadata import CLOSED, OPEN, LedgerMetadata
 from ledger.placement import placeable
 from ledger.replication.decommission import DecommissionProgress, holding_fragments, split_remaining
-from ledger.replication.rereplication import plan_rereplication
+from ledger.replication.plan import plan_rereplication
 
 
 def m(i):

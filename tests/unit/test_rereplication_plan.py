@@ -8,14 +8,14 @@ import pytest
 
 from ledger.metadata import CLOSED, LedgerMetadata
 from ledger.placement import NotEnoughBookies
-from ledger.replication.rereplication import (
-    TokenBucket,
+from ledger.replication.plan import (
     fragment_ranges,
     lost_bookies,
     plan_rereplication,
     replaced_metadata,
     underreplicated_fragments,
 )
+from ledger.replication.rereplication import TokenBucket
 
 
 def m(i):
