@@ -28,7 +28,8 @@ write quorum 3, ack quorum 2:
    The private bookies run without AutoRecovery, so only this phase copies.
 
 The first ~10% of each phase (at most 1 s) is warm-up and is not counted.
-See docs/benchmarks.md for every output field.
+See docs/benchmarks.md for every output field. Phases 1-3 are :mod:`bench.ledger_phases`,
+phase 4 :mod:`bench.ledger_stall`.
 """
 
 from __future__ import annotations
@@ -45,14 +46,15 @@ import uuid
 from collections import deque
 from typing import Callable
 
-from bench.common import BenchError, finish, latency_summary, machine_info, rate
+from bench.common import BenchError, finish_or_fail, latency_summary, machine_info, rate
 from bench.devbench import BenchCluster
+from bench.ledger_phases import paced_phase, throughput_phase, zk_phase
+from bench.ledger_stall import bookie_killer, stall_phase
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 PRIVATE_BOOKIES = ENSEMBLE + 2  # a spare for each phase that kills a bookie (re-replication, ensemble change)
 TARGETS = {"entries_per_s": 20_000, "ratio_vs_zk": 5.0, "paced_p99_ms": 10.0}
 STALL_TARGET_ADD_TIMEOUTS = 2.0  # ensemble_change_stall_ms <= this many add timeouts
-WARMUP_FRACTION, WARMUP_MAX_S = 0.1, 1.0
 
 LABELS = {
     "entries_per_s": "throughput (entries/s)",
@@ -70,283 +72,6 @@ LABELS = {
     "rereplication_mb_per_s": "lost bookie re-replicated (MB/s, unthrottled)",
     "rereplication_bytes": "lost bookie re-replicated (bytes)",
 }
-
-
-def _warmup(phase_s: float) -> float:
-    return min(WARMUP_MAX_S, phase_s * WARMUP_FRACTION)
-
-
-class _Window:
-    """Collects the latencies and counts of one phase's measured window."""
-
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.late: list[float] = []
-        self.completed = 0
-        self.errors = 0
-        self.first_error: str | None = None
-        self.start = 0.0
-        self.end = 0.0
-
-    def error(self, exc: BaseException) -> None:
-        self.errors += 1
-        if self.first_error is None:
-            self.first_error = f"{type(exc).__name__}: {exc}"
-
-
-# ------------------------------------------------------------------ phase 1: pipelined throughput
-
-
-def throughput_phase(
-    writer,
-    payload: bytes,
-    seconds: float,
-    inflight: int,
-    clock: Callable[[], float] = time.perf_counter,
-    stop: threading.Event | None = None,
-) -> _Window:
-    """Keep up to ``inflight`` adds outstanding on ``writer`` for ``seconds``."""
-    slots = threading.BoundedSemaphore(inflight)
-    win = _Window()
-    lat = win.latencies
-    warm_until = clock() + _warmup(seconds)
-    win.start = warm_until
-    win.end = warm_until + (seconds - _warmup(seconds))
-
-    def done(t0: float, fut) -> None:
-        now = clock()
-        slots.release()
-        if fut.exception() is not None:
-            win.error(fut.exception())
-            return
-        if t0 >= warm_until:
-            lat.append(now - t0)
-        if win.start <= now <= win.end:
-            win.completed += 1
-
-    stop = stop or threading.Event()
-    add = writer.add
-    while True:
-        slots.acquire()
-        t0 = clock()
-        if t0 >= win.end or win.errors or stop.is_set():
-            slots.release()
-            break
-        fut = add(payload)
-        fut.add_done_callback(lambda f, t0=t0: done(t0, f))
-    _drain(slots, inflight)
-    return win
-
-
-def _drain(slots: threading.BoundedSemaphore, inflight: int, timeout: float = 30.0) -> None:
-    """Wait until every outstanding add has completed (all slots are back)."""
-    deadline = time.monotonic() + timeout
-    for _ in range(inflight):
-        if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise BenchError(f"adds still outstanding {timeout:g}s after the phase ended")
-    for _ in range(inflight):
-        slots.release()
-
-
-# ------------------------------------------------------------------ phase 2: paced, open loop
-
-
-def paced_phase(
-    writer,
-    payload: bytes,
-    seconds: float,
-    offered_rate: float,
-    inflight: int,
-    clock: Callable[[], float] = time.perf_counter,
-    stop: threading.Event | None = None,
-) -> _Window:
-    """Offer ``offered_rate`` adds/s on a fixed schedule; latency from each scheduled time."""
-    slots = threading.BoundedSemaphore(inflight)
-    win = _Window()
-    lat = win.latencies
-    late = win.late  # how far behind its schedule each add was submitted (producer-side delay)
-    interval = 1.0 / offered_rate
-    begin = clock() + 0.05
-    warm_until = begin + _warmup(seconds)
-    win.start = warm_until
-    win.end = begin + seconds
-
-    def done(t_sched: float, fut) -> None:
-        now = clock()
-        slots.release()
-        if fut.exception() is not None:
-            win.error(fut.exception())
-            return
-        if t_sched >= warm_until:
-            lat.append(now - t_sched)
-        if win.start <= now <= win.end:
-            win.completed += 1
-
-    stop = stop or threading.Event()
-    add = writer.add
-    i = 0
-    while not win.errors and not stop.is_set():
-        t_sched = begin + i * interval
-        if t_sched >= win.end:
-            break
-        wait = t_sched - clock()
-        if wait > 0:
-            stop.wait(wait) if wait > 0.05 else time.sleep(wait)
-        slots.acquire()  # only blocks if the bookies fall `inflight` adds behind
-        if t_sched >= warm_until:
-            late.append(clock() - t_sched)
-        fut = add(payload)
-        fut.add_done_callback(lambda f, t=t_sched: done(t, f))
-        i += 1
-    _drain(slots, inflight)
-    return win
-
-
-# ------------------------------------------------------------------ phase 3: ZooKeeper baseline
-
-
-def zk_phase(
-    zk,
-    base_path: str,
-    payload: bytes,
-    seconds: float,
-    inflight: int,
-    clock: Callable[[], float] = time.perf_counter,
-    stop: threading.Event | None = None,
-) -> _Window:
-    """Create sequential znodes under ``base_path`` with kazoo's async API, ``inflight`` outstanding."""
-    zk.ensure_path(base_path)
-    prefix = base_path + "/r-"
-    slots = threading.BoundedSemaphore(inflight)
-    win = _Window()
-    lat = win.latencies
-    warm_until = clock() + _warmup(seconds)
-    win.start = warm_until
-    win.end = warm_until + (seconds - _warmup(seconds))
-
-    def done(t0: float, res) -> None:
-        now = clock()
-        slots.release()
-        exc = res.exception
-        if exc is not None:
-            win.error(exc)
-            return
-        if t0 >= warm_until:
-            lat.append(now - t0)
-        if win.start <= now <= win.end:
-            win.completed += 1
-
-    stop = stop or threading.Event()
-    create = zk.create_async
-    while True:
-        slots.acquire()
-        t0 = clock()
-        if t0 >= win.end or win.errors or stop.is_set():
-            slots.release()
-            break
-        res = create(prefix, payload, sequence=True)
-        res.rawlink(lambda r, t0=t0: done(t0, r))
-    _drain(slots, inflight)
-    return win
-
-
-# ------------------------------------------------------------------ phase 4: a bookie killed mid-run
-
-
-class _Stall:
-    """What the ensemble-change phase saw: ack times, errors, when the bookie died and was swapped out."""
-
-    def __init__(self) -> None:
-        self.ack_times: list[float] = []
-        self.errors = 0
-        self.first_error: str | None = None
-        self.killed_at: float | None = None
-        self.changed_at: float | None = None
-        self.end = 0.0
-
-    def longest_gap_ms(self) -> float | None:
-        """The longest time without an ack from the kill to the end (the kill itself counts as a point)."""
-        if self.killed_at is None:
-            return None
-        points = (
-            [self.killed_at]
-            + sorted(t for t in self.ack_times if self.killed_at <= t <= self.end)
-            + [self.end]
-        )
-        return round(max(b - a for a, b in zip(points, points[1:])) * 1000, 1)
-
-
-def stall_phase(
-    writer,
-    payload: bytes,
-    offered_rate: float,
-    inflight: int,
-    kill: Callable[[dict], None],
-    add_timeout: float,
-    settle_s: float = 1.0,
-    clock: Callable[[], float] = time.monotonic,
-    stop: threading.Event | None = None,
-) -> _Stall:
-    """Offer ``offered_rate`` adds/s; after ``settle_s`` ``kill`` a bookie of the writer's ensemble.
-
-    Runs until ``settle_s`` after the writer's ensemble change (or three add
-    timeouts after the kill if none comes) and records every ack's time.
-    """
-    slots = threading.BoundedSemaphore(inflight)
-    out = _Stall()
-    stop = stop or threading.Event()
-
-    def done(fut) -> None:
-        now = clock()
-        slots.release()
-        if fut.exception() is not None:
-            out.errors += 1
-            out.first_error = out.first_error or f"{type(fut.exception()).__name__}: {fut.exception()}"
-            return
-        out.ack_times.append(now)
-
-    interval = 1.0 / offered_rate
-    begin = clock()
-    give_up = None
-    i = 0
-    while not stop.is_set() and not out.errors:
-        now = clock()
-        if out.killed_at is None and now >= begin + settle_s:
-            kill(writer.ensemble[1])
-            out.killed_at = clock()
-            give_up = out.killed_at + 3 * add_timeout
-        if out.killed_at is not None:
-            if out.changed_at is None and writer.ensemble_changes:
-                out.changed_at = clock()
-            if now >= give_up or (out.changed_at is not None and now >= out.changed_at + settle_s):
-                break
-        wait = begin + i * interval - clock()
-        if wait > 0:
-            time.sleep(wait)
-        slots.acquire()
-        writer.add(payload).add_done_callback(done)
-        i += 1
-    out.end = clock()
-    _drain(slots, inflight)
-    return out
-
-
-def _bookie_killer(members: list[dict]) -> Callable[[dict], None]:
-    """SIGKILL the private bookie listening on an ensemble member's address."""
-    by_address = {m["address"]: m["pid"] for m in members}
-
-    def kill(member: dict) -> None:
-        pid = by_address.get(member["address"])
-        if pid is None:
-            raise BenchError(
-                f"bookie {member['bookie_id']} ({member['address']}) is not one of this benchmark's"
-            )
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    return kill
 
 
 def _delete_tree_async(zk, base_path: str, inflight: int = 1000) -> None:
@@ -431,7 +156,7 @@ def run(
                     private=True,
                     progress=progress,
                     stop=stop,
-                    kill_bookie=_bookie_killer(lc.members("bookie")),
+                    kill_bookie=bookie_killer(lc.members("bookie")),
                 )
                 result["bookie_pids"] = pids
             return result
@@ -649,16 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=say,
         )
 
-    try:
-        return finish("ledger", measure, args.json, LABELS)
-    except KeyboardInterrupt:
-        print("bench ledger: interrupted", file=sys.stderr)
-        return 130
-    except (
-        Exception
-    ) as exc:  # LedgerError, SnapshotError, ...: one line, exit 1 (docs/operations.md, "Exit codes")
-        print(f"bench ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    return finish_or_fail("ledger", measure, args.json, LABELS)
 
 
 if __name__ == "__main__":

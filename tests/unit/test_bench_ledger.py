@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-from bench.ledger import _Stall, stall_phase
+from bench.ledger_stall import _Stall, stall_phase
 
 
 class FakeWriter:
