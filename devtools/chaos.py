@@ -37,7 +37,8 @@ from broker.admin.status import ask
 from broker.api.client import Client, ClientError, TaskNotFound
 from devtools import schedule as S
 from devtools.devcluster import DevCluster, DevClusterSpec
-from devtools.faults import DiskFiller, Injector
+from devtools.fault_primitives import DiskFiller
+from devtools.faults import Injector
 from devtools.history import History, Observed, check, crash_lines
 from devtools.load import Producers, WorkerPool, payload_for
 from devtools.procs import pid_alive

@@ -12,6 +12,8 @@ Every fault leaves one event: ``{seq, kind, target, at_s, injected, note}``; a
 fault that could not be injected (no leader at that moment, a kind unavailable
 here) has ``injected: false`` and says why. Processes this module killed are
 remembered, so a death it did not cause is told apart (:meth:`Injector.killed_pid`).
+The faults themselves (signals, session expiry, a full disk) are
+:mod:`devtools.fault_primitives`.
 
 Example::
 
@@ -22,13 +24,9 @@ Example::
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
-import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -36,8 +34,8 @@ from pathlib import Path
 from broker.admin.status import ask
 from devtools import schedule as S
 from devtools.devcluster import DevCluster, DevClusterError
+from devtools.fault_primitives import DiskFiller, expire_session, signal_pid_group, wait_gone
 from devtools.load import WorkerPool
-from devtools.procs import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -46,90 +44,6 @@ RECOVER_TIMEOUT_S = 60.0
 RESTART_TRIES = 3
 # How long a fault aimed at the leader waits for one to exist (a failover may be under way).
 LEADER_WAIT_S = 15.0
-TMPFS_SIZE = "512m"
-FILL_NAME = ".chaos-fill"
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_gone(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-class DiskFiller:
-    """Small tmpfs disks under the bookies' data dirs, which a fault fills and then frees."""
-
-    def __init__(self, dirs: list[Path]) -> None:
-        self.dirs = dirs
-
-    @classmethod
-    def prepare(cls, dev: DevCluster, bookies: int) -> tuple["DiskFiller | None", str]:
-        """Mount a tmpfs on each bookie's data dir before `up`; (None, reason) where that is impossible."""
-        if os.geteuid() != 0:
-            return None, "needs root to mount a small tmpfs on a bookie's data dir"
-        dirs = []
-        for index in range(bookies):
-            path = dev.data_dir("bookie", index)
-            path.mkdir(parents=True, exist_ok=True)
-            done = subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(path)],
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                cls(dirs).unmount()
-                return None, f"mount failed: {(done.stderr or done.stdout).strip() or done.returncode}"
-            dirs.append(path)
-        return cls(dirs), ""
-
-    def fill(self, index: int) -> int:
-        """Take every free byte of bookie ``index``'s disk; return how many were taken."""
-        path = self.dirs[index] / FILL_NAME
-        st = os.statvfs(self.dirs[index])
-        size = st.f_bavail * st.f_frsize
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while size > 0:
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    size -= 64 * 1024
-        finally:
-            os.close(fd)
-        return max(size, 0)
-
-    def free(self, index: int) -> None:
-        (self.dirs[index] / FILL_NAME).unlink(missing_ok=True)
-
-    def unmount(self) -> None:
-        """Unmount every disk (the bookies must be stopped); lazily if one is still busy."""
-        for path in self.dirs:
-            if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(path)], capture_output=True)
-        self.dirs = []
-
-
-def expire_session(zk_hosts: str, session_file: Path, timeout: float = 10.0) -> None:
-    """Expire a broker's real ZooKeeper session: open it from a second client, then close that one."""
-    from kazoo.client import KazooClient
-
-    info = json.loads(session_file.read_text())
-    other = KazooClient(
-        hosts=zk_hosts, client_id=(info["session_id"], bytes.fromhex(info["password"])), timeout=2.0
-    )
-    other.start(timeout=timeout)
-    other.stop()
-    other.close()
 
 
 class Injector:
@@ -274,16 +188,16 @@ class Injector:
             self._busy.add(name)
         try:
             if fault.kind.startswith("pause"):
-                _signal_group(member["pid"], signal.SIGSTOP)
+                signal_pid_group(member["pid"], signal.SIGSTOP)
                 time.sleep(fault.down_s)
-                _signal_group(member["pid"], signal.SIGCONT)
+                signal_pid_group(member["pid"], signal.SIGCONT)
                 note = f"paused {fault.down_s:g}s"
             else:
                 with self._lock:
                     self._killed.add(member["pid"])
-                _signal_group(member["pid"], signal.SIGCONT)
-                _signal_group(member["pid"], signal.SIGKILL)
-                _wait_gone(member["pid"])
+                signal_pid_group(member["pid"], signal.SIGCONT)
+                signal_pid_group(member["pid"], signal.SIGKILL)
+                wait_gone(member["pid"])
                 time.sleep(fault.down_s)
                 note = f"killed, restarted after {fault.down_s:g}s" + self.restart_member(member)
             self._wait_answers(member)
@@ -378,13 +292,13 @@ class Injector:
             self._busy.add(name)
         try:
             if fault.kind == S.PAUSE_WORKER:
-                _signal_group(pid, signal.SIGSTOP)
+                signal_pid_group(pid, signal.SIGSTOP)
                 time.sleep(fault.down_s)
-                _signal_group(pid, signal.SIGCONT)
+                signal_pid_group(pid, signal.SIGCONT)
                 return name, f"paused {fault.down_s:g}s"
             with self._lock:
                 self._killed.add(pid)
-            _signal_group(pid, signal.SIGKILL)
+            signal_pid_group(pid, signal.SIGKILL)
             self.workers.procs[name].wait()
             time.sleep(fault.down_s)
             self.workers.start(name)
@@ -401,8 +315,8 @@ class Injector:
             with self.zk_lock:
                 with self._lock:
                     self._killed.add(member["pid"])
-                _signal_group(member["pid"], signal.SIGKILL)
-                _wait_gone(member["pid"])
+                signal_pid_group(member["pid"], signal.SIGKILL)
+                wait_gone(member["pid"])
                 time.sleep(fault.down_s)
                 self.dev.restart(member)
         finally:
