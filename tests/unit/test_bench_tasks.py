@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 
-from bench import devbench, failover, memory, tasks
+from bench import devbench, failover, failover_watch, memory, tasks
 
 
 def test_proc_status_on_this_process():
@@ -55,7 +55,7 @@ def test_takeover_phases_reads_the_first_election_after_the_event(tmp_path):
         "a line in another format\n"
         f"{_stamp(t + 0.3)} INFO  broker.server.node: leading epoch 2 with ledger 1\n"
     )
-    out = failover.takeover_phases(_FakeCluster([a, b]), t)
+    out = failover_watch.takeover_phases(_FakeCluster([a, b]), t)
     assert abs(out["elected_s"] - 0.25) < 0.002
     assert abs(out["takeover_s"] - 0.05) < 0.002
 
@@ -63,7 +63,7 @@ def test_takeover_phases_reads_the_first_election_after_the_event(tmp_path):
 def test_takeover_phases_without_a_matching_line(tmp_path):
     log = tmp_path / "broker-0.log"
     log.write_text("nothing useful\n")
-    assert failover.takeover_phases(_FakeCluster([log, tmp_path / "missing.log"]), 0.0) == {}
+    assert failover_watch.takeover_phases(_FakeCluster([log, tmp_path / "missing.log"]), 0.0) == {}
 
 
 def test_memory_of_this_process():
