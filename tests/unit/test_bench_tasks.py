@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 
-from bench import devbench, failover, failover_watch, memory, tasks
+from bench import devbench, failover, failover_watch, memory, tasks_load
 
 
 def test_proc_status_on_this_process():
@@ -18,7 +18,7 @@ def test_proc_status_on_a_missing_process():
 
 
 def test_counter_adds():
-    c = tasks.Counter()
+    c = tasks_load.Counter()
     c.add(2)
     c.add(3)
     assert c.value == 5
