@@ -73,7 +73,7 @@ class LogReader:
             return None, entry_id, None
         if self._reader is None or self._reader.ledger_id != ledger_id:
             self._reader = LedgerReader(
-                self._zk, self._paths, self._pool, ledger_id, self._digest, self._read_timeout
+                self._zk, self._paths, self._pool, ledger_id, self._digest, self._read_timeout, self._clock
             )
         newer = ids[ids.index(ledger_id) + 1 :]
         return self._reader, entry_id, (newer[0] if newer else None)

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 
 from kazoo.client import KazooClient
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.wire import RemoteError
 from ledger import LedgerError
@@ -77,11 +77,13 @@ class LedgerReader(ReaderTail):
         ledger_id: int,
         digest: Digest,
         timeout: float = DEFAULT_READ_TIMEOUT,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._zk = zk
         self._paths = paths
         self._pool = pool
         self._digest = digest
+        self._clock = clock  # the tail's deadlines, backoff and metadata refreshes
         self.timeout = timeout
         self.ledger_id = ledger_id
         self.metadata: LedgerMetadata
@@ -90,7 +92,7 @@ class LedgerReader(ReaderTail):
         self._address_of: dict[str, str] = {}  # bookie id -> where it is registered now (looked up once)
         self._lac = -1
         self.corruptions: list[tuple[str, int, int, str]] = []
-        self._refreshed_at = time.monotonic()
+        self._refreshed_at = self._clock.monotonic()
         self._ask_one = True  # wait_lac goes to one bookie while that one answers
         self._turn = 0
         # Committed entries that came with a wait_lac reply, by id, until read_range takes them.
@@ -119,7 +121,7 @@ class LedgerReader(ReaderTail):
         self.metadata, _ = read_metadata(
             self._zk, self._paths, self.ledger_id, watch=self._on_metadata_change
         )
-        self._refreshed_at = time.monotonic()
+        self._refreshed_at = self._clock.monotonic()
         return self.metadata
 
     def _on_metadata_change(self, _event) -> None:

@@ -15,7 +15,6 @@ the metadata change on a ZooKeeper watch.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as wait_futures
 
@@ -38,7 +37,7 @@ _PIGGYBACK_ENTRIES = 256
 class ReaderTail:
     """``wait_for`` of a :class:`~ledger.client.reader.LedgerReader` (a mixin; see the module docstring).
 
-    The reader supplies its state (``_zk``, ``_paths``, ``_pool``, ``_digest``, ``ledger_id``,
+    The reader supplies its state (``_zk``, ``_paths``, ``_pool``, ``_digest``, ``_clock``, ``ledger_id``,
     ``timeout``, ``metadata``, ``_lac``, ``_ask_one``, ``_turn``, ``_piggybacked``,
     ``_metadata_changed``, ``_refreshed_at``) and ``refresh``, ``last_readable``, ``closed``,
     ``_last_members`` and ``_address``.
@@ -56,11 +55,11 @@ class ReaderTail:
         ensemble change moved the writer to other bookies); a fenced bookie's
         answer waits for the metadata change at once.
         """
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         while True:
             if self.last_readable > after or self.closed:
                 return self.last_readable
-            left = deadline - time.monotonic()
+            left = deadline - self._clock.monotonic()
             if left <= 0:
                 return self.last_readable
             poll = min(left, _MAX_LONG_POLL)
@@ -107,14 +106,14 @@ class ReaderTail:
             if not answered:
                 # Every bookie asked failed at once (e.g. unreachable): back off a little
                 # instead of spinning until the deadline.
-                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                self._clock.sleep(min(0.1, max(0.0, deadline - self._clock.monotonic())))
             if fenced:
                 # Recovery is running: the answer will be in the metadata. Wait for its change.
                 self._wait_metadata_change(deadline)
             elif (
                 not answered
                 or self._metadata_changed.is_set()
-                or time.monotonic() - self._refreshed_at >= _REFRESH_EVERY_S
+                or self._clock.monotonic() - self._refreshed_at >= _REFRESH_EVERY_S
             ):
                 self.refresh()
 
@@ -127,8 +126,8 @@ class ReaderTail:
             except NoNodeError:
                 raise NoSuchLedger(f"ledger {self.ledger_id} was deleted") from None
             self.metadata = LedgerMetadata.from_json(data, self.ledger_id)
-            left = deadline - time.monotonic()
-            if self.closed or left <= 0 or not changed.wait(left):
+            left = deadline - self._clock.monotonic()
+            if self.closed or left <= 0 or not self._clock.wait(changed, left):
                 return
 
     def _keep_piggybacked(self, after: int, datas) -> None:
