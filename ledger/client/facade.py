@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import logging
 import random
-import time
-from typing import Callable
 
 import zmq
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from election.cluster_config import ClusterOptions, read_cluster_config
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import DEFAULT_TIMEOUT, BookiePool
@@ -54,7 +53,8 @@ class LedgerClient:
     ``digest`` is a :class:`~ledger.codec.Digest`, a digest name, or None to
     use the cluster config's; ``secret`` keys ``hmac-sha256``. ``options``
     defaults to the quorum settings in the cluster config (or the defaults if
-    the cluster has no config yet).
+    the cluster has no config yet). ``clock`` is handed to every part that times
+    out or stamps (the bookie pool, writers, readers, recovery).
 
     Example::
 
@@ -73,7 +73,7 @@ class LedgerClient:
         add_timeout: float = DEFAULT_ADD_TIMEOUT,
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         request_timeout: float = DEFAULT_TIMEOUT,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
     ) -> None:
         self.zk = zk
@@ -95,7 +95,7 @@ class LedgerClient:
         self.read_timeout = read_timeout
         self._clock = clock
         self._rng = rng or random.Random()
-        self.pool = BookiePool(context, default_timeout=request_timeout)
+        self.pool = BookiePool(context, default_timeout=request_timeout, clock=clock)
 
     # ------------------------------------------------------------- ledgers
 
@@ -115,18 +115,38 @@ class LedgerClient:
 
     def open_reader(self, ledger_id: int) -> LedgerReader:
         """A reader of ``ledger_id`` (committed entries only)."""
-        return LedgerReader(self.zk, self.paths, self.pool, ledger_id, self.digest, timeout=self.read_timeout)
+        return LedgerReader(
+            self.zk,
+            self.paths,
+            self.pool,
+            ledger_id,
+            self.digest,
+            timeout=self.read_timeout,
+            clock=self._clock,
+        )
 
     def log_reader(self, after: Position = START) -> LogReader:
         """A reader of the whole log, from just after ``after``."""
         return LogReader(
-            self.zk, self.paths, self.pool, self.digest, after=after, read_timeout=self.read_timeout
+            self.zk,
+            self.paths,
+            self.pool,
+            self.digest,
+            after=after,
+            read_timeout=self.read_timeout,
+            clock=self._clock,
         )
 
     def recover_and_close(self, ledger_id: int) -> int:
         """Fence and close ``ledger_id``; return its ``last_entry`` (idempotent)."""
         return recover_and_close(
-            self.zk, self.paths, self.pool, ledger_id, self.digest, timeout=self.add_timeout
+            self.zk,
+            self.paths,
+            self.pool,
+            ledger_id,
+            self.digest,
+            timeout=self.add_timeout,
+            clock=self._clock,
         )
 
     def delete(self, ledger_id: int, force: bool = False) -> None:

@@ -31,7 +31,7 @@ members are the ensemble's slots) and is unit-tested alone. Completion callbacks
 
 Example::
 
-    writer = create_ledger(zk, paths, pool, options, epoch=3, digest=Digest.crc32c(), clock=time.time)
+    writer = create_ledger(zk, paths, pool, options, epoch=3, digest=Digest.crc32c(), clock=SYSTEM_CLOCK)
     futures = [writer.add(b"event %d" % i) for i in range(100)]
     ids = [f.result() for f in futures]          # 0..99, in order
     last = writer.close()                        # metadata CLOSED with last_entry == 99
@@ -43,13 +43,12 @@ import collections
 import logging
 import random
 import threading
-import time
 from concurrent.futures import Future
 from functools import partial
-from typing import Callable
 
 from kazoo.client import KazooClient
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.wire.codes import E_FENCED
 from ledger import LedgerError
@@ -117,6 +116,7 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         digest: Digest,
         add_timeout: float = DEFAULT_ADD_TIMEOUT,
         rng: random.Random | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if meta.state != OPEN:
             raise LedgerError(f"ledger {meta.ledger_id} is {meta.state}, a writer needs it OPEN")
@@ -130,6 +130,7 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         self._digest = digest
         self.add_timeout = add_timeout
         self._rng = rng or random.Random()
+        self._clock = clock  # close()'s wait and the retry of a change that found no spare
         self._slots: list[dict] = [dict(m) for m in meta.ensemble[: meta.write_quorum]]
         self._addresses = [m["address"] for m in self._slots]
         self._gens = [0] * len(self._slots)
@@ -278,13 +279,13 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         the metadata then, and its ``last_entry`` may differ from ours.
         """
         wait = self.add_timeout + 5.0 if timeout is None else timeout
-        deadline = time.monotonic() + wait
+        deadline = self._clock.monotonic() + wait
         with self._lock:
             if self._closed_last is not None:
                 return self._closed_last
             self._closing = True
             while self._futures:
-                left = deadline - time.monotonic()
+                left = deadline - self._clock.monotonic()
                 if left <= 0:
                     raise LedgerWriteError(
                         f"ledger {self.ledger_id}: {len(self._futures)} adds still pending after {wait:g}s"
@@ -328,7 +329,7 @@ def create_ledger(
     options,
     epoch: int,
     digest: Digest,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM_CLOCK,
     rng: random.Random | None = None,
     add_timeout: float = DEFAULT_ADD_TIMEOUT,
 ) -> LedgerWriter:
@@ -336,7 +337,7 @@ def create_ledger(
 
     ``options`` supplies ``ensemble_size``, ``write_quorum``, ``ack_quorum`` and
     ``digest`` (a :class:`~election.cluster_config.ClusterOptions` or anything
-    with those attributes, or the config dict).
+    with those attributes, or the config dict). ``clock`` stamps ``created_at`` and is the writer's.
     """
     get = options.get if isinstance(options, dict) else partial(getattr, options)
     ensemble = choose_ensemble(live_bookies(zk, paths), int(get("ensemble_size")), rng or random.Random())
@@ -348,7 +349,7 @@ def create_ledger(
         state=OPEN,
         last_entry=-1,
         epoch=epoch,
-        created_at=clock(),
+        created_at=clock.now(),
         digest=digest.name,
     )
     _, version = create_metadata(zk, paths, meta)
@@ -358,4 +359,4 @@ def create_ledger(
         ", ".join(m["bookie_id"] for m in ensemble),
         epoch,
     )
-    return LedgerWriter(zk, paths, pool, meta, version, digest, add_timeout=add_timeout, rng=rng)
+    return LedgerWriter(zk, paths, pool, meta, version, digest, add_timeout=add_timeout, rng=rng, clock=clock)

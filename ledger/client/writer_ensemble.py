@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from functools import partial
 
 from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
@@ -55,7 +54,7 @@ log = logging.getLogger("ledger.client.writer")
 class EnsembleChanges:
     """Ensemble changes of a :class:`~ledger.client.writer.LedgerWriter` (a mixin; see the module docstring).
 
-    The writer supplies its state and ``_send_run``, ``_fail_writer`` and
+    The writer supplies its state (its ``_clock`` included) and ``_send_run``, ``_fail_writer`` and
     ``_write_error`` (its :class:`~ledger.client.writer.LedgerWriteError`).
     """
 
@@ -147,7 +146,7 @@ class EnsembleChanges:
             unreplaced = [s for s in todo if s not in replaced]
             self._degraded.update(unreplaced)
             if unreplaced:
-                self._retry_at = time.monotonic() + max(1.0, self.add_timeout)
+                self._retry_at = self._clock.monotonic() + max(1.0, self.add_timeout)
             holds = quorum_holds(len(self._slots), self._tracker.ack_quorum, len(self._failed))
             reasons = "; ".join(self._failed[s][0] for s in sorted(self._failed))
             pending = self._tracker.lac + 1
@@ -245,7 +244,9 @@ class EnsembleChanges:
             return
         for member, from_entry in members:
             try:
-                mark_underreplicated(self._zk, self._paths, self.ledger_id, [member], from_entry)
+                mark_underreplicated(
+                    self._zk, self._paths, self.ledger_id, [member], from_entry, clock=self._clock
+                )
             except Exception as exc:  # best effort: the auditor finds it too
                 log.warning("ledger %d: could not mark it under-replicated: %s", self.ledger_id, exc)
                 continue

@@ -23,7 +23,6 @@ explicit LAC), so readers see the newest entry.
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
 
@@ -90,7 +89,7 @@ class AddPipeline:
             lac = self._tracker.lac
             if lac > self._lac_sent:
                 self._lac_sent = lac
-            if self._degraded and not self._changing and time.monotonic() >= self._retry_at:
+            if self._degraded and not self._changing and self._clock.monotonic() >= self._retry_at:
                 self._degraded.clear()  # a spare may have registered since: try the change again
                 self._start_change()
         # Encoded outside the lock: adds keep coming in while this runs.
