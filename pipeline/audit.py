@@ -53,7 +53,7 @@ from pipeline.plan import (
 )
 from pipeline.replay import ReplayResult, UnreplayableEntry, replay
 from pipeline.rows import Position, format_position
-from snapshots.format import read_header
+from snapshots.reader import read_header
 
 # (what, done, total or None): progress of the audit's long steps.
 Progress = Callable[[str, int, int | None], None]

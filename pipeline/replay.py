@@ -374,7 +374,7 @@ def _load_snapshot(path: Path, state_dir: Path) -> Position:
     """Load the snapshot file into the empty store at ``state_dir``; its position."""
     from broker.state.restore import restore_snapshot
     from snapshots import SnapshotError
-    from snapshots.format import read_header
+    from snapshots.reader import read_header
 
     try:
         header = read_header(path)

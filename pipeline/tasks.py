@@ -4,7 +4,7 @@ One row per task record of the snapshot (store format 2, :func:`broker.state.sch
 with the snapshot's position on every row so that tables of several snapshots
 can be put side by side. Payloads and results are given as sizes, not bytes.
 No cluster and no Spark are needed: the file is read and verified as it goes
-(:func:`snapshots.format.iter_records`), twice: payloads over the inline size
+(:func:`snapshots.reader.iter_records`), twice: payloads over the inline size
 sit in their own database, after the tasks, and their sizes are collected first.
 
 Example::
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from broker.state.schema import unpack_task
 from pipeline import PipelineError
-from snapshots.format import iter_records, read_header
+from snapshots.reader import iter_records, read_header
 
 TASKS = "tasks"
 _BATCH_ROWS = 10_000

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 from snapshots import SnapshotError
-from snapshots.format import SnapshotCorrupt, read_header, verify_snapshot, write_snapshot
+from snapshots.format import SnapshotCorrupt
+from snapshots.reader import read_header, verify_snapshot
+from snapshots.writer import write_snapshot
 
 NAME_RE = re.compile(r"\Asnap-(\d{10,20})-(\d{10,20})\.fps\Z")
 SUBDIR = "snapshots"

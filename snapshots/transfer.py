@@ -45,7 +45,8 @@ from election.wire import CodedError
 from election.wire.codes import E_BAD_CHUNK, E_BAD_REPLY, E_BAD_REQUEST, E_NO_SNAPSHOT, E_NO_SUCH_SNAPSHOT
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog, parse_name
-from snapshots.format import SnapshotCorrupt, WrongCluster, crc32c, verify_snapshot
+from snapshots.format import SnapshotCorrupt, WrongCluster, crc32c
+from snapshots.reader import verify_snapshot
 
 OP_INFO = "snapshot_info"
 OP_CHUNK = "snapshot_chunk"

@@ -45,7 +45,7 @@ from election.secure.keys import KeysError
 from election.shutdown_node import read_shutdown
 from election.wire.exchange import NoReply, exchange
 from snapshots.catalog import SnapshotCatalog
-from snapshots.format import verify_snapshot
+from snapshots.reader import verify_snapshot
 
 # How long `status` waits for each broker's ping: a live broker answers in milliseconds.
 STATUS_PING_S = 1.0

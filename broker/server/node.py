@@ -73,9 +73,9 @@ from ledger.client.facade import LedgerClient
 from ledger.log import LogGap
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog
-from snapshots.format import cleanup_temp
 from snapshots.policy import CheckpointPolicy
 from snapshots.transfer import describe, read_chunk
+from snapshots.writer import cleanup_temp
 
 log = logging.getLogger(__name__)
 

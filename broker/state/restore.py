@@ -21,7 +21,8 @@ import lmdb
 from broker.state.store import DEFAULT_MAP_SIZE, StateStore, StoreError, StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import RestoreRefused
-from snapshots.format import SnapshotCorrupt, iter_records, verify_snapshot
+from snapshots.format import SnapshotCorrupt
+from snapshots.reader import iter_records, verify_snapshot
 
 LMDB_FILES = ("data.mdb", "lock.mdb")
 

@@ -11,7 +11,7 @@ from pipeline import PipelineError
 from pipeline.history import export_entries
 from pipeline.replay import GRANT_SCHEMA, Grant, grants_table, replay
 from pipeline.rows import SCHEMA, entry_rows
-from snapshots.format import write_snapshot
+from snapshots.writer import write_snapshot
 
 pytestmark = pytest.mark.timeout(60)
 

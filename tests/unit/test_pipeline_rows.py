@@ -96,7 +96,7 @@ def test_a_snapshot_becomes_a_table_of_its_tasks(tmp_path):
 
     from broker.state.schema import id_key, pack_task
     from pipeline.tasks import export_snapshot_tasks
-    from snapshots.format import write_snapshot
+    from snapshots.writer import write_snapshot
 
     def record(task_id, state, payload, **fields):
         rec = {

@@ -13,7 +13,9 @@ from broker.state.schema import META_LOCAL
 from broker.state.store import StateStore, StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, snapshot_name
-from snapshots.format import SnapshotCorrupt, WrongCluster, read_header, write_snapshot
+from snapshots.format import SnapshotCorrupt, WrongCluster
+from snapshots.reader import read_header
+from snapshots.writer import write_snapshot
 
 MAP = 64 << 20
 

@@ -11,18 +11,11 @@ import pytest
 
 from snapshots import SnapshotError
 from snapshots import format as fmt
-from snapshots.format import (
-    FOOTER_SIZE,
-    MAGIC,
-    SnapshotBusy,
-    SnapshotCorrupt,
-    WrongCluster,
-    cleanup_temp,
-    iter_records,
-    read_header,
-    verify_snapshot,
-    write_snapshot,
-)
+from snapshots import reader as snapshot_reader
+from snapshots import writer as snapshot_writer
+from snapshots.format import FOOTER_SIZE, MAGIC, SnapshotCorrupt, WrongCluster
+from snapshots.reader import iter_records, read_header, verify_snapshot
+from snapshots.writer import SnapshotBusy, cleanup_temp, write_snapshot
 
 HEADER = {
     "cluster_id": "dev",
@@ -61,12 +54,12 @@ def read_all(path):
 def small(tmp_path):
     """A snapshot of a few hundred bytes with several blocks."""
     path = tmp_path / "small.fps"
-    old = fmt.BLOCK_TARGET
-    fmt.BLOCK_TARGET = 200  # several blocks in a small file
+    old = snapshot_writer.BLOCK_TARGET
+    snapshot_writer.BLOCK_TARGET = 200  # several blocks in a small file
     try:
         info = write_snapshot(path, HEADER, records(40, payload=8))
     finally:
-        fmt.BLOCK_TARGET = old
+        snapshot_writer.BLOCK_TARGET = old
     return path, info
 
 
@@ -297,7 +290,7 @@ def test_other_cluster_is_refused_after_integrity(small):
 def test_oversized_block_is_refused_without_decompressing_it(tmp_path, monkeypatch):
     path = tmp_path / "s.fps"
     write_snapshot(path, HEADER, [("payloads", b"k", bytes(50_000))])  # compresses very well
-    monkeypatch.setattr(fmt, "MAX_BLOCK_RAW", 10_000)
+    monkeypatch.setattr(snapshot_reader, "MAX_BLOCK_RAW", 10_000)
     with pytest.raises(SnapshotCorrupt, match=r"bad block data at offset \d+"):
         verify_snapshot(path)
 
@@ -305,7 +298,7 @@ def test_oversized_block_is_refused_without_decompressing_it(tmp_path, monkeypat
 def test_block_length_beyond_bound_is_refused(tmp_path, monkeypatch):
     path = tmp_path / "s.fps"
     write_snapshot(path, HEADER, records(500))
-    monkeypatch.setattr(fmt, "MAX_BLOCK_COMPRESSED", 100)
+    monkeypatch.setattr(snapshot_reader, "MAX_BLOCK_COMPRESSED", 100)
     with pytest.raises(SnapshotCorrupt, match=r"bad block length at offset \d+"):
         verify_snapshot(path)
 
@@ -314,7 +307,7 @@ def test_well_framed_garbage_records_are_refused(tmp_path):
     """Valid CRCs around records that are not [str, bytes, bytes]: still refused."""
     raw = struct.pack(">I", 3) + b"\x93\x01\x02"  # [1, 2, ...] cut short
     comp = zlib.compress(raw)
-    header = fmt._pack_header(dict(HEADER, format_version=1, compression="zlib", record_count=1))
+    header = fmt.pack_header(dict(HEADER, format_version=1, compression="zlib", record_count=1))
     body = MAGIC + struct.pack(">I", len(header)) + header
     body += struct.pack(">II", len(comp), fmt.crc32c(comp)) + comp + struct.pack(">II", 0, 0)
     body += struct.pack(">9sQI", b"FPSNAPEND", 1, fmt.crc32c(body))
@@ -363,7 +356,7 @@ def test_a_format_1_file_is_read_and_an_unknown_version_refused(tmp_path):
     """Version 1 has the same framing (its records are converted when restored); a later
     version is refused by name, never misread."""
     for version in (1, 3):
-        header = fmt._pack_header(dict(HEADER, format_version=version, compression="zlib", record_count=0))
+        header = fmt.pack_header(dict(HEADER, format_version=version, compression="zlib", record_count=0))
         body = MAGIC + struct.pack(">I", len(header)) + header + struct.pack(">II", 0, 0)
         body += struct.pack(">9sQI", b"FPSNAPEND", 0, fmt.crc32c(body))
         path = tmp_path / f"v{version}.fps"

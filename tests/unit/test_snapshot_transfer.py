@@ -9,8 +9,10 @@ import pytest
 
 from snapshots import SnapshotError
 from snapshots.catalog import SnapshotCatalog, snapshot_name
-from snapshots.format import SnapshotCorrupt, WrongCluster, verify_snapshot, write_snapshot
+from snapshots.format import SnapshotCorrupt, WrongCluster
+from snapshots.reader import verify_snapshot
 from snapshots.transfer import MAX_CHUNK, TransferError, describe, download, read_chunk
+from snapshots.writer import write_snapshot
 
 
 def records(n):

@@ -29,7 +29,7 @@ from broker.state.schema import (
     unpack_task,
 )
 from broker.state.store import StateStore, StoreDamaged, StoreError
-from snapshots import format as fmt
+from snapshots import writer as snapshot_writer
 
 HEX = "018bcfe5692cf3b1e4e270354efcba43"
 AUTO = "auto:" + "7" * 32
@@ -217,8 +217,10 @@ def test_a_format_1_snapshot_is_restored_converted(tmp_path, monkeypatch):
     v1 = 0
     for db, key, value in old:
         v1 ^= record_hash(db, key, value) if is_hashed(db, key) else 0
-    monkeypatch.setattr(fmt, "FORMAT_VERSION", 1)
-    fmt.write_snapshot(tmp_path / "v1.fps", dict(header, digest=v1.to_bytes(16, "big").hex()), old)
+    monkeypatch.setattr(snapshot_writer, "FORMAT_VERSION", 1)
+    snapshot_writer.write_snapshot(
+        tmp_path / "v1.fps", dict(header, digest=v1.to_bytes(16, "big").hex()), old
+    )
     monkeypatch.undo()
     assert restore_snapshot(tmp_path / "v1.fps", tmp_path / "restored", "c")["format_version"] == 1
     with StateStore(tmp_path / "restored", readonly=True) as restored:
