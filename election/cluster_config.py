@@ -20,10 +20,10 @@ finding every entry "corrupt" (a reader treats such copies as missing).
 Example::
 
     config = init_cluster(zk, ClusterPaths("dev"), ClusterOptions(digest="hmac-sha256"),
-                          clock=time.time, secret=read_secret("/etc/fencepost/secret"))
+                          clock=SYSTEM_CLOCK.now, secret=read_secret("/etc/fencepost/secret"))
     # in a member:
     config = join_cluster(zk, paths, {"write_quorum": 3, "digest": None}, cluster="dev",
-                          init_if_missing=False, clock=time.time, stop=stop_event)
+                          init_if_missing=False, clock=SYSTEM_CLOCK.now, stop=stop_event)
     secret = check_member_secret(config, secret, "dev")
 """
 
@@ -44,6 +44,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from election import ElectionError
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.zk import patiently
 
@@ -311,7 +312,11 @@ def ensure_cluster_config(
 
 
 def wait_for_cluster_config(
-    zk: KazooClient, paths: ClusterPaths, stop: threading.Event, poll_s: float = WAIT_POLL_S
+    zk: KazooClient,
+    paths: ClusterPaths,
+    stop: threading.Event,
+    poll_s: float = WAIT_POLL_S,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict | None:
     """Block until the `config` node exists and return it; None once ``stop`` is set.
 
@@ -335,7 +340,7 @@ def wait_for_cluster_config(
         except (KazooException, KazooTimeoutError) as exc:
             log.debug("waiting for the cluster config: %s", exc)
         for _ in range(max(1, int(poll_s / 0.1))):
-            if appeared.wait(0.1) or stop.is_set():
+            if clock.wait(appeared, 0.1) or stop.is_set():
                 break
     return None
 

@@ -18,7 +18,7 @@ Example::
 
     bookies = live_bookies(zk, paths)
     ensemble = choose_ensemble(bookies, 3, random.Random())
-    meta = LedgerMetadata(-1, ensemble, 3, 2, OPEN, -1, epoch=4, created_at=time.time(), digest="crc32c")
+    meta = LedgerMetadata(-1, ensemble, 3, 2, OPEN, -1, epoch=4, created_at=clock.now(), digest="crc32c")
     ledger_id, version = create_metadata(zk, paths, meta)
     meta, version = read_metadata(zk, paths, ledger_id)
     meta = meta.with_state(CLOSED, last_entry=41)

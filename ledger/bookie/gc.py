@@ -44,6 +44,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.metadata import CLOSED, LedgerMetadata, NoSuchLedger, list_ledgers, read_metadata
@@ -109,7 +110,8 @@ class Handoff:
     re-replication lock must not happen behind its back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock  # times a caller's wait for the owner
         self._pending: collections.deque[_Call] = collections.deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -131,7 +133,7 @@ class Handoff:
             if self._closed:
                 raise TimeoutError("the store's owner has stopped")
             self._pending.append(call)
-        if not call.done.wait(timeout) and self._move(call, "cancelled"):
+        if not self._clock.wait(call.done, timeout) and self._move(call, "cancelled"):
             raise TimeoutError("the store's owner did not run the call in time")
         call.done.wait()  # the owner is running it now, and store calls are short
         if call.error is not None:
@@ -176,11 +178,13 @@ class GarbageCollector:
         delete: Callable[[int], int],
         handoff: Handoff,
         interval_s: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk = zk
         self.paths = paths
         self.bookie_id = bookie_id
         self.interval_s = interval_s
+        self._clock = clock
         self._local_ledgers = local_ledgers
         self._delete = delete
         self._handoff = handoff
@@ -257,7 +261,7 @@ class GarbageCollector:
         self._problems = problems
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._clock.wait(self._stop, self.interval_s):
             try:
                 self.collect_once()
             except Exception:
