@@ -174,6 +174,7 @@ class ReplicationWorker:
         throttle: TokenBucket | None = None,
         rng: random.Random | None = None,
         timeout: float = 5.0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk = zk
         self.paths = paths
@@ -183,6 +184,7 @@ class ReplicationWorker:
         self.throttle = throttle
         self.rng = rng or random.Random()
         self.timeout = timeout
+        self._clock = clock
         self.failures: dict[int, str] = {}
 
     def run_once(self, stop: threading.Event | None = None, only: set[int] | None = None) -> list[int]:
@@ -214,6 +216,7 @@ class ReplicationWorker:
                     throttle=self.throttle,
                     rng=self.rng,
                     timeout=self.timeout,
+                    clock=self._clock,
                 )
                 self.failures.pop(ledger_id, None)
                 done.append(ledger_id)
@@ -255,7 +258,13 @@ class AutoRecovery:
         self.pool = pool
         self.auditor = Auditor(zk, paths, lost_bookie_grace_s, clock=clock)
         self.worker = ReplicationWorker(
-            zk, paths, pool, digest, identifier, throttle=TokenBucket(max_bytes_per_s)
+            zk,
+            paths,
+            pool,
+            digest,
+            identifier,
+            throttle=TokenBucket(max_bytes_per_s, clock=clock),
+            clock=clock,
         )
         self._lock = zk.Lock(paths.auditor, identifier)
         self._stop = threading.Event()

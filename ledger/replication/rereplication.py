@@ -32,13 +32,13 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool
@@ -68,7 +68,7 @@ class RereplicationError(LedgerError):
 class TokenBucket:
     """At most ``rate`` bytes per second on average, bursts up to ``burst`` (default one second's worth).
 
-    ``rate <= 0`` means unlimited. ``clock`` and ``sleep`` are injected for tests.
+    ``rate <= 0`` means unlimited. It measures and waits on ``clock``.
     A request larger than the bucket goes through once the bucket is full and
     leaves it in debt, so the average still holds.
     """
@@ -77,19 +77,17 @@ class TokenBucket:
         self,
         rate: float,
         burst: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(rate, 1.0))
         self._clock = clock
-        self._sleep = sleep
         self._tokens = self.burst
-        self._at = clock()
+        self._at = clock.monotonic()
         self._lock = threading.Lock()
 
     def _refill(self) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
 
@@ -115,7 +113,7 @@ class TokenBucket:
                     self._tokens -= n
                     return slept
                 wait = (need - self._tokens) / self.rate
-            self._sleep(wait)
+            self._clock.sleep(wait)
             slept += wait
 
 
@@ -297,6 +295,7 @@ def rereplicate_ledger(
     lost_ids: Iterable[str] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     max_rounds: int = 10,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> RereplicationResult:
     """Bring every fragment of closed ``ledger_id`` back to ``write_quorum`` live bookies; clear its mark.
 
@@ -304,7 +303,7 @@ def rereplicate_ledger(
     one being decommissioned) are the members to replace. The new fragments are CASed only if the metadata did not
     change since it was read; otherwise the plan is made again (up to
     ``max_rounds`` times). Raises :class:`RereplicationError` (or
-    :class:`NotEnoughBookies`) when it cannot finish; the mark then stays.
+    :class:`NotEnoughBookies`) when it cannot finish; the mark then stays. ``clock`` times the log line.
     """
     rng = rng or random.Random()
     lost_arg = set(lost_ids) if lost_ids is not None else None
@@ -331,7 +330,7 @@ def rereplicate_ledger(
             for b in bookies
             if b.get("address") and str(b["bookie_id"]) not in (lost_arg or ())
         }
-        started = time.monotonic()
+        started = clock.monotonic()
         for r in plan:
             copied = copy_fragment(pool, addresses, meta, r, digest, throttle, timeout)
             total.bytes_copied += copied
@@ -352,7 +351,7 @@ def rereplicate_ledger(
             ", ".join(f"{lost} -> {new} from entry {first}" for first, lost, new in total.replaced),
             total.entries_copied,
             total.bytes_copied,
-            time.monotonic() - started,
+            clock.monotonic() - started,
         )
         if lost_arg is not None:  # the named bookies may still be live: the next plan would not be empty
             clear_mark(zk, paths, ledger_id)

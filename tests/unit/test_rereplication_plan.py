@@ -16,6 +16,7 @@ from ledger.replication.plan import (
     underreplicated_fragments,
 )
 from ledger.replication.rereplication import TokenBucket
+from tests.support.clock import FakeClock
 
 
 def m(i):
@@ -98,19 +99,13 @@ def test_explicit_lost_ids_replace_a_live_bookie_too():
 
 
 def test_token_bucket_paces_to_the_rate():
-    now = [0.0]
-    slept = []
-
-    def sleep(s):
-        slept.append(s)
-        now[0] += s
-
-    bucket = TokenBucket(1000, clock=lambda: now[0], sleep=sleep)
+    clock = FakeClock(monotonic=0.0)
+    bucket = TokenBucket(1000, clock=clock)
     assert bucket.acquire(1000) == 0.0  # the first second's burst
     assert bucket.acquire(500) == pytest.approx(0.5)
     assert bucket.delay_for(1000) == pytest.approx(1.0)
     bucket.acquire(3000)  # larger than the bucket: waits for a full bucket, then owes the rest
-    assert now[0] == pytest.approx(1.5)
+    assert clock.monotonic() == pytest.approx(1.5)
     bucket.acquire(1)
-    assert now[0] == pytest.approx(3.501)
+    assert clock.monotonic() == pytest.approx(3.501)
     assert TokenBucket(0).acquire(10**9) == 0.0
