@@ -17,14 +17,25 @@ from tests.support.ledgers import make_client, procs_in_ensemble_order, start_bo
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
 
-ADD_TIMEOUT = 2.0
+# The add timeout of the test that measures how it bounds a failure: its writer's adds to live bookies must
+# not reach it before the bookies are killed, so not too short for a loaded machine either.
+ADD_TIMEOUT = 5.0
+# The timeouts of every other client: a live bookie on a loaded machine can take seconds to answer, and must
+# not be taken for a dead one (swapped out by the writer, skipped by a recoverer). A test that shows nothing
+# waited for a dead or paused bookie asserts it took less than this.
+PATIENT_TIMEOUT = 30.0
+PATIENT = {
+    "add_timeout": PATIENT_TIMEOUT,
+    "read_timeout": PATIENT_TIMEOUT,
+    "request_timeout": PATIENT_TIMEOUT,
+}
 
 
 @pytest.fixture
 def env(cluster, procs):
     bookies = start_bookies(procs, cluster, 3)
     wait_registered(cluster, 3)
-    client = make_client(cluster, add_timeout=ADD_TIMEOUT)
+    client = make_client(cluster, **PATIENT)
     yield cluster, bookies, client
     client.close()
 
@@ -43,47 +54,56 @@ def test_one_of_three_bookies_killed_adds_still_commit(env):
 
     started = time.monotonic()
     futs = [writer.add(b"after-%d" % i) for i in range(50)]
-    done, not_done = wait_futures(futs, timeout=ADD_TIMEOUT * 3)
+    done, not_done = wait_futures(futs, timeout=PATIENT_TIMEOUT)
     assert not not_done
     assert [f.result() for f in futs] == list(range(10, 60))
-    # The ack quorum of 2 is met by the live bookies: no add waited for the dead one.
-    assert time.monotonic() - started < ADD_TIMEOUT
+    # The ack quorum of 2 is met by the live bookies: no add waited for the dead one's timeout.
+    assert time.monotonic() - started < PATIENT_TIMEOUT
     assert writer.error is None
     assert writer.close() == 59
 
-    reader = client.open_reader(writer.ledger_id)
-    payloads = [e.payload for e in reader.read_range(0, 59)]
+    # Each entry is asked of the dead bookie first (it never timed out, so it is not suspect): reading
+    # costs one read timeout, short here, but long enough for a live bookie on a loaded machine.
+    reading = make_client(cluster, read_timeout=5.0)
+    try:
+        payloads = [e.payload for e in reading.open_reader(writer.ledger_id).read_range(0, 59)]
+    finally:
+        reading.close()
     assert payloads == [b"before-%d" % i for i in range(10)] + [b"after-%d" % i for i in range(50)]
 
 
 def test_two_of_three_killed_adds_fail_in_bounded_time_and_acked_adds_survive(env, procs):
-    cluster, bookies, client = env
-    writer = client.create(epoch=1)
-    acked = {writer.add_sync(b"ok-%d" % i): b"ok-%d" % i for i in range(20)}
-    victims = ensemble_procs(cluster, bookies, writer.ledger_id)[:2]
-    for p in victims:
-        p.kill()
+    cluster, bookies, _ = env
+    client = make_client(cluster, add_timeout=ADD_TIMEOUT)
+    try:
+        writer = client.create(epoch=1)
+        acked = {writer.add_sync(b"ok-%d" % i): b"ok-%d" % i for i in range(20)}
+        victims = ensemble_procs(cluster, bookies, writer.ledger_id)[:2]
+        for p in victims:
+            p.kill()
 
-    started = time.monotonic()
-    futs = [writer.add(b"doomed-%d" % i) for i in range(10)]
-    done, not_done = wait_futures(futs, timeout=ADD_TIMEOUT + 5.0)
-    elapsed = time.monotonic() - started
-    assert not not_done, "adds hung with two bookies dead"
-    assert elapsed < ADD_TIMEOUT + 3.0
-    for f in futs:
-        with pytest.raises(LedgerWriteError) as info:
-            f.result()
-    assert "bookies can acknowledge" in str(info.value) or "failed earlier" in str(info.value)
-    # The writer is broken now: later adds are refused at once, with the reason.
-    started = time.monotonic()
-    with pytest.raises(LedgerWriteError, match="failed earlier"):
-        writer.add_sync(b"refused")
-    assert time.monotonic() - started < 0.5
+        started = time.monotonic()
+        futs = [writer.add(b"doomed-%d" % i) for i in range(10)]
+        done, not_done = wait_futures(futs, timeout=ADD_TIMEOUT + 5.0)
+        elapsed = time.monotonic() - started
+        assert not not_done, "adds hung with two bookies dead"
+        assert elapsed < ADD_TIMEOUT + 3.0
+        for f in futs:
+            with pytest.raises(LedgerWriteError) as info:
+                f.result()
+        assert "bookies can acknowledge" in str(info.value) or "failed earlier" in str(info.value)
+        # The writer is broken now: later adds are refused with the reason, without waiting for a timeout.
+        started = time.monotonic()
+        with pytest.raises(LedgerWriteError, match="failed earlier"):
+            writer.add_sync(b"refused")
+        assert time.monotonic() - started < ADD_TIMEOUT
+    finally:
+        client.close()
 
     for p in victims:
         procs.restart(p)
     wait_registered(cluster, 3)
-    other = make_client(cluster)
+    other = make_client(cluster, **PATIENT)
     try:
         last = other.recover_and_close(writer.ledger_id)
         assert last >= 19
@@ -130,14 +150,16 @@ def test_fencing_a_live_writer(env, burst, pause):
     thread = threading.Thread(target=keep_adding)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENT_TIMEOUT
         while len(succeeded) < 100 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(succeeded) >= 100, "the writer made no progress"
-        other = make_client(cluster, add_timeout=ADD_TIMEOUT)
+        # Recovery re-replicates every entry it finds past the LAC, one add each: with bursts of 1000 in
+        # flight that is thousands of adds, which a loaded machine did not finish within a 2 s timeout.
+        other = make_client(cluster, **PATIENT)
         try:
             last = other.recover_and_close(writer.ledger_id)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + PATIENT_TIMEOUT
             while writer.error is None and time.monotonic() < deadline:
                 time.sleep(0.01)
         finally:
@@ -150,7 +172,7 @@ def test_fencing_a_live_writer(env, burst, pause):
         # same entries, and the adder may stop before trying another add.)
         assert writer.fenced
         assert all(isinstance(f, LedgerFencedError) for f in failures)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + PATIENT_TIMEOUT
         while len(succeeded) + len(failures) < added[0] and time.monotonic() < deadline:
             time.sleep(0.01)  # futures are resolved just after the writer's state changes
         assert len(succeeded) + len(failures) == added[0]  # every add was answered, once
@@ -189,7 +211,7 @@ def test_concurrent_recoveries_agree(env):
     futs = [writer.add(b"c-%d" % i) for i in range(300)]
     time.sleep(0.05)  # let part of the pipeline commit
     results: list = []
-    others = [make_client(cluster) for _ in range(3)]
+    others = [make_client(cluster, **PATIENT) for _ in range(3)]
 
     def recover(c):
         try:
@@ -201,12 +223,12 @@ def test_concurrent_recoveries_agree(env):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(3 * PATIENT_TIMEOUT)
     try:
         assert len(results) == 3 and all(isinstance(r, int) for r in results), results
         assert len(set(results)) == 1
         last = results[0]
-        wait_futures(futs, timeout=ADD_TIMEOUT + 5)
+        wait_futures(futs, timeout=PATIENT_TIMEOUT)
         confirmed = [f.result() for f in futs if f.done() and f.exception() is None]
         assert all(isinstance(f.exception(), LedgerError) for f in futs if f.exception() is not None)
         assert not confirmed or max(confirmed) <= last
@@ -227,7 +249,7 @@ def test_paused_bookie_does_not_stall_the_writer(env):
         started = time.monotonic()
         ids = [writer.add_sync(b"p-%d" % i) for i in range(20)]
         assert ids == list(range(1, 21))
-        assert time.monotonic() - started < ADD_TIMEOUT
+        assert time.monotonic() - started < PATIENT_TIMEOUT  # no add waited for the paused bookie's timeout
     finally:
         paused.resume()
     assert writer.close() == 20
@@ -243,21 +265,26 @@ def test_recovery_needs_a_fence_quorum(env, procs):
     victims = ensemble_procs(cluster, bookies, writer.ledger_id)[1:]
     for p in victims:
         p.kill()
-    other = make_client(cluster)
+    # The dead bookies cost this recoverer its whole fence timeout: long enough for the live one to answer
+    # on a loaded machine (had it not, the error would say "fenced 0 of 3").
+    fence_timeout = 10.0
+    other = make_client(cluster, add_timeout=fence_timeout)
+    patient = make_client(cluster, **PATIENT)
     try:
         started = time.monotonic()
         with pytest.raises(NotEnoughBookies, match="fenced 1 of 3 bookies, need 2"):
             other.recover_and_close(writer.ledger_id)
-        assert time.monotonic() - started < ADD_TIMEOUT + 5
+        assert time.monotonic() - started < fence_timeout + 10  # it gives up in bounded time
         meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
         assert meta.state == IN_RECOVERY
         # One bookie back is enough (2 of 3 fenced); a new recoverer carries on.
         procs.restart(victims[0])
         started = time.monotonic()
-        assert other.recover_and_close(writer.ledger_id) == 4
-        # The still-dead bookie is not waited for beyond the fence quorum.
-        assert time.monotonic() - started < ADD_TIMEOUT
-        reader = other.open_reader(writer.ledger_id)
+        assert patient.recover_and_close(writer.ledger_id) == 4
+        # The still-dead bookie is not waited for beyond the fence quorum (its fence would time out).
+        assert time.monotonic() - started < PATIENT_TIMEOUT
+        reader = patient.open_reader(writer.ledger_id)
         assert [e.payload for e in reader.read_range(0, 4)] == [b"r-%d" % i for i in range(5)]
     finally:
         other.close()
+        patient.close()
