@@ -45,7 +45,8 @@ from typing import Callable, Iterable, NamedTuple
 import pyarrow as pa
 
 from broker.state.events import BadEvent, decode_batch
-from broker.state.store import StateStore, StoreError
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreError
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire.codes import E_DIGEST_MISMATCH
 from pipeline import PipelineError

@@ -31,7 +31,8 @@ import lmdb
 from broker import BrokerError
 from broker.server.store.datalock import DataDirLock
 from broker.server.store.guard import state_dir_of, verify_store_dir
-from broker.state.store import StateStore, StoreError, StoreIncomplete
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreError, StoreIncomplete
 from election import ElectionError
 from election.cluster_join import (
     CLEAN,

@@ -58,7 +58,7 @@ from broker.server.store.follower import Diverged, FollowerTail
 from broker.server.store.guard import quarantine
 from broker.server.store.keeper import StoreKeeper
 from broker.state.crash_check import clear_in_use
-from broker.state.store import StoreDamaged
+from broker.state.store_errors import StoreDamaged
 from election import ElectionError
 from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
 from election.identity import BrokerIdentity, ensure_broker_id

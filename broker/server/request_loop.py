@@ -49,7 +49,7 @@ from broker.server.leading.housekeeping import Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
 from broker.server.leading.leadership import Leadership
 from broker.server.leading.session import LeaderHooks, LeaderSession
-from broker.state.store import StoreDamaged
+from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import codes

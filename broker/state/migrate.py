@@ -19,12 +19,13 @@ refilled in key order with appends, which also packs its pages full. One
 transaction: a crash leaves the old store whole, and the next open converts it
 again.
 
+:func:`upgrade` is the entry point: it runs at every read-write open of a
+store (and after a restore loads an older snapshot) and converts what needs it.
+
 Example::
 
-    with env.begin(write=True) as txn:
-        if store_format(txn, dbs) == 1:
-            migrate_v1(env, txn, dbs)
-        migrate_v2(txn, dbs)
+    if upgrade(store_env, StoreIntegrity(store_env)):
+        log.info("converted to format %d", STORE_FORMAT)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, Callable
 import lmdb
 
 from broker.state.events import PRIORITY_MAX
+from broker.state.integrity import StoreIntegrity
 from broker.state.schema import (
     META_DIGEST,
     META_FORMAT,
@@ -54,27 +56,14 @@ from broker.state.schema import (
     unpack,
     untext,
 )
+from broker.state.store_env import StoreEnv, store_format
+from broker.state.store_errors import StoreDamaged, StoreFull, lmdb_reason
 from broker.state.txn import StateCorrupt
 
 SCRATCH_DB = b"migrating"
 _V1_READY = struct.Struct(">IQ")  # after the queue: u32 PRIORITY_MAX - priority, u64 seq
 # Format 1 task record fields that are not in every record.
 _V1_OPTIONAL = ("max_run_ms", "run_deadline_ms")
-
-
-def store_format(txn: lmdb.Transaction, dbs: dict[str, Any]) -> int | None:
-    """The layout version of the store, or None for one that holds no state yet.
-
-    A store gets its format record with its first batch (or from its snapshot),
-    so one with a position but no format record predates the record: format 1.
-    """
-    meta = dbs["meta"]
-    raw = txn.get(META_FORMAT, db=meta)
-    if raw is not None:
-        if not bytes(raw).isdigit():
-            raise StateCorrupt(f"its format record {bytes(raw)!r:.40} is not a number")
-        return int(bytes(raw))
-    return 1 if txn.get(META_POSITION, db=meta) is not None else None
 
 
 def format_record() -> bytes:
@@ -202,3 +191,39 @@ def migrate_v2(txn: lmdb.Transaction, dbs: dict[str, Any]) -> None:
                 raise StateCorrupt(f"task record {bytes(key)!r:.60} does not decode") from None
             txn.put(entry, b"", db=index)
     txn.put(META_FORMAT, format_record(), db=dbs["meta"])
+
+
+def upgrade(env: StoreEnv, integrity: StoreIntegrity) -> bool:
+    """Convert a format-1 or format-2 store to this layout in place, in one transaction;
+    True if it did (``env.format`` is then :data:`STORE_FORMAT`).
+
+    A format-1 store's records are first checked against their digest (a damaged
+    store is :class:`StoreDamaged`, never converted), since that conversion
+    computes the digest anew; format 2 only gets its ``by_state`` index built
+    from its task records (the digest stays).
+    """
+    meta = env.dbs["meta"]
+    try:
+        with env.lmdb.begin(write=True) as txn:
+            fmt = store_format(txn, env.dbs)
+            if fmt not in (1, 2):
+                return False
+            if fmt == 1:
+                integrity.check_seal(txn)
+                digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
+                for _ in integrity.checked_records(txn, digest, index=False):
+                    pass
+                migrate_v1(env.lmdb, txn, env.dbs)
+            migrate_v2(txn, env.dbs)
+    except lmdb.MapFullError as exc:
+        raise StoreFull(
+            f"state store map is full ({env.map_size()} bytes) while "
+            f"converting it to format {STORE_FORMAT}: reopen with a larger "
+            "map_size"
+        ) from exc
+    except lmdb.Error as exc:
+        raise StoreDamaged(env.path, lmdb_reason(exc)) from None
+    except StateCorrupt as exc:
+        raise StoreDamaged(env.path, str(exc)) from None
+    env.format = STORE_FORMAT
+    return True

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import lmdb
 
-from broker.state.store import DEFAULT_MAP_SIZE, StateStore, StoreError, StoreIncomplete
+from broker.state.store import DEFAULT_MAP_SIZE, StateStore
+from broker.state.store_errors import StoreError, StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import RestoreRefused
 from snapshots.format import SnapshotCorrupt

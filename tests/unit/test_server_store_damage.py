@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker.server.request_loop import ServerHooks
-from broker.state.store import StoreDamaged
+from broker.state.store_errors import StoreDamaged
 from tests.support.leading import LeaderHarness
 
 

@@ -10,7 +10,8 @@ import pytest
 from broker.state.events import event
 from broker.state.restore import restore_snapshot
 from broker.state.schema import META_LOCAL
-from broker.state.store import StateStore, StoreIncomplete
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import EmptyStore, RestoreRefused, SnapshotCatalog, parse_name, snapshot_name
 from snapshots.format import SnapshotCorrupt, WrongCluster

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from broker.state import apply as state_apply
 from broker.state.schema import STORE_FORMAT, id_key, state_key, task_id_of, unpack_task
-from broker.state.store import (
+from broker.state.store import StateStore
+from broker.state.store_errors import (
     DigestMismatch,
     PositionError,
     StateDiverged,
-    StateStore,
     StoreError,
     StoreFull,
     StoreIncomplete,

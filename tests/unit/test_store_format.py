@@ -28,7 +28,8 @@ from broker.state.schema import (
     task_id_of,
     unpack_task,
 )
-from broker.state.store import StateStore, StoreDamaged, StoreError
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged, StoreError
 from snapshots import writer as snapshot_writer
 
 HEX = "018bcfe5692cf3b1e4e270354efcba43"

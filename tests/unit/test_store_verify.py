@@ -8,7 +8,8 @@ import pytest
 from broker.state.events import event
 from broker.state.restore import restore_snapshot
 from broker.state.schema import META_CLUSTER, META_POSITION, pack_position
-from broker.state.store import StateStore, StoreDamaged
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged
 from election.local.lmdb_file import check_lmdb_file
 from snapshots.catalog import SnapshotCatalog
 

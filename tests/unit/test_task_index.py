@@ -11,7 +11,8 @@ import pytest
 from broker.server.leading.housekeeping import PURGE_BATCH, Housekeeping
 from broker.state.listing import BadCursor, decode_cursor
 from broker.state.schema import META_FORMAT
-from broker.state.store import StateStore, StoreDamaged, StoreError
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged, StoreError
 from pipeline.audit_tasks import TaskCheck
 
 pytestmark = pytest.mark.timeout(60)

@@ -46,7 +46,7 @@ from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.server.leading.upkeep import LogUpkeep
 from broker.server.store.follower import Diverged
-from broker.state.store import StoreDamaged
+from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import codes

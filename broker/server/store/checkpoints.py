@@ -36,7 +36,8 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 
 from broker import BrokerError
 from broker.server.live import live_snapshot_of, servable_snapshot_positions
-from broker.state.store import StateStore, StoreDamaged
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged
 from election.local.clock import Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError

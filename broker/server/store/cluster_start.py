@@ -46,7 +46,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from broker import BrokerError
-from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged, StoreIncomplete
 from election.cluster_join import (
     ABORT,
     CLEAN,

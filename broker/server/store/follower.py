@@ -30,7 +30,7 @@ from typing import Callable
 
 from broker import BrokerError
 from broker.state.events import BadEvent, decode_batch
-from broker.state.store import PositionError, StateDiverged
+from broker.state.store_errors import PositionError, StateDiverged
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire.codes import E_DIGEST_MISMATCH
 from ledger import LedgerError

@@ -34,7 +34,8 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 from broker import BrokerError
-from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged, StoreIncomplete
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.files import fsync_dir
 from election.local.store_status import StoreStatus, read_status

@@ -40,7 +40,8 @@ from broker.server.store.join import (
 )
 from broker.state.crash_check import machine_crashed, mark_in_use, verify_in_child
 from broker.state.restore import restore_snapshot
-from broker.state.store import StateStore, StoreDamaged, StoreIncomplete
+from broker.state.store import StateStore
+from broker.state.store_errors import StoreDamaged, StoreIncomplete
 from election.local.store_status import StoreStatus, ensure_status, mark_dirty
 from election.paths import ClusterPaths
 from ledger.log import log_seed, read_log
