@@ -35,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -330,3 +331,22 @@ class BrokerServer:
         """True when the leader has nothing gathered or in flight (safe to read from any thread)."""
         leadership = self.leadership
         return leadership is None or leadership.idle
+
+    def leading(self) -> bool:
+        """True while a leadership serves (its first entry applied); safe to read from any thread."""
+        leadership = self.leadership
+        return leadership is not None and leadership.ready
+
+    def epoch_claim(self) -> Any:
+        """The serving leadership's EpochClaim (every change of the log is checked against it), or None."""
+        leadership = self.leadership
+        return leadership.claim if leadership is not None and leadership.ready else None
+
+    def leader_node_changed(self, data: bytes | None) -> None:
+        """The ``leader`` node changed (a kazoo DataWatch): a follower names its address in ``not_leader``."""
+        try:
+            info = json.loads(data) if data else None
+        except ValueError:
+            info = None
+        if self.leadership is None:
+            self.leader_address = info.get("address") if info else None

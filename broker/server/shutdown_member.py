@@ -14,10 +14,10 @@
 
 Example::
 
-    member = ShutdownMember(zk, paths, data_dir, broker_id=2, name="b2", start_status=keeper.start_status)
+    member = ShutdownMember(zk, paths, data_dir, broker_id=2, name="b2", start_status=keeper.start_status,
+                            stop=node.stop)
     candidacy_hold = member.hold                         # "" or why not to stand
-    if member.follower_applied("c5f0..", (7, 41)):       # from the follower tail
-        node.stop()
+    member.follower_applied("c5f0..", (7, 41))           # from the follower tail: a member stops
     member.finish(store, sound=True, connected=zk.connected)   # in the orderly stop
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
@@ -51,9 +52,12 @@ class ShutdownMember:
         broker_id: int,
         name: str,
         start_status: StoreStatus | None,
+        stop: Callable[[], None] = lambda: None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.zk, self.paths, self.data, self.clock = zk, paths, Path(data_dir), clock
+        # Begins this broker's orderly stop (a member stops at the shutdown's entry).
+        self.stop = stop
         self.broker_id, self.name, self.start_status = broker_id, name, start_status
         # (shutdown_id, position) once this broker is stopping at a ClusterShutdown entry.
         self.stopping_at: tuple[str, tuple[int, int]] | None = None
@@ -63,16 +67,19 @@ class ShutdownMember:
         return shutdown_hold(read_shutdown(self.zk, self.paths), self.start_status)
 
     def leader_committed(self, shutdown_id: str, position: tuple[int, int]) -> None:
-        """Our own ClusterShutdown entry is applied: this leader stops there."""
+        """Our own ClusterShutdown entry is applied (server thread): this leader stops there, in order,
+        handing leadership to nobody."""
         self.stopping_at = (shutdown_id, tuple(position))
         log.warning(
             "cluster shutdown %s: stopping at %s (the last entry); leadership goes to nobody",
             shutdown_id,
             list(position),
         )
+        self.stop()
 
     def follower_applied(self, shutdown_id: str, position: tuple[int, int]) -> bool:
-        """A ClusterShutdown was applied by the tail; True if we are one of its members (then stop)."""
+        """A ClusterShutdown was applied by the tail (its thread); True, and an orderly stop, if we are
+        one of its members."""
         doc = self._read_node()
         if doc is None or doc["shutdown_id"] != shutdown_id:
             log.info(
@@ -94,6 +101,7 @@ class ShutdownMember:
         log.warning(
             "cluster shutdown %s: applied its entry at %s; stopping in order", shutdown_id, list(position)
         )
+        self.stop()
         return True
 
     def _read_node(self) -> dict | None:

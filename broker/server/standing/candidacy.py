@@ -12,7 +12,7 @@ milliseconds.
 
 Example::
 
-    candidacy = Candidacy(zk, paths, broker_id, config, lead=node.lead_epoch,
+    candidacy = Candidacy(zk, paths, broker_id, config, lead=term.lead,
                           may_lead=lambda: not damaged.is_set(), stop=stop_event, clock=SYSTEM_CLOCK)
     threading.Thread(target=candidacy.run, name="election", daemon=True).start()
     candidacy.poke()      # the elect request changed: look again now
@@ -50,8 +50,8 @@ STOP_CHECK_S = 0.1
 class Candidacy:
     """One broker's place in the election (see the module docstring).
 
-    ``lead`` runs one leadership (takeover, serving, stepping down) and calls
-    :meth:`mark_served` once it served; ``may_lead`` says whether the broker can lead
+    ``lead`` runs one leadership (takeover, serving, stepping down) and returns whether it
+    served clients (the next failed takeover then starts a fresh backoff); ``may_lead`` says whether the broker can lead
     at all right now (not stopping, its store not being rebuilt).
     """
 
@@ -61,7 +61,7 @@ class Candidacy:
         paths: ClusterPaths,
         broker_id: int,
         config: BrokerConfig,
-        lead: Callable[[], None],
+        lead: Callable[[], bool],
         may_lead: Callable[[], bool],
         stop: threading.Event,
         hold: Callable[[], str] = lambda: "",
@@ -82,10 +82,6 @@ class Candidacy:
     def poke(self) -> None:
         """Something the standing rules read changed (the elect request): look again now."""
         self._changed.set()
-
-    def mark_served(self) -> None:
-        """The current leadership served clients: the next failed takeover starts a fresh backoff."""
-        self._served = True
 
     def cancel(self) -> None:
         """Leave the election queue."""
@@ -166,6 +162,6 @@ class Candidacy:
             return
         self.in_lead = True
         try:
-            self.lead()
+            self._served = self.lead()
         finally:
             self.in_lead = False

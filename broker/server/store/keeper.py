@@ -13,7 +13,7 @@ covers installs a snapshot first (joining, :mod:`broker.server.store.join`).
 
 Example::
 
-    keeper = StoreKeeper(config, zk, paths, cluster_id, clock=time.time, stop=stop_event)
+    keeper = StoreKeeper(config, zk, paths, cluster_id, clock=SYSTEM_CLOCK, stop=stop_event)
     store = keeper.checked()             # before the broker registers its identity
     keeper.attach(broker_id, catalog)
     store = keeper.verified(store)       # ready to serve
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from pathlib import Path
-from typing import Callable
 
 from kazoo.client import KazooClient
 
@@ -42,6 +40,7 @@ from broker.state.crash_check import machine_crashed, mark_in_use, verify_in_chi
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged, StoreIncomplete
+from election.local.clock import Clock
 from election.local.store_status import StoreStatus, ensure_status, mark_dirty
 from election.paths import ClusterPaths
 from ledger.log import log_seed, read_log
@@ -63,7 +62,7 @@ class StoreKeeper:
         zk: KazooClient,
         paths: ClusterPaths,
         cluster_id: str,
-        clock: Callable[[], float],
+        clock: Clock,
         stop: threading.Event,
         created_at: float | None = None,
     ) -> None:
@@ -102,7 +101,7 @@ class StoreKeeper:
         check_status_cluster(self.data, self.paths.cluster, self.cluster_id)
         store = self._checked_store() if self._survived_machine_crash() else None
         # A rebuilt or re-joined store keeps the data dir's status: the initial signature stays.
-        created_at = self.created_at if self.created_at is not None else self.clock()
+        created_at = self.created_at if self.created_at is not None else self.clock.now()
         self.start_status = ensure_status(self.data, self.cluster_id, created_at=created_at)
         return store
 
@@ -204,16 +203,18 @@ class StoreKeeper:
             return store
         log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
         store.close()
-        deadline = time.monotonic() + JOIN_PATIENCE_S
+        deadline = self.clock.monotonic() + JOIN_PATIENCE_S
         while True:
             sources = snapshot_sources(self.zk, self.paths, self.broker_id)
             try:
-                install_snapshot(sources, self.data, self.cluster_id, request_to=broker_requester)
+                install_snapshot(
+                    sources, self.data, self.cluster_id, request_to=broker_requester, clock=self.clock
+                )
                 break
             except JoinError as exc:
                 # The brokers that serve snapshots may be restarting: wait for one, for a while.
-                if time.monotonic() > deadline or self.stop.is_set():
+                if self.clock.monotonic() > deadline or self.stop.is_set():
                     raise
                 log.warning("%s; trying again", exc)
-                self.stop.wait(2.0)
+                self.clock.wait(self.stop, 2.0)
         return self.new_store()
