@@ -33,7 +33,7 @@ def test_spawn_logs_output_and_pause_resume_stop_work(tmp_path):
     log = tmp_path / "child.log"
     proc = spawn([sys.executable, "-c", SLEEPER, "one"], log)
     try:
-        wait_for(lambda: "ready one" in log.read_text(), 20, "the child's output in its log")
+        wait_for(lambda: "ready one" in log.read_text(), 30, "the child's output in its log")
         assert pid_alive(proc.pid)
         signal_group(proc, signal.SIGSTOP)
         wait_for(lambda: _state(proc.pid) == "T", 10, "the child to stop")
@@ -61,8 +61,12 @@ def test_kill_process_kills_a_paused_child(tmp_path):
 
 def test_stop_pid_signals_only_a_process_with_the_marker(tmp_path):
     marker = f"marker-{uuid.uuid4().hex}"
-    proc = spawn([sys.executable, "-c", SLEEPER, marker], tmp_path / "child.log")
+    log = tmp_path / "child.log"
+    proc = spawn([sys.executable, "-c", SLEEPER, marker], log)
     try:
+        # Popen returns while the child is still inside exec, when /proc/<pid>/cmdline reads empty: the
+        # guard would find no marker and rightly leave it alone. Once it prints, its command line is there.
+        wait_for(lambda: f"ready {marker}" in log.read_text(), 30, "the child's output in its log")
         stop_pid(proc.pid, "not-on-its-command-line")
         assert proc.poll() is None  # a reused pid of someone else's process is left alone
         stop_pid(proc.pid, marker)
