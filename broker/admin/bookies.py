@@ -21,13 +21,13 @@ Example::
 from __future__ import annotations
 
 import json
-import time
 from typing import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from election import ElectionError
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.human import human_bytes
 from election.paths import ClusterPaths
 from ledger import LedgerError
@@ -228,7 +228,7 @@ def decommission_bookie(
     max_bytes_per_s: float = 0.0,
     on_progress: Callable[[dict], None] = lambda progress: None,
     poll_s: float = 1.0,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> dict:
     """Decommission ``bookie_id`` (the steps of :mod:`ledger.replication.decommission`); return the last progress.
 
@@ -255,25 +255,31 @@ def decommission_bookie(
     digest = Digest.for_config(
         str(config.get("digest", "crc32c")), check_member_secret(config, secret, cluster)
     )
-    start_decommission(zk, paths, bookie_id, int(config.get("ensemble_size", 3)))
-    deadline = None if not timeout else clock() + timeout
-    pool = BookiePool()
+    start_decommission(zk, paths, bookie_id, int(config.get("ensemble_size", 3)), clock=clock)
+    deadline = None if not timeout else clock.monotonic() + timeout
+    pool = BookiePool(clock=clock)
     try:
         worker = ReplicationWorker(
-            zk, paths, pool, digest, f"decommission-{bookie_id}", throttle=TokenBucket(max_bytes_per_s)
+            zk,
+            paths,
+            pool,
+            digest,
+            f"decommission-{bookie_id}",
+            throttle=TokenBucket(max_bytes_per_s, clock=clock),
+            clock=clock,
         )
         progress = None
         while True:
             progress = decommission_round(zk, paths, bookie_id, worker, progress)
             on_progress(progress.as_dict())
             if progress.done:
-                finish_decommission(zk, paths, bookie_id)
+                finish_decommission(zk, paths, bookie_id, clock=clock)
                 return progress.as_dict()
-            if deadline is not None and clock() >= deadline:
+            if deadline is not None and clock.monotonic() >= deadline:
                 raise DecommissionError(
                     f"{format_progress(progress.as_dict())} after {timeout:.0f} s; the bookie gets "
                     f"no new copies meanwhile: run the command again to go on"
                 )
-            time.sleep(poll_s)
+            clock.sleep(poll_s)
     finally:
         pool.close()

@@ -23,15 +23,14 @@ Example::
 
 from __future__ import annotations
 
-import time
 import uuid
-from typing import Callable
 
 from kazoo.client import KazooClient
 
 from broker import BrokerError
 from election.leader import read_leader
 from election.live import live_brokers
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.shutdown_node import (
     CLEAN,
@@ -69,11 +68,13 @@ def _check_not_in_progress(zk: KazooClient, paths: ClusterPaths, live: set[int])
     clear_shutdown(zk, paths, existing["shutdown_id"])
 
 
-def _ask_leader(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, patience: float) -> list[int]:
+def _ask_leader(
+    zk: KazooClient, paths: ClusterPaths, shutdown_id: str, patience: float, clock: Clock
+) -> list[int]:
     """Send ``cluster_shutdown`` to the leader until it answers with the entry's position."""
-    deadline = time.monotonic() + patience
+    deadline = clock.monotonic() + patience
     last = "no attempt made"
-    while time.monotonic() < deadline:
+    while clock.monotonic() < deadline:
         leader = read_leader(zk, paths)
         if not leader:
             last = "no leader serves"
@@ -82,7 +83,7 @@ def _ask_leader(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, patience
                 reply = exchange(
                     leader["address"],
                     "cluster_shutdown",
-                    min(5.0, max(0.1, deadline - time.monotonic())),
+                    min(5.0, max(0.1, deadline - clock.monotonic())),
                     shutdown_id=shutdown_id,
                 )
             except (NoReply, WireError) as exc:
@@ -93,16 +94,16 @@ def _ask_leader(zk: KazooClient, paths: ClusterPaths, shutdown_id: str, patience
                 last = f"{leader['address']}: {reply.get('error')}: {reply.get('message')}"
                 if reply.get("error") not in (codes.E_UNAVAILABLE, codes.E_NOT_LEADER):
                     raise ShutdownFailed(f"the leader refused the shutdown: {last}")
-        time.sleep(POLL_S)
+        clock.sleep(POLL_S)
     raise ShutdownFailed(f"the leader did not write the shutdown entry within {patience:g} s ({last})")
 
 
 def shutdown_cluster(
-    zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIMEOUT_S, clock: Callable[[], float] = time.time
+    zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIMEOUT_S, clock: Clock = SYSTEM_CLOCK
 ) -> dict:
     """Shut the cluster's brokers down at one entry; the report (``ok`` when every member stopped clean)."""
     paths = ClusterPaths(cluster)
-    started = time.monotonic()
+    started = clock.monotonic()
     live = live_brokers(zk, paths)
     _check_not_in_progress(zk, paths, set(live))
     leader = read_leader(zk, paths)
@@ -112,16 +113,16 @@ def shutdown_cluster(
             "(wait for the cluster to elect one, or stop the brokers with SIGTERM)"
         )
     shutdown_id = uuid.uuid4().hex
-    create_shutdown(zk, paths, shutdown_id, sorted(live), clock)
+    create_shutdown(zk, paths, shutdown_id, sorted(live), clock.now)
     try:
-        position = _ask_leader(zk, paths, shutdown_id, min(ASK_PATIENCE_S, timeout))
+        position = _ask_leader(zk, paths, shutdown_id, min(ASK_PATIENCE_S, timeout), clock)
     except ShutdownFailed as exc:
         if read_stops(zk, paths, shutdown_id):
             position = None  # the entry was committed after all: members are stopping at it
         else:
             clear_shutdown(zk, paths, shutdown_id)
             raise ShutdownFailed(f"{exc}; nothing was shut down, the cluster goes on") from None
-    stops = _wait_for_members(zk, paths, shutdown_id, sorted(live), started + timeout)
+    stops = _wait_for_members(zk, paths, shutdown_id, sorted(live), started + timeout, clock)
     members = []
     for broker_id in sorted(live):
         info, stop = live[broker_id], stops.get(broker_id)
@@ -144,7 +145,7 @@ def shutdown_cluster(
         "position": position,
         "members": members,
         "ok": all(m["clean"] and m["position"] == position for m in members),
-        "seconds": round(time.monotonic() - started, 3),
+        "seconds": round(clock.monotonic() - started, 3),
     }
 
 
@@ -171,15 +172,15 @@ def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
 
 
 def _wait_for_members(
-    zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int], deadline: float
+    zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int], deadline: float, clock: Clock
 ) -> dict[int, dict]:
     """Until each member recorded its stop or its live node is gone (or the deadline)."""
     while True:
         stops = read_stops(zk, paths, shutdown_id)
         alive = set(live_brokers(zk, paths))
-        if all(m in stops or m not in alive for m in members) or time.monotonic() >= deadline:
+        if all(m in stops or m not in alive for m in members) or clock.monotonic() >= deadline:
             return stops
-        time.sleep(POLL_S)
+        clock.sleep(POLL_S)
 
 
 def format_report(report: dict) -> str:

@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from election.identity import META
 from election.insync import clear_elect, read_elect, read_insync, request_elect
 from election.leader import read_leader
 from election.live import live_brokers
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.secure.keys import KeysError
 from election.shutdown_node import read_shutdown
@@ -211,7 +211,9 @@ def insync_report(zk: KazooClient, cluster: str) -> dict:
     }
 
 
-def elect(zk: KazooClient, cluster: str, target: int, timeout: float = 15.0) -> dict:
+def elect(
+    zk: KazooClient, cluster: str, target: int, timeout: float = 15.0, clock: Clock = SYSTEM_CLOCK
+) -> dict:
     """Hand leadership to broker ``target``; the new leader node, or BrokerError with the reason."""
     paths = ClusterPaths(cluster)
     if not zk.exists(paths.broker_id(target)):
@@ -227,17 +229,17 @@ def elect(zk: KazooClient, cluster: str, target: int, timeout: float = 15.0) -> 
     reason = refusal(target, leader["broker_id"], set(report["members"]), live, lags, max_lag=1 << 62)
     if reason:
         raise BrokerError(f"cannot hand leadership to broker {target}: {reason}")
-    request_elect(zk, paths, target, time.time())
+    request_elect(zk, paths, target, clock.now())
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = clock.monotonic() + timeout
+        while clock.monotonic() < deadline:
             now_leader = read_leader(zk, paths) or {}
             if now_leader.get("broker_id") == target:
                 return now_leader
             pending = read_elect(zk, paths) or {}
             if pending.get("refused"):
                 raise BrokerError(f"cannot hand leadership to broker {target}: {pending['refused']}")
-            time.sleep(0.02)
+            clock.sleep(0.02)
         raise BrokerError(f"broker {target} did not take over within {timeout:.0f} s")
     finally:
         clear_elect(zk, paths, target)
@@ -268,7 +270,9 @@ def advertised_snapshots(zk: KazooClient, cluster: str) -> list[dict]:
     return rows
 
 
-def create_snapshot(data_dir: Path, cluster_id: str, keep: int | None = None) -> dict:
+def create_snapshot(
+    data_dir: Path, cluster_id: str, keep: int | None = None, clock: Clock = SYSTEM_CLOCK
+) -> dict:
     """Snapshot a broker's store now (from a read transaction: the broker may be running)."""
     try:
         broker_id = json.loads((data_dir / META).read_text())["broker_id"]
@@ -277,7 +281,7 @@ def create_snapshot(data_dir: Path, cluster_id: str, keep: int | None = None) ->
     store = StateStore(data_dir / "state")
     try:
         catalog = SnapshotCatalog.in_data_dir(data_dir)
-        header = catalog.create(store, cluster_id, broker_id, clock=time.time)
+        header = catalog.create(store, cluster_id, broker_id, clock=clock.now)
         if keep:
             catalog.prune(keep)
         return header

@@ -26,13 +26,13 @@ import collections
 import json
 import logging
 import threading
-import time
-from typing import Any, Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 
 from broker.admin.status import BrokerUnreachable, ask, lag, request_once
 from election.cluster_view import cluster_status
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def _leader_list(address: str, op: str, key: str, timeout: float, **fields) -> l
 
 
 def cluster_snapshot(
-    zk: KazooClient, cluster: str, timeout: float = 1.0, now: Callable[[], float] = time.time
+    zk: KazooClient, cluster: str, timeout: float = 1.0, clock: Clock = SYSTEM_CLOCK
 ) -> dict:
     """The page's view of ``cluster`` now (without rates and failovers, which need history)."""
     view = cluster_status(zk, cluster)
@@ -118,7 +118,7 @@ def cluster_snapshot(
         "cluster": view["cluster"],
         "cluster_id": view.get("cluster_id"),
         "initialized": view["initialized"],
-        "taken_at": now(),
+        "taken_at": clock.now(),
         "epoch": view.get("epoch"),
         "leader": None
         if view.get("leader") is None
@@ -181,8 +181,16 @@ def _per_s(delta: int, span: float) -> float:
 class ClusterWatcher:
     """A thread refreshing the snapshot every ``interval`` seconds; the HTTP handlers only read it."""
 
-    def __init__(self, zk: KazooClient, cluster: str, interval: float = 1.0, timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        cluster: str,
+        interval: float = 1.0,
+        timeout: float = 1.0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.zk = zk
+        self.clock = clock
         self.cluster = cluster
         self.interval = interval
         self.timeout = timeout
@@ -208,17 +216,17 @@ class ClusterWatcher:
     def refresh(self) -> None:
         """Take one snapshot now; a failure is shown on the page as ``error``, the next one may succeed."""
         try:
-            snap = cluster_snapshot(self.zk, self.cluster, self.timeout)
+            snap = cluster_snapshot(self.zk, self.cluster, self.timeout, self.clock)
         except Exception as exc:  # ZooKeeper away, a node half-written: say it, keep polling
             log.debug("snapshot failed", exc_info=True)
             snap = {
                 "cluster": self.cluster,
-                "taken_at": time.time(),
+                "taken_at": self.clock.now(),
                 "error": f"{type(exc).__name__}: {exc}"[:300],
             }
         else:
             snap["rates"] = (
-                self.rates.add(time.monotonic(), snap["queues"])
+                self.rates.add(self.clock.monotonic(), snap["queues"])
                 if snap["leader"] and snap["leader"]["reachable"]
                 else {}
             )
@@ -242,5 +250,5 @@ class ClusterWatcher:
             self._last_leader = current
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self.clock.wait(self._stop, self.interval):
             self.refresh()
