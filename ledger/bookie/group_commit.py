@@ -17,7 +17,6 @@ its own (:meth:`GroupCommit._probe_disk`) to learn that space came back.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from election import wire
@@ -30,7 +29,7 @@ log = logging.getLogger("ledger.bookie.server")
 class GroupCommit:
     """Group commit and read-only mode of a :class:`~ledger.bookie.server.Bookie` (a mixin).
 
-    The bookie supplies ``_adds``, ``_adds_seen_at``, ``_store``, ``_gate``, ``_kernel``,
+    The bookie supplies ``_adds``, ``_adds_seen_at``, ``_clock``, ``_store``, ``_gate``, ``_kernel``,
     ``_polls``, ``_registration``, ``counters``, ``metrics``, ``bookie_id`` and ``_turn_started``.
     """
 
@@ -43,18 +42,18 @@ class GroupCommit:
         """
         if not self._adds:
             return
-        self._adds_seen_at = time.monotonic()
+        self._adds_seen_at = self._clock.monotonic()
         batch, self._adds = self._adds, []
         send = self._kernel.send
-        if not self._gate.may_try(time.monotonic()):
+        if not self._gate.may_try(self._adds_seen_at):
             self.counters["readonly_refusals"] += len(batch)
             for route, rid, *_ in batch:
                 send(route, self._readonly_reply(rid))
             return
         try:
-            committing = time.perf_counter()
+            committing = self._clock.monotonic()
             results = self._store.add_runs([a[2:7] for a in batch])
-            took = time.perf_counter() - committing
+            took = self._clock.monotonic() - committing
         except Exception as exc:
             if is_disk_full(exc, self._store.path):
                 for route, rid, *_ in batch:
@@ -114,7 +113,7 @@ class GroupCommit:
 
     def _refuse_full(self, rid: Any, exc: BaseException) -> dict:
         """The reply to a request that hit a full disk; logs once per read-only episode."""
-        if self._gate.failed(time.monotonic()):
+        if self._gate.failed(self._clock.monotonic()):
             self._publish_readonly(True)
             log.warning(
                 "bookie %s is read-only: its store is full (%s); adds are refused with '%s' until "

@@ -14,7 +14,6 @@ explicit one (``write_lac``), whichever is higher. Fields are checked by
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from election import wire
@@ -37,7 +36,7 @@ log = logging.getLogger("ledger.bookie.server")
 class BookieOps:
     """The op table of a :class:`~ledger.bookie.server.Bookie` (a mixin; see the module docstring).
 
-    The bookie supplies ``_store``, ``_limbo``, ``_explicit_lac``, ``_polls``,
+    The bookie supplies ``_clock``, ``_store``, ``_limbo``, ``_explicit_lac``, ``_polls``,
     ``_adds``, ``_gate``, ``_commit``, ``counters``, ``config``, ``bookie_id``,
     ``cluster_id``, ``verified_at_start`` and ``_started``.
     """
@@ -127,7 +126,7 @@ class BookieOps:
             extra = self._entries_after(ledger, after, info["lac"], max_entries) if max_entries else {}
             return wire.ok_reply(ctx.rid, **info, **extra)
         if not self._polls.park(
-            ctx.route, ctx.rid, ledger, after, time.monotonic() + timeout_ms / 1000, max_entries
+            ctx.route, ctx.rid, ledger, after, self._clock.monotonic() + timeout_ms / 1000, max_entries
         ):
             return wire.error_reply(ctx.rid, E_BUSY, f"{self._polls.limit} long polls are already waiting")
         return DEFERRED
@@ -189,7 +188,7 @@ class BookieOps:
             **self.counters,
             **self._store.counts(),
             bookie_id=self.bookie_id,
-            uptime_s=round(time.monotonic() - self._started, 3),
+            uptime_s=round(self._clock.monotonic() - self._started, 3),
             readonly=self._gate.readonly,
             disk_full_events=self._gate.events,
             limbo_ledgers=len(self._limbo),

@@ -31,13 +31,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
 import zmq
 from kazoo.client import KazooClient
 
 from election import zk as zkutil
 from election.cluster_config import join_cluster, member_options
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_keys
 from election.wire.dispatch import KernelHooks
@@ -81,8 +81,9 @@ class Bookie(BookieOps, GroupCommit):
             bookie.close()
     """
 
-    def __init__(self, config: BookieConfig) -> None:
+    def __init__(self, config: BookieConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config.validate()
+        self._clock = clock  # handed to every part that times out or schedules
         self.bookie_id: str | None = None
         self.cluster_id: str | None = None
         self.counters = {
@@ -101,7 +102,7 @@ class Bookie(BookieOps, GroupCommit):
         self._gate = ReadOnlyGate()
         self._adds_seen_at = 0.0  # monotonic time of the last turn with adds
         self._vouching = False  # the clean-shutdown marker is cleared: close() must set it again
-        self._started = time.monotonic()
+        self._started = clock.monotonic()
         self._zk: KazooClient | None = None
         self._store: BookieStore | None = None
         self._ctx: zmq.Context | None = None
@@ -114,14 +115,15 @@ class Bookie(BookieOps, GroupCommit):
             hooks=KernelHooks(failure_reply=self._failure_reply),
             counters=self.counters,
             receive_limit=max(RECEIVE_FACTOR * self.config.max_frame_bytes, MIN_RECEIVE_LIMIT),
+            clock=clock,
         )
         self._polls = LongPolls(self._info, self._kernel.send, entries=self._entries_after)
         self._explicit_lac: dict[int, int] = {}
-        self._handoff = Handoff()  # store calls of the garbage collector's thread, run by the loop
+        self._handoff = Handoff(clock)  # store calls of the garbage collector's thread, run by the loop
         self._gc: GarbageCollector | None = None
         self.metrics = None  # ledger.bookie.metrics.BookieMetrics, with --metrics-listen
         self._metrics_endpoint = None
-        self._turn_started = 0.0  # perf_counter at the start of the current poll turn
+        self._turn_started = 0.0  # the clock's monotonic at the start of the current poll turn
         self.keys: ServerKeys | None = None  # election.secure.keyring.ServerKeys, when secure
 
     def start(self, stop: threading.Event | None = None) -> bool:
@@ -142,23 +144,30 @@ class Bookie(BookieOps, GroupCommit):
                 member_options(cfg),
                 cluster=cfg.cluster,
                 init_if_missing=cfg.init_if_missing,
-                clock=time.time,
+                clock=self._clock.now,
                 stop=stop,
             )
             if cluster is None:
                 self.close()
                 return False
             cookie, cluster = cookie_for_cluster(
-                self._zk, paths, cfg.data, cluster, cfg.bookie_id, cfg.default_bookie_id(), stop=stop
+                self._zk,
+                paths,
+                cfg.data,
+                cluster,
+                cfg.bookie_id,
+                cfg.default_bookie_id(),
+                stop=stop,
+                clock=self._clock,
             )
             self.cluster_id = cluster["cluster_id"]
             self._store, cookie = open_vouched_store(cfg, cookie)
             cookie = zkutil.patiently(
-                bind_instance, self._zk, paths, cfg.data, cookie, what="binding the cookie"
+                bind_instance, self._zk, paths, cfg.data, cookie, clock=self._clock, what="binding the cookie"
             )
             self.bookie_id = cookie["bookie_id"]
             self.verified_at_start = not self._store.was_clean()
-            self._limbo = prepare_store(cfg, self.bookie_id, self._store)
+            self._limbo = prepare_store(cfg, self.bookie_id, self._store, self._clock)
             self._vouching = True
             self._gc = GarbageCollector(
                 self._zk,
@@ -168,6 +177,7 @@ class Bookie(BookieOps, GroupCommit):
                 self._forget_ledger,
                 self._handoff,
                 cfg.gc_interval_s,
+                clock=self._clock,
             )
             self._gc.collect_once(inline=True)  # before binding: never serve a ledger this bookie lost
             self._ctx = zmq.Context()
@@ -178,7 +188,13 @@ class Bookie(BookieOps, GroupCommit):
             except zmq.ZMQError as exc:
                 raise LedgerError(f"cannot listen on {cfg.listen}: {exc}") from None
             self._registration = BookieRegistration(
-                self._zk, paths, self.bookie_id, cfg.listen, cfg.data, secure=self.keys is not None
+                self._zk,
+                paths,
+                self.bookie_id,
+                cfg.listen,
+                cfg.data,
+                secure=self.keys is not None,
+                clock=self._clock,
             )
             zkutil.patiently(
                 self._registration.register,
@@ -193,7 +209,7 @@ class Bookie(BookieOps, GroupCommit):
         except BaseException:
             self.close()
             raise
-        self._started = time.monotonic()
+        self._started = self._clock.monotonic()
         log.info(
             "bookie %s serving %s for cluster %s (%s), data in %s",
             self.bookie_id,
@@ -235,6 +251,7 @@ class Bookie(BookieOps, GroupCommit):
             self.bookie_id,
             lost_bookie_grace_s=cfg.lost_bookie_grace_s,
             max_bytes_per_s=cfg.rereplication_max_bytes_per_s,
+            clock=self._clock,
         )
         self._autorecovery.start()
 
@@ -252,7 +269,8 @@ class Bookie(BookieOps, GroupCommit):
                 counters=lambda: self.counters,
                 readonly=lambda: self._gate.readonly,
                 limbo_ledgers=lambda: len(self._limbo),
-            )
+            ),
+            clock=self._clock,
         )
         self._metrics_endpoint = MetricsEndpoint.start(self.config.metrics_listen, self.metrics.registry)
 
@@ -292,15 +310,15 @@ class Bookie(BookieOps, GroupCommit):
 
     def serve(self, stop: threading.Event) -> None:
         """Run the poll loop until ``stop`` is set."""
-        kernel = self._kernel
+        kernel, monotonic = self._kernel, self._clock.monotonic
         while not stop.is_set():
-            if kernel.poll(self._polls.timeout_ms(time.monotonic(), POLL_MS)):
-                self._turn_started = time.perf_counter()
+            if kernel.poll(self._polls.timeout_ms(monotonic(), POLL_MS)):
+                self._turn_started = monotonic()
                 kernel.serve_turn(self.config.max_batch)  # the handlers gather the adds...
                 self._commit()  # ...acked once stored
             if self._handoff:
                 self._handoff.run_pending()
-            now = time.monotonic()
+            now = monotonic()
             self._polls.expire(now)
             if self._gate.readonly and now - self._adds_seen_at >= IDLE_PROBE_S and self._gate.may_try(now):
                 self._probe_disk(now)
