@@ -77,7 +77,6 @@ import os
 import secrets
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -92,6 +91,7 @@ from broker.api.worker_heartbeat import HeartbeatSender
 from broker.api.worker_lease import LeaseLoop
 from broker.api.worker_outbox import OutboxSender
 from broker.protocol import RequestError, check_queue
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["MAX_ERROR_CHARS", "Task", "Worker", "default_prefetch", "error_text", "result_bytes"]
 
@@ -170,6 +170,7 @@ class Worker(OutboxSender, HeartbeatSender):
         handle_signals: bool = True,
         key_file: str | None = None,
         keys_file: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -186,6 +187,7 @@ class Worker(OutboxSender, HeartbeatSender):
         self.request_timeout = request_timeout
         self.drain_timeout = drain_timeout
         self.handle_signals = handle_signals
+        self.clock = clock
         # False after run() if the drain ran out of time with tasks or outcomes still in hand.
         self.drained = True
         self._connect = {
@@ -200,7 +202,7 @@ class Worker(OutboxSender, HeartbeatSender):
         for queue, fn in (handlers or {}).items():
             self._handlers[self._checked(queue)] = fn
         # The tasks in hand, the outbox, and the conditions the threads wait on.
-        self._hand = Hand(self.prefetch)
+        self._hand = Hand(self.prefetch, clock)
         self._stopping = threading.Event()
         self.stats = self._hand.stats
 
@@ -290,9 +292,15 @@ class Worker(OutboxSender, HeartbeatSender):
             self.prefetch,
         )
         leases = LeaseLoop(
-            self.name, self.lease_ms, self.wait_ms, self.request_timeout, self._hand, self._stopping
+            self.name,
+            self.lease_ms,
+            self.wait_ms,
+            self.request_timeout,
+            self._hand,
+            self._stopping,
+            self.clock,
         )
-        runner = TaskRunner(self._handlers, self._hand)
+        runner = TaskRunner(self._handlers, self._hand, self.clock)
         heartbeats_done = threading.Event()
         beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
         sender = self._start(self._send_loop, f"sender-{self.name}", client, queues)
@@ -300,20 +308,21 @@ class Worker(OutboxSender, HeartbeatSender):
         handlers = [self._start(runner.loop, f"worker-{i}") for i in range(self.concurrency)]
         try:
             while not (stop is not None and stop.is_set()):
-                if self._stopping.wait(0.1):
+                if self.clock.wait(self._stopping, 0.1):
                     break
         except KeyboardInterrupt:
             log.info("worker %s: interrupted, finishing the tasks in hand", self.name)
         self._stopping.set()
         self._hand.stop_leasing()
-        end = None if self.drain_timeout is None else time.monotonic() + self.drain_timeout
-        drained = _join(leaser, end) and all(
-            _join(t, end, lambda t=t: t.ident in self._hand.abandoned_threads) for t in handlers
+        clock = self.clock
+        end = None if self.drain_timeout is None else clock.monotonic() + self.drain_timeout
+        drained = _join(leaser, end, clock) and all(
+            _join(t, end, clock, lambda t=t: t.ident in self._hand.abandoned_threads) for t in handlers
         )
         if drained:
             self._hand.handlers_ended()
             # The outbox is flushed: each of its requests is bounded by the client's timeout.
-            drained = _join(sender, end)
+            drained = _join(sender, end, clock)
         left = 0
         if not drained:
             with self._hand.lock:
@@ -352,14 +361,16 @@ class Worker(OutboxSender, HeartbeatSender):
                 return Client(**self._connect, request_timeout=self.request_timeout)
             except BrokerUnavailable as exc:
                 log.warning("worker %s: cannot reach the cluster yet: %s", self.name, exc)
-                self._stopping.wait(backoff.next_delay())
+                self.clock.wait(self._stopping, backoff.next_delay())
         return None
 
 
-def _join(thread: threading.Thread, end: float | None, given_up: Callable[[], bool] = lambda: False) -> bool:
-    """Wait for ``thread`` until the monotonic time ``end`` (None: no limit); False if it is still running."""
+def _join(
+    thread: threading.Thread, end: float | None, clock: Clock, given_up: Callable[[], bool] = lambda: False
+) -> bool:
+    """Wait for ``thread`` until ``clock``'s monotonic time ``end`` (None: no limit); False if it is still running."""
     while thread.is_alive() and not given_up():
-        if end is not None and time.monotonic() >= end:
+        if end is not None and clock.monotonic() >= end:
             return False
         thread.join(0.1)
     return True

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
-from typing import Callable
 
 from broker.api.task import Task
 from broker.protocol import MAX_LEASE_TASKS
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class Hand:
         assert hand.next_task().task_id == "t1"
     """
 
-    def __init__(self, prefetch: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, prefetch: int, clock: Clock = SYSTEM_CLOCK) -> None:
         self.prefetch = prefetch
         self._clock = clock
         self.lock = threading.Lock()
@@ -127,7 +126,7 @@ class Hand:
                     self.asked += claimed
                     return claimed
                 self._room_freed.wait(
-                    None if deferred_until is None else max(deferred_until - self._clock(), 0.001)
+                    None if deferred_until is None else max(deferred_until - self._clock.monotonic(), 0.001)
                 )
             return 0
 
@@ -136,7 +135,7 @@ class Hand:
         if not self.combined_leases:
             return None
         since = self._sending_since if self._sending_since is not None else self._completion_since
-        if since is None or since + DEFER_S <= self._clock():
+        if since is None or since + DEFER_S <= self._clock.monotonic():
             return None
         return since + DEFER_S
 
@@ -146,7 +145,7 @@ class Hand:
         A task's max_run_ms counts from its lease, as on the leader. ``combined``: a
         complete-and-lease reply came, with ``tasks`` (True) or without (False).
         """
-        now = self._clock()
+        now = self._clock.monotonic()
         with self.lock:
             self.asked -= asked
             if combined is not None:
@@ -226,7 +225,7 @@ class Hand:
 
     def _post(self, op: str, task: Task, fields: dict) -> None:
         if op == "complete" and self._completion_since is None:
-            self._completion_since = self._clock()
+            self._completion_since = self._clock.monotonic()
         self.outbox.append((op, task, fields))
         self._outbox_ready.notify()
 
@@ -244,7 +243,7 @@ class Hand:
                 self._outbox_ready.wait()
             batch, self.outbox = self.outbox, []
             self._completion_since = None
-            self._sending_since = self._clock()
+            self._sending_since = self._clock.monotonic()
             ask = 0
             if self._leasing and any(op == "complete" for op, _, _ in batch):
                 ask = max(min(self.room(), MAX_LEASE_TASKS), 0)
@@ -273,7 +272,7 @@ class Hand:
 
     def abandon_overdue(self) -> None:
         """Give up every attempt past its max_run_ms (the leader will not wait for it either)."""
-        now = self._clock()
+        now = self._clock.monotonic()
         with self.lock:
             overdue = [key for key, deadline in self.run_deadlines.items() if deadline <= now]
             for key in overdue:

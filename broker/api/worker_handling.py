@@ -21,12 +21,12 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, Union
 
 from broker.api.reject import Reject
 from broker.api.task import Task, error_text, result_bytes
 from broker.api.worker_hand import Hand
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 # The Worker's own logger, as before this module was split from it: log settings that name it
 # keep receiving the per-task lines.
@@ -38,9 +38,10 @@ Handler = Callable[[Task], Union[bytes, str, None]]
 class TaskRunner:
     """Runs the tasks in ``hand`` through ``handlers`` (queue -> handler), in as many threads as call :meth:`loop`."""
 
-    def __init__(self, handlers: dict[str, Handler], hand: Hand) -> None:
+    def __init__(self, handlers: dict[str, Handler], hand: Hand, clock: Clock = SYSTEM_CLOCK) -> None:
         self._handlers = handlers
         self._hand = hand
+        self._clock = clock
 
     def loop(self) -> None:
         """Run tasks until the hand has no more to give (the worker is stopping and its queue is empty)."""
@@ -57,7 +58,7 @@ class TaskRunner:
     def process(self, task: Task) -> tuple[str, dict] | None:
         """Run the handler; the outcome to send (op, fields), or None if it is no longer ours to report."""
         key = (task.task_id, task.attempt)
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             result = result_bytes(self._handlers[task.queue](task))
         except Reject as exc:
@@ -70,7 +71,7 @@ class TaskRunner:
             outcome, why, fields = "done", "", {"result": result}
         if not self._hand.claim_report(key):
             return None
-        duration_ms = round((time.monotonic() - started) * 1000, 1)
+        duration_ms = round((self._clock.monotonic() - started) * 1000, 1)
         log.info(
             "task %s attempt %d (%s) %s in %.3fs%s",
             task.task_id,

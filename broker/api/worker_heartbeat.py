@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from broker.api.client import Client, ClientError
 from broker.api.worker_hand import Hand
 from broker.api.worker_outbox import LOST_LEASE_CODES
 from broker.protocol import MAX_SUBMIT_MANY
+from election.local.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +38,19 @@ class HeartbeatSender:
 
     name: str
     lease_ms: int
+    clock: Clock
     _hand: Hand
 
     def _heartbeat_loop(self, client: Client, done: threading.Event) -> None:
         interval = self.lease_ms / 3000
         # The watchdog for max_run_ms needs a finer tick than the heartbeats.
         tick = min(interval, 0.1)
-        next_beat = time.monotonic() + interval
-        while not done.wait(tick):
+        next_beat = self.clock.monotonic() + interval
+        while not self.clock.wait(done, tick):
             self._hand.abandon_overdue()
-            if time.monotonic() < next_beat:
+            if self.clock.monotonic() < next_beat:
                 continue
-            next_beat = time.monotonic() + interval
+            next_beat = self.clock.monotonic() + interval
             with self._hand.lock:
                 held = sorted(self._hand.held)
             for start in range(0, len(held), MAX_SUBMIT_MANY):

@@ -28,6 +28,7 @@ import threading
 
 from broker.api.client import Backoff, Client, ClientError
 from broker.api.worker_hand import Hand, leased_tasks
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 # The Worker's own logger, as before this module was split from it.
 log = logging.getLogger("broker.api.worker")
@@ -44,8 +45,10 @@ class LeaseLoop:
         request_timeout: float,
         hand: Hand,
         stopping: threading.Event,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.name = name
+        self._clock = clock
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
         self.request_timeout = request_timeout
@@ -85,6 +88,6 @@ class LeaseLoop:
                     self._hand.add_leased(leased_tasks(tasks, self.name), asked)
                     continue
                 self._hand.add_leased([], asked)
-                self._stopping.wait(backoff.next_delay())
+                self._clock.wait(self._stopping, backoff.next_delay())
         finally:
             self._hand.lease_loop_ended()

@@ -18,20 +18,13 @@ from broker.api.task import Task
 from broker.api.worker import Worker, default_prefetch
 from broker.api.worker_hand import DEFER_S, Hand, leased_tasks
 from tests.conftest import wait_for
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def tasks(*ids: str) -> list[Task]:
     return [Task(task_id=i, attempt=1, queue="q", payload=b"") for i in ids]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class CountingCondition(threading.Condition):
@@ -118,7 +111,7 @@ def test_only_completions_carry_a_lease_and_none_once_stopping():
 
 
 def test_the_lease_loop_leaves_the_room_to_completions_while_the_broker_leases_in_complete_many():
-    clock = Clock()
+    clock = FakeClock()
     hand = Hand(prefetch=2, clock=clock)
     hand.add_leased(tasks("a", "b"), asked=0, combined=True)
     a = hand.next_task()
@@ -130,7 +123,7 @@ def test_the_lease_loop_leaves_the_room_to_completions_while_the_broker_leases_i
     hand.add_leased([], asked=1, combined=True)  # the leader had nothing waiting
     waiting(hand._room_freed)
     assert out == [], "the lease loop went on while the sender was still sending"
-    clock.now += DEFER_S  # a complete_many this slow: the long-poll is as good
+    clock.advance(DEFER_S)  # a complete_many this slow: the long-poll is as good
     with hand.lock:
         hand._room_freed.notify()
     thread.join(5)
@@ -145,10 +138,10 @@ def test_a_broker_without_complete_and_lease_leaves_the_room_to_whoever_asks_fir
 
 
 def test_a_leased_task_past_max_run_ms_while_queued_is_abandoned_and_its_room_freed():
-    clock = Clock()
+    clock = FakeClock()
     hand = Hand(prefetch=2, clock=clock)
     hand.add_leased([Task("slow", 1, "q", b"", max_run_ms=500)], asked=0)
-    clock.now += 0.5
+    clock.advance(0.5)
     hand.abandon_overdue()
     assert not hand.queue and not hand.held and hand.room() == 2 and hand.stats["abandoned"] == 1
     assert [op for op, _, _ in hand.take_outbox()[0]] == ["abandon"]
