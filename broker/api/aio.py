@@ -20,7 +20,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from broker.api.client import DEFAULT_REQUEST_TIMEOUT, DEFAULT_TIMEOUT, Client
 from broker.api.requests import Backoff, WaitTimeout
 from broker.api.target import dev_dir_options
 from broker.state.events import FINAL_STATES
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import DEFAULT_MAX_FRAME_BYTES
 
 
@@ -50,7 +50,9 @@ class AsyncClient:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         key_file: str | Path | None = None,
         keys_file: str | Path | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self.clock = clock
         self._args = {
             "zk": zk,
             "cluster": cluster,
@@ -120,18 +122,18 @@ class AsyncClient:
 
     async def wait(self, task_id: str, timeout: float | None = None) -> dict:
         """Poll until the task is final; its record. :class:`WaitTimeout` once ``timeout`` passes."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         poll = Backoff(start=0.02, cap=0.5)
         while True:
             call_timeout = None
             if deadline is not None:
-                call_timeout = max(deadline - time.monotonic(), min(self.client.request_timeout, 1.0))
+                call_timeout = max(deadline - self.clock.monotonic(), min(self.client.request_timeout, 1.0))
             task = await self.get(task_id, timeout=call_timeout)
             if task.get("state") in FINAL_STATES:
                 return task
             pause = poll.next_delay()
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     raise WaitTimeout(task_id, timeout, task)
                 pause = min(pause, remaining)

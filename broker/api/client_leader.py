@@ -12,7 +12,7 @@ until the call's deadline.
 
 Example::
 
-    address = client._current_leader(deadline=time.monotonic() + 5)
+    address = client._current_leader(deadline=client.clock.monotonic() + 5)
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
@@ -30,6 +29,7 @@ from broker.api.leader_watch import LeaderWatch
 from broker.api.requests import BrokerUnavailable, leader_address
 from broker.api.target import ClusterNotFound, check_cluster_exists
 from election import ElectionError
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.zk import ZooKeeperUnavailable
 from election.zk import close as zk_close
@@ -48,6 +48,7 @@ class LeaderTracking:
 
     timeout: float
     request_timeout: float
+    clock: Clock = SYSTEM_CLOCK  # the Client's: deadlines are read on it
     _lock: threading.RLock
     _leader: str | None
     _known: list[str]
@@ -108,7 +109,7 @@ class LeaderTracking:
     def _zk_read(self, path: str, deadline: float) -> bytes | None:
         """A znode's data (None if it does not exist), waiting for ZooKeeper no later than ``deadline``."""
         try:
-            data, _ = self._zk.get_async(path).get(timeout=max(deadline - time.monotonic(), 0.01))
+            data, _ = self._zk.get_async(path).get(timeout=max(deadline - self.clock.monotonic(), 0.01))
         except NoNodeError:
             return None
         return data
@@ -126,7 +127,7 @@ class LeaderTracking:
         with self._lock:
             known = list(self._known)
         for address in known:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return None
             try:

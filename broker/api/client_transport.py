@@ -21,12 +21,12 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 import weakref
 
 import zmq
 
 from broker.api.requests import LEADER_CHECK_S, MAX_REPLY_BYTES, ClientError
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.secure.keys import KeysError
 from election.wire import WireError, decode, encode
 from election.wire import request as make_request
@@ -67,6 +67,7 @@ class Transport:
     """
 
     max_frame_bytes: int
+    clock: Clock = SYSTEM_CLOCK  # the Client's: a reply's deadline is read on it
     _ctx: zmq.Context
     _lock: threading.RLock
     _local: threading.local
@@ -139,9 +140,9 @@ class Transport:
         except zmq.ZMQError as exc:
             self._drop_socket()
             raise _Transient(f"send failed: {exc}") from None
-        end = time.monotonic() + timeout
+        end = self.clock.monotonic() + timeout
         while True:
-            remaining_ms = int((end - time.monotonic()) * 1000)
+            remaining_ms = int((end - self.clock.monotonic()) * 1000)
             if remaining_ms <= 0:
                 # A new socket next time: a reply that arrives late must never be
                 # read as the answer to a later request.

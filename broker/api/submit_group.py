@@ -24,14 +24,13 @@ left are sent again.
 
 Example::
 
-    group = SubmitGroup(client)
+    group = SubmitGroup(client, clock=client.clock)
     task_id = group.submit(submit_fields("mail", b"hi"), timeout=30.0)   # from any thread
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -45,6 +44,7 @@ from broker.api.requests import (
     submit_cost,
 )
 from broker.protocol import MAX_SUBMIT_MANY
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import error_for
 from election.wire.codes import E_BAD_REPLY, E_INTERNAL
 
@@ -72,9 +72,8 @@ class _Caller:
         "error",
     )
 
-    def __init__(self, fields: dict, timeout: float, wake: threading.Condition) -> None:
-        self.fields, self.timeout, self.wake = fields, timeout, wake
-        self.deadline = time.monotonic() + timeout
+    def __init__(self, fields: dict, timeout: float, deadline: float, wake: threading.Condition) -> None:
+        self.fields, self.timeout, self.deadline, self.wake = fields, timeout, deadline, wake
         self.lead = False  # this thread sends (the next batch)
         self.taken = False  # in a batch in flight
         self.alone = False  # in a batch refused as a whole: goes alone from now on
@@ -91,18 +90,19 @@ class SubmitGroup:
         ids = [SubmitGroup(client).submit(submit_fields("q", b"x"), timeout=30.0)]
     """
 
-    def __init__(self, client: Any, max_senders: int = MAX_SENDERS) -> None:
+    def __init__(self, client: Any, max_senders: int = MAX_SENDERS, clock: Clock = SYSTEM_CLOCK) -> None:
         # `client` is the Client that owns the group (its call() and frame limit);
         # not imported by name, since the client module imports this one.
         self._client = client
         self._max_senders = max_senders
+        self._clock = clock
         self._lock = threading.Lock()
         self._waiting: deque[_Caller] = deque()
         self._senders = 0
 
     def submit(self, fields: dict, timeout: float) -> str:
         """Submit ``fields`` (from :func:`submit_fields`) alone or with the others waiting; its task id."""
-        me = _Caller(fields, timeout, threading.Condition(self._lock))
+        me = _Caller(fields, timeout, self._clock.monotonic() + timeout, threading.Condition(self._lock))
         with self._lock:
             self._waiting.append(me)
             if self._senders < self._max_senders:
@@ -121,7 +121,7 @@ class SubmitGroup:
     def _follow(self, me: _Caller) -> None:
         """Wait (the lock held) until a sender answered ``me`` or made it the next sender."""
         while not (me.done or me.lead):
-            remaining = me.deadline - time.monotonic()
+            remaining = me.deadline - self._clock.monotonic()
             if remaining <= 0 and not me.taken:
                 self._waiting.remove(me)
                 self._resolve(
@@ -154,8 +154,10 @@ class SubmitGroup:
                     self._requeue([c for c in batch if not c.done])
                 raise
             if not sent:
-                pause = min(backoff.next_delay(), max(min(c.deadline for c in batch) - time.monotonic(), 0))
-                time.sleep(pause)
+                pause = min(
+                    backoff.next_delay(), max(min(c.deadline for c in batch) - self._clock.monotonic(), 0)
+                )
+                self._clock.sleep(pause)
 
     def _hand_over(self) -> None:
         """This sender is done: the first caller waiting that is not a sender already takes its place."""
@@ -184,7 +186,7 @@ class SubmitGroup:
 
     def _send(self, batch: list[_Caller]) -> bool:
         """One request for ``batch``; answer its callers, queue again those to retry. False: retry after a pause."""
-        timeout = max(min(c.deadline for c in batch) - time.monotonic(), 0.01)
+        timeout = max(min(c.deadline for c in batch) - self._clock.monotonic(), 0.01)
         try:
             if len(batch) == 1:
                 reply = self._client.call("submit", timeout=timeout, **batch[0].fields)
@@ -196,7 +198,7 @@ class SubmitGroup:
                 results = each_results(reply, len(batch))
         except BrokerUnavailable as exc:
             # The earliest deadline has passed: its callers are answered, the others go again.
-            now = time.monotonic()
+            now = self._clock.monotonic()
             with self._lock:
                 self._requeue([c for c in batch if c.deadline > now])
                 for caller in batch:
