@@ -69,7 +69,7 @@ class HistorySource:
 class ReleaseCollector:
     """Collects, from a replay's apply results, what the events do not name: the running attempts each
     ``LeaseExpired``/``WorkerLost`` ended, and the tasks a ``TaskRetried``/``TasksRequeued`` put back to
-    waiting (state ``requeued``; see :func:`pipeline.analyze.task_life`).
+    waiting (state ``requeued``; see :func:`pipeline.task_life.task_life`).
 
     Example::
 

@@ -13,10 +13,10 @@ from pipeline.analyze import (
     parse_time,
     prepare_events,
     queue_minutes,
-    task_life,
 )
 from pipeline.replay import GRANT_DDL
 from pipeline.rows import DDL, event_row
+from pipeline.task_life import task_life
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
