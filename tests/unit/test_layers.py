@@ -186,22 +186,26 @@ def test_cli_defines_only_the_root_group():
 
 
 def test_node_parts_do_not_reach_back_into_the_node():
-    # The takeover, the live publisher and the checkpointer get what they need passed in
-    # (CheckpointHost, constructor arguments): none of them may import the node.
+    # The node's parts (the start, the services, the store in service, a leadership term with its
+    # takeover, the live publisher, the checkpointer, the orderly stop) get what they need passed in
+    # (CheckpointHost, constructor arguments): none of them may import the node, which wires them.
     graph = import_graph()
-    for part in (
-        "broker.server.standing.takeover",
+    parts = {
+        "broker.server.startup",
+        "broker.server.services",
+        "broker.server.store.running",
+        "broker.server.standing.term",
         "broker.server.live",
         "broker.server.store.checkpoints",
-        "broker.server.stop_budget",
-        "broker.server.standing.candidacy",
+        "broker.server.orderly_stop",
+    }
+    for part in sorted(
+        parts
+        | {"broker.server.standing.takeover", "broker.server.stop_budget", "broker.server.standing.candidacy"}
     ):
         assert "broker.server.node" not in graph[part], f"{part} imports broker.server.node"
-    assert {
-        "broker.server.standing.takeover",
-        "broker.server.live",
-        "broker.server.store.checkpoints",
-    } <= graph["broker.server.node"]
+    assert parts <= graph["broker.server.node"]
+    assert "broker.server.standing.takeover" in graph["broker.server.standing.term"]
 
 
 def collaborator_writes(source: str) -> list[str]:
