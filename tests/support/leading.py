@@ -3,7 +3,8 @@
 The :class:`FakeWriter` keeps every entry written and commits them only when
 told, so a test decides exactly when each entry is committed. A
 :class:`LeaderHarness` is a :class:`~broker.server.request_loop.BrokerServer`
-that leads epoch 1 on it, with every reply collected in ``sent``.
+that leads epoch 1 on it, with every reply collected in ``sent``; give it a
+:class:`~tests.support.clock.FakeClock` to move the leader's time by hand.
 
 Example::
 
@@ -26,6 +27,7 @@ from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.state.events import decode_batch
 from broker.state.store import StateStore
 from election import wire
+from election.local.clock import SYSTEM_CLOCK, Clock
 
 
 class FakeWriter:
@@ -77,11 +79,16 @@ class LeaderHarness:
         hooks: ServerHooks = ServerHooks(),
         writer: FakeWriter | None = None,
         lead: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
         **session: Any,
     ) -> None:
         self.store = StateStore(tmp_path / "state", map_size=16 << 20, sync=False)
         self.server = BrokerServer(
-            config or BrokerConfig(listen="tcp://127.0.0.1:1"), self.store, broker_id=1, hooks=hooks
+            config or BrokerConfig(listen="tcp://127.0.0.1:1"),
+            self.store,
+            broker_id=1,
+            hooks=hooks,
+            clock=clock,
         )
         self.sent = capture_replies(self.server)
         self.writer = writer or FakeWriter()

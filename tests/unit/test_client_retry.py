@@ -28,6 +28,7 @@ from broker.api.client import (
 )
 from broker.api.worker import Task, Worker, error_text, result_bytes
 from election import wire
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -490,7 +491,8 @@ def test_worker_abandons_an_attempt_past_max_run_ms_and_drops_its_late_result(fa
         assert not runner.is_alive()
     finally:
         release.set()
-    time.sleep(0.3)  # the handler returns now: its result must not be reported
+    # The handler returns now: once its thread is done, its result must not have been reported.
+    wait_for(lambda: not worker._hand.abandoned_threads, 5, "the abandoned handler to return")
     with lock:
         outcomes = [m for m in reports if m["op"] in ("complete", "fail")]
     assert [(m["op"], m["task_id"], m["attempt"], m["retry"]) for m in outcomes] == [

@@ -147,6 +147,22 @@ def test_a_leased_task_past_max_run_ms_while_queued_is_abandoned_and_its_room_fr
     assert [op for op, _, _ in hand.take_outbox()[0]] == ["abandon"]
 
 
+def test_a_running_task_past_max_run_ms_is_abandoned_and_its_late_result_dropped():
+    clock = FakeClock()
+    hand = Hand(prefetch=2, clock=clock)
+    hand.add_leased([Task("slow", 1, "q", b"", max_run_ms=500)], asked=0)
+    task = hand.next_task()
+    clock.advance(0.499)
+    hand.abandon_overdue()
+    assert hand.stats["abandoned"] == 0  # not yet
+    clock.advance(0.001)
+    hand.abandon_overdue()
+    assert hand.stats["abandoned"] == 1 and [op for op, _, _ in hand.take_outbox()[0]] == ["abandon"]
+    assert not hand.claim_report(("slow", 1))  # the handler returns now: its outcome is not ours
+    hand.finish(task, None)
+    assert not hand.outbox and not hand.abandoned_threads and hand.room() == 2
+
+
 def test_leased_tasks_skips_a_malformed_one():
     got = leased_tasks(
         [
