@@ -8,17 +8,22 @@ key); :func:`with_zk` for a short ZooKeeper session, :func:`make_client` for a c
 Generated options: a setting of a process's config dataclass is declared once.
 
 Each field of the dataclass (``BrokerConfig``, ``BookieConfig``) becomes one option named after
-it (``zk_session_timeout`` -> ``--zk-session-timeout``). What the option needs beyond the
-field's name, type and default lives in the field's metadata, read here and nowhere else:
+it (``zk_session_timeout_s`` -> ``--zk-session-timeout-s``). What the option needs beyond the
+field's name, type and default lives in the field's metadata (declared with
+:func:`election.local.member_config.setting`):
 
 - ``help``: the option's help text (for a bool field: what the flag does);
 - ``default_text``: how the default reads in the help, where its value would not say it
   (``"256 MiB"``, ``"the data dir's name"``); an empty default with none is not shown;
-- ``min``: the smallest value the option accepts (an integer or float range);
+- ``min``, ``max`` and ``min_open``: the range of values the option accepts (an integer or
+  float range; the config's ``validate`` checks the same range for values from elsewhere);
 - ``path``: ``"dir"`` or ``"file"`` for a path option;
 - ``choices``: the values a string option accepts (anything else is a usage error).
 
 A bool field defaulting to true becomes ``--no-<name>``, one defaulting to false ``--<name>``.
+Each former name of a renamed field (the class's ``former_names``, old -> new) becomes a hidden
+option of the old spelling (``--zk-session-timeout``); its value reaches ``load_settings`` under
+the old name, which sets the new field and logs a deprecation warning naming the new option.
 Every option defaults to None, and :func:`settings_flags` keeps an absent flag out of the
 flags, so ``FENCEPOST_<FIELD>``, ``fencepost.toml`` and the dataclass default still apply
 (:func:`election.local.settings.load_settings`).
@@ -202,17 +207,35 @@ def _default_text(field: dataclasses.Field, base: Any) -> str | None:
 
 
 def _click_type(field: dataclasses.Field, base: Any) -> Any:
-    low = field.metadata.get("min")
+    low, high = field.metadata.get("min"), field.metadata.get("max")
     path = field.metadata.get("path")
     if field.metadata.get("choices") is not None:
         return click.Choice(list(field.metadata["choices"]))
     if path is not None:
         return click.Path(file_okay=path != "dir", dir_okay=path != "file")
-    if base is int:
-        return click.IntRange(low) if low is not None else int
-    if base is float:
-        return click.FloatRange(low) if low is not None else float
+    if base in (int, float) and (low is not None or high is not None):
+        kind = click.IntRange if base is int else click.FloatRange
+        return kind(low, high, min_open=bool(field.metadata.get("min_open")))
+    if base in (int, float):
+        return base
     return str
+
+
+def _former_options(cls: type, hints: dict[str, Any], skipped: set[str]) -> list[Callable]:
+    """A hidden option for each former name of a field of ``cls`` (see the module docstring)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    decorators = []
+    for old, new in getattr(cls, "former_names", {}).items():
+        if new in skipped:
+            continue
+        base = _base_type(hints[new])
+        if base is bool:
+            raise TypeError(f"{cls.__name__}.{new}: a renamed flag keeps no old spelling")
+        old_option = "--" + old.replace("_", "-")
+        decorators.append(
+            click.option(old_option, old, type=_click_type(fields[new], base), default=None, hidden=True)
+        )
+    return decorators
 
 
 def config_options(cls: type, skip: Iterable[str] = ()) -> Callable[[Callable], Callable]:
@@ -240,6 +263,7 @@ def config_options(cls: type, skip: Iterable[str] = ()) -> Callable[[Callable], 
             decorators.append(
                 click.option(name, field.name, type=_click_type(field, base), default=None, help=help_text)
             )
+    decorators += _former_options(cls, hints, skipped)
 
     def apply(fn: Callable) -> Callable:
         # click lists options in the order their decorators are applied, innermost last.
@@ -251,7 +275,10 @@ def config_options(cls: type, skip: Iterable[str] = ()) -> Callable[[Callable], 
 
 
 def settings_flags(cls: type, params: dict[str, Any]) -> dict[str, Any]:
-    """The ``flags`` for ``load_settings`` from a command's generated options (None: not given)."""
+    """The ``flags`` for ``load_settings`` from a command's generated options (None: not given).
+
+    An old spelling that was given stays under its old name, for ``load_settings`` to warn about.
+    """
     hints = typing.get_type_hints(cls)
     flags: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
@@ -264,4 +291,7 @@ def settings_flags(cls: type, params: dict[str, Any]) -> dict[str, Any]:
             # A flag only ever says "the non-default": absent means "let env/TOML decide".
             value = (not field.default) if value else None
         flags[field.name] = value
+    for old in getattr(cls, "former_names", {}):
+        if params.get(old) is not None:
+            flags[old] = params[old]  # load_settings warns and sets the renamed field
     return flags

@@ -19,8 +19,13 @@ NOT_SETTINGS = {"--config", "--dev-dir", "--zk-auth", "--help"}
 COMMANDS = [(broker_start, BrokerConfig), (bookie_start, BookieConfig)]
 
 
-def _option_names(command: click.Command) -> list[str]:
-    return [opt for param in command.params if isinstance(param, click.Option) for opt in param.opts]
+def _option_names(command: click.Command, hidden: bool = False) -> list[str]:
+    return [
+        opt
+        for param in command.params
+        if isinstance(param, click.Option) and param.hidden == hidden
+        for opt in param.opts
+    ]
 
 
 @pytest.mark.parametrize("command, cls", COMMANDS, ids=["broker", "bookie"])
@@ -31,6 +36,10 @@ def test_every_field_has_exactly_one_option_and_every_option_a_field(command, cl
     wanted = {option_name(f, hints[f.name]) for f in dataclasses.fields(cls)}
     assert len(wanted) == len(dataclasses.fields(cls))
     assert set(names) - NOT_SETTINGS == wanted
+    # The hidden ones are the old spellings of renamed fields, one each.
+    assert sorted(_option_names(command, hidden=True)) == sorted(
+        "--" + old.replace("_", "-") for old in cls.former_names
+    )
 
 
 @pytest.mark.parametrize("command, cls", COMMANDS, ids=["broker", "bookie"])
@@ -106,3 +115,36 @@ def test_a_field_without_help_is_refused():
 
     with pytest.raises(TypeError, match="Bare.port has no help"):
         config_options(Bare)
+
+
+@pytest.mark.parametrize(
+    "cls, old, new, value",
+    [
+        (BrokerConfig, "--zk-session-timeout", "zk_session_timeout_s", 3.0),
+        (BrokerConfig, "--shutdown-timeout", "shutdown_timeout_s", 7.0),
+        (BrokerConfig, "--checkpoint-seconds", "checkpoint_s", 1.5),
+        (BrokerConfig, "--retention-seconds", "retention_s", 0.0),
+        (BrokerConfig, "--max-time-not-caught-up", "max_time_not_caught_up_s", 2.0),
+        (BrokerConfig, "--map-size", "map_size_bytes", 1 << 21),
+        (BookieConfig, "--map-size", "map_size_bytes", 1 << 21),
+    ],
+)
+def test_an_old_flag_still_sets_its_renamed_field_with_a_warning(cls, old, new, value, tmp_path, caplog):
+    from election.local.settings import load_settings
+
+    flags = _captured(cls, [old, str(value)])
+    caplog.set_level("WARNING", logger="election.local.settings")
+    section = "broker" if cls is BrokerConfig else "bookie"
+    config = load_settings(cls, section, flags=flags, env={}, toml_path=tmp_path / "absent.toml")
+    assert getattr(config, new) == value
+    assert f"{old} is deprecated: use --{new.replace('_', '-')}" in caplog.text
+
+
+def test_old_flags_are_hidden_and_ranges_have_both_ends():
+    result = CliRunner().invoke(cli.main, ["broker", "start", "--help"])
+    assert result.exit_code == 0
+    assert "--zk-session-timeout-s" in result.output
+    assert "--zk-session-timeout " not in result.output and "--map-size " not in result.output
+    for args in (["--zk-session-timeout-s", "601"], ["--zk-session-timeout", "0.1"], ["--checkpoint-s", "0"]):
+        result = CliRunner().invoke(cli.main, ["broker", "start", *args])
+        assert result.exit_code == 2 and args[0] in result.output, (args, result.output)
