@@ -9,7 +9,6 @@ the log, and stay out of the election).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -32,12 +31,8 @@ def status(procs, cluster) -> tuple[str, dict]:
 
 
 def assert_nobody_serves(procs, cluster, present: int) -> None:
-    time.sleep(2.0)  # long enough for an election that should not happen
-    assert read_leader(cluster.zk, cluster.paths) is None
-    with Client(zk=cluster.hosts, cluster=cluster.name, timeout=2.0) as client:
-        with pytest.raises(BrokerUnavailable) as refused:
-            client.submit("q", b"x", key="early")
-    assert refused.value.code == codes.E_UNAVAILABLE
+    # Once status says what they wait for, the brokers have taken their hold: a held broker
+    # never stands however long it waits (tests/unit/test_candidacy.py, on a fake clock).
     text, doc = wait_for(
         lambda: (lambda s: s if "waiting for 3 members" in s[0] else None)(status(procs, cluster)),
         20,
@@ -45,6 +40,11 @@ def assert_nobody_serves(procs, cluster, present: int) -> None:
     )
     assert f"waiting for 3 members ({present} present)" in text, text
     assert doc["waiting"] == {"waiting_for": 3, "present": present}
+    assert read_leader(cluster.zk, cluster.paths) is None
+    with Client(zk=cluster.hosts, cluster=cluster.name, timeout=2.0) as client:
+        with pytest.raises(BrokerUnavailable) as refused:
+            client.submit("q", b"x", key="early")
+    assert refused.value.code == codes.E_UNAVAILABLE
 
 
 def assert_writes_succeed(cluster) -> None:

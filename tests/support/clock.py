@@ -4,9 +4,9 @@
 so single-threaded logic runs at once; ``advance`` moves time for code that only reads it.
 
 With ``threaded=True`` (code that waits on its own thread) ``sleep`` and ``wait`` block
-instead, until the event is set or the test has advanced the fake time past their timeout;
-``waiting()`` says how many threads are blocked, so the test advances time only once
-the thread it drives is waiting (:meth:`FakeClock.until_waiting`).
+instead, until the event is set or the test has advanced the fake time past their timeout.
+:meth:`FakeClock.until_waiting` lets the test advance time only once the threads it
+drives are blocked again, having seen the current time: each step is then deterministic.
 
 Example::
 
@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -43,13 +44,16 @@ class FakeClock:
         self._wall_ms = float(wall_ms)
         self._monotonic = monotonic
         self.threaded = threaded
-        self._waiting = 0
+        self._advances = 0
+        self._waiters: dict[int, int] = {}  # blocked sleep/wait -> the advance count it last saw
+        self._tokens = itertools.count()
         self.slept: list[float] = []  # every sleep and timed-out wait, in order
 
     def advance(self, seconds: float) -> None:
         with self._cond:
             self._monotonic += seconds
             self._wall_ms += seconds * 1000.0
+            self._advances += 1
             self._cond.notify_all()
 
     def set_wall_ms(self, wall_ms: int) -> None:
@@ -70,10 +74,10 @@ class FakeClock:
             return self._monotonic
 
     def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
         if self.threaded:
             self._block(threading.Event(), seconds)
         else:
+            self.slept.append(seconds)
             self.advance(max(0.0, seconds))
 
     def wait(self, event: threading.Event, timeout: float | None) -> bool:
@@ -90,25 +94,30 @@ class FakeClock:
     def waiting(self) -> int:
         """How many threads are blocked in :meth:`sleep` or :meth:`wait` (``threaded`` only)."""
         with self._cond:
-            return self._waiting
+            return len(self._waiters)
 
     def until_waiting(self, count: int = 1, timeout_s: float = 10.0) -> None:
-        """Block (in real time) until ``count`` threads are blocked on this clock; AssertionError if never."""
+        """Block (in real time) until ``count`` threads are blocked on this clock having seen its
+        current time (after the last :meth:`advance`); AssertionError if that does not come."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._waiting < count:
+            while sum(seen == self._advances for seen in self._waiters.values()) < count:
                 left = deadline - time.monotonic()
-                assert left > 0, f"{self._waiting} of {count} threads waiting on the fake clock"
-                self._cond.wait(left)
+                assert left > 0, f"fewer than {count} threads waiting on the fake clock"
+                self._cond.wait(min(left, EVENT_POLL_S))
 
     def _block(self, event: threading.Event, timeout: float | None) -> bool:
         with self._cond:
             deadline = None if timeout is None else self._monotonic + timeout
-            self._waiting += 1
-            self._cond.notify_all()  # for until_waiting
+            token = next(self._tokens)
             try:
                 while not event.is_set() and (deadline is None or self._monotonic < deadline):
+                    if self._waiters.get(token) != self._advances:
+                        self._waiters[token] = self._advances
+                        self._cond.notify_all()  # for until_waiting
                     self._cond.wait(EVENT_POLL_S)
             finally:
-                self._waiting -= 1
+                self._waiters.pop(token, None)
+            if not event.is_set() and timeout is not None:
+                self.slept.append(timeout)
         return event.is_set()
