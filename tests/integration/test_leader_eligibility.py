@@ -136,9 +136,17 @@ def test_learner_never_leads_and_lagging_leaders_follow_the_switch(cluster, proc
     first = bc.wait_leader()["broker_id"]
     leader_proc.kill()
     strict = procs.start_broker(cluster, extra=["--no-allow-lagging-leader"])
-    time.sleep(5)  # well past the session timeout: nobody may lead
+    # Once the dead leader's session has expired and the strict broker has looked at the rules,
+    # nobody may lead (the rules themselves: test_insync_rules, standing: test_candidacy).
+    wait_for(
+        lambda: (
+            first not in live_brokers(cluster.zk, cluster.paths)
+            and "not standing for election" in strict.output()
+        ),
+        30,
+        "the old leader's session to expire and the strict broker to stay out",
+    )
     assert bc.leader_info() is None
-    assert "not standing for election" in strict.output()
     lenient = procs.start_broker(cluster)  # allow_lagging_leader on: with no in-sync member alive, it may
     new = bc.wait_leader(timeout=30, not_id=first)
     assert new["address"] == lenient.address
@@ -173,7 +181,7 @@ def test_admin_elect_moves_leadership_under_keyed_load_and_refuses(cluster, proc
     thread = threading.Thread(target=load, daemon=True)
     thread.start()
     try:
-        time.sleep(1.0)
+        wait_for(lambda: len(acked) >= 50, 30, "the load to run")
         for refused, reason in ((learner, "learner"), (987, "no broker with id 987")):
             out = _admin(bc, "elect", str(refused))
             assert out.returncode == 1 and reason in out.stderr.decode(), out.stderr
@@ -183,7 +191,8 @@ def test_admin_elect_moves_leadership_under_keyed_load_and_refuses(cluster, proc
         assert out.returncode == 0, out.stderr
         assert bc.leader_info()["broker_id"] == target
         assert time.monotonic() - started < 10
-        time.sleep(1.0)
+        before = len(acked)
+        wait_for(lambda: len(acked) >= before + 50, 30, "the load to go on with the new leader")
     finally:
         stop.set()
         thread.join(30)
