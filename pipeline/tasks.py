@@ -1,6 +1,6 @@
 """The state at a snapshot as a Parquet table of tasks (``fencepost export --snapshot FILE``).
 
-One row per task record of the snapshot (store format 2, :func:`broker.state.schema.unpack_task`),
+One row per task record of the snapshot (store format 2, :func:`broker.state.task_record.unpack_task`),
 with the snapshot's position on every row so that tables of several snapshots
 can be put side by side. Payloads and results are given as sizes, not bytes.
 No cluster and no Spark are needed: the file is read and verified as it goes
@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from broker.state.schema import unpack_task
+from broker.state.task_record import unpack_task
 from pipeline import PipelineError
 from snapshots.reader import iter_records, read_header
 

@@ -62,8 +62,9 @@ from typing import Callable
 
 from broker.state.apply_tasks import TASK_HANDLERS
 from broker.state.apply_upkeep import UPKEEP_HANDLERS
+from broker.state.digest import digest_comparable, digest_hex
 from broker.state.events import EVENT_TYPES, BadEvent, err, ok, validate_event
-from broker.state.schema import META_DIVERGED, META_EPOCH, META_SHUTDOWN, digest_comparable, digest_hex
+from broker.state.schema import META_DIVERGED, META_EPOCH, META_SHUTDOWN
 from broker.state.txn import StateTxn
 from election.wire.codes import E_DIGEST_MISMATCH, E_STALE_EPOCH
 

@@ -35,13 +35,13 @@ from broker.state.events import (
 from broker.state.schema import (
     QUEUE_SETTINGS,
     id_key,
-    inline_payload,
     lease_key,
     queue_prefix,
     read_u64,
     ready_key,
     task_id_of,
 )
+from broker.state.task_record import inline_payload
 from broker.state.transitions import (
     capped_deadline,
     check_attempt,

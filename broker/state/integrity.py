@@ -1,7 +1,7 @@
 """A state store checking itself: every record hashed against the incremental digest, and the seal.
 
 Apply keeps the state digest current record by record (the XOR of each hashed
-record's hash, :func:`broker.state.schema.record_hash`), so a full scan that
+record's hash, :func:`broker.state.digest.record_hash`), so a full scan that
 hashes to anything else means the files are damaged. :class:`StoreIntegrity`
 holds the checks: the seal over the position and digest records (damage to
 them told apart from damage to the state), the records streamed from one read
@@ -27,6 +27,7 @@ from typing import Iterator
 import lmdb
 
 from broker.state import listing
+from broker.state.digest import digest_hex, is_hashed, record_hash, seal
 from broker.state.schema import (
     DB_NAMES,
     META_CLEAN,
@@ -35,10 +36,6 @@ from broker.state.schema import (
     META_POSITION,
     META_SEAL,
     STORE_FORMAT,
-    digest_hex,
-    is_hashed,
-    record_hash,
-    seal,
     unpack,
     unpack_position,
 )

@@ -35,16 +35,10 @@ from typing import Any
 
 import lmdb
 
+from broker.state.digest import record_hash
 from broker.state.events import MAX_NAME_BYTES, STATES
-from broker.state.schema import (
-    STATE_KEY_CODE,
-    queue_prefix,
-    record_hash,
-    record_state_key,
-    text,
-    unpack,
-    unpack_task,
-)
+from broker.state.schema import STATE_KEY_CODE, queue_prefix, text, unpack
+from broker.state.task_record import record_state_key, unpack_task
 from broker.state.txn import StateCorrupt
 
 # The longest error text a listed task carries (``task show`` has all of it).

@@ -20,18 +20,8 @@ from __future__ import annotations
 import itertools
 from typing import Iterable
 
-from broker.state.schema import (
-    META_CLUSTER,
-    META_DIGEST,
-    META_LOADING,
-    META_LOCAL,
-    META_POSITION,
-    META_SEAL,
-    is_hashed,
-    pack_cluster,
-    record_hash,
-    seal,
-)
+from broker.state.digest import is_hashed, pack_cluster, record_hash, seal
+from broker.state.schema import META_CLUSTER, META_DIGEST, META_LOADING, META_LOCAL, META_POSITION, META_SEAL
 from broker.state.store_env import StoreEnv
 from broker.state.store_errors import DigestMismatch, StoreError
 

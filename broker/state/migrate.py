@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import lmdb
 
+from broker.state.digest import is_hashed, record_hash, seal
 from broker.state.events import PRIORITY_MAX
 from broker.state.integrity import StoreIntegrity
 from broker.state.schema import (
@@ -46,18 +47,13 @@ from broker.state.schema import (
     STORE_FORMAT,
     id_key,
     idem_key,
-    inline_payload,
-    is_hashed,
-    pack_task,
     ready_key,
-    record_hash,
-    record_state_key,
-    seal,
     unpack,
     untext,
 )
 from broker.state.store_env import StoreEnv, store_format
 from broker.state.store_errors import StoreDamaged, StoreFull, lmdb_reason
+from broker.state.task_record import inline_payload, pack_task, record_state_key
 from broker.state.txn import StateCorrupt
 
 SCRATCH_DB = b"migrating"

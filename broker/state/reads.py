@@ -20,18 +20,10 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from broker.state import listing
-from broker.state.schema import (
-    FINISHED_CODE,
-    STORE_FORMAT,
-    id_key,
-    queue_prefix,
-    read_u64,
-    text,
-    unpack,
-    unpack_task,
-)
+from broker.state.schema import FINISHED_CODE, STORE_FORMAT, id_key, queue_prefix, read_u64, text, unpack
 from broker.state.store_env import StoreEnv
 from broker.state.store_errors import StoreDamaged, StoreError
+from broker.state.task_record import unpack_task
 from broker.state.txn import StateCorrupt
 
 

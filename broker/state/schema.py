@@ -33,13 +33,9 @@ so that the highest priority sorts first, in one byte for the usual small ones.
 A task id is stored as :func:`id_key`: the 16 raw bytes of a 32-hex id (what
 brokers generate), any other id as its UTF-8 bytes; a client's automatic
 idempotency key is likewise stored as raw bytes (:func:`key_bytes`), and the
-``keys`` index holds a short form of it (:mod:`broker.state.idem`). A task
-record is a msgpack array of fixed positions (:func:`pack_task`), not a map
-with field names. Small payloads live inside the task record (one B-tree entry
-fewer per task); big ones live apart, so that the frequent state changes
-rewrite (and re-hash for the digest) a small record, not the payload. A
-waiting task with a 100-byte payload takes about a third of the disk it took
-in format 1.
+``keys`` index holds a short form of it (:mod:`broker.state.idem`). How a task
+record is packed is :mod:`broker.state.task_record`; what the digest covers,
+and the checks stored beside it, :mod:`broker.state.digest`.
 
 The layout has a version, :data:`STORE_FORMAT`, recorded in ``meta`` by the
 first batch; a store with a position but no format record is format 1 (32-hex
@@ -55,7 +51,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import re
 import struct
 from typing import Any
@@ -65,9 +60,6 @@ import msgpack
 from broker.state.events import CANCELLED, DEAD, DONE, FAILED, PRIORITY_MAX, RUNNING, WAITING
 
 STORE_FORMAT = 3
-# The store formats whose digests cover the same records: format 3 only adds the by_state
-# index, which is not hashed. A StateDigest written over any of them is compared by the others.
-DIGEST_FORMATS = frozenset({2, 3})
 
 # Order matters only for iter_records(): snapshots list databases in this order.
 DB_NAMES = (
@@ -119,48 +111,7 @@ META_UNHASHED = frozenset(
 # Bookkeeping of one replica that a snapshot must not carry into another store.
 META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META_CLEAN})
 
-# A task record's positions. Fields most tasks leave unset come last, so that the trailing
-# nils can be cut. submitted_ms is stored relative to the time in the id (brokers make ids
-# from their clock, so it is a byte or two, not nine) and later times relative to submitted_ms.
-TASK_LAYOUT = (
-    "queue",
-    "state",
-    "priority",
-    "seq",
-    "attempts",
-    "max_attempts",
-    "submitted_ms",
-    "not_before_ms",
-    "payload",
-    "key",
-    "started_ms",
-    "worker",
-    "lease_deadline_ms",
-    "finished_ms",
-    "result",
-    "error",
-    "max_run_ms",
-    "run_deadline_ms",
-    "retry_backoff_ms",
-    "retry_backoff_max_ms",
-    "will_retry",
-    "attempt_base",
-)
-# Fields stored only when set (absent from a record that never had them, so such records hash as before).
-# attempt_base: the attempts a task had used when an operator last retried it (TaskRetried,
-# TasksRequeued): it may then run max_attempts more, and attempt numbers (the fencing token) go on.
-OPTIONAL_TASK_FIELDS = (
-    "max_run_ms",
-    "retry_backoff_ms",
-    "retry_backoff_max_ms",
-    "will_retry",
-    "attempt_base",
-)
-# Payloads up to this size are kept in the task record: rewriting and re-hashing them with
-# each state change costs less than a second B-tree entry per task.
-INLINE_PAYLOAD_MAX = 512
 STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED)
-_STATE_CODE = {state: code for code, state in enumerate(STATES)}
 COUNT_NAMES = ("waiting", "running", "done", "failed", "dead", "cancelled", "delayed")
 
 FINISHED_CODE = {DONE: b"D", FAILED: b"F", DEAD: b"X", CANCELLED: b"C"}
@@ -251,12 +202,6 @@ def state_key(queue: str, state: str, task_key: bytes) -> bytes:
     return queue_prefix(queue) + STATE_KEY_CODE[state] + task_key
 
 
-def record_state_key(task_key: bytes, raw: bytes) -> bytes:
-    """The ``by_state`` entry of a packed task record (reads its queue and state alone)."""
-    doc = unpack(raw)
-    return state_key(doc[0], STATES[doc[1]], bytes(task_key))
-
-
 # What a client puts before a random 32-hex idempotency key when its caller gave none
 # (broker.api.requests.auto_key): nearly every task has one, so it is worth a compact form.
 AUTO_KEY_PREFIX = "auto:"
@@ -309,116 +254,6 @@ def unpack(b: bytes) -> Any:
     return msgpack.unpackb(b, raw=False)
 
 
-def _rel(ms: int | None, base: int) -> int | None:
-    return None if ms is None else ms - base
-
-
-def _abs(delta: int | None, base: int) -> int | None:
-    return None if delta is None else base + delta
-
-
-def _id_ms(key: bytes) -> int:
-    """The milliseconds a 32-hex id starts with (0 for other ids): see time_ordered_id."""
-    return int.from_bytes(key[:6], "big") if len(key) == 16 else 0
-
-
-def pack_task(key: bytes, rec: dict) -> bytes:
-    """A task record (``payload`` is the inline payload, None if it is kept apart) to store
-    under ``key`` (its :func:`id_key`), as the array of :data:`TASK_LAYOUT`."""
-    base, idem = rec["submitted_ms"], rec["key"]
-    doc = [
-        rec["queue"],
-        _STATE_CODE[rec["state"]],
-        rec["priority"],
-        rec["seq"],
-        rec["attempts"],
-        rec["max_attempts"],
-        base - _id_ms(key),
-        rec["not_before_ms"] - base,
-        rec["payload"],
-        None if idem is None else key_bytes(idem),
-        _rel(rec["started_ms"], base),
-        rec["worker"],
-        _rel(rec["lease_deadline_ms"], base),
-        _rel(rec["finished_ms"], base),
-        rec["result"],
-        rec["error"],
-        rec.get("max_run_ms"),
-        _rel(rec.get("run_deadline_ms"), base),
-        rec.get("retry_backoff_ms"),
-        rec.get("retry_backoff_max_ms"),
-        rec.get("will_retry"),
-        rec.get("attempt_base"),
-    ]
-    while doc[-1] is None:
-        doc.pop()
-    return pack(doc)
-
-
-def unpack_task(key: bytes, raw: bytes) -> dict:
-    """The task record stored under ``key``: every field of :data:`TASK_LAYOUT` plus ``id``,
-    except ``run_deadline_ms`` and :data:`OPTIONAL_TASK_FIELDS`, present only when set."""
-    doc = unpack(raw)
-    doc += [None] * (len(TASK_LAYOUT) - len(doc))
-    (
-        queue,
-        state,
-        priority,
-        seq,
-        attempts,
-        max_attempts,
-        submitted,
-        not_before,
-        payload,
-        idem,
-        started,
-        worker,
-        lease_deadline,
-        finished,
-        result,
-        error,
-        max_run_ms,
-        run_deadline,
-        backoff,
-        backoff_max,
-        will_retry,
-        attempt_base,
-    ) = doc
-    base = _id_ms(key) + submitted
-    rec = {
-        "id": task_id_of(key),
-        "queue": queue,
-        "state": STATES[state],
-        "key": None if idem is None else key_of(idem),
-        "priority": priority,
-        "seq": seq,
-        "attempts": attempts,
-        "max_attempts": max_attempts,
-        "submitted_ms": base,
-        "not_before_ms": base + not_before,
-        "started_ms": _abs(started, base),
-        "finished_ms": _abs(finished, base),
-        "worker": worker,
-        "lease_deadline_ms": _abs(lease_deadline, base),
-        "result": result,
-        "error": error,
-        "payload": payload,
-    }
-    for name, value in zip(
-        OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry, attempt_base)
-    ):
-        if value is not None:
-            rec[name] = value
-    if run_deadline is not None:
-        rec["run_deadline_ms"] = base + run_deadline
-    return rec
-
-
-def inline_payload(payload: bytes) -> bytes | None:
-    """What a new task record holds as its payload: the payload if small, else None (kept apart)."""
-    return payload if len(payload) <= INLINE_PAYLOAD_MAX else None
-
-
 # A queue record's optional settings (QueueDeclared), stored only when set. result_ttl_ms: finished
 # tasks of the queue are purged by the leader this long after they finished (0: kept; unset: the
 # brokers' result_ttl_s).
@@ -436,56 +271,3 @@ def pack_queue(rec: dict) -> bytes:
         if rec.get(name) is not None:
             doc[name] = rec[name]
     return pack(doc)
-
-
-def record_hash(db: str, key: bytes, value: bytes) -> int:
-    """128-bit hash of one record; the digest is the XOR of these over the state.
-
-    Lengths are framed so that no two distinct (db, key, value) triples hash the
-    same input bytes.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    dbb = db.encode()
-    h.update(_U32.pack(len(dbb)) + dbb + _U32.pack(len(key)))
-    h.update(key)
-    h.update(value)
-    return int.from_bytes(h.digest(), "big")
-
-
-def is_hashed(db: str, key: bytes) -> bool:
-    """True if this record belongs to the replicated state covered by the digest."""
-    if db == "meta":
-        return bytes(key) not in META_UNHASHED
-    return db not in UNHASHED_DBS
-
-
-def digest_comparable(fmt: int | None) -> bool:
-    """True if a StateDigest written by a store of format ``fmt`` (None: format 1) covers the
-    records this store's digest covers."""
-    return (fmt or 1) in DIGEST_FORMATS
-
-
-def seal(position: bytes, digest: bytes) -> bytes:
-    """The check stored with every (position, digest) pair; a damaged pair no longer matches it."""
-    return hashlib.blake2b(b"seal" + bytes(position) + bytes(digest), digest_size=16).digest()
-
-
-def pack_cluster(cluster_id: str) -> bytes:
-    """The cluster id record: the id, then a 16-byte check of it."""
-    raw = text(cluster_id)
-    return raw + hashlib.blake2b(b"cluster" + raw, digest_size=16).digest()
-
-
-def unpack_cluster(b: bytes) -> str | None:
-    """The cluster id of a record made by :func:`pack_cluster`, or None if it is damaged."""
-    raw, check = bytes(b[:-16]), bytes(b[-16:])
-    if len(b) <= 16 or hashlib.blake2b(b"cluster" + raw, digest_size=16).digest() != check:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def digest_hex(d: int) -> str:
-    return d.to_bytes(16, "big").hex()

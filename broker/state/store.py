@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator
 import lmdb
 
 from broker.state.apply import apply_event
+from broker.state.digest import digest_hex, pack_cluster, unpack_cluster
 from broker.state.integrity import StoreIntegrity
 from broker.state.load import load_records
 from broker.state.migrate import format_record, upgrade
@@ -47,11 +48,8 @@ from broker.state.schema import (
     META_POSITION,
     META_SHUTDOWN,
     STORE_FORMAT,
-    digest_hex,
-    pack_cluster,
     read_u64,
     unpack,
-    unpack_cluster,
     unpack_position,
 )
 from broker.state.store_env import StoreEnv

@@ -34,6 +34,7 @@ from typing import Any
 import lmdb
 
 from broker import BrokerError
+from broker.state.digest import is_hashed, record_hash, seal
 from broker.state.schema import (
     COUNT_NAMES,
     META_CLOCK,
@@ -43,19 +44,15 @@ from broker.state.schema import (
     META_SEQ,
     UNHASHED_DBS,
     id_key,
-    is_hashed,
     pack,
     pack_position,
     pack_queue,
-    pack_task,
     read_u64,
-    record_hash,
-    seal,
     text,
     u64,
     unpack,
-    unpack_task,
 )
+from broker.state.task_record import pack_task, unpack_task
 
 TASK_WRITES_MAX = 10_000
 

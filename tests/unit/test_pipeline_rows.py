@@ -94,7 +94,8 @@ def test_ranges_stay_inside_a_ledger_and_its_committed_entries():
 def test_a_snapshot_becomes_a_table_of_its_tasks(tmp_path):
     import pyarrow.parquet as pq
 
-    from broker.state.schema import id_key, pack_task
+    from broker.state.schema import id_key
+    from broker.state.task_record import pack_task
     from pipeline.tasks import export_snapshot_tasks
     from snapshots.writer import write_snapshot
 

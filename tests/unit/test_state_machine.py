@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.state import apply as state_apply
-from broker.state.schema import STORE_FORMAT, id_key, state_key, task_id_of, unpack_task
+from broker.state.schema import STORE_FORMAT, id_key, state_key, task_id_of
 from broker.state.store import StateStore
 from broker.state.store_errors import (
     DigestMismatch,
@@ -21,6 +21,7 @@ from broker.state.store_errors import (
     StoreFull,
     StoreIncomplete,
 )
+from broker.state.task_record import unpack_task
 from tests.support.replica import Replica
 
 

@@ -9,27 +9,24 @@ import lmdb
 import msgpack
 import pytest
 
+from broker.state.digest import is_hashed, record_hash, seal
 from broker.state.events import PRIORITY_MAX, PRIORITY_MIN
 from broker.state.restore import restore_snapshot
 from broker.state.schema import (
-    INLINE_PAYLOAD_MAX,
     META_CLUSTER,
     META_DIGEST,
     META_FORMAT,
     META_POSITION,
     META_SEAL,
     id_key,
-    is_hashed,
     key_bytes,
     key_of,
     ready_key,
-    record_hash,
-    seal,
     task_id_of,
-    unpack_task,
 )
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged, StoreError
+from broker.state.task_record import INLINE_PAYLOAD_MAX, unpack_task
 from snapshots import writer as snapshot_writer
 
 HEX = "018bcfe5692cf3b1e4e270354efcba43"
