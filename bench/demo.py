@@ -24,7 +24,9 @@ from pathlib import Path
 
 from broker.api.client import Client
 from broker.api.worker import Worker
-from devtools.devcluster import DevCluster, DevClusterSpec, read_broker_id
+from devtools.dev_members import read_broker_id
+from devtools.dev_spec import DevClusterSpec
+from devtools.devcluster import DevCluster
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect

@@ -96,7 +96,8 @@ class BenchCluster:
     def __enter__(self) -> "BenchCluster":
         if self.external:
             return self
-        from devtools.devcluster import DevCluster, DevClusterError, DevClusterSpec
+        from devtools.dev_spec import DevClusterError, DevClusterSpec
+        from devtools.devcluster import DevCluster
 
         self.run_dir = Path(tempfile.mkdtemp(prefix="fencepost-devbench-"))
         self.dev = DevCluster(self.run_dir, private=True)

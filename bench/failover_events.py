@@ -53,14 +53,14 @@ def probe_first_write(
 
 
 def _broker_id(member: dict) -> int | None:
-    from devtools.devcluster import read_broker_id
+    from devtools.dev_members import read_broker_id
 
     return read_broker_id(Path(member["data_dir"]))
 
 
 def restart_member(bc: BenchCluster, member: dict) -> dict:
     """Start a stopped broker again with its recorded command line (its new pid is recorded in cluster.json)."""
-    from devtools.devcluster import DevClusterError
+    from devtools.dev_spec import DevClusterError
 
     try:
         return dict(bc.dev.restart(member, wait=False))

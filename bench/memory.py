@@ -125,7 +125,7 @@ class Loader:
 
 def wait_followers(bc: BenchCluster, followers: list[dict], timeout: float) -> float:
     """Wait until every follower's live position reaches the leader's; return the seconds waited."""
-    from devtools.devcluster import read_broker_id
+    from devtools.dev_members import read_broker_id
     from election.live import read_live_broker
     from election.paths import ClusterPaths
     from election.zk import close, connect

@@ -126,7 +126,8 @@ def dev_up(
     before starting any member; over directories whose cluster already exists it keeps
     that cluster's config (options given must agree with it).
     """
-    from devtools.devcluster import DevCluster, DevClusterSpec
+    from devtools.dev_spec import DevClusterSpec
+    from devtools.devcluster import DevCluster
 
     dev_cluster = DevCluster(Path(dev_dir))
     cluster = cluster or (dev_cluster.read_state() or {}).get("cluster") or "dev"

@@ -36,7 +36,8 @@ from broker import BrokerError
 from broker.admin.status import ask
 from broker.api.client import Client, ClientError, TaskNotFound
 from devtools import schedule as S
-from devtools.devcluster import DevCluster, DevClusterSpec
+from devtools.dev_spec import DevClusterSpec
+from devtools.devcluster import DevCluster
 from devtools.fault_primitives import DiskFiller
 from devtools.faults import Injector
 from devtools.history import History, Observed, check, crash_lines

@@ -16,7 +16,9 @@ with the spec's cluster-wide options before it starts any member; over a run dir
 whose ZooKeeper already holds the cluster's `config` it keeps that config (the options
 given must agree with it). Brokers get the spec's ``--secret-file``; bookies need none.
 With ``secure`` every member gets a key of its own and the admin key is recorded for
-the CLI (:mod:`devtools.dev_keys`).
+the CLI (:mod:`devtools.dev_keys`). The spec and the `cluster init` it makes are
+:mod:`devtools.dev_spec`, the member processes (records, command lines, starts and
+waits) :mod:`devtools.dev_members`.
 
 Example::
 
@@ -32,134 +34,27 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
-import logging
 import os
-import socket
-import subprocess
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from broker import BrokerError
-from devtools.dev_keys import DevKeys, reload_members
-from devtools.procs import (
-    fencepost_command,
-    fencepost_env,
-    free_port,
-    owns,
-    pid_alive,
-    private_env,
-    spawn,
-    stop_pid,
+from devtools.dev_keys import DevKeys
+from devtools.dev_members import MemberProcesses, member_name, port_taken, read_broker_id
+from devtools.dev_spec import (
+    DevClusterError,
+    DevClusterSpec,
+    init_cluster_config,
+    read_secret_file,
+    with_wait_for,
 )
-from devtools.zkserver import ZkServerConfig, ZooKeeperServer, four_letter
-from election import ElectionError
-from election.cluster_config import (
-    SHARED_OPTIONS,
-    ClusterAlreadyInitialized,
-    ClusterOptions,
-    check_member_secret,
-    check_secret_choice,
-    init_cluster,
-    option_differences,
-    read_cluster_config,
-    read_secret,
-)
+from devtools.procs import free_port, owns, pid_alive, stop_pid
+from devtools.zkserver import four_letter
 from election.local.dev_cluster import DevStateError, read_dev_state, state_path
 from election.local.files import write_json_atomically
-from election.paths import ClusterPaths, check_cluster_name
 
 # Held (flock) by the `fencepost dev` command working on the run directory.
 LOCK_FILE = ".dev.lock"
-# One more bookie than the default ensemble (3): with one bookie dead a new ledger still finds
-# three, so a broker failover or a ledger roll needs no operator.
-DEFAULT_BOOKIES = 4
-
-
-class DevClusterError(BrokerError):
-    """The local development cluster could not be started, read or stopped."""
-
-
-@dataclass
-class DevClusterSpec:
-    """What `dev up` starts."""
-
-    cluster: str = "dev"
-    bookies: int = DEFAULT_BOOKIES
-    brokers: int = 3
-    zk_session_timeout: float = 2.0
-    # Fault-injection runs only: brokers expose their ZooKeeper session in <data>.zk-session.
-    session_files: bool = False
-    # The cluster-wide options `up` gives `cluster init` (None: init's default, or the existing config's).
-    write_quorum: int | None = None
-    ack_quorum: int | None = None
-    ensemble_size: int | None = None
-    digest: str | None = None
-    max_payload_bytes: int | None = None
-    # The cluster secret (for hmac-sha256): handed to `cluster init` and to every broker.
-    secret_file: str | None = None
-    # `broker start --wait-for N` for every broker (0: none): nobody serves before N are live.
-    wait_for: int = 0
-    # Extra `bookie start` arguments for every bookie (e.g. ["--no-autorecovery"]).
-    bookie_args: tuple[str, ...] = ()
-    # Keys for every member and an admin key (devtools/dev_keys.py): every socket CURVE, every key checked.
-    secure: bool = False
-
-    def validate(self) -> "DevClusterSpec":
-        check_cluster_name(self.cluster)
-        if not 0 <= self.bookies <= 16 or not 0 <= self.brokers <= 16:
-            raise DevClusterError("--bookies and --brokers must be between 0 and 16")
-        if self.wait_for < 0:
-            raise DevClusterError("--wait-for must be >= 0")
-        if self.brokers and self.ensemble_size is not None and self.ensemble_size > self.bookies:
-            raise DevClusterError(
-                f"--ensemble-size {self.ensemble_size} needs at least that many bookies, "
-                f"not {self.bookies}: no leader could open a ledger"
-            )
-        return self
-
-    def cluster_options(self) -> dict:
-        """The shared options this spec sets (None: not set)."""
-        return {name: getattr(self, name) for name in SHARED_OPTIONS}
-
-
-def with_wait_for(args: list[str], wait_for: int) -> list[str]:
-    """A broker's command line with ``--wait-for wait_for`` (replacing one it had)."""
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--wait-for":
-            skip = True
-        else:
-            out.append(arg)
-    return [*out, "--wait-for", str(wait_for)]
-
-
-def member_name(member: dict) -> str:
-    """How commands name a recorded member: ``zookeeper``, ``bookie-0``, ``broker-2`` (its data dir's name)."""
-    return "zookeeper" if member["kind"] == "zookeeper" else f"{member['kind']}-{member.get('index')}"
-
-
-def port_taken(address: str) -> bool:
-    """True if something listens on ``address`` (``tcp://host:port`` or ``host:port``)."""
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
-    try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def read_broker_id(data_dir: Path) -> int | None:
-    """The broker id a data dir has been given, or None before its first start completes."""
-    try:
-        return int(json.loads((data_dir / ".broker.meta").read_text())["broker_id"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 class DevCluster:
@@ -171,8 +66,7 @@ class DevCluster:
         # the FENCEPOST_* settings of the shell; a `dev up` cluster outlives the command.
         self.private = private
         self.state_path = state_path(self.run_dir)
-        # The processes this object started, so their exit codes can be read (not only "gone").
-        self._popens: dict[int, subprocess.Popen] = {}
+        self._members = MemberProcesses(self.run_dir, private)
         # Threads of one run (a chaos fault and the monitor) restart members at once: each
         # read-modify-write of cluster.json holds this, so no pid update is lost.
         self._state_lock = threading.RLock()
@@ -220,7 +114,7 @@ class DevCluster:
         # A restart of the same cluster keeps the secret file of its first `up` unless given another.
         secret_file = spec.secret_file or (self.read_state() or {}).get("secret_file")
         secret_file = str(Path(secret_file).resolve()) if secret_file else None  # members run in run_dir
-        secret = self._secret(secret_file)
+        secret = read_secret_file(secret_file)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         zk_port = free_port()
         state = {
@@ -244,7 +138,7 @@ class DevCluster:
         try:
             self._start_zookeeper(state, zk_port)
             progress(f"zookeeper listening on {state['zk']}")
-            progress(self._init_cluster(state, spec, secret, secret_file))
+            progress(init_cluster_config(state["zk"], spec, secret, secret_file))
             for index in range(spec.bookies):
                 member = self._start_member(state, "bookie", index, list(spec.bookie_args))
                 progress(f"bookie {index} listening on {member['address']}")
@@ -293,57 +187,11 @@ class DevCluster:
         checked = False
         for member in sorted(stopped, key=lambda m: (order.get(m["kind"], 3), m.get("index", 0))):
             if member["kind"] != "zookeeper" and not checked:
-                progress(self._init_cluster(state, spec, self._secret(secret_file), secret_file))
+                progress(init_cluster_config(state["zk"], spec, read_secret_file(secret_file), secret_file))
                 checked = True
             self.restart(member)
             progress(f"{member_name(member)} restarted on {member['address']} (data {member['data_dir']})")
         return self.read_state()
-
-    @staticmethod
-    def _secret(secret_file: str | None) -> bytes | None:
-        try:
-            return read_secret(secret_file) if secret_file else None
-        except ElectionError as exc:
-            raise DevClusterError(str(exc)) from None
-
-    def _init_cluster(
-        self, state: dict, spec: DevClusterSpec, secret: bytes | None, secret_file: str | None
-    ) -> str:
-        """`cluster init` with the spec's options; an existing config is kept if the spec agrees with it."""
-        from election.zk import close, connect
-
-        paths = ClusterPaths(spec.cluster)
-        # ZooKeeper has just said "imok" but may still drop the first connections: not worth a warning.
-        kazoo_log = logging.getLogger("kazoo")
-        level = kazoo_log.level
-        kazoo_log.setLevel(logging.ERROR)
-        zk = connect(state["zk"], connect_timeout=15.0)
-        kazoo_log.setLevel(level)
-        try:
-            options = ClusterOptions.with_overrides(spec.cluster_options())
-            try:
-                check_secret_choice(options.validate(), secret)
-                config = init_cluster(zk, paths, options, clock=time.time, secret=secret)
-                return f"cluster {spec.cluster} initialized (cluster id {config['cluster_id']})"
-            except ClusterAlreadyInitialized:
-                config = read_cluster_config(zk, paths) or {}
-            except ElectionError as exc:
-                if read_cluster_config(zk, paths) is None:
-                    raise DevClusterError(str(exc)) from None
-                config = read_cluster_config(zk, paths) or {}
-            # `dev up` again over the same directories: the cluster exists; keep it, if the flags agree.
-            differences = option_differences(config, spec.cluster_options())
-            if differences:
-                raise DevClusterError(
-                    f"cluster {spec.cluster} exists with other options: " + "; ".join(differences)
-                )
-            try:
-                check_member_secret(config, secret, spec.cluster, source=secret_file or "--secret-file")
-            except ElectionError as exc:
-                raise DevClusterError(str(exc)) from None
-            return f"cluster {spec.cluster} already initialized (cluster id {config['cluster_id']}): keeping its options"
-        finally:
-            close(zk)
 
     def add_broker(self, progress: Callable[[str], None] = lambda _: None) -> dict:
         """Start one more broker with an empty data dir (a joiner) in the running cluster."""
@@ -360,17 +208,15 @@ class DevCluster:
 
     def data_dir(self, kind: str, index: int) -> Path:
         """Where `up` puts member `index` of `kind` (so a caller may prepare it first)."""
-        return self.run_dir / f"{kind}-{index}"
+        return self._members.data_dir(kind, index)
 
     def _start_zookeeper(self, state: dict, port: int) -> None:
         data = self.run_dir / "zookeeper"
-        server = ZooKeeperServer(ZkServerConfig(port=port, data=str(data)))
-        proc = server.start(log_file=self.run_dir / "zookeeper.log", die_with_parent=self.private)
-        self._popens[proc.pid] = proc
+        pid = self._members.start_zookeeper(port, str(data), self.run_dir / "zookeeper.log")
         state["processes"].append(
             {
                 "kind": "zookeeper",
-                "pid": proc.pid,
+                "pid": pid,
                 "address": state["zk"],
                 "data_dir": str(data),
                 "log": str(self.run_dir / "zookeeper.log"),
@@ -410,16 +256,15 @@ class DevCluster:
                 )
             if current["kind"] == "zookeeper":
                 port = int(current["address"].rsplit(":", 1)[1])
-                server = ZooKeeperServer(ZkServerConfig(port=port, data=current["data_dir"]))
-                proc = server.start(log_file=Path(current["log"]), die_with_parent=self.private)
-                self._popens[proc.pid] = proc
-                current["pid"] = proc.pid
+                current["pid"] = self._members.start_zookeeper(
+                    port, current["data_dir"], Path(current["log"])
+                )
                 self.write_state(state)
                 return current
-            self._spawn(current)
+            self._members.spawn(current)
             self.write_state(state)
         if wait:
-            self._wait_member(current)
+            self._members.wait_listening(current)
         return current
 
     def restart_member(self, name: str, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -438,98 +283,17 @@ class DevCluster:
 
     def exit_code(self, pid: int) -> int | None:
         """The exit code of a process this object started, None while it runs or if unknown."""
-        proc = self._popens.get(pid)
-        return None if proc is None else proc.poll()
+        return self._members.exit_code(pid)
 
     def _start_member(
         self, state: dict, kind: str, index: int, extra: list[str] | None = None, session_file: bool = False
     ) -> dict:
-        data = self.data_dir(kind, index)
-        data.mkdir(parents=True, exist_ok=True)
-        address = f"tcp://127.0.0.1:{free_port()}"
-        # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
-        metrics = f"127.0.0.1:{free_port()}"
-        args = [
-            kind,
-            "start",
-            "--data",
-            str(data),
-            "--listen",
-            address,
-            "--metrics-listen",
-            metrics,
-            "--zk",
-            state["zk"],
-            "--cluster",
-            state["cluster"],
-            *(extra or []),
-        ]
-        key_file = self._member_key(state, kind, address)
-        if key_file is not None:
-            args += DevKeys(self.run_dir).member_args(key_file)
-        log_path = self.run_dir / f"{kind}-{index}.log"
-        member = {
-            "kind": kind,
-            "index": index,
-            "address": address,
-            "metrics": metrics,
-            "data_dir": str(data),
-            "log": str(log_path),
-            "args": args,
-            **({"key_file": str(key_file)} if key_file else {}),
-        }
-        if session_file:
-            member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
-        self._spawn(member)
+        member = self._members.new_member(state, kind, index, extra, session_file)
+        self._members.spawn(member)
         state["processes"].append(member)
         self.write_state(state)
-        self._wait_member(member)
+        self._members.wait_listening(member)
         return member
-
-    def _member_key(self, state: dict, kind: str, address: str) -> Path | None:
-        """A secure cluster's new member: its key, in the keys file the running members reload now."""
-        if not state.get("secure"):
-            return None
-        key_file = DevKeys(self.run_dir).add_member(kind, address)
-        reload_members(
-            [
-                m["pid"]
-                for m in state["processes"]
-                if m["kind"] in ("bookie", "broker")
-                and pid_alive(m["pid"])
-                and owns(m["pid"], str(self.run_dir))
-            ]
-        )
-        return key_file
-
-    def _spawn(self, member: dict) -> None:
-        env = (private_env if self.private else fencepost_env)(member.get("env"))
-        proc = spawn(
-            fencepost_command(*member["args"]),
-            Path(member["log"]),
-            cwd=self.run_dir,
-            env=env,
-            die_with_parent=self.private,
-        )
-        member["pid"] = proc.pid
-        self._popens[proc.pid] = proc
-
-    def _wait_member(self, member: dict, timeout: float = 30.0) -> None:
-        host, port = member["address"].removeprefix("tcp://").rsplit(":", 1)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not pid_alive(member["pid"]):
-                lines = Path(member["log"]).read_text(errors="replace").strip().splitlines()
-                raise DevClusterError(
-                    f"{member_name(member)} exited during start (log {member['log']}): "
-                    f"{lines[-1] if lines else 'no output'}"
-                )
-            try:
-                with socket.create_connection((host, int(port)), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise DevClusterError(f"{member_name(member)} did not listen on {member['address']} in {timeout:g}s")
 
     def down(self) -> list[dict]:
         """Stop every recorded process, brokers first and ZooKeeper last; the record stays for the next `up`."""

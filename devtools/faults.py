@@ -33,7 +33,8 @@ from pathlib import Path
 
 from broker.admin.status import ask
 from devtools import schedule as S
-from devtools.devcluster import DevCluster, DevClusterError
+from devtools.dev_spec import DevClusterError
+from devtools.devcluster import DevCluster
 from devtools.fault_primitives import DiskFiller, expire_session, signal_pid_group, wait_gone
 from devtools.load import WorkerPool
 

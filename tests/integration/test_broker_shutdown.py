@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from devtools.devcluster import free_port
+from devtools.procs import free_port
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.leader import read_leader
 from election.paths import ClusterPaths

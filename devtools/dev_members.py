@@ -1,0 +1,169 @@
+"""A dev cluster's member processes: their records and command lines, starting them, waiting for them.
+
+A bookie or broker member is recorded as ``{kind, index, address, metrics, data_dir,
+log, args}`` (plus ``key_file`` in a secure cluster and ``env`` for a session file);
+``args`` is its whole ``fencepost`` command line, so a restart starts it exactly
+as it was. :class:`MemberProcesses` builds such records, starts them (and
+ZooKeeper) in their own process groups, dying with the caller for a benchmark's
+private cluster, waits until each listens and keeps the ``Popen`` of every process
+it started for its exit code. Members are named ``zookeeper``, ``bookie-0``,
+``broker-2`` (:func:`member_name`).
+
+Example::
+
+    members = MemberProcesses(run_dir, private=True)
+    member = members.new_member(state, "broker", 0, ["--zk-session-timeout-s", "2"])
+    members.spawn(member); members.wait_listening(member)
+    read_broker_id(Path(member["data_dir"]))
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from devtools.dev_keys import DevKeys, reload_members
+from devtools.dev_spec import DevClusterError
+from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn
+from devtools.zkserver import ZkServerConfig, ZooKeeperServer
+
+
+def member_name(member: dict) -> str:
+    """How commands name a recorded member: ``zookeeper``, ``bookie-0``, ``broker-2`` (its data dir's name)."""
+    return "zookeeper" if member["kind"] == "zookeeper" else f"{member['kind']}-{member.get('index')}"
+
+
+def port_taken(address: str) -> bool:
+    """True if something listens on ``address`` (``tcp://host:port`` or ``host:port``)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def read_broker_id(data_dir: Path) -> int | None:
+    """The broker id a data dir has been given, or None before its first start completes."""
+    try:
+        return int(json.loads((data_dir / ".broker.meta").read_text())["broker_id"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+class MemberProcesses:
+    """Starts the members of the dev cluster in ``run_dir`` (see the module docstring)."""
+
+    def __init__(self, run_dir: Path, private: bool) -> None:
+        self.run_dir = run_dir
+        self.private = private
+        # The processes this object started, so their exit codes can be read (not only "gone").
+        self._popens: dict[int, subprocess.Popen] = {}
+
+    def data_dir(self, kind: str, index: int) -> Path:
+        """Where member ``index`` of ``kind`` keeps its data."""
+        return self.run_dir / f"{kind}-{index}"
+
+    def start_zookeeper(self, port: int, data_dir: str, log: Path) -> int:
+        """Start the ZooKeeper server on ``port``; its pid."""
+        server = ZooKeeperServer(ZkServerConfig(port=port, data=data_dir))
+        proc = server.start(log_file=log, die_with_parent=self.private)
+        self._popens[proc.pid] = proc
+        return proc.pid
+
+    def new_member(
+        self, state: dict, kind: str, index: int, extra: list[str] | None = None, session_file: bool = False
+    ) -> dict:
+        """The record of a new bookie or broker on fresh ports, its data dir made (not started yet)."""
+        data = self.data_dir(kind, index)
+        data.mkdir(parents=True, exist_ok=True)
+        address = f"tcp://127.0.0.1:{free_port()}"
+        # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
+        metrics = f"127.0.0.1:{free_port()}"
+        args = [
+            kind,
+            "start",
+            "--data",
+            str(data),
+            "--listen",
+            address,
+            "--metrics-listen",
+            metrics,
+            "--zk",
+            state["zk"],
+            "--cluster",
+            state["cluster"],
+            *(extra or []),
+        ]
+        key_file = self._member_key(state, kind, address)
+        if key_file is not None:
+            args += DevKeys(self.run_dir).member_args(key_file)
+        log_path = self.run_dir / f"{kind}-{index}.log"
+        member = {
+            "kind": kind,
+            "index": index,
+            "address": address,
+            "metrics": metrics,
+            "data_dir": str(data),
+            "log": str(log_path),
+            "args": args,
+            **({"key_file": str(key_file)} if key_file else {}),
+        }
+        if session_file:
+            member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
+        return member
+
+    def _member_key(self, state: dict, kind: str, address: str) -> Path | None:
+        """A secure cluster's new member: its key, in the keys file the running members reload now."""
+        if not state.get("secure"):
+            return None
+        key_file = DevKeys(self.run_dir).add_member(kind, address)
+        reload_members(
+            [
+                m["pid"]
+                for m in state["processes"]
+                if m["kind"] in ("bookie", "broker")
+                and pid_alive(m["pid"])
+                and owns(m["pid"], str(self.run_dir))
+            ]
+        )
+        return key_file
+
+    def spawn(self, member: dict) -> None:
+        """Start a recorded bookie or broker with its command line; its new pid goes into the record."""
+        env = (private_env if self.private else fencepost_env)(member.get("env"))
+        proc = spawn(
+            fencepost_command(*member["args"]),
+            Path(member["log"]),
+            cwd=self.run_dir,
+            env=env,
+            die_with_parent=self.private,
+        )
+        member["pid"] = proc.pid
+        self._popens[proc.pid] = proc
+
+    def wait_listening(self, member: dict, timeout: float = 30.0) -> None:
+        """Return once the member listens on its address; DevClusterError if it exits or stays silent."""
+        host, port = member["address"].removeprefix("tcp://").rsplit(":", 1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not pid_alive(member["pid"]):
+                lines = Path(member["log"]).read_text(errors="replace").strip().splitlines()
+                raise DevClusterError(
+                    f"{member_name(member)} exited during start (log {member['log']}): "
+                    f"{lines[-1] if lines else 'no output'}"
+                )
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise DevClusterError(f"{member_name(member)} did not listen on {member['address']} in {timeout:g}s")
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a process this object started, None while it runs or if unknown."""
+        proc = self._popens.get(pid)
+        return None if proc is None else proc.poll()
