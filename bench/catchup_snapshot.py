@@ -35,12 +35,13 @@ def serve_snapshots(catalog_dir: str, address: str) -> None:
     """The broker's snapshot service on a ROUTER socket, until SIGTERM (runs in a child process).
 
     Requests go through the broker's own checks (``wire.decode_request`` with the
-    default ``max_frame_bytes``, ``protocol.check_request``) and are answered with
+    default ``max_frame_bytes``, ``check_request``) and are answered with
     :func:`snapshots.transfer.describe` / :func:`snapshots.transfer.read_chunk`.
     """
     import zmq
 
     from broker import protocol
+    from broker.protocol.checks import check_request
     from election import wire
     from snapshots.catalog import SnapshotCatalog
     from snapshots.transfer import TransferError, describe, read_chunk
@@ -58,7 +59,7 @@ def serve_snapshots(catalog_dir: str, address: str) -> None:
         try:
             msg = wire.decode_request(frame, protocol.OPS, MAX_FRAME_BYTES)
             rid = msg.get("rid")
-            req = protocol.check_request(msg, 1 << 20)
+            req = check_request(msg, 1 << 20)
             if req["op"] == "snapshot_info":
                 reply = wire.ok_reply(rid, snapshot=describe(catalog))
             elif req["op"] == "snapshot_chunk":

@@ -43,7 +43,7 @@ def _payload(i: int) -> bytes:
 
 
 def task_submitted(i: int, now_ms: int) -> dict:
-    """A TaskSubmitted event as the leader makes it (broker/protocol.py `_submitted`)."""
+    """A TaskSubmitted event as the leader makes it (broker/protocol/writes.py `_submitted`)."""
     return {
         "type": "TaskSubmitted",
         "task_id": time_ordered_id(SYSTEM_CLOCK),

@@ -16,7 +16,8 @@ import socket
 
 import click
 
-from broker.protocol import RequestError, check_queue
+from broker.protocol import RequestError
+from broker.protocol.checks import check_queue
 from broker.state.events import PRIORITY_MAX, PRIORITY_MIN
 
 PRIORITY = click.IntRange(PRIORITY_MIN, PRIORITY_MAX)

@@ -90,7 +90,8 @@ from broker.api.worker_handling import Handler, TaskRunner
 from broker.api.worker_heartbeat import HeartbeatSender
 from broker.api.worker_lease import LeaseLoop
 from broker.api.worker_outbox import OutboxSender
-from broker.protocol import RequestError, check_queue
+from broker.protocol import RequestError
+from broker.protocol.checks import check_queue
 from election.local.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["MAX_ERROR_CHARS", "Task", "Worker", "default_prefetch", "error_text", "result_bytes"]

@@ -11,7 +11,7 @@ Other threads talk to the loop only through :meth:`BrokerServer.call_soon` and
 the wake pipe, so sockets and the leadership are touched by this thread alone.
 The node's collaborators come in one :class:`ServerHooks` at construction.
 
-Requests are read, decoded, checked (:func:`broker.protocol.check_request`) and
+Requests are read, decoded, checked (:func:`broker.protocol.checks.check_request`) and
 answered through the serving kernel (:mod:`election.wire.kernel`), which brokers
 and bookies share: an op table whose handlers return replies (or ``DEFERRED``,
 when the leadership answers after a commit or a long poll), the role check of a
@@ -45,6 +45,7 @@ from typing import Any, Callable
 import zmq
 
 from broker import protocol
+from broker.protocol.checks import check_request
 from broker.server.leading import reads
 from broker.server.leading.housekeeping import Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
@@ -145,7 +146,7 @@ class BrokerServer:
             oversized_code=codes.E_PAYLOAD_TOO_LARGE,
             clock=clock,
             hooks=KernelHooks(
-                check=lambda msg: protocol.check_request(msg, self.max_payload),
+                check=lambda msg: check_request(msg, self.max_payload),
                 on_handler_error=self._handler_failed,
                 replied=self.metrics.replied if self.metrics is not None else None,
             ),

@@ -72,7 +72,7 @@ _REQUIRED = object()
 _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
 
 # type -> {field: (kind, default or _REQUIRED)}. Kinds are checked by check_value(); the
-# request checks of broker/protocol.py use the same kinds, so a request they accept
+# request checks of broker/protocol/checks.py use the same kinds, so a request they accept
 # always makes events that pass here.
 SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "QueueDeclared": {

@@ -34,7 +34,7 @@ E_WRONG_BOOKIE = "wrong_bookie"  # the request names another bookie id (a new bo
 # Secure servers (brokers and bookies, election/secure/roles.py): the client's key has no right to this op.
 E_FORBIDDEN = "forbidden"
 
-# Broker requests (broker/protocol.py, broker/server/request_loop.py).
+# Broker requests (broker/protocol/, broker/server/request_loop.py).
 E_NOT_LEADER = "not_leader"
 E_UNAVAILABLE = "unavailable"
 E_INVALID_QUEUE = "invalid_queue"

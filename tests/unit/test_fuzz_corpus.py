@@ -8,7 +8,8 @@ import msgpack
 import pytest
 
 from broker.protocol import OPS as BROKER_OPS
-from broker.protocol import RequestError, check_request
+from broker.protocol import RequestError
+from broker.protocol.checks import check_request
 from devtools.fuzz_mutate import Raw, length_fields, mutation_messages, pack, valid_frames
 from devtools.fuzz_strategies import hypothesis_messages
 from devtools.fuzz_targets import BOOKIE, BROKER, FUZZ_LEDGER_BASE, entry_bytes

@@ -12,18 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.protocol import (
-    E_BAD_REQUEST,
-    E_INVALID_QUEUE,
-    E_PAYLOAD_TOO_LARGE,
-    OPS,
-    QUEUE_NAME,
-    RequestError,
-    check_request,
-    reply_fields,
-    request_events,
-)
+from broker.protocol import OPS, QUEUE_NAME, RequestError
+from broker.protocol.checks import check_request
+from broker.protocol.writes import reply_fields, request_events
 from broker.state.events import decode_batch, encode_batch, validate_event
+from election.wire.codes import E_BAD_REQUEST, E_INVALID_QUEUE, E_PAYLOAD_TOO_LARGE
 
 MAX_PAYLOAD = 64
 DEFAULT_LEASE_MS = 30_000

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker import protocol
+from broker.protocol.checks import check_request
+from broker.protocol.writes import request_events
 from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.state.backoff import delay_for, retry_delay_ms, settings
 from tests.support.replica import Replica
@@ -34,16 +35,16 @@ def r(tmp_path):
 
 
 def fail_event(r, tid, attempt, now_ms, **fields):
-    req = protocol.check_request(
+    req = check_request(
         {"op": "fail", "task_id": tid, "attempt": attempt, "error": "boom", **fields}, 1 << 20
     )
     stamp_retry_delay(r.store, req, (1000, 300_000))
-    [ev] = protocol.request_events(req, now_ms, new_id=lambda: "unused")
+    [ev] = request_events(req, now_ms, new_id=lambda: "unused")
     return r.batch(ev)[0]
 
 
 def test_the_leader_stamps_the_tasks_backoff_and_apply_delays_the_retry(r):
-    req = protocol.check_request(
+    req = check_request(
         {
             "op": "submit",
             "queue": "q",
@@ -54,7 +55,7 @@ def test_the_leader_stamps_the_tasks_backoff_and_apply_delays_the_retry(r):
         },
         1 << 20,
     )
-    [ev] = protocol.request_events(req, 0, new_id=lambda: "t")
+    [ev] = request_events(req, 0, new_id=lambda: "t")
     r.batch(ev)
     waits = []
     now = 0

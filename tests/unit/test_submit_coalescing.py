@@ -17,7 +17,9 @@ import zmq
 from broker.aio import AsyncClient
 from broker.api.client import AUTO_KEY_PREFIX, BrokerUnavailable, Client, ClientError
 from broker.api.pipeline import SubmitPipeline
-from broker.protocol import RequestError, check_request, reply_fields, request_events
+from broker.protocol import RequestError
+from broker.protocol.checks import check_request
+from broker.protocol.writes import reply_fields, request_events
 from election import wire
 
 pytestmark = pytest.mark.timeout(30)

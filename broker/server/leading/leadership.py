@@ -37,6 +37,7 @@ import logging
 from typing import Any, Callable
 
 from broker import protocol
+from broker.protocol.writes import reply_fields, request_events
 from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
@@ -177,7 +178,7 @@ class Leadership:
                 stamp_retry_delay(
                     self.store, req, (self.config.retry_backoff_ms, self.config.retry_backoff_max_ms)
                 )
-            events = protocol.request_events(req, self.leader_clock.now_ms(), self.hooks.new_id)
+            events = request_events(req, self.leader_clock.now_ms(), self.hooks.new_id)
             self.group.add(events, (route, rid, req, started))
         except protocol.RequestError as exc:
             self._forget(req)
@@ -346,7 +347,7 @@ class Leadership:
             send(route, wire.error_reply(rid, code, str(exc)), req["op"], started)
             return
         try:
-            fields = protocol.reply_fields(req, results)
+            fields = reply_fields(req, results)
         except protocol.RequestError as err:
             send(route, wire.error_reply(rid, err.code, err.message), req["op"], started)
             return

@@ -1,0 +1,126 @@
+"""The client/worker protocol of a broker: its operations, their limits, and the error a refusal raises.
+
+Pure: a request is checked (:mod:`broker.protocol.checks`), then turned into
+state-machine events stamped by the leader (time, task ids), and the events'
+results become the reply (:mod:`broker.protocol.writes`). Frames use the shared
+envelope of :mod:`election.wire` (``v``, ``op``, ``rid``; one reply per request).
+
+Operations (request fields -> reply fields):
+
+- ``ping`` -> ``broker_id, role, leader``
+- ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?, retry_backoff_ms?,
+  retry_backoff_max_ms?`` -> ``task_id``
+- ``submit_many`` ``tasks: [submit fields], each?`` -> ``task_ids`` (a failed submit fails the request,
+  though the others' events are committed), or with ``each: true`` -> ``results: [{ok, task_id} |
+  {ok: false, error, message}]``, one per task in order (what a client coalescing the submits of
+  several callers needs: one caller's failed submit does not fail the others)
+- ``get`` ``task_id`` -> ``task``
+- ``cancel`` ``task_id`` -> ``{}``
+- ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload, max_run_ms}]``
+- ``heartbeat`` ``worker, task_id, attempt, lease_ms?`` -> ``{}``
+- ``heartbeat_many`` ``worker, tasks: [{task_id, attempt}], lease_ms?`` -> ``results: [{ok, error?, message?}]``
+  (one lease extension per task, one result per task, in order, as for ``complete_many``)
+- ``complete`` ``task_id, attempt, result?`` -> ``{}``
+- ``complete_many`` ``tasks: [{task_id, attempt, result?}], lease?`` -> ``results: [{ok, error?, message?}]``
+  (one result per task, in order; one task's stale attempt does not fail the others); with ``lease:
+  {worker, queues, max_tasks?, lease_ms?}`` (complete-and-lease, as a settle that checks out the next
+  message) also ``tasks`` as a ``lease`` reply's: the leases are written in the same entry as the
+  completions, and only when the queues have work; the combined lease never waits (an empty ``tasks``
+  says: long-poll ``lease`` as usual). A broker without this field answers without ``tasks``
+- ``fail`` ``task_id, attempt, error?, retry?, reject?`` -> ``will_retry, retry_at_ms, retry_delay_ms``
+  (``reject: true``: the task is dead at once; otherwise a retry waits the backoff the leader stamps;
+  the three are null for a repeated fail)
+- ``status`` -> ``broker_id, role, epoch, position, digest, queues``
+- ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?,
+  result_ttl_ms?`` -> ``queue`` (the queue's settings after the change; a field left out keeps its value;
+  ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``)
+- ``list_tasks`` ``queue?, state?, limit?, after?`` -> ``tasks: [{id, queue, state, attempts, max_attempts,
+  priority, submitted_ms, not_before_ms, started_ms, finished_ms, worker, error, ...}], next`` (a page
+  of at most ``limit`` (100, up to 1000) tasks in queue then submit order, through the store's
+  ``by_state`` index; ``next`` is the cursor to pass as ``after`` for the next page, null after the last)
+- ``list_queues`` -> ``queues: [{queue, counts, max_attempts, lease_ms, ...settings}], result_ttl_ms``
+  (the leader's default for queues that set none; 0: kept)
+- ``list_workers`` ``limit?, after?`` -> ``workers: [{worker, queues, in_hand, first_seen_ms,
+  last_seen_ms}], next`` (the workers the leader has seen and not yet declared lost)
+- ``retry_task`` ``task_id`` -> ``task_id, state, attempt, duplicate`` (a failed or dead task back to
+  waiting with its max_attempts again; ``duplicate``: it was already waiting or running)
+- ``purge_queue`` ``queue, states, older_than_ms?, before_ms?, limit?`` -> ``purged, more, before_ms``
+  (deletes up to ``limit`` (1000, up to 10,000) tasks of ``queue`` in ``states``; final states only
+  those that finished before ``before_ms``, which the leader sets from ``older_than_ms`` or to its
+  time now; ``more``: send it again with the returned ``before_ms``)
+- ``requeue_dead`` ``queue, before_ms?, limit?`` -> ``requeued, more, before_ms`` (as ``retry_task`` for
+  up to ``limit`` dead tasks of ``queue`` that died before ``before_ms``, by default the leader's now)
+- ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
+- ``snapshot_chunk`` ``name, offset, length`` -> ``data, crc`` (any broker; for joining members)
+- ``cluster_shutdown`` ``shutdown_id`` -> ``shutdown_id, position`` (the leader writes
+  ``ClusterShutdown`` as the last entry of the cluster's life, answers once it is committed and
+  applied, and from then on refuses writes with ``shutting_down``; ``fencepost cluster shutdown``)
+
+Errors any request may get: ``not_leader`` (with ``leader``, the leader's
+address, or null while unknown), ``unavailable`` (the leader is not serving
+writes right now: retry), ``internal`` (the broker failed on this request alone;
+it keeps serving), plus the request's own errors such as ``invalid_queue``,
+``bad_request``, ``payload_too_large``, ``stale_attempt``, ``no_such_task``.
+
+Example::
+
+    if op not in OPS:
+        raise RequestError(E_BAD_REQUEST, f"unknown op {op!r}")
+"""
+
+from __future__ import annotations
+
+import re
+
+from broker import BrokerError
+from election.wire import CodedError
+
+OPS = frozenset(
+    {
+        "ping",
+        "submit",
+        "submit_many",
+        "get",
+        "cancel",
+        "lease",
+        "heartbeat",
+        "heartbeat_many",
+        "complete",
+        "complete_many",
+        "fail",
+        "status",
+        "snapshot_info",
+        "snapshot_chunk",
+        "cluster_shutdown",
+        "declare_queue",
+        "list_tasks",
+        "list_queues",
+        "list_workers",
+        "retry_task",
+        "purge_queue",
+        "requeue_dead",
+    }
+)
+# Reads the leader answers from its store (also while a cluster shutdown refuses writes).
+LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers"})
+# Ops whose requests name a worker: the leader notes that it was seen (broker/server/leading/housekeeping.py).
+WORKER_OPS = frozenset({"lease", "heartbeat", "heartbeat_many"})
+MAX_CHUNK = 4 * 1024 * 1024
+
+
+MAX_SUBMIT_MANY = 1000
+MAX_WAIT_MS = 60_000
+MAX_LEASE_TASKS = 1000
+MAX_ATTEMPTS = 1000
+MIN_LEASE_MS = 100
+MAX_SNAPSHOT_OFFSET = 1 << 50
+MAX_LIST_TASKS = 1000
+DEFAULT_LIST_TASKS = 100
+MAX_LIST_WORKERS = 1000
+MAX_PURGE = 10_000
+DEFAULT_PURGE = 1000
+QUEUE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+
+
+class RequestError(CodedError, BrokerError):
+    """A request the broker refuses; ``code`` goes on the wire."""
