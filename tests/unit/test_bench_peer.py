@@ -13,6 +13,7 @@ import pytest
 
 from bench import peer, peer_load, peer_systems, rabbitmq, rabbitmq_cluster
 from bench.common import to_json
+from tests.conftest import wait_for
 
 # ----------------------------------------------------------------- the load harness
 
@@ -45,7 +46,8 @@ def test_sync_producers_stop_at_the_backlog_bound_without_consumers():
     ]
     for t in threads:
         t.start()
-    time.sleep(0.2)
+    wait_for(lambda: m.submitted >= 11, 30, "the producers to reach the bound")
+    time.sleep(0.2)  # a chance to go past it, which the bound must refuse
     stop.set()
     for t in threads:
         t.join(5)
@@ -97,7 +99,7 @@ def test_future_producer_keeps_at_most_in_flight_outstanding():
     stop = threading.Event()
     t = threading.Thread(target=peer_load.future_producer, args=(m, submit_future, b"x", stop, 5))
     t.start()
-    time.sleep(0.2)
+    wait_for(lambda: m.submitted > 20, 30, "several rounds of submits")
     stop.set()
     t.join(10)
     pool.shutdown()
@@ -121,7 +123,8 @@ def test_coroutine_producer_runs_its_session_in_its_own_loop():
     stop = threading.Event()
     t = threading.Thread(target=peer_load.coroutine_producer, args=(m, session, b"x", stop, 4))
     t.start()
-    time.sleep(0.2)
+    wait_for(lambda: m.submitted >= 20, 30, "the coroutines to reach the bound")
+    time.sleep(0.2)  # a chance to go past it, which the bound must refuse
     stop.set()
     t.join(10)
     assert len(opened) == 1 and 20 <= m.submitted <= 24 and m.errors == 0
