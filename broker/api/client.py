@@ -61,19 +61,16 @@ Example::
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import random
 import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import zmq
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
 
+from broker.api.app_calls import ApplicationCalls
 from broker.api.client_leader import LeaderTracking
 from broker.api.client_transport import Transport, _Transient
 from broker.api.operate import OperatorCalls
@@ -81,27 +78,21 @@ from broker.api.pipeline import SubmitPipeline
 from broker.api.requests import (
     AUTO_KEY_PREFIX,
     FREE_REDIRECTS,
-    SUBMIT_OPTIONS,
-    SUBMIT_OVERHEAD_BYTES,
     Backoff,
     BrokerUnavailable,
     ClientError,
     TaskNotFound,
     WaitTimeout,
     auto_key,
-    backoff_fields,
     classify,
     leader_address,
-    submit_cost,
     submit_fields,
 )
 from broker.api.submit_group import SubmitGroup
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, dev_dir_options, resolve_target
-from broker.protocol import MAX_SUBMIT_MANY
-from broker.state.events import FINAL_STATES
 from election.secure.keyring import load_client_keys, process_keys
 from election.wire import DEFAULT_MAX_FRAME_BYTES, error_for
-from election.wire.codes import E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
+from election.wire.codes import E_CLOSED, E_INTERNAL
 from election.zk import close as zk_close
 
 # The request helpers and error classes are part of this module's interface (and of
@@ -134,11 +125,13 @@ _ENVELOPE = ("v", "rid", "ok")
 # ---------------------------------------------------------------- the client
 
 
-class Client(OperatorCalls, LeaderTracking, Transport):
+class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
     """A connection to one fencepost cluster (see the module docstring).
 
-    Besides submitting and waiting, the operator's calls (:mod:`broker.api.operate`):
-    ``list_tasks``, ``iter_tasks``, ``retry``, ``queues``, ``purge``, ``requeue_dead``, ``workers``.
+    Its calls: an application's (:mod:`broker.api.app_calls`): ``submit``, ``submit_async``,
+    ``submit_many``, ``get``, ``wait``, ``cancel``, ``complete_many``, ``declare_queue``, ``status``;
+    the operator's (:mod:`broker.api.operate`): ``list_tasks``, ``iter_tasks``, ``retry``,
+    ``queues``, ``purge``, ``requeue_dead``, ``workers``; and :meth:`call` for any op.
 
     Give either ``zk`` (ZooKeeper hosts; when neither is given, ``FENCEPOST_ZK`` or
     ``127.0.0.1:2181``) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``);
@@ -189,191 +182,6 @@ class Client(OperatorCalls, LeaderTracking, Transport):
     def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Client":
         """A client of the dev cluster `fencepost dev up` recorded in ``dev_dir`` (``options`` as for Client)."""
         return cls(**{**dev_dir_options(dev_dir), **options})
-
-    # ------------------------------------------------------------ public API
-
-    def submit(
-        self,
-        queue: str,
-        payload: bytes,
-        key: str | None = None,
-        priority: int = 0,
-        delay: float = 0,
-        max_attempts: int | None = None,
-        max_run: float | None = None,
-        retry_backoff: float | None = None,
-        retry_backoff_max: float | None = None,
-    ) -> str:
-        """Submit one task; return its id once committed. The same ``key`` returns the same id.
-
-        ``max_run`` (seconds) bounds each attempt: past it the worker abandons the
-        attempt and the leader expires its lease even if heartbeats go on.
-        ``retry_backoff`` (seconds) is the wait before the first retry of a failed
-        attempt, doubling for each later one up to ``retry_backoff_max`` (seconds);
-        unset, the queue's settings apply, else the brokers' ``retry_backoff_ms``.
-        Submits that several threads make at once travel together in one request.
-        """
-        fields = submit_fields(
-            queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
-        )
-        self._check_payload(fields["payload"])
-        return self._submits.submit(fields, self.timeout)
-
-    def submit_async(
-        self,
-        queue: str,
-        payload: bytes,
-        key: str | None = None,
-        priority: int = 0,
-        delay: float = 0,
-        max_attempts: int | None = None,
-        max_run: float | None = None,
-        timeout: float | None = None,
-        retry_backoff: float | None = None,
-        retry_backoff_max: float | None = None,
-    ) -> "Future[str]":
-        """Submit one task without waiting: a future of its id (or of the :class:`ClientError` ``submit`` raises).
-
-        The submits waiting at the same moment, from any thread, go to the leader
-        together in one request, several requests in flight on one socket; each is
-        retried with its own key until ``timeout`` (the client's by default), so it
-        never makes a second task. Bad arguments raise here, at once.
-        Example: ``ids = [f.result() for f in [client.submit_async("q", p) for p in payloads]]``.
-        """
-        fields = submit_fields(
-            queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
-        )
-        try:
-            self._check_payload(fields["payload"])
-        except ClientError as exc:
-            future: Future = Future()
-            future.set_exception(exc)
-            return future
-        return self._pipeline.submit(fields, self.timeout if timeout is None else float(timeout))
-
-    def submit_many(self, tasks: list[dict]) -> list[str]:
-        """Submit several tasks (dicts with :meth:`submit`'s arguments); return their ids in order.
-
-        Up to 1000 tasks go in one request and commit together; a longer list is
-        sent in chunks, so if a later chunk fails the earlier ones stay submitted.
-        """
-        subs = []
-        for task in tasks:
-            unknown = set(task) - SUBMIT_OPTIONS
-            if unknown:
-                raise ValueError(f"unknown submit option(s): {', '.join(sorted(unknown))}")
-            subs.append(submit_fields(**task))
-            self._check_payload(subs[-1]["payload"])
-        ids: list[str] = []
-        for chunk in self._frame_chunks(subs):
-            ids.extend(self.call("submit_many", tasks=chunk)["task_ids"])
-        return ids
-
-    def _frame_chunks(self, subs: list[dict]) -> list[list[dict]]:
-        """``subs`` cut into requests of at most 1000 submits that each fit in a frame."""
-        chunks: list[list[dict]] = [[]]
-        size = SUBMIT_OVERHEAD_BYTES
-        for sub in subs:
-            need = submit_cost(sub)
-            if chunks[-1] and (len(chunks[-1]) >= MAX_SUBMIT_MANY or size + need > self.max_frame_bytes):
-                chunks.append([])
-                size = SUBMIT_OVERHEAD_BYTES
-            chunks[-1].append(sub)
-            size += need
-        return chunks if chunks[0] else []
-
-    def _check_payload(self, payload: bytes) -> None:
-        limit = self._payload_limit()
-        if limit is not None and len(payload) > limit:
-            raise ClientError(
-                E_PAYLOAD_TOO_LARGE, f"payload of {len(payload)} bytes exceeds max_payload_bytes={limit}"
-            )
-
-    def _payload_limit(self) -> int | None:
-        """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
-        if self._max_payload is None and self._zk is not None:
-            try:
-                data = self._zk_read(self._paths.config, time.monotonic() + self.request_timeout)
-                self._max_payload = int(json.loads(data or b"{}")["max_payload_bytes"])
-            except (KazooException, KazooTimeoutError, KeyError, TypeError, ValueError) as exc:
-                log.debug("cluster payload limit unknown: %s", exc)
-        return self._max_payload
-
-    def get(self, task_id: str, timeout: float | None = None) -> dict:
-        """The task's record (``id, queue, state, attempts, result, ...``); :class:`TaskNotFound` if unknown."""
-        task = dict(self.call("get", task_id=task_id, timeout=timeout)["task"])
-        task.setdefault("id", task_id)
-        return task
-
-    def wait(self, task_id: str, timeout: float | None = None) -> dict:
-        """Poll until the task is done, failed, dead or cancelled; return its record.
-
-        ``timeout`` in seconds (None: no limit); raises :class:`WaitTimeout` when it
-        passes, or :class:`BrokerUnavailable` if no leader answers meanwhile.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll = Backoff(start=0.02, cap=0.5)
-        while True:
-            call_timeout = None
-            if deadline is not None:
-                # Never give up on the last poll just because little time is left.
-                call_timeout = max(deadline - time.monotonic(), min(self.request_timeout, 1.0))
-            task = self.get(task_id, timeout=call_timeout)
-            if task.get("state") in FINAL_STATES:
-                return task
-            pause = poll.next_delay()
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise WaitTimeout(task_id, timeout, task)
-                pause = min(pause, remaining)
-            time.sleep(pause)
-
-    def complete_many(self, completions: list[dict]) -> list[dict]:
-        """Complete several leased tasks in one request.
-
-        Each item has ``task_id``, ``attempt`` and optionally ``result`` (bytes);
-        returns one ``{ok, error?, message?}`` per item, in order: a stale attempt
-        fails that item only. Safe to retry (a repeated completion is a no-op).
-        """
-        fields = [{k: c[k] for k in ("task_id", "attempt", "result") if k in c} for c in completions]
-        return self.call("complete_many", tasks=fields)["results"]
-
-    def declare_queue(
-        self,
-        queue: str,
-        max_attempts: int | None = None,
-        max_run: float | None = None,
-        retry_backoff: float | None = None,
-        retry_backoff_max: float | None = None,
-        result_ttl: float | None = None,
-    ) -> dict:
-        """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
-
-        A setting left None keeps its value. ``retry_backoff``/``retry_backoff_max``
-        (seconds) as for :meth:`submit`. ``result_ttl`` (seconds): the leader purges the
-        queue's done, failed, dead and cancelled tasks this long after they finished (0:
-        never, whatever the brokers' ``result_ttl_s``). Example:
-        ``client.declare_queue("mail", max_attempts=8, retry_backoff=2, retry_backoff_max=600)``.
-        """
-        fields: dict[str, Any] = {"queue": queue, **backoff_fields(retry_backoff, retry_backoff_max)}
-        if max_attempts is not None:
-            fields["max_attempts"] = int(max_attempts)
-        if max_run is not None:
-            fields["max_run_ms"] = int(round(max_run * 1000))
-        if result_ttl is not None:
-            if result_ttl < 0:
-                raise ValueError("result_ttl must be >= 0 seconds")
-            fields["result_ttl_ms"] = int(round(result_ttl * 1000))
-        return self.call("declare_queue", **fields)["queue"]
-
-    def cancel(self, task_id: str) -> None:
-        """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine)."""
-        self.call("cancel", task_id=task_id)
-
-    def status(self) -> dict:
-        """The leader's status: ``broker_id, role, epoch, position, digest, queues``."""
-        return self.call("status")
 
     @property
     def leader(self) -> str | None:
