@@ -17,6 +17,10 @@ refused as a whole for a reason no retry fixes (``bad_request``,
 ``payload_too_large`` of the entry, ...) may hold submits that are fine: its
 submits are resent one request each, so only the bad one fails.
 
+The waiting submits, how they are cut into requests and how each future is
+settled are :mod:`broker.api.submit_queue`; this module is the sender: its
+socket, the requests in flight, and following the leader.
+
 Futures are resolved on the sender thread: a done-callback must not block.
 
 Example::
@@ -29,7 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
@@ -51,7 +54,7 @@ from broker.api.requests import (
     leader_address,
     submit_cost,
 )
-from broker.protocol import MAX_SUBMIT_MANY
+from broker.api.submit_queue import QueuedSubmit, SubmitQueue, settle
 from election.wire import WireError, decode, encode, error_for
 from election.wire import request as make_request
 from election.wire.codes import E_BAD_REPLY, E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
@@ -63,22 +66,10 @@ log = logging.getLogger(__name__)
 MAX_INFLIGHT = 16
 
 
-class _Item:
-    """One submit: its wire fields (key fixed), its future, and its own deadline."""
-
-    __slots__ = ("fields", "future", "deadline", "timeout", "alone", "started")
-
-    def __init__(self, fields: dict, future: Future, timeout: float) -> None:
-        self.fields, self.future, self.timeout = fields, future, timeout
-        self.deadline = time.monotonic() + timeout
-        self.alone = False  # set once a batch holding it was refused as a whole
-        self.started = False
-
-
 class _Batch:
     __slots__ = ("items", "address", "expires")
 
-    def __init__(self, items: list[_Item], address: str, expires: float) -> None:
+    def __init__(self, items: list[QueuedSubmit], address: str, expires: float) -> None:
         self.items, self.address, self.expires = items, address, expires
 
 
@@ -96,7 +87,7 @@ class SubmitPipeline:
         self._client = client
         self._max_inflight = max_inflight
         self._lock = threading.Lock()
-        self._incoming: list[_Item] = []
+        self._incoming: list[QueuedSubmit] = []
         self._signalled = False
         self._closed = False
         # The thread and its wake-up pipe come with the first submit: most clients never make one.
@@ -104,7 +95,7 @@ class SubmitPipeline:
         self._wake_r = self._wake_w = -1
         self._poller = zmq.Poller()
         # The rest belongs to the sender thread alone.
-        self._waiting: collections.deque[_Item] = collections.deque()
+        self._waiting = SubmitQueue()
         self._inflight: dict[int, _Batch] = {}
         self._sock: zmq.Socket | None = None
         self._address: str | None = None
@@ -133,7 +124,7 @@ class SubmitPipeline:
             if self._closed:
                 future.set_exception(ClientError(E_CLOSED, "the client is closed"))
                 return future
-            self._incoming.append(_Item(fields, future, timeout))
+            self._incoming.append(QueuedSubmit(fields, future, timeout, time.monotonic() + timeout))
             if self._thread is None:
                 self._wake_r, self._wake_w = os.pipe()
                 os.set_blocking(self._wake_r, False)
@@ -192,7 +183,9 @@ class SubmitPipeline:
             self._signalled = False
         now = time.monotonic()
         self._check_inflight(now)
-        self._expire(now)
+        self._waiting.expire(
+            now, lambda item: BrokerUnavailable(f"submit gave up after {item.timeout:g}s: {self._last}")
+        )
         if self._waiting and now >= self._not_before and len(self._inflight) < self._max_inflight:
             self._send_waiting(now)
         self._wait_replies(now)
@@ -216,25 +209,11 @@ class SubmitPipeline:
         self._close_socket()
         self._pause(now)
 
-    def _expire(self, now: float) -> None:
-        if not any(item.deadline <= now for item in self._waiting):
-            return
-        keep: collections.deque[_Item] = collections.deque()
-        for item in self._waiting:
-            if item.deadline > now:
-                keep.append(item)
-            else:
-                self._resolve(
-                    item, exc=BrokerUnavailable(f"submit gave up after {item.timeout:g}s: {self._last}")
-                )
-        self._waiting = keep
-
     def _send_waiting(self, now: float) -> None:
         try:
-            address = self._client._current_leader(max(item.deadline for item in self._waiting))
+            address = self._client._current_leader(self._waiting.latest_deadline())
         except ClientError as exc:  # as a call would raise it to its caller (the client closed, say)
-            while self._waiting:
-                self._resolve(self._waiting.popleft(), exc=exc)
+            self._waiting.fail_all(exc)
             return
         if address is None:
             self._last = "no leader is known"
@@ -245,8 +224,7 @@ class SubmitPipeline:
             try:
                 self._open_socket(address)
             except ClientError as exc:  # the keys file lists no broker key for this address: never talk to it
-                while self._waiting:
-                    self._resolve(self._waiting.popleft(), exc=exc)
+                self._waiting.fail_all(exc)
                 return
             except zmq.ZMQError as exc:
                 self._client._forget_leader(address)
@@ -254,7 +232,7 @@ class SubmitPipeline:
                 self._pause(now)
                 return
         while self._waiting and len(self._inflight) < self._max_inflight:
-            items = self._take_batch()
+            items = self._waiting.take_batch(self._client.max_frame_bytes)
             if not items:
                 continue
             if len(items) == 1:
@@ -271,24 +249,6 @@ class SubmitPipeline:
                 self._fail_attempt(f"send failed: {exc}", now)
                 return
 
-    def _take_batch(self) -> list[_Item]:
-        """The next request's submits, in their order: a refused batch's submits go alone."""
-        items: list[_Item] = []
-        size = SUBMIT_OVERHEAD_BYTES
-        while self._waiting and len(items) < MAX_SUBMIT_MANY:
-            item = self._waiting[0]
-            cost = submit_cost(item.fields)
-            if items and (item.alone or items[0].alone or size + cost > self._client.max_frame_bytes):
-                break
-            self._waiting.popleft()
-            if not item.started:
-                item.started = True
-                if not item.future.set_running_or_notify_cancel():
-                    continue  # cancelled before it was sent: it never will be
-            items.append(item)
-            size += cost
-        return items
-
     def _wait_replies(self, now: float) -> None:
         wake_at = [now + 1.0]
         if self._inflight:
@@ -297,7 +257,7 @@ class SubmitPipeline:
             wake_at.append(
                 max(self._not_before, now) if len(self._inflight) < self._max_inflight else now + 1.0
             )
-            wake_at.append(min(item.deadline for item in self._waiting))
+            wake_at.append(self._waiting.earliest_deadline())
         ready = dict(self._poller.poll(max(0, int((min(wake_at) - now) * 1000))))
         if self._sock is not None and self._sock in ready:
             self._read_replies()
@@ -330,7 +290,7 @@ class SubmitPipeline:
                 self._refused(batch, code, message)
                 continue
             self._last = f"{batch.address}: {code}: {message}"
-            self._requeue(batch.items)
+            self._waiting.requeue(batch.items)
             target = leader_address(msg.get("leader")) if kind == "redirect" else None
             if kind == "redirect":
                 self._client._forget_leader(batch.address)
@@ -344,55 +304,37 @@ class SubmitPipeline:
     def _accepted(self, batch: _Batch, msg: dict) -> None:
         self._backoff, self._redirects = Backoff(), 0
         if len(batch.items) == 1 and "task_id" in msg:
-            self._resolve(batch.items[0], msg["task_id"])
+            settle(batch.items[0], msg["task_id"])
             return
         results = msg.get("results")
         if results is None and isinstance(msg.get("task_ids"), list):  # a broker without per-item results
             results = [{"ok": True, "task_id": task_id} for task_id in msg["task_ids"]]
         if not isinstance(results, list) or len(results) != len(batch.items):
             for item in batch.items:
-                self._resolve(
-                    item, exc=ClientError(E_BAD_REPLY, "the submit reply does not match the request")
-                )
+                settle(item, exc=ClientError(E_BAD_REPLY, "the submit reply does not match the request"))
             return
         retry = []
         for item, res in zip(batch.items, results):
             if res.get("ok"):
-                self._resolve(item, res.get("task_id"))
+                settle(item, res.get("task_id"))
             elif classify(str(res.get("error"))) == "fatal":
-                self._resolve(
-                    item, exc=error_for(ClientError, str(res.get("error")), str(res.get("message", "")))
-                )
+                settle(item, exc=error_for(ClientError, str(res.get("error")), str(res.get("message", ""))))
             else:
                 retry.append(item)
-        self._requeue(retry)
+        self._waiting.requeue(retry)
 
     def _refused(self, batch: _Batch, code: str, message: str) -> None:
         if len(batch.items) == 1:
-            self._resolve(batch.items[0], exc=error_for(ClientError, code, message))
+            settle(batch.items[0], exc=error_for(ClientError, code, message))
             return
         for item in batch.items:
             item.alone = True
-        self._requeue(batch.items)
-
-    def _requeue(self, items: list[_Item]) -> None:
-        """Put submits back in front of the queue, in their order."""
-        self._waiting.extendleft(reversed(items))
+        self._waiting.requeue(batch.items)
 
     def _pause(self, now: float) -> None:
         # The requests failing together in one outage back off one step, not one step each.
         if now >= self._not_before:
             self._not_before = now + self._backoff.next_delay()
-
-    def _resolve(self, item: _Item, task_id: Any = None, exc: BaseException | None = None) -> None:
-        if not item.started:
-            item.started = True
-            if not item.future.set_running_or_notify_cancel():
-                return
-        if exc is not None:
-            item.future.set_exception(exc)
-        else:
-            item.future.set_result(task_id)
 
     def _open_socket(self, address: str) -> None:
         sock = self._client._ctx.socket(zmq.DEALER)
@@ -410,7 +352,7 @@ class SubmitPipeline:
     def _close_socket(self) -> None:
         """Close the socket; whatever was in flight on it waits to be sent again."""
         for rid in sorted(self._inflight, reverse=True):
-            self._requeue(self._inflight.pop(rid).items)
+            self._waiting.requeue(self._inflight.pop(rid).items)
         if self._sock is not None:
             self._poller.unregister(self._sock)
             self._sock.close(linger=0)
@@ -422,5 +364,4 @@ class SubmitPipeline:
             self._closed = True
             self._waiting.extend(self._incoming)
             self._incoming = []
-        while self._waiting:
-            self._resolve(self._waiting.popleft(), exc=exc)
+        self._waiting.fail_all(exc)
