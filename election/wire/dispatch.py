@@ -74,7 +74,7 @@ class KernelHooks:
     """What a server plugs into its kernel; every hook is optional.
 
     - ``check(msg) -> msg``: turns a decoded request into the map handlers get (the
-      broker's ``protocol.check_request``); a ``CodedError`` it raises is a bad request.
+      broker's ``broker.protocol.checks.check_request``); a ``CodedError`` it raises is a bad request.
     - ``failure_reply(exc, rid) -> reply | None``: a reply for a handler's exception that
       is not a bug (a bookie's full disk answers ``readonly``); it is then neither counted
       nor logged as internal. None: the ``internal`` safety net.

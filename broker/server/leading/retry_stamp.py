@@ -13,7 +13,7 @@ defaults (apply will answer ``no_such_task`` or ``stale_attempt`` anyway).
 Example::
 
     stamp_retry_delay(store, req, default=(1000, 300_000))
-    events = protocol.request_events(req, now_ms, new_id)   # TaskFailed carries retry_delay_ms
+    events = request_events(req, now_ms, new_id)   # TaskFailed carries retry_delay_ms
 """
 
 from __future__ import annotations
