@@ -54,6 +54,7 @@ class AsyncClient:
     ) -> None:
         self.clock = clock
         self._args = {
+            "clock": clock,
             "zk": zk,
             "cluster": cluster,
             "brokers": brokers,

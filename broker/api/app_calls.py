@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -43,6 +42,7 @@ from broker.api.requests import (
 from broker.api.submit_group import SubmitGroup
 from broker.protocol import MAX_SUBMIT_MANY
 from broker.state.events import FINAL_STATES
+from election.local.clock import Clock
 from election.paths import ClusterPaths
 from election.wire.codes import E_PAYLOAD_TOO_LARGE
 
@@ -55,6 +55,7 @@ class ApplicationCalls:
     timeout: float
     request_timeout: float
     max_frame_bytes: int
+    clock: Clock
     _max_payload: int | None
     _zk: Any
     _paths: ClusterPaths
@@ -162,7 +163,7 @@ class ApplicationCalls:
         """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
         if self._max_payload is None and self._zk is not None:
             try:
-                data = self._zk_read(self._paths.config, time.monotonic() + self.request_timeout)
+                data = self._zk_read(self._paths.config, self.clock.monotonic() + self.request_timeout)
                 self._max_payload = int(json.loads(data or b"{}")["max_payload_bytes"])
             except (KazooException, KazooTimeoutError, KeyError, TypeError, ValueError) as exc:
                 log.debug("cluster payload limit unknown: %s", exc)
@@ -180,23 +181,23 @@ class ApplicationCalls:
         ``timeout`` in seconds (None: no limit); raises :class:`WaitTimeout` when it
         passes, or :class:`BrokerUnavailable` if no leader answers meanwhile.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
         poll = Backoff(start=0.02, cap=0.5)
         while True:
             call_timeout = None
             if deadline is not None:
                 # Never give up on the last poll just because little time is left.
-                call_timeout = max(deadline - time.monotonic(), min(self.request_timeout, 1.0))
+                call_timeout = max(deadline - self.clock.monotonic(), min(self.request_timeout, 1.0))
             task = self.get(task_id, timeout=call_timeout)
             if task.get("state") in FINAL_STATES:
                 return task
             pause = poll.next_delay()
             if deadline is not None:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     raise WaitTimeout(task_id, timeout, task)
                 pause = min(pause, remaining)
-            time.sleep(pause)
+            self.clock.sleep(pause)
 
     def complete_many(self, completions: list[dict]) -> list[dict]:
         """Complete several leased tasks in one request.

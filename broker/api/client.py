@@ -64,7 +64,6 @@ import itertools
 import logging
 import random
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +89,7 @@ from broker.api.requests import (
 )
 from broker.api.submit_group import SubmitGroup
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, dev_dir_options, resolve_target
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.secure.keyring import load_client_keys, process_keys
 from election.wire import DEFAULT_MAX_FRAME_BYTES, error_for
 from election.wire.codes import E_CLOSED, E_INTERNAL
@@ -141,6 +141,7 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
     ``max_frame_bytes`` is the brokers' frame limit (their ``max_frame_bytes``).
     ``key_file`` and ``keys_file`` connect to a secure cluster (default: ``FENCEPOST_KEY_FILE``
     and ``FENCEPOST_KEYS_FILE``, or the keys a command-line tool set for its process).
+    ``clock`` (default: the system's) times every deadline, backoff and poll of the client.
     """
 
     def __init__(
@@ -153,12 +154,14 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         key_file: str | Path | None = None,
         keys_file: str | Path | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if zk is not None and brokers:
             raise ValueError("give zk or brokers, not both")
         self._keys = load_client_keys(key_file, keys_file) if key_file or keys_file else process_keys()
         hosts, cluster = resolve_target(zk, cluster)
         self.cluster = cluster
+        self.clock = clock
         self.timeout = float(timeout)
         self.request_timeout = float(request_timeout)
         self.max_frame_bytes = int(max_frame_bytes)
@@ -173,8 +176,8 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
         self._known = list(dict.fromkeys(brokers or []))
         self._zk = None
         self._ctx = zmq.Context()
-        self._pipeline = SubmitPipeline(self)
-        self._submits = SubmitGroup(self)
+        self._pipeline = SubmitPipeline(self, clock=clock)
+        self._submits = SubmitGroup(self, clock=clock)
         if not self._known:
             self._open_zk(hosts, cluster)
 
@@ -197,7 +200,7 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
         submits carry keys, complete/fail/heartbeat name an attempt).
         """
         total = self.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + total
+        deadline = self.clock.monotonic() + total
         # A long-poll is allowed its wait on top of the usual answer time.
         per_attempt = self.request_timeout + max(0, fields.get("wait_ms", 0) or 0) / 1000
         backoff = Backoff()
@@ -209,7 +212,7 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
             if address is None:
                 last = "no leader is known"
             else:
-                attempt_timeout = min(per_attempt, max(deadline - time.monotonic(), 0.01))
+                attempt_timeout = min(per_attempt, max(deadline - self.clock.monotonic(), 0.01))
                 try:
                     reply = self._exchange(address, op, fields, attempt_timeout)
                 except _Transient as exc:
@@ -231,12 +234,12 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
                             redirects += 1
                             if redirects <= FREE_REDIRECTS:
                                 continue
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 raise BrokerUnavailable(f"{op} gave up after {total:g}s: {last}{self._silence_hint(last)}")
             delay = min(backoff.next_delay(), remaining)
             log.debug("%s: retrying in %.3fs (%s)", op, delay, last)
-            time.sleep(delay)
+            self.clock.sleep(delay)
 
     def close(self) -> None:
         """Close every socket and the ZooKeeper session. Call it when no call is in flight."""

@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -55,6 +54,7 @@ from broker.api.requests import (
     submit_cost,
 )
 from broker.api.submit_queue import QueuedSubmit, SubmitQueue, settle
+from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire import WireError, decode, encode, error_for
 from election.wire import request as make_request
 from election.wire.codes import E_BAD_REPLY, E_CLOSED, E_INTERNAL, E_PAYLOAD_TOO_LARGE
@@ -81,10 +81,11 @@ class SubmitPipeline:
         future = SubmitPipeline(client).submit(submit_fields("q", b"x"), timeout=30.0)
     """
 
-    def __init__(self, client: Any, max_inflight: int = MAX_INFLIGHT) -> None:
+    def __init__(self, client: Any, max_inflight: int = MAX_INFLIGHT, clock: Clock = SYSTEM_CLOCK) -> None:
         # `client` is the Client that owns this pipeline (its leader tracking, context and limits);
         # not imported by name, since the client module imports this one.
         self._client = client
+        self._clock = clock
         self._max_inflight = max_inflight
         self._lock = threading.Lock()
         self._incoming: list[QueuedSubmit] = []
@@ -124,7 +125,7 @@ class SubmitPipeline:
             if self._closed:
                 future.set_exception(ClientError(E_CLOSED, "the client is closed"))
                 return future
-            self._incoming.append(QueuedSubmit(fields, future, timeout, time.monotonic() + timeout))
+            self._incoming.append(QueuedSubmit(fields, future, timeout, self._clock.monotonic() + timeout))
             if self._thread is None:
                 self._wake_r, self._wake_w = os.pipe()
                 os.set_blocking(self._wake_r, False)
@@ -181,7 +182,7 @@ class SubmitPipeline:
             self._waiting.extend(self._incoming)
             self._incoming = []
             self._signalled = False
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._check_inflight(now)
         self._waiting.expire(
             now, lambda item: BrokerUnavailable(f"submit gave up after {item.timeout:g}s: {self._last}")
@@ -299,7 +300,7 @@ class SubmitPipeline:
                 self._redirects += 1
                 if self._redirects <= FREE_REDIRECTS:
                     continue
-            self._pause(time.monotonic())
+            self._pause(self._clock.monotonic())
 
     def _accepted(self, batch: _Batch, msg: dict) -> None:
         self._backoff, self._redirects = Backoff(), 0

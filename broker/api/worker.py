@@ -359,7 +359,7 @@ class Worker(OutboxSender, HeartbeatSender):
         backoff = Backoff(start=0.1, cap=5.0)
         while not (self._stopping.is_set() or (stop is not None and stop.is_set())):
             try:
-                return Client(**self._connect, request_timeout=self.request_timeout)
+                return Client(**self._connect, request_timeout=self.request_timeout, clock=self.clock)
             except BrokerUnavailable as exc:
                 log.warning("worker %s: cannot reach the cluster yet: %s", self.name, exc)
                 self.clock.wait(self._stopping, backoff.next_delay())

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # The packages whose every timeout and schedule goes through an injected Clock.
-CHECKED = ("election", "ledger", "snapshots", "pipeline")
+CHECKED = ("broker", "election", "ledger", "snapshots", "pipeline")
 THE_CLOCK = Path("election/local/clock.py")
 READS_TIME = {"time", "monotonic", "sleep", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}
 
