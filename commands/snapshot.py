@@ -1,6 +1,6 @@
 """`fencepost snapshot list|create|verify|restore`: a broker's snapshots.
 
-Like every command module, it only parses options and calls the packages (``broker.admin.status``).
+Like every command module, it only parses options and calls the packages (``broker.admin.snapshots``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def snapshot() -> None:
 
 
 def _zk_cluster_id(zk, cluster, dev_dir) -> str:
-    from broker.admin.status import cluster_id_of
+    from broker.admin.snapshots import cluster_id_of
 
     return with_zk(zk, cluster, dev_dir, cluster_id_of)
 
@@ -35,12 +35,12 @@ def _zk_cluster_id(zk, cluster, dev_dir) -> str:
 @cluster_options
 def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
     """List snapshots: of one data dir, or those the cluster's live brokers can serve."""
-    from broker.admin import status as admin
+    from broker.admin import snapshots
 
     if data:
-        rows = admin.list_snapshots(Path(data))
+        rows = snapshots.list_snapshots(Path(data))
     else:
-        rows = with_zk(zk, cluster, dev_dir, admin.advertised_snapshots)
+        rows = with_zk(zk, cluster, dev_dir, snapshots.advertised_snapshots)
 
     def human(rows):
         if not rows:
@@ -65,7 +65,7 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
 @cluster_options
 def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
     """Snapshot a broker's store now (safe while the broker runs)."""
-    from broker.admin.status import create_snapshot
+    from broker.admin.snapshots import create_snapshot
 
     header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep)
     click.echo(
@@ -79,7 +79,7 @@ def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the header as JSON.")
 def snapshot_verify(file, cluster_id, as_json) -> None:
     """Check a snapshot file completely; exit 1 with the reason if it is damaged or of another cluster."""
-    from broker.admin.status import verify_file
+    from broker.admin.snapshots import verify_file
 
     header = verify_file(Path(file), cluster_id)
     emit(
@@ -99,7 +99,7 @@ def snapshot_verify(file, cluster_id, as_json) -> None:
 @cluster_options
 def snapshot_restore(file, data, zk, cluster, dev_dir) -> None:
     """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster)."""
-    from broker.admin.status import restore_into
+    from broker.admin.snapshots import restore_into
 
     header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir))
     click.echo(f"restored position {header['position']} ({header['record_count']} records) into {data}")

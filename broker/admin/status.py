@@ -1,10 +1,7 @@
-"""The back-ends of the operator commands: `status`, `admin insync|epochs|elect` and
-`snapshot list|create|verify|restore`.
+"""The back-ends of `status` and `admin insync|epochs|elect`.
 
-The CLI only parses options and calls these. `status` is the ZooKeeper view of a
-cluster completed by the leader's own report; the snapshot functions work on a
-broker's data dir (safe while the broker runs, except `restore_into`, which needs
-a data dir no broker uses).
+The commands only parse options and call these. `status` is the ZooKeeper view of a
+cluster completed by the leader's own report; `request_once` asks one named broker.
 
 Example::
 
@@ -12,16 +9,12 @@ Example::
     view["brokers"][0]["lag"]
     insync_report(zk, "dev")["members"]
     elect(zk, "dev", 3)                   # returns once broker 3 leads, or raises with the reason
-    rows = list_snapshots(Path("broker-data"))
-    header = create_snapshot(Path("broker-data"), cluster_id)
-    restore_into(Path("snap-0000000003-0000000041.fps"), Path("new-broker"), cluster_id)
 """
 
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -29,13 +22,8 @@ from kazoo.exceptions import NoNodeError
 from broker import BrokerError
 from broker.admin.epochs import epoch_history  # noqa: F401 - the `admin epochs` back-end
 from broker.server.standing.insync import follower_lags, refusal
-from broker.server.store.datalock import DataDirLock
-from broker.state.restore import restore_snapshot
-from broker.state.store import StateStore
 from election import wire
-from election.cluster_config import read_cluster_config
 from election.cluster_view import cluster_status
-from election.identity import META
 from election.insync import clear_elect, read_elect, read_insync, request_elect
 from election.leader import read_leader
 from election.live import live_brokers
@@ -44,8 +32,6 @@ from election.paths import ClusterPaths
 from election.secure.keys import KeysError
 from election.shutdown_node import read_shutdown
 from election.wire.exchange import NoReply, exchange
-from snapshots.catalog import SnapshotCatalog
-from snapshots.reader import verify_snapshot
 
 # How long `status` waits for each broker's ping: a live broker answers in milliseconds.
 STATUS_PING_S = 1.0
@@ -243,62 +229,3 @@ def elect(
         raise BrokerError(f"broker {target} did not take over within {timeout:.0f} s")
     finally:
         clear_elect(zk, paths, target)
-
-
-def cluster_id_of(zk: KazooClient, cluster: str) -> str:
-    config = read_cluster_config(zk, ClusterPaths(cluster))
-    if config is None:
-        raise BrokerError(f"cluster {cluster!r} is not initialized in ZooKeeper")
-    return config["cluster_id"]
-
-
-def list_snapshots(data_dir: Path) -> list[dict]:
-    """The snapshot files of one broker data dir, newest first (damaged ones carry `error`)."""
-    if not (data_dir / "snapshots").is_dir():
-        raise BrokerError(f"{data_dir} has no snapshots directory (is it a broker data dir?)")
-    return SnapshotCatalog.in_data_dir(data_dir).list()
-
-
-def advertised_snapshots(zk: KazooClient, cluster: str) -> list[dict]:
-    """The snapshot each live broker advertises, for a cluster-wide listing."""
-    paths = ClusterPaths(cluster)
-    rows = []
-    for child in sorted(zk.get_children(paths.live_brokers) if zk.exists(paths.live_brokers) else []):
-        info = json.loads(zk.get(paths.live_broker(int(child)))[0])
-        if info.get("snapshot"):
-            rows.append({"broker_id": int(child), "address": info.get("address"), **info["snapshot"]})
-    return rows
-
-
-def create_snapshot(
-    data_dir: Path, cluster_id: str, keep: int | None = None, clock: Clock = SYSTEM_CLOCK
-) -> dict:
-    """Snapshot a broker's store now (from a read transaction: the broker may be running)."""
-    try:
-        broker_id = json.loads((data_dir / META).read_text())["broker_id"]
-    except (OSError, ValueError, KeyError):
-        raise BrokerError(f"{data_dir} is not a broker data dir (no readable {META})") from None
-    store = StateStore(data_dir / "state")
-    try:
-        catalog = SnapshotCatalog.in_data_dir(data_dir)
-        header = catalog.create(store, cluster_id, broker_id, clock=clock.now)
-        if keep:
-            catalog.prune(keep)
-        return header
-    finally:
-        store.close()
-
-
-def verify_file(path: Path, cluster_id: str | None = None) -> dict:
-    """Check every block and the footer of a snapshot file; raise with the reason if it is bad."""
-    return verify_snapshot(path, cluster_id)
-
-
-def restore_into(path: Path, data_dir: Path, cluster_id: str) -> dict:
-    """Install a snapshot as the state of a broker data dir that no broker is using."""
-    lock = DataDirLock(data_dir)
-    lock.acquire()
-    try:
-        return restore_snapshot(path, data_dir / "state", cluster_id)
-    finally:
-        lock.release()
