@@ -8,7 +8,7 @@ import pytest
 
 from broker.aio import AsyncClient
 from broker.api.client import Client
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 

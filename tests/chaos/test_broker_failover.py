@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -48,7 +48,7 @@ def test_paused_leader_is_fenced_and_rejoins_as_follower(broker_cluster):
 
 
 def test_expired_leader_session_steps_down_and_rejoins(broker_cluster):
-    from tests.conftest import expire_broker_session
+    from tests.support.harness import expire_broker_session
 
     bc = broker_cluster
     with Producers(bc.zk_hosts, bc.cluster.name, threads=2) as load:

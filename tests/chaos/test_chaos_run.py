@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devtools.procs import pid_alive
-from tests.conftest import REPO, wait_for
+from tests.support.harness import REPO, wait_for
 
 # Its 30-second schedule holds 14 faults of 10 kinds (kills and pauses of the leader, kills of a follower,
 # a bookie, a worker and ZooKeeper, a session expiry, poison): denser than the first half of the

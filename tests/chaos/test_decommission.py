@@ -14,7 +14,7 @@ import pytest
 
 from ledger.bookie.cookie import cookie_path
 from ledger.metadata import CLOSED, list_ledgers, read_metadata
-from tests.conftest import BrokerCluster, wait_for
+from tests.support.harness import BrokerCluster, wait_for
 from tests.support.ledgers import by_id, read_direct, start_bookies, wait_registered
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 

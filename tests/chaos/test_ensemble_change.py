@@ -15,8 +15,8 @@ from ledger.client.bookie_errors import LedgerFencedError
 from ledger.client.writer import LedgerWriteError
 from ledger.metadata import CLOSED, OPEN, read_metadata
 from ledger.replication.underreplication import read_underreplicated
-from tests.conftest import BrokerCluster, wait_for
 from tests.support.bookie_client import Client
+from tests.support.harness import BrokerCluster, wait_for
 from tests.support.ledgers import by_id, make_client, read_direct, start_bookies, wait_registered
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 

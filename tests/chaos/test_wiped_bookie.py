@@ -133,7 +133,7 @@ def test_a_bookie_that_lost_entries_in_a_crash_answers_unknown_and_is_not_counte
 def test_broker_takeover_with_a_wiped_bookie_loses_no_acknowledged_task(broker_cluster, procs):
     from broker.api.client import Client
     from ledger.log import read_log
-    from tests.conftest import wait_for
+    from tests.support.harness import wait_for
 
     bc = broker_cluster
     cluster = bc.cluster

@@ -6,7 +6,7 @@ import pytest
 
 from broker.api.client import Client
 from broker.api.worker import Worker
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(120)]
 

@@ -14,7 +14,7 @@ from pipeline.analyze_run import HistorySource, run_analyze
 from pipeline.export import export_history
 from pipeline.plan import ClusterAddress
 from pipeline.report import CHARTS
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(180)]
 

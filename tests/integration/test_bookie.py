@@ -11,8 +11,8 @@ import pytest
 
 from election import wire
 from election.paths import ClusterPaths
-from tests.conftest import wait_for
 from tests.support.bookie_client import entry
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -371,7 +371,7 @@ def test_registration_comes_back_after_a_session_expiry(cluster, tmp_path, free_
 
     from ledger.bookie.config import BookieConfig
     from ledger.bookie.server import Bookie
-    from tests.conftest import expire_session
+    from tests.support.harness import expire_session
 
     config = BookieConfig(
         data=str(tmp_path / "b"),

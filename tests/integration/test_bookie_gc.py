@@ -7,8 +7,8 @@ import pytest
 from election.wire.codes import E_NO_ENTRY
 from ledger.metadata import read_metadata
 from ledger.replication.rereplication import rereplicate_ledger
-from tests.conftest import wait_for
 from tests.support.bookie_client import Client
+from tests.support.harness import wait_for
 from tests.support.ledgers import bookie_id_of, make_client, wait_registered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

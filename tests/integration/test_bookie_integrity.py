@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from tests.conftest import _answers_ping, wait_for
 from tests.support.bookie_client import entry
+from tests.support.harness import answers_ping as _answers_ping
+from tests.support.harness import wait_for
 from tests.support.ledgers import corrupt_entry_on_disk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -12,7 +12,7 @@ import pytest
 
 from broker.api.client import Client
 from ledger.replication.underreplication import mark_underreplicated
-from tests.conftest import BrokerCluster, wait_for
+from tests.support.harness import BrokerCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

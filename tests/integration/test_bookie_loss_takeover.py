@@ -12,7 +12,7 @@ import pytest
 
 from election.leader import read_leader
 from election.wire import codes
-from tests.conftest import BrokerCluster, call, wait_for
+from tests.support.harness import BrokerCluster, call, wait_for
 from tests.support.producers import Producers, assert_exactly_once, assert_replicas_agree
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

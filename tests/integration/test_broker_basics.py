@@ -6,7 +6,7 @@ import pytest
 import zmq
 
 from election import wire
-from tests.conftest import call
+from tests.support.harness import call
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +102,7 @@ def test_status_json_names_leader_epoch_and_brokers(broker_cluster, procs):
 def test_leader_rolls_to_new_ledgers_in_the_same_epoch(cluster, procs):
     procs.start_bookies(cluster, 3)
     brokers = procs.start_brokers(cluster, 2, extra=["--ledger-max-entries", "5"])
-    from tests.conftest import BrokerCluster
+    from tests.support.harness import BrokerCluster
 
     bc = BrokerCluster(cluster=cluster, procs=procs, bookies=[], brokers=brokers)
     leader = bc.wait_leader()

@@ -11,8 +11,8 @@ from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.leader import read_leader
 from election.paths import ClusterPaths
 from election.zk import close, connect
-from tests.conftest import TestCluster as ClusterInfo
-from tests.conftest import wait_for
+from tests.support.harness import TestCluster as ClusterInfo
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

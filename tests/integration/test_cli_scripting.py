@@ -19,8 +19,8 @@ import cli
 from broker.api.client import Client, ClientError, ClusterNotFound
 from broker.api.worker import Worker
 from devtools.devcluster import DevCluster
-from tests.conftest import wait_for
 from tests.support.devrun import dev, dev_up
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

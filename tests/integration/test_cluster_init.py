@@ -29,8 +29,9 @@ from election.cluster_config import read_cluster_config
 from ledger.codec import HEADER_SIZE, Digest, Entry, encode_entry
 from ledger.log import read_log
 from ledger.metadata import CLOSED, read_metadata
-from tests.conftest import _answers_ping, call, wait_for
 from tests.support.bookie_client import Client
+from tests.support.harness import answers_ping as _answers_ping
+from tests.support.harness import call, wait_for
 from tests.support.ledgers import make_client, procs_in_ensemble_order, wait_registered
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from election.local.store_status import read_status
 from election.shutdown_node import read_shutdown
 from election.wire import codes
 from election.zk import close, connect
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 pytestmark = [pytest.mark.integration]
 

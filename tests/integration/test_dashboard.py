@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from election.leader import read_leader
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -18,8 +18,8 @@ from ledger.client.writer import LedgerWriteError, LedgerWriter
 from ledger.codec import Digest, decode_entry
 from ledger.metadata import IN_RECOVERY, OPEN, LedgerMetadata, cas_metadata, create_metadata, read_metadata
 from ledger.replication.underreplication import read_underreplicated
-from tests.conftest import wait_for
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 from tests.support.ledgers import FakeBookie, entries_seen, register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -28,7 +28,7 @@ from election.wire.exchange import NoReply
 from ledger.client.facade import LedgerClient
 from ledger.log import START, StaleEpoch, appended, read_log, write_log
 from ledger.metadata import CLOSED, read_metadata
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 
 def _session(cluster) -> KazooClient:
@@ -144,7 +144,7 @@ def _stopped(pid: int) -> bool:
 def test_leader_stopped_between_epoch_check_and_log_change_is_fenced(cluster, procs, free_port):
     """SIGSTOP (the opt-in fault hook of the roll) between the epoch-checked read and the log change,
     another broker takes over, SIGCONT: the old change fails, it steps down, nothing is lost or doubled."""
-    from tests.conftest import _answers_ping
+    from tests.support.harness import answers_ping as _answers_ping
 
     procs.start_bookies(cluster, 3)
 

@@ -21,7 +21,7 @@ from devtools.fuzz_strategies import hypothesis_messages
 from devtools.fuzz_targets import BOOKIE, BROKER, FUZZ_LEDGER_BASE, FUZZ_LEDGERS, Target, entry_bytes
 from election import wire
 from ledger.log import read_log
-from tests.conftest import call
+from tests.support.harness import call
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 from broker.api.client import Client
 from election.insync import read_insync
 from election.live import live_brokers
-from tests.conftest import BrokerCluster, wait_for
+from tests.support.harness import BrokerCluster, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from ledger.client.log_reader import LogReader
 from ledger.client.reader import EntryNotCommitted
 from ledger.log import LogConflict, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
-from tests.conftest import wait_for
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 from tests.support.ledgers import (
     FakeBookie,
     bookie_id_of,

@@ -6,7 +6,7 @@ import pytest
 
 from broker.server.live import LivePublisher, live_snapshot_of, servable_snapshot_positions
 from election.live import live_brokers, read_live_broker
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 from broker.api.client import Client, ClientError
 from broker.api.command_handler import CommandFailed, CommandHandler
 from broker.api.worker import Task, Worker
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -7,7 +7,7 @@ from broker.api.client import Client
 from pipeline.export import export_history, read_bookmark
 from pipeline.plan import ClusterAddress
 from pipeline.rows import parse_position
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

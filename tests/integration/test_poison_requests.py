@@ -21,7 +21,7 @@ from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.leader import claim_epoch
 from ledger.client.facade import LedgerClient
 from ledger.log import append_ledger, read_log
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from devtools.procs import spawn, stop_process
-from tests.conftest import REPO
 from tests.support.devrun import clean_env, dev_up
+from tests.support.harness import REPO
 
 # A small cluster (one broker): the examples need a leader, not failover.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

@@ -11,9 +11,9 @@ from ledger.codec import decode_entry
 from ledger.metadata import CLOSED, read_metadata
 from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
 from ledger.replication.underreplication import mark_underreplicated, read_underreplicated
-from tests.conftest import wait_for
 from tests.support.bookie_client import DIGEST, Client
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 from tests.support.ledgers import bookie_id_of, make_client, wait_registered
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -12,12 +12,13 @@ import time
 import pytest
 
 from broker.api.client import BrokerUnavailable, Client, ClientError
+from devtools.procs import free_port as _free_port
 from election.secure import keyring
 from election.secure.keyring import load_client_keys, server_name
 from election.secure.keys import new_key_pair, write_key_pair
 from election.wire import codes
 from election.wire.exchange import exchange
-from tests.conftest import BrokerCluster, _free_port, wait_for
+from tests.support.harness import BrokerCluster, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 

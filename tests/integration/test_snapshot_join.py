@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ledger.log import read_log
-from tests.conftest import BrokerCluster, call, wait_for
+from tests.support.harness import BrokerCluster, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

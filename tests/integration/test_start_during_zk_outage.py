@@ -56,7 +56,7 @@ def test_other_errors_are_not_retried():
 @pytest.mark.integration
 def test_a_start_step_issued_while_zookeeper_restarts_waits_for_it(tmp_path, free_port):
     from devtools.zkserver import ZkServerConfig, ZooKeeperServer
-    from tests.conftest import wait_for
+    from tests.support.harness import wait_for
 
     port = free_port()
     server = ZooKeeperServer(ZkServerConfig(port=port, data=str(tmp_path / "zk")))

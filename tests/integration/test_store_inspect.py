@@ -12,7 +12,7 @@ from broker.server.store.datalock import DataDirLock
 from broker.state.events import event
 from broker.state.store import StateStore
 from election.local.store_status import StoreStatus, ensure_status, mark_clean, read_status, write_status
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -14,7 +14,7 @@ from broker.state.store import StateStore
 from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import META
 from ledger.log import write_log
-from tests.conftest import BrokerCluster, call, wait_for
+from tests.support.harness import BrokerCluster, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

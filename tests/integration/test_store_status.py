@@ -13,7 +13,7 @@ from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import META
 from election.local.store_status import StoreStatus, read_status, status_path, write_status
 from ledger.log import write_log
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from broker.api.client import Client, ClientError
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from broker.api.client import Client, TaskNotFound
-from tests.conftest import BrokerCluster, wait_for
+from tests.support.harness import BrokerCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -16,7 +16,7 @@ from broker.api.client import BrokerUnavailable, Client
 from election.leader import read_leader
 from election.live import live_brokers
 from election.wire import codes
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

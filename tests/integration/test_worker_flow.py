@@ -18,7 +18,7 @@ import pytest
 from broker.api.client import Client
 from broker.api.worker import Worker
 from devtools.procs import fencepost_env, spawn
-from tests.conftest import REPO, Proc, wait_for
+from tests.support.harness import REPO, Proc, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

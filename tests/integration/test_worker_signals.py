@@ -22,8 +22,8 @@ from broker.api.client import Client
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.paths import ClusterPaths
 from election.zk import close, connect
-from tests.conftest import TestCluster as ZkCluster
-from tests.conftest import wait_for
+from tests.support.harness import TestCluster as ZkCluster
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

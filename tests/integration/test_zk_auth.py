@@ -13,8 +13,8 @@ from broker.api.client import Client
 from election.paths import ClusterPaths
 from election.zk import close, connect
 from election.zk_auth import ENV, ZkAuth
-from tests.conftest import BrokerCluster
-from tests.conftest import TestCluster as Cluster
+from tests.support.harness import BrokerCluster
+from tests.support.harness import TestCluster as Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,8 +20,8 @@ from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.local.store_status import read_status
 from election.paths import ClusterPaths
 from election.zk import close, connect
-from tests.conftest import TestCluster as ZkCluster
-from tests.conftest import wait_for
+from tests.support.harness import TestCluster as ZkCluster
+from tests.support.harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from devtools.procs import fencepost_command
-from tests.conftest import REPO
+from tests.support.harness import REPO
 
 
 def clean_env() -> dict:

@@ -6,7 +6,7 @@ import threading
 import time
 
 from broker.api.client import Client
-from tests.conftest import call, wait_for
+from tests.support.harness import call, wait_for
 
 
 class Producers:

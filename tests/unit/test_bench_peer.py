@@ -13,7 +13,7 @@ import pytest
 
 from bench import peer, peer_load, peer_systems, rabbitmq, rabbitmq_cluster
 from bench.common import to_json
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 # ----------------------------------------------------------------- the load harness
 

@@ -15,8 +15,8 @@ import broker.server.standing.candidacy as candidacy_module
 from broker.server.config import BrokerConfig
 from broker.server.standing.candidacy import STANDING_POLL_S, STOP_CHECK_S, Candidacy
 from election.paths import ClusterPaths
-from tests.conftest import wait_for
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,8 +14,8 @@ import pytest
 from broker.server.store.checkpoints import RETENTION_EVERY_S, Checkpointer, CheckpointHost
 from election.paths import ClusterPaths
 from snapshots.policy import CheckpointPolicy
-from tests.conftest import wait_for
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

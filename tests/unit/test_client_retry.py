@@ -28,7 +28,7 @@ from broker.api.client import (
 )
 from broker.api.worker import Task, Worker, error_text, result_bytes
 from election import wire
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

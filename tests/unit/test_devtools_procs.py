@@ -17,7 +17,7 @@ from devtools.procs import (
     stop_pid,
     stop_process,
 )
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -246,8 +246,9 @@ def test_collaborators_are_passed_to_constructors_not_set_from_outside():
 
 
 def test_no_test_module_imports_another():
-    # Shared helpers live in tests/support/: a test module that imports another runs the
-    # other's module-level code and ties the two files' edits together.
+    # Shared helpers live in tests/support/: a test module that imports another (or a conftest,
+    # which is for fixtures and hooks) runs the other's module-level code and ties the two
+    # files' edits together.
     tests_root = ROOT / "tests"
     problems = []
     for path in sorted(tests_root.rglob("*.py")):
@@ -260,6 +261,7 @@ def test_no_test_module_imports_another():
                 else []
             )
             for name in names:
-                if name.startswith("tests.") and name.rsplit(".", 1)[-1].startswith("test_"):
+                last = name.rsplit(".", 1)[-1]
+                if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
                     problems.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not problems, "test modules importing test modules:\n" + "\n".join(problems)

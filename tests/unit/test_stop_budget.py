@@ -3,8 +3,8 @@
 import threading
 
 from broker.server.stop_budget import StopBudget
-from tests.conftest import wait_for
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 
 
 def _stopping(timeout: float, exit_code=lambda: 0):

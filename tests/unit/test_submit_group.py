@@ -15,7 +15,7 @@ import pytest
 
 from broker.api.requests import BrokerUnavailable, ClientError, each_results, submit_fields
 from broker.api.submit_group import MAX_SENDERS, SubmitGroup
-from tests.conftest import wait_for
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,8 +17,8 @@ import pytest
 from broker.api.task import Task
 from broker.api.worker import Worker, default_prefetch
 from broker.api.worker_hand import DEFER_S, Hand, leased_tasks
-from tests.conftest import wait_for
 from tests.support.clock import FakeClock
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
