@@ -163,10 +163,14 @@ class ServingKernel:
         """Send ``reply`` on ``route``: the one place a reply leaves.
 
         ``op`` and ``started`` (the clock's ``monotonic``, None for a reply without a latency) go to the
-        ``replied`` hook; a reply with no ``op`` is not counted there. A peer that is gone or
+        ``replied`` hook, before the reply is sent; a reply with no ``op`` is not counted there. A peer that is gone or
         not reading loses the reply (logged at debug): the server goes on.
         """
         frame = self.dispatcher.encode_reply(reply)
+        # Counted before it leaves: a client that has its reply then finds it in the metrics.
+        replied = self._hooks.replied
+        if replied is not None and op is not None:
+            replied(op, reply, started)
         send = self.socket.send
         try:
             for part in route:
@@ -174,9 +178,6 @@ class ServingKernel:
             send(frame, _NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("reply dropped: %s", exc)
-        replied = self._hooks.replied
-        if replied is not None and op is not None:
-            replied(op, reply, started)
 
     def internal_error(
         self, route: list, rid: Any, op: str | None, exc: Exception, started: float | None = None
