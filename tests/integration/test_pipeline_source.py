@@ -9,7 +9,12 @@ from pipeline.plan import ClusterAddress
 from pipeline.rows import parse_position
 from tests.support.harness import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+# Spark gives the Python process that runs a streaming source 10 s to connect back (hard-coded in
+# PythonWorkerFactory). A loaded machine sometimes takes longer to start one, and the query then ends at
+# once with this error, before it read anything: such a start is tried again. Any other error fails.
+SPARK_WORKER_LATE = "Python worker failed to connect back"
 
 
 def submit(bc, queue, count, start=0):
@@ -24,6 +29,27 @@ def source(spark, bc, stream=False):
     return reader.format("fencepost").option("zk", bc.zk_hosts).option("cluster", bc.cluster.name)
 
 
+def start_tail(spark, bc, attempts: int = 3):
+    """The streaming query of the submitted tasks into the memory table ``tail``, once it runs."""
+    for _ in range(attempts):
+        query = (
+            source(spark, bc, stream=True)
+            .load()
+            .where("type = 'TaskSubmitted'")
+            .writeStream.format("memory")
+            .queryName("tail")
+            .trigger(processingTime="300 milliseconds")
+            .start()
+        )
+        wait_for(lambda: query.lastProgress is not None or not query.isActive, 60, "the query's first batch")
+        error = query.exception()
+        if error is None:
+            return query
+        if SPARK_WORKER_LATE not in str(error):
+            break
+    raise AssertionError(f"the streaming query failed: {error}")
+
+
 def test_streaming_reader_picks_up_entries_written_after_the_query_started(spark, broker_cluster):
     bc = broker_cluster
     before = submit(bc, "early", 12)
@@ -36,15 +62,7 @@ def test_streaming_reader_picks_up_entries_written_after_the_query_started(spark
     positions = [(r.ledger_id, r.entry_id, r.event_index) for r in rows]
     assert len(set(positions)) == len(positions)
 
-    query = (
-        source(spark, bc, stream=True)
-        .load()
-        .where("type = 'TaskSubmitted'")
-        .writeStream.format("memory")
-        .queryName("tail")
-        .trigger(processingTime="300 milliseconds")
-        .start()
-    )
+    query = start_tail(spark, bc)
     try:
 
         def seen():
