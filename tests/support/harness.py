@@ -110,6 +110,10 @@ class Proc:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+# Failure bounds, not expectations: with three test workers and a Spark JVM on two cores, starting
+# six processes and electing a leader has taken more than 30 s (make test, no leader within 30 s).
+START_TIMEOUT_S = 90.0
+
 # Members started by the harness create the cluster's `config` if no `cluster init` ran.
 HARNESS_ENV = {"FENCEPOST_INIT_IF_MISSING": "1"}
 
@@ -127,7 +131,7 @@ class ProcessManager:
         name: str,
         args: list[str],
         ready: Callable[[Proc], bool] | None = None,
-        timeout: float = 30.0,
+        timeout: float = START_TIMEOUT_S,
         env: dict | None = None,
         **attrs,
     ) -> Proc:
@@ -148,7 +152,9 @@ class ProcessManager:
         return proc
 
     @staticmethod
-    def wait_ready(started: list[Proc], ready: Callable[[Proc], bool] = None, timeout: float = 30.0) -> None:
+    def wait_ready(
+        started: list[Proc], ready: Callable[[Proc], bool] = None, timeout: float = START_TIMEOUT_S
+    ) -> None:
         """Wait until each of ``started`` is ready (default: answers a ping), or fail naming it."""
         ready = ready or answers_ping
         deadline = time.monotonic() + timeout
@@ -319,7 +325,7 @@ class BrokerCluster:
 
         return read_leader(self.cluster.zk, self.cluster.paths)
 
-    def wait_leader(self, timeout: float = 30.0, not_id: int | None = None) -> dict:
+    def wait_leader(self, timeout: float = START_TIMEOUT_S, not_id: int | None = None) -> dict:
         """The leader node once a broker (other than `not_id`) serves as leader."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
