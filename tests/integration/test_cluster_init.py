@@ -32,7 +32,7 @@ from ledger.metadata import CLOSED, read_metadata
 from tests.support.bookie_client import Client
 from tests.support.harness import answers_ping as _answers_ping
 from tests.support.harness import call, wait_for
-from tests.support.ledgers import make_client, procs_in_ensemble_order, wait_registered
+from tests.support.ledgers import holds_entries, make_client, procs_in_ensemble_order, wait_registered
 
 pytestmark = pytest.mark.integration
 
@@ -319,6 +319,12 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
         writer.close()
         meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
         target = procs_in_ensemble_order(bookies, meta)[0]  # the replica a reader tries first
+        # Acknowledged by 2 of 3: this bookie's copies may still be on their way (a loaded machine).
+        wait_for(
+            lambda: holds_entries(client, target.address, writer.ledger_id, range(10)),
+            30,
+            "the first bookie to hold every entry",
+        )
         assert target.terminate() == 0  # stopped in order: it will not re-verify its store at start
         crc_forgery = _forge_on_disk(target.data_dir, writer.ledger_id, 4, key=None)
         _forge_on_disk(target.data_dir, writer.ledger_id, 5, key=b"not-the-cluster-secret")
@@ -340,6 +346,11 @@ def test_hmac_cluster_entries_forgeries_and_the_secret_stays_secret(cluster, pro
         meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
         ordered = procs_in_ensemble_order(bookies, meta)
         forged_on, third = ordered[0], ordered[2]
+        wait_for(
+            lambda: holds_entries(client, forged_on.address, writer.ledger_id, range(5)),
+            30,
+            "the bookie to forge on holding the last entry",
+        )
         assert forged_on.terminate() == 0
         _forge_on_disk(forged_on.data_dir, writer.ledger_id, 4, key=None)
         procs.restart(forged_on)

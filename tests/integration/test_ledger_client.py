@@ -26,6 +26,7 @@ from tests.support.ledgers import (
     FakeBookie,
     bookie_id_of,
     corrupt_entry_on_disk,
+    holds_entries,
     make_client,
     procs_in_ensemble_order,
     start_bookies,
@@ -479,16 +480,6 @@ def test_wait_for_returns_when_the_ledger_is_recovered(ledger_env):
     assert reader.wait_for(0, timeout=10.0) == 0
     assert time.monotonic() - started < 5.0
     assert reader.closed and reader.read(0).payload == b"only"
-
-
-def holds_entries(client, address: str, ledger_id: int, entry_ids) -> bool:
-    """True if the bookie at ``address`` has a copy of each of ``entry_ids``."""
-    for entry_id in entry_ids:
-        try:
-            client.pool.request(address, "read", ledger=ledger_id, entry=entry_id).result(60)
-        except NoSuchEntry:
-            return False
-    return True
 
 
 def test_corrupt_copy_is_detected_and_another_replica_is_read(ledger_env, procs):

@@ -12,6 +12,7 @@ import zmq
 
 from election import wire
 from ledger.bookie.cookie import read_cookie
+from ledger.client.bookie_errors import NoSuchEntry
 from ledger.client.facade import LedgerClient
 from ledger.codec import HEADER_SIZE
 from tests.support.bookie_client import Client
@@ -116,3 +117,17 @@ def entries_seen(fake: FakeBookie) -> list[int]:
         if msg["op"] == "add_batch":
             ids.extend(range(msg["first"], msg["first"] + len(msg["entries"])))
     return ids
+
+
+def holds_entries(client: LedgerClient, address: str, ledger_id: int, entry_ids) -> bool:
+    """True if the bookie at ``address`` has a copy of each of ``entry_ids``.
+
+    An add is acknowledged by the ack quorum: the other copies may still be on their way, so a test
+    that damages or reads one bookie's copy waits for this first.
+    """
+    for entry_id in entry_ids:
+        try:
+            client.pool.request(address, "read", ledger=ledger_id, entry=entry_id).result(60)
+        except NoSuchEntry:
+            return False
+    return True
