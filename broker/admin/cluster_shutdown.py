@@ -176,8 +176,11 @@ def _wait_for_members(
 ) -> dict[int, dict]:
     """Until each member recorded its stop or its live node is gone (or the deadline)."""
     while True:
-        stops = read_stops(zk, paths, shutdown_id)
+        # The live nodes first: a member records its stop before its session (and live node) ends,
+        # so one seen gone here has its stop, if any, in the read that follows. Read the other way
+        # round, a member that recorded its stop and exited between the two reads was reported gone.
         alive = set(live_brokers(zk, paths))
+        stops = read_stops(zk, paths, shutdown_id)
         if all(m in stops or m not in alive for m in members) or clock.monotonic() >= deadline:
             return stops
         clock.sleep(POLL_S)

@@ -48,3 +48,30 @@ def test_the_report_names_each_member_and_what_it_did():
     assert "broker 1" in text and "stopped clean  position=[3, 9]" in text
     assert "broker 2" in text and "still running (timed out)" in text
     assert "1 of 2 brokers stopped clean" in text
+
+
+def test_a_member_that_records_its_stop_and_exits_between_two_reads_is_not_reported_gone(monkeypatch):
+    """The wait reads the live nodes, then the stops: a member gone from the first has its stop in the second.
+
+    Here the member records its stop and exits right after the wait's first ZooKeeper read, whichever
+    that is (under load `make test` saw it reported "gone" after reading the stops first).
+    """
+    from broker.admin import cluster_shutdown
+    from tests.support.clock import FakeClock
+
+    reads = []
+    stop = {"shutdown_id": "s1", "state": "clean", "position": [3, 9]}
+
+    def read_stops(zk, paths, shutdown_id):
+        reads.append("stops")
+        return {7: stop} if len(reads) > 1 else {}
+
+    def live_brokers(zk, paths):
+        reads.append("live")
+        return {} if len(reads) > 1 else {7: {"address": "tcp://b7"}}
+
+    monkeypatch.setattr(cluster_shutdown, "read_stops", read_stops)
+    monkeypatch.setattr(cluster_shutdown, "live_brokers", live_brokers)
+    clock = FakeClock()
+    stops = cluster_shutdown._wait_for_members(None, None, "s1", [7], clock.monotonic() + 60, clock)
+    assert stops == {7: stop}
