@@ -54,7 +54,8 @@ def test_a_member_that_records_its_stop_and_exits_between_two_reads_is_not_repor
     """The wait reads the live nodes, then the stops: a member gone from the first has its stop in the second.
 
     Here the member records its stop and exits right after the wait's first ZooKeeper read, whichever
-    that is (under load `make test` saw it reported "gone" after reading the stops first).
+    that is (the integration tests of the shutdown saw it reported "gone" under load when the stops
+    were read first).
     """
     from broker.admin import cluster_shutdown
     from tests.support.clock import FakeClock
