@@ -220,7 +220,9 @@ def _check_error_text(msg: dict) -> str:
 
 def check_request(msg: dict, max_payload: int) -> dict:
     """Validate a decoded request; return the normalized fields (plus ``op``)."""
-    op = msg["op"]
+    op = msg.get("op")
+    if not isinstance(op, str):
+        raise RequestError(E_BAD_REQUEST, f"op must be a string, not {shown(op)}")
     if op in ("ping", "status", "snapshot_info"):
         return {"op": op}
     if op == "snapshot_chunk":

@@ -351,3 +351,11 @@ def test_heartbeat_many_extends_each_lease_and_answers_per_item():
     with pytest.raises(RequestError) as info:
         check_request({"op": "heartbeat_many", "worker": "w", "tasks": [{"task_id": "a"}]}, MAX_PAYLOAD)
     assert info.value.message.startswith("tasks[0]: attempt is required")
+
+
+@pytest.mark.parametrize("op", [[], {}, None, 7, b"submit"])
+def test_an_op_that_is_not_a_string_is_a_bad_request(op):
+    # Hypothesis once drew {"op": []}: the op table lookup raised TypeError (unhashable) instead.
+    with pytest.raises(RequestError) as err:
+        check_request({"op": op}, MAX_PAYLOAD)
+    assert err.value.code == E_BAD_REQUEST and "op must be a string" in err.value.message
