@@ -1,0 +1,1 @@
+"""Test hosts: members in network namespaces (see testnet.py)."""
