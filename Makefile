@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 DEMO_DIR ?= .fencepost-demo
 PYTEST_ARGS ?=
 
-.PHONY: demo test install clean browser lint
+.PHONY: demo test install clean browser hosttools lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 
-test: $(INSTALLED) browser lint
+test: $(INSTALLED) browser hosttools lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The dashboard's browser test drives Debian's Chromium and its driver: installed here when run as
@@ -39,6 +39,16 @@ browser:
 		apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
 		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1) \
 		|| echo "could not install chromium: the dashboard's browser test will skip"; \
+	fi
+
+# The partition tests put members on test hosts (network namespaces, a bridge, iptables): iproute2 and
+# iptables are installed here when run as root on a machine with apt-get; elsewhere those tests skip.
+hosttools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! (command -v ip && command -v iptables) >/dev/null; then \
+		echo "installing iproute2 and iptables for the test hosts"; \
+		apt-get install -y -q iproute2 iptables >/dev/null 2>&1 \
+		|| (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q iproute2 iptables >/dev/null 2>&1) \
+		|| echo "could not install iptables: the tests on test hosts will skip"; \
 	fi
 
 demo: $(INSTALLED)
