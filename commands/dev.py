@@ -1,4 +1,4 @@
-"""`fencepost dev up|add-broker|down|restart|status`: a local cluster running in the background.
+"""`fencepost dev up|add-broker|down|restart|status|partition|heal`: a local cluster running in the background.
 
 A development command: it parses options and calls ``devtools.devcluster``; the cluster it
 starts is recorded in DEV_DIR/cluster.json (:mod:`election.local.dev_cluster`), where the other
@@ -37,12 +37,36 @@ def dev_dir_option(fn):
 )
 @click.option(
     "--bookies",
-    default=4,
-    show_default=True,
+    default=None,
     type=click.IntRange(0, 16),
-    help="Bookies to start (one spare over the default ensemble of 3, so losing one stops nothing).",
+    help="Bookies to start [default: 4, one spare over the default ensemble of 3 so losing one "
+    "stops nothing; with --hosts, one per host].",
 )
-@click.option("--brokers", default=3, show_default=True, type=click.IntRange(0, 16), help="Brokers to start.")
+@click.option(
+    "--brokers",
+    default=None,
+    type=click.IntRange(0, 16),
+    help="Brokers to start [default: 3; with --hosts, one per host].",
+)
+@click.option(
+    "--hosts",
+    default=0,
+    type=click.IntRange(0, 16),
+    help="Run the members on N test hosts (network namespaces on a bridge of their own, root only): "
+    "ZooKeeper on host zk, bookie i and broker i on host h<i mod N + 1>. 0: all on 127.0.0.1.",
+)
+@click.option(
+    "--cpu-per-host",
+    type=click.FloatRange(0.01),
+    default=None,
+    help="With --hosts: CPU cap of each host, in cores (0.5 is half a core) [default: none].",
+)
+@click.option(
+    "--latency-ms",
+    type=click.FloatRange(0, 10_000),
+    default=0.0,
+    help="With --hosts: milliseconds added to every packet each host sends.",
+)
 @click.option(
     "--zk-session-timeout",
     default=2.0,
@@ -103,8 +127,11 @@ def dev_dir_option(fn):
 def dev_up(
     dev_dir: str,
     cluster: str,
-    bookies: int,
-    brokers: int,
+    bookies: int | None,
+    brokers: int | None,
+    hosts: int,
+    cpu_per_host: float | None,
+    latency_ms: float,
     zk_session_timeout: float,
     write_quorum,
     ack_quorum,
@@ -115,7 +142,8 @@ def dev_up(
     wait_for,
     secure: bool,
 ) -> None:
-    """Start a local cluster on free loopback ports and record it in DEV_DIR/cluster.json.
+    """Start a local cluster on free loopback ports (or on test hosts, --hosts) and record it in
+    DEV_DIR/cluster.json.
 
     Over a DEV_DIR whose recorded processes stopped (all after `dev down`, the brokers after
     `fencepost cluster shutdown`) it starts exactly those again, brokers added with
@@ -135,6 +163,9 @@ def dev_up(
         cluster=cluster,
         bookies=bookies,
         brokers=brokers,
+        hosts=hosts,
+        cpu_per_host=cpu_per_host,
+        latency_ms=latency_ms,
         zk_session_timeout=zk_session_timeout,
         write_quorum=write_quorum,
         ack_quorum=ack_quorum,
@@ -171,7 +202,9 @@ def dev_add_broker(dev_dir: str) -> None:
 @dev.command("down")
 @dev_dir_option
 def dev_down(dev_dir: str) -> None:
-    """Stop exactly the processes `dev up` started (the record stays: `dev up` restarts them on the same ports)."""
+    """Stop exactly the processes `dev up` started and remove its test hosts (namespaces, links,
+    CPU groups, firewall rules; those of a `dev up` that was killed too). The record stays:
+    `dev up` restarts the members on the same addresses."""
     from devtools.devcluster import DevCluster
 
     dev_cluster = DevCluster(Path(dev_dir))
@@ -206,11 +239,65 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
         if not rows:
             click.echo(f"no dev cluster in {dev_dir}")
         for r in rows:
-            extra = f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
+            extra = f" host={r['host']}" if r.get("host", "local") != "local" else ""
+            extra += f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
             extra += f" metrics=http://{r['metrics']}/metrics" if r.get("metrics") else ""
             click.echo(
                 f"{r['name']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  "
                 f"{r['data_dir']}"
             )
 
-    emit(rows, as_json, human)
+    def human_with_cuts(rows):
+        human(rows)
+        for sender, receiver in DevCluster(Path(dev_dir)).cuts():
+            click.echo(f"cut: what {sender} sends to {receiver} is dropped")
+
+    emit(rows, as_json, human_with_cuts)
+
+
+@dev.command("partition", context_settings={"ignore_unknown_options": True})
+@click.argument("names", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option(
+    "--one-way",
+    is_flag=True,
+    help="Drop only what the --from side sends to the first side (it still hears them).",
+)
+@dev_dir_option
+def dev_partition(names: tuple[str, ...], one_way: bool, dev_dir: str) -> None:
+    """Cut hosts from others: `dev partition A [B...] [--from C [D...]] [--one-way]`.
+
+    Names are hosts (zk, h1, ..., local for this machine) or members (zookeeper, broker-1, ...),
+    which stand for their hosts. Without --from, A... are cut from every other host and from
+    this machine. Packets are dropped by the hosts' firewalls (no reply, as when a cable is
+    pulled); cuts add up until `dev heal`. Needs a cluster started with `dev up --hosts N`.
+    """
+    from devtools.devcluster import DevCluster
+
+    names = list(names)
+    if "--from" in names:
+        at = names.index("--from")
+        group_a, group_b = names[:at], names[at + 1 :]
+        if not group_a or not group_b:
+            raise click.UsageError("give names on both sides of --from: A [B...] --from C [D...]")
+    else:
+        group_a, group_b = names, None
+    unknown = [n for n in names if n.startswith("-") and n != "--from"]
+    if unknown:
+        raise click.UsageError(f"no such option: {unknown[0]}")
+    dev_cluster = DevCluster(Path(dev_dir))
+    with dev_cluster.locked():
+        cuts = dev_cluster.partition(group_a, group_b, one_way=one_way)
+    click.echo(f"{len(cuts)} directed cuts in force: " + ", ".join(f"{a}->{b}" for a, b in cuts))
+
+
+@dev.command("heal")
+@click.argument("name", required=False)
+@dev_dir_option
+def dev_heal(name: str | None, dev_dir: str) -> None:
+    """Remove the cuts of NAME (a host or a member), or every cut."""
+    from devtools.devcluster import DevCluster
+
+    dev_cluster = DevCluster(Path(dev_dir))
+    with dev_cluster.locked():
+        cuts = dev_cluster.heal(name)
+    click.echo(f"healed; {len(cuts)} directed cuts left")

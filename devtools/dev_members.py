@@ -25,6 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys, reload_members
 from devtools.dev_spec import DevClusterError
 from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn
@@ -57,9 +58,11 @@ def read_broker_id(data_dir: Path) -> int | None:
 class MemberProcesses:
     """Starts the members of the dev cluster in ``run_dir`` (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, private: bool) -> None:
+    def __init__(self, run_dir: Path, private: bool, hosts: DevHosts) -> None:
         self.run_dir = run_dir
         self.private = private
+        # Members on test hosts (`dev up --hosts N`) run in their host's namespace, on its address.
+        self.hosts = hosts
         # The processes this object started, so their exit codes can be read (not only "gone").
         self._popens: dict[int, subprocess.Popen] = {}
 
@@ -67,10 +70,12 @@ class MemberProcesses:
         """Where member ``index`` of ``kind`` keeps its data."""
         return self.run_dir / f"{kind}-{index}"
 
-    def start_zookeeper(self, port: int, data_dir: str, log: Path) -> int:
-        """Start the ZooKeeper server on ``port``; its pid."""
-        server = ZooKeeperServer(ZkServerConfig(port=port, data=data_dir))
-        proc = server.start(log_file=log, die_with_parent=self.private)
+    def start_zookeeper(self, address: str, data_dir: str, log: Path, host: str | None = None) -> int:
+        """Start the ZooKeeper server on ``address`` (``host:port``), on test host ``host`` if given; its pid."""
+        bind, port = address.rsplit(":", 1)
+        server = ZooKeeperServer(ZkServerConfig(port=int(port), data=data_dir, host=bind))
+        prefix = self.hosts.command(host, []) if host else None
+        proc = server.start(log_file=log, die_with_parent=self.private, prefix=prefix)
         self._popens[proc.pid] = proc
         return proc.pid
 
@@ -80,9 +85,13 @@ class MemberProcesses:
         """The record of a new bookie or broker on fresh ports, its data dir made (not started yet)."""
         data = self.data_dir(kind, index)
         data.mkdir(parents=True, exist_ok=True)
-        address = f"tcp://127.0.0.1:{free_port()}"
-        # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
-        metrics = f"127.0.0.1:{free_port()}"
+        host = None
+        if state.get("hosts"):
+            host, address, metrics = self.hosts.place(state, kind, index)
+        else:
+            address = f"tcp://127.0.0.1:{free_port()}"
+            # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
+            metrics = f"127.0.0.1:{free_port()}"
         args = [
             kind,
             "start",
@@ -111,6 +120,7 @@ class MemberProcesses:
             "log": str(log_path),
             "args": args,
             **({"key_file": str(key_file)} if key_file else {}),
+            **({"host": host} if host else {}),
         }
         if session_file:
             member["env"] = {"FENCEPOST_ZK_SESSION_FILE": f"{data}.zk-session"}
@@ -135,8 +145,11 @@ class MemberProcesses:
     def spawn(self, member: dict) -> None:
         """Start a recorded bookie or broker with its command line; its new pid goes into the record."""
         env = (private_env if self.private else fencepost_env)(member.get("env"))
+        command = fencepost_command(*member["args"])
+        if member.get("host"):
+            command = self.hosts.command(member["host"], command)
         proc = spawn(
-            fencepost_command(*member["args"]),
+            command,
             Path(member["log"]),
             cwd=self.run_dir,
             env=env,

@@ -38,6 +38,7 @@ from election.paths import ClusterPaths, check_cluster_name
 # One more bookie than the default ensemble (3): with one bookie dead a new ledger still finds
 # three, so a broker failover or a ledger roll needs no operator.
 DEFAULT_BOOKIES = 4
+DEFAULT_BROKERS = 3
 
 
 class DevClusterError(BrokerError):
@@ -49,8 +50,9 @@ class DevClusterSpec:
     """What `dev up` starts."""
 
     cluster: str = "dev"
-    bookies: int = DEFAULT_BOOKIES
-    brokers: int = 3
+    # None: one per host on test hosts, else DEFAULT_BOOKIES bookies and DEFAULT_BROKERS brokers.
+    bookies: int | None = None
+    brokers: int | None = None
     zk_session_timeout: float = 2.0
     # Fault-injection runs only: brokers expose their ZooKeeper session in <data>.zk-session.
     session_files: bool = False
@@ -68,9 +70,26 @@ class DevClusterSpec:
     bookie_args: tuple[str, ...] = ()
     # Keys for every member and an admin key (devtools/dev_keys.py): every socket CURVE, every key checked.
     secure: bool = False
+    # Test hosts (devtools/hosts): 0 runs every member on 127.0.0.1; N puts ZooKeeper on a host of
+    # its own and bookie i and broker i on host i mod N, each host capped at `cpu_per_host` cores
+    # (None: no cap) with `latency_ms` added to what it sends.
+    hosts: int = 0
+    cpu_per_host: float | None = None
+    latency_ms: float = 0.0
 
     def validate(self) -> "DevClusterSpec":
+        """Check the spec and settle the member counts left to their defaults; returns it."""
         check_cluster_name(self.cluster)
+        if not 0 <= self.hosts <= 16:
+            raise DevClusterError("--hosts must be between 0 and 16")
+        if not self.hosts and (self.cpu_per_host is not None or self.latency_ms):
+            raise DevClusterError("--cpu-per-host and --latency-ms need --hosts")
+        if not 0 <= self.latency_ms <= 10_000:
+            raise DevClusterError("--latency-ms must be between 0 and 10000")
+        if self.bookies is None:
+            self.bookies = self.hosts or DEFAULT_BOOKIES
+        if self.brokers is None:
+            self.brokers = self.hosts or DEFAULT_BROKERS
         if not 0 <= self.bookies <= 16 or not 0 <= self.brokers <= 16:
             raise DevClusterError("--bookies and --brokers must be between 0 and 16")
         if self.wait_for < 0:

@@ -39,6 +39,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
+from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys
 from devtools.dev_members import MemberProcesses, member_name, port_taken, read_broker_id
 from devtools.dev_spec import (
@@ -48,6 +49,7 @@ from devtools.dev_spec import (
     read_secret_file,
     with_wait_for,
 )
+from devtools.hosts.plan import HostsError
 from devtools.procs import free_port, owns, pid_alive, stop_pid
 from devtools.zkserver import four_letter
 from election.local.dev_cluster import DevStateError, read_dev_state, state_path
@@ -66,7 +68,8 @@ class DevCluster:
         # the FENCEPOST_* settings of the shell; a `dev up` cluster outlives the command.
         self.private = private
         self.state_path = state_path(self.run_dir)
-        self._members = MemberProcesses(self.run_dir, private)
+        self._hosts = DevHosts(self.run_dir, private)
+        self._members = MemberProcesses(self.run_dir, private, self._hosts)
         # Threads of one run (a chaos fault and the monitor) restart members at once: each
         # read-modify-write of cluster.json holds this, so no pid update is lost.
         self._state_lock = threading.RLock()
@@ -116,14 +119,16 @@ class DevCluster:
         secret_file = str(Path(secret_file).resolve()) if secret_file else None  # members run in run_dir
         secret = read_secret_file(secret_file)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        zk_port = free_port()
         state = {
             "cluster": spec.cluster,
-            "zk": f"127.0.0.1:{zk_port}",
             "run_dir": str(self.run_dir),
             "zk_session_timeout": spec.zk_session_timeout,
             "processes": [],
         }
+        if spec.hosts:
+            self._make_hosts(spec, state, progress)
+        else:
+            state["zk"] = f"127.0.0.1:{free_port()}"
         if secret_file:
             state["secret_file"] = secret_file
         if spec.secure:
@@ -136,7 +141,7 @@ class DevCluster:
         if spec.wait_for:
             broker_args += ["--wait-for", str(spec.wait_for)]
         try:
-            self._start_zookeeper(state, zk_port)
+            self._start_zookeeper(state)
             progress(f"zookeeper listening on {state['zk']}")
             progress(init_cluster_config(state["zk"], spec, secret, secret_file))
             for index in range(spec.bookies):
@@ -210,9 +215,22 @@ class DevCluster:
         """Where `up` puts member `index` of `kind` (so a caller may prepare it first)."""
         return self._members.data_dir(kind, index)
 
-    def _start_zookeeper(self, state: dict, port: int) -> None:
+    def _make_hosts(self, spec: DevClusterSpec, state: dict, progress: Callable[[str], None]) -> None:
+        """The test network of `--hosts`; removed again if the cluster does not come up."""
+        try:
+            record = self._hosts.create(spec.hosts, spec.cpu_per_host, spec.latency_ms)
+        except HostsError as exc:
+            raise DevClusterError(f"cannot make the test hosts: {exc}") from None
+        state["hosts"] = spec.hosts
+        state["zk"] = self._hosts.zk_address()
+        cap = f", {spec.cpu_per_host:g} CPU each" if spec.cpu_per_host else ""
+        delay = f", {spec.latency_ms:g} ms added to what each sends" if spec.latency_ms else ""
+        progress(f"test hosts zk, h1-h{spec.hosts} on {record['bridge']} ({record['subnet']}{cap}{delay})")
+
+    def _start_zookeeper(self, state: dict) -> None:
         data = self.run_dir / "zookeeper"
-        pid = self._members.start_zookeeper(port, str(data), self.run_dir / "zookeeper.log")
+        host = "zk" if state.get("hosts") else None
+        pid = self._members.start_zookeeper(state["zk"], str(data), self.run_dir / "zookeeper.log", host)
         state["processes"].append(
             {
                 "kind": "zookeeper",
@@ -220,6 +238,7 @@ class DevCluster:
                 "address": state["zk"],
                 "data_dir": str(data),
                 "log": str(self.run_dir / "zookeeper.log"),
+                **({"host": host} if host else {}),
             }
         )
         self.write_state(state)
@@ -249,15 +268,16 @@ class DevCluster:
                 raise DevClusterError(
                     f"{member['kind']} {member.get('index')} still runs (pid {current['pid']})"
                 )
+            if current.get("host") and not self._hosts.net.built():
+                self._hosts.net.ensure()
             if port_taken(current["address"]):
                 raise DevClusterError(
                     f"port of {member_name(current)} ({current['address']}) is taken by another "
                     f"process: free it, or remove {self.state_path} to start afresh on new ports"
                 )
             if current["kind"] == "zookeeper":
-                port = int(current["address"].rsplit(":", 1)[1])
                 current["pid"] = self._members.start_zookeeper(
-                    port, current["data_dir"], Path(current["log"])
+                    current["address"], current["data_dir"], Path(current["log"]), current.get("host")
                 )
                 self.write_state(state)
                 return current
@@ -296,7 +316,17 @@ class DevCluster:
         return member
 
     def down(self) -> list[dict]:
-        """Stop every recorded process, brokers first and ZooKeeper last; the record stays for the next `up`."""
+        """Stop every recorded process, brokers first and ZooKeeper last, then remove the test hosts
+        (those of a `dev up` that was killed too); the records stay for the next `up`."""
+        try:
+            return self._stop_all()
+        finally:
+            try:
+                self._hosts.net.destroy()
+            except HostsError as exc:
+                raise DevClusterError(f"cannot remove the test hosts: {exc}") from None
+
+    def _stop_all(self) -> list[dict]:
         state = self.read_state()
         if not state:
             return []
@@ -308,6 +338,35 @@ class DevCluster:
                 stop_pid(member["pid"], marker)
                 stopped.append(member)
         return stopped
+
+    def partition(self, group_a: list[str], group_b: list[str] | None, one_way: bool = False) -> list:
+        """Cut hosts (or the hosts of members) from others; the cuts in force (pairs sender, receiver)."""
+        try:
+            return self._hosts.partition(self._hosted_state(), group_a, group_b, one_way)
+        except HostsError as exc:
+            raise DevClusterError(str(exc)) from None
+
+    def heal(self, name: str | None = None) -> list:
+        """Remove the cuts of one host or member (None: every cut); the cuts left."""
+        try:
+            return self._hosts.heal(self._hosted_state(), name)
+        except HostsError as exc:
+            raise DevClusterError(str(exc)) from None
+
+    def cuts(self) -> list:
+        """The cuts in force, as (sender, receiver) host pairs (none without test hosts)."""
+        state = self.read_state() or {}
+        return self._hosts.net.cuts() if state.get("hosts") and self._hosts.net.built() else []
+
+    def _hosted_state(self) -> dict:
+        state = self.read_state()
+        if not state or not state.get("hosts"):
+            raise DevClusterError(
+                f"the dev cluster in {self.run_dir} is not on test hosts: `dev up --hosts N`"
+            )
+        if not self._hosts.net.built():
+            raise DevClusterError(f"the test hosts of {self.run_dir} are down: `dev up` first")
+        return state
 
     def status(self) -> list[dict]:
         """One row per recorded process: kind, pid, address, data_dir, alive."""
@@ -323,6 +382,7 @@ class DevCluster:
             row = {
                 "name": member_name(member),
                 **{k: member.get(k) for k in ("kind", "pid", "address", "data_dir")},
+                "host": member.get("host", "local"),
             }
             row["alive"] = alive
             if member.get("metrics"):

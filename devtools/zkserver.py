@@ -213,19 +213,24 @@ class ZooKeeperServer:
         ]
 
     def start(
-        self, log_file: Path | None = None, foreground: bool = False, die_with_parent: bool = False
+        self,
+        log_file: Path | None = None,
+        foreground: bool = False,
+        die_with_parent: bool = False,
+        prefix: list[str] | None = None,
     ) -> subprocess.Popen:
         """Start the JVM and return once it answers; raise a clear error otherwise.
 
         In the background it runs in its own session with its output in the log
         (`die_with_parent`: it gets SIGTERM when this process dies, for the benchmarks).
+        `prefix` runs it through a launcher (a test host's namespace and CPU group).
         """
         c = self.config
         if port_in_use(c.host, c.port):
             raise ZooKeeperServerError(
                 f"port {c.port} on {c.host} is already in use: pick another with --port"
             )
-        cmd = self.command()
+        cmd = [*(prefix or []), *self.command()]
         self.write_config()
         log_path = log_file or self.data_dir / "zookeeper.log"
         if foreground:

@@ -38,6 +38,7 @@ from devtools.hosts.plan import (
     cut_rules,
     heal_pairs,
 )
+from devtools.procs import pid_alive
 from election.local.files import write_json_atomically
 
 RECORD = "hosts.json"
@@ -116,8 +117,9 @@ class TestNet:
         reason = hosts_unsupported()
         if reason:
             raise HostsError(reason)
-        if self.read() is not None:
-            raise HostsError(f"{self.path} already records a test network: destroy it first")
+        if self.built():
+            raise HostsError(f"{self.path} records a test network that exists: destroy it first")
+        self.path.unlink(missing_ok=True)  # the record of one destroyed: a new network starts afresh
         if len(set(hosts)) != len(hosts):
             raise HostsError("host names must differ")
         taken = run(["ip", "-o", "-4", "addr", "show"]).stdout
@@ -157,6 +159,26 @@ class TestNet:
             "hosts": entries,
             "cuts": [],
         }
+
+    def add_host(self, name: str) -> dict:
+        """One more host in the running network, with the CPU cap and latency of the first one."""
+        with self._lock:
+            record = self._record()
+            if name in record["hosts"]:
+                raise HostsError(f"host {name!r} exists")
+            first = next(iter(record["hosts"].values()), {})
+            ordinal = 1 + max((h["ordinal"] for h in record["hosts"].values()), default=0)
+            host = NetPlan(record["index"]).host(name, ordinal)
+            record["hosts"][name] = {**host.as_record(), "veth": host.veth, "cpus": first.get("cpus")}
+            record["hosts"][name].update(latency_ms=first.get("latency_ms", 0.0), cgroup=None)
+            record["hosts"][name].update(loss_pct=0.0, delayer_pid=None)
+            self._write(record)
+            return self._build(record)
+
+    def built(self) -> bool:
+        """True if the recorded network's bridge exists (it was made and not destroyed)."""
+        record = self.read()
+        return bool(record) and NetLinks(NetPlan(record["index"]), self.owner).bridge_owner() == self.owner
 
     def ensure(self) -> dict:
         """Build the recorded network again where it is missing (after `dev down`), cuts healed."""
@@ -257,11 +279,14 @@ class TestNet:
     def _apply_net(self, record: dict, name: str) -> None:
         """Bring the host's delay and loss to what its entry says (the record is written after)."""
         entry = record["hosts"][name]
-        self.latency.stop(entry["netns"], entry.get("delayer_pid"))
-        entry["delayer_pid"] = None
-        if entry.get("latency_ms"):
-            entry["delayer_pid"] = self.latency.start(entry["netns"], entry["latency_ms"])
-        self._write(record)
+        running = entry.get("delayer_pid")
+        if not (running and pid_alive(running) and entry.get("delayer_ms") == entry.get("latency_ms")):
+            self.latency.stop(entry["netns"], running)
+            entry["delayer_pid"] = entry["delayer_ms"] = None
+            if entry.get("latency_ms"):
+                entry["delayer_pid"] = self.latency.start(entry["netns"], entry["latency_ms"])
+                entry["delayer_ms"] = entry["latency_ms"]
+            self._write(record)
         delayed = entry["delayer_pid"] is not None
         self.firewall.set_net(entry["netns"], entry.get("loss_pct") or 0.0, delayed)
 

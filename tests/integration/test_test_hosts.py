@@ -150,17 +150,17 @@ def test_a_network_whose_maker_was_killed_is_removed_from_its_record(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", maker],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parents[2],
-    )
-    assert proc.returncode == -signal.SIGKILL and "made" in proc.stdout, proc.stderr
     net = TestNet(run_dir)
-    record = net.read()
     try:
+        proc = subprocess.run(
+            [sys.executable, "-c", maker],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).parents[2],
+        )
+        assert proc.returncode == -signal.SIGKILL and "made" in proc.stdout, proc.stderr
+        record = net.read()
         assert gone(record) != []
         net.destroy()
         assert gone(record) == []
