@@ -50,6 +50,7 @@ from devtools.dev_spec import (
     with_wait_for,
 )
 from devtools.hosts.plan import HostsError
+from devtools.hosts.testnet import TestNet
 from devtools.procs import free_port, owns, pid_alive, stop_pid
 from devtools.zkserver import four_letter
 from election.local.dev_cluster import DevStateError, read_dev_state, state_path
@@ -352,6 +353,19 @@ class DevCluster:
             return self._hosts.heal(self._hosted_state(), name)
         except HostsError as exc:
             raise DevClusterError(str(exc)) from None
+
+    def set_latency(self, name: str, latency_ms: float) -> None:
+        """Add ``latency_ms`` to what the host of ``name`` (a host or a member) sends; 0 removes it."""
+        try:
+            state = self._hosted_state()
+            self._hosts.net.set_latency(self._hosts.host_of(state, name), latency_ms)
+        except HostsError as exc:
+            raise DevClusterError(str(exc)) from None
+
+    @property
+    def net(self) -> TestNet:
+        """The test network of a cluster on test hosts (commands on hosts, loss, addresses)."""
+        return self._hosts.net
 
     def cuts(self) -> list:
         """The cuts in force, as (sender, receiver) host pairs (none without test hosts)."""
