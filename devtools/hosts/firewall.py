@@ -1,8 +1,11 @@
 """The firewall of a test network: cuts between hosts, packet loss, and a guard on the machine's side.
 
-Each host namespace gets two chains of its own: ``FP-CUT`` (jumped to from INPUT and
+Each host namespace gets three chains of its own: ``FP-CUT`` (jumped to from INPUT and
 OUTPUT) holds the drops of the current cuts, ``FP-NET`` (from OUTPUT) the drops of
-packet loss and the NFQUEUE hand-off to a delayer. A change rebuilds a chain whole
+packet loss, ``FP-DELAY`` (from INPUT) the NFQUEUE hand-off to a delayer. The delay is
+taken on the way in: a packet held on its way out still counts against its socket's
+small-queue budget until it leaves, which slows a sending TCP stream to a crawl (about
+0.14 MB/s at 40 ms), while a received packet no longer belongs to any sender's socket. A change rebuilds a chain whole
 (flush, then add), so the rules always match what the network record says.
 
 On the machine's side, packets crossing the bridge between two hosts are accepted
@@ -25,6 +28,7 @@ from devtools.hosts.netns import in_netns, run
 
 CUT_CHAIN = "FP-CUT"
 NET_CHAIN = "FP-NET"
+DELAY_CHAIN = "FP-DELAY"
 NFQUEUE_NUM = 0
 
 
@@ -38,17 +42,22 @@ def guard_rules(bridge: str) -> list[list[str]]:
     ]
 
 
-def net_rules(loss_pct: float, delayed: bool) -> list[list[str]]:
-    """``FP-NET``: drop ``loss_pct`` % of outgoing packets at random, queue the rest to the delayer."""
-    rules = []
-    if loss_pct > 0:
-        probability = f"{loss_pct / 100:.4f}"
-        rules.append(["-o", "eth0", "-m", "statistic", "--mode", "random", "--probability", probability])
-        rules[-1] += ["-j", "DROP"]
-    if delayed:
-        # --queue-bypass: while no delayer is bound, packets pass instead of being dropped.
-        rules.append(["-o", "eth0", "-j", "NFQUEUE", "--queue-num", str(NFQUEUE_NUM), "--queue-bypass"])
-    return rules
+def loss_rules(loss_pct: float) -> list[list[str]]:
+    """``FP-NET``: drop ``loss_pct`` % of outgoing packets at random."""
+    if loss_pct <= 0:
+        return []
+    probability = f"{loss_pct / 100:.4f}"
+    return [["-o", "eth0", "-m", "statistic", "--mode", "random", "--probability", probability, "-j", "DROP"]]
+
+
+def delay_rules(delayed: bool) -> list[list[str]]:
+    """``FP-DELAY``: every packet coming in on the host's link goes to the delayer's queue."""
+    # --queue-bypass: while no delayer is bound, packets pass instead of being dropped.
+    return (
+        [["-i", "eth0", "-j", "NFQUEUE", "--queue-num", str(NFQUEUE_NUM), "--queue-bypass"]]
+        if delayed
+        else []
+    )
 
 
 class Firewall:
@@ -56,7 +65,8 @@ class Firewall:
 
     def prepare_host(self, netns: str) -> None:
         """Make the host's chains and their jumps once (running it again changes nothing)."""
-        for chain, hooks in ((CUT_CHAIN, ("INPUT", "OUTPUT")), (NET_CHAIN, ("OUTPUT",))):
+        chains = ((CUT_CHAIN, ("INPUT", "OUTPUT")), (NET_CHAIN, ("OUTPUT",)), (DELAY_CHAIN, ("INPUT",)))
+        for chain, hooks in chains:
             run(in_netns(netns, ["iptables", "-N", chain]), check=False)
             for hook in hooks:
                 jump = [hook, "-j", chain]
@@ -72,7 +82,8 @@ class Firewall:
         self._rebuild(netns, CUT_CHAIN, rules)
 
     def set_net(self, netns: str, loss_pct: float, delayed: bool) -> None:
-        self._rebuild(netns, NET_CHAIN, net_rules(loss_pct, delayed))
+        self._rebuild(netns, NET_CHAIN, loss_rules(loss_pct))
+        self._rebuild(netns, DELAY_CHAIN, delay_rules(delayed))
 
     def guard_bridge(self, bridge: str) -> None:
         for rule in reversed(guard_rules(bridge)):

@@ -1,8 +1,9 @@
-"""Added latency on a test host's outgoing packets: ``tc netem`` where the kernel has it, else a delayer.
+"""Added latency on a test host's link: ``tc netem`` where the kernel has it, else a delayer.
 
-netem is the usual tool, but some kernels are built without it (``sch_netem``); there
-the host's packets go through NFQUEUE to :mod:`devtools.hosts.delayer`, a small
-process in the host's namespace that holds each one for the delay. Which one a
+netem is the usual tool (it delays what the host sends), but some kernels are built
+without it (``sch_netem``); there the packets the host receives go through NFQUEUE to
+:mod:`devtools.hosts.delayer`, a small process in the host's namespace that holds each
+one for the delay. Either way every round trip through the host grows by the delay. Which one a
 host uses is decided by trying netem once per host. Packet loss is not here: the
 firewall drops a share of packets at random on every kernel (:mod:`devtools.hosts.firewall`).
 
@@ -23,7 +24,7 @@ from devtools.hosts.netns import in_netns, run
 from devtools.hosts.plan import HostsError
 from devtools.procs import REPO_ROOT, fencepost_env, pid_alive, spawn, stop_pid
 
-DELAYER_READY = "delayer:"
+DELAYER_READY = "delayer: queue"
 START_TIMEOUT_S = 15.0
 
 

@@ -190,3 +190,33 @@ def test_destroy_twice_and_ensure_after_destroy_rebuild_the_same_addresses(net):
         assert reaches(net, "h1", net.address("h2")) == "hi"
     finally:
         echo.kill()
+
+
+RTT = """
+import socket, statistics, sys, time
+times = []
+for _ in range(5):
+    t = time.monotonic()
+    with socket.create_connection((sys.argv[1], 7000), timeout=5) as s:
+        s.recv(2)
+    times.append(time.monotonic() - t)
+print(statistics.median(times) * 1000)
+"""
+
+
+def test_latency_adds_to_every_round_trip_through_the_host_and_can_be_removed(net):
+    net.create(["h1", "h2"])
+    echo = start_echo(net, "h2")
+    try:
+
+        def rtt_ms() -> float:
+            command = net.command("h1", [sys.executable, "-c", RTT, net.address("h2")])
+            return float(subprocess.run(command, capture_output=True, text=True, timeout=60).stdout)
+
+        net.set_latency("h2", 30)
+        # A connect and its first reply: two round trips, each at least 30 ms longer.
+        assert rtt_ms() >= 55
+        net.set_latency("h2", 0)
+        assert rtt_ms() < 30
+    finally:
+        echo.kill()
