@@ -3,11 +3,18 @@
 Every node lives under ``/fencepost/<cluster>``. Code never builds these
 strings by hand; it asks a :class:`ClusterPaths`.
 
+A cluster has one or more shards (election/shards.py), each its own replicated state
+machine: the nodes of one machine (election, epoch, leader, in-sync set, log, log start,
+snapshots, shutdown, the brokers' live nodes, elect, init) are per shard. Shard 0 keeps
+them directly under the cluster (a one-shard cluster is the cluster of before shards),
+shard ``n > 0`` has them under ``shards/<n>/``; everything else is shared.
+
 Example::
 
     paths = ClusterPaths("dev")
     zk.ensure_path(paths.bookies)
     zk.get(paths.epoch)
+    ClusterPaths("dev", shard=2).epoch      # "/fencepost/dev/shards/2/epoch"
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import re
 from dataclasses import dataclass
 
 from election import ElectionError
+from election.shards import MAX_SHARDS
 
 ROOT = "/fencepost"
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -35,13 +43,30 @@ class ClusterPaths:
     """Absolute ZooKeeper paths for cluster ``cluster``."""
 
     cluster: str
+    shard: int = 0
 
     def __post_init__(self) -> None:
         check_cluster_name(self.cluster)
+        if not isinstance(self.shard, int) or not 0 <= self.shard < MAX_SHARDS:
+            raise ElectionError(f"shard must be 0-{MAX_SHARDS - 1}, not {self.shard!r}")
 
     @property
     def base(self) -> str:
         return f"{ROOT}/{self.cluster}"
+
+    @property
+    def shards(self) -> str:
+        """Where shards other than 0 keep their own nodes."""
+        return f"{self.base}/shards"
+
+    @property
+    def shard_base(self) -> str:
+        """The parent of this shard's own nodes (the cluster's base for shard 0)."""
+        return self.base if self.shard == 0 else f"{self.shards}/{self.shard}"
+
+    def of_shard(self, shard: int) -> "ClusterPaths":
+        """The paths of another shard of the same cluster."""
+        return ClusterPaths(self.cluster, shard)
 
     @property
     def config(self) -> str:
@@ -71,31 +96,32 @@ class ClusterPaths:
 
     @property
     def live_brokers(self) -> str:
-        return f"{self.brokers}/live"
+        # Per shard: a broker's live node says its role, position and epoch in that shard.
+        return f"{self.brokers}/live" if self.shard == 0 else f"{self.shard_base}/live"
 
     def live_broker(self, broker_id: int) -> str:
         return f"{self.live_brokers}/{broker_id}"
 
     @property
     def election(self) -> str:
-        return f"{self.base}/election"
+        return f"{self.shard_base}/election"
 
     @property
     def epoch(self) -> str:
-        return f"{self.base}/epoch"
+        return f"{self.shard_base}/epoch"
 
     @property
     def leader(self) -> str:
-        return f"{self.base}/leader"
+        return f"{self.shard_base}/leader"
 
     @property
     def insync(self) -> str:
-        return f"{self.base}/insync"
+        return f"{self.shard_base}/insync"
 
     @property
     def elect(self) -> str:
         """A pending `fencepost admin elect` request (persistent; the leader watches it)."""
-        return f"{self.base}/elect"
+        return f"{self.shard_base}/elect"
 
     @property
     def ledgers(self) -> str:
@@ -147,21 +173,21 @@ class ClusterPaths:
 
     @property
     def log(self) -> str:
-        return f"{self.base}/log"
+        return f"{self.shard_base}/log"
 
     @property
     def log_start(self) -> str:
         """Present once retention deleted ledgers: the log no longer starts at the beginning of history."""
-        return f"{self.base}/log_start"
+        return f"{self.shard_base}/log_start"
 
     @property
     def snapshots_latest(self) -> str:
-        return f"{self.base}/snapshots/latest"
+        return f"{self.shard_base}/snapshots/latest"
 
     @property
     def shutdown(self) -> str:
         """Present during an orderly whole-cluster shutdown (``election.shutdown_node``)."""
-        return f"{self.base}/shutdown"
+        return f"{self.shard_base}/shutdown"
 
     def shutdown_member(self, broker_id: int) -> str:
         """Broker ``broker_id`` stopped at the shutdown's entry (its position, clean or not)."""
@@ -170,7 +196,7 @@ class ClusterPaths:
     @property
     def init(self) -> str:
         """How a cluster with no log starts (``init/members/<id>`` ephemeral, ``init/decision``)."""
-        return f"{self.base}/init"
+        return f"{self.shard_base}/init"
 
     @property
     def init_members(self) -> str:
