@@ -2,8 +2,9 @@
 
 Shared by every benchmark that starts a cluster: ``bench.tasks``, ``bench.failover``,
 ``bench.memory`` and ``bench.fuzz`` (brokers), ``bench.ledger`` and ``bench.catchup``
-(bookies only, ``brokers=0``). It is a :class:`~devtools.devcluster.DevCluster` in a
-temporary directory whose processes die with the benchmark.
+(bookies only, ``brokers=0``), ``bench.scale`` and ``bench.failover --hosts`` (on test
+hosts). It is a :class:`~devtools.devcluster.DevCluster` in a temporary directory whose
+processes (and test network) die with the benchmark.
 
 Example::
 
@@ -14,6 +15,8 @@ Example::
         ...
     with BenchCluster(bookies=1, brokers=1, quorum=(1, 1, 1)) as bc:   # one fsynced copy of each entry
         bc.process_kinds()   # {"leader": [pid], "bookies": [pid], "zookeeper": [pid], "client": [os.getpid()]}
+    with BenchCluster(hosts=3, cpu_per_host=0.5) as bc:   # a bookie and a broker on each of h1..h3
+        bc.dev.partition(["broker-0"], None)
 """
 
 from __future__ import annotations
@@ -62,27 +65,44 @@ class BenchCluster:
     once a leader answers; with ``brokers=0`` once every bookie is registered.
     With ``zk`` and ``cluster`` given, nothing is started and nothing is stopped.
     ``quorum`` is ``(ensemble_size, write_quorum, ack_quorum)`` for `cluster init`
-    (None: its defaults, 3/3/2).
+    (None: its defaults, 3/3/2). ``hosts`` N puts the members on test hosts (ZooKeeper on
+    ``zk``, bookie i and broker i on ``h<i mod N + 1>``, each host capped at ``cpu_per_host``
+    cores; :mod:`devtools.dev_hosts`); :meth:`stop` removes that network too, and without
+    root or iptables the constructor raises a one-line :class:`BenchError`.
     """
 
     def __init__(
         self,
         zk: str | None = None,
         cluster: str | None = None,
-        bookies: int = 3,
-        brokers: int = 3,
+        bookies: int | None = None,
+        brokers: int | None = None,
         zk_session_timeout: float = 2.0,
         keep: bool = False,
         progress: Callable[[str], None] | None = None,
         bookie_args: tuple[str, ...] = (),
         secure: bool = False,
         quorum: tuple[int, int, int] | None = None,
+        hosts: int = 0,
+        cpu_per_host: float | None = None,
     ) -> None:
         if (zk is None) != (cluster is None):
             raise BenchError("give both zk and cluster, or neither")
+        if hosts and zk is not None:
+            raise BenchError("test hosts are for a private cluster: give hosts or zk, not both")
+        if hosts:
+            from devtools.hosts.testnet import hosts_unsupported
+
+            reason = hosts_unsupported()
+            if reason is not None:
+                raise BenchError(f"--hosts cannot run here: {reason}")
         self.zk, self.cluster = zk, cluster
         self.external = zk is not None
-        self.bookies, self.brokers, self.zk_session_timeout = bookies, brokers, zk_session_timeout
+        self.hosts, self.cpu_per_host = hosts, cpu_per_host
+        # Left out: one of each per host on test hosts (like real nodes), else 3 of each.
+        self.bookies = bookies if bookies is not None else (hosts or 3)
+        self.brokers = brokers if brokers is not None else (hosts or 3)
+        self.zk_session_timeout = zk_session_timeout
         self.keep = keep
         self.bookie_args = tuple(bookie_args)
         # A secure private cluster (`dev up --secure`): this process's clients connect with its admin key.
@@ -112,6 +132,8 @@ class BenchCluster:
                     zk_session_timeout=self.zk_session_timeout,
                     bookie_args=self.bookie_args,
                     secure=self.secure,
+                    hosts=self.hosts,
+                    cpu_per_host=self.cpu_per_host,
                     **self._quorum_options(),
                 ),
                 progress=self.progress,

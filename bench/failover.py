@@ -19,10 +19,23 @@ round:
 4. **elect**: ``admin elect`` hands leadership to an in-sync follower (the leader steps
    down once the target is next in line); measured the same way.
 
+5. **partition** (only on test hosts, ``--hosts N``, N >= 3): cuts the leader's host
+   from every other host and this machine (the process keeps running); measured the
+   same way, from the cut. Then the cut is healed and the round waits until the old
+   leader has rejoined as a follower and caught up (``rejoin_s``, from the heal).
+
 After the rounds, one **lagging joiner** round: a broker with an empty data dir joins
 (it replays the whole history, so it is not in the in-sync set) and the leader is
 SIGKILLed at once; an in-sync follower must take over within the kill target
 (``lagging_joiner_kill_s``; ``lagging_joiner_led`` must be false).
+
+``--hosts N`` runs the cluster on test hosts (:mod:`devtools.hosts`: ZooKeeper on a
+host of its own, one bookie and one broker on each of N hosts, optionally capped at
+``--cpu-per-host`` cores each; the producers and probes run on this machine) and adds
+the partition round: ``partition_median_s``, ``partition_max_s``,
+``partition_rejoin_median_s`` and each round in ``partitions``. Without it the
+cluster runs on 127.0.0.1 and the result has the keys it always had. ``--events``
+picks some of the events (e.g. ``--events partition`` for the partition rounds only).
 
 Also reported per event: when the new leader was elected and how long its
 takeover took (``*_elected_s``, ``*_takeover_s``, from the brokers' logs), when
@@ -47,7 +60,14 @@ from typing import Callable
 
 from bench.common import BenchError, finish, machine_info, percentile
 from bench.devbench import BenchCluster, quiet_logs
-from bench.failover_events import elect_other, lagging_joiner_round, one_event, restart_member, wait_caught_up
+from bench.failover_events import (
+    elect_other,
+    lagging_joiner_round,
+    one_event,
+    partition_round,
+    restart_member,
+    wait_caught_up,
+)
 from bench.failover_watch import LeaderWatch, Producers
 
 TARGETS = {
@@ -56,6 +76,17 @@ TARGETS = {
     "elect_median_s": 0.5,
     "lagging_joiner_kill_s": 3.0,
 }
+# A leader cut off from everything must be replaced within the failover target of a kill.
+PARTITION_TARGET_S = 3.0
+EVENTS = ("kill", "graceful", "elect", "partition", "joiner")
+EVENT_TARGETS = {
+    "kill": "kill_median_s",
+    "graceful": "graceful_median_s",
+    "elect": "elect_median_s",
+    "joiner": "lagging_joiner_kill_s",
+}
+# One bookie per host: a cut host takes a bookie with it, and the ack quorum (2) needs two more.
+MIN_HOSTS = 3
 LABELS = {
     "kill_median_s": "SIGKILL leader: first new write, median (s)",
     "kill_max_s": "SIGKILL leader: first new write, max (s)",
@@ -63,7 +94,23 @@ LABELS = {
     "graceful_max_s": "SIGTERM leader: first new write, max (s)",
     "elect_median_s": "admin elect: first new write, median (s)",
     "lagging_joiner_kill_s": "SIGKILL leader with a lagging joiner: first new write (s)",
+    "partition_median_s": "leader's host cut off: first new write, median (s)",
+    "partition_max_s": "leader's host cut off: first new write, max (s)",
 }
+
+
+def chosen_events(events: list[str] | None, hosts: int) -> tuple[str, ...]:
+    """The events to run, in their order: ``events`` (None: all, the partition only on test hosts)."""
+    if hosts and hosts < MIN_HOSTS:
+        raise BenchError(f"--hosts needs at least {MIN_HOSTS} (one bookie per host; a cut takes one away)")
+    if events is None:
+        return tuple(e for e in EVENTS if e != "partition" or hosts)
+    unknown = sorted(set(events) - set(EVENTS))
+    if unknown or not events:
+        raise BenchError(f"--events takes some of {','.join(EVENTS)}, not {','.join(unknown) or 'none'}")
+    if "partition" in events and not hosts:
+        raise BenchError("the partition event cuts a host off: it needs --hosts N")
+    return tuple(e for e in EVENTS if e in events)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -85,19 +132,31 @@ def run(
     settle_s: float = 1.0,
     keep: bool = False,
     progress: Callable[[str], None] | None = None,
+    hosts: int = 0,
+    cpu_per_host: float | None = None,
+    events: list[str] | None = None,
 ) -> dict:
     """Run the benchmark (see the module docstring); return the result dict."""
     progress = progress or (lambda _msg: None)
     if rounds < 1 or producers < 0 or not 1 <= batch <= 1000:
         raise BenchError("need rounds >= 1, producers >= 0, 1 <= batch <= 1000")
+    chosen = chosen_events(events, hosts)
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     queue = f"failover-{uuid.uuid4().hex[:8]}"
     kills: list[dict] = []
     graceful: list[dict] = []
     elects: list[dict] = []
     elect_errors: list[str] = []
+    partitions: list[dict] = []
     catch_up: list[float] = []
-    with BenchCluster(zk_session_timeout=zk_session_timeout, keep=keep, progress=progress) as bc:
+    joiner: dict = {}
+    with BenchCluster(
+        zk_session_timeout=zk_session_timeout,
+        keep=keep,
+        progress=progress,
+        hosts=hosts,
+        cpu_per_host=cpu_per_host,
+    ) as bc:
         run_dir = str(bc.run_dir)
         prod = Producers(bc, queue, producers, batch)
         watch = LeaderWatch(bc)
@@ -105,20 +164,32 @@ def run(
             prod.start()
             time.sleep(settle_s)
             for r in range(rounds):
-                for sig, results in ((signal.SIGKILL, kills), (signal.SIGTERM, graceful)):
+                for event, sig, results in (
+                    ("kill", signal.SIGKILL, kills),
+                    ("graceful", signal.SIGTERM, graceful),
+                ):
+                    if event not in chosen:
+                        continue
                     out, member = one_event(bc, prod, watch, queue, sig, probe_timeout, progress)
                     out["round"] = r + 1
                     results.append(out)
                     member = restart_member(bc, member)
                     catch_up.append(round(wait_caught_up(bc, member), 3))
                     time.sleep(settle_s)  # steady load again before the next event
-                out, _ = one_event(
-                    bc, prod, watch, queue, 0, probe_timeout, progress, act=elect_other(bc, elect_errors)
-                )
-                out["round"] = r + 1
-                elects.append(out)
-                time.sleep(settle_s)
-            joiner = lagging_joiner_round(bc, prod, watch, queue, probe_timeout, progress)
+                if "elect" in chosen:
+                    out, _ = one_event(
+                        bc, prod, watch, queue, 0, probe_timeout, progress, act=elect_other(bc, elect_errors)
+                    )
+                    out["round"] = r + 1
+                    elects.append(out)
+                    time.sleep(settle_s)
+                if "partition" in chosen:
+                    out = partition_round(bc, prod, watch, queue, probe_timeout, progress)
+                    out["round"] = r + 1
+                    partitions.append(out)
+                    time.sleep(settle_s)
+            if "joiner" in chosen:
+                joiner = lagging_joiner_round(bc, prod, watch, queue, probe_timeout, progress)
         finally:
             prod.stop()
             watch.close()
@@ -135,9 +206,9 @@ def run(
         "graceful_max_s": _max(graceful_times),
         "elect_median_s": _median([e["first_write_s"] for e in elects]),
         "elect_max_s": _max([e["first_write_s"] for e in elects]),
-        "lagging_joiner_kill_s": joiner["first_write_s"],
-        "lagging_joiner_lag": joiner["joiner_lag"],
-        "lagging_joiner_led": joiner["joiner_led"],
+        "lagging_joiner_kill_s": joiner.get("first_write_s"),
+        "lagging_joiner_lag": joiner.get("joiner_lag"),
+        "lagging_joiner_led": joiner.get("joiner_led"),
         "rounds": rounds,
         "kill_elected_median_s": _median([k.get("elected_s") for k in kills]),
         "kill_takeover_median_s": _median([k.get("takeover_s") for k in kills]),
@@ -162,26 +233,42 @@ def run(
         "elects": elects,
         "elect_errors": elect_errors,
         "lagging_joiner": joiner,
+        **(_on_hosts(hosts, cpu_per_host, partitions) if hosts else {}),
+        **({"events": list(chosen)} if events is not None else {}),
         "started_at": started_at,
         "machine": machine_info(),
     }
     if keep:
         result["run_dir"] = run_dir  # broker logs for a closer look (the processes are stopped)
-    result["targets"] = dict(TARGETS)
+    targets = {EVENT_TARGETS[e]: TARGETS[EVENT_TARGETS[e]] for e in chosen if e in EVENT_TARGETS}
+    if "partition" in chosen:
+        targets["partition_median_s"] = PARTITION_TARGET_S
+    result["targets"] = targets
     result["targets_met"] = (
-        result["kill_median_s"] is not None
-        and result["kill_median_s"] <= TARGETS["kill_median_s"]
-        and result["graceful_median_s"] is not None
-        and result["graceful_median_s"] <= TARGETS["graceful_median_s"]
+        all(result[key] is not None and result[key] <= target for key, target in targets.items())
         and result["lost"] == 0
         and result["duplicated"] == 0
         and not elect_errors
-        and result["elect_median_s"] is not None
-        and result["elect_median_s"] <= TARGETS["elect_median_s"]
-        and not joiner["joiner_led"]
-        and joiner["first_write_s"] <= TARGETS["lagging_joiner_kill_s"]
+        and not joiner.get("joiner_led")
     )
     return result
+
+
+def _on_hosts(hosts: int, cpu_per_host: float | None, partitions: list[dict]) -> dict:
+    """The result's keys of a run on test hosts: where it ran, and the partition rounds."""
+    return {
+        "hosts": hosts,
+        "cpu_per_host": cpu_per_host,
+        "load_runs_on": "local (this machine, not CPU-capped; producers and probes reach the hosts over the bridge)",
+        "partition_median_s": _median([p["first_write_s"] for p in partitions]),
+        "partition_max_s": _max([p["first_write_s"] for p in partitions]),
+        "partition_elected_median_s": _median([p.get("elected_s") for p in partitions]),
+        "partition_published_median_s": _median([p["published_s"] for p in partitions]),
+        "partition_producer_stall_median_s": _median([p["producer_stall_s"] for p in partitions]),
+        "partition_rejoin_median_s": _median([p["rejoin_s"] for p in partitions]),
+        "partition_cut_median_s": _median([p["cut_s"] for p in partitions]),
+        "partitions": partitions,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +291,28 @@ def main(argv: list[str] | None = None) -> int:
         default=0.5,
         help="each probe call's deadline before it starts again (default 0.5 s)",
     )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=0,
+        help=f"run on N test hosts (N >= {MIN_HOSTS}, root only) and add the partition round (default: none)",
+    )
+    parser.add_argument(
+        "--cpu-per-host",
+        type=float,
+        default=None,
+        help="cap each test host at this many cores (with --hosts)",
+    )
+    parser.add_argument(
+        "--events",
+        default=None,
+        help=f"comma-separated events to run, of {','.join(EVENTS)} (default: all; partition with --hosts)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directory (logs) afterwards")
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args(argv)
+    if args.cpu_per_host is not None and not args.hosts:
+        parser.error("--cpu-per-host needs --hosts")
     quiet_logs()
     progress = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
 
@@ -219,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
             probe_timeout=args.probe_timeout,
             keep=args.keep,
             progress=progress,
+            hosts=args.hosts,
+            cpu_per_host=args.cpu_per_host,
+            events=args.events.split(",") if args.events is not None else None,
         )
 
     return finish("failover", measure, args.json, LABELS)

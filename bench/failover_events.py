@@ -7,12 +7,16 @@ event, that a leader other than the old one acknowledged (:func:`probe_first_wri
 loops short calls), and adds what the watchers saw (:mod:`bench.failover_watch`).
 A killed broker is restarted with its recorded command line and waited for until
 it has caught up; :func:`lagging_joiner_round` kills the leader while a broker
-with an empty data dir replays the whole history.
+with an empty data dir replays the whole history. On test hosts,
+:func:`partition_round` cuts the leader's host from every other host and this
+machine instead (the process lives on), heals the cut and waits until the old
+leader has rejoined as a caught-up follower.
 
 Example::
 
     out, old_leader = one_event(bc, producers, watch, queue, signal.SIGKILL, 0.5, print)
     wait_caught_up(bc, restart_member(bc, old_leader))
+    partition_round(bc, producers, watch, queue, 0.5, print)   # needs BenchCluster(hosts=N)
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> flo
     raise BenchError(f"broker {member['index']} did not catch up within {timeout:g}s")
 
 
-def signal_leader(sig: int) -> Callable[[dict], None]:
+def signal_leader(sig: int) -> Callable[[dict], tuple[float, float] | None]:
     return lambda leader: os.killpg(leader["pid"], sig)
 
 
@@ -137,10 +141,15 @@ def one_event(
     sig: int,
     probe_timeout: float,
     progress: Callable[[str], None],
-    act: Callable[[dict], None] | None = None,
+    act: Callable[[dict], tuple[float, float] | None] | None = None,
+    what: str | None = None,
 ) -> tuple[dict, dict]:
-    """Signal the leader with ``sig`` (or run ``act`` on its member record instead); return the
-    measurements and the leader's member record."""
+    """Signal the leader with ``sig`` (or run ``act`` on its member record instead, ``what`` naming it
+    in the progress line); return the measurements and the leader's member record.
+
+    The times run from the start of the event, or from the (monotonic, wall) time ``act`` returns:
+    when an event that takes a while to put in place was whole.
+    """
     from broker.api.client import submit_fields
     from devtools.procs import pid_alive
 
@@ -151,7 +160,9 @@ def one_event(
         # The probe is connected and knows the old leader before the event, like any client.
         probe.call("submit", timeout=30.0, **submit_fields(probe_queue, b"warm-up"))
         t_event, t_wall = time.monotonic(), time.time()
-        (act or signal_leader(sig))(leader)
+        done = (act or signal_leader(sig))(leader)
+        if done is not None:
+            t_event, t_wall = done
         first_write = probe_first_write(probe, probe_queue, old, t_event, probe_timeout)
     stall = None
     deadline = time.monotonic() + 30
@@ -170,7 +181,7 @@ def one_event(
         "exited": not pid_alive(leader["pid"]),
         **takeover_phases(bc, t_wall),
     }
-    what = "elect" if act is not None else ("SIGKILL" if sig == signal.SIGKILL else "SIGTERM")
+    what = what or ("elect" if act is not None else ("SIGKILL" if sig == signal.SIGKILL else "SIGTERM"))
     progress(f"{what} (leader was broker {leader['index']}): {out}")
     return out, leader
 
@@ -201,6 +212,50 @@ def lagging_joiner_round(
         joiner_id=joiner_id, joiner_lag=joiner_lag, joiner_led=new_leader.get("address") == joiner["address"]
     )
     progress(f"lagging joiner round: {out}")
+    return out
+
+
+def partition_round(
+    bc: BenchCluster,
+    producers: Producers,
+    watch: LeaderWatch,
+    queue: str,
+    probe_timeout: float,
+    progress: Callable[[str], None],
+) -> dict:
+    """Isolate the leader's host (from every host and this machine), measured as :func:`one_event` from
+    the moment the cut is whole (``cut_s``: how long its rules took to put in place, one host after
+    another; a write acknowledged meanwhile is the old leader's); then heal and wait until the old
+    leader follows the new one, caught up (``rejoin_s``, from the heal).
+
+    A cut leader keeps running; one that exited all the same is started again (``restarted``).
+    """
+    from devtools.dev_members import member_name
+    from devtools.procs import pid_alive
+
+    cut_took: list[float] = []
+
+    def cut(leader: dict) -> tuple[float, float]:
+        started = time.monotonic()
+        bc.dev.partition([member_name(leader)], None)
+        whole = time.monotonic()
+        cut_took.append(whole - started)
+        return whole, time.time()
+
+    try:
+        out, leader = one_event(bc, producers, watch, queue, 0, probe_timeout, progress, cut, "partition")
+    finally:
+        bc.dev.heal()
+    out["cut_s"] = round(cut_took[0], 3) if cut_took else None
+    healed = time.monotonic()
+    out["restarted"] = not pid_alive(leader["pid"])
+    if out["restarted"]:
+        leader = restart_member(bc, leader)
+    wait_caught_up(bc, leader)
+    # A rejoin all the same, but the result should show an old leader that won the next election.
+    out["led_again"] = (bc.leader_info() or {}).get("address") == leader["address"]
+    out["rejoin_s"] = round(time.monotonic() - healed, 3)
+    progress(f"partition healed; broker {leader['index']} rejoined in {out['rejoin_s']}s")
     return out
 
 
