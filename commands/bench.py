@@ -20,6 +20,7 @@ BENCHMARKS = {
     "fuzz": "bench.fuzz",
     "peer": "bench.peer",
     "pipeline": "bench.pipeline",
+    "scale": "bench.scale",
 }
 
 
@@ -34,10 +35,10 @@ BENCHMARKS = {
 @click.argument("name", type=click.Choice(sorted(BENCHMARKS)))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(name: str, args: tuple[str, ...]) -> None:
-    """Run benchmark NAME (ledger, tasks, failover, memory, catchup, fuzz, peer, pipeline); `fencepost bench NAME --help` lists its options.
+    """Run benchmark NAME (ledger, tasks, failover, memory, catchup, fuzz, peer, pipeline, scale); `fencepost bench NAME --help` lists its options.
 
-    Each starts its own local cluster on loopback ports, stops it at the end, and with
-    --json prints one JSON object.
+    Each starts its own local cluster on loopback ports (scale, and failover --hosts N, on test
+    hosts: network namespaces, root only), stops it at the end, and with --json prints one JSON object.
     """
     import importlib
 
