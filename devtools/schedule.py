@@ -6,14 +6,21 @@ bookies stops writes, which is allowed but proves nothing). A fault names a *kin
 and a ``pick``: which leader, follower, bookie or worker it hits is only known at
 run time, so the executor chooses ``candidates[pick % len(candidates)]``.
 ``down_s`` is how long the fault holds (the delay before a restart, a pause, an
-outage, a full disk); ``recover_s`` is the time the plan leaves after it before the
-next fault of the slot (the executor also waits for real recovery).
+outage, a full disk, a cut); ``recover_s`` is the time the plan leaves after it before
+the next fault of the slot (the executor also waits for real recovery).
+
+A run on test hosts (``hosts`` > 0) adds the network faults of :data:`NETWORK_KINDS`
+(cuts of the leader's host from ZooKeeper, from the bookies' hosts, from the other
+brokers and the clients; one or two bookies' hosts isolated; a one-way cut of the
+leader; added latency), all in one slot: a cut is healed by host, and heals remove
+every cut of a host, so two network faults must never overlap. Without hosts the
+plan is exactly what it was before network faults existed (same seed, same faults).
 
 Example::
 
     faults = plan(seed=7, duration_s=60)
     faults == plan(seed=7, duration_s=60)     # always
-    Counter(f.kind for f in faults)
+    Counter(f.kind for f in plan(seed=7, duration_s=600, hosts=3))
 """
 
 from __future__ import annotations
@@ -33,12 +40,26 @@ KILL_WORKER = "kill_worker"
 PAUSE_WORKER = "pause_worker"
 KILL_ZOOKEEPER = "kill_zookeeper"
 POISON = "poison"
+CUT_LEADER_ZK = "cut_leader_zk"
+CUT_LEADER_BOOKIES = "cut_leader_bookies"
+CUT_LEADER_PEERS = "cut_leader_peers"
+ISOLATE_BOOKIE = "isolate_bookie"
+ISOLATE_TWO_BOOKIES = "isolate_two_bookies"
+ONE_WAY_LEADER = "one_way_leader"
+LATENCY = "latency"
 
 SLOT_BROKER = "broker"
 SLOT_BOOKIE = "bookie"
 SLOT_WORKER = "worker"
 SLOT_ZOOKEEPER = "zookeeper"
 SLOT_POISON = "poison"
+SLOT_NETWORK = "network"
+
+# The variants of a one-way cut and of added latency.
+DEAF = "deaf"  # the leader hears nobody
+MUTE = "mute"  # nobody hears the leader
+ONE_HOST = "one_host"
+ALL_HOSTS = "all_hosts"
 
 
 @dataclass(frozen=True)
@@ -67,6 +88,20 @@ KINDS: dict[str, KindSpec] = {
     POISON: KindSpec(SLOT_POISON, 6, (0.0, 0.0), 1.0),
 }
 
+# Planned only on test hosts. A cut of the leader is followed by a failover: it gets the
+# recovery allowance of a killed leader.
+NETWORK_KINDS: dict[str, KindSpec] = {
+    CUT_LEADER_ZK: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 4.0),
+    CUT_LEADER_BOOKIES: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 4.0),
+    CUT_LEADER_PEERS: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 4.0),
+    ISOLATE_BOOKIE: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 1.5),
+    ISOLATE_TWO_BOOKIES: KindSpec(SLOT_NETWORK, 3, (1.0, 8.0), 2.0),
+    ONE_WAY_LEADER: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 4.0),
+    LATENCY: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 1.0),
+}
+# Added latency in ms (what the hosts send).
+LATENCY_MS = (20, 80)
+
 # Frames per poison burst.
 POISON_FRAMES = (50, 400)
 # Mean gap between drawn faults is 1.75 s: about 300 in 10 minutes before slot limits.
@@ -89,14 +124,23 @@ class Fault:
     recover_s: float
     frames: int = 0
     frame_seed: int = 0
+    # One-way cuts: DEAF or MUTE; latency: ONE_HOST or ALL_HOSTS.
+    variant: str = ""
+    latency_ms: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan(seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None) -> list[Fault]:
-    """The faults of a run of ``duration_s`` seconds, sorted by time; the same seed gives the same list."""
-    kinds = KINDS if kinds is None else kinds
+def plan(
+    seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None, hosts: int = 0
+) -> list[Fault]:
+    """The faults of a run of ``duration_s`` seconds, sorted by time; the same seed gives the same list.
+
+    ``hosts`` > 0 (a cluster on test hosts) adds :data:`NETWORK_KINDS` to the default kinds.
+    """
+    if kinds is None:
+        kinds = {**KINDS, **NETWORK_KINDS} if hosts > 0 else KINDS
     rng = random.Random(seed)
     names = sorted(kinds)
     weights = [kinds[name].weight for name in names]
@@ -113,9 +157,13 @@ def plan(seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None)
         spec = kinds[kind]
         down = round(rng.uniform(*spec.down_s), 3)
         pick = rng.randrange(1 << 16)
-        frames, frame_seed = 0, 0
+        frames, frame_seed, variant, latency_ms = 0, 0, "", 0
         if kind == POISON:
             frames, frame_seed = rng.randint(*POISON_FRAMES), rng.randrange(1 << 31)
+        elif kind == ONE_WAY_LEADER:
+            variant = rng.choice([DEAF, MUTE])
+        elif kind == LATENCY:
+            variant, latency_ms = rng.choice([ONE_HOST, ALL_HOSTS]), rng.randint(*LATENCY_MS)
         # A busy slot pushes the fault later; one pushed past the end is dropped.
         at = max(t, slot_free.get(spec.slot, 0.0))
         if at + down > end:
@@ -132,6 +180,8 @@ def plan(seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None)
                 recover_s=spec.recover_s,
                 frames=frames,
                 frame_seed=frame_seed,
+                variant=variant,
+                latency_ms=latency_ms,
             )
         )
         seq += 1
