@@ -4,9 +4,11 @@
 each waits for its fault's time, resolves the target (the current leader, a
 follower, a bookie, a worker), injects the fault, holds it for ``down_s``, heals
 it (restart, SIGCONT, ZooKeeper back, disk freed) and waits until the target
-answers again before the slot's next fault. Restarts of brokers and bookies and
-ZooKeeper's outage share one lock, so nothing is restarted while ZooKeeper is
-down (a member that cannot reach ZooKeeper at start exits, which is not a bug).
+answers again before the slot's next fault. Restarts of brokers and bookies,
+ZooKeeper's outage and the network cuts share one lock, so nothing is restarted
+while ZooKeeper is down or a host is cut (a member that cannot reach ZooKeeper at
+start exits, which is not a bug). On test hosts the network faults are
+:mod:`devtools.net_faults`; who a fault hits is :mod:`devtools.fault_targets`.
 
 Every fault leaves one event: ``{seq, kind, target, at_s, injected, note}``; a
 fault that could not be injected (no leader at that moment, a kind unavailable
@@ -31,20 +33,19 @@ import threading
 import time
 from pathlib import Path
 
-from broker.admin.status import ask
 from devtools import schedule as S
 from devtools.dev_spec import DevClusterError
 from devtools.devcluster import DevCluster
 from devtools.fault_primitives import DiskFiller, expire_session, signal_pid_group, wait_gone
+from devtools.fault_targets import LEADER_WAIT_S, Targets, name_of, pick
 from devtools.load import WorkerPool
+from devtools.net_faults import NetFaults
 
 log = logging.getLogger(__name__)
 
 # How long a restarted member may take to answer before the slot goes on without it.
 RECOVER_TIMEOUT_S = 60.0
 RESTART_TRIES = 3
-# How long a fault aimed at the leader waits for one to exist (a failover may be under way).
-LEADER_WAIT_S = 15.0
 
 
 class Injector:
@@ -56,10 +57,12 @@ class Injector:
         workers: WorkerPool,
         disks: DiskFiller | None = None,
         skip: dict[str, str] | None = None,
+        ack_quorum: int = 2,
     ) -> None:
         self.dev = dev
         self.state = dev.read_state()
         self.zk_hosts = self.state["zk"]
+        self.targets = Targets(dev)
         self.workers = workers
         self.disks = disks
         self.skip = dict(skip or {})
@@ -71,6 +74,11 @@ class Injector:
         self._killed: set[int] = set()
         self._busy: set[str] = set()
         self.restart_failures: list[dict] = []
+        self.net = (
+            NetFaults(dev, self.targets, self.zk_lock, self.busy, ack_quorum)
+            if self.state.get("hosts")
+            else None
+        )
 
     # ------------------------------------------------------------ what the monitor asks
     def killed_pid(self, pid: int) -> bool:
@@ -113,7 +121,7 @@ class Injector:
                 if fault.kind in self.skip:
                     event["note"] = self.skip[fault.kind]
                 else:
-                    event["target"], event["note"] = self._inject(fault)
+                    event["target"], event["note"] = self._inject(fault, stop)
                     event["injected"] = event["target"] is not None
             except Exception as exc:  # the harness must outlive any one fault; the event says what broke
                 log.exception("fault %s failed", fault.kind)
@@ -121,22 +129,26 @@ class Injector:
             with self._lock:
                 self.events.append(event)
 
-    def _inject(self, fault: S.Fault) -> tuple[str | None, str]:
+    def _inject(self, fault: S.Fault, stop: threading.Event) -> tuple[str | None, str]:
         kind = fault.kind
+        if fault.slot == S.SLOT_NETWORK:
+            if self.net is None:
+                return None, "network faults need test hosts (--hosts)"
+            return self.net.inject(fault, stop)
         if kind in (S.KILL_LEADER, S.PAUSE_LEADER):
-            member = self._leader()
+            member = self.targets.leader()
             if member is None:
                 return None, f"no leader within {LEADER_WAIT_S:g}s"
             return self._kill_or_pause(member, fault)
         if kind in (S.KILL_FOLLOWER, S.PAUSE_FOLLOWER):
-            member = self._pick(self._followers(), fault.pick)
+            member = pick(self.targets.followers(), fault.pick)
             if member is None:
                 return None, "no live follower"
             return self._kill_or_pause(member, fault)
         if kind == S.EXPIRE_SESSION:
-            return self._expire(self._pick(self._members("broker"), fault.pick))
+            return self._expire(pick(self.targets.members("broker"), fault.pick))
         if kind in (S.KILL_BOOKIE, S.PAUSE_BOOKIE):
-            return self._kill_or_pause(self._pick(self._members("bookie"), fault.pick), fault)
+            return self._kill_or_pause(pick(self.targets.members("bookie"), fault.pick), fault)
         if kind == S.FILL_DISK:
             return self._fill(fault)
         if kind in (S.KILL_WORKER, S.PAUSE_WORKER):
@@ -147,44 +159,9 @@ class Injector:
             return self._poison(fault)
         return None, f"unknown fault kind {kind}"
 
-    # ------------------------------------------------------------ targets
-    def _members(self, kind: str) -> list[dict]:
-        return [m for m in self.dev.read_state()["processes"] if m["kind"] == kind]
-
-    @staticmethod
-    def name_of(member: dict) -> str:
-        return f"{member['kind']}-{member['index']}" if "index" in member else member["kind"]
-
-    @staticmethod
-    def _pick(candidates: list[dict], pick: int) -> dict | None:
-        return candidates[pick % len(candidates)] if candidates else None
-
-    def _roles(self) -> dict[str, str]:
-        """Broker name -> role, for the brokers that answer a ping now."""
-        out = {}
-        for m in self._members("broker"):
-            reply = ask(m["address"], "ping", timeout=0.5)
-            if reply:
-                out[self.name_of(m)] = reply.get("role", "")
-        return out
-
-    def _leader(self) -> dict | None:
-        deadline = time.monotonic() + LEADER_WAIT_S
-        while time.monotonic() < deadline:
-            roles = self._roles()
-            for m in self._members("broker"):
-                if roles.get(self.name_of(m)) == "leader":
-                    return m
-            time.sleep(0.2)
-        return None
-
-    def _followers(self) -> list[dict]:
-        roles = self._roles()
-        return [m for m in self._members("broker") if roles.get(self.name_of(m), "leader") != "leader"]
-
     # ------------------------------------------------------------ the faults
     def _kill_or_pause(self, member: dict, fault: S.Fault) -> tuple[str, str]:
-        name = self.name_of(member)
+        name = name_of(member)
         with self._lock:
             self._busy.add(name)
         try:
@@ -201,7 +178,7 @@ class Injector:
                 wait_gone(member["pid"])
                 time.sleep(fault.down_s)
                 note = f"killed, restarted after {fault.down_s:g}s" + self.restart_member(member)
-            self._wait_answers(member)
+            self.targets.answers(member, RECOVER_TIMEOUT_S)
         finally:
             with self._lock:
                 self._busy.discard(name)
@@ -209,7 +186,7 @@ class Injector:
 
     def revive(self, member: dict) -> str:
         """Restart a member that died on its own (the monitor found it), so the run goes on."""
-        name = self.name_of(member)
+        name = name_of(member)
         with self._lock:
             self._busy.add(name)
         try:
@@ -218,7 +195,7 @@ class Injector:
                     self.dev.restart(member)
                 return ""
             note = self.restart_member(member)
-            self._wait_answers(member)
+            self.targets.answers(member, RECOVER_TIMEOUT_S)
             return note
         finally:
             with self._lock:
@@ -238,7 +215,7 @@ class Injector:
                     problems.append(str(exc).splitlines()[0])
             time.sleep(2.0)
         failure = {
-            "member": self.name_of(member),
+            "member": name_of(member),
             "exit_code": None,
             "reason": f"did not start again: {problems[-1]}",
         }
@@ -246,21 +223,10 @@ class Injector:
             self.restart_failures.append(failure)
         return f"; {failure['reason']}"
 
-    def _wait_answers(self, member: dict) -> bool:
-        current = next(
-            (m for m in self._members(member["kind"]) if m.get("index") == member.get("index")), member
-        )
-        deadline = time.monotonic() + RECOVER_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if ask(current["address"], "ping", timeout=0.5):
-                return True
-            time.sleep(0.2)
-        return False
-
     def _expire(self, member: dict | None) -> tuple[str | None, str]:
         if member is None:
             return None, "no broker"
-        name = self.name_of(member)
+        name = name_of(member)
         path = Path(f"{member['data_dir']}.zk-session")
         if not path.exists():
             return None, f"{name} wrote no session file"
@@ -269,7 +235,7 @@ class Injector:
         try:
             with self.zk_lock:
                 expire_session(self.zk_hosts, path)
-            self._wait_answers(member)
+            self.targets.answers(member, RECOVER_TIMEOUT_S)
         finally:
             with self._lock:
                 self._busy.discard(name)
@@ -278,13 +244,13 @@ class Injector:
     def _fill(self, fault: S.Fault) -> tuple[str | None, str]:
         if self.disks is None:
             return None, "no tmpfs disks"
-        member = self._pick(self._members("bookie"), fault.pick)
+        member = pick(self.targets.members("bookie"), fault.pick)
         taken = self.disks.fill(member["index"])
         try:
             time.sleep(fault.down_s)
         finally:
             self.disks.free(member["index"])
-        return self.name_of(member), f"disk full for {fault.down_s:g}s ({taken >> 20} MiB taken)"
+        return name_of(member), f"disk full for {fault.down_s:g}s ({taken >> 20} MiB taken)"
 
     def _worker(self, fault: S.Fault) -> tuple[str, str]:
         name = self.workers.names[fault.pick % len(self.workers.names)]
@@ -309,7 +275,7 @@ class Injector:
                 self._busy.discard(name)
 
     def _zookeeper(self, fault: S.Fault) -> tuple[str, str]:
-        member = self._members("zookeeper")[0]
+        member = self.targets.members("zookeeper")[0]
         with self._lock:
             self._busy.add("zookeeper")
         try:
@@ -329,14 +295,14 @@ class Injector:
         from devtools.fuzz import fuzz_frames
         from devtools.fuzz_send import NO_REPLY, dealer, send_messages
 
-        roles = self._roles()
-        brokers = self._members("broker")
-        leaders = [m for m in brokers if roles.get(self.name_of(m)) == "leader"]
-        member = leaders[0] if leaders else self._pick(brokers, fault.pick)
+        roles = self.targets.roles()
+        brokers = self.targets.members("broker")
+        leaders = [m for m in brokers if roles.get(name_of(m)) == "leader"]
+        member = leaders[0] if leaders else pick(brokers, fault.pick)
         frames = fuzz_frames(random.Random(fault.frame_seed), fault.frames)
         report = send_messages(lambda: dealer(member["address"]), [[frame] for frame in frames])
         counts = {**report.replies, **({NO_REPLY: report.no_reply} if report.no_reply else {})}
         with self._lock:
             for code, n in counts.items():
                 self.poison_counts[code] = self.poison_counts.get(code, 0) + n
-        return self.name_of(member), f"{fault.frames} frames (seed {fault.frame_seed})"
+        return name_of(member), f"{fault.frames} frames (seed {fault.frame_seed})"
