@@ -23,6 +23,18 @@ from commands.output import emit
     "--seed", default=None, type=int, help="Seed of the fault schedule (printed; replays the same schedule)."
 )
 @click.option(
+    "--hosts",
+    default=0,
+    type=click.IntRange(0, 16),
+    help="Run the cluster on N test hosts (network namespaces, root) and add network faults [default 0].",
+)
+@click.option(
+    "--cpu-per-host",
+    default=None,
+    type=click.FloatRange(0.05),
+    help="CPU cap of each test host, in cores (with --hosts) [default: none].",
+)
+@click.option(
     "--dir",
     "run_dir",
     default=None,
@@ -33,7 +45,7 @@ from commands.output import emit
     "--keep", is_flag=True, help="Keep the run directory (logs, data) afterwards; kept anyway on anomalies."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
+def chaos(minutes, seconds, seed, hosts, cpu_per_host, run_dir, keep, as_json) -> None:
     """Inject random faults into a private cluster under keyed load, then check the history.
 
     Starts its own ZooKeeper, 3 bookies and 3 brokers, kills and pauses leaders,
@@ -41,15 +53,30 @@ def chaos(minutes, seconds, seed, run_dir, keep, as_json) -> None:
     bookie's disk (as root) and sends poison requests, then checks that every
     acknowledged task is there exactly once, no task completed twice, and all brokers
     agree. Exit 0 with no anomaly, 1 otherwise.
+
+    With --hosts N the cluster runs on N test hosts (ZooKeeper on one more, N + 1
+    bookies) and the faults include network cuts (the leader from ZooKeeper, from the
+    bookies, from the other brokers and the clients, one way; one or two bookies
+    isolated) and added latency, each healed after a few seconds.
     """
-    from devtools.chaos import ChaosConfig, ChaosRun, format_report
+    from devtools.chaos import ChaosConfig, ChaosRun
+    from devtools.chaos_report import format_report
 
     if minutes is not None and seconds is not None:
         raise click.UsageError("give --minutes or --seconds, not both")
+    if cpu_per_host is not None and not hosts:
+        raise click.UsageError("--cpu-per-host needs --hosts")
     length = seconds if seconds is not None else (minutes if minutes is not None else 3.0) * 60
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     logging.getLogger("broker.api.client").setLevel(logging.ERROR)
-    config = ChaosConfig(seconds=length, seed=seed, run_dir=Path(run_dir) if run_dir else None, keep=keep)
+    config = ChaosConfig(
+        seconds=length,
+        seed=seed,
+        run_dir=Path(run_dir) if run_dir else None,
+        keep=keep,
+        hosts=hosts,
+        cpu_per_host=cpu_per_host,
+    )
     progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
     report = ChaosRun(config, progress=progress).run()
     emit(report, as_json, lambda r: click.echo(format_report(r)))

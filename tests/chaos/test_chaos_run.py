@@ -1,4 +1,5 @@
-"""`fencepost chaos` end to end: a 30-second seeded fault run on its own cluster finds no anomaly."""
+"""`fencepost chaos` end to end: a 30-second seeded fault run on its own cluster finds no anomaly,
+and a 40-second one on test hosts (network faults among its faults) neither."""
 
 import json
 import signal
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.hosts.testnet import hosts_unsupported
 from devtools.procs import pid_alive
 from tests.support.harness import REPO, wait_for
 
@@ -16,6 +18,10 @@ from tests.support.harness import REPO, wait_for
 # a bookie, a worker and ZooKeeper, a session expiry, poison): denser than the first half of the
 # 60-second schedule of the seed used before (10 faults, 7 kinds), and no fill_disk (skipped unless root).
 SEED = 20243371
+# On 3 test hosts its 40-second schedule holds 14 faults, 6 of them network faults of 6 kinds: latency
+# on every host, two bookies' hosts isolated, one isolated, the leader cut from the other brokers and
+# the clients, the leader deaf (one way), the leader cut from the other bookies.
+HOSTS_SEED = 966
 
 
 @pytest.mark.chaos
@@ -37,6 +43,34 @@ def test_thirty_second_chaos_run_has_faults_and_no_anomaly(tmp_path):
     state = json.loads((run_dir / "cluster.json").read_text())
     assert not [m for m in state["processes"] if pid_alive(m["pid"])]
     assert not processes_mentioning(str(run_dir))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(hosts_unsupported() is not None, reason=f"no test hosts: {hosts_unsupported()}")
+def test_forty_second_chaos_run_on_hosts_has_partitions_and_no_anomaly(tmp_path):
+    run_dir = tmp_path / "chaos"
+    args = ["--hosts", "3", "--seconds", "40", "--seed", str(HOSTS_SEED), "--json", "--dir", str(run_dir)]
+    done = run_chaos(args, timeout=240)
+    report = json.loads(done.stdout)
+    assert report["anomalies"] == [], f"{done.stderr[-2000:]}\n{json.dumps(report['anomalies'], indent=2)}"
+    assert done.returncode == 0, done.stderr[-2000:]
+    faults = report["faults"]
+    assert faults["partitions"] >= 3, faults["by_kind"]
+    assert report["hosts"] == 3 and "--hosts 3" in report["reproduce"]
+    ops = report["operations"]
+    assert ops["keys_acknowledged"] > 100 and ops["tasks_checked"] >= ops["keys_acknowledged"]
+    # The members ran on the test hosts, and the run removed the hosts and everything it started.
+    state = json.loads((run_dir / "cluster.json").read_text())
+    assert {m.get("host") for m in state["processes"]} == {"zk", "h1", "h2", "h3"}
+    assert not [m for m in state["processes"] if pid_alive(m["pid"])]
+    assert not processes_mentioning(str(run_dir))
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    record = json.loads((run_dir / "hosts.json").read_text())
+    assert not [h["netns"] for h in record["hosts"].values() if h["netns"] in namespaces]
+    assert (
+        record["bridge"] not in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
+    )
 
 
 @pytest.mark.chaos

@@ -5,7 +5,7 @@ import json
 from click.testing import CliRunner
 
 import cli
-from devtools import chaos
+from devtools import chaos, chaos_observe
 
 
 def canned(anomalies):
@@ -81,7 +81,7 @@ def test_log_note_names_the_most_frequent_error(tmp_path):
         '  File "x.py", line 1, in f\nlmdb.Error: mdb_txn_commit: Input/output error\n'
     )
     log.write_text("INFO serving\n" + trace * 3 + "Traceback (most recent call last):\nValueError: other\n")
-    note = chaos.log_note("bookie-0", log)
+    note = chaos_observe.log_note("bookie-0", log)
     assert note.startswith("bookie-0: 4 traceback/crash lines")
     assert "lmdb.Error: mdb_txn_commit: Input/output error (3)" in note
 
@@ -89,4 +89,4 @@ def test_log_note_names_the_most_frequent_error(tmp_path):
 def test_log_note_is_empty_for_a_clean_log(tmp_path):
     log = tmp_path / "bookie-1.log"
     log.write_text("INFO serving\nWARNING is read-only: its store is full\n")
-    assert chaos.log_note("bookie-1", log) == ""
+    assert chaos_observe.log_note("bookie-1", log) == ""
