@@ -90,3 +90,17 @@ def test_log_note_is_empty_for_a_clean_log(tmp_path):
     log = tmp_path / "bookie-1.log"
     log.write_text("INFO serving\nWARNING is read-only: its store is full\n")
     assert chaos_observe.log_note("bookie-1", log) == ""
+
+
+def test_hosts_and_cpu_per_host_reach_the_run(monkeypatch):
+    report = {**canned([]), "hosts": 3}
+    report["faults"] = {**report["faults"], "network": 4, "partitions": 3}
+    result, config = run_with(monkeypatch, report, "--seconds", "60", "--hosts", "3", "--cpu-per-host", "0.5")
+    assert result.exit_code == 0
+    assert config.hosts == 3 and config.cpu_per_host == 0.5
+    assert "on 3 test hosts" in result.output and "(3 partitions, 4 network faults)" in result.output
+
+
+def test_cpu_per_host_needs_hosts():
+    result = CliRunner().invoke(cli.main, ["chaos", "--seconds", "60", "--cpu-per-host", "0.5"])
+    assert result.exit_code == 2 and "--cpu-per-host needs --hosts" in result.output
