@@ -14,7 +14,10 @@ them, and each figure is the median of the runs.
 Per host count: ``tasks_per_s`` (completed) and ``submitted_per_s``, ``submit_p50_ms`` /
 ``submit_p99_ms`` (one task per request, quiet cluster) and ``batch_submit_p50_ms`` /
 ``batch_submit_p99_ms`` (``submit_many`` under load), their ratio to the fewest hosts
-(``tasks_per_s_ratio``), the quorum used and the members' CPU. With 1 or 2 hosts there
+(``tasks_per_s_ratio``), the quorum used and the members' CPU (``leader_host_cores_busy``
+near ``cpu_per_host``: the leader's cap was the limit; well below it with
+``others_cores_busy`` high: the shared machine was, whose cores are fewer than the caps add
+up to from 4 hosts on a 2-core machine). With 1 or 2 hosts there
 are only 1 or 2 bookies, so the ledgers' ensemble and quorums shrink to that
 (``quorum.reduced``); from 3 hosts on they are `cluster init`'s 3/3/2.
 
@@ -100,7 +103,9 @@ class MemberCpu:
 
     Roles: ``leader``, ``followers`` and ``bookies`` (summed), ``zookeeper``, ``bench`` (this
     process: the load); ``by_host`` sums the members of each test host, to hold against its
-    cap; ``others`` is the rest of the machine (another job on the shared cores).
+    cap, and ``leader_host`` is that of the leader's host (well below the cap: the machine's
+    cores, not the cap, held it back); ``others`` is the rest of the machine (another job on
+    the shared cores).
     """
 
     def __init__(self, bc: BenchCluster) -> None:
@@ -112,6 +117,7 @@ class MemberCpu:
             "zookeeper": [m["pid"] for m in bc.members("zookeeper")],
             "bench": [os.getpid()],
         }
+        self.leader_host = leader.get("host", "local")
         self.hosts: dict[str, list[int]] = {}
         for kind in ("zookeeper", "bookie", "broker"):
             for m in bc.members(kind):
@@ -133,6 +139,7 @@ class MemberCpu:
 
         out: dict = {role: busy(pids) for role, pids in self.roles.items()}
         out["by_host"] = {host: busy(pids) for host, pids in sorted(self.hosts.items())}
+        out["leader_host"] = out["by_host"].get(self.leader_host)
         machine = None
         if machine_end is not None and self.machine_start is not None and elapsed > 0:
             machine = round((machine_end - self.machine_start) / elapsed, 2)
@@ -176,6 +183,9 @@ def summarize(hosts: int, rows: list[dict], base: dict | None) -> dict:
     for key in ("tasks_per_s", "submitted_per_s"):
         reference = (base or out)[key]
         out[f"{key}_ratio"] = round(out[key] / reference, 3) if out[key] is not None and reference else None
+    for key in ("leader_host", "others"):
+        value = median_of([r["cpu_cores_busy"] for r in rows if r.get("cpu_cores_busy")], key)
+        out[f"{key}_cores_busy"] = round(value, 2) if value is not None else None
     out["errors"] = sum(r["errors"] for r in rows)
     out["runs"] = rows
     return out

@@ -49,6 +49,7 @@ def test_scale_on_one_host_reports_each_figure():
     for key in ("tasks_per_s", "submitted_per_s", "submit_p50_ms", "submit_p99_ms", "batch_submit_p50_ms"):
         assert row[key] > 0, key
     assert row["tasks_per_s_ratio"] == 1.0 and row["errors"] == 0
+    assert 0 < row["leader_host_cores_busy"] <= 0.5 + 0.1  # the cap, and some slack for sampling
     assert row["runs"][0]["cpu_cores_busy"]["by_host"].keys() == {"zk", "h1"}
     assert result["tasks_per_s_by_hosts"] == {"1": row["tasks_per_s"]}
     assert result["cpu_per_host"] == 0.5 and result["load_generator"].startswith("local")

@@ -32,13 +32,14 @@ def test_quorum_shrinks_to_the_bookies_of_one_or_two_hosts():
 def _row(tasks_per_s: float, p50: float) -> dict:
     figures = dict.fromkeys(scale.FIGURES, 1.0)
     figures.update(tasks_per_s=tasks_per_s, submitted_per_s=tasks_per_s, submit_p50_ms=p50)
-    return {**figures, "errors": 0}
+    return {**figures, "errors": 0, "cpu_cores_busy": {"leader_host": p50 / 10, "others": 0.1}}
 
 
 def test_summary_takes_medians_and_the_ratio_to_the_fewest_hosts():
     base = scale.summarize(1, [_row(100.0, 2.0), _row(300.0, 4.0), _row(200.0, 3.0)], None)
     assert base["tasks_per_s"] == 200.0 and base["submit_p50_ms"] == 3.0
     assert base["tasks_per_s_ratio"] == 1.0 and len(base["runs"]) == 3
+    assert base["leader_host_cores_busy"] == 0.3 and base["others_cores_busy"] == 0.1
     more = scale.summarize(3, [_row(180.0, 5.0)], base)
     assert more["tasks_per_s_ratio"] == 0.9 and more["quorum"]["reduced"] is False
 
