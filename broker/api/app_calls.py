@@ -11,6 +11,15 @@ request, committed together, longer lists in frame-sized chunks), ``get``,
 ``max_payload_bytes`` (read once from the ``config`` node when the client uses
 ZooKeeper) is refused here, at once, with ``payload_too_large``.
 
+On a cluster of several shards (:mod:`broker.api.shard_routing`): a submit goes to
+the shard of its key (a keyless one's ``auto:`` key is made here, once, so every
+retry meets the same shard); ``submit_many`` sends each shard its part (so it
+commits per shard) and returns the ids in the order given; ``get``, ``wait``,
+``cancel`` go to the task's shard and ``complete_many`` to each task's;
+``declare_queue`` sets the queue on every shard (a queue spans them) and returns
+shard 0's answer; ``status`` merges every shard's (:func:`~broker.api.shard_merge.merge_status`).
+Every task record returned carries ``shard``.
+
 Example::
 
     with Client() as client:
@@ -20,13 +29,8 @@ Example::
 
 from __future__ import annotations
 
-import json
-import logging
 from concurrent.futures import Future
-from typing import Any
-
-from kazoo.exceptions import KazooException
-from kazoo.handlers.threading import KazooTimeoutError
+from typing import Any, Callable
 
 from broker.api.pipeline import SubmitPipeline
 from broker.api.requests import (
@@ -39,28 +43,27 @@ from broker.api.requests import (
     submit_cost,
     submit_fields,
 )
+from broker.api.shard_merge import merge_status, with_shard
+from broker.api.shard_routing import in_order, split_by_shard, task_shard
 from broker.api.submit_group import SubmitGroup
 from broker.protocol import MAX_SUBMIT_MANY
 from broker.state.events import FINAL_STATES
 from election.local.clock import Clock
-from election.paths import ClusterPaths
+from election.shards import shard_of_key
 from election.wire.codes import E_PAYLOAD_TOO_LARGE
-
-log = logging.getLogger(__name__)
 
 
 class ApplicationCalls:
-    """Mixed into :class:`broker.api.client.Client`, which provides ``call``, ``_zk_read`` and the attributes below."""
+    """Mixed into :class:`broker.api.client.Client`, which provides ``call``, ``shards``,
+    ``_payload_limit``, each shard's ``_pipeline_of`` and ``_submit_group``, and the attributes below."""
 
     timeout: float
     request_timeout: float
     max_frame_bytes: int
     clock: Clock
-    _max_payload: int | None
-    _zk: Any
-    _paths: ClusterPaths
-    _pipeline: SubmitPipeline
-    _submits: SubmitGroup
+    shards: int
+    _pipeline_of: Callable[[int], SubmitPipeline]
+    _submit_group: Callable[[int], SubmitGroup]
 
     def submit(
         self,
@@ -87,7 +90,7 @@ class ApplicationCalls:
             queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
         )
         self._check_payload(fields["payload"])
-        return self._submits.submit(fields, self.timeout)
+        return self._submit_group(shard_of_key(fields["key"], self.shards)).submit(fields, self.timeout)
 
     def submit_async(
         self,
@@ -115,17 +118,19 @@ class ApplicationCalls:
         )
         try:
             self._check_payload(fields["payload"])
+            pipeline = self._pipeline_of(shard_of_key(fields["key"], self.shards))
         except ClientError as exc:
             future: Future = Future()
             future.set_exception(exc)
             return future
-        return self._pipeline.submit(fields, self.timeout if timeout is None else float(timeout))
+        return pipeline.submit(fields, self.timeout if timeout is None else float(timeout))
 
     def submit_many(self, tasks: list[dict]) -> list[str]:
         """Submit several tasks (dicts with :meth:`submit`'s arguments); return their ids in order.
 
         Up to 1000 tasks go in one request and commit together; a longer list is
         sent in chunks, so if a later chunk fails the earlier ones stay submitted.
+        On a cluster of several shards each shard gets its own part (in chunks).
         """
         subs = []
         for task in tasks:
@@ -134,10 +139,16 @@ class ApplicationCalls:
                 raise ValueError(f"unknown submit option(s): {', '.join(sorted(unknown))}")
             subs.append(submit_fields(**task))
             self._check_payload(subs[-1]["payload"])
-        ids: list[str] = []
-        for chunk in self._frame_chunks(subs):
-            ids.extend(self.call("submit_many", tasks=chunk)["task_ids"])
-        return ids
+        shards = self.shards
+        answers = []
+        for shard, (positions, part) in split_by_shard(
+            subs, lambda sub: shard_of_key(sub["key"], shards)
+        ).items():
+            ids: list[str] = []
+            for chunk in self._frame_chunks(part):
+                ids.extend(self.call("submit_many", tasks=chunk, shard=shard)["task_ids"])
+            answers.append((positions, ids))
+        return in_order(len(subs), answers)
 
     def _frame_chunks(self, subs: list[dict]) -> list[list[dict]]:
         """``subs`` cut into requests of at most 1000 submits that each fit in a frame."""
@@ -159,21 +170,11 @@ class ApplicationCalls:
                 E_PAYLOAD_TOO_LARGE, f"payload of {len(payload)} bytes exceeds max_payload_bytes={limit}"
             )
 
-    def _payload_limit(self) -> int | None:
-        """The cluster's max_payload_bytes (read once from ZooKeeper), or None when unknown."""
-        if self._max_payload is None and self._zk is not None:
-            try:
-                data = self._zk_read(self._paths.config, self.clock.monotonic() + self.request_timeout)
-                self._max_payload = int(json.loads(data or b"{}")["max_payload_bytes"])
-            except (KazooException, KazooTimeoutError, KeyError, TypeError, ValueError) as exc:
-                log.debug("cluster payload limit unknown: %s", exc)
-        return self._max_payload
-
     def get(self, task_id: str, timeout: float | None = None) -> dict:
-        """The task's record (``id, queue, state, attempts, result, ...``); :class:`TaskNotFound` if unknown."""
+        """The task's record (``id, queue, state, attempts, result, shard, ...``); :class:`TaskNotFound` if unknown."""
         task = dict(self.call("get", task_id=task_id, timeout=timeout)["task"])
         task.setdefault("id", task_id)
-        return task
+        return with_shard(task)
 
     def wait(self, task_id: str, timeout: float | None = None) -> dict:
         """Poll until the task is done, failed, dead or cancelled; return its record.
@@ -205,9 +206,18 @@ class ApplicationCalls:
         Each item has ``task_id``, ``attempt`` and optionally ``result`` (bytes);
         returns one ``{ok, error?, message?}`` per item, in order: a stale attempt
         fails that item only. Safe to retry (a repeated completion is a no-op).
+        Tasks of several shards: one request per shard.
         """
         fields = [{k: c[k] for k in ("task_id", "attempt", "result") if k in c} for c in completions]
-        return self.call("complete_many", tasks=fields)["results"]
+        shards = self.shards
+        parts = split_by_shard(fields, lambda item: task_shard(str(item["task_id"]), shards))
+        return in_order(
+            len(fields),
+            [
+                (positions, self.call("complete_many", tasks=part, shard=shard)["results"])
+                for shard, (positions, part) in parts.items()
+            ],
+        )
 
     def declare_queue(
         self,
@@ -235,12 +245,23 @@ class ApplicationCalls:
             if result_ttl < 0:
                 raise ValueError("result_ttl must be >= 0 seconds")
             fields["result_ttl_ms"] = int(round(result_ttl * 1000))
-        return self.call("declare_queue", **fields)["queue"]
+        # Every shard holds tasks of every queue: each gets the settings (shard 0 first, whose answer is returned).
+        settings = [
+            self.call("declare_queue", shard=shard, **fields)["queue"] for shard in range(self.shards)
+        ]
+        return settings[0]
 
     def cancel(self, task_id: str) -> None:
         """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine)."""
         self.call("cancel", task_id=task_id)
 
     def status(self) -> dict:
-        """The leader's status: ``broker_id, role, epoch, position, digest, queues``."""
-        return self.call("status")
+        """The leader's status: ``broker_id, role, epoch, position, digest, queues``.
+
+        On a cluster of several shards: shard 0's leader's, with ``queues`` summed over
+        every shard, ``shards`` (how many) and ``by_shard`` (each shard leader's status).
+        """
+        shards = self.shards
+        if shards == 1:
+            return self.call("status")
+        return merge_status([self.call("status", shard=shard) for shard in range(shards)])

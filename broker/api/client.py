@@ -30,6 +30,18 @@ request and pipelined on one socket by the client's sender thread
 (:mod:`broker.api.pipeline`), each with the keys, retries and errors of ``submit``.
 :mod:`broker.aio` wraps this for asyncio.
 
+A cluster of several shards (``cluster init --shards S``): the client reads how
+many from the ``config`` node once, then sends each request to the leader of the
+shard it concerns (:mod:`broker.api.shard_routing`): a submit to the shard of its
+key (a keyless submit's generated key, made once per call), a request naming a
+task to the shard its id names; ``submit_many`` and ``complete_many`` split by
+shard; ``declare_queue`` goes to every shard; the cluster-wide reads
+(``list_tasks``, ``queues``, ``workers``, ``status``, the purges) ask every shard
+and merge (:mod:`broker.api.shard_merge`). Each shard's leader is watched on the
+client's one ZooKeeper session. On a one-shard cluster every request goes to shard
+0 with no further ZooKeeper read. A client given ``brokers=[...]`` reaches shard 0
+only (those brokers' own addresses).
+
 ZooKeeper reads are bounded too: each waits at most until the call's deadline (a
 kazoo call made while ZooKeeper is away would otherwise wait for it forever), so
 a process whose cluster has gone can still be stopped.
@@ -70,6 +82,7 @@ from typing import Any
 import zmq
 
 from broker.api.app_calls import ApplicationCalls
+from broker.api.client_config import ClusterConfig
 from broker.api.client_leader import LeaderTracking
 from broker.api.client_transport import Transport, _Transient
 from broker.api.operate import OperatorCalls
@@ -125,13 +138,14 @@ _ENVELOPE = ("v", "rid", "ok")
 # ---------------------------------------------------------------- the client
 
 
-class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
+class Client(ApplicationCalls, OperatorCalls, ClusterConfig, LeaderTracking, Transport):
     """A connection to one fencepost cluster (see the module docstring).
 
     Its calls: an application's (:mod:`broker.api.app_calls`): ``submit``, ``submit_async``,
     ``submit_many``, ``get``, ``wait``, ``cancel``, ``complete_many``, ``declare_queue``, ``status``;
     the operator's (:mod:`broker.api.operate`): ``list_tasks``, ``iter_tasks``, ``retry``,
     ``queues``, ``purge``, ``requeue_dead``, ``workers``; and :meth:`call` for any op.
+    ``shards`` is the cluster's number of shards (read once from ZooKeeper).
 
     Give either ``zk`` (ZooKeeper hosts; when neither is given, ``FENCEPOST_ZK`` or
     ``127.0.0.1:2181``) or ``brokers`` (broker addresses such as ``tcp://10.0.0.5:7000``);
@@ -166,20 +180,27 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
         self.request_timeout = float(request_timeout)
         self.max_frame_bytes = int(max_frame_bytes)
         self._max_payload: int | None = None  # the cluster's max_payload_bytes, once read
+        # The cluster's shards, once its config is read (a client of listed brokers knows shard 0 only).
+        self._shards: int | None = 1 if brokers else None
         # Reentrant: a thread-end socket finalizer may run while this thread holds it.
         self._lock = threading.RLock()
         self._local = threading.local()
         self._sockets: set[zmq.Socket] = set()  # every thread's socket, for close()
         self._rids = itertools.count(random.randrange(1 << 30))
-        self._leader: str | None = None
+        self._leaders: list[str | None] = [None]  # each shard's, as far as known
         self._closed = False
         self._known = list(dict.fromkeys(brokers or []))
         self._zk = None
         self._ctx = zmq.Context()
+        # Shard 0's submit pipeline (its thread comes with its first submit) and concurrent submits;
+        # the other shards' are made when first used.
         self._pipeline = SubmitPipeline(self, clock=clock)
         self._submits = SubmitGroup(self, clock=clock)
+        self._pipelines: dict[int, SubmitPipeline] = {}
+        self._groups: dict[int, SubmitGroup] = {}
         if not self._known:
             self._open_zk(hosts, cluster)
+            self._read_config(self.clock.monotonic() + min(self.timeout, 10.0))
 
     @classmethod
     def from_dev_dir(cls, dev_dir: str | Path = ".fencepost-dev", **options: Any) -> "Client":
@@ -188,19 +209,30 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
 
     @property
     def leader(self) -> str | None:
-        """The leader address this client currently believes in (None until found)."""
+        """The leader address (of shard 0) this client currently believes in (None until found)."""
         with self._lock:
-            return self._leader
+            return self._leaders[0]
 
-    def call(self, op: str, /, *, timeout: float | None = None, **fields: Any) -> dict:
-        """Send ``op`` with wire ``fields`` to the leader, retrying until ``timeout``; return the reply.
+    def leader_of(self, shard: int) -> str | None:
+        """The address this client currently believes leads ``shard`` (None until found)."""
+        with self._lock:
+            return self._leaders[shard] if shard < len(self._leaders) else None
 
+    def call(
+        self, op: str, /, *, timeout: float | None = None, shard: int | None = None, **fields: Any
+    ) -> dict:
+        """Send ``op`` with wire ``fields`` to a shard's leader, retrying until ``timeout``; return the reply.
+
+        The shard is ``shard`` if given, else the one the fields name (a ``task_id``'s, a
+        submit ``key``'s, the one the ``tasks`` share; shard 0 for the rest, see
+        :mod:`broker.api.shard_routing`); tasks of several shards in one request raise ValueError.
         The reply map comes back without the envelope (``v``, ``rid``, ``ok``).
         Only use this for operations that are safe to repeat (the broker's own ops are:
         submits carry keys, complete/fail/heartbeat name an attempt).
         """
         total = self.timeout if timeout is None else float(timeout)
         deadline = self.clock.monotonic() + total
+        shard = self._target_shard(op, fields, shard, deadline)
         # A long-poll is allowed its wait on top of the usual answer time.
         per_attempt = self.request_timeout + max(0, fields.get("wait_ms", 0) or 0) / 1000
         backoff = Backoff()
@@ -208,16 +240,16 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
         last = "no attempt made"
         while True:
             self._check_open()
-            address = self._current_leader(deadline)
+            address = self._current_leader(deadline, shard)
             if address is None:
                 last = "no leader is known"
             else:
                 attempt_timeout = min(per_attempt, max(deadline - self.clock.monotonic(), 0.01))
                 try:
-                    reply = self._exchange(address, op, fields, attempt_timeout)
+                    reply = self._exchange(address, op, fields, attempt_timeout, shard)
                 except _Transient as exc:
                     last = f"{address}: {exc}"
-                    self._forget_leader(address)
+                    self._forget_leader(address, shard)
                 else:
                     if reply.get("ok"):
                         return {k: v for k, v in reply.items() if k not in _ENVELOPE}
@@ -227,10 +259,10 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
                         raise error_for(ClientError, code, message)
                     last = f"{address}: {code}: {message}"
                     if kind == "redirect":
-                        self._forget_leader(address)
+                        self._forget_leader(address, shard)
                         target = leader_address(reply.get("leader"))
                         if target and target != address:
-                            self._set_leader(target)
+                            self._set_leader(target, shard)
                             redirects += 1
                             if redirects <= FREE_REDIRECTS:
                                 continue
@@ -249,11 +281,13 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
             self._closed = True
             sockets = list(self._sockets)
             self._sockets.clear()  # so a thread's finalizer does not close them again
-        self._pipeline.close()
+            pipelines = [self._pipeline, *self._pipelines.values()]
+        for pipeline in pipelines:
+            pipeline.close()
         for sock in sockets:
             sock.close(linger=0)
         if self._zk is not None:
-            self._watch.stop()
+            self._stop_watches()
             zk_close(self._zk)
         self._ctx.destroy(linger=0)
 
@@ -268,3 +302,24 @@ class Client(ApplicationCalls, OperatorCalls, LeaderTracking, Transport):
     def _check_open(self) -> None:
         if self._closed:
             raise ClientError(E_CLOSED, "the client is closed")
+
+    def _pipeline_of(self, shard: int) -> SubmitPipeline:
+        """The submit pipeline (and sender thread) of ``shard``'s leader."""
+        if shard == 0:
+            return self._pipeline
+        with self._lock:
+            self._check_open()  # close() has closed every pipeline made before it
+            pipeline = self._pipelines.get(shard)
+            if pipeline is None:
+                pipeline = self._pipelines[shard] = SubmitPipeline(self, clock=self.clock, shard=shard)
+            return pipeline
+
+    def _submit_group(self, shard: int) -> SubmitGroup:
+        """The concurrent ``submit`` calls bound for ``shard``'s leader."""
+        if shard == 0:
+            return self._submits
+        with self._lock:
+            group = self._groups.get(shard)
+            if group is None:
+                group = self._groups[shard] = SubmitGroup(self, clock=self.clock)
+            return group

@@ -1,18 +1,22 @@
 """Where a :class:`~broker.api.client.Client` sends its requests: the leader, found and kept current.
 
 Part of the Client (a mixin: it works on the client's lock, its ZooKeeper
-session or list of known brokers, and its cached leader). With ZooKeeper the
-leader is read from the ``leader`` znode and kept current by a watch
+session or list of known brokers, and its cached leader of each shard). With
+ZooKeeper the leader of shard ``n`` is read from ``ClusterPaths(cluster, n).leader``
+(shard 0's is the cluster's ``leader`` znode) and kept current by a watch
 (:mod:`broker.api.leader_watch`); a wrong cluster name fails at once
-(:class:`~broker.api.target.ClusterNotFound`). With a list of brokers the client
-pings them in turn: the first that is, or names, the leader wins, and a leader
-named by a redirect joins the list. A failed request forgets the cached leader,
-so a missed watch event only costs a re-read. Every ZooKeeper read waits at most
-until the call's deadline.
+(:class:`~broker.api.target.ClusterNotFound`). Shard 0's leader is watched from the
+start; the other shards' once the cluster's config says how many there are
+(:meth:`LeaderTracking._learn_shards`), all on the client's one ZooKeeper session.
+With a list of brokers the client pings them in turn: the first that is, or names,
+the leader wins, and a leader named by a redirect joins the list; such a client
+knows one shard only (shard 0: the brokers' own addresses). A failed request
+forgets the cached leader of its shard, so a missed watch event only costs a
+re-read. Every ZooKeeper read waits at most until the call's deadline.
 
 Example::
 
-    address = client._current_leader(deadline=client.clock.monotonic() + 5)
+    address = client._current_leader(deadline=client.clock.monotonic() + 5, shard=2)
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from functools import partial
 
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
@@ -50,7 +55,9 @@ class LeaderTracking:
     request_timeout: float
     clock: Clock = SYSTEM_CLOCK  # the Client's: deadlines are read on it
     _lock: threading.RLock
-    _leader: str | None
+    _closed: bool
+    _leaders: list[str | None]  # by shard
+    _shards: int | None  # None until the cluster's config is read
     _known: list[str]
     _zk: object
 
@@ -73,37 +80,64 @@ class LeaderTracking:
             zk_close(self._zk)
             self._ctx.destroy(linger=0)
             raise
-        # The watch keeps the cached leader current across failovers; a failed
-        # request also drops the cache, so a missed event only costs a re-read.
-        self._watch = LeaderWatch(self._zk, self._paths.leader, self._on_leader_node)
-        self._watch.start()
+        # The watches keep the cached leaders current across failovers; a failed
+        # request also drops its shard's, so a missed event only costs a re-read.
+        self._watches: list[LeaderWatch] = []
+        self._watch_shard(0)
 
-    def _on_leader_node(self, data: bytes | None) -> None:
+    def _watch_shard(self, shard: int) -> None:
+        watch = LeaderWatch(
+            self._zk, self._paths.of_shard(shard).leader, partial(self._on_leader_node, shard)
+        )
+        self._watches.append(watch)
+        watch.start()
+
+    def _learn_shards(self, shards: int) -> None:
+        """The cluster has ``shards`` shards: track each one's leader (a watch per shard past 0)."""
+        with self._lock:
+            if self._shards is not None:
+                return
+            self._shards = shards
+            self._leaders += [None] * (shards - len(self._leaders))
+            if self._zk is not None and not self._closed:
+                for shard in range(1, shards):
+                    self._watch_shard(shard)
+
+    def _stop_watches(self) -> None:
+        with self._lock:
+            watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.stop()
+
+    def _on_leader_node(self, shard: int, data: bytes | None) -> None:
         try:
             address = leader_address(json.loads(data)) if data else None
         except ValueError:
             address = None
         with self._lock:
-            self._leader = address
+            self._leaders[shard] = address
 
-    def _set_leader(self, address: str) -> None:
+    def _set_leader(self, address: str, shard: int = 0) -> None:
         with self._lock:
-            self._leader = address
+            self._leaders[shard] = address
             if self._zk is None and address not in self._known:
                 self._known.append(address)  # a later discovery may ask it too
 
-    def _forget_leader(self, address: str) -> None:
+    def _forget_leader(self, address: str, shard: int = 0) -> None:
         with self._lock:
-            if self._leader == address:
-                self._leader = None
+            if self._leaders[shard] == address:
+                self._leaders[shard] = None
 
-    def _current_leader(self, deadline: float) -> str | None:
+    def _current_leader(self, deadline: float, shard: int = 0) -> str | None:
         with self._lock:
-            if self._leader:
-                return self._leader
-        address = self._discover_zk(deadline) if self._zk is not None else self._discover_brokers(deadline)
+            if self._leaders[shard]:
+                return self._leaders[shard]
+        if self._zk is not None:
+            address = self._discover_zk(deadline, shard)
+        else:
+            address = self._discover_brokers(deadline)
         if address:
-            self._set_leader(address)
+            self._set_leader(address, shard)
         return address
 
     def _zk_read(self, path: str, deadline: float) -> bytes | None:
@@ -114,9 +148,11 @@ class LeaderTracking:
             return None
         return data
 
-    def _discover_zk(self, deadline: float) -> str | None:
+    def _discover_zk(self, deadline: float, shard: int = 0) -> str | None:
         try:
-            data = self._zk_read(self._paths.leader, deadline)
+            data = self._zk_read(
+                self._paths.of_shard(shard).leader if shard else self._paths.leader, deadline
+            )
             return leader_address(json.loads(data)) if data else None
         except (KazooException, KazooTimeoutError, ValueError) as exc:  # ZooKeeper away, or a bad node
             log.debug("cannot read the leader node: %s", exc)
@@ -142,7 +178,8 @@ class LeaderTracking:
                 return named
         return None
 
-    def _leader_moved(self, address: str) -> bool:
-        """True when ZooKeeper names a leader other than `address` (only known with `zk`)."""
+    def _leader_moved(self, address: str, shard: int = 0) -> bool:
+        """True when ZooKeeper names a leader of ``shard`` other than `address` (only known with `zk`)."""
         with self._lock:
-            return self._zk is not None and self._leader is not None and self._leader != address
+            leader = self._leaders[shard]
+            return self._zk is not None and leader is not None and leader != address

@@ -1,10 +1,10 @@
 """How a :class:`~broker.api.client.Client` talks to one broker: a socket per thread, one request, one reply.
 
 Part of the Client (a mixin: it works on the client's context, socket set,
-lock, keys and request ids). Each thread has its own DEALER socket
-(``threading.local``), connected to one address and, for a secure cluster, a
-CURVE client pinned to the key the keys file lists for that address; when the
-thread ends its socket is closed. :meth:`Transport._exchange` sends one request
+lock, keys and request ids). Each thread has its own DEALER socket for each
+shard it talks to (``threading.local``; one on a one-shard cluster), connected to
+that shard's leader and, for a secure cluster, a CURVE client pinned to the key
+the keys file lists for that address; when the thread ends its sockets are closed. :meth:`Transport._exchange` sends one request
 and waits for the reply with its ``rid``: a frame over ``max_frame_bytes`` is
 refused at once (``payload_too_large``); no reply in time, a failed send or
 connect, or a leader ZooKeeper has replaced raise :class:`_Transient` (a retry
@@ -13,7 +13,7 @@ answer to a later request.
 
 Example::
 
-    reply = client._exchange("tcp://10.0.0.5:7000", "ping", {}, timeout=1.0)
+    reply = client._exchange("tcp://10.0.0.5:7000", "ping", {}, timeout=1.0, shard=0)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class _Conn:
-    """The calling thread's socket and the address it is connected to."""
+    """One of the calling thread's sockets (the one to a shard's leader) and the address it is connected to."""
 
     __slots__ = ("sock", "address", "release", "__weakref__")
 
@@ -63,7 +63,7 @@ class Transport:
 
     Example::
 
-        sock = client._socket(address)     # this thread's socket to ``address``
+        sock = client._socket(address, shard)     # this thread's socket to ``shard``'s leader at ``address``
     """
 
     max_frame_bytes: int
@@ -75,28 +75,31 @@ class Transport:
     _rids: itertools.count
     _keys: object
 
-    def _socket(self, address: str) -> zmq.Socket:
-        conn = getattr(self._local, "conn", None)
+    def _socket(self, address: str, shard: int = 0) -> zmq.Socket:
+        conns = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        conn = conns.get(shard)
         if conn is not None and conn.address == address:
             return conn.sock
-        self._drop_socket()
+        self._drop_socket(shard)
         with self._lock:
             self._check_open()
             sock = self._ctx.socket(zmq.DEALER)
             self._sockets.add(sock)
         # LINGER 0: a dropped socket discards what it still queues for a dead peer.
         sock.setsockopt(zmq.LINGER, 0)
-        conn = self._local.conn = _Conn(sock, address)
+        conn = conns[shard] = _Conn(sock, address)
         # When the thread ends its thread-local goes, and with it the socket.
         conn.release = weakref.finalize(conn, _release_socket, self._sockets, self._lock, sock)
         try:
             self._secure(sock, address)
             sock.connect(address)
         except zmq.ZMQError as exc:
-            self._drop_socket()
+            self._drop_socket(shard)
             raise _Transient(f"cannot connect: {exc}") from None
         except ClientError:
-            self._drop_socket()
+            self._drop_socket(shard)
             raise
         return sock
 
@@ -109,9 +112,9 @@ class Transport:
         except KeysError as exc:
             raise ClientError(E_UNTRUSTED_SERVER, str(exc)) from None
 
-    def _drop_socket(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
+    def _drop_socket(self, shard: int = 0) -> None:
+        conns = getattr(self._local, "conns", None)
+        conn = conns.pop(shard, None) if conns is not None else None
         if conn is not None:
             conn.release()
 
@@ -123,7 +126,7 @@ class Transport:
             return PLAIN_HINT
         return " (or the server there does not hold the key the keys file lists for its address)"
 
-    def _exchange(self, address: str, op: str, fields: dict, timeout: float) -> dict:
+    def _exchange(self, address: str, op: str, fields: dict, timeout: float, shard: int = 0) -> dict:
         """One request, one reply (matched by rid); raise _Transient on no reply in time."""
         rid = next(self._rids)
         frame = encode(make_request(op, rid, **fields))
@@ -134,11 +137,11 @@ class Transport:
                 f"{op} request of {len(frame)} bytes exceeds the "
                 f"brokers' frame limit of {self.max_frame_bytes} bytes",
             )
-        sock = self._socket(address)
+        sock = self._socket(address, shard)
         try:
             sock.send(frame, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            self._drop_socket()
+            self._drop_socket(shard)
             raise _Transient(f"send failed: {exc}") from None
         end = self.clock.monotonic() + timeout
         while True:
@@ -146,13 +149,13 @@ class Transport:
             if remaining_ms <= 0:
                 # A new socket next time: a reply that arrives late must never be
                 # read as the answer to a later request.
-                self._drop_socket()
+                self._drop_socket(shard)
                 raise _Transient(f"no reply within {timeout:g}s")
             if not sock.poll(min(remaining_ms, int(LEADER_CHECK_S * 1000)), zmq.POLLIN):
-                if self._leader_moved(address):
+                if self._leader_moved(address, shard):
                     # The dead leader will never answer: go to the new one now instead of
                     # waiting out the timeout (the request is safe to repeat).
-                    self._drop_socket()
+                    self._drop_socket(shard)
                     raise _Transient("the leader changed while waiting for a reply")
                 continue
             try:

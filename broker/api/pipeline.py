@@ -1,4 +1,4 @@
-"""Coalesced, pipelined submits: one sender thread and one socket per :class:`~broker.api.client.Client`.
+"""Coalesced, pipelined submits: one sender thread and one socket per :class:`~broker.api.client.Client` and shard.
 
 Every submit handed to :meth:`SubmitPipeline.submit` waits in one queue; the
 sender thread sends whatever waits at that moment as one request (``submit``
@@ -22,6 +22,10 @@ settled are :mod:`broker.api.submit_queue`; this module is the sender: its
 socket, the requests in flight, and following the leader.
 
 Futures are resolved on the sender thread: a done-callback must not block.
+
+On a cluster of several shards the client has one pipeline per shard it submits
+to (each with its thread, made with its first submit), which sends to that
+shard's leader only: every submit in it has a key of that shard.
 
 Example::
 
@@ -81,10 +85,13 @@ class SubmitPipeline:
         future = SubmitPipeline(client).submit(submit_fields("q", b"x"), timeout=30.0)
     """
 
-    def __init__(self, client: Any, max_inflight: int = MAX_INFLIGHT, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, client: Any, max_inflight: int = MAX_INFLIGHT, clock: Clock = SYSTEM_CLOCK, shard: int = 0
+    ) -> None:
         # `client` is the Client that owns this pipeline (its leader tracking, context and limits);
         # not imported by name, since the client module imports this one.
         self._client = client
+        self._shard = shard
         self._clock = clock
         self._max_inflight = max_inflight
         self._lock = threading.Lock()
@@ -131,7 +138,8 @@ class SubmitPipeline:
                 os.set_blocking(self._wake_r, False)
                 os.set_blocking(self._wake_w, False)
                 self._poller.register(self._wake_r, zmq.POLLIN)
-                self._thread = threading.Thread(target=self._run, name="fencepost-submits", daemon=True)
+                name = "fencepost-submits" + (f"-{self._shard}" if self._shard else "")
+                self._thread = threading.Thread(target=self._run, name=name, daemon=True)
                 self._thread.start()
             if not self._signalled:
                 # Under the lock: the sender closes the pipe under it once it has seen `closed`.
@@ -195,13 +203,13 @@ class SubmitPipeline:
     def _check_inflight(self, now: float) -> None:
         if not self._inflight:
             return
-        if self._client._leader_moved(self._address):
+        if self._client._leader_moved(self._address, self._shard):
             # The old leader will never answer: go to the new one now, no pause (every submit is safe to resend).
             self._last = f"{self._address}: the leader changed while waiting for a reply"
             self._close_socket()
         elif any(b.expires <= now for b in self._inflight.values()):
             # A new socket: a late reply must never be taken for the answer to a resent request.
-            self._client._forget_leader(self._address)
+            self._client._forget_leader(self._address, self._shard)
             self._fail_attempt(f"no reply within {self._client.request_timeout:g}s", now)
 
     def _fail_attempt(self, why: str, now: float) -> None:
@@ -212,7 +220,7 @@ class SubmitPipeline:
 
     def _send_waiting(self, now: float) -> None:
         try:
-            address = self._client._current_leader(self._waiting.latest_deadline())
+            address = self._client._current_leader(self._waiting.latest_deadline(), self._shard)
         except ClientError as exc:  # as a call would raise it to its caller (the client closed, say)
             self._waiting.fail_all(exc)
             return
@@ -228,7 +236,7 @@ class SubmitPipeline:
                 self._waiting.fail_all(exc)
                 return
             except zmq.ZMQError as exc:
-                self._client._forget_leader(address)
+                self._client._forget_leader(address, self._shard)
                 self._last = f"{address}: cannot connect: {exc}"
                 self._pause(now)
                 return
@@ -246,7 +254,7 @@ class SubmitPipeline:
             try:
                 self._sock.send(encode(make_request(op, rid, **fields)), zmq.NOBLOCK)
             except zmq.ZMQError as exc:
-                self._client._forget_leader(address)
+                self._client._forget_leader(address, self._shard)
                 self._fail_attempt(f"send failed: {exc}", now)
                 return
 
@@ -294,9 +302,9 @@ class SubmitPipeline:
             self._waiting.requeue(batch.items)
             target = leader_address(msg.get("leader")) if kind == "redirect" else None
             if kind == "redirect":
-                self._client._forget_leader(batch.address)
+                self._client._forget_leader(batch.address, self._shard)
             if target and target != batch.address:
-                self._client._set_leader(target)
+                self._client._set_leader(target, self._shard)
                 self._redirects += 1
                 if self._redirects <= FREE_REDIRECTS:
                     continue

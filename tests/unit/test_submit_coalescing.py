@@ -354,4 +354,9 @@ def test_async_client_submits_and_waits(brokers):
             return ids, await client.wait(ids[0], timeout=5)
 
     ids, task = asyncio.run(main())
-    assert ids == [f"id-{i}" for i in range(50)] and task == {"state": "done", "queue": "q", "id": "id-0"}
+    assert ids == [f"id-{i}" for i in range(50)] and task == {
+        "state": "done",
+        "queue": "q",
+        "id": "id-0",
+        "shard": 0,
+    }
