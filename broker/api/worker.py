@@ -22,6 +22,12 @@ At-least-once, as before: a task is done only once its completion is committed.
 A worker that dies loses the tasks in its hand and the outcomes not yet
 acknowledged; their leases expire and the tasks run again elsewhere.
 
+On a cluster of several shards the worker leases from every shard's leader, one
+lease thread per shard with the prefetch split over them (at least one task per
+shard: :func:`~broker.api.worker_lease.lease_shares`), and sends each task's
+completion, failure and heartbeats to its own shard: one worker serves the whole
+queue, and a worker started before any task gets tasks of every shard.
+
 A task submitted with ``max_run_ms`` (or leased from a queue that has one) may
 run that long from its lease and no longer: past it the worker abandons the
 attempt (fails it with ``retry=True`` and drops whatever the handler returns
@@ -78,7 +84,7 @@ import secrets
 import socket
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from broker.api.client import DEFAULT_REQUEST_TIMEOUT, Backoff, BrokerUnavailable, Client
 from broker.api.command_handler import CommandHandler
@@ -88,7 +94,7 @@ from broker.api.task import MAX_ERROR_CHARS, Task, error_text, result_bytes
 from broker.api.worker_hand import Hand
 from broker.api.worker_handling import Handler, TaskRunner
 from broker.api.worker_heartbeat import HeartbeatSender
-from broker.api.worker_lease import LeaseLoop
+from broker.api.worker_lease import shard_lease_loops
 from broker.api.worker_outbox import OutboxSender
 from broker.protocol import RequestError
 from broker.protocol.checks import check_queue
@@ -97,6 +103,7 @@ from election.local.clock import SYSTEM_CLOCK, Clock
 __all__ = ["MAX_ERROR_CHARS", "Task", "Worker", "default_prefetch", "error_text", "result_bytes"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_WAIT_MS = 2_000
@@ -281,18 +288,28 @@ class Worker(OutboxSender, HeartbeatSender):
                 kill()
 
     def _run(self, queues: list[str], stop: threading.Event | None) -> None:
-        client = self._client or self._open_client(stop)
-        if client is None:
+        client = self._client or self._patiently(self._new_client, stop)
+        shards = None if client is None else self._patiently(lambda: client.shards, stop)
+        if shards is None:
+            if client is not None and self._client is None:
+                client.close()
             return
-        self._hand.prefetch = self.prefetch  # with the handlers registered since __init__
+        # With the handlers registered since __init__; at least one task per shard.
+        self._hand.prefetch = max(self.prefetch, shards)
+        self._hand.expect_lease_loops(shards)
         log.info(
-            "worker %s leasing from %s with %d thread(s), prefetch %d",
+            "worker %s leasing from %s with %d thread(s), prefetch %d%s",
             self.name,
             ", ".join(queues),
             self.concurrency,
-            self.prefetch,
+            self._hand.prefetch,
+            f", from {shards} shards" if shards > 1 else "",
         )
-        leases = LeaseLoop(
+        runner = TaskRunner(self._handlers, self._hand, self.clock)
+        heartbeats_done = threading.Event()
+        beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
+        sender = self._start(self._send_loop, f"sender-{self.name}", client, queues)
+        loops = shard_lease_loops(
             self.name,
             self.lease_ms,
             self.wait_ms,
@@ -300,12 +317,9 @@ class Worker(OutboxSender, HeartbeatSender):
             self._hand,
             self._stopping,
             self.clock,
+            shards,
         )
-        runner = TaskRunner(self._handlers, self._hand, self.clock)
-        heartbeats_done = threading.Event()
-        beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
-        sender = self._start(self._send_loop, f"sender-{self.name}", client, queues)
-        leaser = self._start(leases.run, f"lease-{self.name}", client, queues)
+        leasers = [self._start(loop.run, loop.thread_name, client, queues) for loop in loops]
         handlers = [self._start(runner.loop, f"worker-{i}") for i in range(self.concurrency)]
         try:
             while not (stop is not None and stop.is_set()):
@@ -317,7 +331,7 @@ class Worker(OutboxSender, HeartbeatSender):
         self._hand.stop_leasing()
         clock = self.clock
         end = None if self.drain_timeout is None else clock.monotonic() + self.drain_timeout
-        drained = _join(leaser, end, clock) and all(
+        drained = all(_join(t, end, clock) for t in leasers) and all(
             _join(t, end, clock, lambda t=t: t.ident in self._hand.abandoned_threads) for t in handlers
         )
         if drained:
@@ -355,11 +369,15 @@ class Worker(OutboxSender, HeartbeatSender):
         thread.start()
         return thread
 
-    def _open_client(self, stop: threading.Event | None) -> Client | None:
+    def _new_client(self) -> Client:
+        return Client(**self._connect, request_timeout=self.request_timeout, clock=self.clock)
+
+    def _patiently(self, attempt: Callable[[], T], stop: threading.Event | None) -> T | None:
+        """``attempt()`` again while it finds the cluster unreachable; None if the worker stops first."""
         backoff = Backoff(start=0.1, cap=5.0)
         while not (self._stopping.is_set() or (stop is not None and stop.is_set())):
             try:
-                return Client(**self._connect, request_timeout=self.request_timeout, clock=self.clock)
+                return attempt()
             except BrokerUnavailable as exc:
                 log.warning("worker %s: cannot reach the cluster yet: %s", self.name, exc)
                 self.clock.wait(self._stopping, backoff.next_delay())

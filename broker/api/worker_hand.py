@@ -9,7 +9,8 @@ wakes only the threads it concerns: n leased tasks wake n handler threads, not
 all of them; an outcome wakes the sender; room for more tasks wakes the lease loop.
 
 Room for more tasks is ``prefetch`` minus the tasks queued, the handler threads
-busy and ``asked``. Two requests lease: the lease loop's long-poll ``lease``, and
+busy and ``asked``. Two requests lease: the lease loops' long-poll ``lease`` (one
+loop per shard of the cluster, each claiming at most its share), and
 the sender's ``complete_many`` with a ``lease`` attached (complete-and-lease: the
 completions and the next tasks in one request). Each claims its share of the
 room before it sends and gives back what did not come, so together they never
@@ -105,7 +106,7 @@ class Hand:
         # The last complete_many reply carried tasks: the sender's leases are worth waiting for.
         self.combined_leases = False
         self._leasing = True
-        self._lease_loop_done = False
+        self._lease_loops = 1  # lease loops still running (one per shard)
         self._handlers_done = False
         self.stats = {"completed": 0, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0}
 
@@ -115,15 +116,25 @@ class Hand:
         """Tasks that may still be asked for (the caller holds the lock)."""
         return self.prefetch - len(self.queue) - self.busy - self.asked
 
-    def claim_for_lease_loop(self) -> int:
-        """Wait for room the sender is not about to ask for, claim all of it (at most a lease's); 0 once stopping."""
+    def expect_lease_loops(self, count: int) -> None:
+        """``count`` lease loops will run (one per shard); the hand counts them out before handlers stop."""
+        with self.lock:
+            self._lease_loops = count
+
+    def claim_for_lease_loop(self, share: int = MAX_LEASE_TASKS) -> int:
+        """Wait for room the sender is not about to ask for, claim it (at most ``share`` and a lease's); 0 once stopping.
+
+        ``share`` is the lease loop's part of the prefetch when there is one loop per shard.
+        """
         with self.lock:
             while self._leasing:
                 room = self.room()
                 deferred_until = self._sender_leases_until()
                 if room > 0 and deferred_until is None:
-                    claimed = min(room, MAX_LEASE_TASKS)
+                    claimed = min(room, MAX_LEASE_TASKS, share)
                     self.asked += claimed
+                    if claimed < room:
+                        self._room_freed.notify()  # another shard's lease loop may take the rest
                     return claimed
                 self._room_freed.wait(
                     None if deferred_until is None else max(deferred_until - self._clock.monotonic(), 0.001)
@@ -170,11 +181,11 @@ class Hand:
 
     def lease_loop_ended(self) -> None:
         with self.lock:
-            self._lease_loop_done = True
+            self._lease_loops -= 1
             self._wake_handlers_if_done()
 
     def _more_may_come(self) -> bool:
-        return self._leasing or not self._lease_loop_done or self.asked > 0
+        return self._leasing or self._lease_loops > 0 or self.asked > 0
 
     def _wake_handlers_if_done(self) -> None:
         # Once nothing more can be leased, every idle handler thread has to see it and return.

@@ -7,7 +7,8 @@ queued, running, or finished but not yet acknowledged. A lease the broker says
 is no longer this worker's (:data:`~broker.api.worker_outbox.LOST_LEASE_CODES`)
 drops its task if it is still queued; a running one finds out when it reports.
 Between heartbeats, every 100 ms at most, the watchdog abandons the attempts
-past their ``max_run_ms``. It never raises.
+past their ``max_run_ms``. It never raises. On a cluster of several shards each
+shard's leases go to that shard's leader (one ``heartbeat_many`` per shard at least).
 
 Example::
 
@@ -20,10 +21,12 @@ import logging
 import threading
 
 from broker.api.client import Client, ClientError
+from broker.api.shard_routing import split_by_shard
 from broker.api.worker_hand import Hand
 from broker.api.worker_outbox import LOST_LEASE_CODES
 from broker.protocol import MAX_SUBMIT_MANY
 from election.local.clock import Clock
+from election.shards import shard_of_task
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,9 @@ class HeartbeatSender:
             next_beat = self.clock.monotonic() + interval
             with self._hand.lock:
                 held = sorted(self._hand.held)
-            for start in range(0, len(held), MAX_SUBMIT_MANY):
-                self._beat(client, held[start : start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
+            for _, keys in split_by_shard(held, lambda key: shard_of_task(key[0])).values():
+                for start in range(0, len(keys), MAX_SUBMIT_MANY):
+                    self._beat(client, keys[start : start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
 
     def _beat(self, client: Client, keys: list[tuple[str, int]], timeout: float) -> None:
         """Extend these leases with one heartbeat_many; drop a queued task whose lease is gone."""

@@ -14,6 +14,11 @@ it). An outcome is settled (its heartbeats stop) once the leader answers:
 ``unreported`` when it could not be sent (its lease then expires and the task
 runs again). It never raises.
 
+On a cluster of several shards the completions go to each task's shard (one
+``complete_many`` per shard at least, :func:`by_shard`), and the room asked for
+is split over those requests in proportion to their completions: the shards whose
+tasks just finished are the ones likely to have more.
+
 Example::
 
     sender = threading.Thread(target=worker._send_loop, args=(client, ["mail"]), daemon=True)
@@ -25,9 +30,11 @@ import logging
 from typing import Iterator
 
 from broker.api.client import Client, ClientError
+from broker.api.shard_routing import split_by_shard, split_count
 from broker.api.task import Task
 from broker.api.worker_hand import Hand, leased_tasks
 from broker.protocol import MAX_SUBMIT_MANY
+from election.shards import shard_of_task
 from election.wire.codes import (
     E_NO_SUCH_TASK,
     E_NOT_OWNER,
@@ -62,18 +69,19 @@ class OutboxSender:
             if taken is None:
                 return
             batch, ask = taken
-            completions = [(task, fields) for op, task, fields in batch if op == "complete"]
-            for chunk in _result_batches(completions):
-                lease = None
-                if ask:
-                    lease = {
-                        "worker": self.name,
-                        "queues": queues,
-                        "max_tasks": ask,
-                        "lease_ms": self.lease_ms,
-                    }
-                self._complete(client, chunk, lease)
-                ask = 0
+            completions = by_shard([(task, fields) for op, task, fields in batch if op == "complete"])
+            for completed, shard_ask in zip(completions, split_count(ask, [len(c) for c in completions])):
+                for chunk in _result_batches(completed):
+                    lease = None
+                    if shard_ask:
+                        lease = {
+                            "worker": self.name,
+                            "queues": queues,
+                            "max_tasks": shard_ask,
+                            "lease_ms": self.lease_ms,
+                        }
+                    self._complete(client, chunk, lease)
+                    shard_ask = 0
             for op, task, fields in batch:
                 if op != "complete":
                     self._fail(client, task, counted=op == "fail", **fields)
@@ -173,6 +181,11 @@ class OutboxSender:
             self._hand.settle(task, "unreported" if counted else None)
             return
         self._hand.settle(task, "failed" if counted else None)
+
+
+def by_shard(items: list[tuple[Task, dict]]) -> list[list[tuple[Task, dict]]]:
+    """Outcomes (or leases) grouped by the shard their task id names, in order (one group on one shard)."""
+    return [part for _, part in split_by_shard(items, lambda item: shard_of_task(item[0].task_id)).values()]
 
 
 def _result_batches(completions: list[tuple[Task, dict]]) -> Iterator[list[tuple[Task, dict]]]:

@@ -183,6 +183,8 @@ class FakeLeader:
     Every request checks the worker's invariant: queued + busy + asked never above prefetch.
     """
 
+    shards = 1  # a one-shard cluster: one lease loop
+
     def __init__(self, n: int, combined: bool) -> None:
         self.waiting = [
             {"task_id": f"t{i}", "attempt": 1, "queue": "q", "payload": b"%d" % i} for i in range(n)
