@@ -13,6 +13,7 @@ from commands.errors import fail
 from commands.options import cluster_options, with_zk
 from commands.output import emit
 from election.local.clock import SYSTEM_CLOCK
+from election.shards import MAX_SHARDS
 
 
 @click.group("cluster")
@@ -63,6 +64,16 @@ def cluster_group() -> None:
     show_default=True,
     help="Largest task payload or result.",
 )
+@click.option(
+    "--shards",
+    type=click.IntRange(1, MAX_SHARDS),
+    default=1,
+    show_default=True,
+    help="Independent replicated state machines, each with its own leader, log and snapshots; every "
+    "broker hosts a replica of each and the leaders spread over the brokers, so write throughput "
+    "grows with brokers. A queue spans every shard (order and priority hold within a shard). Fixed "
+    "for the cluster's life: choose about the number of brokers you expect to run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the config written, as JSON.")
 @cluster_options
 def cluster_init(
@@ -72,6 +83,7 @@ def cluster_init(
     digest,
     secret_file,
     max_payload_bytes,
+    shards,
     as_json,
     zk,
     cluster,
@@ -81,6 +93,7 @@ def cluster_init(
 
     Run once, before (or while) the bookies and brokers start: members started
     earlier wait for it. A second init is refused (exit 1), naming the cluster id.
+    The shard count (--shards) cannot be changed afterwards.
     """
     from election.cluster_config import ClusterOptions, check_secret_choice, init_cluster, read_secret
     from election.paths import ClusterPaths
@@ -101,7 +114,9 @@ def cluster_init(
         dev_dir,
         lambda client, name: {
             "cluster": name,
-            **init_cluster(client, ClusterPaths(name), options, clock=SYSTEM_CLOCK.now, secret=secret),
+            **init_cluster(
+                client, ClusterPaths(name), options, clock=SYSTEM_CLOCK.now, secret=secret, shards=shards
+            ),
         },
         must_exist=False,
     )
@@ -112,6 +127,7 @@ def cluster_init(
             f"cluster {c['cluster']} initialized: id {c['cluster_id']}, write quorum {c['write_quorum']}, "
             f"ack quorum {c['ack_quorum']}, ensemble {c['ensemble_size']}, digest {c['digest']}, "
             f"max payload {c['max_payload_bytes']} bytes"
+            + (f", {c['shards']} shards" if c.get("shards", 1) > 1 else "")
         ),
     )
 

@@ -13,6 +13,7 @@ import click
 
 from commands.output import emit
 from election.local.dev_cluster import DEFAULT_DEV_DIR
+from election.shards import MAX_SHARDS
 
 
 @click.group("dev")
@@ -112,6 +113,13 @@ def dev_dir_option(fn):
     help="For `cluster init`: largest task payload [default 1048576].",
 )
 @click.option(
+    "--shards",
+    type=click.IntRange(1, MAX_SHARDS),
+    default=None,
+    help="For `cluster init`: shards, each with its own leader (every broker runs one process per "
+    "shard) [default 1].",
+)
+@click.option(
     "--wait-for",
     type=click.IntRange(0),
     default=0,
@@ -139,6 +147,7 @@ def dev_up(
     digest,
     secret_file,
     max_payload_bytes,
+    shards: int | None,
     wait_for,
     secure: bool,
 ) -> None:
@@ -173,6 +182,7 @@ def dev_up(
         digest=digest,
         secret_file=secret_file,
         max_payload_bytes=max_payload_bytes,
+        shards=shards,
         wait_for=wait_for,
         secure=secure,
     )

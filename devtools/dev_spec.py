@@ -3,8 +3,8 @@
 A spec names the cluster, how many bookies and brokers, the brokers' ZooKeeper
 session timeout and ``--wait-for``, extra bookie arguments, whether every socket is
 CURVE (``secure``) and the cluster-wide options `up` gives `cluster init` before
-any member starts (quorums, digest, payload limit; None: init's default, or what
-an existing config says). :func:`init_cluster_config` runs that `cluster init` in
+any member starts (quorums, digest, payload limit, shards; None: init's default, or
+what an existing config says). :func:`init_cluster_config` runs that `cluster init` in
 process; over a cluster that already has a config it keeps it when the spec
 agrees with it and raises :class:`DevClusterError` naming each difference.
 
@@ -28,12 +28,14 @@ from election.cluster_config import (
     ClusterOptions,
     check_member_secret,
     check_secret_choice,
+    cluster_shards,
     init_cluster,
     option_differences,
     read_cluster_config,
     read_secret,
 )
 from election.paths import ClusterPaths, check_cluster_name
+from election.shards import MAX_SHARDS
 
 # One more bookie than the default ensemble (3): with one bookie dead a new ledger still finds
 # three, so a broker failover or a ledger roll needs no operator.
@@ -62,6 +64,8 @@ class DevClusterSpec:
     ensemble_size: int | None = None
     digest: str | None = None
     max_payload_bytes: int | None = None
+    # `cluster init --shards S` (None: 1, or the existing config's): every broker runs one process per shard.
+    shards: int | None = None
     # The cluster secret (for hmac-sha256): handed to `cluster init` and to every broker.
     secret_file: str | None = None
     # `broker start --wait-for N` for every broker (0: none): nobody serves before N are live.
@@ -94,6 +98,8 @@ class DevClusterSpec:
             raise DevClusterError("--bookies and --brokers must be between 0 and 16")
         if self.wait_for < 0:
             raise DevClusterError("--wait-for must be >= 0")
+        if self.shards is not None and not 1 <= self.shards <= MAX_SHARDS:
+            raise DevClusterError(f"--shards must be between 1 and {MAX_SHARDS}")
         if self.brokers and self.ensemble_size is not None and self.ensemble_size > self.bookies:
             raise DevClusterError(
                 f"--ensemble-size {self.ensemble_size} needs at least that many bookies, "
@@ -144,8 +150,9 @@ def init_cluster_config(
         options = ClusterOptions.with_overrides(spec.cluster_options())
         try:
             check_secret_choice(options.validate(), secret)
-            config = init_cluster(zk, paths, options, clock=time.time, secret=secret)
-            return f"cluster {spec.cluster} initialized (cluster id {config['cluster_id']})"
+            config = init_cluster(zk, paths, options, clock=time.time, secret=secret, shards=spec.shards or 1)
+            shards = f", {spec.shards} shards" if (spec.shards or 1) > 1 else ""
+            return f"cluster {spec.cluster} initialized (cluster id {config['cluster_id']}{shards})"
         except ClusterAlreadyInitialized:
             config = read_cluster_config(zk, paths) or {}
         except ElectionError as exc:
@@ -154,6 +161,8 @@ def init_cluster_config(
             config = read_cluster_config(zk, paths) or {}
         # `dev up` again over the same directories: the cluster exists; keep it, if the flags agree.
         differences = option_differences(config, spec.cluster_options())
+        if spec.shards is not None and spec.shards != cluster_shards(config):
+            differences.append(f"shards: cluster has {cluster_shards(config)}, this member has {spec.shards}")
         if differences:
             raise DevClusterError(
                 f"cluster {spec.cluster} exists with other options: " + "; ".join(differences)

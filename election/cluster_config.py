@@ -11,6 +11,10 @@ before `init` waits for the node, unless it was told to create it with its own
 (or the default) options (``init_if_missing``, for `dev up` and tests; that is
 :func:`ensure_cluster_config`).
 
+``shards`` (``cluster init --shards S``, fixed for the cluster's life) is written only when
+S > 1: a config without it is a cluster of one shard, as every cluster made before shards
+(:func:`cluster_shards` reads it; election/shards.py).
+
 The cluster secret (the key of the ``hmac-sha256`` digest) is never written
 anywhere: members read it from their ``--secret-file`` (:func:`read_secret`).
 The node only holds ``secret_check``, an HMAC of the cluster id keyed by the
@@ -46,6 +50,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from election import ElectionError
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
+from election.shards import check_shards
 from election.zk import patiently
 
 log = logging.getLogger(__name__)
@@ -238,13 +243,24 @@ def check_secret_choice(options: ClusterOptions, secret: bytes | None) -> None:
 
 
 # ------------------------------------------------------------------ the node
-def new_config(options: ClusterOptions, clock: Callable[[], float], secret: bytes | None = None) -> dict:
-    """The content of a fresh `config` node (the secret only as its ``secret_check``)."""
+def new_config(
+    options: ClusterOptions, clock: Callable[[], float], secret: bytes | None = None, shards: int = 1
+) -> dict:
+    """The content of a fresh `config` node (the secret only as its ``secret_check``; ``shards``
+    only when above 1)."""
     check_secret_choice(options.validate(), secret)
     config = {"cluster_id": str(uuid.uuid4()), "created_at": clock(), **asdict(options)}
+    if check_shards(shards) > 1:
+        config["shards"] = shards
     if secret:
         config["secret_check"] = secret_check(secret, config["cluster_id"])
     return config
+
+
+def cluster_shards(config: Mapping[str, Any]) -> int:
+    """How many shards the cluster of ``config`` has (1 when the config does not say: every cluster
+    made before shards); ElectionError for a value no ``cluster init`` writes."""
+    return check_shards(config.get("shards", 1))
 
 
 def read_cluster_config(zk: KazooClient, paths: ClusterPaths) -> dict | None:
@@ -262,6 +278,7 @@ def init_cluster(
     options: ClusterOptions,
     clock: Callable[[], float],
     secret: bytes | None = None,
+    shards: int = 1,
 ) -> dict:
     """Create the `config` node (`fencepost cluster init`) and return it.
 
@@ -270,7 +287,7 @@ def init_cluster(
     for a digest without its secret or a secret without its digest, and
     ElectionError for options out of range.
     """
-    config = new_config(options, clock, secret)
+    config = new_config(options, clock, secret, shards)
     zk.ensure_path(paths.base)
     try:
         zk.create(paths.config, json.dumps(config).encode())
