@@ -97,8 +97,8 @@ class LeaderTracking:
         with self._lock:
             if self._shards is not None:
                 return
-            self._shards = shards
             self._leaders += [None] * (shards - len(self._leaders))
+            self._shards = shards  # after the list has room: a call that sees it may ask for any shard
             if self._zk is not None and not self._closed:
                 for shard in range(1, shards):
                     self._watch_shard(shard)
