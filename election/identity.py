@@ -15,6 +15,9 @@ ZooKeeper in steps that each survive a crash:
 
 A restart with ``.broker.meta`` goes to 5, one with only the temp file to 3.
 
+The processes a broker starts for its other shards only read the id it established
+(:func:`read_identity`): they never register one.
+
 Example::
 
     identity = ensure_broker_id(zk, ClusterPaths("dev"), Path("data"), "broker-a",
@@ -186,6 +189,16 @@ def _register(zk: KazooClient, paths: ClusterPaths, identity: BrokerIdentity, ad
         zk.set(node, json.dumps(record).encode(), version=stat.version)
     except BadVersionError:
         raise IdentityError(f"broker id {identity.broker_id} changed while registering; retry") from None
+
+
+def read_identity(data_dir: Path, cluster: str) -> BrokerIdentity | None:
+    """The identity ``data_dir`` holds (None before it has one), without touching ZooKeeper."""
+    doc = _read_meta(Path(data_dir) / META)
+    if doc is None:
+        return None
+    if doc["cluster"] != cluster:
+        raise IdentityError(f"{data_dir} belongs to cluster {doc['cluster']!r}, not {cluster!r}")
+    return _identity(doc)
 
 
 def ensure_broker_id(

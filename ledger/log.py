@@ -146,7 +146,7 @@ def write_log(
     if claim is not None:
         txn.check(paths.epoch, claim.version)
     if expected_version == -1:
-        zk.ensure_path(paths.base)
+        zk.ensure_path(paths.shard_base)  # a shard n > 0 keeps its log under shards/<n>/
         txn.create(paths.log, format_log(ledgers))
     else:
         txn.set_data(paths.log, format_log(ledgers), version=expected_version)

@@ -13,6 +13,7 @@ from typing import ClassVar, Mapping
 from broker import BrokerError
 from broker.state.events import MAX_SPAN_MS
 from election.local.member_config import THIRTY_DAYS_S, MemberConfig, member_field, setting
+from election.shards import MAX_SHARDS
 
 
 class BrokerConfigError(BrokerError):
@@ -159,6 +160,15 @@ class BrokerConfig(MemberConfig):
         unit="bytes",
         default_text="256 MiB",
         min=1,
+    )
+    shard: int = setting(
+        0,
+        "The shard this process serves. Not for operators: the broker they start serves shard 0 and, in a "
+        "cluster of several shards, starts one process per other shard with this set (`broker start "
+        "--shard N`, a hidden option).",
+        min=0,
+        max=MAX_SHARDS - 1,
+        hidden=True,
     )
     shutdown_timeout_s: float = setting(
         10.0,

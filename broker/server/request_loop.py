@@ -54,6 +54,7 @@ from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
+from election.shards import task_id_in_shard
 from election.wire import codes
 from election.wire.dispatch import DEFERRED, KernelHooks, Reply, RequestContext
 from election.wire.kernel import ServingKernel
@@ -69,6 +70,11 @@ def time_ordered_id(clock: Clock) -> str:
     applying a batch touches a few pages instead of hundreds.
     """
     return f"{clock.now_ms() & ((1 << 48) - 1):012x}{os.urandom(10).hex()}"
+
+
+def new_task_id(clock: Clock, shard: int) -> str:
+    """The id of a task made by the leader of ``shard``: time-ordered, naming its shard (election/shards.py)."""
+    return task_id_in_shard(time_ordered_id(clock), shard)
 
 
 def _raise(exc: Exception) -> None:
@@ -114,7 +120,7 @@ class BrokerServer:
         self.store = store
         self.broker_id = broker_id
         self.clock = clock
-        self.new_id = new_id or (lambda: time_ordered_id(self.clock))
+        self.new_id = new_id or (lambda: new_task_id(self.clock, config.shard))
         self.max_payload = max_payload
         self.role = "starting"
         self.leader_address: str | None = None
@@ -267,6 +273,7 @@ class BrokerServer:
         shutdown = leadership.shutdown if leadership is not None else None
         return {
             "broker_id": self.broker_id,
+            "shard": self.config.shard,
             "role": self.role,
             "leader": self.leader_address,
             "epoch": leadership.epoch if leadership else self.store.epoch(),

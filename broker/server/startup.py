@@ -9,9 +9,11 @@ In order (each wait gives up when the stop event is set):
 3. the store is checked before the identity is claimed: another cluster's store, or one
    beyond the log, is refused ("wrong store") without registering anything
    (:class:`broker.server.store.keeper.StoreKeeper`);
-4. the broker id is claimed (``brokers/ids``), the snapshot catalog opened (temporary
-   files of an interrupted snapshot removed), the ledger client created, and AutoRecovery
-   started where the cluster needs it (:mod:`broker.server.services`);
+4. the broker id is claimed (``brokers/ids``; the process of a shard n > 0 reads its broker's
+   id instead, :mod:`broker.server.shard_process`), the caller told (the broker of shard 0
+   then starts its other shards' processes), the snapshot catalog opened (temporary files of
+   an interrupted snapshot removed), the ledger client created, and AutoRecovery started where
+   the cluster needs it (:mod:`broker.server.services`; by the broker of shard 0 only);
 5. a store that was not closed in order is verified, a damaged one rebuilt, and one the
    log alone cannot bring up to date gets a snapshot; it is then marked in use.
 
@@ -29,15 +31,23 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from kazoo.client import KazooClient
 
-from broker.server.config import BrokerConfig
+from broker.server.config import BrokerConfig, BrokerConfigError
 from broker.server.services import SideServices
+from broker.server.shard_process import wait_for_identity
 from broker.server.store.cluster_start import ClusterStart
 from broker.server.store.keeper import StoreKeeper
 from broker.state.store import StateStore
-from election.cluster_config import check_member_secret, join_cluster, member_options, read_secret
+from election.cluster_config import (
+    check_member_secret,
+    cluster_shards,
+    join_cluster,
+    member_options,
+    read_secret,
+)
 from election.identity import BrokerIdentity, ensure_broker_id
 from election.local.clock import Clock
 from election.paths import ClusterPaths
@@ -71,8 +81,12 @@ def start_member(
     services: SideServices,
     stop: threading.Event,
     clock: Clock,
+    identity_claimed: Callable[[dict], None] = lambda cluster: None,
 ) -> Started | None:
-    """The steps of the module docstring; None when stopped while waiting for the cluster's init."""
+    """The steps of the module docstring; None when stopped while waiting for the cluster's init.
+
+    ``identity_claimed(cluster config)`` is called once the broker id is ours.
+    """
     secret = read_secret(config.secret_file) if config.secret_file else None
     cluster = join_cluster(
         zk,
@@ -87,12 +101,16 @@ def start_member(
     if cluster is None:
         return None
     cluster_secret = check_member_secret(cluster, secret, config.cluster, source=config.secret_file)
+    if config.shard >= cluster_shards(cluster):
+        raise BrokerConfigError(
+            f"cluster {config.cluster} has {cluster_shards(cluster)} shard(s): there is no shard {config.shard}"
+        )
     data = Path(config.data)
     start = ClusterStart(
         zk,
         paths,
         data,
-        broker_id=lambda: claim_identity(config, zk, paths, clock).broker_id,
+        broker_id=lambda: claim_identity(config, zk, paths, clock, stop).broker_id,
         wait_for=config.wait_for,
         clock=clock,
         stop=stop,
@@ -102,12 +120,14 @@ def start_member(
         config, zk, paths, cluster["cluster_id"], clock, stop, created_at=cluster.get("created_at")
     )
     store = keeper.checked()
-    identity = claim_identity(config, zk, paths, clock)
+    identity = claim_identity(config, zk, paths, clock, stop)
     log.info("broker %s starting on %s", identity, config.listen)
+    identity_claimed(cluster)
     catalog = SnapshotCatalog(data / "snapshots")
     cleanup_temp(data / "snapshots")
     ledgers = LedgerClient(zk, paths, secret=cluster_secret, clock=clock)
-    services.start_autorecovery(zk, paths, ledgers.digest, identity.broker_id, cluster_secret)
+    if config.shard == 0:  # one AutoRecovery per broker, whatever the shards
+        services.start_autorecovery(zk, paths, ledgers.digest, identity.broker_id, cluster_secret)
     keeper.attach(identity.broker_id, catalog)
     return Started(
         cluster=cluster,
@@ -122,10 +142,13 @@ def start_member(
 
 
 def claim_identity(
-    config: BrokerConfig, zk: KazooClient, paths: ClusterPaths, clock: Clock
+    config: BrokerConfig, zk: KazooClient, paths: ClusterPaths, clock: Clock, stop: threading.Event
 ) -> BrokerIdentity:
-    """This data directory's broker id (registered under ``brokers/ids`` on the first start)."""
+    """This data directory's broker id (registered under ``brokers/ids`` on the first start); the
+    process of a shard n > 0 takes its broker's, never registering one."""
     data = Path(config.data)
+    if config.shard:
+        return wait_for_identity(data, config.shard, config.cluster, stop, clock)
     return patiently(
         ensure_broker_id,
         zk,
