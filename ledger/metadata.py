@@ -196,6 +196,11 @@ class LedgerMetadata:
                 seen.setdefault(member["bookie_id"], member)
         return list(seen.values())
 
+    @property
+    def shard(self) -> int:
+        """The shard whose log this ledger was made for (0: shard 0, or a ledger made before shards)."""
+        return int(self.extra.get("shard", 0))
+
     def with_state(self, state: str, last_entry: int | None = None) -> "LedgerMetadata":
         """A copy in ``state`` (and ``last_entry``), refusing transitions that go backwards."""
         if state not in _TRANSITIONS[self.state]:

@@ -351,6 +351,9 @@ def create_ledger(
         epoch=epoch,
         created_at=clock.now(),
         digest=digest.name,
+        # Ledgers of every shard share `ledgers/`: each names its shard, so that one shard's
+        # retention never takes another's ledger for one of its own left out of its log.
+        extra={"shard": paths.shard} if paths.shard else {},
     )
     _, version = create_metadata(zk, paths, meta)
     log.info(

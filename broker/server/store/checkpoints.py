@@ -225,13 +225,17 @@ class Checkpointer(threading.Thread):
         return doomed
 
     def _delete_orphans(self, log_ids: list[int]) -> None:
-        """Delete the data of closed ledgers older than the log (a delete that failed before is retried)."""
+        """Delete the data of this shard's closed ledgers older than its log (a delete that failed
+        before is retried). Every shard's ledgers share `ledgers/`: another shard's are left alone."""
         if not log_ids:
             return
+        zk, paths = self.host.zk, self.host.paths
         for ledger_id in self.host.ledgers.list_ledgers():
             if ledger_id >= log_ids[0]:
                 break
             try:
+                if read_metadata(zk, paths, ledger_id)[0].shard != paths.shard:
+                    continue
                 self.host.ledgers.delete(ledger_id)
             except LedgerError as exc:
                 log.warning("ledger %d is out of the log but could not be deleted yet: %s", ledger_id, exc)
