@@ -7,6 +7,8 @@
   and the others keep theirs;
 - a cluster made by `cluster init` without `--shards` starts as before: no `shards/` node, no
   process but the broker's, no `shards/` directory, task ids of 32 hex digits;
+- `dev up --shards 2` makes a 2-shard cluster whose brokers run their shard-1 processes, and
+  `dev down` leaves none of them behind;
 - the ledgers of every shard share `ledgers/`: a shard's retention deletes the closed ledgers left
   out of its own log, never another shard's.
 """
@@ -14,6 +16,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -25,6 +29,8 @@ from devtools.procs import pid_alive
 from election.identity import META
 from election.leader import read_epoch, read_leader
 from election.live import live_brokers
+from election.paths import ClusterPaths
+from election.zk import close, connect
 from ledger.log import write_log
 from ledger.metadata import CLOSED, LedgerMetadata, create_metadata, list_ledgers
 from snapshots.policy import CheckpointPolicy
@@ -164,6 +170,36 @@ def test_three_shards_each_elect_serve_and_fail_over_alone(cluster, procs):
         assert read_leader(cluster.zk, cluster.paths.of_shard(n))["epoch"] == leaders[n]["epoch"]
     assert call(read_leader(cluster.zk, cluster.paths.of_shard(2))["address"], "get", task_id=task_id)["ok"]
 
+    # A shard process that dies is started again by its broker, on a new port, and is live again.
+    survivor = next(b for i, b in ids.items() if i != victim_id)
+    survivor_id = _broker_id(survivor)
+    old = {int(_cmdline(p)[_cmdline(p).index("--shard") + 1]): p for p in _children_of(survivor.pid)}
+    old_address = live_brokers(cluster.zk, cluster.paths.of_shard(1))[survivor_id]["address"]
+    os.kill(old[1], signal.SIGKILL)
+    wait_for(
+        lambda: (
+            (live_brokers(cluster.zk, cluster.paths.of_shard(1)).get(survivor_id) or {}).get("address")
+            not in (None, old_address)
+        ),
+        60,
+        "the shard-1 process of the survivor started again",
+    )
+    assert old[2] in _children_of(survivor.pid) and old[1] not in _children_of(survivor.pid)
+    assert "shard 1: its process" in survivor.output() and "was killed by SIGKILL" in survivor.output()
+
+    # SIGTERM: the broker stops its shard processes in order and exits 0 within its budget.
+    children = _children_of(survivor.pid)
+    assert survivor.terminate(timeout=20) == 0, survivor.output()[-3000:]
+    assert not any(pid_alive(p) for p in children)
+    for n in range(SHARDS):
+        data = Path(survivor.data_dir) / "shards" / str(n) if n else Path(survivor.data_dir)
+        store = StateStore(data / "state", readonly=True)
+        try:
+            assert store.was_clean(), f"the shard-{n} store was not closed in order"
+        finally:
+            store.close()
+    assert "[shard 2]" in survivor.output()  # the shard processes log where their broker does
+
 
 @pytest.mark.timeout(240)
 def test_a_cluster_initialized_without_shards_starts_as_before(cluster, procs):
@@ -180,6 +216,30 @@ def test_a_cluster_initialized_without_shards_starts_as_before(cluster, procs):
     assert cluster.zk.exists(cluster.paths.shards) is None
     assert _children_of(broker.pid) == []
     assert not (Path(broker.data_dir) / "shards").exists()
+
+
+@pytest.mark.timeout(240)
+def test_dev_up_with_shards_and_down_leaves_no_shard_process(procs, tmp_path):
+    dev_dir = str(tmp_path / "dev")
+    up = procs.run(
+        ["dev", "up", "--dev-dir", dev_dir, "--cluster", "sharded", "--shards", "2", "--brokers", "2"]
+    )
+    assert up.returncode == 0, up.stderr.decode() + up.stdout.decode()
+    try:
+        state = json.loads((tmp_path / "dev" / "cluster.json").read_text())
+        brokers = [m for m in state["processes"] if m["kind"] == "broker"]
+        zk = connect(state["zk"])
+        try:
+            assert json.loads(zk.get(ClusterPaths("sharded").config)[0])["shards"] == 2
+            wait_for(lambda: read_leader(zk, ClusterPaths("sharded", shard=1)), 120, "a leader of shard 1")
+        finally:
+            close(zk)
+        children = [pid for broker in brokers for pid in _children_of(broker["pid"])]
+        assert len(children) == 2 and all("--shard" in _cmdline(pid) for pid in children)
+    finally:
+        down = procs.run(["dev", "down", "--dev-dir", dev_dir])
+    assert down.returncode == 0, down.stderr.decode()
+    assert not [pid for pid in children + [b["pid"] for b in brokers] if pid_alive(pid)]
 
 
 class _Ledgers:
