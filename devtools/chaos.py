@@ -150,6 +150,8 @@ class ChaosRun:
             faulting.join()
             heal_network(dev)
             monitor.join()
+            # A member that died while the last faults recovered, after the monitor stopped.
+            self._monitor_turn(dev, injector, workers)
             producers.stop()
             workers.stop()
             history = History(queue=QUEUE, submits=list(producers.submits), completions=workers.completions())
@@ -205,10 +207,13 @@ class ChaosRun:
     ) -> None:
         """Find processes that died without a fault, record them, and start them again."""
         while not stop.wait(MONITOR_EVERY_S):
-            try:
-                self._revive_dead(dev, injector, workers)
-            except Exception as exc:  # the monitor must outlive any one bad turn, or deaths go unseen
-                log.warning("chaos monitor: %s: %s; going on", type(exc).__name__, exc)
+            self._monitor_turn(dev, injector, workers)
+
+    def _monitor_turn(self, dev: DevCluster, injector: Injector, workers: WorkerPool) -> None:
+        try:
+            self._revive_dead(dev, injector, workers)
+        except Exception as exc:  # the monitor must outlive any one bad turn, or deaths go unseen
+            log.warning("chaos monitor: %s: %s; going on", type(exc).__name__, exc)
 
     def _revive_dead(self, dev: DevCluster, injector: Injector, workers: WorkerPool) -> None:
         """One turn of the monitor."""

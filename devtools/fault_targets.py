@@ -20,6 +20,7 @@ import time
 
 from broker.admin.status import ask
 from devtools.devcluster import DevCluster
+from devtools.procs import pid_alive
 
 # How long a fault aimed at the leader waits for one to exist (a failover may be under way).
 LEADER_WAIT_S = 15.0
@@ -85,3 +86,19 @@ class Targets:
                 return True
             time.sleep(0.2)
         return False
+
+    def started(self, member: dict, timeout_s: float) -> bool:
+        """Wait until a member just (re)started answers a ping: False if its process exits first.
+
+        Listening is not serving: a bookie or broker binds its port before it has registered in
+        ZooKeeper, and exits if ZooKeeper goes away then. One still alive but silent after
+        ``timeout_s`` counts as started (the fault's own recovery wait goes on from there).
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not pid_alive(member["pid"]):
+                return False
+            if ask(member["address"], "ping", timeout=0.5):
+                return True
+            time.sleep(0.1)
+        return pid_alive(member["pid"])

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 # How long a restarted member may take to answer before the slot goes on without it.
 RECOVER_TIMEOUT_S = 60.0
 RESTART_TRIES = 3
+# How long a restart holds the restart lock for the member to answer (its start to complete).
+START_SERVE_S = 30.0
 
 
 class Injector:
@@ -202,7 +204,11 @@ class Injector:
                 self._busy.discard(name)
 
     def restart_member(self, member: dict) -> str:
-        """Restart a killed broker or bookie (with ZooKeeper up); '' or a note on what failed."""
+        """Restart a killed broker or bookie (with ZooKeeper up); '' or a note on what failed.
+
+        The lock is held until the member answers, not just listens: ZooKeeper killed or its
+        host cut while it registers would make it exit, a failure of the harness, not the cluster.
+        """
         problems = []
         for _ in range(RESTART_TRIES):
             with self.zk_lock:
@@ -210,7 +216,9 @@ class Injector:
                     started = self.dev.restart(member)
                     with self._lock:  # a reused pid must not pass for one a fault killed
                         self._killed.discard(started.get("pid"))
-                    return "" if not problems else f" (after {len(problems)} failed start(s))"
+                    if self.targets.started(started, START_SERVE_S):
+                        return "" if not problems else f" (after {len(problems)} failed start(s))"
+                    problems.append(f"{name_of(member)} exited during start (log {started['log']})")
                 except DevClusterError as exc:
                     problems.append(str(exc).splitlines()[0])
             time.sleep(2.0)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -92,14 +93,16 @@ class NetFaults:
             cut = self.plan_cut(fault, leader)
             if isinstance(cut, str):
                 return None, cut
+            cut_at = time.monotonic()
             try:
                 for side_a, side_b, one_way in cut.parts:
                     self.dev.partition(list(side_a), None if side_b is None else list(side_b), one_way)
                 stop.wait(fault.down_s)
             finally:
                 self._heal(cut.centres)
+                held = time.monotonic() - cut_at
         self._wait_recovered(cut.centres)
-        return cut.target, f"{cut.note}; healed after {fault.down_s:g}s"
+        return cut.target, f"{cut.note}; healed after {held:.1f}s"
 
     def plan_cut(self, fault: S.Fault, leader: dict | None) -> Cut | str:
         """The cut of ``fault`` in the cluster as it is now; a string says why there is none."""
@@ -167,13 +170,14 @@ class NetFaults:
         try:
             for host in chosen:
                 self.dev.set_latency(host, fault.latency_ms)
+            added_at = time.monotonic()
             stop.wait(fault.down_s)
         except DevClusterError as exc:
             return None, f"latency not added: {exc}"
         finally:
             for host in chosen:
                 self.dev.set_latency(host, 0)
-        return ", ".join(chosen), f"{fault.latency_ms} ms added for {fault.down_s:g}s"
+        return ", ".join(chosen), f"{fault.latency_ms} ms added for {time.monotonic() - added_at:.1f}s"
 
 
 def heal_network(dev: DevCluster) -> None:
