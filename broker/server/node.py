@@ -22,12 +22,8 @@ SIGTERM stops the broker within ``shutdown_timeout_s`` whatever ZooKeeper's stat
 The node creates the process's one :class:`~election.local.clock.Clock` (or takes the
 one it is given) and passes it to every part that times out or schedules.
 
-Shards (election/shards.py): a node serves one shard, ``config.shard``, with that shard's
-ZooKeeper paths. The node of shard 0 (the process an operator starts) runs, in a cluster of
-several shards, one process per other shard once its id is claimed
-(:mod:`broker.server.shard_children`); such a process (:mod:`broker.server.shard_process`)
-dies with it, takes its broker id, keeps its own store under ``<data>/shards/<n>`` and runs no
-AutoRecovery (the broker of shard 0 does).
+A node serves one shard (``config.shard``, with its ZooKeeper paths); the node of shard 0 runs
+the processes of the other shards (:mod:`broker.server.shard_children`, :mod:`~broker.server.shard_process`).
 
 Example::
 
@@ -51,8 +47,8 @@ from broker.server.live import LivePublisher, advertised_snapshot, claim_live_no
 from broker.server.orderly_stop import StopParts, stop_in_order
 from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.server.services import SideServices
-from broker.server.shard_children import ShardChildren
-from broker.server.shard_process import ParentGone, die_with_parent, name_logs_by_shard
+from broker.server.shard_children import ShardChildren, start_shard_children
+from broker.server.shard_process import enter_shard_process
 from broker.server.shutdown_member import ShutdownMember
 from broker.server.standing.bookie_wait import BookieWait
 from broker.server.standing.candidacy import Candidacy
@@ -65,7 +61,6 @@ from broker.server.store.datalock import DataDirLock
 from broker.server.store.running import RunningHooks, RunningStore
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged
-from election.cluster_config import cluster_shards
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
@@ -107,13 +102,8 @@ class BrokerNode:
     # ------------------------------------------------------------ lifecycle
     def run(self) -> int:
         cfg = self.config
-        if cfg.shard:
-            name_logs_by_shard(cfg.shard)
-            try:
-                die_with_parent()
-            except ParentGone as exc:
-                log.error("not starting: %s", exc)
-                return 1
+        if cfg.shard and not enter_shard_process(cfg.shard):
+            return 1
         self.data_lock = DataDirLock(Path(cfg.data))
         self.data_lock.acquire()
         self._install_signals()
@@ -124,13 +114,7 @@ class BrokerNode:
             # The keys first: a bad key stops us at once; the bookie pool connects with them.
             self.keys = self.services.start_keys()
             self.started = start_member(
-                cfg,
-                self.zk,
-                self.paths,
-                self.services,
-                self.stop_event,
-                self.clock,
-                identity_claimed=self._start_shards,
+                cfg, self.zk, self.paths, self.services, self.stop_event, self.clock, self._start_shards
             )
             if self.started is not None:  # None: stopped while waiting for the cluster to be initialized
                 self._serve(self.started)
@@ -144,14 +128,10 @@ class BrokerNode:
         return self.exit_code
 
     def _start_shards(self, cluster: dict) -> None:
-        """Once our id is claimed: the processes of the cluster's other shards (shard 0 only)."""
-        shards = cluster_shards(cluster)
-        if self.config.shard or shards == 1 or self.shard_children is not None:
-            return
-        self.shard_children = ShardChildren(
-            self.config, shards, self.stop_event, self.stop_budget.remaining, clock=self.clock
+        """Once our id is claimed: the processes of the cluster's other shards (if we serve shard 0)."""
+        self.shard_children = self.shard_children or start_shard_children(
+            self.config, cluster, self.stop_event, self.stop_budget.remaining, self.clock
         )
-        self.shard_children.start()
 
     def _serve(self, started: Started) -> None:
         """Wire the parts around the started store, serve until stopped, stop in order."""

@@ -41,6 +41,7 @@ from typing import Callable
 
 from broker.server.config import BrokerConfig
 from broker.server.shard_command import RestartBackoff, child_command, child_env, free_address
+from election.cluster_config import cluster_shards
 from election.local.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -197,3 +198,20 @@ class ShardChildren:
                 log.warning("the process of a shard (pid %d) did not stop in time: killing it", proc.pid)
                 proc.kill()
             proc.wait()
+
+
+def start_shard_children(
+    config: BrokerConfig,
+    cluster: dict,
+    stop: threading.Event,
+    remaining: Callable[[float], float],
+    clock: Clock = SYSTEM_CLOCK,
+) -> ShardChildren | None:
+    """The running processes of the other shards of ``cluster`` (its config) when ``config`` is the
+    broker of shard 0 of a cluster of several shards; None otherwise."""
+    shards = cluster_shards(cluster)
+    if config.shard or shards == 1:
+        return None
+    children = ShardChildren(config, shards, stop, remaining, clock=clock)
+    children.start()
+    return children

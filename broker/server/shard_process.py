@@ -17,8 +17,8 @@ Started by its broker (:mod:`broker.server.shard_children`, the command line of
 
 Example::
 
-    die_with_parent()                 # ParentGone if the broker is gone already
-    name_logs_by_shard(2)
+    if not enter_shard_process(2):    # [shard 2] in the logs, dies with its broker (gone already: False)
+        return 1
     identity = wait_for_identity("b1/shards/2", 2, "dev", stop_event, clock)
 """
 
@@ -60,6 +60,18 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> None:
     # Asked only now: a parent that died since it started us made us some other process's child.
     if expected and os.getppid() != int(expected):
         raise ParentGone(f"the broker (pid {expected}) that started this shard's process is gone")
+
+
+def enter_shard_process(shard: int) -> bool:
+    """Name ``shard`` in every log line and tie this process to its broker; False (logged) if the
+    broker is gone already: then the process must not start."""
+    name_logs_by_shard(shard)
+    try:
+        die_with_parent()
+    except ParentGone as exc:
+        log.error("not starting: %s", exc)
+        return False
+    return True
 
 
 def name_logs_by_shard(shard: int) -> None:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import cli
 from broker import BrokerError
 from broker.server.config import BrokerConfig
-from broker.server.shard_children import ShardChildren, how_it_ended
+from broker.server.shard_children import ShardChildren, how_it_ended, start_shard_children
 from broker.server.shard_command import (
     CODE_ROOT,
     RestartBackoff,
@@ -227,3 +227,9 @@ def test_a_child_that_does_not_stop_in_time_is_killed():
         time.sleep(0.01)
     children.close(timeout=5.0)
     assert [p.signals for p in stubborn] == [[signal.SIGTERM, signal.SIGKILL]]
+
+
+def test_only_the_broker_of_shard_0_of_a_sharded_cluster_starts_children():
+    stop = threading.Event()
+    assert start_shard_children(_parent(), {"cluster_id": "c"}, stop, lambda cap: cap) is None
+    assert start_shard_children(_parent(shard=1), {"shards": 3}, stop, lambda cap: cap) is None
