@@ -3,7 +3,8 @@
 The node is ephemeral, so it vanishes with our ZooKeeper session. It is
 rewritten every ``live_update_ms`` and at once when something worth
 advertising changed (:meth:`LivePublisher.mark_dirty`: a new role, a new
-snapshot, a reconnect). Writes are asynchronous: the request loop calls
+snapshot, a reconnect). With ``--metrics-listen`` it names the metrics endpoint
+(:func:`advertised_metrics`). Writes are asynchronous: the request loop calls
 :meth:`LivePublisher.update` between requests and must never wait on
 ZooKeeper; a write that fails only makes the next update recreate the node.
 
@@ -151,6 +152,13 @@ def advertised_snapshot(latest: dict | None) -> dict | None:
         "size": latest.get("size"),
         "checksum": latest.get("checksum"),
     }
+
+
+def advertised_metrics(metrics_listen: str) -> dict:
+    """The ``metrics`` field of our live node: where our Prometheus endpoint listens (``HOST:PORT``),
+    none without one. A scraper finds every process of a sharded cluster by it (each shard's
+    process has its own endpoint, on a port its broker picked)."""
+    return {"metrics": metrics_listen} if metrics_listen else {}
 
 
 def live_snapshot_of(zk: KazooClient, paths: ClusterPaths, broker_id: int) -> dict | None:

@@ -11,9 +11,14 @@ Two kinds, so that the request loop pays as little as possible:
   depths by state from the store (an LMDB read transaction, safe from any thread),
   applied position, epoch, role, lag behind the leader, and the loop's error counters.
 
+In a cluster of several shards each process serves one shard (its own endpoint, advertised
+in its live node's ``metrics`` field) and every sample it exports carries ``shard="<n>"``
+(:class:`ShardLabel`), so series of one broker's shards stay apart once scraped together
+and sum over shards by queue. A 1-shard cluster's metrics have no ``shard`` label, as before.
+
 Example::
 
-    metrics = BrokerMetrics(BrokerSource(store=lambda: node.store, role=lambda: server.role, ...), clock)
+    metrics = BrokerMetrics(BrokerSource(store=lambda: node.store, role=lambda: server.role, ..., shard=2), clock)
     server.metrics = metrics                       # the request loop's hooks
     endpoint = MetricsEndpoint.start("127.0.0.1:9102", metrics.registry)
 """
@@ -57,6 +62,8 @@ class BrokerSource:
     applied_entries: Callable[[], int]
     # Entries behind the leader (0 on the leader), or None when unknown (another ledger, no leader).
     lag: Callable[[], int | None] = lambda: None
+    # The shard this process serves in a cluster of several shards; None in a 1-shard cluster.
+    shard: int | None = None
 
 
 class BrokerMetrics:
@@ -110,6 +117,10 @@ class BrokerMetrics:
         self._latency = {op: self.request_seconds.labels(op) for op in protocol.OPS}
         self._stages = [self.commit_seconds.labels(stage) for stage in STAGES]
         reg.register(BrokerCollector(source))
+        if source.shard is not None:
+            # What the endpoint serves: the same metrics, each sample naming the shard.
+            self.registry = CollectorRegistry()
+            self.registry.register(ShardLabel(reg, source.shard))
 
     def replied(self, op: str, msg: dict, started: float | None) -> None:
         """A reply to an ``op`` request is sent; ``started`` (the clock's monotonic) None: no latency (a long poll)."""
@@ -137,6 +148,23 @@ class BrokerMetrics:
             expired = res.get("expired")
             if expired:
                 self.lease_expiries.inc(len(expired))
+
+
+class ShardLabel(Collector):
+    """Every metric of ``inner``, each sample with the label ``shard`` added (at scrape time, so the
+    request loop's hot path keeps its bound children)."""
+
+    def __init__(self, inner: CollectorRegistry, shard: int) -> None:
+        self.inner = inner
+        self.shard = str(shard)
+
+    def collect(self) -> Iterator:
+        for family in self.inner.collect():
+            # Families are built afresh by each collect: relabelling them in place touches nothing kept.
+            family.samples = [
+                sample._replace(labels={**sample.labels, "shard": self.shard}) for sample in family.samples
+            ]
+            yield family
 
 
 class BrokerCollector(Collector):
