@@ -138,7 +138,7 @@ def cluster_init(
     default=60.0,
     show_default=True,
     type=click.FloatRange(1),
-    help="Seconds to wait for every broker to stop.",
+    help="Seconds to wait for every broker to stop (sharded: for shards 1.., then again for shard 0).",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the report (shutdown_id, position, members) as JSON."
@@ -147,35 +147,39 @@ def cluster_init(
     "--abandon",
     is_flag=True,
     help="Instead: forget a recorded shutdown whose brokers all stopped (none clean, say), so that "
-    "brokers restarted on dirty stores may lead again.",
+    "brokers restarted on dirty stores may lead again (every shard's).",
 )
 @cluster_options
 def cluster_shutdown(timeout, as_json, abandon, zk, cluster, dev_dir) -> None:
     """Stop every broker in order at one entry: the leader writes ClusterShutdown and refuses writes,
-    each broker applies up to it, marks its store clean and exits 0.
+    each broker applies up to it, marks its store clean and exits 0. A cluster of several shards is
+    stopped shard by shard (shard 0 last), each at its own entry.
 
     Reports each broker; exit 0 when all stopped clean, 1 otherwise. Bookies keep running (they
     hold no broker state). Restarting the brokers on the same data dirs then serves every task
     without a snapshot download.
     """
-    from broker.admin.cluster_shutdown import abandon_shutdown, format_report, shutdown_cluster
+    from broker.admin.cluster_shutdown import (
+        abandon_shutdown,
+        failed_members,
+        format_report,
+        shutdown_cluster,
+    )
 
     if abandon:
         done = with_zk(zk, cluster, dev_dir, abandon_shutdown)
-        emit(
-            done,
-            as_json,
-            lambda d: click.echo(
-                f"cluster shutdown {d['shutdown_id']} abandoned: the brokers "
-                "stand for election by the usual rules again"
-            ),
-        )
+        emit(done, as_json, _echo_abandoned)
         return
     report = with_zk(zk, cluster, dev_dir, lambda client, name: shutdown_cluster(client, name, timeout))
     emit(report, as_json, lambda r: click.echo(format_report(r)))
     if not report["ok"]:
-        bad = [str(m["id"]) for m in report["members"] if not m["clean"]]
-        fail(
-            f"shutdown {report['shutdown_id']}: brokers {', '.join(bad) or '-'} did not stop clean at "
-            f"{report['position']}"
+        fail(failed_members(report))
+
+
+def _echo_abandoned(done: dict) -> None:
+    for d in done.get("shards", [done]):
+        where = f" (shard {d['shard']})" if "shard" in d else ""
+        click.echo(
+            f"cluster shutdown {d['shutdown_id']}{where} abandoned: the brokers "
+            "stand for election by the usual rules again"
         )

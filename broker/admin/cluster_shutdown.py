@@ -10,15 +10,26 @@
 4. Wait (``timeout``) until every member recorded ``shutdown/<id>`` or is gone, and
    report each one. Bookies are not stopped: they hold no broker state.
 
+A cluster of several shards (``cluster init --shards S``) is shut down shard by shard, each
+by the steps above under its own paths (its own ``shutdown`` node, leader, entry and
+members): every shard is checked first (nothing is done if one is busy or leaderless),
+then shards 1..S-1 are asked together and waited for, and shard 0 last. The order
+matters: a broker's process of shard 0 stops the processes of its other shards (SIGTERM)
+when its own stop begins, which would end them before they reached their shard's entry.
+Asked last, shard 0 stops processes whose other shards have stopped clean already. A
+shard whose leader does not write its entry is reported and the others go on (its
+processes then stop by that SIGTERM, in order but not at an entry).
+
 A recorded shutdown whose members all stopped but none clean (say every member was
 killed during it) would keep every broker from leading; :func:`abandon_shutdown`
-(``cluster shutdown --abandon``) deletes its node so the ordinary rules apply again.
+(``cluster shutdown --abandon``) deletes its node (every shard's) so the ordinary rules
+apply again.
 
 Example::
 
     report = shutdown_cluster(zk, "dev", timeout=60)
     report["ok"], report["position"]            # every member stopped clean at that entry
-    print(format_report(report))
+    print(format_report(report))                # a sharded cluster's report has "shards"
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import uuid
 from kazoo.client import KazooClient
 
 from broker import BrokerError
+from election.cluster_config import cluster_shards, read_cluster_config
 from election.leader import read_leader
 from election.live import live_brokers
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -47,6 +59,10 @@ DEFAULT_TIMEOUT_S = 60.0
 # How long the leader is given to commit the ClusterShutdown entry (within the timeout).
 ASK_PATIENCE_S = 15.0
 POLL_S = 0.1
+NO_LEADER = (
+    "no leader serves: the shutdown needs one to write its entry "
+    "(wait for the cluster to elect one, or stop the brokers with SIGTERM)"
+)
 
 
 class ShutdownFailed(BrokerError):
@@ -98,77 +114,171 @@ def _ask_leader(
     raise ShutdownFailed(f"the leader did not write the shutdown entry within {patience:g} s ({last})")
 
 
+class _ShardShutdown:
+    """The shutdown of one shard, step by step (a cluster of one shard is its shard 0)."""
+
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, clock: Clock) -> None:
+        self.zk, self.paths, self.clock = zk, paths, clock
+        self.live: dict[int, dict] = {}
+        self.shutdown_id: str | None = None
+        self.position: list[int] | None = None
+        self.started = clock.monotonic()
+
+    def check(self) -> None:
+        """Step 1: nothing of another shutdown runs, and a leader serves (ShutdownFailed if not)."""
+        self.live = live_brokers(self.zk, self.paths)
+        _check_not_in_progress(self.zk, self.paths, set(self.live))
+        if not read_leader(self.zk, self.paths):
+            raise ShutdownFailed(NO_LEADER)
+
+    def begin(self, timeout: float) -> None:
+        """Steps 2 and 3: the node, then the leader's entry; ShutdownFailed, node deleted, if none was
+        committed."""
+        self.started = self.clock.monotonic()
+        self.shutdown_id = uuid.uuid4().hex
+        create_shutdown(self.zk, self.paths, self.shutdown_id, sorted(self.live), self.clock.now)
+        try:
+            self.position = _ask_leader(
+                self.zk, self.paths, self.shutdown_id, min(ASK_PATIENCE_S, timeout), self.clock
+            )
+        except ShutdownFailed:
+            if not read_stops(self.zk, self.paths, self.shutdown_id):
+                clear_shutdown(self.zk, self.paths, self.shutdown_id)
+                raise
+            # The entry was committed after all: members are stopping at it.
+
+    def wait(self, deadline: float) -> dict:
+        """Step 4: wait for the members until ``deadline``; the shard's report."""
+        members_ids = sorted(self.live)
+        stops = _wait_for_members(self.zk, self.paths, self.shutdown_id, members_ids, deadline, self.clock)
+        members = []
+        for broker_id in members_ids:
+            info, stop = self.live[broker_id], stops.get(broker_id)
+            running = broker_id in live_brokers(self.zk, self.paths)
+            state = stop["state"] if stop else "timed_out" if running else "gone"
+            members.append(
+                {
+                    "id": broker_id,
+                    "name": info.get("name"),
+                    "address": info.get("address"),
+                    "position": stop.get("position") if stop else None,
+                    "state": state,
+                    "clean": state == CLEAN,
+                }
+            )
+        position = self.position
+        if position is None:
+            position = next((m["position"] for m in members if m["clean"]), None)
+        return {
+            "shutdown_id": self.shutdown_id,
+            "position": position,
+            "members": members,
+            "ok": all(m["clean"] and m["position"] == position for m in members),
+            "seconds": round(self.clock.monotonic() - self.started, 3),
+        }
+
+
+def _shards_of(zk: KazooClient, cluster: str) -> int:
+    config = read_cluster_config(zk, ClusterPaths(cluster))
+    return 1 if config is None else cluster_shards(config)
+
+
 def shutdown_cluster(
     zk: KazooClient, cluster: str, timeout: float = DEFAULT_TIMEOUT_S, clock: Clock = SYSTEM_CLOCK
 ) -> dict:
-    """Shut the cluster's brokers down at one entry; the report (``ok`` when every member stopped clean)."""
-    paths = ClusterPaths(cluster)
-    started = clock.monotonic()
-    live = live_brokers(zk, paths)
-    _check_not_in_progress(zk, paths, set(live))
-    leader = read_leader(zk, paths)
-    if not leader:
-        raise ShutdownFailed(
-            "no leader serves: the shutdown needs one to write its entry "
-            "(wait for the cluster to elect one, or stop the brokers with SIGTERM)"
-        )
-    shutdown_id = uuid.uuid4().hex
-    create_shutdown(zk, paths, shutdown_id, sorted(live), clock.now)
+    """Shut the cluster's brokers down at one entry (per shard); the report (``ok`` when every member
+    stopped clean)."""
+    shards = _shards_of(zk, cluster)
+    if shards > 1:
+        return _shutdown_shards(zk, cluster, shards, timeout, clock)
+    shard = _ShardShutdown(zk, ClusterPaths(cluster), clock)
+    shard.check()
     try:
-        position = _ask_leader(zk, paths, shutdown_id, min(ASK_PATIENCE_S, timeout), clock)
+        shard.begin(timeout)
     except ShutdownFailed as exc:
-        if read_stops(zk, paths, shutdown_id):
-            position = None  # the entry was committed after all: members are stopping at it
-        else:
-            clear_shutdown(zk, paths, shutdown_id)
-            raise ShutdownFailed(f"{exc}; nothing was shut down, the cluster goes on") from None
-    stops = _wait_for_members(zk, paths, shutdown_id, sorted(live), started + timeout, clock)
-    members = []
-    for broker_id in sorted(live):
-        info, stop = live[broker_id], stops.get(broker_id)
-        state = stop["state"] if stop else "timed_out" if broker_id in live_brokers(zk, paths) else "gone"
-        members.append(
-            {
-                "id": broker_id,
-                "name": info.get("name"),
-                "address": info.get("address"),
-                "position": stop.get("position") if stop else None,
-                "state": state,
-                "clean": state == CLEAN,
-            }
-        )
-    if position is None:
-        position = next((m["position"] for m in members if m["clean"]), None)
+        raise ShutdownFailed(f"{exc}; nothing was shut down, the cluster goes on") from None
+    return {"cluster": cluster, **shard.wait(shard.started + timeout)}
+
+
+def _shutdown_shards(zk: KazooClient, cluster: str, shards: int, timeout: float, clock: Clock) -> dict:
+    """Every shard checked, then shards 1..S-1 together, then shard 0 (see the module docstring)."""
+    started = clock.monotonic()
+    parts = {n: _ShardShutdown(zk, ClusterPaths(cluster, shard=n), clock) for n in range(shards)}
+    for n, part in parts.items():
+        try:
+            part.check()
+        except ShutdownFailed as exc:
+            raise ShutdownFailed(f"shard {n}: {exc}; nothing was shut down, the cluster goes on") from None
+    reports: dict[int, dict] = {}
+    for phase in (range(1, shards), [0]):
+        begun = []
+        for n in phase:
+            try:
+                parts[n].begin(timeout)
+                begun.append(n)
+            except ShutdownFailed as exc:
+                reports[n] = _failed_shard(n, f"{exc}; nothing of shard {n} was shut down")
+        deadline = clock.monotonic() + timeout
+        for n in begun:
+            reports[n] = {"shard": n, **parts[n].wait(deadline)}
+    ordered = [reports[n] for n in range(shards)]
     return {
         "cluster": cluster,
-        "shutdown_id": shutdown_id,
-        "position": position,
-        "members": members,
-        "ok": all(m["clean"] and m["position"] == position for m in members),
+        "shards": ordered,
+        "ok": all(r["ok"] for r in ordered),
         "seconds": round(clock.monotonic() - started, 3),
     }
 
 
-def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
-    """Delete the recorded shutdown's node once none of its members runs any more; what was deleted."""
-    paths = ClusterPaths(cluster)
-    doc = read_shutdown(zk, paths)
-    if doc is None:
-        raise ShutdownFailed(f"no cluster shutdown is recorded for cluster {cluster}")
-    stops = read_stops(zk, paths, doc["shutdown_id"])
-    running = in_progress(doc, stops, set(live_brokers(zk, paths)))
-    if running:
-        raise ShutdownFailed(
-            f"the cluster shutdown {doc['shutdown_id']} is in progress: brokers "
-            f"{', '.join(map(str, running))} have not stopped yet"
-        )
-    clear_shutdown(zk, paths, doc["shutdown_id"])
+def _failed_shard(shard: int, error: str) -> dict:
     return {
-        "cluster": cluster,
-        "shutdown_id": doc["shutdown_id"],
-        "abandoned": True,
-        "clean": sorted(m for m, stop in stops.items() if stop.get("state") == CLEAN),
+        "shard": shard,
+        "shutdown_id": None,
+        "position": None,
+        "members": [],
+        "ok": False,
+        "seconds": 0.0,
+        "error": error,
     }
+
+
+def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
+    """Delete the recorded shutdown's node (every shard's) once none of its members runs any more; what
+    was deleted."""
+    shards = _shards_of(zk, cluster)
+    recorded = []
+    for n in range(shards):
+        paths = ClusterPaths(cluster, shard=n)
+        doc = read_shutdown(zk, paths)
+        if doc is None:
+            continue
+        stops = read_stops(zk, paths, doc["shutdown_id"])
+        running = in_progress(doc, stops, set(live_brokers(zk, paths)))
+        if running:
+            where = f" of shard {n}" if shards > 1 else ""
+            raise ShutdownFailed(
+                f"the cluster shutdown {doc['shutdown_id']}{where} is in progress: brokers "
+                f"{', '.join(map(str, running))} have not stopped yet"
+            )
+        recorded.append((n, paths, doc, stops))
+    if not recorded:
+        raise ShutdownFailed(f"no cluster shutdown is recorded for cluster {cluster}")
+    done = []
+    for n, paths, doc, stops in recorded:
+        clear_shutdown(zk, paths, doc["shutdown_id"])
+        done.append(
+            {
+                "cluster": cluster,
+                "shutdown_id": doc["shutdown_id"],
+                "abandoned": True,
+                "clean": sorted(m for m, stop in stops.items() if stop.get("state") == CLEAN),
+            }
+        )
+        if shards > 1:
+            done[-1] = {"shard": n, **done[-1]}
+    if shards == 1:
+        return done[0]
+    return {"cluster": cluster, "abandoned": True, "shards": done}
 
 
 def _wait_for_members(
@@ -186,22 +296,32 @@ def _wait_for_members(
         clock.sleep(POLL_S)
 
 
-def format_report(report: dict) -> str:
-    """The text form of a :func:`shutdown_cluster` report."""
-    lines = [
-        f"cluster {report['cluster']}: shutdown {report['shutdown_id']} at position {report['position']}"
-    ]
-    words = {
-        CLEAN: "stopped clean",
-        "dirty": "stopped, NOT clean",
-        "gone": "gone without recording its stop",
-        "timed_out": "still running (timed out)",
-    }
+_WORDS = {
+    CLEAN: "stopped clean",
+    "dirty": "stopped, NOT clean",
+    "gone": "gone without recording its stop",
+    "timed_out": "still running (timed out)",
+}
+
+
+def _member_lines(report: dict) -> list[str]:
+    lines = []
     for m in report["members"]:
         where = "" if m["position"] is None else f"  position={m['position']}"
         lines.append(
-            f"  broker {m['id']:<4} {m['name'] or '?':<16} {words.get(m['state'], m['state'])}{where}"
+            f"  broker {m['id']:<4} {m['name'] or '?':<16} {_WORDS.get(m['state'], m['state'])}{where}"
         )
+    return lines
+
+
+def format_report(report: dict) -> str:
+    """The text form of a :func:`shutdown_cluster` report."""
+    if "shards" in report:
+        return _format_shards(report)
+    lines = [
+        f"cluster {report['cluster']}: shutdown {report['shutdown_id']} at position {report['position']}"
+    ]
+    lines.extend(_member_lines(report))
     clean = sum(m["clean"] for m in report["members"])
     lines.append(
         f"{clean} of {len(report['members'])} brokers stopped clean"
@@ -212,3 +332,41 @@ def format_report(report: dict) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def _format_shards(report: dict) -> str:
+    lines = [f"cluster {report['cluster']}: {len(report['shards'])} shards"]
+    for r in report["shards"]:
+        if r.get("error"):
+            lines.append(f"shard {r['shard']}: NOT shut down: {r['error']}")
+            continue
+        lines.append(f"shard {r['shard']}: shutdown {r['shutdown_id']} at position {r['position']}")
+        lines.extend(_member_lines(r))
+        clean = sum(m["clean"] for m in r["members"])
+        lines.append(f"  {clean} of {len(r['members'])} brokers stopped clean")
+    if report["ok"]:
+        lines.append(
+            "every shard stopped clean; restart the brokers on the same data dirs to serve again "
+            "(the bookies keep running)"
+        )
+    return "\n".join(lines)
+
+
+def failed_members(report: dict) -> str:
+    """Who did not stop clean, for the command's error line (``shard n: ...`` on a sharded cluster)."""
+    if "shards" not in report:
+        bad = [str(m["id"]) for m in report["members"] if not m["clean"]]
+        return (
+            f"shutdown {report['shutdown_id']}: brokers {', '.join(bad) or '-'} did not stop clean at "
+            f"{report['position']}"
+        )
+    parts = []
+    for r in report["shards"]:
+        if r.get("error"):
+            parts.append(f"shard {r['shard']}: not shut down")
+        elif not r["ok"]:
+            bad = [str(m["id"]) for m in r["members"] if not m["clean"]]
+            parts.append(
+                f"shard {r['shard']}: brokers {', '.join(bad) or '-'} did not stop clean at {r['position']}"
+            )
+    return "; ".join(parts)
