@@ -73,6 +73,9 @@ SPEC = DevClusterSpec(
 )
 # Failure bounds on a loaded 2-core machine, not expectations.
 BOUND_S = 60.0
+# The failover target is 3 s (docs/benchmarks.md, bench failover) with 2 s sessions on a quiet machine;
+# cuts measured 2.0-2.9 s here, up to 4.3 s with the machine's load at 12-17 on two cores.
+FAILOVER_BOUND_S = 15.0
 
 
 class Hosted:
@@ -184,7 +187,9 @@ def test_leader_cut_from_everything_is_replaced_and_rejoins_as_follower(cluster,
         cut_at = time.monotonic()  # once every rule of the cut is in place
         failover_s, probe = probe_first_write(cluster.zk, CLUSTER, run.queue, old["address"], cut_at, "probe")
         run.extra += probe
-        assert failover_s is not None, "no broker but the cut leader acknowledged a write within 60 s"
+        assert failover_s is not None and failover_s < FAILOVER_BOUND_S, (
+            f"first write on a new leader {failover_s} s after the cut (None: none within 60 s)"
+        )
         new = leader_of(cluster.dev, not_address=old["address"])
         assert new["reply"]["epoch"] > old_epoch, new["reply"]
         run.load.wait_acks(100, BOUND_S, "the load to go on with the new leader")
@@ -242,7 +247,9 @@ def test_leader_cut_from_zookeeper_only_refuses_writes_and_is_replaced(cluster, 
         cut_at = time.monotonic()
         failover_s, probe = probe_first_write(cluster.zk, CLUSTER, run.queue, old["address"], cut_at, "probe")
         run.extra += probe
-        assert failover_s is not None, "no other broker acknowledged a write within 60 s"
+        assert failover_s is not None and failover_s < FAILOVER_BOUND_S, (
+            f"first write on a new leader {failover_s} s after the cut (None: none within 60 s)"
+        )
         new = leader_of(cluster.dev, not_address=old["address"])
         assert new["reply"]["epoch"] > old_epoch and new["address"] != old["address"]
         # The old leader, still reachable by clients and bookies, refuses a write (it may still call itself leader).
@@ -422,7 +429,9 @@ def test_one_way_cut_of_the_leader_loses_and_duplicates_nothing(cluster, tmp_pat
         cuts = dev.cuts()
         failover_s, probe = probe_first_write(cluster.zk, CLUSTER, run.queue, old["address"], cut_at, "probe")
         run.extra += probe
-        assert failover_s is not None, f"no other broker acknowledged a write within 60 s ({direction})"
+        assert failover_s is not None and failover_s < FAILOVER_BOUND_S, (
+            f"first write on a new leader {failover_s} s after the cut (None: none within 60 s)"
+        )
         new = leader_of(dev, not_address=old["address"])
         assert new["reply"]["epoch"] > old["reply"]["epoch"], new["reply"]
         run.load.wait_acks(100, BOUND_S, "the load to go on with the new leader")
