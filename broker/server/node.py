@@ -8,7 +8,8 @@ down); a follower tail applies the log while we do not lead. ZooKeeper state cha
 only flip flags: ``SUSPENDED`` stops writes at once, ``LOST`` makes the leader
 step down. The start up to a checked store (:mod:`broker.server.startup`), the store
 in service with its tail and repair (:mod:`broker.server.store.running`), the optional
-services (:mod:`broker.server.services`), the live node (:mod:`broker.server.live`),
+services (:mod:`broker.server.services`), the live node (:mod:`broker.server.live`; what it says and
+the ZooKeeper state listener: :mod:`broker.server.node_presence`),
 the checkpoints (:mod:`broker.server.store.checkpoints`) and the bound on stopping
 (:mod:`broker.server.stop_budget`) are their own units; this class wires them.
 
@@ -35,15 +36,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
 
-from kazoo.client import KazooState
-
 from broker.server.config import BrokerConfig
-from broker.server.live import LivePublisher, advertised_snapshot, claim_live_node
+from broker.server.live import LivePublisher, claim_live_node
+from broker.server.node_presence import LiveInfo, SessionStates, write_session_file
 from broker.server.orderly_stop import StopParts, stop_in_order
 from broker.server.request_loop import BrokerServer, ServerHooks
 from broker.server.services import SideServices
@@ -62,7 +61,6 @@ from broker.server.store.running import RunningHooks, RunningStore
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged
 from election.local.clock import SYSTEM_CLOCK, Clock
-from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
 from election.zk import connect
 from snapshots.policy import CheckpointPolicy
@@ -109,7 +107,7 @@ class BrokerNode:
         self._install_signals()
         self.stop_budget.start()
         self.zk = connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
-        self._write_session_file()
+        write_session_file(self.zk)
         try:
             # The keys first: a bad key stops us at once; the bookie pool connects with them.
             self.keys = self.services.start_keys()
@@ -201,7 +199,17 @@ class BrokerNode:
             self.zk,
             self.paths,
             self.identity.broker_id,
-            describe=self._live_info,
+            describe=LiveInfo(
+                cfg,
+                self.server,
+                lambda: self.store,
+                self.identity.name,
+                self.member_wait,
+                self.bookie_wait,
+                latest_snapshot=lambda: self.checkpointer.latest,
+                secure=self.keys is not None,
+                clock=clock,
+            ),
             every_s=cfg.live_update_ms / 1000.0,
             clock=clock,
         )
@@ -227,7 +235,7 @@ class BrokerNode:
         )
         self.checkpointer.start()
         self.server.role = "learner" if cfg.learner else "follower"
-        self.zk.add_listener(self._on_zk_state)
+        self.zk.add_listener(SessionStates(self.zk, self.server, self._step_down, self.live.mark_dirty))
         self.zk.DataWatch(self.paths.leader, lambda data, _stat: self.server.leader_node_changed(data))
         self.term = LeaderTerm(
             self.zk,
@@ -352,32 +360,7 @@ class BrokerNode:
         self.stop_event.set()
         self.server.wake()
 
-    # ------------------------------------------------------------ ZooKeeper state (never blocks)
-    def _on_zk_state(self, state: str) -> None:
-        if state == KazooState.SUSPENDED:
-            self.server.writable = False
-        elif state == KazooState.LOST:
-            self.server.writable = False
-            self._step_down.set()
-            self.live.mark_dirty()
-        else:
-            self.server.writable = True
-            self.live.mark_dirty()
-            self._write_session_file()
-
-    def _write_session_file(self) -> None:
-        """For fault-injection tests only: expose the ZooKeeper session so a harness can expire it.
-
-        Off unless ``FENCEPOST_ZK_SESSION_FILE`` names a file; written 0600 since the
-        password lets its reader act as this session.
-        """
-        path = os.environ.get("FENCEPOST_ZK_SESSION_FILE")
-        if not path:
-            return
-        session_id, password = self.zk.client_id
-        write_json_atomically(path, {"session_id": session_id, "password": password.hex()}, mode=0o600)
-
-    # ------------------------------------------------------------ brokers/live/<id>
+    # ------------------------------------------------------------ leading
     def _won_leadership(self) -> None:
         """A takeover serves (election thread)."""
         if self.metrics is not None:
@@ -390,25 +373,3 @@ class BrokerNode:
         live = getattr(self, "live", None)
         if live is not None:
             live.mark_dirty()
-
-    def _bookie_wait_fields(self) -> dict:
-        # A leader goes on in its ledger whatever new ledgers would need: only a would-be leader waits.
-        return {} if self.server.leadership is not None else self.bookie_wait.live_fields()
-
-    def _live_info(self) -> dict:
-        """What our live node advertises (see :mod:`broker.server.live`)."""
-        position = self.store.position()
-        return {
-            "address": self.config.listen,
-            "role": self.server.role,
-            "learner": self.config.learner,
-            "position": list(position) if position else None,
-            "epoch": self.store.epoch(),
-            "digest": self.store.digest(),
-            "name": self.identity.name,
-            "updated_at": self.clock.now(),
-            "snapshot": advertised_snapshot(self.checkpointer.latest),
-            "secure": self.keys is not None,
-            **self.member_wait.live_fields(),
-            **self._bookie_wait_fields(),
-        }
