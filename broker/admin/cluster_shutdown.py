@@ -16,7 +16,9 @@ members): every shard is checked first (nothing is done if one is busy or leader
 then shards 1..S-1 are asked together and waited for, and shard 0 last. The order
 matters: a broker's process of shard 0 stops the processes of its other shards (SIGTERM)
 when its own stop begins, which would end them before they reached their shard's entry.
-Asked last, shard 0 stops processes whose other shards have stopped clean already. A
+So shard 0 is asked only once every member of the other shards recorded its stop and
+ended its session (its process is exiting), and it stops brokers whose other shards are
+already down. A
 shard whose leader does not write its entry is reported and the others go on (its
 processes then stop by that SIGTERM, in order but not at an entry).
 
@@ -147,10 +149,13 @@ class _ShardShutdown:
                 raise
             # The entry was committed after all: members are stopping at it.
 
-    def wait(self, deadline: float) -> dict:
-        """Step 4: wait for the members until ``deadline``; the shard's report."""
+    def wait(self, deadline: float, until_gone: bool = False) -> dict:
+        """Step 4: wait for the members until ``deadline`` (``until_gone``: until their live nodes are gone
+        too, their processes exiting); the shard's report."""
         members_ids = sorted(self.live)
-        stops = _wait_for_members(self.zk, self.paths, self.shutdown_id, members_ids, deadline, self.clock)
+        stops = _wait_for_members(
+            self.zk, self.paths, self.shutdown_id, members_ids, deadline, self.clock, until_gone
+        )
         members = []
         for broker_id in members_ids:
             info, stop = self.live[broker_id], stops.get(broker_id)
@@ -220,7 +225,7 @@ def _shutdown_shards(zk: KazooClient, cluster: str, shards: int, timeout: float,
                 reports[n] = _failed_shard(n, f"{exc}; nothing of shard {n} was shut down")
         deadline = clock.monotonic() + timeout
         for n in begun:
-            reports[n] = {"shard": n, **parts[n].wait(deadline)}
+            reports[n] = {"shard": n, **parts[n].wait(deadline, until_gone=n != 0)}
     ordered = [reports[n] for n in range(shards)]
     return {
         "cluster": cluster,
@@ -282,16 +287,24 @@ def abandon_shutdown(zk: KazooClient, cluster: str) -> dict:
 
 
 def _wait_for_members(
-    zk: KazooClient, paths: ClusterPaths, shutdown_id: str, members: list[int], deadline: float, clock: Clock
+    zk: KazooClient,
+    paths: ClusterPaths,
+    shutdown_id: str,
+    members: list[int],
+    deadline: float,
+    clock: Clock,
+    until_gone: bool = False,
 ) -> dict[int, dict]:
-    """Until each member recorded its stop or its live node is gone (or the deadline)."""
+    """Until each member recorded its stop or its live node is gone (``until_gone``: and its live node
+    is gone), or the deadline."""
     while True:
         # The live nodes first: a member records its stop before its session (and live node) ends,
         # so one seen gone here has its stop, if any, in the read that follows. Read the other way
         # round, a member that recorded its stop and exited between the two reads was reported gone.
         alive = set(live_brokers(zk, paths))
         stops = read_stops(zk, paths, shutdown_id)
-        if all(m in stops or m not in alive for m in members) or clock.monotonic() >= deadline:
+        done = all(m not in alive if until_gone else m in stops or m not in alive for m in members)
+        if done or clock.monotonic() >= deadline:
             return stops
         clock.sleep(POLL_S)
 

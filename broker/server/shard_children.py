@@ -182,7 +182,8 @@ class ShardChildren:
         child.start_at = now + delay
 
     def _stop_children(self) -> None:
-        """SIGTERM every child, wait within the broker's budget, SIGKILL what is left; reap them all."""
+        """SIGTERM every child, wait within the broker's budget, SIGKILL what is left; reap them all and
+        say how each ended (one stopped by a cluster shutdown of its shard may have exited already)."""
         running = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
         for proc in running:
             try:
@@ -198,6 +199,14 @@ class ShardChildren:
                 log.warning("the process of a shard (pid %d) did not stop in time: killing it", proc.pid)
                 proc.kill()
             proc.wait()
+        for child in self.children:
+            if child.proc is not None:
+                log.info(
+                    "shard %d: its process (pid %d) %s",
+                    child.shard,
+                    child.proc.pid,
+                    how_it_ended(child.proc.returncode),
+                )
 
 
 def start_shard_children(

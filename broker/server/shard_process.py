@@ -13,7 +13,11 @@ Started by its broker (:mod:`broker.server.shard_children`, the command line of
   to its parent's stderr (or log file) say which shard spoke;
 - reads its broker id from ``<parent data>/.broker.meta`` (waiting while the parent has not
   established it yet) and never registers one: the id is the broker's, and so is its entry
-  under ``brokers/ids``.
+  under ``brokers/ids``;
+- ignores SIGTERM once the interpreter exits: a cluster shutdown stops a shard's processes
+  first and their brokers right after, and a broker's stop SIGTERMs its shard processes. One
+  that finished its stop and is exiting must still exit 0: Python's finalization puts the
+  default action back, so a late SIGTERM would end it by the signal instead.
 
 Example::
 
@@ -24,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import os
@@ -66,6 +71,8 @@ def enter_shard_process(shard: int) -> bool:
     """Name ``shard`` in every log line and tie this process to its broker; False (logged) if the
     broker is gone already: then the process must not start."""
     name_logs_by_shard(shard)
+    # Before the finalization resets the handlers: a SIGTERM from then on finds us exiting already.
+    atexit.register(signal.signal, signal.SIGTERM, signal.SIG_IGN)
     try:
         die_with_parent()
     except ParentGone as exc:

@@ -36,7 +36,9 @@ class FakeShard:
         if self.shard in self.refuse_begin:
             raise ShutdownFailed("the leader did not write the shutdown entry within 15 s")
 
-    def wait(self, deadline: float) -> dict:
+    def wait(self, deadline: float, until_gone: bool = False) -> dict:
+        # Shard 0 is asked once the other shards' processes are exiting, not just recorded.
+        assert until_gone == (self.shard != 0)
         self.log.append(("wait", self.shard))
         member = {"id": 1, "name": "b1", "position": [5, self.shard], "state": "clean", "clean": True}
         return {
