@@ -5,7 +5,10 @@ bookies' replies and learns which entries just became complete. Members are the
 slots of the ensemble; when the bookie of a slot is replaced (an ensemble
 change), :meth:`QuorumTracker.forget_member` drops what the old bookie did for
 the entries of the new fragment, so each entry's ack quorum is counted against
-its own fragment's ensemble.
+its own fragment's ensemble. It also follows, per member, up to which entry the
+member acked every entry since it joined (:meth:`QuorumTracker.first_unacked`):
+an entry commits on an ack quorum, so a member that fell silent may lack
+committed entries, and the writer must name them when it swaps the member out.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class QuorumTracker:
         self._next = lac + 1
         self._acks: dict[int, int] = {}  # pending entry -> mask of the members that acked it
         self._fails: dict[int, int] = {}  # pending entry -> mask of the members that failed it (if any did)
+        # Per member: every entry up to here acked since it joined, and acked runs past a gap (replies
+        # out of order, e.g. a replacement's re-send answered after a later flush), ascending.
+        self._through = [lac] * write_quorum
+        self._ahead: list[list[tuple[int, int]]] = [[] for _ in range(write_quorum)]
 
     @property
     def pending(self) -> list[int]:
@@ -55,8 +62,10 @@ class QuorumTracker:
         """Record ``member``'s acks of entries ``first .. first+count-1``; return the entries that became complete.
 
         Entries already complete or abandoned are ignored, and so is the ack of
-        an entry that ``member`` failed earlier.
+        an entry that ``member`` failed earlier (for the quorum: the entries still
+        count as held by ``member`` in :meth:`first_unacked`).
         """
+        self._held(member, first, first + count - 1)
         bit = 1 << member
         acks, fails = self._acks, self._fails
         get = acks.get
@@ -76,6 +85,41 @@ class QuorumTracker:
                 fails.pop(lac, None)
         self.lac = lac
         return range(start + 1, lac + 1)
+
+    def _held(self, member: int, first: int, last: int) -> None:
+        """``member`` stored ``first .. last``: move its acked-through mark on, absorbing runs it reaches."""
+        through = self._through[member]
+        if last <= through:
+            return
+        ahead = self._ahead[member]
+        if first > through + 1:
+            ahead.append((first, last))
+            ahead.sort()
+            return
+        through = last
+        while ahead and ahead[0][0] <= through + 1:
+            through = max(through, ahead.pop(0)[1])
+        self._through[member] = through
+
+    def first_unacked(self, member: int) -> int:
+        """The lowest entry since ``member`` joined (:meth:`join`) that it has not acknowledged.
+
+        Every entry before it was acked by ``member``, committed or not; entries
+        after it may have been (replies out of order). Example::
+
+            t = QuorumTracker(3, 2); t.add(0); t.add(1); t.add(2)
+            t.ack(0, 0); t.ack(0, 1); t.ack(1, 1); t.ack(1, 2); t.ack(2, 0)
+            t.first_unacked(0), t.first_unacked(1), t.first_unacked(2)   # (1, 2, 0)
+        """
+        return self._through[member] + 1
+
+    def join(self, member: int, first: int) -> None:
+        """A new bookie takes slot ``member`` from entry ``first`` on: it owes nothing before it, acked nothing yet.
+
+        Call with :meth:`forget_member` when the slot's bookie is replaced.
+        """
+        self._through[member] = first - 1
+        self._ahead[member] = []
 
     def fail(self, entry_id: int, member: int) -> bool:
         """Record that ``member`` will not ack ``entry_id``; True if it can no longer complete."""

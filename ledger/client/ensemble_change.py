@@ -10,7 +10,12 @@ reply other than ``fenced``, or no ack within the add timeout), the writer
    space first, never a bookie that already failed this writer);
 3. CASes a new fragment ``{first_entry: LAC + 1, ensemble}`` into the metadata
    (:func:`write_fragment`); every entry before it is committed on its old
-   ensemble, every pending entry now belongs to the new one;
+   ensemble, every pending entry now belongs to the new one. Committed means an
+   ack quorum, not every member: a replaced bookie that fell silent lacks the
+   entries committed without it (:func:`owed_entries`), so the ledger is marked
+   under-replicated for it *before* the CAS (a mark whose fragment is never
+   written only costs the re-replication worker a check; a fragment without
+   its mark would leave those entries short of a copy for good);
 4. re-sends the pending entries to the replacement and goes on.
 
 With no spare bookie the failed slot stays in the ensemble and the writer goes
@@ -92,6 +97,20 @@ def plan_change(
 def fragment_start(lac: int, meta: LedgerMetadata) -> int:
     """Where a new fragment starts: the writer's LAC + 1, never before the last fragment. Pure."""
     return max(lac + 1, meta.last_fragment_start)
+
+
+def owed_entries(lacks_from: dict[int, int], first_entry: int) -> dict[int, int]:
+    """The replaced slots whose bookie lacks entries of the fragment that ends at ``first_entry``. Pure.
+
+    ``lacks_from`` maps each replaced slot to the first entry its bookie did not
+    acknowledge (:meth:`ledger.quorum.QuorumTracker.first_unacked` when it
+    failed); the answer maps each slot that owes entries before the new
+    fragment's ``first_entry`` to that first entry, ascending by slot.
+
+    Example: ``owed_entries({0: 104, 2: 310}, 300)`` is ``{0: 104}``: slot 2's bookie
+    acked everything up to the new fragment.
+    """
+    return {slot: entry for slot, entry in sorted(lacks_from.items()) if entry < first_entry}
 
 
 def quorum_holds(write_quorum: int, ack_quorum: int, failed_slots: int) -> bool:

@@ -7,15 +7,18 @@ themselves are the pure functions of :mod:`ledger.client.ensemble_change`.
 The sequence, for a bookie in slot ``s`` that fails:
 
 1. on the I/O thread (:meth:`EnsembleChanges._fail_slot`): the slot's
-   generation is bumped (its late replies no longer count), its acks of the
-   pending entries are forgotten, nothing more is sent to it, and the change
-   thread is started unless it runs;
+   generation is bumped (its late replies no longer count), the first entry
+   its bookie did not acknowledge is noted, its acks of the pending entries
+   are forgotten, nothing more is sent to it, and the change thread is started
+   unless it runs;
 2. on the change thread (:meth:`EnsembleChanges._change_loop`): read
-   ``bookies/``, plan replacements, CAS a fragment at LAC + 1 (under the
-   metadata lock, which ``close()`` takes too), install the new members in their
-   slots, and hand the re-send of every pending entry to the I/O thread; slots
-   without a spare are recorded in ``underreplicated/`` and tried again later;
-   with fewer live slots than the ack quorum the writer fails.
+   ``bookies/``, plan replacements, and under the metadata lock (which
+   ``close()`` takes too) record in ``underreplicated/`` each replaced bookie
+   that lacks entries committed before the new fragment, then CAS the fragment
+   at LAC + 1; install the new members in their slots, and hand the re-send of
+   every pending entry to the I/O thread; slots without a spare are recorded in
+   ``underreplicated/`` and tried again later; with fewer live slots than the
+   ack quorum the writer fails.
 
 Entries keep completing on the remaining slots during the change whenever they
 make an ack quorum: those acks are valid in both fragments, since only the
@@ -41,6 +44,7 @@ from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
 from ledger.client.ensemble_change import (
     ChangePlan,
     fragment_start,
+    owed_entries,
     plan_change,
     quorum_holds,
     write_fragment,
@@ -68,7 +72,8 @@ class EnsembleChanges:
         member = self._slots[slot]
         lac = self._tracker.lac
         self._gens[slot] += 1
-        self._failed[slot] = (f"{member['bookie_id']}: {exc}", lac + 1)
+        # Entries from here on may be committed without it: they are what it owes if it is replaced.
+        self._failed[slot] = (f"{member['bookie_id']}: {exc}", self._tracker.first_unacked(slot))
         self._failed_bookies[member["bookie_id"]] = member
         # Its acks of pending entries may be for entries that move to a new fragment without it.
         self._tracker.forget_member(slot, lac + 1)
@@ -132,7 +137,7 @@ class EnsembleChanges:
 
     def _change_once(self, todo: list[int], ensemble: list[dict], excluded: list[dict]) -> None:
         plan = plan_change(ensemble, todo, self._live_bookies(), excluded, self._rng)
-        first = self._write_fragment(plan) if plan.replaced else None
+        first = self._write_fragment(plan, ensemble) if plan.replaced else None
         replaced = plan.replaced if first is not None else {}
         with self._lock:
             if self._error is not None or (first is None and self._closed_last is not None):
@@ -143,6 +148,7 @@ class EnsembleChanges:
                 self._gens[slot] += 1
                 self._failed.pop(slot, None)
                 self._tracker.forget_member(slot, first)
+                self._tracker.join(slot, first)
             unreplaced = [s for s in todo if s not in replaced]
             self._degraded.update(unreplaced)
             if unreplaced:
@@ -182,13 +188,26 @@ class EnsembleChanges:
         if to_mark:
             self._mark_underreplicated(to_mark)
 
-    def _write_fragment(self, plan: ChangePlan) -> int | None:
-        """CAS the new fragment; its first entry, or None if it could not be written (fenced, closed, trouble)."""
+    def _write_fragment(self, plan: ChangePlan, ensemble: list[dict]) -> int | None:
+        """Mark what the replaced bookies of ``ensemble`` lack, then CAS the new fragment.
+
+        Returns its first entry, or None if it was not written (fenced, closed,
+        ZooKeeper trouble, the mark could not be written).
+        """
         with self._meta_lock:
             if self._closed_last is not None or self.metadata.state != OPEN:
                 return None  # closed by close() meanwhile
             with self._lock:
                 first = fragment_start(self._tracker.lac, self.metadata)
+                lacks_from = {s: self._failed[s][1] for s in plan.replaced if s in self._failed}
+                owed = [
+                    (dict(ensemble[s]), entry)
+                    for s, entry in owed_entries(lacks_from, first).items()
+                    if ensemble[s]["bookie_id"] not in self._marked
+                ]
+            # Marked before the CAS: once the fragment is written, nothing else would find those entries.
+            if owed and not self._mark_owed(owed, first):
+                return None
             try:
                 meta, version = write_fragment(
                     self._zk, self._paths, self.metadata, self._version, first, plan.ensemble
@@ -205,6 +224,37 @@ class EnsembleChanges:
             self.metadata, self._version = meta, version
             self.ensemble_changes += 1
         return first
+
+    def _mark_owed(self, owed: list[tuple[dict, int]], first: int) -> bool:
+        """Record the ledger in ``underreplicated/`` for replaced bookies lacking entries before ``first``.
+
+        False if a mark could not be written: the fragment is not written then
+        (the slots are tried again later, as without a spare).
+        """
+        for member, from_entry in owed:
+            try:
+                mark_underreplicated(
+                    self._zk, self._paths, self.ledger_id, [member], from_entry, clock=self._clock
+                )
+            except Exception as exc:  # ZooKeeper unreachable: the CAS would not get through either
+                log.warning(
+                    "ledger %d: could not mark it under-replicated for %s before replacing it: %s",
+                    self.ledger_id,
+                    member["bookie_id"],
+                    exc,
+                )
+                return False
+            log.warning(
+                "ledger %d: bookie %s did not acknowledge entry %d, committed without it (its fragment ends "
+                "at %d); marked under-replicated",
+                self.ledger_id,
+                member["bookie_id"],
+                from_entry,
+                first - 1,
+            )
+            with self._lock:
+                self._marked.add(member["bookie_id"])
+        return True
 
     def _resend(self, installed: tuple, first: int) -> None:
         """Send the new fragment's entries so far (from ``first``) to the bookies just installed.

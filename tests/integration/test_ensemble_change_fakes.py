@@ -144,6 +144,36 @@ def test_a_silent_bookie_is_replaced_after_the_add_timeout_without_stalling_acks
         pool.close()
 
 
+def test_a_replaced_silent_bookie_is_marked_for_the_entries_committed_without_it(fake_bookies):
+    """The fragment it leaves ends after entries it never acked: the mark, written before the fragment, names them."""
+    cluster, bookies, switches = fake_bookies
+    clock = FakeClock()
+    pool = BookiePool(default_timeout=PATIENT_TIMEOUT, clock=clock)
+    try:
+        writer = new_writer(cluster, bookies, pool, ADD_TIMEOUT)
+        switches[2].held.clear()  # entries 0..4 commit on fake-0 and fake-1: fake-0 acked them all
+        assert [writer.add_sync(b"a-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(5)] == list(range(5))
+        switches[2].held.set()
+        switches[0].mode = "silent"
+        acks = [writer.add_sync(b"s-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(20)]
+        assert acks == list(range(5, 25))  # committed by fake-1 and fake-2, never acked by fake-0
+        assert read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id) is None
+        clock.advance(ADD_TIMEOUT + 0.1)
+        pool.submit(lambda: None)  # wakes the I/O thread, which expires the silent bookie's adds
+        wait_for(lambda: writer.ensemble_changes == 1, PATIENT_TIMEOUT, "the change after the add timeout")
+        mark = read_underreplicated(
+            cluster.zk, cluster.paths, writer.ledger_id
+        )  # there by the time of the CAS
+        assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in mark["missing"]] == [
+            ("fake-0", 5, "writer")
+        ]
+        meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+        assert [f["first_entry"] for f in meta.fragments] == [0, 25]
+        assert writer.close() == 24
+    finally:
+        pool.close()
+
+
 def test_an_ensemble_change_on_a_ledger_in_recovery_fences_the_writer(fakes):
     cluster, writer, bookies, switches = fakes
     for i in range(5):

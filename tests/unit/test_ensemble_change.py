@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ledger.client.ensemble_change import fragment_start, plan_change, quorum_holds
+from ledger.client.ensemble_change import fragment_start, owed_entries, plan_change, quorum_holds
 from ledger.metadata import LedgerMetadata
 from ledger.replication.underreplication import merged_mark
 
@@ -72,6 +72,14 @@ def test_a_fragment_starts_at_the_lac_plus_one_never_before_the_last():
     changed = meta.with_fragment(50, [member(3), member(1), member(2)])
     assert fragment_start(41, changed) == 50
     assert fragment_start(60, changed) == 61
+
+
+def test_a_replaced_bookie_owes_the_entries_committed_without_it_before_the_new_fragment():
+    # Slot 0 went silent at entry 104 and the new fragment starts at 300: it lacks 104..299.
+    # Slot 2 acked everything before 300 (and a pending entry past it): it owes nothing.
+    assert owed_entries({2: 301, 0: 104}, 300) == {0: 104}
+    assert owed_entries({1: 300}, 300) == {}
+    assert owed_entries({}, 0) == {}
 
 
 @pytest.mark.parametrize(

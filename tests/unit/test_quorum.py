@@ -227,3 +227,61 @@ def test_after_forgetting_a_slot_each_entry_counts_its_own_fragments_acks(before
     while lac + 1 < 10 and len(seen[lac + 1]) >= 2:
         lac += 1
     assert t.lac == lac
+
+
+# ------------------------------------------------------------------ what a member lacks
+
+
+def test_a_silent_member_lacks_the_entries_committed_without_it():
+    t = QuorumTracker(3, 2)
+    for e in range(6):
+        t.add(e)
+    t.ack_range(0, 6, 1)
+    t.ack_range(0, 6, 2)  # every entry committed by slots 1 and 2
+    t.ack_range(0, 2, 0)  # slot 0 went silent after entry 1
+    assert t.lac == 5
+    assert [t.first_unacked(m) for m in range(3)] == [2, 6, 6]
+
+
+def test_out_of_order_replies_count_once_the_gap_is_acked():
+    t = QuorumTracker(3, 2)
+    for e in range(10):
+        t.add(e)
+    t.ack_range(6, 4, 0)
+    t.ack_range(3, 2, 0)
+    assert t.first_unacked(0) == 0
+    t.ack_range(0, 3, 0)
+    assert t.first_unacked(0) == 5  # 0..4 acked; 5 is still missing
+    t.ack_range(5, 1, 0)
+    assert t.first_unacked(0) == 10
+
+
+def test_a_member_joining_at_an_entry_owes_nothing_before_it():
+    t = QuorumTracker(3, 2)
+    for e in range(8):
+        t.add(e)
+    t.ack_range(0, 8, 1)
+    t.ack_range(0, 8, 2)
+    t.forget_member(0, 8)
+    t.join(0, 8)  # slot 0's replacement holds the fragment from entry 8
+    assert t.first_unacked(0) == 8
+    t.add(8)
+    t.ack(8, 0)
+    assert t.first_unacked(0) == 9
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 19), st.integers(1, 5)), max_size=30))
+def test_first_unacked_is_the_lowest_entry_never_acked(runs):
+    """Model: the set of entries a member acked; the answer is the lowest entry not in it."""
+    t = QuorumTracker(3, 2)
+    for e in range(25):
+        t.add(e)
+    acked: set[int] = set()
+    for first, count in runs:
+        t.ack_range(first, count, 0)
+        acked.update(range(first, first + count))
+        lowest = 0
+        while lowest in acked:
+            lowest += 1
+        assert t.first_unacked(0) == lowest
