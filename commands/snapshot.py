@@ -1,5 +1,8 @@
 """`fencepost snapshot list|create|verify|restore`: a broker's snapshots.
 
+A sharded cluster's brokers keep each shard's snapshots with its store: `list` covers every
+shard (a `shard` column), `create` and `restore` act on one (`--shard N`).
+
 Like every command module, it only parses options and calls the packages (``broker.admin.snapshots``).
 """
 
@@ -11,6 +14,14 @@ import click
 
 from commands.options import cluster_options, with_zk
 from commands.output import emit
+from election.shards import MAX_SHARDS
+
+SHARD_OPTION = click.option(
+    "--shard",
+    type=click.IntRange(0, MAX_SHARDS - 1),
+    default=None,
+    help="The store of this shard of a sharded broker (kept in DATA/shards/N for N > 0); default 0.",
+)
 
 
 @click.group("snapshot")
@@ -34,7 +45,7 @@ def _zk_cluster_id(zk, cluster, dev_dir) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @cluster_options
 def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
-    """List snapshots: of one data dir, or those the cluster's live brokers can serve."""
+    """List snapshots: of one data dir, or those the cluster's live brokers can serve (every shard's)."""
     from broker.admin import snapshots
 
     if data:
@@ -46,7 +57,8 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
         if not rows:
             click.echo("no snapshots")
         for r in rows:
-            where = f"broker {r['broker_id']}  " if "broker_id" in r and not data else ""
+            where = f"shard {r['shard']}  " if "shard" in r else ""
+            where += f"broker {r['broker_id']}  " if "broker_id" in r and not data else ""
             state = (
                 f"DAMAGED: {r['error']}"
                 if r.get("error")
@@ -62,14 +74,16 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
     "--data", required=True, type=click.Path(file_okay=False, exists=True), help="The broker's data dir."
 )
 @click.option("--keep", default=None, type=click.IntRange(1), help="Prune to this many snapshots afterwards.")
+@SHARD_OPTION
 @cluster_options
-def snapshot_create(data, keep, zk, cluster, dev_dir) -> None:
+def snapshot_create(data, keep, shard, zk, cluster, dev_dir) -> None:
     """Snapshot a broker's store now (safe while the broker runs)."""
     from broker.admin.snapshots import create_snapshot
 
-    header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep)
+    header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep, shard=shard)
+    where = f"shard {header['shard']}: " if "shard" in header else ""
     click.echo(
-        f"{header['path']}: position {header['position']}, {header['record_count']} records, {header['size']} bytes"
+        f"{where}{header['path']}: position {header['position']}, {header['record_count']} records, {header['size']} bytes"
     )
 
 
@@ -96,10 +110,18 @@ def snapshot_verify(file, cluster_id, as_json) -> None:
 @click.option(
     "--data", required=True, type=click.Path(file_okay=False), help="Broker data dir to restore into."
 )
+@SHARD_OPTION
 @cluster_options
-def snapshot_restore(file, data, zk, cluster, dev_dir) -> None:
-    """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster)."""
+def snapshot_restore(file, data, shard, zk, cluster, dev_dir) -> None:
+    """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster).
+
+    A sharded cluster: the state of one shard (--shard N: DATA/shards/N), from a snapshot of that shard.
+    """
+    from broker.admin.shard_dirs import store_dir
     from broker.admin.snapshots import restore_into
 
-    header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir))
-    click.echo(f"restored position {header['position']} ({header['record_count']} records) into {data}")
+    header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir), shard=shard)
+    click.echo(
+        f"restored position {header['position']} ({header['record_count']} records) into "
+        f"{store_dir(Path(data), shard) if shard else data}"
+    )

@@ -9,7 +9,9 @@ store meanwhile, and verifies the whole store first.
 
 The pure helpers (:func:`newest`, :func:`clusters`, :func:`restart_decision`,
 :func:`mark_clean_problem`, :func:`format_inspect`) take the rows that
-:func:`read_store` builds, so they are tested without files.
+:func:`read_store` builds, so they are tested without files. The stores of a sharded
+broker's data dir, one per shard, are inspected by :mod:`broker.admin.shard_stores`
+with the same rows and summaries.
 
 Example::
 
@@ -29,6 +31,7 @@ from typing import Callable, Sequence
 import lmdb
 
 from broker import BrokerError
+from broker.admin.shard_dirs import is_sharded, meta_path, shard_of_dir
 from broker.server.store.datalock import DataDirLock
 from broker.server.store.guard import state_dir_of, verify_store_dir
 from broker.state.store import StateStore
@@ -42,7 +45,6 @@ from election.cluster_join import (
     classify_store,
     decide_initialization,
 )
-from election.identity import META
 from election.local.store_status import StoreStatus, mark_clean, read_status, write_status
 
 MANUAL_PREFIX = "manual-"
@@ -146,16 +148,22 @@ def _when(created_at: float | None) -> str:
 
 def format_inspect(report: dict) -> str:
     """The human form of :func:`inspect_stores`'s report."""
+    return "\n".join(format_rows(report["stores"]) + format_summary(report))
+
+
+def format_rows(rows: Sequence[dict]) -> list[str]:
+    """The lines of each store (a row with ``shard`` names it)."""
     lines = []
-    for r in report["stores"]:
+    for r in rows:
+        where = r["path"] + (f" (shard {r['shard']})" if "shard" in r else "")
         if r["error"] is not None:
-            lines.append(f"{r['path']}: UNREADABLE: {r['error']}")
+            lines.append(f"{where}: UNREADABLE: {r['error']}")
             continue
         if r["kind"] == "transient":
-            lines.append(f"{r['path']}: no state store")
+            lines.append(f"{where}: no state store")
             continue
         lines.append(
-            f"{r['path']}: cluster {r['cluster_id'] or '(not recorded)'}  state {r['state']}"
+            f"{where}: cluster {r['cluster_id'] or '(not recorded)'}  state {r['state']}"
             f"  shutdown {r['shutdown_id'] or '-'}  created {_when(r['created_at'])}"
         )
         lines.append(
@@ -163,18 +171,24 @@ def format_inspect(report: dict) -> str:
             + ("  (empty)" if r["kind"] == "empty" else "")
         )
         lines.extend(f"    problem: {p}" for p in r["problems"])
-    for g in report["clusters"]:
+    return lines
+
+
+def format_summary(summary: dict, indent: str = "") -> list[str]:
+    """The lines of :func:`summarize`'s clusters, newest store and restart decision."""
+    lines = []
+    for g in summary["clusters"]:
         lines.append(
             f"cluster {g['cluster_id'] or '(not recorded)'} (created {_when(g['created_at'])}): "
             f"{', '.join(g['paths'])}; newest {g['newest']}"
         )
-    if len(report["clusters"]) > 1:
+    if len(summary["clusters"]) > 1:
         lines.append("the stores belong to different clusters")
-    lines.append(f"newest: {report['newest'] or '(no store holds any state)'}")
-    lines.append(f"a restart without a log would: {report['restart']['summary']}")
-    if report["restart"]["action"] == RESTORE:
-        lines.append(f"    ({report['restart']['reason']})")
-    return "\n".join(lines)
+    lines.append(f"newest: {summary['newest'] or '(no store holds any state)'}")
+    lines.append(f"a restart without a log would: {summary['restart']['summary']}")
+    if summary["restart"]["action"] == RESTORE:
+        lines.append(f"    ({summary['restart']['reason']})")
+    return [indent + line for line in lines]
 
 
 # ---------------------------------------------------------------- file access
@@ -187,9 +201,10 @@ def data_dir_of(path: Path) -> Path:
 
 
 def _broker_id(data_dir: Path) -> int | None:
-    """The id in ``.broker.meta``, for the operator's orientation only (never trusted for a decision)."""
+    """The id in ``.broker.meta`` (the broker's, for a shard's dir), for the operator's orientation only
+    (never trusted for a decision)."""
     try:
-        value = json.loads((data_dir / META).read_text()).get("broker_id")
+        value = json.loads(meta_path(data_dir).read_text()).get("broker_id")
     except (OSError, ValueError, AttributeError):
         return None
     return value if isinstance(value, int) else None
@@ -283,6 +298,12 @@ def read_store(path: Path, full_verify: bool = False) -> dict:
 def inspect_stores(paths: Sequence[Path], full_verify: bool = False) -> dict:
     """Every dir's row, the clusters they form, the newest store, and what a restart would do."""
     rows = [read_store(Path(p), full_verify) for p in paths]
+    return {"stores": rows, **summarize(rows)}
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """The clusters the rows' stores form, the newest store, what a restart would do with them as its
+    members, and how many could be read (the stores of one shard)."""
     top = newest(rows)
     decision = restart_decision(rows)
     unread = [r["path"] for r in rows if r["error"] is not None]
@@ -301,7 +322,6 @@ def inspect_stores(paths: Sequence[Path], full_verify: bool = False) -> dict:
         "reason": decision.reason if decision else None,
     }
     return {
-        "stores": rows,
         "clusters": clusters(rows),
         "newest": top["path"] if top else None,
         "restart": restart,
@@ -346,6 +366,8 @@ def mark_clean_store(
             "wrote_status": row["state"] == "none",
             "marked": False,
         }
+        if is_sharded(data):
+            plan["shard"] = shard_of_dir(data)
         if row["state"] == CLEAN:
             return dict(plan, already_clean=True, wrote_status=False)
         plan["shutdown_id"] = new_id()
