@@ -76,10 +76,15 @@ class LeaderTracking:
             raise ValueError(f"invalid ZooKeeper hosts {hosts!r}: {exc}") from None
         try:
             check_cluster_exists(self._zk, cluster, hosts)
-        except (ClusterNotFound, KazooException):
+        except ClusterNotFound:
             zk_close(self._zk)
             self._ctx.destroy(linger=0)
             raise
+        except (KazooException, KazooTimeoutError) as exc:
+            # ZooKeeper dropped the session just after it was made: as unreachable as no ZooKeeper.
+            zk_close(self._zk)
+            self._ctx.destroy(linger=0)
+            raise BrokerUnavailable(f"ZooKeeper at {hosts} went away while connecting: {exc!r}") from None
         # The watches keep the cached leaders current across failovers; a failed
         # request also drops its shard's, so a missed event only costs a re-read.
         self._watches: list[LeaderWatch] = []
