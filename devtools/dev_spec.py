@@ -72,6 +72,8 @@ class DevClusterSpec:
     wait_for: int = 0
     # Extra `bookie start` arguments for every bookie (e.g. ["--no-autorecovery"]).
     bookie_args: tuple[str, ...] = ()
+    # Extra `broker start` arguments for every broker (e.g. ["--leader-balance-s", "2"]).
+    broker_args: tuple[str, ...] = ()
     # Keys for every member and an admin key (devtools/dev_keys.py): every socket CURVE, every key checked.
     secure: bool = False
     # Test hosts (devtools/hosts): 0 runs every member on 127.0.0.1; N puts ZooKeeper on a host of

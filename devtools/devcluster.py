@@ -141,6 +141,7 @@ class DevCluster:
             broker_args += ["--secret-file", secret_file]
         if spec.wait_for:
             broker_args += ["--wait-for", str(spec.wait_for)]
+        broker_args += list(spec.broker_args)
         try:
             self._start_zookeeper(state)
             progress(f"zookeeper listening on {state['zk']}")
