@@ -60,6 +60,15 @@ class BrokerConfig(MemberConfig):
     insync_check_ms: int = setting(
         200, "How often the leader re-checks the in-sync set and a pending admin elect.", unit="ms", min=1
     )
+    leader_balance_s: float = setting(
+        30.0,
+        "In a cluster of several shards: a broker that has led a shard this long hands it to the shard's "
+        "preferred leader when that broker is live, in sync and no learner, looking at most once per this "
+        "many seconds. 0: never.",
+        unit="s",
+        min=0,
+        max=86400,
+    )
     secret_file: str = setting(
         "",
         "File holding the cluster secret; required when the cluster's digest is hmac-sha256.",

@@ -9,7 +9,8 @@ only flip flags: ``SUSPENDED`` stops writes at once, ``LOST`` makes the leader
 step down. The start up to a checked store (:mod:`broker.server.startup`), the store
 in service with its tail and repair (:mod:`broker.server.store.running`), the optional
 services (:mod:`broker.server.services`), the live node (:mod:`broker.server.live`; what it says and
-the ZooKeeper state listener: :mod:`broker.server.node_presence`),
+the ZooKeeper state listener: :mod:`broker.server.node_presence`), leader balancing between shards
+(:mod:`broker.server.standing.leader_balance`),
 the checkpoints (:mod:`broker.server.store.checkpoints`) and the bound on stopping
 (:mod:`broker.server.stop_budget`) are their own units; this class wires them.
 
@@ -51,6 +52,7 @@ from broker.server.shard_process import enter_shard_process
 from broker.server.shutdown_member import ShutdownMember
 from broker.server.standing.bookie_wait import BookieWait
 from broker.server.standing.candidacy import Candidacy
+from broker.server.standing.leader_balance import start_leader_balance
 from broker.server.standing.member_wait import MemberWait
 from broker.server.standing.term import LeaderTerm, TermHooks
 from broker.server.startup import Started, start_member
@@ -60,6 +62,7 @@ from broker.server.store.datalock import DataDirLock
 from broker.server.store.running import RunningHooks, RunningStore
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged
+from election.cluster_config import cluster_shards
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.zk import connect
@@ -270,6 +273,16 @@ class BrokerNode:
         self.running.start_tail()
         if not cfg.learner:
             threading.Thread(target=self.candidacy.run, name="election", daemon=True).start()
+        start_leader_balance(
+            cfg,
+            cluster_shards(started.cluster),
+            self.zk,
+            self.paths,
+            self.identity.broker_id,
+            leading=self._balance_epoch,
+            stop=self.stop_event,
+            clock=clock,
+        )
         while not self.stop_event.is_set():
             self.server.serve_once()
             self.live.update()
@@ -361,6 +374,14 @@ class BrokerNode:
         self.server.wake()
 
     # ------------------------------------------------------------ leading
+    def _balance_epoch(self) -> int | None:
+        """The epoch we serve as leader in, for leader balancing; None when we do not lead, or when a
+        cluster shutdown is under way (its last entry must be written by the leader that began it)."""
+        leadership = self.server.leadership if self.server is not None else None
+        if leadership is None or not leadership.ready or leadership.shutdown is not None:
+            return None
+        return leadership.epoch
+
     def _won_leadership(self) -> None:
         """A takeover serves (election thread)."""
         if self.metrics is not None:
