@@ -256,6 +256,12 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
                 f"{r['name']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  "
                 f"{r['data_dir']}"
             )
+            for s in r.get("shards", []):
+                metrics = f" metrics=http://{s['metrics']}/metrics" if s.get("metrics") else ""
+                click.echo(
+                    f"  shard {s['shard']:<3} pid={s['pid']:<8} {'up' if s['alive'] else 'DOWN':<5} "
+                    f"{s['address']}{metrics}  {s['data_dir']}"
+                )
 
     def human_with_cuts(rows):
         human(rows)

@@ -42,6 +42,7 @@ from typing import Callable, Iterator
 from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys
 from devtools.dev_members import MemberProcesses, member_name, port_taken, read_broker_id
+from devtools.dev_shards import shard_processes
 from devtools.dev_spec import (
     DevClusterError,
     DevClusterSpec,
@@ -387,7 +388,8 @@ class DevCluster:
         return state
 
     def status(self) -> list[dict]:
-        """One row per recorded process: kind, pid, address, data_dir, alive."""
+        """One row per recorded process: kind, pid, address, data_dir, alive; a broker of a sharded
+        cluster also its shard processes (``shards``)."""
         state = self.read_state()
         if not state:
             return []
@@ -407,5 +409,8 @@ class DevCluster:
                 row["metrics"] = member["metrics"]
             if member["kind"] == "broker":
                 row["broker_id"] = read_broker_id(Path(member["data_dir"]))
+                shards = shard_processes(member["pid"]) if alive else []
+                if shards:
+                    row["shards"] = shards
             rows.append(row)
         return rows

@@ -164,3 +164,32 @@ def test_a_one_shard_broker_has_no_shard_label_and_advertises_its_endpoint_only_
     assert samples and not [labels for _, labels in samples if "shard" in dict(labels)]
     assert advertised_metrics("") == {}
     assert advertised_metrics("10.0.0.5:40123") == {"metrics": "10.0.0.5:40123"}
+
+
+def test_dev_status_reads_a_shard_process_from_its_command_line():
+    from devtools.dev_shards import shard_row
+
+    argv = [
+        "python",
+        "-m",
+        "cli",
+        "broker",
+        "start",
+        "--shard",
+        "2",
+        "--data",
+        "d/shards/2",
+        "--listen",
+        "tcp://127.0.0.1:4001",
+        "--metrics-listen",
+        "127.0.0.1:4002",
+    ]
+    assert shard_row(7, argv) == {
+        "shard": 2,
+        "pid": 7,
+        "address": "tcp://127.0.0.1:4001",
+        "data_dir": "d/shards/2",
+        "metrics": "127.0.0.1:4002",
+    }
+    assert "metrics" not in shard_row(7, argv[:-2])
+    assert shard_row(8, ["python", "-m", "cli", "broker", "start", "--data", "d"]) is None
