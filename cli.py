@@ -27,6 +27,7 @@ from commands.errors import FencepostGroup
 from commands.keys import keys_group
 from commands.pipeline import analyze, audit, export
 from commands.queue import queue_group
+from commands.shard import shard_group
 from commands.snapshot import snapshot
 from commands.status import dashboard, status
 from commands.store import store
@@ -103,6 +104,7 @@ COMMANDS = (
     export,
     keys_group,
     queue_group,
+    shard_group,
     snapshot,
     status,
     store,

@@ -1,6 +1,8 @@
 """`fencepost admin insync|epochs|elect`: leadership, the in-sync set, the epoch history.
 
-Like every command module, it only parses options and calls the packages (``broker.admin.status``).
+Each shard of a cluster has its own leader, in-sync set and epochs: ``--shard N`` names one
+(0 by default, the only one of a cluster of one shard). Like every command module, it only
+parses options and calls the packages (``broker.admin.status``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,15 @@ import click
 from commands.options import cluster_options, with_zk
 from commands.output import emit
 
+# Each leadership command's --shard: one shard's leader, in-sync set and epochs.
+shard_option = click.option(
+    "--shard",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The shard (each shard has its own leader, in-sync set and epochs).",
+)
+
 
 @click.group("admin")
 def admin() -> None:
@@ -20,14 +31,15 @@ def admin() -> None:
 
 @admin.command("insync")
 @cluster_options
+@shard_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def admin_insync(zk, cluster, dev_dir, as_json) -> None:
+def admin_insync(zk, cluster, dev_dir, shard, as_json) -> None:
     """The in-sync set (who may lead), its epoch, and each live broker's lag behind the leader."""
     from broker.admin.status import insync_report
 
     def human(r):
         click.echo(
-            f"in-sync set: {r['members']}  insync_epoch={r['insync_epoch']}  "
+            f"{f'shard {shard}: ' if shard else ''}in-sync set: {r['members']}  insync_epoch={r['insync_epoch']}  "
             f"written by the leader of epoch {r['leader_epoch']}  leader={r['leader']}"
         )
         for b in r["brokers"]:
@@ -36,11 +48,14 @@ def admin_insync(zk, cluster, dev_dir, as_json) -> None:
                 f"  {b['id']:<4} {mark:<8} {b['address']}  lag={'-' if b['lag'] is None else b['lag']}"
             )
 
-    emit(with_zk(zk, cluster, dev_dir, insync_report), as_json, human)
+    emit(
+        with_zk(zk, cluster, dev_dir, lambda client, name: insync_report(client, name, shard)), as_json, human
+    )
 
 
 @admin.command("epochs")
 @cluster_options
+@shard_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 @click.option(
     "--secret-file",
@@ -48,7 +63,7 @@ def admin_insync(zk, cluster, dev_dir, as_json) -> None:
     default=None,
     help="The cluster secret, to read the ledgers of an hmac-sha256 cluster.",
 )
-def admin_epochs(zk, cluster, dev_dir, as_json, secret_file) -> None:
+def admin_epochs(zk, cluster, dev_dir, shard, as_json, secret_file) -> None:
     """The epoch history still in the log: each epoch's leader, first position and start time."""
     from broker.admin.status import epoch_history
     from election.cluster_config import read_secret
@@ -70,7 +85,9 @@ def admin_epochs(zk, cluster, dev_dir, as_json, secret_file) -> None:
             )
 
     emit(
-        with_zk(zk, cluster, dev_dir, lambda client, name: epoch_history(client, name, secret=secret)),
+        with_zk(
+            zk, cluster, dev_dir, lambda client, name: epoch_history(client, name, secret=secret, shard=shard)
+        ),
         as_json,
         human,
     )
@@ -81,10 +98,21 @@ def admin_epochs(zk, cluster, dev_dir, as_json, secret_file) -> None:
 @click.option(
     "--timeout", default=15.0, show_default=True, type=float, help="Seconds to wait for the handover."
 )
+@shard_option
 @cluster_options
-def admin_elect(broker_id, timeout, zk, cluster, dev_dir) -> None:
+def admin_elect(broker_id, timeout, shard, zk, cluster, dev_dir) -> None:
     """Hand leadership to BROKER_ID (a live, in-sync, non-learner broker); the leader steps down once it is next."""
+    elect_and_say(zk, cluster, dev_dir, shard, broker_id, timeout)
+
+
+def elect_and_say(zk, cluster, dev_dir, shard: int, broker_id: int, timeout: float) -> None:
+    """Hand ``shard``'s leadership to ``broker_id`` (``admin elect``, ``shard move-leader``) and say who leads."""
     from broker.admin.status import elect
 
-    leader = with_zk(zk, cluster, dev_dir, lambda client, name: elect(client, name, broker_id, timeout))
-    click.echo(f"broker {leader['broker_id']} leads (epoch {leader.get('epoch')}) at {leader.get('address')}")
+    leader = with_zk(
+        zk, cluster, dev_dir, lambda client, name: elect(client, name, broker_id, timeout, shard=shard)
+    )
+    where = f"shard {shard}: " if shard else ""
+    click.echo(
+        f"{where}broker {leader['broker_id']} leads (epoch {leader.get('epoch')}) at {leader.get('address')}"
+    )

@@ -15,12 +15,23 @@ from commands.output import emit
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(zk, cluster, dev_dir, as_json) -> None:
-    """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues."""
+    """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues.
+
+    In a cluster of several shards the leader, epoch, brokers and in-sync set above are shard 0's, a
+    line per shard follows (leader, epoch, in-sync set, position), and the queues are every shard's."""
     from broker.admin.status import full_status
     from election.cluster_view import format_status
+    from election.shard_view import format_shard_lines
 
-    view = with_zk(zk, cluster, dev_dir, full_status)
-    emit(view, as_json, lambda v: click.echo(format_status(v)))
+    def human(view: dict) -> None:
+        click.echo(format_status(view))
+        if view.get("shards"):
+            click.echo(
+                f"shards ({len(view['shards'])}; the leader, brokers and in-sync set above are shard 0's):"
+            )
+            click.echo("\n".join(format_shard_lines(view["shards"])))
+
+    emit(with_zk(zk, cluster, dev_dir, full_status), as_json, human)
 
 
 @click.command("dashboard")

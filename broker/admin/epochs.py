@@ -1,13 +1,14 @@
 """The epoch history (`fencepost admin epochs`), from the log and the ledgers.
 
-Each epoch still in the log: which ledgers it wrote, its first position, and, from
-the ``EpochStarted`` entry that opens its first ledger, the broker that led it and
-when it started.
+Each epoch still in the log of a shard (shard 0 by default: each shard has its own epochs):
+which ledgers it wrote, its first position, and, from the ``EpochStarted`` entry that opens
+its first ledger, the broker that led it and when it started.
 
 Example::
 
     for row in epoch_history(zk, "dev"):
         print(row["epoch"], row["broker_id"], row["first_position"], row["started_at"])
+    epoch_history(zk, "dev", shard=2)
 """
 
 from __future__ import annotations
@@ -17,21 +18,21 @@ from kazoo.exceptions import NoNodeError
 
 from broker.state.events import BadEvent, decode_batch
 from election.leader import read_epoch
-from election.paths import ClusterPaths
+from election.shard_view import shard_paths
 from ledger import LedgerError
 from ledger.client.facade import LedgerClient
 from ledger.log import read_log
 from ledger.metadata import read_metadata
 
 
-def epoch_history(zk: KazooClient, cluster: str, secret: bytes | None = None) -> list[dict]:
-    """Each epoch still in the log: its leader broker id, first position and start time.
+def epoch_history(zk: KazooClient, cluster: str, secret: bytes | None = None, shard: int = 0) -> list[dict]:
+    """Each epoch still in the log of ``shard``: its leader broker id, first position and start time.
 
     Read from the log (which ledgers each epoch wrote) and the first entry of each epoch's
     first ledger (``EpochStarted``, naming the broker); when that entry cannot be read the
     ledger's creation time stands in and the broker id is the epoch node's, if current.
     """
-    paths = ClusterPaths(cluster)
+    paths = shard_paths(zk, cluster, shard)
     ledgers, _ = read_log(zk, paths)
     current, _ = read_epoch(zk, paths)
     history: dict[int, dict] = {}

@@ -1,14 +1,20 @@
-"""The back-ends of `status` and `admin insync|epochs|elect`.
+"""The back-ends of `status`, `shard list|move-leader` and `admin insync|epochs|elect`.
 
 The commands only parse options and call these. `status` is the ZooKeeper view of a
-cluster completed by the leader's own report; `request_once` asks one named broker.
+cluster completed by the leader's own report (in a cluster of several shards, by every
+shard's leader: a line per shard, queue depths summed over the shards); `shard list` is
+each shard's row (election/shard_view.py) with the position its leader answers;
+`request_once` asks one named broker. The leadership commands take a shard (0 by default):
+each shard has its own in-sync set, epochs and leader.
 
 Example::
 
     view = full_status(zk, "dev")
     view["brokers"][0]["lag"]
-    insync_report(zk, "dev")["members"]
+    insync_report(zk, "dev", shard=2)["members"]
     elect(zk, "dev", 3)                   # returns once broker 3 leads, or raises with the reason
+    elect(zk, "dev", 1, shard=2)          # shard 2's leadership to broker 1 (`shard move-leader 2 1`)
+    [row["leader"] for row in shard_list(zk, "dev")]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from kazoo.exceptions import NoNodeError
 
 from broker import BrokerError
 from broker.admin.epochs import epoch_history  # noqa: F401 - the `admin epochs` back-end
+from broker.api.shard_merge import sum_depths
 from broker.server.standing.insync import follower_lags, refusal
 from election import wire
 from election.cluster_view import cluster_status
@@ -30,6 +37,7 @@ from election.live import live_brokers
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.secure.keys import KeysError
+from election.shard_view import shard_count, shard_paths, shard_rows
 from election.shutdown_node import read_shutdown
 from election.wire.exchange import NoReply, exchange
 
@@ -94,10 +102,15 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
     unreachable leader (``leader_reachable: False``) gives no lag to anyone.
     """
     view = cluster_status(zk, cluster)
-    report = ask(view["leader_address"], "status") if view.get("leader_address") else None
+    rows = shard_rows(zk, cluster) if shard_count(zk, cluster) > 1 else []
+    reports = leader_reports([view.get("leader_address")] + [row["leader_address"] for row in rows[1:]])
+    report = reports[0]
     leader_position = report.get("position") if report else None
     if report:
         view["queues"] = report.get("queues", {})
+    if rows:  # a cluster of several shards: a row per shard, the queues of every shard
+        view["shards"] = with_reports(rows, reports)
+        view["queues"] = sum_depths([r.get("queues") or {} for r in reports if r])
     alive = reachable([b["address"] for b in view["brokers"] if b.get("address")])
     if view.get("leader") is not None:
         view["leader_reachable"] = report is not None
@@ -112,6 +125,28 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
     view["waiting_bookies"] = waiting_for_bookies(view)
     view["shutdown"] = read_shutdown(zk, ClusterPaths(cluster))
     return view
+
+
+def leader_reports(addresses: list[str | None], timeout: float = 2.0) -> list[dict | None]:
+    """Each address's answer to ``status`` (None: no address, or no answer within ``timeout``), asked side by side."""
+    with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
+        return list(pool.map(lambda address: ask(address, "status", timeout) if address else None, addresses))
+
+
+def with_reports(rows: list[dict], reports: list[dict | None]) -> list[dict]:
+    """Shard rows completed by their leaders' answers: the position it has applied, and whether it answered."""
+    for row, report in zip(rows, reports):
+        if row["leader"] is not None:
+            row["leader_reachable"] = report is not None
+        if report and report.get("position"):
+            row["position"] = list(report["position"])
+    return rows
+
+
+def shard_list(zk: KazooClient, cluster: str) -> list[dict]:
+    """`fencepost shard list`: a row per shard (election/shard_view.py) with its leader's own position."""
+    rows = shard_rows(zk, cluster)
+    return with_reports(rows, leader_reports([row["leader_address"] for row in rows]))
 
 
 def _init_members(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
@@ -170,9 +205,9 @@ def waiting_for_bookies(view: dict) -> dict | None:
 
 
 # ---------------------------------------------------------------- leadership
-def insync_report(zk: KazooClient, cluster: str) -> dict:
-    """The in-sync set, its epochs, and each live broker's lag behind the leader (entries)."""
-    paths = ClusterPaths(cluster)
+def insync_report(zk: KazooClient, cluster: str, shard: int = 0) -> dict:
+    """A shard's in-sync set, its epochs, and each live broker's lag behind the shard's leader (entries)."""
+    paths = shard_paths(zk, cluster, shard)
     doc, _ = read_insync(zk, paths)
     leader = read_leader(zk, paths) or {}
     leader_id = leader.get("broker_id")
@@ -180,6 +215,7 @@ def insync_report(zk: KazooClient, cluster: str) -> dict:
     [lags], _ = follower_lags(zk, paths, [(live.get(leader_id) or {}).get("position")], {}, leader_id)
     members = (doc or {}).get("members", [])
     return {
+        "shard": shard,
         "members": members,
         "insync_epoch": (doc or {}).get("insync_epoch"),
         "leader_epoch": (doc or {}).get("leader_epoch"),
@@ -198,23 +234,28 @@ def insync_report(zk: KazooClient, cluster: str) -> dict:
 
 
 def elect(
-    zk: KazooClient, cluster: str, target: int, timeout: float = 15.0, clock: Clock = SYSTEM_CLOCK
+    zk: KazooClient,
+    cluster: str,
+    target: int,
+    timeout: float = 15.0,
+    clock: Clock = SYSTEM_CLOCK,
+    shard: int = 0,
 ) -> dict:
-    """Hand leadership to broker ``target``; the new leader node, or BrokerError with the reason."""
-    paths = ClusterPaths(cluster)
+    """Hand the leadership of ``shard`` to broker ``target``; the new leader node, or BrokerError with the reason."""
+    paths = shard_paths(zk, cluster, shard)
     if not zk.exists(paths.broker_id(target)):
         raise BrokerError(f"no broker with id {target} in cluster {cluster!r}")
     leader = read_leader(zk, paths) or {}
     if leader.get("broker_id") == target:
         return leader
     if not leader:
-        raise BrokerError("no leader serves now: nothing to hand over")
-    report = insync_report(zk, cluster)
+        raise BrokerError(f"no leader serves {f'shard {shard}' if shard else 'now'}: nothing to hand over")
+    report = insync_report(zk, cluster, shard)
     live = {row["id"]: row for row in report["brokers"]}
     lags = {row["id"]: row["lag"] for row in report["brokers"]}
     reason = refusal(target, leader["broker_id"], set(report["members"]), live, lags, max_lag=1 << 62)
     if reason:
-        raise BrokerError(f"cannot hand leadership to broker {target}: {reason}")
+        raise BrokerError(f"cannot hand {_leadership(shard)} to broker {target}: {reason}")
     request_elect(zk, paths, target, clock.now())
     try:
         deadline = clock.monotonic() + timeout
@@ -224,8 +265,16 @@ def elect(
                 return now_leader
             pending = read_elect(zk, paths) or {}
             if pending.get("refused"):
-                raise BrokerError(f"cannot hand leadership to broker {target}: {pending['refused']}")
+                raise BrokerError(
+                    f"cannot hand {_leadership(shard)} to broker {target}: {pending['refused']}"
+                )
             clock.sleep(0.02)
-        raise BrokerError(f"broker {target} did not take over within {timeout:.0f} s")
+        took = f"take over shard {shard}" if shard else "take over"
+        raise BrokerError(f"broker {target} did not {took} within {timeout:.0f} s")
     finally:
         clear_elect(zk, paths, target)
+
+
+def _leadership(shard: int) -> str:
+    # Shard 0 speaks as a cluster did before shards.
+    return f"the leadership of shard {shard}" if shard else "leadership"
