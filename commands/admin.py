@@ -38,8 +38,9 @@ def admin_insync(zk, cluster, dev_dir, shard, as_json) -> None:
     from broker.admin.status import insync_report
 
     def human(r):
+        where = f"shard {shard}: " if shard else ""
         click.echo(
-            f"{f'shard {shard}: ' if shard else ''}in-sync set: {r['members']}  insync_epoch={r['insync_epoch']}  "
+            f"{where}in-sync set: {r['members']}  insync_epoch={r['insync_epoch']}  "
             f"written by the leader of epoch {r['leader_epoch']}  leader={r['leader']}"
         )
         for b in r["brokers"]:
@@ -101,12 +102,15 @@ def admin_epochs(zk, cluster, dev_dir, shard, as_json, secret_file) -> None:
 @shard_option
 @cluster_options
 def admin_elect(broker_id, timeout, shard, zk, cluster, dev_dir) -> None:
-    """Hand leadership to BROKER_ID (a live, in-sync, non-learner broker); the leader steps down once it is next."""
+    """Hand leadership to BROKER_ID (a live, in-sync, non-learner broker); the leader steps down once it is
+    next.
+
+    In a cluster of several shards, --shard names the shard (0 by default)."""
     elect_and_say(zk, cluster, dev_dir, shard, broker_id, timeout)
 
 
 def elect_and_say(zk, cluster, dev_dir, shard: int, broker_id: int, timeout: float) -> None:
-    """Hand ``shard``'s leadership to ``broker_id`` (``admin elect``, ``shard move-leader``) and say who leads."""
+    """Hand ``shard``'s leadership to ``broker_id``, say who leads (`admin elect`, `shard move-leader`)."""
     from broker.admin.status import elect
 
     leader = with_zk(

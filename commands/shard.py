@@ -1,4 +1,4 @@
-"""`fencepost shard list|move-leader`: each shard's leader, epoch, position and in-sync set; moving a shard's leader.
+"""`fencepost shard list|move-leader`: each shard's leader, epoch, position, in-sync set; moving a leader.
 
 A cluster made with ``cluster init --shards S`` runs S replicated state machines; each has its own
 leader, and the brokers hand each shard to its preferred leader (``preferred_leader``: the
@@ -40,7 +40,7 @@ def _cell(value) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per shard.")
 @cluster_options
 def shard_list(as_json, zk, cluster, dev_dir) -> None:
-    """Each shard: its leader (broker id and address), epoch, the leader's position, in-sync set and preferred leader."""
+    """Each shard: its leader (id, address), epoch, the leader's position, in-sync set, preferred leader."""
     from broker.admin.status import shard_list as rows_of
 
     def human(rows: list[dict]) -> None:
@@ -72,7 +72,7 @@ def shard_list(as_json, zk, cluster, dev_dir) -> None:
 )
 @cluster_options
 def shard_move_leader(shard, broker_id, timeout, zk, cluster, dev_dir) -> None:
-    """Hand SHARD's leadership to BROKER_ID (live, in sync in that shard, not a learner), as `admin elect --shard`.
+    """Hand SHARD's leadership to BROKER_ID (live, in sync in that shard, no learner): `admin elect --shard`.
 
     Leader balancing may later hand it back to the shard's preferred leader (after the broker's
     leader_balance_s), unless the in-sync set changed meanwhile."""

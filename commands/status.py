@@ -15,7 +15,8 @@ from commands.output import emit
 @cluster_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status(zk, cluster, dev_dir, as_json) -> None:
-    """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers, queues.
+    """The cluster: leader, epoch, brokers (role, position, lag, digest), in-sync set, bookies, ledgers,
+    queues.
 
     In a cluster of several shards the leader, epoch, brokers and in-sync set above are shard 0's, a
     line per shard follows (leader, epoch, in-sync set, position), and the queues are every shard's."""

@@ -1,4 +1,4 @@
-"""Every shard of a cluster as ZooKeeper has it: who leads, in which epoch, the in-sync set, the preferred leader.
+"""Every shard of a cluster as ZooKeeper has it: its leader, epoch, in-sync set and preferred leader.
 
 One row per shard (``fencepost shard list``, the shard lines of ``fencepost status``):
 
@@ -34,13 +34,13 @@ from election.shards import preferred_leader
 
 
 def shard_count(zk: KazooClient, cluster: str) -> int:
-    """How many shards ``cluster`` has (1 for a cluster not initialized yet, as for one made before shards)."""
+    """How many shards ``cluster`` has (1 for one not initialized yet, as for one made before shards)."""
     config = read_cluster_config(zk, ClusterPaths(cluster))
     return 1 if config is None else cluster_shards(config)
 
 
 def shard_paths(zk: KazooClient, cluster: str, shard: int) -> ClusterPaths:
-    """The paths of ``shard`` of ``cluster``; ElectionError naming the shards there are if it has no such shard."""
+    """The paths of ``shard`` of ``cluster``; ElectionError naming the shards there are if it lacks it."""
     count = shard_count(zk, cluster)
     if not isinstance(shard, int) or not 0 <= shard < count:
         have = "one shard (0)" if count == 1 else f"{count} shards (0-{count - 1})"
@@ -51,7 +51,7 @@ def shard_paths(zk: KazooClient, cluster: str, shard: int) -> ClusterPaths:
 def shard_row(
     shard: int, leader: dict | None, epoch: int, insync: dict | None, leader_live: dict | None
 ) -> dict:
-    """One shard's row from its ``leader``, ``epoch`` and ``insync`` nodes and its leader's live node. Pure."""
+    """A shard's row from its ``leader``, ``epoch``, ``insync`` nodes and its leader's live node (pure)."""
     leader = leader if isinstance(leader, dict) else {}
     members = sorted((insync or {}).get("members", []))
     position = (leader_live or {}).get("position")
@@ -91,8 +91,10 @@ def format_shard_lines(rows: list[dict]) -> list[str]:
             leader += " NOT ANSWERING"
         elif row["leader"] is not None and row["preferred_leader"] not in (None, row["leader"]):
             leader += f" (preferred {row['preferred_leader']})"
+        epoch = row["epoch"] if row["epoch"] is not None else "-"
+        insync = ",".join(str(m) for m in row["insync"]) or "-"
+        position = row["position"]
         lines.append(
-            f"  {row['shard']:<4} leader={leader}  epoch={row['epoch'] if row['epoch'] is not None else '-'}  "
-            f"in-sync={','.join(str(m) for m in row['insync']) or '-'}  position={row['position']}"
+            f"  {row['shard']:<4} leader={leader}  epoch={epoch}  in-sync={insync}  position={position}"
         )
     return lines

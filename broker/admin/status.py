@@ -128,13 +128,13 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
 
 
 def leader_reports(addresses: list[str | None], timeout: float = 2.0) -> list[dict | None]:
-    """Each address's answer to ``status`` (None: no address, or no answer within ``timeout``), asked side by side."""
+    """Each address's answer to ``status`` (None: no address or no answer in ``timeout``), asked at once."""
     with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
         return list(pool.map(lambda address: ask(address, "status", timeout) if address else None, addresses))
 
 
 def with_reports(rows: list[dict], reports: list[dict | None]) -> list[dict]:
-    """Shard rows completed by their leaders' answers: the position it has applied, and whether it answered."""
+    """Shard rows completed by their leaders' answers: the position applied, and whether it answered."""
     for row, report in zip(rows, reports):
         if row["leader"] is not None:
             row["leader_reachable"] = report is not None
@@ -241,7 +241,7 @@ def elect(
     clock: Clock = SYSTEM_CLOCK,
     shard: int = 0,
 ) -> dict:
-    """Hand the leadership of ``shard`` to broker ``target``; the new leader node, or BrokerError with the reason."""
+    """Hand ``shard``'s leadership to broker ``target``; the new leader node, or BrokerError (why not)."""
     paths = shard_paths(zk, cluster, shard)
     if not zk.exists(paths.broker_id(target)):
         raise BrokerError(f"no broker with id {target} in cluster {cluster!r}")

@@ -37,7 +37,7 @@ from election.local.files import write_json_atomically
 
 
 class LiveInfo:
-    """What the broker's live node advertises now (called by the live publisher on the request loop's thread)."""
+    """What the broker's live node advertises now (asked by the live publisher on the request loop)."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""`fencepost shard list` and the shard lines of `status`: each shard's row from ZooKeeper and its leader's answer."""
+"""`fencepost shard list` and the shard lines of `status`: a row per shard, from ZooKeeper and its leader."""
 
 from __future__ import annotations
 

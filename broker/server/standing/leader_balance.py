@@ -1,23 +1,28 @@
-"""Leader balancing: the leader of a shard hands it to the shard's preferred leader, so N brokers lead about S/N
-shards each.
+"""Leader balancing: the leader of a shard hands it to the shard's preferred leader, so N brokers
+lead about S/N shards each.
 
-Shard ``n`` of a cluster of S > 1 shards has a preferred leader: the ``n mod N``-th broker of its in-sync set
-(:func:`election.shards.preferred_leader`). A broker leading shard ``n`` whose preferred leader is another live,
-in-sync broker that is no learner hands the shard over to it the way ``fencepost admin elect`` does: it writes
-the shard's ``elect`` request; its own in-sync tracker (:mod:`broker.server.standing.insync`) checks the target,
-every other broker leaves the election queue, and the tracker steps down once the target is next in line; the
-target, leading, clears the request. A request the tracker refuses (the target fell behind) is cleared here.
+Shard ``n`` of a cluster of S > 1 shards has a preferred leader: the ``n mod N``-th broker of its
+in-sync set (:func:`election.shards.preferred_leader`). A broker leading shard ``n`` whose
+preferred leader is another live, in-sync broker that is no learner hands the shard over to it
+the way ``fencepost admin elect`` does: it writes the shard's ``elect`` request; its own in-sync
+tracker (:mod:`broker.server.standing.insync`) checks the target, every other broker leaves the
+election queue, and the tracker steps down once the target is next in line; the target, leading,
+clears the request. A request the tracker refuses (the target fell behind) is cleared here.
 
 Three rules keep leadership from churning:
 
-- a leader hands over only once it has led ``leader_balance_s``: right after a failover the in-sync sets settle
-  first (a broker that just came back joins them only once it caught up), so nothing ping-pongs;
-- it looks (and so asks) at most once per ``leader_balance_s``, so a refused target is not asked again at once;
-- a cluster of one shard never moves: its preferred leader would be the lowest in-sync id, for nothing gained.
+- a leader hands over only once it has led ``leader_balance_s``: right after a failover the
+  in-sync sets settle first (a broker that just came back joins them once it caught up), so
+  nothing ping-pongs;
+- it looks (and so asks) at most once per ``leader_balance_s``, so a refused target is not asked
+  again at once;
+- a cluster of one shard never moves: its preferred leader would be the lowest in-sync id, for
+  nothing gained.
 
-``leader_balance_s`` 0 turns balancing off. :func:`balance_target` is the decision, pure; :class:`LeaderBalance`
-is the thread that reads the shard's in-sync set and live brokers and writes the request (a thread of its own:
-the request loop never waits on ZooKeeper, and a handover waits seconds for the queue to clear).
+``leader_balance_s`` 0 turns balancing off. :func:`balance_target` is the decision, pure;
+:class:`LeaderBalance` is the thread that reads the shard's in-sync set and live brokers and
+writes the request (a thread of its own: the request loop never waits on ZooKeeper, and a
+handover waits seconds for the election queue to clear).
 
 Example::
 
