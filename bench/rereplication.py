@@ -61,7 +61,8 @@ def rereplication_phase(
 ) -> dict:
     """Write, kill a member, re-replicate unthrottled; ``{"bytes", "seconds", "mb_per_s", "ledgers", ...}``."""
     from ledger.metadata import live_bookies, read_metadata
-    from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
+    from ledger.replication.copying import TokenBucket
+    from ledger.replication.rereplication import rereplicate_ledger
 
     zk, paths = client.zk, client.paths
     payload = os.urandom(entry_size)

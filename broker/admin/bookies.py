@@ -240,13 +240,13 @@ def decommission_bookie(
     from ledger.client.bookie_pool import BookiePool
     from ledger.codec import Digest
     from ledger.replication.auditor import ReplicationWorker
+    from ledger.replication.copying import TokenBucket
     from ledger.replication.decommission import (
         DecommissionError,
         decommission_round,
         finish_decommission,
         start_decommission,
     )
-    from ledger.replication.rereplication import TokenBucket
 
     paths = ClusterPaths(cluster)
     config = read_cluster_config(zk, paths)

@@ -13,9 +13,11 @@ Each round:
   again (a bookie back in the meantime is forgotten).
 * **worker** (every process): for each marked CLOSED ledger, claims it with an
   ephemeral ``rereplication-locks/<ledger>`` node (one worker per ledger) and
-  runs :func:`ledger.replication.rereplication.rereplicate_ledger`, which copies the lost
-  copies, CASes the new fragments and clears the mark. A failure leaves the
-  mark for a later round. Marks of OPEN ledgers are left to their writer.
+  runs :func:`ledger.replication.rereplication.rereplicate_ledger`, which copies
+  onto each registered bookie the mark names the entries it lacks, replaces the
+  lost bookies (copies, then CASes the new fragments) and clears the mark. A
+  failure leaves the mark for a later round. Marks of OPEN ledgers are left to
+  their writer.
 
 Example::
 
@@ -42,8 +44,9 @@ from ledger import LedgerError
 from ledger.client.bookie_pool import BookiePool
 from ledger.codec import Digest
 from ledger.metadata import CLOSED, list_ledgers, live_bookies, read_metadata
+from ledger.replication.copying import TokenBucket
 from ledger.replication.plan import lost_bookies, underreplicated_fragments
-from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
+from ledger.replication.rereplication import rereplicate_ledger
 from ledger.replication.underreplication import (
     list_underreplicated,
     mark_underreplicated,

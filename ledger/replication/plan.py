@@ -1,4 +1,4 @@
-"""The re-replication plan of a CLOSED ledger (pure): which fragments lost a copy and who replaces it.
+"""The re-replication plan of a CLOSED ledger (pure): which copies are short, who replaces or catches up.
 
 A closed ledger's entries sit, fragment by fragment, on the first
 ``write_quorum`` members of each fragment's ensemble. :func:`lost_bookies` tells
@@ -7,11 +7,16 @@ which members are gone for longer than the grace (the auditor's view),
 :func:`plan_rereplication` chooses, by the placement rules of
 :mod:`ledger.placement`, a live bookie for each lost member of each fragment,
 never one already in that fragment (by id or by ``host:port``).
-:func:`replaced_metadata` is the metadata naming the replacements. No I/O:
-:mod:`ledger.replication.rereplication` copies the entries and CASes the result.
+:func:`replaced_metadata` is the metadata naming the replacements.
+:func:`plan_catch_up` tells which bookies an under-replication mark names that
+are still registered and writable: they keep their place and get the entries
+they lack copied onto them (:func:`catch_up_ranges`: where to look). No I/O:
+:mod:`ledger.replication.rereplication` and :mod:`ledger.replication.catch_up`
+copy the entries and CAS the result.
 
 Example::
 
+    catch_ups, blocked = plan_catch_up(meta, read_underreplicated(zk, paths, 7), live_bookies(zk, paths))
     plan = plan_rereplication(meta, live_bookies(zk, paths), random.Random())
     meta2 = replaced_metadata(meta, plan)
 """
@@ -148,3 +153,71 @@ def replaced_metadata(meta: LedgerMetadata, plan: list[Replacement]) -> LedgerMe
             )
         fragments[r.fragment]["ensemble"][r.slot] = dict(r.replacement)
     return dataclasses.replace(meta, fragments=fragments, ensemble=list(fragments[-1]["ensemble"])).validate()
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """A registered bookie that a mark names, and the entries it must hold from the mark's ``from_entry`` on.
+
+    ``ranges`` are ``(fragment index, first entry, last entry)`` (inclusive,
+    non-empty, ascending) of the fragments naming it within the write quorum;
+    ``member`` is its registration (where it is now).
+    """
+
+    member: dict
+    from_entry: int
+    ranges: list[tuple[int, int, int]]
+
+
+def catch_up_ranges(meta: LedgerMetadata, bookie_id: str, from_entry: int) -> list[tuple[int, int, int]]:
+    """The entries from ``from_entry`` on that ``bookie_id`` must hold: ``(fragment, first, last)``. Pure.
+
+    Example: fragments ``[0: b1 b2 b3, 300: b4 b2 b3]``, last entry 399:
+    ``catch_up_ranges(meta, "b1", 104)`` is ``[(0, 104, 299)]``, for ``b2`` ``[(0, 104, 299), (1, 300, 399)]``.
+    """
+    out = []
+    for index, (first, last) in enumerate(fragment_ranges(meta)):
+        holders = {m["bookie_id"] for m in meta.fragments[index]["ensemble"][: meta.write_quorum]}
+        lo = max(first, from_entry)
+        if bookie_id in holders and lo <= last:
+            out.append((index, lo, last))
+    return out
+
+
+def plan_catch_up(
+    meta: LedgerMetadata, mark: dict | None, bookies: list[dict], lost_ids: Iterable[str] | None = None
+) -> tuple[list[CatchUp], list[str]]:
+    """Which bookies listed in ``mark`` get what they lack copied onto them, and which cannot take it now. Pure.
+
+    A listed bookie is caught up when it is registered (among ``bookies``), not
+    read-only, not being decommissioned, not in ``lost_ids``, and its fragments
+    hold entries from its ``from_entry`` on. One that is not registered, being
+    decommissioned or in ``lost_ids`` is left to :func:`plan_rereplication` (it
+    is replaced); one that is read-only (a full disk refuses adds) and has
+    entries to take is in the second list: the mark must stay until it has room.
+    A listed bookie with nothing to hold (the ledger was complete after all, or
+    it was replaced since) needs nothing.
+    """
+    registered = {str(b.get("bookie_id")): b for b in bookies if isinstance(b, dict)}
+    lost = set(lost_ids or ())
+    catch_ups: list[CatchUp] = []
+    blocked: list[str] = []
+    for listed in (mark or {}).get("missing") or []:
+        if not isinstance(listed, dict) or not listed.get("bookie_id"):
+            continue
+        bookie_id = str(listed["bookie_id"])
+        live = registered.get(bookie_id)
+        if live is None or bookie_id in lost or live.get("decommissioning"):
+            continue
+        try:
+            from_entry = max(0, int(listed.get("from_entry", 0)))
+        except (TypeError, ValueError):
+            from_entry = 0  # unreadable: look at every entry
+        ranges = catch_up_ranges(meta, bookie_id, from_entry)
+        if not ranges:
+            continue
+        if live.get("readonly"):
+            blocked.append(bookie_id)
+            continue
+        catch_ups.append(CatchUp(dict(live), from_entry, ranges))
+    return catch_ups, blocked

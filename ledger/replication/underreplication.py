@@ -3,8 +3,12 @@
 A ledger is marked when some of its entries sit on fewer than ``write_quorum``
 bookies of their fragment. The writer marks its ledger when a bookie of the
 ensemble fails and no spare bookie can replace it (it goes on with the others
-while the ack quorum holds); an auditor may mark ledgers whose bookie is gone
-for good. Re-replication copies the entries and deletes the mark.
+while the ack quorum holds), and when it replaces a bookie that did not
+acknowledge entries committed before the new fragment (marked before the
+fragment is written); an auditor may mark ledgers whose bookie is gone for
+good, a decommission those naming the bookie that leaves. Re-replication
+copies the entries (onto the named bookie itself while it is registered, onto a
+replacement otherwise) and deletes the mark.
 
 The node holds JSON::
 

@@ -9,7 +9,8 @@ import pytest
 
 from ledger.codec import decode_entry
 from ledger.metadata import CLOSED, read_metadata
-from ledger.replication.rereplication import TokenBucket, rereplicate_ledger
+from ledger.replication.copying import TokenBucket
+from ledger.replication.rereplication import rereplicate_ledger
 from ledger.replication.underreplication import mark_underreplicated, read_underreplicated
 from tests.support.bookie_client import DIGEST, Client
 from tests.support.clock import FakeClock

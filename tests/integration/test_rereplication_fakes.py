@@ -1,4 +1,5 @@
-"""Re-replication against in-process fake bookies and a real ZooKeeper: conflicts, corrupt copies, deletion."""
+"""Re-replication against in-process fake bookies and a real ZooKeeper: conflicts, corrupt copies, deletion,
+a registered bookie caught up in place."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from election import wire
 from ledger.client.bookie_pool import BookiePool
 from ledger.codec import Digest, Entry, decode_entry, encode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, cas_metadata, create_metadata, read_metadata
-from ledger.replication.rereplication import RereplicationError, rereplicate_ledger
+from ledger.replication.copying import RereplicationError
+from ledger.replication.rereplication import rereplicate_ledger
 from ledger.replication.underreplication import mark_underreplicated, read_underreplicated
 from tests.support.ledgers import FakeBookie, entries_seen, register
 
@@ -30,9 +32,13 @@ class Holder:
         self.entries = set(entries)
         self.corrupt = corrupt
         self.on_add = on_add
+        self.stores = False  # whether an add_batch makes it hold the entries (a bookie that is read back)
+        self.vouches = True  # False: reads answer ``unknown`` (it cannot vouch for the ledger)
 
     def __call__(self, msg):
         if msg["op"] == "read":
+            if not self.vouches:
+                return wire.error_reply(msg["rid"], "unknown", "cannot vouch for it")
             e = msg["entry"]
             if e not in self.entries:
                 return wire.error_reply(msg["rid"], "no_entry", "no such entry")
@@ -43,6 +49,8 @@ class Holder:
         if msg["op"] == "add_batch":
             if self.on_add is not None:
                 self.on_add(msg)
+            if self.stores:
+                self.entries.update(range(msg["first"], msg["first"] + len(msg["entries"])))
             return wire.ok_reply(
                 msg["rid"], ledger=msg["ledger"], first=msg["first"], count=len(msg["entries"])
             )
@@ -54,18 +62,26 @@ def env(cluster):
     created = []
     pool = BookiePool(default_timeout=2.0)
 
-    def make(handlers):
+    def make(handlers, lacking_from: int | None = None):
+        """Fakes fake-0.. and a closed ledger on the first three, its third member marked.
+
+        The third member is ``gone`` (not registered: lost), or with ``lacking_from`` fake-2 itself,
+        marked from that entry (a registered bookie the writer replaced after entries it missed).
+        """
         box = [None]
         fakes = [FakeBookie(h(box)) for h in handlers]
         created.extend(fakes)
         for i, fake in enumerate(fakes):
             register(cluster, fake, f"fake-{i}", free_gib=10 + i)
         ensemble = [{"bookie_id": f"fake-{i}", "address": fakes[i].address} for i in range(3)]
-        ensemble[2] = {"bookie_id": "gone", "address": "tcp://127.0.0.1:1"}  # not registered: lost
+        if lacking_from is None:
+            ensemble[2] = {"bookie_id": "gone", "address": "tcp://127.0.0.1:1"}  # not registered: lost
         meta = LedgerMetadata(-1, ensemble, 3, 2, CLOSED, N - 1, epoch=2)
         ledger_id, _ = create_metadata(cluster.zk, cluster.paths, meta)
         box[0] = ledger_id
-        mark_underreplicated(cluster.zk, cluster.paths, ledger_id, [ensemble[2]], from_entry=0, by="test")
+        mark_underreplicated(
+            cluster.zk, cluster.paths, ledger_id, [ensemble[2]], from_entry=lacking_from or 0, by="test"
+        )
         return ledger_id, fakes
 
     yield cluster, pool, make
@@ -136,3 +152,63 @@ def test_an_open_ledger_is_refused(env, cluster):
     cluster.zk.set(cluster.paths.ledger(ledger_id), json.dumps(doc).encode(), version=version)
     with pytest.raises(RereplicationError, match="only closed"):
         rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
+
+
+def test_a_registered_bookie_gets_the_entries_it_lacks_and_keeps_its_place(env):
+    cluster, pool, make = env
+    ledger_id, fakes = make(
+        [lambda b: Holder(b, range(N)), lambda b: Holder(b, range(N)), lambda b: Holder(b, range(12))], 8
+    )
+    fakes[2].handler.stores = True
+    before, _ = read_metadata(cluster.zk, cluster.paths, ledger_id)
+    result = rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
+    assert result.caught_up == [("fake-2", N - 12)] and result.replaced == []
+    copies = [m for m in fakes[2].seen if m["op"] == "add_batch"]
+    assert all(m["recovery"] is True for m in copies)
+    sent = [e for m in copies for e in m["entries"]]
+    assert [decode_entry(d, DIGEST).entry_id for d in sent] == list(range(12, N))  # only what it lacked
+    probed = sorted(m["entry"] for m in fakes[2].seen if m["op"] == "read")
+    assert probed == sorted([*range(8, N), *range(12, N)])  # from the mark's entry on, then the copies again
+    assert read_metadata(cluster.zk, cluster.paths, ledger_id)[0] == before  # it keeps its place
+    assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is None
+
+
+def test_a_registered_bookie_holding_everything_only_loses_its_mark(env):
+    cluster, pool, make = env
+    ledger_id, fakes = make([lambda b: Holder(b, range(N))] * 3, 0)
+    result = rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
+    assert result.caught_up == [("fake-2", 0)] and entries_seen(fakes[2]) == []
+    assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is None
+
+
+def test_the_mark_stays_while_the_bookie_cannot_say_what_it_holds_or_does_not_keep_the_copies(env):
+    cluster, pool, make = env
+    ledger_id, fakes = make(
+        [lambda b: Holder(b, range(N)), lambda b: Holder(b, range(N)), lambda b: Holder(b, range(5))], 5
+    )
+    fakes[2].handler.vouches = False
+    with pytest.raises(RereplicationError, match="cannot tell whether bookie fake-2 holds entry 5"):
+        rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
+    assert entries_seen(fakes[2]) == []
+    assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is not None
+    fakes[2].handler.vouches = True  # it answers now, but acknowledges copies it does not keep
+    with pytest.raises(RereplicationError, match="still lacks 15 entries"):
+        rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
+    assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is not None
+    fakes[2].handler.stores = True
+    assert rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0).caught_up == [
+        ("fake-2", N - 5)
+    ]
+    assert read_underreplicated(cluster.zk, cluster.paths, ledger_id) is None
+
+
+def test_a_read_only_bookie_keeps_the_mark_until_it_has_room(env):
+    cluster, pool, make = env
+    ledger_id, fakes = make(
+        [lambda b: Holder(b, range(N)), lambda b: Holder(b, range(N)), lambda b: Holder(b, range(5))], 5
+    )
+    doc = {"bookie_id": "fake-2", "address": fakes[2].address, "free_bytes": 0, "readonly": True}
+    cluster.zk.set(cluster.paths.bookie("fake-2"), json.dumps(doc).encode())
+    with pytest.raises(RereplicationError, match="read-only"):
+        rereplicate_ledger(cluster.zk, cluster.paths, pool, ledger_id, DIGEST, timeout=2.0)
+    assert entries_seen(fakes[2]) == [] and read_underreplicated(cluster.zk, cluster.paths, ledger_id)

@@ -1,4 +1,5 @@
-"""Re-replication decisions (pure): which fragments lost a copy, who replaces it, the new fragments, the throttle."""
+"""Re-replication decisions (pure): which fragments lost a copy, who replaces it, the new fragments, which
+marked bookies are caught up in place, the runs copied, the throttle."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import pytest
 
 from ledger.metadata import CLOSED, LedgerMetadata
 from ledger.placement import NotEnoughBookies
+from ledger.replication.copying import TokenBucket, consecutive_runs
 from ledger.replication.plan import (
+    catch_up_ranges,
     fragment_ranges,
     lost_bookies,
+    plan_catch_up,
     plan_rereplication,
     replaced_metadata,
     underreplicated_fragments,
 )
-from ledger.replication.rereplication import TokenBucket
 from tests.support.clock import FakeClock
 
 
@@ -96,6 +99,60 @@ def test_explicit_lost_ids_replace_a_live_bookie_too():
     meta = closed([(0, [1, 2, 3])], 4)
     plan = plan_rereplication(meta, [reg(1), reg(2), reg(3), reg(4)], random.Random(0), lost_ids={"b2"})
     assert [(r.slot, r.replacement["bookie_id"]) for r in plan] == [(1, "b4")]
+
+
+def mark(*listed):
+    return {"ledger_id": 7, "missing": [{**m(i), "from_entry": f, "by": "writer"} for i, f in listed]}
+
+
+def test_catch_up_ranges_start_at_the_first_entry_it_lacks_in_each_fragment_naming_it():
+    meta = closed([(0, [1, 2, 3]), (300, [4, 2, 3]), (400, [4, 2, 5])], 399)
+    assert catch_up_ranges(meta, "b1", 104) == [(0, 104, 299)]
+    assert catch_up_ranges(meta, "b2", 104) == [(0, 104, 299), (1, 300, 399)]  # the last fragment is empty
+    assert catch_up_ranges(meta, "b4", 0) == [(1, 300, 399)]
+    assert catch_up_ranges(meta, "b1", 300) == []  # it acked everything of its fragment
+    assert catch_up_ranges(meta, "b9", 0) == []
+    assert catch_up_ranges(closed([(0, [1, 2, 3])], 9, wq=2, aq=2), "b3", 0) == []  # past the write quorum
+
+
+def test_a_marked_registered_bookie_is_caught_up_in_place():
+    meta = closed([(0, [1, 2, 3]), (300, [4, 2, 3])], 399)
+    catch_ups, blocked = plan_catch_up(meta, mark((1, 104)), [reg(1), reg(2), reg(3), reg(4)])
+    assert blocked == []
+    assert [(c.member["bookie_id"], c.from_entry, c.ranges) for c in catch_ups] == [
+        ("b1", 104, [(0, 104, 299)])
+    ]
+    assert catch_ups[0].member == reg(1)  # where it is registered now
+
+
+def test_unregistered_decommissioning_and_explicitly_lost_bookies_are_left_to_the_replacement():
+    meta = closed([(0, [1, 2, 3])], 99)
+    live = [reg(2), {**reg(3), "readonly": True, "decommissioning": True}, reg(4)]
+    assert plan_catch_up(meta, mark((1, 10), (3, 10)), live) == ([], [])
+    assert plan_catch_up(meta, mark((2, 10)), [reg(1), reg(2), reg(3)], lost_ids={"b2"}) == ([], [])
+
+
+def test_a_read_only_bookie_that_lacks_entries_keeps_the_mark():
+    meta = closed([(0, [1, 2, 3])], 99)
+    live = [{**reg(1), "readonly": True}, reg(2), reg(3)]
+    assert plan_catch_up(meta, mark((1, 50)), live) == ([], ["b1"])
+    assert plan_catch_up(meta, mark((1, 100)), live) == ([], [])  # nothing to take: nothing blocks
+
+
+def test_a_mark_for_a_complete_or_changed_ledger_plans_nothing_and_junk_is_skipped():
+    meta = closed([(0, [1, 2, 3]), (50, [4, 2, 3])], 99)
+    live = [reg(i) for i in range(1, 5)]
+    assert plan_catch_up(meta, mark((1, 50)), live) == ([], [])  # b1 acked all of its fragment
+    assert plan_catch_up(meta, None, live) == ([], [])
+    junk = {"missing": ["x", {"address": "a"}, {"bookie_id": "b4", "from_entry": "?"}]}
+    catch_ups, _ = plan_catch_up(meta, junk, live)
+    assert [(c.member["bookie_id"], c.ranges) for c in catch_ups] == [("b4", [(1, 50, 99)])]
+
+
+def test_consecutive_runs():
+    assert consecutive_runs([3, 4, 5, 9, 11, 12]) == [range(3, 6), range(9, 10), range(11, 13)]
+    assert consecutive_runs(range(0, 4)) == [range(0, 4)]
+    assert consecutive_runs([]) == []
 
 
 def test_token_bucket_paces_to_the_rate():
