@@ -1,5 +1,6 @@
-"""The history in log order, in the driver: entries for a replay, from the bookies or from an export.
+"""A shard's history in log order, in the driver: entries for a replay, from the bookies or from an export.
 
+Each shard is its own state machine with its own log, so a history is one shard's.
 :func:`cluster_entries` reads the committed log with the ledger reader (each
 entry's digest checked, a bad copy replaced by another replica's), ledger by
 ledger, never past what is committed when it is planned.
@@ -15,8 +16,8 @@ the cluster, its decoded events from an export.
 Example::
 
     for ledger_id, entry_id, epoch, payload in cluster_entries(ClusterAddress("127.0.0.1:2181", "dev")):
-        ...
-    result = replay(export_entries(Path("/data/fp-export")), compare_digests=False)
+        ...                                                      # shard 0's log
+    result = replay(export_entries(Path("/data/fp-export"), shard=2), compare_digests=False)
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from broker.state.events import SCHEMAS, BadEvent, validate_event
 from pipeline import PipelineError
+from pipeline.export_layout import between, export_files, read_export_file
 from pipeline.plan import ClusterAddress, Connection, LedgerExtent, split_ranges
-from pipeline.rows import COLUMN_NAMES, Position, format_position
+from pipeline.rows import SCHEMA, Position, format_position
 
 # Entries asked of the bookies at a time: the ledger reader's pipelining window.
 READ_CHUNK = 256
@@ -49,23 +49,29 @@ def cluster_entries(
     first: Position | None = None,
     last: Position | None = None,
     extents: list[LedgerExtent] | None = None,
+    shard: int = 0,
 ) -> Iterator[Entry]:
-    """The committed entries from ``first`` to ``last`` (inclusive, None: unbounded), in log order.
+    """The committed entries of ``shard``'s log from ``first`` to ``last`` (inclusive, None: unbounded),
+    in log order.
 
-    ``extents`` (from :meth:`pipeline.plan.Connection.extents`) fixes the end
-    of the read; without it the log is planned when the iteration starts.
-    The reads run in a thread of their own, a few chunks ahead of the consumer.
+    ``extents`` (from :meth:`pipeline.plan.Connection.extents`, of that shard)
+    fixes the end of the read; without it the log is planned when the iteration
+    starts. The reads run in a thread of their own, a few chunks ahead of the consumer.
     """
-    for chunk in _read_ahead(_read_chunks(address, first, last, extents)):
+    for chunk in _read_ahead(_read_chunks(address, first, last, extents, shard)):
         yield from chunk
 
 
 def _read_chunks(
-    address: ClusterAddress, first: Position | None, last: Position | None, extents: list[LedgerExtent] | None
+    address: ClusterAddress,
+    first: Position | None,
+    last: Position | None,
+    extents: list[LedgerExtent] | None,
+    shard: int,
 ) -> Iterator[list[Entry]]:
     with Connection.open(address) as conn:
         if extents is None:
-            extents = conn.extents(from_ledger=None if first is None else first[0])
+            extents = conn.extents(from_ledger=None if first is None else first[0], shard=shard)
         readers = {}
         for rng in split_ranges(extents, first, last, READ_CHUNK):
             reader = readers.get(rng.ledger_id)
@@ -117,38 +123,14 @@ def _read_ahead(chunks: Iterator[list[Entry]]) -> Iterator[list[Entry]]:
         thread.join()
 
 
-def export_table(path: Path, first: Position | None = None, last: Position | None = None) -> pa.Table:
-    """Every event row of the export in ``path`` between the positions, in log order, with its epoch."""
-    events = Path(path) / "events"
-    if not events.is_dir():
-        raise PipelineError(f"{path} is not a fencepost export (it has no events directory)")
-    tables = []
-    for directory in sorted(events.glob("epoch=*")):
-        epoch = int(directory.name.split("=", 1)[1])
-        for file in sorted(directory.glob("*.parquet")):
-            table = pq.read_table(file)
-            table = table.append_column("epoch", pa.array([epoch] * table.num_rows, pa.int64()))
-            tables.append(table.select(list(COLUMN_NAMES)))
+def export_table(
+    path: Path, first: Position | None = None, last: Position | None = None, shard: int = 0
+) -> pa.Table:
+    """Every event row of ``shard`` in the export in ``path`` between the positions, in log order."""
+    tables = [between(read_export_file(f), first, last) for f in export_files(path) if f.shard == shard]
     if not tables:
-        return pa.table({name: [] for name in COLUMN_NAMES})
-    table = pa.concat_tables(tables, promote_options="permissive")
-    if first is not None:
-        table = table.filter(
-            pc.or_(
-                pc.greater(table["ledger_id"], first[0]),
-                pc.and_(
-                    pc.equal(table["ledger_id"], first[0]), pc.greater_equal(table["entry_id"], first[1])
-                ),
-            )
-        )
-    if last is not None:
-        table = table.filter(
-            pc.or_(
-                pc.less(table["ledger_id"], last[0]),
-                pc.and_(pc.equal(table["ledger_id"], last[0]), pc.less_equal(table["entry_id"], last[1])),
-            )
-        )
-    return table.sort_by(
+        return SCHEMA.empty_table()
+    return pa.concat_tables(tables).sort_by(
         [("ledger_id", "ascending"), ("entry_id", "ascending"), ("event_index", "ascending")]
     )
 
@@ -205,10 +187,10 @@ def row_event(row: dict) -> dict:
 
 
 def export_entries(
-    path: Path, first: Position | None = None, last: Position | None = None
+    path: Path, first: Position | None = None, last: Position | None = None, shard: int = 0
 ) -> Iterator[Entry]:
-    """The entries of an export in log order, each with its events rebuilt from the rows."""
-    table = export_table(path, first, last)
+    """The entries of ``shard`` in an export, in log order, each with its events rebuilt from the rows."""
+    table = export_table(path, first, last, shard)
     current: Position | None = None
     epoch = 0
     events: list[dict] = []

@@ -1,8 +1,9 @@
 """Event rows: one row per event of a ledger entry, the columns analyses are built on (docs/pipeline.md).
 
 An entry's payload is a batch of events (:func:`broker.state.events.decode_batch`);
-each becomes a row keyed by ``(ledger_id, entry_id, event_index)``, which orders
-the whole history. The columns most analyses need are typed; whatever else an
+each becomes a row keyed by ``(ledger_id, entry_id, event_index)``: ledger ids are
+unique over the cluster, and within a shard (``shard``, each shard its own log and
+state machine) they grow along the log, so the key orders each shard's history. The columns most analyses need are typed; whatever else an
 event carries (except payload and result bytes, counted in ``payload_bytes`` and
 ``result_bytes``) goes into ``extra`` as JSON, so no field of the log is lost.
 
@@ -11,7 +12,8 @@ usable by the Spark workers, the export and tests alike.
 
 Example::
 
-    rows = entry_rows(7, 41, epoch=3, payload=entry.payload)
+    rows = entry_rows(7, 41, epoch=3, payload=entry.payload)             # shard 0
+    rows = entry_rows(9, 0, epoch=2, payload=entry.payload, shard=2)     # an entry of shard 2's log
     batch = to_record_batch(rows)          # a pyarrow.RecordBatch in SCHEMA's column order
     position = parse_position("7:41")      # (7, 41)
 """
@@ -30,6 +32,7 @@ Position = tuple[int, int]
 
 # (name, Spark SQL type). The order is the column order of every table made here.
 COLUMNS: tuple[tuple[str, str], ...] = (
+    ("shard", "int"),
     ("ledger_id", "bigint"),
     ("entry_id", "bigint"),
     ("epoch", "bigint"),
@@ -88,12 +91,16 @@ _COLUMN_OF = {
 }
 _SIZED = {"payload": "payload_bytes", "result": "result_bytes"}
 _INDEX = {name: i for i, name in enumerate(COLUMN_NAMES)}
+# The columns every row fills, first in COLUMNS in this order.
+_KEY_COLUMNS = ("shard", "ledger_id", "entry_id", "epoch", "event_index", "type")
+_KEY_WIDTH = len(_KEY_COLUMNS)
+assert COLUMN_NAMES[:_KEY_WIDTH] == _KEY_COLUMNS
 
 
-def event_row(ledger_id: int, entry_id: int, epoch: int, event_index: int, ev: dict) -> tuple:
-    """The row of one decoded event (a dict as :func:`decode_batch` returns it)."""
+def event_row(ledger_id: int, entry_id: int, epoch: int, event_index: int, ev: dict, shard: int = 0) -> tuple:
+    """The row of one decoded event (a dict as :func:`decode_batch` returns it) of ``shard``'s log."""
     row: list[Any] = [None] * len(COLUMNS)
-    row[0], row[1], row[2], row[3], row[4] = ledger_id, entry_id, epoch, event_index, ev["type"]
+    row[:_KEY_WIDTH] = shard, ledger_id, entry_id, epoch, event_index, ev["type"]
     extra = {}
     for field, value in ev.items():
         if field == "type":
@@ -111,13 +118,14 @@ def event_row(ledger_id: int, entry_id: int, epoch: int, event_index: int, ev: d
     return tuple(row)
 
 
-def entry_rows(ledger_id: int, entry_id: int, epoch: int, payload: bytes) -> list[tuple]:
+def entry_rows(ledger_id: int, entry_id: int, epoch: int, payload: bytes, shard: int = 0) -> list[tuple]:
     """The rows of every event in one entry's payload; :class:`PipelineError` if it cannot be decoded."""
     try:
         events = decode_batch(payload)
     except BadEvent as exc:
-        raise PipelineError(f"entry {ledger_id}:{entry_id} cannot be decoded: {exc.message}") from None
-    return [event_row(ledger_id, entry_id, epoch, i, ev) for i, ev in enumerate(events)]
+        where = f"entry {ledger_id}:{entry_id}" + (f" of shard {shard}" if shard else "")
+        raise PipelineError(f"{where} cannot be decoded: {exc.message}") from None
+    return [event_row(ledger_id, entry_id, epoch, i, ev, shard) for i, ev in enumerate(events)]
 
 
 def to_record_batch(rows: Iterable[tuple]) -> pa.RecordBatch:

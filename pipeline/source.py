@@ -1,18 +1,22 @@
 """The ``fencepost`` Spark data source: the log's events as rows, batch or streaming (docs/pipeline.md).
 
-Partitions are planned on the driver from the log and the ledgers' metadata
-(:mod:`pipeline.plan`): one per ledger, large ledgers cut into entry ranges,
-none past a ledger's last committed entry. Each partition is read in a Python
+Partitions are planned on the driver from every shard's log and the ledgers'
+metadata (:mod:`pipeline.plan`): one per ledger, large ledgers cut into entry
+ranges, none past a ledger's last committed entry; the shards' ledgers are
+independent partitions, read in parallel. Each partition is read in a Python
 worker that opens its own ZooKeeper session and bookie pool, reads its range
 straight from the bookies with the ledger reader (digest checked, falling back
-to other replicas) and closes both at the end. With a ``path`` the source reads
-an export directory (:mod:`pipeline.export`) instead of the cluster.
+to other replicas) and closes both at the end. Every row names its ``shard``.
+``from`` and ``to`` are positions per shard (:mod:`pipeline.shard_bounds`).
+With a ``path`` the source reads an export directory (:mod:`pipeline.export`)
+instead of the cluster.
 
 Example::
 
     spark.dataSource.register(FencepostDataSource)
     df = (spark.read.format("fencepost").option("zk", "127.0.0.1:2181").option("cluster", "dev")
-          .option("from", "7:0").load())
+          .option("from", "7:0").load())                                   # a 1-shard cluster
+    df = spark.read.format("fencepost").option("zk", hosts).option("cluster", "big").option("shards", "2").load()
     stream = spark.readStream.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
 """
 
@@ -22,23 +26,22 @@ from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from pipeline import PipelineError
+from pipeline.export_layout import ExportFile, between, export_files, export_shards, read_export_file
 from pipeline.plan import (
     DEFAULT_ENTRIES_PER_PARTITION,
     ClusterAddress,
     Connection,
     ReadRange,
     end_position,
-    position_option,
-    split_ranges,
+    shard_ranges,
 )
-from pipeline.rows import COLUMN_NAMES, DDL, SCHEMA, Position, entry_rows, to_record_batch
+from pipeline.rows import DDL, Position, entry_rows, to_record_batch
+from pipeline.shard_bounds import parse_bounds, shards_read
 
 NAME = "fencepost"
 # Entries asked of the bookies (and turned into one Arrow batch) at a time within a partition: the
@@ -53,7 +56,7 @@ def read_entries(address: ClusterAddress, rng: ReadRange) -> Iterator[pa.RecordB
         for start in range(rng.first, rng.last + 1, _READ_CHUNK):
             rows: list[tuple] = []
             for entry in reader.read_range(start, min(rng.last, start + _READ_CHUNK - 1)):
-                rows.extend(entry_rows(rng.ledger_id, entry.entry_id, entry.epoch, entry.payload))
+                rows.extend(entry_rows(rng.ledger_id, entry.entry_id, entry.epoch, entry.payload, rng.shard))
             yield to_record_batch(rows)
 
 
@@ -79,7 +82,7 @@ class RangePartition(InputPartition):
 
 
 class LogBatchReader(DataSourceReader):
-    """A batch read of the committed log between the ``from`` and ``to`` positions.
+    """A batch read of the committed logs of the shards read, between the ``from`` and ``to`` positions.
 
     Example::
 
@@ -89,33 +92,38 @@ class LogBatchReader(DataSourceReader):
 
     def __init__(self, options) -> None:
         self.address = ClusterAddress.from_options(options)
-        self.first = position_option(options, "from")
-        self.last = position_option(options, "to")
+        self.shards = options.get("shards")
+        self.first = parse_bounds(options.get("from"))
+        self.last = parse_bounds(options.get("to"))
         self.per_range = _entries_per_partition(options)
 
     def partitions(self) -> list[RangePartition]:
         with Connection.open(self.address) as conn:
-            extents = conn.extents(from_ledger=None if self.first is None else self.first[0])
-        return [RangePartition(r) for r in split_ranges(extents, self.first, self.last, self.per_range)]
+            shards = shards_read(self.shards, conn.shards())
+            ranges = shard_ranges(
+                conn,
+                self.first.for_shards(shards, "from"),
+                self.last.for_shards(shards, "to"),
+                self.per_range,
+            )
+        return [RangePartition(r) for r in ranges]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return read_entries(self.address, partition.range)
 
 
-def _offset(position: Position) -> dict:
-    return {"ledger": position[0], "entry": position[1]}
-
-
-def _position(offset: dict) -> Position:
-    return int(offset["ledger"]), int(offset["entry"])
+# A stream's place in a shard before anything of it was read.
+_NOTHING: Position = (-1, -1)
 
 
 class LogStreamReader(DataSourceStreamReader):
-    """Tails the log: an offset is the last position a micro-batch included.
+    """Tails the logs of the shards read: an offset holds, per shard, the last position a micro-batch included.
 
-    ``from`` is the first position to read (or ``latest``: only what is
-    committed after the query starts); without it the stream starts at the
-    beginning of the log.
+    ``from`` is where to start: ``earliest`` (the default: every log's start),
+    ``latest`` (only what is committed after the query starts) or a position
+    per shard. A query of shard 0 alone (every 1-shard cluster) keeps the
+    offsets of before shards, ``{"ledger": L, "entry": E}``; others have
+    ``{"shards": {"0": {"ledger": L, "entry": E}, ...}}``.
 
     Example::
 
@@ -128,6 +136,7 @@ class LogStreamReader(DataSourceStreamReader):
     def __init__(self, options) -> None:
         self.address = ClusterAddress.from_options(options)
         self.start = options.get("from") or "earliest"
+        self.shards = options.get("shards")
         self.per_range = _entries_per_partition(options)
         self._conn: Connection | None = None
 
@@ -141,26 +150,42 @@ class LogStreamReader(DataSourceStreamReader):
             self._conn = Connection.open(self.address)
         return self._conn
 
+    def _offset(self, after: dict[int, Position]) -> dict:
+        if list(after) == [0]:
+            return {"ledger": after[0][0], "entry": after[0][1]}
+        return {"shards": {str(s): {"ledger": p[0], "entry": p[1]} for s, p in sorted(after.items())}}
+
+    @staticmethod
+    def _after(offset: dict) -> dict[int, Position]:
+        if "shards" in offset:
+            return {int(s): (int(p["ledger"]), int(p["entry"])) for s, p in offset["shards"].items()}
+        return {0: (int(offset["ledger"]), int(offset["entry"]))}
+
+    def _end(self, shard: int, after: Position) -> Position | None:
+        return end_position(self._connection().extents(from_ledger=max(after[0], 0), shard=shard))
+
     def initialOffset(self) -> dict:
+        shards = shards_read(self.shards, self._connection().shards())
         if self.start == "earliest":
-            return _offset((-1, -1))
+            return self._offset({shard: _NOTHING for shard in shards})
         if self.start == "latest":
-            return _offset(end_position(self._connection().extents()) or (-1, -1))
-        ledger_id, entry_id = position_option({"from": self.start}, "from")
-        return _offset((ledger_id, entry_id - 1))
+            return self._offset({shard: self._end(shard, _NOTHING) or _NOTHING for shard in shards})
+        starts = parse_bounds(self.start).for_shards(shards, "from")
+        return self._offset({s: _NOTHING if p is None else (p[0], p[1] - 1) for s, p in starts.items()})
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        after = _position(start)
-        end = end_position(self._connection().extents(from_ledger=max(after[0], 0)))
-        return _offset(end) if end is not None and end > after else start
+        latest = {}
+        for shard, after in self._after(start).items():
+            end = self._end(shard, after)
+            latest[shard] = end if end is not None and end > after else after
+        return self._offset(latest)
 
     def partitions(self, start: dict, end: dict) -> list[RangePartition]:
-        after, last = _position(start), _position(end)
-        if last <= after:
-            return []
-        extents = self._connection().extents(from_ledger=max(after[0], 0))
-        first = (after[0], after[1] + 1)
-        return [RangePartition(r) for r in split_ranges(extents, first, last, self.per_range)]
+        after, last = self._after(start), self._after(end)
+        grown = {s: after.get(s, _NOTHING) for s in last if last[s] > after.get(s, _NOTHING)}
+        firsts = {s: (p[0], p[1] + 1) for s, p in grown.items()}
+        ranges = shard_ranges(self._connection(), firsts, last, self.per_range)
+        return [RangePartition(r) for r in ranges]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
         return read_entries(self.address, partition.range)
@@ -172,21 +197,22 @@ class LogStreamReader(DataSourceStreamReader):
 
 
 class FilePartition(InputPartition):
-    """One Parquet file of an export, with the epoch its directory names.
+    """One Parquet file of an export, with the positions of its shard to read from and to (None: unbounded).
 
     Example::
 
-        FilePartition("/data/export/events/epoch=3/run-7-0-part-00000.parquet", epoch=3)
+        FilePartition(ExportFile(Path(".../events/epoch=3/run-7-0-part-00000.parquet"), 0, 3), None, (9, 0))
     """
 
-    def __init__(self, path: str, epoch: int) -> None:
-        super().__init__(path)
-        self.path = path
-        self.epoch = epoch
+    def __init__(self, file: ExportFile, first: Position | None, last: Position | None) -> None:
+        super().__init__(str(file.path))
+        self.file = file
+        self.first = first
+        self.last = last
 
 
 class ExportReader(DataSourceReader):
-    """The rows of an export directory (``<path>/events/epoch=N/*.parquet``), bounded by ``from``/``to``.
+    """The rows of an export directory (:mod:`pipeline.export_layout`), by ``shards``, bounded by ``from``/``to``.
 
     Example::
 
@@ -196,43 +222,18 @@ class ExportReader(DataSourceReader):
 
     def __init__(self, options) -> None:
         self.root = Path(options["path"])
-        self.first = position_option(options, "from")
-        self.last = position_option(options, "to")
+        self.shards = options.get("shards")
+        self.first = parse_bounds(options.get("from"))
+        self.last = parse_bounds(options.get("to"))
 
     def partitions(self) -> list[FilePartition]:
-        events = self.root / "events"
-        if not events.is_dir():
-            raise PipelineError(f"{self.root} is not a fencepost export (it has no events directory)")
-        out = []
-        for directory in sorted(events.glob("epoch=*")):
-            epoch = int(directory.name.split("=", 1)[1])
-            out.extend(FilePartition(str(f), epoch) for f in sorted(directory.glob("*.parquet")))
-        return out
+        files = export_files(self.root)
+        shards = shards_read(self.shards, export_shards(self.root, files))
+        firsts, lasts = self.first.for_shards(shards, "from"), self.last.for_shards(shards, "to")
+        return [FilePartition(f, firsts[f.shard], lasts[f.shard]) for f in files if f.shard in firsts]
 
     def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
-        table = pq.read_table(partition.path)
-        # Spark keeps the partition column in the directory name only.
-        table = table.append_column("epoch", pa.array([partition.epoch] * table.num_rows, pa.int64()))
-        table = table.select(list(COLUMN_NAMES)).cast(SCHEMA)
-        mask = None
-        for bound, keep_ge in ((self.first, True), (self.last, False)):
-            if bound is None:
-                continue
-            ledger, entry = bound
-            if keep_ge:
-                cond = pc.or_(
-                    pc.greater(table["ledger_id"], ledger),
-                    pc.and_(pc.equal(table["ledger_id"], ledger), pc.greater_equal(table["entry_id"], entry)),
-                )
-            else:
-                cond = pc.or_(
-                    pc.less(table["ledger_id"], ledger),
-                    pc.and_(pc.equal(table["ledger_id"], ledger), pc.less_equal(table["entry_id"], entry)),
-                )
-            mask = cond if mask is None else pc.and_(mask, cond)
-        if mask is not None:
-            table = table.filter(mask)
-        yield from table.to_batches()
+        yield from between(read_export_file(partition.file), partition.first, partition.last).to_batches()
 
 
 class FencepostDataSource(DataSource):
