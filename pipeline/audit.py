@@ -2,25 +2,28 @@
 
 On a cluster, an audit:
 
-1. asks every live broker for its applied position and digest, and plans the
-   log up to its committed end (at least as far as those positions);
-2. reads every copy of every entry from the bookies in a Spark job
-   (:mod:`pipeline.audit_replicas`): gaps, corrupt or disagreeing copies,
+1. asks every live broker of every shard for its applied position and digest,
+   and plans each shard's log up to its committed end (at least as far as those
+   positions) (:mod:`pipeline.audit_plan`);
+2. reads every copy of every entry of every shard from the bookies in one Spark
+   job (:mod:`pipeline.audit_replicas`): gaps, corrupt or disagreeing copies,
    entries under their ack quorum;
-3. replays the history in the driver (:mod:`pipeline.replay`; from the log's
-   start or from ``snapshot``) checking epochs along the log
+3. replays each shard's history in the driver, shard after shard, each shard its
+   own state machine (:mod:`pipeline.replay`; from the log's start or from the
+   shard's snapshot), checking epochs along its log
    (:class:`~pipeline.audit_log.EpochCheck`), each task's history
-   (:class:`~pipeline.audit_tasks.TaskCheck`), every ``StateDigest`` and each
-   broker's digest at its position.
+   (:class:`~pipeline.audit_tasks.TaskCheck`), every ``StateDigest`` of that
+   shard and each of its brokers' digests at its position.
 
-From an export directory only steps 3's epoch and task checks apply (an export
+From an export directory only step 3's epoch and task checks apply (an export
 holds neither the copies nor the payloads that digests cover). The result is an
-:class:`AuditReport`; its findings are :class:`~pipeline.findings.Finding` records.
+:class:`AuditReport`; its findings are :class:`~pipeline.findings.Finding` records,
+each naming its shard.
 
 Example::
 
     report = audit_cluster(spark, ClusterAddress("127.0.0.1:2181", "dev"))
-    report.findings, report.summary()["replay"]["events_per_s"]
+    report.findings, report.summary()["replay"]["events_per_s"], report.shards[2].replay
     plan = plan_audit(address)                  # before starting Spark: a cluster that cannot be audited fails fast
     report = audit_cluster(spark, address, plan=plan)
     report = audit_export(Path("/data/fp-export"))
@@ -28,113 +31,138 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from election.cluster_config import read_cluster_config
-from election.live import live_brokers
+import pyarrow.parquet as pq
+
 from election.local.clock import SYSTEM_CLOCK, Clock
-from election.wire import WireError
-from election.wire.exchange import NoReply, exchange
 from ledger import LedgerError
-from ledger.log import read_log_start
 from pipeline import PipelineError
 from pipeline.audit_log import EpochCheck
+from pipeline.audit_plan import (
+    AuditPlan,
+    ShardPlan,
+    one_per_shard,
+    plan_audit,
+    snapshot_files,
+    snapshot_position,
+)
 from pipeline.audit_tasks import TaskCheck
+from pipeline.export_layout import export_files, export_shards
 from pipeline.findings import Finding, sort_key
 from pipeline.history import Entry, cluster_entries, export_entries
-from pipeline.plan import (
-    DEFAULT_ENTRIES_PER_PARTITION,
-    ClusterAddress,
-    Connection,
-    end_position,
-    split_ranges,
-)
+from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, split_ranges
 from pipeline.replay import ReplayResult, UnreplayableEntry, replay
 from pipeline.rows import Position, format_position
-from snapshots.reader import read_header
+
+__all__ = ["AuditPlan", "AuditReport", "ShardAudit", "audit_cluster", "audit_export", "plan_audit"]
 
 # (what, done, total or None): progress of the audit's long steps.
 Progress = Callable[[str, int, int | None], None]
-# How long to wait for the log's committed end to reach what brokers report applied (the LAC
-# bookies report trails the leader's own by a few milliseconds).
-_PLAN_WAIT_S = 3.0
+
+
+def _replay_summary(results: list[ReplayResult]) -> dict | None:
+    """The replays of one or more shards in one summary (``from``/``to`` only for one replay)."""
+    if not results:
+        return None
+    one = results[0] if len(results) == 1 else None
+    events, seconds = sum(r.events for r in results), sum(r.seconds for r in results)
+    return {
+        "from": None if one is None or one.start is None else format_position(one.start),
+        "to": None if one is None or one.last is None else format_position(one.last),
+        "entries": sum(r.entries for r in results),
+        "events": events,
+        "seconds": round(seconds, 3),
+        "events_per_s": round(events / seconds) if seconds else None,
+        "grants": sum(len(r.grants) for r in results),
+    }
+
+
+def _digest_counts(results: list[ReplayResult]) -> dict:
+    checks = [c for r in results for c in r.digest_checks]
+    return {
+        "compared": sum(1 for c in checks if c.compared),
+        "not_compared": sum(1 for c in checks if not c.compared),
+    }
+
+
+@dataclass
+class ShardAudit:
+    """What an audit checked of one shard: its ledgers and entries, its replay and its brokers.
+
+    Example::
+
+        report.shards[2].replay.last, report.shards[2].summary()["state_digests"]
+    """
+
+    shard: int
+    ledgers: int = 0
+    entries: int = 0
+    replay: ReplayResult | None = None
+    brokers: list[dict] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        replays = [self.replay] if self.replay is not None else []
+        return {
+            "shard": self.shard,
+            "ledgers": self.ledgers,
+            "entries": self.entries,
+            "replay": _replay_summary(replays),
+            "state_digests": _digest_counts(replays),
+            "brokers": sum(1 for b in self.brokers if b.get("compared")),
+        }
 
 
 @dataclass
 class AuditReport:
-    """What an audit checked and found.
+    """What an audit checked and found, over every shard (``shards``, one :class:`ShardAudit` each).
 
     Example::
 
-        report.findings                 # [] when the history is clean
+        report.findings                 # [] when the history is clean; each finding names its shard
         report.summary()                # JSON-ready counts, timings and findings
     """
 
     source: str
+    shards: list[ShardAudit]
     findings: list[Finding] = field(default_factory=list)
-    ledgers: int = 0
-    entries: int = 0
     copies: dict = field(default_factory=dict)
-    replay: ReplayResult | None = None
-    brokers: list[dict] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
 
+    @property
+    def ledgers(self) -> int:
+        return sum(s.ledgers for s in self.shards)
+
+    @property
+    def entries(self) -> int:
+        return sum(s.entries for s in self.shards)
+
+    @property
+    def brokers(self) -> list[dict]:
+        return [b for s in self.shards for b in s.brokers]
+
+    @property
+    def replay(self) -> ReplayResult | None:
+        """The replay of a 1-shard audit (None with several shards: see each of :attr:`shards`)."""
+        return self.shards[0].replay if len(self.shards) == 1 else None
+
     def summary(self) -> dict:
-        result = self.replay
-        checks = result.digest_checks if result else []
-        replayed = None
-        if result is not None:
-            replayed = {
-                "from": None if result.start is None else format_position(result.start),
-                "to": None if result.last is None else format_position(result.last),
-                "entries": result.entries,
-                "events": result.events,
-                "seconds": round(result.seconds, 3),
-                "events_per_s": round(result.events / result.seconds) if result.seconds else None,
-                "grants": len(result.grants),
-            }
+        replays = [s.replay for s in self.shards if s.replay is not None]
         return {
             "clean": not self.findings,
             "source": self.source,
             "ledgers": self.ledgers,
             "entries": self.entries,
             "copies": dict(self.copies),
-            "replay": replayed,
-            "state_digests": {
-                "compared": sum(1 for c in checks if c.compared),
-                "not_compared": sum(1 for c in checks if not c.compared),
-            },
+            "replay": _replay_summary(replays),
+            "state_digests": _digest_counts(replays),
             "brokers": self.brokers,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "shards": [s.summary() for s in self.shards],
             "findings": [f.as_dict() for f in sorted(self.findings, key=sort_key)],
         }
-
-
-def broker_digests(address: ClusterAddress, conn: Connection, timeout: float = 2.0) -> list[dict]:
-    """Each live broker's ``{"id", "address", "position", "digest"}`` from its ``status`` (None if it does not answer).
-
-    Position and digest are read apart on the broker; an answer counts only when
-    two in a row agree, so a pair torn by an apply in between is never compared.
-    """
-    out = []
-    for broker_id, info in live_brokers(conn.zk, conn.paths).items():
-        where = info.get("address")
-        row = {"id": broker_id, "address": where, "position": None, "digest": None}
-        previous = None
-        for _ in range(5):
-            try:
-                reply = exchange(where, "status", timeout) if where else {}
-            except (NoReply, WireError):
-                break
-            pair = (tuple(reply.get("position") or ()), reply.get("digest")) if reply.get("ok") else None
-            if pair is not None and pair == previous and pair[0]:
-                row["position"], row["digest"] = [int(x) for x in pair[0]], pair[1]
-                break
-            previous = pair
-        out.append(row)
-    return out
 
 
 def _with_epochs(entries: Iterable[Entry], check: EpochCheck) -> Iterator[Entry]:
@@ -144,24 +172,21 @@ def _with_epochs(entries: Iterable[Entry], check: EpochCheck) -> Iterator[Entry]
 
 
 def _replay_checked(
-    report: AuditReport,
+    audit: ShardAudit,
     entries: Iterable[Entry],
     epochs: EpochCheck,
     snapshot: Path | None,
     digests_at: list[Position],
     compare_digests: bool,
-    progress: Progress | None,
+    progress: Callable[[int], None] | None,
     clock: Clock,
-) -> None:
+) -> list[Finding]:
+    """Replay one shard's history with its checks; the findings, each naming the shard."""
     tasks = TaskCheck()
-    started = clock.monotonic()
-    step = (
-        None
-        if progress is None
-        else (lambda done, events, position: progress("replay (entries)", done, report.entries or None))
-    )
+    findings = []
+    step = None if progress is None else (lambda done, events, position: progress(done))
     try:
-        report.replay = replay(
+        audit.replay = replay(
             _with_epochs(entries, epochs),
             snapshot=snapshot,
             digests_at=digests_at,
@@ -171,17 +196,14 @@ def _replay_checked(
             clock=clock,
         )
     except UnreplayableEntry as exc:
-        report.findings.append(Finding("replay_failed", exc.position[0], exc.position[1], detail=str(exc)))
+        findings.append(Finding("replay_failed", exc.position[0], exc.position[1], detail=str(exc)))
     except LedgerError as exc:  # no valid copy of an entry: the replica scan names the gap
-        report.findings.append(Finding("replay_failed", detail=str(exc)))
-    report.seconds["replay"] = clock.monotonic() - started
-    report.findings += epochs.findings + tasks.findings
-    result = report.replay
-    if result is None:
-        return
-    for check in result.digest_checks:
+        findings.append(Finding("replay_failed", detail=str(exc)))
+    findings += epochs.findings + tasks.findings
+    result = audit.replay
+    for check in result.digest_checks if result is not None else ():
         if check.matches is False:
-            report.findings.append(
+            findings.append(
                 Finding(
                     "digest_mismatch",
                     check.ledger_id,
@@ -190,16 +212,19 @@ def _replay_checked(
                     f"{check.actual}; the replay stops here",
                 )
             )
+    findings += _compare_brokers(audit)
+    return [replace(f, shard=audit.shard) for f in findings]
 
 
-def _compare_brokers(report: AuditReport) -> None:
-    result = report.replay
-    for row in report.brokers:
+def _compare_brokers(audit: ShardAudit) -> list[Finding]:
+    result = audit.replay
+    findings = []
+    for row in audit.brokers:
         position = tuple(row["position"]) if row["position"] else None
         mine = result.digests_at.get(position) if result is not None and position else None
         row["compared"] = mine is not None
         if mine is not None and mine != row["digest"]:
-            report.findings.append(
+            findings.append(
                 Finding(
                     "broker_digest_mismatch",
                     position[0],
@@ -207,71 +232,29 @@ def _compare_brokers(report: AuditReport) -> None:
                     detail=f"broker {row['id']} reports {row['digest']}, the replayed state {mine}",
                 )
             )
+    return findings
 
 
-@dataclass
-class AuditPlan:
-    """What an audit of a cluster covers, read from ZooKeeper and the brokers before Spark starts.
+class _ReplayProgress:
+    """The replay step's progress over every shard: entries replayed in the shards before, plus this one's."""
 
-    ``end`` is the last committed position audited (None: an empty log); ``first``
-    the first entry replayed (None: the log's start; after a snapshot's position).
+    def __init__(self, progress: Progress | None, total: int | None) -> None:
+        self.progress, self.total, self.before = progress, total, 0
 
-    Example::
+    def shard(self) -> Callable[[int], None] | None:
+        if self.progress is None:
+            return None
+        before = self.before
+        return lambda done: self.progress("replay (entries)", before + done, self.total)
 
-        plan = plan_audit(ClusterAddress("127.0.0.1:2181", "dev"))
-        plan.end, [b["position"] for b in plan.brokers]
-    """
-
-    address: ClusterAddress
-    snapshot: Path | None
-    extents: list
-    end: Position | None
-    brokers: list[dict]
-    first: Position | None
-
-
-def plan_audit(
-    address: ClusterAddress, snapshot: Path | None = None, clock: Clock = SYSTEM_CLOCK
-) -> AuditPlan:
-    """Check that the history can be audited and fix its extent; :class:`~pipeline.PipelineError` if not.
-
-    The brokers' positions and digests are taken first, then the log is planned
-    at least as far as those positions, so that each can be compared (waiting on ``clock``, up to
-    ``_PLAN_WAIT_S``, for the log to reach them).
-    """
-    with Connection.open(address) as conn:
-        start = read_log_start(conn.zk, conn.paths)
-        if start and snapshot is None:
-            raise PipelineError(
-                f"the log no longer starts at the beginning of the history ({start}): give a "
-                "snapshot (--snapshot FILE) taken at or after its first entry to replay from"
-            )
-        first = None
-        if snapshot is not None:
-            header = read_header(snapshot)
-            cluster_id = (read_cluster_config(conn.zk, conn.paths) or {}).get("cluster_id")
-            if header.get("cluster_id") != cluster_id:
-                raise PipelineError(
-                    f"{snapshot} is a snapshot of cluster {header.get('cluster_id')}, "
-                    f"not of {address.cluster!r} ({cluster_id})"
-                )
-            first = (int(header["position"][0]), int(header["position"][1]) + 1)
-        brokers = broker_digests(address, conn)
-        wanted = max((tuple(b["position"]) for b in brokers if b["position"]), default=None)
-        deadline = clock.monotonic() + _PLAN_WAIT_S
-        while True:
-            extents = conn.extents()
-            end = end_position(extents)
-            if wanted is None or (end is not None and end >= wanted) or clock.monotonic() > deadline:
-                break
-            clock.sleep(0.05)
-    return AuditPlan(address, snapshot, extents, end, brokers, first)
+    def done(self, audit: ShardAudit) -> None:
+        self.before += audit.replay.entries if audit.replay is not None else 0
 
 
 def audit_cluster(
     spark,
     address: ClusterAddress,
-    snapshot: Path | None = None,
+    snapshot: Path | Iterable[Path] | None = None,
     progress: Progress | None = None,
     entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION,
     plan: AuditPlan | None = None,
@@ -279,48 +262,105 @@ def audit_cluster(
 ) -> AuditReport:
     """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here.
 
-    ``clock`` times the stages (:attr:`AuditReport.seconds`).
+    ``snapshot``: a snapshot file, or one per shard, to replay from. ``clock``
+    times the stages (:attr:`AuditReport.seconds`).
     """
     from pipeline.audit_replicas import scan_replicas
 
     plan = plan or plan_audit(address, snapshot, clock)
     report = AuditReport(
-        source=f"cluster {address.cluster} at {address.zk}", brokers=plan.brokers, ledgers=len(plan.extents)
+        source=f"cluster {address.cluster} at {address.zk}",
+        shards=[ShardAudit(p.shard, len(p.extents), brokers=p.brokers) for p in plan.shards],
     )
-    if plan.end is None:
+    ranges = {
+        p.shard: split_ranges(p.extents, None, p.end, entries_per_partition) if p.end is not None else []
+        for p in plan.shards
+    }
+    for audit in report.shards:
+        audit.entries = sum(r.entries for r in ranges[audit.shard])
+    if not report.entries:
         return report
-    ranges = split_ranges(plan.extents, None, plan.end, entries_per_partition)
-    report.entries = sum(r.entries for r in ranges)
     if progress is not None:
         progress("replicas", 0, report.entries)
     started = clock.monotonic()
-    scan = scan_replicas(spark, address, ranges)
+    scan = scan_replicas(spark, address, [r for shard in sorted(ranges) for r in ranges[shard]])
     report.seconds["replicas"] = clock.monotonic() - started
     report.findings += scan.findings
     report.copies = dict(scan.copies)
+    steps = _ReplayProgress(progress, report.entries)
+    started = clock.monotonic()
+    for audit, shard_plan in zip(report.shards, plan.shards):
+        if shard_plan.end is not None:
+            report.findings += _replay_shard(address, audit, shard_plan, steps.shard(), clock)
+            steps.done(audit)
+    report.seconds["replay"] = clock.monotonic() - started
+    return report
+
+
+def _replay_shard(
+    address: ClusterAddress,
+    audit: ShardAudit,
+    plan: ShardPlan,
+    progress: Callable[[int], None] | None,
+    clock: Clock,
+) -> list[Finding]:
     epochs = EpochCheck({e.ledger_id: e.epoch for e in plan.extents})
     digests_at = [tuple(b["position"]) for b in plan.brokers if b["position"]]
-    entries = cluster_entries(address, first=plan.first, last=plan.end, extents=plan.extents)
-    _replay_checked(report, entries, epochs, plan.snapshot, digests_at, True, progress, clock)
-    _compare_brokers(report)
-    return report
+    entries = cluster_entries(
+        address, first=plan.first, last=plan.end, extents=plan.extents, shard=plan.shard
+    )
+    return _replay_checked(audit, entries, epochs, plan.snapshot, digests_at, True, progress, clock)
+
+
+def _export_snapshots(path: Path, snapshots: list[Path], shards: int) -> dict[int, Path]:
+    """Each snapshot by the shard whose exported rows hold its position's ledger (ledger ids are unique
+    over the cluster)."""
+    if shards == 1:
+        return one_per_shard((0, snapshot) for snapshot in snapshots)
+    ledgers: dict[int, set[int]] = {}
+    for file in export_files(path):
+        column = pq.read_table(file.path, columns=["ledger_id"])["ledger_id"]
+        ledgers.setdefault(file.shard, set()).update(column.unique().to_pylist())
+    found = []
+    for snapshot in snapshots:
+        ledger_id = snapshot_position(snapshot)[0]
+        holders = [shard for shard, ids in ledgers.items() if ledger_id in ids]
+        if not holders:
+            raise PipelineError(
+                f"cannot tell which shard {snapshot} is of: the export does not hold ledger {ledger_id}"
+            )
+        found.append((holders[0], snapshot))
+    return one_per_shard(found)
 
 
 def audit_export(
-    path: Path, snapshot: Path | None = None, progress: Progress | None = None, clock: Clock = SYSTEM_CLOCK
+    path: Path,
+    snapshot: Path | Iterable[Path] | None = None,
+    progress: Progress | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AuditReport:
-    """Audit the history in an export directory: epochs and task histories (no copies, no digests)."""
-    report = AuditReport(source=f"export {path}")
-    entries = export_entries(path)
-    counted = _counting(entries, report)
-    _replay_checked(report, counted, EpochCheck({}), snapshot, [], False, progress, clock)
+    """Audit the history in an export directory, shard by shard: epochs and task histories (no copies, no
+    digests). ``snapshot``: a snapshot file, or one per shard, to replay from."""
+    files = export_files(path)
+    shards = export_shards(path, files)
+    by_shard = _export_snapshots(path, snapshot_files(snapshot), shards)
+    report = AuditReport(source=f"export {path}", shards=[ShardAudit(n) for n in range(shards)])
+    steps = _ReplayProgress(progress, None)
+    started = clock.monotonic()
+    for audit in report.shards:
+        counted = _counting(export_entries(path, shard=audit.shard), audit)
+        report.findings += _replay_checked(
+            audit, counted, EpochCheck({}), by_shard.get(audit.shard), [], False, steps.shard(), clock
+        )
+        steps.done(audit)
+    report.seconds["replay"] = clock.monotonic() - started
     return report
 
 
-def _counting(entries: Iterable[Entry], report: AuditReport) -> Iterator[Entry]:
+def _counting(entries: Iterable[Entry], audit: ShardAudit) -> Iterator[Entry]:
     ledgers = set()
     for entry in entries:
         ledgers.add(entry[0])
-        report.entries += 1
-        report.ledgers = len(ledgers)
+        audit.entries += 1
+        audit.ledgers = len(ledgers)
         yield entry

@@ -1,4 +1,5 @@
-"""Reading every copy of every entry from the bookies, as a Spark job: one task per ledger entry range.
+"""Reading every copy of every entry from the bookies, as a Spark job: one task per ledger entry range
+(of any shard: the ranges of every shard's log are scanned by one job, each finding naming its shard).
 
 The ledger reader stops at the first valid copy; an audit must see them all.
 Each Spark task opens its own ZooKeeper session and bookie pool, and for each
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import SparkSession
 
@@ -107,7 +108,7 @@ def scan_range(address: ClusterAddress, rng: ReadRange) -> tuple[list[Finding], 
                     present.append(entry_id)
                 findings.extend(copy_findings(rng.ledger_id, entry_id, copies, meta.ack_quorum))
     findings.extend(gap_findings(rng.ledger_id, rng.first, rng.last, present))
-    return findings, rng.entries, statuses
+    return [replace(f, shard=rng.shard) for f in findings], rng.entries, statuses
 
 
 def scan_replicas(spark: SparkSession, address: ClusterAddress, ranges: list[ReadRange]) -> ReplicaScan:

@@ -1,14 +1,15 @@
 """Audit findings: one structured record per problem found in the history, and how they are shown.
 
 A finding names what is wrong (``kind``) and where: the position (``ledger``,
-``entry``), the bookie holding a bad copy, the task, and a sentence of
-``detail``. The kinds are listed in :data:`KINDS` (docs/pipeline.md, "Audit").
+``entry``) in the log of its ``shard`` (each shard its own log and state machine),
+the bookie holding a bad copy, the task, and a sentence of ``detail``. The kinds are listed in :data:`KINDS` (docs/pipeline.md, "Audit").
 An audit with no finding exits 0, with any 1.
 
 Example::
 
-    found = [Finding("corrupt_replica", ledger=7, entry=41, bookie="bookie-2", detail="bad crc32c digest")]
+    found = [Finding("corrupt_replica", ledger=7, entry=41, bookie="bookie-2", detail="bad crc32c digest", shard=0)]
     print(findings_table(found))
+    print(findings_table(found, with_shard=True))   # a cluster of several shards: a SHARD column
     exit_code(found)            # 1
 """
 
@@ -36,12 +37,12 @@ KINDS = {
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem. Unused fields are None.
+    """One problem. Unused fields are None (``shard`` too, until the audit says whose log it is in).
 
     Example::
 
         Finding("stale_completion", ledger=7, entry=12, task_id="0a1b...",
-                detail="TaskCompleted by attempt 1 accepted while attempt 2 was current")
+                detail="TaskCompleted by attempt 1 accepted while attempt 2 was current", shard=2)
     """
 
     kind: str
@@ -50,6 +51,7 @@ class Finding:
     bookie: str | None = None
     task_id: str | None = None
     detail: str = ""
+    shard: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,8 +63,9 @@ def exit_code(findings: Iterable[Finding]) -> int:
 
 
 def sort_key(finding: Finding) -> tuple:
-    """Findings in log order, then by kind and bookie."""
+    """Findings by shard, in log order within it, then by kind and bookie."""
     return (
+        finding.shard if finding.shard is not None else -1,
         finding.ledger if finding.ledger is not None else -1,
         finding.entry if finding.entry is not None else -1,
         finding.kind,
@@ -71,12 +74,14 @@ def sort_key(finding: Finding) -> tuple:
     )
 
 
-def findings_table(findings: list[Finding]) -> str:
-    """The findings as a text table, one line each, in log order."""
-    header = ("KIND", "POSITION", "BOOKIE", "TASK", "DETAIL")
+def findings_table(findings: list[Finding], with_shard: bool = False) -> str:
+    """The findings as a text table, one line each, by shard and in log order (``with_shard``: a SHARD
+    column, for a cluster of several shards)."""
+    header = ("KIND", *(("SHARD",) if with_shard else ()), "POSITION", "BOOKIE", "TASK", "DETAIL")
     rows = [header]
     for f in sorted(findings, key=sort_key):
         position = "-" if f.ledger is None else f"{f.ledger}:{'-' if f.entry is None else f.entry}"
-        rows.append((f.kind, position, f.bookie or "-", f.task_id or "-", f.detail))
+        shard = (("-" if f.shard is None else str(f.shard)),) if with_shard else ()
+        rows.append((f.kind, *shard, position, f.bookie or "-", f.task_id or "-", f.detail))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows)
