@@ -28,11 +28,21 @@ def _human_export(summary: dict) -> None:
         click.echo(f"{summary['tasks']} tasks of the snapshot at {summary['position']} -> {summary['path']}")
     elif summary["from"] is None:
         click.echo(f"nothing new to export into {summary['out']}")
-    else:
+    elif "shards" not in summary:
         click.echo(
             f"exported {summary['entries']} entries ({summary['events']} events) "
             f"{summary['from']}..{summary['to']} into {summary['files']} files under {summary['out']}"
         )
+    else:
+        click.echo(
+            f"exported {summary['entries']} entries ({summary['events']} events) of "
+            f"{len(summary['shards'])} shard(s) into {summary['files']} files under {summary['out']}"
+        )
+        for shard in summary["shards"]:
+            click.echo(
+                f"  shard {shard['shard']}: {shard['entries']} entries ({shard['events']} events) "
+                f"{shard['from']}..{shard['to']}"
+            )
     if summary.get("removed"):
         click.echo(f"removed {summary['removed']} files of an unfinished earlier run")
 
@@ -43,7 +53,8 @@ def _human_export(summary: dict) -> None:
     "out_dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="Export directory: events/epoch=N/*.parquet and the bookmark _export.json.",
+    help="Export directory: events/epoch=N/*.parquet (events/shard=S/epoch=N/ for a cluster of several "
+    "shards) and the bookmark _export.json.",
 )
 @click.option(
     "--snapshot",
@@ -66,10 +77,10 @@ def _human_export(summary: dict) -> None:
 def export(
     out_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster, dev_dir
 ) -> None:
-    """Export the log's history as Parquet, partitioned by epoch; a second run appends only what is new.
+    """Export the log's history as Parquet, partitioned by epoch (and shard); a second run appends only what is new.
 
-    Entries are read straight from the bookies by Spark (local by default), up
-    to what is committed when the run starts. With --snapshot, the state at that
+    Entries of every shard are read straight from the bookies by Spark (local by
+    default), up to what is committed when the run starts. With --snapshot, the state at that
     snapshot is written as a Parquet table of tasks instead.
     """
     out = Path(out_dir)
@@ -109,11 +120,18 @@ def _human_analyze(summary: dict) -> None:
             f"  {queue}: {states}; submit->start p50 {_ms(lat.get('start_p50_ms'))}, "
             f"submit->finish p50 {_ms(lat.get('finish_p50_ms'))} p99 {_ms(lat.get('finish_p99_ms'))}"
         )
+    sharded = len(summary.get("shards", [])) > 1
+    for shard in summary.get("shards", []) if sharded else ():
+        states = ", ".join(f"{n} {state}" for state, n in shard["tasks"].items() if n)
+        click.echo(
+            f"  shard {shard['shard']}: {shard['entries']} entries, {shard['epochs']} epochs; {states}"
+        )
     for failover in summary["failovers"]:
         wall = "an unknown time" if failover["gap_ms"] is None else f"{failover['gap_ms'] / 1000:.2f} s"
+        whose = f"shard {failover['shard']}'s " if sharded else ""
         click.echo(
-            f"  failover to epoch {failover['epoch']} (broker {failover['broker_id']}): writes stopped for "
-            f"{wall} ({failover['leader_gap_ms'] / 1000:.2f} s in leader time)"
+            f"  failover to {whose}epoch {failover['epoch']} (broker {failover['broker_id']}): writes stopped "
+            f"for {wall} ({failover['leader_gap_ms'] / 1000:.2f} s in leader time)"
         )
     click.echo(f"tables in {summary['out']}, report {summary['report']}")
 
@@ -190,17 +208,27 @@ def _human_audit(summary: dict) -> None:
     from pipeline.findings import Finding, findings_table
 
     replayed = summary["replay"] or {}
+    shards = summary["shards"]
     click.echo(
-        f"audited {summary['entries']} entries in {summary['ledgers']} ledgers of {summary['source']}; "
-        f"replayed {replayed.get('events', 0)} events ({replayed.get('events_per_s') or 0} events/s); "
+        f"audited {summary['entries']} entries in {summary['ledgers']} ledgers of {summary['source']}"
+        + (f" ({len(shards)} shards)" if len(shards) > 1 else "")
+        + f"; replayed {replayed.get('events', 0)} events ({replayed.get('events_per_s') or 0} events/s); "
         f"{summary['state_digests']['compared']} state digests and "
         f"{sum(1 for b in summary['brokers'] if b.get('compared'))} broker digests compared"
     )
+    for shard in shards if len(shards) > 1 else ():
+        events = (shard["replay"] or {}).get("events", 0)
+        click.echo(
+            f"  shard {shard['shard']}: {shard['entries']} entries in {shard['ledgers']} ledgers, "
+            f"{events} events replayed, {shard['state_digests']['compared']} state digests and "
+            f"{shard['brokers']} broker digests compared"
+        )
     if summary["clean"]:
         click.echo("clean: no findings")
     else:
         click.echo(f"{len(summary['findings'])} findings:")
-        click.echo(findings_table([Finding(**f) for f in summary["findings"]]))
+        findings = [Finding(**f) for f in summary["findings"]]
+        click.echo(findings_table(findings, with_shard=len(shards) > 1))
 
 
 @click.command("audit")
@@ -213,11 +241,12 @@ def _human_audit(summary: dict) -> None:
 )
 @click.option(
     "--snapshot",
-    "snapshot_file",
+    "snapshot_files",
     type=click.Path(exists=True, dir_okay=False),
-    default=None,
+    multiple=True,
     help="Replay from this snapshot file plus the entries after it (needed once retention "
-    "deleted the log's first ledgers).",
+    "deleted the log's first ledgers). Repeat it for a cluster of several shards: one per shard, "
+    "each matched to its shard by the ledger of its position.",
 )
 @MASTER
 @click.option(
@@ -231,19 +260,20 @@ def _human_audit(summary: dict) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and the findings as JSON.")
 @cluster_options
 def audit(
-    export_dir, snapshot_file, master, entries_per_partition, secret_file, as_json, zk, cluster, dev_dir
+    export_dir, snapshot_files, master, entries_per_partition, secret_file, as_json, zk, cluster, dev_dir
 ) -> None:
     """Check the history: gaps, epochs, every replica, each task's events, state digests; exit 1 on any finding.
 
-    Every copy of every entry is read from the bookies by Spark (local by
-    default); the history is replayed in this process into a temporary state
-    store and compared with each StateDigest entry and each live broker's digest.
+    Every copy of every entry of every shard is read from the bookies by Spark
+    (local by default); each shard's history is replayed in this process into a
+    temporary state store and compared with that shard's StateDigest entries and
+    each of its live brokers' digests. Each finding names its shard.
     """
     from pipeline.audit import audit_cluster, audit_export, plan_audit
     from pipeline.plan import ClusterAddress
 
     progress = _audit_progress()
-    snapshot = Path(snapshot_file) if snapshot_file else None
+    snapshot = [Path(f) for f in snapshot_files]
     try:
         if export_dir:
             report = audit_export(Path(export_dir), snapshot=snapshot, progress=progress)

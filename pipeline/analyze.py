@@ -5,11 +5,16 @@ Every function here is a pure DataFrame transformation of the event rows
 steps in log order by apply's rules, with what only a replay of the state tells,
 the lease grants and releases of :mod:`pipeline.replay`). The tables:
 
-- ``tasks``: one row per task (submit, first start, finish, attempts, final state, worker);
+- ``tasks``: one row per task (its shard, submit, first start, finish, attempts, final state, worker);
 - ``queue_minutes``: per queue per minute, how many tasks were submitted, started, finished, failed, died;
 - ``latency``: per queue, submit-to-start and submit-to-finish p50/p90/p99;
 - ``workers``: per worker, busy time over the window;
-- ``epochs``: per leader epoch, its leader, start, end and the write gap before it (wall clock and leader time).
+- ``epochs``: per shard per leader epoch, its leader, start, end and the write gap before it (wall clock and
+  leader time).
+
+A cluster of several shards is analysed whole: rows carry their ``shard``, each shard's
+history is in the order of its own log (:mod:`pipeline.task_life`), the queue, latency and
+worker tables cover every shard, and each shard has its own epochs and failovers.
 
 Example::
 
@@ -39,13 +44,14 @@ TABLE_ORDER = {
     "queue_minutes": ("queue", "minute_ms"),
     "latency": ("queue",),
     "workers": ("worker",),
-    "epochs": ("epoch",),
+    "epochs": ("shard", "epoch"),
 }
 MINUTE_MS = 60_000
 PERCENTILES = (0.5, 0.9, 0.99)
 # The event columns the analysis reads: the rest is left out of the cached copy.
 EVENT_COLUMNS = (
     *POSITION,
+    "shard",
     "epoch",
     "type",
     "task_id",
@@ -105,12 +111,13 @@ def parse_time(text: str) -> int:
 
 
 def task_table(life: DataFrame) -> DataFrame:
-    """One row per task: task_id, queue, submitted_ms, first_start_ms, finished_ms, attempts, final_state, worker."""
+    """One row per task: task_id, shard, queue, submitted_ms, first_start_ms, finished_ms, attempts,
+    final_state, worker, max_attempts."""
     position = F.struct(*POSITION)
     grant = F.col("kind") == "grant"
     final = F.max_by("state", position)
     return (
-        life.groupBy("task_id", "queue")
+        life.groupBy("task_id", "shard", "queue")
         .agg(
             F.min(F.when(F.col("kind") == "submit", F.col("ts_ms"))).alias("submitted_ms"),
             F.min(F.when(grant, F.col("ts_ms"))).alias("first_start_ms"),
@@ -126,6 +133,7 @@ def task_table(life: DataFrame) -> DataFrame:
         )
         .select(
             "task_id",
+            "shard",
             "queue",
             "submitted_ms",
             "first_start_ms",
@@ -214,7 +222,8 @@ def worker_utilization(spans: DataFrame, start_ms: int, end_ms: int) -> DataFram
 
 
 def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
-    """Per epoch: leader broker_id, ledger_id, start_ms, end_ms, the write gap before it, entries, events.
+    """Per shard per epoch (each shard elects its own leaders): leader broker_id, ledger_id, start_ms, end_ms,
+    the write gap before it, entries, events.
 
     ``start_ms`` is the epoch's ``EpochStarted`` time and ``end_ms`` its last
     stamped event's, in leader time; ``leader_gap_ms`` is the failover's write
@@ -228,20 +237,21 @@ def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
     was created. ``gap_ms`` is null where a ledger's creation is unknown.
     """
     started = events.where(F.col("type") == "EpochStarted").select(
+        "shard",
         F.get_json_object("extra", "$.epoch").cast("bigint").alias("epoch"),
         F.get_json_object("extra", "$.broker_id").cast("bigint").alias("broker_id"),
         F.col("ts_ms").alias("_started"),
     )
-    spans = events.groupBy("epoch").agg(
+    spans = events.groupBy("shard", "epoch").agg(
         F.min("ledger_id").alias("ledger_id"),
         F.min("ts_ms").alias("_first"),
         F.max("ts_ms").alias("end_ms"),
         F.count_distinct("ledger_id", "entry_id").alias("entries"),
         F.count("*").alias("events"),
     )
-    previous = W.orderBy("epoch")
+    previous = W.partitionBy("shard").orderBy("epoch")
     table = (
-        spans.join(started, "epoch", "left")
+        spans.join(started, ["shard", "epoch"], "left")
         .join(ledgers.select("ledger_id", "created_ms"), "ledger_id", "left")
         .withColumn("start_ms", F.coalesce("_started", "_first"))
         .withColumn("_wall_end", F.col("created_ms") + F.col("end_ms") - F.col("start_ms"))
@@ -254,6 +264,7 @@ def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
     if window.until_ms is not None:
         inside = inside & (F.col("start_ms") < window.until_ms)
     return table.where(inside).select(
+        "shard",
         "epoch",
         "broker_id",
         "ledger_id",

@@ -1,9 +1,10 @@
 """One ``fencepost analyze`` run: read the history, replay it for the leases, write the tables and the report.
 
-The events are read by Spark (from the bookies or an export directory); the
-same history, up to the same end, is replayed in the driver
-(:mod:`pipeline.replay`) for what the log does not say: which task each lease
-handed out and which attempts an expiry or a lost worker ended. The tables of
+The events of every shard are read by Spark (from the bookies or an export
+directory); the same history, up to the same end, is replayed in the driver
+(:mod:`pipeline.replay`), shard after shard (each its own state machine), for
+what the log does not say: which task each lease handed out and which attempts
+an expiry or a lost worker ended. The tables of
 :mod:`pipeline.analyze` go to ``OUT/<table>/`` as Parquet, the report to
 ``OUT/report.html``; the run returns a short summary.
 
@@ -38,12 +39,13 @@ from pipeline.analyze import (
     history_span,
     prepare_events,
 )
-from pipeline.export import LEDGER_CREATED, read_bookmark
+from pipeline.export_layout import LEDGER_CREATED, export_files, export_shards, read_bookmark
 from pipeline.history import cluster_entries, export_entries
 from pipeline.plan import ClusterAddress, Connection, end_position
 from pipeline.replay import grants_dataframe, replay
 from pipeline.report import write_report
-from pipeline.rows import format_position
+from pipeline.rows import Position, format_position
+from pipeline.shard_bounds import format_bounds
 from pipeline.source import NAME
 
 Progress = Callable[[str], None]
@@ -104,44 +106,78 @@ class ReleaseCollector:
                 )
 
 
-def _read(spark: SparkSession, source: HistorySource) -> tuple[DataFrame, Iterable, bool, str | None, dict]:
-    """The events DataFrame, the same entries in log order for the replay, whether digests compare, the end,
-    and when each ledger was created (ZooKeeper's clock)."""
+@dataclass(frozen=True)
+class _History:
+    """What a run reads: the events (every shard's), each shard's entries for its replay, whether digests
+    compare, each shard's end, and when each ledger was created (ZooKeeper's clock)."""
+
+    events: DataFrame
+    entries: dict[int, Iterable]
+    compare: bool
+    ends: dict[int, Position]
+    created: dict[int, int]
+
+
+def _read(spark: SparkSession, source: HistorySource) -> _History:
     if source.export_dir is not None:
         bookmark = read_bookmark(source.export_dir)
         if bookmark is None:
             raise PipelineError(f"{source.export_dir} holds no fencepost export")
-        created = {int(k): v for k, v in bookmark.get(LEDGER_CREATED, {}).items()}
-        return (
+        shards = export_shards(source.export_dir, export_files(source.export_dir))
+        return _History(
             spark.read.format(NAME).load(str(source.export_dir)),
-            export_entries(source.export_dir),
+            {shard: export_entries(source.export_dir, shard=shard) for shard in range(shards)},
             False,
-            None,
-            created,
+            {},
+            {int(k): v for k, v in bookmark.get(LEDGER_CREATED, {}).items()},
         )
     address = source.address
     with Connection.open(address) as conn:
-        extents = conn.extents()
-        created = conn.ledger_created_ms(ext.ledger_id for ext in extents)
-    end = end_position(extents)
-    if end is None:
+        extents = {shard: conn.extents(shard=shard) for shard in range(conn.shards())}
+        created = conn.ledger_created_ms(e.ledger_id for shard in extents.values() for e in shard)
+    ends = {shard: end for shard, planned in extents.items() if (end := end_position(planned)) is not None}
+    if not ends:
         raise PipelineError(f"the log of cluster {address.cluster!r} holds no entries")
     options = {
         "zk": address.zk,
         "cluster": address.cluster,
-        "to": format_position(end),
+        "shards": ",".join(str(shard) for shard in sorted(ends)),
+        "to": format_bounds(ends),
         "readTimeout": str(address.read_timeout),
     }
     if address.secret_file:
         options["secretFile"] = address.secret_file
-    # Spark and the replay read the same entries: the end is fixed here, once.
-    return (
+    # Spark and the replays read the same entries: each shard's end is fixed here, once.
+    return _History(
         spark.read.format(NAME).options(**options).load(),
-        cluster_entries(address, extents=extents),
+        {shard: cluster_entries(address, extents=extents[shard], shard=shard) for shard in sorted(ends)},
         True,
-        format_position(end),
+        ends,
         created,
     )
+
+
+def _replay_shards(history: _History, releases: ReleaseCollector, progress: Progress, clock: Clock) -> dict:
+    """Replay each shard's history; each shard's :class:`~pipeline.replay.ReplayResult`."""
+    results = {}
+    for shard, entries in sorted(history.entries.items()):
+        whose = "the history" if len(history.entries) == 1 else f"shard {shard}'s history"
+
+        def replayed(count: int, applied: int, position, whose=whose) -> None:
+            progress(f"replaying {whose}: {count} entries, {applied} events, at {format_position(position)}")
+
+        result = replay(
+            entries, on_entry=releases, compare_digests=history.compare, progress=replayed, clock=clock
+        )
+        if result.diverged is not None:
+            check = result.diverged
+            where = "" if len(history.entries) == 1 else f" of shard {shard}"
+            raise PipelineError(
+                f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}{where}: "
+                "the history cannot be analyzed past it (fencepost audit says more)"
+            )
+        results[shard] = result
+    return results
 
 
 def _write(tables: dict[str, DataFrame], out: Path, progress: Progress) -> dict[str, pa.Table]:
@@ -157,24 +193,30 @@ def _write(tables: dict[str, DataFrame], out: Path, progress: Progress) -> dict[
 
 
 def summarize(tables: dict[str, pa.Table]) -> dict:
-    """The summary's figures from the written tables: per queue tasks by final state, failovers, latency."""
-    queues: dict[str, dict[str, int]] = {}
+    """The summary's figures from the written tables: per queue tasks by final state, failovers, latency,
+    and per shard its tasks by final state and its epochs."""
     tasks = tables["tasks"]
-    for row in tasks.group_by(["queue", "final_state"]).aggregate([("task_id", "count")]).to_pylist():
-        counts = queues.setdefault(row["queue"], dict.fromkeys(FINAL_STATES, 0))
-        counts[row["final_state"]] = row["task_id_count"]
     epochs = tables["epochs"].to_pylist()
     latency = {
         r["queue"]: {k: r[k] for k in ("start_p50_ms", "start_p99_ms", "finish_p50_ms", "finish_p99_ms")}
         for r in tables["latency"].to_pylist()
     }
+    shards: dict[int, dict] = {}
+    for row in tasks.group_by(["shard", "final_state"]).aggregate([("task_id", "count")]).to_pylist():
+        shard = shards.setdefault(row["shard"], {"tasks": dict.fromkeys(FINAL_STATES, 0), "epochs": 0})
+        shard["tasks"][row["final_state"]] = row["task_id_count"]
+    for epoch in epochs:
+        shards.setdefault(epoch["shard"], {"tasks": dict.fromkeys(FINAL_STATES, 0), "epochs": 0})[
+            "epochs"
+        ] += 1
     return {
         "tasks": tasks.num_rows,
         "attempts": int(pc.sum(tasks["attempts"]).as_py() or 0),
-        "queues": dict(sorted(queues.items())),
+        "queues": _by_queue(tasks),
         "epochs": len(epochs),
         "failovers": [
             {
+                "shard": e["shard"],
                 "epoch": e["epoch"],
                 "broker_id": e["broker_id"],
                 "gap_ms": e["gap_ms"],
@@ -185,7 +227,17 @@ def summarize(tables: dict[str, pa.Table]) -> dict:
         ],
         "latency": latency,
         "workers": tables["workers"].num_rows,
+        "shards": [{"shard": shard, **figures} for shard, figures in sorted(shards.items())],
     }
+
+
+def _by_queue(tasks: pa.Table) -> dict[str, dict[str, int]]:
+    queues: dict[str, dict[str, int]] = {}
+    for row in tasks.group_by(["queue", "final_state"]).aggregate([("task_id", "count")]).to_pylist():
+        queues.setdefault(row["queue"], dict.fromkeys(FINAL_STATES, 0))[row["final_state"]] = row[
+            "task_id_count"
+        ]
+    return dict(sorted(queues.items()))
 
 
 def run_analyze(
@@ -200,49 +252,51 @@ def run_analyze(
     started = clock.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     progress(f"planning the history of {source.describe()}")
-    events, entries, compare, end, created = _read(spark, source)
+    history = _read(spark, source)
     releases = ReleaseCollector()
-
-    def replayed(count: int, applied: int, position) -> None:
-        progress(f"replaying the history: {count} entries, {applied} events, at {format_position(position)}")
-
     # Spark reads the events (and keeps them) while the driver replays: the two overlap.
-    events = prepare_events(events)
+    events = prepare_events(history.events)
     with ThreadPoolExecutor(1) as pool:
         reading = pool.submit(history_span, events, window)
-        result = replay(entries, on_entry=releases, compare_digests=compare, progress=replayed, clock=clock)
-        progress(f"reading the events ({result.events} replayed)")
+        results = _replay_shards(history, releases, progress, clock)
+        progress(f"reading the events ({sum(r.events for r in results.values())} replayed)")
         span = reading.result()
     if span is None:
         raise PipelineError("the history holds no events")
-    if result.diverged is not None:
-        check = result.diverged
-        raise PipelineError(
-            f"the replayed state differs from the StateDigest at {check.ledger_id}:{check.entry_id}: "
-            "the history cannot be analyzed past it (fencepost audit says more)"
-        )
     progress("building the tables")
     frames = analyze_events(
         events,
-        grants_dataframe(spark, result.grants),
+        grants_dataframe(spark, [g for r in results.values() for g in r.grants]),
         spark.createDataFrame(releases.rows, RELEASE_DDL),
-        spark.createDataFrame(sorted(created.items()), LEDGER_DDL),
+        spark.createDataFrame(sorted(history.created.items()), LEDGER_DDL),
         window,
         span,
     )
     tables = _write(frames, out, progress)
     summary = {
         "source": source.describe(),
-        "to": end or (format_position(result.last) if result.last else None),
+        "to": _end_text(history.ends, results),
         "since_ms": window.since_ms,
         "until_ms": window.until_ms,
-        "entries": result.entries,
+        "entries": sum(r.entries for r in results.values()),
         # From an export the replay leaves the StateDigest events out (it cannot compare them).
-        "events": result.events + (0 if compare else len(result.digest_checks)),
+        "events": sum(r.events + (0 if history.compare else len(r.digest_checks)) for r in results.values()),
         **summarize(tables),
         "out": str(out),
     }
+    for shard in summary["shards"]:
+        result = results.get(shard["shard"])
+        shard["entries"] = result.entries if result else 0
     progress("drawing the report")
     summary["report"] = str(write_report(out, tables, summary))
     summary["seconds"] = round(clock.monotonic() - started, 1)
     return summary
+
+
+def _end_text(ends: dict[int, Position], results: dict) -> str | None:
+    """Where the history analysed ends: a position (one shard) or a position per shard."""
+    if not ends:  # from an export: where each replay stopped
+        ends = {shard: r.last for shard, r in results.items() if r.last is not None}
+    if not ends:
+        return None
+    return format_position(ends[0]) if list(ends) == [0] else format_bounds(ends)

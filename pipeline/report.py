@@ -76,8 +76,19 @@ def _busiest(rows: list[dict], key: str, weight: str, limit: int) -> tuple[list,
     return ranked[:limit], max(0, len(ranked) - limit)
 
 
+def _epoch_name(epoch: dict, sharded: bool) -> str:
+    """An epoch as a chart names it: each shard counts its own epochs."""
+    return f"shard {epoch.get('shard')} epoch {epoch['epoch']}" if sharded else f"epoch {epoch['epoch']}"
+
+
+def _sharded(table: pa.Table) -> bool:
+    """Whether a table's rows come from several shards (a 1-shard history's charts are as before shards)."""
+    return "shard" in table.column_names and len(set(table["shard"].to_pylist())) > 1
+
+
 def throughput_chart(minutes: pa.Table, epochs: pa.Table) -> str:
-    """Tasks finished per minute per queue, with each failover (an epoch after the first) marked."""
+    """Tasks finished per minute per queue (every shard's), with each failover (an epoch after a shard's
+    first) marked."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
     rows = minutes.to_pylist()
     if not rows:
@@ -88,11 +99,12 @@ def throughput_chart(minutes: pa.Table, epochs: pa.Table) -> str:
         # Each count covers its whole minute: a step from the minute's start to the next one's.
         mine.append((mine[-1][0] + MINUTE_MS, mine[-1][1]))
         ax.step([_time(m) for m, _ in mine], [n for _, n in mine], where="post", label=_label(queue))
+    sharded = _sharded(epochs)
     for epoch in epochs.to_pylist():
         if epoch["leader_gap_ms"] is not None:
             ax.axvline(_time(epoch["start_ms"]), color="red", linestyle="--", linewidth=1)
             ax.annotate(
-                f"epoch {epoch['epoch']}",
+                _label(_epoch_name(epoch, sharded)),
                 (_time(epoch["start_ms"]), 1),
                 xycoords=("data", "axes fraction"),
                 color="red",
@@ -183,7 +195,7 @@ def workers_chart(workers: pa.Table) -> str:
 
 
 def failovers_chart(epochs: pa.Table) -> str:
-    """The write gap before each epoch after the first, by the wall clock and in leader time."""
+    """The write gap before each epoch after its shard's first, by the wall clock and in leader time."""
     rows = [r for r in epochs.to_pylist() if r["leader_gap_ms"] is not None]
     fig, ax = plt.subplots(figsize=(9, 3.2))
     if not rows:
@@ -204,8 +216,10 @@ def failovers_chart(epochs: pa.Table) -> str:
         color="tab:gray",
         label="leader time",
     )
-    ax.set_xticks(list(xs), [f"{r['epoch']}\n(broker {r['broker_id']})" for r in rows])
-    ax.set_xlabel("epoch (its leader)")
+    sharded = _sharded(epochs)
+    names = [(f"s{r['shard']} e{r['epoch']}" if sharded else str(r["epoch"])) for r in rows]
+    ax.set_xticks(list(xs), [f"{name}\n(broker {r['broker_id']})" for name, r in zip(names, rows)])
+    ax.set_xlabel("shard, epoch (its leader)" if sharded else "epoch (its leader)")
     ax.set_ylabel("write gap before it (s)")
     ax.legend(fontsize=8)
     return _png(fig)
@@ -238,7 +252,12 @@ def render_report(tables: dict[str, pa.Table], summary: dict) -> str:
     }
     facts = [{"": k, "value": v} for k, v in summary.items() if not isinstance(v, (dict, list))]
     queues = [{"queue": q, **counts} for q, counts in sorted(summary.get("queues", {}).items())]
-    state_columns = ["queue", "waiting", "running", "done", "failed", "dead", "cancelled"]
+    states = ["waiting", "running", "done", "failed", "dead", "cancelled"]
+    state_columns = ["queue", *states]
+    shards = [
+        {"shard": s["shard"], "entries": s.get("entries"), "epochs": s.get("epochs"), **s.get("tasks", {})}
+        for s in summary.get("shards", [])
+    ]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -251,6 +270,8 @@ def render_report(tables: dict[str, pa.Table], summary: dict) -> str:
         "<h2>Tasks per queue</h2>",
         _html_table(queues, state_columns),
     ]
+    if len(shards) > 1:
+        parts += ["<h2>Tasks per shard</h2>", _html_table(shards, ["shard", "entries", "epochs", *states])]
     for name, title in CHARTS:
         parts.append(f'<h2 id="{name}">{html.escape(title)}</h2>')
         parts.append(

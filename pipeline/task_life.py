@@ -1,8 +1,8 @@
 """A task's life, read from the event rows the way apply reads the log: the base of the analyze tables.
 
 :func:`task_life` puts each created task's effective steps in log order (by
-``POSITION``, which orders the whole history) and gives the state each one
-leaves the task in. Besides the event rows (:mod:`pipeline.rows`) it takes
+``POSITION``, which orders each shard's history: a task lives in one shard) and
+gives the state each one leaves the task in. Besides the event rows (:mod:`pipeline.rows`) it takes
 what only a replay of the state tells (:mod:`pipeline.replay`): the lease
 grants (which task each ``TaskLeased`` handed out, with its attempt, worker and
 time) and the releases (which running attempts a ``LeaseExpired`` or
@@ -12,7 +12,8 @@ The rules are apply's: a completion or failure counts only for the attempt last
 granted and only once; a failure asking for a retry on the last allowed attempt
 makes the task dead; a cancel counts only while the task waits; of several
 submits with one idempotency key in a queue only the first creates a task
-(:func:`created_submits`). Pure DataFrame transformations; the tables built on
+(:func:`created_submits`). Each shard is its own state machine: a key's record
+and a queue's declared ``max_attempts`` are its shard's. Pure DataFrame transformations; the tables built on
 them are :mod:`pipeline.analyze`.
 """
 
@@ -32,28 +33,32 @@ def _in_order(*partition: str) -> W:
 
 
 def created_submits(events: DataFrame) -> DataFrame:
-    """The submits that may have created a task: task_id, queue, submitted_ms, max_attempts and the position.
+    """The submits that may have created a task: task_id, shard, queue, submitted_ms, max_attempts and the
+    position.
 
-    A submit whose key was already used in its queue created nothing (apply
-    returned the existing task). Every window here is over the queue, so one
-    shuffle serves them all.
+    A submit whose key was already used in its queue in its shard created
+    nothing (apply returned the existing task). Every window here is over the
+    shard's queue, so one shuffle serves them all.
     """
     submits = _with_max_attempts(events.where(F.col("type") == "TaskSubmitted"), events)
-    first_of_key = F.row_number().over(_in_order("queue", "key"))
+    first_of_key = F.row_number().over(_in_order("shard", "queue", "key"))
     created = submits.withColumn("_k", F.when(F.col("key").isNull(), F.lit(1)).otherwise(first_of_key)).where(
         "_k = 1"
     )
-    return created.select(*POSITION, "task_id", "queue", F.col("ts_ms").alias("submitted_ms"), "max_attempts")
+    return created.select(
+        *POSITION, "task_id", "shard", "queue", F.col("ts_ms").alias("submitted_ms"), "max_attempts"
+    )
 
 
 def _with_max_attempts(submits: DataFrame, events: DataFrame) -> DataFrame:
-    """A submit's max_attempts: its own, else the queue's as last declared before it, else the default."""
+    """A submit's max_attempts: its own, else the queue's as last declared before it in its shard, else the
+    default."""
     declared = events.where((F.col("type") == "QueueDeclared") & F.col("max_attempts").isNotNull())
-    columns = (*POSITION, "task_id", "queue", "key", "ts_ms", "max_attempts")
+    columns = (*POSITION, "task_id", "shard", "queue", "key", "ts_ms", "max_attempts")
     rows = submits.select(*columns, F.lit(False).alias("_decl")).unionByName(
         declared.select(*columns, F.lit(True).alias("_decl"))
     )
-    before = _in_order("queue").rowsBetween(W.unboundedPreceding, W.currentRow)
+    before = _in_order("shard", "queue").rowsBetween(W.unboundedPreceding, W.currentRow)
     queue_max = F.last(F.when(F.col("_decl"), F.col("max_attempts")), ignorenulls=True).over(before)
     return (
         rows.withColumn("_queue_max", queue_max)
@@ -73,20 +78,21 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
     ``requeued``; the task then has max_attempts attempts more): position,
     task_id, attempt, ts_ms, state.
 
-    Columns: task_id, queue, max_attempts, the position, ``kind`` (submit,
+    Columns: task_id, shard, queue, max_attempts, the position, ``kind`` (submit,
     grant, complete, fail, release, requeue, cancel), attempt, worker, ts_ms, ``state``
     (waiting, running, done, failed, dead, cancelled). Steps apply would refuse
     (a repeated task id, a stale attempt, a second completion, a cancel of a
     running task) are left out. Every window is over the task (one shuffle).
     """
     none = F.lit(None)
-    no_attempt, no_worker, no_retry, no_state, no_queue, no_max = (
+    no_attempt, no_worker, no_retry, no_state, no_queue, no_max, no_shard = (
         none.cast("bigint").alias("attempt"),
         none.cast("string").alias("worker"),
         none.cast("boolean").alias("retry"),
         none.cast("string").alias("_given"),
         none.cast("string").alias("queue"),
         none.cast("bigint").alias("max_attempts"),
+        none.cast("int").alias("shard"),
     )
     steps = (
         created_submits(events)
@@ -101,6 +107,7 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
             no_state,
             "queue",
             "max_attempts",
+            "shard",
         )
         .unionByName(
             grants.select(
@@ -114,6 +121,7 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
                 no_state,
                 no_queue,
                 no_max,
+                no_shard,
             )
         )
         .unionByName(
@@ -128,6 +136,7 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
                 F.col("state").alias("_given"),
                 no_queue,
                 no_max,
+                no_shard,
             )
         )
         .unionByName(
@@ -145,13 +154,15 @@ def task_life(events: DataFrame, grants: DataFrame, releases: DataFrame) -> Data
                 no_state,
                 no_queue,
                 no_max,
+                no_shard,
             )
         )
     )
-    # Only the steps of a task that a submit created; its first submit says its queue and max_attempts.
+    # Only the steps of a task that a submit created; its first submit says its shard, queue and max_attempts.
     whole = _in_order("task_id").rowsBetween(W.unboundedPreceding, W.unboundedFollowing)
     steps = (
-        steps.withColumn("queue", F.first("queue", ignorenulls=True).over(whole))
+        steps.withColumn("shard", F.first("shard", ignorenulls=True).over(whole))
+        .withColumn("queue", F.first("queue", ignorenulls=True).over(whole))
         .withColumn("max_attempts", F.first("max_attempts", ignorenulls=True).over(whole))
         .where(F.col("queue").isNotNull())
     )
