@@ -365,13 +365,6 @@ class UnderReplicated(AssertionError):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnderReplicated,
-    reason="a bookie cut from the leader only stays registered: the ensemble change leaves it named in the "
-    "closed fragment for the entries of the add timeout it never got, nothing marks the ledger, and the "
-    "auditor only looks for unregistered bookies, so those entries stay on 2 of 3 copies after the heal",
-)
 def test_a_bookie_cut_from_the_leader_only_gets_what_it_missed_after_the_heal(cluster, tmp_path):
     dev = cluster.dev
     leader = leader_of(dev)
