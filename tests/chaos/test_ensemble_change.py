@@ -130,7 +130,13 @@ def test_a_killed_bookie_is_swapped_out_mid_stream(four):
     spare = (set(procs_by_id) - set(old_ids)).pop()
     assert new_ids == [old_ids[0], spare, old_ids[2]]  # the victim's slot went to the fourth bookie
     assert victim_id not in new_ids and meta.ensemble == second["ensemble"]
-    assert read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id) is None  # a spare was found
+    # A spare was found, but the two others committed entries without the victim until the change: the
+    # first fragment names it for them, so the writer marked the ledger (before the new fragment) from there.
+    mark = read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id)
+    assert mark is not None and [(m["bookie_id"], m["by"]) for m in mark["missing"]] == [
+        (victim_id, "writer")
+    ]
+    assert 300 <= mark["missing"][0]["from_entry"] < start
 
     # The replacement holds the new fragment from its first entry (re-sent or sent), not before.
     spare_address = procs_by_id[spare].address
@@ -194,17 +200,24 @@ def test_two_of_the_ensemble_killed_with_one_spare_goes_on_with_two(four):
     assert [f.result(4 * ADD_TIMEOUT) for f in futs] == list(range(50, 150))
     # Stalled until the dead bookies timed out, then the change: about one add timeout.
     assert time.monotonic() - started < 2 * ADD_TIMEOUT
+
     # The second failure may be seen later (its requests time out later): then there is no spare left.
-    mark = wait_for(
-        lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id),
-        3 * ADD_TIMEOUT,
-        "the under-replication mark",
-    )
-    assert len(mark["missing"]) == 1 and mark["missing"][0]["bookie_id"] in victims
-    assert writer.failed_bookies == [mark["missing"][0]["bookie_id"]]
+    def unreplaced_marked():
+        mark = read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id) or {"missing": []}
+        failed = writer.failed_bookies
+        return len(failed) == 1 and failed[0] in {m["bookie_id"] for m in mark["missing"]}
+
+    wait_for(unreplaced_marked, 3 * ADD_TIMEOUT, "the under-replication mark of the unreplaced bookie")
+    unreplaced = writer.failed_bookies[0]
+    mark = read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id)
+    missing = {m["bookie_id"]: m["from_entry"] for m in mark["missing"]}
+    assert unreplaced in victims and set(missing) <= set(victims)
+    # The replaced one is listed only if it missed an entry before the change (its ack still on its way
+    # at the kill): every entry up to 49 was committed before the kill.
+    assert all(entry < 50 for bookie_id, entry in missing.items() if bookie_id != unreplaced)
     meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
     assert [f["first_entry"] for f in meta.fragments] == [0, 50]
-    assert set(victims) & {m["bookie_id"] for m in meta.ensemble} == {mark["missing"][0]["bookie_id"]}
+    assert set(victims) & {m["bookie_id"] for m in meta.ensemble} == {unreplaced}
     assert [writer.add_sync(b"c-%d" % i) for i in range(10)] == list(range(150, 160))
     assert writer.close() == 159
     reader = client.open_reader(writer.ledger_id)
