@@ -135,11 +135,14 @@ def rereplicate_ledger(
     """Bring every fragment of closed ``ledger_id`` back to ``write_quorum`` live bookies; clear its mark.
 
     First each registered, writable bookie that the mark names gets the entries
-    it lacks (:func:`ledger.replication.catch_up.catch_up_marked`). Then ``lost_ids`` (default: every member not registered under ``bookies/``, and every
-    one being decommissioned) are the members to replace. The new fragments are CASed only if the metadata did not
-    change since it was read; otherwise the plan is made again (up to
-    ``max_rounds`` times). Raises :class:`RereplicationError` (or
-    :class:`NotEnoughBookies`) when it cannot finish; the mark then stays. ``clock`` times the log line.
+    it lacks (:func:`ledger.replication.catch_up.catch_up_marked`). Then
+    ``lost_ids`` (default: every member not registered under ``bookies/``, and
+    every one being decommissioned) are the members to replace. The new
+    fragments are CASed only if the metadata did not change since it was read;
+    otherwise the plan is made again (up to ``max_rounds`` times). Raises
+    :class:`RereplicationError` (or :class:`NotEnoughBookies`) when it cannot
+    finish, or while a read-only bookie the mark names lacks entries; the mark
+    then stays. ``clock`` times the log line.
     """
     rng = rng or random.Random()
     lost_arg = set(lost_ids) if lost_ids is not None else None
