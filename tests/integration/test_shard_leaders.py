@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from election.identity import META
+from election.insync import read_insync
 from election.leader import read_leader
 from election.shards import preferred_leader
 from tests.support.harness import wait_for
@@ -48,7 +49,12 @@ def _leaders(cluster) -> dict[int, int | None]:
 
 
 def _spread(cluster, ids: list[int]):
-    """The leaders when every shard is led by its preferred broker (each broker one shard); else None."""
+    """The leaders once every broker is in sync in every shard and each shard is led by its preferred
+    broker (so each broker leads one shard); else None."""
+    for n in range(SHARDS):
+        doc, _ = read_insync(cluster.zk, cluster.paths.of_shard(n))
+        if (doc or {}).get("members") != ids:
+            return None
     leaders = _leaders(cluster)
     want = {n: preferred_leader(n, ids) for n in range(SHARDS)}
     return leaders if leaders == want else None
