@@ -102,7 +102,7 @@ def _stored(data_dir: Path, task_id: str) -> bool:
 def test_three_shards_each_elect_serve_and_fail_over_alone(cluster, procs):
     _init(procs, cluster, "--shards", str(SHARDS))
     procs.start_bookies(cluster, 3)
-    brokers = procs.start_brokers(cluster, 3)
+    brokers = procs.start_brokers(cluster, 3, extra=["--leader-balance-s", "0"])
     ids = {_broker_id(b): b for b in brokers}
     assert sorted(ids) == [1, 2, 3]
 
