@@ -35,6 +35,12 @@ from commands.output import emit
     help="CPU cap of each test host, in cores (with --hosts) [default: none].",
 )
 @click.option(
+    "--shards",
+    default=1,
+    type=click.IntRange(1, 64),
+    help="Shards of the run's cluster (every broker runs a process per shard) [default 1].",
+)
+@click.option(
     "--dir",
     "run_dir",
     default=None,
@@ -45,7 +51,7 @@ from commands.output import emit
     "--keep", is_flag=True, help="Keep the run directory (logs, data) afterwards; kept anyway on anomalies."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def chaos(minutes, seconds, seed, hosts, cpu_per_host, run_dir, keep, as_json) -> None:
+def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, run_dir, keep, as_json) -> None:
     """Inject random faults into a private cluster under keyed load, then check the history.
 
     Starts its own ZooKeeper, 3 bookies and 3 brokers, kills and pauses leaders,
@@ -58,6 +64,11 @@ def chaos(minutes, seconds, seed, hosts, cpu_per_host, run_dir, keep, as_json) -
     bookies) and the faults include network cuts (the leader from ZooKeeper, from the
     bookies, from the other brokers and the clients, one way; one or two bookies
     isolated) and added latency, each healed after a few seconds.
+
+    With --shards S the cluster has S shards: the keys spread over them, the workers
+    lease from every shard, each fault aimed at a leader or a follower aims at one
+    shard drawn from the seed (its event names it), and every shard must settle with
+    one leader and every broker at its position.
     """
     from devtools.chaos import ChaosConfig, ChaosRun
     from devtools.chaos_report import format_report
@@ -76,6 +87,7 @@ def chaos(minutes, seconds, seed, hosts, cpu_per_host, run_dir, keep, as_json) -
         keep=keep,
         hosts=hosts,
         cpu_per_host=cpu_per_host,
+        shards=shards,
     )
     progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
     report = ChaosRun(config, progress=progress).run()

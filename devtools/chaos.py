@@ -6,7 +6,11 @@ injects the faults planned from the seed (:mod:`devtools.schedule`,
 :mod:`devtools.faults`). With ``hosts`` N the cluster runs on N test hosts
 (ZooKeeper on one more, network namespaces: :mod:`devtools.hosts`), with one bookie
 more than hosts, and the plan adds network faults (:mod:`devtools.net_faults`);
-the producers and workers stay on this machine (host ``local``). Then it stops the
+the producers and workers stay on this machine (host ``local``). With ``shards`` S the
+cluster has S shards (every broker runs a process per shard): the producers' keys
+spread over them (the client routes each to its shard), the workers lease from
+every shard, a fault aimed at a leader or a follower aims at one shard drawn from the
+seed (:mod:`devtools.faults`), and settling checks every shard. Then it stops the
 load, heals every cut and latency, looks up every task it was told about, submits
 every key once more, waits for all brokers to reach one position, scans the broker
 logs (:mod:`devtools.chaos_observe`), and checks the history
@@ -19,6 +23,7 @@ Example::
     report = ChaosRun(ChaosConfig(seconds=60, seed=7)).run()
     report["anomalies"]          # [] when the cluster kept every promise
     ChaosRun(ChaosConfig(seconds=60, seed=7, hosts=3)).run()["faults"]["partitions"]
+    ChaosRun(ChaosConfig(seconds=60, seed=7, shards=3)).run()["brokers"]    # a row per broker and shard
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ from devtools.chaos_report import RunFacts, build_report
 from devtools.dev_spec import DevClusterSpec
 from devtools.devcluster import DevCluster
 from devtools.fault_primitives import DiskFiller
-from devtools.fault_targets import name_of
-from devtools.faults import Injector
+from devtools.fault_targets import Targets, name_of, shard_process_pid
+from devtools.faults import START_SERVE_S, Injector
 from devtools.history import History, check
 from devtools.hosts.testnet import hosts_unsupported
 from devtools.load import Producers, WorkerPool
@@ -71,7 +76,7 @@ class ChaosConfig:
     """What one run does; ``seed`` None picks one (it is reported).
 
     ``hosts`` 0 runs every member on 127.0.0.1; N > 0 on test hosts, each capped at
-    ``cpu_per_host`` cores (None: no cap). ``bookies`` None: 3 on loopback, one more than
+    ``cpu_per_host`` cores (None: no cap). ``shards``: the cluster's (`cluster init --shards`). ``bookies`` None: 3 on loopback, one more than
     the hosts on test hosts, so that two bookies' hosts can be cut while an ack quorum is left.
     """
 
@@ -82,6 +87,7 @@ class ChaosConfig:
     hosts: int = 0
     cpu_per_host: float | None = None
     bookies: int | None = None
+    shards: int = 1
     brokers: int = 3
     producers: int = 2
     rate: float = 40.0
@@ -114,7 +120,7 @@ class ChaosRun:
             raise ChaosError(f"--hosts: {hosts_unsupported()}")
         bookies = cfg.bookies or (cfg.hosts + 1 if cfg.hosts else LOOPBACK_BOOKIES)
         faults = S.plan(self.seed, cfg.seconds, hosts=cfg.hosts)
-        producers = workers = disks = faulting = None
+        producers = workers = disks = faulting = injector = None
         stop = threading.Event()
         report: dict = {}
         previous_term = _interrupt_on_sigterm()
@@ -128,15 +134,24 @@ class ChaosRun:
                 session_files=True,
                 hosts=cfg.hosts,
                 cpu_per_host=cfg.cpu_per_host,
+                shards=cfg.shards if cfg.shards > 1 else None,
             )
             state = dev.up(spec, progress=self.progress)
             zk = state["zk"]
             with Client(zk=zk, cluster=CLUSTER, timeout=60) as client:
-                client.status()
+                client.status()  # every shard's leader answers
+            self._wait_serving(dev, cfg.shards)
             self.progress(f"cluster up; seed {self.seed}: {len(faults)} faults planned over {cfg.seconds:g}s")
             producers = Producers(zk, CLUSTER, QUEUE, threads=cfg.producers, rate=cfg.rate)
             workers = WorkerPool(run_dir, zk, CLUSTER, QUEUE, count=cfg.workers)
-            injector = Injector(dev, workers, disks=disks, skip=skip, ack_quorum=ClusterOptions().ack_quorum)
+            injector = Injector(
+                dev,
+                workers,
+                disks=disks,
+                skip=skip,
+                ack_quorum=ClusterOptions().ack_quorum,
+                shards=cfg.shards,
+            )
             monitor = threading.Thread(target=self._monitor, args=(dev, injector, workers, stop), daemon=True)
             producers.start()
             workers.start()
@@ -156,14 +171,17 @@ class ChaosRun:
             workers.stop()
             history = History(queue=QUEUE, submits=list(producers.submits), completions=workers.completions())
             self.progress("load stopped: checking the history")
-            history.observed = Observer(CLUSTER, QUEUE, cfg.settle_timeout_s).observe(dev, zk, history)
-            history.observed.deaths = self.deaths + injector.restart_failures
+            observer = Observer(CLUSTER, QUEUE, cfg.settle_timeout_s, shards=cfg.shards)
+            history.observed = observer.observe(dev, zk, history)
+            # The observer found the deaths of shard processes in the broker logs.
+            history.observed.deaths = self.deaths + injector.restart_failures + history.observed.deaths
             anomalies = check(history)
             facts = RunFacts(
                 seed=self.seed,
                 seconds=cfg.seconds,
                 hosts=cfg.hosts,
                 cpu_per_host=cfg.cpu_per_host,
+                shards=cfg.shards,
                 planned=len(faults),
                 duration_s=time.monotonic() - started,
                 skipped_kinds=skip,
@@ -175,6 +193,8 @@ class ChaosRun:
             stop.set()
             if faulting is not None:
                 faulting.join(HEAL_TIMEOUT_S)
+            if injector is not None:
+                injector.close()
             try:
                 heal_network(dev)
             except Exception as exc:  # `down` below removes the network anyway
@@ -183,12 +203,13 @@ class ChaosRun:
                 producers.stop(timeout=1.0)
             if workers is not None:
                 workers.stop(timeout=2.0)
-            # A member left paused could not stop on SIGTERM.
+            # A member left paused could not stop on SIGTERM (nor a shard's process, in a group of its own).
             for member in (dev.read_state() or {}).get("processes", []):
-                if pid_alive(member["pid"]):
+                shards = range(cfg.shards) if member["kind"] == "broker" else range(1)
+                for pid in {shard_process_pid(member["pid"], n) for n in shards} - {None}:
                     try:
-                        os.killpg(member["pid"], signal.SIGCONT)
-                    except ProcessLookupError:
+                        os.killpg(pid, signal.SIGCONT)
+                    except (ProcessLookupError, PermissionError):
                         pass
             dev.down()
             if disks is not None:
@@ -200,6 +221,17 @@ class ChaosRun:
                 shutil.rmtree(run_dir, ignore_errors=True)
         report["run_dir"] = str(run_dir) if (not temp or keep) else None
         return report
+
+    def _wait_serving(self, dev: DevCluster, shards: int) -> None:
+        """Wait until every broker's process of every shard answers: a shard's process still starting when
+        the first fault kills ZooKeeper would exit, a death of the harness's making."""
+        targets = Targets(dev, shards)
+        try:
+            for member in targets.members("broker"):
+                if not targets.started(member, START_SERVE_S):
+                    raise ChaosError(f"{name_of(member)} exited during start (log {member['log']})")
+        finally:
+            targets.close()
 
     # ------------------------------------------------------------ during the run
     def _monitor(

@@ -2,7 +2,9 @@
 
 :func:`build_report` turns what a run recorded (the injector's fault events, the
 history and what was observed after the load, the anomalies of the check) into one
-JSON-able dict; ``faults.partitions`` counts the network cuts injected and
+JSON-able dict (``shards``: the cluster's; each fault event aimed at a shard names it, and
+``operations.acknowledged_by_shard`` shows how the keys spread);
+``faults.partitions`` counts the network cuts injected and
 ``faults.network`` those plus the added latencies. :func:`format_report` is the
 human form that ``fencepost chaos`` prints without ``--json``.
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from devtools import schedule as S
 from devtools.faults import Injector
 from devtools.history import Anomaly, History
+from election.shards import shard_of_task
 
 
 @dataclass
@@ -34,11 +37,13 @@ class RunFacts:
     duration_s: float
     skipped_kinds: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    shards: int = 1
 
     def reproduce(self) -> str:
         hosts = f" --hosts {self.hosts}" if self.hosts else ""
         cpu = f" --cpu-per-host {self.cpu_per_host:g}" if self.hosts and self.cpu_per_host else ""
-        return f"fencepost chaos --seconds {self.seconds:g}{hosts}{cpu} --seed {self.seed}"
+        shards = f" --shards {self.shards}" if self.shards > 1 else ""
+        return f"fencepost chaos --seconds {self.seconds:g}{hosts}{cpu}{shards} --seed {self.seed}"
 
 
 def build_report(facts: RunFacts, history: History, injector: Injector, anomalies: list[Anomaly]) -> dict:
@@ -55,6 +60,7 @@ def build_report(facts: RunFacts, history: History, injector: Injector, anomalie
         "seed": facts.seed,
         "seconds": facts.seconds,
         "hosts": facts.hosts,
+        "shards": facts.shards,
         "duration_s": round(facts.duration_s, 1),
         "faults": {
             "planned": facts.planned,
@@ -76,6 +82,7 @@ def build_report(facts: RunFacts, history: History, injector: Injector, anomalie
             "tasks_checked": sum(1 for t in history.observed.tasks.values() if t is not None),
             "keys_resubmitted": len(history.observed.resubmits),
             "queue_total": history.observed.queue_total,
+            **({"acknowledged_by_shard": by_shard(submits_ok, facts.shards)} if facts.shards > 1 else {}),
         },
         "poison_replies": dict(sorted(injector.poison_counts.items())),
         "brokers": history.observed.brokers,
@@ -85,12 +92,19 @@ def build_report(facts: RunFacts, history: History, injector: Injector, anomalie
     }
 
 
+def by_shard(submits: list, shards: int) -> dict[str, int]:
+    """How many acknowledged submits each shard got (its id names it): the keys spread over every shard."""
+    counts = Counter(shard_of_task(s.task_id) for s in submits)
+    return {str(n): counts.get(n, 0) for n in range(shards)}
+
+
 def format_report(report: dict) -> str:
     """The human form of a report."""
     f, ops = report["faults"], report["operations"]
     on_hosts = f" on {report['hosts']} test hosts" if report.get("hosts") else ""
+    shards = f" with {report['shards']} shards" if report.get("shards", 1) > 1 else ""
     lines = [
-        f"chaos run{on_hosts}: seed {report['seed']}, {report['seconds']:g}s of faults, "
+        f"chaos run{on_hosts}{shards}: seed {report['seed']}, {report['seconds']:g}s of faults, "
         f"{report['duration_s']:g}s in all",
         f"faults injected: {f['injected']} of {f['planned']} planned"
         + (f" ({f['partitions']} partitions, {f['network']} network faults)" if report.get("hosts") else ""),
@@ -104,6 +118,9 @@ def format_report(report: dict) -> str:
         f"{ops['keys']} keys acknowledged); completions: {ops['completions_ok']} ok, "
         f"{ops['completions_refused']} refused"
     )
+    if ops.get("acknowledged_by_shard"):
+        spread = ", ".join(f"shard {n} {count}" for n, count in ops["acknowledged_by_shard"].items())
+        lines.append(f"acknowledged by shard: {spread}")
     lines.append(
         f"checked: {ops['tasks_checked']} tasks, {ops['keys_resubmitted']} keys resubmitted, "
         f"{ops['queue_total']} tasks in the queue"

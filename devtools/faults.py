@@ -10,7 +10,14 @@ while ZooKeeper is down or a host is cut (a member that cannot reach ZooKeeper a
 start exits, which is not a bug). On test hosts the network faults are
 :mod:`devtools.net_faults`; who a fault hits is :mod:`devtools.fault_targets`.
 
-Every fault leaves one event: ``{seq, kind, target, at_s, injected, note}``; a
+In a cluster of several shards, the faults aimed at a leader or a follower, a session
+expiry and poison aim at one shard, drawn from the seed (:func:`~devtools.fault_targets.fault_shard`):
+a kill SIGKILLs the broker that leads (or follows) that shard, which ends its process
+of every shard (they die with it); a pause stops only its process of that shard; a session
+expiry ends that process's session; poison goes to the shard's leader process.
+
+Every fault leaves one event: ``{seq, kind, target, at_s, injected, note}`` (and ``shard``
+in a cluster of several shards, None for a fault not aimed at one); a
 fault that could not be injected (no leader at that moment, a kind unavailable
 here) has ``injected: false`` and says why. Processes this module killed are
 remembered, so a death it did not cause is told apart (:meth:`Injector.killed_pid`).
@@ -37,7 +44,7 @@ from devtools import schedule as S
 from devtools.dev_spec import DevClusterError
 from devtools.devcluster import DevCluster
 from devtools.fault_primitives import DiskFiller, expire_session, signal_pid_group, wait_gone
-from devtools.fault_targets import LEADER_WAIT_S, Targets, name_of, pick
+from devtools.fault_targets import LEADER_WAIT_S, Targets, fault_shard, name_of, pick
 from devtools.load import WorkerPool
 from devtools.net_faults import NetFaults
 
@@ -48,6 +55,16 @@ RECOVER_TIMEOUT_S = 60.0
 RESTART_TRIES = 3
 # How long a restart holds the restart lock for the member to answer (its start to complete).
 START_SERVE_S = 30.0
+# The kinds aimed at one shard (its leader, a follower, a broker's process of it).
+SHARD_KINDS = (
+    S.KILL_LEADER,
+    S.PAUSE_LEADER,
+    S.KILL_FOLLOWER,
+    S.PAUSE_FOLLOWER,
+    S.EXPIRE_SESSION,
+    S.POISON,
+    *S.NETWORK_LEADER_KINDS,
+)
 
 
 class Injector:
@@ -60,11 +77,13 @@ class Injector:
         disks: DiskFiller | None = None,
         skip: dict[str, str] | None = None,
         ack_quorum: int = 2,
+        shards: int = 1,
     ) -> None:
         self.dev = dev
         self.state = dev.read_state()
         self.zk_hosts = self.state["zk"]
-        self.targets = Targets(dev)
+        self.shards = shards
+        self.targets = Targets(dev, shards)
         self.workers = workers
         self.disks = disks
         self.skip = dict(skip or {})
@@ -81,6 +100,10 @@ class Injector:
             if self.state.get("hosts")
             else None
         )
+
+    def close(self) -> None:
+        """Close what finding the targets opened (a ZooKeeper session, in a cluster of several shards)."""
+        self.targets.close()
 
     # ------------------------------------------------------------ what the monitor asks
     def killed_pid(self, pid: int) -> bool:
@@ -111,6 +134,7 @@ class Injector:
             if stop.wait(max(0.0, t0 + fault.at_s - time.monotonic())):
                 return
             at = round(time.monotonic() - t0, 3)
+            shard = fault_shard(fault.pick, self.shards) if fault.kind in SHARD_KINDS else None
             event = {
                 "seq": fault.seq,
                 "kind": fault.kind,
@@ -118,12 +142,13 @@ class Injector:
                 "target": None,
                 "injected": False,
                 "note": "",
+                **({"shard": shard} if self.shards > 1 else {}),
             }
             try:
                 if fault.kind in self.skip:
                     event["note"] = self.skip[fault.kind]
                 else:
-                    event["target"], event["note"] = self._inject(fault, stop)
+                    event["target"], event["note"] = self._inject(fault, shard or 0, stop)
                     event["injected"] = event["target"] is not None
             except Exception as exc:  # the harness must outlive any one fault; the event says what broke
                 log.exception("fault %s failed", fault.kind)
@@ -131,24 +156,25 @@ class Injector:
             with self._lock:
                 self.events.append(event)
 
-    def _inject(self, fault: S.Fault, stop: threading.Event) -> tuple[str | None, str]:
+    def _inject(self, fault: S.Fault, shard: int, stop: threading.Event) -> tuple[str | None, str]:
         kind = fault.kind
         if fault.slot == S.SLOT_NETWORK:
             if self.net is None:
                 return None, "network faults need test hosts (--hosts)"
-            return self.net.inject(fault, stop)
+            return self.net.inject(fault, shard, stop)
+        in_shard = f" of shard {shard}" if self.shards > 1 else ""
         if kind in (S.KILL_LEADER, S.PAUSE_LEADER):
-            member = self.targets.leader()
+            member = self.targets.leader(shard)
             if member is None:
-                return None, f"no leader within {LEADER_WAIT_S:g}s"
-            return self._kill_or_pause(member, fault)
+                return None, f"no leader{in_shard} within {LEADER_WAIT_S:g}s"
+            return self._kill_or_pause(member, fault, shard)
         if kind in (S.KILL_FOLLOWER, S.PAUSE_FOLLOWER):
-            member = pick(self.targets.followers(), fault.pick)
+            member = pick(self.targets.followers(shard), fault.pick)
             if member is None:
-                return None, "no live follower"
-            return self._kill_or_pause(member, fault)
+                return None, f"no live follower{in_shard}"
+            return self._kill_or_pause(member, fault, shard)
         if kind == S.EXPIRE_SESSION:
-            return self._expire(pick(self.targets.members("broker"), fault.pick))
+            return self._expire(pick(self.targets.members("broker"), fault.pick), shard)
         if kind in (S.KILL_BOOKIE, S.PAUSE_BOOKIE):
             return self._kill_or_pause(pick(self.targets.members("bookie"), fault.pick), fault)
         if kind == S.FILL_DISK:
@@ -158,20 +184,24 @@ class Injector:
         if kind == S.KILL_ZOOKEEPER:
             return self._zookeeper(fault)
         if kind == S.POISON:
-            return self._poison(fault)
+            return self._poison(fault, shard)
         return None, f"unknown fault kind {kind}"
 
     # ------------------------------------------------------------ the faults
-    def _kill_or_pause(self, member: dict, fault: S.Fault) -> tuple[str, str]:
+    def _kill_or_pause(self, member: dict, fault: S.Fault, shard: int = 0) -> tuple[str | None, str]:
         name = name_of(member)
         with self._lock:
             self._busy.add(name)
         try:
             if fault.kind.startswith("pause"):
-                signal_pid_group(member["pid"], signal.SIGSTOP)
+                # A broker's process of another shard is a child in a process group of its own.
+                pid = self.targets.shard_pid(member, shard)
+                if pid is None:
+                    return None, f"{name} runs no process of shard {shard}"
+                signal_pid_group(pid, signal.SIGSTOP)
                 time.sleep(fault.down_s)
-                signal_pid_group(member["pid"], signal.SIGCONT)
-                note = f"paused {fault.down_s:g}s"
+                signal_pid_group(pid, signal.SIGCONT)
+                note = f"paused {fault.down_s:g}s" + (f" (its process of shard {shard})" if shard else "")
             else:
                 with self._lock:
                     self._killed.add(member["pid"])
@@ -179,7 +209,11 @@ class Injector:
                 signal_pid_group(member["pid"], signal.SIGKILL)
                 wait_gone(member["pid"])
                 time.sleep(fault.down_s)
-                note = f"killed, restarted after {fault.down_s:g}s" + self.restart_member(member)
+                # Its processes of the other shards die with it (broker.server.shard_process).
+                every = (
+                    " (its process of every shard)" if self.shards > 1 and member["kind"] == "broker" else ""
+                )
+                note = f"killed{every}, restarted after {fault.down_s:g}s" + self.restart_member(member)
             self.targets.answers(member, RECOVER_TIMEOUT_S)
         finally:
             with self._lock:
@@ -231,13 +265,14 @@ class Injector:
             self.restart_failures.append(failure)
         return f"; {failure['reason']}"
 
-    def _expire(self, member: dict | None) -> tuple[str | None, str]:
+    def _expire(self, member: dict | None, shard: int = 0) -> tuple[str | None, str]:
         if member is None:
             return None, "no broker"
         name = name_of(member)
-        path = Path(f"{member['data_dir']}.zk-session")
+        # A shard's process keeps its session in a file of its own (broker.server.shard_command).
+        path = Path(f"{member['data_dir']}.zk-session" + (f".shard{shard}" if shard else ""))
         if not path.exists():
-            return None, f"{name} wrote no session file"
+            return None, f"{name} wrote no session file" + (f" for shard {shard}" if shard else "")
         with self._lock:
             self._busy.add(name)
         try:
@@ -247,7 +282,7 @@ class Injector:
         finally:
             with self._lock:
                 self._busy.discard(name)
-        return name, "session expired"
+        return name, "session expired" + (f" (its process of shard {shard})" if shard else "")
 
     def _fill(self, fault: S.Fault) -> tuple[str | None, str]:
         if self.disks is None:
@@ -299,16 +334,19 @@ class Injector:
                 self._busy.discard("zookeeper")
         return "zookeeper", f"down {fault.down_s:g}s"
 
-    def _poison(self, fault: S.Fault) -> tuple[str | None, str]:
+    def _poison(self, fault: S.Fault, shard: int = 0) -> tuple[str | None, str]:
         from devtools.fuzz import fuzz_frames
         from devtools.fuzz_send import NO_REPLY, dealer, send_messages
 
-        roles = self.targets.roles()
+        roles = self.targets.roles(shard)
         brokers = self.targets.members("broker")
         leaders = [m for m in brokers if roles.get(name_of(m)) == "leader"]
         member = leaders[0] if leaders else pick(brokers, fault.pick)
+        address = self.targets.shard_address(member, shard)
+        if address is None:
+            return None, f"{name_of(member)} has no live process of shard {shard}"
         frames = fuzz_frames(random.Random(fault.frame_seed), fault.frames)
-        report = send_messages(lambda: dealer(member["address"]), [[frame] for frame in frames])
+        report = send_messages(lambda: dealer(address), [[frame] for frame in frames])
         counts = {**report.replies, **({NO_REPLY: report.no_reply} if report.no_reply else {})}
         with self._lock:
             for code, n in counts.items():

@@ -4,8 +4,10 @@
 attempt (:class:`~devtools.history.Submit`); a failed key is retried a few times,
 so idempotency across failovers is exercised. Workers are separate processes
 (``python -m devtools.load worker ...``) so that a fault can SIGKILL or SIGSTOP
-them; each leases, completes, and appends one JSON line per ``complete`` to its
-record file (``task_id``, ``attempt``, ``ok``, ``error``) once the broker answered.
+them; each leases (from every shard of the cluster, a loop per shard), completes, and
+appends one JSON line per ``complete`` to its record file (``task_id``, ``attempt``,
+``ok``, ``error``) once the broker answered. The producers' keys spread over the shards:
+the client sends each submit to its key's shard.
 
 Example::
 
@@ -212,51 +214,83 @@ def read_completions(path: Path, worker: str) -> list[Completion]:
 
 
 def run_worker(zk: str, cluster: str, queue: str, name: str, out: Path) -> int:
-    """Lease and complete tasks until SIGTERM, appending one line per answered ``complete``."""
+    """Lease and complete tasks until SIGTERM, appending one line per answered ``complete``.
+
+    One lease loop per shard of the cluster (a ``lease`` goes to one shard's leader; a
+    ``complete`` goes to its task's shard by its id), all writing to the one record file.
+    """
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     client = None
-    while client is None and not stopping.is_set():
+    shards = 0
+    while not shards and not stopping.is_set():
         try:
-            client = Client(zk=zk, cluster=cluster, timeout=10.0)
+            client = client or Client(zk=zk, cluster=cluster, timeout=10.0)
+            shards = client.shards
         except BrokerUnavailable:
             stopping.wait(1.0)
     with open(out, "a", buffering=1) as records:
-        while not stopping.is_set():
-            try:
-                reply = client.call(
-                    "lease",
-                    worker=name,
-                    queues=[queue],
-                    max_tasks=WORKER_BATCH,
-                    lease_ms=WORKER_LEASE_MS,
-                    wait_ms=WORKER_WAIT_MS,
-                    timeout=10.0,
-                )
-            except ClientError:
-                stopping.wait(0.2)
-                continue
-            for task in reply.get("tasks") or []:
-                ok, error = True, None
-                try:
-                    client.call(
-                        "complete",
-                        task_id=task["task_id"],
-                        attempt=task["attempt"],
-                        result=b"ok",
-                        timeout=10.0,
-                    )
-                except ClientError as exc:
-                    ok, error = False, exc.code
-                records.write(
-                    json.dumps(
-                        {"task_id": task["task_id"], "attempt": task["attempt"], "ok": ok, "error": error}
-                    )
-                    + "\n"
-                )
+        lock = threading.Lock()
+        loops = [
+            threading.Thread(
+                target=_lease_loop,
+                args=(client, queue, name, shard, records, lock, stopping),
+                name=f"lease-shard-{shard}",
+                daemon=True,
+            )
+            for shard in range(shards)
+        ]
+        for loop in loops:
+            loop.start()
+        for loop in loops:
+            loop.join()
     if client is not None:
         client.close()
     return 0
+
+
+def _lease_loop(
+    client: Client,
+    queue: str,
+    name: str,
+    shard: int,
+    records,
+    lock: threading.Lock,
+    stopping: threading.Event,
+) -> None:
+    """Lease from ``shard``'s leader and complete each task, until ``stopping``."""
+    while not stopping.is_set():
+        try:
+            reply = client.call(
+                "lease",
+                shard=shard,
+                worker=name,
+                queues=[queue],
+                max_tasks=WORKER_BATCH,
+                lease_ms=WORKER_LEASE_MS,
+                wait_ms=WORKER_WAIT_MS,
+                timeout=10.0,
+            )
+        except ClientError:
+            stopping.wait(0.2)
+            continue
+        for task in reply.get("tasks") or []:
+            ok, error = True, None
+            try:
+                client.call(
+                    "complete",
+                    task_id=task["task_id"],
+                    attempt=task["attempt"],
+                    result=b"ok",
+                    timeout=10.0,
+                )
+            except ClientError as exc:
+                ok, error = False, exc.code
+            line = json.dumps(
+                {"task_id": task["task_id"], "attempt": task["attempt"], "ok": ok, "error": error}
+            )
+            with lock:
+                records.write(line + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

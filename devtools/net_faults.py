@@ -24,7 +24,7 @@ goes on.
 Example::
 
     faults = NetFaults(dev, Targets(dev), restarts=threading.Lock(), busy=lambda name: False, ack_quorum=2)
-    faults.inject(fault, stop)          # ("broker-0 on h1", "h1 cut from zk; healed after 3.2s")
+    faults.inject(fault, 0, stop)       # ("broker-0 on h1", "h1 cut from zk; healed after 3.2s")
     heal_network(dev)                   # at the end of a run: no cut, no added latency
 """
 
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 # How long the brokers of a healed host may take to answer before the slot goes on.
 RECOVER_TIMEOUT_S = 30.0
-LEADER_KINDS = (S.CUT_LEADER_ZK, S.CUT_LEADER_BOOKIES, S.CUT_LEADER_PEERS, S.ONE_WAY_LEADER)
 
 
 @dataclass(frozen=True)
@@ -78,18 +77,20 @@ class NetFaults:
         self.busy = busy
         self.ack_quorum = ack_quorum
 
-    def inject(self, fault: S.Fault, stop: threading.Event) -> tuple[str | None, str]:
-        """Inject ``fault``, hold it ``down_s`` (less if ``stop`` is set) and heal it; (target, note)."""
+    def inject(self, fault: S.Fault, shard: int, stop: threading.Event) -> tuple[str | None, str]:
+        """Inject ``fault``, hold it ``down_s`` (less if ``stop`` is set) and heal it; (target, note).
+
+        ``shard``: whose leader a cut of the leader aims at (a bookie's fault spares that leader's host)."""
         if fault.kind == S.LATENCY:
             return self._latency(fault, stop)
         # The bookie faults want it too: they spare its host.
-        leader = self.targets.leader()
-        if leader is None and fault.kind in LEADER_KINDS:
-            return None, f"no leader within {LEADER_WAIT_S:g}s"
+        leader = self.targets.leader(shard)
+        if leader is None and fault.kind in S.NETWORK_LEADER_KINDS:
+            return None, f"no leader{f' of shard {shard}' if shard else ''} within {LEADER_WAIT_S:g}s"
         with self.restarts:
             if leader is not None:
                 # A restart may have run while we waited for the lock: cut whoever leads now.
-                leader = self.targets.leader(wait_s=0) or leader
+                leader = self.targets.leader(shard, wait_s=0) or leader
             cut = self.plan_cut(fault, leader)
             if isinstance(cut, str):
                 return None, cut
@@ -110,7 +111,7 @@ class NetFaults:
         bookies = self.targets.members("bookie")
         bookie_hosts = sorted({m["host"] for m in bookies})
         own = leader["host"] if leader is not None else None
-        if fault.kind in LEADER_KINDS:
+        if fault.kind in S.NETWORK_LEADER_KINDS:
             target = f"{name_of(leader)} on {own}"
             if fault.kind == S.CUT_LEADER_ZK:
                 return Cut(target, (own,), (((own,), (ZK_HOST,), False),), f"{own} cut from {ZK_HOST}")

@@ -99,6 +99,8 @@ NETWORK_KINDS: dict[str, KindSpec] = {
     ONE_WAY_LEADER: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 4.0),
     LATENCY: KindSpec(SLOT_NETWORK, 4, (1.0, 8.0), 1.0),
 }
+# The network faults that cut a leader's host (in a cluster of several shards, one shard's leader).
+NETWORK_LEADER_KINDS = (CUT_LEADER_ZK, CUT_LEADER_BOOKIES, CUT_LEADER_PEERS, ONE_WAY_LEADER)
 # Added latency in ms (what the hosts send).
 LATENCY_MS = (20, 80)
 

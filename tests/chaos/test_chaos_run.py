@@ -1,5 +1,6 @@
 """`fencepost chaos` end to end: a 30-second seeded fault run on its own cluster finds no anomaly,
-and a 40-second one on test hosts (network faults among its faults) neither."""
+and neither does a 40-second one on test hosts (network faults among its faults) nor a 40-second one
+on a cluster of 3 shards."""
 
 import json
 import signal
@@ -22,6 +23,10 @@ SEED = 20243371
 # on every host, two bookies' hosts isolated, one isolated, the leader cut from the other brokers and
 # the clients, the leader deaf (one way), the leader cut from the other bookies.
 HOSTS_SEED = 966
+# With 3 shards its 40-second schedule aims at shards 1 and 2 as well as 0: the process of shard 1 of its
+# leader paused, shard 2's poisoned, a broker's session of shard 2 expired, the broker leading shard 2 killed;
+# and a follower of shard 0 paused and killed, the leader of shard 0 paused.
+SHARDS_SEED = 94
 
 
 @pytest.mark.chaos
@@ -71,6 +76,31 @@ def test_forty_second_chaos_run_on_hosts_has_partitions_and_no_anomaly(tmp_path)
     assert (
         record["bridge"] not in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     )
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(300)
+def test_forty_second_chaos_run_on_three_shards_aims_at_every_shard_and_has_no_anomaly(tmp_path):
+    run_dir = tmp_path / "chaos"
+    args = ["--shards", "3", "--seconds", "40", "--seed", str(SHARDS_SEED), "--json", "--dir", str(run_dir)]
+    done = run_chaos(args, timeout=240)
+    report = json.loads(done.stdout)
+    assert report["anomalies"] == [], f"{done.stderr[-2000:]}\n{json.dumps(report['anomalies'], indent=2)}"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert report["shards"] == 3 and "--shards 3" in report["reproduce"]
+    aimed = {e["shard"] for e in report["faults"]["events"] if e["injected"] and e["shard"] is not None}
+    assert aimed == {0, 1, 2}, report["faults"]["events"]
+    ops = report["operations"]
+    # The keys spread over every shard, and every task was found where its id says.
+    assert min(ops["acknowledged_by_shard"].values()) > 50, ops
+    assert ops["tasks_checked"] >= ops["keys_acknowledged"] and ops["keys_resubmitted"] == ops["keys"]
+    # Settled per shard: a row per broker and shard, one leader in each.
+    rows = report["brokers"]
+    assert sorted((b["shard"], b["name"]) for b in rows) == [
+        (shard, f"broker-{i}") for shard in range(3) for i in range(3)
+    ]
+    assert sorted(b["shard"] for b in rows if b["role"] == "leader") == [0, 1, 2]
+    assert not processes_mentioning(str(run_dir))
 
 
 @pytest.mark.chaos

@@ -104,3 +104,12 @@ def test_hosts_and_cpu_per_host_reach_the_run(monkeypatch):
 def test_cpu_per_host_needs_hosts():
     result = CliRunner().invoke(cli.main, ["chaos", "--seconds", "60", "--cpu-per-host", "0.5"])
     assert result.exit_code == 2 and "--cpu-per-host needs --hosts" in result.output
+
+
+def test_shards_reach_the_run_and_the_report_names_them(monkeypatch):
+    report = {**canned([]), "shards": 3}
+    result, config = run_with(monkeypatch, report, "--seconds", "60", "--shards", "3")
+    assert result.exit_code == 0 and config.shards == 3
+    assert "with 3 shards" in result.output
+    _, config = run_with(monkeypatch, canned([]), "--seconds", "60")
+    assert config.shards == 1
