@@ -304,6 +304,8 @@ class BrokerNode:
 
         return BrokerSource(
             broker_id=self.identity.broker_id,
+            # A 1-shard cluster's metrics keep no shard label.
+            shard=self.config.shard if cluster_shards(self.started.cluster) > 1 else None,
             store=lambda: self.store,
             # Registering the collectors reads them once, before the server exists.
             role=lambda: self.server.role if self.server is not None else "starting",

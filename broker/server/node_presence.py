@@ -27,7 +27,7 @@ from typing import Any, Callable
 from kazoo.client import KazooClient, KazooState
 
 from broker.server.config import BrokerConfig
-from broker.server.live import advertised_snapshot
+from broker.server.live import advertised_metrics, advertised_snapshot
 from broker.server.request_loop import BrokerServer
 from broker.server.shard_command import SESSION_FILE_ENV
 from broker.server.standing.bookie_wait import BookieWait
@@ -69,6 +69,7 @@ class LiveInfo:
             "updated_at": self.clock.now(),
             "snapshot": advertised_snapshot(self.latest_snapshot()),
             "secure": self.secure,
+            **advertised_metrics(self.config.metrics_listen),
             **self.member_wait.live_fields(),
             # A leader goes on in its ledger whatever new ledgers would need: only a would-be leader waits.
             **({} if self.server.leadership is not None else self.bookie_wait.live_fields()),

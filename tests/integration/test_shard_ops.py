@@ -1,7 +1,9 @@
 """Operating a sharded cluster with real processes: `cluster shutdown` of every shard, then a restart;
 `snapshot list`, `store inspect` and `store verify` over every shard's store.
 
-- 2 brokers, 3 shards, tasks in each shard: `cluster shutdown` stops shards 1 and 2 and then
+- 2 brokers, 3 shards, with metrics: each shard process advertises its metrics endpoint in its
+  live node and every sample it serves names its shard; `snapshot list` has each shard's;
+- tasks in each shard: `cluster shutdown` stops shards 1 and 2 and then
   shard 0, every broker and every shard process exits 0, every store (shard dirs included) is
   clean at its shard's entry; `store inspect` and `store verify` name each store's shard; a
   restart of both brokers serves every task again from the same stores (no snapshot download)
@@ -15,13 +17,15 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker.admin.cluster_shutdown import ShutdownFailed, abandon_shutdown, shutdown_cluster
 from broker.api.client import Client
-from devtools.procs import pid_alive
+from devtools.procs import free_port, pid_alive
 from election.cluster_config import ClusterOptions, init_cluster
 from election.identity import META
 from election.leader import read_leader
@@ -72,6 +76,12 @@ def _children_of(pid: int) -> list[int]:
     return children
 
 
+def _scrape(address: str) -> list[tuple[str, dict]]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return [(s.name, s.labels) for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def _store_dir(broker, shard: int) -> Path:
     return Path(broker.data_dir) / "shards" / str(shard) if shard else Path(broker.data_dir)
 
@@ -93,7 +103,11 @@ def test_cluster_shutdown_stops_every_shard_clean_and_a_restart_serves_every_tas
     init = procs.run(["cluster", "init", *_zk_args(cluster), "--shards", str(SHARDS)])
     assert init.returncode == 0, init.stderr.decode()
     procs.start_bookies(cluster, 3)
-    brokers = procs.start_brokers(cluster, 2)
+    brokers = [
+        procs.start_broker(cluster, ready=False, extra=["--metrics-listen", f"127.0.0.1:{free_port()}"])
+        for _ in range(2)
+    ]
+    procs.wait_ready(brokers)
     ids = sorted(json.loads((Path(b.data_dir) / META).read_text())["broker_id"] for b in brokers)
     first = wait_for(lambda: _leaders(cluster), 180, "a leader in every shard")
     for n in range(SHARDS):
@@ -103,6 +117,16 @@ def test_cluster_shutdown_stops_every_shard_clean_and_a_restart_serves_every_tas
             f"both brokers live in shard {n}",
         )
     acked = _submit_in_every_shard(cluster)
+
+    # Each shard process serves its own metrics, found through its live node, each sample with its shard.
+    for n in range(SHARDS):
+        for info in live_brokers(cluster.zk, cluster.paths.of_shard(n)).values():
+            samples = _scrape(info["metrics"])
+            assert samples and all(labels.get("shard") == str(n) for _, labels in samples), (n, samples[:3])
+            roles = [labels["role"] for name, labels in samples if name == "fencepost_broker_role"]
+            # Which one leads may move meanwhile (leader balancing): each says its role in that shard.
+            assert len(roles) == 1 and roles[0] in ("leader", "follower"), roles
+            assert any(name == "fencepost_broker_epoch" for name, _ in samples)
 
     # Every shard's leader checkpoints once it serves: the cluster-wide listing has each shard's.
     rows = wait_for(
