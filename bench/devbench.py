@@ -17,6 +17,8 @@ Example::
         bc.process_kinds()   # {"leader": [pid], "bookies": [pid], "zookeeper": [pid], "client": [os.getpid()]}
     with BenchCluster(hosts=3, cpu_per_host=0.5) as bc:   # a bookie and a broker on each of h1..h3
         bc.dev.partition(["broker-0"], None)
+    with BenchCluster(hosts=4, shards=4, broker_args=("--leader-balance-s", "2")) as bc:   # 4 shards
+        ...
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ class BenchCluster:
     (None: its defaults, 3/3/2). ``hosts`` N puts the members on test hosts (ZooKeeper on
     ``zk``, bookie i and broker i on ``h<i mod N + 1>``, each host capped at ``cpu_per_host``
     cores; :mod:`devtools.dev_hosts`); :meth:`stop` removes that network too, and without
-    root or iptables the constructor raises a one-line :class:`BenchError`.
+    root or iptables the constructor raises a one-line :class:`BenchError`. ``shards`` S > 1 makes
+    a cluster of S shards (`cluster init --shards`: every broker runs a process per shard; it
+    returns once every shard's leader answers); ``broker_args`` go to every broker's `broker start`.
     """
 
     def __init__(
@@ -85,6 +89,8 @@ class BenchCluster:
         quorum: tuple[int, int, int] | None = None,
         hosts: int = 0,
         cpu_per_host: float | None = None,
+        shards: int = 1,
+        broker_args: tuple[str, ...] = (),
     ) -> None:
         if (zk is None) != (cluster is None):
             raise BenchError("give both zk and cluster, or neither")
@@ -108,6 +114,8 @@ class BenchCluster:
         # A secure private cluster (`dev up --secure`): this process's clients connect with its admin key.
         self.secure = secure
         self.quorum = quorum
+        self.shards = shards
+        self.broker_args = tuple(broker_args)
         self.progress = progress or (lambda _msg: None)
         self.run_dir: Path | None = None
         self.dev = None
@@ -134,6 +142,8 @@ class BenchCluster:
                     secure=self.secure,
                     hosts=self.hosts,
                     cpu_per_host=self.cpu_per_host,
+                    shards=self.shards if self.shards > 1 else None,
+                    broker_args=self.broker_args,
                     **self._quorum_options(),
                 ),
                 progress=self.progress,
@@ -183,7 +193,7 @@ class BenchCluster:
         return Client(zk=self.zk, cluster=self.cluster, **{"timeout": 60.0, **kwargs})
 
     def wait_leader(self, timeout: float = 60.0) -> dict:
-        """Block until a leader answers ``status``; return the status."""
+        """Block until a leader (of every shard) answers ``status``; return the status."""
         with self.client(timeout=timeout) as c:
             return c.status()
 

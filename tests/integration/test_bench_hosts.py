@@ -41,18 +41,29 @@ def bench_json(args: list[str], timeout: float) -> dict:
     return json.loads(out)
 
 
-@pytest.mark.timeout(150)
-def test_scale_on_one_host_reports_each_figure():
-    result = bench_json(["scale", "--hosts-list", "1", "--seconds", "2", "--runs", "1"], timeout=80)
-    (row,) = result["by_hosts"]
-    assert row["hosts"] == 1 and row["quorum"]["reduced"] and row["quorum"]["ack_quorum"] == 1
-    for key in ("tasks_per_s", "submitted_per_s", "submit_p50_ms", "submit_p99_ms", "batch_submit_p50_ms"):
-        assert row[key] > 0, key
-    assert row["tasks_per_s_ratio"] == 1.0 and row["errors"] == 0
-    assert 0 < row["leader_host_cores_busy"] <= 0.5 + 0.1  # the cap, and some slack for sampling
-    assert row["runs"][0]["cpu_cores_busy"]["by_host"].keys() == {"zk", "h1"}
-    assert result["tasks_per_s_by_hosts"] == {"1": row["tasks_per_s"]}
-    assert result["cpu_per_host"] == 0.5 and result["load_generator"].startswith("local")
+@pytest.mark.timeout(240)
+def test_scale_on_two_hosts_spreads_two_shards_and_measures_one_shard_too():
+    args = ["scale", "--hosts-list", "2", "--seconds", "2", "--runs", "1", "--producers", "32"]
+    result = bench_json(args, timeout=200)
+    sharded, one_shard = result["by_config"]
+    assert (sharded["hosts"], sharded["shards"]) == (2, 2) and (one_shard["hosts"], one_shard["shards"]) == (
+        2,
+        1,
+    )
+    # Each broker led one shard while the load ran; with one shard, one host leads.
+    assert sharded["leaders_spread"] and sharded["runs"][0]["leaders_by_host"] == {"h1": [0], "h2": [1]}
+    assert sorted(map(len, one_shard["runs"][0]["leaders_by_host"].values())) == [0, 1]
+    for row in (sharded, one_shard):
+        assert row["quorum"]["reduced"] and row["quorum"]["ack_quorum"] == 2 and row["errors"] == 0
+        for key in ("tasks_per_s", "submitted_per_s", "submit_p50_ms", "submit_p99_ms", "entries_per_task"):
+            assert row[key] > 0, key
+        assert row["host_cores_busy"].keys() == {"zk", "h1", "h2"}
+        assert all(0 < row["host_cores_busy"][h] <= 0.3 + 0.1 for h in ("h1", "h2"))  # the cap, and slack
+    assert len(sharded["runs"][0]["entries_per_task_by_shard"]) == 2
+    assert result["tasks_per_s_by_hosts"] == {"2": sharded["tasks_per_s"]}
+    assert result["one_shard_2_hosts_tasks_per_s"] == one_shard["tasks_per_s"]
+    assert result["cpu_per_host"] == 0.3 and result["load_generator"].startswith("local")
+    assert result["load"]["producers"] == 32 and result["load"]["keyed"]
 
 
 @pytest.mark.timeout(150)
