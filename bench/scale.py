@@ -19,15 +19,16 @@ Per configuration (``by_config``; ``hosts``, ``shards``): ``tasks_per_s`` (handl
 ``submitted_per_s``, ``submit_p50_ms`` / ``submit_p99_ms`` (the producers' calls, under
 load), ``entries_per_task`` (the ledger entries of every shard's leader per task: a shard
 given a part of the load commits smaller groups), the quorum used, where the leaders were
-(``leaders_by_host``) and the CPU:
-``host_cores_busy`` (each host's cores, every process in its CPU group) and
-``host_throttled_pct`` (the share of quota periods in which the host used up its quota:
-high, the cap held it back; low with ``others_cores_busy`` high, the shared machine did),
+(``leaders_by_host``) and the CPU: ``cluster_cpu_ms_per_task`` (what the test hosts spent
+per task, the cost of a task whatever limited the rate), ``host_cores_busy`` (each host's
+cores, every process in its CPU group) and ``host_throttled_pct`` (the share of quota
+periods in which the host used up its quota: high, the cap held it back; low with
+``machine_cores_busy`` near the machine's cores, the shared machine did),
 ``bench_cores_busy`` (the load generator) and ``others_cores_busy`` (the rest of the
 machine: other jobs on the shared cores). With 1 or 2 hosts there are only 1 or 2 bookies,
 so the ledgers' ensemble and quorums shrink to that (``quorum.reduced``); from 3 hosts on
-they are `cluster init`'s 3/3/2, so each entry is written three times and every broker
-applies every shard: the work per task grows with the hosts up to 3 hosts.
+they are `cluster init`'s 3/3/2. Every broker applies every shard's entries, so the work
+per task grows with the hosts: N copies of the state, and from 3 hosts three of each entry.
 
 Top level: ``tasks_per_s_by_hosts`` (``{"1": .., "2": .., "4": ..}``, shards = hosts),
 ``ratio_by_hosts`` (to the fewest hosts), ``scaling_4_vs_1`` (when both ran; target
@@ -62,7 +63,14 @@ LOAD_GENERATOR = (
     "machine itself (not a test host), so their CPU is not capped"
 )
 # What each configuration reports, as a median of the runs.
-FIGURES = ("tasks_per_s", "submitted_per_s", "submit_p50_ms", "submit_p99_ms", "entries_per_task")
+FIGURES = (
+    "tasks_per_s",
+    "submitted_per_s",
+    "submit_p50_ms",
+    "submit_p99_ms",
+    "entries_per_task",
+    "cluster_cpu_ms_per_task",
+)
 LABELS = {
     "tasks_per_s_by_hosts": "handled tasks/s by host count, shards = hosts (median)",
     "scaling_4_vs_1": "4 hosts over 1 host (target 3.2)",
@@ -108,6 +116,14 @@ def quorum_record(hosts: int) -> dict:
     }
 
 
+def cpu_ms_per_task(cpu: dict, tasks_per_s: float | None) -> float | None:
+    """CPU milliseconds the test hosts (ZooKeeper's too) spent per task handled. Pure."""
+    cores = [row.get("cores") for row in (cpu.get("by_host") or {}).values()]
+    if not tasks_per_s or not cores or None in cores:
+        return None
+    return round(1000.0 * sum(cores) / tasks_per_s, 3)
+
+
 def measure_once(
     hosts: int, shards: int, cpu_per_host: float | None, seconds: float, load: dict, progress: Callable
 ) -> dict:
@@ -135,6 +151,7 @@ def measure_once(
         leaders_by_host=placement,
         leaders_spread=spread,
         entries_per_task=out["entries_per_task"],
+        cluster_cpu_ms_per_task=cpu_ms_per_task(out["cpu_cores_busy"], out["tasks_per_s"]),
         entries_per_task_by_shard=out["entries_per_task_by_shard"],
         cpu_cores_busy=out["cpu_cores_busy"],
     )

@@ -77,7 +77,10 @@ class ClusterWindow:
         )
         return {
             "cpu_cores_busy": self.busy,
-            "entries_per_task_by_shard": [per_task(n, tasks * len(entries), 3) for n in entries],
+            # A shard got about tasks / S of them.
+            "entries_per_task_by_shard": [
+                per_task(n * len(entries), tasks, 3) if n is not None else None for n in entries
+            ],
             "entries_per_task": per_task(sum(entries), tasks, 3) if entries and None not in entries else None,
         }
 
