@@ -18,7 +18,7 @@ replicated state machines, each with its own leader; a queue spans every shard
   the caller names a shard: the client's cluster-wide calls ask every shard.
 
 :func:`shares` splits a worker's prefetch over the shards' lease loops and
-:func:`split_count` a complete-and-lease ask over the shards of a batch.
+:func:`split_count` the room a worker's completions ask for between its shards' senders.
 
 Example::
 

@@ -26,7 +26,9 @@ On a cluster of several shards the worker leases from every shard's leader, one
 lease thread per shard with the prefetch split over them (at least one task per
 shard: :func:`~broker.api.worker_lease.lease_shares`), and sends each task's
 completion, failure and heartbeats to its own shard: one worker serves the whole
-queue, and a worker started before any task gets tasks of every shard.
+queue, and a worker started before any task gets tasks of every shard. Each shard
+also has its own sender and heartbeat thread, so a shard in failover delays neither
+the completions nor the heartbeats of the others.
 
 A task submitted with ``max_run_ms`` (or leased from a queue that has one) may
 run that long from its lease and no longer: past it the worker abandons the
@@ -296,7 +298,7 @@ class Worker(OutboxSender, HeartbeatSender):
             return
         # With the handlers registered since __init__; at least one task per shard.
         self._hand.prefetch = max(self.prefetch, shards)
-        self._hand.expect_lease_loops(shards)
+        self._hand.expect_shards(shards)
         log.info(
             "worker %s leasing from %s with %d thread(s), prefetch %d%s",
             self.name,
@@ -307,8 +309,17 @@ class Worker(OutboxSender, HeartbeatSender):
         )
         runner = TaskRunner(self._handlers, self._hand, self.clock)
         heartbeats_done = threading.Event()
-        beat = self._start(self._heartbeat_loop, f"heartbeat-{self.name}", client, heartbeats_done)
-        sender = self._start(self._send_loop, f"sender-{self.name}", client, queues)
+        # A heartbeat thread and a sender per shard, so a shard in failover holds up only its own.
+        beats = [
+            self._start(
+                self._heartbeat_loop, self._thread_name("heartbeat", shard), client, heartbeats_done, shard
+            )
+            for shard in range(shards)
+        ]
+        senders = [
+            self._start(self._send_loop, self._thread_name("sender", shard), client, queues, shard)
+            for shard in range(shards)
+        ]
         loops = shard_lease_loops(
             self.name,
             self.lease_ms,
@@ -336,8 +347,8 @@ class Worker(OutboxSender, HeartbeatSender):
         )
         if drained:
             self._hand.handlers_ended()
-            # The outbox is flushed: each of its requests is bounded by the client's timeout.
-            drained = _join(sender, end, clock)
+            # The outboxes are flushed: each of their requests is bounded by the client's timeout.
+            drained = all(_join(sender, end, clock) for sender in senders)
         left = 0
         if not drained:
             with self._hand.lock:
@@ -358,10 +369,15 @@ class Worker(OutboxSender, HeartbeatSender):
         # Heartbeats last until every outcome is acknowledged.
         heartbeats_done.set()
         if drained:
-            beat.join()
+            for beat in beats:
+                beat.join()
             if self._client is None:
                 client.close()
         log.info("worker %s stopped: %s", self.name, self.stats)
+
+    def _thread_name(self, role: str, shard: int) -> str:
+        """``<role>-<worker>``, and ``-<shard>`` for shards past 0 (as the lease loops are named)."""
+        return f"{role}-{self.name}" + (f"-{shard}" if shard else "")
 
     @staticmethod
     def _start(target: Callable[..., None], name: str, *args: object) -> threading.Thread:

@@ -2,11 +2,12 @@
 
 A :class:`Hand` is the state the worker's threads share under one lock: the
 leases in hand (``held``, heartbeated until their outcome is acknowledged), the
-tasks waiting for a handler thread (``queue``), the attempts running, the outbox
-of outcomes for the sender, and ``asked``: how many tasks the lease requests in
-flight may still bring. Each kind of waiter has its own condition, so a change
-wakes only the threads it concerns: n leased tasks wake n handler threads, not
-all of them; an outcome wakes the sender; room for more tasks wakes the lease loop.
+tasks waiting for a handler thread (``queue``), the attempts running, the outboxes
+of outcomes for the senders (one per shard, :class:`Outbox`), and ``asked``: how many
+tasks the lease requests in flight may still bring. Each kind of waiter has its own
+condition, so a change wakes only the threads it concerns: n leased tasks wake n
+handler threads, not all of them; an outcome wakes its shard's sender; room for more
+tasks wakes the lease loop.
 
 Room for more tasks is ``prefetch`` minus the tasks queued, the handler threads
 busy and ``asked``. Two requests lease: the lease loops' long-poll ``lease`` (one
@@ -19,6 +20,13 @@ being sent, the lease loop leaves the room to the sender for up to
 :data:`DEFER_S`, but only if the last ``complete_many`` reply carried ``tasks``
 (a broker that leases in it): with a broker that does not, both keep leasing as
 they can, and the next broker after a failover is judged by its own replies.
+
+On a cluster of several shards (:meth:`Hand.expect_shards`) each shard has its own
+outbox and sender, so a shard in failover holds up only its own outcomes: the
+other shards' completions go on to their leaders. A sender's complete-and-lease asks
+for the room in proportion to its completions among those ready to go (its own and
+those of the senders not busy sending), and the lease loops leave the room to any
+sender whose completions are on their way (each for up to :data:`DEFER_S`).
 
 Example::
 
@@ -34,6 +42,7 @@ import logging
 import threading
 from collections import deque
 
+from broker.api.shard_routing import split_count, task_shard
 from broker.api.task import Task
 from broker.protocol import MAX_LEASE_TASKS
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -66,6 +75,24 @@ def leased_tasks(raw_tasks: list, worker: str = "") -> list[Task]:
     return tasks
 
 
+class Outbox:
+    """One shard's outcomes waiting for its sender; guarded by the hand's lock."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.ready = threading.Condition(lock)  # the shard's sender
+        # (op, task, fields): op is "complete", "fail" or "abandon" (a fail already counted).
+        self.items: list[tuple[str, Task, dict]] = []
+        self.completions = 0
+        # When the oldest completion waiting was posted, and when the sender's batch went out.
+        self.completion_since: float | None = None
+        self.sending_since: float | None = None
+
+    def leases_until(self) -> float | None:
+        """Until when the lease loops leave the room to this sender's complete-and-lease (before DEFER_S)."""
+        since = self.sending_since if self.sending_since is not None else self.completion_since
+        return None if since is None else since + DEFER_S
+
+
 class Hand:
     """The tasks a Worker holds and the conditions its threads wait on (see the module docstring).
 
@@ -82,7 +109,6 @@ class Hand:
         self.lock = threading.Lock()
         self._task_ready = threading.Condition(self.lock)  # handler threads
         self._room_freed = threading.Condition(self.lock)  # the lease loop
-        self._outbox_ready = threading.Condition(self.lock)  # the sender
         # Every lease in hand, heartbeated until its outcome is acknowledged: (task_id, attempt) -> Task.
         self.held: dict[Key, Task] = {}
         # Leased, waiting for a handler thread.
@@ -91,8 +117,9 @@ class Hand:
         self.busy = 0
         # Running attempts whose outcome is still ours to report (not abandoned).
         self.running: set[Key] = set()
-        # (op, task, fields) for the sender: op is "complete", "fail" or "abandon" (a fail already counted).
-        self.outbox: list[tuple[str, Task, dict]] = []
+        # The outcomes for the senders, one outbox per shard (see expect_shards).
+        self.shards = 1
+        self._outboxes = [Outbox(self.lock)]
         # Tasks the lease requests in flight may still bring.
         self.asked = 0
         # (task_id, attempt) -> monotonic time past which the attempt is abandoned.
@@ -100,9 +127,6 @@ class Hand:
         # Handler threads stuck in an abandoned handler: stop() does not wait for them.
         self.handler_threads: dict[Key, int] = {}
         self.abandoned_threads: set[int] = set()
-        # When the oldest completion in the outbox was posted, and when the sender's batch went out.
-        self._completion_since: float | None = None
-        self._sending_since: float | None = None
         # The last complete_many reply carried tasks: the sender's leases are worth waiting for.
         self.combined_leases = False
         self._leasing = True
@@ -116,10 +140,19 @@ class Hand:
         """Tasks that may still be asked for (the caller holds the lock)."""
         return self.prefetch - len(self.queue) - self.busy - self.asked
 
-    def expect_lease_loops(self, count: int) -> None:
-        """``count`` lease loops will run (one per shard); the hand counts them out before handlers stop."""
+    def expect_shards(self, count: int) -> None:
+        """The cluster has ``count`` shards: a lease loop and an outbox each (before any thread starts).
+
+        The hand counts the lease loops out before its handler threads stop.
+        """
         with self.lock:
             self._lease_loops = count
+            self.shards = count
+            self._outboxes = [Outbox(self.lock) for _ in range(count)]
+
+    def shard_of(self, task_id: str) -> int:
+        """The shard whose outbox and heartbeats a task's outcome and lease go to."""
+        return 0 if self.shards == 1 else task_shard(task_id, self.shards)
 
     def claim_for_lease_loop(self, share: int = MAX_LEASE_TASKS) -> int:
         """Wait for room the sender is not about to ask for, claim it (at most ``share`` and a lease's); 0 once stopping.
@@ -142,13 +175,12 @@ class Hand:
             return 0
 
     def _sender_leases_until(self) -> float | None:
-        """Until when the lease loop leaves the room to the sender's complete-and-lease (None: it does not)."""
+        """Until when the lease loop leaves the room to the senders' complete-and-lease (None: it does not)."""
         if not self.combined_leases:
             return None
-        since = self._sending_since if self._sending_since is not None else self._completion_since
-        if since is None or since + DEFER_S <= self._clock.monotonic():
-            return None
-        return since + DEFER_S
+        now = self._clock.monotonic()
+        until = [t for t in (box.leases_until() for box in self._outboxes) if t is not None and t > now]
+        return max(until) if until else None
 
     def add_leased(self, tasks: list[Task], asked: int, combined: bool | None = None) -> None:
         """Queue leased tasks, one handler thread woken per task; give back the room ``asked`` for that did not come.
@@ -235,42 +267,63 @@ class Hand:
             self._room_freed.notify()
 
     def _post(self, op: str, task: Task, fields: dict) -> None:
-        if op == "complete" and self._completion_since is None:
-            self._completion_since = self._clock.monotonic()
-        self.outbox.append((op, task, fields))
-        self._outbox_ready.notify()
+        box = self._outboxes[self.shard_of(task.task_id)]
+        if op == "complete":
+            box.completions += 1
+            if box.completion_since is None:
+                box.completion_since = self._clock.monotonic()
+        box.items.append((op, task, fields))
+        box.ready.notify()
 
-    # ---------------------------------------------------------------- the sender
+    @property
+    def outbox(self) -> list[tuple[str, Task, dict]]:
+        """Every outcome waiting for a sender, shard by shard (the caller holds the lock, or looks only)."""
+        return [item for box in self._outboxes for item in box.items]
 
-    def take_outbox(self) -> tuple[list[tuple[str, Task, dict]], int] | None:
-        """Wait for outcomes; take them all and claim the room for a lease to send with the completions.
+    # ---------------------------------------------------------------- the senders
 
-        Returns (outcomes, tasks to ask for); None once the handlers are done and the outbox is empty.
+    def take_outbox(self, shard: int = 0) -> tuple[list[tuple[str, Task, dict]], int] | None:
+        """Wait for ``shard``'s outcomes; take them all and claim room for a lease to send with the completions.
+
+        The room is shared with the other shards' senders that have completions ready
+        (not busy sending), in proportion to the completions. Returns (outcomes, tasks
+        to ask for); None once the handlers are done and the shard's outbox is empty.
         """
+        box = self._outboxes[shard]
         with self.lock:
-            while not self.outbox:
+            while not box.items:
                 if self._handlers_done:
                     return None
-                self._outbox_ready.wait()
-            batch, self.outbox = self.outbox, []
-            self._completion_since = None
-            self._sending_since = self._clock.monotonic()
+                box.ready.wait()
+            batch, box.items = box.items, []
+            mine, box.completions = box.completions, 0
+            box.completion_since = None
+            box.sending_since = self._clock.monotonic()
             ask = 0
-            if self._leasing and any(op == "complete" for op, _, _ in batch):
-                ask = max(min(self.room(), MAX_LEASE_TASKS), 0)
+            if self._leasing and mine:
+                ready = sum(other.completions for other in self._outboxes if other.sending_since is None)
+                ask = split_count(max(min(self.room(), MAX_LEASE_TASKS), 0), [mine, ready])[0]
                 self.asked += ask
             return batch, ask
 
-    def batch_sent(self) -> None:
-        """The sender is done with its batch: the lease loop need not leave the room to it any more."""
+    def batch_sent(self, shard: int = 0) -> None:
+        """``shard``'s sender is done with its batch: the lease loop need not leave the room to it any more."""
         with self.lock:
-            self._sending_since = None
+            self._outboxes[shard].sending_since = None
             self._room_freed.notify()
 
     def handlers_ended(self) -> None:
         with self.lock:
             self._handlers_done = True
-            self._outbox_ready.notify()
+            for box in self._outboxes:
+                box.ready.notify()
+
+    def held_keys(self, shard: int = 0) -> list[Key]:
+        """The leases in hand of ``shard`` (every one on a cluster of one shard), in key order."""
+        with self.lock:
+            if self.shards == 1:
+                return sorted(self.held)
+            return sorted(key for key in self.held if self.shard_of(key[0]) == shard)
 
     def settle(self, task: Task, outcome: str | None) -> None:
         """The attempt's outcome is known (or given up on): stop its heartbeats, count it."""

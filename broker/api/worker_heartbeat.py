@@ -7,12 +7,17 @@ queued, running, or finished but not yet acknowledged. A lease the broker says
 is no longer this worker's (:data:`~broker.api.worker_outbox.LOST_LEASE_CODES`)
 drops its task if it is still queued; a running one finds out when it reports.
 Between heartbeats, every 100 ms at most, the watchdog abandons the attempts
-past their ``max_run_ms``. It never raises. On a cluster of several shards each
-shard's leases go to that shard's leader (one ``heartbeat_many`` per shard at least).
+past their ``max_run_ms``. It never raises.
+
+On a cluster of several shards there is one heartbeat thread per shard, each
+extending its shard's leases at its shard's leader: a shard in failover (whose
+``heartbeat_many`` waits up to ``lease_ms / 3``) delays no other shard's heartbeats.
+Each of them runs the watchdog (it is idempotent), so a thread waiting on its
+shard's leader does not hold it up either.
 
 Example::
 
-    beat = threading.Thread(target=worker._heartbeat_loop, args=(client, done), daemon=True)
+    beat = threading.Thread(target=worker._heartbeat_loop, args=(client, done, 0), daemon=True)
 """
 
 from __future__ import annotations
@@ -21,12 +26,10 @@ import logging
 import threading
 
 from broker.api.client import Client, ClientError
-from broker.api.shard_routing import split_by_shard
 from broker.api.worker_hand import Hand
 from broker.api.worker_outbox import LOST_LEASE_CODES
 from broker.protocol import MAX_SUBMIT_MANY
 from election.local.clock import Clock
-from election.shards import shard_of_task
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class HeartbeatSender:
 
     Example::
 
-        worker._heartbeat_loop(client, done)   # in its own thread, until ``done`` is set
+        worker._heartbeat_loop(client, done, 0)   # in its own thread, until ``done`` is set
     """
 
     name: str
@@ -44,7 +47,8 @@ class HeartbeatSender:
     clock: Clock
     _hand: Hand
 
-    def _heartbeat_loop(self, client: Client, done: threading.Event) -> None:
+    def _heartbeat_loop(self, client: Client, done: threading.Event, shard: int = 0) -> None:
+        """Extend ``shard``'s leases in hand each ``lease_ms / 3``, and run the watchdog, until ``done``."""
         interval = self.lease_ms / 3000
         # The watchdog for max_run_ms needs a finer tick than the heartbeats.
         tick = min(interval, 0.1)
@@ -54,11 +58,9 @@ class HeartbeatSender:
             if self.clock.monotonic() < next_beat:
                 continue
             next_beat = self.clock.monotonic() + interval
-            with self._hand.lock:
-                held = sorted(self._hand.held)
-            for _, keys in split_by_shard(held, lambda key: shard_of_task(key[0])).values():
-                for start in range(0, len(keys), MAX_SUBMIT_MANY):
-                    self._beat(client, keys[start : start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
+            held = self._hand.held_keys(shard)
+            for start in range(0, len(held), MAX_SUBMIT_MANY):
+                self._beat(client, held[start : start + MAX_SUBMIT_MANY], timeout=max(interval, 0.5))
 
     def _beat(self, client: Client, keys: list[tuple[str, int]], timeout: float) -> None:
         """Extend these leases with one heartbeat_many; drop a queued task whose lease is gone."""

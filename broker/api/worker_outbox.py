@@ -1,7 +1,7 @@
 """The worker's outbox sender: outcomes to the leader, every completion ready in one request.
 
 Part of :class:`broker.api.worker.Worker` (a mixin: it works on the worker's
-:class:`~broker.api.worker_hand.Hand`). The sender thread takes everything in the
+:class:`~broker.api.worker_hand.Hand`). The sender thread takes everything in its
 outbox at once: the completions go in ``complete_many`` requests (cut by count
 and result bytes), each failure in a ``fail``. The first ``complete_many`` also
 carries a ``lease`` for the room in hand the worker has (complete-and-lease): its
@@ -14,14 +14,16 @@ it). An outcome is settled (its heartbeats stop) once the leader answers:
 ``unreported`` when it could not be sent (its lease then expires and the task
 runs again). It never raises.
 
-On a cluster of several shards the completions go to each task's shard (one
-``complete_many`` per shard at least, :func:`by_shard`), and the room asked for
-is split over those requests in proportion to their completions: the shards whose
-tasks just finished are the ones likely to have more.
+On a cluster of several shards there is one sender thread per shard, each with
+its own outbox and sending only to its shard's leader: a shard in failover (whose
+requests wait up to the client's timeout) holds up its own outcomes and no other
+shard's. The room a sender asks for is shared with the senders whose completions
+are ready at that moment, in proportion to the completions: the shards whose tasks
+just finished are the ones likely to have more.
 
 Example::
 
-    sender = threading.Thread(target=worker._send_loop, args=(client, ["mail"]), daemon=True)
+    sender = threading.Thread(target=worker._send_loop, args=(client, ["mail"], 0), daemon=True)
 """
 
 from __future__ import annotations
@@ -30,11 +32,9 @@ import logging
 from typing import Iterator
 
 from broker.api.client import Client, ClientError
-from broker.api.shard_routing import split_by_shard, split_count
 from broker.api.task import Task
 from broker.api.worker_hand import Hand, leased_tasks
 from broker.protocol import MAX_SUBMIT_MANY
-from election.shards import shard_of_task
 from election.wire.codes import (
     E_NO_SUCH_TASK,
     E_NOT_OWNER,
@@ -56,36 +56,35 @@ class OutboxSender:
 
     Example::
 
-        worker._send_loop(client, ["mail"])   # in its own thread, until the handlers are done
+        worker._send_loop(client, ["mail"], 0)   # in its own thread, until the handlers are done
     """
 
     name: str
     lease_ms: int
     _hand: Hand
 
-    def _send_loop(self, client: Client, queues: list[str]) -> None:
+    def _send_loop(self, client: Client, queues: list[str], shard: int = 0) -> None:
+        """Send ``shard``'s outcomes until the handlers are done and its outbox is empty."""
         while True:
-            taken = self._hand.take_outbox()
+            taken = self._hand.take_outbox(shard)
             if taken is None:
                 return
             batch, ask = taken
-            completions = by_shard([(task, fields) for op, task, fields in batch if op == "complete"])
-            for completed, shard_ask in zip(completions, split_count(ask, [len(c) for c in completions])):
-                for chunk in _result_batches(completed):
-                    lease = None
-                    if shard_ask:
-                        lease = {
-                            "worker": self.name,
-                            "queues": queues,
-                            "max_tasks": shard_ask,
-                            "lease_ms": self.lease_ms,
-                        }
-                    self._complete(client, chunk, lease)
-                    shard_ask = 0
+            for chunk in _result_batches([(task, fields) for op, task, fields in batch if op == "complete"]):
+                lease = None
+                if ask:
+                    lease = {
+                        "worker": self.name,
+                        "queues": queues,
+                        "max_tasks": ask,
+                        "lease_ms": self.lease_ms,
+                    }
+                self._complete(client, chunk, lease)
+                ask = 0
             for op, task, fields in batch:
                 if op != "complete":
                     self._fail(client, task, counted=op == "fail", **fields)
-            self._hand.batch_sent()
+            self._hand.batch_sent(shard)
 
     def _complete(self, client: Client, chunk: list[tuple[Task, dict]], lease: dict | None = None) -> None:
         """Send one complete_many (with ``lease``: and lease that many tasks); log, never raise, if that fails."""
@@ -181,11 +180,6 @@ class OutboxSender:
             self._hand.settle(task, "unreported" if counted else None)
             return
         self._hand.settle(task, "failed" if counted else None)
-
-
-def by_shard(items: list[tuple[Task, dict]]) -> list[list[tuple[Task, dict]]]:
-    """Outcomes (or leases) grouped by the shard their task id names, in order (one group on one shard)."""
-    return [part for _, part in split_by_shard(items, lambda item: shard_of_task(item[0].task_id)).values()]
 
 
 def _result_batches(completions: list[tuple[Task, dict]]) -> Iterator[list[tuple[Task, dict]]]:

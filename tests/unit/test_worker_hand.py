@@ -163,6 +163,45 @@ def test_a_running_task_past_max_run_ms_is_abandoned_and_its_late_result_dropped
     assert not hand.outbox and not hand.abandoned_threads and hand.room() == 2
 
 
+def test_each_shard_has_its_own_outbox_and_the_room_is_shared_by_the_completions_ready():
+    hand = Hand(prefetch=12)
+    hand.expect_shards(3)
+    hand.add_leased(tasks("a", "b-s1", "c-s2", "d", "e-s1"), asked=0)
+    running = {task.task_id: task for task in (hand.next_task() for _ in range(5))}
+    for task_id in ("a", "b-s1", "c-s2"):
+        hand.finish(running[task_id], ("complete", {"result": None}))
+    assert hand.held_keys(1) == [("b-s1", 1), ("e-s1", 1)] and len(hand.outbox) == 3
+    assert hand.room() == 10
+    # Shard 1 first: its one completion of the three ready gets a third of the room (largest remainder).
+    batch, ask = hand.take_outbox(1)
+    assert [task.task_id for _, task, _ in batch] == ["b-s1"] and ask == 3
+    assert hand.take_outbox(0)[1] == 4  # half of what is left: shard 2's completion is still ready
+    assert hand.take_outbox(2)[1] == 3  # the last one ready: the rest
+    assert hand.room() == 0
+    # Shard 0's sender is still sending (its leader may be silent): a new completion of
+    # shard 0 does not shrink what shard 1 asks for.
+    hand.add_leased([], asked=10)
+    hand.finish(running["d"], ("complete", {"result": None}))
+    hand.finish(running["e-s1"], ("complete", {"result": None}))
+    assert hand.take_outbox(1)[1] == hand.prefetch - hand.busy - len(hand.queue)
+    hand.batch_sent(1)
+    hand.batch_sent(2)
+    batch, _ = hand.take_outbox(0)  # taken only once shard 0's sender is back for more
+    assert [task.task_id for _, task, _ in batch] == ["d"]
+
+
+def test_a_senders_wait_ends_with_the_handlers_whatever_the_other_shards_hold():
+    hand = Hand(prefetch=4)
+    hand.expect_shards(2)
+    hand.add_leased(tasks("a-s1"), asked=0)
+    hand.finish(hand.next_task(), ("complete", {"result": None}))
+    waiter, out = in_thread(hand.take_outbox, 0)
+    hand.handlers_ended()
+    waiter.join(5)
+    assert out == [None] and [task.task_id for _, task, _ in hand.take_outbox(1)[0]] == ["a-s1"]
+    assert hand.take_outbox(1) is None
+
+
 def test_leased_tasks_skips_a_malformed_one():
     got = leased_tasks(
         [
