@@ -1,15 +1,27 @@
 """`fencepost dashboard` in a real headless Chromium: it loads without console errors, shows the
-leader, a dead task's error as text, the workers, and the new leader within seconds of a leader SIGKILL."""
+leader, a dead task's error as text, the workers, and the new leader within seconds of a leader SIGKILL;
+on a 2-shard dev cluster, a row per shard, queues and dead tasks of both shards, the worker once, and
+the failover of the shard whose leader was killed."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 
 import pytest
 
+from broker.admin.dashboard.view import cluster_snapshot
+from broker.api.client import Client
+from devtools.dev_spec import DevClusterSpec
+from devtools.devcluster import DevCluster
 from election.leader import read_leader
-from tests.support.harness import call, wait_for
+from election.paths import ClusterPaths
+from election.shards import shard_of_key, shard_of_task
+from election.zk import close as zk_close
+from election.zk import connect as zk_connect
+from tests.support.harness import START_TIMEOUT_S, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -113,3 +125,99 @@ def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):
 
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors
+
+
+SHARDED = "dashshards"
+
+
+def _shard_leaders(zk) -> dict[int, dict]:
+    """Both shards' leader nodes (empty while one is missing)."""
+    found = {n: read_leader(zk, ClusterPaths(SHARDED, shard=n)) for n in range(2)}
+    return found if all(found.values()) else {}
+
+
+def _answered_snapshot(zk) -> dict | None:
+    """The dashboard's snapshot of the sharded cluster once every shard's leader answers it."""
+    snap = cluster_snapshot(zk, SHARDED)
+    return snap if snap["shards"] and all(row["reachable"] for row in snap["shards"]) else None
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_of_a_two_shard_cluster_covers_every_shard(browser, procs, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    dev = DevCluster(tmp_path / "dev", private=True)
+    zk = None
+    try:
+        # No leader balancing: the shards keep the leaders read below until the kill.
+        spec = DevClusterSpec(
+            cluster=SHARDED, shards=2, brokers=2, bookies=3, broker_args=("--leader-balance-s", "0")
+        )
+        state = dev.up(spec)
+        zk = zk_connect(state["zk"])
+        wait_for(lambda: _shard_leaders(zk), START_TIMEOUT_S, "a leader of both shards")
+        with Client(zk=state["zk"], cluster=SHARDED, timeout=60) as client:
+            wait_for(lambda: client.status(), START_TIMEOUT_S, "both shards' leaders to answer")
+            keys = {
+                n: [k for k in (f"k{i}" for i in range(200)) if shard_of_key(k, 2) == n][:3] for n in (0, 1)
+            }
+            for n in (0, 1):
+                for key in keys[n]:
+                    client.submit("mail", b"x", key=key)
+                client.submit("doomed", b"y", key=keys[n][0], max_attempts=1)
+                [task] = client.call("lease", shard=n, worker="w-dash", queues=["doomed"], max_tasks=1)[
+                    "tasks"
+                ]
+                client.call(
+                    "fail", task_id=task["task_id"], attempt=task["attempt"], error=f"boom in shard {n}"
+                )
+
+        # The data the page is built from.
+        snap = wait_for(lambda: _answered_snapshot(zk), 30, "both shards' leaders answering the dashboard")
+        leaders = _shard_leaders(zk)
+        assert [row["shard"] for row in snap["shards"]] == [0, 1]
+        for row in snap["shards"]:
+            assert row["leader"] == leaders[row["shard"]]["broker_id"] and row["position"] and row["insync"]
+        assert snap["leader"]["id"] == leaders[0]["broker_id"]
+        assert sorted(n for b in snap["brokers"] for n in b["leads"]) == [0, 1]
+        assert snap["queues"]["mail"]["waiting"] == 6 and snap["queues"]["doomed"]["dead"] == 2
+        assert sorted(shard_of_task(t["id"]) for t in snap["dead_tasks"]) == [0, 1]
+        assert [(w["worker"], w["queues"]) for w in snap["workers"]] == [("w-dash", ["doomed"])]
+
+        # The page: a row per shard, the sums, the merged worker.
+        dash = procs.start(
+            "dashboard",
+            ["dashboard", "--listen", "127.0.0.1:0", "--zk", state["zk"], "--cluster", SHARDED],
+            ready=lambda proc: "dashboard of cluster" in proc.output(),
+        )
+        browser.get(re.search(r"on (http://\S+)", dash.output()).group(1))
+        WebDriverWait(browser, 15).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#shards tr")) == 2)
+        assert browser.find_element(By.ID, "shards-section").is_displayed()
+        assert browser.find_element(By.ID, "leader-label").text == "leader of shard 0"
+        WebDriverWait(browser, 10).until(
+            lambda d: "boom in shard 1" in d.find_element(By.ID, "dead-tasks").text
+        )
+        assert "boom in shard 0" in browser.find_element(By.ID, "dead-tasks").text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#workers tr")) == 1
+        mail = next(
+            r for r in browser.find_elements(By.CSS_SELECTOR, "#queues tr") if r.text.startswith("mail")
+        )
+        assert mail.text.split()[1] == "6"
+
+        # Shard 1's leader dies: the page names the shard that failed over.
+        before = leaders[1]
+        (victim,) = [row for row in dev.status() if row.get("broker_id") == before["broker_id"]]
+        os.kill(victim["pid"], signal.SIGKILL)
+        WebDriverWait(browser, 90).until(
+            lambda d: re.search(
+                r"leads shard 1, epoch \d+ \(after broker " + str(before["broker_id"]),
+                d.find_element(By.ID, "failovers").text,
+            )
+        )
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        if zk is not None:
+            zk_close(zk)
+        dev.down()

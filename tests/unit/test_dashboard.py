@@ -1,4 +1,5 @@
-"""The dashboard's pieces without a cluster: queue rates, and what the HTTP server serves."""
+"""The dashboard's pieces without a cluster: queue rates, the shards' answers merged, failovers named by
+shard, and what the HTTP server serves."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import urllib.request
 import pytest
 
 from broker import BrokerError
+from broker.admin.dashboard import view
+from broker.admin.dashboard.leaders import (
+    DEAD_SHOWN,
+    LeaderAnswer,
+    merged_dead,
+    merged_queues,
+    merged_workers,
+)
 from broker.admin.dashboard.server import DashboardServer, parse_listen
-from broker.admin.dashboard.view import QueueRates
+from broker.admin.dashboard.view import ClusterWatcher, QueueRates
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,6 +33,100 @@ def test_queue_rates_over_the_window_never_negative():
     assert got == {"q": {"in": 3.0, "done": 3.0, "dead": 1.0}}  # 5 -> 11 tasks (delayed counted once)
     got = rates.add(20.0, {"q": {"waiting": 0, "done": 1}})  # purged: fewer than before
     assert got["q"] == {"in": 0.0, "done": 0.0, "dead": 0.0}
+
+
+def _worker(name: str, queues: list[str], in_hand: int, first: int, last: int) -> dict:
+    return {
+        "worker": name,
+        "queues": queues,
+        "in_hand": in_hand,
+        "first_seen_ms": first,
+        "last_seen_ms": last,
+    }
+
+
+def _dead(task_id: str, queue: str = "mail") -> dict:
+    return {"id": task_id, "queue": queue, "attempts": 1, "finished_ms": 1, "error": "boom"}
+
+
+def test_the_shards_leaders_answers_are_merged_and_a_silent_leader_left_out():
+    zero = LeaderAnswer(
+        status={"queues": {"mail": {"waiting": 2, "done": 5}}},
+        dead=[_dead("0190b"), _dead("0190d")],
+        workers=[_worker("w1", ["mail"], 2, 100, 900), _worker("w2", ["mail"], 1, 50, 60)],
+    )
+    one = LeaderAnswer(
+        status={"queues": {"mail": {"waiting": 1, "dead": 1}, "thumbs": {"waiting": 4}}},
+        dead=[_dead("0190a-s1"), _dead("0190c-s1", "alerts")],
+        workers=[_worker("w1", ["thumbs"], 3, 80, 700)],
+    )
+    answers = [zero, one, None]  # shard 2's leader did not answer
+    assert merged_queues(answers) == {"mail": {"waiting": 3, "done": 5, "dead": 1}, "thumbs": {"waiting": 4}}
+    # Queue by queue, then in submit order over the shards (the id without its shard mark).
+    assert [t["id"] for t in merged_dead(answers)] == ["0190c-s1", "0190a-s1", "0190b", "0190d"]
+    assert merged_workers(answers) == [
+        _worker("w1", ["mail", "thumbs"], 5, 80, 900),
+        _worker("w2", ["mail"], 1, 50, 60),
+    ]
+    many = LeaderAnswer(status={}, dead=[_dead(f"{i:05d}-s1") for i in range(DEAD_SHOWN)], workers=None)
+    assert len(merged_dead([zero, many])) == DEAD_SHOWN and merged_workers([None, many]) is None
+    assert merged_dead([None, None]) is None and merged_queues([None, None]) == {}
+    # One shard: its leader's answers as they come.
+    assert merged_dead([zero]) is zero.dead and merged_workers([zero]) is zero.workers
+    assert merged_queues([zero]) == {"mail": {"waiting": 2, "done": 5}} and merged_queues([None]) == {}
+
+
+def _snapshot(at: float, shards: list[tuple[int, int, bool]], waiting: int) -> dict:
+    """A sharded snapshot: (leader, epoch, answers) per shard, ``waiting`` tasks in queue mail."""
+    return {
+        "cluster": "c",
+        "taken_at": at,
+        "leader": {"id": shards[0][0], "reachable": shards[0][2]},
+        "epoch": shards[0][1],
+        "queues": {"mail": {"waiting": waiting}},
+        "shards": [
+            {"shard": n, "leader": leader, "epoch": epoch, "reachable": answers}
+            for n, (leader, epoch, answers) in enumerate(shards)
+        ],
+    }
+
+
+def test_the_watcher_names_each_shards_failover_and_gives_rates_only_while_every_shard_answers(monkeypatch):
+    clock = FakeClock()
+    snapshots = iter(
+        [
+            _snapshot(1.0, [(1, 3, True), (2, 5, True)], waiting=0),
+            _snapshot(2.0, [(1, 3, True), (2, 5, False)], waiting=4),  # shard 1's leader stops answering
+            _snapshot(3.0, [(1, 3, True), (1, 6, True)], waiting=10),  # broker 1 leads shard 1 now
+        ]
+    )
+    monkeypatch.setattr(view, "cluster_snapshot", lambda *args, **kwargs: next(snapshots))
+    watcher = ClusterWatcher(None, "c", clock=clock)
+    seen = []
+    for _ in range(3):
+        clock.advance(1.0)
+        watcher.refresh()
+        seen.append(json.loads(watcher.latest_json()))
+    assert seen[0]["rates"] == {"mail": {"in": 0.0, "done": 0.0, "dead": 0.0}}
+    assert seen[1]["rates"] == {} and seen[1]["failovers"] == []
+    assert seen[2]["rates"]["mail"]["in"] == 5.0  # 0 -> 10 tasks over the 2 s of complete counts
+    assert seen[2]["failovers"] == [{"at": 3.0, "epoch": 6, "leader": 1, "previous": 2, "shard": 1}]
+
+
+def test_a_one_shard_clusters_failover_names_no_shard(monkeypatch):
+    snapshots = iter(
+        [
+            {**_snapshot(1.0, [(1, 3, True)], 0), "shards": []},
+            {**_snapshot(2.0, [(2, 4, True)], 0), "shards": []},
+        ]
+    )
+    monkeypatch.setattr(view, "cluster_snapshot", lambda *args, **kwargs: next(snapshots))
+    watcher = ClusterWatcher(None, "c", clock=FakeClock())
+    watcher.refresh()
+    watcher.refresh()
+    assert json.loads(watcher.latest_json())["failovers"] == [
+        {"at": 2.0, "epoch": 4, "leader": 2, "previous": 1}
+    ]
 
 
 def test_parse_listen():

@@ -1,7 +1,8 @@
 """`fencepost dashboard`: a live, read-only web page of one cluster.
 
 :mod:`broker.admin.dashboard.view` takes a snapshot of the cluster every second (ZooKeeper
-and the leader's ``status``); :mod:`broker.admin.dashboard.server` serves the page
+and the leader's ``status``; on a cluster of several shards, every shard's leader and a row
+per shard); :mod:`broker.admin.dashboard.server` serves the page
 (``static/``, shipped in the package) and the snapshot as ``/api/cluster``, which the
 page polls. Nothing on the page can change the cluster.
 

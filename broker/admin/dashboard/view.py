@@ -1,16 +1,25 @@
 """What the dashboard shows: one JSON-ready snapshot of the cluster, refreshed by a watcher thread.
 
 :func:`cluster_snapshot` reads ZooKeeper (leader, epoch, live brokers, in-sync set,
-bookies, ledgers) and asks the leader for its ``status`` (queue depths, its position)
-with a short timeout, so a leader that was just killed shows as unreachable rather
-than stalling the page. Only named fields are copied out (:func:`_broker_row`,
-:func:`_bookie_row`, :func:`_dead_row`, :func:`_worker_row`): nothing else the nodes hold
-reaches the page, no payload nor result in particular. The leader also gives the first
-:data:`DEAD_SHOWN` dead tasks (with their errors) and its workers (``list_tasks``, ``list_workers``).
+bookies, ledgers) and asks the leader for its ``status`` (queue depths, its position),
+the first dead tasks (with their errors) and its workers, with a short timeout
+(:mod:`broker.admin.dashboard.leaders`). Only named fields are copied out
+(:func:`_broker_row`, :func:`_bookie_row`, :func:`_dead_row`, :func:`_worker_row`,
+:func:`_shard_row`): nothing else the nodes hold reaches the page, no payload nor result
+in particular.
+
+On a cluster of several shards the snapshot has a row per shard in ``shards`` (as
+`fencepost shard list` shows it: leader, preferred leader, epoch, in-sync set, the
+leader's position, whether it answers), every shard's leader is asked, and the queues,
+dead tasks and workers are merged over the shards; each broker row says which shards
+the broker leads (``leads``). ``leader``, ``epoch`` and the brokers' roles, in-sync flags
+and positions stay shard 0's. A cluster of one shard has ``shards`` empty and its page as
+before shards.
 
 :class:`ClusterWatcher` takes a snapshot every ``interval`` seconds and adds what
 needs history: queue rates (tasks in, done and dead per second over the last
-:data:`RATE_WINDOW_S` seconds) and the leader changes it has seen (``failovers``).
+:data:`RATE_WINDOW_S` seconds, only while every shard's leader answers) and the leader
+changes it has seen (``failovers``, each naming its shard on a cluster of several).
 
 Example::
 
@@ -30,17 +39,16 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from broker.admin.status import BrokerUnreachable, ask, lag, request_once
+from broker.admin.dashboard.leaders import ask_leaders, merged_dead, merged_queues, merged_workers
+from broker.admin.status import lag, with_reports
 from election.cluster_view import cluster_status
 from election.local.clock import SYSTEM_CLOCK, Clock
+from election.shard_view import shard_count, shard_rows
 
 log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 10.0
 FAILOVERS_KEPT = 20
-# Rows of the dead-task and worker panels (the leader's listings are paged; the page shows the first).
-DEAD_SHOWN = 20
-WORKERS_SHOWN = 50
 # Queue states whose growth is a rate worth showing (the count of tasks that reached them).
 RATE_STATES = ("done", "dead")
 
@@ -89,12 +97,18 @@ def _worker_row(worker: dict) -> dict:
     }
 
 
-def _leader_list(address: str, op: str, key: str, timeout: float, **fields) -> list | None:
-    """One listing page from the leader, or None if it cannot give one now (or knows no such op)."""
-    try:
-        return request_once(address, op, timeout, **fields).get(key) or []
-    except BrokerUnreachable:
-        return None
+def _shard_row(row: dict) -> dict:
+    return {
+        "shard": row["shard"],
+        "leader": row["leader"],
+        "preferred_leader": row["preferred_leader"],
+        "epoch": row["epoch"],
+        "insync": list(row["insync"]),
+        "position": row["position"],
+        "address": row["leader_address"],
+        # None while no broker leads the shard.
+        "reachable": row.get("leader_reachable"),
+    }
 
 
 def cluster_snapshot(
@@ -103,17 +117,17 @@ def cluster_snapshot(
     """The page's view of ``cluster`` now (without rates and failovers, which need history)."""
     view = cluster_status(zk, cluster)
     address = view.get("leader_address")
-    report = ask(address, "status", timeout) if address else None
+    shards = shard_rows(zk, cluster) if shard_count(zk, cluster) > 1 else []
+    answers = ask_leaders([address] + [row["leader_address"] for row in shards[1:]], timeout)
+    report = answers[0].status if answers[0] else None
     leader_position = report.get("position") if report else None
     insync = list(view.get("insync") or [])
-    dead = (
-        _leader_list(address, "list_tasks", "tasks", timeout, state="dead", limit=DEAD_SHOWN)
-        if report
-        else None
-    )
-    workers = (
-        _leader_list(address, "list_workers", "workers", timeout, limit=WORKERS_SHOWN) if report else None
-    )
+    shards = with_reports(shards, [answer.status if answer else None for answer in answers])
+    brokers = [_broker_row(b, insync, view.get("leader"), leader_position) for b in view["brokers"]]
+    if shards:
+        for broker in brokers:
+            broker["leads"] = [row["shard"] for row in shards if row["leader"] == broker["id"]]
+    dead, workers = merged_dead(answers), merged_workers(answers)
     return {
         "cluster": view["cluster"],
         "cluster_id": view.get("cluster_id"),
@@ -128,19 +142,15 @@ def cluster_snapshot(
             "reachable": report is not None,
             "position": leader_position,
         },
-        "brokers": sorted(
-            (_broker_row(b, insync, view.get("leader"), leader_position) for b in view["brokers"]),
-            key=lambda row: row["id"],
-        ),
+        "brokers": sorted(brokers, key=lambda row: row["id"]),
         "insync": insync,
         "bookies": [_bookie_row(b) for b in view["bookies"]],
         "ledgers": {"count": len(view["ledgers"]), "underreplicated": view["underreplicated"]["count"]},
-        "queues": {
-            name: dict(counts) for name, counts in sorted(((report or {}).get("queues") or {}).items())
-        },
+        "queues": merged_queues(answers),
         # None: the leader could not list them now (the page says so rather than show an empty list).
         "dead_tasks": None if dead is None else [_dead_row(t) for t in dead],
         "workers": None if workers is None else [_worker_row(w) for w in workers],
+        "shards": [_shard_row(row) for row in shards],
     }
 
 
@@ -196,7 +206,7 @@ class ClusterWatcher:
         self.timeout = timeout
         self.rates = QueueRates()
         self.failovers: collections.deque[dict] = collections.deque(maxlen=FAILOVERS_KEPT)
-        self._last_leader: tuple | None = None
+        self._last_leaders: dict[int, tuple] = {}  # shard -> (leader, epoch) last seen
         self._latest = json.dumps({"cluster": cluster, "error": "no snapshot yet"}).encode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dashboard-watcher", daemon=True)
@@ -225,29 +235,34 @@ class ClusterWatcher:
                 "error": f"{type(exc).__name__}: {exc}"[:300],
             }
         else:
+            # Counts missing a shard would show as a fall, then a burst: rates only from every shard's.
+            answered = all(row["reachable"] for row in snap["shards"])
             snap["rates"] = (
                 self.rates.add(self.clock.monotonic(), snap["queues"])
-                if snap["leader"] and snap["leader"]["reachable"]
+                if snap["leader"] and snap["leader"]["reachable"] and answered
                 else {}
             )
-            self._note_leader(snap)
+            self._note_leaders(snap)
         snap["failovers"] = list(self.failovers)
         self._latest = json.dumps(snap, default=str).encode()
 
-    def _note_leader(self, snap: dict) -> None:
-        leader = snap["leader"]
-        current = (leader["id"], snap["epoch"]) if leader else None
-        if current is not None and self._last_leader is not None and current != self._last_leader:
-            self.failovers.appendleft(
-                {
+    def _note_leaders(self, snap: dict) -> None:
+        """A failover for each shard whose (leader, epoch) changed since the last snapshot that had one."""
+        if snap["shards"]:
+            seen = {row["shard"]: (row["leader"], row["epoch"]) for row in snap["shards"] if row["leader"]}
+        else:
+            seen = {0: (snap["leader"]["id"], snap["epoch"])} if snap["leader"] else {}
+        for shard, current in seen.items():
+            last = self._last_leaders.get(shard)
+            if last is not None and current != last:
+                failover = {
                     "at": snap["taken_at"],
-                    "epoch": snap["epoch"],
-                    "leader": leader["id"],
-                    "previous": self._last_leader[0],
+                    "epoch": current[1],
+                    "leader": current[0],
+                    "previous": last[0],
                 }
-            )
-        if current is not None:
-            self._last_leader = current
+                self.failovers.appendleft({**failover, "shard": shard} if snap["shards"] else failover)
+            self._last_leaders[shard] = current
 
     def _run(self) -> None:
         while not self.clock.wait(self._stop, self.interval):

@@ -50,12 +50,43 @@
     $("leader-detail").className = leader.reachable ? "muted" : "bad";
   }
 
+  // On a cluster of several shards a broker's role is the shards it leads (`leads`).
+  function role(b) {
+    const leads = Array.isArray(b.leads) ? b.leads : [];
+    const base = leads.length ? "leads shard" + (leads.length > 1 ? "s " : " ") + leads.join(", ") : b.role;
+    return base + (b.learner ? " (learner)" : "");
+  }
+
   function renderBrokers(brokers) {
     $("brokers").replaceChildren(...brokers.map((b) => row([
-      cell(b.id), cell(b.name), cell(b.role + (b.learner ? " (learner)" : "")),
+      cell(b.id), cell(b.name), cell(role(b)),
       cell(b.in_sync ? "yes" : "no", b.in_sync ? "good" : "muted"),
       cell(b.lag, "num"), cell(position(b.position)), cell(b.address),
     ], b.leader ? "leader" : "")));
+  }
+
+  function shardLeader(s) {
+    if (s.leader === null || s.leader === undefined) return cell("none", "bad");
+    const td = cell("broker " + s.leader + (s.reachable === false ? " (not answering)" : ""),
+      s.reachable === false ? "bad" : "");
+    td.dataset.brokerId = String(s.leader);
+    return td;
+  }
+
+  // A row per shard (none on a cluster of one shard, whose page stays as it was).
+  function renderShards(shards) {
+    const sharded = shards.length > 0;
+    $("shards-section").hidden = !sharded;
+    $("brokers-note").hidden = !sharded;
+    $("leader-label").textContent = sharded ? "leader of shard 0" : "leader";
+    $("epoch-label").textContent = sharded ? "epoch of shard 0" : "epoch";
+    $("rates-note").textContent = "Rates are per second over the last 10 s, from the " +
+      (sharded ? "counts of every shard's leader, summed." : "leader's counts.");
+    $("shards").replaceChildren(...shards.map((s) => row([
+      cell(s.shard), shardLeader(s),
+      cell(s.preferred_leader, s.leader !== null && s.preferred_leader !== s.leader ? "muted" : ""),
+      cell(s.epoch, "num"), cell((s.insync || []).join(", ")), cell(position(s.position)), cell(s.address),
+    ])));
   }
 
   function renderQueues(queues, rates) {
@@ -128,8 +159,9 @@
     }
     $("failovers").replaceChildren(...failovers.map((f) => {
       const li = document.createElement("li");
-      li.textContent = new Date(f.at * 1000).toLocaleTimeString() + ": broker " + f.leader + " leads epoch " +
-        f.epoch + " (after broker " + f.previous + ")";
+      const shard = f.shard === undefined ? "" : "shard " + f.shard + ", ";
+      li.textContent = new Date(f.at * 1000).toLocaleTimeString() + ": broker " + f.leader + " leads " + shard +
+        "epoch " + f.epoch + " (after broker " + f.previous + ")";
       return li;
     }));
   }
@@ -150,6 +182,7 @@
     $("bookie-count").textContent = String(snap.bookies.length);
     $("ledger-count").textContent = snap.ledgers.count + " (" + snap.ledgers.underreplicated + ")";
     renderBrokers(snap.brokers);
+    renderShards(snap.shards || []);
     renderQueues(snap.queues, snap.rates);
     renderDeadTasks(snap.dead_tasks);
     renderWorkers(snap.workers);
