@@ -141,7 +141,7 @@ def measure_once(
         progress(f"leaders by host: {placement}" + ("" if spread else " (not spread: measured anyway)"))
         out = run_load(bc, seconds, **load)
         up_s = bc.up_s
-    row = {key: out[key] for key in FIGURES}
+    row = {key: out[key] for key in FIGURES if key in out}
     row.update(
         handled=out["handled"],
         backlog_at_end=out["backlog_at_end"],

@@ -91,3 +91,49 @@ def test_hosts_refused_in_one_line_where_they_cannot_run(monkeypatch):
         devbench.BenchCluster(hosts=3)
     with pytest.raises(BenchError):
         devbench.BenchCluster(zk="127.0.0.1:1", cluster="c", hosts=3)
+
+
+def test_one_run_keeps_the_load_s_figures_and_the_cost_per_task(monkeypatch):
+    class FakeCluster:
+        up_s = 12.0
+
+        def __init__(self, **options):
+            self.options = options
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    out = {
+        "tasks_per_s": 500.0,
+        "submitted_per_s": 510.0,
+        "submit_p50_ms": 40.0,
+        "submit_p99_ms": 90.0,
+        "handled": 7500,
+        "backlog_at_end": 30,
+        "errors": 0,
+        "first_error": None,
+        "entries_per_task": 0.05,
+        "entries_per_task_by_shard": [0.05, 0.05],
+        "cpu_cores_busy": {"by_host": {"h1": {"cores": 0.3}, "h2": {"cores": 0.3}, "zk": {"cores": 0.1}}},
+    }
+    monkeypatch.setattr(scale, "BenchCluster", FakeCluster)
+    monkeypatch.setattr(scale, "wait_balanced", lambda bc, shards, timeout_s: ([1, 2], True))
+    monkeypatch.setattr(scale, "leaders_by_host", lambda bc, leaders: {"h1": [0], "h2": [1]})
+    monkeypatch.setattr(scale, "run_load", lambda bc, seconds, **load: out)
+    row = scale.measure_once(2, 2, 0.3, 5.0, {}, lambda _msg: None)
+    assert {key: row[key] for key in scale.FIGURES} == {
+        "tasks_per_s": 500.0,
+        "submitted_per_s": 510.0,
+        "submit_p50_ms": 40.0,
+        "submit_p99_ms": 90.0,
+        "entries_per_task": 0.05,
+        "cluster_cpu_ms_per_task": 1.4,
+    }
+    assert (
+        row["leaders_by_host"] == {"h1": [0], "h2": [1]}
+        and row["leaders_spread"]
+        and row["cluster_up_s"] == 12.0
+    )
