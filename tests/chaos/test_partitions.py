@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ from election.paths import ClusterPaths
 from election.zk import close, connect
 from ledger.log import read_log
 from ledger.metadata import CLOSED, list_ledgers, read_metadata
-from ledger.replication.underreplication import list_underreplicated
+from ledger.replication.underreplication import list_underreplicated, read_underreplicated
 from tests.support.bookie_client import Client as BookieClient
 from tests.support.devrun import clean_env
 from tests.support.devrun import dev as dev_cli
@@ -341,7 +342,14 @@ def test_bookies_cut_off_during_writes_are_swapped_out_then_replaced_and_collect
                 if m.state == CLOSED and ids & {b["bookie_id"] for b in m.all_bookies()}
             ]
 
-        wait_for(lambda: not named_by_closed_ledgers(), BOUND_S, "re-replication away from the cut bookies")
+        try:
+            wait_for(
+                lambda: not named_by_closed_ledgers(), BOUND_S, "re-replication away from the cut bookies"
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {_replication_report(cluster, named_by_closed_ledgers())}"
+            ) from None
         dev.heal()
         run.load.wait_acks(50, BOUND_S, "the load to go on after the heal")
         run.finish(
@@ -358,6 +366,26 @@ def test_bookies_cut_off_during_writes_are_swapped_out_then_replaced_and_collect
         BOUND_S,
         "the healed bookies to collect their stale copies",
     )
+
+
+def _replication_report(hosted: Hosted, ledger_ids: list[int]) -> str:
+    """Why closed ledgers still name ``ids``: each one's fragments and mark, and the bookies' last words on it."""
+    lines = []
+    for ledger_id in ledger_ids:
+        meta = read_metadata(hosted.kazoo, hosted.paths, ledger_id)[0]
+        fragments = [(f["first_entry"], [m["bookie_id"] for m in f["ensemble"]]) for f in meta.fragments]
+        mark = read_underreplicated(hosted.kazoo, hosted.paths, ledger_id)
+        lines.append(f"ledger {ledger_id} (last entry {meta.last_entry}) fragments {fragments} mark {mark}")
+    words = ("re-replicat", "auditor", "under-replicated", "autorecovery")
+    for member in hosted.dev.read_state()["processes"]:
+        if member["kind"] != "bookie":
+            continue
+        path = Path(member["log"])
+        said = [
+            line for line in path.read_text(errors="replace").splitlines() if any(w in line for w in words)
+        ]
+        lines.append(f"bookie at {member['address']}: " + " | ".join(said[-8:]))
+    return "; ".join(lines)
 
 
 class UnderReplicated(AssertionError):
