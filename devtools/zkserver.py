@@ -1,10 +1,11 @@
-"""Running a standalone ZooKeeper server from the jars shipped in the pyspark wheel.
+"""Running a ZooKeeper server from the jars shipped in the pyspark wheel.
 
 fencepost needs no separate ZooKeeper download: pyspark bundles the ZooKeeper
 server classes, and the machine's Java (17+) runs them. This module finds the
 jars and Java, writes a development config (short tick so failures are seen
 fast, four-letter-word commands on for health checks, admin server off), starts
-the JVM, and waits until the server answers ``ruok``.
+the JVM, and waits until the server answers ``ruok``. A server of an ensemble gets its
+``server.N=`` lines and ``myid`` from :mod:`devtools.zk_ensemble`, which runs several.
 
 Example::
 
@@ -80,6 +81,10 @@ class ZkServerConfig:
     max_session_ms: int = 60000
     heap_mb: int = 256
     start_timeout: float = 30.0
+    # A server of an ensemble (devtools.zk_ensemble): its myid (1..255) and the ``server.N=`` lines of
+    # every server, itself included. 0 and () run a standalone server.
+    server_id: int = 0
+    peers: tuple[str, ...] = ()
 
     def validate(self) -> "ZkServerConfig":
         if not 1 <= self.port <= 65535:
@@ -88,7 +93,46 @@ class ZkServerConfig:
             raise ZooKeeperServerError(f"tick_ms must be 10-10000, got {self.tick_ms}")
         if not (2 * self.tick_ms <= self.min_session_ms <= self.max_session_ms):
             raise ZooKeeperServerError("need 2*tick_ms <= min_session_ms <= max_session_ms")
+        if bool(self.server_id) != bool(self.peers) or not 0 <= self.server_id <= 255:
+            raise ZooKeeperServerError("a server of an ensemble needs a server_id (1-255) and its peers")
         return self
+
+
+# An ensemble's followers get this many ticks to connect to and sync with a new leader, and to
+# answer it afterwards (200 ms ticks: 5 s and 1 s); a loaded dev machine needs the first one long.
+INIT_LIMIT_TICKS = 25
+SYNC_LIMIT_TICKS = 5
+
+
+def render_zoo_cfg(config: ZkServerConfig, data_dir: Path) -> str:
+    """The zoo.cfg of a server whose files are under ``data_dir``. Pure.
+
+    A standalone server's has no ``server.N=`` line; a server of an ensemble lists every
+    server's (its quorum and election ports) and the ensemble's time limits, and finds
+    its own line through the ``myid`` file of its data directory (:func:`myid_path`).
+    """
+    c = config
+    lines = [
+        f"tickTime={c.tick_ms}",
+        f"dataDir={data_dir / 'data'}",
+        f"clientPort={c.port}",
+        f"clientPortAddress={c.host}",
+        f"minSessionTimeout={c.min_session_ms}",
+        f"maxSessionTimeout={c.max_session_ms}",
+        "maxClientCnxns=0",
+        "admin.enableServer=false",
+        "4lw.commands.whitelist=*",
+        "autopurge.snapRetainCount=3",
+        "autopurge.purgeInterval=1",
+    ]
+    if c.peers:
+        lines += [f"initLimit={INIT_LIMIT_TICKS}", f"syncLimit={SYNC_LIMIT_TICKS}", *c.peers]
+    return "\n".join(lines) + "\n"
+
+
+def myid_path(data_dir: Path) -> Path:
+    """Where a server of an ensemble reads its id."""
+    return data_dir / "data" / "myid"
 
 
 def find_jars() -> list[Path]:
@@ -177,22 +221,11 @@ class ZooKeeperServer:
 
     def write_config(self) -> Path:
         """Write zoo.cfg and the log4j2 config into the data dir; return zoo.cfg's path."""
-        c = self.config
         (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
         cfg = self.data_dir / "zoo.cfg"
-        cfg.write_text(
-            f"tickTime={c.tick_ms}\n"
-            f"dataDir={self.data_dir / 'data'}\n"
-            f"clientPort={c.port}\n"
-            f"clientPortAddress={c.host}\n"
-            f"minSessionTimeout={c.min_session_ms}\n"
-            f"maxSessionTimeout={c.max_session_ms}\n"
-            "maxClientCnxns=0\n"
-            "admin.enableServer=false\n"
-            "4lw.commands.whitelist=*\n"
-            "autopurge.snapRetainCount=3\n"
-            "autopurge.purgeInterval=1\n"
-        )
+        cfg.write_text(render_zoo_cfg(self.config, self.data_dir))
+        if self.config.server_id:
+            myid_path(self.data_dir).write_text(f"{self.config.server_id}\n")
         (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
         return cfg
 
@@ -241,6 +274,8 @@ class ZooKeeperServer:
         return self.process
 
     def wait_ready(self, log_path: Path) -> None:
+        """Return once the JVM answers ``ruok``: a standalone server then serves; a server of an
+        ensemble answers before it has found a quorum (:mod:`devtools.zk_ensemble` waits for that)."""
         deadline = time.monotonic() + self.config.start_timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
