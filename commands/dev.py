@@ -69,6 +69,13 @@ def dev_dir_option(fn):
     help="With --hosts: milliseconds added to every packet each host sends.",
 )
 @click.option(
+    "--zk-servers",
+    type=click.Choice(["1", "3", "5"]),
+    default=None,
+    help="ZooKeeper servers: 1 (standalone) or an ensemble of 3 or 5 on 127.0.0.1, named zk-1, zk-2, ... "
+    "(not with --hosts) [default: 1, or the number recorded in DEV_DIR].",
+)
+@click.option(
     "--zk-session-timeout",
     default=2.0,
     show_default=True,
@@ -140,6 +147,7 @@ def dev_up(
     hosts: int,
     cpu_per_host: float | None,
     latency_ms: float,
+    zk_servers: str | None,
     zk_session_timeout: float,
     write_quorum,
     ack_quorum,
@@ -175,6 +183,7 @@ def dev_up(
         hosts=hosts,
         cpu_per_host=cpu_per_host,
         latency_ms=latency_ms,
+        zk_servers=int(zk_servers) if zk_servers else None,
         zk_session_timeout=zk_session_timeout,
         write_quorum=write_quorum,
         ack_quorum=ack_quorum,
@@ -227,8 +236,9 @@ def dev_down(dev_dir: str) -> None:
 @click.argument("member")
 @dev_dir_option
 def dev_restart(member: str, dev_dir: str) -> None:
-    """Stop MEMBER (zookeeper, bookie-N or broker-N, as `dev status` names them) if it runs, and start
-    it again on its recorded port and data."""
+    """Stop MEMBER (zookeeper, or zk-N of an ensemble; bookie-N or broker-N, as `dev status` names them)
+    if it runs, and start it again on its recorded port and data (a server of an ensemble: until it has
+    joined the quorum)."""
     from devtools.devcluster import DevCluster
 
     dev_cluster = DevCluster(Path(dev_dir))
@@ -252,6 +262,7 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
             extra = f" host={r['host']}" if r.get("host", "local") != "local" else ""
             extra += f" broker_id={r['broker_id']}" if r.get("broker_id") is not None else ""
             extra += f" metrics=http://{r['metrics']}/metrics" if r.get("metrics") else ""
+            extra += f" mode={r['mode']}" if r.get("mode") else ""
             click.echo(
                 f"{r['name']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  "
                 f"{r['data_dir']}"

@@ -7,7 +7,8 @@ as it was. :class:`MemberProcesses` builds such records, starts them (and
 ZooKeeper) in their own process groups, dying with the caller for a benchmark's
 private cluster, waits until each listens and keeps the ``Popen`` of every process
 it started for its exit code. Members are named ``zookeeper``, ``bookie-0``,
-``broker-2`` (:func:`member_name`).
+``broker-2`` (:func:`member_name`); the servers of a ZooKeeper ensemble ``zk-1``, ``zk-2``, ...
+(:func:`zookeeper_records`).
 
 Example::
 
@@ -29,12 +30,37 @@ from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys, reload_members
 from devtools.dev_spec import DevClusterError
 from devtools.procs import fencepost_command, fencepost_env, free_port, owns, pid_alive, private_env, spawn
+from devtools.zk_ensemble import LEADER, EnsemblePeer, wait_quorum
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 
 
 def member_name(member: dict) -> str:
-    """How commands name a recorded member: ``zookeeper``, ``bookie-0``, ``broker-2`` (its data dir's name)."""
-    return "zookeeper" if member["kind"] == "zookeeper" else f"{member['kind']}-{member.get('index')}"
+    """How commands name a recorded member: ``zookeeper`` (``zk-1``, ``zk-2``, ... for the servers of an
+    ensemble, their recorded ``name``), ``bookie-0``, ``broker-2`` (its data dir's name)."""
+    if member["kind"] == "zookeeper":
+        return member.get("name", "zookeeper")
+    return f"{member['kind']}-{member.get('index')}"
+
+
+def zookeeper_records(run_dir: Path, peers: list[EnsemblePeer]) -> list[dict]:
+    """The records of an ensemble's servers (not started yet): kind ``zookeeper`` as a standalone
+    server's, plus ``index`` (its myid), ``name`` (``zk-<index>``), its quorum and election ports
+    and every server's ``server.N=`` line (``peers``), so a restart writes the same zoo.cfg."""
+    lines = [p.server_line() for p in peers]
+    return [
+        {
+            "kind": "zookeeper",
+            "index": p.server_id,
+            "name": p.name,
+            "address": p.address,
+            "quorum_port": p.quorum_port,
+            "election_port": p.election_port,
+            "peers": lines,
+            "data_dir": str(run_dir / p.name),
+            "log": str(run_dir / f"{p.name}.log"),
+        }
+        for p in peers
+    ]
 
 
 def port_taken(address: str) -> bool:
@@ -70,14 +96,34 @@ class MemberProcesses:
         """Where member ``index`` of ``kind`` keeps its data."""
         return self.run_dir / f"{kind}-{index}"
 
-    def start_zookeeper(self, address: str, data_dir: str, log: Path, host: str | None = None) -> int:
-        """Start the ZooKeeper server on ``address`` (``host:port``), on test host ``host`` if given; its pid."""
+    def start_zookeeper(
+        self, address: str, data_dir: str, log: Path, host: str | None = None, record: dict | None = None
+    ) -> int:
+        """Start the ZooKeeper server on ``address`` (``host:port``), on test host ``host`` if given; its pid.
+
+        A server of an ensemble (``record`` from :func:`zookeeper_records`) returns once its JVM
+        answers, before it has found a quorum: the caller waits for that once its peers run."""
         bind, port = address.rsplit(":", 1)
-        server = ZooKeeperServer(ZkServerConfig(port=int(port), data=data_dir, host=bind))
+        ensemble = {}
+        if record and record.get("peers"):
+            ensemble = {"server_id": record["index"], "peers": tuple(record["peers"])}
+        server = ZooKeeperServer(ZkServerConfig(port=int(port), data=data_dir, host=bind, **ensemble))
         prefix = self.hosts.command(host, []) if host else None
         proc = server.start(log_file=log, die_with_parent=self.private, prefix=prefix)
         self._popens[proc.pid] = proc
         return proc.pid
+
+    def start_ensemble(self, state: dict, peers: list[EnsemblePeer]) -> str:
+        """Start every server of ``peers``, recorded in ``state`` as each starts, and return once a quorum
+        serves with all of them: a line saying so (which server leads)."""
+        for record in zookeeper_records(self.run_dir, peers):
+            record["pid"] = self.start_zookeeper(
+                record["address"], record["data_dir"], Path(record["log"]), record=record
+            )
+            state["processes"].append(record)
+        modes = wait_quorum([p.address for p in peers])
+        leader = next(p.name for p in peers if modes[p.address] == LEADER)
+        return f"zookeeper ensemble of {len(peers)} serving on {state['zk']} (leader {leader})"
 
     def new_member(
         self, state: dict, kind: str, index: int, extra: list[str] | None = None, session_file: bool = False

@@ -1,6 +1,6 @@
 """What ``fencepost dev up`` starts (:class:`DevClusterSpec`), and the cluster config it makes from it.
 
-A spec names the cluster, how many bookies and brokers, the brokers' ZooKeeper
+A spec names the cluster, how many bookies and brokers (and ZooKeeper servers), the brokers' ZooKeeper
 session timeout and ``--wait-for``, extra bookie arguments, whether every socket is
 CURVE (``secure``) and the cluster-wide options `up` gives `cluster init` before
 any member starts (quorums, digest, payload limit, shards; None: init's default, or
@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from broker import BrokerError
+from devtools.zk_ensemble import check_server_count
 from election import ElectionError
 from election.cluster_config import (
     SHARED_OPTIONS,
@@ -41,6 +42,10 @@ from election.shards import MAX_SHARDS
 # three, so a broker failover or a ledger roll needs no operator.
 DEFAULT_BOOKIES = 4
 DEFAULT_BROKERS = 3
+E_ZK_SERVERS_ON_HOSTS = (
+    "--zk-servers > 1 cannot go with --hosts: on test hosts ZooKeeper is one server on host zk "
+    "(an ensemble runs on 127.0.0.1 only)"
+)
 
 
 class DevClusterError(BrokerError):
@@ -82,6 +87,9 @@ class DevClusterSpec:
     hosts: int = 0
     cpu_per_host: float | None = None
     latency_ms: float = 0.0
+    # ZooKeeper servers: 1 (standalone), or an ensemble of 3 or 5 on 127.0.0.1 (devtools.zk_ensemble);
+    # None: 1, or what the run directory's record has.
+    zk_servers: int | None = None
 
     def validate(self) -> "DevClusterSpec":
         """Check the spec and settle the member counts left to their defaults; returns it."""
@@ -92,6 +100,13 @@ class DevClusterSpec:
             raise DevClusterError("--cpu-per-host and --latency-ms need --hosts")
         if not 0 <= self.latency_ms <= 10_000:
             raise DevClusterError("--latency-ms must be between 0 and 10000")
+        if self.zk_servers is not None:
+            try:
+                check_server_count(self.zk_servers)
+            except ElectionError as exc:
+                raise DevClusterError(f"--zk-servers: {exc}") from None
+            if self.hosts and self.zk_servers > 1:
+                raise DevClusterError(E_ZK_SERVERS_ON_HOSTS)
         if self.bookies is None:
             self.bookies = self.hosts or DEFAULT_BOOKIES
         if self.brokers is None:

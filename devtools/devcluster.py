@@ -10,8 +10,10 @@ so ``down`` stops exactly those processes and nothing else.
 keep running) starts exactly those again with their recorded ports and data dirs, brokers
 added by ``add_broker`` included: clients and workers that kept running find the cluster
 where it was. :meth:`DevCluster.restart_member` restarts one member by name (``zookeeper``,
-``bookie-0``, ``broker-1``), and :meth:`DevCluster.locked` keeps two commands from working
-on one run directory at once. ``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
+``bookie-0``, ``broker-1``; ``zk-2`` for a server of a ZooKeeper ensemble: `up` with
+``zk_servers`` 3 or 5 runs one on 127.0.0.1, every member gets the connect string of all
+its servers and ``status`` gives each server's mode), and :meth:`DevCluster.locked` keeps
+two commands from working on one run directory at once. ``up`` runs `cluster init` itself (in process, :func:`election.cluster_config.init_cluster`)
 with the spec's cluster-wide options before it starts any member; over a run directory
 whose ZooKeeper already holds the cluster's `config` it keeps that config (the options
 given must agree with it). Brokers get the spec's ``--secret-file``; bookies need none.
@@ -53,7 +55,8 @@ from devtools.dev_spec import (
 from devtools.hosts.plan import HostsError
 from devtools.hosts.testnet import TestNet
 from devtools.procs import free_port, owns, pid_alive, stop_pid
-from devtools.zkserver import four_letter
+from devtools.zk_ensemble import connect_string, free_ensemble, server_mode, wait_joined, wait_quorum
+from devtools.zkserver import ZooKeeperServerError, four_letter
 from election.local.dev_cluster import DevStateError, read_dev_state, state_path
 from election.local.files import write_json_atomically
 
@@ -127,8 +130,12 @@ class DevCluster:
             "zk_session_timeout": spec.zk_session_timeout,
             "processes": [],
         }
+        peers = []
         if spec.hosts:
             self._make_hosts(spec, state, progress)
+        elif (spec.zk_servers or 1) > 1:
+            peers = free_ensemble(spec.zk_servers)
+            state["zk"], state["zk_servers"] = connect_string(peers), spec.zk_servers
         else:
             state["zk"] = f"127.0.0.1:{free_port()}"
         if secret_file:
@@ -144,8 +151,12 @@ class DevCluster:
             broker_args += ["--wait-for", str(spec.wait_for)]
         broker_args += list(spec.broker_args)
         try:
-            self._start_zookeeper(state)
-            progress(f"zookeeper listening on {state['zk']}")
+            if peers:
+                progress(self._members.start_ensemble(state, peers))
+                self.write_state(state)
+            else:
+                self._start_zookeeper(state)
+                progress(f"zookeeper listening on {state['zk']}")
             progress(init_cluster_config(state["zk"], spec, secret, secret_file))
             for index in range(spec.bookies):
                 member = self._start_member(state, "bookie", index, list(spec.bookie_args))
@@ -184,6 +195,12 @@ class DevCluster:
                 raise DevClusterError(
                     f"a dev cluster already runs in {self.run_dir}: `fencepost dev down` first"
                 )
+            servers = state.get("zk_servers", 1)
+            if spec.zk_servers is not None and spec.zk_servers != servers:
+                raise DevClusterError(
+                    f"{self.run_dir} holds a ZooKeeper of {servers} server(s), not {spec.zk_servers}: "
+                    f"give another --dev-dir"
+                )
             if spec.wait_for:
                 for member in stopped:
                     if member["kind"] == "broker":
@@ -192,11 +209,18 @@ class DevCluster:
         secret_file = spec.secret_file or state.get("secret_file")
         secret_file = str(Path(secret_file).resolve()) if secret_file else None
         order = {"zookeeper": 0, "bookie": 1, "broker": 2}
-        checked = False
-        for member in sorted(stopped, key=lambda m: (order.get(m["kind"], 3), m.get("index", 0))):
-            if member["kind"] != "zookeeper" and not checked:
-                progress(init_cluster_config(state["zk"], spec, read_secret_file(secret_file), secret_file))
-                checked = True
+        stopped.sort(key=lambda m: (order.get(m["kind"], 3), m.get("index", 0)))
+        servers = [m for m in stopped if m["kind"] == "zookeeper"]
+        for member in servers:
+            # A server of an ensemble cannot serve alone: the quorum is waited for once all run.
+            self.restart(member, wait=False)
+            progress(f"{member_name(member)} restarted on {member['address']} (data {member['data_dir']})")
+        if servers and state.get("zk_servers"):
+            wait_quorum([m["address"] for m in state["processes"] if m["kind"] == "zookeeper"])
+        members = [m for m in stopped if m["kind"] != "zookeeper"]
+        if members:
+            progress(init_cluster_config(state["zk"], spec, read_secret_file(secret_file), secret_file))
+        for member in members:
             self.restart(member)
             progress(f"{member_name(member)} restarted on {member['address']} (data {member['data_dir']})")
         return self.read_state()
@@ -249,7 +273,8 @@ class DevCluster:
     def restart(self, member: dict, wait: bool = True) -> dict:
         """Start a recorded member again (it must have stopped) with its address and data; return it.
 
-        `wait` False returns as soon as the process is started (a benchmark times its start itself).
+        `wait` False returns as soon as the process is started (a benchmark times its start itself);
+        a server of a ZooKeeper ensemble is waited for until it has joined the quorum.
         """
         with self._state_lock:
             state = self.read_state()
@@ -280,14 +305,22 @@ class DevCluster:
                 )
             if current["kind"] == "zookeeper":
                 current["pid"] = self._members.start_zookeeper(
-                    current["address"], current["data_dir"], Path(current["log"]), current.get("host")
+                    current["address"],
+                    current["data_dir"],
+                    Path(current["log"]),
+                    current.get("host"),
+                    record=current,
                 )
-                self.write_state(state)
-                return current
-            self._members.spawn(current)
+            else:
+                self._members.spawn(current)
             self.write_state(state)
-        if wait:
+        if wait and current["kind"] != "zookeeper":
             self._members.wait_listening(current)
+        elif wait and current.get("peers"):
+            try:
+                wait_joined(current["address"])
+            except ZooKeeperServerError as exc:
+                raise DevClusterError(f"{member_name(current)}: {exc}") from None
         return current
 
     def restart_member(self, name: str, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -405,6 +438,9 @@ class DevCluster:
                 "host": member.get("host", "local"),
             }
             row["alive"] = alive
+            if member["kind"] == "zookeeper":
+                # leader or follower in an ensemble, standalone otherwise; None when it does not serve.
+                row["mode"] = server_mode(member["address"]) if alive else None
             if member.get("metrics"):
                 row["metrics"] = member["metrics"]
             if member["kind"] == "broker":

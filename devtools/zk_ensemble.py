@@ -133,6 +133,35 @@ def quorum_serves(modes: list[str | None]) -> bool:
     return modes.count(LEADER) == 1 and len(serving) > len(modes) // 2
 
 
+def wait_quorum(addresses: list[str], timeout: float = QUORUM_TIMEOUT_S, every: bool = True) -> dict:
+    """Wait until the servers at ``addresses`` serve with one leader and every one of them in the quorum
+    (``every`` False: a majority); their modes by address. ZooKeeperServerError naming each one's mode."""
+    deadline = time.monotonic() + timeout
+    while True:
+        modes = {address: server_mode(address) for address in addresses}
+        serving = [m for m in modes.values() if m in (LEADER, FOLLOWER)]
+        if quorum_serves(list(modes.values())) and (not every or len(serving) == len(modes)):
+            return modes
+        if time.monotonic() > deadline:
+            raise ZooKeeperServerError(
+                f"the ZooKeeper ensemble {','.join(addresses)} did not serve within {timeout:g}s: "
+                + ", ".join(f"{a} {m or 'not serving'}" for a, m in modes.items())
+            )
+        time.sleep(0.1)
+
+
+def wait_joined(address: str, timeout: float = QUORUM_TIMEOUT_S) -> str:
+    """Wait until the server at ``address`` serves as leader or follower; its mode."""
+    deadline = time.monotonic() + timeout
+    while (mode := server_mode(address)) not in (LEADER, FOLLOWER):
+        if time.monotonic() > deadline:
+            raise ZooKeeperServerError(
+                f"the ZooKeeper server at {address} did not join a quorum in {timeout:g}s"
+            )
+        time.sleep(0.1)
+    return mode
+
+
 class ZooKeeperEnsemble:
     """The servers of one ensemble, each in ``root/zk-<id>`` (see the module docstring)."""
 
@@ -184,18 +213,8 @@ class ZooKeeperEnsemble:
 
     def wait_serving(self, timeout: float = QUORUM_TIMEOUT_S, every: bool = True) -> dict[int, str | None]:
         """Wait until one leader serves with every server (``every`` False: a majority); the modes."""
-        deadline = time.monotonic() + timeout
-        while True:
-            modes = self.modes()
-            serving = [m for m in modes.values() if m in (LEADER, FOLLOWER)]
-            if quorum_serves(list(modes.values())) and (not every or len(serving) == len(modes)):
-                return modes
-            if time.monotonic() > deadline:
-                raise ZooKeeperServerError(
-                    f"the ZooKeeper ensemble {self.hosts} did not serve within {timeout:g}s: "
-                    + ", ".join(f"zk-{i} {m or 'not serving'}" for i, m in modes.items())
-                )
-            time.sleep(0.1)
+        modes = wait_quorum([p.address for p in self.peers], timeout, every)
+        return {p.server_id: modes[p.address] for p in self.peers}
 
     def leader(self) -> int | None:
         """The id of the server that says it leads now."""
@@ -210,11 +229,7 @@ class ZooKeeperEnsemble:
     def restart(self, server_id: int, timeout: float = QUORUM_TIMEOUT_S) -> subprocess.Popen:
         """Start a stopped server again on its data; returns once it serves in the quorum."""
         proc = self.start_server(server_id)
-        deadline = time.monotonic() + timeout
-        while server_mode(self.servers[server_id].hosts) not in (LEADER, FOLLOWER):
-            if time.monotonic() > deadline:
-                raise ZooKeeperServerError(f"zk-{server_id} did not join the quorum within {timeout:g}s")
-            time.sleep(0.1)
+        wait_joined(self.servers[server_id].hosts, timeout)
         return proc
 
     def stop(self) -> None:
