@@ -170,6 +170,14 @@ class BrokerConfig(MemberConfig):
         default_text="256 MiB",
         min=1,
     )
+    max_roll_postpone_s: float = setting(
+        600.0,
+        "While ZooKeeper is unreachable the leader goes on committing in its ledger and postpones a roll "
+        "that is due; once one has waited this long it refuses writes (unavailable, reason roll_postponed) "
+        "until ZooKeeper is back and the roll is done. 0: never refuse.",
+        unit="s",
+        min=0,
+    )
     shard: int = setting(
         0,
         "The shard this process serves. Not for operators: the broker they start serves shard 0 and, in a "

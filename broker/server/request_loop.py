@@ -46,11 +46,11 @@ import zmq
 
 from broker import protocol
 from broker.protocol.checks import check_request
-from broker.server.leading import reads
 from broker.server.leading.housekeeping import Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
 from broker.server.leading.leadership import Leadership
 from broker.server.leading.session import LeaderHooks, LeaderSession
+from broker.server.leading.zk_outage import ZkLink
 from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -125,6 +125,8 @@ class BrokerServer:
         self.role = "starting"
         self.leader_address: str | None = None
         self.writable = True
+        # The ZooKeeper session as the leader sees it (the session listener records it).
+        self.zk_link = ZkLink(clock)
         self.draining = False
         self.hooks = hooks
         # The current epoch's leadership; None while following.
@@ -260,10 +262,9 @@ class BrokerServer:
         if not leadership.ready or not self.writable or self.draining:
             return wire.error_reply(rid, codes.E_UNAVAILABLE, "the leader is not accepting writes yet")
         if op in protocol.LEADER_READS:
-            try:
-                return wire.ok_reply(rid, **reads.answer(self.store, self.housekeeping, req))
-            except protocol.RequestError as exc:  # no_such_task: an answer, not a bad request
-                return wire.error_reply(rid, exc.code, exc.message)
+            # With ZooKeeper away the leadership answers after a barrier entry commits.
+            reply = leadership.read(ctx.route, rid, req, ctx.received)
+            return DEFERRED if reply is None else reply
         leadership.write(ctx.route, rid, req, ctx.received)
         return DEFERRED
 
@@ -287,6 +288,7 @@ class BrokerServer:
                 {
                     "commit_stages": leadership.group.timings.summary(),
                     "entries_written": leadership.group.entries_written,
+                    "zookeeper": leadership.zk_status(),
                 }
                 if leadership is not None
                 else {}
@@ -317,7 +319,14 @@ class BrokerServer:
             on_internal_applied=metrics.internal_applied if metrics is not None else None,
         )
         self.leadership = Leadership(
-            session, self.store, self.config, hooks, self.leader_clock, self.housekeeping, self.clock
+            session,
+            self.store,
+            self.config,
+            hooks,
+            self.leader_clock,
+            self.housekeeping,
+            self.clock,
+            link=self.zk_link,
         )
         self.draining = False
         self.role = "leader"

@@ -21,6 +21,12 @@ it), and :attr:`LeaderHooks.on_cluster_shutdown` tells the node where it lies.
 
 Digests and rolls (the leader's entries about its log) are :mod:`broker.server.leading.upkeep`.
 
+While the ZooKeeper session is not connected (:class:`~broker.server.leading.zk_outage.ZkLink`)
+the leader goes on committing: fencing lives in the bookies. A read is then answered only
+after a barrier entry commits (:mod:`broker.server.leading.barrier`; :meth:`Leadership.read`),
+and a roll postponed too long makes :meth:`Leadership.write` refuse with ``unavailable``
+and the reason ``roll_postponed``.
+
 Example::
 
     leadership = Leadership(
@@ -28,6 +34,7 @@ Example::
     )
     leadership.start(lambda now_ms: [epoch_started(3, broker_id, now_ms)])
     leadership.write(route, rid, req, started)    # a checked write request
+    leadership.read(route, rid, req, started)     # a checked read: its reply, or None (after a barrier)
     leadership.turn(writable=True)                # every pass of the loop
 """
 
@@ -38,6 +45,8 @@ from typing import Any, Callable
 
 from broker import protocol
 from broker.protocol.writes import reply_fields, request_events
+from broker.server.leading import reads
+from broker.server.leading.barrier import ReadBarrier
 from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
@@ -46,6 +55,7 @@ from broker.server.leading.parking import LeaseParking, incoming
 from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.server.leading.upkeep import LogUpkeep
+from broker.server.leading.zk_outage import ANSWER, REASON_ROLL_POSTPONED, ZkLink, read_action
 from broker.server.store.follower import Diverged
 from broker.state.store_errors import StoreDamaged
 from election import wire
@@ -70,6 +80,7 @@ class Leadership:
         leader_clock: LeaderClock,
         housekeeping: Housekeeping,
         clock: Clock = SYSTEM_CLOCK,
+        link: ZkLink | None = None,
     ) -> None:
         self.session = session
         self.epoch = session.epoch
@@ -93,7 +104,10 @@ class Leadership:
             clock=clock,
             observer=hooks.on_entry_committed,
         )
-        self.upkeep = LogUpkeep(session, self.group, store, config, self._add_internal, clock)
+        self.link = link if link is not None else ZkLink(clock)
+        self.upkeep = LogUpkeep(session, self.group, store, config, self._add_internal, self.link, clock)
+        self.barrier = ReadBarrier()
+        self.refused_roll_postponed = 0
         self.applied_entries = 0
         self.next_lease_check = 0.0
         self.lost_reported = False
@@ -112,6 +126,7 @@ class Leadership:
     def stop(self, reason: str) -> None:
         """Everything not yet answered gets ``unavailable``: the client retries with the next leader."""
         self.group.abort(WriteFailed(reason))
+        self._barrier_failed(reason)
         for route, rid, _req in self.parking.take_all():
             self.hooks.send(route, wire.error_reply(rid, codes.E_UNAVAILABLE, reason), "lease", None)
         if self.shutdown is not None and self.shutdown.position is None:
@@ -123,6 +138,21 @@ class Leadership:
         """The current ledger's writer (a roll replaces the session's first one)."""
         return self.upkeep.writer
 
+    def zk_status(self) -> dict:
+        """The leader's view of ZooKeeper for ``status`` (an additive field): what waits, what is refused."""
+        upkeep, now = self.upkeep, self.clock.monotonic()
+        return {
+            "connected": self.link.connected,
+            "away_s": round(self.link.away_s(), 3),
+            "roll_waiting_s": round(now - upkeep.zk_wait_since, 3)
+            if upkeep.zk_wait_since is not None
+            else None,
+            "refusing_writes": upkeep.refusing,
+            "refused_roll_postponed": self.refused_roll_postponed,
+            "reads_after_barrier": self.barrier.confirmed,
+            "reads_waiting": len(self.barrier),
+        }
+
     @property
     def idle(self) -> bool:
         return self.group.idle
@@ -132,9 +162,54 @@ class Leadership:
         return self.group.failed
 
     # ------------------------------------------------------------ requests
+    def read(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> dict | None:
+        """A checked read: its reply now, or None when it waits for a barrier entry (ZooKeeper away)."""
+        if self.shutdown is None and read_action(self.link.connected) != ANSWER:
+            self.barrier.wait(self.group.entries_written + 1, (route, rid, req, started))
+            return None
+        return self._answer_read(rid, req)
+
+    def _answer_read(self, rid: Any, req: dict) -> dict:
+        try:
+            return wire.ok_reply(rid, **reads.answer(self.store, self.housekeeping, req))
+        except protocol.RequestError as exc:  # no_such_task: an answer, not a bad request
+            return wire.error_reply(rid, exc.code, exc.message)
+
+    def _answer_confirmed_reads(self) -> None:
+        for route, rid, req, started in self.barrier.due(self.applied_entries):
+            try:
+                reply = self._answer_read(rid, req)
+            except Exception as exc:  # only this read fails (a damaged store stops the broker there)
+                self.hooks.internal_error(route, rid, req.get("op"), exc)
+                continue
+            self.hooks.send(route, reply, req["op"], started)
+
+    def _barrier_failed(self, reason: str) -> None:
+        """The barrier entry failed (fenced, or the leadership ended): we may be deposed, so no answer."""
+        for route, rid, req, started in self.barrier.take_all():
+            self.hooks.send(
+                route,
+                wire.error_reply(rid, codes.E_NOT_LEADER, f"this broker is no longer the leader: {reason}"),
+                req["op"],
+                started,
+            )
+
     def write(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> None:
         """A checked write (or lease): gather it, park it, or answer it; a failure fails it alone."""
         op = req["op"]
+        if self.upkeep.refusing:
+            self.refused_roll_postponed += 1
+            message = (
+                f"the leader refuses writes: its roll of ledger {self.writer.ledger_id} has waited "
+                f"{self.upkeep.max_roll_postpone_s:g} s for ZooKeeper"
+            )
+            self.hooks.send(
+                route,
+                wire.error_reply(rid, codes.E_UNAVAILABLE, message, reason=REASON_ROLL_POSTPONED),
+                op,
+                started,
+            )
+            return
         if op in protocol.WORKER_OPS:
             self.housekeeping.heard_from(req["worker"], req.get("queues"), self.leader_clock.now_ms())
         if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
@@ -233,7 +308,9 @@ class Leadership:
             group.drain_completed()
         except ApplyFailed as exc:
             self.hooks.on_fatal(exc)
+        self._answer_confirmed_reads()
         if group.failed is not None:
+            self._barrier_failed(str(group.failed))
             if not self.lost_reported:
                 self.lost_reported = True
                 self.hooks.on_lost(str(group.failed))
@@ -245,6 +322,8 @@ class Leadership:
                 self._wake_parked()
                 self._expire_leases()
                 self._housekeeping()
+                if self.barrier.needs_entry(group.entries_written) and not group.pending.events:
+                    self.upkeep.barrier()  # nothing else would go out: a StateDigest is the barrier
                 self.upkeep.digest()
                 self.upkeep.roll()
         group.flush()
@@ -379,6 +458,7 @@ class Leadership:
                 return
         if not self.ready:
             self.ready = True
+            self.link.leading(self.claim)
             self.session.on_ready()
 
     def _shutdown_applied(self, results: list[dict] | None, exc: Exception | None) -> None:

@@ -14,9 +14,18 @@ in flight is applied:
   :data:`ROLL_RETRY_S` (said once in the log). Any other failure to roll ends the
   leadership's writes.
 
+A roll needs ZooKeeper (closing the ledger's metadata, creating the next one, the
+log's CAS): while the session is not connected (:class:`~broker.server.leading.zk_outage.ZkLink`)
+a roll that is due waits and the leader goes on in its ledger; one that waited
+``max_roll_postpone_s`` makes :attr:`LogUpkeep.refusing` true (the leader refuses
+writes, with a log line) until the roll is done once ZooKeeper is back
+(:func:`~broker.server.leading.zk_outage.roll_action`). A ``StateDigest`` can also be
+asked for as a read barrier (:meth:`LogUpkeep.barrier`).
+
 Example::
 
-    upkeep = LogUpkeep(session, group, store, config, add_internal=leadership.add_internal, clock=clock)
+    upkeep = LogUpkeep(session, group, store, config, add_internal=leadership.add_internal, link=link,
+                       clock=clock)
     upkeep.digest()      # every turn: begin or finish a digest that is due
     upkeep.roll()        # every turn: hold, then roll, once the ledger should be rolled
 """
@@ -27,6 +36,7 @@ import logging
 from typing import Any, Callable
 
 from broker.server.leading.group_commit import GroupCommit, WriteFailed
+from broker.server.leading.zk_outage import NO_ROLL, REFUSE, ROLL, ZkLink, roll_action
 from broker.server.standing.takeover_steps import RollPostponed
 from broker.state.schema import STORE_FORMAT
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -47,6 +57,7 @@ class LogUpkeep:
         store: Any,
         config: Any,
         add_internal: Callable[..., None],
+        link: ZkLink | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.session = session
@@ -62,6 +73,16 @@ class LogUpkeep:
         # A roll postponed for want of bookies: not tried again before this (monotonic).
         self.roll_after = 0.0
         self.roll_postponed = False
+        self.link = link if link is not None else ZkLink(clock)
+        self.max_roll_postpone_s = config.max_roll_postpone_s
+        # When a due roll began to wait for ZooKeeper (monotonic), and whether writes are refused for it.
+        self.zk_wait_since: float | None = None
+        self.refusing = False
+        self._rolling = False  # the group is held by a roll (not by a digest)
+
+    def barrier(self) -> None:
+        """Write a StateDigest soon, as the entry a read waits for (nothing else is going out)."""
+        self.digest_due = True
 
     def digest(self, start: bool = True) -> None:
         """Write a StateDigest when one is due; ``start`` False only finishes one already begun."""
@@ -85,27 +106,65 @@ class LogUpkeep:
         group, roll = self.group, self.session.roll
         if roll is None:
             return
-        if (
-            not group.held
-            and self.clock.monotonic() >= self.roll_after
-            and self.session.should_roll(self.writer, group.ledger_entries, group.ledger_bytes)
-        ):
-            group.held = True
-        if group.held and not group.inflight:
-            try:
-                writer = roll(group.writer)
-            except RollPostponed as exc:  # nothing was closed: go on in this ledger, try again later
-                group.held = False
-                self.roll_after = self.clock.monotonic() + ROLL_RETRY_S
-                if not self.roll_postponed:
-                    log.warning("%s; going on in it", exc)
-                    self.roll_postponed = True
+        now = self.clock.monotonic()
+        if not group.held and now >= self.roll_after:
+            due = self.session.should_roll(self.writer, group.ledger_entries, group.ledger_bytes)
+            action = roll_action(due, self.link.connected, self.zk_wait_since, now, self.max_roll_postpone_s)
+            if action == NO_ROLL:
                 return
-            except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
-                group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+            if action != ROLL:
+                self._wait_for_zookeeper(now, refuse=action == REFUSE)
                 return
-            if self.roll_postponed:
-                log.info("rolled to ledger %d after waiting for bookies", writer.ledger_id)
-                self.roll_postponed = False
-            self.writer = writer
-            group.switch_writer(writer)
+            group.held = self._rolling = True
+        if not (self._rolling and group.held) or group.inflight:
+            return
+        if not self.link.connected:  # ZooKeeper went away while the pipeline drained: wait for it
+            group.held = self._rolling = False
+            self._wait_for_zookeeper(now, refuse=False)
+            return
+        self._rolling = False
+        try:
+            writer = roll(group.writer)
+        except RollPostponed as exc:  # nothing was closed: go on in this ledger, try again later
+            group.held = False
+            self.roll_after = self.clock.monotonic() + ROLL_RETRY_S
+            if not self.roll_postponed:
+                log.warning("%s; going on in it", exc)
+                self.roll_postponed = True
+            return
+        except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
+            group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+            return
+        if self.roll_postponed:
+            log.info("rolled to ledger %d after waiting for bookies", writer.ledger_id)
+            self.roll_postponed = False
+        if self.zk_wait_since is not None:
+            log.warning(
+                "rolled to ledger %d after waiting %.1f s for ZooKeeper%s",
+                writer.ledger_id,
+                now - self.zk_wait_since,
+                "; accepting writes again" if self.refusing else "",
+            )
+            self.zk_wait_since, self.refusing = None, False
+        self.writer = writer
+        group.switch_writer(writer)
+
+    def _wait_for_zookeeper(self, now: float, refuse: bool) -> None:
+        """A due roll cannot be done without ZooKeeper: go on in this ledger (said once), or refuse writes."""
+        if self.zk_wait_since is None:
+            self.zk_wait_since = now
+            log.warning(
+                "ledger %d should be rolled but ZooKeeper is unreachable: going on in it (writes are refused "
+                "if the roll waits %.0f s)",
+                self.writer.ledger_id,
+                self.max_roll_postpone_s,
+            )
+        if refuse and not self.refusing:
+            self.refusing = True
+            log.error(
+                "refusing writes (%s): the roll of ledger %d has waited %.0f s for ZooKeeper "
+                "(max_roll_postpone_s); writes resume once ZooKeeper is back and the roll is done",
+                "unavailable, reason roll_postponed",
+                self.writer.ledger_id,
+                now - self.zk_wait_since,
+            )
