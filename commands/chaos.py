@@ -41,6 +41,14 @@ from commands.output import emit
     help="Shards of the run's cluster (every broker runs a process per shard) [default 1].",
 )
 @click.option(
+    "--zk-servers",
+    type=click.Choice(["1", "3", "5"]),
+    default="1",
+    show_default=True,
+    help="ZooKeeper servers: 1, or an ensemble of 3 or 5 whose servers are SIGKILLed one at a time "
+    "(not with --hosts).",
+)
+@click.option(
     "--dir",
     "run_dir",
     default=None,
@@ -51,7 +59,7 @@ from commands.output import emit
     "--keep", is_flag=True, help="Keep the run directory (logs, data) afterwards; kept anyway on anomalies."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, run_dir, keep, as_json) -> None:
+def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, zk_servers, run_dir, keep, as_json) -> None:
     """Inject random faults into a private cluster under keyed load, then check the history.
 
     Starts its own ZooKeeper, 3 bookies and 3 brokers, kills and pauses leaders,
@@ -69,6 +77,10 @@ def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, run_dir, keep, as
     lease from every shard, each fault aimed at a leader or a follower aims at one
     shard drawn from the seed (its event names it), and every shard must settle with
     one leader and every broker at its position.
+
+    With --zk-servers 3 (or 5) ZooKeeper is an ensemble: instead of stopping the whole
+    ZooKeeper, a fault SIGKILLs one server (never two at a time) and restarts it after
+    a short random delay; the report counts them (zk_servers_killed).
     """
     from devtools.chaos import ChaosConfig, ChaosRun
     from devtools.chaos_report import format_report
@@ -77,6 +89,8 @@ def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, run_dir, keep, as
         raise click.UsageError("give --minutes or --seconds, not both")
     if cpu_per_host is not None and not hosts:
         raise click.UsageError("--cpu-per-host needs --hosts")
+    if hosts and zk_servers != "1":
+        raise click.UsageError("--zk-servers > 1 cannot go with --hosts (ZooKeeper is one server on host zk)")
     length = seconds if seconds is not None else (minutes if minutes is not None else 3.0) * 60
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
     logging.getLogger("broker.api.client").setLevel(logging.ERROR)
@@ -88,6 +102,7 @@ def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, run_dir, keep, as
         hosts=hosts,
         cpu_per_host=cpu_per_host,
         shards=shards,
+        zk_servers=int(zk_servers),
     )
     progress = (lambda _msg: None) if as_json else (lambda msg: click.echo(msg, err=True))
     report = ChaosRun(config, progress=progress).run()

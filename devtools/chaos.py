@@ -10,7 +10,9 @@ the producers and workers stay on this machine (host ``local``). With ``shards``
 cluster has S shards (every broker runs a process per shard): the producers' keys
 spread over them (the client routes each to its shard), the workers lease from
 every shard, a fault aimed at a leader or a follower aims at one shard drawn from the
-seed (:mod:`devtools.faults`), and settling checks every shard. Then it stops the
+seed (:mod:`devtools.faults`), and settling checks every shard. With ``zk_servers`` 3 or 5
+ZooKeeper is an ensemble (:mod:`devtools.zk_ensemble`) and the zookeeper faults SIGKILL one
+server at a time, restarted after a short random delay, instead of the whole ZooKeeper. Then it stops the
 load, heals every cut and latency, looks up every task it was told about, submits
 every key once more, waits for all brokers to reach one position, scans the broker
 logs (:mod:`devtools.chaos_observe`), and checks the history
@@ -93,6 +95,8 @@ class ChaosConfig:
     rate: float = 40.0
     workers: int = 2
     settle_timeout_s: float = 90.0
+    # ZooKeeper servers: 1, or an ensemble of 3 or 5 whose servers are killed one at a time.
+    zk_servers: int = 1
 
 
 class ChaosRun:
@@ -119,7 +123,7 @@ class ChaosRun:
         if cfg.hosts and hosts_unsupported():
             raise ChaosError(f"--hosts: {hosts_unsupported()}")
         bookies = cfg.bookies or (cfg.hosts + 1 if cfg.hosts else LOOPBACK_BOOKIES)
-        faults = S.plan(self.seed, cfg.seconds, hosts=cfg.hosts)
+        faults = S.plan(self.seed, cfg.seconds, hosts=cfg.hosts, zk_servers=cfg.zk_servers)
         producers = workers = disks = faulting = injector = None
         stop = threading.Event()
         report: dict = {}
@@ -135,6 +139,7 @@ class ChaosRun:
                 hosts=cfg.hosts,
                 cpu_per_host=cfg.cpu_per_host,
                 shards=cfg.shards if cfg.shards > 1 else None,
+                zk_servers=cfg.zk_servers,
             )
             state = dev.up(spec, progress=self.progress)
             zk = state["zk"]
@@ -182,6 +187,7 @@ class ChaosRun:
                 hosts=cfg.hosts,
                 cpu_per_host=cfg.cpu_per_host,
                 shards=cfg.shards,
+                zk_servers=cfg.zk_servers,
                 planned=len(faults),
                 duration_s=time.monotonic() - started,
                 skipped_kinds=skip,

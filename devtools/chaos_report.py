@@ -5,7 +5,8 @@ history and what was observed after the load, the anomalies of the check) into o
 JSON-able dict (``shards``: the cluster's; each fault event aimed at a shard names it, and
 ``operations.acknowledged_by_shard`` shows how the keys spread);
 ``faults.partitions`` counts the network cuts injected and
-``faults.network`` those plus the added latencies. :func:`format_report` is the
+``faults.network`` those plus the added latencies; ``faults.zk_servers_killed`` the single
+ZooKeeper servers killed in a run on an ensemble (``zk_servers``). :func:`format_report` is the
 human form that ``fencepost chaos`` prints without ``--json``.
 
 Example::
@@ -38,12 +39,14 @@ class RunFacts:
     skipped_kinds: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     shards: int = 1
+    zk_servers: int = 1
 
     def reproduce(self) -> str:
         hosts = f" --hosts {self.hosts}" if self.hosts else ""
         cpu = f" --cpu-per-host {self.cpu_per_host:g}" if self.hosts and self.cpu_per_host else ""
         shards = f" --shards {self.shards}" if self.shards > 1 else ""
-        return f"fencepost chaos --seconds {self.seconds:g}{hosts}{cpu}{shards} --seed {self.seed}"
+        zk = f" --zk-servers {self.zk_servers}" if self.zk_servers > 1 else ""
+        return f"fencepost chaos --seconds {self.seconds:g}{hosts}{cpu}{shards}{zk} --seed {self.seed}"
 
 
 def build_report(facts: RunFacts, history: History, injector: Injector, anomalies: list[Anomaly]) -> dict:
@@ -61,12 +64,14 @@ def build_report(facts: RunFacts, history: History, injector: Injector, anomalie
         "seconds": facts.seconds,
         "hosts": facts.hosts,
         "shards": facts.shards,
+        "zk_servers": facts.zk_servers,
         "duration_s": round(facts.duration_s, 1),
         "faults": {
             "planned": facts.planned,
             "injected": sum(injected.values()),
             "network": network,
             "partitions": network - injected.get(S.LATENCY, 0),
+            "zk_servers_killed": injected.get(S.KILL_ZK_SERVER, 0),
             "by_kind": dict(sorted(injected.items())),
             "not_injected": dict(sorted(not_injected.items())),
             "skipped_kinds": facts.skipped_kinds,
@@ -103,8 +108,9 @@ def format_report(report: dict) -> str:
     f, ops = report["faults"], report["operations"]
     on_hosts = f" on {report['hosts']} test hosts" if report.get("hosts") else ""
     shards = f" with {report['shards']} shards" if report.get("shards", 1) > 1 else ""
+    zk = f" on {report['zk_servers']} ZooKeeper servers" if report.get("zk_servers", 1) > 1 else ""
     lines = [
-        f"chaos run{on_hosts}{shards}: seed {report['seed']}, {report['seconds']:g}s of faults, "
+        f"chaos run{on_hosts}{shards}{zk}: seed {report['seed']}, {report['seconds']:g}s of faults, "
         f"{report['duration_s']:g}s in all",
         f"faults injected: {f['injected']} of {f['planned']} planned"
         + (f" ({f['partitions']} partitions, {f['network']} network faults)" if report.get("hosts") else ""),

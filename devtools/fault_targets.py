@@ -47,7 +47,10 @@ ZK_TIMEOUT_S = 5.0
 
 
 def name_of(member: dict) -> str:
-    """A member's name: ``zookeeper``, ``bookie-<index>`` or ``broker-<index>``."""
+    """A member's name: ``zookeeper`` (``zk-<index>``: a server of an ensemble, its recorded name),
+    ``bookie-<index>`` or ``broker-<index>``."""
+    if member.get("name"):
+        return member["name"]
     return f"{member['kind']}-{member['index']}" if "index" in member else member["kind"]
 
 

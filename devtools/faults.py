@@ -4,7 +4,8 @@
 each waits for its fault's time, resolves the target (the current leader, a
 follower, a bookie, a worker), injects the fault, holds it for ``down_s``, heals
 it (restart, SIGCONT, ZooKeeper back, disk freed) and waits until the target
-answers again before the slot's next fault. Restarts of brokers and bookies,
+answers again before the slot's next fault. With a ZooKeeper ensemble, the zookeeper
+slot kills one server at a time (``kill_zk_server``) and restarts it. Restarts of brokers and bookies,
 ZooKeeper's outage and the network cuts share one lock, so nothing is restarted
 while ZooKeeper is down or a host is cut (a member that cannot reach ZooKeeper at
 start exits, which is not a bug). On test hosts the network faults are
@@ -47,6 +48,7 @@ from devtools.fault_primitives import DiskFiller, expire_session, signal_pid_gro
 from devtools.fault_targets import LEADER_WAIT_S, Targets, fault_shard, name_of, pick
 from devtools.load import WorkerPool
 from devtools.net_faults import NetFaults
+from devtools.zk_ensemble import server_mode, wait_quorum
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,8 @@ class Injector:
             return self._worker(fault)
         if kind == S.KILL_ZOOKEEPER:
             return self._zookeeper(fault)
+        if kind == S.KILL_ZK_SERVER:
+            return self._zk_server(fault)
         if kind == S.POISON:
             return self._poison(fault, shard)
         return None, f"unknown fault kind {kind}"
@@ -333,6 +337,33 @@ class Injector:
             with self._lock:
                 self._busy.discard("zookeeper")
         return "zookeeper", f"down {fault.down_s:g}s"
+
+    def _zk_server(self, fault: S.Fault) -> tuple[str | None, str]:
+        """SIGKILL one server of the ensemble, restart it after ``down_s``. As with the whole ZooKeeper's
+        outage, the restart lock is held while the others elect a leader (the killed one may have led)
+        and while it rejoins: a member started with no quorum serving would exit, the harness's doing."""
+        servers = self.targets.members("zookeeper")
+        member = pick(servers, fault.pick)
+        if len(servers) < 3:
+            return None, "no ZooKeeper ensemble"
+        name = name_of(member)
+        with self._lock:
+            self._busy.add(name)
+        try:
+            with self.zk_lock:
+                mode = server_mode(member["address"]) or "not serving"
+                with self._lock:
+                    self._killed.add(member["pid"])
+                signal_pid_group(member["pid"], signal.SIGKILL)
+                wait_gone(member["pid"])
+                wait_quorum([m["address"] for m in servers if m is not member], every=True)
+            time.sleep(fault.down_s)
+            with self.zk_lock:
+                self.dev.restart(member)
+        finally:
+            with self._lock:
+                self._busy.discard(name)
+        return name, f"killed ({mode}), restarted after {fault.down_s:g}s"
 
     def _poison(self, fault: S.Fault, shard: int = 0) -> tuple[str | None, str]:
         from devtools.fuzz import fuzz_frames

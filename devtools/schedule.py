@@ -15,6 +15,8 @@ brokers and the clients; one or two bookies' hosts isolated; a one-way cut of th
 leader; added latency), all in one slot: a cut is healed by host, and heals remove
 every cut of a host, so two network faults must never overlap. Without hosts the
 plan is exactly what it was before network faults existed (same seed, same faults).
+A run on a ZooKeeper ensemble (``zk_servers`` > 1) kills one ZooKeeper server at a time
+(:data:`ENSEMBLE_KINDS`) instead of the whole ZooKeeper.
 
 Example::
 
@@ -39,6 +41,7 @@ FILL_DISK = "fill_disk"
 KILL_WORKER = "kill_worker"
 PAUSE_WORKER = "pause_worker"
 KILL_ZOOKEEPER = "kill_zookeeper"
+KILL_ZK_SERVER = "kill_zk_server"
 POISON = "poison"
 CUT_LEADER_ZK = "cut_leader_zk"
 CUT_LEADER_BOOKIES = "cut_leader_bookies"
@@ -88,6 +91,12 @@ KINDS: dict[str, KindSpec] = {
     POISON: KindSpec(SLOT_POISON, 6, (0.0, 0.0), 1.0),
 }
 
+# Planned only with a ZooKeeper ensemble, instead of KILL_ZOOKEEPER: one server SIGKILLed and restarted
+# after a short random delay, in the zookeeper slot, so never two at a time (the quorum stays).
+ENSEMBLE_KINDS: dict[str, KindSpec] = {
+    KILL_ZK_SERVER: KindSpec(SLOT_ZOOKEEPER, 4, (0.5, 4.0), 3.0),
+}
+
 # Planned only on test hosts. A cut of the leader is followed by a failover: it gets the
 # recovery allowance of a killed leader.
 NETWORK_KINDS: dict[str, KindSpec] = {
@@ -135,14 +144,22 @@ class Fault:
 
 
 def plan(
-    seed: int, duration_s: float, kinds: dict[str, KindSpec] | None = None, hosts: int = 0
+    seed: int,
+    duration_s: float,
+    kinds: dict[str, KindSpec] | None = None,
+    hosts: int = 0,
+    zk_servers: int = 1,
 ) -> list[Fault]:
     """The faults of a run of ``duration_s`` seconds, sorted by time; the same seed gives the same list.
 
-    ``hosts`` > 0 (a cluster on test hosts) adds :data:`NETWORK_KINDS` to the default kinds.
+    ``hosts`` > 0 (a cluster on test hosts) adds :data:`NETWORK_KINDS` to the default kinds;
+    ``zk_servers`` > 1 (a ZooKeeper ensemble) puts :data:`ENSEMBLE_KINDS` in place of the
+    whole ZooKeeper's outage.
     """
     if kinds is None:
         kinds = {**KINDS, **NETWORK_KINDS} if hosts > 0 else KINDS
+        if zk_servers > 1:
+            kinds = {**{k: v for k, v in kinds.items() if k != KILL_ZOOKEEPER}, **ENSEMBLE_KINDS}
     rng = random.Random(seed)
     names = sorted(kinds)
     weights = [kinds[name].weight for name in names]
