@@ -135,6 +135,8 @@ def _completion(rng: random.Random) -> dict:
 # long poll is not mistaken for a stuck server.
 TEMPLATES: dict[str, Callable[[random.Random], dict]] = {
     "ping": lambda rng: {},
+    # A broker id no member has: the leader notes a position nobody reads.
+    "follower_ping": lambda rng: {"broker_id": (1 << 40) + rng.randrange(1000), "position": [0, 0]},
     "status": lambda rng: {},
     "snapshot_info": lambda rng: {},
     "snapshot_chunk": lambda rng: {"name": "snap-fz", "offset": 0, "length": 16},

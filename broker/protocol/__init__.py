@@ -8,6 +8,11 @@ envelope of :mod:`election.wire` (``v``, ``op``, ``rid``; one reply per request)
 Operations (request fields -> reply fields):
 
 - ``ping`` -> ``broker_id, role, leader``
+- ``follower_ping`` ``broker_id, position?`` -> ``broker_id, epoch, leading`` (a follower's heartbeat to
+  the leader, at least every 100 ms: the follower watches the leader's process through it, and the
+  leader's in-sync tracker reads the follower's applied position from it; any broker answers it. A
+  broker older than this op answers ``unknown_op``: the follower then waits for the old leader's
+  ZooKeeper session to expire, as before)
 - ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?, retry_backoff_ms?,
   retry_backoff_max_ms?`` -> ``task_id``
 - ``submit_many`` ``tasks: [submit fields], each?`` -> ``task_ids`` (a failed submit fails the request,
@@ -78,6 +83,7 @@ from election.wire import CodedError
 OPS = frozenset(
     {
         "ping",
+        "follower_ping",
         "submit",
         "submit_many",
         "get",
@@ -106,6 +112,8 @@ LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers"})
 # Ops whose requests name a worker: the leader notes that it was seen (broker/server/leading/housekeeping.py).
 WORKER_OPS = frozenset({"lease", "heartbeat", "heartbeat_many"})
 MAX_CHUNK = 4 * 1024 * 1024
+# The highest ledger or entry id a follower_ping's position may name.
+MAX_POSITION_ID = (1 << 63) - 1
 
 
 MAX_SUBMIT_MANY = 1000

@@ -36,6 +36,7 @@ from broker.protocol import (
     MAX_LEASE_TASKS,
     MAX_LIST_TASKS,
     MAX_LIST_WORKERS,
+    MAX_POSITION_ID,
     MAX_PURGE,
     MAX_SNAPSHOT_OFFSET,
     MAX_SUBMIT_MANY,
@@ -92,6 +93,7 @@ K_LIMIT = _kind("TasksPurged", "limit")
 # limits: a wait is a delay on the leader; a snapshot offset is bounded like a time.
 K_WAIT = K_DELAY
 K_OFFSET = _kind("TaskSubmitted", "now_ms")
+K_BROKER_ID = _kind("EpochStarted", "broker_id")
 
 
 def _field(
@@ -114,6 +116,20 @@ def _field(
             raise RequestError(code, f"{name} must be an integer between {lo} and {hi}")
         raise RequestError(code, f"{name} must be {describe_kind(kind)}")
     return value
+
+
+def check_position(position: Any) -> list[int] | None:
+    """A follower's applied position ``[ledger, entry]`` (null before it applied anything)."""
+    if position is None:
+        return None
+    if (
+        not isinstance(position, (list, tuple))
+        or len(position) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in position)
+        or not all(-1 <= x <= MAX_POSITION_ID for x in position)
+    ):
+        raise RequestError(E_BAD_REQUEST, f"position must be [ledger, entry] or null, not {shown(position)}")
+    return [position[0], position[1]]
 
 
 def check_queue(name: Any) -> str:
@@ -225,6 +241,12 @@ def check_request(msg: dict, max_payload: int) -> dict:
         raise RequestError(E_BAD_REQUEST, f"op must be a string, not {shown(op)}")
     if op in ("ping", "status", "snapshot_info"):
         return {"op": op}
+    if op == "follower_ping":
+        return {
+            "op": op,
+            "broker_id": _field(msg, "broker_id", K_BROKER_ID),
+            "position": check_position(msg.get("position")),
+        }
     if op == "snapshot_chunk":
         return {
             "op": op,

@@ -60,6 +60,16 @@ class BrokerConfig(MemberConfig):
     insync_check_ms: int = setting(
         200, "How often the leader re-checks the in-sync set and a pending admin elect.", unit="ms", min=1
     )
+    leader_timeout_s: float = setting(
+        0.8,
+        "A follower that may stand takes the leader's place in the election once the leader answered none "
+        "of its heartbeats (one every 100 ms) for this long, or at once when its connection is refused or "
+        "reset, without waiting for the leader's ZooKeeper session to expire. Lower: faster failover of a "
+        "silent leader; too low for the machine: a busy leader is replaced (a failover, never a lost write).",
+        unit="s",
+        min=0.2,
+        max=60,
+    )
     leader_balance_s: float = setting(
         30.0,
         "In a cluster of several shards: a broker that has led a shard this long hands it to the shard's "

@@ -53,6 +53,7 @@ from broker.server.shutdown_member import ShutdownMember
 from broker.server.standing.bookie_wait import BookieWait
 from broker.server.standing.candidacy import Candidacy
 from broker.server.standing.leader_balance import start_leader_balance
+from broker.server.standing.leader_watch import LeaderWatch
 from broker.server.standing.member_wait import MemberWait
 from broker.server.standing.term import LeaderTerm, TermHooks
 from broker.server.startup import Started, start_member
@@ -198,21 +199,23 @@ class BrokerNode:
             wait_s=cfg.zk_session_timeout_s * 1.5 + 1,
             clock=clock,
         )
+        info = LiveInfo(
+            cfg,
+            self.server,
+            lambda: self.store,
+            self.identity.name,
+            self.member_wait,
+            self.bookie_wait,
+            latest_snapshot=lambda: self.checkpointer.latest,
+            secure=self.keys is not None,
+            clock=clock,
+        )
         self.live = LivePublisher(
             self.zk,
             self.paths,
             self.identity.broker_id,
-            describe=LiveInfo(
-                cfg,
-                self.server,
-                lambda: self.store,
-                self.identity.name,
-                self.member_wait,
-                self.bookie_wait,
-                latest_snapshot=lambda: self.checkpointer.latest,
-                secure=self.keys is not None,
-                clock=clock,
-            ),
+            # ... and whether the store passed its check since the start (store_check).
+            describe=lambda: {**info(), **self.running.verification.live_fields()},
             every_s=cfg.live_update_ms / 1000.0,
             clock=clock,
         )
@@ -235,6 +238,7 @@ class BrokerNode:
                 connected=lambda: self.zk.connected,
             ),
             clock=clock,
+            verified=lambda: (self.candidacy.poke(), self.live.mark_dirty()),  # stand now, and say so
         )
         self.checkpointer.start()
         self.server.role = "learner" if cfg.learner else "follower"
@@ -266,13 +270,32 @@ class BrokerNode:
             lead=self.term.lead,
             may_lead=lambda: not (self.stop_event.is_set() or self.running.is_damaged),
             stop=self.stop_event,
-            hold=lambda: self.member_wait.hold() or self.shutdown_member.hold() or self.bookie_wait.hold(),
+            # Never stand on a store not checked since it was opened (start_verify).
+            hold=lambda: (
+                self.running.verification.hold()
+                or self.member_wait.hold()
+                or self.shutdown_member.hold()
+                or self.bookie_wait.hold()
+            ),
             clock=clock,
         )
         self.zk.DataWatch(self.paths.elect, lambda *_: self.candidacy.poke())
+        self.running.verify_started(started.keeper.verified_report)
         self.running.start_tail()
         if not cfg.learner:
             threading.Thread(target=self.candidacy.run, name="election", daemon=True).start()
+            # Heartbeats to the leader: a dead one is replaced without waiting for its session to expire.
+            LeaderWatch(
+                self.zk,
+                self.paths,
+                self.identity.broker_id,
+                cfg,
+                position=lambda: self.store.position(),
+                may_act=self.candidacy.may_stand_without,
+                cleared=self.candidacy.replaced,
+                stop=self.stop_event,
+                clock=clock,
+            ).start()
         start_leader_balance(
             cfg,
             cluster_shards(started.cluster),
@@ -286,6 +309,7 @@ class BrokerNode:
         while not self.stop_event.is_set():
             self.server.serve_once()
             self.live.update()
+        self.running.verification.close()
         parts = StopParts(
             self.server,
             self.candidacy,

@@ -1,6 +1,6 @@
 """The broker's request loop: one ROUTER socket, one thread, every request answered once.
 
-On a follower every request but ``ping``, ``status`` and the snapshot reads gets
+On a follower every request but ``ping``, ``follower_ping``, ``status`` and the snapshot reads gets
 ``not_leader`` with the leader's address. On the leader, reads are answered from
 the store and writes go to the epoch's :class:`~broker.server.leading.leadership.Leadership`
 (group commit, parked leases, lease expiry, housekeeping, digests, rolls, an
@@ -51,6 +51,7 @@ from broker.server.leading.leader_clock import LeaderClock
 from broker.server.leading.leadership import Leadership
 from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.server.leading.zk_outage import ZkLink
+from broker.server.standing.reports import FollowerReports
 from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -138,9 +139,12 @@ class BrokerServer:
         # While leading: workers seen and lost, finished tasks past their result_ttl.
         self.housekeeping = Housekeeping(lambda: self.store, config)
         self.metrics = hooks.metrics
+        # Followers' positions from their heartbeats, for the in-sync tracker while we lead.
+        self.reports = FollowerReports(clock)
         ops = {op: self._leader_op for op in protocol.OPS}
         ops.update(
             ping=self._ping,
+            follower_ping=self._follower_ping,
             status=lambda req, ctx: wire.ok_reply(ctx.rid, **self.status()),
             snapshot_info=self._snapshot_info,
             snapshot_chunk=self._snapshot_chunk,
@@ -217,6 +221,18 @@ class BrokerServer:
     # ------------------------------------------------------------ the op table
     def _ping(self, req: dict, ctx: RequestContext) -> dict:
         return wire.ok_reply(ctx.rid, broker_id=self.broker_id, role=self.role, leader=self.leader_address)
+
+    def _follower_ping(self, req: dict, ctx: RequestContext) -> dict:
+        """A follower's heartbeat (broker/server/standing/leader_watch.py): note its position, say who leads."""
+        leadership = self.leadership
+        if leadership is not None:
+            self.reports.heard(req["broker_id"], req["position"])
+        return wire.ok_reply(
+            ctx.rid,
+            broker_id=self.broker_id,
+            epoch=leadership.epoch if leadership is not None else self.store.epoch(),
+            leading=leadership is not None and leadership.ready,
+        )
 
     def _snapshot_info(self, req: dict, ctx: RequestContext) -> dict:
         try:

@@ -7,8 +7,8 @@ role's rights is answered ``forbidden`` and counted; nothing else happens.
 - ``producer``: submit tasks, read them, wait for them, cancel them;
 - ``worker``: lease, heartbeat, complete, fail;
 - ``admin``: everything, on brokers (purge, requeue, retry, shutdown...) and bookies;
-- ``broker``: a broker's requests to bookies and another broker's snapshot
-  download (a new member catching up);
+- ``broker``: a broker's requests to bookies, another broker's snapshot
+  download (a new member catching up) and a follower's heartbeat to the leader;
 - ``bookie``: none of a broker's ops (the role identifies bookies to brokers).
 
 Every role may ``ping`` and ask for ``status`` (no task data in it), so tools
@@ -28,7 +28,7 @@ ANYONE = frozenset({"ping", "status"})
 BROKER_OPS_BY_ROLE: dict[str, frozenset[str]] = {
     "producer": frozenset({"submit", "submit_many", "get", "cancel", "declare_queue"}),
     "worker": frozenset({"lease", "heartbeat", "heartbeat_many", "complete", "complete_many", "fail", "get"}),
-    "broker": frozenset({"snapshot_info", "snapshot_chunk"}),
+    "broker": frozenset({"snapshot_info", "snapshot_chunk", "follower_ping"}),
     "bookie": frozenset(),
 }
 

@@ -41,7 +41,7 @@ class FakeElection:
 def elections(monkeypatch):
     FakeElection.made = []
     monkeypatch.setattr(candidacy_module, "LeaderElection", FakeElection)
-    monkeypatch.setattr(candidacy_module, "standing", lambda *args, watch=None: (True, ""))
+    monkeypatch.setattr(candidacy_module, "standing", lambda *args, watch=None, gone=None: (True, ""))
     return FakeElection.made
 
 

@@ -22,6 +22,7 @@ MAX_PAYLOAD = 64
 DEFAULT_LEASE_MS = 30_000
 READS = {
     "ping",
+    "follower_ping",
     "status",
     "snapshot_info",
     "snapshot_chunk",

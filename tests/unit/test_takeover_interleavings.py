@@ -13,7 +13,15 @@ the broker, not knowing, goes on with a new session, as kazoo does). Checked:
 (d) the `leader` node only ever holds the highest epoch published so far;
 (e) no epoch is claimed while fewer bookies are live than a ledger needs (the takeover checks
     first, :func:`ready_to_claim`, and waits instead of burning an epoch);
-(f) once the bookies are back, a waiting takeover completes: the highest epoch claimed is published.
+(f) once the bookies are back, a waiting takeover completes: the highest epoch claimed is published;
+(g) no two brokers have entries acknowledged in ledgers of one epoch.
+
+A takeover need not wait for the old leader's session: a follower that suspects the leader
+(:mod:`broker.server.standing.suspicion`) deletes its ``leader`` and election nodes if they still
+name its session and epoch (:func:`unseat`), and the next broker in the election queue takes
+over while the old leader may still be alive and writing. The queue is modelled too (a broker
+takes over only once its node is first), and the suspecting followers' steps interleave with the
+old leader's writes and with each other's.
 
 The pre-fix decisions (an epoch read, then a log CAS checking only the log's
 version; a `leader` node replaced whatever it held) are kept here as
@@ -26,6 +34,13 @@ import copy
 
 import pytest
 
+from broker.server.standing.suspicion import (
+    DeleteNodes,
+    ReadElectionNodes,
+    ReadLeaderNode,
+    Suspect,
+    unseat,
+)
 from broker.server.standing.takeover_steps import (
     CONFLICT,
     STALE,
@@ -64,6 +79,8 @@ class World:
         self.acked: set = set()
         self.bookies = ENSEMBLE  # live bookies
         self.burned = 0  # epochs claimed whose ledger could not be created
+        self.queue: list[tuple[str, int]] = []  # the election queue: (broker, owner session), first leads
+        self.writers: dict[int, str] = {}  # epoch -> the broker whose entries were acknowledged in it
         self.violations: list[str] = []
 
     def key(self):
@@ -80,6 +97,8 @@ class World:
             tuple(sorted(self.acked)),
             self.bookies,
             self.burned,
+            tuple(self.queue),
+            tuple(sorted(self.writers.items())),
             tuple(self.violations),
         )
 
@@ -139,14 +158,34 @@ class World:
         self.sessions[broker] = old + 10
         if self.leader is not None and self.leader[1] == old:
             self.leader = None
+        if (broker, old) in self.queue:  # its election node goes; the candidacy stands again, last in line
+            self.queue = [n for n in self.queue if n != (broker, old)] + [(broker, old + 10)]
+
+    def delete_nodes(self, effect: DeleteNodes) -> bool:
+        """The unseat multi-op: the leader node at its version and the named election nodes, or nothing."""
+        names = {f"n{i}": node for i, node in enumerate(self.queue)}
+        if self.leader is None or self.leader[2] != effect.leader_version:
+            return False
+        if any(name not in names for name, _ in effect.election):
+            return False
+        gone = {names[name] for name, _ in effect.election}
+        self.leader = None
+        self.queue = [n for n in self.queue if n not in gone]
+        return True
+
+    def first_in_line(self, broker: str) -> bool:
+        return bool(self.queue) and self.queue[0][0] == broker
 
     # ---------------------------------------------------------------- bookies
-    def add(self, ledger_id: int) -> bool:
+    def add(self, ledger_id: int, broker: str = "") -> bool:
         epoch, state, fenced, count = self.ledgers[ledger_id]
         if fenced or state == CLOSED:
             return False
         self.ledgers[ledger_id][3] = count + 1
         self.acked.add((ledger_id, count))
+        writer = self.writers.setdefault(epoch, broker)
+        if writer != broker:
+            self.violations.append(f"(g) brokers {writer} and {broker} both committed in epoch {epoch}")
         if any(x["epoch"] > epoch for x in self.log):
             self.violations.append(
                 f"(a) entry {count} acknowledged in ledger {ledger_id} of epoch {epoch} "
@@ -167,11 +206,23 @@ class World:
         entry[1], entry[2] = CLOSED, True
         return entry[3] - 1
 
-    def enabled(self, action) -> bool:
-        """A broker waiting for bookies (out of the election) moves only once they are back."""
+    def enabled(self, action, broker: str = "") -> bool:
+        """A broker waiting for bookies (out of the election) moves only once they are back; one waiting
+        for its turn, once its election node is first."""
+        if action == ("await_turn",):
+            return self.first_in_line(broker)
         return action != ("await_bookies",) or self.bookies >= ENSEMBLE
 
     def perform(self, broker: str, action):
+        if isinstance(action, ReadLeaderNode):
+            if self.leader is None:
+                return None
+            epoch, owner, version = self.leader
+            return {"epoch": epoch}, owner, version
+        if isinstance(action, ReadElectionNodes):
+            return [(f"n{i}", owner, 0) for i, (_, owner) in enumerate(self.queue)]
+        if isinstance(action, DeleteNodes):
+            return self.delete_nodes(action)
         if isinstance(action, CountBookies):
             return self.bookies
         if isinstance(action, RecoveryShortfall):
@@ -190,7 +241,8 @@ class World:
             "create": lambda: self.create_ledger(*args),
             "publish": lambda: self.publish(broker, *args),
             "publish_legacy": lambda: self.publish_legacy(broker, *args),
-            "add": lambda: self.add(*args),
+            "add": lambda: self.add(*args, broker),
+            "await_turn": lambda: None,
             "close": lambda: self.close_own(*args),
             "read_epoch": lambda: self.epoch,
             "await_bookies": lambda: None,
@@ -254,6 +306,25 @@ def old_leader_rolls(claim: EpochClaim, ledger_id: int, legacy: bool):
         yield ("add", new)
     except (LostLeadership, LedgerError):  # LedgerError: the old log check refusing an older ledger id
         return
+
+
+def old_leader_writes(claim: EpochClaim, ledger_id: int, adds: int):
+    """A leader that was suspected but is alive (paused, slow): it goes on writing, then rolls."""
+    for _ in range(adds - 1):
+        if not (yield ("add", ledger_id)):
+            return
+    yield from old_leader_rolls(claim, ledger_id, legacy=False)
+
+
+def suspects_and_takes_over(adds: int = 1):
+    """A follower whose watch suspects the leader its leader node names now: it takes that leader's
+    place in the election (the real unseat steps), then takes over once its own node is first."""
+    node = yield ReadLeaderNode()
+    if node is not None:
+        info, owner, _version = node
+        yield from unseat(Suspect(0, info["epoch"], owner))
+    yield ("await_turn",)
+    yield from takes_over(legacy=False, adds=adds)
 
 
 def wait_for_bookies():
@@ -331,7 +402,7 @@ class Explorer:
         world.check_state()
         self.violations.update(world.violations)
         paths = 0
-        live = [n for n, b in brokers.items() if not b.done and world.enabled(b.pending)]
+        live = [n for n, b in brokers.items() if not b.done and world.enabled(b.pending, n)]
         for name in live:
             nxt = copy.deepcopy(world)
             result = nxt.perform(name, brokers[name].pending)
@@ -363,7 +434,8 @@ def old_leader_world(brokers: list[str]) -> tuple[World, EpochClaim, int]:
     ledger = world.create_ledger(claim.epoch)
     assert world.write_log(appended([], ledger, claim.epoch), -1, claim) == WRITTEN
     assert world.publish("a", claim)
-    assert world.add(ledger)
+    assert world.add(ledger, "a")
+    world.queue = [(name, world.sessions[name]) for name in brokers]  # `a` leads: its node is first
     return world, claim, ledger
 
 
@@ -444,3 +516,67 @@ def test_a_takeover_without_the_check_burns_epochs():
     explorer = short_of_bookies(legacy=True, three=True, returns=1)
     found = {v[:3] for v in explorer.violations}
     assert {"(e)", "(f)"} <= found, sorted(explorer.violations)[:5]
+
+
+def explore_suspicions(suspecting: int, old_adds: int, expiries: int = 0) -> Explorer:
+    """Epoch 1's leader `a` alive and writing while `suspecting` followers suspect it at once."""
+    names = ["a", "b", "c"][: suspecting + 1]
+    world, claim, ledger = old_leader_world(names)
+    programs = {"a": Broker(lambda: old_leader_writes(claim, ledger, old_adds))}
+    for name in names[1:]:
+        programs[name] = Broker(lambda: suspects_and_takes_over())
+    explorer = Explorer(expiries)
+    explorer.paths = explorer.run(world, programs)
+    return explorer
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "suspecting, old_adds, expiries",
+    [(1, 2, 1), (2, 1, 0)],
+    ids=["one-follower-suspects-a-live-leader", "two-followers-suspect-at-once"],
+)
+def test_a_takeover_that_does_not_wait_for_the_old_session_keeps_the_invariants(
+    suspecting, old_adds, expiries
+):
+    """The old leader is alive and writing while suspecting followers unseat it and take over:
+    every interleaving keeps (a)-(d), (f) and (g): no acknowledged write lost, no two leaders
+    committing in one epoch, the old leader's writes after the fence refused."""
+    explorer = explore_suspicions(suspecting, old_adds, expiries)
+    print(
+        f"{suspecting} suspecting follower(s), old leader writing: {explorer.paths} interleavings "
+        f"({explorer.states} states)"
+    )
+    assert explorer.paths > 1000
+    assert not explorer.violations, sorted(explorer.violations)[:5]
+
+
+@pytest.mark.timeout(60)
+def test_the_unseated_leaders_write_after_the_fence_is_refused():
+    """One schedule: `b` unseats the live leader `a`, takes over (fencing ledger 0), then `a` writes."""
+    world, claim, ledger = old_leader_world(["a", "b"])
+    b = Broker(lambda: suspects_and_takes_over(adds=0))
+    while not b.done:
+        assert world.enabled(b.pending, "b"), b.pending
+        b = b.after(world.perform("b", b.pending))
+    assert world.queue == [("b", world.sessions["b"])] and world.leader[0] == 2
+    assert world.add(ledger, "a") is False  # fenced by b's recovery
+    assert not world.violations
+
+
+@pytest.mark.timeout(60)
+def test_a_second_suspicion_of_the_old_leader_does_not_unseat_its_successor():
+    """`c` suspected `a` too, but acts only after `b` leads: its unseat finds b's nodes and moves on."""
+    world, _claim, _ledger = old_leader_world(["a", "b", "c"])
+    epoch, owner, _ = world.leader
+    b = Broker(lambda: suspects_and_takes_over(adds=0))
+    while not b.done:
+        b = b.after(world.perform("b", b.pending))
+    steps = unseat(Suspect(0, epoch, owner))
+    result = None
+    try:
+        while True:
+            result = world.perform("c", steps.send(result))
+    except StopIteration as done:
+        assert done.value == "moved_on"
+    assert world.leader is not None and world.leader[0] == 2 and world.first_in_line("b")

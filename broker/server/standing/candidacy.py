@@ -78,6 +78,8 @@ class Candidacy:
         self._declined = False
         self._reason = ""
         self._changed = threading.Event()
+        # A leader our leader watch suspects: counted as gone by the standing rules until it is replaced.
+        self._suspected: int | None = None
 
     def poke(self) -> None:
         """Something the standing rules read changed (the elect request): look again now."""
@@ -88,6 +90,24 @@ class Candidacy:
         if self._election is not None:
             self._election.cancel()
 
+    def may_stand_without(self, suspected: int) -> bool:
+        """The leader watch suspects broker ``suspected``: whether we may stand with it counted as gone.
+
+        Kept until :meth:`replaced`, so that a follower outside the in-sync set whose only live
+        member was the suspected leader stands now (``allow_lagging_leader``), not after the
+        suspect's session expired.
+        """
+        self._suspected = suspected
+        ok = not self.stop.is_set() and self.may_lead() and self.may_stand()
+        self._changed.set()
+        return ok
+
+    def replaced(self) -> None:
+        """The leader node names a leader again: stop counting the suspected one as gone."""
+        if self._suspected is not None:
+            self._suspected = None
+            self._changed.set()
+
     def may_stand(self) -> bool:
         """Whether we may stand now; each change of the reason is logged once."""
         try:
@@ -95,7 +115,14 @@ class Candidacy:
             ok, why = (
                 (False, why)
                 if why
-                else standing(self.zk, self.paths, self.broker_id, self.config, watch=self._on_change)
+                else standing(
+                    self.zk,
+                    self.paths,
+                    self.broker_id,
+                    self.config,
+                    watch=self._on_change,
+                    gone=self._suspected,
+                )
             )
         except (KazooException, ElectionError) as exc:
             ok, why = False, f"cannot read the in-sync set: {exc}"

@@ -2,8 +2,11 @@
 
 While it leads, a broker runs an :class:`InSyncTracker` thread: every
 ``insync_check_ms`` it reads the log, the closed ledgers' lengths and the live
-nodes, measures each follower's lag, and rewrites ``insync`` when the set
-changed (an epoch-checked CAS: a stale leader's write fails and it steps down).
+nodes, measures each follower's lag (from the position the follower last reported
+in its heartbeat, :mod:`broker.server.standing.reports`, else from its live node),
+and rewrites ``insync`` when the set changed (an epoch-checked CAS: a stale
+leader's write fails and it steps down). A member is dropped only once its lag
+lasted :data:`~broker.server.standing.reports.DROP_AFTER_CHECKS` checks in a row.
 It also serves a pending ``admin elect``: it refuses a target that is not a
 live, in-sync, caught-up non-learner, and otherwise steps down once the target
 is the only other contender in the election queue, so the target wins next.
@@ -29,6 +32,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
 from broker.server.config import BrokerConfig
+from broker.server.standing.reports import SteadyMembers
 from election import ElectionError
 from election.insync import (
     CatchUpClock,
@@ -62,17 +66,20 @@ def standing(
     broker_id: int,
     config: BrokerConfig,
     watch: Callable[[Any], None] | None = None,
+    gone: int | None = None,
 ) -> tuple[bool, str]:
     """Whether this broker may stand for election now (:func:`election.insync.may_stand` on live data).
 
     ``watch`` is armed on what the answer depends on (the in-sync set, the live brokers,
-    the elect request): it fires once when any of them changes.
+    the elect request): it fires once when any of them changes. ``gone``: a broker counted as
+    not alive whatever its live node says (a leader this follower suspects: its live node
+    stays until its session expires).
     """
     if watch is not None:
         zk.exists(paths.insync, watch=watch)
         zk.exists(paths.elect, watch=watch)
     doc, _ = read_insync(zk, paths)
-    alive = set(live_broker_ids(zk, paths, watch=watch))
+    alive = set(live_broker_ids(zk, paths, watch=watch)) - {gone}
     elect = read_elect(zk, paths)
     target = elect.get("target") if elect and "refused" not in elect else None
     members = set(doc["members"]) if doc else None
@@ -80,10 +87,17 @@ def standing(
 
 
 def follower_lags(
-    zk: KazooClient, paths: ClusterPaths, leader_positions: list, lengths: dict[int, int], leader_id: int
+    zk: KazooClient,
+    paths: ClusterPaths,
+    leader_positions: list,
+    lengths: dict[int, int],
+    leader_id: int,
+    reported: dict[int, list | None] | None = None,
 ) -> tuple[list[dict[int, int | None]], dict[int, dict]]:
     """Each live follower's entries behind each of ``leader_positions``, from one reading of the
-    log and the live nodes (``lengths`` caches closed ledgers)."""
+    log and the live nodes (``lengths`` caches closed ledgers); a follower's position is the one
+    it ``reported`` in its heartbeat when there is one (fresher than its live node's)."""
+    reported = reported or {}
     ledgers, _ = read_log(zk, paths)
     ids = [entry["id"] for entry in ledgers]
     # The last ledger of the log is the one we write: open while we lead, so never read.
@@ -95,7 +109,7 @@ def follower_lags(
     live = {broker_id: info for broker_id, info in live_brokers(zk, paths).items() if broker_id != leader_id}
     lags = [
         {
-            broker_id: entries_behind(info.get("position"), position, ids, lengths)
+            broker_id: entries_behind(reported.get(broker_id, info.get("position")), position, ids, lengths)
             for broker_id, info in live.items()
         }
         for position in leader_positions
@@ -118,8 +132,11 @@ class InSyncTracker:
         hand_over: Callable[[int], None],
         lost: Callable[[str], None],
         clock: Clock = SYSTEM_CLOCK,
+        reports: Callable[[], dict[int, list | None]] = dict,
     ) -> None:
         self.zk, self.paths, self.config, self.clock = zk, paths, config, clock
+        self.reports = reports  # each follower's position from its heartbeats, when fresh
+        self.steady = SteadyMembers()
         self.broker_id, self.epoch = broker_id, epoch
         self.position, self.contenders, self.hand_over, self.lost = position, contenders, hand_over, lost
         self.catch_up = CatchUpClock(config.max_lag_entries, config.max_time_not_caught_up_s)
@@ -187,11 +204,14 @@ class InSyncTracker:
         position = self.position()
         position = list(position) if position else None
         wanted = [position] if self._previous_position is None else [position, self._previous_position]
-        found, live = follower_lags(self.zk, self.paths, wanted, self._lengths, self.broker_id)
+        found, live = follower_lags(
+            self.zk, self.paths, wanted, self._lengths, self.broker_id, self.reports()
+        )
         lags, previous = found[0], (found[1] if len(found) > 1 else {})
         self._previous_position = position
         learners = {broker_id for broker_id, info in live.items() if info.get("learner")}
-        members = self.catch_up.members(self.broker_id, lags, previous, learners, now)
+        computed = self.catch_up.members(self.broker_id, lags, previous, learners, now)
+        members = self.steady.members(self.broker_id, computed, set(live) - learners, self.members)
         if members != self.members:
             write_insync(self.zk, self.paths, members, self.epoch)
             if self.members is not None:

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -190,6 +191,14 @@ def roll_ledger(
     return writer
 
 
+def newer_epoch(data: bytes, epoch: int) -> bool:
+    """Whether a ``leader`` node's data names an epoch above ``epoch`` (unreadable data does not)."""
+    try:
+        return int(json.loads(data)["epoch"]) > epoch
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def epoch_started(epoch: int, broker_id: int, now_ms: int) -> dict:
     """The first entry of every epoch (``now_ms`` in leader time)."""
     return {"type": "EpochStarted", "epoch": epoch, "broker_id": broker_id, "now_ms": now_ms}
@@ -248,7 +257,9 @@ class Takeover:
         return self.session
 
     def _keep_published(self, info: dict, claim: EpochClaim) -> None:
-        """Publish the `leader` node again if it vanishes while we still lead (an expired session)."""
+        """Publish the `leader` node again if it vanishes while we still lead (an expired session, or a
+        follower that suspected us); step down once it names a newer epoch (we were replaced while
+        paused: an idle leader would otherwise learn it only at its next write, which is fenced)."""
         session = self.session
 
         def leading() -> bool:
@@ -273,6 +284,12 @@ class Takeover:
                 return False  # ends the watch
             if data is None:
                 threading.Thread(target=republish, name="republish-leader", daemon=True).start()
+            elif newer_epoch(data, claim.epoch):
+                log.warning(
+                    "leadership lost: the leader node names an epoch newer than ours (%d)", claim.epoch
+                )
+                self.step_down.set()
+                return False
             return None
 
         self.zk.DataWatch(self.paths.leader, on_change)

@@ -135,6 +135,7 @@ class LeaderTerm:
                 hand_over=self.hand_over,
                 lost=self.lost,
                 clock=self.clock,
+                reports=self.server.reports.fresh,
             )
             tracker.start()
             try:
