@@ -107,3 +107,14 @@ def test_three_servers_reach_quorum_serve_kazoo_and_survive_losing_the_leader(pr
         stopped = procs.run(["zk", "stop", "--data", str(data)])
     assert stopped.returncode == 0, stopped.stderr.decode()
     assert all(four_letter("127.0.0.1", client + i) is None for i in range(3))
+
+
+def test_dev_up_refuses_an_ensemble_on_test_hosts_and_an_even_count(procs, tmp_path):
+    on_hosts = procs.run(
+        ["dev", "up", "--dev-dir", str(tmp_path / "d1"), "--zk-servers", "3", "--hosts", "2"]
+    )
+    assert on_hosts.returncode == 1
+    assert "--zk-servers > 1 cannot go with --hosts" in on_hosts.stderr.decode()
+    even = procs.run(["dev", "up", "--dev-dir", str(tmp_path / "d2"), "--zk-servers", "2"])
+    assert even.returncode == 2
+    assert not (tmp_path / "d1" / "cluster.json").exists() and not (tmp_path / "d2").exists()
