@@ -5,7 +5,8 @@ At start the store is opened and refused if it belongs to another cluster (its
 a store without ``store.status`` gets one (its initial signature: the cluster's id and
 creation time from ``config``, the same for every member, so that the stores of one
 cluster agree), and the status is marked dirty before the broker serves or tails; a store that was not closed in
-order is verified in full; a damaged one is moved aside (one CRITICAL line) and
+order is verified in full (a store closed in order is verified in the background once the broker
+runs, :mod:`broker.server.store.start_verify`); a damaged one is moved aside (one CRITICAL line) and
 rebuilt: from this broker's newest snapshot that verifies and that the log
 covers, else from the ledgers alone while the log still starts at the
 beginning, else from another broker's snapshot. A store the log no longer
@@ -81,6 +82,9 @@ class StoreKeeper:
         # store.status as it was at start, before the broker marked it dirty (who may lead
         # after a cluster shutdown depends on it).
         self.start_status: StoreStatus | None = None
+        # The report of the full verification that :meth:`verified` ran on the store it returned
+        # (one not closed in order), else None: the start's check then runs in the background.
+        self.verified_report: dict | None = None
 
     def attach(self, broker_id: int, catalog: SnapshotCatalog) -> None:
         """What rebuilding needs once the broker knows who it is: its id and its snapshots."""
@@ -139,6 +143,7 @@ class StoreKeeper:
     def verified(self, store: StateStore | None) -> StateStore:
         """Verify a store that was not closed in order, rebuild a damaged one, install a snapshot
         into one the log alone cannot bring up to date; the result is marked in use (not clean)."""
+        report = None
         if store is not None and not store.was_clean():
             log.info("the state store was not closed in order: verifying it")
             try:
@@ -153,7 +158,10 @@ class StoreKeeper:
                 store.close()
                 self.set_aside(exc)
                 store = None
-        store = self.rebuild() if store is None else self.open(join=True, store=store)
+        opened = self.rebuild() if store is None else self.open(join=True, store=store)
+        # A snapshot installed over it is another store: that one is checked after the start.
+        self.verified_report = report if opened is store else None
+        store = opened
         mark_in_use(self.data)  # before the first write that is not fsynced
         store.mark_dirty()
         mark_dirty(self.data)  # from now on the state moves: no longer the one a shutdown left

@@ -14,10 +14,16 @@ that no request reads the store meanwhile, and each under the checkpointer's loc
 * **a gap** (the tail's position lies in a ledger retention deleted): a snapshot is
   installed and the tail goes on from it (:meth:`RunningStore.rejoin`).
 
+Every store it serves from is checked in full once, in the background, before the broker may
+stand for election (its :class:`~broker.server.store.start_verify.StoreVerification`): the one
+the start handed over (:meth:`RunningStore.verify_started`) and each one that replaced it. A check
+that finds damage calls :meth:`RunningStore.damaged`, as a checkpoint does.
+
 Example::
 
     running = RunningStore(started.store, keeper, catalog, ledgers, server, checkpointer, config,
                            stop_event, step_down, hooks=RunningHooks(...), clock=clock)
+    running.verify_started(keeper.verified_report)   # until it passed: not standing for election
     running.start_tail()           # following
     running.stop_tail()            # a takeover begins
     running.damaged(exc)           # any thread: stop serving from it, rebuild it
@@ -37,6 +43,7 @@ from broker.server.store.checkpoints import Checkpointer
 from broker.server.store.follower import FollowerTail
 from broker.server.store.guard import quarantine
 from broker.server.store.keeper import StoreKeeper
+from broker.server.store.start_verify import StoreVerification
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -84,6 +91,7 @@ class RunningStore:
         step_down: threading.Event,
         hooks: RunningHooks,
         clock: Clock = SYSTEM_CLOCK,
+        verified: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.keeper, self.catalog, self.ledgers = keeper, catalog, ledgers
@@ -94,11 +102,22 @@ class RunningStore:
         self._tail: FollowerTail | None = None
         self._damaged = threading.Event()
         self._damage_lock = threading.Lock()
+        # ``verified()``: the served store passed its check (the broker may stand now).
+        self.verification = StoreVerification(
+            keeper.state_dir, damaged=self.damaged, passed=verified, stop=stop, clock=clock
+        )
 
     @property
     def is_damaged(self) -> bool:
         """A damaged store awaits its rebuild: never served, nor led from, meanwhile."""
         return self._damaged.is_set()
+
+    def verify_started(self, report: dict | None) -> None:
+        """Check the store the start handed over, unless the start verified it in full (``report``)."""
+        if report is not None:
+            self.verification.verified_at_open(report)
+        else:
+            self.verification.begin("after its start")
 
     # ------------------------------------------------------------ follower tail
     def start_tail(self) -> None:
@@ -144,6 +163,7 @@ class RunningStore:
     def rejoin(self) -> None:
         """The tail found its position in a deleted ledger: install a snapshot, then tail again (server thread)."""
         self.stop_tail()
+        self.verification.abandon()  # a check of the old files must not judge the new ones
         with self.checkpointer.lock:
             self.store.close()
             try:
@@ -152,6 +172,7 @@ class RunningStore:
                 self.hooks.fail(exc)
                 return
             self._serve_new_store()
+        self.verification.begin("installed from a snapshot")
         self.start_tail()
 
     def damaged(self, exc: Exception) -> None:
@@ -175,6 +196,7 @@ class RunningStore:
     def _rebuild(self) -> None:
         """Swap the damaged store for a rebuilt one (server thread, so no request reads it meanwhile)."""
         self.stop_tail()
+        self.verification.abandon()
         with self.checkpointer.lock:
             self.store.close()
             try:
@@ -186,6 +208,8 @@ class RunningStore:
                 self.hooks.fail(exc)
                 return
             self._serve_new_store()
+        # The gate closes before the damage flag clears: no moment in which the rebuilt store may lead.
+        self.verification.begin("after its rebuild")
         self._damaged.clear()
         self.server.writable = self.hooks.connected()
         self.hooks.live_changed()
