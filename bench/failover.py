@@ -2,8 +2,9 @@
 
 Run as ``python -m bench.failover [--json] [--rounds N]`` (or ``fencepost bench
 failover``). It starts a private dev cluster (ZooKeeper, 3 bookies, 3 brokers,
-ZooKeeper session timeout ``--zk-session-timeout``, 2 s by default) in a
-temporary directory and stops it at the end, whatever happens. While
+ZooKeeper session timeout ``--zk-session-timeout``, by default the broker's own default of
+10 s: followers watch the leader directly, so a dead leader's failover does not wait for its
+session to expire) in a temporary directory and stops it at the end, whatever happens. While
 ``producers`` threads submit (``submit_many`` of ``batch`` tasks with keys), each
 round:
 
@@ -18,6 +19,9 @@ round:
    measured the same way; then restarts that broker too;
 4. **elect**: ``admin elect`` hands leadership to an in-sync follower (the leader steps
    down once the target is next in line); measured the same way.
+4b. **sigstop**: SIGSTOPs the leader's process group for 5 s, then SIGCONTs it (a paused
+   leader: its followers' heartbeats go unanswered for ``leader_timeout_s``); measured the
+   same way; the woken leader must step down and follow (``sigstop_stepped_down``).
 
 5. **partition** (only on test hosts, ``--hosts N``, N >= 3): cuts the leader's host
    from every other host and this machine (the process keeps running); measured the
@@ -66,24 +70,33 @@ from bench.failover_events import (
     one_event,
     partition_round,
     restart_member,
+    sigstop_round,
     wait_caught_up,
 )
 from bench.failover_watch import LeaderWatch, Producers
+from broker.server.config import BrokerConfig
+
+# The brokers' own defaults: the cluster runs with them unless told otherwise.
+SESSION_TIMEOUT_S = BrokerConfig.zk_session_timeout_s
+LEADER_TIMEOUT_S = BrokerConfig.leader_timeout_s
 
 TARGETS = {
-    "kill_median_s": 3.0,
-    "graceful_median_s": 0.5,
-    "elect_median_s": 0.5,
+    "kill_median_s": 1.0,
+    "kill_max_s": 1.5,
+    "graceful_median_s": 0.2,
+    "elect_median_s": 0.3,
+    "sigstop_median_s": LEADER_TIMEOUT_S + 0.5,
     "lagging_joiner_kill_s": 3.0,
 }
 # A leader cut off from everything must be replaced within the failover target of a kill.
 PARTITION_TARGET_S = 3.0
-EVENTS = ("kill", "graceful", "elect", "partition", "joiner")
+EVENTS = ("kill", "graceful", "elect", "sigstop", "partition", "joiner")
 EVENT_TARGETS = {
-    "kill": "kill_median_s",
-    "graceful": "graceful_median_s",
-    "elect": "elect_median_s",
-    "joiner": "lagging_joiner_kill_s",
+    "kill": ("kill_median_s", "kill_max_s"),
+    "graceful": ("graceful_median_s",),
+    "elect": ("elect_median_s",),
+    "sigstop": ("sigstop_median_s",),
+    "joiner": ("lagging_joiner_kill_s",),
 }
 # One bookie per host: a cut host takes a bookie with it, and the ack quorum (2) needs two more.
 MIN_HOSTS = 3
@@ -93,6 +106,7 @@ LABELS = {
     "graceful_median_s": "SIGTERM leader: first new write, median (s)",
     "graceful_max_s": "SIGTERM leader: first new write, max (s)",
     "elect_median_s": "admin elect: first new write, median (s)",
+    "sigstop_median_s": "SIGSTOP leader 5 s: first new write, median (s)",
     "lagging_joiner_kill_s": "SIGKILL leader with a lagging joiner: first new write (s)",
     "partition_median_s": "leader's host cut off: first new write, median (s)",
     "partition_max_s": "leader's host cut off: first new write, max (s)",
@@ -127,7 +141,7 @@ def run(
     rounds: int = 5,
     producers: int = 3,
     batch: int = 20,
-    zk_session_timeout: float = 2.0,
+    zk_session_timeout: float = SESSION_TIMEOUT_S,
     probe_timeout: float = 0.5,
     settle_s: float = 1.0,
     keep: bool = False,
@@ -146,6 +160,7 @@ def run(
     kills: list[dict] = []
     graceful: list[dict] = []
     elects: list[dict] = []
+    sigstops: list[dict] = []
     elect_errors: list[str] = []
     partitions: list[dict] = []
     catch_up: list[float] = []
@@ -183,6 +198,11 @@ def run(
                     out["round"] = r + 1
                     elects.append(out)
                     time.sleep(settle_s)
+                if "sigstop" in chosen:
+                    out = sigstop_round(bc, prod, watch, queue, probe_timeout, progress)
+                    out["round"] = r + 1
+                    sigstops.append(out)
+                    time.sleep(settle_s)
                 if "partition" in chosen:
                     out = partition_round(bc, prod, watch, queue, probe_timeout, progress)
                     out["round"] = r + 1
@@ -206,6 +226,9 @@ def run(
         "graceful_max_s": _max(graceful_times),
         "elect_median_s": _median([e["first_write_s"] for e in elects]),
         "elect_max_s": _max([e["first_write_s"] for e in elects]),
+        "sigstop_median_s": _median([s["first_write_s"] for s in sigstops]),
+        "sigstop_max_s": _max([s["first_write_s"] for s in sigstops]),
+        "sigstop_stepped_down": all(s["stepped_down"] for s in sigstops) if sigstops else None,
         "lagging_joiner_kill_s": joiner.get("first_write_s"),
         "lagging_joiner_lag": joiner.get("joiner_lag"),
         "lagging_joiner_led": joiner.get("joiner_led"),
@@ -220,6 +243,7 @@ def run(
         "graceful_producer_stall_median_s": _median([g["producer_stall_s"] for g in graceful]),
         "restart_catch_up_median_s": _median(catch_up),
         "zk_session_timeout_s": zk_session_timeout,
+        "leader_timeout_s": LEADER_TIMEOUT_S,
         "producers": producers,
         "batch": batch,
         "acked": acked,
@@ -231,6 +255,7 @@ def run(
         "kills": kills,
         "graceful": graceful,
         "elects": elects,
+        "sigstops": sigstops,
         "elect_errors": elect_errors,
         "lagging_joiner": joiner,
         **(_on_hosts(hosts, cpu_per_host, partitions) if hosts else {}),
@@ -240,7 +265,7 @@ def run(
     }
     if keep:
         result["run_dir"] = run_dir  # broker logs for a closer look (the processes are stopped)
-    targets = {EVENT_TARGETS[e]: TARGETS[EVENT_TARGETS[e]] for e in chosen if e in EVENT_TARGETS}
+    targets = {key: TARGETS[key] for e in chosen for key in EVENT_TARGETS.get(e, ())}
     if "partition" in chosen:
         targets["partition_median_s"] = PARTITION_TARGET_S
     result["targets"] = targets
@@ -250,6 +275,7 @@ def run(
         and result["duplicated"] == 0
         and not elect_errors
         and not joiner.get("joiner_led")
+        and result["sigstop_stepped_down"] is not False
     )
     return result
 
@@ -282,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--zk-session-timeout",
         type=float,
-        default=2.0,
-        help="the brokers' ZooKeeper session timeout (default 2 s)",
+        default=SESSION_TIMEOUT_S,
+        help=f"the brokers' ZooKeeper session timeout (default {SESSION_TIMEOUT_S:g} s, the brokers' own)",
     )
     parser.add_argument(
         "--probe-timeout",

@@ -12,6 +12,9 @@ with an empty data dir replays the whole history. On test hosts,
 machine instead (the process lives on), heals the cut and waits until the old
 leader has rejoined as a caught-up follower.
 
+:func:`sigstop_round` pauses the leader (SIGSTOP) for 5 s instead and checks that it
+follows the new leader once it resumes.
+
 Example::
 
     out, old_leader = one_event(bc, producers, watch, queue, signal.SIGKILL, 0.5, print)
@@ -184,6 +187,40 @@ def one_event(
     what = what or ("elect" if act is not None else ("SIGKILL" if sig == signal.SIGKILL else "SIGTERM"))
     progress(f"{what} (leader was broker {leader['index']}): {out}")
     return out, leader
+
+
+def sigstop_round(
+    bc: BenchCluster,
+    producers: Producers,
+    watch: LeaderWatch,
+    queue: str,
+    probe_timeout: float,
+    progress: Callable[[str], None],
+    pause_s: float = 5.0,
+) -> dict:
+    """SIGSTOP the leader's process group for ``pause_s`` (a leader paused, not dead), measured as
+    :func:`one_event`; then SIGCONT it and wait until it follows the new leader, caught up
+    (``stepped_down``: it no longer leads, ``rejoin_s`` from the SIGCONT)."""
+    timer: list[threading.Timer] = []
+
+    def stop(leader: dict) -> None:
+        os.killpg(leader["pid"], signal.SIGSTOP)
+        resume = threading.Timer(pause_s, lambda: os.killpg(leader["pid"], signal.SIGCONT))
+        resume.daemon = True
+        timer.append(resume)
+        resume.start()
+
+    try:
+        out, leader = one_event(bc, producers, watch, queue, 0, probe_timeout, progress, stop, "SIGSTOP")
+    finally:
+        for resume in timer:
+            resume.join()
+    resumed = time.monotonic()
+    wait_caught_up(bc, leader)
+    out["stepped_down"] = (bc.leader_info() or {}).get("address") != leader["address"]
+    out["rejoin_s"] = round(time.monotonic() - resumed, 3)
+    progress(f"SIGSTOP: broker {leader['index']} resumed and follows in {out['rejoin_s']}s")
+    return out
 
 
 def lagging_joiner_round(
