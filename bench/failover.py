@@ -28,7 +28,11 @@ round:
    same way, from the cut. Then the cut is healed and the round waits until the old
    leader has rejoined as a follower and caught up (``rejoin_s``, from the heal).
 
-After the rounds, one **lagging joiner** round: a broker with an empty data dir joins
+After the rounds, one **zk_outage** round (:mod:`bench.failover_zk_outage`): ZooKeeper is
+SIGKILLed for 30 s under the load and restarted; acknowledgements go on (the leader keeps
+committing), ``zk_outage_longest_gap_s`` is the longest gap between them (target 1 s).
+
+Then one **lagging joiner** round: a broker with an empty data dir joins
 (it replays the whole history, so it is not in the in-sync set) and the leader is
 SIGKILLed at once; an in-sync follower must take over within the kill target
 (``lagging_joiner_kill_s``; ``lagging_joiner_led`` must be false).
@@ -74,6 +78,8 @@ from bench.failover_events import (
     wait_caught_up,
 )
 from bench.failover_watch import LeaderWatch, Producers
+from bench.failover_zk_outage import GAP_TARGET_S as ZK_OUTAGE_GAP_TARGET_S
+from bench.failover_zk_outage import zk_outage_result, zk_outage_round
 from broker.server.config import BrokerConfig
 
 # The brokers' own defaults: the cluster runs with them unless told otherwise.
@@ -90,7 +96,7 @@ TARGETS = {
 }
 # A leader cut off from everything must be replaced within the failover target of a kill.
 PARTITION_TARGET_S = 3.0
-EVENTS = ("kill", "graceful", "elect", "sigstop", "partition", "joiner")
+EVENTS = ("kill", "graceful", "elect", "sigstop", "partition", "zk_outage", "joiner")
 EVENT_TARGETS = {
     "kill": ("kill_median_s", "kill_max_s"),
     "graceful": ("graceful_median_s",),
@@ -110,6 +116,7 @@ LABELS = {
     "lagging_joiner_kill_s": "SIGKILL leader with a lagging joiner: first new write (s)",
     "partition_median_s": "leader's host cut off: first new write, median (s)",
     "partition_max_s": "leader's host cut off: first new write, max (s)",
+    "zk_outage_longest_gap_s": "ZooKeeper down 30 s: longest gap between acknowledgements (s)",
 }
 
 
@@ -165,6 +172,7 @@ def run(
     partitions: list[dict] = []
     catch_up: list[float] = []
     joiner: dict = {}
+    zk_outage: dict = {}
     with BenchCluster(
         zk_session_timeout=zk_session_timeout,
         keep=keep,
@@ -208,6 +216,8 @@ def run(
                     out["round"] = r + 1
                     partitions.append(out)
                     time.sleep(settle_s)
+            if "zk_outage" in chosen:
+                zk_outage = zk_outage_round(bc, prod, progress)
             if "joiner" in chosen:
                 joiner = lagging_joiner_round(bc, prod, watch, queue, probe_timeout, progress)
         finally:
@@ -258,6 +268,7 @@ def run(
         "sigstops": sigstops,
         "elect_errors": elect_errors,
         "lagging_joiner": joiner,
+        **zk_outage_result(zk_outage),
         **(_on_hosts(hosts, cpu_per_host, partitions) if hosts else {}),
         **({"events": list(chosen)} if events is not None else {}),
         "started_at": started_at,
@@ -268,6 +279,8 @@ def run(
     targets = {key: TARGETS[key] for e in chosen for key in EVENT_TARGETS.get(e, ())}
     if "partition" in chosen:
         targets["partition_median_s"] = PARTITION_TARGET_S
+    if "zk_outage" in chosen:
+        targets["zk_outage_longest_gap_s"] = ZK_OUTAGE_GAP_TARGET_S
     result["targets"] = targets
     result["targets_met"] = (
         all(result[key] is not None and result[key] <= target for key, target in targets.items())

@@ -75,7 +75,7 @@ def test_headline_names_the_scaling_and_the_one_shard_baseline():
 
 
 def test_failover_events_by_default_and_on_hosts():
-    assert failover.chosen_events(None, 0) == ("kill", "graceful", "elect", "sigstop", "joiner")
+    assert failover.chosen_events(None, 0) == ("kill", "graceful", "elect", "sigstop", "zk_outage", "joiner")
     assert failover.chosen_events(None, 3) == failover.EVENTS
     assert failover.chosen_events(["partition", "kill"], 3) == ("kill", "partition")
     for events, hosts in ((["partition"], 0), (["bogus"], 3), ([""], 0), (None, 2)):
