@@ -290,7 +290,7 @@ class BrokerNode:
                 self.paths,
                 self.identity.broker_id,
                 cfg,
-                position=lambda: self.store.position(),
+                position=self.running.position,  # None while a rebuild or a rejoin swaps the store
                 may_act=self.candidacy.may_stand_without,
                 cleared=self.candidacy.replaced,
                 stop=self.stop_event,

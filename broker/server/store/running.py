@@ -102,6 +102,7 @@ class RunningStore:
         self._tail: FollowerTail | None = None
         self._damaged = threading.Event()
         self._damage_lock = threading.Lock()
+        self._replacing = threading.Event()  # the store is closed and another one opened meanwhile
         # ``verified()``: the served store passed its check (the broker may stand now).
         self.verification = StoreVerification(
             keeper.state_dir, damaged=self.damaged, passed=verified, stop=stop, clock=clock
@@ -111,6 +112,17 @@ class RunningStore:
     def is_damaged(self) -> bool:
         """A damaged store awaits its rebuild: never served, nor led from, meanwhile."""
         return self._damaged.is_set()
+
+    def position(self) -> tuple[int, int] | None:
+        """The served store's position, for threads beside the request loop: None while the store is
+        being replaced (the old one is closed; a read of it would say damaged)."""
+        store = self.store
+        try:
+            return store.position()
+        except StoreDamaged:
+            if self._replacing.is_set() or store is not self.store:
+                return None
+            raise
 
     def verify_started(self, report: dict | None) -> None:
         """Check the store the start handed over, unless the start verified it in full (``report``)."""
@@ -165,6 +177,7 @@ class RunningStore:
         self.stop_tail()
         self.verification.abandon()  # a check of the old files must not judge the new ones
         with self.checkpointer.lock:
+            self._replacing.set()
             self.store.close()
             try:
                 self.store = self.keeper.open(join=True)
@@ -172,6 +185,7 @@ class RunningStore:
                 self.hooks.fail(exc)
                 return
             self._serve_new_store()
+            self._replacing.clear()
         self.verification.begin("installed from a snapshot")
         self.start_tail()
 
@@ -198,6 +212,7 @@ class RunningStore:
         self.stop_tail()
         self.verification.abandon()
         with self.checkpointer.lock:
+            self._replacing.set()
             self.store.close()
             try:
                 aside = quarantine(self.keeper.state_dir, self.clock)
@@ -208,6 +223,7 @@ class RunningStore:
                 self.hooks.fail(exc)
                 return
             self._serve_new_store()
+            self._replacing.clear()
         # The gate closes before the damage flag clears: no moment in which the rebuilt store may lead.
         self.verification.begin("after its rebuild")
         self._damaged.clear()
