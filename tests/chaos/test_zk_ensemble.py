@@ -6,12 +6,16 @@ the other two keep a quorum and every member carries on in its session: the long
 acknowledgement is printed (target under 1 s; the assertion's bound is 5 s, for a loaded machine).
 Each server is restarted and rejoins; then nothing acknowledged is lost or duplicated (every task
 found, every key resubmitted maps to its id), and the brokers converge on one position and digest.
+A 20-second `fencepost chaos --zk-servers 3` run kills single servers among its faults and finds no
+anomaly.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -20,9 +24,9 @@ from devtools.chaos_observe import Observer
 from devtools.dev_spec import DevClusterSpec
 from devtools.devcluster import DevCluster
 from devtools.history import History, check
-from devtools.procs import pid_alive
+from devtools.procs import fencepost_command, pid_alive
 from devtools.zk_ensemble import FOLLOWER, LEADER, server_mode, wait_quorum
-from tests.support.harness import wait_for
+from tests.support.harness import REPO, wait_for
 from tests.support.hosted import KeyedLoad, converged, longest_gap
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(180)]
@@ -91,3 +95,44 @@ def test_losing_one_zookeeper_server_pauses_writes_under_a_second_and_loses_noth
         if load is not None:
             load.stop()
         dev.down()
+
+
+# Its 20-second schedule on 3 ZooKeeper servers kills zk-1 at 3.8 s and zk-3 at 7.4 s (each back after
+# about a second), among 6 faults (a follower's kill, a worker's, two poison bursts): the second kill
+# leaves 12 s of slack for the first one's restart on a loaded machine.
+ENSEMBLE_SEED = 1733
+
+
+def test_twenty_second_chaos_run_on_an_ensemble_kills_servers_and_finds_no_anomaly(tmp_path):
+    run_dir = tmp_path / "chaos"
+    args = [
+        "--seconds",
+        "20",
+        "--zk-servers",
+        "3",
+        "--seed",
+        str(ENSEMBLE_SEED),
+        "--json",
+        "--dir",
+        str(run_dir),
+    ]
+    proc = subprocess.Popen(
+        fencepost_command("chaos", *args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:  # SIGTERM: the run stops its cluster as on Ctrl-C
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+    report = json.loads(out)
+    assert report["zk_servers"] == 3 and "--zk-servers 3" in report["reproduce"]
+    faults = report["faults"]
+    killed = [e["target"] for e in faults["events"] if e["kind"] == "kill_zk_server" and e["injected"]]
+    assert faults["zk_servers_killed"] == faults["by_kind"].get("kill_zk_server") == 2, faults["events"]
+    assert "kill_zookeeper" not in faults["by_kind"]
+    assert killed == ["zk-1", "zk-3"], faults["events"]
+    assert report["anomalies"] == [], f"{err[-2000:]}\n{json.dumps(report['anomalies'], indent=2)}"
+    assert proc.returncode == 0, err[-2000:]
+    state = json.loads((run_dir / "cluster.json").read_text())
+    assert not [m for m in state["processes"] if pid_alive(m["pid"])]
