@@ -181,6 +181,12 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
             return isinstance(self._error, LedgerFencedError)
 
     @property
+    def closing(self) -> bool:
+        """True once :meth:`close` began: no add is taken any more (a roll that failed before it can go on)."""
+        with self._lock:
+            return self._closing
+
+    @property
     def error(self) -> LedgerError | None:
         """Why the writer stopped accepting adds, or None while it is healthy."""
         with self._lock:

@@ -23,8 +23,11 @@ import time
 
 import pytest
 
+from broker.server.leading.reestablish import own_election_node, reestablish
+from broker.server.leading.zk_outage import GO_ON, STEP_DOWN
 from devtools.history import check
 from devtools.load import WorkerPool
+from election.leader import claim_epoch
 from election.paths import ClusterPaths
 from election.wire import codes
 from election.zk import close, connect
@@ -260,3 +263,25 @@ def test_a_leader_whose_session_expired_with_no_successor_recreates_its_nodes_an
     finally:
         load.stop()
         close(zk)
+
+
+@pytest.mark.timeout(60)
+def test_reestablish_recreates_the_nodes_only_while_the_epoch_is_ours(cluster):
+    """broker/server/leading/reestablish.py on a real ZooKeeper: the same name back, or nothing and step down."""
+    zk, paths = cluster.zk, cluster.paths
+    zk.ensure_path(paths.election)
+    claim = claim_epoch(zk, paths, 1)
+    name = zk.create(f"{paths.election}/x__lock__", b"1", ephemeral=True, sequence=True).rsplit("/", 1)[1]
+    assert own_election_node(zk, paths) == name
+    info = {"broker_id": 1, "address": "tcp://127.0.0.1:1", "epoch": claim.epoch}
+    zk.delete(f"{paths.election}/{name}")  # what an expired session does
+    assert reestablish(zk, paths, claim, name, "1", info)[0] == GO_ON
+    assert zk.get_children(paths.election) == [name] and zk.get(f"{paths.election}/{name}")[0] == b"1"
+    assert json.loads(zk.get(paths.leader)[0])["epoch"] == claim.epoch
+    assert reestablish(zk, paths, claim, name, "1", info)[0] == GO_ON  # idempotent
+
+    zk.delete(f"{paths.election}/{name}")
+    newer = claim_epoch(zk, paths, 2)
+    outcome, why = reestablish(zk, paths, claim, name, "1", info)
+    assert outcome == STEP_DOWN and f"({claim.epoch})" in why and str(newer.epoch) in why
+    assert zk.get_children(paths.election) == []

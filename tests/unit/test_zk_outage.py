@@ -7,6 +7,7 @@ session's state is driven through the server's ZkLink, time through a FakeClock.
 from __future__ import annotations
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
 
 from broker.server.config import BrokerConfig
 from broker.server.leading.barrier import ReadBarrier
@@ -277,5 +278,36 @@ def test_a_roll_whose_pipeline_drains_after_zookeeper_left_waits_instead_of_fail
         assert leader.reply(1)["ok"] and leader.reply(2)["ok"]
         _submit_ok(leader, 3)  # writes go on in the same ledger
         assert leader.leadership.writer.ledger_id == 7
+    finally:
+        leader.close()
+
+
+class _OpenWriter(FakeWriter):
+    """A writer that has not begun to close (LedgerWriter.closing)."""
+
+    closing = False
+
+
+def test_a_roll_that_fails_before_closing_the_ledger_goes_on_in_it(tmp_path, caplog):
+    clock = FakeClock()
+    calls = []
+
+    def roll(current):
+        calls.append(current.ledger_id)
+        raise ConnectionLoss()  # ZooKeeper went away as the roll began: nothing was closed
+
+    leader = LeaderHarness(tmp_path, clock=clock, lead=False, writer=_OpenWriter())
+    try:
+        leader.lead(roll=roll, should_roll=lambda writer, entries, size: entries >= 2)
+        _submit_ok(leader, 1)
+        _submit_ok(leader, 2)
+        assert calls and leader.leadership.failed is None
+        assert any("failed before closing it" in r.getMessage() for r in caplog.records)
+        # A writer that began to close takes no more adds: then the leadership ends, as before.
+        leader.writer.closing = True
+        clock.advance(2.0)
+        leader.request("submit", 3, queue="q", payload=b"x")
+        leader.settle()
+        assert leader.leadership.failed is not None
     finally:
         leader.close()

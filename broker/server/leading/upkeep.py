@@ -11,8 +11,9 @@ in flight is applied:
   :mod:`broker.server.leading.roll_triggers` found a reason). A roll short of
   bookies (:class:`~broker.server.standing.takeover_steps.RollPostponed`) closed
   nothing: the leader goes on in the full ledger and tries again after
-  :data:`ROLL_RETRY_S` (said once in the log). Any other failure to roll ends the
-  leadership's writes.
+  :data:`ROLL_RETRY_S` (said once in the log); so does one that failed before the
+  writer began to close (ZooKeeper left as it started). A failure once the ledger is
+  closing ends the leadership's writes: it takes no more adds.
 
 A roll needs ZooKeeper (closing the ledger's metadata, creating the next one, the
 log's CAS): while the session is not connected (:class:`~broker.server.leading.zk_outage.ZkLink`)
@@ -132,8 +133,20 @@ class LogUpkeep:
                 log.warning("%s; going on in it", exc)
                 self.roll_postponed = True
             return
-        except Exception as exc:  # a lost CAS on the log or a ZooKeeper error: we cannot go on
-            group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+        except Exception as exc:
+            if getattr(group.writer, "closing", True):  # closed, or half: nowhere to write, step down
+                group.abort(WriteFailed(f"could not roll to a new ledger: {exc}"))
+                return
+            # Nothing was closed (ZooKeeper went away as the roll began): go on in this ledger.
+            group.held = False
+            self.roll_after = self.clock.monotonic() + ROLL_RETRY_S
+            log.warning(
+                "the roll of ledger %d failed before closing it: %s: %s",
+                self.writer.ledger_id,
+                type(exc).__name__,
+                exc,
+            )
+            self._wait_for_zookeeper(now, refuse=False)
             return
         if self.roll_postponed:
             log.info("rolled to ledger %d after waiting for bookies", writer.ledger_id)
