@@ -1,7 +1,7 @@
 """The check of a broker's state store after every start: until it passes, the broker does not stand.
 
 A store closed in order is not verified when it opens (the orderly stop checked it), so a file
-damaged while the broker was down would otherwise be followed, and led, from until the next
+damaged while the broker was down would otherwise be followed, and led from, until the next
 checkpoint read it. So after every start, and after every rebuild or snapshot install that
 replaces the store while the broker runs, :class:`StoreVerification` checks the whole store
 exactly as ``fencepost store verify`` does (:func:`~broker.server.store.guard.verify_store_dir`:
@@ -17,7 +17,7 @@ the child, not the broker. A store found damaged is handed to the running store'
 checkpoint finds damage), whose rebuilt store is verified in turn. A store the start already
 verified in full (one not closed in order, :meth:`broker.server.store.keeper.StoreKeeper.verified`)
 counts as verified. A single broker, or the only one in sync, therefore leads after a start
-once the check has passed: about a second per million tasks (docs/operations.md).
+once the check has passed: 6.8 s for a million tasks on a shared 2-core machine (docs/operations.md).
 
 The outcome of a child (:func:`child_outcome`) is decided by a pure function.
 
@@ -26,7 +26,7 @@ Example::
     check = StoreVerification(data / "state", damaged=running.damaged, passed=candidacy.poke,
                               stop=stop_event, clock=clock)
     check.begin("after its start")   # a thread runs the check
-    check.hold()                     # "its state store is being verified ..." until it passed, then ""
+    check.hold()                     # "its state store is being verified" until it passed, then ""
     check.live_fields()              # {"store_check": "verifying" | "verified" | "damaged"}
 """
 
