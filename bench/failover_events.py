@@ -100,11 +100,15 @@ def wait_caught_up(bc: BenchCluster, member: dict, timeout: float = 60.0) -> flo
     raise BenchError(f"broker {member['index']} did not catch up within {timeout:g}s")
 
 
+# How long the elect round waits for an in-sync follower to hand leadership to.
+IN_SYNC_WAIT_S = 30.0
+
+
 def signal_leader(sig: int) -> Callable[[dict], tuple[float, float] | None]:
     return lambda leader: os.killpg(leader["pid"], sig)
 
 
-def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
+def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], tuple[float, float]]:
     """An event that runs ``admin elect`` of an in-sync follower in a thread (the probe runs meanwhile).
 
     The ZooKeeper session is opened beforehand, as the command has one before it asks.
@@ -116,9 +120,15 @@ def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
 
     zk = connect(bc.zk, session_timeout=10.0)
 
-    def act(leader: dict) -> None:
-        doc, _ = read_insync(zk, ClusterPaths(bc.cluster))
-        targets = [m for m in (doc or {}).get("members", []) if m != _broker_id(leader)]
+    def act(leader: dict) -> tuple[float, float]:
+        # A broker restarted by the round before rejoins the set once it reached the leader's position.
+        deadline = time.monotonic() + IN_SYNC_WAIT_S
+        while True:
+            doc, _ = read_insync(zk, ClusterPaths(bc.cluster))
+            targets = [m for m in (doc or {}).get("members", []) if m != _broker_id(leader)]
+            if targets or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if not targets:
             close(zk)
             raise BenchError(f"no in-sync follower to elect (in-sync set {doc})")
@@ -131,7 +141,9 @@ def elect_other(bc: BenchCluster, errors: list[str]) -> Callable[[dict], None]:
             finally:
                 close(zk)
 
+        started = time.monotonic(), time.time()  # the event starts with the request, not the wait
         threading.Thread(target=run, daemon=True, name="elect").start()
+        return started
 
     return act
 

@@ -145,3 +145,31 @@ def test_a_paused_leader_is_replaced_once_and_steps_down_when_it_wakes(dev):
         load.stop()
     acked = finish(dev, load, queue, logs, probes)
     print(f"{acked} submits acknowledged, none lost or duplicated")
+
+
+@pytest.mark.timeout(300)
+def test_a_paused_follower_does_not_unseat_the_leader_when_it_wakes(dev):
+    """A follower's own pause is no silence of the leader: it watches afresh, and nobody takes over."""
+    settle(dev)
+    leader = leader_of(dev)
+    follower = next(r for r in broker_statuses(dev) if r["address"] != leader["address"])
+    os.killpg(follower["pid"], signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        wait_for(lambda: time.monotonic() - stopped >= 2.0, 5, "the 2 s pause")
+    finally:
+        os.killpg(follower["pid"], signal.SIGCONT)
+    wait_for(
+        lambda: next(
+            (r["reply"] for r in broker_statuses(dev) if r["address"] == follower["address"] and r["reply"]),
+            None,
+        ),
+        30,
+        "the woken follower to answer",
+    )
+    converged(dev, SETTLE_S)
+    after = leader_of(dev)
+    assert (after["address"], after["reply"]["epoch"]) == (leader["address"], leader["reply"]["epoch"]), (
+        f"the leader changed after a follower's pause: {leader['address']} epoch {leader['reply']['epoch']} "
+        f"-> {after['address']} epoch {after['reply']['epoch']}"
+    )

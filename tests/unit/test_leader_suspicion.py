@@ -15,6 +15,8 @@ from broker.server.standing.suspicion import (
     ReadElectionNodes,
     ReadLeaderNode,
     Suspect,
+    cut_from_us,
+    stalled_itself,
     suspicion,
     unseat,
 )
@@ -33,6 +35,7 @@ class Heartbeats:
         self.last_reply: float | None = None
         self.lost_at: float | None = None
         self.unsupported = False
+        self.live_changed: float | None = None  # the leader's live node, as this follower saw it change
 
     def reply(self) -> None:
         self.last_reply, self.lost_at = self.clock.monotonic(), None
@@ -43,9 +46,18 @@ class Heartbeats:
     def disconnected(self) -> None:
         self.lost_at = self.clock.monotonic()
 
+    def live_node_refreshed(self) -> None:
+        self.live_changed = self.clock.monotonic()
+
     def verdict(self) -> str:
         return suspicion(
-            self.clock.monotonic(), self.since, self.last_reply, self.lost_at, TIMEOUT, self.unsupported
+            self.clock.monotonic(),
+            self.since,
+            self.last_reply,
+            self.lost_at,
+            TIMEOUT,
+            self.unsupported,
+            self.live_changed,
         )
 
 
@@ -108,11 +120,34 @@ def test_a_connection_back_within_the_grace_is_no_suspicion():
 
 
 @pytest.mark.timeout(10)
-def test_a_leader_never_connected_is_suspected_after_the_grace():
+def test_a_leader_whose_first_connect_is_refused_is_suspected_after_the_grace():
     seen = Heartbeats()
-    seen.lost_at = seen.since  # the watch starts unconnected: a refused connection never comes up
+    seen.lost_at = seen.since  # the first connect was refused: nobody listens there
     seen.clock.advance(LOST_GRACE_S + 0.01)
     assert "connection is down" in seen.verdict()
+
+
+@pytest.mark.timeout(10)
+def test_a_leader_silent_to_us_but_refreshing_its_live_node_is_not_suspected():
+    """A route cut between the leader and this follower only: acting would unseat a healthy leader."""
+    seen = Heartbeats()
+    seen.connected()
+    seen.reply()
+    for _ in range(10):  # silent for 5 s, its live node rewritten every 0.5 s
+        seen.clock.advance(0.5)
+        seen.live_node_refreshed()
+        assert seen.verdict() == ""
+    assert cut_from_us(seen.clock.monotonic(), seen.last_reply, seen.since, TIMEOUT, seen.live_changed)
+    seen.clock.advance(TIMEOUT + 0.01)  # ... until it stops refreshing it too: gone from ZooKeeper as well
+    assert "answered no ping" in seen.verdict()
+
+
+@pytest.mark.timeout(10)
+def test_a_still_connecting_leader_is_silence_not_a_lost_connection():
+    """A dropped route never refuses: until an answer or the timeout, a connect in progress is no suspicion."""
+    seen = Heartbeats()
+    seen.clock.advance(TIMEOUT - 0.1)
+    assert seen.verdict() == ""
 
 
 @pytest.mark.timeout(10)
@@ -123,6 +158,18 @@ def test_a_leader_without_the_ping_is_never_suspected():
     seen.disconnected()
     seen.clock.advance(60)
     assert seen.verdict() == ""
+
+
+@pytest.mark.timeout(10)
+def test_a_follower_that_paused_itself_watches_afresh_instead_of_suspecting():
+    """A follower SIGSTOPped for 5 s finds the leader 'silent' for 5 s: its own pause, not the leader's."""
+    clock = FakeClock()
+    last_turn = clock.monotonic()
+    clock.advance(PING_EVERY_S)
+    assert not stalled_itself(clock.monotonic(), last_turn, TIMEOUT)
+    last_turn = clock.monotonic()
+    clock.advance(5.0)
+    assert stalled_itself(clock.monotonic(), last_turn, TIMEOUT)
 
 
 @pytest.mark.timeout(10)

@@ -4,9 +4,11 @@ The ``leader`` node names the leader's address, epoch and (as its owner) ZooKeep
 While another broker leads, a follower keeps one DEALER socket to it and sends a
 ``follower_ping`` (its broker id and applied position) every
 :data:`~broker.server.standing.suspicion.PING_EVERY_S`; a ZeroMQ socket monitor tells it when
-the connection drops. The verdict is :func:`~broker.server.standing.suspicion.suspicion`:
-a connection down (a dead process's connections are reset at once, then refused) or
-``leader_timeout_s`` without an answer. A follower that may stand (``may_act``: the in-sync
+the connection drops, and a watch on the leader's live node when it was last refreshed. The
+verdict is :func:`~broker.server.standing.suspicion.suspicion`: a connection down (a dead
+process's connections are reset at once, then refused), or ``leader_timeout_s`` without an
+answer while the leader's live node did not change either (one that still changes means a
+cut between the leader and us alone: we do not act on it). A follower that may stand (``may_act``: the in-sync
 rules, with the suspected leader counted as gone) then takes the leader's place in the
 election (:func:`~broker.server.standing.suspicion.unseat`), once per leader; the next
 contender in the queue takes over without waiting for the old session to expire.
@@ -44,6 +46,8 @@ from broker.server.standing.suspicion import (
     ReadElectionNodes,
     ReadLeaderNode,
     Suspect,
+    cut_from_us,
+    stalled_itself,
     suspicion,
     unseat,
 )
@@ -139,6 +143,9 @@ class LeaderWatch:
         )
         self._target: Target | None = None
         self._changed = threading.Event()
+        # When the current target's live node last changed (monotonic; None: not since we watch it).
+        self._live_changed: float | None = None
+        self._cut_logged: Target | None = None
         self._thread = threading.Thread(target=self._run, name="leader-watch", daemon=True)
 
     def start(self) -> None:
@@ -165,8 +172,25 @@ class LeaderWatch:
                 log.exception("watching leader broker %d; watching again", target.broker_id)
                 self.clock.wait(self.stop, PING_EVERY_S)
 
+    def _watch_live_node(self, target: Target) -> None:
+        """Note each change of ``target``'s live node (rewritten every ``live_update_ms`` while it runs)."""
+        self._live_changed = None
+        seen: list = []
+
+        def on_change(_data, stat):
+            if self._target != target or self.stop.is_set():
+                return False  # ends this watch
+            version = stat.version if stat is not None else None
+            if seen and version is not None and version != seen[-1]:
+                self._live_changed = self.clock.monotonic()
+            seen[:] = [version]
+            return None
+
+        self.zk.DataWatch(self.paths.live_broker(target.broker_id), on_change)
+
     def _watch(self, target: Target) -> None:
         """Ping ``target`` until the leader node changes, we stop, or we acted on a suspicion of it."""
+        self._watch_live_node(target)
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -186,9 +210,9 @@ class LeaderWatch:
         clock, timeout = self.clock, self.config.leader_timeout_s
         since = clock.monotonic()
         last_reply: float | None = None
-        lost_at: float | None = since  # not connected yet
+        lost_at: float | None = None  # still connecting is not down: a dropped route stays silent
         unsupported = suspected = False
-        rid, next_ping = 0, since
+        rid, next_ping, last_turn = 0, since, since
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -205,6 +229,9 @@ class LeaderWatch:
                 next_ping = now + PING_EVERY_S
             events = dict(poller.poll(max(1, int((next_ping - clock.monotonic()) * 1000))))
             now = clock.monotonic()
+            if stalled_itself(now, last_turn, timeout):
+                since, last_reply, lost_at = now, None, None  # our own pause: watch afresh
+            last_turn = now
             if monitor in events:
                 while monitor.poll(0):
                     event = recv_monitor_message(monitor)["event"]
@@ -226,13 +253,25 @@ class LeaderWatch:
                         )
                     else:
                         last_reply = now  # an error reply is still the process answering
-            why = suspicion(now, since, last_reply, lost_at, timeout, unsupported)
+            why = suspicion(now, since, last_reply, lost_at, timeout, unsupported, self._live_changed)
+            if not why and cut_from_us(now, last_reply, since, timeout, self._live_changed):
+                self._note_cut(target, now - (last_reply or since))
             if why and self._act(target, why):
                 self.clock.wait(self._changed, timeout)  # the leader node goes, then names the new leader
                 return
             if suspected and not why:
                 self.cleared()  # it answers again: a false suspicion that we could not act on
             suspected = bool(why)
+
+    def _note_cut(self, target: Target, silent_s: float) -> None:
+        if self._cut_logged != target:
+            self._cut_logged = target
+            log.warning(
+                "leader broker %d answered no ping for %.1f s but refreshes its live node: a cut between "
+                "it and us, not suspected",
+                target.broker_id,
+                silent_s,
+            )
 
     def _act(self, target: Target, why: str) -> bool:
         """Take the suspected leader's place if we may stand; True once acted (or someone else did)."""
