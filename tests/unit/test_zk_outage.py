@@ -6,9 +6,12 @@ session's state is driven through the server's ZkLink, time through a FakeClock.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from kazoo.exceptions import ConnectionLoss
 
+from broker.server import node_presence
 from broker.server.config import BrokerConfig
 from broker.server.leading.barrier import ReadBarrier
 from broker.server.leading.zk_outage import (
@@ -311,3 +314,34 @@ def test_a_roll_that_fails_before_closing_the_ledger_goes_on_in_it(tmp_path, cap
         assert leader.leadership.failed is not None
     finally:
         leader.close()
+
+
+class _Server:
+    """What SessionStates reads of the request loop's server."""
+
+    def __init__(self, leading: bool) -> None:
+        self.zk_link = ZkLink(FakeClock())
+        self.config = BrokerConfig(listen="tcp://127.0.0.1:1")
+        self.leadership = object() if leading else None
+        self.writable = True
+        self.broker_id = 1
+
+    def epoch_claim(self):
+        return None  # not serving yet: nothing to re-establish
+
+
+class _Zk:
+    client_id = (1, b"pw")
+
+
+@pytest.mark.parametrize("leading", [True, False])
+def test_the_session_listener_keeps_a_leader_writing_and_steps_a_follower_down_on_lost(leading, monkeypatch):
+    monkeypatch.delenv("FENCEPOST_ZK_SESSION_FILE", raising=False)
+    server, step_down, changed = _Server(leading), threading.Event(), []
+    states = node_presence.SessionStates(_Zk(), server, step_down, lambda: changed.append(1))
+    states("SUSPENDED")
+    assert server.writable and not server.zk_link.connected and not step_down.is_set()
+    states("LOST")
+    assert step_down.is_set() is (not leading) and server.writable is leading
+    states("CONNECTED")
+    assert server.writable and server.zk_link.connected and changed
