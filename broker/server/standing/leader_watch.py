@@ -145,6 +145,7 @@ class LeaderWatch:
         self._changed = threading.Event()
         # When the current target's live node last changed (monotonic; None: not since we watch it).
         self._live_changed: float | None = None
+        self._live_watched: Target | None = None  # whose live node the one DataWatch follows
         self._cut_logged: Target | None = None
         self._thread = threading.Thread(target=self._run, name="leader-watch", daemon=True)
 
@@ -173,12 +174,15 @@ class LeaderWatch:
                 self.clock.wait(self.stop, PING_EVERY_S)
 
     def _watch_live_node(self, target: Target) -> None:
-        """Note each change of ``target``'s live node (rewritten every ``live_update_ms`` while it runs)."""
-        self._live_changed = None
+        """Note each change of ``target``'s live node (rewritten every ``live_update_ms`` while it runs);
+        one DataWatch per leader, however often its pings are watched afresh."""
+        if self._live_watched == target:
+            return
+        self._live_watched, self._live_changed = target, None
         seen: list = []
 
         def on_change(_data, stat):
-            if self._target != target or self.stop.is_set():
+            if self._live_watched != target or self.stop.is_set():
                 return False  # ends this watch
             version = stat.version if stat is not None else None
             if seen and version is not None and version != seen[-1]:
