@@ -161,6 +161,7 @@ class LeaderWatch:
         self._changed.set()
 
     def _run(self) -> None:
+        failed = ""  # the last failure, logged with its traceback once
         while not self.stop.is_set():
             self._changed.clear()
             target = self._target
@@ -169,8 +170,10 @@ class LeaderWatch:
                 continue
             try:
                 self._watch(target)
-            except Exception:
-                log.exception("watching leader broker %d; watching again", target.broker_id)
+            except Exception as exc:
+                if repr(exc) != failed:
+                    log.exception("watching leader broker %d; watching again", target.broker_id)
+                failed = repr(exc)
                 self.clock.wait(self.stop, PING_EVERY_S)
 
     def _watch_live_node(self, target: Target) -> None:
@@ -178,7 +181,7 @@ class LeaderWatch:
         one DataWatch per leader, however often its pings are watched afresh."""
         if self._live_watched == target:
             return
-        self._live_watched, self._live_changed = target, None
+        self._live_changed = None
         seen: list = []
 
         def on_change(_data, stat):
@@ -190,7 +193,12 @@ class LeaderWatch:
             seen[:] = [version]
             return None
 
-        self.zk.DataWatch(self.paths.live_broker(target.broker_id), on_change)
+        self._live_watched = target
+        try:
+            self.zk.DataWatch(self.paths.live_broker(target.broker_id), on_change)
+        except KazooException as exc:  # ZooKeeper away: try again with the next watch of this leader
+            self._live_watched = None
+            log.debug("cannot watch the live node of broker %d: %s", target.broker_id, exc)
 
     def _watch(self, target: Target) -> None:
         """Ping ``target`` until the leader node changes, we stop, or we acted on a suspicion of it."""
