@@ -123,3 +123,38 @@ def test_a_takeover_that_does_not_serve_backs_off_doubling(elections):
         assert backoffs[:5] == pytest.approx([0.4, 0.8, 1.6, 3.2, 5.0]) and len(stand.led) >= 5
     finally:
         stand.end()
+
+
+def test_a_suspected_leader_counts_as_gone_until_replaced(monkeypatch):
+    """The leader watch asks with the suspect counted as gone: a lagging broker whose only live in-sync
+    member is the suspected leader may stand (allow_lagging_leader); a learner never; once the leader
+    node names a leader again, the suspect's live node counts as alive again."""
+    from election.insync import may_stand
+
+    members, alive = {1}, {1, 2}  # broker 1 leads (its live node stays until its session expires)
+
+    def standing(zk, paths, broker_id, config, watch=None, gone=None):
+        return may_stand(broker_id, config.learner, members, alive - {gone}, config.allow_lagging_leader)
+
+    monkeypatch.setattr(candidacy_module, "standing", standing)
+
+    def candidacy(config: BrokerConfig) -> Candidacy:
+        return Candidacy(
+            None,
+            ClusterPaths("c"),
+            2,
+            config,
+            lead=lambda: True,
+            may_lead=lambda: True,
+            stop=threading.Event(),
+            clock=FakeClock(),
+        )
+
+    follower = candidacy(BrokerConfig())
+    assert not follower.may_stand()
+    assert follower.may_stand_without(1)
+    assert follower.may_stand()  # the candidacy itself now stands too
+    follower.replaced()
+    assert not follower.may_stand()
+    assert not candidacy(BrokerConfig(allow_lagging_leader=False)).may_stand_without(1)
+    assert not candidacy(BrokerConfig(learner=True)).may_stand_without(1)
