@@ -108,6 +108,10 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
     leader_position = report.get("position") if report else None
     if report:
         view["queues"] = report.get("queues", {})
+        if report.get("zookeeper") is not None:
+            # The leader's own view of its session: a leader cut from ZooKeeper alone keeps
+            # committing, and this is where an operator whose ZooKeeper still answers sees it.
+            view["leader_zookeeper"] = report["zookeeper"]
     if rows:  # a cluster of several shards: a row per shard, the queues of every shard
         view["shards"] = with_reports(rows, reports)
         view["queues"] = sum_depths([r.get("queues") or {} for r in reports if r])

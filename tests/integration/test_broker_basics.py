@@ -94,6 +94,7 @@ def test_status_json_names_leader_epoch_and_brokers(broker_cluster, procs):
     for b in view["brokers"]:
         assert {"id", "role", "address", "position", "digest"} <= set(b)
     assert view["queues"]["jobs"]["waiting"] == 1
+    assert view["leader_zookeeper"]["connected"] is True  # the leader's own view of its session
     assert len(view["bookies"]) == 3 and view["ledgers"]
     human = procs.run(["status", *target])
     assert "leader:" in human.stdout.decode() and "jobs" in human.stdout.decode()
