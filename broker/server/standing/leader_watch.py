@@ -242,7 +242,8 @@ class LeaderWatch:
             events = dict(poller.poll(max(1, int((next_ping - clock.monotonic()) * 1000))))
             now = clock.monotonic()
             if stalled_itself(now, last_turn, timeout):
-                since, last_reply, lost_at = now, None, None  # our own pause: watch afresh
+                # Our own pause: its silence is no news of the leader (a connection seen down still is).
+                since, last_reply = now, None
             last_turn = now
             if monitor in events:
                 while monitor.poll(0):
