@@ -345,3 +345,48 @@ def test_the_session_listener_keeps_a_leader_writing_and_steps_a_follower_down_o
     assert step_down.is_set() is (not leading) and server.writable is leading
     states("CONNECTED")
     assert server.writable and server.zk_link.connected and changed
+
+
+def test_a_read_after_the_leader_stood_still_waits_for_a_barrier_even_with_zookeeper_connected(tmp_path):
+    """Followers may unseat a leader silent for leader_timeout_s while its session lives on: after a
+    stall of half that time its reads are confirmed by a committed entry, and fenced means not_leader."""
+    clock = FakeClock()
+    leader = _leader(tmp_path, clock, leader_timeout_s=0.8)
+    try:
+        task_id = _submit_ok(leader, 1)["task_id"]
+        clock.advance(0.3)  # shorter than half the timeout: answered from the store
+        leader.request("get", 2, task_id=task_id)
+        assert leader.reply(2)["ok"]
+        leader.turn()
+        clock.advance(0.5)  # the loop stood still (SIGSTOP): the session is still connected
+        written = len(leader.writer.entries)
+        leader.request("get", 3, task_id=task_id)
+        assert leader.reply(3) is None
+        leader.turn()
+        assert len(leader.writer.entries) == written + 1  # a StateDigest as the barrier
+        leader.request("get", 4, task_id=task_id)  # after the stall, before its barrier: waits too
+        assert leader.reply(4) is None
+        leader.writer.futures[-1].set_exception(LedgerFencedError(message="ledger 7 is fenced"))
+        leader.turn()
+        assert leader.reply(3)["error"] == codes.E_NOT_LEADER
+        assert leader.reply(4)["error"] == codes.E_NOT_LEADER
+    finally:
+        leader.close()
+
+
+def test_a_confirmed_stall_barrier_lets_later_reads_through_at_once(tmp_path):
+    clock = FakeClock()
+    leader = _leader(tmp_path, clock, leader_timeout_s=0.8)
+    try:
+        task_id = _submit_ok(leader, 1)["task_id"]
+        leader.turn()
+        clock.advance(2.0)
+        leader.request("get", 2, task_id=task_id)
+        leader.turn()
+        leader.writer.commit_all()
+        leader.turn()
+        assert leader.reply(2)["ok"] and leader.reply(2)["task"]["id"] == task_id
+        leader.request("get", 3, task_id=task_id)
+        assert leader.reply(3)["ok"]
+    finally:
+        leader.close()

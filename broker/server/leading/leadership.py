@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 # The group-commit context of the leader's own events (epoch start, lease expiry, digest).
 INTERNAL_ENTRY = None
+# A loop that stood still this share of leader_timeout_s confirms its next reads by a barrier.
+STALL_SHARE = 0.5
 
 
 class Leadership:
@@ -111,6 +113,8 @@ class Leadership:
         self.applied_entries = 0
         self.next_lease_check = 0.0
         self.lost_reported = False
+        self._turned_at = clock.monotonic()
+        self._confirm_until = 0  # reads wait for a barrier until this many entries are applied
 
     # ------------------------------------------------------------ life
     def start(self, first_events: Callable[[int], list[dict]]) -> None:
@@ -164,10 +168,22 @@ class Leadership:
     # ------------------------------------------------------------ requests
     def read(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> dict | None:
         """A checked read: its reply now, or None when it waits for a barrier entry (ZooKeeper away)."""
-        if self.shutdown is None and read_action(self.link.connected) != ANSWER:
+        if self.shutdown is None and (read_action(self.link.connected) != ANSWER or self._stalled()):
             self.barrier.wait(self.group.entries_written + 1, (route, rid, req, started))
             return None
         return self._answer_read(rid, req)
+
+    def _stalled(self) -> bool:
+        """Whether reads must wait for a barrier because this leader stood still (a pause, SIGSTOP).
+
+        Followers that hear nothing for ``leader_timeout_s`` may unseat a leader whose ZooKeeper
+        session is still alive, so a session that is connected proves nothing after a stall: once
+        the loop stood still for half that time, reads wait until an entry sent after the stall is
+        applied (a deposed leader's is fenced and the reads get ``not_leader``).
+        """
+        if self.clock.monotonic() - self._turned_at >= self.config.leader_timeout_s * STALL_SHARE:
+            self._confirm_until = max(self._confirm_until, self.group.entries_written + 1)
+        return self.applied_entries < self._confirm_until
 
     def _answer_read(self, rid: Any, req: dict) -> dict:
         try:
@@ -304,6 +320,7 @@ class Leadership:
     def turn(self, writable: bool) -> None:
         """Apply and answer what is committed, do what is due, write what is gathered."""
         group = self.group
+        self._turned_at = self.clock.monotonic()
         try:
             group.drain_completed()
         except ApplyFailed as exc:
