@@ -215,9 +215,10 @@ def test_leader_cut_from_everything_is_replaced_and_rejoins_as_follower(cluster,
     ledgers = log_ledgers(cluster)
     assert [e["epoch"] for e in ledgers] == sorted(e["epoch"] for e in ledgers)
     assert all(e["epoch"] > old_epoch for e in ledgers if e["id"] > old_ledger["id"]), ledgers
-    # Its clients got errors, then reached the new leader.
+    # Its clients reached the new leader: after failed calls, or, since followers unseat a silent
+    # leader in under a second, often within one call's own retries (the spanning calls below).
     failed = [a for a in probe if not a.ok]
-    assert failed and probe[-1].ok and probe[-1].leader == new["address"], probe[-3:]
+    assert probe[-1].ok and probe[-1].leader == new["address"], probe[-3:]
     # Calls sent to the cut leader (before anyone else led) that timed out there and went on to the new one.
     first_new = min(a.ended for a in run.load.attempts() + probe if a.ok and a.leader == new["address"])
     spanning = [
