@@ -188,6 +188,7 @@ class Client(ApplicationCalls, OperatorCalls, ClusterConfig, LeaderTracking, Tra
         self._sockets: set[zmq.Socket] = set()  # every thread's socket, for close()
         self._rids = itertools.count(random.randrange(1 << 30))
         self._leaders: list[str | None] = [None]  # each shard's, as far as known
+        self._news = threading.Event()
         self._closed = False
         self._known = list(dict.fromkeys(brokers or []))
         self._zk = None
@@ -240,6 +241,8 @@ class Client(ApplicationCalls, OperatorCalls, ClusterConfig, LeaderTracking, Tra
         last = "no attempt made"
         while True:
             self._check_open()
+            # Taken before the attempt: a leader named while it fails ends the backoff below at once.
+            news = self._leader_news()
             address = self._current_leader(deadline, shard)
             if address is None:
                 last = "no leader is known"
@@ -271,7 +274,7 @@ class Client(ApplicationCalls, OperatorCalls, ClusterConfig, LeaderTracking, Tra
                 raise BrokerUnavailable(f"{op} gave up after {total:g}s: {last}{self._silence_hint(last)}")
             delay = min(backoff.next_delay(), remaining)
             log.debug("%s: retrying in %.3fs (%s)", op, delay, last)
-            self.clock.sleep(delay)
+            self.clock.wait(news, delay)
 
     def close(self) -> None:
         """Close every socket and the ZooKeeper session. Call it when no call is in flight."""

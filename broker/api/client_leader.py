@@ -12,7 +12,10 @@ With a list of brokers the client pings them in turn: the first that is, or name
 the leader wins, and a leader named by a redirect joins the list; such a client
 knows one shard only (shard 0: the brokers' own addresses). A failed request
 forgets the cached leader of its shard, so a missed watch event only costs a
-re-read. Every ZooKeeper read waits at most until the call's deadline.
+re-read. Every ZooKeeper read waits at most until the call's deadline. A call backing
+off between attempts waits on :meth:`LeaderTracking._leader_news` and retries as soon as
+the watch names a leader (a handover's new leader is then tried at once, not after the
+backoff step in progress).
 
 Example::
 
@@ -60,6 +63,13 @@ class LeaderTracking:
     _shards: int | None  # None until the cluster's config is read
     _known: list[str]
     _zk: object
+    # Set (and replaced by a fresh one) each time a watch names a leader: wakes calls backing off.
+    _news: threading.Event
+
+    def _leader_news(self) -> threading.Event:
+        """An event set once a watch next names a leader of any shard (never, without ZooKeeper)."""
+        with self._lock:
+            return self._news
 
     def _open_zk(self, hosts: str, cluster: str) -> None:
         try:
@@ -121,6 +131,9 @@ class LeaderTracking:
             address = None
         with self._lock:
             self._leaders[shard] = address
+            if address:
+                news, self._news = self._news, threading.Event()
+                news.set()
 
     def _set_leader(self, address: str, shard: int = 0) -> None:
         with self._lock:
