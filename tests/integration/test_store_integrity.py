@@ -15,6 +15,7 @@ from election.cluster_config import ClusterOptions, ensure_cluster_config
 from election.identity import META
 from ledger.log import write_log
 from tests.support.harness import BrokerCluster, call, wait_for
+from tests.support.store_damage import flip_payload_byte
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -55,19 +56,6 @@ def caught_up(bc, proc):
     leader = call(bc.wait_leader()["address"], "status")
     mine = call(proc.address, "status")
     return mine if (mine["position"], mine["digest"]) == (leader["position"], leader["digest"]) else None
-
-
-def flip_payload_byte(data_dir: Path, marker: bytes) -> int:
-    """Flip one byte inside every copy of the marked payload in the store's data.mdb; how many copies."""
-    path = Path(data_dir) / "state" / "data.mdb"
-    data = bytearray(path.read_bytes())
-    copies, at = 0, data.find(marker)
-    while at >= 0:
-        data[at + len(marker) // 2] ^= 0x20
-        copies += 1
-        at = data.find(marker, at + 1)
-    path.write_bytes(bytes(data))
-    return copies
 
 
 def setup_damaged_follower(cluster, procs, kill: bool):

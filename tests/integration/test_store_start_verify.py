@@ -14,22 +14,9 @@ import pytest
 
 from election.live import read_live_broker
 from tests.support.harness import BrokerCluster, call, wait_for
+from tests.support.store_damage import flip_payload_byte
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-
-def flip_payload_bytes(data_dir: Path, marker: bytes) -> int:
-    """Flip one byte inside every copy of the marked payload in the store's data.mdb (the LMDB file
-    still opens: only a record's bytes change); how many copies."""
-    path = Path(data_dir) / "state" / "data.mdb"
-    data = bytearray(path.read_bytes())
-    copies, at = 0, data.find(marker)
-    while at >= 0:
-        data[at + len(marker) // 2] ^= 0x20
-        copies += 1
-        at = data.find(marker, at + 1)
-    path.write_bytes(bytes(data))
-    return copies
 
 
 def finished_task(address: str, payload: bytes) -> str:
@@ -69,7 +56,7 @@ def test_a_follower_damaged_while_down_never_leads_before_its_rebuilt_store_veri
     damaged_id = call(damaged.address, "status")["broker_id"]
 
     assert damaged.terminate() == 0  # closed in order: its next start does not verify it as it opens
-    assert flip_payload_bytes(damaged.data_dir, marker) >= 1
+    assert flip_payload_byte(damaged.data_dir, marker) >= 1
     verdict = procs.run(["store", "verify", "--json", str(damaged.data_dir)])
     assert verdict.returncode == 1 and json.loads(verdict.stdout)["ok"] is False
     assert other.terminate() == 0
