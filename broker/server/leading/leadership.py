@@ -45,8 +45,8 @@ from typing import Any, Callable
 
 from broker import protocol
 from broker.protocol.writes import reply_fields, request_events
-from broker.server.leading import reads
 from broker.server.leading.barrier import ReadBarrier
+from broker.server.leading.confirmed_reads import ConfirmedReads
 from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
@@ -55,7 +55,7 @@ from broker.server.leading.parking import LeaseParking, incoming
 from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.server.leading.upkeep import LogUpkeep
-from broker.server.leading.zk_outage import ANSWER, REASON_ROLL_POSTPONED, ZkLink, read_action
+from broker.server.leading.zk_outage import REASON_ROLL_POSTPONED, ZkLink
 from broker.server.store.follower import Diverged
 from broker.state.store_errors import StoreDamaged
 from election import wire
@@ -66,11 +66,9 @@ log = logging.getLogger(__name__)
 
 # The group-commit context of the leader's own events (epoch start, lease expiry, digest).
 INTERNAL_ENTRY = None
-# A loop that stood still this share of leader_timeout_s confirms its next reads by a barrier.
-STALL_SHARE = 0.5
 
 
-class Leadership:
+class Leadership(ConfirmedReads):
     """A leader's duties for one epoch (see the module docstring)."""
 
     def __init__(
@@ -142,21 +140,6 @@ class Leadership:
         """The current ledger's writer (a roll replaces the session's first one)."""
         return self.upkeep.writer
 
-    def zk_status(self) -> dict:
-        """The leader's view of ZooKeeper for ``status`` (an additive field): what waits, what is refused."""
-        upkeep, now = self.upkeep, self.clock.monotonic()
-        return {
-            "connected": self.link.connected,
-            "away_s": round(self.link.away_s(), 3),
-            "roll_waiting_s": round(now - upkeep.zk_wait_since, 3)
-            if upkeep.zk_wait_since is not None
-            else None,
-            "refusing_writes": upkeep.refusing,
-            "refused_roll_postponed": self.refused_roll_postponed,
-            "reads_after_barrier": self.barrier.confirmed,
-            "reads_waiting": len(self.barrier),
-        }
-
     @property
     def idle(self) -> bool:
         return self.group.idle
@@ -166,50 +149,6 @@ class Leadership:
         return self.group.failed
 
     # ------------------------------------------------------------ requests
-    def read(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> dict | None:
-        """A checked read: its reply now, or None when it waits for a barrier entry (ZooKeeper away)."""
-        if self.shutdown is None and (read_action(self.link.connected) != ANSWER or self._stalled()):
-            self.barrier.wait(self.group.entries_written + 1, (route, rid, req, started))
-            return None
-        return self._answer_read(rid, req)
-
-    def _stalled(self) -> bool:
-        """Whether reads must wait for a barrier because this leader stood still (a pause, SIGSTOP).
-
-        Followers that hear nothing for ``leader_timeout_s`` may unseat a leader whose ZooKeeper
-        session is still alive, so a session that is connected proves nothing after a stall: once
-        the loop stood still for half that time, reads wait until an entry sent after the stall is
-        applied (a deposed leader's is fenced and the reads get ``not_leader``).
-        """
-        if self.clock.monotonic() - self._turned_at >= self.config.leader_timeout_s * STALL_SHARE:
-            self._confirm_until = max(self._confirm_until, self.group.entries_written + 1)
-        return self.applied_entries < self._confirm_until
-
-    def _answer_read(self, rid: Any, req: dict) -> dict:
-        try:
-            return wire.ok_reply(rid, **reads.answer(self.store, self.housekeeping, req))
-        except protocol.RequestError as exc:  # no_such_task: an answer, not a bad request
-            return wire.error_reply(rid, exc.code, exc.message)
-
-    def _answer_confirmed_reads(self) -> None:
-        for route, rid, req, started in self.barrier.due(self.applied_entries):
-            try:
-                reply = self._answer_read(rid, req)
-            except Exception as exc:  # only this read fails (a damaged store stops the broker there)
-                self.hooks.internal_error(route, rid, req.get("op"), exc)
-                continue
-            self.hooks.send(route, reply, req["op"], started)
-
-    def _barrier_failed(self, reason: str) -> None:
-        """The barrier entry failed (fenced, or the leadership ended): we may be deposed, so no answer."""
-        for route, rid, req, started in self.barrier.take_all():
-            self.hooks.send(
-                route,
-                wire.error_reply(rid, codes.E_NOT_LEADER, f"this broker is no longer the leader: {reason}"),
-                req["op"],
-                started,
-            )
-
     def write(self, route: list[bytes], rid: Any, req: dict, started: float | None) -> None:
         """A checked write (or lease): gather it, park it, or answer it; a failure fails it alone."""
         op = req["op"]
