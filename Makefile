@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(INSTALLED): setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,pipeline,dev]'
 	touch $(INSTALLED)
 
 install: $(INSTALLED)

@@ -17,6 +17,7 @@ import sys
 import click
 
 from commands.admin import admin
+from commands.api import api
 from commands.bench import bench
 from commands.bookie import bookie
 from commands.broker import broker_group
@@ -27,6 +28,7 @@ from commands.errors import FencepostGroup
 from commands.keys import keys_group
 from commands.pipeline import analyze, audit, export
 from commands.queue import queue_group
+from commands.schedule import schedule_group
 from commands.shard import shard_group
 from commands.snapshot import snapshot
 from commands.status import dashboard, status
@@ -93,6 +95,7 @@ def main(log_level: str, log_json: bool) -> None:
 COMMANDS = (
     admin,
     analyze,
+    api,
     audit,
     bench,
     bookie,
@@ -115,6 +118,7 @@ COMMANDS = (
 )
 for _command in COMMANDS:
     main.add_command(_command)
+main.add_command(schedule_group)
 
 
 if __name__ == "__main__":

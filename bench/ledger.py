@@ -65,6 +65,8 @@ LABELS = {
     "paced_offered_rate": "paced: offered rate (entries/s)",
     "paced_p50_ms": "paced: latency p50 (ms)",
     "paced_p99_ms": "paced: latency p99 (ms)",
+    "fsyncs_per_add": "journal fsyncs per stored entry (all bookies)",
+    "journal_group_size": "journal records (add requests) per fsync",
     "zk_baseline_per_s": "ZooKeeper baseline (records/s)",
     "ratio_vs_zk": "ledger / ZooKeeper",
     "ensemble_change_stall_ms": "bookie killed: longest gap between acks (ms)",
@@ -94,6 +96,36 @@ def _delete_tree_async(zk, base_path: str, inflight: int = 1000) -> None:
         zk.delete(base_path.rsplit("/", 1)[0])  # the shared parent, if now empty
     except Exception:
         pass
+
+
+def journal_counts(zk, paths) -> dict:
+    """The summed journal counters of the registered bookies (their ``stats`` op); zeros if none answers."""
+    import json
+
+    from election.wire.exchange import exchange
+
+    total = {"journal_syncs": 0, "journal_records": 0, "adds": 0}
+    for bookie in zk.get_children(paths.bookies):
+        try:
+            address = json.loads(zk.get(paths.bookie(bookie))[0])["address"]
+            stats = exchange(address, "stats", timeout=2.0)
+        except Exception:
+            continue  # gone meanwhile: its share is left out
+        for key in total:
+            total[key] += stats.get(key, 0)
+    return total
+
+
+def journal_delta(before: dict, after: dict) -> dict:
+    """``fsyncs_per_add`` (journal syncs per stored entry, all bookies) and ``journal_group_size``
+    (journal records, i.e. add requests, per sync) over a phase."""
+    syncs = after["journal_syncs"] - before["journal_syncs"]
+    adds = after["adds"] - before["adds"]
+    records = after["journal_records"] - before["journal_records"]
+    return {
+        "fsyncs_per_add": round(syncs / adds, 4) if adds else None,
+        "journal_group_size": round(records / syncs, 2) if syncs else None,
+    }
 
 
 def _check(stop: threading.Event) -> None:
@@ -230,7 +262,9 @@ def _run_phases(
         progress(f"throughput phase: {t_phase:g}s, {inflight} adds in flight")
         writer = client.create(epoch=1)
         writers.append(writer)
+        before = journal_counts(zk, ClusterPaths(cluster))
         tp = throughput_phase(writer, payload, t_phase, inflight, stop=stop)
+        journal = journal_delta(before, journal_counts(zk, ClusterPaths(cluster)))
         writer.close()
         _check(stop)
 
@@ -288,6 +322,8 @@ def _run_phases(
         "p50_ms": tp_stats["p50_ms"],
         "p99_ms": tp_stats["p99_ms"],
         "paced_offered_rate": offered_rate,
+        "fsyncs_per_add": journal["fsyncs_per_add"],
+        "journal_group_size": journal["journal_group_size"],
         "paced_rate": rate(pc.completed, pc.end - pc.start),
         "paced_p50_ms": pc_stats["p50_ms"],
         "paced_p99_ms": pc_stats["p99_ms"],

@@ -15,6 +15,11 @@ more entries earlier finished (about 1 in 20 failed with a retry; a task dies
 after 3 attempts). Leader time advances 20 ms per entry, and jumps by a
 failover's gap at each new epoch, so per-minute tables have several minutes.
 
+With ``outcomes`` (the default) the history is one a leader writes with the
+``event_outcomes`` flag on: each entry also carries the ``Outcomes`` of the entry
+before it (what its leases handed out), and a last entry the final ones, so the
+pipeline reads the grants from the log instead of replaying it.
+
 Example::
 
     with StateStore(tmp / "leader", sync=False) as store:
@@ -29,6 +34,7 @@ import time
 from typing import Callable
 
 from bench.leader_history import LeaderHistory, entries_per_ledger
+from broker.state.outcomes import decisions, outcome_events
 
 QUEUES = tuple(f"q-{i}" for i in range(4))
 WORKERS = tuple(f"w-{i}" for i in range(8))
@@ -139,7 +145,13 @@ class Workload:
 
 
 def write_workload(
-    client, paths, store, events: int, ledgers: int, progress: Callable[[str], None] = lambda text: None
+    client,
+    paths,
+    store,
+    events: int,
+    ledgers: int,
+    progress: Callable[[str], None] = lambda text: None,
+    outcomes: bool = True,
 ) -> dict:
     """Write about ``events`` events over ``ledgers`` closed ledgers (one epoch each); what was written."""
     per_entry = (
@@ -148,14 +160,21 @@ def write_workload(
     entries = max(ledgers, -(-events // per_entry))
     workload = Workload(start_ms=int(time.time() * 1000) - entries * ENTRY_MS - ledgers * FAILOVER_GAP_MS)
     history = LeaderHistory(client, paths, store)
-    for index, count in enumerate(entries_per_ledger(entries, ledgers)):
+    described: list[dict] = []  # the Outcomes of the last entry, for the next one to carry
+    counts = entries_per_ledger(entries, ledgers)
+    for index, count in enumerate(counts):
         epoch = index + 1
         if index:
             workload.new_epoch()
         history.start_epoch(epoch, broker_id=1 + index % 3, now_ms=workload.now_ms)
         for _ in range(count - 1):  # the first entry was the EpochStarted
             batch = workload.next_events()
-            workload.applied(batch, history.append(batch))
+            results = history.append([*described, *batch])[len(described) :]
+            workload.applied(batch, results)
+            if outcomes:
+                described = list(outcome_events(history.last_position, decisions(batch, results)))
+        if described and index == len(counts) - 1:
+            history.append(described)  # as a leader describes its last entries within 0.1 s
         history.close_ledger()  # as the next epoch's leader would have closed it
         progress(
             f"ledger {history.ledger_ids[-1]} (epoch {epoch}): {count} entries, "

@@ -100,23 +100,43 @@ def admin_epochs(zk, cluster, dev_dir, shard, as_json, secret_file) -> None:
     "--timeout", default=15.0, show_default=True, type=float, help="Seconds to wait for the handover."
 )
 @shard_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object: shard, broker_id, epoch and address of the leader after the handover.",
+)
 @cluster_options
-def admin_elect(broker_id, timeout, shard, zk, cluster, dev_dir) -> None:
+def admin_elect(broker_id, timeout, shard, as_json, zk, cluster, dev_dir) -> None:
     """Hand leadership to BROKER_ID (a live, in-sync, non-learner broker); the leader steps down once it is
     next.
 
-    In a cluster of several shards, --shard names the shard (0 by default)."""
-    elect_and_say(zk, cluster, dev_dir, shard, broker_id, timeout)
+    In a cluster of several shards, --shard names the shard (0 by default). Exit 1, with the
+    reason, when BROKER_ID cannot lead or does not take over within --timeout."""
+    elect_and_say(zk, cluster, dev_dir, shard, broker_id, timeout, as_json)
 
 
-def elect_and_say(zk, cluster, dev_dir, shard: int, broker_id: int, timeout: float) -> None:
+def elect_and_say(
+    zk, cluster, dev_dir, shard: int, broker_id: int, timeout: float, as_json: bool = False
+) -> None:
     """Hand ``shard``'s leadership to ``broker_id``, say who leads (`admin elect`, `shard move-leader`)."""
     from broker.admin.status import elect
 
     leader = with_zk(
         zk, cluster, dev_dir, lambda client, name: elect(client, name, broker_id, timeout, shard=shard)
     )
-    where = f"shard {shard}: " if shard else ""
-    click.echo(
-        f"{where}broker {leader['broker_id']} leads (epoch {leader.get('epoch')}) at {leader.get('address')}"
+
+    def human(r: dict) -> None:
+        where = f"shard {shard}: " if shard else ""
+        click.echo(f"{where}broker {r['broker_id']} leads (epoch {r['epoch']}) at {r['address']}")
+
+    emit(
+        {
+            "shard": shard,
+            "broker_id": leader["broker_id"],
+            "epoch": leader.get("epoch"),
+            "address": leader.get("address"),
+        },
+        as_json,
+        human,
     )

@@ -10,8 +10,10 @@ import sys
 import click
 
 from commands.errors import fail
+from commands.extras import require
 
 BENCHMARKS = {
+    "api": "bench.api",
     "ledger": "bench.ledger",
     "tasks": "bench.tasks",
     "failover": "bench.failover",
@@ -42,6 +44,9 @@ def bench(name: str, args: tuple[str, ...]) -> None:
     """
     import importlib
 
+    require("dev", "fencepost bench")
+    if name == "pipeline":
+        require("pipeline", "fencepost bench pipeline")
     try:
         module = importlib.import_module(BENCHMARKS[name])
     except ImportError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from commands.errors import fail
+from commands.extras import require
 from commands.output import emit
 
 
@@ -82,6 +83,7 @@ def chaos(minutes, seconds, seed, hosts, cpu_per_host, shards, zk_servers, run_d
     ZooKeeper, a fault SIGKILLs one server (never two at a time) and restarts it after
     a short random delay; the report counts them (zk_servers_killed).
     """
+    require("dev", "fencepost chaos")
     from devtools.chaos import ChaosConfig, ChaosRun
     from devtools.chaos_report import format_report
 

@@ -1,14 +1,16 @@
-"""`fencepost cluster init|shutdown`: the cluster as a whole, its cluster-wide options and its orderly
-shutdown (docs/operations.md, "The whole cluster: restart, total failure, lost ZooKeeper, lost disk").
+"""`fencepost cluster init|shutdown|features|enable-feature|config`: the cluster as a whole, its cluster-wide
+options and task settings, its orderly shutdown (docs/operations.md, "The whole cluster: restart, total failure, lost
+ZooKeeper, lost disk") and its feature flags (docs/upgrading.md).
 
 Like every command module, it only parses options and calls the packages (``election.cluster_config``,
-``broker.admin.cluster_shutdown``).
+``broker.admin.cluster_shutdown``, ``broker.admin.features``).
 """
 
 from __future__ import annotations
 
 import click
 
+from commands.cluster_settings import config_group, given_task_settings, task_setting_options
 from commands.errors import fail
 from commands.options import cluster_options, with_zk
 from commands.output import emit
@@ -18,7 +20,11 @@ from election.shards import MAX_SHARDS
 
 @click.group("cluster")
 def cluster_group() -> None:
-    """The cluster as a whole: its cluster-wide options (`init`), its orderly shutdown (`shutdown`)."""
+    """The cluster as a whole: its cluster-wide options (`init`), its orderly shutdown (`shutdown`), its
+    feature flags for rolling upgrades (`features`, `enable-feature`), its task settings (`config`)."""
+
+
+cluster_group.add_command(config_group)
 
 
 @cluster_group.command("init")
@@ -74,6 +80,7 @@ def cluster_group() -> None:
     "grows with brokers. A queue spans every shard (order and priority hold within a shard). Fixed "
     "for the cluster's life: choose about the number of brokers you expect to run.",
 )
+@task_setting_options
 @click.option("--json", "as_json", is_flag=True, help="Print the config written, as JSON.")
 @cluster_options
 def cluster_init(
@@ -88,15 +95,18 @@ def cluster_init(
     zk,
     cluster,
     dev_dir,
+    **task_settings,
 ) -> None:
     """Create the cluster: its `config` node with a new cluster id and the options every member shares.
 
     Run once, before (or while) the bookies and brokers start: members started
     earlier wait for it. A second init is refused (exit 1), naming the cluster id.
-    The shard count (--shards) cannot be changed afterwards.
+    The shard count (--shards) cannot be changed afterwards; the task settings can
+    (`fencepost cluster config set`).
     """
     from election.cluster_config import ClusterOptions, check_secret_choice, init_cluster, read_secret
     from election.paths import ClusterPaths
+    from election.task_settings import checked as checked_settings
 
     # Everything is checked before ZooKeeper is touched.
     options = ClusterOptions(
@@ -108,6 +118,7 @@ def cluster_init(
     ).validate()
     secret = read_secret(secret_file) if secret_file else None
     check_secret_choice(options, secret)
+    settings = checked_settings(given_task_settings(task_settings))
     config = with_zk(
         zk,
         cluster,
@@ -115,7 +126,13 @@ def cluster_init(
         lambda client, name: {
             "cluster": name,
             **init_cluster(
-                client, ClusterPaths(name), options, clock=SYSTEM_CLOCK.now, secret=secret, shards=shards
+                client,
+                ClusterPaths(name),
+                options,
+                clock=SYSTEM_CLOCK.now,
+                secret=secret,
+                shards=shards,
+                task_settings=settings,
             ),
         },
         must_exist=False,
@@ -183,3 +200,44 @@ def _echo_abandoned(done: dict) -> None:
             f"cluster shutdown {d['shutdown_id']}{where} abandoned: the brokers "
             "stand for election by the usual rules again"
         )
+
+
+@cluster_group.command("features")
+@click.option("--json", "as_json", is_flag=True, help="Print the flags and the members as JSON.")
+@cluster_options
+def cluster_features(as_json, zk, cluster, dev_dir) -> None:
+    """Show the feature flags: for each, whether the cluster enabled it, which members support it and
+    which do not (every registered broker, live or not, and every live bookie), then each member's
+    version. A flag gates a new event, field or format; it can be enabled once every member runs a
+    version that supports it (docs/upgrading.md).
+    """
+    from broker.admin.features import features_report, format_features
+    from election.paths import ClusterPaths
+
+    report = with_zk(zk, cluster, dev_dir, lambda client, name: features_report(client, ClusterPaths(name)))
+    emit(report, as_json, lambda r: click.echo(format_features(r)))
+
+
+@cluster_group.command("enable-feature")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@cluster_options
+def cluster_enable_feature(name, as_json, zk, cluster, dev_dir) -> None:
+    """Enable feature flag NAME for the whole cluster, for good (a flag is never disabled).
+
+    Refused (exit 1, naming the members) unless every registered broker and every live bookie
+    advertises NAME: a registered broker that is down counts as not supporting it; start it on the
+    new version, or remove it from the cluster, first. Run it after the last member was upgraded.
+    """
+    from broker.admin.features import enable_feature
+    from election.paths import ClusterPaths
+
+    # A refusal is a FeatureError: the command line prints its one line and exits 1.
+    done = with_zk(zk, cluster, dev_dir, lambda client, c: enable_feature(client, ClusterPaths(c), name))
+    emit(
+        done,
+        as_json,
+        lambda d: click.echo(
+            f"feature {d['flag']} " + ("enabled" if d["changed"] else "was already enabled")
+        ),
+    )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from commands.extras import require
 from commands.output import emit
 from election.local.dev_cluster import DEFAULT_DEV_DIR
 from election.shards import MAX_SHARDS
@@ -18,7 +19,8 @@ from election.shards import MAX_SHARDS
 
 @click.group("dev")
 def dev() -> None:
-    """A local cluster (ZooKeeper, bookies, brokers) running in the background."""
+    """A local cluster (ZooKeeper, bookies, brokers) running in the background (the dev extra)."""
+    require("dev", "fencepost dev")
 
 
 def dev_dir_option(fn):
@@ -139,6 +141,14 @@ def dev_dir_option(fn):
     help="CURVE keys for every member and an admin key (DEV_DIR/keys, DEV_DIR/cluster.keys): every "
     "socket encrypted, every key and role checked; commands at DEV_DIR use the admin key.",
 )
+@click.option(
+    "--api",
+    "with_api",
+    is_flag=True,
+    help="Also start the HTTP API (`fencepost api`) on a free loopback port, with an admin API key; "
+    "cluster.json records both (`api`, `api_key`).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the cluster's record (cluster.json) as JSON.")
 def dev_up(
     dev_dir: str,
     cluster: str,
@@ -158,6 +168,8 @@ def dev_up(
     shards: int | None,
     wait_for,
     secure: bool,
+    with_api: bool,
+    as_json: bool,
 ) -> None:
     """Start a local cluster on free loopback ports (or on test hosts, --hosts) and record it in
     DEV_DIR/cluster.json.
@@ -194,16 +206,24 @@ def dev_up(
         shards=shards,
         wait_for=wait_for,
         secure=secure,
+        api=with_api,
     )
+    # With --json, stdout holds the one JSON document: the progress lines go to stderr.
     with dev_cluster.locked():
-        state = dev_cluster.up(spec, progress=click.echo)
-    click.echo(
-        f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}"
-    )
-    if state.get("secure"):
+        state = dev_cluster.up(spec, progress=lambda line: click.echo(line, err=as_json))
+
+    def human(state: dict) -> None:
         click.echo(
-            f"secure: keys file {state['keys_file']}; commands at this dev dir use {state['admin_key_file']}"
+            f"dev cluster {state['cluster']!r} is up; ZooKeeper at {state['zk']}; state in {state['run_dir']}"
         )
+        if state.get("secure"):
+            click.echo(
+                f"secure: keys file {state['keys_file']}; commands at this dev dir use {state['admin_key_file']}"
+            )
+        if state.get("api"):
+            click.echo(f"HTTP API on http://{state['api']}; its admin API key is api_key in cluster.json")
+
+    emit(state, as_json, human)
 
 
 @dev.command("add-broker")
@@ -220,16 +240,27 @@ def dev_add_broker(dev_dir: str) -> None:
 
 @dev.command("down")
 @dev_dir_option
-def dev_down(dev_dir: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the processes stopped as JSON.")
+def dev_down(dev_dir: str, as_json: bool) -> None:
     """Stop exactly the processes `dev up` started and remove its test hosts (namespaces, links,
     CPU groups, firewall rules; those of a `dev up` that was killed too). The record stays:
     `dev up` restarts the members on the same addresses."""
+    from devtools.dev_members import member_name
     from devtools.devcluster import DevCluster
 
     dev_cluster = DevCluster(Path(dev_dir))
     with dev_cluster.locked():
         stopped = dev_cluster.down()
-    click.echo(f"stopped {len(stopped)} processes")
+    emit(
+        {
+            "stopped": [
+                {"name": member_name(m), "kind": m["kind"], "pid": m.get("pid"), "address": m.get("address")}
+                for m in stopped
+            ]
+        },
+        as_json,
+        lambda r: click.echo(f"stopped {len(r['stopped'])} processes"),
+    )
 
 
 @dev.command("restart")
@@ -264,9 +295,10 @@ def dev_status(dev_dir: str, as_json: bool) -> None:
             extra += f" metrics=http://{r['metrics']}/metrics" if r.get("metrics") else ""
             extra += f" mode={r['mode']}" if r.get("mode") else ""
             click.echo(
-                f"{r['name']:<10} pid={r['pid']:<8} {'up' if r['alive'] else 'DOWN':<5} {r['address']}{extra}  "
-                f"{r['data_dir']}"
+                f"{r['name']:<10} pid={r['pid']:<8} {r['state']:<7} {r['address']}{extra}  {r['data_dir']}"
             )
+            if r.get("waiting"):
+                click.echo(f"  waiting: {r['waiting']}")
             for s in r.get("shards", []):
                 metrics = f" metrics=http://{s['metrics']}/metrics" if s.get("metrics") else ""
                 click.echo(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from commands.extras import require
 from commands.options import cluster_options, resolve_cluster
 from commands.output import emit
 
@@ -83,6 +84,7 @@ def export(
     default), up to what is committed when the run starts. With --snapshot, the state at that
     snapshot is written as a Parquet table of tasks instead.
     """
+    require("pipeline", "fencepost export")
     out = Path(out_dir)
     if snapshot_file:
         from pipeline.tasks import export_snapshot_tasks
@@ -183,6 +185,7 @@ def analyze(out_dir, export_dir, since, until, master, secret_file, as_json, zk,
     the log does not name, and writes the tables and a self-contained HTML
     report with charts under --out. Spark runs locally unless --master says otherwise.
     """
+    require("pipeline", "fencepost analyze")
     from pipeline.analyze import Window, parse_time
     from pipeline.analyze_run import HistorySource, run_analyze
     from pipeline.plan import ClusterAddress
@@ -269,6 +272,7 @@ def audit(
     temporary state store and compared with that shard's StateDigest entries and
     each of its live brokers' digests. Each finding names its shard.
     """
+    require("pipeline", "fencepost audit")
     from pipeline.audit import audit_cluster, audit_export, plan_audit
     from pipeline.plan import ClusterAddress
 

@@ -1,4 +1,5 @@
-"""`fencepost queue list|purge|requeue-dead`: each queue's depth by state; delete or requeue its tasks.
+"""`fencepost queue list|declare|show|purge|requeue-dead`: each queue's depth by state; its settings;
+delete or requeue its tasks.
 
 They only parse options and call :class:`broker.api.client.Client` (its operator calls,
 :mod:`broker.api.operate`), then print a table or, with ``--json``, JSON.
@@ -6,6 +7,8 @@ They only parse options and call :class:`broker.api.client.Client` (its operator
 Example::
 
     fencepost queue list
+    fencepost queue declare mail --max-attempts 8 --retry-backoff 2s --retry-backoff-max 10m --result-ttl 7d
+    fencepost queue show mail --json
     fencepost queue purge mail --state done --older-than 7d
     fencepost queue requeue-dead mail
 """
@@ -16,13 +19,16 @@ import re
 
 import click
 
-from broker.state.events import FINAL_STATES, WAITING
+from broker.protocol import MAX_ATTEMPTS, MIN_LEASE_MS
+from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, MAX_SPAN_MS, WAITING
 from commands.checks import QUEUE
 from commands.options import cluster_options, make_client
 from commands.output import emit, table
+from election.task_settings import SETTINGS as TASK_SETTINGS
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"\A(\d+(?:\.\d+)?)([smhdw]?)\Z")
+# A sign is matched so that a negative duration is told it is out of range, not that it is no duration.
+_DURATION = re.compile(r"\A(-?\d+(?:\.\d+)?)([smhdw]?)\Z")
 # What `queue purge --state` names, as the states purged.
 PURGE_STATES = {
     **{s: [s] for s in (WAITING,) + FINAL_STATES},
@@ -32,22 +38,31 @@ PURGE_STATES = {
 
 
 class Duration(click.ParamType):
-    """A duration such as 90, 90s, 15m, 2h, 7d or 1.5w; in seconds."""
+    """A duration such as 90, 90s, 15m, 2h, 7d or 1.5w; in seconds, from ``low`` to ``high``."""
 
     name = "duration"
 
+    def __init__(self, low: float = 0.0, high: float | None = None) -> None:
+        self.low, self.high = low, high
+
     def convert(self, value, param, ctx) -> float:
         if isinstance(value, (int, float)):
-            return float(value)
-        match = _DURATION.match(str(value).strip())
-        if not match:
-            self.fail(f"{value!r} is not a duration (a number with s, m, h, d or w, e.g. 7d)", param, ctx)
-        return float(match.group(1)) * _UNITS[match.group(2)]
+            seconds = float(value)
+        else:
+            match = _DURATION.match(str(value).strip())
+            if not match:
+                self.fail(f"{value!r} is not a duration (a number with s, m, h, d or w, e.g. 7d)", param, ctx)
+            seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if seconds < self.low or (self.high is not None and seconds > self.high):
+            top = f" and at most {_span(self.high)}" if self.high is not None else ""
+            self.fail(f"{value!r} is out of range: at least {_span(self.low)}{top}", param, ctx)
+        return seconds
 
 
 @click.group("queue")
 def queue_group() -> None:
-    """Queues: their depth by state; purge finished (or waiting) tasks; requeue dead ones."""
+    """Queues: their depth by state; declare one's settings and show them; purge finished (or waiting)
+    tasks; requeue dead ones."""
 
 
 @queue_group.command("list")
@@ -91,6 +106,138 @@ def _span(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:g}s"
+
+
+# The longest a queue's time setting may be: ten years, a round bound within the state machine's spans.
+_MAX_SETTING_S = min(3650 * 86400, MAX_SPAN_MS // 1000)
+
+
+def _cluster_default(name: str) -> str:
+    """How the cluster-wide task setting ``name`` reads at its default (help texts)."""
+    value = TASK_SETTINGS[name].default
+    seconds = value / 1000 if name.endswith("_ms") else value
+    return "kept" if name == "result_ttl_s" and not seconds else _span(seconds)
+
+
+@queue_group.command("declare")
+@click.argument("queue", type=QUEUE)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, MAX_ATTEMPTS),
+    default=None,
+    help=f"Attempts a task of the queue gets before it is dead, 1 - {MAX_ATTEMPTS} [default: unchanged; "
+    f"a new queue starts at {DEFAULT_MAX_ATTEMPTS}].",
+)
+@click.option(
+    "--max-run",
+    type=Duration(MIN_LEASE_MS / 1000, _MAX_SETTING_S),
+    default=None,
+    help="How long one attempt may run, at least 0.1s: past it the worker abandons it (killing a "
+    "`worker run` command) and the leader expires its lease even if heartbeats go on [default: "
+    "unchanged; a new queue sets no limit].",
+)
+@click.option(
+    "--retry-backoff",
+    type=Duration(0, _MAX_SETTING_S),
+    default=None,
+    help="Wait before the first retry of a failed attempt, twice as long for each later one; 0 retries "
+    "at once [default: unchanged; unset: the cluster's retry_backoff_ms, "
+    f"{_cluster_default('retry_backoff_ms')} unless configured].",
+)
+@click.option(
+    "--retry-backoff-max",
+    type=Duration(0, _MAX_SETTING_S),
+    default=None,
+    help="Longest wait between two attempts [default: unchanged; unset: the cluster's "
+    f"retry_backoff_max_ms, {_cluster_default('retry_backoff_max_ms')} unless configured].",
+)
+@click.option(
+    "--result-ttl",
+    type=Duration(0, _MAX_SETTING_S),
+    default=None,
+    help="How long the queue's done, failed, dead and cancelled tasks are kept after they finished "
+    "before the leader purges them; 0 keeps them, whatever the cluster's result_ttl_s [default: "
+    f"unchanged; unset: the cluster's result_ttl_s, {_cluster_default('result_ttl_s')} unless "
+    "configured].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: queue, created, settings.")
+@cluster_options
+def queue_declare(
+    queue, max_attempts, max_run, retry_backoff, retry_backoff_max, result_ttl, as_json, zk, cluster, dev_dir
+) -> None:
+    """Create QUEUE or change its settings: the defaults of its tasks (a task's own submit options win).
+
+    A setting not given keeps its value; the queue is set on every shard. Durations are
+    seconds, or a number with s, m, h, d or w (90, 1.5s, 15m, 7d), up to 3650d. Prints the
+    queue's settings after the change (`queue show` adds its counts and the cluster's defaults).
+    """
+    from broker.api.queue_settings import declared
+
+    with make_client(zk, cluster, dev_dir) as client:
+        reply = client.declare_queue(
+            queue,
+            max_attempts=max_attempts,
+            max_run=max_run,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+            result_ttl=result_ttl,
+        )
+    view = {"queue": queue, "created": bool(reply.get("created")), "settings": declared(reply)}
+
+    def human(v: dict) -> None:
+        click.echo(f"{'created' if v['created'] else 'updated'} queue {queue}")
+        _settings_lines(v["settings"], {})
+
+    emit(view, as_json, human)
+
+
+@queue_group.command("show")
+@click.argument("queue", type=QUEUE)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object: queue, counts, settings (declared; null: unset), defaults (the "
+    "cluster's) and effective (what its tasks act on); times in ms.",
+)
+@cluster_options
+def queue_show(queue, as_json, zk, cluster, dev_dir) -> None:
+    """QUEUE's settings (as declared, else the cluster's default, said so) and its tasks by state.
+
+    Exit 1 if the cluster holds no record of QUEUE (nothing declared it or was submitted to it).
+    """
+    with make_client(zk, cluster, dev_dir) as client:
+        view = client.queue(queue)
+
+    def human(v: dict) -> None:
+        click.echo(f"{'queue':<18} {v['queue']}")
+        _settings_lines(v["settings"], v["defaults"])
+        table([s.upper() for s in v["counts"]], [list(v["counts"].values())])
+
+    emit(view, as_json, human)
+
+
+def _shown(name: str, value: int) -> str:
+    """A setting's value as a person reads it."""
+    if name == "max_attempts":
+        return str(value)
+    if name == "result_ttl_ms" and not value:
+        return "forever"
+    return _span(value / 1000)
+
+
+def _settings_lines(settings: dict, defaults: dict) -> None:
+    """One line per setting: the declared value, else the cluster's (marked so) or "not set"."""
+    for name, value in settings.items():
+        label = name.removesuffix("_ms")
+        if value is not None:
+            click.echo(f"{label:<18} {_shown(name, value)}")
+        elif defaults.get(name) is not None:
+            click.echo(f"{label:<18} {_shown(name, defaults[name])} (cluster default)")
+        elif name == "max_run_ms":
+            click.echo(f"{label:<18} none (not set)")
+        else:
+            click.echo(f"{label:<18} - (not set: the cluster's default)")
 
 
 @queue_group.command("purge")

@@ -75,16 +75,27 @@ def snapshot_list(data, as_json, zk, cluster, dev_dir) -> None:
 )
 @click.option("--keep", default=None, type=click.IntRange(1), help="Prune to this many snapshots afterwards.")
 @SHARD_OPTION
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the new snapshot's header as JSON (shard, path, position, record_count, size, digest, ...).",
+)
 @cluster_options
-def snapshot_create(data, keep, shard, zk, cluster, dev_dir) -> None:
+def snapshot_create(data, keep, shard, as_json, zk, cluster, dev_dir) -> None:
     """Snapshot a broker's store now (safe while the broker runs)."""
     from broker.admin.snapshots import create_snapshot
 
     header = create_snapshot(Path(data), _zk_cluster_id(zk, cluster, dev_dir), keep, shard=shard)
-    where = f"shard {header['shard']}: " if "shard" in header else ""
-    click.echo(
-        f"{where}{header['path']}: position {header['position']}, {header['record_count']} records, {header['size']} bytes"
-    )
+
+    def human(h: dict) -> None:
+        where = f"shard {h['shard']}: " if h["shard"] else ""
+        click.echo(
+            f"{where}{h['path']}: position {h['position']}, {h['record_count']} records, {h['size']} bytes"
+        )
+
+    # Shard 0's header names no shard (as before shards): the JSON always does.
+    emit({"shard": 0, **header}, as_json, human)
 
 
 @snapshot.command("verify")
@@ -111,8 +122,14 @@ def snapshot_verify(file, cluster_id, as_json) -> None:
     "--data", required=True, type=click.Path(file_okay=False), help="Broker data dir to restore into."
 )
 @SHARD_OPTION
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the installed snapshot's header as JSON, with data_dir (the store dir it went into) and shard.",
+)
 @cluster_options
-def snapshot_restore(file, data, shard, zk, cluster, dev_dir) -> None:
+def snapshot_restore(file, data, shard, as_json, zk, cluster, dev_dir) -> None:
     """Install FILE as the state of a broker data dir (refused if in use, non-empty, or of another cluster).
 
     A sharded cluster: the state of one shard (--shard N: DATA/shards/N), from a snapshot of that shard.
@@ -121,7 +138,9 @@ def snapshot_restore(file, data, shard, zk, cluster, dev_dir) -> None:
     from broker.admin.snapshots import restore_into
 
     header = restore_into(Path(file), Path(data), _zk_cluster_id(zk, cluster, dev_dir), shard=shard)
-    click.echo(
-        f"restored position {header['position']} ({header['record_count']} records) into "
-        f"{store_dir(Path(data), shard) if shard else data}"
+    into = store_dir(Path(data), shard) if shard else data
+    emit(
+        header,
+        as_json,
+        lambda h: click.echo(f"restored position {h['position']} ({h['record_count']} records) into {into}"),
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import click
 
 from broker.protocol import MAX_LIST_TASKS
-from broker.state.events import STATES
+from broker.state.events import CANCELLED, STATES
 from commands.checks import DELAY, PRIORITY, QUEUE, WAIT
 from commands.options import cluster_options, make_client
 from commands.output import age, emit, first_line, printable_task, report_submit, table
@@ -137,12 +137,15 @@ def task_show(task_id, as_json, zk, cluster, dev_dir) -> None:
 
 @task.command("cancel")
 @click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: task_id and state (cancelled).")
 @cluster_options
-def task_cancel(task_id, zk, cluster, dev_dir) -> None:
-    """Cancel a task that is still waiting (a running task cannot be cancelled)."""
+def task_cancel(task_id, as_json, zk, cluster, dev_dir) -> None:
+    """Cancel a task that is still waiting (a running task cannot be cancelled: exit 1).
+
+    Cancelling a task already cancelled succeeds again."""
     with make_client(zk, cluster, dev_dir) as client:
         client.cancel(task_id)
-    click.echo(f"cancelled {task_id}")
+    emit({"task_id": task_id, "state": CANCELLED}, as_json, lambda r: click.echo(f"cancelled {task_id}"))
 
 
 @task.command("list")

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from commands.errors import fail
+from commands.extras import require
 from commands.output import emit
 
 
@@ -24,7 +25,8 @@ def server_count(_ctx, _param, value: int) -> int:
 
 @click.group("zk")
 def zk() -> None:
-    """A development ZooKeeper server (or ensemble) from the jars bundled in pyspark."""
+    """A development ZooKeeper server (or ensemble) from the jars bundled in pyspark (the dev extra)."""
+    require("dev", "fencepost zk")
 
 
 @zk.command("start")
@@ -156,12 +158,23 @@ def _start_ensemble(servers, host, port, quorum_port, election_port, data, setti
     type=click.Path(file_okay=False),
     help="Data directory given to `zk start`.",
 )
-def zk_stop(data: str) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object: data (the directory) and stopped (servers).",
+)
+def zk_stop(data: str, as_json: bool) -> None:
     """Stop the ZooKeeper server, or every server of the ensemble, started in the background by
-    `zk start --data DIR`."""
+    `zk start --data DIR`. Exit 1 when DIR holds no pid file (nothing was started there)."""
     from devtools.zk_ensemble import stop_servers
 
-    stopped = stop_servers(Path(data))
+    where = Path(data).resolve()
+    stopped = stop_servers(where)
     if not stopped:
-        fail(f"no ZooKeeper pid file in {Path(data).resolve()}")
-    click.echo("zookeeper stopped" if stopped == 1 else f"{stopped} zookeeper servers stopped")
+        fail(f"no ZooKeeper pid file in {where}")
+    emit(
+        {"data": str(where), "stopped": stopped},
+        as_json,
+        lambda r: click.echo("zookeeper stopped" if stopped == 1 else f"{stopped} zookeeper servers stopped"),
+    )

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from devtools.hosts.plan import LOCAL, HostsError
 from devtools.hosts.testnet import TestNet
@@ -50,15 +51,18 @@ class DevHosts:
     def command(self, host: str, command: list[str]) -> list[str]:
         return self.net.command(host, command)
 
-    def place(self, state: dict, kind: str, index: int) -> tuple[str, str, str]:
-        """Host, listen address and metrics address of member ``index`` of ``kind`` (bookie, broker)."""
+    def place(self, state: dict, kind: str, index: int, planned: Sequence[dict] = ()) -> tuple[str, str, str]:
+        """Host, listen address and metrics address of member ``index`` of ``kind`` (bookie, broker);
+        ``planned``: records made but not yet in ``state``, whose ports are taken too."""
         host = node_host(index % state["hosts"] + 1)
         if kind == "broker" and index >= state["hosts"]:
             # A broker beyond the first N (`dev add-broker`) is a new machine.
             host = node_host(index + 1)
             if host not in self.net.hosts():
                 self.net.add_host(host)
-        sharing = sum(1 for m in state["processes"] if m["kind"] == kind and m.get("host") == host)
+        sharing = sum(
+            1 for m in [*state["processes"], *planned] if m["kind"] == kind and m.get("host") == host
+        )
         port, metrics_port = PORTS[kind]
         address = self.net.address(host)
         return host, f"tcp://{address}:{port + sharing}", f"{address}:{metrics_port + 2 * sharing}"

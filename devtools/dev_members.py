@@ -25,6 +25,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Sequence
 
 from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys, reload_members
@@ -126,14 +127,21 @@ class MemberProcesses:
         return f"zookeeper ensemble of {len(peers)} serving on {state['zk']} (leader {leader})"
 
     def new_member(
-        self, state: dict, kind: str, index: int, extra: list[str] | None = None, session_file: bool = False
+        self,
+        state: dict,
+        kind: str,
+        index: int,
+        extra: list[str] | None = None,
+        session_file: bool = False,
+        planned: Sequence[dict] = (),
     ) -> dict:
-        """The record of a new bookie or broker on fresh ports, its data dir made (not started yet)."""
+        """The record of a new bookie or broker on fresh ports, its data dir made (not started yet);
+        ``planned``: records made but not yet in ``state`` (their ports on a host are taken)."""
         data = self.data_dir(kind, index)
         data.mkdir(parents=True, exist_ok=True)
         host = None
         if state.get("hosts"):
-            host, address, metrics = self.hosts.place(state, kind, index)
+            host, address, metrics = self.hosts.place(state, kind, index, planned)
         else:
             address = f"tcp://127.0.0.1:{free_port()}"
             # Prometheus metrics on a port of its own, kept by restarts (they reuse the recorded args).
@@ -192,6 +200,9 @@ class MemberProcesses:
         """Start a recorded bookie or broker with its command line; its new pid goes into the record."""
         env = (private_env if self.private else fencepost_env)(member.get("env"))
         command = fencepost_command(*member["args"])
+        log_path = Path(member["log"])
+        # Where this start's lines begin: what it waits for is read from there (devtools.dev_status).
+        member["log_offset"] = log_path.stat().st_size if log_path.exists() else 0
         if member.get("host"):
             command = self.hosts.command(member["host"], command)
         proc = spawn(

@@ -90,6 +90,8 @@ class DevClusterSpec:
     # ZooKeeper servers: 1 (standalone), or an ensemble of 3 or 5 on 127.0.0.1 (devtools.zk_ensemble);
     # None: 1, or what the run directory's record has.
     zk_servers: int | None = None
+    # `dev up --api`: an HTTP API process (`fencepost api`) and an admin API key (devtools/dev_api.py).
+    api: bool = False
 
     def validate(self) -> "DevClusterSpec":
         """Check the spec and settle the member counts left to their defaults; returns it."""

@@ -41,10 +41,10 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
+from devtools.dev_api import api_member
 from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys
-from devtools.dev_members import MemberProcesses, member_name, port_taken, read_broker_id
-from devtools.dev_shards import shard_processes
+from devtools.dev_members import MemberProcesses, member_name, port_taken
 from devtools.dev_spec import (
     DevClusterError,
     DevClusterSpec,
@@ -52,11 +52,12 @@ from devtools.dev_spec import (
     read_secret_file,
     with_wait_for,
 )
+from devtools.dev_status import member_rows, report_started
 from devtools.hosts.plan import HostsError
 from devtools.hosts.testnet import TestNet
 from devtools.procs import free_port, owns, pid_alive, stop_pid
-from devtools.zk_ensemble import connect_string, free_ensemble, server_mode, wait_joined, wait_quorum
-from devtools.zkserver import ZooKeeperServerError, four_letter
+from devtools.zk_ensemble import connect_string, free_ensemble, wait_joined, wait_quorum
+from devtools.zkserver import ZooKeeperServerError
 from election.local.dev_cluster import DevStateError, read_dev_state, state_path
 from election.local.files import write_json_atomically
 
@@ -158,14 +159,25 @@ class DevCluster:
                 self._start_zookeeper(state)
                 progress(f"zookeeper listening on {state['zk']}")
             progress(init_cluster_config(state["zk"], spec, secret, secret_file))
-            for index in range(spec.bookies):
-                member = self._start_member(state, "bookie", index, list(spec.bookie_args))
-                progress(f"bookie {index} listening on {member['address']}")
-            for index in range(spec.brokers):
-                member = self._start_member(
-                    state, "broker", index, broker_args, session_file=spec.session_files
+            # Every record (and on a secure cluster every key) is made before any member starts: a
+            # new key makes the running members reload theirs by SIGHUP, which kills one still
+            # starting. Every member is started before any is waited for: one may wait for the others.
+            started: list[dict] = []
+            for i in range(spec.bookies):
+                started.append(
+                    self._members.new_member(state, "bookie", i, list(spec.bookie_args), planned=started)
                 )
-                progress(f"broker {index} listening on {member['address']}")
+            for i in range(spec.brokers):
+                started.append(
+                    self._members.new_member(state, "broker", i, broker_args, spec.session_files, started)
+                )
+            for member in started:
+                self._members.spawn(member)
+                state["processes"].append(member)
+                self.write_state(state)
+            report_started(started, progress)
+            if spec.api:
+                self._start_api(state, progress)
         except Exception:
             self.down()
             # A cluster that never came up whole is not one to restart: the next `up` starts afresh.
@@ -173,6 +185,15 @@ class DevCluster:
             self.write_state(state)
             raise
         return state
+
+    def _start_api(self, state: dict, progress: Callable[[str], None]) -> None:
+        """The HTTP API process and its admin key (:mod:`devtools.dev_api`), once it listens."""
+        member = api_member(state, self.run_dir)
+        self._members.spawn(member)
+        state["processes"].append(member)
+        self.write_state(state)
+        self._members.wait_listening(member)
+        progress(f"HTTP API listening on http://{member['address']} (admin API key in {self.state_path})")
 
     def _restart_stopped(self, spec: DevClusterSpec, progress: Callable[[str], None]) -> dict:
         """Start the recorded processes that stopped (all after `down`, the brokers after `cluster shutdown`)
@@ -208,7 +229,7 @@ class DevCluster:
                 self.write_state(state)
         secret_file = spec.secret_file or state.get("secret_file")
         secret_file = str(Path(secret_file).resolve()) if secret_file else None
-        order = {"zookeeper": 0, "bookie": 1, "broker": 2}
+        order = {"zookeeper": 0, "bookie": 1, "broker": 2, "api": 3}
         stopped.sort(key=lambda m: (order.get(m["kind"], 3), m.get("index", 0)))
         servers = [m for m in stopped if m["kind"] == "zookeeper"]
         for member in servers:
@@ -220,9 +241,9 @@ class DevCluster:
         members = [m for m in stopped if m["kind"] != "zookeeper"]
         if members:
             progress(init_cluster_config(state["zk"], spec, read_secret_file(secret_file), secret_file))
-        for member in members:
-            self.restart(member)
-            progress(f"{member_name(member)} restarted on {member['address']} (data {member['data_dir']})")
+        # Every member is started before any is waited for: after ZooKeeper lost its data the bookies
+        # wait for the brokers, which wait for each other (--wait-for), without listening.
+        report_started([self.restart(member, wait=False) for member in members], progress, restarted=True)
         return self.read_state()
 
     def add_broker(self, progress: Callable[[str], None] = lambda _: None) -> dict:
@@ -342,7 +363,12 @@ class DevCluster:
         return self._members.exit_code(pid)
 
     def _start_member(
-        self, state: dict, kind: str, index: int, extra: list[str] | None = None, session_file: bool = False
+        self,
+        state: dict,
+        kind: str,
+        index: int,
+        extra: list[str] | None = None,
+        session_file: bool = False,
     ) -> dict:
         member = self._members.new_member(state, kind, index, extra, session_file)
         self._members.spawn(member)
@@ -369,7 +395,7 @@ class DevCluster:
         state = self.read_state()
         if not state:
             return []
-        order = {"broker": 0, "bookie": 1, "zookeeper": 2}
+        order = {"api": 0, "broker": 0, "bookie": 1, "zookeeper": 2}
         stopped = []
         for member in sorted(state["processes"], key=lambda m: order.get(m["kind"], 0)):
             if "pid" in member:
@@ -421,32 +447,6 @@ class DevCluster:
         return state
 
     def status(self) -> list[dict]:
-        """One row per recorded process: kind, pid, address, data_dir, alive; a broker of a sharded
-        cluster also its shard processes (``shards``)."""
-        state = self.read_state()
-        if not state:
-            return []
-        rows = []
-        for member in state["processes"]:
-            alive = pid_alive(member["pid"]) and owns(member["pid"], str(self.run_dir))
-            if member["kind"] == "zookeeper" and alive:
-                host, port = member["address"].rsplit(":", 1)
-                alive = four_letter(host, int(port)) == "imok"
-            row = {
-                "name": member_name(member),
-                **{k: member.get(k) for k in ("kind", "pid", "address", "data_dir")},
-                "host": member.get("host", "local"),
-            }
-            row["alive"] = alive
-            if member["kind"] == "zookeeper":
-                # leader or follower in an ensemble, standalone otherwise; None when it does not serve.
-                row["mode"] = server_mode(member["address"]) if alive else None
-            if member.get("metrics"):
-                row["metrics"] = member["metrics"]
-            if member["kind"] == "broker":
-                row["broker_id"] = read_broker_id(Path(member["data_dir"]))
-                shards = shard_processes(member["pid"]) if alive else []
-                if shards:
-                    row["shards"] = shards
-            rows.append(row)
-        return rows
+        """One row per recorded process (:func:`devtools.dev_status.member_rows`): a bookie or broker
+        that runs without listening is ``waiting``, with what it waits for."""
+        return member_rows(self.run_dir, self.read_state())

@@ -51,6 +51,9 @@ from election import ElectionError
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.shards import check_shards
+from election.task_settings import CONFIG_KEY as TASK_SETTINGS_KEY
+from election.task_settings import checked as checked_settings
+from election.task_settings import defaults as task_defaults
 from election.zk import patiently
 
 log = logging.getLogger(__name__)
@@ -244,12 +247,19 @@ def check_secret_choice(options: ClusterOptions, secret: bytes | None) -> None:
 
 # ------------------------------------------------------------------ the node
 def new_config(
-    options: ClusterOptions, clock: Callable[[], float], secret: bytes | None = None, shards: int = 1
+    options: ClusterOptions,
+    clock: Callable[[], float],
+    secret: bytes | None = None,
+    shards: int = 1,
+    task_settings: Mapping[str, Any] | None = None,
 ) -> dict:
     """The content of a fresh `config` node (the secret only as its ``secret_check``; ``shards``
-    only when above 1)."""
+    only when above 1; with ``task_settings`` every task setting, the defaults where it names
+    none; without, none: a bookie's, which the first broker to start completes with its options)."""
     check_secret_choice(options.validate(), secret)
     config = {"cluster_id": str(uuid.uuid4()), "created_at": clock(), **asdict(options)}
+    if task_settings is not None:
+        config[TASK_SETTINGS_KEY] = {**task_defaults(), **checked_settings(task_settings)}
     if check_shards(shards) > 1:
         config["shards"] = shards
     if secret:
@@ -279,6 +289,7 @@ def init_cluster(
     clock: Callable[[], float],
     secret: bytes | None = None,
     shards: int = 1,
+    task_settings: Mapping[str, Any] | None = None,
 ) -> dict:
     """Create the `config` node (`fencepost cluster init`) and return it.
 
@@ -287,7 +298,7 @@ def init_cluster(
     for a digest without its secret or a secret without its digest, and
     ElectionError for options out of range.
     """
-    config = new_config(options, clock, secret, shards)
+    config = new_config(options, clock, secret, shards, task_settings or {})
     zk.ensure_path(paths.base)
     try:
         zk.create(paths.config, json.dumps(config).encode())
@@ -304,6 +315,7 @@ def ensure_cluster_config(
     clock: Callable[[], float],
     check: bool = True,
     secret: bytes | None = None,
+    task_settings: Mapping[str, Any] | None = None,
 ) -> dict:
     """Create the config node if absent, then return it (a member's ``--init-if-missing``).
 
@@ -314,7 +326,8 @@ def ensure_cluster_config(
     options.validate()
     config = read_cluster_config(zk, paths)
     if config is None:
-        fresh = new_config(options, clock, secret if options.digest == "hmac-sha256" else None)
+        secret = secret if options.digest == "hmac-sha256" else None
+        fresh = new_config(options, clock, secret, task_settings=task_settings)
         zk.ensure_path(paths.base)
         try:
             zk.create(paths.config, json.dumps(fresh).encode())
@@ -372,13 +385,15 @@ def join_cluster(
     clock: Callable[[], float],
     stop: threading.Event,
     secret: bytes | None = None,
+    task_settings: Mapping[str, Any] | None = None,
 ) -> dict | None:
     """The cluster's config as a member starting up sees it; None if ``stop`` was set while waiting.
 
     ``mine`` maps each shared option to the member's value or None ("take the
     cluster's"). Without the node: with ``init_if_missing`` create it from
     ``mine`` and the defaults (``secret`` gives an hmac cluster its
-    ``secret_check``), else log one line and wait for `fencepost cluster init`.
+    ``secret_check``, a broker's ``task_settings`` its own options), else log one line and wait
+    for `fencepost cluster init`.
     Then every set option is compared: :class:`ConfigMismatch` names each difference.
     """
     config = patiently(read_cluster_config, zk, paths, what="reading the cluster config")
@@ -392,6 +407,7 @@ def join_cluster(
             clock=clock,
             check=False,
             secret=secret,
+            task_settings=task_settings,
             what="creating the cluster config",
         )
     elif config is None:

@@ -148,6 +148,8 @@ def format_status(view: dict, now: float | None = None) -> str:
             f"no leader: waiting for {view['waiting_bookies']['waiting_for']} bookies, "
             f"{view['waiting_bookies']['live']} live (a new ledger needs them; see `bookies` below)"
         )
+    for joiner in view.get("joining") or []:
+        lines.append(f"broker {joiner.get('broker_id')} not joined yet: {joiner.get('reason')}")
     if view.get("shutdown"):
         lines.append(
             f"cluster shutdown {view['shutdown'].get('shutdown_id')} recorded (members "

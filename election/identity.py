@@ -115,6 +115,23 @@ def _next_id(zk: KazooClient, paths: ClusterPaths) -> tuple[int, int]:
     return int(data), stat.version
 
 
+def raise_next_id(zk: KazooClient, paths: ClusterPaths, floor: int) -> int:
+    """Move ``brokers/next_id`` up to ``floor`` (never down, CAS); return its value now.
+
+    A cluster restarting without its ZooKeeper data does this before a member without an id
+    applies for one (:mod:`election.id_gate`): ids below ``floor`` belong to kept stores.
+    """
+    while True:
+        value, version = _next_id(zk, paths)
+        if value >= floor:
+            return value
+        try:
+            zk.set(paths.next_broker_id, str(floor).encode(), version=version)
+            return floor
+        except BadVersionError:
+            continue
+
+
 def _apply_id(zk: KazooClient, paths: ClusterPaths, doc: dict, next_version: int | None, clock) -> bool:
     """Step 3: claim ids/N with our code; True if it is ours."""
     node = paths.broker_id(doc["broker_id"])

@@ -73,6 +73,11 @@ class ClusterPaths:
         return f"{self.base}/config"
 
     @property
+    def features(self) -> str:
+        """The enabled feature flags, JSON ``{"enabled": [...]}`` (shared by every shard; CAS on version)."""
+        return f"{self.base}/features"
+
+    @property
     def bookies(self) -> str:
         return f"{self.base}/bookies"
 
@@ -183,6 +188,14 @@ class ClusterPaths:
     @property
     def snapshots_latest(self) -> str:
         return f"{self.shard_base}/snapshots/latest"
+
+    @property
+    def snapshot_joiners(self) -> str:
+        """Brokers waiting for a snapshot they can install (``<id>``, ephemeral: why they wait)."""
+        return f"{self.shard_base}/snapshots/joining"
+
+    def snapshot_joiner(self, broker_id: int) -> str:
+        return f"{self.snapshot_joiners}/{broker_id}"
 
     @property
     def shutdown(self) -> str:

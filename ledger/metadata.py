@@ -39,6 +39,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from election.paths import ClusterPaths
+from election.zk import get_many
 from ledger import LedgerError
 
 # Placement is its own pure module; both names stay importable from here.
@@ -279,13 +280,13 @@ def live_bookies(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
     except NoNodeError:
         return []
     leaving = decommissioning_bookies(zk, paths) if children else set()
+    children = sorted(children)
     out = []
-    for child in sorted(children):
-        try:
-            data, _ = zk.get(paths.bookie(child))
-            doc = json.loads(data)
-        except NoNodeError:
+    for child, found in zip(children, get_many(zk, [paths.bookie(c) for c in children])):
+        if found is None:
             continue  # went away while we listed
+        try:
+            doc = json.loads(found[0])
         except ValueError:
             log.warning("ignoring bookie %s: its registration is not JSON", child)
             continue
@@ -352,6 +353,12 @@ def advance_ledger_ids(zk: KazooClient, paths: ClusterPaths, above: int, batch: 
         for result in txn.commit():
             if isinstance(result, Exception):
                 raise result
+
+
+def read_metadata_many(zk: KazooClient, paths: ClusterPaths, ids: list[int]) -> dict[int, LedgerMetadata]:
+    """The metadata of each existing ledger of ``ids``, read in one round trip's time (see get_many)."""
+    found = get_many(zk, [paths.ledger(i) for i in ids])
+    return {i: LedgerMetadata.from_json(f[0], i) for i, f in zip(ids, found) if f is not None}
 
 
 def read_metadata(

@@ -1,10 +1,12 @@
-"""One ``fencepost analyze`` run: read the history, replay it for the leases, write the tables and the report.
+"""One ``fencepost analyze`` run: read the history, learn what apply decided, write the tables and the report.
 
 The events of every shard are read by Spark (from the bookies or an export
-directory); the same history, up to the same end, is replayed in the driver
-(:mod:`pipeline.replay`), shard after shard (each its own state machine), for
-what the log does not say: which task each lease handed out and which attempts
-an expiry or a lost worker ended. The tables of
+directory). Which task each lease handed out and which attempts an expiry or a
+lost worker ended are read from the ``Outcomes`` events where the log has them
+(the ``event_outcomes`` flag; :mod:`pipeline.outcome_tables`, Spark jobs); only a
+shard with entries they do not describe (its history before the flag) is
+replayed in the driver (:mod:`pipeline.replay`), up to the last such entry, and
+only those entries count from the replay. The tables of
 :mod:`pipeline.analyze` go to ``OUT/<table>/`` as Parquet, the report to
 ``OUT/report.html``; the run returns a short summary.
 
@@ -17,8 +19,8 @@ Example::
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -26,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from election.local.clock import SYSTEM_CLOCK, Clock
 from pipeline import PipelineError
@@ -41,6 +44,7 @@ from pipeline.analyze import (
 )
 from pipeline.export_layout import LEDGER_CREATED, export_files, export_shards, read_bookmark
 from pipeline.history import cluster_entries, export_entries
+from pipeline.outcome_tables import described_entries, outcome_grants, outcome_releases, undescribed_ends
 from pipeline.plan import ClusterAddress, Connection, end_position
 from pipeline.replay import grants_dataframe, replay
 from pipeline.report import write_report
@@ -108,11 +112,11 @@ class ReleaseCollector:
 
 @dataclass(frozen=True)
 class _History:
-    """What a run reads: the events (every shard's), each shard's entries for its replay, whether digests
-    compare, each shard's end, and when each ledger was created (ZooKeeper's clock)."""
+    """What a run reads: the events (every shard's), each shard's entries up to a position for its replay,
+    whether digests compare, each shard's end, and when each ledger was created (ZooKeeper's clock)."""
 
     events: DataFrame
-    entries: dict[int, Iterable]
+    entries: dict[int, Callable[[Position], Iterable]]
     compare: bool
     ends: dict[int, Position]
     created: dict[int, int]
@@ -126,7 +130,7 @@ def _read(spark: SparkSession, source: HistorySource) -> _History:
         shards = export_shards(source.export_dir, export_files(source.export_dir))
         return _History(
             spark.read.format(NAME).load(str(source.export_dir)),
-            {shard: export_entries(source.export_dir, shard=shard) for shard in range(shards)},
+            {shard: partial(_export_entries, source.export_dir, shard) for shard in range(shards)},
             False,
             {},
             {int(k): v for k, v in bookmark.get(LEDGER_CREATED, {}).items()},
@@ -150,17 +154,28 @@ def _read(spark: SparkSession, source: HistorySource) -> _History:
     # Spark and the replays read the same entries: each shard's end is fixed here, once.
     return _History(
         spark.read.format(NAME).options(**options).load(),
-        {shard: cluster_entries(address, extents=extents[shard], shard=shard) for shard in sorted(ends)},
+        {shard: partial(_cluster_entries, address, extents[shard], shard) for shard in sorted(ends)},
         True,
         ends,
         created,
     )
 
 
-def _replay_shards(history: _History, releases: ReleaseCollector, progress: Progress, clock: Clock) -> dict:
-    """Replay each shard's history; each shard's :class:`~pipeline.replay.ReplayResult`."""
+def _cluster_entries(address: ClusterAddress, extents: list, shard: int, last: Position) -> Iterable:
+    return cluster_entries(address, last=last, extents=extents, shard=shard)
+
+
+def _export_entries(export_dir: Path, shard: int, last: Position) -> Iterable:
+    return export_entries(export_dir, last=last, shard=shard)
+
+
+def _replay_shards(
+    history: _History, ends: dict[int, Position], releases: ReleaseCollector, progress: Progress, clock: Clock
+) -> dict:
+    """Replay each shard of ``ends`` up to its end; each shard's :class:`~pipeline.replay.ReplayResult`."""
     results = {}
-    for shard, entries in sorted(history.entries.items()):
+    for shard, last in sorted(ends.items()):
+        entries = history.entries[shard](last)
         whose = "the history" if len(history.entries) == 1 else f"shard {shard}'s history"
 
         def replayed(count: int, applied: int, position, whose=whose) -> None:
@@ -247,27 +262,45 @@ def run_analyze(
     window: Window = Window(),
     progress: Progress = lambda text: None,
     clock: Clock = SYSTEM_CLOCK,
+    replay_all: bool = False,
 ) -> dict:
-    """Analyze the history of ``source`` into ``out`` (tables and report); the run's summary (timed on ``clock``)."""
+    """Analyze the history of ``source`` into ``out`` (tables and report); the run's summary (timed on ``clock``).
+
+    ``replay_all``: replay every shard's whole history and ignore the ``Outcomes`` events (a
+    cross-check of what they say, slower)."""
     started = clock.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     progress(f"planning the history of {source.describe()}")
     history = _read(spark, source)
     releases = ReleaseCollector()
-    # Spark reads the events (and keeps them) while the driver replays: the two overlap.
-    events = prepare_events(history.events)
-    with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(history_span, events, window)
-        results = _replay_shards(history, releases, progress, clock)
-        progress(f"reading the events ({sum(r.events for r in results.values())} replayed)")
-        span = reading.result()
+    events = prepare_events(history.events)  # cached: read once from the bookies, however many jobs
+    progress("reading the events and their outcomes")
+    span = history_span(events, window)
     if span is None:
         raise PipelineError("the history holds no events")
+    # Only what the Outcomes events do not describe is replayed, and only as far as needed.
+    counts = _entry_counts(events)
+    ends = {shard: c["last"] for shard, c in counts.items()} if replay_all else undescribed_ends(events)
+    results = _replay_shards(history, ends, releases, progress, clock)
+    described = described_entries(events).select("ledger_id", "entry_id")
+    only = None
+    if replay_all:  # no entry counts as described: every grant and release is the replay's
+        described = only = described.limit(0)
+    grants = outcome_grants(events, described=only).unionByName(
+        grants_dataframe(spark, [g for r in results.values() for g in r.grants]).join(
+            described, ["ledger_id", "entry_id"], "left_anti"
+        )
+    )
+    released = outcome_releases(events, described=only).unionByName(
+        spark.createDataFrame(releases.rows, RELEASE_DDL).join(
+            described, ["ledger_id", "entry_id"], "left_anti"
+        )
+    )
     progress("building the tables")
     frames = analyze_events(
         events,
-        grants_dataframe(spark, [g for r in results.values() for g in r.grants]),
-        spark.createDataFrame(releases.rows, RELEASE_DDL),
+        grants,
+        released,
         spark.createDataFrame(sorted(history.created.items()), LEDGER_DDL),
         window,
         span,
@@ -275,28 +308,50 @@ def run_analyze(
     tables = _write(frames, out, progress)
     summary = {
         "source": source.describe(),
-        "to": _end_text(history.ends, results),
+        "to": _end_text(history.ends or {shard: c["last"] for shard, c in counts.items()}),
         "since_ms": window.since_ms,
         "until_ms": window.until_ms,
-        "entries": sum(r.entries for r in results.values()),
-        # From an export the replay leaves the StateDigest events out (it cannot compare them).
-        "events": sum(r.events + (0 if history.compare else len(r.digest_checks)) for r in results.values()),
+        "entries": sum(c["entries"] for c in counts.values()),
+        "events": sum(c["events"] for c in counts.values()),
+        # Which ran: the replay of each shard's history up to its last entry no Outcomes describe.
+        "replayed": {
+            str(shard): {"to": format_position(r.last) if r.last else None, "entries": r.entries}
+            for shard, r in sorted(results.items())
+        },
         **summarize(tables),
         "out": str(out),
     }
     for shard in summary["shards"]:
-        result = results.get(shard["shard"])
-        shard["entries"] = result.entries if result else 0
+        shard["entries"] = counts.get(shard["shard"], {}).get("entries", 0)
     progress("drawing the report")
     summary["report"] = str(write_report(out, tables, summary))
     summary["seconds"] = round(clock.monotonic() - started, 1)
     return summary
 
 
-def _end_text(ends: dict[int, Position], results: dict) -> str | None:
+def _entry_counts(events: DataFrame) -> dict[int, dict]:
+    """Per shard: its entries, its events and its last position, in one Spark job."""
+    rows = (
+        events.groupBy("shard")
+        .agg(
+            F.countDistinct("ledger_id", "entry_id").alias("entries"),
+            F.count(F.lit(1)).alias("events"),
+            F.max(F.struct("ledger_id", "entry_id")).alias("last"),
+        )
+        .collect()
+    )
+    return {
+        row["shard"]: {
+            "entries": row["entries"],
+            "events": row["events"],
+            "last": (row["last"]["ledger_id"], row["last"]["entry_id"]),
+        }
+        for row in rows
+    }
+
+
+def _end_text(ends: dict[int, Position]) -> str | None:
     """Where the history analysed ends: a position (one shard) or a position per shard."""
-    if not ends:  # from an export: where each replay stopped
-        ends = {shard: r.last for shard, r in results.items() if r.last is not None}
     if not ends:
         return None
     return format_position(ends[0]) if list(ends) == [0] else format_bounds(ends)

@@ -8,17 +8,25 @@ On a cluster, an audit:
 2. reads every copy of every entry of every shard from the bookies in one Spark
    job (:mod:`pipeline.audit_replicas`): gaps, corrupt or disagreeing copies,
    entries under their ack quorum;
-3. replays each shard's history in the driver, shard after shard, each shard its
-   own state machine (:mod:`pipeline.replay`; from the log's start or from the
-   shard's snapshot), checking epochs along its log
-   (:class:`~pipeline.audit_log.EpochCheck`), each task's history
-   (:class:`~pipeline.audit_tasks.TaskCheck`), every ``StateDigest`` of that
-   shard and each of its brokers' digests at its position.
+3. at the same time, replays every shard's history range by range on the
+   executors, each shard its own state machine: the ranges run from each
+   starting point (the log's start, or the snapshot the shard must start from,
+   and every further snapshot of it given) to the next
+   (:mod:`pipeline.audit_ranges`, :mod:`pipeline.audit_range_run`), each
+   checking the ``StateDigest`` events in it and the brokers' digests at their
+   positions, the next range's snapshot against the state it replayed to, and
+   epochs along the log (:class:`~pipeline.audit_log.EpochCheck`);
+4. checks each task's history as a group-by over the task id in the same Spark
+   job (:mod:`pipeline.audit_task_facts`): what apply accepted, against the
+   grants and releases the log's ``Outcomes`` events record (the replay's own
+   for the entries they do not describe, before the ``event_outcomes`` flag).
 
-From an export directory only step 3's epoch and task checks apply (an export
-holds neither the copies nor the payloads that digests cover). The result is an
-:class:`AuditReport`; its findings are :class:`~pipeline.findings.Finding` records,
-each naming its shard.
+From an export directory only the epoch and task checks apply (an export holds
+neither the copies nor the payloads that digests cover): each shard's rows are
+replayed in the driver in one piece, with :class:`~pipeline.audit_tasks.TaskCheck`
+fed as they go. The result is an :class:`AuditReport`; its findings are
+:class:`~pipeline.findings.Finding` records, each naming its shard (and a digest
+finding its range).
 
 Example::
 
@@ -31,7 +39,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -49,120 +58,30 @@ from pipeline.audit_plan import (
     snapshot_files,
     snapshot_position,
 )
+from pipeline.audit_range_run import run_ranges
+from pipeline.audit_ranges import (
+    DigestRange,
+    ShardReplay,
+    Start,
+    epoch_runs_fed,
+    kept_task_findings,
+    plan_ranges,
+    range_findings,
+    tasks_cut,
+)
+from pipeline.audit_report import AuditReport, ShardAudit, compare_brokers
 from pipeline.audit_tasks import TaskCheck
 from pipeline.export_layout import export_files, export_shards
-from pipeline.findings import Finding, sort_key
-from pipeline.history import Entry, cluster_entries, export_entries
+from pipeline.findings import Finding
+from pipeline.history import Entry, export_entries
 from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, split_ranges
-from pipeline.replay import ReplayResult, UnreplayableEntry, replay
+from pipeline.replay import UnreplayableEntry, replay
 from pipeline.rows import Position, format_position
 
 __all__ = ["AuditPlan", "AuditReport", "ShardAudit", "audit_cluster", "audit_export", "plan_audit"]
 
 # (what, done, total or None): progress of the audit's long steps.
 Progress = Callable[[str, int, int | None], None]
-
-
-def _replay_summary(results: list[ReplayResult]) -> dict | None:
-    """The replays of one or more shards in one summary (``from``/``to`` only for one replay)."""
-    if not results:
-        return None
-    one = results[0] if len(results) == 1 else None
-    events, seconds = sum(r.events for r in results), sum(r.seconds for r in results)
-    return {
-        "from": None if one is None or one.start is None else format_position(one.start),
-        "to": None if one is None or one.last is None else format_position(one.last),
-        "entries": sum(r.entries for r in results),
-        "events": events,
-        "seconds": round(seconds, 3),
-        "events_per_s": round(events / seconds) if seconds else None,
-        "grants": sum(len(r.grants) for r in results),
-    }
-
-
-def _digest_counts(results: list[ReplayResult]) -> dict:
-    checks = [c for r in results for c in r.digest_checks]
-    return {
-        "compared": sum(1 for c in checks if c.compared),
-        "not_compared": sum(1 for c in checks if not c.compared),
-    }
-
-
-@dataclass
-class ShardAudit:
-    """What an audit checked of one shard: its ledgers and entries, its replay and its brokers.
-
-    Example::
-
-        report.shards[2].replay.last, report.shards[2].summary()["state_digests"]
-    """
-
-    shard: int
-    ledgers: int = 0
-    entries: int = 0
-    replay: ReplayResult | None = None
-    brokers: list[dict] = field(default_factory=list)
-
-    def summary(self) -> dict:
-        replays = [self.replay] if self.replay is not None else []
-        return {
-            "shard": self.shard,
-            "ledgers": self.ledgers,
-            "entries": self.entries,
-            "replay": _replay_summary(replays),
-            "state_digests": _digest_counts(replays),
-            "brokers": sum(1 for b in self.brokers if b.get("compared")),
-        }
-
-
-@dataclass
-class AuditReport:
-    """What an audit checked and found, over every shard (``shards``, one :class:`ShardAudit` each).
-
-    Example::
-
-        report.findings                 # [] when the history is clean; each finding names its shard
-        report.summary()                # JSON-ready counts, timings and findings
-    """
-
-    source: str
-    shards: list[ShardAudit]
-    findings: list[Finding] = field(default_factory=list)
-    copies: dict = field(default_factory=dict)
-    seconds: dict = field(default_factory=dict)
-
-    @property
-    def ledgers(self) -> int:
-        return sum(s.ledgers for s in self.shards)
-
-    @property
-    def entries(self) -> int:
-        return sum(s.entries for s in self.shards)
-
-    @property
-    def brokers(self) -> list[dict]:
-        return [b for s in self.shards for b in s.brokers]
-
-    @property
-    def replay(self) -> ReplayResult | None:
-        """The replay of a 1-shard audit (None with several shards: see each of :attr:`shards`)."""
-        return self.shards[0].replay if len(self.shards) == 1 else None
-
-    def summary(self) -> dict:
-        replays = [s.replay for s in self.shards if s.replay is not None]
-        return {
-            "clean": not self.findings,
-            "source": self.source,
-            "ledgers": self.ledgers,
-            "entries": self.entries,
-            "copies": dict(self.copies),
-            "replay": _replay_summary(replays),
-            "state_digests": _digest_counts(replays),
-            "brokers": self.brokers,
-            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-            "shards": [s.summary() for s in self.shards],
-            "findings": [f.as_dict() for f in sorted(self.findings, key=sort_key)],
-        }
 
 
 def _with_epochs(entries: Iterable[Entry], check: EpochCheck) -> Iterator[Entry]:
@@ -212,27 +131,8 @@ def _replay_checked(
                     f"{check.actual}; the replay stops here",
                 )
             )
-    findings += _compare_brokers(audit)
+    findings += compare_brokers(audit)
     return [replace(f, shard=audit.shard) for f in findings]
-
-
-def _compare_brokers(audit: ShardAudit) -> list[Finding]:
-    result = audit.replay
-    findings = []
-    for row in audit.brokers:
-        position = tuple(row["position"]) if row["position"] else None
-        mine = result.digests_at.get(position) if result is not None and position else None
-        row["compared"] = mine is not None
-        if mine is not None and mine != row["digest"]:
-            findings.append(
-                Finding(
-                    "broker_digest_mismatch",
-                    position[0],
-                    position[1],
-                    detail=f"broker {row['id']} reports {row['digest']}, the replayed state {mine}",
-                )
-            )
-    return findings
 
 
 class _ReplayProgress:
@@ -262,11 +162,10 @@ def audit_cluster(
 ) -> AuditReport:
     """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here.
 
-    ``snapshot``: a snapshot file, or one per shard, to replay from. ``clock``
+    ``snapshot``: snapshot files (any number per shard): where a shard whose log no longer starts at
+    the beginning starts, and the starting points its history's ranges are cut at. ``clock``
     times the stages (:attr:`AuditReport.seconds`).
     """
-    from pipeline.audit_replicas import scan_replicas
-
     plan = plan or plan_audit(address, snapshot, clock)
     report = AuditReport(
         source=f"cluster {address.cluster} at {address.zk}",
@@ -280,36 +179,108 @@ def audit_cluster(
         audit.entries = sum(r.entries for r in ranges[audit.shard])
     if not report.entries:
         return report
+    digest_ranges = {p.shard: _digest_ranges(p) for p in plan.shards if p.end is not None}
     if progress is not None:
         progress("replicas", 0, report.entries)
-    started = clock.monotonic()
-    scan = scan_replicas(spark, address, [r for shard in sorted(ranges) for r in ranges[shard]])
-    report.seconds["replicas"] = clock.monotonic() - started
-    report.findings += scan.findings
-    report.copies = dict(scan.copies)
-    steps = _ReplayProgress(progress, report.entries)
-    started = clock.monotonic()
+        progress("replay (entries)", 0, report.entries)
+    # The copies and the replays are independent Spark jobs, run side by side. Spark's FIFO scheduler
+    # gives free slots to the job submitted first, so the replays (whose ranges are the long tasks) go
+    # first and the scan's short tasks fill the other slots.
+    digest_jobs = [r for shard in sorted(digest_ranges) for r in digest_ranges[shard]]
+    replays = _Background(
+        lambda: _timed(
+            clock, run_ranges, spark, address, digest_jobs, {p.shard: p.extents for p in plan.shards}
+        )
+    )
+    try:
+        _wait_submitted(spark, replays, clock)
+        replicas, report.seconds["replicas"] = _scan(
+            spark, address, [r for s in sorted(ranges) for r in ranges[s]], clock
+        )
+    finally:
+        (results, task_findings), report.seconds["replay"] = replays.result()
+    if progress is not None:
+        progress("replay (entries)", report.entries, report.entries)
+    report.findings += replicas.findings
+    report.copies = dict(replicas.copies)
     for audit, shard_plan in zip(report.shards, plan.shards):
         if shard_plan.end is not None:
-            report.findings += _replay_shard(address, audit, shard_plan, steps.shard(), clock)
-            steps.done(audit)
-    report.seconds["replay"] = clock.monotonic() - started
+            mine = {index: r for (shard, index), r in results.items() if shard == audit.shard}
+            tasks = [f for f in task_findings if f.shard == audit.shard]
+            report.findings += _shard_findings(audit, shard_plan, digest_ranges[audit.shard], mine, tasks)
     return report
 
 
-def _replay_shard(
-    address: ClusterAddress,
-    audit: ShardAudit,
-    plan: ShardPlan,
-    progress: Callable[[int], None] | None,
-    clock: Clock,
+def _digest_ranges(plan: ShardPlan) -> list[DigestRange]:
+    """The shard's ranges between starting points (its start, then each snapshot after it)."""
+    start = Start(None, None)
+    if plan.snapshot is not None:
+        start = Start((plan.first[0], plan.first[1] - 1), str(plan.snapshot))
+    snapshots = [Start(position, str(path)) for path, position in plan.starts]
+    wanted = [tuple(b["position"]) for b in plan.brokers if b["position"]]
+    return plan_ranges(plan.shard, start, snapshots, plan.end, wanted)
+
+
+def _shard_findings(
+    audit: ShardAudit, plan: ShardPlan, ranges: list[DigestRange], results: dict, tasks: list[Finding]
 ) -> list[Finding]:
+    """One shard's findings from its ranges' results: digests and replays, epochs, brokers' digests, and
+    the task findings its ranges' facts support."""
+    audit.replay = ShardReplay.of_ranges(ranges, results)
+    whole, to = tasks_cut(ranges, results)
+    audit.replay.tasks_checked = "all" if whole else "none" if to is None else format_position(to)
+    findings = range_findings(ranges, results) + kept_task_findings(tasks, whole, to)
     epochs = EpochCheck({e.ledger_id: e.epoch for e in plan.extents})
-    digests_at = [tuple(b["position"]) for b in plan.brokers if b["position"]]
-    entries = cluster_entries(
-        address, first=plan.first, last=plan.end, extents=plan.extents, shard=plan.shard
-    )
-    return _replay_checked(audit, entries, epochs, plan.snapshot, digests_at, True, progress, clock)
+    for rng in ranges:
+        if rng.index in results:
+            epoch_runs_fed(epochs, results[rng.index].epoch_runs)
+    findings += epochs.findings + compare_brokers(audit)
+    return [replace(f, shard=audit.shard) for f in findings]
+
+
+def _scan(spark, address: ClusterAddress, ranges: list, clock: Clock):
+    from pipeline.audit_replicas import scan_replicas
+
+    return _timed(clock, scan_replicas, spark, address, ranges)
+
+
+def _timed(clock: Clock, work: Callable, *args):
+    """``work(*args)`` and the seconds it took."""
+    started = clock.monotonic()
+    value = work(*args)
+    return value, clock.monotonic() - started
+
+
+def _wait_submitted(spark, background: "_Background", clock: Clock, timeout: float = 5.0) -> None:
+    """Until a Spark job is running (the background's), the background ended, or ``timeout`` passed."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = clock.monotonic() + timeout
+    while background.running() and not tracker.getActiveJobsIds() and clock.monotonic() < deadline:
+        clock.sleep(0.01)
+
+
+class _Background:
+    """``work()`` in a thread; :meth:`result` waits for it and returns its value or raises its exception."""
+
+    def __init__(self, work: Callable) -> None:
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name="audit-replays", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable) -> None:
+        try:
+            self._value = work()
+        except BaseException as exc:  # raised again in the caller's thread
+            self._error = exc
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _export_snapshots(path: Path, snapshots: list[Path], shards: int) -> dict[int, Path]:

@@ -1,5 +1,6 @@
 """What an audit of a cluster covers, fixed before Spark starts: for each shard, its log up to its committed
-end, its live brokers' positions and digests, and the snapshot its replay starts from.
+end, its live brokers' positions and digests, and its snapshots: where its replay starts (when its log
+no longer starts at the beginning) and where its history is cut into ranges replayed apart.
 
 Each shard is its own state machine with its own log, brokers' replicas (each shard's
 live nodes name the shard process of each broker) and snapshots, so everything here is
@@ -10,12 +11,12 @@ Example::
 
     plan = plan_audit(ClusterAddress("127.0.0.1:2181", "dev"))
     [(s.shard, s.end, [b["position"] for b in s.brokers]) for s in plan.shards]
-    plan = plan_audit(address, [Path("snap-s0.fps"), Path("snap-s2.fps")])   # shards 0 and 2 replay from these
+    plan = plan_audit(address, [Path("snap-s0.fps"), Path("snap-s2.fps")])   # starting points of shards 0 and 2
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -41,12 +42,15 @@ PLAN_WAIT_S = 3.0
 @dataclass
 class ShardPlan:
     """One shard's part of an audit. ``end`` is the last committed position audited (None: an empty log);
-    ``first`` the first entry replayed (None: the log's start; after ``snapshot``'s position).
+    ``first`` the first entry replayed (None: the log's start; after ``snapshot``'s position, when the
+    log no longer starts at the beginning); ``starts`` every snapshot given for the shard, with its
+    position, in log order: each is a starting point its history is cut at
+    (:mod:`pipeline.audit_ranges`).
 
     Example::
 
         ShardPlan(shard=2, extents=[LedgerExtent(9, 1, 40, shard=2)], end=(9, 40), brokers=[...],
-                  first=None, snapshot=None)
+                  first=None, snapshot=None, starts=[(Path("snap-0000000009-0000000020.fps"), (9, 20))])
     """
 
     shard: int
@@ -55,6 +59,7 @@ class ShardPlan:
     brokers: list[dict]
     first: Position | None
     snapshot: Path | None
+    starts: list[tuple[Path, Position]] = field(default_factory=list)
 
 
 @dataclass
@@ -109,11 +114,11 @@ def snapshot_position(snapshot: Path, cluster_id: str | None = None, cluster: st
 
 def _snapshot_shards(
     conn: Connection, snapshots: list[Path], shards: int, cluster: str
-) -> dict[int, tuple[Path, Position]]:
-    """Each snapshot and its position by the shard its position's ledger belongs to; at most one per shard."""
+) -> dict[int, list[tuple[Path, Position]]]:
+    """Each snapshot and its position by the shard its position's ledger belongs to, in log order."""
     # "": an uninitialized cluster, whose id no snapshot has.
     cluster_id = (read_cluster_config(conn.zk, conn.paths) or {}).get("cluster_id", "")
-    found = []
+    found: dict[int, list[tuple[Path, Position]]] = {}
     for snapshot in snapshots:
         position = snapshot_position(snapshot, cluster_id, cluster)
         shard = 0
@@ -125,8 +130,8 @@ def _snapshot_shards(
                     f"cannot tell which shard {snapshot} is of: ledger {position[0]} of its position is "
                     "deleted (take a newer snapshot)"
                 ) from None
-        found.append((shard, (snapshot, position)))
-    return {shard: item for shard, item in one_per_shard(found).items()}
+        found.setdefault(shard, []).append((snapshot, position))
+    return {shard: sorted(items, key=lambda item: item[1]) for shard, items in found.items()}
 
 
 def one_per_shard(found: Iterable[tuple[int, Any]]) -> dict[int, Any]:
@@ -149,19 +154,23 @@ def snapshot_files(snapshot: Path | str | Iterable[Path] | None) -> list[Path]:
 
 
 def _shard_plan(
-    conn: Connection, shard: int, shards: int, snapshot: tuple[Path, Position] | None
+    conn: Connection, shard: int, shards: int, snapshots: list[tuple[Path, Position]]
 ) -> ShardPlan:
+    """The shard's plan before its extent is known: an intact log is audited from its start, with every
+    snapshot a starting point of a range; a log that no longer starts at the beginning from its first
+    snapshot on."""
     paths = conn.paths.of_shard(shard)
-    if read_log_start(conn.zk, paths) and snapshot is None:
+    brokers = broker_digests(conn, paths)
+    if not read_log_start(conn.zk, paths):
+        return ShardPlan(shard, [], None, brokers, None, None, snapshots)
+    if not snapshots:
         whose = "the log" if shards == 1 else f"the log of shard {shard}"
         raise PipelineError(
             f"{whose} no longer starts at the beginning of the history ({read_log_start(conn.zk, paths)}): "
             "give a snapshot (--snapshot FILE) taken at or after its first entry to replay from"
         )
-    if snapshot is None:
-        return ShardPlan(shard, [], None, broker_digests(conn, paths), None, None)
-    path, (ledger_id, entry_id) = snapshot
-    return ShardPlan(shard, [], None, broker_digests(conn, paths), (ledger_id, entry_id + 1), path)
+    path, (ledger_id, entry_id) = snapshots[0]
+    return ShardPlan(shard, [], None, brokers, (ledger_id, entry_id + 1), path, snapshots)
 
 
 def plan_audit(
@@ -169,7 +178,7 @@ def plan_audit(
 ) -> AuditPlan:
     """Check that every shard's history can be audited and fix its extent; :class:`PipelineError` if not.
 
-    ``snapshot``: one snapshot file or several (at most one per shard), each
+    ``snapshot``: one snapshot file or several (any number per shard), each
     matched to its shard. The brokers' positions and digests are taken first,
     then each log is planned at least as far as those positions, so that each
     can be compared (waiting on ``clock``, up to :data:`PLAN_WAIT_S` in all,
@@ -181,7 +190,7 @@ def plan_audit(
     with Connection.open(address) as conn:
         shards = conn.shards()
         by_shard = _snapshot_shards(conn, snapshots, shards, address.cluster)
-        plans = [_shard_plan(conn, shard, shards, by_shard.get(shard)) for shard in range(shards)]
+        plans = [_shard_plan(conn, shard, shards, by_shard.get(shard, [])) for shard in range(shards)]
         deadline = clock.monotonic() + PLAN_WAIT_S
         for plan in plans:
             wanted = max((tuple(b["position"]) for b in plan.brokers if b["position"]), default=None)

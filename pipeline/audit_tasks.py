@@ -70,54 +70,73 @@ class TaskCheck:
     def _submitted(self, where, ev: dict, res: dict) -> None:
         if res.get("created"):
             limit = ev["max_attempts"] or self.queue_max.setdefault(ev["queue"], DEFAULT_MAX_ATTEMPTS)
-            self.tasks[ev["task_id"]] = [0, WAITING, limit, 0]
+            self.submitted(where, ev["task_id"], limit)
 
     def _leased(self, where, ev: dict, res: dict) -> None:
         for grant in res["tasks"]:
-            task_id, attempt = grant["task_id"], grant["attempt"]
-            task = self._task(task_id)
-            if task[1] == _FINISHED:
-                self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it finished")
-            elif task[0] and attempt != task[0] + 1:
-                self._add(
-                    "attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}"
-                )
-            if task[2] is not None and attempt - task[3] > task[2]:
-                self._add(
-                    "attempts_exceeded",
-                    where,
-                    task_id,
-                    f"leased as attempt {attempt} of at most {task[2] + task[3]}",
-                )
-            task[0], task[1] = attempt, RUNNING
+            self.granted(where, grant["task_id"], grant["attempt"])
 
     def _released(self, where, ev: dict, res: dict) -> None:
         for gone in res.get("expired", ()):
-            task = self._task(gone["task_id"])
-            self._end(where, gone["task_id"], task, gone["state"], f"released by {ev['type']}")
+            self.released(where, gone["task_id"], gone["state"], ev["type"])
 
     def _ended(self, where, ev: dict, res: dict) -> None:
-        task_id, attempt = ev["task_id"], ev["attempt"]
-        task = self._task(task_id)
-        if task[1] != _FINISHED and (attempt != task[0] or task[1] != RUNNING):
-            state = "not running" if task[1] != RUNNING else f"attempt {task[0]} was current"
-            self._add(
-                "stale_completion",
-                where,
-                task_id,
-                f"{ev['type']} by attempt {attempt} accepted while {state}",
-            )
-        self._end(where, task_id, task, res["state"], ev["type"])
+        self.ended(where, ev["task_id"], ev["type"], ev["attempt"], res["state"])
 
     def _cancelled(self, where, ev: dict, res: dict) -> None:
-        self._end(where, ev["task_id"], self._task(ev["task_id"]), res["state"], "TaskCancelled")
+        self.cancelled(where, ev["task_id"], res["state"])
 
     def _retried(self, where, ev: dict, res: dict) -> None:
-        # An operator sent a failed or dead task back to waiting: it may finish again, with its attempts again.
         items = res["requeued"] if ev["type"] == "TasksRequeued" else [res]
         for item in items:
-            task = self._task(item["task_id"])
-            task[0], task[1], task[3] = item["attempt"], WAITING, item["attempt"]
+            self.retried(where, item["task_id"], item["attempt"])
+
+    # One task's events, as facts (what apply accepted or decided): :mod:`pipeline.audit_task_facts`
+    # feeds these per task, in log order, after a group-by over the task id. ``where`` is a position.
+
+    def submitted(self, where: tuple[int, int], task_id: str, limit: int | None) -> None:
+        """A submit that created the task, with its max_attempts (None: unknown)."""
+        self.tasks[task_id] = [0, WAITING, limit, 0]
+
+    def granted(self, where: tuple[int, int], task_id: str, attempt: int) -> None:
+        """A lease handed out ``attempt`` of the task."""
+        task = self._task(task_id)
+        if task[1] == _FINISHED:
+            self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it finished")
+        elif task[0] and attempt != task[0] + 1:
+            self._add(
+                "attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}"
+            )
+        if task[2] is not None and attempt - task[3] > task[2]:
+            self._add(
+                "attempts_exceeded",
+                where,
+                task_id,
+                f"leased as attempt {attempt} of at most {task[2] + task[3]}",
+            )
+        task[0], task[1] = attempt, RUNNING
+
+    def released(self, where: tuple[int, int], task_id: str, state: str, why: str) -> None:
+        """An expiry or a lost worker (``why``) ended the task's running attempt; it went to ``state``."""
+        self._end(where, task_id, self._task(task_id), state, f"released by {why}")
+
+    def ended(self, where: tuple[int, int], task_id: str, kind: str, attempt: int, state: str) -> None:
+        """A completion or failure (``kind``) of ``attempt`` that apply accepted; the task went to ``state``."""
+        task = self._task(task_id)
+        if task[1] != _FINISHED and (attempt != task[0] or task[1] != RUNNING):
+            now = "not running" if task[1] != RUNNING else f"attempt {task[0]} was current"
+            self._add("stale_completion", where, task_id, f"{kind} by attempt {attempt} accepted while {now}")
+        self._end(where, task_id, task, state, kind)
+
+    def cancelled(self, where: tuple[int, int], task_id: str, state: str) -> None:
+        """A cancel that apply accepted."""
+        self._end(where, task_id, self._task(task_id), state, "TaskCancelled")
+
+    def retried(self, where: tuple[int, int], task_id: str, attempt: int) -> None:
+        """An operator sent a failed or dead task back to waiting: it may finish again, with its attempts
+        again (counted from ``attempt``)."""
+        task = self._task(task_id)
+        task[0], task[1], task[3] = attempt, WAITING, attempt
 
     def _end(self, where, task_id: str, task: list, state: str, why: str) -> None:
         if state not in FINAL_STATES:

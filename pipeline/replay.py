@@ -330,6 +330,7 @@ def replay(
     compare_digests: bool = True,
     work_dir: Path | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    on_start: Callable[[StateStore], None] | None = None,
 ) -> ReplayResult:
     """Apply ``entries`` in log order to a fresh temporary store (loaded from ``snapshot`` first, if given).
 
@@ -345,7 +346,9 @@ def replay(
     directory) and is removed at the end. :class:`UnreplayableEntry` for an
     entry that cannot be decoded or applied, :class:`~pipeline.PipelineError`
     for a snapshot that cannot be loaded or a store that fails. ``clock`` times the run
-    (:attr:`ReplayResult.seconds`).
+    (:attr:`ReplayResult.seconds`). ``on_start(store)`` sees the store before the first
+    entry is applied (loaded from the snapshot, if any): what a caller needs of the state
+    a replay starts from.
     """
     started = clock.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="fencepost-replay-", dir=work_dir))
@@ -356,6 +359,8 @@ def replay(
         # No fsync: the store is thrown away; a crash loses nothing that matters.
         store = StateStore(tmp / "state", map_size=MAP_SIZE, sync=False, sync_on_close=False)
         try:
+            if on_start is not None:
+                on_start(store)
             replayer = _Replayer(store, result, set(digests_at), on_entry, progress, compare_digests)
             for ledger_id, entry_id, epoch, payload in entries:
                 if not replayer.add(ledger_id, entry_id, epoch, payload):

@@ -79,6 +79,10 @@ class TransferError(CodedError, SnapshotError):
     """
 
 
+class SnapshotRefused(TransferError):
+    """The client does not want the snapshot offered (``download``'s ``refuse`` gave a reason)."""
+
+
 # ---------------------------------------------------------------- server side
 
 
@@ -175,13 +179,16 @@ def download(
     progress: Callable[[int, int], None] | None = None,
     chunk: int = MAX_CHUNK,
     cluster_id: str | None = None,
+    refuse: Callable[[dict], str | None] | None = None,
 ) -> Path:
     """Fetch the broker's newest snapshot into ``dest_dir``; return its final path.
 
     ``request(op, fields)`` sends one request and returns the reply map,
     raising on an error reply or a broken connection. ``progress(done,
     total)`` is called after each chunk. With ``cluster_id``, a snapshot of
-    another cluster is refused before any byte is fetched (:class:`WrongCluster`).
+    another cluster is refused before any byte is fetched (:class:`WrongCluster`), and so is
+    one for which ``refuse(info)`` gives a reason (:class:`SnapshotRefused`; a joiner refuses a
+    snapshot the log no longer covers).
     Any exception leaves ``<name>.part`` for the next call to resume; only a
     finished file that fails verification is thrown away (it cannot be
     resumed into a good one).
@@ -195,6 +202,9 @@ def download(
         raise WrongCluster(
             name, f"wrong cluster: snapshot is of {info['cluster_id']}, this cluster is {cluster_id}"
         )
+    reason = refuse(info) if refuse is not None else None
+    if reason:
+        raise SnapshotRefused(E_NO_SNAPSHOT, f"{name}: {reason}")
     final = dest / name
     if final.exists():
         with contextlib.suppress(SnapshotError):

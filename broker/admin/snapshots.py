@@ -116,7 +116,7 @@ def verify_file(path: Path, cluster_id: str | None = None) -> dict:
 
 def restore_into(path: Path, data_dir: Path, cluster_id: str, shard: int | None = None) -> dict:
     """Install a snapshot as the state of a broker data dir (``shard``'s, of a sharded broker) that no
-    broker is using."""
+    broker is using; its header, with ``shard`` and ``data_dir`` (the store dir it went into)."""
     data_dir = store_dir(data_dir, shard)
     kept_in = snapshot_shard(path)
     if kept_in is not None and kept_in != shard_of_dir(data_dir):
@@ -127,9 +127,10 @@ def restore_into(path: Path, data_dir: Path, cluster_id: str, shard: int | None 
     lock = DataDirLock(data_dir)
     lock.acquire()
     try:
-        return restore_snapshot(path, data_dir / "state", cluster_id)
+        header = restore_snapshot(path, data_dir / "state", cluster_id)
     finally:
         lock.release()
+    return {**header, "shard": shard_of_dir(data_dir), "data_dir": str(data_dir)}
 
 
 def snapshot_shard(path: Path) -> int | None:

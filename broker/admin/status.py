@@ -127,6 +127,8 @@ def full_status(zk: KazooClient, cluster: str) -> dict:
         broker["in_sync"] = broker["id"] in view["insync"]
     view["waiting"] = waiting_for_members(view, _init_members(zk, ClusterPaths(cluster)))
     view["waiting_bookies"] = waiting_for_bookies(view)
+    # Brokers that need a snapshot the log covers and wait for one (broker.server.store.join.JoinNotice).
+    view["joining"] = _child_docs(zk, ClusterPaths(cluster).snapshot_joiners)
     view["shutdown"] = read_shutdown(zk, ClusterPaths(cluster))
     return view
 
@@ -155,14 +157,19 @@ def shard_list(zk: KazooClient, cluster: str) -> list[dict]:
 
 def _init_members(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
     """The reports of brokers waiting to start a cluster that has no log (``init/members``)."""
+    return _child_docs(zk, paths.init_members)
+
+
+def _child_docs(zk: KazooClient, path: str) -> list[dict]:
+    """The JSON objects held by the children of ``path`` (none if it does not exist)."""
     docs = []
     try:
-        children = zk.get_children(paths.init_members)
+        children = zk.get_children(path)
     except NoNodeError:
         return []
-    for child in children:
+    for child in sorted(children, key=lambda c: (len(c), c)):
         try:
-            doc = json.loads(zk.get(f"{paths.init_members}/{child}")[0])
+            doc = json.loads(zk.get(f"{path}/{child}")[0])
         except (NoNodeError, ValueError):
             continue
         if isinstance(doc, dict):

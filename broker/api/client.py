@@ -100,6 +100,7 @@ from broker.api.requests import (
     leader_address,
     submit_fields,
 )
+from broker.api.schedule_calls import ScheduleCalls
 from broker.api.submit_group import SubmitGroup
 from broker.api.target import DEFAULT_ZK, ClusterNotFound, dev_dir_options, resolve_target
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -138,13 +139,15 @@ _ENVELOPE = ("v", "rid", "ok")
 # ---------------------------------------------------------------- the client
 
 
-class Client(ApplicationCalls, OperatorCalls, ClusterConfig, LeaderTracking, Transport):
+class Client(ApplicationCalls, OperatorCalls, ScheduleCalls, ClusterConfig, LeaderTracking, Transport):
     """A connection to one fencepost cluster (see the module docstring).
 
     Its calls: an application's (:mod:`broker.api.app_calls`): ``submit``, ``submit_async``,
     ``submit_many``, ``get``, ``wait``, ``cancel``, ``complete_many``, ``declare_queue``, ``status``;
     the operator's (:mod:`broker.api.operate`): ``list_tasks``, ``iter_tasks``, ``retry``,
-    ``queues``, ``purge``, ``requeue_dead``, ``workers``; and :meth:`call` for any op.
+    ``queues``, ``queue``, ``purge``, ``requeue_dead``, ``workers``; periodic tasks
+    (:mod:`broker.api.schedule_calls`): ``schedule``, ``schedules``, ``remove_schedule``,
+    ``pause_schedule``, ``resume_schedule``; and :meth:`call` for any op.
     ``shards`` is the cluster's number of shards (read once from ZooKeeper).
 
     Give either ``zk`` (ZooKeeper hosts; when neither is given, ``FENCEPOST_ZK`` or

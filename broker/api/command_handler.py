@@ -11,7 +11,9 @@ Each command runs in a process group of its own (a new session), so a terminal's
 Ctrl-C, which signals the worker's group, does not reach it: the worker drains
 and lets it finish. Killing a command (timeout, or :meth:`CommandHandler.kill_running`
 on a worker's hard stop) kills its whole group, and whatever the command left
-running in its group is killed once it exits, so no child outlives its task.
+running in its group is killed once it exits, so no child outlives its task. If the worker
+itself is SIGKILLed, its :class:`~broker.api.group_reaper.GroupReaper` kills the groups of the
+commands still running, so none outlives its worker either.
 
 Example::
 
@@ -27,6 +29,7 @@ import subprocess
 import threading
 
 from broker import BrokerError
+from broker.api.group_reaper import GroupReaper
 from broker.api.reject import REJECT_EXIT_CODE, Reject
 
 STDERR_TAIL = 4000
@@ -46,13 +49,16 @@ def _kill_group(pgid: int) -> None:
 class CommandHandler:
     """Calls `argv` once per task; see the module docstring."""
 
-    def __init__(self, argv: list[str], timeout: float | None = None) -> None:
+    def __init__(
+        self, argv: list[str], timeout: float | None = None, reaper: GroupReaper | None = None
+    ) -> None:
         if not argv:
             raise BrokerError("worker run needs a command after --")
         self.argv = list(argv)
         self.timeout = timeout
         self._lock = threading.Lock()
         self._running: set[int] = set()  # process group ids of the commands running now
+        self._reaper = reaper or GroupReaper()
 
     def __call__(self, task) -> bytes:
         env = {
@@ -78,6 +84,7 @@ class CommandHandler:
             raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
         with self._lock:
             self._running.add(proc.pid)  # a new session: its group id is its pid
+        self._reaper.started(proc.pid)
         try:
             stdout, stderr = proc.communicate(input=task.payload, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -88,6 +95,7 @@ class CommandHandler:
             with self._lock:
                 self._running.discard(proc.pid)
             _kill_group(proc.pid)  # what the command left behind in its group
+            self._reaper.ended(proc.pid)
         if proc.returncode == REJECT_EXIT_CODE:
             raise Reject(
                 f"{self.argv[0]} exited with status {REJECT_EXIT_CODE} (reject): "

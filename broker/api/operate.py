@@ -1,6 +1,6 @@
 """The operator's calls of a :class:`broker.api.client.Client`: find and act on tasks, queues and workers.
 
-What ``fencepost task list|retry``, ``queue list|purge|requeue-dead`` and
+What ``fencepost task list|retry``, ``queue list|show|purge|requeue-dead`` and
 ``worker list`` do, from Python. Each goes to the leader (reads from its store,
 writes committed before the reply) with the client's retries across failovers.
 The purges and requeues that may touch many tasks are sent as several bounded
@@ -23,6 +23,7 @@ Example::
         client.purge("mail", states=["done"], older_than=7 * 86400)
         client.requeue_dead("mail")
         client.queues()["queues"], client.workers()
+        client.queue("mail")["effective"]["retry_backoff_ms"]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Iterable, Iterator
 
+from broker.api.queue_settings import QueueNotFound, queue_view
 from broker.api.requests import ClientError
 from broker.api.shard_merge import (
     ShardCursor,
@@ -124,6 +126,19 @@ class OperatorCalls:
         if shards == 1:
             return self.call("list_queues")
         return merge_queues([self.call("list_queues", shard=shard) for shard in range(shards)])
+
+    def queue(self, queue: str) -> dict:
+        """One queue: ``queue, counts`` (by state, summed over shards), ``settings`` (as declared; None:
+        unset), ``defaults`` (the cluster's, for the unset ones) and ``effective`` (what its tasks act
+        on when their submit sets none); :class:`~broker.api.queue_settings.QueueNotFound` if the
+        cluster has no record of it. See :mod:`broker.api.queue_settings`."""
+        listing = self.queues()
+        row = next((q for q in listing["queues"] if q["queue"] == queue), None)
+        if row is None:
+            raise QueueNotFound(queue)
+        # The retry backoff a queue leaves unset is the leader's task setting, which only status reports.
+        task_settings = self.call("status").get("task_settings") or {}
+        return queue_view(row, listing.get("result_ttl_ms"), task_settings)
 
     def purge(
         self,

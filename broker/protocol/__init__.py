@@ -35,7 +35,8 @@ Operations (request fields -> reply fields):
 - ``fail`` ``task_id, attempt, error?, retry?, reject?`` -> ``will_retry, retry_at_ms, retry_delay_ms``
   (``reject: true``: the task is dead at once; otherwise a retry waits the backoff the leader stamps;
   the three are null for a repeated fail)
-- ``status`` -> ``broker_id, role, epoch, position, digest, queues``
+- ``status`` -> ``broker_id, role, epoch, position, digest, queues, task_settings, task_settings_logged``
+  (the cluster-wide task settings this broker acts on, and those its log recorded)
 - ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?,
   result_ttl_ms?`` -> ``queue`` (the queue's settings after the change; a field left out keeps its value;
   ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``)
@@ -55,6 +56,9 @@ Operations (request fields -> reply fields):
   time now; ``more``: send it again with the returned ``before_ms``)
 - ``requeue_dead`` ``queue, before_ms?, limit?`` -> ``requeued, more, before_ms`` (as ``retry_task`` for
   up to ``limit`` dead tasks of ``queue`` that died before ``before_ms``, by default the leader's now)
+- ``schedule_add``, ``schedule_remove``, ``schedule_pause``, ``schedule_resume``, ``list_schedules``:
+  periodic tasks, see :mod:`broker.protocol.schedules` (the writes need the ``schedules`` feature flag:
+  until it is enabled the leader answers ``feature_disabled``)
 - ``snapshot_info`` -> ``snapshot`` (the newest valid snapshot this broker serves, or null)
 - ``snapshot_chunk`` ``name, offset, length`` -> ``data, crc`` (any broker; for joining members)
 - ``cluster_shutdown`` ``shutdown_id`` -> ``shutdown_id, position`` (the leader writes
@@ -105,10 +109,16 @@ OPS = frozenset(
         "retry_task",
         "purge_queue",
         "requeue_dead",
+        # periodic tasks (broker/protocol/schedules.py)
+        "schedule_add",
+        "schedule_remove",
+        "schedule_pause",
+        "schedule_resume",
+        "list_schedules",
     }
 )
 # Reads the leader answers from its store (also while a cluster shutdown refuses writes).
-LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers"})
+LEADER_READS = frozenset({"get", "list_tasks", "list_queues", "list_workers", "list_schedules"})
 # Ops whose requests name a worker: the leader notes that it was seen (broker/server/leading/housekeeping.py).
 WORKER_OPS = frozenset({"lease", "heartbeat", "heartbeat_many"})
 MAX_CHUNK = 4 * 1024 * 1024

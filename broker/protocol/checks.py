@@ -45,6 +45,7 @@ from broker.protocol import (
     QUEUE_NAME,
     RequestError,
 )
+from broker.protocol.schedules import SCHEDULE_OPS, check_schedule
 from broker.state.events import (
     MAX_ERROR_CHARS,
     MAX_LIST,
@@ -277,6 +278,8 @@ def check_request(msg: dict, max_payload: int) -> dict:
             "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
             "result_ttl_ms": _field(msg, "result_ttl_ms", K_TTL, None, 0, MAX_SPAN_MS),
         }
+    if op in SCHEDULE_OPS:
+        return {"op": op, **check_schedule(op, msg, max_payload)}
     if op in _OPERATOR_CHECKS:
         return {"op": op, **_OPERATOR_CHECKS[op](msg)}
     if op == "lease":

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from broker.protocol import RequestError
+from broker.protocol.schedules import SCHEDULE_WRITES, schedule_events, schedule_reply
 from broker.state.events import DEAD, WAITING
 from election.wire.codes import E_BAD_REQUEST, E_INTERNAL
 
@@ -139,6 +140,8 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
         return [{"type": "TaskRetried", "task_id": req["task_id"], "now_ms": now_ms}]
     if op == "purge_queue":
         return [_purged(req, now_ms)]
+    if op in SCHEDULE_WRITES:
+        return schedule_events(req, now_ms)
     if op == "requeue_dead":
         before = req["before_ms"] if req["before_ms"] is not None else now_ms + 1
         return [
@@ -190,6 +193,8 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
                 raise RequestError(res.get("error", E_INTERNAL), res.get("message", ""))
         return {"task_ids": [res["task_id"] for res in results]}
     (res,) = results
+    if op in SCHEDULE_WRITES:
+        return schedule_reply(req, res)
     if not res.get("ok"):
         raise RequestError(res.get("error", E_INTERNAL), res.get("message", ""))
     if op == "submit":

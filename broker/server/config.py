@@ -8,12 +8,24 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 from broker import BrokerError
 from broker.state.events import MAX_SPAN_MS
 from election.local.member_config import THIRTY_DAYS_S, MemberConfig, member_field, setting
 from election.shards import MAX_SHARDS
+from election.task_settings import SETTINGS as TASK_SETTINGS
+
+_CLUSTER_WIDE = (
+    " A cluster-wide task setting: this option counts only while the cluster's config holds none "
+    "(a cluster initialised before version 0.3.0) and is what a config this broker creates takes; "
+    "see `fencepost cluster config`."
+)
+
+
+def task_setting(name: str, help: str, **metadata: Any) -> Any:
+    """The field of a cluster-wide task setting (election/task_settings.py): its default is the cluster's."""
+    return setting(TASK_SETTINGS[name].default, help + _CLUSTER_WIDE, **metadata)
 
 
 class BrokerConfigError(BrokerError):
@@ -44,18 +56,21 @@ class BrokerConfig(MemberConfig):
     map_size_bytes: int = member_field("map_size_bytes", 16 * 1024**3, default_text="16 GiB")
     name: str = setting("", "Broker name.", default_text="the data dir's name")
     learner: bool = setting(False, "Replicate only: never join the in-sync set nor lead.")
-    max_lag_entries: int = setting(
-        1000, "A follower within this many entries of the leader may be in the in-sync set.", min=0
+    max_lag_entries: int = task_setting(
+        "max_lag_entries",
+        "A follower within this many entries of the leader may be in the in-sync set.",
+        min=0,
     )
-    max_time_not_caught_up_s: float = setting(
-        10.0,
+    max_time_not_caught_up_s: float = task_setting(
+        "max_time_not_caught_up_s",
         "Seconds a follower may go without reaching the leader's position before it leaves the in-sync set.",
         unit="s",
         min=0,
         min_open=True,
     )
-    allow_lagging_leader: bool = setting(
-        True, "Never let a broker outside the in-sync set lead, even when no member is alive."
+    allow_lagging_leader: bool = task_setting(
+        "allow_lagging_leader",
+        "Never let a broker outside the in-sync set lead, even when no member is alive.",
     )
     insync_check_ms: int = setting(
         200, "How often the leader re-checks the in-sync set and a pending admin elect.", unit="ms", min=1
@@ -104,19 +119,23 @@ class BrokerConfig(MemberConfig):
     digest_every_entries: int = setting(
         200, "The leader writes a state digest after this many entries.", min=1
     )
-    default_lease_ms: int = setting(
-        30_000, "Lease length for a lease or heartbeat that names none.", unit="ms", min=1
+    default_lease_ms: int = task_setting(
+        "default_lease_ms", "Lease length for a lease or heartbeat that names none.", unit="ms", min=1
     )
-    retry_backoff_ms: int = setting(
-        1000,
+    retry_backoff_ms: int = task_setting(
+        "retry_backoff_ms",
         "Retry backoff of a failed task whose submit and queue set none: its first retry waits this "
         "long, each later one twice as long as the one before (0: retry at once).",
         unit="ms",
         min=0,
         max=MAX_SPAN_MS,
     )
-    retry_backoff_max_ms: int = setting(
-        300_000, "Cap of the default retry backoff: no retry waits longer.", unit="ms", min=0, max=MAX_SPAN_MS
+    retry_backoff_max_ms: int = task_setting(
+        "retry_backoff_max_ms",
+        "Cap of the default retry backoff: no retry waits longer.",
+        unit="ms",
+        min=0,
+        max=MAX_SPAN_MS,
     )
     worker_seen_s: float = setting(
         0.0,
@@ -127,8 +146,8 @@ class BrokerConfig(MemberConfig):
         unit="s",
         min=0,
     )
-    worker_lost_s: float = setting(
-        60.0,
+    worker_lost_s: float = task_setting(
+        "worker_lost_s",
         "While leading: a worker not heard of for this long, and holding no lease that still runs, is "
         "lost (WorkerLost): it leaves `worker list` and the leases it still held end. Keep it above the "
         "workers' heartbeat interval (a third of their lease) and long-poll wait.",
@@ -136,8 +155,8 @@ class BrokerConfig(MemberConfig):
         min=0.5,
         max=THIRTY_DAYS_S,
     )
-    result_ttl_s: float = setting(
-        0.0,
+    result_ttl_s: float = task_setting(
+        "result_ttl_s",
         "While leading: purge done, failed, dead and cancelled tasks this long after they finished, in "
         "queues that set no result_ttl of their own (declare_queue); 0 keeps them.",
         unit="s",

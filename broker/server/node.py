@@ -61,11 +61,14 @@ from broker.server.stop_budget import StopBudget
 from broker.server.store.checkpoints import Checkpointer, CheckpointHost
 from broker.server.store.datalock import DataDirLock
 from broker.server.store.running import RunningHooks, RunningStore
+from broker.server.task_settings_view import EffectiveConfig
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged
 from election.cluster_config import cluster_shards
+from election.features import EnabledFeatures
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
+from election.task_settings import SETTINGS, ConfigSettingsWatch, configured
 from election.zk import connect
 from snapshots.policy import CheckpointPolicy
 from snapshots.transfer import describe, read_chunk
@@ -135,6 +138,26 @@ class BrokerNode:
             self.config, cluster, self.stop_event, self.stop_budget.remaining, self.clock
         )
 
+    def _config_changed(self) -> None:
+        """The ``config`` node changed (kazoo's thread): a leader logs new task settings at its next turn."""
+        if self.server is not None:
+            self.server.housekeeping.config_changed()
+
+    @staticmethod
+    def _log_task_settings(cluster: dict, task_cfg: EffectiveConfig) -> None:
+        missing = [name for name in SETTINGS if name not in configured(cluster)]
+        if missing:
+            log.warning(
+                "the cluster's config holds no value for the task settings %s (a cluster initialised "
+                "before version 0.3.0): this broker acts on its own options for them until "
+                "`fencepost cluster config set` gives one",
+                ", ".join(missing),
+            )
+        log.info(
+            "task settings: %s",
+            ", ".join(f"{name}={value}" for name, value in task_cfg.task_settings().items()),
+        )
+
     def _serve(self, started: Started) -> None:
         """Wire the parts around the started store, serve until stopped, stop in order."""
         cfg, clock = self.config, self.clock
@@ -163,8 +186,15 @@ class BrokerNode:
             self.zk, self.paths, self.ledgers.options.ensemble_size, changed=self._live_changed, clock=clock
         )
         self.metrics = self.services.start_metrics(self._metrics_source)
-        self.server = BrokerServer(
+        # How tasks behave is the cluster's (election/task_settings.py), whatever this broker's options say.
+        task_cfg = EffectiveConfig(
             cfg,
+            store=lambda: self.server.store if self.server is not None else started.store,
+            configured=ConfigSettingsWatch(self.zk, self.paths, changed=self._config_changed).settings,
+        )
+        self._log_task_settings(started.cluster, task_cfg)
+        self.server = BrokerServer(
+            task_cfg,
             started.store,
             self.identity.broker_id,
             clock=clock,
@@ -183,6 +213,7 @@ class BrokerNode:
                     self.catalog, name, offset, length
                 ),
                 metrics=self.metrics,
+                feature_enabled=EnabledFeatures(self.zk, self.paths).enabled,
             ),
         )
         self.server.bind()
@@ -250,7 +281,7 @@ class BrokerNode:
             self.ledgers,
             self.server,
             self.running,
-            cfg,
+            task_cfg,
             self.identity.broker_id,
             self.stop_event,
             self._step_down,
@@ -266,7 +297,7 @@ class BrokerNode:
             self.zk,
             self.paths,
             self.identity.broker_id,
-            cfg,
+            task_cfg,
             lead=self.term.lead,
             may_lead=lambda: not (self.stop_event.is_set() or self.running.is_damaged),
             stop=self.stop_event,

@@ -2,7 +2,7 @@
 
 - :class:`LiveInfo` is the content of the broker's live node (``brokers/live/<id>``, or
   ``shards/<n>/live/<id>``; :class:`broker.server.live.LivePublisher` writes it): address, role,
-  position, epoch, digest, newest snapshot, and why it does not stand yet (a wait for members or
+  position, epoch, digest, newest snapshot, software version and feature flags, and why it does not stand yet (a wait for members or
   bookies). Readers are listed in :mod:`election.live`.
 - :class:`SessionStates` is the ZooKeeper state listener. kazoo calls it on its connection
   thread, so it only records the state (:class:`~broker.server.leading.zk_outage.ZkLink`) and
@@ -41,6 +41,7 @@ from broker.server.request_loop import BrokerServer
 from broker.server.shard_command import SESSION_FILE_ENV
 from broker.server.standing.bookie_wait import BookieWait
 from broker.server.standing.member_wait import MemberWait
+from election.features import advertised
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.local.files import write_json_atomically
 from election.paths import ClusterPaths
@@ -73,18 +74,19 @@ class LiveInfo:
 
     def __call__(self) -> dict:
         store = self.store()
-        position = store.position()
+        position, digest = store.position_and_digest()
         return {
             "address": self.config.listen,
             "role": self.server.role,
             "learner": self.config.learner,
             "position": list(position) if position else None,
             "epoch": store.epoch(),
-            "digest": store.digest(),
+            "digest": digest,
             "name": self.name,
             "updated_at": self.clock.now(),
             "snapshot": advertised_snapshot(self.latest_snapshot()),
             "secure": self.secure,
+            **advertised(),  # version and the feature flags supported: `cluster enable-feature` reads them
             **advertised_metrics(self.config.metrics_listen),
             **self.member_wait.live_fields(),
             # A leader goes on in its ledger whatever new ledgers would need: only a would-be leader waits.

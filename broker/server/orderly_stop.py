@@ -79,6 +79,7 @@ def stop_in_order(
     """The steps of the module docstring (on the request loop's thread, after its last turn)."""
     server, running, checkpointer, zk = parts.server, parts.running, parts.checkpointer, parts.zk
     if server.leadership is not None:
+        log.info("stopping: stepping down so that another broker leads")
         step_down.set()
         deadline = clock.monotonic() + budget.remaining(config.shutdown_timeout_s * HANDOVER_SHARE)
         while server.leadership is not None and clock.monotonic() < deadline:

@@ -52,6 +52,8 @@ from broker.server.leading.leadership import Leadership
 from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.server.leading.zk_outage import ZkLink
 from broker.server.standing.reports import FollowerReports
+from broker.server.store.outcome_log import OutcomeLog
+from broker.state.schema import STORE_FORMAT
 from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -99,6 +101,8 @@ class ServerHooks:
     read_snapshot_chunk: Callable[[str, int, int], dict] | None = None
     # broker.server.metrics.BrokerMetrics with --metrics-listen.
     metrics: Any = None
+    # Whether the cluster enabled a feature flag (election.features.EnabledFeatures.enabled; never blocks).
+    feature_enabled: Callable[[str], bool] = lambda name: False
 
 
 class BrokerServer:
@@ -118,6 +122,8 @@ class BrokerServer:
         self.config = config
         # election.secure.keyring.ServerKeys of a secure broker (its ZAP thread runs on Context.instance()).
         self.keys = keys
+        # What apply decided lately, following or leading: a leader writes it as Outcomes events.
+        self.outcomes = OutcomeLog()
         self.store = store
         self.broker_id = broker_id
         self.clock = clock
@@ -136,8 +142,8 @@ class BrokerServer:
         # Leader time: continues from the predecessor's stamps, whatever our wall clock says.
         self.leader_clock = LeaderClock(clock)
         self.counters = {"refused_shutting_down": 0}
-        # While leading: workers seen and lost, finished tasks past their result_ttl.
-        self.housekeeping = Housekeeping(lambda: self.store, config)
+        # While leading: workers seen and lost, finished tasks past their result_ttl, task settings.
+        self.housekeeping = Housekeeping(lambda: self.store, config, hooks.feature_enabled)
         self.metrics = hooks.metrics
         # Followers' positions from their heartbeats, for the in-sync tracker while we lead.
         self.reports = FollowerReports(clock)
@@ -284,8 +290,20 @@ class BrokerServer:
         leadership.write(ctx.route, rid, req, ctx.received)
         return DEFERRED
 
+    @property
+    def store(self) -> Any:
+        return self._store
+
+    @store.setter
+    def store(self, store: Any) -> None:
+        """The store this broker serves (replaced by a rebuild or a snapshot install); its applies
+        are recorded in :attr:`outcomes`."""
+        self._store = store
+        if store is not None:
+            store.add_applied_listener(self.outcomes.record)
+
     def status(self) -> dict:
-        position = self.store.position()
+        position, digest = self.store.position_and_digest()
         leadership = self.leadership
         shutdown = leadership.shutdown if leadership is not None else None
         return {
@@ -295,11 +313,16 @@ class BrokerServer:
             "leader": self.leader_address,
             "epoch": leadership.epoch if leadership else self.store.epoch(),
             "position": list(position) if position else None,
-            "digest": self.store.digest(),
+            "digest": digest,
+            # Digests of different store formats cover different records (an upgrade's mixed window).
+            "store_format": STORE_FORMAT,
             "queues": self.store.queue_depths(),
             "counters": dict(self.counters),
             "shutting_down": shutdown.shutdown_id if shutdown is not None else None,
             "secure": self.keys is not None,
+            # The task settings this broker acts on, and those its log recorded (SettingChanged).
+            "task_settings": self.config.task_settings() if hasattr(self.config, "task_settings") else {},
+            "task_settings_logged": self.store.task_settings(),
             **(
                 {
                     "commit_stages": leadership.group.timings.summary(),
@@ -333,6 +356,7 @@ class BrokerServer:
             on_cluster_shutdown=self.hooks.on_cluster_shutdown,
             on_entry_committed=metrics.entry_committed if metrics is not None else None,
             on_internal_applied=metrics.internal_applied if metrics is not None else None,
+            feature_enabled=self.hooks.feature_enabled,
         )
         self.leadership = Leadership(
             session,
@@ -343,6 +367,7 @@ class BrokerServer:
             self.housekeeping,
             self.clock,
             link=self.zk_link,
+            outcomes=self.outcomes,
         )
         self.draining = False
         self.role = "leader"

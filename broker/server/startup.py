@@ -3,7 +3,8 @@
 In order (each wait gives up when the stop event is set):
 
 1. join the cluster: before ``fencepost cluster init`` this waits (or, with
-   ``init_if_missing``, creates the cluster's ``config``); the member secret must match it;
+   ``init_if_missing``, creates the cluster's ``config``); the member secret must match it,
+   and the broker must support every feature flag the cluster enabled;
 2. a cluster without a log may be restarting after ZooKeeper lost its data: the members'
    stores decide how it starts (:mod:`broker.server.store.cluster_start`);
 3. the store is checked before the identity is claimed: another cluster's store, or one
@@ -48,9 +49,13 @@ from election.cluster_config import (
     member_options,
     read_secret,
 )
+from election.features import check_supported
 from election.identity import BrokerIdentity, ensure_broker_id
 from election.local.clock import Clock
 from election.paths import ClusterPaths
+from election.task_settings import CONFIG_KEY as TASK_SETTINGS_KEY
+from election.task_settings import add_missing
+from election.task_settings import defaults as task_defaults
 from election.zk import patiently
 from ledger.client.facade import LedgerClient
 from snapshots.catalog import SnapshotCatalog
@@ -97,10 +102,16 @@ def start_member(
         clock=clock.now,
         stop=stop,
         secret=secret,
+        task_settings=task_defaults(config),  # a config this broker creates takes its options
     )
     if cluster is None:
         return None
+    settings = patiently(
+        add_missing, zk, paths, task_defaults(config), what="completing the cluster's task settings"
+    )
+    cluster = {**cluster, TASK_SETTINGS_KEY: settings}
     cluster_secret = check_member_secret(cluster, secret, config.cluster, source=config.secret_file)
+    patiently(check_supported, zk, paths, "broker", what="reading the cluster's feature flags")
     if config.shard >= cluster_shards(cluster):
         raise BrokerConfigError(
             f"cluster {config.cluster} has {cluster_shards(cluster)} shard(s): there is no shard {config.shard}"

@@ -9,7 +9,8 @@ nothing. An *exception* (a corrupt index, a full map) aborts the whole batch.
 
 The handlers: a task's life in :mod:`broker.state.apply_tasks`, upkeep (expired
 leases, workers, purges, operators' retries) in :mod:`broker.state.apply_upkeep`,
-the log's own events (epochs, a cluster shutdown, digest checks) here; the moves
+periodic tasks in :mod:`broker.state.apply_schedules`,
+the log's own events (epochs, a cluster shutdown, task settings, digest checks) here; the moves
 between states they share in :mod:`broker.state.transitions`.
 
 Task life cycle (``attempts`` counts leases; a lease carries ``attempt``, the
@@ -60,13 +61,14 @@ from __future__ import annotations
 
 from typing import Callable
 
+from broker.state.apply_schedules import SCHEDULE_HANDLERS
 from broker.state.apply_tasks import TASK_HANDLERS
 from broker.state.apply_upkeep import UPKEEP_HANDLERS
 from broker.state.digest import digest_comparable, digest_hex
 from broker.state.events import EVENT_TYPES, BadEvent, err, ok, validate_event
-from broker.state.schema import META_DIVERGED, META_EPOCH, META_SHUTDOWN
+from broker.state.schema import META_DIVERGED, META_EPOCH, META_OUTCOMES, META_SETTINGS, META_SHUTDOWN
 from broker.state.txn import StateTxn
-from election.wire.codes import E_DIGEST_MISMATCH, E_STALE_EPOCH
+from election.wire.codes import E_BAD_EVENT, E_DIGEST_MISMATCH, E_STALE_EPOCH
 
 # -- the log's own events: epochs, a cluster shutdown, digest checks ----------
 
@@ -85,6 +87,25 @@ def _cluster_shutdown(tx: StateTxn, ev: dict) -> dict:
         {"shutdown_id": ev["shutdown_id"], "now_ms": ev["now_ms"], "position": list(tx.position)},
     )
     return ok(shutdown_id=ev["shutdown_id"], position=list(tx.position))
+
+
+def _setting_changed(tx: StateTxn, ev: dict) -> dict:
+    settings = dict(tx.meta(META_SETTINGS) or {})
+    previous = settings.get(ev["name"])
+    settings[ev["name"]] = ev["value"]
+    tx.set_meta(META_SETTINGS, dict(sorted(settings.items())))  # one byte order on every replica
+    return ok(name=ev["name"], value=ev["value"], previous=previous)
+
+
+def _outcomes(tx: StateTxn, ev: dict) -> dict:
+    # The decisions themselves are every replica's own: only how far they reach is state.
+    at = ev["at"]
+    if list(tx.position) <= at:
+        return err(E_BAD_EVENT, f"Outcomes of entry {at} written at {list(tx.position)}, not after it")
+    covered = tx.meta(META_OUTCOMES)
+    if covered is None or covered < at:
+        tx.set_meta(META_OUTCOMES, at)
+    return ok(at=at)
 
 
 def _state_digest(tx: StateTxn, ev: dict) -> dict:
@@ -112,8 +133,11 @@ def _state_digest(tx: StateTxn, ev: dict) -> dict:
 HANDLERS: dict[str, Callable[[StateTxn, dict], dict]] = {
     **TASK_HANDLERS,
     **UPKEEP_HANDLERS,
+    **SCHEDULE_HANDLERS,
     "EpochStarted": _epoch_started,
     "ClusterShutdown": _cluster_shutdown,
+    "SettingChanged": _setting_changed,
+    "Outcomes": _outcomes,
     "StateDigest": _state_digest,
 }
 assert set(HANDLERS) == set(EVENT_TYPES), "every event type needs a handler"

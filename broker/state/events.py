@@ -24,7 +24,7 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import msgpack
 
@@ -32,6 +32,7 @@ from broker import BrokerError
 
 # The result error codes (stable words; clients match on them) live with every other
 # wire code in election/wire/codes.py.
+from election.task_settings import SETTINGS, SettingError, setting
 from election.wire.codes import E_BAD_EVENT, E_UNKNOWN_EVENT
 
 BATCH_FORMAT_VERSION = 1
@@ -66,7 +67,11 @@ MAX_TIME_MS = 1 << 53
 MAX_SPAN_MS = 1 << 40
 MAX_LIST = 64
 MAX_LEASE_TASKS = 10_000
+MAX_DECISIONS = 10_000  # deciding events, and tasks of one, in an Outcomes event
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
+MAX_CRON_BYTES = 200
+# What a schedule does with occurrences missed for longer than its grace (docs/operations.md).
+CATCH_UP_POLICIES = ("all", "last", "none")
 
 _REQUIRED = object()
 _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
@@ -158,6 +163,44 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         "now_ms": ("time", _REQUIRED),
     },
     "ClusterShutdown": {"shutdown_id": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    # A cluster-wide task setting (election.task_settings) as the leader found it in the config node;
+    # written only with the cluster_settings flag enabled. The value is range-checked with the name.
+    "SettingChanged": {
+        "name": ("setting", _REQUIRED),
+        "value": ("setting_value", _REQUIRED),
+        "now_ms": ("time", _REQUIRED),
+    },
+    # What apply decided in the entry ``at`` (broker.state.outcomes); written only with the
+    # event_outcomes flag enabled.
+    "Outcomes": {"at": ("position", _REQUIRED), "decided": ("decisions", _REQUIRED)},
+    # Periodic tasks (broker.state.apply_schedules), written only with the schedules flag enabled. The
+    # cron expression is text to the state machine: only the leader parses it (broker.protocol.cron).
+    "ScheduleAdded": {
+        "name": ("name", _REQUIRED),
+        "queue": ("name", _REQUIRED),
+        "cron": ("cron", _REQUIRED),
+        "payload": ("bytes", _REQUIRED),
+        "key_template": ("key", _REQUIRED),
+        "catch_up": ("catch_up", _REQUIRED),
+        "grace_ms": ("span", _REQUIRED),
+        "priority": ("priority", 0),
+        "replace": ("bool", False),
+        "now_ms": ("time", _REQUIRED),
+    },
+    "ScheduleRemoved": {"name": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    "SchedulePaused": {
+        "name": ("name", _REQUIRED),
+        "paused": ("bool", _REQUIRED),
+        "now_ms": ("time", _REQUIRED),
+    },
+    # The leader fired occurrence_ms (its TaskSubmitted is in the same entry); skipped: the missed
+    # occurrences before it that its catch-up policy left out (counted up to a bound).
+    "ScheduleFired": {
+        "name": ("name", _REQUIRED),
+        "occurrence_ms": ("time", _REQUIRED),
+        "skipped": ("count", 0),
+        "now_ms": ("time", _REQUIRED),
+    },
     # format: the store format whose records the digest was computed over (absent: format 1).
     "StateDigest": {"digest": ("hex128", _REQUIRED), "format": ("limit?", None)},
 }
@@ -174,6 +217,7 @@ _INT_RANGES = {
     "limit": (1, 1 << 31),
     "epoch": (1, 1 << 62),
     "broker_id": (0, 1 << 62),
+    "count": (0, 1 << 31),
 }
 
 
@@ -207,6 +251,26 @@ def _utf8_len(v: Any) -> int:
 def _is_name(v: Any) -> bool:
     # Names are used as LMDB key prefixes terminated by b"\0", so NUL is banned.
     return 0 < _utf8_len(v) <= MAX_NAME_BYTES and "\0" not in v
+
+
+def _is_decision(d: Any) -> bool:
+    """``[event index, [[task id, attempt, state?], ...]]`` (broker.state.outcomes)."""
+    if not (isinstance(d, list) and len(d) == 2 and type(d[0]) is int and 0 <= d[0] < 1 << 31):
+        return False
+    pairs = d[1]
+    return (
+        isinstance(pairs, list)
+        and len(pairs) <= MAX_DECISIONS
+        and all(
+            isinstance(p, list)
+            and 2 <= len(p) <= 3
+            and 0 < _utf8_len(p[0]) <= MAX_ID_BYTES
+            and type(p[1]) is int
+            and 1 <= p[1] < 1 << 62
+            and (len(p) == 2 or p[2] in STATES)
+            for p in pairs
+        )
+    )
 
 
 def check_value(kind: str, v: Any) -> bool:
@@ -251,7 +315,45 @@ def check_value(kind: str, v: Any) -> bool:
         )
     if kind == "hex128":
         return isinstance(v, str) and _HEX128.match(v) is not None
+    if kind == "position":
+        return isinstance(v, list) and len(v) == 2 and all(type(x) is int and 0 <= x < 1 << 62 for x in v)
+    if kind == "decisions":
+        return isinstance(v, list) and 0 < len(v) <= MAX_DECISIONS and all(_is_decision(d) for d in v)
+    if kind == "cron":
+        return 0 < _utf8_len(v) <= MAX_CRON_BYTES
+    if kind == "catch_up":
+        return v in CATCH_UP_POLICIES
+    if kind == "setting":
+        return isinstance(v, str) and v in SETTINGS
+    if kind == "setting_value":
+        return type(v) in (int, float, bool)
     raise AssertionError(f"unknown field kind {kind}")
+
+
+def _checker(kind: str) -> Callable[[Any], bool]:
+    """A function that checks a value of ``kind`` as :func:`check_value` does, without the
+    dispatch on the kind's name: decoding a replayed entry checks every field of every event."""
+    optional = kind.endswith("?")
+    base = kind[:-1] if optional else kind
+    if base in _INT_RANGES:
+        lo, hi = _INT_RANGES[base]
+
+        def check(v: Any) -> bool:
+            return type(v) is int and lo <= v <= hi  # bool is excluded on purpose
+
+    elif base == "bytes":
+
+        def check(v: Any) -> bool:
+            return isinstance(v, bytes)
+
+    else:
+
+        def check(v: Any) -> bool:
+            return check_value(base, v)
+
+    if not optional:
+        return check
+    return lambda v: v is None or check(v)
 
 
 def describe_kind(kind: str) -> str:
@@ -275,6 +377,12 @@ _KIND_TEXT = {
     "states": f"a list of different states among {', '.join(PURGEABLE_STATES)}",
     "retryable_states": f"a list of different states among {', '.join(RETRYABLE_STATES)}",
     "hex128": "32 lowercase hex digits",
+    "position": "[ledger id, entry id]",
+    "decisions": "a list of [event index, [[task id, attempt, state?], ...]]",
+    "cron": f"a cron expression of 1-{MAX_CRON_BYTES} UTF-8 bytes",
+    "catch_up": f"one of {', '.join(CATCH_UP_POLICIES)}",
+    "setting": f"a task setting among {', '.join(SETTINGS)}",
+    "setting_value": "a number or true or false",
 }
 
 
@@ -289,28 +397,44 @@ def validate_event(ev: Any) -> dict:
     etype = ev.get("type")
     if not isinstance(etype, str):
         raise BadEvent("event has no string 'type'")
-    schema = SCHEMAS.get(etype)
-    if schema is None:
+    compiled = _COMPILED.get(etype)
+    if compiled is None:
         raise BadEvent(f"unknown event type {etype[:64]!r}", E_UNKNOWN_EVENT)
-    extra = [k for k in ev if k != "type" and k not in schema]
-    if extra:
+    fields, checks = compiled
+    if not ev.keys() <= fields:
+        extra = [k for k in ev if k not in fields]
         raise BadEvent(f"{etype}: unknown field(s) {sorted(map(str, extra))[:5]}")
     out: dict = {"type": etype}
-    for name, (kind, default) in schema.items():
+    for name, kind, check, default in checks:
         if name not in ev:
             if default is _REQUIRED:
                 raise BadEvent(f"{etype}: missing field {name!r}")
             out[name] = default
             continue
         value = ev[name]
-        if not check_value(kind, value):
+        if not check(value):
             raise BadEvent(f"{etype}: bad value for {name!r} ({kind}): {value!r:.80}")
         out[name] = list(value) if isinstance(value, list) else value
     if etype == "TasksPurged" and out["before_ms"] is not None and WAITING in out["states"]:
         # Waiting tasks are indexed by priority, not by time: a time bound on
         # them would need a full scan, so it is refused rather than slow.
         raise BadEvent("TasksPurged: before_ms applies to final states only, not 'waiting'")
+    if etype == "SettingChanged":
+        try:
+            out["value"] = setting(out["name"]).check(out["value"])
+        except SettingError as exc:
+            raise BadEvent(f"SettingChanged: {exc}") from None
     return out
+
+
+# type -> (the fields it may have, "type" included; (field, kind, checker, default) of each).
+_COMPILED: dict[str, tuple[frozenset, tuple]] = {
+    etype: (
+        frozenset(schema) | {"type"},
+        tuple((name, kind, _checker(kind), default) for name, (kind, default) in schema.items()),
+    )
+    for etype, schema in SCHEMAS.items()
+}
 
 
 def event(etype: str, **fields: Any) -> dict:

@@ -5,8 +5,9 @@ record's hash, :func:`broker.state.digest.record_hash`), so a full scan that
 hashes to anything else means the files are damaged. :class:`StoreIntegrity`
 holds the checks: the seal over the position and digest records (damage to
 them told apart from damage to the state), the records streamed from one read
-transaction and hashed as they go (and, in the current layout, the ``by_state``
-index checked against the tasks, :class:`broker.state.listing.IndexCheck`), and
+transaction and hashed as they go (by the rule of the store's format, and in the
+layouts with every index, 3 and 4, each index, the payloads and the queue counters
+checked against the tasks, :class:`broker.state.index_check.IndexCheck`), and
 the snapshot view whose records verify themselves as a snapshot writer consumes
 them, so a checkpoint of damaged state fails instead of being published. Every
 problem is a :class:`~broker.state.store_errors.StoreDamaged` naming it.
@@ -26,8 +27,8 @@ from typing import Iterator
 
 import lmdb
 
-from broker.state import listing
 from broker.state.digest import digest_hex, is_hashed, record_hash, seal
+from broker.state.index_check import IndexCheck
 from broker.state.schema import (
     DB_NAMES,
     META_CLEAN,
@@ -75,15 +76,17 @@ class StoreIntegrity:
         ):
             raise StoreDamaged(self._env.path, "its position or digest record fails its seal")
 
-    def checked_records(self, txn: lmdb.Transaction, expected: int, index: bool = True) -> Iterator[Record]:
-        """Every record, hashing as it goes; raises StoreDamaged after the last if they
-        do not hash to ``expected`` (the incremental digest), or (``index``) if the
-        ``by_state`` index does not list exactly the tasks."""
+    def checked_records(
+        self, txn: lmdb.Transaction, expected: int, index: bool = True, fmt: int | None = STORE_FORMAT
+    ) -> Iterator[Record]:
+        """Every record, hashing as it goes by the rule of store format ``fmt``; raises
+        StoreDamaged after the last if they do not hash to ``expected`` (the incremental
+        digest), or (``index``) if an index disagrees with the tasks."""
         d = 0
-        check = listing.IndexCheck() if index else None
+        check = IndexCheck(txn, self._env.dbs) if index else None
         try:
             for db, key, value in self.records(txn):
-                if is_hashed(db, key):
+                if is_hashed(db, key, fmt):
                     d ^= record_hash(db, key, value)
                 if check is not None:
                     check.see(db, key, value)
@@ -106,6 +109,7 @@ class StoreIntegrity:
         pos = txn.get(META_POSITION, db=meta)
         epoch = txn.get(META_EPOCH, db=meta)
         digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
+        fmt = store_format(txn, self._env.dbs)
         try:
             epoch_no = 0 if epoch is None else unpack(epoch)["epoch"]
         except Exception:  # msgpack raises several unrelated types on garbage
@@ -114,9 +118,8 @@ class StoreIntegrity:
             "position": None if pos is None else unpack_position(pos),
             "digest": digest_hex(digest),
             "epoch": epoch_no,
-            "records": self.checked_records(
-                txn, digest, index=store_format(txn, self._env.dbs) == STORE_FORMAT
-            ),
+            # Formats 3 and 4 share their layout (only the digest differs): every index is there.
+            "records": self.checked_records(txn, digest, index=(fmt or 1) >= 3, fmt=fmt),
         }
 
     def recompute_digest(self) -> str:
@@ -124,8 +127,9 @@ class StoreIntegrity:
         d = 0
         try:
             with self._env.lmdb.begin() as txn:
+                fmt = store_format(txn, self._env.dbs)
                 for db, key, value in self.records(txn):
-                    if is_hashed(db, key):
+                    if is_hashed(db, key, fmt):
                         d ^= record_hash(db, key, value)
         except lmdb.Error as exc:
             raise StoreDamaged(self._env.path, lmdb_reason(exc)) from None

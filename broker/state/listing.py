@@ -15,9 +15,8 @@ changed state is listed under its new state if it has not been passed yet; a
 task submitted after the listing began is listed if its id comes later (ids
 are time-ordered, so new tasks come at the end of their queue).
 
-:class:`IndexCheck` compares the index with the task records in one pass over
-both (an XOR of hashes of the entries each side says should exist), so a
-verification or a snapshot view proves the index whole with O(1) memory.
+Verification checks the index against the task records
+(:class:`broker.state.index_check.IndexCheck`).
 
 Example::
 
@@ -35,10 +34,9 @@ from typing import Any
 
 import lmdb
 
-from broker.state.digest import record_hash
 from broker.state.events import MAX_NAME_BYTES, STATES
 from broker.state.schema import STATE_KEY_CODE, queue_prefix, text, unpack
-from broker.state.task_record import record_state_key, unpack_task
+from broker.state.task_record import unpack_task
 from broker.state.txn import StateCorrupt
 
 # The longest error text a listed task carries (``task show`` has all of it).
@@ -180,39 +178,3 @@ def task_page(
         finally:
             keys.close()
     return rows, None
-
-
-class IndexCheck:
-    """Checks ``by_state`` against the task records while every record streams past once.
-
-    Example::
-
-        check = IndexCheck()
-        for db, key, value in records:
-            check.see(db, key, value)
-        problem = check.problem()      # None when the index lists exactly the tasks
-    """
-
-    def __init__(self) -> None:
-        self.expected = 0
-        self.actual = 0
-        self.bad: str | None = None
-
-    def see(self, db: str, key: bytes, value: bytes) -> None:
-        if db == "tasks":
-            try:
-                self.expected ^= record_hash("by_state", record_state_key(key, value), b"")
-            except Exception:  # msgpack raises several unrelated types on garbage
-                self.bad = self.bad or f"task record {bytes(key)!r:.60} does not decode"
-        elif db == "by_state":
-            if len(value):
-                self.bad = self.bad or f"by_state entry {bytes(key)!r:.60} has a value"
-            self.actual ^= record_hash("by_state", bytes(key), b"")
-
-    def problem(self) -> str | None:
-        """Why the index and the tasks disagree, or None."""
-        if self.bad is not None:
-            return self.bad
-        if self.expected != self.actual:
-            return "its by_state index does not list exactly its tasks"
-        return None

@@ -1,8 +1,12 @@
-"""Converting a format-1 or format-2 state store to the current layout, in place, in one write transaction.
+"""Converting a format-1, 2 or 3 state store to the current layout, in place, in one write transaction.
 
-Format 2 lacks the ``by_state`` index (format 3): :func:`migrate_v2` builds it
-from the task records. The index is outside the digest, so the digest, its
-seal and every hashed record stay as they were.
+Format 3 hashed its indexes into its digest; format 4 hashes only the primary
+records (:mod:`broker.state.digest`). :func:`migrate_v3` checks the records
+against the digest they were written with and replaces it, in the same pass, by
+the digest of the primary records, with a new seal; no record changes.
+
+Format 2 also lacks the ``by_state`` index (format 3): :func:`migrate_v2` builds
+it from the task records.
 
 Format 1 (before :data:`broker.state.schema.STORE_FORMAT` 2) stored task ids and
 idempotency keys as UTF-8 text, task records as msgpack maps with field names,
@@ -128,7 +132,8 @@ def _rewrite(
 
 
 def migrate_v1(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]) -> None:
-    """Convert the format-1 store in ``txn`` to :data:`STORE_FORMAT`; the caller commits.
+    """Convert the format-1 store in ``txn`` to :data:`STORE_FORMAT` (but ``by_state``, which
+    :func:`migrate_v2` builds); the caller commits.
 
     The caller has checked the records against their digest first: the digest is
     recomputed here, so damage converted along would no longer show. Raises
@@ -161,21 +166,46 @@ def migrate_v1(env: lmdb.Environment, txn: lmdb.Transaction, dbs: dict[str, Any]
     _rewrite(env, txn, dbs["keys"], lambda k, v: (_idem(k), _v1_id(v)), _short_forms())
     _rewrite(env, txn, dbs["leases"], lambda k, v: (k[:8] + _v1_id(k[8:]), v))
     _rewrite(env, txn, dbs["worker_leases"], lambda k, v: (_worker_lease(k), v))
-    digest = 0
+    [digest] = _digests(txn, dbs, (STORE_FORMAT,))
+    _set_digest(txn, dbs, digest)
+
+
+def _digests(txn: lmdb.Transaction, dbs: dict[str, Any], formats: tuple[int, ...]) -> list[int]:
+    """The digest of the records in ``txn`` by the rule of each of ``formats``, in one pass."""
+    digests = [0] * len(formats)
     for name, db in dbs.items():
         with txn.cursor(db=db) as cur:
             for key, value in cur:
-                if is_hashed(name, key):
-                    digest ^= record_hash(name, key, value)
+                h = None
+                for i, fmt in enumerate(formats):
+                    if is_hashed(name, key, fmt):
+                        h = record_hash(name, key, value) if h is None else h
+                        digests[i] ^= h
+    return digests
+
+
+def _set_digest(txn: lmdb.Transaction, dbs: dict[str, Any], digest: int) -> None:
+    """Store ``digest``, its seal with the position, and this layout's format record."""
     meta, raw_digest = dbs["meta"], digest.to_bytes(16, "big")
     txn.put(META_DIGEST, raw_digest, db=meta)
     txn.put(META_SEAL, seal(txn.get(META_POSITION, db=meta), raw_digest), db=meta)
     txn.put(META_FORMAT, format_record(), db=meta)
 
 
+def migrate_v3(txn: lmdb.Transaction, dbs: dict[str, Any], fmt: int) -> None:
+    """Replace the digest of a format-``fmt`` store (2 or 3) by the digest of its primary records
+    (format 4); the caller commits. Raises :class:`StateCorrupt` if the records do not hash to the
+    digest they were written with: damage must not be converted along."""
+    stored = int.from_bytes(txn.get(META_DIGEST, db=dbs["meta"]) or b"", "big")
+    old, new = _digests(txn, dbs, (fmt, STORE_FORMAT))
+    if old != stored:
+        raise StateCorrupt(f"its records hash to {old:032x}, its format-{fmt} digest says {stored:032x}")
+    _set_digest(txn, dbs, new)
+
+
 def migrate_v2(txn: lmdb.Transaction, dbs: dict[str, Any]) -> None:
     """Build the ``by_state`` index of a format-2 store (or of one just converted from format 1)
-    from its task records and record format 3; the caller commits. Raises :class:`StateCorrupt`
+    from its task records and record this layout's format; the caller commits. Raises :class:`StateCorrupt`
     for a task record that does not decode."""
     index = dbs["by_state"]
     txn.drop(index, delete=False)
@@ -190,27 +220,30 @@ def migrate_v2(txn: lmdb.Transaction, dbs: dict[str, Any]) -> None:
 
 
 def upgrade(env: StoreEnv, integrity: StoreIntegrity) -> bool:
-    """Convert a format-1 or format-2 store to this layout in place, in one transaction;
+    """Convert a format-1, 2 or 3 store to this layout in place, in one transaction;
     True if it did (``env.format`` is then :data:`STORE_FORMAT`).
 
-    A format-1 store's records are first checked against their digest (a damaged
-    store is :class:`StoreDamaged`, never converted), since that conversion
-    computes the digest anew; format 2 only gets its ``by_state`` index built
-    from its task records (the digest stays).
+    The seal is checked first and the records are checked against the digest they
+    were written with (a damaged store is :class:`StoreDamaged`, never converted),
+    since every conversion computes the digest anew; a format-2 store also gets its
+    ``by_state`` index built from its task records.
     """
     meta = env.dbs["meta"]
     try:
         with env.lmdb.begin(write=True) as txn:
             fmt = store_format(txn, env.dbs)
-            if fmt not in (1, 2):
+            if fmt not in (1, 2, 3):
                 return False
+            integrity.check_seal(txn)
             if fmt == 1:
-                integrity.check_seal(txn)
                 digest = int.from_bytes(txn.get(META_DIGEST, db=meta) or b"", "big")
-                for _ in integrity.checked_records(txn, digest, index=False):
+                for _ in integrity.checked_records(txn, digest, index=False, fmt=1):
                     pass
                 migrate_v1(env.lmdb, txn, env.dbs)
-            migrate_v2(txn, env.dbs)
+            else:
+                migrate_v3(txn, env.dbs, fmt)
+            if fmt < 3:
+                migrate_v2(txn, env.dbs)
     except lmdb.MapFullError as exc:
         raise StoreFull(
             f"state store map is full ({env.map_size()} bytes) while "

@@ -22,11 +22,14 @@ db                      key                                             value
 
 ``by_state`` lists every task under its queue and state in id order (ids are
 time-ordered, so in submit order): what ``task list`` pages through, one
-``set_range`` per page and state. Like every index it is written by apply in
-the batch's transaction; unlike the others it is derived data outside the
-digest (:data:`UNHASHED_DBS`), so a store with it (format 3) and one without
-(format 2) hold the same digest for the same state; ``StateStore.verify``
-and every snapshot view check it against the task records instead.
+``set_range`` per page and state. Every index (:data:`INDEX_DBS`: ``ready``,
+``delayed``, ``leases``, ``worker_leases``, ``finished``, ``keys``,
+``by_state``) is written by apply in the batch's transaction and is derived
+from the primary records (tasks, payloads, queues, workers, meta). From format
+4 the digest covers the primary records only, so apply hashes one record per
+task change instead of three or four; ``StateStore.verify`` and every snapshot
+view check each index against the task records instead
+(:class:`broker.state.index_check.IndexCheck`).
 
 Integers are big-endian so byte order is numeric order. Priority is stored
 so that the highest priority sorts first, in one byte for the usual small ones.
@@ -40,7 +43,8 @@ and the checks stored beside it, :mod:`broker.state.digest`.
 The layout has a version, :data:`STORE_FORMAT`, recorded in ``meta`` by the
 first batch; a store with a position but no format record is format 1 (32-hex
 ids as text, records as maps, every payload apart), one of format 2 has no
-``by_state`` index; both are converted by :mod:`broker.state.migrate`.
+``by_state`` index, one of format 3 hashes its indexes (except ``by_state``)
+into its digest; all are converted by :mod:`broker.state.migrate`.
 
 Example::
 
@@ -59,7 +63,7 @@ import msgpack
 
 from broker.state.events import CANCELLED, DEAD, DONE, FAILED, PRIORITY_MAX, RUNNING, WAITING
 
-STORE_FORMAT = 3
+STORE_FORMAT = 4
 
 # Order matters only for iter_records(): snapshots list databases in this order.
 DB_NAMES = (
@@ -76,8 +80,10 @@ DB_NAMES = (
     "workers",
     "by_state",
 )
-# Derived databases: rebuilt from the task records, outside the digest (see by_state above).
-UNHASHED_DBS = frozenset({"by_state"})
+# The indexes: derived from the task records, outside the digest from format 4 (see above).
+INDEX_DBS = frozenset({"ready", "delayed", "leases", "worker_leases", "finished", "keys", "by_state"})
+# Databases a later format added: a read-only open of an older store may lack them.
+NEWER_DBS = frozenset({"by_state"})
 MAX_DBS = 16
 
 # meta keys. The first group is replicated state and part of the digest; the
@@ -85,6 +91,11 @@ MAX_DBS = 16
 META_SEQ = b"seq"
 META_EPOCH = b"epoch"
 META_SHUTDOWN = b"shutdown"
+META_OUTCOMES = b"outcomes_at"  # the last entry an Outcomes event covered (broker.state.outcomes)
+META_SETTINGS = b"task_settings"  # {name: value} of every SettingChanged applied (election.task_settings)
+# One replicated meta record per periodic task: this prefix, then its name (broker.state.schedules).
+# No fixed meta name starts with it, and names hold no NUL.
+META_SCHEDULE_PREFIX = b"schedule\0"
 META_CLOCK = b"clock"
 META_POSITION = b"position"
 META_DIGEST = b"digest"
@@ -171,8 +182,15 @@ def id_key(task_id: str) -> bytes:
     0xff byte appended to one of exactly 16 bytes (0xff never occurs in UTF-8),
     so that the length alone tells the two forms apart.
     """
-    if len(task_id) == 32 and _HEX_ID.fullmatch(task_id):
-        return bytes.fromhex(task_id)
+    if len(task_id) == 32:
+        # fromhex also takes capitals and spaces: only the lowercase form it gives back round-trips.
+        try:
+            raw = bytes.fromhex(task_id)
+        except ValueError:
+            pass
+        else:
+            if raw.hex() == task_id:
+                return raw
     raw = task_id.encode("utf-8")
     return raw + b"\xff" if len(raw) == 16 else raw
 
@@ -246,8 +264,13 @@ def unpack_position(b: bytes) -> tuple[int, int]:
     return _U64X2.unpack(bytes(b))
 
 
+# One Packer for every record: packb makes a new one per call, which costs more than packing a
+# task record. Shared by threads safely: pack() holds the GIL throughout (no default hook).
+_PACKER = msgpack.Packer(use_bin_type=True)
+
+
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    return _PACKER.pack(obj)
 
 
 def unpack(b: bytes) -> Any:

@@ -26,8 +26,9 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import lmdb
 
@@ -37,6 +38,7 @@ from broker.state.integrity import StoreIntegrity
 from broker.state.load import load_records
 from broker.state.migrate import format_record, upgrade
 from broker.state.reads import StateReads
+from broker.state.schedules import read_schedules
 from broker.state.schema import (
     META_CLEAN,
     META_CLOCK,
@@ -45,7 +47,9 @@ from broker.state.schema import (
     META_DIVERGED,
     META_EPOCH,
     META_FORMAT,
+    META_OUTCOMES,
     META_POSITION,
+    META_SETTINGS,
     META_SHUTDOWN,
     STORE_FORMAT,
     read_u64,
@@ -64,6 +68,8 @@ from broker.state.store_errors import (
 from broker.state.txn import StateTxn
 
 DEFAULT_MAP_SIZE = 4 << 30  # sparse on Linux; raise it for big backlogs
+
+log = logging.getLogger(__name__)
 
 
 def _check_position(position: Any) -> tuple[int, int]:
@@ -114,8 +120,11 @@ class StateStore:
         self._env = StoreEnv(self.path, map_size=map_size, sync=sync, readonly=readonly)
         self._reads = StateReads(self._env)
         self._integrity = StoreIntegrity(self._env)
+        # Called with (entries, results) after each committed apply_batches (their exceptions are
+        # logged, never raised: what was applied stays applied); a broker records decisions there.
+        self._applied_listeners: list[Callable[[list, list], None]] = []
         try:
-            if self._env.format not in (None, 1, 2, STORE_FORMAT):
+            if self._env.format not in (None, 1, 2, 3, STORE_FORMAT):
                 raise StoreError(
                     f"state store format {self._env.format} in {self.path}: this broker "
                     f"reads format {STORE_FORMAT}; run the fencepost that wrote it"
@@ -159,6 +168,10 @@ class StateStore:
                 applied = unpack_position(raw) if raw is not None else None
                 if applied is None:  # the first batch: the store's layout is this broker's
                     txn.put(META_FORMAT, format_record(), db=dbs["meta"])
+                digest = txn.get(META_DIGEST, db=dbs["meta"])
+                # One StateTxn for every entry: what is stored once per transaction (position,
+                # digest, seal, sequence, clock, queue records) is written once, by finish().
+                tx = StateTxn(txn, dbs, int.from_bytes(digest or b"", "big"), (0, 0))
                 for events, position in entries:
                     pos = _check_position(position)
                     if applied is not None and pos <= applied:
@@ -168,18 +181,26 @@ class StateStore:
                         if out:
                             break
                         raise StateDiverged(f"state diverged earlier: {unpack(diverged)}")
-                    digest = txn.get(META_DIGEST, db=dbs["meta"])
-                    tx = StateTxn(txn, dbs, int.from_bytes(digest or b"", "big"), pos)
+                    tx.position = pos
                     out.append([apply_event(tx, ev, validated) for ev in events])
-                    tx.finish()
                     applied = pos
+                tx.finish()
         except lmdb.MapFullError as exc:
             raise StoreFull(
                 f"state store map is full ({self._env.map_size()} bytes): reopen with a larger map_size"
             ) from exc
         except lmdb.Error as exc:
             raise StoreDamaged(self.path, lmdb_reason(exc)) from None
+        for listener in self._applied_listeners:
+            try:
+                listener(entries[: len(out)], out)
+            except Exception:
+                log.exception("after applying entries up to %s", applied)
         return out
+
+    def add_applied_listener(self, listener: Callable[[list, list], None]) -> None:
+        """Call ``listener(entries, results)`` after each committed apply, on the applying thread."""
+        self._applied_listeners.append(listener)
 
     def load_records(self, records: Iterable[tuple[str, bytes, bytes]], cluster_id: str | None = None) -> str:
         """Bulk-load snapshot records into this empty store; return the digest (hex).
@@ -191,7 +212,7 @@ class StateStore:
         return load_records(self._env, records, cluster_id)
 
     def upgrade(self) -> bool:
-        """Convert a format-1 or format-2 store to this layout in place, in one transaction;
+        """Convert a format-1, 2 or 3 store to this layout in place, in one transaction;
         True if it did (:func:`broker.state.migrate.upgrade`).
 
         Done at every read-write open, and by a restore after loading an older snapshot.
@@ -274,6 +295,17 @@ class StateStore:
         raw = self._env.meta_raw(META_DIGEST)
         return digest_hex(int.from_bytes(raw or b"", "big"))
 
+    def position_and_digest(self) -> tuple[tuple[int, int] | None, str]:
+        """:meth:`position` and :meth:`digest` read in one transaction, so they describe the same
+        state even while entries are applied (two reads could straddle an apply)."""
+        with self._env.read() as txn:
+            position = txn.get(META_POSITION, db=self._env.dbs["meta"])
+            digest = txn.get(META_DIGEST, db=self._env.dbs["meta"])
+        return (
+            None if position is None else unpack_position(position),
+            digest_hex(int.from_bytes(digest or b"", "big")),
+        )
+
     def recompute_digest(self) -> str:
         """The digest computed by a full scan; equals :meth:`digest` unless damaged."""
         return self._integrity.recompute_digest()
@@ -290,6 +322,15 @@ class StateStore:
     def shutdown_info(self) -> dict | None:
         """``{"shutdown_id", "now_ms", "position"}`` of the last ClusterShutdown, or None."""
         return self._env.meta(META_SHUTDOWN)
+
+    def outcomes_at(self) -> tuple[int, int] | None:
+        """The last entry an applied ``Outcomes`` event covered, or None (broker.state.outcomes)."""
+        at = self._env.meta(META_OUTCOMES)
+        return None if at is None else (at[0], at[1])
+
+    def task_settings(self) -> dict:
+        """``{name: value}`` of the cluster-wide task settings the log recorded (SettingChanged)."""
+        return self._env.meta(META_SETTINGS) or {}
 
     def diverged(self) -> dict | None:
         """``{"position", "expected", "actual"}`` if a StateDigest failed, else None."""
@@ -347,6 +388,11 @@ class StateStore:
     def worker_lease_deadline(self, name: str) -> int | None:
         """The latest lease deadline among the tasks ``name`` holds, or None if it holds none."""
         return self._reads.worker_lease_deadline(name)
+
+    def schedules(self, name: str | None = None) -> list[dict]:
+        """Every periodic task's record (or the one named), in name order (broker.state.schedules)."""
+        with self._env.read() as txn:
+            return read_schedules(txn, self._env.dbs["meta"], name)
 
     # -- records, for snapshots ----------------------------------------------
 

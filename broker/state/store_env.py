@@ -31,7 +31,7 @@ from broker.state.schema import (
     META_FORMAT,
     META_LOADING,
     META_POSITION,
-    UNHASHED_DBS,
+    NEWER_DBS,
     unpack,
 )
 from broker.state.store_errors import StoreDamaged, StoreIncomplete, lmdb_reason
@@ -111,7 +111,7 @@ class StoreEnv:
             try:
                 dbs[name] = self.lmdb.open_db(name.encode(), create=not readonly)
             except lmdb.NotFoundError:
-                if not readonly or name not in UNHASHED_DBS:
+                if not readonly or name not in NEWER_DBS:
                     raise
         return dbs
 

@@ -180,3 +180,24 @@ def record_state_key(task_key: bytes, raw: bytes) -> bytes:
     """The ``by_state`` entry of a packed task record (reads its queue and state alone)."""
     doc = unpack(raw)
     return state_key(doc[0], STATES[doc[1]], bytes(task_key))
+
+
+def index_fields(task_key: bytes, raw: bytes) -> tuple:
+    """What the indexes of a packed task record derive from, without building the whole record:
+    ``(queue, state, priority, seq, payload_apart, key, worker, lease_deadline_ms, finished_ms)``
+    (a verification reads this for every task)."""
+    doc = unpack(raw)
+    doc += [None] * (14 - len(doc))
+    base = _id_ms(task_key) + doc[6]
+    idem = doc[9]
+    return (
+        doc[0],
+        STATES[doc[1]],
+        doc[2],
+        doc[3],
+        doc[8] is None,
+        None if idem is None else key_of(idem),
+        doc[11],
+        _abs(doc[12], base),
+        _abs(doc[13], base),
+    )

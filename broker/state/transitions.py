@@ -73,7 +73,7 @@ def enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
         tx.put("finished", finished_key(queue, state, rec["finished_ms"], rec["seq"]), tid_b)
     tx.put("by_state", state_key(queue, state, tid_b), b"")
     tx.count(queue, state, 1)
-    tx.save_task(rec)
+    tx.save_task(rec, tid_b)
 
 
 def finish(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:

@@ -3,7 +3,14 @@
 Every change to replicated state goes through :meth:`StateTxn.put` and
 :meth:`StateTxn.delete`, which XOR the old record's hash out of the running
 digest and the new one in, so the digest costs O(1) per write and reading it is
-O(1). Apply code never touches the raw ``lmdb.Transaction``.
+O(1). Index records (:data:`broker.state.schema.INDEX_DBS`) are outside the
+digest: they are written without reading or hashing what they replace. Apply
+code never touches the raw ``lmdb.Transaction``.
+
+One :class:`StateTxn` serves every entry a transaction applies: the caller moves
+:attr:`StateTxn.position` on from entry to entry, and the records written once
+per transaction (position, digest, seal, submit sequence, clock, queue records)
+are written by :meth:`finish`, not per event or per entry.
 
 Queue records (which hold the per-state counters behind ``queue_depths``) are
 cached for the life of one batch and written once by :meth:`flush`: a batch
@@ -24,6 +31,7 @@ Example::
     with env.begin(write=True) as txn:
         tx = StateTxn(txn, dbs, digest=0, position=(1, 0))
         tx.put("workers", b"w1", b"...")
+        tx.position = (1, 1) # the next entry, same transaction
         tx.finish()          # writes position, digest and cached records
 """
 
@@ -37,12 +45,12 @@ from broker import BrokerError
 from broker.state.digest import is_hashed, record_hash, seal
 from broker.state.schema import (
     COUNT_NAMES,
+    INDEX_DBS,
     META_CLOCK,
     META_DIGEST,
     META_POSITION,
     META_SEAL,
     META_SEQ,
-    UNHASHED_DBS,
     id_key,
     pack,
     pack_position,
@@ -83,6 +91,8 @@ class StateTxn:
         self._tasks: dict[bytes, bytes | None] = {}  # task records to write (None: delete)
         self._clock: int | None = None
         self._clock_dirty = False
+        self._seq: int | None = None  # the submit sequence, written by flush()
+        self._seq_dirty = False
 
     # -- raw records -------------------------------------------------------
 
@@ -126,7 +136,7 @@ class StateTxn:
         self._tasks.clear()
 
     def _put(self, db: str, key: bytes, value: bytes, append: bool = False) -> None:
-        if db in UNHASHED_DBS:  # derived data outside the digest: no old value to hash out
+        if db in INDEX_DBS:  # derived data outside the digest: no old value to hash out
             self.txn.put(key, value, db=self.dbs[db], append=append)
             return
         old = None if append else self.txn.get(key, db=self.dbs[db])
@@ -139,7 +149,7 @@ class StateTxn:
         self.txn.put(key, value, db=self.dbs[db], append=append)
 
     def _delete(self, db: str, key: bytes) -> bool:
-        if db in UNHASHED_DBS:
+        if db in INDEX_DBS:
             return self.txn.delete(key, db=self.dbs[db])
         old = self.txn.get(key, db=self.dbs[db])
         if old is None:
@@ -183,8 +193,9 @@ class StateTxn:
             raise StateCorrupt(f"{db} index points at missing task {bytes(task_id)!r}")
         return unpack_task(task_id, raw)
 
-    def save_task(self, rec: dict) -> None:
-        key = id_key(rec["id"])
+    def save_task(self, rec: dict, key: bytes | None = None) -> None:
+        """Store ``rec`` (under ``key``, its :func:`id_key` if the caller has it at hand)."""
+        key = id_key(rec["id"]) if key is None else key
         self.put("tasks", key, pack_task(key, rec))
 
     def queue(self, name: str) -> dict | None:
@@ -214,11 +225,13 @@ class StateTxn:
         self._dirty.add(queue)
 
     def next_seq(self) -> int:
-        """Next submit sequence number: the FIFO tie-breaker inside a priority."""
-        raw = self.get("meta", META_SEQ)
-        seq = (read_u64(raw) if raw is not None else 0) + 1
-        self.put("meta", META_SEQ, u64(seq))
-        return seq
+        """Next submit sequence number: the FIFO tie-breaker inside a priority (stored by flush)."""
+        if self._seq is None:
+            raw = self.get("meta", META_SEQ)
+            self._seq = read_u64(raw) if raw is not None else 0
+        self._seq += 1
+        self._seq_dirty = True
+        return self._seq
 
     def see_time(self, now_ms: int) -> None:
         """Track the highest ``now_ms`` applied, so a new leader can stamp time that
@@ -241,8 +254,8 @@ class StateTxn:
     # -- end of batch ------------------------------------------------------
 
     def flush(self) -> None:
-        """Write held task records, cached queue records and the clock, so that
-        ``self.digest`` is exact."""
+        """Write held task records, cached queue records, the submit sequence and the clock,
+        so that ``self.digest`` is exact."""
         self._write_tasks()
         for name in sorted(self._dirty):
             self.put("queues", text(name), pack_queue(self._queues[name]))
@@ -250,6 +263,9 @@ class StateTxn:
         if self._clock_dirty:
             self.put("meta", META_CLOCK, u64(self._clock))
             self._clock_dirty = False
+        if self._seq_dirty:
+            self.put("meta", META_SEQ, u64(self._seq))
+            self._seq_dirty = False
 
     def finish(self) -> None:
         """Flush and record the applied position, the digest and their seal (outside the digest)."""

@@ -6,6 +6,14 @@ client; every request gets exactly one reply with the same ``rid`` and ``ok``
 true or false. A failed reply names an error ``code`` (a stable, machine-readable
 word such as ``fenced`` or ``not_leader``) and a human ``message``.
 
+Versions: a request's ``v`` is the protocol version its client speaks. A server
+serves every version in :data:`SERVED_VERSIONS` (this software's and the one
+before it, never below :data:`BASE_PROTOCOL_VERSION`) and answers any other with
+``wrong_version``, naming the request's version and the range. A reply's ``v`` is
+its server's newest version, and a client reads a reply of any version from the
+base on (it uses the fields it knows), so clients one version back keep working
+against upgraded servers and the other way round (docs/upgrading.md).
+
 Encoding and decoding are pure so they can be tested without sockets. Decoding
 never trusts its input: bad bytes raise :class:`WireError`, which a server turns
 into an error reply (see :func:`error_reply`) before carrying on.
@@ -25,12 +33,16 @@ Example::
 from __future__ import annotations
 
 import reprlib
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 
 from election.wire.codes import E_BAD_REQUEST, E_INTERNAL, E_MALFORMED, E_OVERSIZED, E_UNKNOWN_OP, E_VERSION
 
+# The first protocol version; every later one is bumped by a change of an op's meaning or fields that an
+# older peer would misread (a new op needs no bump: an older server answers it `unknown_op`).
+BASE_PROTOCOL_VERSION = 1
+# The version this software sends and the newest it serves.
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
@@ -49,6 +61,9 @@ __all__ = [
     "field",
     "shown",
     "PROTOCOL_VERSION",
+    "BASE_PROTOCOL_VERSION",
+    "SERVED_VERSIONS",
+    "VersionRange",
     "DEFAULT_MAX_FRAME_BYTES",
     "E_MALFORMED",
     "E_OVERSIZED",
@@ -104,6 +119,27 @@ class RemoteError(CodedError):
     """An error reply received from a server."""
 
 
+class VersionRange(NamedTuple):
+    """The protocol versions a server serves, both ends included::
+
+    VersionRange(1, 2).text()   # 'versions 1 to 2'
+    2 in VersionRange(1, 2)     # True
+    """
+
+    low: int
+    high: int
+
+    def __contains__(self, version: object) -> bool:
+        return type(version) is int and self.low <= version <= self.high
+
+    def text(self) -> str:
+        return f"version {self.low} only" if self.low == self.high else f"versions {self.low} to {self.high}"
+
+
+# What this software serves: its own version and the one before it (the promise to clients one version back).
+SERVED_VERSIONS = VersionRange(max(BASE_PROTOCOL_VERSION, PROTOCOL_VERSION - 1), PROTOCOL_VERSION)
+
+
 def encode(msg: dict) -> bytes:
     """Encode one message map into a frame."""
     return msgpack.packb(msg, use_bin_type=True)
@@ -141,12 +177,15 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
+def decode(
+    frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES, versions: VersionRange | None = None
+) -> dict:
     """Decode and validate one frame; raise :class:`WireError` on anything off.
 
     The checks run cheapest first so an oversized frame is refused before it is
     parsed. The request id is recovered when possible so the error reply can
-    still be matched by the client.
+    still be matched by the client. ``versions``: the protocol versions accepted
+    (a server's :data:`SERVED_VERSIONS`); None, for a reply: any version from the base on.
     """
     if len(frame) > max_bytes:
         raise WireError(
@@ -160,10 +199,15 @@ def decode(frame: bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> dict:
         raise WireError(E_MALFORMED, "frame is not a map")
     rid = msg.get("rid")
     version = msg.get("v")
-    if version != PROTOCOL_VERSION:
+    if versions is None:
+        if type(version) is not int or version < BASE_PROTOCOL_VERSION:
+            raise WireError(
+                E_VERSION, f"a reply of protocol version {shown(version)}: not a fencepost reply", rid
+            )
+    elif version not in versions:
         raise WireError(
             E_VERSION,
-            f"protocol version {shown(version)} is not supported (expected {PROTOCOL_VERSION})",
+            f"protocol version {shown(version)} is not served here: this server serves {versions.text()}",
             rid,
         )
     return msg
@@ -192,10 +236,13 @@ def peek_rid(frame: bytes) -> Any:
 
 
 def decode_request(
-    frame: bytes, known_ops: frozenset[str] | set[str], max_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    frame: bytes,
+    known_ops: frozenset[str] | set[str],
+    max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    versions: VersionRange = SERVED_VERSIONS,
 ) -> dict:
-    """Decode a request frame and check that it names a known operation."""
-    msg = decode(frame, max_bytes)
+    """Decode a request frame of a version in ``versions`` and check that it names a known operation."""
+    msg = decode(frame, max_bytes, versions)
     op = msg.get("op")
     if not isinstance(op, str):
         raise WireError(E_MALFORMED, "request has no operation", msg.get("rid"))

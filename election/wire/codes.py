@@ -17,6 +17,8 @@ from __future__ import annotations
 # The envelope (election/wire/): any server, before the request reaches its handler.
 E_MALFORMED = "malformed"
 E_OVERSIZED = "oversized"
+# A request of a protocol version outside the server's range (election.wire.SERVED_VERSIONS); its message
+# names the request's version and the range. The word is kept from version 1, which clients already match.
 E_VERSION = "wrong_version"
 E_UNKNOWN_OP = "unknown_op"
 E_BAD_REQUEST = "bad_request"
@@ -53,6 +55,13 @@ E_BAD_STATE = "bad_state"
 E_DUPLICATE_TASK_ID = "duplicate_task_id"
 E_STALE_EPOCH = "stale_epoch"
 E_DIGEST_MISMATCH = "digest_mismatch"
+# Periodic tasks (broker/state/apply_schedules.py): no schedule of that name; one of that name with
+# another definition (add it with replace to change it).
+E_NO_SUCH_SCHEDULE = "no_such_schedule"
+E_SCHEDULE_EXISTS = "schedule_exists"
+# A leader refuses an op whose events need a feature flag the cluster has not enabled; the message
+# names the `fencepost cluster enable-feature` command.
+E_FEATURE_DISABLED = "feature_disabled"
 
 # Snapshot transfer. Two words on purpose, both matched by clients and tests:
 # E_NO_SUCH_SNAPSHOT: the snapshot_chunk names a file this broker does not hold
@@ -72,3 +81,14 @@ E_NO_REPLY = "no_reply"  # a one-off request got no reply in time (election/wire
 E_UNTRUSTED_SERVER = "untrusted_server"
 # ZooKeeper holds no root for the cluster named (a typo, or a cluster never initialized there).
 E_NO_SUCH_CLUSTER = "no_such_cluster"
+
+# Answered by the HTTP API only (broker/admin/http_api/statuses.py maps each to its status), never on the wire.
+E_UNAUTHORIZED = "unauthorized"  # no Authorization header, not a Bearer key, or a key the file does not list
+E_RATE_LIMITED = (
+    "rate_limited"  # this key sent more requests than --rate-limit allows: retry after Retry-After
+)
+E_NOT_FOUND = "not_found"  # no such path
+E_METHOD_NOT_ALLOWED = "method_not_allowed"  # the path exists, not with this method
+
+# Client side only: `fencepost queue show` names a queue the cluster does not list (broker/api/queue_settings.py).
+E_NO_SUCH_QUEUE = "no_such_queue"

@@ -96,7 +96,8 @@ def reregister_command(config: BookieConfig, bookie_id: str) -> str:
     return f"mv {shlex.quote(data)} {shlex.quote(aside)} && {shlex.join(start)}"
 
 
-def _refuse(config: BookieConfig, bookie_id: str, reason: str, what: str) -> StoreRefused:
+def refusal(config: BookieConfig, bookie_id: str, reason: str, what: str) -> StoreRefused:
+    """The one-line refusal to start, ending with the commands that re-register the bookie."""
     return StoreRefused(
         reason,
         f"bookie {bookie_id} refuses to start: {what}; it cannot vouch for the entries "
@@ -123,7 +124,7 @@ def open_vouched_store(config: BookieConfig, cookie: dict) -> tuple[BookieStore,
         stamped = store.instance_id()
         if stamped is None and store.records():
             store.close()
-            raise _refuse(
+            raise refusal(
                 config,
                 bookie_id,
                 FOREIGN,
@@ -136,7 +137,7 @@ def open_vouched_store(config: BookieConfig, cookie: dict) -> tuple[BookieStore,
         write_cookie(config.data, cookie)
         return store, cookie
     if not os.path.exists(path):
-        raise _refuse(
+        raise refusal(
             config,
             bookie_id,
             MISSING,
@@ -159,7 +160,7 @@ def open_vouched_store(config: BookieConfig, cookie: dict) -> tuple[BookieStore,
     if stamped != instance:
         store.close()
         found = "no instance id (a new, empty store)" if stamped is None else f"instance {stamped}"
-        raise _refuse(
+        raise refusal(
             config, bookie_id, FOREIGN, f"{path} holds {found}, but its cookie names instance {instance}"
         )
     return store, cookie
@@ -169,14 +170,15 @@ def check_or_raise(config: BookieConfig, bookie_id: str, path: str) -> None:
     try:
         check_data_file(path)
     except StoreRefused as exc:
-        raise _refuse(config, bookie_id, exc.reason, str(exc)) from None
+        raise refusal(config, bookie_id, exc.reason, str(exc)) from None
 
 
 def _open(config: BookieConfig, bookie_id: str) -> BookieStore:
     try:
-        return BookieStore(config.data, map_size=config.map_size_bytes, sync=config.fsync)
+        # No sync per commit: the journal makes adds durable (ledger.bookie.journal).
+        return BookieStore(config.data, map_size=config.map_size_bytes, sync=False)
     except (LedgerError, lmdb.Error) as exc:
-        raise _refuse(config, bookie_id, UNREADABLE, f"its store cannot be opened ({exc})") from None
+        raise refusal(config, bookie_id, UNREADABLE, f"its store cannot be opened ({exc})") from None
 
 
 # -- verification after an unclean stop ----------------------------------------------------
@@ -286,7 +288,7 @@ def prepare_store(
         try:
             report = verify_store(store)
         except StoreRefused as exc:
-            raise _refuse(config, bookie_id, exc.reason, str(exc)) from None
+            raise refusal(config, bookie_id, exc.reason, str(exc)) from None
         log.warning(
             "bookie %s verified %d entries in %.1f s: %d damaged, %d ledgers in limbo",
             bookie_id,

@@ -36,6 +36,11 @@ LOOP_COUNTERS = {
     "readonly_refusals": "Adds refused while the disk was full (read-only).",
     "unknown_replies": "Requests about a ledger this bookie cannot vouch for (limbo).",
     "forbidden": "Requests refused because the client key's role may not make them (secure bookies).",
+    "journal_syncs": "fdatasync calls on the journal (one per group commit, fence or delete; two per new file).",
+    "journal_groups": "Groups written to the journal (each made durable by one fdatasync).",
+    "journal_records": "Records written to the journal (add runs, fences, deletes); per group: the group size.",
+    "journal_bytes": "Bytes written to the journal, padding included.",
+    "checkpoints": "Checkpoints done (the entry store synced, older journal files deleted).",
 }
 
 

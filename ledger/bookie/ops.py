@@ -19,6 +19,7 @@ from typing import Any
 from election import wire
 from election.wire.codes import E_BAD_ENTRY, E_BUSY, E_NO_ENTRY, E_UNKNOWN, E_WRONG_BOOKIE
 from election.wire.dispatch import DEFERRED, Handler, Reply, RequestContext
+from ledger.bookie.journal_format import encode_delete, encode_fence
 from ledger.bookie.protocol import (
     MAX_PIGGYBACK_BYTES,
     OPS,
@@ -37,8 +38,8 @@ class BookieOps:
     """The op table of a :class:`~ledger.bookie.server.Bookie` (a mixin; see the module docstring).
 
     The bookie supplies ``_clock``, ``_store``, ``_limbo``, ``_explicit_lac``, ``_polls``,
-    ``_adds``, ``_gate``, ``_commit``, ``counters``, ``config``, ``bookie_id``,
-    ``cluster_id``, ``verified_at_start`` and ``_started``.
+    ``_adds``, ``_gate``, ``_commit``, ``_journaled``, ``counters``, ``config``, ``bookie_id``,
+    ``cluster_id``, ``verified_at_start``, ``_journal``, ``_checkpoints`` and ``_started``.
     """
 
     def _op_table(self) -> dict[str, Handler]:
@@ -161,6 +162,10 @@ class BookieOps:
 
     def _op_fence(self, msg: dict, ctx: RequestContext) -> Reply:
         ledger = entity_id(msg, "ledger")
+        before = self._store.ledger_info(ledger)
+        if not (before and before["fenced"]):
+            # Journaled first: a fence the store holds is then always durable, even after a failed sync.
+            self._journaled([encode_fence(ledger)])
         info = self._store.fence(ledger)  # persisted even in limbo: it stops the old writer here too
         self._polls.wake(ledger, always=True)  # long pollers learn of the recovery at once
         return self._unknown(ctx.rid, ledger) or wire.ok_reply(ctx.rid, **info_fields(info))
@@ -172,7 +177,12 @@ class BookieOps:
         return wire.ok_reply(ctx.rid)
 
     def _forget_ledger(self, ledger: int) -> int:
-        """Delete a ledger's entries and everything the loop keeps about it; the number of entries deleted."""
+        """Delete a ledger's entries and everything the loop keeps about it; the number of entries deleted.
+
+        The delete is journaled first: a replay after a crash must not bring back the adds
+        the journal still holds for the ledger.
+        """
+        self._journaled([encode_delete(ledger)])
         deleted = self._store.delete_ledger(ledger)
         self._explicit_lac.pop(ledger, None)
         self._limbo.pop(ledger, None)
@@ -183,6 +193,7 @@ class BookieOps:
         return sorted(set(self._store.list_ledgers()) | set(self._limbo))
 
     def _op_stats(self, msg: dict, ctx: RequestContext) -> Reply:
+        self.counters["checkpoints"] = self._checkpoints.done  # counted on the checkpoint thread
         return wire.ok_reply(
             ctx.rid,
             **self.counters,
@@ -193,4 +204,6 @@ class BookieOps:
             disk_full_events=self._gate.events,
             limbo_ledgers=len(self._limbo),
             verified_at_start=self.verified_at_start,
+            journal_at=list(self._journal.position()),  # replay after a crash runs from checkpoint_at to here
+            checkpoint_at=list(self._checkpoints.checkpoint),
         )

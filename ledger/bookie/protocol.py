@@ -28,7 +28,10 @@ Protocol (request fields -> reply fields; the envelope is ``election.wire``)::
     delete   ledger                          -> {}
     stats                                    -> adds, reads, bad_requests, batches, ledgers, entries, uptime_s,
                                                 bookie_id, readonly, disk_full_events, readonly_refusals,
-                                                limbo_ledgers, unknown_replies, verified_at_start, and the
+                                                limbo_ledgers, unknown_replies, verified_at_start, the
+                                                journal's journal_syncs, journal_groups, journal_records,
+                                                journal_bytes, checkpoints, replayed_records, journal_at and
+                                                checkpoint_at ([file, offset]), and the
                                                 serving kernel's requests, internal_errors, forbidden
 
 Adds (``add``, ``add_batch``) also fail with ``readonly`` while the disk is full.

@@ -1,7 +1,8 @@
 """A bookie's ephemeral registration under `bookies/` in ZooKeeper.
 
-The node carries the bookie's address, free space and whether it is read-only
-(its disk is full: new ledgers then leave it out of their ensemble). A keeper
+The node carries the bookie's address, free space, whether it is read-only
+(its disk is full: new ledgers then leave it out of their ensemble), and its
+software version and feature flags (:func:`election.features.advertised`). A keeper
 thread re-registers after a session loss and refreshes the node, so no
 ZooKeeper call ever blocks the bookie's serving loop.
 
@@ -24,6 +25,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
+from election.features import advertised
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
@@ -85,6 +87,7 @@ class BookieRegistration:
                 "bookie_id": self._id,
                 "readonly": self._readonly,
                 "secure": self._secure,
+                **advertised(),  # version and feature flags, for `cluster enable-feature`
             }
         ).encode()
 

@@ -4,8 +4,11 @@ One thread owns the serving kernel (:class:`election.wire.kernel.ServingKernel`:
 ROUTER socket, decoding, role check, the one send site) and the LMDB store. The
 bookie's operations are the kernel's op table (:mod:`ledger.bookie.ops`). Each turn
 of the poll loop drains every waiting frame (up to ``max_batch``), answers reads at
-once, gathers all adds into ONE store transaction (one fsync) and only then acks
-them (:mod:`ledger.bookie.group_commit`). Frames are never trusted: anything that does not decode, is too large, has the wrong protocol
+once, gathers all adds into ONE store transaction (not synced) and ONE journal group
+(one fdatasync) and only then acks them (:mod:`ledger.bookie.group_commit`); a
+checkpoint thread syncs the store now and then and drops the journal before it
+(:mod:`ledger.bookie.checkpoint`), and a start replays the journal from the last
+checkpoint (:mod:`ledger.bookie.journal_replay`). Frames are never trusted: anything that does not decode, is too large, has the wrong protocol
 version, names an unknown operation or carries bad fields gets an error reply and
 is counted; the loop never dies on input.
 
@@ -43,11 +46,15 @@ from election.secure.keyring import ServerKeys, reload_on_sighup, set_process_ke
 from election.wire.dispatch import KernelHooks
 from election.wire.kernel import ServingKernel
 from ledger import LedgerError
+from ledger.bookie import crash_points
+from ledger.bookie.checkpoint import Checkpointer
 from ledger.bookie.config import BookieConfig
 from ledger.bookie.cookie import bind_instance, cookie_for_cluster
 from ledger.bookie.gc import GarbageCollector, Handoff
 from ledger.bookie.group_commit import GroupCommit
 from ledger.bookie.integrity import open_vouched_store, prepare_store
+from ledger.bookie.journal import Journal
+from ledger.bookie.journal_replay import open_journal
 from ledger.bookie.ops import BookieOps
 from ledger.bookie.polls import LongPolls
 from ledger.bookie.registration import BookieRegistration
@@ -94,6 +101,12 @@ class Bookie(BookieOps, GroupCommit):
             "readonly_refusals": 0,
             "unknown_replies": 0,
             "forbidden": 0,
+            "journal_syncs": 0,
+            "journal_groups": 0,
+            "journal_records": 0,
+            "journal_bytes": 0,
+            "checkpoints": 0,
+            "replayed_records": 0,
         }
         self.verified_at_start = False
         self._limbo: dict[int, dict] = {}
@@ -105,6 +118,8 @@ class Bookie(BookieOps, GroupCommit):
         self._started = clock.monotonic()
         self._zk: KazooClient | None = None
         self._store: BookieStore | None = None
+        self._journal: Journal | None = None
+        self._checkpoints: Checkpointer | None = None
         self._ctx: zmq.Context | None = None
         self._registration: BookieRegistration | None = None
         self._autorecovery = None  # ledger.replication.auditor.AutoRecovery, when the config runs it
@@ -134,6 +149,7 @@ class Bookie(BookieOps, GroupCommit):
         Options that differ from the cluster's raise ConfigMismatch, naming each.
         """
         cfg = self.config
+        crash_points.arm()  # tests only: unset, nothing is armed and the write path is untouched
         try:
             self._zk = zkutil.connect(cfg.zk, session_timeout=cfg.zk_session_timeout_s)
             paths = ClusterPaths(cfg.cluster)
@@ -162,6 +178,21 @@ class Bookie(BookieOps, GroupCommit):
             )
             self.cluster_id = cluster["cluster_id"]
             self._store, cookie = open_vouched_store(cfg, cookie)
+            self._journal, replayed = open_journal(
+                cfg, cookie["bookie_id"], cookie["instance_id"], self._store
+            )
+            self.counters["replayed_records"] = replayed.records
+            if replayed.disk_full:
+                self._gate.failed(self._clock.monotonic())  # published with the registration below
+            self._checkpoints = Checkpointer(
+                self._store,
+                cfg.journal_path(),
+                cookie["instance_id"],
+                cookie["bookie_id"],
+                cfg.journal_checkpoint_s,
+                self._journal.position(),
+                self._clock.monotonic(),
+            )
             cookie = zkutil.patiently(
                 bind_instance, self._zk, paths, cfg.data, cookie, clock=self._clock, what="binding the cookie"
             )
@@ -169,6 +200,7 @@ class Bookie(BookieOps, GroupCommit):
             self.verified_at_start = not self._store.was_clean()
             self._limbo = prepare_store(cfg, self.bookie_id, self._store, self._clock)
             self._vouching = True
+            self._checkpoints.start()
             self._gc = GarbageCollector(
                 self._zk,
                 paths,
@@ -196,6 +228,7 @@ class Bookie(BookieOps, GroupCommit):
                 secure=self.keys is not None,
                 clock=self._clock,
             )
+            self._registration.set_readonly(self._gate.readonly)
             zkutil.patiently(
                 self._registration.register,
                 wait_s=1.5 * cfg.zk_session_timeout_s + 1,
@@ -294,6 +327,11 @@ class Bookie(BookieOps, GroupCommit):
             self.keys = None
         if self._ctx is not None:
             self._ctx.term()
+        if self._checkpoints is not None:  # the loop is done: a last checkpoint covers the whole journal
+            self._checkpoints.close(self._journal.position() if self._vouching else None)
+            self._checkpoints = None
+        if self._journal is not None:
+            self._journal.close()
         if self._store is not None:
             if self._vouching:
                 try:
@@ -306,7 +344,7 @@ class Bookie(BookieOps, GroupCommit):
                 zkutil.close(self._zk)
             except Exception:  # a dead session must not hide the error that got us here
                 log.debug("closing the ZooKeeper client failed", exc_info=True)
-        self._registration = self._ctx = self._store = self._zk = None
+        self._registration = self._ctx = self._store = self._zk = self._journal = None
 
     def serve(self, stop: threading.Event) -> None:
         """Run the poll loop until ``stop`` is set."""
@@ -320,6 +358,7 @@ class Bookie(BookieOps, GroupCommit):
                 self._handoff.run_pending()
             now = monotonic()
             self._polls.expire(now)
+            self._checkpoints.offer(self._journal.position(), now)  # idle too: replay stays short
             if self._gate.readonly and now - self._adds_seen_at >= IDLE_PROBE_S and self._gate.may_try(now):
                 self._probe_disk(now)
             if self._registration is not None and self._registration.fatal:

@@ -1,18 +1,22 @@
 """A bookie's durable store: ledger entries in LMDB.
 
 Why LMDB: one memory-mapped B+tree gives ordered keys (a ledger's entries are
-contiguous, so deleting a ledger is one range scan), crash safety without a
-separate WAL, and a single write transaction per group of adds, which is what
-group commit needs: the bookie collects every add that arrived in one poll turn,
-commits them with :meth:`BookieStore.add_runs` (one fsync) and only then acks.
+contiguous, so deleting a ledger is one range scan) and a single write
+transaction per group of adds: the bookie collects every add that arrived in one
+poll turn and stores them with :meth:`BookieStore.add_runs`. A bookie opens it
+with ``sync=False``: what makes an add durable is its journal record
+(:mod:`ledger.bookie.journal`), and the store is synced only at checkpoints
+(:meth:`BookieStore.flush`) and for its own markers.
 
 Named databases:
 
 ``entries``  key ``>QQ`` (ledger, entry) -> the encoded entry exactly as received
 ``ledgers``  key ``>Q`` ledger -> msgpack ``{fenced, lac, last_entry}``
 ``meta``     store-wide facts: ``format_version``, ``instance_id`` (the same id as the
-             cookie's, so a replaced or re-created data file is recognised) and
+             cookie's, so a replaced or re-created data file is recognised),
              ``clean_shutdown`` (present only between an orderly close and the next start)
+             and ``journal`` (present once a journal has written to the store: after an
+             unclean stop, acknowledged entries may then be only in the journal)
 ``limbo``    key ``>Q`` ledger -> msgpack ``{reason, dropped}``: ledgers this bookie
              cannot vouch for (see :mod:`ledger.bookie.integrity`)
 
@@ -46,13 +50,17 @@ from ledger import LedgerError
 
 DEFAULT_MAP_SIZE = 8 * 1024 * 1024 * 1024  # sparse: costs address space, not disk
 DEFAULT_MAX_DBS = 8
-FORMAT_VERSION = 1
+# 2: written without sync, made whole by the journal (a format-1 store, always synced, is converted
+# on open: it only needs a journal from then on; a bookie that reads only 1 refuses a 2).
+FORMAT_VERSION = 2
+_CONVERTIBLE = (1,)
 
 STORED = "stored"
 FENCED = "fenced"
 
 _INSTANCE_KEY = b"instance_id"
 _CLEAN_KEY = b"clean_shutdown"
+_JOURNAL_KEY = b"journal"
 _PROBE_KEY = b"probe-"
 _PROBE_VALUE = 4000  # bytes: one overflow page each (4 KiB pages)
 
@@ -181,6 +189,8 @@ class BookieStore:
             if version is None:
                 txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
                 txn.put(_CLEAN_KEY, b"1", db=self._meta)  # nothing in it to verify
+            elif int(version) in _CONVERTIBLE:
+                txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self._meta)
             elif int(version) != FORMAT_VERSION:
                 raise LedgerError(
                     f"bookie store {self.path} has format {int(version)}, this bookie reads {FORMAT_VERSION}"
@@ -197,6 +207,27 @@ class BookieStore:
     def set_instance_id(self, instance_id: str) -> None:
         with self._env.begin(write=True) as txn:
             txn.put(_INSTANCE_KEY, instance_id.encode(), db=self._meta)
+        self.flush()
+
+    def journal_backed(self) -> bool:
+        """True once a journal has written to this store (see :meth:`mark_journal_backed`)."""
+        with self._env.begin() as txn:
+            return txn.get(_JOURNAL_KEY, db=self._meta) is not None
+
+    def mark_journal_backed(self) -> None:
+        """Record (durably) that acknowledged writes may from now on be in the journal only until a checkpoint."""
+        if not self.journal_backed():
+            with self._env.begin(write=True) as txn:
+                txn.put(_JOURNAL_KEY, b"1", db=self._meta)
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every committed transaction durable (one sync of the file): a checkpoint's store half.
+
+        Safe from another thread than the writer's: LMDB's sync persists the transactions
+        completed before it started.
+        """
+        self._env.sync(True)
 
     def was_clean(self) -> bool:
         """True if the last process using the store closed it in order (see :meth:`mark_clean`)."""
@@ -207,6 +238,7 @@ class BookieStore:
         """Drop the clean-shutdown marker (durably) before serving: a crash from now on is unclean."""
         with self._env.begin(write=True) as txn:
             txn.delete(_CLEAN_KEY, db=self._meta)
+        self.flush()
 
     def mark_clean(self) -> None:
         """Record an orderly close; call after the last write, just before :meth:`close`."""
@@ -272,7 +304,7 @@ class BookieStore:
         result per run: ``"stored"`` (every entry of the run) or ``"fenced"``
         (none: the ledger is fenced and the run is not a recovery add; within
         one transaction a ledger is fenced for all of its runs or for none).
-        Commits (and fsyncs, unless ``sync=False``) before returning.
+        Commits (and fsyncs, unless the store was opened with ``sync=False``) before returning.
         """
         results: list[str] = []
         touched: dict[int, dict] = {}

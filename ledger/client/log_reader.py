@@ -64,6 +64,20 @@ class LogReader:
         self._reader: LedgerReader | None = None
         self._ids: list[int] | None = None  # the log's ledger ids, re-read only when they may have changed
         self.corruptions: list[tuple[str, int, int, str]] = []
+        self.interrupted = False
+        self._log_changed = threading.Event()
+
+    def interrupt(self) -> None:
+        """End a :meth:`poll` in progress at once, and make every later one return nothing; from any thread.
+
+        For a follower's tail that is being stopped: a takeover waits for it, and should not
+        wait out a long poll.
+        """
+        self.interrupted = True
+        self._log_changed.set()
+        reader = self._reader
+        if reader is not None:
+            reader.interrupt()
 
     def _locate(self) -> tuple[LedgerReader | None, int, int | None]:
         """The reader of the ledger holding the next entry, that entry's id, and the next ledger's id if any."""
@@ -75,6 +89,8 @@ class LogReader:
             self._reader = LedgerReader(
                 self._zk, self._paths, self._pool, ledger_id, self._digest, self._read_timeout, self._clock
             )
+            if self.interrupted:
+                self._reader.interrupt()
         newer = ids[ids.index(ledger_id) + 1 :]
         return self._reader, entry_id, (newer[0] if newer else None)
 
@@ -83,6 +99,8 @@ class LogReader:
         deadline = self._clock.monotonic() + timeout
         fresh = False  # whether the cached ledger list was read from ZooKeeper in this round
         while True:
+            if self.interrupted:
+                return []
             if self._ids is None:
                 self._ids = [x["id"] for x in read_log(self._zk, self._paths)[0]]
                 fresh = True
@@ -124,7 +142,10 @@ class LogReader:
             fresh = False
 
     def _wait_log_change(self, timeout: float) -> None:
-        changed = threading.Event()
+        changed = self._log_changed
+        changed.clear()
+        if self.interrupted:  # after the clear: an interrupt just before it is not lost
+            return
         self._zk.exists(self._paths.log, watch=lambda _event: changed.set())
         # Re-check after arming the watch: a change just before it would be missed otherwise.
         ledgers, _ = read_log(self._zk, self._paths)

@@ -13,7 +13,8 @@ than a fragment change reads its metadata again when no bookie it knows has an
 entry. A copy that is missing or fails its digest is skipped and
 the next bookie is tried; the event is appended to :attr:`LedgerReader.corruptions`
 as ``(bookie_id, ledger_id, entry_id, reason)`` and a corrupt copy is logged as a
-warning, so audits and operators see under-replication and bit rot. A bookie
+warning, so audits and operators see under-replication and bit rot; missing
+copies are logged one line per bookie with a count (:mod:`ledger.client.read_misses`). A bookie
 answering ``unknown`` (it cannot vouch for the ledger) is treated like one that
 is down: it is skipped (reason ``"unknown"``), and its ``read_lac`` does not count.
 Waiting for new entries (``wait_for``, long polls) is :mod:`ledger.client.reader_tail`.
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import wait as wait_futures
 
 from kazoo.client import KazooClient
@@ -41,6 +42,7 @@ from election.wire import RemoteError
 from ledger import LedgerError
 from ledger.client.bookie_errors import BookieUnavailable, NoSuchEntry, Unvouched
 from ledger.client.bookie_pool import BookiePool
+from ledger.client.read_misses import MISSING, UNAVAILABLE, UNKNOWN, ReadMisses
 from ledger.client.reader_tail import ReaderTail
 from ledger.codec import CorruptEntry, Digest, Entry, decode_entry
 from ledger.metadata import CLOSED, LedgerMetadata, current_address, read_metadata
@@ -49,6 +51,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_READ_TIMEOUT = 2.0
 _READ_WINDOW = 256  # reads in flight at once in read_range
+
+
+def _resolve(fut: Future) -> None:
+    try:
+        fut.set_result(None)
+    except InvalidStateError:
+        pass  # already resolved
 
 
 class LedgerReadError(LedgerError):
@@ -88,10 +97,14 @@ class LedgerReader(ReaderTail):
         self.ledger_id = ledger_id
         self.metadata: LedgerMetadata
         self._metadata_changed = threading.Event()
+        # Resolved when the metadata node changes or interrupt() is called: ends a wait_lac long poll early.
+        self._wake: Future = Future()
+        self.interrupted = False
         self.metadata, _ = read_metadata(zk, paths, ledger_id, watch=self._on_metadata_change)
         self._address_of: dict[str, str] = {}  # bookie id -> where it is registered now (looked up once)
         self._lac = -1
         self.corruptions: list[tuple[str, int, int, str]] = []
+        self._misses = ReadMisses(ledger_id, clock)
         self._refreshed_at = self._clock.monotonic()
         self._ask_one = True  # wait_lac goes to one bookie while that one answers
         self._turn = 0
@@ -118,6 +131,8 @@ class LedgerReader(ReaderTail):
         Arms a watch on the node: :meth:`wait_for` re-reads as soon as it changes.
         """
         self._metadata_changed.clear()
+        if self._wake.done() and not self.interrupted:
+            self._wake = Future()
         self.metadata, _ = read_metadata(
             self._zk, self._paths, self.ledger_id, watch=self._on_metadata_change
         )
@@ -126,6 +141,12 @@ class LedgerReader(ReaderTail):
 
     def _on_metadata_change(self, _event) -> None:
         self._metadata_changed.set()
+        _resolve(self._wake)
+
+    def interrupt(self) -> None:
+        """End a ``wait_for`` in progress (and every later one) at once; from any thread."""
+        self.interrupted = True
+        _resolve(self._wake)
 
     @property
     def closed(self) -> bool:
@@ -229,27 +250,14 @@ class LedgerReader(ReaderTail):
             reply = fut.result(self.timeout + 1.0)
         except NoSuchEntry:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "missing"))
-            log.info(
-                "ledger %d entry %d: bookie %s has no copy; trying another",
-                self.ledger_id,
-                entry_id,
-                bookie_id,
-            )
+            self._misses.note(bookie_id, MISSING, entry_id)
             return None
         except Unvouched as exc:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "unknown"))
-            log.info(
-                "ledger %d entry %d: bookie %s cannot vouch for it (%s); trying another",
-                self.ledger_id,
-                entry_id,
-                bookie_id,
-                exc.message,
-            )
+            self._misses.note(bookie_id, UNKNOWN, entry_id, exc.message)
             return None
         except (BookieUnavailable, RemoteError, TimeoutError) as exc:
-            log.info(
-                "ledger %d entry %d: bookie %s: %s; trying another", self.ledger_id, entry_id, bookie_id, exc
-            )
+            self._misses.note(bookie_id, UNAVAILABLE, entry_id, str(exc))
             # It may have come back elsewhere (restarted on another port): look it up again next time.
             self._address_of.pop(bookie_id, None)
             return None
@@ -295,7 +303,10 @@ class LedgerReader(ReaderTail):
     def read(self, entry_id: int) -> Entry:
         """One committed entry, verified; raises :class:`EntryNotCommitted` past the LAC."""
         self._check_committed(entry_id)
-        return self._read_from(entry_id, self._order(self.metadata.ensemble_for(entry_id)))
+        try:
+            return self._read_from(entry_id, self._order(self.metadata.ensemble_for(entry_id)))
+        finally:
+            self._misses.report()
 
     def read_range(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, pipelined; all must be committed."""
@@ -312,6 +323,13 @@ class LedgerReader(ReaderTail):
                 del kept[entry_id]  # passed by: never asked for again
             if first > last:
                 return out
+        try:
+            self._read_windows(first, last, out)
+        finally:
+            self._misses.report()
+        return out
+
+    def _read_windows(self, first: int, last: int, out: list[Entry]) -> None:
         for start in range(first, last + 1, _READ_WINDOW):
             stop = min(last, start + _READ_WINDOW - 1)
             # Ask each entry's preferred bookie (of its fragment) for the whole window at
@@ -329,4 +347,3 @@ class LedgerReader(ReaderTail):
                 if entry is None:
                     entry = self._read_from(entry_id, order[1:])
                 out.append(entry)
-        return out

@@ -39,7 +39,7 @@ class ReaderTail:
 
     The reader supplies its state (``_zk``, ``_paths``, ``_pool``, ``_digest``, ``_clock``, ``ledger_id``,
     ``timeout``, ``metadata``, ``_lac``, ``_ask_one``, ``_turn``, ``_piggybacked``,
-    ``_metadata_changed``, ``_refreshed_at``) and ``refresh``, ``last_readable``, ``closed``,
+    ``_metadata_changed``, ``_wake``, ``interrupted``, ``_refreshed_at``) and ``refresh``, ``last_readable``, ``closed``,
     ``_last_members`` and ``_address``.
     """
 
@@ -49,7 +49,8 @@ class ReaderTail:
         Long-polls one healthy bookie of the last fragment with ``wait_lac`` (each
         of them receives every entry with the writer's LAC on it, so any one tells),
         every bookie of it after a round in which the one asked did not answer;
-        returns early once the ledger is closed (nothing more will come). A round
+        returns early once the ledger is closed (nothing more will come) or the
+        reader is interrupted; a change of the metadata node ends a round at once. A round
         without progress re-reads the metadata, at most every
         :data:`_REFRESH_EVERY_S` (recovery may have closed the ledger, or an
         ensemble change moved the writer to other bookies); a fenced bookie's
@@ -57,7 +58,7 @@ class ReaderTail:
         """
         deadline = self._clock.monotonic() + timeout
         while True:
-            if self.last_readable > after or self.closed:
+            if self.last_readable > after or self.closed or self.interrupted:
                 return self.last_readable
             left = deadline - self._clock.monotonic()
             if left <= 0:
@@ -83,13 +84,16 @@ class ReaderTail:
             }
             fenced = False
             answered = 0
-            pending = futures
-            while pending and self._lac <= after:
-                done, pending = wait_futures(
-                    pending, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED
+            wake = self._wake
+            pending = set(futures)
+            while pending and self._lac <= after and not wake.done():
+                done, _ = wait_futures(
+                    pending | {wake}, timeout=poll + self.timeout + 1.0, return_when=FIRST_COMPLETED
                 )
+                done.discard(wake)
+                pending -= done
                 if not done:
-                    break
+                    break  # woken, or no answer in time
                 for fut in done:
                     try:
                         reply = fut.result()
@@ -99,10 +103,15 @@ class ReaderTail:
                     self._lac = max(self._lac, int(reply.get("lac", -1)))
                     fenced = fenced or bool(reply.get("fenced"))
                     self._keep_piggybacked(after, reply.get("entries"))
+            if self._lac > after or self.interrupted:
+                return self.last_readable
+            if wake.done():
+                # The metadata changed (a graceful close, recovery, an ensemble change): look now,
+                # instead of waiting out the long poll; the bookie asked is not to blame.
+                self.refresh()
+                continue
             # Asked one bookie and it did not answer: ask them all next time.
             self._ask_one = answered > 0 or len(futures) > 1
-            if self._lac > after:
-                return self._lac
             if not answered:
                 # Every bookie asked failed at once (e.g. unreachable): back off a little
                 # instead of spinning until the deadline.

@@ -146,6 +146,8 @@ def run_chaos(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     finally:
         if proc.poll() is None:
             proc.kill()
+    if not out.strip():  # a run that could not start prints its reason on stderr only
+        raise AssertionError(f"chaos run printed no report (exit {proc.returncode}):\n{err[-3000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -17,6 +17,8 @@ import lmdb
 import pytest
 
 from ledger import LedgerError
+from ledger.bookie.journal import journal_files
+from ledger.bookie.journal_format import ALIGN
 from ledger.metadata import CLOSED, IN_RECOVERY, read_metadata
 from tests.support.ledgers import make_client, procs_in_ensemble_order, start_bookies, wait_registered
 
@@ -99,7 +101,16 @@ def test_wiped_bookie_refuses_and_recovery_waits_for_one_that_knows(cluster, pro
 
 
 def drop_tail(data_dir, ledger_id: int, keep: int) -> None:
-    """Delete the entries after ``keep`` behind the bookie's back (its record still names them)."""
+    """Delete the entries after ``keep`` behind the bookie's back (its record still names them).
+
+    The journal would restore them at the next start, so its groups are zeroed too: a disk
+    that lost writes it had reported synced, the one crash a journal cannot cover.
+    """
+    for path in journal_files(str(data_dir / "journal")).values():
+        with open(path, "r+b") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(ALIGN)
+            fh.write(bytes(size - ALIGN))
     env = lmdb.open(str(data_dir), subdir=True, max_dbs=8, map_size=1 << 30)
     try:
         db = env.open_db(b"entries")

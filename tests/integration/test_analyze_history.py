@@ -8,48 +8,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from broker.api.client import Client
-from broker.worker import Worker
-from pipeline.analyze import TABLES
 from pipeline.analyze_run import HistorySource, run_analyze
 from pipeline.export import export_history
 from pipeline.plan import ClusterAddress
 from pipeline.report import CHARTS
-from tests.support.harness import wait_for
+from tests.support.pipeline_runs import read_tables, work
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(180)]
 
 STATES = ("waiting", "running", "done", "failed", "dead", "cancelled")
-
-
-def work(bc, queues, until_idle_of):
-    """A worker on ``queues`` until every task of ``until_idle_of`` (a client) has ended; 'bad' payloads raise."""
-
-    def handler(task):
-        if task.payload.startswith(b"bad"):
-            raise RuntimeError("bad payload")
-        return b"ok"
-
-    worker = Worker(
-        zk=bc.zk_hosts,
-        cluster=bc.cluster.name,
-        handlers=dict.fromkeys(queues, handler),
-        concurrency=4,
-        lease_ms=3000,
-        wait_ms=200,
-        name=f"w-{'-'.join(queues)}",
-    )
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-
-    def idle():
-        counts = until_idle_of.status()["queues"]
-        return all(
-            c.get("waiting", 0) == 0 and c.get("running", 0) == 0 for q, c in counts.items() if q in queues
-        )
-
-    wait_for(idle, 60, f"the worker to finish {queues}")
-    worker.stop()
-    thread.join(15)
 
 
 def submits_across_a_failover(bc, client):
@@ -91,10 +58,6 @@ class Report(HTMLParser):
         if tag == "img":
             attrs = dict(attrs)
             self.images[attrs["id"]] = attrs["src"]
-
-
-def read_tables(out):
-    return {name: sorted(map(str, pq.read_table(out / name).to_pylist())) for name in TABLES}
 
 
 def test_analyze_a_history_with_a_leader_failover(spark, broker_cluster, tmp_path):

@@ -7,6 +7,7 @@ higher epoch, without any snapshot download (the stores are at the log's end).
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from pathlib import Path
@@ -97,7 +98,9 @@ class Prober(threading.Thread):
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
         try:
-            for rid in range(1, 10_000):  # bounded: a broker that stopped answering is not flooded
+            # Until halted, however long the shutdown command takes to start on a busy machine (a
+            # bound of 10,000 requests ran out before it did once); poll(1) paces it to one a millisecond.
+            for rid in itertools.count(1):
                 if self.halt.is_set():
                     return
                 sock.send(
@@ -154,8 +157,10 @@ def test_shutdown_under_load_then_restart_serves_every_task_without_a_snapshot(b
     with KeyedLoad(hosts, cluster) as load:
         wait_for(lambda: load.count() > 300, 60, "load to start")
         prober.start()
-        report = run_shutdown(bc.procs, hosts, cluster)
-        prober.halt.set()
+        try:
+            report = run_shutdown(bc.procs, hosts, cluster)
+        finally:
+            prober.halt.set()
     prober.join(10)
     assert report["ok"] and report["position"] is not None
     ids = sorted(json.loads((p.data_dir / ".broker.meta").read_text())["broker_id"] for p in bc.brokers)

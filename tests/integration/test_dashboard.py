@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 
 import pytest
@@ -21,59 +20,15 @@ from election.paths import ClusterPaths
 from election.shards import shard_of_key, shard_of_task
 from election.zk import close as zk_close
 from election.zk import connect as zk_connect
+from tests.support.browser import chromium
 from tests.support.harness import START_TIMEOUT_S, call, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-# Without the background-networking flags Chromium reaches for external hosts at start.
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-)
-
-
-def _browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    if not shutil.which("chromium") or not shutil.which("chromedriver"):
-        return (
-            "no Chromium: install the Debian packages chromium and chromium-driver "
-            "(`make test` run as root installs them)"
-        )
-    return None
-
 
 @pytest.fixture
 def browser(tmp_path):
-    reason = _browser_missing()
-    if reason:
-        pytest.skip(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(
-        executable_path=shutil.which("chromedriver"), log_output=str(tmp_path / "chromedriver.log")
-    )
-    driver = webdriver.Chrome(service=service, options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from chromium(tmp_path)
 
 
 def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):

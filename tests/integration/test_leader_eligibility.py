@@ -123,7 +123,13 @@ def test_replaying_joiner_does_not_win_an_in_sync_follower_does(cluster, procs):
 
 @pytest.mark.timeout(120)
 def test_learner_never_leads_and_lagging_leaders_follow_the_switch(cluster, procs):
-    bc = _cluster(cluster, procs, [[], ["--learner", "--no-allow-lagging-leader"]])
+    def cluster_command(*args: str) -> None:
+        done = procs.run(["cluster", *args, "--zk", cluster.hosts, "--cluster", cluster.name])
+        assert done.returncode == 0, done.stderr.decode() + done.stdout.decode()
+
+    # allow_lagging_leader is a cluster-wide task setting: off from the start, on by `cluster config set`.
+    cluster_command("init", "--no-allow-lagging-leader")
+    bc = _cluster(cluster, procs, [[], ["--learner"]])
     leader_proc, learner = bc.brokers
     _fill(bc, 20)
     wait_for(
@@ -133,23 +139,25 @@ def test_learner_never_leads_and_lagging_leaders_follow_the_switch(cluster, proc
         10,
         "the learner's live node",
     )
+    cluster_command("enable-feature", "cluster_settings")
     first = bc.wait_leader()["broker_id"]
     leader_proc.kill()
-    strict = procs.start_broker(cluster, extra=["--no-allow-lagging-leader"])
-    # Once the dead leader's session has expired and the strict broker has looked at the rules,
+    lagging = procs.start_broker(cluster)
+    # Once the dead leader's session has expired and the new broker has looked at the rules,
     # nobody may lead (the rules themselves: test_insync_rules, standing: test_candidacy).
     wait_for(
         lambda: (
             first not in live_brokers(cluster.zk, cluster.paths)
-            and "not standing for election" in strict.output()
+            and "not standing for election" in lagging.output()
         ),
         30,
-        "the old leader's session to expire and the strict broker to stay out",
+        "the old leader's session to expire and the new broker to stay out",
     )
     assert bc.leader_info() is None
-    lenient = procs.start_broker(cluster)  # allow_lagging_leader on: with no in-sync member alive, it may
+    # With no leader to log the change, the config node's value is what the standing rules read.
+    cluster_command("config", "set", "allow_lagging_leader", "true")
     new = bc.wait_leader(timeout=30, not_id=first)
-    assert new["address"] == lenient.address
+    assert new["address"] == lagging.address
     with Client(zk=bc.zk_hosts, cluster=cluster.name, timeout=30) as client:
         assert sum(client.status()["queues"]["q"].values()) == 20  # the lagging winner caught up first
     assert bc.leader_info()["address"] != learner.address

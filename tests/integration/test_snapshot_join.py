@@ -1,6 +1,7 @@
 """Checkpoints, retention and joining with real brokers, bookies and ZooKeeper."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -192,3 +193,77 @@ def test_join_falls_back_to_another_source_when_a_snapshot_is_damaged(cluster, p
     assert state["queues"]["snap"]["waiting"] == 20
     out = joiner.output()
     assert f"snapshot from broker {latest['broker_id']} failed" in out and "installed snapshot" in out
+
+
+QUIET = ["--ledger-max-entries", "10", "--checkpoint-entries", "100000", "--checkpoint-s", "100000"]
+
+
+def _broker_id(proc) -> int:
+    return json.loads((Path(proc.data_dir) / ".broker.meta").read_text())["broker_id"]
+
+
+def _advertised(cluster, proc):
+    node = cluster.paths.live_broker(_broker_id(proc))
+    return (json.loads(cluster.zk.get(node)[0]).get("snapshot") if cluster.zk.exists(node) else None) or None
+
+
+def _installed_at(output: str) -> list[tuple[int, int]]:
+    return [
+        tuple(json.loads("[" + m + "]")) for m in re.findall(r"installed snapshot at \(([-\d, ]+)\)", output)
+    ]
+
+
+def _status(procs, cluster) -> dict:
+    result = procs.run(["status", "--zk", cluster.hosts, "--cluster", cluster.name, "--json"])
+    assert result.returncode == 0, result.stderr.decode()
+    return json.loads(result.stdout)
+
+
+def test_joiner_takes_a_snapshot_that_covers_the_log_start_and_waits_while_none_does(cluster, procs):
+    bc = start(cluster, procs, brokers=1)
+    leader = bc.brokers[0]
+    # A learner that checkpoints only when it stops in order: its snapshot stays where it stopped.
+    learner = procs.start_broker(cluster, extra=[*QUIET, "--learner"])
+    submit_many(bc, 20, "a")
+    wait_for(lambda: caught_up(bc, learner), 60, "the learner to catch up")
+    assert learner.terminate() == 0
+    learner = procs.restart(learner)
+    old = wait_for(lambda: _advertised(cluster, learner), 30, "the learner to advertise its snapshot")
+    submit_many(bc, 120, "b")
+    wait_for(
+        lambda: read_log(cluster.zk, cluster.paths)[0][0]["id"] > old["position"][0],
+        60,
+        "retention to delete the ledger of the learner's snapshot",
+    )
+    # `snapshots/latest` names the old snapshot, so it is the first source a joiner sees.
+    cluster.zk.set(
+        cluster.paths.snapshots_latest, json.dumps({"broker_id": _broker_id(learner), **old}).encode()
+    )
+    joiner = procs.start_broker(cluster, extra=QUIET)
+    bc.brokers.append(joiner)
+    wait_for(lambda: caught_up(bc, joiner), 60, "the joiner to reach the leader's digest")
+    first = read_log(cluster.zk, cluster.paths)[0][0]["id"]
+    installed = _installed_at(joiner.output())
+    assert len(installed) == 1 and installed[0][0] >= first, (installed, first)
+    assert "no longer in the log" not in joiner.output()
+
+    # Only the old snapshot is served now: a new joiner waits, saying why, and installs nothing.
+    assert joiner.terminate() == 0 and leader.terminate() == 0
+    bc.brokers = [learner]
+    waiting = procs.start_broker(cluster, extra=QUIET, ready=False)
+    notice = wait_for(lambda: _status(procs, cluster)["joining"], 60, "status to show the joiner's wait")
+    assert "covers the log start" in notice[0]["reason"], notice
+    assert f"broker {_broker_id(learner)}'s at {tuple(old['position'])}" in notice[0]["reason"]
+    human = procs.run(["status", "--zk", cluster.hosts, "--cluster", cluster.name])
+    assert "not joined yet: waiting for a snapshot that covers the log start" in human.stdout.decode()
+    time.sleep(3)
+    assert not _installed_at(waiting.output()) and waiting.alive()
+
+    # A broker serving a snapshot past the log start comes back: the joiner takes that one.
+    leader = procs.restart(leader)
+    bc.brokers = [leader, learner, waiting]
+    procs.wait_ready([waiting], timeout=90)
+    wait_for(lambda: caught_up(bc, waiting), 60, "the waiting joiner to reach the leader's digest")
+    installed = _installed_at(waiting.output())
+    assert len(installed) == 1 and installed[0][0] >= first, installed
+    assert not cluster.zk.get_children(cluster.paths.snapshot_joiners)

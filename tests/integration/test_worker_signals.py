@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from broker.api.client import Client
+from devtools.procs import pid_alive
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.paths import ClusterPaths
 from election.zk import close, connect
@@ -139,3 +140,35 @@ def test_a_worker_whose_cluster_disappeared_stops_within_its_drain_timeout(procs
         if zk is not None:
             close(zk)
         server.stop()
+
+
+# Starts a grandchild in its own process group, records both pids, then sleeps as the payload says.
+SPAWNING_COMMAND = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "600"])
+open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(float(sys.stdin.read()))
+"""
+
+
+def test_a_sigkilled_worker_takes_its_command_and_the_commands_children_with_it(
+    broker_cluster, procs, tmp_path
+):
+    bc = broker_cluster
+    pid_file = tmp_path / "pids"
+    with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=20) as client:
+        client.submit("jobs", b"600")
+        worker = procs.start(
+            "worker",
+            ["worker", "run", "--queue", "jobs", "--zk", bc.zk_hosts, "--cluster", bc.cluster.name,
+             "--", "python3", "-c", SPAWNING_COMMAND, str(pid_file)],
+        )  # fmt: skip
+        pids = wait_for(lambda: pid_file.exists() and pid_file.read_text().split(), 30, "the command's pids")
+        command, grandchild = map(int, pids)
+        assert not gone(command) and not gone(grandchild)
+        worker.kill()  # SIGKILL: the worker runs no code of its own after this
+        wait_for(
+            lambda: not pid_alive(command) and not pid_alive(grandchild),
+            30,
+            "the command and its child to die",
+        )

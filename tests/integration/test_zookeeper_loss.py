@@ -227,3 +227,57 @@ def test_zookeeper_wiped_after_a_dirty_stop_needs_mark_clean_of_the_newest_store
                 "the moved-aside member to install a snapshot",
             )
     assert all(p.alive() for p in restarted)
+
+
+def _broker_id(data_dir: Path) -> int:
+    return json.loads((data_dir / ".broker.meta").read_text())["broker_id"]
+
+
+def test_an_empty_disk_started_first_takes_no_kept_broker_id(procs, private_zk):
+    """One broker's disk was lost in the same total failure: as docs/operations.md says, it starts
+    on an empty data dir with the others (first, here: ZooKeeper's next_id is 1 again)."""
+    tc = _cluster(private_zk)
+    _init(procs, tc)
+    bookies, brokers = _start(procs, tc)
+    _leader(tc, private_zk.zk)
+    acked = _submit(tc, TASKS)
+    result = procs.run(["cluster", "shutdown", "--zk", tc.hosts, "--cluster", tc.name], timeout=90)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    for proc in brokers:
+        assert proc.wait(30) == 0
+    for proc in bookies:
+        assert proc.terminate() == 0
+    ids = {p.data_dir: _broker_id(p.data_dir) for p in brokers}
+    codes = {
+        p.data_dir: json.loads((p.data_dir / ".broker.meta").read_text())["register_code"] for p in brokers
+    }
+    lost, kept = brokers[0], brokers[1:]
+    shutil.rmtree(lost.data_dir)
+
+    private_zk.wipe()
+    _init(procs, tc)
+    _restart_bookies(procs, bookies)
+    empty = procs.start(lost.name, lost.args, address=lost.address, data_dir=lost.data_dir)
+    wait_for(
+        lambda: (
+            private_zk.zk.exists(tc.paths.init_members) and private_zk.zk.get_children(tc.paths.init_members)
+        ),
+        30,
+        "the empty broker to report itself",
+    )
+    # It waits for the kept ones before it takes an id.
+    assert not private_zk.zk.exists(tc.paths.broker_ids) or not private_zk.zk.get_children(
+        tc.paths.broker_ids
+    )
+    restarted = [procs.start(p.name, p.args, address=p.address, data_dir=p.data_dir) for p in kept]
+    _leader(tc, private_zk.zk)
+    _assert_every_task(tc, acked)
+    for proc in kept:
+        assert _broker_id(proc.data_dir) == ids[proc.data_dir]
+        record = json.loads(private_zk.zk.get(tc.paths.broker_id(ids[proc.data_dir]))[0])
+        assert record["register_code"] == codes[proc.data_dir]
+    new_id = _broker_id(lost.data_dir)
+    assert new_id not in {ids[p.data_dir] for p in kept}
+    wait_for(lambda: "installed snapshot" in empty.output(), 90, "the empty broker to join by snapshot")
+    assert all(p.alive() for p in [empty, *restarted])
+    assert not any("belongs to another broker" in p.output() for p in [empty, *restarted])

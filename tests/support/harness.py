@@ -1,9 +1,10 @@
 """The test harness's parts: processes of fencepost on loopback ports, a test cluster, waits.
 
-``ProcessManager`` starts ``python -m cli ...`` processes and kills (SIGKILL), pauses
-(SIGSTOP/SIGCONT) and restarts them; ``BrokerCluster`` is three bookies and three brokers with a
-leader; ``wait_for`` waits on a condition; ``call`` sends one request; ``expire_session`` expires a
-real ZooKeeper session. The fixtures of ``tests/conftest.py`` hand them to tests.
+``ProcessManager`` starts ``python -m cli ...`` processes (or another installation's CLI, given
+its ``command``) and kills (SIGKILL), pauses (SIGSTOP/SIGCONT) and restarts them; ``BrokerCluster``
+is three bookies and three brokers with a leader; ``wait_for`` waits on a condition; ``call``
+sends one request; ``expire_session`` expires a real ZooKeeper session. The fixtures of
+``tests/conftest.py`` hand them to tests.
 """
 
 from __future__ import annotations
@@ -133,19 +134,21 @@ class ProcessManager:
         ready: Callable[[Proc], bool] | None = None,
         timeout: float = START_TIMEOUT_S,
         env: dict | None = None,
+        command: list[str] | None = None,
         **attrs,
     ) -> Proc:
+        """Start ``fencepost ARGS``: this tree's CLI, or ``command + args`` (see :func:`child_env`)."""
         log_path = self.workdir / f"{name}-{next(self._counter)}.log"
-        full_env = {
-            **os.environ,
-            "PYTHONPATH": str(REPO),
-            "PYTHONUNBUFFERED": "1",
-            **HARNESS_ENV,
-            **(env or {}),
-        }
-        popen = spawn(fencepost_command(*args), log_path, env=full_env, cwd=REPO)
+        full_env = child_env({"PYTHONUNBUFFERED": "1", **HARNESS_ENV, **(env or {})}, command)
+        popen = spawn(
+            fencepost_command(*args) if command is None else [*command, *args],
+            log_path,
+            env=full_env,
+            cwd=REPO if command is None else self.workdir,
+        )
         proc = Proc(name=name, args=args, log_path=log_path, popen=popen, **attrs)
         proc.extra["env"] = env
+        proc.extra["command"] = command
         self.procs.append(proc)
         if ready is not None:
             self.wait_ready([proc], ready, timeout)
@@ -182,16 +185,20 @@ class ProcessManager:
         return started
 
     def run(
-        self, args: list[str], timeout: float = 60.0, env: dict | None = None, input: bytes | None = None
+        self,
+        args: list[str],
+        timeout: float = 60.0,
+        env: dict | None = None,
+        input: bytes | None = None,
+        command: list[str] | None = None,
     ) -> subprocess.CompletedProcess:
-        """Run a fencepost command to completion."""
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), **HARNESS_ENV, **(env or {})}
+        """Run a fencepost command to completion (``command``: as for :meth:`start`)."""
         return subprocess.run(
-            fencepost_command(*args),
-            cwd=REPO,
+            fencepost_command(*args) if command is None else [*command, *args],
+            cwd=REPO if command is None else self.workdir,
             capture_output=True,
             timeout=timeout,
-            env=full_env,
+            env=child_env({**HARNESS_ENV, **(env or {})}, command),
             input=input,
         )
 
@@ -205,8 +212,11 @@ class ProcessManager:
         init_if_missing: bool = True,
         ready: bool = True,
         env: dict | None = None,
+        command: list[str] | None = None,
     ) -> Proc:
-        """A bookie; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
+        """A bookie; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init).
+
+        ``command``: another installation's CLI (:meth:`start`), e.g. an older version's."""
         data_dir = data_dir or self.workdir / f"bookie-data-{next(self._counter)}"
         address = address or f"tcp://127.0.0.1:{_free_port()}"
         args = [
@@ -232,6 +242,7 @@ class ProcessManager:
             address=address,
             data_dir=data_dir,
             env=env,
+            command=command,
         )
 
     def start_broker(
@@ -243,8 +254,11 @@ class ProcessManager:
         init_if_missing: bool = True,
         ready: bool = True,
         env: dict | None = None,
+        command: list[str] | None = None,
     ) -> Proc:
-        """A broker; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init)."""
+        """A broker; ``ready`` waits until it answers (False: return at once, e.g. while it waits for init).
+
+        ``command``: another installation's CLI (:meth:`start`), e.g. an older version's."""
         data_dir = data_dir or self.workdir / f"broker-data-{next(self._counter)}"
         address = f"tcp://127.0.0.1:{_free_port()}"
         args = [
@@ -274,20 +288,27 @@ class ProcessManager:
             address=address,
             data_dir=data_dir,
             env=env,
+            command=command,
         )
 
     def restart(self, proc: Proc) -> Proc:
-        """Start `proc` again with the same arguments and data dir (it must have stopped)."""
+        """Start `proc` again with the same arguments, data dir and command (it must have stopped)."""
         if proc.alive():
             proc.kill()
-        ready = answers_ping
+        return self.replace(proc, proc.extra.get("command"))
+
+    def replace(self, proc: Proc, command: list[str] | None = None) -> Proc:
+        """Start `proc`'s arguments and data dir again on ``command`` (None: this tree), once it answers.
+
+        An upgrade of one member: `proc` must have stopped."""
         return self.start(
             proc.name,
             proc.args,
-            ready=ready,
+            ready=answers_ping,
             address=proc.address,
             data_dir=proc.data_dir,
             env=proc.extra.get("env"),
+            command=command,
         )
 
     def stop_all(self) -> None:
@@ -298,6 +319,20 @@ class ProcessManager:
     def dump_logs(self) -> None:
         for proc in self.procs:
             print(f"\n===== {proc.name} pid={proc.pid} args={' '.join(proc.args)}\n{proc.output()[-6000:]}")
+
+
+def child_env(env: dict, command: list[str] | None) -> dict:
+    """The environment of a child running ``command`` (None: this tree's CLI): ours, then ``env``.
+
+    This tree's CLI runs from the repository (its working directory) with it on PYTHONPATH.
+    Another installation's (an older version in its own virtualenv) gets neither, unless ``env``
+    names a PYTHONPATH, and runs in the test's directory: either would put this tree's modules
+    before the installed ones, in it and in the processes it starts.
+    """
+    full = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    if command is not None and "PYTHONPATH" not in env:
+        del full["PYTHONPATH"]
+    return full
 
 
 def answers_ping(proc: Proc) -> bool:

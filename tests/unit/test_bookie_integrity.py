@@ -342,8 +342,12 @@ def test_a_read_only_bookie_without_adds_probes_the_disk_itself(tmp_path):
     from ledger.bookie.server import Bookie
 
     bookie = Bookie(BookieConfig(data=str(tmp_path / "b"), listen="tcp://127.0.0.1:1", zk="127.0.0.1:1"))
+    from ledger.bookie.journal import Journal
+
     store = BookieStore(tmp_path / "tiny", map_size=1 << 20)
     bookie._store = store
+    os.makedirs(tmp_path / "journal")
+    bookie._journal = Journal(str(tmp_path / "journal"), "i" * 32, 1 << 16, start_seq=1, fsync=False)
     try:
         # Fill the map with big entries of ledger 1, freed at once when it is deleted.
         with pytest.raises(lmdb.MapFullError):
@@ -357,4 +361,5 @@ def test_a_read_only_bookie_without_adds_probes_the_disk_itself(tmp_path):
         assert not bookie._gate.readonly
         assert store.read(1, 0) is None and store.counts()  # the probe left nothing behind
     finally:
+        bookie._journal.close()
         store.close()

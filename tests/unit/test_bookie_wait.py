@@ -42,6 +42,21 @@ class FakeZk:
             raise NoNodeError()
         return json.dumps(self.bookies[name]).encode(), None
 
+    def get_async(self, path):
+        """``get`` as kazoo's pipelined form: an object whose ``get()`` gives the answer or raises."""
+        try:
+            found, error = self.get(path), None
+        except NoNodeError as exc:
+            found, error = None, exc
+
+        class Answer:
+            def get(self):
+                if error is not None:
+                    raise error
+                return found
+
+        return Answer()
+
     def register(self, name: str, port: int, **extra) -> None:
         self.bookies[name] = {"address": f"tcp://127.0.0.1:{port}", "free_bytes": 1 << 34, **extra}
         self.fire()

@@ -34,7 +34,7 @@ IMPLEMENTED_COMMANDS = {
     "store": ["verify", "inspect", "mark-clean"],
     "submit": [],
     "task": ["show", "list", "cancel", "retry"],
-    "queue": ["list", "purge", "requeue-dead"],
+    "queue": ["list", "declare", "show", "purge", "requeue-dead"],
     "worker": ["run", "list"],
     "zk": ["start", "stop"],
 }

@@ -63,6 +63,21 @@ def test_every_type_has_a_minimal_valid_form():
         "TasksRequeued": dict(queue="q", states=["dead"], now_ms=0),
         "EpochStarted": dict(epoch=1, broker_id=0, now_ms=0),
         "ClusterShutdown": dict(shutdown_id="s", now_ms=0),
+        "SettingChanged": dict(name="retry_backoff_ms", value=250, now_ms=0),
+        "Outcomes": dict(at=[1, 0], decided=[[0, [["t", 1]]]]),
+        "ScheduleAdded": dict(
+            name="s",
+            queue="q",
+            cron="* * * * *",
+            payload=b"",
+            key_template="k:{occurrence}",
+            catch_up="last",
+            grace_ms=1000,
+            now_ms=0,
+        ),
+        "ScheduleRemoved": dict(name="s", now_ms=0),
+        "SchedulePaused": dict(name="s", paused=True, now_ms=0),
+        "ScheduleFired": dict(name="s", occurrence_ms=60_000, now_ms=60_001),
         "StateDigest": dict(digest="0" * 32),
     }
     assert set(minimal) == set(EVENT_TYPES)

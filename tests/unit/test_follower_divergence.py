@@ -82,6 +82,9 @@ class OneShotLedgers:
                 out, ledgers.entries = ledgers.entries, []
                 return out
 
+            def interrupt(self) -> None:
+                pass  # its polls never wait
+
         return Reader()
 
 

@@ -52,6 +52,9 @@ class Ledgers:
                 out, rest = rest, []
                 return out
 
+            def interrupt(self) -> None:
+                pass  # its polls never wait
+
         return Reader()
 
 

@@ -30,6 +30,7 @@ READS = {
     "list_tasks",
     "list_queues",
     "list_workers",
+    "list_schedules",
 }
 
 # Values of every shape a msgpack peer can send, and some it cannot (lone surrogates).
@@ -119,6 +120,21 @@ FIELDS = {
     "purge_queue": ["queue", "states", "older_than_ms", "before_ms", "limit"],
     "requeue_dead": ["queue", "before_ms", "limit"],
     "cluster_shutdown": ["shutdown_id"],
+    "schedule_add": [
+        "name",
+        "queue",
+        "cron",
+        "payload",
+        "key_template",
+        "catch_up",
+        "grace_ms",
+        "priority",
+        "replace",
+    ],
+    "schedule_remove": ["name"],
+    "schedule_pause": ["name"],
+    "schedule_resume": ["name"],
+    "list_schedules": ["name"],
 }
 # Per field: valid values (so that many requests pass and the property is not vacuous),
 # values near the edges, and anything at all.
@@ -126,7 +142,14 @@ VALID = {
     "queue": st.one_of(st.sampled_from(["m", "pq", "q.1"]), st.from_regex(QUEUE_NAME, fullmatch=True)),
     "worker": st.one_of(st.sampled_from(["w", "é" * 100]), st.text(min_size=1, max_size=40)),
     "task_id": st.one_of(st.sampled_from(["t1", "é" * 100, "a" * 200]), st.text(min_size=1, max_size=40)),
-    "name": st.text(min_size=1, max_size=40),
+    "name": st.one_of(st.text(min_size=1, max_size=40), st.from_regex(QUEUE_NAME, fullmatch=True)),
+    "cron": st.sampled_from(["* * * * *", "* * * * * */10", "@hourly", "0 3 * * 1-5", "61 * * * *", "x"]),
+    "key_template": st.one_of(
+        st.none(), st.sampled_from(["k:{occurrence}", "{queue}/{name}/{occurrence_ms}", "{occurrence}" * 40])
+    ),
+    "catch_up": st.one_of(st.none(), st.sampled_from(["all", "last", "none"])),
+    "grace_ms": st.one_of(st.none(), st.integers(1000, 1 << 40)),
+    "replace": st.one_of(st.none(), st.booleans()),
     "key": st.one_of(st.none(), st.text(min_size=1, max_size=40)),
     "payload": st.binary(max_size=MAX_PAYLOAD),
     "result": st.one_of(st.none(), st.binary(max_size=MAX_PAYLOAD)),

@@ -146,7 +146,7 @@ def downgrade(path, records):
     out += [("payloads", tid.encode(), payloads.get(tid, rec["payload"])) for tid, rec in tasks.items()]
     digest = 0
     for db, key, value in out:
-        digest ^= record_hash(db, key, value) if is_hashed(db, key) else 0
+        digest ^= record_hash(db, key, value) if is_hashed(db, key, 1) else 0
     env = lmdb.open(str(path), max_dbs=16, map_size=64 << 20)
     with env.begin(write=True) as txn:
         for db, key, value in out:
@@ -166,7 +166,7 @@ def test_a_format_1_store_is_converted_at_open_to_the_same_bytes(tmp_path):
     assert sum(db == "payloads" for db, _, _ in old) == 7
     with StateStore(tmp_path / "old", readonly=True) as ro:  # reading position and digest works
         assert ro.position() == store.position() and ro.recompute_digest() == ro.digest()
-        with pytest.raises(StoreError, match="state store format 1 in .*: this broker reads format 3"):
+        with pytest.raises(StoreError, match="state store format 1 in .*: this broker reads format 4"):
             ro.get_task(HEX)
     with StateStore(tmp_path / "old", sync=False) as converted:
         assert list(converted.iter_records()) == records
@@ -195,9 +195,9 @@ def test_a_store_of_an_unknown_format_is_refused(tmp_path):
     store.close()
     env = lmdb.open(str(tmp_path / "s"), max_dbs=16)
     with env.begin(write=True) as txn:
-        txn.put(META_FORMAT, b"4", db=env.open_db(b"meta", txn=txn))
+        txn.put(META_FORMAT, b"5", db=env.open_db(b"meta", txn=txn))
     env.close()
-    with pytest.raises(StoreError, match=r"state store format 4 in .*: this broker reads format 3"):
+    with pytest.raises(StoreError, match=r"state store format 5 in .*: this broker reads format 4"):
         StateStore(tmp_path / "s")
 
 
@@ -214,7 +214,7 @@ def test_a_format_1_snapshot_is_restored_converted(tmp_path, monkeypatch):
     old = downgrade(tmp_path / "old", records)
     v1 = 0
     for db, key, value in old:
-        v1 ^= record_hash(db, key, value) if is_hashed(db, key) else 0
+        v1 ^= record_hash(db, key, value) if is_hashed(db, key, 1) else 0
     monkeypatch.setattr(snapshot_writer, "FORMAT_VERSION", 1)
     snapshot_writer.write_snapshot(
         tmp_path / "v1.fps", dict(header, digest=v1.to_bytes(16, "big").hex()), old

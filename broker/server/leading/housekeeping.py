@@ -23,6 +23,14 @@ events the leader stamps, like ``LeaseExpired``:
   seek each in the ``finished`` index); a queue with any past the TTL gets a
   ``TasksPurged`` of at most ``PURGE_BATCH`` tasks, and while a purge says
   ``more`` the next one follows at the next turn.
+* **SettingChanged**. With the ``cluster_settings`` flag enabled, about once a
+  second (and at once after the ``config`` node changed) each cluster-wide task
+  setting whose value in the node the log has not recorded gets one
+  (election/task_settings.py): a ``cluster config set`` takes effect on every
+  replica at that entry, and a new leader logs what its predecessor had not.
+
+``worker_lost_s``, ``result_ttl_s`` and the other task settings are read from
+``config`` at each use, so a logged change applies from the next turn.
 
 The events of one turn go out as one request of the leader's own
 (:data:`HOUSEKEEPING_ENTRY`), at most one such in flight at a time, so
@@ -43,6 +51,7 @@ import logging
 from typing import Any, Callable
 
 from broker.state.events import FINAL_STATES
+from election.task_settings import FLAG as TASK_SETTINGS_FLAG
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +65,26 @@ MAX_WORKER_EVENTS = 200  # WorkerSeen + WorkerLost per turn
 class Housekeeping:
     """What the leader writes as time passes (see the module docstring); used on the request loop's thread."""
 
-    def __init__(self, store: Callable[[], Any], config: Any) -> None:
+    def __init__(
+        self,
+        store: Callable[[], Any],
+        config: Any,
+        feature_enabled: Callable[[str], bool] = lambda name: False,
+    ) -> None:
         self.store = store
+        self.config = config  # broker.server.task_settings_view.EffectiveConfig in a broker
+        self.feature_enabled = feature_enabled
         self.seen_ms = int(config.worker_seen_s * 1000)
-        self.lost_ms = int(config.worker_lost_s * 1000)
-        self.default_ttl_ms = int(config.result_ttl_s * 1000)
         self.start(0)
+
+    @property
+    def lost_ms(self) -> int:
+        return int(self.config.worker_lost_s * 1000)
+
+    @property
+    def default_ttl_ms(self) -> int:
+        """The result TTL of queues that set none (0: kept)."""
+        return int(self.config.result_ttl_s * 1000)
 
     def start(self, now_ms: int) -> None:
         """Begin (again) for a new leadership starting at leader time ``now_ms``."""
@@ -74,6 +97,7 @@ class Housekeeping:
         self.next_check = 0.0
         self.purge_again = False
         self.inflight = False
+        self.settings_due = True
 
     # ------------------------------------------------------------ the hot path
     def heard_from(self, worker: str, queues: list[str] | None, now_ms: int) -> None:
@@ -103,8 +127,10 @@ class Housekeeping:
             return []
         store = self.store()
         events = self._seen(store, now_ms)
-        if monotonic >= self.next_check or self.purge_again:
+        if monotonic >= self.next_check or self.purge_again or self.settings_due:
             checked = monotonic >= self.next_check
+            if checked or self.settings_due:
+                events += self._settings(store, now_ms)
             if checked:
                 self.next_check = monotonic + CHECK_INTERVAL_S
                 events += self._lost(store, now_ms)
@@ -157,6 +183,24 @@ class Housekeeping:
         for name in [n for n, ms in self.heard.items() if now_ms - ms >= 2 * self.lost_ms]:
             for known in (self.heard, self.queues, self.recorded, self.recorded_queues):
                 known.pop(name, None)
+        return events
+
+    def config_changed(self) -> None:
+        """The ``config`` node changed (any thread): look for settings to log at the next turn."""
+        self.settings_due = True
+
+    def _settings(self, store: Any, now_ms: int) -> list[dict]:
+        self.settings_due = False
+        unrecorded = getattr(self.config, "unrecorded", None)
+        if unrecorded is None or not self.feature_enabled(TASK_SETTINGS_FLAG):
+            return []
+        events = []
+        recorded = store.task_settings()
+        for name, value in unrecorded():
+            log.info(
+                "task setting %s: %s -> %s, as the cluster's config says", name, recorded.get(name), value
+            )
+            events.append({"type": "SettingChanged", "name": name, "value": value, "now_ms": now_ms})
         return events
 
     def _purges(self, store: Any, now_ms: int) -> list[dict]:

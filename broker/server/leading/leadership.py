@@ -44,6 +44,8 @@ import logging
 from typing import Any, Callable
 
 from broker import protocol
+from broker.protocol.schedules import FLAG as SCHEDULES_FLAG
+from broker.protocol.schedules import SCHEDULE_WRITES
 from broker.protocol.writes import reply_fields, request_events
 from broker.server.leading.barrier import ReadBarrier
 from broker.server.leading.confirmed_reads import ConfirmedReads
@@ -53,10 +55,14 @@ from broker.server.leading.leader_clock import LeaderClock
 from broker.server.leading.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.server.leading.parking import LeaseParking, incoming
 from broker.server.leading.retry_stamp import stamp_retry_delay
+from broker.server.leading.schedules import SCHEDULE_ENTRY, ScheduleFiring
 from broker.server.leading.session import LeaderHooks, LeaderSession
 from broker.server.leading.upkeep import LogUpkeep
 from broker.server.leading.zk_outage import REASON_ROLL_POSTPONED, ZkLink
 from broker.server.store.follower import Diverged
+from broker.server.store.outcome_log import OutcomeLog
+from broker.state.outcomes import FLAG as OUTCOMES_FLAG
+from broker.state.outcomes import outcome_events
 from broker.state.store_errors import StoreDamaged
 from election import wire
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -66,6 +72,15 @@ log = logging.getLogger(__name__)
 
 # The group-commit context of the leader's own events (epoch start, lease expiry, digest).
 INTERNAL_ENTRY = None
+# How often the leader writes the Outcomes of what it applied, and how many tasks' at most per turn
+# (a new leader may have thousands of entries to describe: they go out over several turns).
+OUTCOMES_EVERY_S = 0.1
+OUTCOMES_PAIRS_PER_TURN = 5000
+_SCHEDULES_OFF = (
+    f"periodic tasks need the {SCHEDULES_FLAG} feature flag, which this cluster has not enabled: "
+    f"`fencepost cluster enable-feature {SCHEDULES_FLAG}` once every member runs a version that supports "
+    "it (`fencepost cluster features`)"
+)
 
 
 class Leadership(ConfirmedReads):
@@ -81,6 +96,7 @@ class Leadership(ConfirmedReads):
         housekeeping: Housekeeping,
         clock: Clock = SYSTEM_CLOCK,
         link: ZkLink | None = None,
+        outcomes: OutcomeLog | None = None,
     ) -> None:
         self.session = session
         self.epoch = session.epoch
@@ -106,6 +122,8 @@ class Leadership(ConfirmedReads):
         )
         self.link = link if link is not None else ZkLink(clock)
         self.upkeep = LogUpkeep(session, self.group, store, config, self._add_internal, self.link, clock)
+        # Periodic tasks: each due occurrence and its task in one entry (broker/server/leading/schedules.py).
+        self.schedules = ScheduleFiring(store, hooks.new_id, hooks.feature_enabled)
         self.barrier = ReadBarrier()
         self.refused_roll_postponed = 0
         self.applied_entries = 0
@@ -113,6 +131,9 @@ class Leadership(ConfirmedReads):
         self.lost_reported = False
         self._turned_at = clock.monotonic()
         self._confirm_until = 0  # reads wait for a barrier until this many entries are applied
+        self.outcomes = outcomes  # what apply decided lately (broker/server/store/outcome_log.py)
+        self._outcomes_sent: tuple[int, int] | None = None  # the last entry whose Outcomes are gathered
+        self._next_outcomes = 0.0
 
     # ------------------------------------------------------------ life
     def start(self, first_events: Callable[[int], list[dict]]) -> None:
@@ -165,6 +186,11 @@ class Leadership(ConfirmedReads):
                 started,
             )
             return
+        if op in SCHEDULE_WRITES and not self.hooks.feature_enabled(SCHEDULES_FLAG):
+            self.hooks.send(
+                route, wire.error_reply(rid, codes.E_FEATURE_DISABLED, _SCHEDULES_OFF), op, started
+            )
+            return
         if op in protocol.WORKER_OPS:
             self.housekeeping.heard_from(req["worker"], req.get("queues"), self.leader_clock.now_ms())
         if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
@@ -203,6 +229,8 @@ class Leadership(ConfirmedReads):
         # Counted before the add: a failed group commit answers (and uncounts) inside it.
         for queue, count in incoming(req):
             self.parking.submitted(queue, count)
+        if req["op"] in SCHEDULE_WRITES:
+            self.schedules.write_started()  # no firing meanwhile: it would decide on a record being changed
         try:
             if req["op"] == "fail":
                 stamp_retry_delay(
@@ -229,6 +257,8 @@ class Leadership(ConfirmedReads):
         for queue, count in incoming(req):
             self.parking.applied_submit(queue, count)
         self.parking.applied_lease(req)
+        if req["op"] in SCHEDULE_WRITES:
+            self.schedules.write_done()
 
     def cluster_shutdown(self, route: list[bytes], rid: Any, req: dict, accepting: bool) -> None:
         """Begin (or wait for) the shutdown: refuse writes from now on; ClusterShutdown follows what is gathered."""
@@ -278,6 +308,8 @@ class Leadership(ConfirmedReads):
                 self._wake_parked()
                 self._expire_leases()
                 self._housekeeping()
+                self._fire_schedules()
+                self._write_outcomes()
                 if self.barrier.needs_entry(group.entries_written) and not group.pending.events:
                     self.upkeep.barrier()  # nothing else would go out: a StateDigest is the barrier
                 self.upkeep.digest()
@@ -334,6 +366,53 @@ class Leadership(ConfirmedReads):
             log.error("housekeeping failed: %s: %s", type(exc).__name__, exc)
             self.housekeeping.applied(None)
 
+    def _fire_schedules(self) -> None:
+        """The periodic tasks' occurrences that are due, each with its task (broker/server/leading/schedules.py)."""
+        try:
+            events = self.schedules.due(self.leader_clock.now_ms())
+            if events:
+                self.group.add(events, SCHEDULE_ENTRY)
+        except StoreDamaged as exc:
+            self.hooks.on_fatal(exc)
+        except Exception as exc:  # a bug here must not stop the leader: log it, try again later
+            log.error("firing schedules failed: %s: %s", type(exc).__name__, exc)
+            self.schedules.applied(None)
+
+    def _write_outcomes(self) -> None:
+        """With the event_outcomes flag: what apply decided in the entries after the last ones the
+        log describes, as Outcomes events (broker/state/outcomes.py), about every OUTCOMES_EVERY_S."""
+        now = self.clock.monotonic()
+        if (
+            self.outcomes is None
+            or now < self._next_outcomes
+            or not self.hooks.feature_enabled(OUTCOMES_FLAG)
+        ):
+            return
+        self._next_outcomes = now + OUTCOMES_EVERY_S
+        since = self._outcomes_sent
+        if since is None:  # our first: from where the log's Outcomes reach
+            since = self.store.outcomes_at()
+            self._outcomes_sent = since
+            covers = self.outcomes.covers_from
+            if since is not None and covers is not None and since < covers:
+                log.info(
+                    "the outcomes of entries after %s and before %s are not known to this broker (it "
+                    "applied them before it started): the pipeline replays them",
+                    "%d:%d" % since,
+                    "%d:%d" % covers,
+                )
+        events: list[dict] = []
+        pairs = 0
+        for position, decided in self.outcomes.after(since):
+            if events and pairs >= OUTCOMES_PAIRS_PER_TURN:
+                self._next_outcomes = now  # the rest at the next turn
+                break
+            events += outcome_events(position, decided)
+            pairs += sum(len(tasks) for _, tasks in decided)
+            self._outcomes_sent = position
+        if events:
+            self._add_internal(events)
+
     def _shutdown_turn(self) -> None:
         """Write ClusterShutdown once everything before it is written; nothing may follow it."""
         if self.shutdown.written:
@@ -372,6 +451,10 @@ class Leadership(ConfirmedReads):
             return
         if context is HOUSEKEEPING_ENTRY:
             self.housekeeping.applied(results if exc is None else None)
+            self._internal_applied(results, exc)
+            return
+        if context is SCHEDULE_ENTRY:
+            self.schedules.applied(results if exc is None else None)
             self._internal_applied(results, exc)
             return
         route, rid, req, started = context

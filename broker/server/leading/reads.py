@@ -1,4 +1,5 @@
-"""The leader's answers to reads from its store: ``get``, ``list_tasks``, ``list_queues``, ``list_workers``.
+"""The leader's answers to reads from its store: ``get``, ``list_tasks``, ``list_queues``, ``list_workers``,
+``list_schedules``.
 
 The leader answers them (a follower says ``not_leader``), so a client reads what
 its own writes did as soon as they were acknowledged. Each is one read
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.protocol import RequestError
+from broker.server.leading.schedules import schedule_rows
 from election.wire import codes
 
 
@@ -45,4 +47,6 @@ def answer(store: Any, housekeeping: Any, req: dict) -> dict:
         for row in rows:  # the leader may have heard from it since its record was written
             row["last_seen_ms"] = max(row["last_seen_ms"], housekeeping.last_heard(row["worker"]) or 0)
         return {"workers": rows, "next": rows[-1]["worker"] if more else None}
+    if op == "list_schedules":
+        return {"schedules": schedule_rows(store.schedules(req["name"]))}
     raise RequestError(codes.E_BAD_REQUEST, f"{op} is not a read")

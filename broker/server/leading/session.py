@@ -52,3 +52,6 @@ class LeaderHooks:
     on_cluster_shutdown: Callable[[str, tuple[int, int]], None]
     on_entry_committed: Callable[..., None] | None = None
     on_internal_applied: Callable[[list[dict]], None] | None = None
+    # Whether the cluster enabled a feature flag: a flag-gated event kind, field or format is emitted
+    # only while this says so (election.features, docs/upgrading.md); a DataWatch's copy, never blocks.
+    feature_enabled: Callable[[str], bool] = lambda name: False

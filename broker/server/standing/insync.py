@@ -210,6 +210,9 @@ class InSyncTracker:
         lags, previous = found[0], (found[1] if len(found) > 1 else {})
         self._previous_position = position
         learners = {broker_id for broker_id, info in live.items() if info.get("learner")}
+        # The thresholds are cluster-wide task settings: a logged change applies at the next check.
+        self.catch_up.max_lag_entries = self.config.max_lag_entries
+        self.catch_up.max_time_not_caught_up = self.config.max_time_not_caught_up_s
         computed = self.catch_up.members(self.broker_id, lags, previous, learners, now)
         members = self.steady.members(self.broker_id, computed, set(live) - learners, self.members)
         if members != self.members:

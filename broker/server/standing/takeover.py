@@ -64,7 +64,7 @@ from election.paths import ClusterPaths
 from ledger.client.facade import LedgerClient
 from ledger.client.writer import LedgerWriter
 from ledger.log import LogConflict, StaleEpoch, read_log, write_log
-from ledger.metadata import CLOSED, NoSuchLedger, live_bookies, read_metadata
+from ledger.metadata import CLOSED, NoSuchLedger, live_bookies, read_metadata_many
 from ledger.placement import placeable
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,8 @@ def recovery_shortfall(zk: KazooClient, paths: ClusterPaths, ids) -> list[tuple[
     """The :class:`RecoveryShortfall` effect: open ledgers of ``ids`` whose last ensemble is too short of live bookies."""
     registered = {str(b.get("bookie_id")) for b in live_bookies(zk, paths)}
     short = []
-    for ledger_id in ids:
-        try:
-            meta, _ = read_metadata(zk, paths, ledger_id)
-        except NoSuchLedger:
-            continue  # recovery says what is wrong with it
+    # Missing ledgers are left out: recovery says what is wrong with them.
+    for ledger_id, meta in read_metadata_many(zk, paths, list(ids)).items():
         if meta.state == CLOSED:
             continue
         need = max(meta.fence_quorum, meta.ack_quorum)
@@ -133,7 +130,11 @@ class RealEffects:
         if isinstance(effect, ReadLog):
             return read_log(self.zk, self.paths)
         if isinstance(effect, LedgerStates):
-            return {i: read_metadata(self.zk, self.paths, i)[0].state for i in effect.ids}
+            found = read_metadata_many(self.zk, self.paths, list(effect.ids))
+            missing = [i for i in effect.ids if i not in found]
+            if missing:
+                raise NoSuchLedger(f"ledger {missing[0]} does not exist")
+            return {i: found[i].state for i in effect.ids}
         if isinstance(effect, RecoverAndClose):
             last = self.ledgers.recover_and_close(effect.ledger_id)
             log.info("recovered ledger %d: last entry %d", effect.ledger_id, last)
@@ -150,9 +151,9 @@ class RealEffects:
         raise TypeError(f"unknown takeover effect {effect!r}")
 
 
-def close_previous_ledgers(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient) -> None:
-    """Recover and close every ledger of the log still open (a previous leader's)."""
-    drive(close_previous(), RealEffects(zk, paths, ledgers))
+def close_previous_ledgers(zk: KazooClient, paths: ClusterPaths, ledgers: LedgerClient) -> int:
+    """Recover and close every ledger of the log still open (a previous leader's); return the log version read."""
+    return drive(close_previous(), RealEffects(zk, paths, ledgers))
 
 
 def open_ledger(
@@ -163,10 +164,21 @@ def open_ledger(
     before_write: Callable[[], None] = lambda: None,
 ) -> LedgerWriter:
     """Create a ledger of our epoch and append it to the log, fenced by our claim (LostLeadership if stale)."""
+    return open_ledger_at(zk, paths, ledgers, claim, before_write)[0]
+
+
+def open_ledger_at(
+    zk: KazooClient,
+    paths: ClusterPaths,
+    ledgers: LedgerClient,
+    claim: EpochClaim,
+    before_write: Callable[[], None] = lambda: None,
+) -> tuple[LedgerWriter, int]:
+    """:func:`open_ledger`, with the version of the log our append replaced."""
     writer = ledgers.create(claim.epoch)
     # A ledger that never makes it into the log holds nothing committed: readers skip it.
-    drive(append_fenced(writer.ledger_id, claim), RealEffects(zk, paths, ledgers, before_write))
-    return writer
+    written = drive(append_fenced(writer.ledger_id, claim), RealEffects(zk, paths, ledgers, before_write))
+    return writer, written - 1
 
 
 def roll_ledger(
@@ -241,12 +253,14 @@ class Takeover:
         claim = claim_epoch(self.zk, self.paths, self.broker_id)
         epoch = claim.epoch
         log.info("elected; taking over with epoch %d", epoch)
-        close_previous_ledgers(self.zk, self.paths, self.ledgers)
+        closed_at = close_previous_ledgers(self.zk, self.paths, self.ledgers)
         catch_up(self.ledgers, self.store, self.step_down)
-        self.writer = open_ledger(self.zk, self.paths, self.ledgers, claim)
-        # A ledger a stale leader added between our recovery and our append was closed by
-        # append_fenced; catch up with what it holds before serving.
-        catch_up(self.ledgers, self.store, self.step_down)
+        self.writer, appended_to = open_ledger_at(self.zk, self.paths, self.ledgers, claim)
+        if appended_to != closed_at:
+            # A ledger a stale leader added between our recovery and our append was closed by
+            # append_fenced; catch up with what it holds before serving. (An unchanged log
+            # holds nothing new: every ledger in it was closed before the catch-up read it.)
+            catch_up(self.ledgers, self.store, self.step_down)
         self.session = self._start_serving(claim, self.writer)
         self.serving = True
         self.server.leader_address = self.config.listen

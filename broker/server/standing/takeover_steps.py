@@ -163,9 +163,14 @@ def ready_to_claim(ensemble_size: int) -> Steps:
 
 
 def close_previous() -> Steps:
-    """The takeover's first recovery: close what the previous leaders left open (before catching up)."""
-    ledgers, _ = yield ReadLog()
+    """The takeover's first recovery: close what the previous leaders left open (before catching up).
+
+    Returns the log version it read: closing changes ledgers' metadata, not the log, so a log
+    still at that version when our ledger is appended holds nothing the catch-up did not see.
+    """
+    ledgers, version = yield ReadLog()
     yield from close_open_ledgers(ledgers)
+    return version
 
 
 def drive(steps: Steps, perform: Callable[[Any], Any]) -> Any:

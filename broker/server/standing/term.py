@@ -166,12 +166,14 @@ class LeaderTerm:
             and session.group is not None
             and session.group.failed is None
         )
+        steps = _StepTimes(self.clock)
         if graceful:
             # Answer what is in flight before handing over, so a graceful stop loses no reply.
             server.draining = True
             deadline = self.clock.monotonic() + DRAIN_S
             while not server.idle() and self.clock.monotonic() < deadline:
                 self.clock.sleep(DRAIN_POLL_S)
+            steps.done("drain")
         done = threading.Event()
 
         def stop_serving() -> None:
@@ -180,16 +182,39 @@ class LeaderTerm:
 
         server.call_soon(stop_serving)
         self.clock.wait(done, STOP_SERVING_S)
+        steps.done("stop serving")
         if writer is not None and graceful:
             try:
                 writer.close(timeout=CLOSE_LEDGER_S)
             except LedgerError as exc:
                 log.warning("closing ledger %d: %s", writer.ledger_id, exc)
+            steps.done("close ledger")
         try:
             retract_leader(self.zk, self.paths)
         except KazooException:
             pass
+        steps.done("retract leader node")
+        if graceful:
+            log.info("stepped down in %s", steps)
         server.leader_address = None
         self.hooks.live_changed()
         if not self.stop.is_set() and not self.running.is_damaged:
             self.running.start_tail()
+
+
+class _StepTimes:
+    """How long each step of ending a term took, for the one line that says it."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._began = self._last = clock.monotonic()
+        self._steps: list[tuple[str, float]] = []
+
+    def done(self, step: str) -> None:
+        now = self._clock.monotonic()
+        self._steps.append((step, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name} {took * 1000:.0f} ms" for name, took in self._steps)
+        return f"{(self._last - self._began) * 1000:.0f} ms ({parts})"

@@ -21,6 +21,11 @@ so every member follows the same one) from the pure rules of
   other store is moved aside (``state.before-init-<time>``, never deleted) and
   the member joins by snapshot from a member that kept its state.
 
+A member without a broker id (an empty disk) takes none before every member it
+waits for is present (:mod:`election.id_gate`): it reports itself as
+``init/members/new-<token>`` until then, and its id comes from above every id the
+kept members re-registered, so no kept store's id is handed out again.
+
 A member that arrives after the decision follows it the same way. An empty
 broker started alone (``wait_for`` <= 1) on a cluster without a log goes straight
 on: that is a new cluster's first start.
@@ -46,6 +51,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from broker import BrokerError
+from broker.server.store.id_turn import NEWCOMER, IdTurn
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged, StoreIncomplete
 from election.cluster_join import (
@@ -59,6 +65,7 @@ from election.cluster_join import (
     classify_store,
     decide_initialization,
 )
+from election.identity import read_identity
 from election.leader import read_epoch
 from election.local.clock import Clock
 from election.local.files import fsync_dir
@@ -154,6 +161,7 @@ class ClusterStart:
         self.token = uuid.uuid4().hex
         # True once this start followed a decision (made with the members present).
         self.decided = False
+        self.id_turn = IdTurn(zk, paths, self.token, self.wait_for, clock, stop)
 
     def run(self, config: dict) -> dict:
         """Return the cluster config to run with, once this broker may go on starting."""
@@ -163,10 +171,16 @@ class ClusterStart:
         decision = self._read_decision()
         if decision is None and kind in (TRANSIENT, EMPTY) and self.wait_for <= 1:
             return config  # a new cluster's first start
+        if self.paths.shard == 0 and read_identity(self.data, self.paths.cluster) is None:
+            # No broker id yet: none before the kept members have taken theirs back (N1).
+            unnamed = MemberStore(0, kind, status, epoch, position, label=str(self.data))
+            decision = self.id_turn.wait(member_doc(unnamed), decision)
         me = MemberStore(self.broker_id(), kind, status, epoch, position, label=str(self.data))
         if decision is None:
             self._publish(me)
             decision = self._decide()
+        else:
+            self.id_turn.leave()
         return self._follow(decision, me, config)
 
     # ------------------------------------------------------------ deciding
@@ -181,6 +195,8 @@ class ClusterStart:
         # wait_for lets `fencepost status` say what the cluster is waiting for; the token
         # names this start, so that an abort decided on it reaches us after its deciders left.
         data = json.dumps({**member_doc(me), "wait_for": self.wait_for, "token": self.token}).encode()
+        if self.id_turn.become(node, data):
+            return
         try:
             self.zk.create(node, data, ephemeral=True, makepath=True)
         except NodeExistsError:
@@ -190,6 +206,8 @@ class ClusterStart:
         """Each present member's report and the token of its start."""
         members = []
         for child in self.zk.get_children(self.paths.init_members):
+            if child.startswith(NEWCOMER):
+                continue  # present without a broker id yet: it takes one before anyone decides
             try:
                 doc = json.loads(self.zk.get(self.paths.init_members + "/" + child)[0])
             except NoNodeError:
@@ -206,7 +224,7 @@ class ClusterStart:
         return doc.get("reason") if self.token in doc.get("tokens", []) else None
 
     def _decide(self) -> dict:
-        said = False
+        said = None  # the count of members present we logged last: say it again when it changes
         changed = threading.Event()
         while not self.stop.is_set():
             decision = self._read_decision()
@@ -223,13 +241,13 @@ class ClusterStart:
                 members = [m for m, _ in present]
                 decision = decide_initialization(members, initial_members=len(members))
                 return self._settle(decision, members, [token for _, token in present])
-            if not said:
+            if said != len(present):
                 log.info(
                     "the cluster has no log: waiting for %d members to decide how it starts (%d present)",
                     self.wait_for,
                     len(present),
                 )
-                said = True
+                said = len(present)
             self.clock.wait(changed, POLL_S)
         raise ClusterStartAborted("stopped while waiting for the cluster's members")
 

@@ -9,6 +9,11 @@ does not know, a bug, a full store): skipping it would diverge silently, and
 retrying cannot help, so :class:`Diverged` names its position and the reason
 and the broker stops (a catching-up leader too).
 
+Reads are sized by :func:`broker.server.store.read_batch.next_read_size`: a tail
+that is behind reads (and applies, in one transaction) more entries each time,
+up to its ``batch``; once caught up it reads one at a time, so an entry is
+applied as soon as it is committed.
+
 An applied ``ClusterShutdown`` (an orderly whole-cluster shutdown) ends the
 tail's batch right after it and is reported through ``on_shutdown``: a member
 of that shutdown stops there, any other broker goes on tailing.
@@ -29,6 +34,7 @@ import threading
 from typing import Callable
 
 from broker import BrokerError
+from broker.server.store.read_batch import FIRST_READ, next_read_size
 from broker.state.events import BadEvent, decode_batch
 from broker.state.store_errors import PositionError, StateDiverged
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -104,11 +110,14 @@ def catch_up(ledgers, store, stop: threading.Event | None = None, batch: int = 5
     """Apply every entry committed now after the store's position; return how many."""
     reader = ledgers.log_reader(after=store.position() or START)
     applied = 0
+    size = min(batch, FIRST_READ)
     while stop is None or not stop.is_set():
-        entries = reader.poll(batch, timeout=0.0)
+        entries = reader.poll(size, timeout=0.0)
         if not entries:
             return applied
         applied += apply_entries(store, entries)
+        # Never down to one here: a short read means all that is committed now was applied.
+        size = max(size, next_read_size(size, len(entries), batch))
     return applied
 
 
@@ -139,29 +148,39 @@ class FollowerTail(threading.Thread):
         # entries (a bookie round trip and a store transaction per few entries, not per entry).
         self.pause_s = pause_s
         self._halt = threading.Event()
+        self._reader = None  # the log reader of the current poll, interrupted by stop()
 
     def stop(self) -> None:
         self._halt.set()
+        reader = self._reader
+        if reader is not None:
+            reader.interrupt()  # a takeover waits for this tail: not for its long poll as well
 
     def run(self) -> None:
         backoff = 0.1
         reader = None
+        size = min(self.batch, FIRST_READ)
         watch = self.on_shutdown is not None
         # A shutdown applied before this tail began (a restart after it) is not news.
         seen = self.store.shutdown_info() if watch else None
         while not self._halt.is_set():
             try:
                 if reader is None:
-                    reader = self.ledgers.log_reader(after=self.store.position() or START)
+                    reader = self._reader = self.ledgers.log_reader(after=self.store.position() or START)
+                    if self._halt.is_set():
+                        break  # stopped while it was made: stop() did not see it
                 # Short, so that a broker taking over stops its tail quickly (the takeover waits for it).
-                entries = reader.poll(self.batch, timeout=0.1)
+                asked = size
+                entries = reader.poll(asked, timeout=0.1)
+                size = next_read_size(asked, len(entries), self.batch)
                 if entries:
                     applied = apply_entries(self.store, entries, stop_at_shutdown=watch)
                     self.on_applied(applied)
                     if applied < len(entries):
                         reader = None  # the rest of this poll was not applied: read it again if we go on
-                    if self.pause_s and len(entries) < self.batch:
+                    if self.pause_s and len(entries) < asked:
                         self.clock.wait(self._halt, self.pause_s)
+                        size = self.batch  # what gathered during the pause comes in one read
                     if watch and self.store.shutdown_info() != seen:
                         seen = self.store.shutdown_info()
                         if self.on_shutdown(seen["shutdown_id"], (seen["position"][0], seen["position"][1])):

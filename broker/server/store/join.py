@@ -7,6 +7,9 @@ installs the newest snapshot first: downloaded from a broker that serves it
 (chunked, checksummed, resumable), verified, and loaded into a fresh state
 directory that replaces the old one only once it is complete, so a failed join
 never leaves a half-installed state. If one source fails the next is tried.
+Only snapshots the log still covers are tried
+(:mod:`broker.server.store.join_choice`); while none does, the joiner says why in
+``snapshots/joining/<broker id>`` (:class:`JoinNotice`, read by `fencepost status`).
 
 Example::
 
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from broker import BrokerError
 from broker.admin.status import request_once
@@ -103,6 +106,51 @@ def log_truncated(zk: KazooClient, paths: ClusterPaths) -> bool:
     return zk.exists(paths.log_start) is not None
 
 
+class JoinNotice:
+    """Why this broker waits to join, in ``snapshots/joining/<broker id>`` (ephemeral) and the log.
+
+    `fencepost status` shows it; :meth:`clear` removes it once a snapshot is installed.
+
+    Example::
+
+        notice = JoinNotice(zk, paths, broker_id, clock)
+        notice.say("waiting for a snapshot that covers the log start (ledger 7): ...")
+        notice.clear()
+    """
+
+    def __init__(self, zk: KazooClient, paths: ClusterPaths, broker_id: int | None, clock: Clock) -> None:
+        self.zk, self.paths, self.broker_id, self.clock = zk, paths, broker_id, clock
+        self.reason: str | None = None
+        self.since: float | None = None
+
+    def say(self, reason: str) -> None:
+        """Publish ``reason`` (logged once each time it changes)."""
+        if reason == self.reason:
+            return
+        log.warning("%s", reason)
+        self.reason, self.since = reason, self.since or self.clock.now()
+        if self.broker_id is None:
+            return
+        doc = json.dumps({"broker_id": self.broker_id, "reason": reason, "since": self.since}).encode()
+        node = self.paths.snapshot_joiner(self.broker_id)
+        try:
+            try:
+                self.zk.create(node, doc, ephemeral=True, makepath=True)
+            except NodeExistsError:
+                self.zk.set(node, doc)
+        except KazooException as exc:  # only the status display suffers: the log has said it
+            log.debug("could not publish the join notice: %s", exc)
+
+    def clear(self) -> None:
+        if self.reason is None or self.broker_id is None:
+            return
+        self.reason = self.since = None
+        try:
+            self.zk.delete(self.paths.snapshot_joiner(self.broker_id))
+        except (NoNodeError, KazooException):
+            pass
+
+
 class ProgressLog:
     """Logs transfer progress about once a second: bytes, total and rate."""
 
@@ -127,10 +175,12 @@ def install_snapshot(
     cluster_id: str,
     request_to: Callable[[str], Callable[[str, dict], dict]],
     clock: Clock = SYSTEM_CLOCK,
+    refuse: Callable[[dict], str | None] | None = None,
 ) -> dict:
     """Download and install the newest snapshot from the first source that works; return its header.
 
-    `request_to(address)` gives a function sending one request to that broker.
+    `request_to(address)` gives a function sending one request to that broker; a snapshot
+    for which `refuse(info)` gives a reason is not downloaded (that source counts as failed).
     The state directory is replaced only after the new one is fully loaded.
     """
     if not sources:
@@ -144,6 +194,7 @@ def install_snapshot(
                 catalog.directory,
                 progress=ProgressLog(f"snapshot from broker {source['broker_id']}", clock),
                 cluster_id=cluster_id,
+                refuse=refuse,
             )
             return _replace_state(path, data_dir, cluster_id, clock)
         except (SnapshotError, BrokerError, OSError) as exc:

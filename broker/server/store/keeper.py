@@ -31,12 +31,14 @@ from kazoo.client import KazooClient
 from broker.server.store.guard import check_status_cluster, check_store_cluster, quarantine
 from broker.server.store.join import (
     JoinError,
+    JoinNotice,
     broker_requester,
     install_snapshot,
     log_truncated,
     needs_snapshot,
     snapshot_sources,
 )
+from broker.server.store.join_choice import choose_sources, covers_log_start, describe_log_start
 from broker.state.crash_check import machine_crashed, mark_in_use, verify_in_child
 from broker.state.restore import restore_snapshot
 from broker.state.store import StateStore
@@ -50,7 +52,8 @@ from snapshots.catalog import SnapshotCatalog
 
 log = logging.getLogger(__name__)
 
-# How long a store that needs a snapshot waits for a broker able to serve one.
+# How long a store that needs a snapshot keeps trying sources that offer one and fail. While no
+# source offers a snapshot the log covers it waits without limit, saying why (join_choice).
 JOIN_PATIENCE_S = 120.0
 
 
@@ -85,6 +88,10 @@ class StoreKeeper:
         # The report of the full verification that :meth:`verified` ran on the store it returned
         # (one not closed in order), else None: the start's check then runs in the background.
         self.verified_report: dict | None = None
+        # The header of the snapshot installed last, and the checksums of snapshots found too old
+        # after they were installed (a joiner never installs one of them again).
+        self.installed: dict | None = None
+        self.refused: set[int] = set()
 
     def attach(self, broker_id: int, catalog: SnapshotCatalog) -> None:
         """What rebuilding needs once the broker knows who it is: its id and its snapshots."""
@@ -204,25 +211,61 @@ class StoreKeeper:
     def open(self, join: bool, store: StateStore | None = None) -> StateStore:
         """The store, first installing a snapshot if the log alone cannot bring it up to date."""
         store = store or self.new_store()
-        log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
-        if not join or not needs_snapshot(
-            store.position(), log_ids, log_truncated(self.zk, self.paths), log_seed(self.zk, self.paths)
-        ):
+        log_ids, truncated, seed = self._log_view()
+        if not join or not needs_snapshot(store.position(), log_ids, truncated, seed):
             return store
+        installed = self.installed
+        if installed is not None and tuple(store.position() or ()) == tuple(installed["position"]):
+            # The snapshot we installed last is older than the log start by now: never again.
+            self.refused.add(installed["checksum"])
         log.info("store at %s is not covered by the log %s: installing a snapshot", store.position(), log_ids)
         store.close()
-        deadline = self.clock.monotonic() + JOIN_PATIENCE_S
-        while True:
-            sources = snapshot_sources(self.zk, self.paths, self.broker_id)
-            try:
-                install_snapshot(
-                    sources, self.data, self.cluster_id, request_to=broker_requester, clock=self.clock
-                )
-                break
-            except JoinError as exc:
-                # The brokers that serve snapshots may be restarting: wait for one, for a while.
-                if self.clock.monotonic() > deadline or self.stop.is_set():
-                    raise
-                log.warning("%s; trying again", exc)
-                self.clock.wait(self.stop, 2.0)
+        self._install_covering()
         return self.new_store()
+
+    def _log_view(self) -> tuple[list[int], bool, tuple[int, int] | None]:
+        """The log's ledger ids, whether ledgers were ever deleted, and its seed."""
+        log_ids = [x["id"] for x in read_log(self.zk, self.paths)[0]]
+        return log_ids, log_truncated(self.zk, self.paths), log_seed(self.zk, self.paths)
+
+    def _install_covering(self) -> None:
+        """Install a snapshot that covers the log start, waiting (and saying why) while none does."""
+        notice = JoinNotice(self.zk, self.paths, self.broker_id, self.clock)
+        deadline = None  # the patience counts only while sources are offered and fail
+        try:
+            while True:
+                log_ids, truncated, seed = self._log_view()
+                sources = snapshot_sources(self.zk, self.paths, self.broker_id)
+                choice = choose_sources(sources, log_ids, truncated, seed, self.refused)
+                if self.stop.is_set():
+                    raise JoinError(f"stopped before joining: {choice.reason or 'a snapshot was offered'}")
+                if choice.sources:
+                    try:
+                        self.installed = install_snapshot(
+                            list(choice.sources),
+                            self.data,
+                            self.cluster_id,
+                            request_to=broker_requester,
+                            clock=self.clock,
+                            refuse=lambda info: _too_old(info, log_ids, truncated, seed),
+                        )
+                        return
+                    except JoinError as exc:
+                        # The brokers that serve snapshots may be restarting: wait for one, for a while.
+                        deadline = deadline or self.clock.monotonic() + JOIN_PATIENCE_S
+                        if self.clock.monotonic() > deadline:
+                            raise
+                        notice.say(f"{exc}; trying again")
+                else:
+                    deadline = None
+                    notice.say(choice.reason)
+                self.clock.wait(self.stop, 2.0)
+        finally:
+            notice.clear()
+
+
+def _too_old(info: dict, log_ids: list[int], truncated: bool, seed: tuple[int, int] | None) -> str | None:
+    """Why the snapshot a source offers (``snapshot_info``) is of no use to a joiner, or None."""
+    if covers_log_start(info["position"], log_ids, truncated, seed):
+        return None
+    return f"its position {tuple(info['position'])} is older than the log start ({describe_log_start(log_ids, seed)})"
