@@ -2,7 +2,7 @@
 
 from concurrent.futures import Future
 
-from broker.server.leading.commit_timings import CommitTimings, percentile
+from broker.server.leading.commit_timings import COMMIT_BOUNDS_MS, CommitTimings, percentile
 from broker.server.leading.group_commit import GroupCommit
 from tests.support.clock import FakeClock
 
@@ -17,6 +17,17 @@ def test_percentile_and_summary_over_a_window():
     assert out["entries"] == 3 and out["events_per_entry"] == 13.0
     assert out["gather"] == {"p50_ms": 3.0, "p99_ms": 4.0}
     assert out["ledger"]["p50_ms"] == 2.0 and out["apply"]["p99_ms"] == 0.5
+
+
+def test_the_commit_histogram_counts_every_entry_since_the_start_by_its_whole_commit_time():
+    timings = CommitTimings(window=2)
+    for total_ms in (0.3, 0.5, 4.0, 4.0, 20_000.0):  # 0.5 ms is at most the first bound: its bucket
+        timings.record(gather=0.0, ledger=total_ms / 1000, wake=0.0, apply=0.0, events=1)
+    histogram = timings.summary()["commit_histogram"]
+    assert histogram["bounds_ms"] == list(COMMIT_BOUNDS_MS)
+    counts = histogram["counts"]
+    assert len(counts) == len(COMMIT_BOUNDS_MS) + 1 and sum(counts) == 5  # not only the window's
+    assert counts[0] == 2 and counts[COMMIT_BOUNDS_MS.index(5)] == 2 and counts[-1] == 1
 
 
 class Writer:
