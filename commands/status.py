@@ -40,7 +40,7 @@ def status(zk, cluster, dev_dir, as_json) -> None:
     "--listen",
     default="127.0.0.1:8080",
     show_default=True,
-    help="HOST:PORT to serve the page on (port 0: a free one). The page has no authentication: "
+    help="HOST:PORT to serve the page on (port 0: a free one). Reading the page needs no key: "
     "keep it on loopback or a private network.",
 )
 @click.option(
@@ -48,30 +48,53 @@ def status(zk, cluster, dev_dir, as_json) -> None:
     default=1.0,
     show_default=True,
     type=click.FloatRange(0.2, 60),
-    help="Seconds between two reads of the cluster.",
+    help="Seconds between two reads of the cluster (and two samples of its charts).",
+)
+@click.option(
+    "--api-keys-file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True),
+    help="The API keys file of `fencepost api`: with it, the page's actions (retry a dead task, "
+    "requeue a queue's dead tasks, purge its finished ones) run for a key whose role may (admin). "
+    "Without it the page only reads.",
 )
 @cluster_options
-def dashboard(listen, interval, zk, cluster, dev_dir) -> None:
-    """A live, read-only web page of the cluster: leader, epoch, brokers (role, lag, in-sync), bookies,
-    queues (depths and rates), recent failovers. Runs until Ctrl-C or SIGTERM."""
+def dashboard(listen, interval, api_keys_file, zk, cluster, dev_dir) -> None:
+    """A live web page of the cluster: leader, epoch, brokers (role, lag, in-sync), bookies, queues
+    (depths and rates), recent failovers, and charts of the last 15 minutes (submit, complete and dead
+    rates per queue, queue depth, commit latency p50/p99, leader changes marked). Runs until Ctrl-C or
+    SIGTERM."""
+    from pathlib import Path
+
     from broker import BrokerError
     from broker.admin.dashboard import run_dashboard
     from broker.admin.dashboard.server import parse_listen
+    from broker.api.client import Client
+    from election.secure.api_keys import ApiKeyRing
     from election.zk import close, connect
 
     try:
         parse_listen(listen)
     except BrokerError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from None
+    keys = ApiKeyRing(Path(api_keys_file)) if api_keys_file else None
     hosts, name = resolve_cluster(zk, cluster, dev_dir)
-    client = connect(hosts, connect_timeout=5.0)
+    zk_client = connect(hosts, connect_timeout=5.0)
+    client = Client(zk=hosts, cluster=name) if keys is not None else None
     try:
         run_dashboard(
-            client,
+            zk_client,
             name,
             listen,
             interval,
-            ready=lambda url: click.echo(f"dashboard of cluster {name} on {url}"),
+            ready=lambda url: click.echo(
+                f"dashboard of cluster {name} on {url}"
+                + (f" (actions for {len(keys)} API keys)" if keys is not None else " (read-only)")
+            ),
+            client=client,
+            api_keys=keys,
         )
     finally:
-        close(client)
+        if client is not None:
+            client.close()
+        close(zk_client)

@@ -1,8 +1,9 @@
 """The dashboard's pieces without a cluster: queue rates, the shards' answers merged, failovers named by
-shard, and what the HTTP server serves."""
+shard, what the HTTP server serves, and its actions' key checks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import urllib.error
@@ -12,6 +13,7 @@ import pytest
 
 from broker import BrokerError
 from broker.admin.dashboard import view
+from broker.admin.dashboard.actions import DashboardActions
 from broker.admin.dashboard.leaders import (
     DEAD_SHOWN,
     LeaderAnswer,
@@ -19,8 +21,10 @@ from broker.admin.dashboard.leaders import (
     merged_queues,
     merged_workers,
 )
-from broker.admin.dashboard.server import DashboardServer, parse_listen
+from broker.admin.dashboard.server import DashboardServer, build_app, parse_listen
 from broker.admin.dashboard.view import ClusterWatcher, QueueRates
+from broker.state.events import FINAL_STATES
+from election.secure.api_keys import ApiKeyRing, add_api_key
 from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
@@ -142,27 +146,111 @@ class _Watcher:
         return json.dumps({"cluster": "c", "leader": None}).encode()
 
 
-def test_server_serves_the_page_the_snapshot_and_nothing_else():
-    server = DashboardServer("127.0.0.1:0", _Watcher())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+class _Sampler:
+    def charts_json(self) -> bytes:
+        return json.dumps({"window_s": 900.0, "t": [1.0]}).encode()
+
+
+class _Client:
+    """What the actions call: records each call, answers as a cluster would."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def retry(self, task_id: str) -> dict:
+        self.calls.append(("retry", task_id))
+        return {"task_id": task_id, "state": "waiting", "attempt": 1, "duplicate": False, "rid": 7}
+
+    def requeue_dead(self, queue: str) -> int:
+        self.calls.append(("requeue_dead", queue))
+        return 3
+
+    def purge(self, queue: str, states) -> int:
+        self.calls.append(("purge", queue, tuple(states)))
+        return 5
+
+
+@contextlib.contextmanager
+def _serving(actions: DashboardActions):
+    server = DashboardServer("127.0.0.1:0", build_app(_Watcher(), _Sampler(), actions))
+    ready = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(lambda url: ready.set(),), daemon=True)
+    thread.start()
+    assert ready.wait(10), "the dashboard server did not start"
     try:
-        with urllib.request.urlopen(server.url, timeout=5) as resp:
+        yield server.url
+    finally:
+        server.stop()
+        thread.join(10)
+
+
+def _post(url: str, body: dict, key: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_server_serves_the_page_the_snapshot_the_charts_and_nothing_else():
+    with _serving(DashboardActions(None, None)) as url:
+        with urllib.request.urlopen(url, timeout=5) as resp:
             page = resp.read().decode()
             assert "default-src 'none'" in resp.headers["Content-Security-Policy"]
             assert resp.headers["X-Content-Type-Options"] == "nosniff"
-        assert '<script src="/dashboard.js">' in page and "http" not in page.split("<body>")[1]
-        for path in ("dashboard.js", "dashboard.css", "favicon.svg"):
-            with urllib.request.urlopen(server.url + path, timeout=5) as resp:
+        body = page.split("<body>")[1]
+        assert '<script src="/charts.js">' in body and '<script src="/dashboard.js">' in body
+        assert "http" not in body
+        for path in ("dashboard.js", "charts.js", "dashboard.css", "favicon.svg"):
+            with urllib.request.urlopen(url + path, timeout=5) as resp:
                 assert resp.status == 200 and resp.read()
-        with urllib.request.urlopen(server.url + "api/cluster", timeout=5) as resp:
+                assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+        with urllib.request.urlopen(url + "api/cluster", timeout=5) as resp:
             assert resp.headers["Content-Type"] == "application/json"
             assert json.loads(resp.read()) == {"cluster": "c", "leader": None}
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(server.url + "../setup.cfg", timeout=5)
-        assert err.value.code == 404
-        with urllib.request.urlopen(server.url + "dashboard.js", timeout=5) as resp:
-            script = resp.read().decode()
-        assert "innerHTML" not in script and "http" not in script  # text only, nothing fetched from elsewhere
-    finally:
-        server.shutdown()
-        server.server_close()
+        with urllib.request.urlopen(url + "api/charts", timeout=5) as resp:
+            assert json.loads(resp.read()) == {"window_s": 900.0, "t": [1.0]}
+        for path in ("../setup.cfg", "api/nothing"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(url + path, timeout=5)
+            assert err.value.code == 404
+        for name in ("dashboard.js", "charts.js"):
+            with urllib.request.urlopen(url + name, timeout=5) as resp:
+                script = resp.read().decode()
+            # Text only, and nothing fetched from elsewhere (the SVG namespace comes from the page's own svg).
+            assert "innerHTML" not in script and "http" not in script
+
+
+def test_actions_need_a_listed_key_whose_role_may_and_then_run_through_the_client(tmp_path):
+    keys_file = tmp_path / "api.keys"
+    admin = add_api_key(keys_file, "admin", "ops")
+    producer = add_api_key(keys_file, "producer", "shop")
+    client = _Client()
+    with _serving(DashboardActions(client, ApiKeyRing(keys_file))) as url:
+        assert _post(url + "api/actions/retry", {"task_id": "t1"})[0] == 401
+        assert _post(url + "api/actions/retry", {"task_id": "t1"}, "fpk_" + "x" * 43)[0] == 401
+        status, doc = _post(url + "api/actions/requeue-dead", {"queue": "mail"}, producer)
+        assert (status, doc["error"]) == (403, "forbidden") and "admin" in doc["message"]
+        assert client.calls == []  # nothing reached the cluster
+        assert _post(url + "api/actions/retry", {"task_id": "t1"}, admin) == (
+            200,
+            {
+                "ok": True,
+                "action": "retry",
+                "task_id": "t1",
+                "state": "waiting",
+                "attempt": 1,
+                "duplicate": False,
+            },
+        )
+        assert _post(url + "api/actions/requeue-dead", {"queue": "mail"}, admin)[1]["requeued"] == 3
+        assert _post(url + "api/actions/purge-finished", {"queue": "mail"}, admin)[1]["purged"] == 5
+        assert client.calls == [("retry", "t1"), ("requeue_dead", "mail"), ("purge", "mail", FINAL_STATES)]
+        assert _post(url + "api/actions/purge-finished", {"queue": 3}, admin)[0] == 400
+        assert _post(url + "api/actions/retry", {"task_id": "bad id!"}, admin)[0] == 400
+        assert _post(url + "api/actions/drop-everything", {}, admin)[0] == 404
+    with _serving(DashboardActions(None, None)) as url:  # started without --api-keys-file
+        status, doc = _post(url + "api/actions/retry", {"task_id": "t1"}, admin)
+        assert status == 401 and "--api-keys-file" in doc["message"]

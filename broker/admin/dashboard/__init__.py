@@ -1,10 +1,13 @@
-"""`fencepost dashboard`: a live, read-only web page of one cluster.
+"""`fencepost dashboard`: a live web page of one cluster, with charts and three confirmed actions.
 
 :mod:`broker.admin.dashboard.view` takes a snapshot of the cluster every second (ZooKeeper
 and the leader's ``status``; on a cluster of several shards, every shard's leader and a row
-per shard); :mod:`broker.admin.dashboard.server` serves the page
-(``static/``, shipped in the package) and the snapshot as ``/api/cluster``, which the
-page polls. Nothing on the page can change the cluster.
+per shard); :mod:`broker.admin.dashboard.sampler` asks every live broker for its ``status``
+each interval and keeps 15 minutes of samples in this process
+(:mod:`broker.admin.dashboard.history`: rates, depths, commit latency, leader changes);
+:mod:`broker.admin.dashboard.server` serves the page (``static/``, shipped in the package),
+both as JSON, and the actions (:mod:`broker.admin.dashboard.actions`), which need an API key
+with the op's rights from ``api_keys`` (without one, the page only reads).
 
 Example::
 
@@ -14,8 +17,7 @@ Example::
 from __future__ import annotations
 
 import logging
-import signal
-import threading
+from typing import Callable
 
 from kazoo.client import KazooClient
 
@@ -27,26 +29,32 @@ def run_dashboard(
     cluster: str,
     listen: str = "127.0.0.1:8080",
     interval: float = 1.0,
-    ready=lambda url: None,
+    ready: Callable[[str], None] = lambda url: None,
+    client=None,
+    api_keys=None,
 ) -> None:
-    """Serve the dashboard of ``cluster`` on ``listen`` until SIGTERM/SIGINT; ``ready(url)`` once it listens."""
-    from broker.admin.dashboard.server import DashboardServer
+    """Serve the dashboard of ``cluster`` on ``listen`` until SIGTERM/SIGINT; ``ready(url)`` once it listens.
+
+    ``client`` (a :class:`broker.api.client.Client` of the cluster) and ``api_keys`` (an
+    :class:`election.secure.api_keys.ApiKeyRing`) enable the actions; the caller closes the client."""
+    from broker.admin.dashboard.actions import DashboardActions
+    from broker.admin.dashboard.sampler import MetricsSampler
+    from broker.admin.dashboard.server import DashboardServer, build_app
     from broker.admin.dashboard.view import ClusterWatcher
 
     watcher = ClusterWatcher(zk, cluster, interval=interval)
-    server = DashboardServer(listen, watcher)
+    sampler = MetricsSampler(zk, cluster, interval=interval)
+    actions = DashboardActions(client, api_keys if client is not None else None)
+    server = DashboardServer(listen, build_app(watcher, sampler, actions))
     watcher.start()
-    threading.Thread(target=server.serve_forever, name="dashboard-http", daemon=True).start()
-    done = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-    log.info("dashboard of cluster %s on %s", cluster, server.url)
-    ready(server.url)
+    sampler.start()
+
+    def listening(url: str) -> None:
+        log.info("dashboard of cluster %s on %s", cluster, url)
+        ready(url)
+
     try:
-        while not done.wait(0.5):  # short waits: the signal handler runs between them
-            pass
+        server.serve(listening)  # uvicorn stops on SIGTERM and SIGINT
     finally:
-        server.shutdown()
-        server.server_close()
+        sampler.stop()
         watcher.stop()

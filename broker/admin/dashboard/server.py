@@ -1,26 +1,49 @@
-"""The dashboard's HTTP server: the page, its script and style, and ``/api/cluster`` (JSON).
+"""The dashboard's HTTP server: Starlette on uvicorn, as the HTTP API (:mod:`broker.admin.http_api`).
 
-The standard library's :class:`http.server.ThreadingHTTPServer` is enough here: the
-page is read-only, polls one small JSON document a second, and a handful of people
-look at it at once; every request is answered from memory (the static files read
-once at start, the snapshot a bytes object the watcher replaces). Every response
-carries a Content-Security-Policy allowing only this origin's script and style, so
-even a value that slipped past the page's escaping could not run as script.
+Routes:
+
+- ``GET /``, ``/dashboard.js``, ``/charts.js``, ``/dashboard.css``, ``/favicon.svg``: the page, read
+  once at start from the installed package (``static/``);
+- ``GET /api/cluster``: the cluster now (:class:`broker.admin.dashboard.view.ClusterWatcher`);
+- ``GET /api/charts``: the last 15 minutes (:class:`broker.admin.dashboard.sampler.MetricsSampler`);
+- ``POST /api/actions/{retry|requeue-dead|purge-finished}``: a JSON body (``task_id`` or ``queue``)
+  and an API key (:mod:`broker.admin.dashboard.actions`); answers ``{"ok": true, ...}`` or
+  ``{"ok": false, "error": CODE, "message": TEXT}`` with the HTTP status of the code.
+
+Every response carries a Content-Security-Policy allowing only this origin's script, style and
+requests, so even a value that slipped past the page's escaping could not run as script, and the
+page can fetch nothing from elsewhere (its charts are its own SVG).
 
 Example::
 
-    server = DashboardServer("127.0.0.1:8080", watcher)
-    server.serve_forever()        # until server.shutdown() from another thread
+    server = DashboardServer("127.0.0.1:8080", build_app(watcher, sampler, actions))
+    server.serve(ready=lambda url: print(url))   # until SIGTERM/SIGINT, or server.stop() from elsewhere
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import re
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from typing import Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from broker import BrokerError
+from broker.admin.dashboard.actions import DashboardActions
+from broker.admin.http_api import ApiRequestError
+from broker.admin.http_api.parsing import parse_json_object
+from broker.admin.http_api.statuses import status_of
+from broker.api.requests import ClientError
+from election.wire.codes import E_INTERNAL, E_OVERSIZED
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +51,7 @@ _LISTEN = re.compile(r"\A(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/charts.js": ("charts.js", "text/javascript; charset=utf-8"),
     "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
     "/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
@@ -39,6 +63,9 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+JSON_TYPE = "application/json"
+MAX_ACTION_BODY_BYTES = 4096
+READY_POLL_S = 0.02
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -55,53 +82,107 @@ def load_static() -> dict[str, tuple[bytes, str]]:
     return {path: ((files / name).read_bytes(), ctype) for path, (name, ctype) in STATIC.items()}
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: "DashboardServer"
-    server_version = "fencepost-dashboard"
-    sys_version = ""
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = self.path.split("?", 1)[0]
-        if path == "/api/cluster":
-            self._answer(200, self.server.watcher.latest_json(), "application/json")
-        elif path in self.server.static:
-            body, ctype = self.server.static[path]
-            self._answer(200, body, ctype)
-        else:
-            self._answer(404, b"not found\n", "text/plain; charset=utf-8")
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self.do_GET()
-
-    def _answer(self, code: int, body: bytes, ctype: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in HEADERS.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, fmt: str, *args) -> None:
-        log.debug("%s %s", self.address_string(), fmt % args)
+def _answer(body: bytes, ctype: str, status: int = 200) -> Response:
+    return Response(body, status, headers=HEADERS, media_type=ctype)
 
 
-class DashboardServer(ThreadingHTTPServer):
-    """Serves the page for ``watcher`` (a :class:`broker.admin.dashboard.view.ClusterWatcher`) on ``listen``."""
+def _json(doc: dict, status: int = 200) -> Response:
+    return _answer(json.dumps(doc, default=str).encode(), JSON_TYPE, status)
 
-    daemon_threads = True
 
-    def __init__(self, listen: str, watcher) -> None:
-        host, port = parse_listen(listen)
-        self.watcher = watcher
-        self.static = load_static()
+def _refusal(code: str, message: str) -> Response:
+    return _json({"ok": False, "error": code, "message": message}, status_of(code))
+
+
+def build_app(watcher, sampler, actions: DashboardActions) -> Starlette:
+    """The dashboard's application over a ``watcher`` (``latest_json()``), a ``sampler``
+    (``charts_json()``) and its ``actions``."""
+    static = load_static()
+
+    def serve_static(path: str) -> Callable:
+        body, ctype = static[path]
+
+        async def handler(_request: Request) -> Response:
+            return _answer(body, ctype)
+
+        return handler
+
+    async def cluster(_request: Request) -> Response:
+        return _answer(watcher.latest_json(), JSON_TYPE)
+
+    async def charts(_request: Request) -> Response:
+        return _answer(sampler.charts_json(), JSON_TYPE)
+
+    async def action(request: Request) -> Response:
+        name = request.path_params["action"]
         try:
-            super().__init__((host, port), _Handler)
-        except OSError as exc:
-            raise BrokerError(f"cannot serve the dashboard on {listen}: {exc}") from None
+            actions.authorize(name, request.headers.get("authorization"))
+            body = await request.body()
+            if len(body) > MAX_ACTION_BODY_BYTES:
+                raise ApiRequestError(
+                    E_OVERSIZED, f"an action's body is at most {MAX_ACTION_BODY_BYTES} bytes"
+                )
+            done = await run_in_threadpool(actions.perform, name, parse_json_object(body))
+        except ApiRequestError as exc:
+            return _refusal(exc.code, exc.message)
+        except ClientError as exc:
+            return _refusal(exc.code, exc.message)
+        except Exception:
+            log.exception("dashboard action %s failed", name)
+            return _refusal(E_INTERNAL, "the dashboard failed on this action (see its log)")
+        return _json({"ok": True, "action": name, **done})
 
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+    async def http_error(_request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return _answer(
+            b"not found\n" if status == 404 else b"not allowed\n", "text/plain; charset=utf-8", status
+        )
+
+    routes = [Route(path, serve_static(path), methods=["GET"]) for path in STATIC]
+    routes += [
+        Route("/api/cluster", cluster, methods=["GET"]),
+        Route("/api/charts", charts, methods=["GET"]),
+        Route("/api/actions/{action}", action, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+class DashboardServer:
+    """uvicorn serving ``app`` on ``listen`` (one event loop; every answer but an action's from memory)."""
+
+    def __init__(self, listen: str, app: Starlette) -> None:
+        self.host, port = parse_listen(listen)
+        self.listen = listen
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(config)
+        self.url: str | None = None
+
+    def serve(self, ready: Callable[[str], None] = lambda url: None) -> None:
+        """Serve until SIGTERM/SIGINT (in the main thread) or :meth:`stop`; ``ready(url)`` once it listens."""
+        asyncio.run(self._serve(ready))
+        if self.url is None:
+            raise BrokerError(f"cannot serve the dashboard on {self.listen} (see the log)")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+
+    async def _serve(self, ready: Callable[[str], None]) -> None:
+        serving = asyncio.create_task(self._server.serve())
+        # uvicorn binds its sockets during its own start-up, with no hook of its own after the bind.
+        while not self._server.started and not serving.done():
+            await asyncio.sleep(READY_POLL_S)
+        if self._server.started:
+            port = self._server.servers[0].sockets[0].getsockname()[1]
+            shown = f"[{self.host}]" if ":" in self.host else self.host
+            self.url = f"http://{shown}:{port}/"
+            ready(self.url)
+        await serving

@@ -1,4 +1,5 @@
-// fencepost dashboard: polls /api/cluster every second and redraws the page.
+// fencepost dashboard: polls /api/cluster every second and /api/charts every two, and redraws the page;
+// its three actions (retry, requeue dead, purge finished) are confirmed, then sent with the key typed in.
 // Every value from the cluster goes into the page as text (textContent), never as HTML.
 "use strict";
 (function () {
@@ -96,7 +97,7 @@
     const others = [...seen].filter((s) => !STATE_ORDER.includes(s)).sort();
     const states = STATE_ORDER.filter((s) => seen.has(s)).concat(others);
     const head = document.createElement("tr");
-    ["queue", ...states, ...RATE_COLUMNS.map((c) => c[1])].forEach((h) => {
+    ["queue", ...states, ...RATE_COLUMNS.map((c) => c[1]), "actions"].forEach((h) => {
       const th = document.createElement("th");
       th.textContent = h;
       head.appendChild(th);
@@ -104,7 +105,7 @@
     $("queues-head").replaceChildren(head);
     if (!names.length) {
       const td = cell("no queues (or the leader is not answering)", "muted");
-      td.colSpan = 1 + states.length + RATE_COLUMNS.length;
+      td.colSpan = 2 + states.length + RATE_COLUMNS.length;
       $("queues").replaceChildren(row([td]));
       return;
     }
@@ -112,8 +113,73 @@
       cell(n),
       ...states.map((s) => cell(queues[n][s] || 0, "num" + (s === "dead" && queues[n][s] ? " bad" : ""))),
       ...RATE_COLUMNS.map((c) => cell(((rates || {})[n] || {})[c[0]], "num")),
+      actionCell(
+        actionButton("requeue dead", "requeue-dead", { queue: n },
+          "Requeue every dead task of queue " + n + "?"),
+        actionButton("purge finished", "purge-finished", { queue: n },
+          "Delete every finished task (done, failed, dead, cancelled, expired) of queue " + n + "?"),
+      ),
     ])));
   }
+
+  // Actions: a button asks for confirmation; the request carries the key typed on the page.
+  let pending = null;
+
+  function actionButton(text, action, body, question) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = text;
+    button.className = "action";
+    button.dataset.action = action;
+    button.addEventListener("click", () => {
+      pending = { action: action, body: body };
+      $("confirm-text").textContent = question;
+      $("confirm-dialog").showModal();
+    });
+    return button;
+  }
+
+  function actionCell(...buttons) {
+    const td = document.createElement("td");
+    buttons.forEach((b) => td.appendChild(b));
+    return td;
+  }
+
+  function showOutcome(ok, text) {
+    const el = $("action-result");
+    el.textContent = text;
+    el.className = ok ? "good" : "bad";
+    el.dataset.outcome = ok ? "done" : "refused";
+  }
+
+  function describe(doc) {
+    if (doc.action === "retry") return "task " + doc.task_id + " is " + doc.state + " again";
+    if (doc.action === "requeue-dead") return doc.requeued + " dead tasks of " + doc.queue + " requeued";
+    return doc.purged + " finished tasks of " + doc.queue + " purged";
+  }
+
+  async function confirmed() {
+    $("confirm-dialog").close();
+    const asked = pending;
+    pending = null;
+    if (!asked) return;
+    const key = $("admin-key").value.trim();
+    const headers = { "Content-Type": "application/json" };
+    if (key) headers.Authorization = "Bearer " + key;
+    try {
+      const response = await fetch("/api/actions/" + asked.action, {
+        method: "POST", headers: headers, body: JSON.stringify(asked.body), cache: "no-store",
+      });
+      const doc = await response.json();
+      if (doc.ok) showOutcome(true, "done: " + describe(doc));
+      else showOutcome(false, "refused (" + response.status + " " + doc.error + "): " + doc.message);
+    } catch (err) {
+      showOutcome(false, "the dashboard did not answer: " + err);
+    }
+  }
+
+  $("confirm-yes").addEventListener("click", confirmed);
+  $("confirm-no").addEventListener("click", () => { pending = null; $("confirm-dialog").close(); });
 
   function when(ms) {
     return typeof ms === "number" && ms > 0 ? new Date(ms).toLocaleString() : null;
@@ -131,8 +197,9 @@
   }
 
   function renderDeadTasks(tasks) {
-    renderRows("dead-tasks", tasks, 5, (t) => [
+    renderRows("dead-tasks", tasks, 6, (t) => [
       cell(t.id), cell(t.queue), cell(t.attempts, "num"), cell(when(t.finished_ms)), cell(t.error, "bad"),
+      actionCell(actionButton("retry", "retry", { task_id: t.id }, "Retry dead task " + t.id + "?")),
     ], "none");
   }
 
@@ -212,5 +279,48 @@
     }
   }
 
+  const CHARTS_POLL_MS = 2000;
+  const RATE_CHARTS = [["submit", "chart-submit"], ["complete", "chart-complete"], ["dead", "chart-dead"]];
+
+  function leaderMarkers(changes) {
+    return changes.map((c) => ({
+      t: c.t,
+      text: new Date(c.t * 1000).toLocaleTimeString() + ": broker " + c.leader + " leads " +
+        (c.shard ? "shard " + c.shard + ", " : "") + "epoch " + c.epoch + " (after broker " + c.previous + ")",
+    }));
+  }
+
+  function drawChart(id, doc, series, unit) {
+    FencepostCharts.draw($(id), $(id + "-legend"), {
+      times: doc.t, end: doc.t.length ? doc.t[doc.t.length - 1] : Date.now() / 1000, windowS: doc.window_s,
+      unit: unit, series: series, markers: leaderMarkers(doc.leader_changes),
+    });
+  }
+
+  function renderCharts(doc) {
+    const perQueue = (table) => doc.queues.map((q) => ({ name: q, values: table[q] }));
+    RATE_CHARTS.forEach(([rate, id]) => drawChart(id, doc, perQueue(doc[rate]), "/s"));
+    drawChart("chart-depth", doc, perQueue(doc.depth), "");
+    drawChart("chart-commit", doc, [
+      { name: "p50", values: doc.commit_p50_ms }, { name: "p99", values: doc.commit_p99_ms },
+    ], "ms");
+    $("leader-changes").textContent = doc.leader_changes.length
+      ? "Leader changes in the window (dashed lines): " + leaderMarkers(doc.leader_changes).map((m) => m.text).join("; ")
+      : "No leader change in the window.";
+  }
+
+  async function pollCharts() {
+    try {
+      const response = await fetch("/api/charts", { cache: "no-store" });
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      renderCharts(await response.json());
+    } catch (err) {
+      // The dashboard process itself is away: the charts keep their last drawing.
+    } finally {
+      setTimeout(pollCharts, CHARTS_POLL_MS);
+    }
+  }
+
   poll();
+  pollCharts();
 })();
