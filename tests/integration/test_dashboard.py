@@ -1,5 +1,7 @@
 """`fencepost dashboard` in a real headless Chromium: it loads without console errors, shows the
 leader, a dead task's error as text, the workers, and the new leader within seconds of a leader SIGKILL;
+its charts are drawn after load, mark the leader change of a SIGKILL (still after a reload), and its
+retry is refused without an admin key and done with one;
 on a 2-shard dev cluster, a row per shard, queues and dead tasks of both shards, the worker once, and
 the failover of the shard whose leader was killed."""
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 
 import pytest
 
@@ -22,6 +25,7 @@ from election.zk import close as zk_close
 from election.zk import connect as zk_connect
 from tests.support.browser import chromium
 from tests.support.harness import START_TIMEOUT_S, call, wait_for
+from tests.support.http_api import api_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -80,6 +84,138 @@ def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):
 
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors
+
+
+CHARTS = ("chart-submit", "chart-complete", "chart-dead", "chart-depth", "chart-commit")
+
+
+def _points(driver, chart: str) -> int:
+    from selenium.webdriver.common.by import By
+
+    return int(driver.find_element(By.ID, chart).get_attribute("data-points") or 0)
+
+
+def _act(driver, button_css: str, key: str) -> str:
+    """Type ``key``, press the button (rows are redrawn each second: pressed again if it was replaced),
+    confirm, and return the outcome the page shows once it has one."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    field = driver.find_element(By.ID, "admin-key")
+    field.clear()
+    field.send_keys(key)
+    driver.execute_script("document.getElementById('action-result').removeAttribute('data-outcome')")
+
+    def pressed(d) -> bool:
+        try:
+            d.find_element(By.CSS_SELECTOR, button_css).click()
+        except StaleElementReferenceException:
+            return False
+        return d.find_element(By.ID, "confirm-dialog").is_displayed()
+
+    WebDriverWait(driver, 10).until(pressed)
+    driver.find_element(By.ID, "confirm-yes").click()
+    WebDriverWait(driver, 30).until(
+        lambda d: d.find_element(By.ID, "action-result").get_attribute("data-outcome")
+    )
+    return driver.find_element(By.ID, "action-result").text
+
+
+def test_dashboard_charts_mark_a_leader_change_and_actions_need_an_admin_key(
+    browser, cluster, procs, tmp_path
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    procs.start_bookies(cluster, 3)
+    brokers = procs.start_brokers(cluster, 2)
+    leader = wait_for(lambda: read_leader(cluster.zk, cluster.paths), 30, "a leader")
+    keys = api_keys(tmp_path / "api.keys", admin="ops", producer="shop")
+    assert call(leader["address"], "submit", queue="doomed", payload=b"x", max_attempts=1)["ok"]
+    [task] = call(leader["address"], "lease", worker="w-dash", queues=["doomed"], max_tasks=1)["tasks"]
+    assert call(leader["address"], "fail", task_id=task["task_id"], attempt=task["attempt"], error="boom")[
+        "ok"
+    ]
+    dash = procs.start(
+        "dashboard",
+        [
+            "dashboard",
+            "--listen",
+            "127.0.0.1:0",
+            "--interval",
+            "0.5",
+            "--api-keys-file",
+            str(tmp_path / "api.keys"),
+            "--zk",
+            cluster.hosts,
+            "--cluster",
+            cluster.name,
+        ],
+        ready=lambda proc: "dashboard of cluster" in proc.output(),
+    )
+    url = re.search(r"on (http://\S+)", dash.output()).group(1)
+    stop = threading.Event()
+    load = threading.Thread(target=_submit_until, args=(cluster, stop), daemon=True)
+    load.start()
+    try:
+        browser.get(url)
+        # Every chart drawn from at least two samples' worth of points (a rate needs two samples).
+        WebDriverWait(browser, 30).until(lambda d: all(_points(d, chart) >= 2 for chart in CHARTS))
+        assert browser.find_elements(By.CSS_SELECTOR, "#chart-submit path.series")
+        assert "mail" in browser.find_element(By.ID, "chart-submit-legend").text
+        assert browser.find_element(By.ID, "chart-commit-legend").text.split() == ["p50", "p99"]
+        assert not browser.find_elements(By.CSS_SELECTOR, "svg line.leader-change")
+
+        next(p for p in brokers if p.address == leader["address"]).kill()
+        new = wait_for(
+            lambda: (
+                (info := read_leader(cluster.zk, cluster.paths))
+                and info["broker_id"] != leader["broker_id"]
+                and info
+            ),
+            30,
+            "a new leader",
+        )
+        marked = f"broker {new['broker_id']} leads epoch"
+        WebDriverWait(browser, 30).until(lambda d: marked in d.find_element(By.ID, "leader-changes").text)
+        for chart in CHARTS:  # the change is marked on every chart
+            assert browser.find_elements(By.CSS_SELECTOR, f"#{chart} line.leader-change")
+        # The history is the dashboard process's: a reload draws it again, the change still marked.
+        browser.refresh()
+        WebDriverWait(browser, 15).until(
+            lambda d: (
+                d.find_elements(By.CSS_SELECTOR, "#chart-submit line.leader-change")
+                and _points(d, "chart-submit") >= 2
+            )
+        )
+        title = browser.find_element(By.CSS_SELECTOR, "#chart-submit line.leader-change title")
+        assert marked in title.get_attribute("textContent")
+
+        retry = "#dead-tasks button[data-action=retry]"
+        WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, retry))
+        assert "401" in _act(browser, retry, "")
+        assert "403 forbidden" in _act(browser, retry, keys["producer"])
+        assert call(new["address"], "get", task_id=task["task_id"])["task"]["state"] == "dead"
+        assert "is waiting again" in _act(browser, retry, keys["admin"])
+        assert call(new["address"], "get", task_id=task["task_id"])["task"]["state"] == "waiting"
+
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        # The refusals' 401 and 403 are logged by Chromium as failed loads; nothing else may be.
+        assert all("/api/actions/retry" in entry["message"] for entry in errors), errors
+    finally:
+        stop.set()
+        load.join(30)
+
+
+def _submit_until(cluster, stop: threading.Event) -> None:
+    """A trickle of submits to queue mail (through the Client, so across the failover) until ``stop``."""
+    with Client(zk=cluster.hosts, cluster=cluster.name, timeout=10) as client:
+        while not stop.wait(0.05):
+            try:
+                client.submit("mail", b"x")
+            except Exception:  # the failover's refusals: the next submit goes to the new leader
+                continue
 
 
 SHARDED = "dashshards"
