@@ -54,6 +54,7 @@ from election.wire.codes import E_FENCED
 from ledger import LedgerError
 from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
 from ledger.client.bookie_pool import BookiePool
+from ledger.client.entry_future import EntryFuture
 from ledger.client.writer_ensemble import EnsembleChanges
 from ledger.client.writer_pipeline import AddPipeline, resolve_futures
 from ledger.codec import Digest, Entry, encode_entry
@@ -137,7 +138,9 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         self._tracker = QuorumTracker(meta.write_quorum, meta.ack_quorum)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._futures: collections.deque[Future] = collections.deque()  # pending entries lac+1, lac+2, ...
+        self._futures: collections.deque[EntryFuture] = (
+            collections.deque()
+        )  # pending entries lac+1, lac+2, ...
         self._unsent: list[bytes] = []  # payloads of the newest pending entries, not yet flushed
         self._sent: collections.deque[tuple[int, list[bytes]]] = (
             collections.deque()
@@ -213,7 +216,7 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         )  # a copy unless it is bytes already: later changes by the caller cannot leak in
         if len(payload) > _MAX_PAYLOAD:
             raise LedgerError(f"payload of {len(payload)} bytes is too large")
-        fut: Future = Future()
+        fut = EntryFuture()  # a Future, without the Condition a stock one builds for each entry
         with self._lock:
             if self._error is not None or self._closing:
                 fut.set_exception(self._refusal())

@@ -29,6 +29,7 @@ from functools import partial
 from election.wire.codes import E_FENCED
 from ledger import LedgerError
 from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
+from ledger.client.entry_future import EntryFuture, resolve_run
 from ledger.codec import encode_fields
 
 log = logging.getLogger("ledger.client.writer")
@@ -170,7 +171,7 @@ class AddPipeline:
         """One bookie's answer to one add_batch (entries ``first .. first+count-1``), on the I/O thread."""
         slot, gen = targets[index]
         done: range | None = None
-        futures: list[Future] = []
+        futures: list[EntryFuture] = []
         resolved: list[tuple[Future, int | None, BaseException | None]] = []
         with self._lock:
             current = self._gens[slot] == gen
@@ -207,11 +208,7 @@ class AddPipeline:
                 self._schedule_lac()
         # User futures are resolved outside the lock: their callbacks may call add().
         if futures:
-            for fut, entry_id in zip(futures, done):
-                try:
-                    fut.set_result(entry_id)
-                except InvalidStateError:
-                    pass  # cancelled by the caller
+            resolve_run(futures, done.start)  # one lock for the run; a cancelled future is skipped
         if resolved:
             resolve_futures(resolved)
 
