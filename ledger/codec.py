@@ -128,18 +128,21 @@ def encode_entry(entry: Entry, digest: Digest) -> bytes:
     return body + digest.compute(body)
 
 
-def encode_fields(
-    ledger_id: int, entry_id: int, lac: int, epoch: int, payload: bytes, digest: Digest
-) -> bytes:
-    """:func:`encode_entry` without the :class:`Entry` object or the range checks: the writer's fast path.
+def encode_run(
+    ledger_id: int, first: int, lac: int, epoch: int, payloads: list[bytes], digest: Digest
+) -> list[bytes]:
+    """:func:`encode_entry` of entries ``first, first+1, ...`` of ``payloads``, without the checks: the writer's flush.
 
-    For callers whose ids are already known to be in range and whose ``payload``
-    is ``bytes`` of at most 2^32-1 bytes (:class:`~ledger.client.writer.LedgerWriter`
-    checks both once). An out-of-range field still fails (``struct.error``), never
-    encodes wrongly.
+    For callers whose ids are already known to be in range and whose payloads are
+    ``bytes`` of at most 2^32-1 bytes (:class:`~ledger.client.writer.LedgerWriter`
+    checks both once); an out-of-range field still fails (``struct.error``), never
+    encodes wrongly. One pass with the packer and the digest function bound once:
+    a flush encodes hundreds of entries, and the calls per entry were a third of
+    the encoding's cost.
     """
-    body = _pack_header(ledger_id, entry_id, lac, epoch, len(payload)) + payload
-    return body + digest.compute(body)
+    pack, fn = _pack_header, digest._fn
+    bodies = [pack(ledger_id, first + i, lac, epoch, len(p)) + p for i, p in enumerate(payloads)]
+    return [body + fn(body) for body in bodies]
 
 
 def decode_entry(data: bytes, digest: Digest) -> Entry:

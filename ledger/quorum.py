@@ -54,6 +54,13 @@ class QuorumTracker:
         self._next = entry_id + 1
         self._acks[entry_id] = 0
 
+    def add_run(self, first: int, count: int) -> None:
+        """Register entries ``first .. first+count-1`` at once (the writer's flush)."""
+        if first != self._next:
+            raise ValueError(f"entry {first} added out of order (expected {self._next})")
+        self._next = first + count
+        self._acks.update(dict.fromkeys(range(first, first + count), 0))
+
     def ack(self, entry_id: int, member: int) -> list[int]:
         """Record an ack; return the entries that became complete, in order."""
         return list(self.ack_range(entry_id, 1, member))

@@ -170,8 +170,7 @@ def resolve_run(futures: Iterable[EntryFuture], first: int) -> None:
     """
     fired: list[tuple[EntryFuture, list[Callback] | None, threading.Event | None]] = []
     with _lock:
-        value = first
-        for fut in futures:
+        for value, fut in enumerate(futures, first):
             if fut._state in (_PENDING, _RUNNING):  # not cancelled by its caller
                 fut._result = value
                 fut._state = _FINISHED
@@ -179,10 +178,18 @@ def resolve_run(futures: Iterable[EntryFuture], first: int) -> None:
                     for waiter in fut._waiter_list:
                         waiter.add_result(fut)
                 if fut._callbacks is not None or fut._event is not None:
-                    fired.append((fut, *fut._take()))
-            value += 1
+                    fired.append((fut, fut._callbacks, fut._event))
+                    fut._callbacks = None
+    # _fire and _call inlined: this runs once per committed entry.
     for fut, callbacks, event in fired:
-        _fire(fut, callbacks, event)
+        if event is not None:
+            event.set()
+        if callbacks:
+            for fn in callbacks:
+                try:
+                    fn(fut)
+                except Exception:
+                    log.exception("exception calling callback for %r", fut)
 
 
 def _fire(fut: EntryFuture, callbacks: list[Callback] | None, event: threading.Event | None) -> None:

@@ -211,9 +211,8 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
 
     def add(self, payload: bytes) -> Future:
         """Start adding ``payload``; return a future of its entry id, set once it is committed."""
-        payload = bytes(
-            payload
-        )  # a copy unless it is bytes already: later changes by the caller cannot leak in
+        if type(payload) is not bytes:
+            payload = bytes(payload)  # a copy: later changes by the caller cannot leak in
         if len(payload) > _MAX_PAYLOAD:
             raise LedgerError(f"payload of {len(payload)} bytes is too large")
         fut = EntryFuture()  # a Future, without the Condition a stock one builds for each entry
@@ -230,9 +229,8 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
                     fut.set_exception(LedgerWriteError(f"ledger {self.ledger_id}: {exc}"))
                     return fut
                 self._flush_scheduled = True
-            entry_id = self._next_entry
-            self._next_entry = entry_id + 1
-            self._tracker.add(entry_id)
+            # The tracker learns of the entry when it is flushed (one call per run).
+            self._next_entry += 1
             self._futures.append(fut)
             self._unsent.append(payload)
         return fut
@@ -255,14 +253,17 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
 
     def _abandon_from(self, entry_id: int, error: LedgerError) -> list[tuple[Future, None, LedgerError]]:
         """Drop every pending entry ``>= entry_id`` (sent or not); call with the lock held."""
-        dropped = self._tracker.abandon_from(entry_id)
+        flushed = self._tracker.abandon_from(entry_id)  # unsent entries are not in the tracker yet
+        count = len(flushed)
         unsent_first = self._next_entry - len(self._unsent)
-        if self._unsent and entry_id <= unsent_first + len(self._unsent) - 1:
-            del self._unsent[max(0, entry_id - unsent_first) :]
-        if dropped:
+        cut = max(0, entry_id - unsent_first)
+        if cut < len(self._unsent):
+            count += len(self._unsent) - cut
+            del self._unsent[cut:]
+        if flushed:
             self._sent.clear()  # only ever abandoned on an error, after which nothing is re-sent
         # Pending entries are lac+1, lac+2, ...: the dropped ones are the newest futures.
-        out = [(self._futures.pop(), None, error) for _ in dropped]
+        out = [(self._futures.pop(), None, error) for _ in range(count)]
         out.reverse()
         return out
 

@@ -30,7 +30,7 @@ from election.wire.codes import E_FENCED
 from ledger import LedgerError
 from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError
 from ledger.client.entry_future import EntryFuture, resolve_run
-from ledger.codec import encode_fields
+from ledger.codec import encode_run
 
 log = logging.getLogger("ledger.client.writer")
 
@@ -87,6 +87,7 @@ class AddPipeline:
                 return  # abandoned meanwhile (fenced or quorum lost)
             self._unsent = []
             first = self._next_entry - len(payloads)
+            self._tracker.add_run(first, len(payloads))
             lac = self._tracker.lac
             if lac > self._lac_sent:
                 self._lac_sent = lac
@@ -96,7 +97,7 @@ class AddPipeline:
         # Encoded outside the lock: adds keep coming in while this runs.
         ledger, epoch, digest = self.metadata.ledger_id, self.metadata.epoch, self._digest
         try:
-            datas = [encode_fields(ledger, first + i, lac, epoch, p, digest) for i, p in enumerate(payloads)]
+            datas = encode_run(ledger, first, lac, epoch, payloads, digest)
         except Exception as exc:
             # A bug (add() checked the payloads): fail the adds, never leave them hanging.
             log.exception("ledger %d: encoding entries %d.. failed", ledger, first)

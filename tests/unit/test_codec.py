@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ledger import LedgerError
@@ -15,7 +15,7 @@ from ledger.codec import (
     check_run,
     decode_entry,
     encode_entry,
-    encode_fields,
+    encode_run,
     peek_header,
 )
 
@@ -103,10 +103,15 @@ def test_encode_refuses_out_of_range_fields(field, value):
         encode_entry(Entry(**kwargs), Digest.crc32c())
 
 
-@given(entries, digests)
-def test_encode_fields_is_encode_entry_without_the_object(entry, digest):
-    data = encode_fields(entry.ledger_id, entry.entry_id, entry.lac, entry.epoch, entry.payload, digest)
-    assert data == encode_entry(entry, digest)
+@given(entries, digests, st.lists(st.binary(max_size=64), max_size=5))
+def test_encode_run_is_encode_entry_of_each_without_the_objects(entry, digest, more):
+    payloads = [entry.payload, *more]
+    assume(entry.entry_id + len(payloads) <= 1 << 64)
+    datas = encode_run(entry.ledger_id, entry.entry_id, entry.lac, entry.epoch, payloads, digest)
+    assert datas == [
+        encode_entry(Entry(entry.ledger_id, entry.entry_id + i, entry.lac, entry.epoch, p), digest)
+        for i, p in enumerate(payloads)
+    ]
 
 
 def test_check_run_returns_the_largest_lac_and_refuses_bad_runs():
