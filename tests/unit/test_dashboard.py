@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -173,10 +174,8 @@ class _Client:
 @contextlib.contextmanager
 def _serving(actions: DashboardActions):
     server = DashboardServer("127.0.0.1:0", build_app(_Watcher(), _Sampler(), actions))
-    ready = threading.Event()
-    thread = threading.Thread(target=server.serve, args=(lambda url: ready.set(),), daemon=True)
+    thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
-    assert ready.wait(10), "the dashboard server did not start"
     try:
         yield server.url
     finally:
@@ -221,6 +220,13 @@ def test_server_serves_the_page_the_snapshot_the_charts_and_nothing_else():
                 script = resp.read().decode()
             # Text only, and nothing fetched from elsewhere (the SVG namespace comes from the page's own svg).
             assert "innerHTML" not in script and "http" not in script
+
+
+def test_a_taken_address_is_one_error_naming_it():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(BrokerError, match=f"cannot serve the dashboard on {listen}"):
+            DashboardServer(listen, build_app(_Watcher(), _Sampler(), DashboardActions(None, None)))
 
 
 def test_actions_need_a_listed_key_whose_role_may_and_then_run_through_the_client(tmp_path):

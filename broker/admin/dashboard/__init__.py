@@ -17,6 +17,8 @@ Example::
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -46,15 +48,17 @@ def run_dashboard(
     sampler = MetricsSampler(zk, cluster, interval=interval)
     actions = DashboardActions(client, api_keys if client is not None else None)
     server = DashboardServer(listen, build_app(watcher, sampler, actions))
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn raises the signal that stopped it again once it restored these handlers: this one
+        # lets the stop end here (threads stopped, exit 0) rather than in the default action.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: server.stop())
     watcher.start()
     sampler.start()
-
-    def listening(url: str) -> None:
-        log.info("dashboard of cluster %s on %s", cluster, url)
-        ready(url)
-
+    log.info("dashboard of cluster %s on %s", cluster, server.url)
+    ready(server.url)
     try:
-        server.serve(listening)  # uvicorn stops on SIGTERM and SIGINT
+        server.serve()
     finally:
         sampler.stop()
         watcher.stop()

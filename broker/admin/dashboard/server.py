@@ -17,7 +17,8 @@ page can fetch nothing from elsewhere (its charts are its own SVG).
 Example::
 
     server = DashboardServer("127.0.0.1:8080", build_app(watcher, sampler, actions))
-    server.serve(ready=lambda url: print(url))   # until SIGTERM/SIGINT, or server.stop() from elsewhere
+    server.url       # "http://127.0.0.1:8080/" (listening already)
+    server.serve()   # until SIGTERM/SIGINT, or server.stop() from another thread
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 from importlib import resources
 from typing import Callable
 
@@ -65,7 +67,6 @@ HEADERS = {
 }
 JSON_TYPE = "application/json"
 MAX_ACTION_BODY_BYTES = 4096
-READY_POLL_S = 0.02
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -148,15 +149,22 @@ def build_app(watcher, sampler, actions: DashboardActions) -> Starlette:
 
 
 class DashboardServer:
-    """uvicorn serving ``app`` on ``listen`` (one event loop; every answer but an action's from memory)."""
+    """uvicorn serving ``app`` on ``listen`` (one event loop; every answer but an action's from memory).
+
+    The socket is bound and listening once the server is made (BrokerError if it cannot be), so
+    :attr:`url` names the port given by the system for port 0 before anything is served."""
 
     def __init__(self, listen: str, app: Starlette) -> None:
-        self.host, port = parse_listen(listen)
-        self.listen = listen
+        host, port = parse_listen(listen)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._socket = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise BrokerError(f"cannot serve the dashboard on {listen}: {exc}") from None
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self._socket.getsockname()[1]}/"
         config = uvicorn.Config(
             app,
-            host=self.host,
-            port=port,
             log_config=None,
             access_log=False,
             server_header=False,
@@ -164,25 +172,13 @@ class DashboardServer:
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
-        self.url: str | None = None
 
-    def serve(self, ready: Callable[[str], None] = lambda url: None) -> None:
-        """Serve until SIGTERM/SIGINT (in the main thread) or :meth:`stop`; ``ready(url)`` once it listens."""
-        asyncio.run(self._serve(ready))
-        if self.url is None:
-            raise BrokerError(f"cannot serve the dashboard on {self.listen} (see the log)")
+    def serve(self) -> None:
+        """Serve until SIGTERM/SIGINT (uvicorn's handlers, in the main thread) or :meth:`stop`."""
+        try:
+            asyncio.run(self._server.serve(sockets=[self._socket]))
+        finally:
+            self._socket.close()
 
     def stop(self) -> None:
         self._server.should_exit = True
-
-    async def _serve(self, ready: Callable[[str], None]) -> None:
-        serving = asyncio.create_task(self._server.serve())
-        # uvicorn binds its sockets during its own start-up, with no hook of its own after the bind.
-        while not self._server.started and not serving.done():
-            await asyncio.sleep(READY_POLL_S)
-        if self._server.started:
-            port = self._server.servers[0].sockets[0].getsockname()[1]
-            shown = f"[{self.host}]" if ":" in self.host else self.host
-            self.url = f"http://{shown}:{port}/"
-            ready(self.url)
-        await serving
