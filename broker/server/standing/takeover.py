@@ -39,6 +39,7 @@ from broker.server.leading.leadership import Leadership
 from broker.server.leading.roll_triggers import RollTriggers
 from broker.server.leading.session import LeaderSession
 from broker.server.request_loop import BrokerServer
+from broker.server.standing.step_times import StepTimes
 from broker.server.standing.takeover_steps import (
     CONFLICT,
     STALE,
@@ -246,28 +247,37 @@ class Takeover:
         self.serving = False
 
     def run(self) -> Leadership:
+        steps = StepTimes(self.clock)
         # Before anything irreversible: an epoch claimed without bookies for its ledger is burned.
         drive(
             ready_to_claim(self.ledgers.options.ensemble_size), RealEffects(self.zk, self.paths, self.ledgers)
         )
+        steps.done("count bookies")
         claim = claim_epoch(self.zk, self.paths, self.broker_id)
         epoch = claim.epoch
+        steps.done("claim epoch")
         log.info("elected; taking over with epoch %d", epoch)
         closed_at = close_previous_ledgers(self.zk, self.paths, self.ledgers)
+        steps.done("recover")
         catch_up(self.ledgers, self.store, self.step_down)
+        steps.done("catch up")
         self.writer, appended_to = open_ledger_at(self.zk, self.paths, self.ledgers, claim)
+        steps.done("open ledger")
         if appended_to != closed_at:
             # A ledger a stale leader added between our recovery and our append was closed by
             # append_fenced; catch up with what it holds before serving. (An unchanged log
             # holds nothing new: every ledger in it was closed before the catch-up read it.)
             catch_up(self.ledgers, self.store, self.step_down)
+            steps.done("catch up again")
         self.session = self._start_serving(claim, self.writer)
+        steps.done("first entry")
         self.serving = True
         self.server.leader_address = self.config.listen
         info = {"broker_id": self.broker_id, "address": self.config.listen, "epoch": epoch}
         publish_leader(self.zk, self.paths, info, claim)
         self._keep_published(info, claim)
-        log.info("leading epoch %d with ledger %d", epoch, self.writer.ledger_id)
+        steps.done("publish")
+        log.info("leading epoch %d with ledger %d; took over in %s", epoch, self.writer.ledger_id, steps)
         return self.session
 
     def _keep_published(self, info: dict, claim: EpochClaim) -> None:

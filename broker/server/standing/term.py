@@ -36,6 +36,7 @@ from broker import BrokerError
 from broker.server.config import BrokerConfig
 from broker.server.request_loop import BrokerServer
 from broker.server.standing.insync import InSyncTracker
+from broker.server.standing.step_times import StepTimes
 from broker.server.standing.takeover import Takeover
 from broker.server.standing.takeover_steps import WaitingForBookies
 from broker.server.store.follower import Diverged
@@ -166,7 +167,7 @@ class LeaderTerm:
             and session.group is not None
             and session.group.failed is None
         )
-        steps = _StepTimes(self.clock)
+        steps = StepTimes(self.clock)
         if graceful:
             # Answer what is in flight before handing over, so a graceful stop loses no reply.
             server.draining = True
@@ -200,21 +201,3 @@ class LeaderTerm:
         self.hooks.live_changed()
         if not self.stop.is_set() and not self.running.is_damaged:
             self.running.start_tail()
-
-
-class _StepTimes:
-    """How long each step of ending a term took, for the one line that says it."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._began = self._last = clock.monotonic()
-        self._steps: list[tuple[str, float]] = []
-
-    def done(self, step: str) -> None:
-        now = self._clock.monotonic()
-        self._steps.append((step, now - self._last))
-        self._last = now
-
-    def __str__(self) -> str:
-        parts = ", ".join(f"{name} {took * 1000:.0f} ms" for name, took in self._steps)
-        return f"{(self._last - self._began) * 1000:.0f} ms ({parts})"
