@@ -3,7 +3,7 @@ leader, a dead task's error as text, the workers, and the new leader within seco
 its charts are drawn after load, mark the leader change of a SIGKILL (still after a reload), and its
 retry is refused without an admin key and done with one;
 on a 2-shard dev cluster, a row per shard, queues and dead tasks of both shards, the worker once, and
-the failover of the shard whose leader was killed."""
+the failover of the shard whose leader was killed, in the list and on the charts."""
 
 from __future__ import annotations
 
@@ -304,6 +304,13 @@ def test_dashboard_of_a_two_shard_cluster_covers_every_shard(browser, procs, tmp
             lambda d: re.search(
                 r"leads shard 1, epoch \d+ \(after broker " + str(before["broker_id"]),
                 d.find_element(By.ID, "failovers").text,
+            )
+        )
+        # The charts mark it too, from the brokers' own answers, naming the shard.
+        WebDriverWait(browser, 30).until(
+            lambda d: re.search(
+                r"leads shard 1, epoch \d+ \(after broker " + str(before["broker_id"]),
+                d.find_element(By.ID, "leader-changes").text,
             )
         )
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]

@@ -90,6 +90,7 @@ def test_the_history_keeps_its_window_and_draws_gaps_where_a_leader_did_not_answ
         )
     charts = history.charts()
     assert charts["t"] == [100.0, 101.0, 102.0, 103.0, 104.0] and charts["queues"] == ["mail"]
+    assert charts["shards"] == 1
     assert charts["submit"]["mail"] == [None, 2.0, None, None, 6.0]  # 0 -> 4 tasks: 2 waiting, 2 done
     assert charts["complete"]["mail"] == [None, 2.0, None, None, 6.0]
     assert charts["depth"]["mail"] == [2, 2, None, 2, 2]
@@ -110,7 +111,8 @@ def test_the_rates_of_several_shards_are_summed_only_while_every_shard_answers()
         {"t": 2.0, "shards": [_shard(0, 1, 1, {"q": {"done": 3}}), _shard(1, 2, 1, {"q": {"done": 1}})]}
     )
     history.add({"t": 3.0, "shards": [_shard(0, 1, 1, {"q": {"done": 5}}), _shard(1, None, None)]})
-    assert history.charts()["complete"]["q"] == [None, 4.0, None]
+    charts = history.charts()
+    assert charts["complete"]["q"] == [None, 4.0, None] and charts["shards"] == 2
 
 
 def test_a_shards_sample_comes_from_the_broker_answering_as_leader():

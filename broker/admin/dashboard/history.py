@@ -188,6 +188,8 @@ class MetricsHistory:
             "window_s": self.window_s,
             "t": [s["t"] for s in samples],
             "queues": names,
+            # Shards of the newest sample that had any: leader changes name theirs only with several.
+            "shards": next((len(s["shards"]) for s in reversed(samples) if s["shards"]), 0),
             "depth": {
                 name: [None if q is None else depth(q.get(name, {})) for q in merged] for name in names
             },

@@ -282,18 +282,18 @@
   const CHARTS_POLL_MS = 2000;
   const RATE_CHARTS = [["submit", "chart-submit"], ["complete", "chart-complete"], ["dead", "chart-dead"]];
 
-  function leaderMarkers(changes) {
-    return changes.map((c) => ({
+  function leaderMarkers(doc) {
+    return doc.leader_changes.map((c) => ({
       t: c.t,
       text: new Date(c.t * 1000).toLocaleTimeString() + ": broker " + c.leader + " leads " +
-        (c.shard ? "shard " + c.shard + ", " : "") + "epoch " + c.epoch + " (after broker " + c.previous + ")",
+        (doc.shards > 1 ? "shard " + c.shard + ", " : "") + "epoch " + c.epoch + " (after broker " + c.previous + ")",
     }));
   }
 
   function drawChart(id, doc, series, unit) {
     FencepostCharts.draw($(id), $(id + "-legend"), {
       times: doc.t, end: doc.t.length ? doc.t[doc.t.length - 1] : Date.now() / 1000, windowS: doc.window_s,
-      unit: unit, series: series, markers: leaderMarkers(doc.leader_changes),
+      unit: unit, series: series, markers: leaderMarkers(doc),
     });
   }
 
@@ -305,7 +305,7 @@
       { name: "p50", values: doc.commit_p50_ms }, { name: "p99", values: doc.commit_p99_ms },
     ], "ms");
     $("leader-changes").textContent = doc.leader_changes.length
-      ? "Leader changes in the window (dashed lines): " + leaderMarkers(doc.leader_changes).map((m) => m.text).join("; ")
+      ? "Leader changes in the window (dashed lines): " + leaderMarkers(doc).map((m) => m.text).join("; ")
       : "No leader change in the window.";
   }
 
