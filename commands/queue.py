@@ -8,6 +8,7 @@ Example::
 
     fencepost queue list
     fencepost queue declare mail --max-attempts 8 --retry-backoff 2s --retry-backoff-max 10m --result-ttl 7d
+    fencepost queue declare reports --expires 10m
     fencepost queue show mail --json
     fencepost queue purge mail --state done --older-than 7d
     fencepost queue requeue-dead mail
@@ -86,13 +87,33 @@ def queue_list(as_json, zk, cluster, dev_dir) -> None:
         return "forever" + where if not ttl else f"{_span(ttl / 1000)}{where}"
 
     table(
-        ["QUEUE", "WAITING", "DELAYED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED", "RESULTS KEPT"],
+        [
+            "QUEUE",
+            "WAITING",
+            "DELAYED",
+            "RUNNING",
+            "DONE",
+            "FAILED",
+            "DEAD",
+            "CANCELLED",
+            "EXPIRED",
+            "RESULTS KEPT",
+        ],
         [
             [
                 q["queue"],
                 *(
                     q["counts"].get(s, 0)
-                    for s in ("waiting", "delayed", "running", "done", "failed", "dead", "cancelled")
+                    for s in (
+                        "waiting",
+                        "delayed",
+                        "running",
+                        "done",
+                        "failed",
+                        "dead",
+                        "cancelled",
+                        "expired",
+                    )
                 ),
                 kept(q),
             ]
@@ -109,7 +130,7 @@ def _span(seconds: float) -> str:
 
 
 # The longest a queue's time setting may be: ten years, a round bound within the state machine's spans.
-_MAX_SETTING_S = min(3650 * 86400, MAX_SPAN_MS // 1000)
+MAX_SETTING_S = min(3650 * 86400, MAX_SPAN_MS // 1000)
 
 
 def _cluster_default(name: str) -> str:
@@ -130,7 +151,7 @@ def _cluster_default(name: str) -> str:
 )
 @click.option(
     "--max-run",
-    type=Duration(MIN_LEASE_MS / 1000, _MAX_SETTING_S),
+    type=Duration(MIN_LEASE_MS / 1000, MAX_SETTING_S),
     default=None,
     help="How long one attempt may run, at least 0.1s: past it the worker abandons it (killing a "
     "`worker run` command) and the leader expires its lease even if heartbeats go on [default: "
@@ -138,7 +159,7 @@ def _cluster_default(name: str) -> str:
 )
 @click.option(
     "--retry-backoff",
-    type=Duration(0, _MAX_SETTING_S),
+    type=Duration(0, MAX_SETTING_S),
     default=None,
     help="Wait before the first retry of a failed attempt, twice as long for each later one; 0 retries "
     "at once [default: unchanged; unset: the cluster's retry_backoff_ms, "
@@ -146,24 +167,42 @@ def _cluster_default(name: str) -> str:
 )
 @click.option(
     "--retry-backoff-max",
-    type=Duration(0, _MAX_SETTING_S),
+    type=Duration(0, MAX_SETTING_S),
     default=None,
     help="Longest wait between two attempts [default: unchanged; unset: the cluster's "
     f"retry_backoff_max_ms, {_cluster_default('retry_backoff_max_ms')} unless configured].",
 )
 @click.option(
     "--result-ttl",
-    type=Duration(0, _MAX_SETTING_S),
+    type=Duration(0, MAX_SETTING_S),
     default=None,
     help="How long the queue's done, failed, dead and cancelled tasks are kept after they finished "
     "before the leader purges them; 0 keeps them, whatever the cluster's result_ttl_s [default: "
     f"unchanged; unset: the cluster's result_ttl_s, {_cluster_default('result_ttl_s')} unless "
     "configured].",
 )
+@click.option(
+    "--expires",
+    type=Duration(0, MAX_SETTING_S),
+    default=None,
+    help="The default expiry of the queue's tasks: one not started within it goes to expired and never "
+    "runs (a task's own submit --expires wins); 0 sets none [default: unchanged; a new queue sets "
+    "none]. Needs the cluster's task_expiry flag.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: queue, created, settings.")
 @cluster_options
 def queue_declare(
-    queue, max_attempts, max_run, retry_backoff, retry_backoff_max, result_ttl, as_json, zk, cluster, dev_dir
+    queue,
+    max_attempts,
+    max_run,
+    retry_backoff,
+    retry_backoff_max,
+    result_ttl,
+    expires,
+    as_json,
+    zk,
+    cluster,
+    dev_dir,
 ) -> None:
     """Create QUEUE or change its settings: the defaults of its tasks (a task's own submit options win).
 
@@ -181,6 +220,7 @@ def queue_declare(
             retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max,
             result_ttl=result_ttl,
+            expires=expires,
         )
     view = {"queue": queue, "created": bool(reply.get("created")), "settings": declared(reply)}
 
@@ -223,6 +263,8 @@ def _shown(name: str, value: int) -> str:
         return str(value)
     if name == "result_ttl_ms" and not value:
         return "forever"
+    if name == "expires_ms" and not value:
+        return "none"
     return _span(value / 1000)
 
 
@@ -234,7 +276,7 @@ def _settings_lines(settings: dict, defaults: dict) -> None:
             click.echo(f"{label:<18} {_shown(name, value)}")
         elif defaults.get(name) is not None:
             click.echo(f"{label:<18} {_shown(name, defaults[name])} (cluster default)")
-        elif name == "max_run_ms":
+        elif name in ("max_run_ms", "expires_ms"):
             click.echo(f"{label:<18} none (not set)")
         else:
             click.echo(f"{label:<18} - (not set: the cluster's default)")
@@ -248,8 +290,8 @@ def _settings_lines(settings: dict, defaults: dict) -> None:
     type=click.Choice(list(PURGE_STATES)),
     default="done",
     show_default=True,
-    help="The tasks to delete: one state, finished (done, failed, dead, cancelled) or all (those and "
-    "waiting). Running tasks are never purged.",
+    help="The tasks to delete: one state, finished (done, failed, dead, cancelled, expired) or all "
+    "(those and waiting). Running tasks are never purged.",
 )
 @click.option(
     "--older-than",

@@ -6,7 +6,7 @@ leader's (milliseconds since the epoch in JSON, ages in tables).
 
 Example::
 
-    fencepost submit mail "hello" --key greeting-42
+    fencepost submit mail "hello" --key greeting-42 --expires 10m
     fencepost task list --queue mail --state dead --limit 20
     fencepost task retry 018bcfe5692cf3b1e4e270354efcba43
 """
@@ -20,6 +20,7 @@ from broker.state.events import CANCELLED, STATES
 from commands.checks import DELAY, PRIORITY, QUEUE, WAIT
 from commands.options import cluster_options, make_client
 from commands.output import age, emit, first_line, printable_task, report_submit, table
+from commands.queue import MAX_SETTING_S, Duration
 from election.local.clock import SYSTEM_CLOCK
 
 
@@ -54,6 +55,13 @@ from election.local.clock import SYSTEM_CLOCK
     "retry_backoff_max_ms].",
 )
 @click.option(
+    "--expires",
+    default=None,
+    type=Duration(0.001, MAX_SETTING_S),
+    help="A task not started within this (90s, 10m, 2h, 7d) goes to expired and never runs [default: "
+    "the queue's, else none]. Needs the cluster's task_expiry flag.",
+)
+@click.option(
     "--wait",
     "wait_s",
     default=None,
@@ -75,6 +83,7 @@ def submit(
     max_run,
     retry_backoff,
     retry_backoff_max,
+    expires,
     wait_s,
     as_json,
     zk,
@@ -98,6 +107,7 @@ def submit(
             max_run=max_run,
             retry_backoff=retry_backoff,
             retry_backoff_max=retry_backoff_max,
+            expires=expires,
         )
         report_submit(client, task_id, wait_s, as_json)
 

@@ -57,6 +57,11 @@ FLAGS: dict[str, str] = {
         "ScheduleAdded, ScheduleRemoved, SchedulePaused and ScheduleFired events and fires each "
         "occurrence's task"
     ),
+    "task_expiry": (
+        "expiry before start (`submit --expires`, `queue declare --expires`): the leader accepts the "
+        "options and writes expires_ms in TaskSubmitted and QueueDeclared and the TasksExpired event; a "
+        "task not started by its expiry goes to the final state expired"
+    ),
 }
 
 ADVERTISED_ENV = "FENCEPOST_ADVERTISED_FEATURES"

@@ -96,6 +96,7 @@ class AsyncClient:
         timeout: float | None = None,
         retry_backoff: float | None = None,
         retry_backoff_max: float | None = None,
+        expires: float | None = None,
     ) -> str:
         """Submit one task; its id once committed (see :meth:`Client.submit_async`)."""
         return await asyncio.wrap_future(
@@ -110,6 +111,7 @@ class AsyncClient:
                 timeout=timeout,
                 retry_backoff=retry_backoff,
                 retry_backoff_max=retry_backoff_max,
+                expires=expires,
             )
         )
 

@@ -76,6 +76,7 @@ class ApplicationCalls:
         max_run: float | None = None,
         retry_backoff: float | None = None,
         retry_backoff_max: float | None = None,
+        expires: float | None = None,
     ) -> str:
         """Submit one task; return its id once committed. The same ``key`` returns the same id.
 
@@ -84,10 +85,21 @@ class ApplicationCalls:
         ``retry_backoff`` (seconds) is the wait before the first retry of a failed
         attempt, doubling for each later one up to ``retry_backoff_max`` (seconds);
         unset, the queue's settings apply, else the brokers' ``retry_backoff_ms``.
+        ``expires`` (seconds): a task not started within it goes to ``expired`` and never runs
+        (unset: the queue's default, if any; needs the cluster's ``task_expiry`` flag).
         Submits that several threads make at once travel together in one request.
         """
         fields = submit_fields(
-            queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
+            queue,
+            payload,
+            key,
+            priority,
+            delay,
+            max_attempts,
+            max_run,
+            retry_backoff,
+            retry_backoff_max,
+            expires,
         )
         self._check_payload(fields["payload"])
         return self._submit_group(shard_of_key(fields["key"], self.shards)).submit(fields, self.timeout)
@@ -104,6 +116,7 @@ class ApplicationCalls:
         timeout: float | None = None,
         retry_backoff: float | None = None,
         retry_backoff_max: float | None = None,
+        expires: float | None = None,
     ) -> "Future[str]":
         """Submit one task without waiting: a future of its id (or of the :class:`ClientError` ``submit`` raises).
 
@@ -114,7 +127,16 @@ class ApplicationCalls:
         Example: ``ids = [f.result() for f in [client.submit_async("q", p) for p in payloads]]``.
         """
         fields = submit_fields(
-            queue, payload, key, priority, delay, max_attempts, max_run, retry_backoff, retry_backoff_max
+            queue,
+            payload,
+            key,
+            priority,
+            delay,
+            max_attempts,
+            max_run,
+            retry_backoff,
+            retry_backoff_max,
+            expires,
         )
         try:
             self._check_payload(fields["payload"])
@@ -227,13 +249,16 @@ class ApplicationCalls:
         retry_backoff: float | None = None,
         retry_backoff_max: float | None = None,
         result_ttl: float | None = None,
+        expires: float | None = None,
     ) -> dict:
         """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
 
         A setting left None keeps its value. ``retry_backoff``/``retry_backoff_max``
         (seconds) as for :meth:`submit`. ``result_ttl`` (seconds): the leader purges the
         queue's done, failed, dead and cancelled tasks this long after they finished (0:
-        never, whatever the brokers' ``result_ttl_s``). Example:
+        never, whatever the brokers' ``result_ttl_s``). ``expires`` (seconds): the default expiry
+        of its tasks (a task not started within it is expired; 0: none; needs the ``task_expiry``
+        flag). Example:
         ``client.declare_queue("mail", max_attempts=8, retry_backoff=2, retry_backoff_max=600)``.
         """
         fields: dict[str, Any] = {"queue": queue, **backoff_fields(retry_backoff, retry_backoff_max)}
@@ -245,6 +270,10 @@ class ApplicationCalls:
             if result_ttl < 0:
                 raise ValueError("result_ttl must be >= 0 seconds")
             fields["result_ttl_ms"] = int(round(result_ttl * 1000))
+        if expires is not None:
+            if expires < 0:
+                raise ValueError("expires must be >= 0 seconds")
+            fields["expires_ms"] = int(round(expires * 1000))
         # Every shard holds tasks of every queue: each gets the settings (shard 0 first, whose answer is returned).
         settings = [
             self.call("declare_queue", shard=shard, **fields)["queue"] for shard in range(self.shards)

@@ -3,7 +3,7 @@ cluster's defaults for those it leaves unset, what its tasks act on, and its cou
 
 Pure. A queue record (a ``list_queues`` row, or a ``declare_queue`` reply) always holds
 ``max_attempts`` (3 until declared otherwise); ``max_run_ms``, ``retry_backoff_ms``,
-``retry_backoff_max_ms`` and ``result_ttl_ms`` only once declared. A task's own submit option
+``retry_backoff_max_ms``, ``result_ttl_ms`` and ``expires_ms`` only once declared. A task's own submit option
 wins over its queue's; a setting its queue leaves unset comes from the cluster:
 
 - ``retry_backoff_ms`` / ``retry_backoff_max_ms``: the leader's task settings (``status``'s
@@ -11,7 +11,8 @@ wins over its queue's; a setting its queue leaves unset comes from the cluster:
   queue sets a backoff (:mod:`broker.state.backoff`);
 - ``result_ttl_ms``: the leader's ``result_ttl_s`` (``list_queues``' ``result_ttl_ms``; 0 keeps
   finished tasks);
-- ``max_run_ms``: none (an attempt runs as long as its lease is extended).
+- ``max_run_ms``: none (an attempt runs as long as its lease is extended);
+- ``expires_ms``: none (a task waits until it is leased; 0 declared says none too).
 
 The queue's ``lease_ms`` is left out: the leader stamps its ``default_lease_ms`` into every
 lease that names none, so a queue's own never applies.
@@ -30,9 +31,16 @@ from broker.api.requests import ClientError
 from election.wire.codes import E_NO_SUCH_QUEUE
 
 # The settings a declaration holds that act on the queue's tasks, in the order they are shown.
-SETTINGS = ("max_attempts", "max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "result_ttl_ms")
+SETTINGS = (
+    "max_attempts",
+    "max_run_ms",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "result_ttl_ms",
+    "expires_ms",
+)
 # The states a queue's counts cover, in the order `queue list` shows them.
-COUNTED = ("waiting", "delayed", "running", "done", "failed", "dead", "cancelled")
+COUNTED = ("waiting", "delayed", "running", "done", "failed", "dead", "cancelled", "expired")
 
 
 class QueueNotFound(ClientError):
@@ -51,6 +59,7 @@ def cluster_defaults(default_ttl_ms: int | None, task_settings: Mapping[str, Any
     """What a queue that leaves a setting unset gets (None: not known, or no limit)."""
     return {
         "max_run_ms": None,
+        "expires_ms": None,
         "retry_backoff_ms": task_settings.get("retry_backoff_ms"),
         "retry_backoff_max_ms": task_settings.get("retry_backoff_max_ms"),
         "result_ttl_ms": default_ttl_ms,

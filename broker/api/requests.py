@@ -37,6 +37,7 @@ SUBMIT_OPTIONS = frozenset(
         "max_run",
         "retry_backoff",
         "retry_backoff_max",
+        "expires",
     }
 )
 # Room in a frame for the envelope and the field names around a submit_many's payloads.
@@ -112,11 +113,14 @@ def submit_fields(
     max_run: float | None = None,
     retry_backoff: float | None = None,
     retry_backoff_max: float | None = None,
+    expires: float | None = None,
 ) -> dict:
     """The wire fields of one submit; the key is fixed here, once, so every retry resends it.
 
     ``retry_backoff`` and ``retry_backoff_max`` (seconds) set the task's retry backoff
     (see :mod:`broker.state.backoff`); None leaves it to the queue or the cluster.
+    ``expires`` (seconds): a task not started within it is expired (None: the queue's
+    default; sent only when given, so a leader without the option never sees it).
     """
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
@@ -136,6 +140,10 @@ def submit_fields(
             raise ValueError("max_run must be > 0 seconds")
         fields["max_run_ms"] = int(round(max_run * 1000))
     fields.update(backoff_fields(retry_backoff, retry_backoff_max))
+    if expires is not None:
+        if expires <= 0:
+            raise ValueError("expires must be > 0 seconds")
+        fields["expires_ms"] = max(1, int(round(expires * 1000)))
     return fields
 
 

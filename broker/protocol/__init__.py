@@ -14,7 +14,8 @@ Operations (request fields -> reply fields):
   broker older than this op answers ``unknown_op``: the follower then waits for the old leader's
   ZooKeeper session to expire, as before)
 - ``submit`` ``queue, payload, key?, priority?, delay_ms?, max_attempts?, max_run_ms?, retry_backoff_ms?,
-  retry_backoff_max_ms?`` -> ``task_id``
+  retry_backoff_max_ms?, expires_ms?`` -> ``task_id`` (``expires_ms``: a task not started within it is
+  ``expired``; it needs the ``task_expiry`` flag, see :mod:`broker.protocol.feature_gate`)
 - ``submit_many`` ``tasks: [submit fields], each?`` -> ``task_ids`` (a failed submit fails the request,
   though the others' events are committed), or with ``each: true`` -> ``results: [{ok, task_id} |
   {ok: false, error, message}]``, one per task in order (what a client coalescing the submits of
@@ -38,8 +39,9 @@ Operations (request fields -> reply fields):
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues, task_settings, task_settings_logged``
   (the cluster-wide task settings this broker acts on, and those its log recorded)
 - ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?,
-  result_ttl_ms?`` -> ``queue`` (the queue's settings after the change; a field left out keeps its value;
-  ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``)
+  result_ttl_ms?, expires_ms?`` -> ``queue`` (the queue's settings after the change; a field left out keeps
+  its value; ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``;
+  ``expires_ms``: its tasks' default expiry, 0 none, with the ``task_expiry`` flag)
 - ``list_tasks`` ``queue?, state?, limit?, after?`` -> ``tasks: [{id, queue, state, attempts, max_attempts,
   priority, submitted_ms, not_before_ms, started_ms, finished_ms, worker, error, ...}], next`` (a page
   of at most ``limit`` (100, up to 1000) tasks in queue then submit order, through the store's

@@ -77,6 +77,8 @@ K_DELAY = _kind("TaskSubmitted", "delay_ms")
 K_MAX_ATTEMPTS = _kind("TaskSubmitted", "max_attempts")
 K_MAX_RUN_MS = _kind("TaskSubmitted", "max_run_ms")
 K_BACKOFF = _kind("TaskSubmitted", "retry_backoff_ms")
+K_EXPIRES = _kind("TaskSubmitted", "expires_ms")
+K_QUEUE_EXPIRES = _kind("QueueDeclared", "expires_ms")
 K_TASK_ID = _kind("TaskCancelled", "task_id")
 K_WORKER = _kind("TaskLeased", "worker")
 K_MAX_TASKS = _kind("TaskLeased", "max_tasks")
@@ -164,6 +166,7 @@ def check_submit(msg: dict, max_payload: int) -> dict:
         "max_run_ms": _field(msg, "max_run_ms", K_MAX_RUN_MS, None, MIN_LEASE_MS, MAX_SPAN_MS),
         "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
         "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
+        "expires_ms": _field(msg, "expires_ms", K_EXPIRES, None, 1, MAX_SPAN_MS),
     }
 
 
@@ -277,6 +280,7 @@ def check_request(msg: dict, max_payload: int) -> dict:
             "retry_backoff_ms": _field(msg, "retry_backoff_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
             "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
             "result_ttl_ms": _field(msg, "result_ttl_ms", K_TTL, None, 0, MAX_SPAN_MS),
+            "expires_ms": _field(msg, "expires_ms", K_QUEUE_EXPIRES, None, 0, MAX_SPAN_MS),
         }
     if op in SCHEDULE_OPS:
         return {"op": op, **check_schedule(op, msg, max_payload)}

@@ -56,6 +56,7 @@ def _submitted(sub: dict, now_ms: int, new_id: Callable[[], str]) -> dict:
         "retry_backoff_ms": sub["retry_backoff_ms"],
         "retry_backoff_max_ms": sub["retry_backoff_max_ms"],
         "now_ms": now_ms,
+        "expires_ms": sub["expires_ms"],
     }
 
 

@@ -9,7 +9,8 @@ nothing. An *exception* (a corrupt index, a full map) aborts the whole batch.
 
 The handlers: a task's life in :mod:`broker.state.apply_tasks`, upkeep (expired
 leases, workers, purges, operators' retries) in :mod:`broker.state.apply_upkeep`,
-periodic tasks in :mod:`broker.state.apply_schedules`,
+periodic tasks in :mod:`broker.state.apply_schedules`, expiry before start in
+:mod:`broker.state.apply_expiry`,
 the log's own events (epochs, a cluster shutdown, task settings, digest checks) here; the moves
 between states they share in :mod:`broker.state.transitions`.
 
@@ -22,6 +23,7 @@ worker-side fencing token)::
                  |                 |    \\--fail(retry) / lease expired / worker lost:
                  +-----------------+       waiting again if attempts < max_attempts, else dead
     waiting --cancel--> cancelled          (running tasks cannot be cancelled: bad_state)
+    waiting, never started --its expiry passed--> expired
 
 Decisions worth knowing:
 
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from broker.state.apply_expiry import EXPIRY_HANDLERS
 from broker.state.apply_schedules import SCHEDULE_HANDLERS
 from broker.state.apply_tasks import TASK_HANDLERS
 from broker.state.apply_upkeep import UPKEEP_HANDLERS
@@ -134,6 +137,7 @@ HANDLERS: dict[str, Callable[[StateTxn, dict], dict]] = {
     **TASK_HANDLERS,
     **UPKEEP_HANDLERS,
     **SCHEDULE_HANDLERS,
+    **EXPIRY_HANDLERS,
     "EpochStarted": _epoch_started,
     "ClusterShutdown": _cluster_shutdown,
     "SettingChanged": _setting_changed,

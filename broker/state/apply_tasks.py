@@ -6,8 +6,10 @@ the rules they keep). A submit with a known idempotency ``key`` returns the
 existing task; a lease first promotes the queue's delayed tasks that are due
 (at most :data:`PROMOTE_LIMIT` per queue per event) and then takes the ready
 ones, highest priority then oldest; a heartbeat extends a lease but never past
-the attempt's ``max_run_ms``; a complete or fail must name the running attempt,
-and a repeated one is a ``duplicate``. :data:`TASK_HANDLERS` maps each event
+the attempt's ``max_run_ms``; a task past its expiry is expired, not leased
+(:mod:`broker.state.apply_expiry`; at most :data:`PROMOTE_LIMIT` per queue per
+event); a complete or fail must name the running attempt, and a repeated one
+is a ``duplicate``. :data:`TASK_HANDLERS` maps each event
 type handled here to its handler.
 
 Example::
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 from broker.state import backoff, idem
+from broker.state.apply_expiry import expire, expires_at, is_due
 from broker.state.events import (
     CANCELLED,
     DEAD,
@@ -113,6 +116,9 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
     for setting in (backoff.BASE_FIELD, backoff.MAX_FIELD):
         if ev[setting] is not None:
             rec[setting] = ev[setting]
+    expiry = expires_at(ev, q)
+    if expiry is not None:
+        rec["expires_at_ms"] = expiry
     if rec["payload"] is None:
         tx.put("payloads", tid_b, ev["payload"])
     if ev["key"] is not None:
@@ -145,11 +151,16 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
         lease_ms = ev["lease_ms"] or q["lease_ms"]
         queue_max_run_ms = q.get("max_run_ms")
         prefix = queue_prefix(name)
-        while len(tasks) < want:
+        expired = 0
+        while len(tasks) < want and expired < PROMOTE_LIMIT:
             found = tx.first("ready", prefix)  # highest priority, then oldest
             if found is None:
                 break
             rec = tx.indexed_task("ready", found[1])
+            if is_due(rec, now):  # never started past its expiry, even before TasksExpired
+                expire(tx, rec, now)
+                expired += 1
+                continue
             leave(tx, rec)
             rec["attempts"] += 1
             rec.pop("will_retry", None)  # it told about the previous attempt's failure

@@ -37,17 +37,19 @@ from election.wire.codes import E_BAD_EVENT, E_UNKNOWN_EVENT
 
 BATCH_FORMAT_VERSION = 1
 
-# Task states. FINAL_STATES never change again (except by purge).
-WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED = (
+# Task states. FINAL_STATES never change again (except by purge). EXPIRED (a task not started before
+# its expiry, broker.state.apply_expiry) exists only once the task_expiry flag is enabled.
+WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED, EXPIRED = (
     "waiting",
     "running",
     "done",
     "failed",
     "dead",
     "cancelled",
+    "expired",
 )
-STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED)
-FINAL_STATES = (DONE, FAILED, DEAD, CANCELLED)
+STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED, EXPIRED)
+FINAL_STATES = (DONE, FAILED, DEAD, CANCELLED, EXPIRED)
 PURGEABLE_STATES = (WAITING,) + FINAL_STATES
 # What an operator may send back to waiting (TaskRetried, TasksRequeued).
 RETRYABLE_STATES = (FAILED, DEAD)
@@ -89,6 +91,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         "retry_backoff_max_ms": ("delay?", None),
         # 0: finished tasks of the queue are kept; null: the leader's result_ttl_s
         "result_ttl_ms": ("delay?", None),
+        # The default expiry of the queue's tasks (task_expiry flag; 0: none). See LATE_FIELDS.
+        "expires_ms": ("delay?", None),
     },
     "TaskSubmitted": {
         "task_id": ("id", _REQUIRED),
@@ -102,6 +106,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         "retry_backoff_ms": ("delay?", None),
         "retry_backoff_max_ms": ("delay?", None),
         "now_ms": ("time", _REQUIRED),
+        # Expired if not started within this span of now_ms (task_expiry flag). See LATE_FIELDS.
+        "expires_ms": ("span?", None),
     },
     "TaskLeased": {
         "worker": ("name", _REQUIRED),
@@ -136,6 +142,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         "reject": ("bool?", None),
     },
     "LeaseExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
+    # Waiting tasks never started whose expiry is at or before now_ms go to expired (task_expiry flag).
+    "TasksExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
     "TaskCancelled": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
     # queues: what the worker leases from (null: unchanged, and what older events recorded).
     "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED), "queues": ("names?", None)},
@@ -205,6 +213,12 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "StateDigest": {"digest": ("hex128", _REQUIRED), "format": ("limit?", None)},
 }
 EVENT_TYPES = tuple(SCHEMAS)
+# Fields added to an event kind after its base form, each behind a feature flag: encoded only when
+# set, so an event that does not use them is, byte for byte, what a member before them reads.
+LATE_FIELDS: dict[str, frozenset[str]] = {
+    "TaskSubmitted": frozenset({"expires_ms"}),
+    "QueueDeclared": frozenset({"expires_ms"}),
+}
 
 # Integer kinds: (lowest, highest) allowed value.
 _INT_RANGES = {
@@ -451,7 +465,15 @@ def encode_events(events: Iterable[dict]) -> tuple[list[dict], bytes]:
     fails alone and the gathered entry is never encoded twice.
     """
     checked = [validate_event(ev) for ev in events]
-    return checked, b"".join([msgpack.packb(ev, use_bin_type=True) for ev in checked])
+    return checked, b"".join([msgpack.packb(_encoded(ev), use_bin_type=True) for ev in checked])
+
+
+def _encoded(ev: dict) -> dict:
+    """``ev`` as written: its unset :data:`LATE_FIELDS` left out (validation fills them in again)."""
+    late = LATE_FIELDS.get(ev["type"])
+    if late is None:
+        return ev
+    return {k: v for k, v in ev.items() if v is not None or k not in late}
 
 
 # The batch map {"v": .., "events": [..]} up to its array header; the items follow it.

@@ -45,6 +45,7 @@ from broker.state.events import RUNNING, WAITING
 from broker.state.schema import (
     COUNT_NAMES,
     INDEX_DBS,
+    LATE_COUNT_NAMES,
     delayed_key,
     finished_key,
     idem_key,
@@ -104,7 +105,7 @@ class IndexCheck:
             recorded, counted = self._recorded.get(queue), self._counted.get(queue, Counter())
             if recorded is None:
                 return f"tasks of queue {queue!r} have no queue record"
-            for name in COUNT_NAMES:
+            for name in COUNT_NAMES + LATE_COUNT_NAMES:
                 if recorded.get(name, 0) != counted[name]:
                     return (
                         f"queue {queue!r} counts {recorded.get(name, 0)} {name} tasks, "
@@ -133,7 +134,9 @@ class IndexCheck:
 
     def _task(self, key: bytes, value: bytes) -> None:
         try:
-            queue, state, priority, seq, apart, idem, worker, deadline, finished = index_fields(key, value)
+            queue, state, priority, seq, apart, idem, worker, deadline, finished, expires = index_fields(
+                key, value
+            )
         except Exception:  # msgpack raises several unrelated types on garbage
             self._fail(f"task record {key!r:.60} does not decode")
             return
@@ -144,6 +147,8 @@ class IndexCheck:
         self._expect("by_state", state_key(queue, state, key), b"")
         if state == WAITING:
             self._expect("ready", ready_key(queue, priority, seq), key)
+            if expires is not None:
+                self._expect("expiring", u64(expires) + key, b"")
         elif state == RUNNING:
             self._expect("leases", u64(deadline) + key, b"")
             self._expect("worker_leases", queue_prefix(worker) + key, b"")

@@ -2,7 +2,7 @@
 
 :class:`StateReads` serves the leader's reads (``get``, ``list_tasks``,
 ``list_queues``, ``list_workers``), the lease scheduling (the next lease
-deadline, the next delayed task due) and housekeeping (a worker's latest lease,
+deadline, the next delayed task due, the next expiry) and housekeeping (a worker's latest lease,
 the longest-finished task of a queue). Nothing is counted in Python: each answer
 walks an LMDB index (layout in :mod:`broker.state.schema`) or reads a record
 kept current by apply, so ``queue_depths`` is O(queues) and a task lookup O(log
@@ -109,6 +109,14 @@ class StateReads:
     def next_lease_deadline(self) -> int | None:
         """The earliest lease deadline (ms), for scheduling the next LeaseExpired."""
         with self._env.read() as txn, txn.cursor(db=self._env.dbs["leases"]) as cur:
+            return read_u64(cur.key()) if cur.first() else None
+
+    def next_expiry_ms(self) -> int | None:
+        """The earliest expiry of a waiting task never started (ms), for scheduling the next TasksExpired."""
+        db = self._env.dbs.get("expiring")  # a read-only open of an older store may lack it
+        if db is None:
+            return None
+        with self._env.read() as txn, txn.cursor(db=db) as cur:
             return read_u64(cur.key()) if cur.first() else None
 
     def next_due_ms(self, queues: Iterable[str]) -> int | None:

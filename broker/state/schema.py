@@ -18,7 +18,12 @@ db                      key                                             value
 ``queues``              queue                                           queue record
 ``meta``                fixed names (see META_*)                        varies
 ``by_state``            queue NUL, state byte, id (see state_key)       b""
+``expiring``            u64 expires_at_ms, id                           b""
 ======================  ==============================================  ==============
+
+``expiring`` holds the waiting tasks never started that expire (task_expiry flag,
+:mod:`broker.state.apply_expiry`), earliest first across queues, as ``leases`` holds
+the running ones by deadline; it is empty in every store before the flag.
 
 ``by_state`` lists every task under its queue and state in id order (ids are
 time-ordered, so in submit order): what ``task list`` pages through, one
@@ -61,7 +66,7 @@ from typing import Any
 
 import msgpack
 
-from broker.state.events import CANCELLED, DEAD, DONE, FAILED, PRIORITY_MAX, RUNNING, WAITING
+from broker.state.events import CANCELLED, DEAD, DONE, EXPIRED, FAILED, PRIORITY_MAX, RUNNING, WAITING
 
 STORE_FORMAT = 4
 
@@ -79,11 +84,15 @@ DB_NAMES = (
     "keys",
     "workers",
     "by_state",
+    "expiring",
 )
 # The indexes: derived from the task records, outside the digest from format 4 (see above).
-INDEX_DBS = frozenset({"ready", "delayed", "leases", "worker_leases", "finished", "keys", "by_state"})
-# Databases a later format added: a read-only open of an older store may lack them.
-NEWER_DBS = frozenset({"by_state"})
+INDEX_DBS = frozenset(
+    {"ready", "delayed", "leases", "worker_leases", "finished", "keys", "by_state", "expiring"}
+)
+# Databases added later: a read-only open of an older store may lack them. expiring came without a
+# format change: a store that lacks it holds no task that expires, so it is created empty.
+NEWER_DBS = frozenset({"by_state", "expiring"})
 MAX_DBS = 16
 
 # meta keys. The first group is replicated state and part of the digest; the
@@ -122,10 +131,13 @@ META_UNHASHED = frozenset(
 # Bookkeeping of one replica that a snapshot must not carry into another store.
 META_LOCAL = frozenset({META_DIGEST, META_LOADING, META_SEAL, META_CLUSTER, META_CLEAN})
 
-STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED)
+STATES = (WAITING, RUNNING, DONE, FAILED, DEAD, CANCELLED, EXPIRED)
 COUNT_NAMES = ("waiting", "running", "done", "failed", "dead", "cancelled", "delayed")
+# Counters added later, stored only while not zero: a queue record that never had one keeps the bytes
+# (and so the digest) it had before them.
+LATE_COUNT_NAMES = ("expired",)
 
-FINISHED_CODE = {DONE: b"D", FAILED: b"F", DEAD: b"X", CANCELLED: b"C"}
+FINISHED_CODE = {DONE: b"D", FAILED: b"F", DEAD: b"X", CANCELLED: b"C", EXPIRED: b"E"}
 STATE_KEY_CODE = {WAITING: b"W", RUNNING: b"R", **FINISHED_CODE}
 
 _U32 = struct.Struct(">I")
@@ -207,6 +219,10 @@ def lease_key(deadline_ms: int, task_id: str) -> bytes:
     return u64(deadline_ms) + id_key(task_id)
 
 
+def expiry_key(expires_at_ms: int, task_id: str) -> bytes:
+    return u64(expires_at_ms) + id_key(task_id)
+
+
 def worker_lease_key(worker: str, task_id: str) -> bytes:
     return queue_prefix(worker) + id_key(task_id)
 
@@ -279,8 +295,8 @@ def unpack(b: bytes) -> Any:
 
 # A queue record's optional settings (QueueDeclared), stored only when set. result_ttl_ms: finished
 # tasks of the queue are purged by the leader this long after they finished (0: kept; unset: the
-# brokers' result_ttl_s).
-QUEUE_SETTINGS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "result_ttl_ms")
+# brokers' result_ttl_s). expires_ms: its tasks' default expiry (0: none).
+QUEUE_SETTINGS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "result_ttl_ms", "expires_ms")
 
 
 def pack_queue(rec: dict) -> bytes:
@@ -288,7 +304,10 @@ def pack_queue(rec: dict) -> bytes:
     doc = {
         "max_attempts": rec["max_attempts"],
         "lease_ms": rec["lease_ms"],
-        "counts": {c: counts[c] for c in COUNT_NAMES},
+        "counts": {
+            **{c: counts[c] for c in COUNT_NAMES},
+            **{c: counts[c] for c in LATE_COUNT_NAMES if counts.get(c)},
+        },
     }
     for name in QUEUE_SETTINGS:
         if rec.get(name) is not None:

@@ -373,6 +373,10 @@ class StateStore:
         """The earliest lease deadline (ms), for scheduling the next LeaseExpired."""
         return self._reads.next_lease_deadline()
 
+    def next_expiry_ms(self) -> int | None:
+        """The earliest expiry of a waiting task never started (see StateReads.next_expiry_ms)."""
+        return self._reads.next_expiry_ms()
+
     def next_due_ms(self, queues: Iterable[str]) -> int | None:
         """The earliest not-before time of a delayed task in ``queues``, or None."""
         return self._reads.next_due_ms(queues)

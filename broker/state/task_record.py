@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+from broker.state.events import WAITING
 from broker.state.schema import STATES, key_bytes, key_of, pack, state_key, task_id_of, unpack
 
 # A task record's positions. Fields most tasks leave unset come last, so that the trailing
@@ -49,16 +50,20 @@ TASK_LAYOUT = (
     "retry_backoff_max_ms",
     "will_retry",
     "attempt_base",
+    "expires_at_ms",
 )
 # Fields stored only when set (absent from a record that never had them, so such records hash as before).
 # attempt_base: the attempts a task had used when an operator last retried it (TaskRetried,
 # TasksRequeued): it may then run max_attempts more, and attempt numbers (the fencing token) go on.
+# expires_at_ms: a task not started by then goes to expired (broker.state.apply_expiry; relative to
+# submitted_ms like the other times).
 OPTIONAL_TASK_FIELDS = (
     "max_run_ms",
     "retry_backoff_ms",
     "retry_backoff_max_ms",
     "will_retry",
     "attempt_base",
+    "expires_at_ms",
 )
 # Payloads up to this size are kept in the task record: rewriting and re-hashing them with
 # each state change costs less than a second B-tree entry per task.
@@ -106,6 +111,7 @@ def pack_task(key: bytes, rec: dict) -> bytes:
         rec.get("retry_backoff_max_ms"),
         rec.get("will_retry"),
         rec.get("attempt_base"),
+        _rel(rec.get("expires_at_ms"), base),
     ]
     while doc[-1] is None:
         doc.pop()
@@ -140,6 +146,7 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
         backoff_max,
         will_retry,
         attempt_base,
+        expires_at,
     ) = doc
     base = _id_ms(key) + submitted
     rec = {
@@ -162,7 +169,8 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
         "payload": payload,
     }
     for name, value in zip(
-        OPTIONAL_TASK_FIELDS, (max_run_ms, backoff, backoff_max, will_retry, attempt_base)
+        OPTIONAL_TASK_FIELDS,
+        (max_run_ms, backoff, backoff_max, will_retry, attempt_base, _abs(expires_at, base)),
     ):
         if value is not None:
             rec[name] = value
@@ -184,15 +192,18 @@ def record_state_key(task_key: bytes, raw: bytes) -> bytes:
 
 def index_fields(task_key: bytes, raw: bytes) -> tuple:
     """What the indexes of a packed task record derive from, without building the whole record:
-    ``(queue, state, priority, seq, payload_apart, key, worker, lease_deadline_ms, finished_ms)``
-    (a verification reads this for every task)."""
+    ``(queue, state, priority, seq, payload_apart, key, worker, lease_deadline_ms, finished_ms,
+    expiring_at_ms)``, the last set while the task is in the ``expiring`` index (a verification reads
+    this for every task)."""
     doc = unpack(raw)
-    doc += [None] * (14 - len(doc))
+    doc += [None] * (len(TASK_LAYOUT) - len(doc))
     base = _id_ms(task_key) + doc[6]
     idem = doc[9]
+    state = STATES[doc[1]]
+    expiring = doc[22] is not None and expiring_state(state, doc[4])
     return (
         doc[0],
-        STATES[doc[1]],
+        state,
         doc[2],
         doc[3],
         doc[8] is None,
@@ -200,4 +211,11 @@ def index_fields(task_key: bytes, raw: bytes) -> tuple:
         doc[11],
         _abs(doc[12], base),
         _abs(doc[13], base),
+        _abs(doc[22], base) if expiring else None,
     )
+
+
+def expiring_state(state: str, attempts: int) -> bool:
+    """Whether a task with an expiry, in ``state`` after ``attempts`` leases, is in ``expiring``:
+    waiting and never started (once started, a task is no longer "not started by then")."""
+    return state == WAITING and attempts == 0

@@ -2,8 +2,9 @@
 
 Every state change is :func:`leave` (the old state) then :func:`enter` (the new
 one), in the same transaction: leaving takes the task out of its state's index
-(``ready`` or ``delayed`` while waiting, ``leases`` and ``worker_leases`` while
-running, ``finished`` after), out of ``by_state`` and out of its queue's
+(``ready`` or ``delayed`` while waiting, also ``expiring`` for one never started
+that expires; ``leases`` and ``worker_leases`` while running, ``finished`` after),
+out of ``by_state`` and out of its queue's
 counters; entering puts it in the new ones and saves the record. On these:
 :func:`finish` (a final state), :func:`release` (a running attempt ended
 without success: waiting again after its backoff while attempts remain, else
@@ -25,6 +26,7 @@ from broker.state import backoff
 from broker.state.events import DEAD, RUNNING, WAITING, err
 from broker.state.schema import (
     delayed_key,
+    expiry_key,
     finished_key,
     id_key,
     lease_key,
@@ -35,6 +37,7 @@ from broker.state.schema import (
     unpack,
     worker_lease_key,
 )
+from broker.state.task_record import expiring_state
 from broker.state.txn import StateTxn
 from election.wire.codes import E_NO_SUCH_TASK, E_NOT_RUNNING, E_STALE_ATTEMPT
 
@@ -47,6 +50,8 @@ def leave(tx: StateTxn, rec: dict) -> None:
             tx.count(queue, "delayed", -1)
         else:
             tx.must_delete("ready", ready_key(queue, rec["priority"], rec["seq"]))
+        if _expiring(rec):
+            tx.must_delete("expiring", expiry_key(rec["expires_at_ms"], tid))
     elif state == RUNNING:
         tx.must_delete("leases", lease_key(rec["lease_deadline_ms"], tid))
         tx.must_delete("worker_leases", worker_lease_key(rec["worker"], tid))
@@ -66,6 +71,8 @@ def enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
             tx.count(queue, "delayed", 1)
         else:
             tx.put("ready", ready_key(queue, rec["priority"], rec["seq"]), tid_b)
+        if _expiring(rec):
+            tx.put("expiring", expiry_key(rec["expires_at_ms"], tid), b"")
     elif state == RUNNING:
         tx.put("leases", lease_key(rec["lease_deadline_ms"], tid), b"")
         tx.put("worker_leases", worker_lease_key(rec["worker"], tid), b"")
@@ -74,6 +81,10 @@ def enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
     tx.put("by_state", state_key(queue, state, tid_b), b"")
     tx.count(queue, state, 1)
     tx.save_task(rec, tid_b)
+
+
+def _expiring(rec: dict) -> bool:
+    return rec.get("expires_at_ms") is not None and expiring_state(rec["state"], rec["attempts"])
 
 
 def finish(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:

@@ -221,7 +221,8 @@ class StateTxn:
         rec = self.queue(queue)
         if rec is None:
             raise StateCorrupt(f"task refers to undeclared queue {queue!r}")
-        rec["counts"][name] += delta
+        counts = rec["counts"]
+        counts[name] = counts.get(name, 0) + delta  # a late counter (LATE_COUNT_NAMES) may be absent
         self._dirty.add(queue)
 
     def next_seq(self) -> int:

@@ -46,7 +46,7 @@ def primary_digest(records) -> str:
 
 
 def build(path) -> Replica:
-    """A store with a task in every state, delayed ones, automatic keys sharing a short form
+    """A store with a task in every state (expired included), delayed ones, one that expires, automatic keys sharing a short form
     (so the keys index holds a full automatic entry) and a payload kept apart."""
     r = Replica(path)
     r.do("EpochStarted", epoch=1, broker_id=1, now_ms=1)
@@ -57,6 +57,9 @@ def build(path) -> Replica:
     r.submit("k3", key="mine", now_ms=10)
     r.submit("later", delay_ms=1_000, now_ms=10)
     r.do("TaskSubmitted", task_id="big", queue="q", payload=b"x" * 2000, now_ms=10)
+    r.submit("expiring", expires_ms=1_000, now_ms=10)
+    r.submit("expired", expires_ms=5, now_ms=10)
+    r.do("TasksExpired", now_ms=15)
     leased = r.lease(max_tasks=4, now_ms=20)
     r.do("TaskCompleted", task_id=leased[0][0], attempt=1, result=b"r", now_ms=21)
     r.do("TaskFailed", task_id=leased[1][0], attempt=1, error="e", retry=False, now_ms=22)

@@ -42,6 +42,7 @@ def test_defaults_are_filled_in():
         "retry_backoff_ms": None,
         "retry_backoff_max_ms": None,
         "now_ms": 10,
+        "expires_ms": None,
     }
     assert event("TaskFailed", task_id="t", attempt=1, now_ms=0)["retry"] is True
 
@@ -55,6 +56,7 @@ def test_every_type_has_a_minimal_valid_form():
         "TaskCompleted": dict(task_id="t", attempt=1, now_ms=0),
         "TaskFailed": dict(task_id="t", attempt=1, now_ms=0),
         "LeaseExpired": dict(now_ms=0),
+        "TasksExpired": dict(now_ms=0),
         "TaskCancelled": dict(task_id="t", now_ms=0),
         "WorkerSeen": dict(worker="w", now_ms=0),
         "WorkerLost": dict(worker="w", now_ms=0),

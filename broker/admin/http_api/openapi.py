@@ -27,6 +27,8 @@ _DESCRIPTIONS = {
     "max_run": "Seconds one attempt may run.",
     "retry_backoff": "Seconds before the first retry of a failed attempt (doubling after).",
     "retry_backoff_max": "The longest retry backoff, in seconds.",
+    "expires": "Seconds within which the task must start, else it is expired and never runs "
+    "(default: the queue's; needs the cluster's task_expiry flag).",
 }
 
 

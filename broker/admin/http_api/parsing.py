@@ -3,7 +3,7 @@
 - :func:`parse_submit`: a submit's JSON body -> :meth:`Client.submit` keyword
   arguments. ``payload`` (UTF-8 text) or ``payload_b64`` (base64), exactly one;
   ``key``, ``priority``, ``delay`` (s), ``max_attempts``, ``max_run`` (s),
-  ``retry_backoff``/``retry_backoff_max`` (s). Unknown fields and wrong types are
+  ``retry_backoff``/``retry_backoff_max`` (s), ``expires`` (s). Unknown fields and wrong types are
   refused (``bad_request``), JSON that does not parse is ``malformed``.
 - :func:`parse_list_query`, :func:`parse_wait_timeout`: query strings.
 - :func:`bearer_key`: the key of an ``Authorization: Bearer KEY`` header.
@@ -42,8 +42,9 @@ SUBMIT_FIELDS = {
     "max_run": "number",
     "retry_backoff": "number",
     "retry_backoff_max": "number",
+    "expires": "number",
 }
-STATES = ("waiting", "running", "done", "failed", "dead", "cancelled")
+STATES = ("waiting", "running", "done", "failed", "dead", "cancelled", "expired")
 MAX_KEY_CHARS = 1024
 MAX_PRIORITY = 1 << 31
 MAX_SECONDS = 10 * 365 * 86400.0
@@ -145,6 +146,7 @@ def parse_submit(body: bytes, queue: str) -> dict:
         ("max_run", None),
         ("retry_backoff", 0.0),
         ("retry_backoff_max", 0.0),
+        ("expires", None),
     ):
         if name in fields:
             value = float(fields[name])

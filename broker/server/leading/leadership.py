@@ -44,6 +44,7 @@ import logging
 from typing import Any, Callable
 
 from broker import protocol
+from broker.protocol.feature_gate import refusal
 from broker.protocol.schedules import FLAG as SCHEDULES_FLAG
 from broker.protocol.schedules import SCHEDULE_WRITES
 from broker.protocol.writes import reply_fields, request_events
@@ -57,6 +58,7 @@ from broker.server.leading.parking import LeaseParking, incoming
 from broker.server.leading.retry_stamp import stamp_retry_delay
 from broker.server.leading.schedules import SCHEDULE_ENTRY, ScheduleFiring
 from broker.server.leading.session import LeaderHooks, LeaderSession
+from broker.server.leading.task_expiry import expiry_events
 from broker.server.leading.upkeep import LogUpkeep
 from broker.server.leading.zk_outage import REASON_ROLL_POSTPONED, ZkLink
 from broker.server.store.follower import Diverged
@@ -190,6 +192,10 @@ class Leadership(ConfirmedReads):
             self.hooks.send(
                 route, wire.error_reply(rid, codes.E_FEATURE_DISABLED, _SCHEDULES_OFF), op, started
             )
+            return
+        refused = refusal(req, self.hooks.feature_enabled)
+        if refused is not None:
+            self.hooks.send(route, wire.error_reply(rid, codes.E_FEATURE_DISABLED, refused), op, started)
             return
         if op in protocol.WORKER_OPS:
             self.housekeeping.heard_from(req["worker"], req.get("queues"), self.leader_clock.now_ms())
@@ -353,6 +359,9 @@ class Leadership(ConfirmedReads):
         now_ms = self.leader_clock.now_ms()
         if deadline is not None and deadline <= now_ms:
             self._add_internal([{"type": "LeaseExpired", "now_ms": now_ms}])
+        expiry = expiry_events(self.store, now_ms, self.hooks.feature_enabled)
+        if expiry:
+            self._add_internal(expiry)  # waiting tasks past their expiry (task_expiry.py)
 
     def _housekeeping(self) -> None:
         """WorkerSeen, WorkerLost and result_ttl purges that are due (broker/server/leading/housekeeping.py)."""

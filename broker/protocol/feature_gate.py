@@ -1,0 +1,64 @@
+"""Which request options need a feature flag, and the leader's refusal while it is not enabled.
+
+An option whose events an older member would misread (a late event field, a new event kind, a
+new state) is written only once its flag is enabled (docs/upgrading.md). Until then the leader
+answers the request ``feature_disabled`` with :func:`refusal`'s message, which names the command
+that enables the flag; the request changes nothing. Pure: the leader passes its
+``feature_enabled``.
+
+- ``task_expiry``: a submit's ``expires_ms`` (in ``submit`` or any task of ``submit_many``), a
+  queue's ``expires_ms`` (``declare_queue``). A purge that names ``expired`` among other states
+  is carried out without it (no task can have expired before the flag), one naming only
+  ``expired`` is refused.
+
+Example::
+
+    message = refusal(req, hooks.feature_enabled)
+    if message is not None:
+        send(wire.error_reply(rid, codes.E_FEATURE_DISABLED, message))
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from broker.state.events import EXPIRED
+
+EXPIRY_FLAG = "task_expiry"
+
+
+def disabled_message(what: str, flag: str) -> str:
+    """The one line a leader answers an option of a flag the cluster has not enabled."""
+    return (
+        f"{what} needs the {flag} feature flag, which this cluster has not enabled: "
+        f"`fencepost cluster enable-feature {flag}` once every member runs a version that supports it "
+        "(`fencepost cluster features`)"
+    )
+
+
+def _submits(req: dict) -> list[dict]:
+    op = req["op"]
+    if op == "submit":
+        return [req]
+    return req["tasks"] if op == "submit_many" else []
+
+
+def refusal(req: dict, enabled: Callable[[str], bool]) -> str | None:
+    """Why the leader refuses the checked write ``req`` (a flag it needs is off), or None to go on.
+
+    A ``purge_queue`` may be changed in place: ``expired`` is left out of its states while
+    ``task_expiry`` is off.
+    """
+    if enabled(EXPIRY_FLAG):
+        return None
+    op = req["op"]
+    if any(sub.get("expires_ms") is not None for sub in _submits(req)):
+        return disabled_message("a task's expiry (expires)", EXPIRY_FLAG)
+    if op == "declare_queue" and req.get("expires_ms") is not None:
+        return disabled_message("a queue's expiry (expires)", EXPIRY_FLAG)
+    if op == "purge_queue" and EXPIRED in req["states"]:
+        states = [state for state in req["states"] if state != EXPIRED]
+        if not states:
+            return disabled_message("the expired state", EXPIRY_FLAG)
+        req["states"] = states
+    return None
