@@ -16,6 +16,12 @@ from commands.output import emit
 
 # The options every pipeline command shares.
 MASTER = click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+SPARK = click.option(
+    "--spark/--no-spark",
+    default=None,
+    help="Run with Spark whatever the history's size (--spark), or never (--no-spark). By default a "
+    "history of fewer than 100,000 events runs in this process, without starting Spark.",
+)
 SECRET_FILE = click.option(
     "--secret-file",
     type=click.Path(dir_okay=False),
@@ -113,7 +119,7 @@ def _human_analyze(summary: dict) -> None:
     click.echo(
         f"analyzed {summary['events']} events ({summary['entries']} entries) of {summary['source']}: "
         f"{summary['tasks']} tasks, {summary['attempts']} attempts, {summary['epochs']} epochs "
-        f"in {summary['seconds']} s"
+        f"in {summary['seconds']} s with {summary['engine']}"
     )
     for queue, counts in summary["queues"].items():
         states = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
@@ -175,21 +181,25 @@ def _progress_line():
 )
 @click.option("--until", default=None, help="End of the window (excluded), like --since.")
 @MASTER
+@SPARK
 @SECRET_FILE
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @cluster_options
-def analyze(out_dir, export_dir, since, until, master, secret_file, as_json, zk, cluster, dev_dir) -> None:
+def analyze(
+    out_dir, export_dir, since, until, master, spark, secret_file, as_json, zk, cluster, dev_dir
+) -> None:
     """Analyze the history: Parquet tables (tasks, queue minutes, latency, workers, epochs) and report.html.
 
     Reads the log from the bookies (or an export), replays it for the leases
     the log does not name, and writes the tables and a self-contained HTML
-    report with charts under --out. Spark runs locally unless --master says otherwise.
+    report with charts under --out. A small history runs in this process; a larger one
+    with Spark, locally unless --master says otherwise. The summary says which ran.
     """
     require("pipeline", "fencepost analyze")
     from pipeline.analyze import Window, parse_time
     from pipeline.analyze_run import HistorySource, run_analyze
+    from pipeline.engine import with_engine
     from pipeline.plan import ClusterAddress
-    from pipeline.spark import spark_session
 
     window = Window(parse_time(since) if since else None, parse_time(until) if until else None)
     if export_dir:
@@ -198,11 +208,14 @@ def analyze(out_dir, export_dir, since, until, master, secret_file, as_json, zk,
         hosts, name = resolve_cluster(zk, cluster, dev_dir)
         source = HistorySource(address=ClusterAddress(hosts, name, secret_file=secret_file))
     progress = _progress_line()
-    spark = spark_session(master=master, app_name="fencepost-analyze")
     try:
-        summary = run_analyze(spark, source, Path(out_dir), window, progress)
+        summary = with_engine(
+            lambda frames: run_analyze(frames, source, Path(out_dir), window, progress),
+            spark,
+            master,
+            "fencepost-analyze",
+        )
     finally:
-        spark.stop()
         progress("")
     emit(summary, as_json, _human_analyze)
 
@@ -217,7 +230,8 @@ def _human_audit(summary: dict) -> None:
         + (f" ({len(shards)} shards)" if len(shards) > 1 else "")
         + f"; replayed {replayed.get('events', 0)} events ({replayed.get('events_per_s') or 0} events/s); "
         f"{summary['state_digests']['compared']} state digests and "
-        f"{sum(1 for b in summary['brokers'] if b.get('compared'))} broker digests compared"
+        f"{sum(1 for b in summary['brokers'] if b.get('compared'))} broker digests compared "
+        f"with {summary['engine']}"
     )
     for shard in shards if len(shards) > 1 else ():
         events = (shard["replay"] or {}).get("events", 0)
@@ -252,6 +266,7 @@ def _human_audit(summary: dict) -> None:
     "each matched to its shard by the ledger of its position.",
 )
 @MASTER
+@SPARK
 @click.option(
     "--entries-per-partition",
     type=click.IntRange(1),
@@ -263,14 +278,24 @@ def _human_audit(summary: dict) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary and the findings as JSON.")
 @cluster_options
 def audit(
-    export_dir, snapshot_files, master, entries_per_partition, secret_file, as_json, zk, cluster, dev_dir
+    export_dir,
+    snapshot_files,
+    master,
+    spark,
+    entries_per_partition,
+    secret_file,
+    as_json,
+    zk,
+    cluster,
+    dev_dir,
 ) -> None:
     """Check the history: gaps, epochs, every replica, each task's events, state digests; exit 1 on any finding.
 
-    Every copy of every entry of every shard is read from the bookies by Spark
-    (local by default); each shard's history is replayed in this process into a
-    temporary state store and compared with that shard's StateDigest entries and
-    each of its live brokers' digests. Each finding names its shard.
+    Every copy of every entry of every shard is read from the bookies, and each
+    shard's history is replayed into a temporary state store and compared with that
+    shard's StateDigest entries and each of its live brokers' digests: by Spark
+    (local by default), or in this process for a small history. Each finding names
+    its shard; the summary says which engine ran.
     """
     require("pipeline", "fencepost audit")
     from pipeline.audit import audit_cluster, audit_export, plan_audit
@@ -282,18 +307,19 @@ def audit(
         if export_dir:
             report = audit_export(Path(export_dir), snapshot=snapshot, progress=progress)
         else:
-            from pipeline.spark import spark_session
+            from pipeline.engine import with_engine
 
             hosts, name = resolve_cluster(zk, cluster, dev_dir)
             address = ClusterAddress(hosts, name, secret_file=secret_file)
             plan = plan_audit(address, snapshot)  # fails fast, before Spark takes seconds to start
-            spark = spark_session(master=master, app_name="fencepost-audit")
-            try:
-                report = audit_cluster(
-                    spark, address, progress=progress, entries_per_partition=entries_per_partition, plan=plan
-                )
-            finally:
-                spark.stop()
+            report = with_engine(
+                lambda frames: audit_cluster(
+                    frames, address, progress=progress, entries_per_partition=entries_per_partition, plan=plan
+                ),
+                spark,
+                master,
+                "fencepost-audit",
+            )
     finally:
         progress("", 0, None)
     summary = report.summary()

@@ -1,44 +1,57 @@
-"""``fencepost analyze``: where the time went, as Spark tables built from the event rows (docs/pipeline.md).
+"""``fencepost analyze``: where the time went, as tables built from the event rows (docs/pipeline.md).
 
-Every function here is a pure DataFrame transformation of the event rows
-(:mod:`pipeline.rows`) and of each task's life (:mod:`pipeline.task_life`: its
-steps in log order by apply's rules, with what only a replay of the state tells,
-the lease grants and releases of :mod:`pipeline.replay`). The tables:
+Each table is one function of an Arrow table holding whole groups of its key, run by an
+engine of :mod:`pipeline.frames` (in this process, or mapped over Spark partitions), on the
+event rows (:mod:`pipeline.rows`) and each task's life (:mod:`pipeline.life_rows`: its steps
+in log order by apply's rules, with what only a replay of the state or the ``Outcomes``
+events tell, the lease grants and releases). The tables:
 
 - ``tasks``: one row per task (its shard, submit, first start, finish, attempts, final state, worker);
 - ``queue_minutes``: per queue per minute, how many tasks were submitted, started, finished, failed, died;
 - ``latency``: per queue, submit-to-start and submit-to-finish p50/p90/p99;
 - ``workers``: per worker, busy time over the window;
 - ``epochs``: per shard per leader epoch, its leader, start, end and the write gap before it (wall clock and
-  leader time).
+  leader time; :mod:`pipeline.epoch_rows`).
 
 A cluster of several shards is analysed whole: rows carry their ``shard``, each shard's
-history is in the order of its own log (:mod:`pipeline.task_life`), the queue, latency and
-worker tables cover every shard, and each shard has its own epochs and failovers.
+history is in the order of its own log, the queue, latency and worker tables cover every
+shard, and each shard has its own epochs and failovers.
 
 Example::
 
-    events = prepare_events(spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").load())
-    tables = analyze_events(events, grants, releases, ledgers, Window(since_ms=None, until_ms=None))
-    # grants, releases: from pipeline.replay (see pipeline.analyze_run); ledgers: ledger_id, created_ms
-    tables["latency"].show()
+    frames = ArrowFrames()                             # or SparkFrames(spark)
+    tables = analyze_events(frames, events, grants, releases, {7: created_ms}, Window())
+    frames.collect(tables["latency"]).to_pylist()
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
+from typing import Any
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import Window as W
-from pyspark.sql import functions as F
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline import PipelineError
-from pipeline.task_life import POSITION, task_life
+from pipeline.epoch_rows import EPOCH_ROW_SCHEMA, EPOCH_SCHEMA, epoch_rows, epochs
+from pipeline.life_rows import (
+    LIFE_SCHEMA,
+    STEP_SCHEMA,
+    SUBMIT_ROW_SCHEMA,
+    created_submits,
+    end_steps,
+    grant_steps,
+    life_rows,
+    release_steps,
+    submit_rows,
+)
+from pipeline.window import Window
+
+__all__ = ["TABLES", "TABLE_ORDER", "Window", "analyze_events", "parse_time"]
 
 TABLES = ("tasks", "queue_minutes", "latency", "workers", "epochs")
-# The order each table is written in. The functions here leave their tables unsorted: a global
-# sort costs a sampling job and a shuffle, and a table written as one file sorts within it.
+# The order each table is written in (a table is one file, sorted within it).
 TABLE_ORDER = {
     "tasks": ("submitted_ms", "task_id"),
     "queue_minutes": ("queue", "minute_ms"),
@@ -48,50 +61,35 @@ TABLE_ORDER = {
 }
 MINUTE_MS = 60_000
 PERCENTILES = (0.5, 0.9, 0.99)
-# The event columns the analysis reads: the rest is left out of the cached copy.
-EVENT_COLUMNS = (
-    *POSITION,
-    "shard",
-    "epoch",
-    "type",
-    "task_id",
-    "queue",
-    "attempt",
-    "worker",
-    "ts_ms",
-    "key",
-    "retry",
-    "max_attempts",
-    "extra",
+_FINISHED = ("done", "failed", "dead", "cancelled")
+_RAN_TO_AN_END = ("done", "failed", "dead")
+_I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
+TASK_SCHEMA = pa.schema(
+    [
+        ("task_id", _STR),
+        ("shard", pa.int32()),
+        ("queue", _STR),
+        ("submitted_ms", _I64),
+        ("first_start_ms", _I64),
+        ("finished_ms", _I64),
+        ("attempts", _I64),
+        ("final_state", _STR),
+        ("worker", _STR),
+        ("max_attempts", _I64),
+    ]
 )
-GRANT_COLUMNS = (*POSITION, "task_id", "attempt", "worker", "ts_ms", "queue")
-RELEASE_COLUMNS = (*POSITION, "task_id", "attempt", "ts_ms", "state")
-LEDGER_DDL = "ledger_id bigint, created_ms bigint"
-RELEASE_DDL = (
-    "ledger_id bigint, entry_id bigint, event_index int, task_id string, attempt bigint, ts_ms bigint, "
-    "state string"
+_COUNTED = ("submitted", "started", "finished", "failed", "dead", "cancelled")
+MINUTE_SCHEMA = pa.schema([("queue", _STR), ("minute_ms", _I64), *((name, _I64) for name in _COUNTED)])
+LATENCY_SCHEMA = pa.schema(
+    [("queue", _STR), ("tasks", _I64), ("started", _I64), ("finished", _I64)]
+    + [(f"{k}_p{round(p * 100)}_ms", _F64) for k in ("start", "finish") for p in PERCENTILES]
 )
-
-
-@dataclass(frozen=True)
-class Window:
-    """The time window analysed, in ms since the epoch; None: from the history's start / to its end.
-
-    Example::
-
-        Window(parse_time("2026-11-24T08:00"), None)
-    """
-
-    since_ms: int | None = None
-    until_ms: int | None = None
-
-    def contains(self, ts: Column) -> Column:
-        cond = F.lit(True)
-        if self.since_ms is not None:
-            cond = cond & (ts >= F.lit(self.since_ms))
-        if self.until_ms is not None:
-            cond = cond & (ts < F.lit(self.until_ms))
-        return cond
+SPAN_SCHEMA = pa.schema(
+    [("task_id", _STR), ("attempt", _I64), ("worker", _STR), ("start_ms", _I64), ("end_ms", _I64)]
+)
+WORKER_SCHEMA = pa.schema(
+    [("worker", _STR), ("attempts", _I64), ("busy_ms", _I64), ("window_ms", _I64), ("utilization", _F64)]
+)
 
 
 def parse_time(text: str) -> int:
@@ -110,211 +108,173 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def task_table(life: DataFrame) -> DataFrame:
-    """One row per task: task_id, shard, queue, submitted_ms, first_start_ms, finished_ms, attempts,
-    final_state, worker, max_attempts."""
-    position = F.struct(*POSITION)
-    grant = F.col("kind") == "grant"
-    final = F.max_by("state", position)
-    return (
-        life.groupBy("task_id", "shard", "queue")
-        .agg(
-            F.min(F.when(F.col("kind") == "submit", F.col("ts_ms"))).alias("submitted_ms"),
-            F.min(F.when(grant, F.col("ts_ms"))).alias("first_start_ms"),
-            F.max_by("ts_ms", position).alias("_last_ms"),
-            F.coalesce(F.max(F.when(grant, F.col("attempt"))), F.lit(0)).alias("attempts"),
-            final.alias("final_state"),
-            F.max_by(F.when(grant, F.col("worker")), F.when(grant, position)).alias("worker"),
-            F.first("max_attempts").alias("max_attempts"),
-        )
-        .withColumn(
-            "finished_ms",
-            F.when(F.col("final_state").isin("done", "failed", "dead", "cancelled"), F.col("_last_ms")),
-        )
-        .select(
-            "task_id",
-            "shard",
-            "queue",
-            "submitted_ms",
-            "first_start_ms",
-            "finished_ms",
-            "attempts",
-            "final_state",
-            "worker",
-            "max_attempts",
-        )
-    )
+def _by(rows: list[dict], key: str) -> dict[Any, list[dict]]:
+    groups: dict[Any, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row[key], []).append(row)
+    return groups
 
 
-def queue_minutes(life: DataFrame, window: Window) -> DataFrame:
+def _in_log_order(life: pa.Table) -> list[dict]:
+    order = [(name, "ascending") for name in ("task_id", "ledger_id", "entry_id", "event_index")]
+    return life.sort_by(order).to_pylist()
+
+
+def task_rows(life: pa.Table, window: Window) -> pa.Table:
+    """One row per task submitted in the window (:data:`TASK_SCHEMA`); by ``task_id``."""
+    out = []
+    for task_id, steps in _by(_in_log_order(life), "task_id").items():
+        grants = [s for s in steps if s["kind"] == "grant"]
+        last = steps[-1]
+        submitted = min(s["ts_ms"] for s in steps if s["kind"] == "submit")
+        if not window.holds(submitted):
+            continue
+        out.append(
+            {
+                "task_id": task_id,
+                "shard": last["shard"],
+                "queue": last["queue"],
+                "submitted_ms": submitted,
+                "first_start_ms": min((g["ts_ms"] for g in grants), default=None),
+                "finished_ms": last["ts_ms"] if last["state"] in _FINISHED else None,
+                "attempts": max((g["attempt"] for g in grants), default=0),
+                "final_state": last["state"],
+                "worker": grants[-1]["worker"] if grants else None,
+                "max_attempts": last["max_attempts"],
+            }
+        )
+    return pa.Table.from_pylist(out, schema=TASK_SCHEMA)
+
+
+def queue_minutes(life: pa.Table, window: Window) -> pa.Table:
     """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead,
-    cancelled."""
-    steps = life.where(window.contains(F.col("ts_ms"))).withColumn(
-        "minute_ms", F.floor(F.col("ts_ms") / MINUTE_MS).cast("bigint") * MINUTE_MS
+    cancelled (:data:`MINUTE_SCHEMA`); by ``queue``."""
+    steps = life.filter(window.mask(life["ts_ms"])) if window.bounded else life
+    kind, state = steps["kind"], steps["state"]
+
+    def count(cond) -> pa.Array:
+        return pc.fill_null(pc.cast(cond, _I64), 0)
+
+    counted = pa.table(
+        {
+            "queue": steps["queue"],
+            "minute_ms": pc.multiply(pc.divide(steps["ts_ms"], MINUTE_MS), MINUTE_MS),
+            "submitted": count(pc.equal(kind, "submit")),
+            "started": count(pc.equal(kind, "grant")),
+            "finished": count(pc.equal(state, "done")),
+            "failed": count(pc.equal(state, "failed")),
+            "dead": count(pc.equal(state, "dead")),
+            "cancelled": count(pc.equal(state, "cancelled")),
+        }
     )
-
-    def count(cond: Column, name: str) -> Column:
-        return F.sum(F.when(cond, 1).otherwise(0)).cast("bigint").alias(name)
-
-    kind, state = F.col("kind"), F.col("state")
-    return steps.groupBy("queue", "minute_ms").agg(
-        count(kind == "submit", "submitted"),
-        count(kind == "grant", "started"),
-        count(state == "done", "finished"),
-        count(state == "failed", "failed"),
-        count(state == "dead", "dead"),
-        count(state == "cancelled", "cancelled"),
-    )
-
-
-def latency(tasks: DataFrame) -> DataFrame:
-    """Per queue: submit-to-first-start and submit-to-finish (done, failed or dead) percentiles, in ms."""
-    to_start = F.col("first_start_ms") - F.col("submitted_ms")
-    ran_to_end = F.col("final_state").isin("done", "failed", "dead")
-    to_finish = F.when(ran_to_end, F.col("finished_ms") - F.col("submitted_ms"))
-    aggs = [
-        F.count("*").alias("tasks"),
-        F.count(to_start).alias("started"),
-        F.count(to_finish).alias("finished"),
-        F.percentile(to_start, list(PERCENTILES)).alias("_start"),
-        F.percentile(to_finish, list(PERCENTILES)).alias("_finish"),
-    ]
-    table = tasks.groupBy("queue").agg(*aggs)
-    cols = ["queue", "tasks", "started", "finished"]
-    for prefix in ("start", "finish"):
-        for i, p in enumerate(PERCENTILES):
-            cols.append(F.col(f"_{prefix}")[i].alias(f"{prefix}_p{round(p * 100)}_ms"))
-    return table.select(*cols)
-
-
-def attempt_spans(life: DataFrame, history_end_ms: int) -> DataFrame:
-    """One row per attempt: task_id, attempt, worker, start_ms, end_ms.
-
-    An attempt ends at its completion, failure or release (lease expired,
-    worker lost); one still running ends at the history's end.
-    """
-    grants = life.where(F.col("kind") == "grant").select(
-        "task_id", "attempt", "worker", F.col("ts_ms").alias("start_ms")
-    )
-    ends = life.where(F.col("kind").isin("complete", "fail", "release")).select(
-        "task_id", "attempt", F.col("ts_ms").alias("_end")
-    )
-    end = F.greatest(F.coalesce("_end", F.lit(history_end_ms)), F.col("start_ms"))
-    return grants.join(ends, ["task_id", "attempt"], "left").select(
-        "task_id", "attempt", "worker", "start_ms", end.alias("end_ms")
+    table = counted.group_by(["queue", "minute_ms"]).aggregate([(name, "sum") for name in _COUNTED])
+    return table.rename_columns([c.removesuffix("_sum") for c in table.column_names]).select(
+        MINUTE_SCHEMA.names
     )
 
 
-def worker_utilization(spans: DataFrame, start_ms: int, end_ms: int) -> DataFrame:
-    """Per worker: attempts started and busy time within [start_ms, end_ms), and busy / window."""
-    clipped = F.least(F.col("end_ms"), F.lit(end_ms)) - F.greatest(F.col("start_ms"), F.lit(start_ms))
+def _percentiles(values: list[int]) -> list[float | None]:
+    if not values:
+        return [None] * len(PERCENTILES)
+    # Exact and linearly interpolated between the two nearest values.
+    return pc.quantile(pa.array(values, _I64), q=list(PERCENTILES), interpolation="linear").to_pylist()
+
+
+def latency(tasks: pa.Table) -> pa.Table:
+    """Per queue: submit-to-first-start and submit-to-finish (done, failed or dead) percentiles in ms
+    (:data:`LATENCY_SCHEMA`); by ``queue``."""
+    out = []
+    for queue, rows in _by(tasks.to_pylist(), "queue").items():
+        to_start = [r["first_start_ms"] - r["submitted_ms"] for r in rows if r["first_start_ms"] is not None]
+        to_finish = [
+            r["finished_ms"] - r["submitted_ms"]
+            for r in rows
+            if r["final_state"] in _RAN_TO_AN_END and r["finished_ms"] is not None
+        ]
+        figures = [queue, len(rows), len(to_start), len(to_finish), *_percentiles(to_start)]
+        figures += _percentiles(to_finish)
+        out.append(dict(zip(LATENCY_SCHEMA.names, figures)))
+    return pa.Table.from_pylist(out, schema=LATENCY_SCHEMA)
+
+
+def attempt_spans(life: pa.Table, history_end_ms: int) -> pa.Table:
+    """One row per attempt (:data:`SPAN_SCHEMA`); by ``task_id``. An attempt ends at its completion,
+    failure or release (lease expired, worker lost); one still running ends at the history's end."""
+    out = []
+    for task_id, steps in _by(_in_log_order(life), "task_id").items():
+        ends = {}
+        for s in steps:
+            if s["kind"] in ("complete", "fail", "release"):
+                ends.setdefault(s["attempt"], []).append(s["ts_ms"])
+        for g in (s for s in steps if s["kind"] == "grant"):
+            for end in ends.get(g["attempt"], [history_end_ms]):
+                out.append(
+                    {
+                        "task_id": task_id,
+                        "attempt": g["attempt"],
+                        "worker": g["worker"],
+                        "start_ms": g["ts_ms"],
+                        "end_ms": max(history_end_ms if end is None else end, g["ts_ms"]),
+                    }
+                )
+    return pa.Table.from_pylist(out, schema=SPAN_SCHEMA)
+
+
+def worker_utilization(spans: pa.Table, start_ms: int, end_ms: int) -> pa.Table:
+    """Per worker: attempts started and busy time within [start_ms, end_ms], and busy / window
+    (:data:`WORKER_SCHEMA`); by ``worker``."""
     window_ms = max(end_ms - start_ms, 1)
-    return (
-        spans.where((F.col("end_ms") >= start_ms) & (F.col("start_ms") < end_ms))
-        .groupBy("worker")
-        .agg(
-            F.count("*").alias("attempts"),
-            F.sum(F.greatest(clipped, F.lit(0))).cast("bigint").alias("busy_ms"),
-        )
-        .withColumn("window_ms", F.lit(window_ms).cast("bigint"))
-        .withColumn("utilization", F.col("busy_ms") / F.col("window_ms"))
-    )
-
-
-def epochs(events: DataFrame, ledgers: DataFrame, window: Window) -> DataFrame:
-    """Per shard per epoch (each shard elects its own leaders): leader broker_id, ledger_id, start_ms, end_ms,
-    the write gap before it, entries, events.
-
-    ``start_ms`` is the epoch's ``EpochStarted`` time and ``end_ms`` its last
-    stamped event's, in leader time; ``leader_gap_ms`` is the failover's write
-    gap in leader time: from the previous epoch's last event to this one's
-    ``EpochStarted``. Leader time is not the wall clock across a failover (a
-    successor that caught up at its takeover continues from its predecessor's
-    last stamp), so ``gap_ms`` measures the gap by the wall clock: ``ledgers``
-    (ledger_id, created_ms) says when each ledger was created by ZooKeeper's
-    clock, and within an epoch leader time runs at the wall clock's rate, so
-    the previous epoch ended ``its end_ms - its start_ms`` after its ledger
-    was created. ``gap_ms`` is null where a ledger's creation is unknown.
-    """
-    started = events.where(F.col("type") == "EpochStarted").select(
-        "shard",
-        F.get_json_object("extra", "$.epoch").cast("bigint").alias("epoch"),
-        F.get_json_object("extra", "$.broker_id").cast("bigint").alias("broker_id"),
-        F.col("ts_ms").alias("_started"),
-    )
-    spans = events.groupBy("shard", "epoch").agg(
-        F.min("ledger_id").alias("ledger_id"),
-        F.min("ts_ms").alias("_first"),
-        F.max("ts_ms").alias("end_ms"),
-        F.count_distinct("ledger_id", "entry_id").alias("entries"),
-        F.count("*").alias("events"),
-    )
-    previous = W.partitionBy("shard").orderBy("epoch")
-    table = (
-        spans.join(started, ["shard", "epoch"], "left")
-        .join(ledgers.select("ledger_id", "created_ms"), "ledger_id", "left")
-        .withColumn("start_ms", F.coalesce("_started", "_first"))
-        .withColumn("_wall_end", F.col("created_ms") + F.col("end_ms") - F.col("start_ms"))
-        .withColumn("leader_gap_ms", F.col("start_ms") - F.lag("end_ms").over(previous))
-        .withColumn("gap_ms", F.col("created_ms") - F.lag("_wall_end").over(previous))
-    )
-    inside = F.lit(True)
-    if window.since_ms is not None:
-        inside = inside & (F.col("end_ms") >= window.since_ms)
-    if window.until_ms is not None:
-        inside = inside & (F.col("start_ms") < window.until_ms)
-    return table.where(inside).select(
-        "shard",
-        "epoch",
-        "broker_id",
-        "ledger_id",
-        "start_ms",
-        "end_ms",
-        "gap_ms",
-        "leader_gap_ms",
-        F.col("created_ms").alias("ledger_created_ms"),
-        "entries",
-        "events",
-    )
-
-
-def prepare_events(events: DataFrame) -> DataFrame:
-    """The event columns the analysis reads, cached: read once from the bookies, however many tables."""
-    return events.select(*EVENT_COLUMNS).cache()
-
-
-def history_span(events: DataFrame, window: Window) -> tuple[int, int] | None:
-    """The [start, end] ms analysed: the window, bounded by the first and last stamped event; None if empty."""
-    row = events.agg(F.min("ts_ms"), F.max("ts_ms")).first()
-    if row is None or row[0] is None:
-        return None
-    start = row[0] if window.since_ms is None else max(row[0], window.since_ms)
-    end = row[1] if window.until_ms is None else min(row[1], window.until_ms)
-    return start, max(start, end)
+    busy: dict[str, list[int]] = {}
+    for span in spans.to_pylist():
+        if span["end_ms"] >= start_ms and span["start_ms"] < end_ms:
+            clipped = min(span["end_ms"], end_ms) - max(span["start_ms"], start_ms)
+            figures = busy.setdefault(span["worker"], [0, 0])
+            figures[0] += 1
+            figures[1] += max(clipped, 0)
+    rows = [
+        {"worker": w, "attempts": n, "busy_ms": ms, "window_ms": window_ms, "utilization": ms / window_ms}
+        for w, (n, ms) in busy.items()
+    ]
+    return pa.Table.from_pylist(rows, schema=WORKER_SCHEMA)
 
 
 def analyze_events(
-    events: DataFrame,
-    grants: DataFrame,
-    releases: DataFrame,
-    ledgers: DataFrame,
+    frames,
+    events,
+    grants,
+    releases,
+    ledgers: dict[int, int],
     window: Window,
-    span: tuple[int, int] | None = None,
-) -> dict[str, DataFrame]:
-    """The tables (:data:`TABLES`) of the history in ``events`` (as :func:`prepare_events` returns them: every
-    table reads them); ``grants`` and ``releases`` (see :func:`task_life`) come from a replay of that history,
-    ``ledgers`` (see :func:`epochs`) from ZooKeeper; ``span``: :func:`history_span`, if already known."""
-    events = events.select(*EVENT_COLUMNS)
-    span = span or history_span(events, window)
-    if span is None:
-        raise PipelineError("the history holds no events to analyze")
-    life = task_life(events, grants.select(*GRANT_COLUMNS), releases.select(*RELEASE_COLUMNS)).cache()
-    tasks_in_window = task_table(life).where(window.contains(F.col("submitted_ms"))).cache()
-    spans = attempt_spans(life, span[1])
+    span: tuple[int, int],
+) -> dict[str, Any]:
+    """The tables (:data:`TABLES`) of the history in ``events`` (frames of ``frames``: every table reads
+    them); ``grants`` (``GRANT_SCHEMA``) and ``releases`` (``RELEASE_SCHEMA``) from a replay of that
+    history or its ``Outcomes``; ``ledgers``: each ledger's creation time (ZooKeeper's clock); ``span``:
+    the [start, end] ms analysed (:func:`pipeline.history_counts.history_span`)."""
+    steps = frames.union(
+        frames.per_group(
+            frames.map(events, submit_rows, SUBMIT_ROW_SCHEMA),
+            ["shard", "queue"],
+            created_submits,
+            STEP_SCHEMA,
+        ),
+        frames.map(events, end_steps, STEP_SCHEMA),
+        frames.map(grants, grant_steps, STEP_SCHEMA),
+        frames.map(releases, release_steps, STEP_SCHEMA),
+    )
+    life = frames.cache(frames.per_group(steps, ["task_id"], life_rows, LIFE_SCHEMA))
+    tasks = frames.cache(frames.per_group(life, ["task_id"], partial(task_rows, window=window), TASK_SCHEMA))
+    spans = frames.per_group(life, ["task_id"], partial(attempt_spans, history_end_ms=span[1]), SPAN_SCHEMA)
+    worked = partial(worker_utilization, start_ms=span[0], end_ms=span[1])
+    ledger_epochs = partial(epochs, ledgers=ledgers, window=window)
     return {
-        "tasks": tasks_in_window,
-        "queue_minutes": queue_minutes(life, window),
-        "latency": latency(tasks_in_window),
-        "workers": worker_utilization(spans, span[0], span[1]),
-        "epochs": epochs(events, ledgers, window),
+        "tasks": tasks,
+        "queue_minutes": frames.per_group(
+            life, ["queue"], partial(queue_minutes, window=window), MINUTE_SCHEMA
+        ),
+        "latency": frames.per_group(tasks, ["queue"], latency, LATENCY_SCHEMA),
+        "workers": frames.per_group(spans, ["worker"], worked, WORKER_SCHEMA),
+        "epochs": frames.per_group(
+            frames.map(events, epoch_rows, EPOCH_ROW_SCHEMA), ["shard"], ledger_epochs, EPOCH_SCHEMA
+        ),
     }

@@ -1,20 +1,21 @@
 """One ``fencepost analyze`` run: read the history, learn what apply decided, write the tables and the report.
 
-The events of every shard are read by Spark (from the bookies or an export
-directory). Which task each lease handed out and which attempts an expiry or a
-lost worker ended are read from the ``Outcomes`` events where the log has them
-(the ``event_outcomes`` flag; :mod:`pipeline.outcome_tables`, Spark jobs); only a
-shard with entries they do not describe (its history before the flag) is
-replayed in the driver (:mod:`pipeline.replay`), up to the last such entry, and
-only those entries count from the replay. The tables of
+The events of every shard are read by Spark (from the bookies or an export directory),
+or, for a small history, in this process (:mod:`pipeline.arrow_history`); the tables are
+then computed by the same functions either way (:mod:`pipeline.frames`). Which task each
+lease handed out and which attempts an expiry or a lost worker ended are read from the
+``Outcomes`` events where the log has them (the ``event_outcomes`` flag;
+:mod:`pipeline.outcome_tables`); only a shard with entries they do not describe (its
+history before the flag) is replayed in the driver (:mod:`pipeline.replay`), up to the last
+such entry, and only those entries count from the replay. The tables of
 :mod:`pipeline.analyze` go to ``OUT/<table>/`` as Parquet, the report to
-``OUT/report.html``; the run returns a short summary.
+``OUT/report.html``; the run returns a short summary, which says the ``engine`` that ran.
 
 Example::
 
-    spark = spark_session()
-    summary = run_analyze(spark, HistorySource(address=ClusterAddress(hosts, "dev")), Path("fp-analysis"))
-    summary["queues"]["mail"]["done"], summary["failovers"], summary["report"]
+    summary = run_analyze(ArrowFrames(), HistorySource(address=ClusterAddress(hosts, "dev")), Path("fp-analysis"))
+    summary = run_analyze(SparkFrames(spark_session()), source, out)      # any size
+    summary["queues"]["mail"]["done"], summary["failovers"], summary["report"], summary["engine"]
 """
 
 from __future__ import annotations
@@ -22,36 +23,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from election.local.clock import SYSTEM_CLOCK, Clock
 from pipeline import PipelineError
-from pipeline.analyze import (
-    LEDGER_DDL,
-    RELEASE_DDL,
-    TABLE_ORDER,
-    TABLES,
-    Window,
-    analyze_events,
-    history_span,
-    prepare_events,
-)
+from pipeline.analyze import TABLE_ORDER, TABLES, Window, analyze_events
+from pipeline.arrow_history import cluster_events, export_events
+from pipeline.epoch_rows import COUNT_SCHEMA, EPOCH_ROW_SCHEMA, epoch_rows, history_span, shard_counts
 from pipeline.export_layout import LEDGER_CREATED, export_files, export_shards, read_bookmark
+from pipeline.frames import SPARK, as_frames
 from pipeline.history import cluster_entries, export_entries
-from pipeline.outcome_tables import described_entries, outcome_grants, outcome_releases, undescribed_ends
+from pipeline.life_rows import RELEASE_SCHEMA
+from pipeline.outcome_tables import (
+    DECISION_ROW_SCHEMA,
+    DECISION_SCHEMA,
+    MARK_SCHEMA,
+    decided_grants,
+    decided_releases,
+    decision_rows,
+    described_entries,
+    entry_decisions,
+    entry_marks,
+    undescribed_ends,
+)
 from pipeline.plan import ClusterAddress, Connection, end_position
-from pipeline.replay import grants_dataframe, replay
+from pipeline.replay import GRANT_SCHEMA, grants_table, replay
 from pipeline.report import write_report
 from pipeline.rows import Position, format_position
 from pipeline.shard_bounds import format_bounds
 from pipeline.source import NAME
 
+# The event columns the analysis reads: the rest is left out of Spark's cached copy.
+EVENT_COLUMNS = (
+    "ledger_id",
+    "entry_id",
+    "event_index",
+    "shard",
+    "epoch",
+    "type",
+    "task_id",
+    "queue",
+    "attempt",
+    "worker",
+    "ts_ms",
+    "key",
+    "retry",
+    "max_attempts",
+    "extra",
+)
 Progress = Callable[[str], None]
 FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled")
 
@@ -75,7 +98,7 @@ class HistorySource:
 class ReleaseCollector:
     """Collects, from a replay's apply results, what the events do not name: the running attempts each
     ``LeaseExpired``/``WorkerLost`` ended, and the tasks a ``TaskRetried``/``TasksRequeued`` put back to
-    waiting (state ``requeued``; see :func:`pipeline.task_life.task_life`).
+    waiting (state ``requeued``; see :func:`pipeline.life_rows.release_steps`).
 
     Example::
 
@@ -112,25 +135,40 @@ class ReleaseCollector:
 
 @dataclass(frozen=True)
 class _History:
-    """What a run reads: the events (every shard's), each shard's entries up to a position for its replay,
-    whether digests compare, each shard's end, and when each ledger was created (ZooKeeper's clock)."""
+    """What a run reads: the events (every shard's, a frame of the run's engine), each shard's entries up to
+    a position for its replay, whether digests compare, each shard's end, and when each ledger was created
+    (ZooKeeper's clock)."""
 
-    events: DataFrame
+    events: Any
     entries: dict[int, Callable[[Position], Iterable]]
     compare: bool
     ends: dict[int, Position]
     created: dict[int, int]
 
 
-def _read(spark: SparkSession, source: HistorySource) -> _History:
+def _events(frames, spark_read: Callable[[], Any], arrow_read: Callable[[], pa.Table]) -> Any:
+    """The events as the engine reads them: Spark's source on the executors, cached (read once, however
+    many jobs); or the table read in this process."""
+    if frames.name == SPARK:
+        return frames.cache(spark_read().select(*EVENT_COLUMNS))
+    return arrow_read().select(list(EVENT_COLUMNS))
+
+
+def _read(frames, source: HistorySource) -> _History:
+    limit = getattr(frames, "limit", None)
     if source.export_dir is not None:
-        bookmark = read_bookmark(source.export_dir)
+        export_dir = source.export_dir
+        bookmark = read_bookmark(export_dir)
         if bookmark is None:
-            raise PipelineError(f"{source.export_dir} holds no fencepost export")
-        shards = export_shards(source.export_dir, export_files(source.export_dir))
+            raise PipelineError(f"{export_dir} holds no fencepost export")
+        shards = export_shards(export_dir, export_files(export_dir))
         return _History(
-            spark.read.format(NAME).load(str(source.export_dir)),
-            {shard: partial(_export_entries, source.export_dir, shard) for shard in range(shards)},
+            _events(
+                frames,
+                lambda: frames.spark.read.format(NAME).load(str(export_dir)),
+                lambda: export_events(export_dir, limit),
+            ),
+            {shard: partial(_export_entries, export_dir, shard) for shard in range(shards)},
             False,
             {},
             {int(k): v for k, v in bookmark.get(LEDGER_CREATED, {}).items()},
@@ -151,9 +189,13 @@ def _read(spark: SparkSession, source: HistorySource) -> _History:
     }
     if address.secret_file:
         options["secretFile"] = address.secret_file
-    # Spark and the replays read the same entries: each shard's end is fixed here, once.
+    # The events and the replays read the same entries: each shard's end is fixed here, once.
     return _History(
-        spark.read.format(NAME).options(**options).load(),
+        _events(
+            frames,
+            lambda: frames.spark.read.format(NAME).options(**options).load(),
+            lambda: cluster_events(address, extents, ends, limit),
+        ),
         {shard: partial(_cluster_entries, address, extents[shard], shard) for shard in sorted(ends)},
         True,
         ends,
@@ -195,14 +237,11 @@ def _replay_shards(
     return results
 
 
-def _write(tables: dict[str, DataFrame], out: Path, progress: Progress) -> dict[str, pa.Table]:
+def _write(frames, tables: dict[str, Any], out: Path, progress: Progress) -> dict[str, pa.Table]:
     written = {}
     for name in TABLES:
         progress(f"writing the {name} table")
-        # One file per table, sorted within it: every table but the tasks is small.
-        tables[name].coalesce(1).sortWithinPartitions(*TABLE_ORDER[name]).write.mode("overwrite").parquet(
-            str(out / name)
-        )
+        frames.write(tables[name], out / name, TABLE_ORDER[name])
         written[name] = pq.read_table(out / name)
     return written
 
@@ -255,8 +294,21 @@ def _by_queue(tasks: pa.Table) -> dict[str, dict[str, int]]:
     return dict(sorted(queues.items()))
 
 
+def _decisions(frames, events, replay_all: bool):
+    """What the ``Outcomes`` say was decided (a frame of :data:`DECISION_SCHEMA`; none with ``replay_all``)
+    and which entries they describe and do not (collected: one row per entry holding a deciding event)."""
+    rows = frames.map(events, decision_rows, DECISION_ROW_SCHEMA)
+    decisions = frames.cache(
+        frames.per_group(rows, ["shard", "at_ledger", "at_entry"], entry_decisions, DECISION_SCHEMA)
+    )
+    marks = frames.collect(frames.map(decisions, entry_marks, MARK_SCHEMA))
+    if replay_all:  # no entry counts as described: every grant and release is the replay's
+        return frames.table(DECISION_SCHEMA.empty_table()), marks, set()
+    return decisions, marks, described_entries(marks)
+
+
 def run_analyze(
-    spark: SparkSession,
+    frames,
     source: HistorySource,
     out: Path,
     window: Window = Window(),
@@ -264,51 +316,59 @@ def run_analyze(
     clock: Clock = SYSTEM_CLOCK,
     replay_all: bool = False,
 ) -> dict:
-    """Analyze the history of ``source`` into ``out`` (tables and report); the run's summary (timed on ``clock``).
+    """Analyze the history of ``source`` into ``out`` (tables and report) with the engine ``frames``
+    (:mod:`pipeline.frames`, or a Spark session); the run's summary (timed on ``clock``). An in-process
+    engine with a ``limit`` raises :class:`~pipeline.arrow_history.TooLarge` for a larger history, before
+    writing.
 
     ``replay_all``: replay every shard's whole history and ignore the ``Outcomes`` events (a
     cross-check of what they say, slower)."""
     started = clock.monotonic()
-    out.mkdir(parents=True, exist_ok=True)
+    frames = as_frames(frames)
     progress(f"planning the history of {source.describe()}")
-    history = _read(spark, source)
-    releases = ReleaseCollector()
-    events = prepare_events(history.events)  # cached: read once from the bookies, however many jobs
+    history = _read(frames, source)
+    out.mkdir(parents=True, exist_ok=True)
+    events = history.events
     progress("reading the events and their outcomes")
-    span = history_span(events, window)
+    counts = {
+        row["shard"]: row
+        for row in frames.collect(
+            frames.per_group(
+                frames.map(events, epoch_rows, EPOCH_ROW_SCHEMA), ["shard"], shard_counts, COUNT_SCHEMA
+            )
+        ).to_pylist()
+    }
+    span = history_span(pa.Table.from_pylist(list(counts.values()), schema=COUNT_SCHEMA), window)
     if span is None:
         raise PipelineError("the history holds no events")
+    lasts = {shard: (c["last_ledger"], c["last_entry"]) for shard, c in counts.items()}
+    decisions, marks, described = _decisions(frames, events, replay_all)
     # Only what the Outcomes events do not describe is replayed, and only as far as needed.
-    counts = _entry_counts(events)
-    ends = {shard: c["last"] for shard, c in counts.items()} if replay_all else undescribed_ends(events)
-    results = _replay_shards(history, ends, releases, progress, clock)
-    described = described_entries(events).select("ledger_id", "entry_id")
-    only = None
-    if replay_all:  # no entry counts as described: every grant and release is the replay's
-        described = only = described.limit(0)
-    grants = outcome_grants(events, described=only).unionByName(
-        grants_dataframe(spark, [g for r in results.values() for g in r.grants]).join(
-            described, ["ledger_id", "entry_id"], "left_anti"
-        )
+    releases = ReleaseCollector()
+    results = _replay_shards(
+        history, lasts if replay_all else undescribed_ends(marks), releases, progress, clock
     )
-    released = outcome_releases(events, described=only).unionByName(
-        spark.createDataFrame(releases.rows, RELEASE_DDL).join(
-            described, ["ledger_id", "entry_id"], "left_anti"
-        )
+    replayed_grants = [g for r in results.values() for g in r.grants if (g[0], g[1]) not in described]
+    replayed_releases = [row for row in releases.rows if (row[0], row[1]) not in described]
+    grants = frames.union(
+        frames.map(decisions, decided_grants, GRANT_SCHEMA), frames.table(grants_table(replayed_grants))
+    )
+    released = frames.union(
+        frames.map(decisions, decided_releases, RELEASE_SCHEMA),
+        frames.table(
+            pa.Table.from_pylist(
+                [dict(zip(RELEASE_SCHEMA.names, r)) for r in replayed_releases], RELEASE_SCHEMA
+            )
+        ),
     )
     progress("building the tables")
-    frames = analyze_events(
-        events,
-        grants,
-        released,
-        spark.createDataFrame(sorted(history.created.items()), LEDGER_DDL),
-        window,
-        span,
+    tables = _write(
+        frames, analyze_events(frames, events, grants, released, history.created, window, span), out, progress
     )
-    tables = _write(frames, out, progress)
     summary = {
         "source": source.describe(),
-        "to": _end_text(history.ends or {shard: c["last"] for shard, c in counts.items()}),
+        "engine": frames.name,
+        "to": _end_text(history.ends or lasts),
         "since_ms": window.since_ms,
         "until_ms": window.until_ms,
         "entries": sum(c["entries"] for c in counts.values()),
@@ -327,27 +387,6 @@ def run_analyze(
     summary["report"] = str(write_report(out, tables, summary))
     summary["seconds"] = round(clock.monotonic() - started, 1)
     return summary
-
-
-def _entry_counts(events: DataFrame) -> dict[int, dict]:
-    """Per shard: its entries, its events and its last position, in one Spark job."""
-    rows = (
-        events.groupBy("shard")
-        .agg(
-            F.countDistinct("ledger_id", "entry_id").alias("entries"),
-            F.count(F.lit(1)).alias("events"),
-            F.max(F.struct("ledger_id", "entry_id")).alias("last"),
-        )
-        .collect()
-    )
-    return {
-        row["shard"]: {
-            "entries": row["entries"],
-            "events": row["events"],
-            "last": (row["last"]["ledger_id"], row["last"]["entry_id"]),
-        }
-        for row in rows
-    }
 
 
 def _end_text(ends: dict[int, Position]) -> str | None:

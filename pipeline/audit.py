@@ -49,6 +49,7 @@ import pyarrow.parquet as pq
 from election.local.clock import SYSTEM_CLOCK, Clock
 from ledger import LedgerError
 from pipeline import PipelineError
+from pipeline.arrow_history import cluster_events
 from pipeline.audit_log import EpochCheck
 from pipeline.audit_plan import (
     AuditPlan,
@@ -73,6 +74,7 @@ from pipeline.audit_report import AuditReport, ShardAudit, compare_brokers
 from pipeline.audit_tasks import TaskCheck
 from pipeline.export_layout import export_files, export_shards
 from pipeline.findings import Finding
+from pipeline.frames import ARROW, as_frames
 from pipeline.history import Entry, export_entries
 from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, split_ranges
 from pipeline.replay import UnreplayableEntry, replay
@@ -162,14 +164,18 @@ def audit_cluster(
 ) -> AuditReport:
     """Audit a live cluster's history (see the module's docstring); ``plan`` from :func:`plan_audit`, or made here.
 
-    ``snapshot``: snapshot files (any number per shard): where a shard whose log no longer starts at
-    the beginning starts, and the starting points its history's ranges are cut at. ``clock``
-    times the stages (:attr:`AuditReport.seconds`).
+    ``spark``: a Spark session or an engine of :mod:`pipeline.frames`; with the in-process one the
+    same Spark tasks run one after another here (:class:`~pipeline.arrow_history.TooLarge`, before
+    anything is checked, for a history over its ``limit``). ``snapshot``: snapshot files (any number
+    per shard): where a shard whose log no longer starts at the beginning starts, and the starting
+    points its history's ranges are cut at. ``clock`` times the stages (:attr:`AuditReport.seconds`).
     """
+    frames = as_frames(spark)
     plan = plan or plan_audit(address, snapshot, clock)
     report = AuditReport(
         source=f"cluster {address.cluster} at {address.zk}",
         shards=[ShardAudit(p.shard, len(p.extents), brokers=p.brokers) for p in plan.shards],
+        engine=frames.name,
     )
     ranges = {
         p.shard: split_ranges(p.extents, None, p.end, entries_per_partition) if p.end is not None else []
@@ -187,18 +193,24 @@ def audit_cluster(
     # gives free slots to the job submitted first, so the replays (whose ranges are the long tasks) go
     # first and the scan's short tasks fill the other slots.
     digest_jobs = [r for shard in sorted(digest_ranges) for r in digest_ranges[shard]]
-    replays = _Background(
-        lambda: _timed(
-            clock, run_ranges, spark, address, digest_jobs, {p.shard: p.extents for p in plan.shards}
+    extents = {p.shard: p.extents for p in plan.shards}
+    scanned = [r for s in sorted(ranges) for r in ranges[s]]
+    if frames.name == ARROW:
+        if frames.limit is not None:  # counted as read; TooLarge past the limit
+            ends = {p.shard: p.end for p in plan.shards if p.end is not None}
+            cluster_events(address, extents, ends, frames.limit)
+        (results, task_findings), report.seconds["replay"] = _timed(
+            clock, run_ranges, None, address, digest_jobs, extents
         )
-    )
-    try:
-        _wait_submitted(spark, replays, clock)
-        replicas, report.seconds["replicas"] = _scan(
-            spark, address, [r for s in sorted(ranges) for r in ranges[s]], clock
-        )
-    finally:
-        (results, task_findings), report.seconds["replay"] = replays.result()
+        replicas, report.seconds["replicas"] = _scan(None, address, scanned, clock)
+    else:
+        spark = frames.spark
+        replays = _Background(lambda: _timed(clock, run_ranges, spark, address, digest_jobs, extents))
+        try:
+            _wait_submitted(spark, replays, clock)
+            replicas, report.seconds["replicas"] = _scan(spark, address, scanned, clock)
+        finally:
+            (results, task_findings), report.seconds["replay"] = replays.result()
     if progress is not None:
         progress("replay (entries)", report.entries, report.entries)
     report.findings += replicas.findings
@@ -315,7 +327,7 @@ def audit_export(
     files = export_files(path)
     shards = export_shards(path, files)
     by_shard = _export_snapshots(path, snapshot_files(snapshot), shards)
-    report = AuditReport(source=f"export {path}", shards=[ShardAudit(n) for n in range(shards)])
+    report = AuditReport(source=f"export {path}", shards=[ShardAudit(n) for n in range(shards)], engine=ARROW)
     steps = _ReplayProgress(progress, None)
     started = clock.monotonic()
     for audit in report.shards:

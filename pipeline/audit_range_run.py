@@ -156,18 +156,25 @@ def _checked(groups: Iterable[tuple[tuple, Iterable]]) -> Iterator[object]:
 def run_ranges(
     spark, address: ClusterAddress, ranges: list[DigestRange], extents: dict[int, list[LedgerExtent]]
 ) -> tuple[dict[tuple[int, int], RangeResult], list[Finding]]:
-    """Replay every range (of every shard) in one Spark job; the results by ``(shard, index)`` and the
+    """Replay every range (of every shard) in one Spark job (``spark`` None: one after another in this
+    process, the same two stages with a dict for the shuffle); the results by ``(shard, index)`` and the
     task findings (each naming its shard)."""
     if not ranges:
         return {}, []
-    sc = spark.sparkContext
-    partitions = max(2, sc.defaultParallelism)
-    out = (
-        sc.parallelize(ranges, len(ranges))
-        .flatMap(lambda rng: replay_range(address, rng, extents[rng.shard]))
-        .groupByKey(partitions)
-        .mapPartitions(_checked)
-        .collect()
-    )
+    if spark is None:
+        groups: dict[tuple, list] = {}
+        for rng in ranges:
+            for key, value in replay_range(address, rng, extents[rng.shard]):
+                groups.setdefault(key, []).append(value)
+        out = list(_checked(groups.items()))
+    else:
+        sc = spark.sparkContext
+        out = (
+            sc.parallelize(ranges, len(ranges))
+            .flatMap(lambda rng: replay_range(address, rng, extents[rng.shard]))
+            .groupByKey(max(2, sc.defaultParallelism))
+            .mapPartitions(_checked)
+            .collect()
+        )
     results = {(r.shard, r.index): r for r in out if isinstance(r, RangeResult)}
     return results, [f for f in out if isinstance(f, Finding)]

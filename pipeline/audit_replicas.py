@@ -111,16 +111,22 @@ def scan_range(address: ClusterAddress, rng: ReadRange) -> tuple[list[Finding], 
     return [replace(f, shard=rng.shard) for f in findings], rng.entries, statuses
 
 
-def scan_replicas(spark: SparkSession, address: ClusterAddress, ranges: list[ReadRange]) -> ReplicaScan:
-    """Scan every range's copies in Spark tasks (one per range); the findings and counts together."""
+def scan_replicas(
+    spark: SparkSession | None, address: ClusterAddress, ranges: list[ReadRange]
+) -> ReplicaScan:
+    """Scan every range's copies in Spark tasks (one per range; ``spark`` None: one after another in this
+    process); the findings and counts together."""
     scan = ReplicaScan()
     if not ranges:
         return scan
-    results = (
-        spark.sparkContext.parallelize(ranges, len(ranges))
-        .map(lambda rng: scan_range(address, rng))
-        .collect()
-    )
+    if spark is None:
+        results = [scan_range(address, rng) for rng in ranges]
+    else:
+        results = (
+            spark.sparkContext.parallelize(ranges, len(ranges))
+            .map(lambda rng: scan_range(address, rng))
+            .collect()
+        )
     for findings, entries, statuses in results:
         scan.findings.extend(findings)
         scan.entries += entries

@@ -90,6 +90,7 @@ class AuditReport:
     findings: list[Finding] = field(default_factory=list)
     copies: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
+    engine: str = "spark"  # or "pyarrow": run in this process (a small history, or an export)
 
     @property
     def ledgers(self) -> int:
@@ -113,6 +114,7 @@ class AuditReport:
         return {
             "clean": not self.findings,
             "source": self.source,
+            "engine": self.engine,
             "ledgers": self.ledgers,
             "entries": self.entries,
             "copies": dict(self.copies),

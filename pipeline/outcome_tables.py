@@ -1,134 +1,170 @@
-"""Lease grants and releases read from the log's ``Outcomes`` events, as Spark jobs (no replay).
+"""Lease grants and releases read from the log's ``Outcomes`` events (no replay).
 
 With the ``event_outcomes`` flag the leader writes what apply decided after each entry
 (broker/state/outcomes.py): per deciding event of the entry, the tasks and attempts it
 chose. An ``Outcomes`` event's row keeps ``at`` and ``decided`` in its ``extra`` JSON, so:
 
-* :func:`outcome_rows` explodes them into one row per decided task: the position of the
-  deciding event, the task, its attempt and (for a release) the state it went to;
-* :func:`outcome_grants` and :func:`outcome_releases` join those rows with the deciding
-  events (for the worker and the time) into the grants and releases that
-  :func:`pipeline.task_life.task_life` takes, the same a replay collects;
-* :func:`undescribed_ends` names, per shard, the last entry holding a deciding event with no
-  ``Outcomes`` (before the flag was enabled, or one a restarted new leader could not
-  describe): only the history up to there is replayed, and only its undescribed entries
-  count from the replay.
+* :func:`decision_rows` (row-wise) keeps the deciding events and the ``Outcomes`` events, each
+  under the entry it is about (``at_ledger``, ``at_entry``: a deciding event's own entry, the
+  entry an ``Outcomes`` describes);
+* :func:`entry_decisions` (by ``shard``, ``at_ledger``, ``at_entry``) names what the
+  ``Outcomes`` of each entry say was decided, with the deciding event's worker and time: a
+  grant per task a ``TaskLeased`` handed out, a release per attempt an expiry or a lost
+  worker ended (or task a requeue or retry sent back: ``requeued``), the same a replay
+  collects; and marks each entry ``described``, or ``undescribed`` when it holds a deciding
+  event and no ``Outcomes`` names it (before the flag was enabled, or one a restarted new
+  leader could not describe);
+* :func:`undescribed_ends` names, per shard, the last undescribed entry: only the history
+  up to there is replayed, and only its undescribed entries count from the replay.
 
 A repeated ``Outcomes`` of an entry (a new leader describing again what its predecessor's
 uncommitted entry had) changes nothing: the rows are made distinct.
 
 Example::
 
-    grants = outcome_grants(events)                  # GRANT_COLUMNS
-    ends = undescribed_ends(events)                  # {0: (7, 41)}: replay shard 0 up to 7:41
+    decisions = entry_decisions(decision_rows(events))
+    grants = decided_grants(decisions)                     # GRANT_SCHEMA
+    ends = undescribed_ends(entry_marks(decisions))        # {0: (7, 41)}: replay shard 0 up to 7:41
 """
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+import json
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.life_rows import RELEASE_SCHEMA
+from pipeline.replay import GRANT_SCHEMA
 from pipeline.rows import Position
 
 DECIDING = ("TaskLeased", "LeaseExpired", "WorkerLost", "TasksRequeued", "TaskRetried")
-_RELEASING = ("LeaseExpired", "WorkerLost", "TasksRequeued", "TaskRetried")
-# Spark keeps a JSON value read as a string as its JSON text: the nested lists are parsed in two steps.
-_OUTCOMES_JSON = "struct<at:array<bigint>,decided:array<array<string>>>"
-_PAIRS_JSON = "array<array<string>>"
-_AT = ("shard", "ledger_id", "entry_id")
-_KEY = (*_AT, "event_index")
+_REQUEUING = ("TasksRequeued", "TaskRetried")
+GRANT, RELEASE, DESCRIBED, UNDESCRIBED = "grant", "release", "described", "undescribed"
+_I64, _STR = pa.int64(), pa.string()
+DECISION_ROW_SCHEMA = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("ledger_id", _I64),
+        ("entry_id", _I64),
+        ("event_index", pa.int32()),
+        ("type", _STR),
+        ("worker", _STR),
+        ("ts_ms", _I64),
+        ("extra", _STR),
+        ("at_ledger", _I64),
+        ("at_entry", _I64),
+    ]
+)
+DECISION_SCHEMA = pa.schema(
+    [
+        ("kind", _STR),
+        ("shard", pa.int32()),
+        ("ledger_id", _I64),
+        ("entry_id", _I64),
+        ("event_index", pa.int32()),
+        ("task_id", _STR),
+        ("attempt", _I64),
+        ("worker", _STR),
+        ("ts_ms", _I64),
+        ("state", _STR),
+    ]
+)
+MARK_SCHEMA = pa.schema([("kind", _STR), ("shard", pa.int32()), ("ledger_id", _I64), ("entry_id", _I64)])
 
 
-def _outcomes(events: DataFrame) -> DataFrame:
-    return events.where(F.col("type") == "Outcomes").select(
-        "shard", F.from_json("extra", _OUTCOMES_JSON).alias("o")
+def decision_rows(events: pa.Table) -> pa.Table:
+    """The deciding and ``Outcomes`` events, each under the entry it is about (:data:`DECISION_ROW_SCHEMA`)."""
+    rows = events.filter(pc.is_in(events["type"], pa.array([*DECIDING, "Outcomes"])))
+    outcomes = pc.equal(rows["type"], "Outcomes").to_pylist()
+    at = [json.loads(x)["at"] if o else None for o, x in zip(outcomes, rows["extra"].to_pylist())]
+    ledgers, entries = rows["ledger_id"].to_pylist(), rows["entry_id"].to_pylist()
+    return pa.table(
+        {
+            **{name: rows[name] for name in DECISION_ROW_SCHEMA.names[:7]},
+            "extra": pc.if_else(pc.equal(rows["type"], "Outcomes"), rows["extra"], pa.scalar(None, _STR)),
+            "at_ledger": pa.array([a[0] if a else led for a, led in zip(at, ledgers)], _I64),
+            "at_entry": pa.array([a[1] if a else ent for a, ent in zip(at, entries)], _I64),
+        }
     )
 
 
-def described_entries(events: DataFrame) -> DataFrame:
-    """``(shard, ledger_id, entry_id)`` of every entry an ``Outcomes`` event describes."""
-    o = _outcomes(events)
-    return o.select("shard", o.o.at[0].alias("ledger_id"), o.o.at[1].alias("entry_id")).distinct()
+def _decisions_of(shard: int, at: tuple, deciding: dict[int, dict], outcomes: list[str]) -> list[tuple]:
+    """What the ``Outcomes`` of one entry (their ``extra`` texts) say its deciding events decided."""
+    out = set()
+    for text in outcomes:
+        for index, pairs in json.loads(text)["decided"]:
+            event = deciding.get(int(index))
+            if event is None:
+                continue
+            for pair in pairs:
+                state = pair[2] if len(pair) > 2 else None
+                if event["type"] == "TaskLeased":
+                    kind, state = GRANT, None
+                else:
+                    kind = RELEASE
+                    state = "requeued" if event["type"] in _REQUEUING else state
+                worker = event["worker"] if kind == GRANT else None
+                out.add(
+                    (kind, shard, *at, int(index), str(pair[0]), int(pair[1]), worker, event["ts_ms"], state)
+                )
+    return sorted(out, key=lambda row: row[:7])
 
 
-def outcome_rows(events: DataFrame) -> DataFrame:
-    """One row per task an ``Outcomes`` event names: ``shard, ledger_id, entry_id, event_index, task_id,
-    attempt, state`` (the position is the deciding event's; ``state`` null but for an expiry or a lost worker)."""
-    decided = _outcomes(events).select(
-        "shard",
-        F.col("o.at")[0].alias("ledger_id"),
-        F.col("o.at")[1].alias("entry_id"),
-        F.explode("o.decided").alias("d"),
-    )
-    pairs = decided.select(
-        *_AT,
-        F.col("d")[0].cast("int").alias("event_index"),
-        F.explode(F.from_json(F.col("d")[1], _PAIRS_JSON)).alias("p"),
-    )
-    third: Column = F.when(F.size("p") > 2, F.col("p")[2])
-    return pairs.select(
-        *_KEY,
-        F.col("p")[0].alias("task_id"),
-        F.col("p")[1].cast("bigint").alias("attempt"),
-        third.alias("state"),
-    ).distinct()
-
-
-def _deciding(events: DataFrame, types: tuple[str, ...]) -> DataFrame:
-    return events.where(F.col("type").isin(*types)).select(*_KEY, "type", "worker", "ts_ms")
-
-
-def _described_rows(events: DataFrame, described: DataFrame | None) -> DataFrame:
-    rows = outcome_rows(events)
-    if described is None:
-        return rows
-    return rows.join(described.select("ledger_id", "entry_id"), ["ledger_id", "entry_id"], "left_semi")
-
-
-def outcome_grants(events: DataFrame, described: DataFrame | None = None) -> DataFrame:
-    """The grants (``ledger_id, entry_id, event_index, task_id, attempt, worker, ts_ms, queue``) the
-    ``Outcomes`` name: each task a ``TaskLeased`` handed out (``queue`` is left null: the task's own).
-    ``described``: only those of these entries (``ledger_id, entry_id``; none: every one)."""
-    rows = _described_rows(events, described)
-    leases = _deciding(events, ("TaskLeased",))
-    return rows.join(leases, list(_KEY)).select(
-        "ledger_id",
-        "entry_id",
-        "event_index",
-        "task_id",
-        "attempt",
-        "worker",
-        "ts_ms",
-        F.lit(None).cast("string").alias("queue"),
+def entry_decisions(rows: pa.Table) -> pa.Table:
+    """Per entry (``shard``, ``at_ledger``, ``at_entry``): what its ``Outcomes`` say was decided, and whether
+    it is ``described`` or ``undescribed`` (:data:`DECISION_SCHEMA`)."""
+    entries: dict[tuple, tuple[dict, list]] = {}
+    for r in rows.to_pylist():
+        deciding, outcomes = entries.setdefault((r["shard"], r["at_ledger"], r["at_entry"]), ({}, []))
+        if r["type"] == "Outcomes":
+            outcomes.append(r["extra"])
+        else:
+            deciding[r["event_index"]] = r
+    out = []
+    for (shard, ledger_id, entry_id), (deciding, outcomes) in sorted(entries.items()):
+        at = (ledger_id, entry_id)
+        if outcomes:
+            out.append((DESCRIBED, shard, *at, None, None, None, None, None, None))
+            out.extend(_decisions_of(shard, at, deciding, outcomes))
+        elif deciding:
+            out.append((UNDESCRIBED, shard, *at, None, None, None, None, None, None))
+    return pa.Table.from_pylist(
+        [dict(zip(DECISION_SCHEMA.names, row)) for row in out], schema=DECISION_SCHEMA
     )
 
 
-def outcome_releases(events: DataFrame, described: DataFrame | None = None) -> DataFrame:
-    """The releases (``ledger_id, entry_id, event_index, task_id, attempt, ts_ms, state``) the ``Outcomes``
-    name: the attempts an expiry or a lost worker ended (waiting again or dead), and the tasks a requeue
-    or an operator's retry sent back (``requeued``); ``described`` as for :func:`outcome_grants`."""
-    rows = _described_rows(events, described)
-    releasing = _deciding(events, _RELEASING)
-    state = F.when(F.col("type").isin("TasksRequeued", "TaskRetried"), F.lit("requeued")).otherwise(
-        F.col("state")
-    )
-    return rows.join(releasing, list(_KEY)).select(
-        "ledger_id", "entry_id", "event_index", "task_id", "attempt", "ts_ms", state.alias("state")
-    )
+def _of_kind(decisions: pa.Table, *kinds: str) -> pa.Table:
+    return decisions.filter(pc.is_in(decisions["kind"], pa.array(kinds)))
 
 
-def undescribed(events: DataFrame) -> DataFrame:
-    """``(shard, ledger_id, entry_id)`` of the entries holding a deciding event and no ``Outcomes``."""
-    deciding = events.where(F.col("type").isin(*DECIDING)).select(*_AT).distinct()
-    return deciding.join(described_entries(events), list(_AT), "left_anti")
+def decided_grants(decisions: pa.Table) -> pa.Table:
+    """The grants of :func:`entry_decisions` (row-wise; ``GRANT_SCHEMA``: the queue is the task's own)."""
+    grants = _of_kind(decisions, GRANT)
+    return grants.select(GRANT_SCHEMA.names[:-1]).append_column("queue", pa.nulls(grants.num_rows, _STR))
 
 
-def undescribed_ends(events: DataFrame) -> dict[int, Position]:
+def decided_releases(decisions: pa.Table) -> pa.Table:
+    """The releases of :func:`entry_decisions` (row-wise; :data:`RELEASE_SCHEMA`)."""
+    return _of_kind(decisions, RELEASE).select(RELEASE_SCHEMA.names)
+
+
+def entry_marks(decisions: pa.Table) -> pa.Table:
+    """Which entries are described and which undescribed (row-wise; :data:`MARK_SCHEMA`): small enough to
+    collect, one row per entry holding a deciding event."""
+    return _of_kind(decisions, DESCRIBED, UNDESCRIBED).select(MARK_SCHEMA.names)
+
+
+def described_entries(marks: pa.Table) -> set[Position]:
+    """The entries an ``Outcomes`` event describes (ledger ids are unique over the cluster)."""
+    described = _of_kind(marks, DESCRIBED)
+    return set(zip(described["ledger_id"].to_pylist(), described["entry_id"].to_pylist()))
+
+
+def undescribed_ends(marks: pa.Table) -> dict[int, Position]:
     """Per shard with undescribed entries, the last of them: how far that shard must be replayed."""
-    ends = (
-        undescribed(events)
-        .groupBy("shard")
-        .agg(F.max(F.struct("ledger_id", "entry_id")).alias("last"))
-        .collect()
-    )
-    return {row["shard"]: (row["last"]["ledger_id"], row["last"]["entry_id"]) for row in ends}
+    ends: dict[int, Position] = {}
+    for row in _of_kind(marks, UNDESCRIBED).to_pylist():
+        position = (row["ledger_id"], row["entry_id"])
+        ends[row["shard"]] = max(ends.get(row["shard"], position), position)
+    return ends

@@ -49,15 +49,21 @@ NAME = "fencepost"
 _READ_CHUNK = 256
 
 
+def range_batches(conn: Connection, rng: ReadRange) -> Iterator[pa.RecordBatch]:
+    """The rows of entries ``rng.first..rng.last`` of one ledger, read from its bookies over ``conn``, in
+    batches."""
+    reader = conn.client.open_reader(rng.ledger_id)
+    for start in range(rng.first, rng.last + 1, _READ_CHUNK):
+        rows: list[tuple] = []
+        for entry in reader.read_range(start, min(rng.last, start + _READ_CHUNK - 1)):
+            rows.extend(entry_rows(rng.ledger_id, entry.entry_id, entry.epoch, entry.payload, rng.shard))
+        yield to_record_batch(rows)
+
+
 def read_entries(address: ClusterAddress, rng: ReadRange) -> Iterator[pa.RecordBatch]:
-    """The rows of entries ``rng.first..rng.last`` of one ledger, read from its bookies, in batches."""
+    """:func:`range_batches` over a connection of its own (a Spark partition's)."""
     with Connection.open(address) as conn:
-        reader = conn.client.open_reader(rng.ledger_id)
-        for start in range(rng.first, rng.last + 1, _READ_CHUNK):
-            rows: list[tuple] = []
-            for entry in reader.read_range(start, min(rng.last, start + _READ_CHUNK - 1)):
-                rows.extend(entry_rows(rng.ledger_id, entry.entry_id, entry.epoch, entry.payload, rng.shard))
-            yield to_record_batch(rows)
+        yield from range_batches(conn, rng)
 
 
 def _entries_per_partition(options) -> int:

@@ -1,22 +1,15 @@
-"""The analyze tables on a small hand-built history (real Spark, local mode; no cluster)."""
+"""The analyze tables on a small hand-built history, by each engine: in this process (pyarrow) and in
+real Spark (local mode); no cluster. Both give the same tables."""
 
+import pyarrow as pa
 import pytest
 
 from pipeline import PipelineError
-from pipeline.analyze import (
-    LEDGER_DDL,
-    RELEASE_DDL,
-    TABLE_ORDER,
-    Window,
-    analyze_events,
-    epochs,
-    parse_time,
-    prepare_events,
-    queue_minutes,
-)
-from pipeline.replay import GRANT_DDL
-from pipeline.rows import DDL, event_row
-from pipeline.task_life import task_life
+from pipeline.analyze import TABLE_ORDER, Window, analyze_events, parse_time
+from pipeline.frames import ArrowFrames, SparkFrames
+from pipeline.life_rows import RELEASE_SCHEMA
+from pipeline.replay import grants_table
+from pipeline.rows import event_row, to_record_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -108,31 +101,46 @@ GRANTS = [
 ]
 RELEASES = [(2, 1, 0, "w", 1, T0 + 61_000, "waiting"), (2, 4, 0, "b", 2, T0 + 65_000, "requeued")]
 # Ledger 2's leader continued from its predecessor's clock: by the wall clock it started 4 s later.
-LEDGERS = [(1, T0 - 5), (2, T0 + 12_000)]
+LEDGERS = {1: T0 - 5, 2: T0 + 12_000}
 
 
-@pytest.fixture(scope="module")
-def history(spark):
+def _events() -> pa.Table:
     rows = [
         event_row(ledger, entry, epoch, i, ev)
         for ledger, entry, epoch, events in HISTORY
         for i, ev in enumerate(events)
     ]
-    return (
-        prepare_events(spark.createDataFrame(rows, DDL)),
-        spark.createDataFrame(GRANTS, GRANT_DDL),
-        spark.createDataFrame(RELEASES, RELEASE_DDL),
-        spark.createDataFrame(LEDGERS, LEDGER_DDL),
-    )
+    return pa.Table.from_batches([to_record_batch(rows)])
+
+
+def _releases() -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(RELEASE_SCHEMA.names, r)) for r in RELEASES], RELEASE_SCHEMA)
+
+
+def _tables(frames, window: Window = Window()) -> dict[str, list[dict]]:
+    """Each table of the history by ``frames``, its rows in the order it is written."""
+    span = (T0, T0 + 67_000)
+    events, grants, releases = (frames.table(t) for t in (_events(), grants_table(GRANTS), _releases()))
+    result = analyze_events(frames, events, grants, releases, LEDGERS, window, span)
+    return {
+        name: sorted(frames.collect(df).to_pylist(), key=lambda r: [r[k] for k in TABLE_ORDER[name]])
+        for name, df in result.items()
+    }
+
+
+@pytest.fixture(scope="module", params=["pyarrow", "spark"])
+def frames(request):
+    return ArrowFrames() if request.param == "pyarrow" else SparkFrames(request.getfixturevalue("spark"))
 
 
 @pytest.fixture(scope="module")
-def tables(history):
-    result = analyze_events(*history, Window())
-    return {
-        name: sorted((r.asDict() for r in df.collect()), key=lambda r: [r[k] for k in TABLE_ORDER[name]])
-        for name, df in result.items()
-    }
+def tables(frames):
+    return _tables(frames)
+
+
+def test_both_engines_make_the_same_tables(spark):
+    for window in (Window(), Window(T0 + 60_000, None)):
+        assert _tables(ArrowFrames(), window) == _tables(SparkFrames(spark), window)
 
 
 def test_each_task_follows_the_rules_apply_follows(tables):
@@ -198,14 +206,11 @@ def test_epochs_and_the_write_gap_of_a_failover(tables):
     assert second["gap_ms"] == 12_000 - (5000 - 5) and second["ledger_created_ms"] == T0 + 12_000
 
 
-def test_a_window_bounds_the_minutes_and_the_epochs(history):
-    events, grants, releases, ledgers = history
-    later = Window(T0 + 60_000, None)
-    assert [r.epoch for r in epochs(events, ledgers, later).collect()] == [2]
-    assert [r.minute_ms for r in queue_minutes(task_life(events, grants, releases), later).collect()] == [
-        T0 + 60_000
-    ]
-    assert [r.epoch for r in epochs(events, ledgers, Window(None, T0 + 6000)).collect()] == [1]
+def test_a_window_bounds_the_minutes_and_the_epochs(frames):
+    later = _tables(frames, Window(T0 + 60_000, None))
+    assert [r["epoch"] for r in later["epochs"]] == [2]
+    assert [r["minute_ms"] for r in later["queue_minutes"]] == [T0 + 60_000]
+    assert [r["epoch"] for r in _tables(frames, Window(None, T0 + 6000))["epochs"]] == [1]
 
 
 def test_parse_time():

@@ -109,6 +109,7 @@ def history_summary(tables: dict[str, pa.Table], **window) -> dict:
         "until_ms": window.get("until_ms"),
         "entries": 200,
         "events": 2_000,
+        "engine": "spark",
         "replayed": {str(s): {"to": None, "entries": 0} for s in shards},
         **summarize(tables),
         "out": "/tmp/fp-analysis",

@@ -1,0 +1,142 @@
+"""Where the analysis tables are computed: by Spark, or in this process with pyarrow (small histories).
+
+Each table's logic is written once, as a function of an Arrow table that holds whole groups
+of its key (:mod:`pipeline.analyze`, :mod:`pipeline.life_rows`, :mod:`pipeline.outcome_tables`).
+An engine only says how such a function runs over the history:
+
+* :class:`ArrowFrames` calls it on the whole table, in this process: no JVM to start, which
+  is most of the time a small history takes with Spark;
+* :class:`SparkFrames` hash-partitions the DataFrame by the key and maps the function over
+  each partition as Arrow (``mapInArrow``), so every group is in one call and the work is
+  spread over the executors.
+
+Both hand the function the same rows of each group, so the tables are the same whichever
+ran (tests/integration/test_analyze_engines.py compares them).
+
+Example::
+
+    frames = ArrowFrames()                          # or SparkFrames(spark)
+    life = frames.per_group(steps, ["task_id"], life_rows, LIFE_SCHEMA)
+    frames.collect(life).num_rows
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ARROW, SPARK = "pyarrow", "spark"
+# Arrow types as Spark SQL's DDL names them.
+_DDL_TYPES = {
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.string(): "string",
+    pa.bool_(): "boolean",
+    pa.float64(): "double",
+    pa.list_(pa.string()): "array<string>",
+}
+TableFn = Callable[[pa.Table], pa.Table]
+
+
+def ddl(schema: pa.Schema) -> str:
+    """``schema`` in Spark SQL's DDL."""
+    return ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in schema)
+
+
+def _sorted(table: pa.Table, order: Iterable[str]) -> pa.Table:
+    # Spark sorts nulls first in an ascending sort: the same files whichever engine wrote them.
+    return table.sort_by([(name, "ascending", "at_start") for name in order])
+
+
+class ArrowFrames:
+    """Tables in this process: a frame is a :class:`pyarrow.Table`. ``limit``: the most events a history
+    read for it may hold (:class:`~pipeline.arrow_history.TooLarge` past it; None: any)."""
+
+    name = ARROW
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+
+    def table(self, table: pa.Table) -> pa.Table:
+        return table
+
+    def map(self, frame: pa.Table, fn: TableFn, schema: pa.Schema) -> pa.Table:
+        """``fn`` over any rows (a row-wise function)."""
+        return fn(frame).cast(schema)
+
+    def per_group(self, frame: pa.Table, keys: list[str], fn: TableFn, schema: pa.Schema) -> pa.Table:
+        """``fn`` over rows holding whole groups of ``keys``: here, all of them at once."""
+        return fn(frame).cast(schema)
+
+    def union(self, *frames: pa.Table) -> pa.Table:
+        return pa.concat_tables(frames)
+
+    def cache(self, frame: pa.Table) -> pa.Table:
+        return frame
+
+    def collect(self, frame: pa.Table) -> pa.Table:
+        return frame
+
+    def write(self, frame: pa.Table, path: Path, order: Iterable[str]) -> None:
+        """``frame`` as one Parquet file in directory ``path`` (replaced), sorted by ``order``."""
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        pq.write_table(_sorted(frame, order), path / "part-00000.parquet")
+
+
+def _over_partition(fn: TableFn, schema: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator]:
+    """``fn`` over one Spark partition's batches as one table (every group of the partition in one call)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = list(batches)
+        if not batches:
+            return
+        yield from fn(pa.Table.from_batches(batches)).cast(schema).to_batches()
+
+    return run
+
+
+class SparkFrames:
+    """Tables in Spark: a frame is a DataFrame; functions run on the executors, over partitions."""
+
+    name = SPARK
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+    def table(self, table: pa.Table) -> Any:
+        return self.spark.createDataFrame(table, ddl(table.schema))
+
+    def map(self, frame: Any, fn: TableFn, schema: pa.Schema) -> Any:
+        return frame.mapInArrow(_over_partition(fn, schema), ddl(schema))
+
+    def per_group(self, frame: Any, keys: list[str], fn: TableFn, schema: pa.Schema) -> Any:
+        return frame.repartition(self.partitions, *keys).mapInArrow(_over_partition(fn, schema), ddl(schema))
+
+    def union(self, *frames: Any) -> Any:
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.unionByName(frame)
+        return out
+
+    def cache(self, frame: Any) -> Any:
+        return frame.cache()
+
+    def collect(self, frame: Any) -> pa.Table:
+        return frame.toArrow()
+
+    def write(self, frame: Any, path: Path, order: Iterable[str]) -> None:
+        # One file per table, sorted within it: every table but the tasks is small.
+        frame.coalesce(1).sortWithinPartitions(*order).write.mode("overwrite").parquet(str(path))
+
+
+def as_frames(engine: Any) -> ArrowFrames | SparkFrames:
+    """An engine from a frames object, or a Spark session (the engine of every run before the in-process one)."""
+    if isinstance(engine, (ArrowFrames, SparkFrames)):
+        return engine
+    return SparkFrames(engine)

@@ -1,0 +1,220 @@
+"""A task's life, read from the event rows the way apply reads the log: the base of the analyze tables.
+
+Each function here is a plain function of an Arrow table (:mod:`pipeline.frames` runs it in
+this process or over Spark partitions); the grouped ones need whole groups of their key.
+
+* :func:`created_submits` (by shard and queue): the submits that created a task; of several
+  submits with one idempotency key in a queue only the first does, and a submit's
+  ``max_attempts`` is its own, else the queue's as last declared before it, else the default.
+  Each shard is its own state machine: a key's record and a queue's declaration are its shard's.
+* :func:`end_steps`, :func:`grant_steps`, :func:`release_steps` (row-wise): completions,
+  failures, cancels, and what only a replay of the state (or an ``Outcomes`` event) tells:
+  which task each ``TaskLeased`` handed out, which attempts an expiry or a lost worker ended,
+  which tasks a retry put back.
+* :func:`life_rows` (by task): each created task's effective steps in log order, with the
+  state each leaves it in, by apply's rules: a completion or failure counts only for the
+  attempt last granted and only once; a failure asking for a retry on the last allowed
+  attempt (counted from the last requeue) makes the task dead; a cancel counts only while
+  the task waits.
+
+Example::
+
+    steps = pa.concat_tables([created_submits(submit_rows(events)), end_steps(events), grant_steps(grants),
+                              release_steps(releases)])
+    life = life_rows(steps)      # LIFE_SCHEMA: task_id, shard, queue, max_attempts, position, kind, ..., state
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker.state.events import DEFAULT_MAX_ATTEMPTS
+
+POSITION = ("ledger_id", "entry_id", "event_index")
+STEP_SCHEMA = pa.schema(
+    [
+        ("ledger_id", pa.int64()),
+        ("entry_id", pa.int64()),
+        ("event_index", pa.int32()),
+        ("task_id", pa.string()),
+        ("kind", pa.string()),
+        ("attempt", pa.int64()),
+        ("worker", pa.string()),
+        ("ts_ms", pa.int64()),
+        ("retry", pa.bool_()),
+        ("given", pa.string()),
+        ("queue", pa.string()),
+        ("max_attempts", pa.int64()),
+        ("shard", pa.int32()),
+    ]
+)
+LIFE_SCHEMA = pa.schema(
+    [f for f in STEP_SCHEMA if f.name not in ("retry", "given")] + [("state", pa.string())]
+)
+RELEASE_SCHEMA = pa.schema(
+    [
+        ("ledger_id", pa.int64()),
+        ("entry_id", pa.int64()),
+        ("event_index", pa.int32()),
+        ("task_id", pa.string()),
+        ("attempt", pa.int64()),
+        ("ts_ms", pa.int64()),
+        ("state", pa.string()),
+    ]
+)
+SUBMIT_ROW_SCHEMA = pa.schema(
+    [STEP_SCHEMA.field(name) for name in (*POSITION, "task_id", "shard", "queue", "ts_ms", "max_attempts")]
+    + [("type", pa.string()), ("key", pa.string())]
+)
+_ENDING = ("complete", "fail", "release")
+_KIND_OF_TYPE = {"TaskCompleted": "complete", "TaskFailed": "fail", "TaskCancelled": "cancel"}
+
+
+def _in_order(table: pa.Table, *first: str) -> pa.Table:
+    return table.sort_by([(name, "ascending") for name in (*first, *POSITION)])
+
+
+def _steps(table: pa.Table, **columns) -> pa.Table:
+    """Step rows of ``table``: the position and task from it, every other column given (None: null)."""
+    n = table.num_rows
+    arrays = []
+    for field in STEP_SCHEMA:
+        value = columns.get(field.name, table[field.name] if field.name in (*POSITION, "task_id") else None)
+        if value is None or isinstance(value, str):
+            value = pa.array([value] * n, field.type)
+        arrays.append(value.cast(field.type))
+    return pa.Table.from_arrays(arrays, schema=STEP_SCHEMA)
+
+
+def submit_rows(events: pa.Table) -> pa.Table:
+    """The submits, and the queue declarations that set a ``max_attempts`` (row-wise;
+    :data:`SUBMIT_ROW_SCHEMA`)."""
+    kind = events["type"]
+    declared = pc.and_(pc.equal(kind, "QueueDeclared"), pc.is_valid(events["max_attempts"]))
+    return events.filter(pc.or_(pc.equal(kind, "TaskSubmitted"), declared)).select(SUBMIT_ROW_SCHEMA.names)
+
+
+def created_submits(submits: pa.Table) -> pa.Table:
+    """The submit steps (``kind`` submit) of the tasks that :func:`submit_rows` created; by ``shard`` and
+    ``queue``."""
+    rows = _in_order(submits, "shard", "queue")
+    declared: dict[tuple, int] = {}
+    keys: set[tuple] = set()
+    kept, limits = [], []
+    cols = [rows[c].to_pylist() for c in ("shard", "queue", "type", "key", "max_attempts")]
+    for i, (shard, queue, kind, key, max_attempts) in enumerate(zip(*cols)):
+        if kind == "QueueDeclared":
+            declared[(shard, queue)] = max_attempts
+            continue
+        if key is not None:
+            if (shard, queue, key) in keys:
+                continue  # apply returned the task the key already named: nothing was created
+            keys.add((shard, queue, key))
+        kept.append(i)
+        limits.append(max_attempts or declared.get((shard, queue)) or DEFAULT_MAX_ATTEMPTS)
+    created = rows.take(pa.array(kept, pa.int64()))
+    return _steps(
+        created,
+        kind="submit",
+        ts_ms=created["ts_ms"],
+        queue=created["queue"],
+        max_attempts=pa.array(limits, pa.int64()),
+        shard=created["shard"],
+    )
+
+
+def end_steps(events: pa.Table) -> pa.Table:
+    """The completion, failure and cancel steps of the event rows (row-wise)."""
+    ends = events.filter(pc.is_in(events["type"], pa.array(list(_KIND_OF_TYPE))))
+    kinds = [_KIND_OF_TYPE[t] for t in ends["type"].to_pylist()]
+    return _steps(
+        ends,
+        kind=pa.array(kinds, pa.string()),
+        attempt=ends["attempt"],
+        ts_ms=ends["ts_ms"],
+        retry=ends["retry"],
+    )
+
+
+def grant_steps(grants: pa.Table) -> pa.Table:
+    """The grant steps of lease grants (``GRANT_SCHEMA`` rows; their queue is the task's own)."""
+    return _steps(
+        grants, kind="grant", attempt=grants["attempt"], worker=grants["worker"], ts_ms=grants["ts_ms"]
+    )
+
+
+def release_steps(releases: pa.Table) -> pa.Table:
+    """The release and requeue steps of releases (:data:`RELEASE_SCHEMA` rows; ``requeued``: a requeue)."""
+    requeue = pc.equal(releases["state"], "requeued")
+    return _steps(
+        releases,
+        kind=pc.if_else(requeue, "requeue", "release"),
+        attempt=releases["attempt"],
+        ts_ms=releases["ts_ms"],
+        given=releases["state"],
+    )
+
+
+def _task_life(steps: list[dict]) -> list[dict]:
+    """One task's steps (in log order) as apply counts them, each with the state it leaves the task in."""
+    first = next((s for s in steps if s["queue"] is not None), None)
+    if first is None:
+        return []  # no submit created it: apply refused every step
+    current = None
+    ends: set = set()
+    submitted = cancelled = False
+    base = 0
+    state = None
+    out = []
+    for step in steps:
+        kind, attempt = step["kind"], step["attempt"]
+        if kind == "grant":
+            current = attempt
+        elif kind in _ENDING and (current is None or attempt != current or attempt in ends):
+            continue  # a stale attempt, or one that already ended
+        elif kind == "submit":
+            if submitted:
+                continue  # a repeated task id
+            submitted = True
+        elif kind == "cancel" and (state != "waiting" or cancelled):
+            continue  # a cancel counts only while the task waits, and only once
+        if kind in _ENDING:
+            ends.add(attempt)
+        if kind == "requeue":
+            base = attempt  # the task has max_attempts attempts more
+        if kind == "release":
+            new = step["given"]
+        elif kind in ("submit", "requeue"):
+            new = "waiting"
+        elif kind == "grant":
+            new = "running"
+        elif kind == "complete":
+            new = "done"
+        elif kind == "fail":
+            if step["retry"] is False:
+                new = "failed"
+            else:
+                new = "dead" if attempt - base >= first["max_attempts"] else "waiting"
+        else:
+            new = "cancelled"
+            cancelled = True
+        state = new if new is not None else state
+        row = {k: step[k] for k in LIFE_SCHEMA.names if k != "state"}
+        row.update(shard=first["shard"], queue=first["queue"], max_attempts=first["max_attempts"], state=new)
+        out.append(row)
+    return out
+
+
+def life_rows(steps: pa.Table) -> pa.Table:
+    """Each created task's effective steps in log order, with its state after each (:data:`LIFE_SCHEMA`);
+    by ``task_id``. Steps apply would refuse (a repeated task id, a stale attempt, a second completion, a
+    cancel of a running task) are left out."""
+    rows = _in_order(steps, "task_id").to_pylist()
+    out: list[dict] = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i]["task_id"] != rows[start]["task_id"]:
+            out.extend(_task_life(rows[start:i]))
+            start = i
+    return pa.Table.from_pylist(out, schema=LIFE_SCHEMA)
