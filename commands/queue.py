@@ -8,7 +8,7 @@ Example::
 
     fencepost queue list
     fencepost queue declare mail --max-attempts 8 --retry-backoff 2s --retry-backoff-max 10m --result-ttl 7d
-    fencepost queue declare reports --expires 10m
+    fencepost queue declare reports --expires 10m --max-waiting 10000 --overflow drop-oldest
     fencepost queue show mail --json
     fencepost queue purge mail --state done --older-than 7d
     fencepost queue requeue-dead mail
@@ -20,8 +20,8 @@ import re
 
 import click
 
-from broker.protocol import MAX_ATTEMPTS, MIN_LEASE_MS
-from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, MAX_SPAN_MS, WAITING
+from broker.protocol import MAX_ATTEMPTS, MAX_WAITING, MIN_LEASE_MS
+from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, MAX_SPAN_MS, OVERFLOW_POLICIES, WAITING
 from commands.checks import QUEUE
 from commands.options import cluster_options, make_client
 from commands.output import emit, table
@@ -189,6 +189,21 @@ def _cluster_default(name: str) -> str:
     "runs (a task's own submit --expires wins); 0 sets none [default: unchanged; a new queue sets "
     "none]. Needs the cluster's task_expiry flag.",
 )
+@click.option(
+    "--max-waiting",
+    type=click.IntRange(0, MAX_WAITING),
+    default=None,
+    help="At most this many waiting tasks (delayed ones included) in each shard; 0 sets no limit "
+    "[default: unchanged; a new queue has none]. Needs the cluster's queue_limits flag.",
+)
+@click.option(
+    "--overflow",
+    type=click.Choice(OVERFLOW_POLICIES),
+    default=None,
+    help="What a submit past --max-waiting does: reject (fails with queue_full), drop-oldest (the "
+    "oldest waiting task is deleted) or dead-letter (it goes to dead) [default: unchanged; unset: "
+    "reject]. Needs the cluster's queue_limits flag.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: queue, created, settings.")
 @cluster_options
 def queue_declare(
@@ -199,6 +214,8 @@ def queue_declare(
     retry_backoff_max,
     result_ttl,
     expires,
+    max_waiting,
+    overflow,
     as_json,
     zk,
     cluster,
@@ -221,6 +238,8 @@ def queue_declare(
             retry_backoff_max=retry_backoff_max,
             result_ttl=result_ttl,
             expires=expires,
+            max_waiting=max_waiting,
+            overflow=overflow,
         )
     view = {"queue": queue, "created": bool(reply.get("created")), "settings": declared(reply)}
 
@@ -259,8 +278,10 @@ def queue_show(queue, as_json, zk, cluster, dev_dir) -> None:
 
 def _shown(name: str, value: int) -> str:
     """A setting's value as a person reads it."""
-    if name == "max_attempts":
+    if name in ("max_attempts", "overflow"):
         return str(value)
+    if name == "max_waiting":
+        return str(value) if value else "no limit"
     if name == "result_ttl_ms" and not value:
         return "forever"
     if name == "expires_ms" and not value:
@@ -276,7 +297,7 @@ def _settings_lines(settings: dict, defaults: dict) -> None:
             click.echo(f"{label:<18} {_shown(name, value)}")
         elif defaults.get(name) is not None:
             click.echo(f"{label:<18} {_shown(name, defaults[name])} (cluster default)")
-        elif name in ("max_run_ms", "expires_ms"):
+        elif name in ("max_run_ms", "expires_ms", "max_waiting"):
             click.echo(f"{label:<18} none (not set)")
         else:
             click.echo(f"{label:<18} - (not set: the cluster's default)")

@@ -62,6 +62,11 @@ FLAGS: dict[str, str] = {
         "options and writes expires_ms in TaskSubmitted and QueueDeclared and the TasksExpired event; a "
         "task not started by its expiry goes to the final state expired"
     ),
+    "queue_limits": (
+        "queue length limits (`queue declare --max-waiting N --overflow reject|drop-oldest|dead-letter`): "
+        "the leader accepts the options and writes max_waiting and overflow in QueueDeclared; a submit past "
+        "the limit is refused with queue_full, or makes room by dropping or dead-lettering the oldest task"
+    ),
 }
 
 ADVERTISED_ENV = "FENCEPOST_ADVERTISED_FEATURES"

@@ -250,6 +250,8 @@ class ApplicationCalls:
         retry_backoff_max: float | None = None,
         result_ttl: float | None = None,
         expires: float | None = None,
+        max_waiting: int | None = None,
+        overflow: str | None = None,
     ) -> dict:
         """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
 
@@ -258,7 +260,9 @@ class ApplicationCalls:
         queue's done, failed, dead and cancelled tasks this long after they finished (0:
         never, whatever the brokers' ``result_ttl_s``). ``expires`` (seconds): the default expiry
         of its tasks (a task not started within it is expired; 0: none; needs the ``task_expiry``
-        flag). Example:
+        flag). ``max_waiting`` (0: none) bounds its waiting tasks, per shard, and ``overflow``
+        (``reject``, the default, ``drop-oldest``, ``dead-letter``) says what a submit past it does
+        (needs the ``queue_limits`` flag). Example:
         ``client.declare_queue("mail", max_attempts=8, retry_backoff=2, retry_backoff_max=600)``.
         """
         fields: dict[str, Any] = {"queue": queue, **backoff_fields(retry_backoff, retry_backoff_max)}
@@ -274,6 +278,10 @@ class ApplicationCalls:
             if expires < 0:
                 raise ValueError("expires must be >= 0 seconds")
             fields["expires_ms"] = int(round(expires * 1000))
+        if max_waiting is not None:
+            fields["max_waiting"] = int(max_waiting)
+        if overflow is not None:
+            fields["overflow"] = overflow
         # Every shard holds tasks of every queue: each gets the settings (shard 0 first, whose answer is returned).
         settings = [
             self.call("declare_queue", shard=shard, **fields)["queue"] for shard in range(self.shards)

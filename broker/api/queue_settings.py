@@ -3,7 +3,8 @@ cluster's defaults for those it leaves unset, what its tasks act on, and its cou
 
 Pure. A queue record (a ``list_queues`` row, or a ``declare_queue`` reply) always holds
 ``max_attempts`` (3 until declared otherwise); ``max_run_ms``, ``retry_backoff_ms``,
-``retry_backoff_max_ms``, ``result_ttl_ms`` and ``expires_ms`` only once declared. A task's own submit option
+``retry_backoff_max_ms``, ``result_ttl_ms``, ``expires_ms``, ``max_waiting`` and ``overflow`` only
+once declared. A task's own submit option
 wins over its queue's; a setting its queue leaves unset comes from the cluster:
 
 - ``retry_backoff_ms`` / ``retry_backoff_max_ms``: the leader's task settings (``status``'s
@@ -12,7 +13,8 @@ wins over its queue's; a setting its queue leaves unset comes from the cluster:
 - ``result_ttl_ms``: the leader's ``result_ttl_s`` (``list_queues``' ``result_ttl_ms``; 0 keeps
   finished tasks);
 - ``max_run_ms``: none (an attempt runs as long as its lease is extended);
-- ``expires_ms``: none (a task waits until it is leased; 0 declared says none too).
+- ``expires_ms``: none (a task waits until it is leased; 0 declared says none too);
+- ``max_waiting``: none (0 declared says none too); ``overflow``: ``reject``.
 
 The queue's ``lease_ms`` is left out: the leader stamps its ``default_lease_ms`` into every
 lease that names none, so a queue's own never applies.
@@ -38,6 +40,8 @@ SETTINGS = (
     "retry_backoff_max_ms",
     "result_ttl_ms",
     "expires_ms",
+    "max_waiting",
+    "overflow",
 )
 # The states a queue's counts cover, in the order `queue list` shows them.
 COUNTED = ("waiting", "delayed", "running", "done", "failed", "dead", "cancelled", "expired")
@@ -60,6 +64,8 @@ def cluster_defaults(default_ttl_ms: int | None, task_settings: Mapping[str, Any
     return {
         "max_run_ms": None,
         "expires_ms": None,
+        "max_waiting": None,
+        "overflow": "reject",
         "retry_backoff_ms": task_settings.get("retry_backoff_ms"),
         "retry_backoff_max_ms": task_settings.get("retry_backoff_max_ms"),
         "result_ttl_ms": default_ttl_ms,

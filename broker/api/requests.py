@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from broker import BrokerError
 from election.wire import CodedError
-from election.wire.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_UNAVAILABLE, E_WAIT_TIMEOUT
+from election.wire.codes import E_NO_SUCH_TASK, E_NOT_LEADER, E_QUEUE_FULL, E_UNAVAILABLE, E_WAIT_TIMEOUT
 
 BACKOFF_START = 0.05
 BACKOFF_CAP = 1.0
@@ -65,6 +65,10 @@ class BrokerUnavailable(ClientError):
 
 class TaskNotFound(ClientError, code=E_NO_SUCH_TASK):
     """The task id is unknown to the cluster (never submitted, or purged)."""
+
+
+class QueueFull(ClientError, code=E_QUEUE_FULL):
+    """The queue holds its ``max_waiting`` tasks and refuses more (overflow reject); the message names the limit."""
 
 
 class WaitTimeout(ClientError, TimeoutError):

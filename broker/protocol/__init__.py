@@ -39,9 +39,11 @@ Operations (request fields -> reply fields):
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues, task_settings, task_settings_logged``
   (the cluster-wide task settings this broker acts on, and those its log recorded)
 - ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?,
-  result_ttl_ms?, expires_ms?`` -> ``queue`` (the queue's settings after the change; a field left out keeps
+  result_ttl_ms?, expires_ms?, max_waiting?, overflow?`` -> ``queue`` (the queue's settings after the change; a field left out keeps
   its value; ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``;
-  ``expires_ms``: its tasks' default expiry, 0 none, with the ``task_expiry`` flag)
+  ``expires_ms``: its tasks' default expiry, 0 none, with the ``task_expiry`` flag; ``max_waiting``, 0
+  none, and ``overflow`` ``reject|drop-oldest|dead-letter``: its length limit, with the ``queue_limits``
+  flag; a submit refused by it gets ``queue_full``)
 - ``list_tasks`` ``queue?, state?, limit?, after?`` -> ``tasks: [{id, queue, state, attempts, max_attempts,
   priority, submitted_ms, not_before_ms, started_ms, finished_ms, worker, error, ...}], next`` (a page
   of at most ``limit`` (100, up to 1000) tasks in queue then submit order, through the store's
@@ -138,6 +140,7 @@ MAX_LIST_TASKS = 1000
 DEFAULT_LIST_TASKS = 100
 MAX_LIST_WORKERS = 1000
 MAX_PURGE = 10_000
+MAX_WAITING = 1 << 30  # the highest max_waiting a queue may declare
 DEFAULT_PURGE = 1000
 QUEUE_NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
 

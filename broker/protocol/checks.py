@@ -41,6 +41,7 @@ from broker.protocol import (
     MAX_SNAPSHOT_OFFSET,
     MAX_SUBMIT_MANY,
     MAX_WAIT_MS,
+    MAX_WAITING,
     MIN_LEASE_MS,
     QUEUE_NAME,
     RequestError,
@@ -79,6 +80,8 @@ K_MAX_RUN_MS = _kind("TaskSubmitted", "max_run_ms")
 K_BACKOFF = _kind("TaskSubmitted", "retry_backoff_ms")
 K_EXPIRES = _kind("TaskSubmitted", "expires_ms")
 K_QUEUE_EXPIRES = _kind("QueueDeclared", "expires_ms")
+K_MAX_WAITING = _kind("QueueDeclared", "max_waiting")
+K_OVERFLOW = _kind("QueueDeclared", "overflow")
 K_TASK_ID = _kind("TaskCancelled", "task_id")
 K_WORKER = _kind("TaskLeased", "worker")
 K_MAX_TASKS = _kind("TaskLeased", "max_tasks")
@@ -281,6 +284,8 @@ def check_request(msg: dict, max_payload: int) -> dict:
             "retry_backoff_max_ms": _field(msg, "retry_backoff_max_ms", K_BACKOFF, None, 0, MAX_SPAN_MS),
             "result_ttl_ms": _field(msg, "result_ttl_ms", K_TTL, None, 0, MAX_SPAN_MS),
             "expires_ms": _field(msg, "expires_ms", K_QUEUE_EXPIRES, None, 0, MAX_SPAN_MS),
+            "max_waiting": _field(msg, "max_waiting", K_MAX_WAITING, None, 0, MAX_WAITING),
+            "overflow": _field(msg, "overflow", K_OVERFLOW, None),
         }
     if op in SCHEDULE_OPS:
         return {"op": op, **check_schedule(op, msg, max_payload)}

@@ -10,6 +10,7 @@ that enables the flag; the request changes nothing. Pure: the leader passes its
   queue's ``expires_ms`` (``declare_queue``). A purge that names ``expired`` among other states
   is carried out without it (no task can have expired before the flag), one naming only
   ``expired`` is refused.
+- ``queue_limits``: a queue's ``max_waiting`` and ``overflow`` (``declare_queue``).
 
 Example::
 
@@ -25,6 +26,7 @@ from typing import Callable
 from broker.state.events import EXPIRED
 
 EXPIRY_FLAG = "task_expiry"
+LIMITS_FLAG = "queue_limits"
 
 
 def disabled_message(what: str, flag: str) -> str:
@@ -49,9 +51,12 @@ def refusal(req: dict, enabled: Callable[[str], bool]) -> str | None:
     A ``purge_queue`` may be changed in place: ``expired`` is left out of its states while
     ``task_expiry`` is off.
     """
+    op = req["op"]
+    if op == "declare_queue" and not enabled(LIMITS_FLAG):
+        if req.get("max_waiting") is not None or req.get("overflow") is not None:
+            return disabled_message("a queue's length limit (max_waiting, overflow)", LIMITS_FLAG)
     if enabled(EXPIRY_FLAG):
         return None
-    op = req["op"]
     if any(sub.get("expires_ms") is not None for sub in _submits(req)):
         return disabled_message("a task's expiry (expires)", EXPIRY_FLAG)
     if op == "declare_queue" and req.get("expires_ms") is not None:

@@ -3,7 +3,8 @@
 Each handler takes the batch's :class:`~broker.state.txn.StateTxn` and one
 validated event and returns its result map (see :mod:`broker.state.apply` for
 the rules they keep). A submit with a known idempotency ``key`` returns the
-existing task; a lease first promotes the queue's delayed tasks that are due
+existing task, and one to a queue at its length limit follows its overflow
+(:mod:`broker.state.apply_limits`); a lease first promotes the queue's delayed tasks that are due
 (at most :data:`PROMOTE_LIMIT` per queue per event) and then takes the ready
 ones, highest priority then oldest; a heartbeat extends a lease but never past
 the attempt's ``max_run_ms``; a task past its expiry is expired, not leased
@@ -23,6 +24,7 @@ from typing import Callable
 
 from broker.state import backoff, idem
 from broker.state.apply_expiry import expire, expires_at, is_due
+from broker.state.apply_limits import make_room
 from broker.state.events import (
     CANCELLED,
     DEAD,
@@ -93,6 +95,9 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
     if tx.get("tasks", tid_b) is not None:
         return err(E_DUPLICATE_TASK_ID, f"task id {tid!r} already exists")
     q = tx.queue(name) or tx.new_queue(name, DEFAULT_MAX_ATTEMPTS, DEFAULT_LEASE_MS)
+    refused = make_room(tx, name, q, now)  # its length limit (broker.state.apply_limits)
+    if refused is not None:
+        return refused
     rec = {
         "id": tid,
         "queue": name,

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from broker.state import idem
 from broker.state.events import RETRYABLE_STATES, RUNNING, WAITING, err, ok
 from broker.state.schema import FINISHED_CODE, queue_prefix, read_u64, text
-from broker.state.transitions import leave, release, requeue, touch_worker
+from broker.state.transitions import release, remove, requeue, touch_worker
 from broker.state.txn import StateTxn
 from election.wire.codes import E_BAD_STATE, E_NO_SUCH_TASK
 
@@ -96,13 +95,7 @@ def _tasks_purged(tx: StateTxn, ev: dict) -> dict:
     while (tid := _next_purgeable(tx, sources)) is not None:
         if limit is not None and purged >= limit:
             return ok(queue=name, purged=purged, more=True, before_ms=ev["before_ms"])
-        rec = tx.indexed_task("purge", tid)
-        leave(tx, rec)
-        tx.must_delete("tasks", tid)
-        if rec["payload"] is None:
-            tx.must_delete("payloads", tid)
-        if rec["key"] is not None:
-            idem.remove(tx, name, rec["key"], tid)  # frees the key for reuse
+        remove(tx, tx.indexed_task("purge", tid), tid)  # frees the key for reuse
         purged += 1
     return ok(queue=name, purged=purged, more=False, before_ms=ev["before_ms"])
 

@@ -74,6 +74,8 @@ PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
 MAX_CRON_BYTES = 200
 # What a schedule does with occurrences missed for longer than its grace (docs/operations.md).
 CATCH_UP_POLICIES = ("all", "last", "none")
+# What a submit to a queue at its max_waiting does (broker.state.apply_limits).
+OVERFLOW_POLICIES = ("reject", "drop-oldest", "dead-letter")
 
 _REQUIRED = object()
 _HEX128 = re.compile(r"\A[0-9a-f]{32}\Z")
@@ -93,6 +95,9 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         "result_ttl_ms": ("delay?", None),
         # The default expiry of the queue's tasks (task_expiry flag; 0: none). See LATE_FIELDS.
         "expires_ms": ("delay?", None),
+        # Length limit (queue_limits flag; 0: none) and what a submit past it does. See LATE_FIELDS.
+        "max_waiting": ("count?", None),
+        "overflow": ("overflow?", None),
     },
     "TaskSubmitted": {
         "task_id": ("id", _REQUIRED),
@@ -217,7 +222,7 @@ EVENT_TYPES = tuple(SCHEMAS)
 # set, so an event that does not use them is, byte for byte, what a member before them reads.
 LATE_FIELDS: dict[str, frozenset[str]] = {
     "TaskSubmitted": frozenset({"expires_ms"}),
-    "QueueDeclared": frozenset({"expires_ms"}),
+    "QueueDeclared": frozenset({"expires_ms", "max_waiting", "overflow"}),
 }
 
 # Integer kinds: (lowest, highest) allowed value.
@@ -337,6 +342,8 @@ def check_value(kind: str, v: Any) -> bool:
         return 0 < _utf8_len(v) <= MAX_CRON_BYTES
     if kind == "catch_up":
         return v in CATCH_UP_POLICIES
+    if kind == "overflow":
+        return v in OVERFLOW_POLICIES
     if kind == "setting":
         return isinstance(v, str) and v in SETTINGS
     if kind == "setting_value":
@@ -395,6 +402,7 @@ _KIND_TEXT = {
     "decisions": "a list of [event index, [[task id, attempt, state?], ...]]",
     "cron": f"a cron expression of 1-{MAX_CRON_BYTES} UTF-8 bytes",
     "catch_up": f"one of {', '.join(CATCH_UP_POLICIES)}",
+    "overflow": f"one of {', '.join(OVERFLOW_POLICIES)}",
     "setting": f"a task setting among {', '.join(SETTINGS)}",
     "setting_value": "a number or true or false",
 }

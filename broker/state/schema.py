@@ -295,8 +295,17 @@ def unpack(b: bytes) -> Any:
 
 # A queue record's optional settings (QueueDeclared), stored only when set. result_ttl_ms: finished
 # tasks of the queue are purged by the leader this long after they finished (0: kept; unset: the
-# brokers' result_ttl_s). expires_ms: its tasks' default expiry (0: none).
-QUEUE_SETTINGS = ("max_run_ms", "retry_backoff_ms", "retry_backoff_max_ms", "result_ttl_ms", "expires_ms")
+# brokers' result_ttl_s). expires_ms: its tasks' default expiry (0: none). max_waiting (0: none) and
+# overflow: its length limit and what a submit past it does (broker.state.apply_limits).
+QUEUE_SETTINGS = (
+    "max_run_ms",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "result_ttl_ms",
+    "expires_ms",
+    "max_waiting",
+    "overflow",
+)
 
 
 def pack_queue(rec: dict) -> bytes:

@@ -8,7 +8,8 @@ out of ``by_state`` and out of its queue's
 counters; entering puts it in the new ones and saves the record. On these:
 :func:`finish` (a final state), :func:`release` (a running attempt ended
 without success: waiting again after its backoff while attempts remain, else
-dead), :func:`requeue` (an operator's retry of a failed or dead task). The
+dead), :func:`requeue` (an operator's retry of a failed or dead task), :func:`remove`
+(a task deleted). The
 checks a worker's report must pass (:func:`check_attempt`), the lease deadline
 that never passes ``max_run_ms`` (:func:`capped_deadline`) and the worker's
 last-seen record (:func:`touch_worker`) are shared by the handlers too.
@@ -22,7 +23,7 @@ Example::
 
 from __future__ import annotations
 
-from broker.state import backoff
+from broker.state import backoff, idem
 from broker.state.events import DEAD, RUNNING, WAITING, err
 from broker.state.schema import (
     delayed_key,
@@ -81,6 +82,16 @@ def enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
     tx.put("by_state", state_key(queue, state, tid_b), b"")
     tx.count(queue, state, 1)
     tx.save_task(rec, tid_b)
+
+
+def remove(tx: StateTxn, rec: dict, tid_b: bytes) -> None:
+    """Delete a task for good (a purge, an overflow's drop): its record, payload and key (free again)."""
+    leave(tx, rec)
+    tx.must_delete("tasks", tid_b)
+    if rec["payload"] is None:
+        tx.must_delete("payloads", tid_b)
+    if rec["key"] is not None:
+        idem.remove(tx, rec["queue"], rec["key"], tid_b)
 
 
 def _expiring(rec: dict) -> bool:

@@ -59,6 +59,9 @@ E_DIGEST_MISMATCH = "digest_mismatch"
 # another definition (add it with replace to change it).
 E_NO_SUCH_SCHEDULE = "no_such_schedule"
 E_SCHEDULE_EXISTS = "schedule_exists"
+# A submit to a queue holding its max_waiting tasks, with overflow reject (broker/state/apply_limits.py);
+# the message names the queue and the limit.
+E_QUEUE_FULL = "queue_full"
 # A leader refuses an op whose events need a feature flag the cluster has not enabled; the message
 # names the `fencepost cluster enable-feature` command.
 E_FEATURE_DISABLED = "feature_disabled"

@@ -32,6 +32,8 @@ def test_a_declared_setting_wins_and_an_unset_one_is_the_cluster_s():
         "retry_backoff_max_ms": None,
         "result_ttl_ms": None,
         "expires_ms": None,
+        "max_waiting": None,
+        "overflow": None,
     }
     assert view["effective"] == {
         "max_attempts": 8,
@@ -40,6 +42,8 @@ def test_a_declared_setting_wins_and_an_unset_one_is_the_cluster_s():
         "retry_backoff_max_ms": 300_000,
         "result_ttl_ms": 86_400_000,
         "expires_ms": None,
+        "max_waiting": None,
+        "overflow": "reject",
     }
     # Every state is counted, those the record lacks as 0, in `queue list`'s order.
     assert list(view["counts"]) == list(COUNTED) and view["counts"]["waiting"] == 2
@@ -68,6 +72,8 @@ def test_declared_keeps_only_the_settings_that_act_on_tasks():
         (["--retry-backoff-max", "soon"], "--retry-backoff-max"),
         (["--result-ttl", "3651d"], "--result-ttl"),
         (["--expires", "-1s"], "--expires"),
+        (["--max-waiting", "-1"], "--max-waiting"),
+        (["--overflow", "drop-newest"], "--overflow"),
     ],
 )
 def test_queue_declare_refuses_bad_values_with_exit_2_and_one_line(args, named):

@@ -55,6 +55,8 @@ STATUS_OF: dict[str, int] = {
     E_UNAUTHORIZED: UNAUTHORIZED,
     codes.E_FORBIDDEN: FORBIDDEN,
     E_RATE_LIMITED: TOO_MANY_REQUESTS,
+    # The queue holds its max_waiting tasks: the same submit may succeed once workers took some.
+    codes.E_QUEUE_FULL: TOO_MANY_REQUESTS,
     # What it names.
     E_NOT_FOUND: NOT_FOUND,
     codes.E_NO_SUCH_TASK: NOT_FOUND,
