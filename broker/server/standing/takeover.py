@@ -58,13 +58,14 @@ from broker.server.standing.takeover_steps import (
     ready_to_claim,
 )
 from broker.server.store.follower import catch_up
+from broker.server.store.join_choice import covers_log_start
 from broker.state.store import StateStore
 from election.leader import EpochClaim, LostLeadership, claim_epoch, publish_leader
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger.client.facade import LedgerClient
 from ledger.client.writer import LedgerWriter
-from ledger.log import LogConflict, StaleEpoch, read_log, write_log
+from ledger.log import LogConflict, LogGap, StaleEpoch, log_seed, read_log, write_log
 from ledger.metadata import CLOSED, NoSuchLedger, live_bookies, read_metadata_many
 from ledger.placement import placeable
 
@@ -204,6 +205,21 @@ def roll_ledger(
     return writer
 
 
+def check_seed_covered(zk: KazooClient, paths: ClusterPaths, position: tuple[int, int] | None) -> None:
+    """Raise LogGap unless a store at ``position`` holds the state a log re-created from a seed
+    continues (the seed, or an entry of the new log): a store older than the seed, with the new
+    log still empty, meets no gap when it catches up and would lead with the older state."""
+    seed = log_seed(zk, paths)
+    if seed is None:
+        return
+    log_ids = [x["id"] for x in read_log(zk, paths)[0]]
+    if not covers_log_start(position or (-1, -1), log_ids, True, seed):
+        raise LogGap(
+            f"the store is at {position}, older than the state the log was re-created from "
+            f"(the seed {tuple(seed)}): install a snapshot first"
+        )
+
+
 def newer_epoch(data: bytes, epoch: int) -> bool:
     """Whether a ``leader`` node's data names an epoch above ``epoch`` (unreadable data does not)."""
     try:
@@ -260,6 +276,7 @@ class Takeover:
         closed_at = close_previous_ledgers(self.zk, self.paths, self.ledgers)
         steps.done("recover")
         catch_up(self.ledgers, self.store, self.step_down)
+        check_seed_covered(self.zk, self.paths, self.store.position())
         steps.done("catch up")
         self.writer, appended_to = open_ledger_at(self.zk, self.paths, self.ledgers, claim)
         steps.done("open ledger")

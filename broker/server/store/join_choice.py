@@ -43,11 +43,17 @@ def covers_log_start(
     """True when replaying the log after ``position`` rebuilds everything since it.
 
     A position before every ledger (``ledger < 0``) covers only a log that still starts
-    at the beginning of history.
+    at the beginning of history. Below a seed, only the seed itself and positions in the
+    log's own ledgers (or after its first) cover.
     """
     position = (int(position[0]), int(position[1]))
-    if seed is not None and position == tuple(seed):
-        return True
+    if seed is not None:
+        if position == tuple(seed):
+            return True
+        # A re-created log continues the seed's state in ledgers of its own, numbered above every
+        # ledger the stores knew: a position before them is older state (a snapshot a survivor took
+        # before the loss), even while the log is still empty and so shows no gap.
+        return bool(log_ids) and position >= (log_ids[0], -1)
     if position[0] < 0:
         return not log_truncated
     try:
