@@ -84,6 +84,17 @@ def test_entries_must_be_added_in_order():
         QuorumTracker(2, 3)
 
 
+def test_add_run_registers_a_flush_at_once():
+    t = QuorumTracker(3, 2)
+    t.add_run(0, 3)
+    t.add(3)
+    t.add_run(4, 2)
+    assert t.pending == [0, 1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="out of order"):
+        t.add_run(7, 1)
+    assert list(t.ack_range(0, 6, 0)) == [] and list(t.ack_range(0, 6, 1)) == [0, 1, 2, 3, 4, 5]
+
+
 def test_ranges_ack_and_fail_many_entries_at_once():
     t = QuorumTracker(3, 2)
     for e in range(10):
