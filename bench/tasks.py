@@ -172,7 +172,7 @@ def run(
             st1 = counters.sample()
             progress(f"throughput phase: {c1 - c0} completed in {t1 - t0:.1f}s")
             load.stop()  # the single submits run on a quiet cluster: commit latency, not queueing
-            single, single_errors = single_submit_phase(bc, queue, single_s, load.payload)
+            single, single_errors, single_stages = single_submit_phase(bc, queue, single_s, load.payload)
         finally:
             load.stop()
             if prof is not None:
@@ -229,6 +229,7 @@ def run(
             "cpu_ms_per_1k_tasks": cpu_per_1k,
             "cpu_cores_busy": cpu_busy,
             "single_latency": single_summary,
+            "single_commit_stages": single_stages,
             "batch_latency": batch_summary,
             "cluster": "private (3 bookies fsync on, 3 brokers)"
             if not bc.external

@@ -153,8 +153,13 @@ class Load:
 
 def single_submit_phase(
     bc: BenchCluster, queue: str, seconds: float, payload: bytes
-) -> tuple[list[float], int]:
-    """One thread, one task per ``submit``: the latency a non-batching caller sees."""
+) -> tuple[list[float], int, dict | None]:
+    """One thread, one task per ``submit``: the latency a non-batching caller sees.
+
+    Also returns the leader's ``commit_stages`` read right after (None if it did not
+    answer): where a lone submit's time goes inside the leader, over its last 2,000
+    entries, so the single submits alone once the phase wrote at least that many.
+    """
     latencies: list[float] = []
     errors = 0
     with bc.client() as client:
@@ -168,4 +173,8 @@ def single_submit_phase(
                 errors += 1
                 continue
             latencies.append(time.monotonic() - t0)
-    return latencies, errors
+        try:
+            stages = client.status().get("commit_stages")
+        except Exception:  # noqa: BLE001 - the figure is extra; the latencies stand without it
+            stages = None
+    return latencies, errors, stages
