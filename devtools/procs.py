@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,8 +30,35 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# Listening ports are drawn from below the kernel's ephemeral range: a port bind(0) hands out
+# comes from that range, so any outgoing connection may take it before the member given it binds
+# (seen as "Address already in use" of a broker started a moment later, or restarted on its
+# recorded port). Below the range only other callers of free_port compete, at random.
+LISTEN_PORTS_LOW = 20000
+_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PROBES = 100
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_PORT_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that nobody listens on right now."""
+    """A TCP port on `host` that nobody listens on right now (below the ephemeral range when it can)."""
+    high = _ephemeral_low()
+    if high - LISTEN_PORTS_LOW >= 1000:
+        rng = random.Random()
+        for _ in range(_PROBES):
+            port = rng.randrange(LISTEN_PORTS_LOW, high)
+            with socket.socket() as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

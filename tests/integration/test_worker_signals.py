@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from broker.api.client import Client
-from devtools.procs import pid_alive
+from devtools.procs import free_port, pid_alive
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.paths import ClusterPaths
 from election.zk import close, connect
@@ -105,14 +104,8 @@ def test_sigterm_drains_the_task_in_hand_and_a_second_signal_stops_at_once(broke
         assert client.get(stuck)["state"] == "running"  # until its lease expires
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_worker_whose_cluster_disappeared_stops_within_its_drain_timeout(procs, tmp_path):
-    server = ZooKeeperServer(ZkServerConfig(port=_free_port(), data=str(tmp_path / "zk")))
+    server = ZooKeeperServer(ZkServerConfig(port=free_port(), data=str(tmp_path / "zk")))
     server.start()
     zk = None
     try:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
 from broker.api.client import Client
+from devtools.procs import free_port
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.local.store_status import read_status
 from election.paths import ClusterPaths
@@ -28,18 +28,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 TASKS = 120
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PrivateZooKeeper:
     """A ZooKeeper of this test alone, so that its data directory can be wiped."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.server = ZooKeeperServer(ZkServerConfig(port=_free_port(), data=str(root)))
+        self.server = ZooKeeperServer(ZkServerConfig(port=free_port(), data=str(root)))
         self.zk = None
 
     def start(self) -> None:
@@ -80,7 +74,7 @@ def _start(procs, tc: ZkCluster) -> tuple[list, list]:
     brokers = []
     for i in range(3):
         data_dir = procs.workdir / f"broker-data-{i}"
-        address = f"tcp://127.0.0.1:{_free_port()}"
+        address = f"tcp://127.0.0.1:{free_port()}"
         args = [
             "broker",
             "start",

@@ -2,11 +2,13 @@
 
 import os
 import signal
+import socket
 import sys
 import uuid
 
 import pytest
 
+from devtools import procs
 from devtools.procs import (
     REPO_ROOT,
     kill_process,
@@ -82,3 +84,14 @@ def test_private_env_drops_fencepost_settings_and_finds_the_code(monkeypatch):
     assert "FENCEPOST_ZK" not in env
     assert env["FENCEPOST_ZK_SESSION_FILE"] == "/x"  # what the caller sets on purpose stays
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
+
+
+def test_free_port_is_below_the_ephemeral_range_and_free():
+    """Outgoing connections take ports of the ephemeral range at any moment: a listening port
+    handed out from there could be gone before its member binds it."""
+    low = procs._ephemeral_low()
+    for _ in range(20):
+        port = procs.free_port()
+        assert procs.LISTEN_PORTS_LOW <= port < low or low - procs.LISTEN_PORTS_LOW < 1000
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
