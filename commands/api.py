@@ -72,24 +72,26 @@ def api(
     """
     from pathlib import Path
 
-    from broker.admin.http_api import HttpApiError
+    from broker import BrokerError
     from broker.admin.http_api.app import ApiContext
     from broker.admin.http_api.gateway import Gateway
     from broker.admin.http_api.limits import ApiLimits
-    from broker.admin.http_api.server import parse_listen, run_api
+    from broker.admin.http_api.server import api_server, run_api
+    from broker.admin.web_server import parse_listen
     from election.secure.api_keys import ApiKeyRing
 
     try:
-        parse_listen(listen)
+        parse_listen(listen, example="127.0.0.1:8700")
         limits = ApiLimits(max_body_bytes, rate_limit, burst, max_wait).validate()
-    except HttpApiError as exc:
+    except BrokerError as exc:
         raise click.BadParameter(str(exc)) from None
     keys = ApiKeyRing(Path(api_keys_file))
+    server = api_server(listen, limits)  # bound before the cluster is asked anything
     client = make_client(zk, cluster, dev_dir, timeout=timeout)
     try:
         run_api(
+            server,
             ApiContext(Gateway(client), keys, limits),
-            listen,
             ready=lambda url: click.echo(
                 f"HTTP API of cluster {client.cluster} on {url} ({len(keys)} API keys)"
             ),

@@ -68,7 +68,7 @@ def dashboard(listen, interval, api_keys_file, zk, cluster, dev_dir) -> None:
 
     from broker import BrokerError
     from broker.admin.dashboard import run_dashboard
-    from broker.admin.dashboard.server import parse_listen
+    from broker.admin.web_server import parse_listen
     from broker.api.client import Client
     from election.secure.api_keys import ApiKeyRing
     from election.zk import close, connect

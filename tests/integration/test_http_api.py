@@ -202,6 +202,32 @@ def test_missing_and_wrong_keys_are_401_and_a_role_outside_its_rights_is_403_wit
         assert [t["id"] for t in tasks] == [task_id]
 
 
+def test_sigterm_stops_the_api_with_exit_0_and_a_taken_address_is_one_line_naming_it(api, procs, tmp_path):
+    bc, proc, http, keys = api
+    assert http.request("GET", "/v1/tasks/x", key=keys["producer"])[0] == 404
+    http.close()
+    second = procs.run(
+        [
+            "api",
+            "--listen",
+            proc.address,
+            "--api-keys-file",
+            str(tmp_path / "api.keys"),
+            "--zk",
+            bc.zk_hosts,
+            "--cluster",
+            bc.cluster.name,
+        ]
+    )
+    assert second.returncode == 1 and not second.stdout
+    assert second.stderr.decode().splitlines() == [
+        f"fencepost: cannot serve the HTTP API on {proc.address}: Address already in use"
+    ]
+    # uvicorn raises SIGTERM again after its graceful stop: the API's own handler makes that harmless.
+    assert proc.terminate() == 0, proc.output()[-3000:]
+    assert "Traceback" not in proc.output()
+
+
 def test_a_key_over_its_rate_is_429_with_retry_after(broker_cluster, procs, tmp_path):
     keys = api_keys(tmp_path / "api.keys", producer="shop", admin="ops")
     proc = start_api(

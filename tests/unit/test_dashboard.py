@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import urllib.error
 import urllib.request
 
 import pytest
 
-from broker import BrokerError
 from broker.admin.dashboard import view
 from broker.admin.dashboard.actions import DashboardActions
 from broker.admin.dashboard.leaders import (
@@ -22,8 +20,9 @@ from broker.admin.dashboard.leaders import (
     merged_queues,
     merged_workers,
 )
-from broker.admin.dashboard.server import DashboardServer, build_app, parse_listen
+from broker.admin.dashboard.server import build_app
 from broker.admin.dashboard.view import ClusterWatcher, QueueRates
+from broker.admin.web_server import WebServer
 from broker.state.events import FINAL_STATES
 from election.secure.api_keys import ApiKeyRing, add_api_key
 from tests.support.clock import FakeClock
@@ -134,14 +133,6 @@ def test_a_one_shard_clusters_failover_names_no_shard(monkeypatch):
     ]
 
 
-def test_parse_listen():
-    assert parse_listen("127.0.0.1:8080") == ("127.0.0.1", 8080)
-    assert parse_listen("[::1]:0") == ("::1", 0)
-    for bad in ("8080", "host:port", "h:70000", "http://h:1"):
-        with pytest.raises(BrokerError):
-            parse_listen(bad)
-
-
 class _Watcher:
     def latest_json(self) -> bytes:
         return json.dumps({"cluster": "c", "leader": None}).encode()
@@ -173,8 +164,9 @@ class _Client:
 
 @contextlib.contextmanager
 def _serving(actions: DashboardActions):
-    server = DashboardServer("127.0.0.1:0", build_app(_Watcher(), _Sampler(), actions))
-    thread = threading.Thread(target=server.serve, daemon=True)
+    server = WebServer("127.0.0.1:0", "the dashboard")
+    app = build_app(_Watcher(), _Sampler(), actions)
+    thread = threading.Thread(target=server.serve, args=(app,), daemon=True)
     thread.start()
     try:
         yield server.url
@@ -220,13 +212,6 @@ def test_server_serves_the_page_the_snapshot_the_charts_and_nothing_else():
                 script = resp.read().decode()
             # Text only, and nothing fetched from elsewhere (the SVG namespace comes from the page's own svg).
             assert "innerHTML" not in script and "http" not in script
-
-
-def test_a_taken_address_is_one_error_naming_it():
-    with socket.create_server(("127.0.0.1", 0)) as taken:
-        listen = f"127.0.0.1:{taken.getsockname()[1]}"
-        with pytest.raises(BrokerError, match=f"cannot serve the dashboard on {listen}"):
-            DashboardServer(listen, build_app(_Watcher(), _Sampler(), DashboardActions(None, None)))
 
 
 def test_actions_need_a_listed_key_whose_role_may_and_then_run_through_the_client(tmp_path):

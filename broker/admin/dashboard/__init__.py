@@ -17,8 +17,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from typing import Callable
 
 from kazoo.client import KazooClient
@@ -41,24 +39,22 @@ def run_dashboard(
     :class:`election.secure.api_keys.ApiKeyRing`) enable the actions; the caller closes the client."""
     from broker.admin.dashboard.actions import DashboardActions
     from broker.admin.dashboard.sampler import MetricsSampler
-    from broker.admin.dashboard.server import DashboardServer, build_app
+    from broker.admin.dashboard.server import build_app
     from broker.admin.dashboard.view import ClusterWatcher
+    from broker.admin.web_server import WebServer
 
+    server = WebServer(listen, "the dashboard", timeout_graceful_shutdown=5)
+    server.stop_on_signals()  # so that the threads below are stopped and the process exits 0
     watcher = ClusterWatcher(zk, cluster, interval=interval)
     sampler = MetricsSampler(zk, cluster, interval=interval)
     actions = DashboardActions(client, api_keys if client is not None else None)
-    server = DashboardServer(listen, build_app(watcher, sampler, actions))
-    if threading.current_thread() is threading.main_thread():
-        # uvicorn raises the signal that stopped it again once it restored these handlers: this one
-        # lets the stop end here (threads stopped, exit 0) rather than in the default action.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: server.stop())
+    app = build_app(watcher, sampler, actions)
     watcher.start()
     sampler.start()
     log.info("dashboard of cluster %s on %s", cluster, server.url)
     ready(server.url)
     try:
-        server.serve()
+        server.serve(app)
     finally:
         sampler.stop()
         watcher.stop()

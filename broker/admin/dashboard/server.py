@@ -1,4 +1,5 @@
-"""The dashboard's HTTP server: Starlette on uvicorn, as the HTTP API (:mod:`broker.admin.http_api`).
+"""The dashboard's HTTP application: Starlette, served on uvicorn by :mod:`broker.admin.web_server` as the
+HTTP API is (:mod:`broker.admin.http_api`).
 
 Routes:
 
@@ -16,22 +17,17 @@ page can fetch nothing from elsewhere (its charts are its own SVG).
 
 Example::
 
-    server = DashboardServer("127.0.0.1:8080", build_app(watcher, sampler, actions))
-    server.url       # "http://127.0.0.1:8080/" (listening already)
-    server.serve()   # until SIGTERM/SIGINT, or server.stop() from another thread
+    server = WebServer("127.0.0.1:8080", "the dashboard")   # broker.admin.web_server
+    server.serve(build_app(watcher, sampler, actions))
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import re
-import socket
 from importlib import resources
 from typing import Callable
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -39,7 +35,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from broker import BrokerError
 from broker.admin.dashboard.actions import DashboardActions
 from broker.admin.http_api import ApiRequestError
 from broker.admin.http_api.parsing import parse_json_object
@@ -49,7 +44,6 @@ from election.wire.codes import E_INTERNAL, E_OVERSIZED
 
 log = logging.getLogger(__name__)
 
-_LISTEN = re.compile(r"\A(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})\Z")
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
@@ -67,14 +61,6 @@ HEADERS = {
 }
 JSON_TYPE = "application/json"
 MAX_ACTION_BODY_BYTES = 4096
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` -> ``(host, port)``; BrokerError if malformed. Pure."""
-    match = _LISTEN.match(listen)
-    if not match or not 0 <= int(match.group("port")) <= 65535:
-        raise BrokerError(f"expected HOST:PORT (e.g. 127.0.0.1:8080), got {listen!r}")
-    return match.group("host").strip("[]"), int(match.group("port"))
 
 
 def load_static() -> dict[str, tuple[bytes, str]]:
@@ -146,39 +132,3 @@ def build_app(watcher, sampler, actions: DashboardActions) -> Starlette:
         Route("/api/actions/{action}", action, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
-
-
-class DashboardServer:
-    """uvicorn serving ``app`` on ``listen`` (one event loop; every answer but an action's from memory).
-
-    The socket is bound and listening once the server is made (BrokerError if it cannot be), so
-    :attr:`url` names the port given by the system for port 0 before anything is served."""
-
-    def __init__(self, listen: str, app: Starlette) -> None:
-        host, port = parse_listen(listen)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            self._socket = socket.create_server((host, port), family=family)
-        except OSError as exc:
-            raise BrokerError(f"cannot serve the dashboard on {listen}: {exc}") from None
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self._socket.getsockname()[1]}/"
-        config = uvicorn.Config(
-            app,
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-        )
-        self._server = uvicorn.Server(config)
-
-    def serve(self) -> None:
-        """Serve until SIGTERM/SIGINT (uvicorn's handlers, in the main thread) or :meth:`stop`."""
-        try:
-            asyncio.run(self._server.serve(sockets=[self._socket]))
-        finally:
-            self._socket.close()
-
-    def stop(self) -> None:
-        self._server.should_exit = True
