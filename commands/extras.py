@@ -1,7 +1,7 @@
 """Which optional part of fencepost a command needs, checked before the command runs.
 
 ``pip install fencepost`` (the core) runs clients, workers, brokers and bookies. The extras add
-the rest: ``fencepost[pipeline]`` PySpark, pyarrow and matplotlib (``export``, ``analyze``,
+the rest: ``fencepost[pipeline]`` PySpark, pyarrow, pandas and matplotlib (``export``, ``analyze``,
 ``audit``); ``fencepost[dev]`` what ``dev``, ``zk``, ``chaos`` and ``bench`` need (the ZooKeeper
 server's jars, which come in PySpark's wheel, and hypothesis for fuzz runs). A command whose
 extra is missing fails with one line naming it; its ``--help`` works without.
@@ -21,7 +21,7 @@ from commands.errors import fail
 
 # The modules each extra brings (setup.cfg, [options.extras_require]).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "pipeline": ("pyspark", "pyarrow", "matplotlib"),
+    "pipeline": ("pyspark", "pyarrow", "pandas", "matplotlib"),
     "dev": ("pyspark", "hypothesis"),
 }
 

@@ -55,8 +55,8 @@ from pipeline.replay import GRANT_SCHEMA, grants_table, replay
 from pipeline.report import write_report
 from pipeline.rows import Position, format_position
 from pipeline.shard_bounds import format_bounds
-from pipeline.source import NAME
 
+SOURCE = "fencepost"  # pipeline.source.NAME, registered by pipeline.spark (not imported: it imports pyspark)
 # The event columns the analysis reads: the rest is left out of Spark's cached copy.
 EVENT_COLUMNS = (
     "ledger_id",
@@ -151,6 +151,7 @@ def _events(frames, spark_read: Callable[[], Any], arrow_read: Callable[[], pa.T
     many jobs); or the table read in this process."""
     if frames.name == SPARK:
         return frames.cache(spark_read().select(*EVENT_COLUMNS))
+    # The in-process engine imports no pyspark (a few tenths of a second of a small run).
     return arrow_read().select(list(EVENT_COLUMNS))
 
 
@@ -165,7 +166,7 @@ def _read(frames, source: HistorySource) -> _History:
         return _History(
             _events(
                 frames,
-                lambda: frames.spark.read.format(NAME).load(str(export_dir)),
+                lambda: frames.spark.read.format(SOURCE).load(str(export_dir)),
                 lambda: export_events(export_dir, limit),
             ),
             {shard: partial(_export_entries, export_dir, shard) for shard in range(shards)},
@@ -174,28 +175,30 @@ def _read(frames, source: HistorySource) -> _History:
             {int(k): v for k, v in bookmark.get(LEDGER_CREATED, {}).items()},
         )
     address = source.address
-    with Connection.open(address) as conn:
-        extents = {shard: conn.extents(shard=shard) for shard in range(conn.shards())}
-        created = conn.ledger_created_ms(e.ledger_id for shard in extents.values() for e in shard)
-    ends = {shard: end for shard, planned in extents.items() if (end := end_position(planned)) is not None}
-    if not ends:
-        raise PipelineError(f"the log of cluster {address.cluster!r} holds no entries")
     options = {
         "zk": address.zk,
         "cluster": address.cluster,
-        "shards": ",".join(str(shard) for shard in sorted(ends)),
-        "to": format_bounds(ends),
         "readTimeout": str(address.read_timeout),
     }
     if address.secret_file:
         options["secretFile"] = address.secret_file
-    # The events and the replays read the same entries: each shard's end is fixed here, once.
-    return _History(
-        _events(
+    with Connection.open(address) as conn:
+        extents = {shard: conn.extents(shard=shard) for shard in range(conn.shards())}
+        created = conn.ledger_created_ms(e.ledger_id for shard in extents.values() for e in shard)
+        ends = {
+            shard: end for shard, planned in extents.items() if (end := end_position(planned)) is not None
+        }
+        if not ends:
+            raise PipelineError(f"the log of cluster {address.cluster!r} holds no entries")
+        options.update(shards=",".join(str(shard) for shard in sorted(ends)), to=format_bounds(ends))
+        # The events and the replays read the same entries: each shard's end is fixed here, once.
+        events = _events(
             frames,
-            lambda: frames.spark.read.format(NAME).options(**options).load(),
-            lambda: cluster_events(address, extents, ends, limit),
-        ),
+            lambda: frames.spark.read.format(SOURCE).options(**options).load(),
+            lambda: cluster_events(conn, extents, ends, limit),
+        )
+    return _History(
+        events,
         {shard: partial(_cluster_entries, address, extents[shard], shard) for shard in sorted(ends)},
         True,
         ends,

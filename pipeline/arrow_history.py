@@ -11,7 +11,7 @@ a cluster's entries are counted while they are read, and the read gives up
 Example::
 
     try:
-        events = cluster_events(address, {0: extents}, {0: (7, 41)}, limit=SMALL_EVENTS)
+        events = cluster_events(conn, {0: extents}, {0: (7, 41)}, limit=SMALL_EVENTS)
     except TooLarge:
         ...                                  # run with Spark instead
 """
@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,15 +27,17 @@ import pyarrow.parquet as pq
 from pipeline.export_layout import export_files, read_export_file
 from pipeline.plan import (
     DEFAULT_ENTRIES_PER_PARTITION,
-    ClusterAddress,
     Connection,
     LedgerExtent,
+    ReadRange,
     split_ranges,
 )
-from pipeline.rows import SCHEMA, Position
-from pipeline.source import range_batches
+from pipeline.rows import SCHEMA, Position, entry_rows, to_record_batch
 
 SMALL_EVENTS = 100_000
+# Entries asked of the bookies (and turned into one Arrow batch) at a time: the ledger reader's
+# pipelining window, and a bound on memory (an entry may hold up to a few MiB).
+_READ_CHUNK = 256
 
 
 class TooLarge(Exception):
@@ -45,32 +48,43 @@ class TooLarge(Exception):
         self.events = events
 
 
+def range_batches(conn: Connection, rng: ReadRange) -> Iterator[pa.RecordBatch]:
+    """The rows of entries ``rng.first..rng.last`` of one ledger, read from its bookies over ``conn``, in
+    batches (here, and in the Spark source's partitions)."""
+    reader = conn.client.open_reader(rng.ledger_id)
+    for start in range(rng.first, rng.last + 1, _READ_CHUNK):
+        rows: list[tuple] = []
+        for entry in reader.read_range(start, min(rng.last, start + _READ_CHUNK - 1)):
+            rows.extend(entry_rows(rng.ledger_id, entry.entry_id, entry.epoch, entry.payload, rng.shard))
+        yield to_record_batch(rows)
+
+
 def planned_entries(extents: dict[int, list[LedgerExtent]]) -> int:
     """How many entries the logs hold up to their committed ends (from the ledgers' metadata)."""
     return sum(e.last + 1 for shard in extents.values() for e in shard if e.last >= 0)
 
 
 def cluster_events(
-    address: ClusterAddress,
+    conn: Connection,
     extents: dict[int, list[LedgerExtent]],
     ends: dict[int, Position],
     limit: int | None,
 ) -> pa.Table:
-    """The event rows of every shard up to its end in ``ends``, read from the bookies in this process;
-    :class:`TooLarge` past ``limit`` events (None: no limit)."""
+    """The event rows of every shard up to its end in ``ends``, read from the bookies in this process over
+    ``conn`` (the one the history was planned with: a session less to open); :class:`TooLarge` past
+    ``limit`` events (None: no limit)."""
     entries = planned_entries(extents)
     if limit is not None and entries > limit:
         raise TooLarge(entries, limit)
     batches: list[pa.RecordBatch] = []
     events = 0
-    with Connection.open(address) as conn:
-        for shard, last in sorted(ends.items()):
-            for rng in split_ranges(extents[shard], None, last, DEFAULT_ENTRIES_PER_PARTITION):
-                for batch in range_batches(conn, rng):
-                    events += batch.num_rows
-                    if limit is not None and events > limit:
-                        raise TooLarge(events, limit)
-                    batches.append(batch)
+    for shard, last in sorted(ends.items()):
+        for rng in split_ranges(extents[shard], None, last, DEFAULT_ENTRIES_PER_PARTITION):
+            for batch in range_batches(conn, rng):
+                events += batch.num_rows
+                if limit is not None and events > limit:
+                    raise TooLarge(events, limit)
+                batches.append(batch)
     return pa.Table.from_batches(batches, schema=SCHEMA)
 
 

@@ -76,7 +76,7 @@ from pipeline.export_layout import export_files, export_shards
 from pipeline.findings import Finding
 from pipeline.frames import ARROW, as_frames
 from pipeline.history import Entry, export_entries
-from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, split_ranges
+from pipeline.plan import DEFAULT_ENTRIES_PER_PARTITION, ClusterAddress, Connection, split_ranges
 from pipeline.replay import UnreplayableEntry, replay
 from pipeline.rows import Position, format_position
 
@@ -198,7 +198,8 @@ def audit_cluster(
     if frames.name == ARROW:
         if frames.limit is not None:  # counted as read; TooLarge past the limit
             ends = {p.shard: p.end for p in plan.shards if p.end is not None}
-            cluster_events(address, extents, ends, frames.limit)
+            with Connection.open(address) as conn:
+                cluster_events(conn, extents, ends, frames.limit)
         (results, task_findings), report.seconds["replay"] = _timed(
             clock, run_ranges, None, address, digest_jobs, extents
         )

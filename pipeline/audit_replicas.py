@@ -20,8 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from election.wire import RemoteError
 from ledger.client.bookie_errors import BookieUnavailable, NoSuchEntry, Unvouched
@@ -30,6 +29,9 @@ from ledger.metadata import current_address, read_metadata
 from pipeline.audit_log import CORRUPT, MISSING, OK, UNKNOWN, UNREACHABLE, Copy, copy_findings, gap_findings
 from pipeline.findings import Finding
 from pipeline.plan import ClusterAddress, Connection, ReadRange
+
+if TYPE_CHECKING:  # an audit in this process runs without importing pyspark
+    from pyspark.sql import SparkSession
 
 # Entries whose copies are asked for at once (each of them of every bookie of its write set).
 _WINDOW = 128

@@ -31,6 +31,7 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from pipeline import PipelineError
+from pipeline.arrow_history import range_batches
 from pipeline.export_layout import ExportFile, between, export_files, export_shards, read_export_file
 from pipeline.plan import (
     DEFAULT_ENTRIES_PER_PARTITION,
@@ -40,24 +41,10 @@ from pipeline.plan import (
     end_position,
     shard_ranges,
 )
-from pipeline.rows import DDL, Position, entry_rows, to_record_batch
+from pipeline.rows import DDL, Position
 from pipeline.shard_bounds import parse_bounds, shards_read
 
 NAME = "fencepost"
-# Entries asked of the bookies (and turned into one Arrow batch) at a time within a partition: the
-# ledger reader's pipelining window, and a bound on memory (an entry may hold up to a few MiB).
-_READ_CHUNK = 256
-
-
-def range_batches(conn: Connection, rng: ReadRange) -> Iterator[pa.RecordBatch]:
-    """The rows of entries ``rng.first..rng.last`` of one ledger, read from its bookies over ``conn``, in
-    batches."""
-    reader = conn.client.open_reader(rng.ledger_id)
-    for start in range(rng.first, rng.last + 1, _READ_CHUNK):
-        rows: list[tuple] = []
-        for entry in reader.read_range(start, min(rng.last, start + _READ_CHUNK - 1)):
-            rows.extend(entry_rows(rng.ledger_id, entry.entry_id, entry.epoch, entry.payload, rng.shard))
-        yield to_record_batch(rows)
 
 
 def read_entries(address: ClusterAddress, rng: ReadRange) -> Iterator[pa.RecordBatch]:
