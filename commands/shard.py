@@ -12,6 +12,7 @@ Example::
     fencepost shard list
     fencepost shard list --json | jq '.[] | select(.leader != .preferred_leader)'
     fencepost shard move-leader 2 1
+    fencepost shard move-leader 2 1 --json    # {"shard": 2, "broker_id": 1, "epoch": ..., "address": ...}
 """
 
 from __future__ import annotations
@@ -70,10 +71,16 @@ def shard_list(as_json, zk, cluster, dev_dir) -> None:
 @click.option(
     "--timeout", default=15.0, show_default=True, type=float, help="Seconds to wait for the handover."
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object: shard, broker_id, epoch and address of the leader after the handover.",
+)
 @cluster_options
-def shard_move_leader(shard, broker_id, timeout, zk, cluster, dev_dir) -> None:
+def shard_move_leader(shard, broker_id, timeout, as_json, zk, cluster, dev_dir) -> None:
     """Hand SHARD's leadership to BROKER_ID (live, in sync in that shard, no learner): `admin elect --shard`.
 
     Leader balancing may later hand it back to the shard's preferred leader (after the broker's
     leader_balance_s), unless the in-sync set changed meanwhile."""
-    elect_and_say(zk, cluster, dev_dir, shard, broker_id, timeout)
+    elect_and_say(zk, cluster, dev_dir, shard, broker_id, timeout, as_json)

@@ -97,6 +97,11 @@ def test_three_brokers_lead_one_shard_each_move_one_and_get_their_own_back(clust
     moved = _cli(procs, cluster, "shard", "move-leader", "1", str(target)).stdout.decode()
     assert moved.startswith(f"shard 1: broker {target} leads"), moved
     wait_for(lambda: _spread(cluster, ids), 120, "shard 1 handed back to its preferred leader")
+    # Once more with --json: one object naming the new leader (balancing hands it back again).
+    moved = json.loads(_cli(procs, cluster, "shard", "move-leader", "1", str(target), "--json").stdout)
+    assert (moved["shard"], moved["broker_id"]) == (1, target) and moved["epoch"] > rows[1]["epoch"]
+    assert moved["address"].startswith("tcp://127.0.0.1:"), moved  # each shard has its own port
+    wait_for(lambda: _spread(cluster, ids), 120, "shard 1 handed back to its preferred leader again")
 
     missing = _cli(procs, cluster, "shard", "move-leader", "5", str(target), ok=False)
     assert missing.returncode == 1 and b"has 3 shards (0-2): no shard 5" in missing.stderr
