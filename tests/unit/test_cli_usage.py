@@ -1,5 +1,6 @@
 """Usage errors exit 2 and package errors exit 1, each with one line naming the problem."""
 
+import pytest
 from click.testing import CliRunner
 
 import cli
@@ -83,3 +84,13 @@ def test_dashboard_with_a_bad_listen_is_a_usage_error():
     result = CliRunner().invoke(cli.main, ["dashboard", "--listen", "nowhere", "--zk", "127.0.0.1:1"])
     assert result.exit_code == 2
     assert "--listen" in result.output and "HOST:PORT" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_bench_help_names_every_benchmark():
+    from commands.bench import BENCHMARKS
+
+    result = CliRunner().invoke(cli.main, ["bench", "--help"])
+    assert result.exit_code == 0
+    listed = " ".join(result.output.split("(", 1)[1].split(")", 1)[0].split())  # the help's own list
+    assert sorted(listed.split(", ")) == sorted(BENCHMARKS), result.output
