@@ -9,6 +9,7 @@ Example::
     fencepost queue list
     fencepost queue declare mail --max-attempts 8 --retry-backoff 2s --retry-backoff-max 10m --result-ttl 7d
     fencepost queue declare reports --expires 10m --max-waiting 10000 --overflow drop-oldest
+    fencepost queue declare mailer --rate 100/s --max-running 8
     fencepost queue show mail --json
     fencepost queue purge mail --state done --older-than 7d
     fencepost queue requeue-dead mail
@@ -21,7 +22,14 @@ import re
 import click
 
 from broker.protocol import MAX_ATTEMPTS, MAX_WAITING, MIN_LEASE_MS
-from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, MAX_SPAN_MS, OVERFLOW_POLICIES, WAITING
+from broker.state.events import (
+    DEFAULT_MAX_ATTEMPTS,
+    FINAL_STATES,
+    MAX_RATE,
+    MAX_SPAN_MS,
+    OVERFLOW_POLICIES,
+    WAITING,
+)
 from commands.checks import QUEUE
 from commands.options import cluster_options, make_client
 from commands.output import emit, table
@@ -30,6 +38,7 @@ from election.task_settings import SETTINGS as TASK_SETTINGS
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 # A sign is matched so that a negative duration is told it is out of range, not that it is no duration.
 _DURATION = re.compile(r"\A(-?\d+(?:\.\d+)?)([smhdw]?)\Z")
+_RATE = re.compile(r"\A(\d+)/(\d+(?:\.\d+)?)?([smhd])\Z")
 # What `queue purge --state` names, as the states purged.
 PURGE_STATES = {
     **{s: [s] for s in (WAITING,) + FINAL_STATES},
@@ -58,6 +67,26 @@ class Duration(click.ParamType):
             top = f" and at most {_span(self.high)}" if self.high is not None else ""
             self.fail(f"{value!r} is out of range: at least {_span(self.low)}{top}", param, ctx)
         return seconds
+
+
+class Rate(click.ParamType):
+    """A rate such as 100/s, 20/m, 500/h or 5/10s, as (count, seconds); 0 lifts the limit."""
+
+    name = "rate"
+
+    def convert(self, value, param, ctx) -> tuple[int, float]:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        if text == "0":
+            return (0, 1.0)
+        match = _RATE.match(text)
+        if not match:
+            self.fail(f"{value!r} is not a rate (a count per s, m, h or d, e.g. 100/s or 20/m)", param, ctx)
+        count, size, unit = int(match.group(1)), float(match.group(2) or 1), _UNITS[match.group(3)]
+        if not 1 <= count <= MAX_RATE or size * unit * 1000 > MAX_SPAN_MS:
+            self.fail(f"{value!r} is out of range: 1-{MAX_RATE} tasks per period", param, ctx)
+        return (count, size * unit)
 
 
 @click.group("queue")
@@ -204,6 +233,21 @@ def _cluster_default(name: str) -> str:
     "oldest waiting task is deleted) or dead-letter (it goes to dead) [default: unchanged; unset: "
     "reject]. Needs the cluster's queue_limits flag.",
 )
+@click.option(
+    "--rate",
+    type=Rate(),
+    default=None,
+    help="At most this many of its tasks leased per period, smoothly, across all workers of each "
+    "shard: 100/s, 20/m, 500/h, 5/10s; 0 lifts it [default: unchanged; a new queue has none]. Needs "
+    "the cluster's rate_limits flag.",
+)
+@click.option(
+    "--max-running",
+    type=click.IntRange(0, MAX_WAITING),
+    default=None,
+    help="At most this many of its tasks running at once in each shard (a fragile backend); 0 lifts "
+    "it [default: unchanged; a new queue has none]. Needs the cluster's rate_limits flag.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: queue, created, settings.")
 @cluster_options
 def queue_declare(
@@ -216,6 +260,8 @@ def queue_declare(
     expires,
     max_waiting,
     overflow,
+    rate,
+    max_running,
     as_json,
     zk,
     cluster,
@@ -240,6 +286,8 @@ def queue_declare(
             expires=expires,
             max_waiting=max_waiting,
             overflow=overflow,
+            rate=rate,
+            max_running=max_running,
         )
     view = {"queue": queue, "created": bool(reply.get("created")), "settings": declared(reply)}
 
@@ -280,8 +328,10 @@ def _shown(name: str, value: int) -> str:
     """A setting's value as a person reads it."""
     if name in ("max_attempts", "overflow"):
         return str(value)
-    if name == "max_waiting":
+    if name in ("max_waiting", "max_running"):
         return str(value) if value else "no limit"
+    if name == "rate":
+        return f"{value[0]}/{_span(value[1] / 1000)}" if value[0] else "no limit"
     if name == "result_ttl_ms" and not value:
         return "forever"
     if name == "expires_ms" and not value:
@@ -297,7 +347,7 @@ def _settings_lines(settings: dict, defaults: dict) -> None:
             click.echo(f"{label:<18} {_shown(name, value)}")
         elif defaults.get(name) is not None:
             click.echo(f"{label:<18} {_shown(name, defaults[name])} (cluster default)")
-        elif name in ("max_run_ms", "expires_ms", "max_waiting"):
+        elif name in ("max_run_ms", "expires_ms", "max_waiting", "rate", "max_running"):
             click.echo(f"{label:<18} none (not set)")
         else:
             click.echo(f"{label:<18} - (not set: the cluster's default)")

@@ -67,6 +67,11 @@ FLAGS: dict[str, str] = {
         "the leader accepts the options and writes max_waiting and overflow in QueueDeclared; a submit past "
         "the limit is refused with queue_full, or makes room by dropping or dead-lettering the oldest task"
     ),
+    "rate_limits": (
+        "rate and concurrency limits per queue (`queue declare --rate 100/s --max-running N`): the leader "
+        "accepts the options and writes rate and max_running in QueueDeclared; leases then hand out at most "
+        "that many of the queue's tasks per period, and keep at most max_running of them running"
+    ),
 }
 
 ADVERTISED_ENV = "FENCEPOST_ADVERTISED_FEATURES"

@@ -252,6 +252,8 @@ class ApplicationCalls:
         expires: float | None = None,
         max_waiting: int | None = None,
         overflow: str | None = None,
+        rate: tuple[int, float] | None = None,
+        max_running: int | None = None,
     ) -> dict:
         """Set a queue's defaults for its tasks (a task's own submit options win); return its settings.
 
@@ -262,7 +264,10 @@ class ApplicationCalls:
         of its tasks (a task not started within it is expired; 0: none; needs the ``task_expiry``
         flag). ``max_waiting`` (0: none) bounds its waiting tasks, per shard, and ``overflow``
         (``reject``, the default, ``drop-oldest``, ``dead-letter``) says what a submit past it does
-        (needs the ``queue_limits`` flag). Example:
+        (needs the ``queue_limits`` flag). ``rate`` ``(count, seconds)``: leases hand out at most
+        ``count`` of its tasks per ``seconds``, smoothly, across all workers (``(0, 1)``: none), and
+        ``max_running`` (0: none) keeps at most that many running, per shard (both need the
+        ``rate_limits`` flag). Example:
         ``client.declare_queue("mail", max_attempts=8, retry_backoff=2, retry_backoff_max=600)``.
         """
         fields: dict[str, Any] = {"queue": queue, **backoff_fields(retry_backoff, retry_backoff_max)}
@@ -282,6 +287,13 @@ class ApplicationCalls:
             fields["max_waiting"] = int(max_waiting)
         if overflow is not None:
             fields["overflow"] = overflow
+        if rate is not None:
+            count, seconds = rate
+            if seconds <= 0:
+                raise ValueError("a rate's period must be > 0 seconds")
+            fields["rate"] = [int(count), max(1, int(round(seconds * 1000)))]
+        if max_running is not None:
+            fields["max_running"] = int(max_running)
         # Every shard holds tasks of every queue: each gets the settings (shard 0 first, whose answer is returned).
         settings = [
             self.call("declare_queue", shard=shard, **fields)["queue"] for shard in range(self.shards)

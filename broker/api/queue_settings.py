@@ -3,8 +3,8 @@ cluster's defaults for those it leaves unset, what its tasks act on, and its cou
 
 Pure. A queue record (a ``list_queues`` row, or a ``declare_queue`` reply) always holds
 ``max_attempts`` (3 until declared otherwise); ``max_run_ms``, ``retry_backoff_ms``,
-``retry_backoff_max_ms``, ``result_ttl_ms``, ``expires_ms``, ``max_waiting`` and ``overflow`` only
-once declared. A task's own submit option
+``retry_backoff_max_ms``, ``result_ttl_ms``, ``expires_ms``, ``max_waiting``, ``overflow``, ``rate``
+and ``max_running`` only once declared. A task's own submit option
 wins over its queue's; a setting its queue leaves unset comes from the cluster:
 
 - ``retry_backoff_ms`` / ``retry_backoff_max_ms``: the leader's task settings (``status``'s
@@ -14,7 +14,8 @@ wins over its queue's; a setting its queue leaves unset comes from the cluster:
   finished tasks);
 - ``max_run_ms``: none (an attempt runs as long as its lease is extended);
 - ``expires_ms``: none (a task waits until it is leased; 0 declared says none too);
-- ``max_waiting``: none (0 declared says none too); ``overflow``: ``reject``.
+- ``max_waiting``: none (0 declared says none too); ``overflow``: ``reject``;
+- ``rate`` (``[count, period_ms]``) and ``max_running``: none (a count of 0, or 0, says none too).
 
 The queue's ``lease_ms`` is left out: the leader stamps its ``default_lease_ms`` into every
 lease that names none, so a queue's own never applies.
@@ -42,6 +43,8 @@ SETTINGS = (
     "expires_ms",
     "max_waiting",
     "overflow",
+    "rate",
+    "max_running",
 )
 # The states a queue's counts cover, in the order `queue list` shows them.
 COUNTED = ("waiting", "delayed", "running", "done", "failed", "dead", "cancelled", "expired")
@@ -66,6 +69,8 @@ def cluster_defaults(default_ttl_ms: int | None, task_settings: Mapping[str, Any
         "expires_ms": None,
         "max_waiting": None,
         "overflow": "reject",
+        "rate": None,
+        "max_running": None,
         "retry_backoff_ms": task_settings.get("retry_backoff_ms"),
         "retry_backoff_max_ms": task_settings.get("retry_backoff_max_ms"),
         "result_ttl_ms": default_ttl_ms,

@@ -39,11 +39,13 @@ Operations (request fields -> reply fields):
 - ``status`` -> ``broker_id, role, epoch, position, digest, queues, task_settings, task_settings_logged``
   (the cluster-wide task settings this broker acts on, and those its log recorded)
 - ``declare_queue`` ``queue, max_attempts?, lease_ms?, max_run_ms?, retry_backoff_ms?, retry_backoff_max_ms?,
-  result_ttl_ms?, expires_ms?, max_waiting?, overflow?`` -> ``queue`` (the queue's settings after the change; a field left out keeps
+  result_ttl_ms?, expires_ms?, max_waiting?, overflow?, rate?, max_running?`` -> ``queue`` (the queue's settings after the change; a field left out keeps
   its value; ``result_ttl_ms`` 0 keeps the queue's finished tasks whatever the brokers' ``result_ttl_s``;
   ``expires_ms``: its tasks' default expiry, 0 none, with the ``task_expiry`` flag; ``max_waiting``, 0
   none, and ``overflow`` ``reject|drop-oldest|dead-letter``: its length limit, with the ``queue_limits``
-  flag; a submit refused by it gets ``queue_full``)
+  flag; a submit refused by it gets ``queue_full``; ``rate`` ``[count, period_ms]``, a count of 0 none, and
+  ``max_running``, 0 none: at most that many of its tasks leased per period, and running at once, with
+  the ``rate_limits`` flag)
 - ``list_tasks`` ``queue?, state?, limit?, after?`` -> ``tasks: [{id, queue, state, attempts, max_attempts,
   priority, submitted_ms, not_before_ms, started_ms, finished_ms, worker, error, ...}], next`` (a page
   of at most ``limit`` (100, up to 1000) tasks in queue then submit order, through the store's

@@ -82,6 +82,7 @@ K_EXPIRES = _kind("TaskSubmitted", "expires_ms")
 K_QUEUE_EXPIRES = _kind("QueueDeclared", "expires_ms")
 K_MAX_WAITING = _kind("QueueDeclared", "max_waiting")
 K_OVERFLOW = _kind("QueueDeclared", "overflow")
+K_RATE = _kind("QueueDeclared", "rate")
 K_TASK_ID = _kind("TaskCancelled", "task_id")
 K_WORKER = _kind("TaskLeased", "worker")
 K_MAX_TASKS = _kind("TaskLeased", "max_tasks")
@@ -286,6 +287,8 @@ def check_request(msg: dict, max_payload: int) -> dict:
             "expires_ms": _field(msg, "expires_ms", K_QUEUE_EXPIRES, None, 0, MAX_SPAN_MS),
             "max_waiting": _field(msg, "max_waiting", K_MAX_WAITING, None, 0, MAX_WAITING),
             "overflow": _field(msg, "overflow", K_OVERFLOW, None),
+            "rate": _rate(msg.get("rate")),
+            "max_running": _field(msg, "max_running", K_MAX_WAITING, None, 0, MAX_WAITING),
         }
     if op in SCHEDULE_OPS:
         return {"op": op, **check_schedule(op, msg, max_payload)}
@@ -328,6 +331,13 @@ def check_request(msg: dict, max_payload: int) -> dict:
             "reject": _field(msg, "reject", K_RETRY, False),
         }
     raise RequestError(E_BAD_REQUEST, f"operation {op!r} is not handled")
+
+
+def _rate(value: Any) -> list[int] | None:
+    """A queue's ``rate``, ``[count, period_ms]`` (a tuple taken as a list), or None."""
+    if isinstance(value, tuple):
+        value = list(value)
+    return _field({"rate": value}, "rate", K_RATE, None)
 
 
 def _optional_queue(msg: dict) -> str | None:

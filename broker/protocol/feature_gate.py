@@ -11,6 +11,7 @@ that enables the flag; the request changes nothing. Pure: the leader passes its
   is carried out without it (no task can have expired before the flag), one naming only
   ``expired`` is refused.
 - ``queue_limits``: a queue's ``max_waiting`` and ``overflow`` (``declare_queue``).
+- ``rate_limits``: a queue's ``rate`` and ``max_running`` (``declare_queue``).
 
 Example::
 
@@ -27,6 +28,7 @@ from broker.state.events import EXPIRED
 
 EXPIRY_FLAG = "task_expiry"
 LIMITS_FLAG = "queue_limits"
+RATES_FLAG = "rate_limits"
 
 
 def disabled_message(what: str, flag: str) -> str:
@@ -55,6 +57,9 @@ def refusal(req: dict, enabled: Callable[[str], bool]) -> str | None:
     if op == "declare_queue" and not enabled(LIMITS_FLAG):
         if req.get("max_waiting") is not None or req.get("overflow") is not None:
             return disabled_message("a queue's length limit (max_waiting, overflow)", LIMITS_FLAG)
+    if op == "declare_queue" and not enabled(RATES_FLAG):
+        if req.get("rate") is not None or req.get("max_running") is not None:
+            return disabled_message("a queue's rate or concurrency limit (rate, max_running)", RATES_FLAG)
     if enabled(EXPIRY_FLAG):
         return None
     if any(sub.get("expires_ms") is not None for sub in _submits(req)):

@@ -9,7 +9,8 @@ existing task, and one to a queue at its length limit follows its overflow
 ones, highest priority then oldest; a heartbeat extends a lease but never past
 the attempt's ``max_run_ms``; a task past its expiry is expired, not leased
 (:mod:`broker.state.apply_expiry`; at most :data:`PROMOTE_LIMIT` per queue per
-event); a complete or fail must name the running attempt, and a repeated one
+event), and no more than its queue's rate and ``max_running`` allow
+(:mod:`broker.state.apply_rates`); a complete or fail must name the running attempt, and a repeated one
 is a ``duplicate``. :data:`TASK_HANDLERS` maps each event
 type handled here to its handler.
 
@@ -25,6 +26,7 @@ from typing import Callable
 from broker.state import backoff, idem
 from broker.state.apply_expiry import expire, expires_at, is_due
 from broker.state.apply_limits import make_room
+from broker.state.apply_rates import allowance, spend
 from broker.state.events import (
     CANCELLED,
     DEAD,
@@ -157,7 +159,10 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
         queue_max_run_ms = q.get("max_run_ms")
         prefix = queue_prefix(name)
         expired = 0
-        while len(tasks) < want and expired < PROMOTE_LIMIT:
+        room = allowance(q, now)  # its rate and max_running (broker.state.apply_rates); None: no limit
+        stop = want if room is None else min(want, len(tasks) + room)
+        handed = len(tasks)
+        while len(tasks) < stop and expired < PROMOTE_LIMIT:
             found = tx.first("ready", prefix)  # highest priority, then oldest
             if found is None:
                 break
@@ -185,6 +190,7 @@ def _task_leased(tx: StateTxn, ev: dict) -> dict:
                     "max_run_ms": max_run_ms,
                 }
             )
+        spend(tx, name, q, now, len(tasks) - handed)
     touch_worker(tx, worker, now)
     return ok(tasks=tasks)
 

@@ -72,6 +72,7 @@ MAX_LEASE_TASKS = 10_000
 MAX_DECISIONS = 10_000  # deciding events, and tasks of one, in an Outcomes event
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
 MAX_CRON_BYTES = 200
+MAX_RATE = 1_000_000  # tasks per period a queue's rate may allow
 # What a schedule does with occurrences missed for longer than its grace (docs/operations.md).
 CATCH_UP_POLICIES = ("all", "last", "none")
 # What a submit to a queue at its max_waiting does (broker.state.apply_limits).
@@ -98,6 +99,10 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         # Length limit (queue_limits flag; 0: none) and what a submit past it does. See LATE_FIELDS.
         "max_waiting": ("count?", None),
         "overflow": ("overflow?", None),
+        # At most [count, per period_ms] of its tasks leased, and at most max_running running at once
+        # (rate_limits flag; a count of 0, max_running 0: none). See LATE_FIELDS.
+        "rate": ("rate?", None),
+        "max_running": ("count?", None),
     },
     "TaskSubmitted": {
         "task_id": ("id", _REQUIRED),
@@ -222,7 +227,7 @@ EVENT_TYPES = tuple(SCHEMAS)
 # set, so an event that does not use them is, byte for byte, what a member before them reads.
 LATE_FIELDS: dict[str, frozenset[str]] = {
     "TaskSubmitted": frozenset({"expires_ms"}),
-    "QueueDeclared": frozenset({"expires_ms", "max_waiting", "overflow"}),
+    "QueueDeclared": frozenset({"expires_ms", "max_waiting", "overflow", "rate", "max_running"}),
 }
 
 # Integer kinds: (lowest, highest) allowed value.
@@ -344,6 +349,14 @@ def check_value(kind: str, v: Any) -> bool:
         return v in CATCH_UP_POLICIES
     if kind == "overflow":
         return v in OVERFLOW_POLICIES
+    if kind == "rate":
+        return (
+            isinstance(v, list)
+            and len(v) == 2
+            and all(type(x) is int for x in v)
+            and 0 <= v[0] <= MAX_RATE
+            and 1 <= v[1] <= MAX_SPAN_MS
+        )
     if kind == "setting":
         return isinstance(v, str) and v in SETTINGS
     if kind == "setting_value":
@@ -403,6 +416,7 @@ _KIND_TEXT = {
     "cron": f"a cron expression of 1-{MAX_CRON_BYTES} UTF-8 bytes",
     "catch_up": f"one of {', '.join(CATCH_UP_POLICIES)}",
     "overflow": f"one of {', '.join(OVERFLOW_POLICIES)}",
+    "rate": f"[count, period_ms]: 0-{MAX_RATE} tasks per 1-{MAX_SPAN_MS} ms",
     "setting": f"a task setting among {', '.join(SETTINGS)}",
     "setting_value": "a number or true or false",
 }

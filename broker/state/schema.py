@@ -296,7 +296,8 @@ def unpack(b: bytes) -> Any:
 # A queue record's optional settings (QueueDeclared), stored only when set. result_ttl_ms: finished
 # tasks of the queue are purged by the leader this long after they finished (0: kept; unset: the
 # brokers' result_ttl_s). expires_ms: its tasks' default expiry (0: none). max_waiting (0: none) and
-# overflow: its length limit and what a submit past it does (broker.state.apply_limits).
+# overflow: its length limit and what a submit past it does (broker.state.apply_limits). rate and
+# max_running: how fast and how many of its tasks may be leased (broker.state.apply_rates).
 QUEUE_SETTINGS = (
     "max_run_ms",
     "retry_backoff_ms",
@@ -305,7 +306,12 @@ QUEUE_SETTINGS = (
     "expires_ms",
     "max_waiting",
     "overflow",
+    "rate",
+    "max_running",
 )
+# A queue record's state beside its settings, stored only when set: its rate's token bucket
+# (broker.state.apply_rates).
+QUEUE_STATE = ("rate_credit", "rate_at_ms")
 
 
 def pack_queue(rec: dict) -> bytes:
@@ -318,7 +324,7 @@ def pack_queue(rec: dict) -> bytes:
             **{c: counts[c] for c in LATE_COUNT_NAMES if counts.get(c)},
         },
     }
-    for name in QUEUE_SETTINGS:
+    for name in QUEUE_SETTINGS + QUEUE_STATE:
         if rec.get(name) is not None:
             doc[name] = rec[name]
     return pack(doc)

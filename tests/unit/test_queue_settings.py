@@ -34,6 +34,8 @@ def test_a_declared_setting_wins_and_an_unset_one_is_the_cluster_s():
         "expires_ms": None,
         "max_waiting": None,
         "overflow": None,
+        "rate": None,
+        "max_running": None,
     }
     assert view["effective"] == {
         "max_attempts": 8,
@@ -44,6 +46,8 @@ def test_a_declared_setting_wins_and_an_unset_one_is_the_cluster_s():
         "expires_ms": None,
         "max_waiting": None,
         "overflow": "reject",
+        "rate": None,
+        "max_running": None,
     }
     # Every state is counted, those the record lacks as 0, in `queue list`'s order.
     assert list(view["counts"]) == list(COUNTED) and view["counts"]["waiting"] == 2
@@ -74,6 +78,8 @@ def test_declared_keeps_only_the_settings_that_act_on_tasks():
         (["--expires", "-1s"], "--expires"),
         (["--max-waiting", "-1"], "--max-waiting"),
         (["--overflow", "drop-newest"], "--overflow"),
+        (["--rate", "fast"], "--rate"),
+        (["--max-running", "-2"], "--max-running"),
     ],
 )
 def test_queue_declare_refuses_bad_values_with_exit_2_and_one_line(args, named):

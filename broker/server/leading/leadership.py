@@ -63,6 +63,7 @@ from broker.server.leading.upkeep import LogUpkeep
 from broker.server.leading.zk_outage import REASON_ROLL_POSTPONED, ZkLink
 from broker.server.store.follower import Diverged
 from broker.server.store.outcome_log import OutcomeLog
+from broker.state.apply_rates import allowance
 from broker.state.outcomes import FLAG as OUTCOMES_FLAG
 from broker.state.outcomes import outcome_events
 from broker.state.store_errors import StoreDamaged
@@ -324,17 +325,19 @@ class Leadership(ConfirmedReads):
 
     def _ready_counter(self) -> Callable[[str], int]:
         """``ready(queue)``: tasks of the queue a lease applied now could take (a due delayed one counts)."""
-        depths = self.store.queue_depths()
+        records = self.store.queue_records()
         now_ms = self.leader_clock.now_ms()
 
         def ready(queue: str) -> int:
-            depth = depths.get(queue)
+            rec = records.get(queue)
+            depth = rec["counts"] if rec else None
             count = depth.get("waiting", 0) - depth.get("delayed", 0) if depth else 0
             if count <= 0 and depth and depth.get("delayed"):
                 due = self.store.next_due_ms([queue])
                 if due is not None and due <= now_ms:
-                    return 1  # a delayed task is due: the lease event will promote it
-            return count
+                    count = 1  # a delayed task is due: the lease event will promote it
+            room = allowance(rec, now_ms) if rec else None  # its rate and max_running
+            return count if room is None else min(count, room)
 
         return ready
 
