@@ -1,4 +1,5 @@
-"""`fencepost dev up --api --json`: a dev cluster with its HTTP API, its address and admin key in cluster.json;
+"""`fencepost dev up --api --json`: a dev cluster with its HTTP API, its address and admin key in cluster.json (also on a
+secure cluster, where a request without the key is refused);
 `dev down --json` stops it with the rest, and `dev up` over the stopped dev dir starts it again."""
 
 from __future__ import annotations
@@ -50,6 +51,43 @@ def test_dev_up_api_records_the_api_and_an_admin_key_and_dev_down_stops_it(tmp_p
             "the task through the restarted API",
         )
         assert doc["payload"] == "hi"
+        http.close()
+    finally:
+        dev("down", "--dev-dir", dev_dir)
+
+
+def test_a_secure_dev_cluster_with_the_api_serves_the_recorded_key_and_refuses_requests_without_it(tmp_path):
+    dev_dir = str(tmp_path / "dev")
+    try:
+        state = json.loads(
+            dev(
+                "up", "--dev-dir", dev_dir, "--secure", "--bookies", "3", "--brokers", "1", "--api", "--json"
+            ).stdout
+        )
+        assert state["secure"] and state["api_key"].startswith("fpk_")
+        [member] = [m for m in state["processes"] if m["kind"] == "api"]
+        # The API reaches the secure cluster with the dev cluster's admin CURVE key.
+        assert member["args"][member["args"].index("--key-file") + 1] == state["admin_key_file"]
+        http = Http(state["api"])
+
+        def submitted():
+            status, doc, _ = http.request(
+                "POST", "/v1/queues/mail/tasks", {"payload": "secure hi"}, key=state["api_key"]
+            )
+            return doc["task_id"] if status == 201 else None
+
+        task_id = wait_for(submitted, 60, "a submit through the secure dev cluster's API")
+        status, task, _ = http.request("GET", f"/v1/tasks/{task_id}", key=state["api_key"])
+        assert status == 200 and (task["queue"], task["payload"], task["state"]) == (
+            "mail",
+            "secure hi",
+            "waiting",
+        )
+        for path in ("/v1/queues/mail/tasks", f"/v1/tasks/{task_id}"):  # no key: refused, nothing made
+            status, doc, _ = http.request("POST" if "queues" in path else "GET", path, {"payload": "x"})
+            assert (status, doc["error"]) == (401, "unauthorized"), path
+        status, doc, _ = http.request("GET", "/v1/queues", key=state["api_key"])
+        assert status == 200 and doc["queues"][0]["counts"].get("waiting") == 1, doc
         http.close()
     finally:
         dev("down", "--dev-dir", dev_dir)
