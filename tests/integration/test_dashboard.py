@@ -84,6 +84,8 @@ def test_dashboard_shows_the_leader_and_a_failover(browser, cluster, procs):
 
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert not errors, errors
+    # SIGTERM: its threads stopped, exit 0 (not the default action of the signal uvicorn raises again).
+    assert dash.terminate() == 0, dash.output()[-3000:]
 
 
 CHARTS = ("chart-submit", "chart-complete", "chart-dead", "chart-depth", "chart-commit")
