@@ -65,6 +65,7 @@ LABELS = {
     "paced_offered_rate": "paced: offered rate (entries/s)",
     "paced_p50_ms": "paced: latency p50 (ms)",
     "paced_p99_ms": "paced: latency p99 (ms)",
+    "client_cpu_us_per_entry": "client process CPU per entry, throughput phase (us)",
     "fsyncs_per_add": "journal fsyncs per stored entry (all bookies)",
     "journal_group_size": "journal records (add requests) per fsync",
     "zk_baseline_per_s": "ZooKeeper baseline (records/s)",
@@ -263,7 +264,11 @@ def _run_phases(
         writer = client.create(epoch=1)
         writers.append(writer)
         before = journal_counts(zk, ClusterPaths(cluster))
+        cpu0 = time.process_time()
         tp = throughput_phase(writer, payload, t_phase, inflight, stop=stop)
+        # Every thread of this process: the writer, the bookie pool's I/O thread, the phase's own loop.
+        client_cpu_s = time.process_time() - cpu0
+        client_entries = writer.last_add_confirmed + 1  # the warm-up's entries too: the CPU covers them
         journal = journal_delta(before, journal_counts(zk, ClusterPaths(cluster)))
         writer.close()
         _check(stop)
@@ -322,6 +327,7 @@ def _run_phases(
         "p50_ms": tp_stats["p50_ms"],
         "p99_ms": tp_stats["p99_ms"],
         "paced_offered_rate": offered_rate,
+        "client_cpu_us_per_entry": round(client_cpu_s / client_entries * 1e6, 2) if client_entries else None,
         "fsyncs_per_add": journal["fsyncs_per_add"],
         "journal_group_size": journal["journal_group_size"],
         "paced_rate": rate(pc.completed, pc.end - pc.start),
