@@ -331,7 +331,12 @@ def _shown(name: str, value: int) -> str:
     if name in ("max_waiting", "max_running"):
         return str(value) if value else "no limit"
     if name == "rate":
-        return f"{value[0]}/{_span(value[1] / 1000)}" if value[0] else "no limit"
+        per = _span(value[1] / 1000)
+        return (
+            f"{value[0]}/{per.removeprefix('1') if per in ('1s', '1m', '1h', '1d') else per}"
+            if value[0]
+            else "no limit"
+        )
     if name == "result_ttl_ms" and not value:
         return "forever"
     if name == "expires_ms" and not value:
