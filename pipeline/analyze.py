@@ -250,7 +250,7 @@ def analyze_events(
     """The tables (:data:`TABLES`) of the history in ``events`` (frames of ``frames``: every table reads
     them); ``grants`` (``GRANT_SCHEMA``) and ``releases`` (``RELEASE_SCHEMA``) from a replay of that
     history or its ``Outcomes``; ``ledgers``: each ledger's creation time (ZooKeeper's clock); ``span``:
-    the [start, end] ms analysed (:func:`pipeline.history_counts.history_span`)."""
+    the [start, end] ms analysed (:func:`pipeline.epoch_rows.history_span`)."""
     steps = frames.union(
         frames.per_group(
             frames.map(events, submit_rows, SUBMIT_ROW_SCHEMA),
