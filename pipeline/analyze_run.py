@@ -151,7 +151,6 @@ def _events(frames, spark_read: Callable[[], Any], arrow_read: Callable[[], pa.T
     many jobs); or the table read in this process."""
     if frames.name == SPARK:
         return frames.cache(spark_read().select(*EVENT_COLUMNS))
-    # The in-process engine imports no pyspark (a few tenths of a second of a small run).
     return arrow_read().select(list(EVENT_COLUMNS))
 
 

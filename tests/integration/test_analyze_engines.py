@@ -7,8 +7,12 @@ events) and holds retries, dead tasks, a cancel, expired leases and a requeue.
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+
+import cli
 from broker.api.client import Client
 from broker.state.outcomes import FLAG
 from election.features import enable
@@ -95,6 +99,13 @@ def test_both_engines_analyze_and_audit_a_small_history_alike(spark, broker_clus
     run_analyze(ArrowFrames(), HistorySource(export_dir=tmp_path / "export"), tmp_path / "from-export")
     assert read_tables(tmp_path / "from-export") == read_tables(tmp_path / "spark")
 
+    # The command chooses the in-process engine for it by itself.
+    where = ["--zk", bc.zk_hosts, "--cluster", bc.cluster.name]
+    result = CliRunner().invoke(cli.main, ["analyze", *where, "--out", str(tmp_path / "cli"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["engine"] == "pyarrow"
+    assert read_tables(tmp_path / "cli") == read_tables(tmp_path / "spark")
+
     # A history over the limit is refused before anything is written (the command then starts Spark).
     with pytest.raises(TooLarge):
         run_analyze(ArrowFrames(limit=here["events"] - 1), source, tmp_path / "too-large")
@@ -120,3 +131,7 @@ def test_both_engines_analyze_and_audit_a_small_history_alike(spark, broker_clus
 
     with pytest.raises(TooLarge):
         audit_cluster(ArrowFrames(limit=here["events"] - 1), address)
+    result = CliRunner().invoke(cli.main, ["audit", *where, "--entries-per-partition", "10", "--json"])
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.output)
+    assert doc["engine"] == "pyarrow" and doc["findings"] == audited_there.summary()["findings"]
