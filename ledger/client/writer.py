@@ -138,9 +138,8 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         self._tracker = QuorumTracker(meta.write_quorum, meta.ack_quorum)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._futures: collections.deque[EntryFuture] = (
-            collections.deque()
-        )  # pending entries lac+1, lac+2, ...
+        # Pending entries lac+1, lac+2, ...
+        self._futures: collections.deque[EntryFuture] = collections.deque()
         self._unsent: list[bytes] = []  # payloads of the newest pending entries, not yet flushed
         self._sent: collections.deque[tuple[int, list[bytes]]] = (
             collections.deque()
