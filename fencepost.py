@@ -23,10 +23,12 @@ Example::
 
 from broker.api.client import BrokerUnavailable, Client, ClientError, TaskNotFound, WaitTimeout
 from broker.api.reject import REJECT_EXIT_CODE, Reject
+from broker.api.revoke import Cancelled
 from broker.api.worker import Task, Worker
 
 __all__ = [
     "BrokerUnavailable",
+    "Cancelled",
     "Client",
     "ClientError",
     "REJECT_EXIT_CODE",

@@ -147,14 +147,20 @@ def task_show(task_id, as_json, zk, cluster, dev_dir) -> None:
 
 @task.command("cancel")
 @click.argument("task_id")
+@click.option(
+    "--running",
+    is_flag=True,
+    help="Also revoke it if it runs: cancelled at once, its worker stops the handler on its next heartbeat "
+    "and its late result is dropped (needs the revoke_running feature flag).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: task_id and state (cancelled).")
 @cluster_options
-def task_cancel(task_id, as_json, zk, cluster, dev_dir) -> None:
-    """Cancel a task that is still waiting (a running task cannot be cancelled: exit 1).
+def task_cancel(task_id, running, as_json, zk, cluster, dev_dir) -> None:
+    """Cancel a task that is still waiting (a running task cannot be cancelled without --running: exit 1).
 
     Cancelling a task already cancelled succeeds again."""
     with make_client(zk, cluster, dev_dir) as client:
-        client.cancel(task_id)
+        client.cancel(task_id, running=running)
     emit({"task_id": task_id, "state": CANCELLED}, as_json, lambda r: click.echo(f"cancelled {task_id}"))
 
 

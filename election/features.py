@@ -72,6 +72,11 @@ FLAGS: dict[str, str] = {
         "accepts the options and writes rate and max_running in QueueDeclared; leases then hand out at most "
         "that many of the queue's tasks per period, and keep at most max_running of them running"
     ),
+    "revoke_running": (
+        "revoking a running task (`task cancel --running`): the leader accepts running on cancel and writes "
+        "it in TaskCancelled; the running attempt is then closed, the task cancelled, and its worker told on "
+        "its next heartbeat stops the handler"
+    ),
 }
 
 ADVERTISED_ENV = "FENCEPOST_ADVERTISED_FEATURES"

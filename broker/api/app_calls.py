@@ -300,9 +300,13 @@ class ApplicationCalls:
         ]
         return settings[0]
 
-    def cancel(self, task_id: str) -> None:
-        """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine)."""
-        self.call("cancel", task_id=task_id)
+    def cancel(self, task_id: str, running: bool = False) -> None:
+        """Cancel a waiting task (a running one gives ``bad_state``; a repeat is fine).
+
+        ``running=True`` also revokes a running task (the ``revoke_running`` flag): it is cancelled at
+        once, its worker stops the handler on its next heartbeat and its late outcome is refused.
+        """
+        self.call("cancel", task_id=task_id, **({"running": True} if running else {}))
 
     def status(self) -> dict:
         """The leader's status: ``broker_id, role, epoch, position, digest, queues``.

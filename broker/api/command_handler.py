@@ -11,7 +11,9 @@ Each command runs in a process group of its own (a new session), so a terminal's
 Ctrl-C, which signals the worker's group, does not reach it: the worker drains
 and lets it finish. Killing a command (timeout, or :meth:`CommandHandler.kill_running`
 on a worker's hard stop) kills its whole group, and whatever the command left
-running in its group is killed once it exits, so no child outlives its task. If the worker
+running in its group is killed once it exits, so no child outlives its task. A task revoked
+while its command runs (``task cancel --running``) has its group killed too, when the worker
+learns it (:mod:`broker.api.revoke`). If the worker
 itself is SIGKILLed, its :class:`~broker.api.group_reaper.GroupReaper` kills the groups of the
 commands still running, so none outlives its worker either.
 
@@ -85,6 +87,10 @@ class CommandHandler:
         with self._lock:
             self._running.add(proc.pid)  # a new session: its group id is its pid
         self._reaper.started(proc.pid)
+        # A task revoked while it runs (task cancel --running): its command goes with its group.
+        on_cancel = getattr(task, "on_cancel", None)
+        if on_cancel is not None:
+            on_cancel(lambda: _kill_group(proc.pid))
         try:
             stdout, stderr = proc.communicate(input=task.payload, timeout=timeout)
         except subprocess.TimeoutExpired:

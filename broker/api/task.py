@@ -8,12 +8,18 @@ Example::
     def handle(task: Task) -> bytes:
         print(task.task_id, task.attempt, task.queue)
         return task.payload.upper()
+
+A handler that runs long calls ``task.heartbeat()`` now and then: once the task was revoked
+(``task cancel --running``) it raises ``fencepost.Cancelled`` (:mod:`broker.api.revoke`).
 """
 
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
+
+from broker.api.revoke import Cancelled, CancelSignal
 
 # Enough of a traceback to debug with, small enough to keep task records small.
 MAX_ERROR_CHARS = 16_384
@@ -28,6 +34,25 @@ class Task:
     queue: str
     payload: bytes
     max_run_ms: int | None = None
+    # Fired by the worker once the task was revoked while it ran (broker.api.revoke).
+    revoked: CancelSignal = field(default_factory=CancelSignal, compare=False, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the task was cancelled while it ran (``task cancel --running``): stop soon."""
+        return self.revoked.is_set
+
+    def heartbeat(self) -> None:
+        """Raise :class:`~broker.api.revoke.Cancelled` if the task was revoked; a handler calls it between steps.
+
+        The worker extends the lease by itself; this only tells the handler to stop.
+        """
+        if self.revoked.is_set:
+            raise Cancelled(f"task {self.task_id} attempt {self.attempt} was cancelled while it ran")
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (in the heartbeat thread) when the task is revoked; at once if it already was."""
+        self.revoked.add(callback)
 
 
 def error_text(exc: BaseException) -> str:

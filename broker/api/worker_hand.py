@@ -127,12 +127,14 @@ class Hand:
         # Handler threads stuck in an abandoned handler: stop() does not wait for them.
         self.handler_threads: dict[Key, int] = {}
         self.abandoned_threads: set[int] = set()
+        # Running attempts revoked by a `task cancel --running`: their outcome is dropped.
+        self.revoked: set[Key] = set()
         # The last complete_many reply carried tasks: the sender's leases are worth waiting for.
         self.combined_leases = False
         self._leasing = True
         self._lease_loops = 1  # lease loops still running (one per shard)
         self._handlers_done = False
-        self.stats = {"completed": 0, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0}
+        self.stats = {"completed": 0, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0, "cancelled": 0}
 
     # ---------------------------------------------------------------- leasing
 
@@ -244,9 +246,14 @@ class Hand:
         """True if the handler's outcome is still ours to report (the watchdog has not abandoned it)."""
         with self.lock:
             if key not in self.running:
-                log.warning(
-                    "task %s attempt %d: the handler returned after max_run_ms; its outcome is dropped", *key
-                )
+                if key in self.revoked:
+                    self.revoked.discard(key)
+                    log.info("task %s attempt %d: the handler ended after the task was cancelled", *key)
+                else:
+                    log.warning(
+                        "task %s attempt %d: the handler returned after max_run_ms; its outcome is dropped",
+                        *key,
+                    )
                 return False
             self.running.discard(key)
             self.run_deadlines.pop(key, None)
@@ -353,6 +360,28 @@ class Hand:
                 log.warning("task %s attempt %d: %s; abandoning it", task.task_id, task.attempt, why)
                 self.stats["abandoned"] += 1
                 self._post("abandon", task, {"error": f"abandoned: {why}", "retry": True})
+
+    def revoke(self, key: Key) -> bool:
+        """The task was cancelled while in hand: forget it, stop its handler; False if it is not held.
+
+        A queued task is dropped before it runs; a running one loses its report (its outcome is
+        dropped) and its :class:`~broker.api.revoke.CancelSignal` fires, outside the lock, since a
+        callback may kill a command.
+        """
+        with self.lock:
+            task = self.held.pop(key, None)
+            if task is None:
+                return False
+            self.run_deadlines.pop(key, None)
+            self.stats["cancelled"] += 1
+            if task in self.queue:
+                self.queue.remove(task)
+                self._room_freed.notify()
+            elif key in self.running:
+                self.running.discard(key)
+                self.revoked.add(key)
+        task.revoked.fire()
+        return True
 
     def drop_queued(self, key: Key) -> bool:
         """Forget a task still waiting for a thread (its lease is gone); False if it ran or is running."""

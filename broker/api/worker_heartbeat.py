@@ -5,7 +5,10 @@ Part of :class:`broker.api.worker.Worker` (a mixin: it works on the worker's
 ``heartbeat_many`` (up to 1000 leases a request) extends every lease in hand:
 queued, running, or finished but not yet acknowledged. A lease the broker says
 is no longer this worker's (:data:`~broker.api.worker_outbox.LOST_LEASE_CODES`)
-drops its task if it is still queued; a running one finds out when it reports.
+drops its task if it is still queued; a running one finds out when it reports,
+unless the refusal names the state ``cancelled``: the task was revoked
+(``task cancel --running``), so its handler is stopped at once
+(:meth:`~broker.api.worker_hand.Hand.revoke`, :mod:`broker.api.revoke`).
 Between heartbeats, every 100 ms at most, the watchdog abandons the attempts
 past their ``max_run_ms``. It never raises.
 
@@ -29,6 +32,7 @@ from broker.api.client import Client, ClientError
 from broker.api.worker_hand import Hand
 from broker.api.worker_outbox import LOST_LEASE_CODES
 from broker.protocol import MAX_SUBMIT_MANY
+from broker.state.events import CANCELLED
 from election.local.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,10 @@ class HeartbeatSender:
             code, message = res.get("error"), res.get("message", "")
             if code not in LOST_LEASE_CODES:
                 log.warning("task %s attempt %d: heartbeat failed: %s: %s", task_id, attempt, code, message)
+            elif res.get("state") == CANCELLED and self._hand.revoke((task_id, attempt)):
+                log.warning(
+                    "task %s attempt %d: cancelled while in hand; stopping its handler", task_id, attempt
+                )
             elif self._hand.drop_queued((task_id, attempt)):
                 log.warning(
                     "task %s attempt %d: lease lost before it ran (%s); dropping it", task_id, attempt, code

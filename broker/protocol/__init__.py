@@ -21,11 +21,13 @@ Operations (request fields -> reply fields):
   {ok: false, error, message}]``, one per task in order (what a client coalescing the submits of
   several callers needs: one caller's failed submit does not fail the others)
 - ``get`` ``task_id`` -> ``task``
-- ``cancel`` ``task_id`` -> ``{}``
+- ``cancel`` ``task_id, running?`` -> ``{}`` (``running: true`` also revokes a running attempt; it needs
+  the ``revoke_running`` flag, see :mod:`broker.protocol.feature_gate`)
 - ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload, max_run_ms}]``
 - ``heartbeat`` ``worker, task_id, attempt, lease_ms?`` -> ``{}``
-- ``heartbeat_many`` ``worker, tasks: [{task_id, attempt}], lease_ms?`` -> ``results: [{ok, error?, message?}]``
-  (one lease extension per task, one result per task, in order, as for ``complete_many``)
+- ``heartbeat_many`` ``worker, tasks: [{task_id, attempt}], lease_ms?`` -> ``results: [{ok, error?, message?, state?}]``
+  (one lease extension per task, one result per task, in order, as for ``complete_many``; a refusal
+  names the task's ``state``, ``cancelled`` once its attempt was revoked)
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``
 - ``complete_many`` ``tasks: [{task_id, attempt, result?}], lease?`` -> ``results: [{ok, error?, message?}]``
   (one result per task, in order; one task's stale attempt does not fail the others); with ``lease:

@@ -270,8 +270,14 @@ def check_request(msg: dict, max_payload: int) -> dict:
             "tasks": _check_items(msg, "submits", lambda t: check_submit(t, max_payload)),
             "each": _field(msg, "each", K_RETRY, False),
         }
-    if op in ("get", "cancel"):
+    if op == "get":
         return {"op": op, "task_id": _field(msg, "task_id", K_TASK_ID)}
+    if op == "cancel":  # running: also revoke a running attempt (revoke_running flag)
+        return {
+            "op": op,
+            "task_id": _field(msg, "task_id", K_TASK_ID),
+            "running": _field(msg, "running", K_RETRY, False),
+        }
     if op == "cluster_shutdown":
         return {"op": op, "shutdown_id": _field(msg, "shutdown_id", K_SHUTDOWN_ID)}
     if op == "declare_queue":

@@ -12,6 +12,7 @@ that enables the flag; the request changes nothing. Pure: the leader passes its
   ``expired`` is refused.
 - ``queue_limits``: a queue's ``max_waiting`` and ``overflow`` (``declare_queue``).
 - ``rate_limits``: a queue's ``rate`` and ``max_running`` (``declare_queue``).
+- ``revoke_running``: a ``cancel`` with ``running`` (revoke a running attempt).
 
 Example::
 
@@ -29,6 +30,7 @@ from broker.state.events import EXPIRED
 EXPIRY_FLAG = "task_expiry"
 LIMITS_FLAG = "queue_limits"
 RATES_FLAG = "rate_limits"
+REVOKE_FLAG = "revoke_running"
 
 
 def disabled_message(what: str, flag: str) -> str:
@@ -60,6 +62,8 @@ def refusal(req: dict, enabled: Callable[[str], bool]) -> str | None:
     if op == "declare_queue" and not enabled(RATES_FLAG):
         if req.get("rate") is not None or req.get("max_running") is not None:
             return disabled_message("a queue's rate or concurrency limit (rate, max_running)", RATES_FLAG)
+    if op == "cancel" and req.get("running") and not enabled(REVOKE_FLAG):
+        return disabled_message("cancelling a running task (running)", REVOKE_FLAG)
     if enabled(EXPIRY_FLAG):
         return None
     if any(sub.get("expires_ms") is not None for sub in _submits(req)):

@@ -100,7 +100,9 @@ def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[di
     if op == "submit_many":
         return [_submitted(sub, now_ms, new_id) for sub in req["tasks"]]
     if op == "cancel":
-        return [{"type": "TaskCancelled", "task_id": req["task_id"], "now_ms": now_ms}]
+        # running is a late field (revoke_running): left out unless asked, so the bytes are today's.
+        running = {"running": True} if req.get("running") else {}
+        return [{"type": "TaskCancelled", "task_id": req["task_id"], "now_ms": now_ms, **running}]
     if op == "lease":
         return [_leased(req, now_ms)]
     if op == "heartbeat":
@@ -172,9 +174,9 @@ def reply_fields(req: dict, results: list[dict]) -> dict:
             "tasks": leased,
         }
     if op in ("complete_many", "heartbeat_many"):
-        return {
-            "results": [{k: v for k, v in res.items() if k in ("ok", "error", "message")} for res in results]
-        }
+        # state: a refused heartbeat's task state, so a worker tells a revoked attempt (cancelled) apart.
+        kept = ("ok", "error", "message", "state") if op == "heartbeat_many" else ("ok", "error", "message")
+        return {"results": [{k: v for k, v in res.items() if k in kept} for res in results]}
     if op == "submit_many" and req.get("each"):
         return {
             "results": [

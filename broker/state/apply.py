@@ -22,7 +22,8 @@ worker-side fencing token)::
                  |                 |   \\--fail(reject=True)--> dead
                  |                 |    \\--fail(retry) / lease expired / worker lost:
                  +-----------------+       waiting again if attempts < max_attempts, else dead
-    waiting --cancel--> cancelled          (running tasks cannot be cancelled: bad_state)
+    waiting --cancel--> cancelled          (a running task: bad_state, unless the cancel says running)
+    running --cancel running--> cancelled  (broker.state.apply_revoke; the attempt is closed)
     waiting, never started --its expiry passed--> expired
 
 Decisions worth knowing:

@@ -11,7 +11,7 @@ the attempt's ``max_run_ms``; a task past its expiry is expired, not leased
 (:mod:`broker.state.apply_expiry`; at most :data:`PROMOTE_LIMIT` per queue per
 event), and no more than its queue's rate and ``max_running`` allow
 (:mod:`broker.state.apply_rates`); a complete or fail must name the running attempt, and a repeated one
-is a ``duplicate``. :data:`TASK_HANDLERS` maps each event
+is a ``duplicate``; a cancel may end a running attempt when it asks to (:mod:`broker.state.apply_revoke`). :data:`TASK_HANDLERS` maps each event
 type handled here to its handler.
 
 Example::
@@ -27,6 +27,7 @@ from broker.state import backoff, idem
 from broker.state.apply_expiry import expire, expires_at, is_due
 from broker.state.apply_limits import make_room
 from broker.state.apply_rates import allowance, spend
+from broker.state.apply_revoke import may_revoke, revoke
 from broker.state.events import (
     CANCELLED,
     DEAD,
@@ -264,6 +265,8 @@ def _task_cancelled(tx: StateTxn, ev: dict) -> dict:
         return err(E_NO_SUCH_TASK, f"no task {tid!r}")
     if rec["state"] == CANCELLED:
         return ok(task_id=tid, state=CANCELLED, duplicate=True)
+    if may_revoke(rec, ev):  # `task cancel --running` (broker.state.apply_revoke)
+        return revoke(tx, rec, ev["now_ms"])
     if rec["state"] != WAITING:
         return err(
             E_BAD_STATE, f"only waiting tasks can be cancelled; task is {rec['state']}", state=rec["state"]

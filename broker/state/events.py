@@ -154,7 +154,12 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
     "LeaseExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
     # Waiting tasks never started whose expiry is at or before now_ms go to expired (task_expiry flag).
     "TasksExpired": {"now_ms": ("time", _REQUIRED), "limit": ("limit?", None)},
-    "TaskCancelled": {"task_id": ("id", _REQUIRED), "now_ms": ("time", _REQUIRED)},
+    # running: true also ends a running attempt (revoke_running flag). See LATE_FIELDS.
+    "TaskCancelled": {
+        "task_id": ("id", _REQUIRED),
+        "now_ms": ("time", _REQUIRED),
+        "running": ("bool?", None),
+    },
     # queues: what the worker leases from (null: unchanged, and what older events recorded).
     "WorkerSeen": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED), "queues": ("names?", None)},
     "WorkerLost": {"worker": ("name", _REQUIRED), "now_ms": ("time", _REQUIRED)},
@@ -228,6 +233,7 @@ EVENT_TYPES = tuple(SCHEMAS)
 LATE_FIELDS: dict[str, frozenset[str]] = {
     "TaskSubmitted": frozenset({"expires_ms"}),
     "QueueDeclared": frozenset({"expires_ms", "max_waiting", "overflow", "rate", "max_running"}),
+    "TaskCancelled": frozenset({"running"}),
 }
 
 # Integer kinds: (lowest, highest) allowed value.

@@ -71,7 +71,14 @@ def test_a_busy_worker_takes_its_next_tasks_with_its_completions(broker_cluster)
     assert not runner.is_alive(), "the worker did not stop"
     assert [t["result"] for t in tasks] == [b"done:%d" % i for i in range(n)]
     assert all(t["attempts"] == 1 for t in tasks)
-    assert worker.stats == {"completed": n, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0}
+    assert worker.stats == {
+        "completed": n,
+        "failed": 0,
+        "lost": 0,
+        "unreported": 0,
+        "abandoned": 0,
+        "cancelled": 0,
+    }
     assert counting.over_prefetch == []
     # Every task came by one of the two paths, exactly once. Which path wins the room a finished
     # task frees is a race between the lease loop and the outbox: on a loaded machine the lease

@@ -126,7 +126,14 @@ def test_a_killed_worker_loses_no_prefetched_or_unacknowledged_task(broker_clust
     assert [t["result"] for t in tasks] == [b"second:%d" % i for i in range(12)]
     assert sorted(t["attempts"] for t in tasks) == [1] * (12 - held) + [2] * held
     assert sorted(handled) == sorted(ids)
-    assert second.stats == {"completed": 12, "failed": 0, "lost": 0, "unreported": 0, "abandoned": 0}
+    assert second.stats == {
+        "completed": 12,
+        "failed": 0,
+        "lost": 0,
+        "unreported": 0,
+        "abandoned": 0,
+        "cancelled": 0,
+    }
 
 
 def test_an_idle_fleet_writes_nothing_to_the_ledger(broker_cluster):

@@ -423,7 +423,14 @@ def test_worker_completes_fails_and_survives_stale_attempts(fakes):
     stop.set()
     runner.join(10)
     assert not runner.is_alive()
-    assert worker.stats == {"completed": 1, "failed": 1, "lost": 1, "unreported": 0, "abandoned": 0}
+    assert worker.stats == {
+        "completed": 1,
+        "failed": 1,
+        "lost": 1,
+        "unreported": 0,
+        "abandoned": 0,
+        "cancelled": 0,
+    }
     completions = [item for m in fake.ops("complete_many") for item in m["tasks"]]
     (done,) = [item for item in completions if item["task_id"] == "a"]
     assert done["attempt"] == 1 and done["result"] == b"OK"

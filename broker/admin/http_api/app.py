@@ -16,7 +16,7 @@ Routes (op checked):
 - ``POST /v1/queues/{queue}/tasks`` (submit) -> 201 ``{"task_id"}``
 - ``GET /v1/tasks/{id}`` (get) -> the task
 - ``GET /v1/tasks/{id}/wait?timeout=S`` (get) -> the task once final, or after S seconds
-- ``DELETE /v1/tasks/{id}`` (cancel) -> ``{"task_id", "cancelled": true}``
+- ``DELETE /v1/tasks/{id}`` (cancel; ``?running=true`` also revokes a running task) -> ``{"task_id", "cancelled": true}``
 - ``POST /v1/tasks/{id}/retry`` (retry_task) -> ``{"task_id", "state", "attempt", "duplicate"}``
 - ``GET /v1/tasks?queue=&state=&after=&limit=`` (list_tasks) -> ``{"tasks", "next"}``
 - ``GET /v1/queues`` (list_queues) -> ``{"queues", "result_ttl_ms"}``
@@ -47,6 +47,7 @@ from broker.admin.http_api.openapi import openapi_document
 from broker.admin.http_api.parsing import (
     bearer_key,
     check_task_id,
+    parse_cancel_query,
     parse_list_query,
     parse_submit,
     parse_wait_timeout,
@@ -170,7 +171,7 @@ class Api:
 
     async def cancel(self, request: Request) -> Response:
         task_id = check_task_id(request.path_params["task_id"])
-        await self.ctx.gateway.cancel(task_id)
+        await self.ctx.gateway.cancel(task_id, parse_cancel_query(request.query_params))
         return json_response({"task_id": task_id, "cancelled": True})
 
     async def retry(self, request: Request) -> Response:

@@ -62,8 +62,8 @@ class Gateway:
                 return task
             await asyncio.sleep(min(poll.next_delay(), remaining))
 
-    async def cancel(self, task_id: str) -> None:
-        await self._run(self.client.cancel, task_id)
+    async def cancel(self, task_id: str, running: bool = False) -> None:
+        await self._run(self.client.cancel, task_id, **({"running": True} if running else {}))
 
     async def retry(self, task_id: str) -> dict:
         return await self._run(self.client.retry, task_id)

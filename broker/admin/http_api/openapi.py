@@ -117,8 +117,17 @@ def openapi_document() -> dict:
                     "responses": {"200": _json(_ref("Task"), "the task"), **_errors(403, 404)},
                 },
                 "delete": {
-                    "summary": "Cancel a waiting task (producer, admin)",
-                    "parameters": [_task_id_param()],
+                    "summary": "Cancel a waiting task, or with running=true a running one too (producer, admin)",
+                    "parameters": [
+                        _task_id_param(),
+                        {
+                            "name": "running",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"type": "boolean", "default": False},
+                            "description": "also revoke a running task (the revoke_running feature flag)",
+                        },
+                    ],
                     "responses": {"200": _json({"type": "object"}, "cancelled"), **_errors(403, 404, 409)},
                 },
             },

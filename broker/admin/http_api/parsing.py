@@ -5,7 +5,7 @@
   ``key``, ``priority``, ``delay`` (s), ``max_attempts``, ``max_run`` (s),
   ``retry_backoff``/``retry_backoff_max`` (s), ``expires`` (s). Unknown fields and wrong types are
   refused (``bad_request``), JSON that does not parse is ``malformed``.
-- :func:`parse_list_query`, :func:`parse_wait_timeout`: query strings.
+- :func:`parse_list_query`, :func:`parse_wait_timeout`, :func:`parse_cancel_query`: query strings.
 - :func:`bearer_key`: the key of an ``Authorization: Bearer KEY`` header.
 - :func:`task_json`: a task record with its bytes fields as JSON: ``payload``
   and ``result`` as text when they are UTF-8, else as ``payload_b64`` / ``result_b64``.
@@ -202,6 +202,17 @@ def parse_wait_timeout(query: Mapping[str, str], max_wait: float) -> float:
     if not (math.isfinite(value) and 0 <= value <= max_wait):
         raise _bad(f"timeout must be between 0 and {max_wait:g} seconds")
     return value
+
+
+def parse_cancel_query(query: Mapping[str, str]) -> bool:
+    """A cancel's ``running`` (``true``: also revoke a running task; ``false`` or absent: waiting only)."""
+    unknown = sorted(set(query) - {"running"})
+    if unknown:
+        raise _bad(f"unknown query parameter(s): {', '.join(unknown)}")
+    value = query.get("running", "false")
+    if value not in ("true", "false"):
+        raise _bad(f"running must be true or false, not {value[:40]!r}")
+    return value == "true"
 
 
 def bearer_key(header: str | None) -> str:

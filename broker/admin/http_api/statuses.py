@@ -67,6 +67,8 @@ STATUS_OF: dict[str, int] = {
     codes.E_STALE_ATTEMPT: CONFLICT,
     codes.E_NOT_OWNER: CONFLICT,
     codes.E_DUPLICATE_TASK_ID: CONFLICT,
+    # The cluster has not enabled the flag an option needs: the same request fails until it does.
+    codes.E_FEATURE_DISABLED: CONFLICT,
     # The cluster cannot answer now: retry (a keyed submit is safe to send again).
     codes.E_UNAVAILABLE: SERVICE_UNAVAILABLE,
     codes.E_NOT_LEADER: SERVICE_UNAVAILABLE,
