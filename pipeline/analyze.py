@@ -199,12 +199,15 @@ def latency(tasks: pa.Table) -> pa.Table:
 
 def attempt_spans(life: pa.Table, history_end_ms: int) -> pa.Table:
     """One row per attempt (:data:`SPAN_SCHEMA`); by ``task_id``. An attempt ends at its completion,
-    failure or release (lease expired, worker lost); one still running ends at the history's end."""
+    failure, release (lease expired, worker lost) or revoke (a cancel of it running); one still running ends
+    at the history's end."""
     out = []
     for task_id, steps in _by(_in_log_order(life), "task_id").items():
         ends = {}
         for s in steps:
-            if s["kind"] in ("complete", "fail", "release"):
+            if s["kind"] in ("complete", "fail", "release") or (
+                s["kind"] == "cancel" and s["attempt"] is not None
+            ):
                 ends.setdefault(s["attempt"], []).append(s["ts_ms"])
         for g in (s for s in steps if s["kind"] == "grant"):
             for end in ends.get(g["attempt"], [history_end_ms]):

@@ -15,7 +15,8 @@ this process or over Spark partitions); the grouped ones need whole groups of th
   state each leaves it in, by apply's rules: a completion or failure counts only for the
   attempt last granted and only once; a failure asking for a retry on the last allowed
   attempt (counted from the last requeue) makes the task dead; a cancel counts only while
-  the task waits.
+  the task waits, or while it runs when it asks to revoke the running attempt (``running``),
+  which then ends there and whose later completion or failure counts for nothing.
 
 Example::
 
@@ -25,6 +26,8 @@ Example::
 """
 
 from __future__ import annotations
+
+import json
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +46,7 @@ STEP_SCHEMA = pa.schema(
         ("worker", pa.string()),
         ("ts_ms", pa.int64()),
         ("retry", pa.bool_()),
+        ("running", pa.bool_()),
         ("given", pa.string()),
         ("queue", pa.string()),
         ("max_attempts", pa.int64()),
@@ -50,7 +54,7 @@ STEP_SCHEMA = pa.schema(
     ]
 )
 LIFE_SCHEMA = pa.schema(
-    [f for f in STEP_SCHEMA if f.name not in ("retry", "given")] + [("state", pa.string())]
+    [f for f in STEP_SCHEMA if f.name not in ("retry", "running", "given")] + [("state", pa.string())]
 )
 RELEASE_SCHEMA = pa.schema(
     [
@@ -128,12 +132,18 @@ def end_steps(events: pa.Table) -> pa.Table:
     """The completion, failure and cancel steps of the event rows (row-wise)."""
     ends = events.filter(pc.is_in(events["type"], pa.array(list(_KIND_OF_TYPE))))
     kinds = [_KIND_OF_TYPE[t] for t in ends["type"].to_pylist()]
+    # A cancel asking to end a running attempt (`task cancel --running`) says so in its extra fields.
+    running = [
+        bool(json.loads(extra).get("running")) if kind == "cancel" and extra else None
+        for kind, extra in zip(kinds, ends["extra"].to_pylist())
+    ]
     return _steps(
         ends,
         kind=pa.array(kinds, pa.string()),
         attempt=ends["attempt"],
         ts_ms=ends["ts_ms"],
         retry=ends["retry"],
+        running=pa.array(running, pa.bool_()),
     )
 
 
@@ -172,13 +182,17 @@ def _task_life(steps: list[dict]) -> list[dict]:
         if kind == "grant":
             current = attempt
         elif kind in _ENDING and (current is None or attempt != current or attempt in ends):
-            continue  # a stale attempt, or one that already ended
+            continue  # a stale attempt, or one that already ended (a revoked one included)
         elif kind == "submit":
             if submitted:
                 continue  # a repeated task id
             submitted = True
-        elif kind == "cancel" and (state != "waiting" or cancelled):
-            continue  # a cancel counts only while the task waits, and only once
+        elif kind == "cancel":
+            if cancelled or not (state == "waiting" or (state == "running" and step["running"])):
+                continue  # a cancel counts while the task waits (or runs, asked to revoke), once
+            if state == "running":
+                attempt = current  # the revoked attempt ends here
+                ends.add(attempt)
         if kind in _ENDING:
             ends.add(attempt)
         if kind == "requeue":
@@ -201,7 +215,13 @@ def _task_life(steps: list[dict]) -> list[dict]:
             cancelled = True
         state = new if new is not None else state
         row = {k: step[k] for k in LIFE_SCHEMA.names if k != "state"}
-        row.update(shard=first["shard"], queue=first["queue"], max_attempts=first["max_attempts"], state=new)
+        row.update(
+            attempt=attempt,
+            shard=first["shard"],
+            queue=first["queue"],
+            max_attempts=first["max_attempts"],
+            state=new,
+        )
         out.append(row)
     return out
 
