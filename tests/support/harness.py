@@ -115,8 +115,10 @@ class Proc:
 # six processes and electing a leader has taken more than 30 s (make test, no leader within 30 s).
 START_TIMEOUT_S = 90.0
 
-# Members started by the harness create the cluster's `config` if no `cluster init` ran.
-HARNESS_ENV = {"FENCEPOST_INIT_IF_MISSING": "1"}
+# Members started by the harness create the cluster's `config` if no `cluster init` ran. Their
+# bookies preallocate journal files of 16 MiB, not the default 64 MiB: a suite starts hundreds of
+# bookies, and 64 MiB each filled the disk (tests of the journal's own sizes pass the flag).
+HARNESS_ENV = {"FENCEPOST_INIT_IF_MISSING": "1", "FENCEPOST_JOURNAL_FILE_BYTES": str(16 << 20)}
 
 
 class ProcessManager:
