@@ -19,6 +19,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 # The brokers' own default for queues that set no result TTL: an hour, so a declared one is told apart.
 CLUSTER_TTL_S = 3600
+# The settings of the expiry, length-limit and rate-limit flags, none of them declared here.
+UNDECLARED_LIMITS = {
+    "expires_ms": None,
+    "max_waiting": None,
+    "overflow": None,
+    "rate": None,
+    "max_running": None,
+}
 
 
 def cli(procs, target: list[str], *args: str) -> str:
@@ -68,12 +76,19 @@ def test_declared_settings_are_shown_and_acted_on(one_broker, procs):
             "retry_backoff_ms": 1500,
             "retry_backoff_max_ms": 2000,
             "result_ttl_ms": 0,
+            **UNDECLARED_LIMITS,
         },
     }
     shown = cli_json(procs, target, "queue", "show", "mail")
-    assert shown["settings"] == declared["settings"] == shown["effective"]
+    assert shown["settings"] == declared["settings"]
+    assert shown["effective"] == {**declared["settings"], "overflow": "reject"}
     assert shown["defaults"] == {
         "max_run_ms": None,
+        "expires_ms": None,
+        "max_waiting": None,
+        "overflow": "reject",
+        "rate": None,
+        "max_running": None,
         "retry_backoff_ms": 1000,
         "retry_backoff_max_ms": 300_000,
         "result_ttl_ms": CLUSTER_TTL_S * 1000,
@@ -133,8 +148,14 @@ def test_show_says_which_values_are_the_cluster_s_and_bad_values_are_refused(one
     assert lines[3].split() == ["retry_backoff", "1s", "(cluster", "default)"]
     assert lines[4].split() == ["retry_backoff_max", "5m", "(cluster", "default)"]
     assert lines[5].split() == ["result_ttl", "1h", "(cluster", "default)"]
-    assert lines[6].split() == ["WAITING", "DELAYED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED"]
-    counts = dict(zip(lines[6].split(), map(int, lines[7].split())))
+    assert lines[6].split() == ["expires", "none", "(not", "set)"]
+    assert lines[7].split() == ["max_waiting", "none", "(not", "set)"]
+    assert lines[8].split() == ["overflow", "reject", "(cluster", "default)"]
+    assert lines[9].split() == ["rate", "none", "(not", "set)"]
+    assert lines[10].split() == ["max_running", "none", "(not", "set)"]
+    header = ["WAITING", "DELAYED", "RUNNING", "DONE", "FAILED", "DEAD", "CANCELLED", "EXPIRED"]
+    assert lines[11].split() == header
+    counts = dict(zip(lines[11].split(), map(int, lines[12].split())))
     assert (counts["DELAYED"], counts["RUNNING"], counts["DONE"]) == (1, 0, 0)
 
     human = cli(procs, target, "queue", "declare", "plain", "--retry-backoff", "90", "--result-ttl", "7d")
