@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import random
@@ -39,26 +40,47 @@ _PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _PROBES = 100
 
 
-def _ephemeral_low() -> int:
+def ephemeral_low() -> int:
     try:
         return int(_PORT_RANGE_FILE.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768  # Linux's default
 
 
+# FENCEPOST_DEV_PORTS=LOW-HIGH narrows the range (the test suite gives each of its workers a share,
+# so that two workers never hand one port to two members: a probe cannot hold a port until its
+# member binds it).
+PORTS_ENV = "FENCEPOST_DEV_PORTS"
+_handed: collections.deque[int] = collections.deque(maxlen=512)  # this process's recent ports
+
+
+def _port_range() -> tuple[int, int]:
+    low, high = LISTEN_PORTS_LOW, ephemeral_low()
+    named = os.environ.get(PORTS_ENV, "")
+    try:
+        first, last = (int(part) for part in named.split("-"))
+    except ValueError:
+        return low, high  # unset or unreadable: the whole range below the ephemeral one
+    return first, last + 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that nobody listens on right now (below the ephemeral range when it can)."""
-    high = _ephemeral_low()
-    if high - LISTEN_PORTS_LOW >= 1000:
+    """A TCP port on `host` that nobody listens on right now (below the ephemeral range when it can),
+    and not one this process handed out lately."""
+    low, high = _port_range()
+    if high - low >= 1000:
         rng = random.Random()
         for _ in range(_PROBES):
-            port = rng.randrange(LISTEN_PORTS_LOW, high)
+            port = rng.randrange(low, high)
+            if port in _handed:
+                continue
             with socket.socket() as sock:
                 try:
                     sock.bind((host, port))
                 except OSError:
                     continue
-                return port
+            _handed.append(port)
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

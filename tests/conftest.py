@@ -18,12 +18,14 @@ Fixtures:
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from typing import Callable
 
 import pytest
 
+from devtools import procs as dev_procs
 from devtools.procs import free_port as _free_port
 from devtools.zkserver import ZkServerConfig, ZooKeeperServer
 from election.paths import ClusterPaths
@@ -33,6 +35,23 @@ from tests.support.harness import (
     ProcessManager,
     TestCluster,
 )
+
+
+def _share_ports() -> None:
+    """Each xdist worker (and what it starts) hands out listening ports from its own share of the
+    range below the ephemeral ports, so two workers never give one port to two members."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or dev_procs.PORTS_ENV in os.environ:
+        return
+    low, high = dev_procs.LISTEN_PORTS_LOW, dev_procs.ephemeral_low()
+    share = (high - low) // int(count)
+    if share < 1000:
+        return
+    first = low + int(worker.removeprefix("gw")) * share
+    os.environ[dev_procs.PORTS_ENV] = f"{first}-{first + share - 1}"
+
+
+_share_ports()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -79,14 +79,19 @@ class KeyedLoad:
             return len(self.acked)
 
 
-class Prober(threading.Thread):
-    """Submits straight to one broker without waiting for replies (one a millisecond, pipelined on
-    one socket), recording ``(rid, error code or None)`` of each reply.
+PROBES_IN_FLIGHT = 32
 
-    Pipelining keeps requests arriving during the few milliseconds between the shutdown
-    request and the last entry, which one round trip at a time could miss. Replies come
-    out of order (a refusal is immediate, an acceptance waits for its entry), but the
-    broker takes requests in the order they were sent.
+
+class Prober(threading.Thread):
+    """Submits straight to one broker keeping :data:`PROBES_IN_FLIGHT` requests unanswered (pipelined
+    on one socket), recording ``(rid, error code or None)`` of each reply.
+
+    The leader refuses writes for only the few milliseconds between the shutdown request and its
+    last entry; a backlog of requests already in its socket is what meets that window, where one
+    request a millisecond from a thread sharing the GIL with the load could miss it. Replies come
+    out of order (a refusal is immediate, an acceptance waits for its entry), but the broker takes
+    requests in the order they were sent. A broker that stopped answering is not flooded: nothing
+    more is sent until replies come.
     """
 
     def __init__(self, address: str) -> None:
@@ -97,18 +102,21 @@ class Prober(threading.Thread):
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
+        rids, unanswered = itertools.count(1), 0
         try:
-            # Until halted, however long the shutdown command takes to start on a busy machine (a
-            # bound of 10,000 requests ran out before it did once); poll(1) paces it to one a millisecond.
-            for rid in itertools.count(1):
-                if self.halt.is_set():
-                    return
-                sock.send(
-                    wire.encode(wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}"))
-                )
+            while not self.halt.is_set():
+                while unanswered < PROBES_IN_FLIGHT:
+                    rid = next(rids)
+                    sock.send(
+                        wire.encode(
+                            wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}")
+                        )
+                    )
+                    unanswered += 1
                 while sock.poll(1):
                     reply = wire.decode(sock.recv())
                     self.replies.append((reply["rid"], None if reply.get("ok") else reply.get("error")))
+                    unanswered -= 1
         finally:
             sock.close()
 

@@ -89,7 +89,7 @@ def test_private_env_drops_fencepost_settings_and_finds_the_code(monkeypatch):
 def test_free_port_is_below_the_ephemeral_range_and_free():
     """Outgoing connections take ports of the ephemeral range at any moment: a listening port
     handed out from there could be gone before its member binds it."""
-    low = procs._ephemeral_low()
+    low = procs.ephemeral_low()
     for _ in range(20):
         port = procs.free_port()
         assert procs.LISTEN_PORTS_LOW <= port < low or low - procs.LISTEN_PORTS_LOW < 1000
