@@ -9,6 +9,10 @@ Example::
     fencepost submit mail "hello" --key greeting-42 --expires 10m
     fencepost task list --queue mail --state dead --limit 20
     fencepost task retry 018bcfe5692cf3b1e4e270354efcba43
+
+A task whose handler reported progress (``task.progress(fraction, note)``, the ``task_progress``
+flag) shows it: a ``progress`` line in ``task show``, a PROGRESS column in ``task list`` (only
+when a listed task has one), and ``progress: {fraction, note, attempt}`` in their JSON.
 """
 
 from __future__ import annotations
@@ -112,6 +116,18 @@ def submit(
         report_submit(client, task_id, wait_s, as_json)
 
 
+def progress_text(progress: dict | None, attempts: int | None = None) -> str:
+    """``42% note``, naming the attempt that reported it when it is not the task's last one."""
+    if not progress:
+        return ""
+    text = f"{progress['fraction'] * 100:.0f}%"
+    if progress.get("note"):
+        text += f" {first_line(progress['note'])}"
+    if attempts is not None and progress.get("attempt") != attempts:
+        text += f" (attempt {progress['attempt']})"
+    return text
+
+
 @click.group("task")
 def task() -> None:
     """Find tasks (list), look at one (show), cancel a waiting one, retry a failed or dead one."""
@@ -138,8 +154,11 @@ def task_show(task_id, as_json, zk, cluster, dev_dir) -> None:
             "result",
             "error",
             "will_retry",
+            "progress",
         ):
-            if t.get(name) is not None:
+            if name == "progress" and t.get(name) is not None:
+                click.echo(f"{name:<13}{progress_text(t[name], t['attempts'])}")
+            elif t.get(name) is not None:
                 click.echo(f"{name:<13}{t[name]}")
 
     emit(info, as_json, human)
@@ -193,8 +212,12 @@ def task_list(queue, state, limit, after, as_json, zk, cluster, dev_dir) -> None
         click.echo("no tasks")
     else:
         now = SYSTEM_CLOCK.now()
+        # PROGRESS only when a task of the page reported some (task_progress): else today's table.
+        shows_progress = any(t.get("progress") for t in tasks)
         table(
-            ["ID", "QUEUE", "STATE", "ATTEMPTS", "SUBMITTED", "FINISHED", "ERROR"],
+            ["ID", "QUEUE", "STATE", "ATTEMPTS", "SUBMITTED", "FINISHED"]
+            + (["PROGRESS"] if shows_progress else [])
+            + ["ERROR"],
             [
                 [
                     t["id"],
@@ -203,8 +226,9 @@ def task_list(queue, state, limit, after, as_json, zk, cluster, dev_dir) -> None
                     f"{t['attempts']}/{t['max_attempts'] + (t.get('attempt_base') or 0)}",
                     age(t["submitted_ms"], now),
                     age(t["finished_ms"], now),
-                    first_line(t.get("error")),
                 ]
+                + ([progress_text(t.get("progress"), t["attempts"])] if shows_progress else [])
+                + [first_line(t.get("error"))]
                 for t in tasks
             ],
         )

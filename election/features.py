@@ -77,6 +77,11 @@ FLAGS: dict[str, str] = {
         "it in TaskCancelled; the running attempt is then closed, the task cancelled, and its worker told on "
         "its next heartbeat stops the handler"
     ),
+    "task_progress": (
+        "progress from a running task (`task.progress(fraction, note)` in a handler): the leader accepts a "
+        "heartbeat's progress and writes it in LeaseExtended when it changed; the task record keeps the last "
+        "one, shown by `task show`, `task list`, the dashboard and the HTTP API"
+    ),
 }
 
 ADVERTISED_ENV = "FENCEPOST_ADVERTISED_FEATURES"

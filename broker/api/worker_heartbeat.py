@@ -9,6 +9,8 @@ drops its task if it is still queued; a running one finds out when it reports,
 unless the refusal names the state ``cancelled``: the task was revoked
 (``task cancel --running``), so its handler is stopped at once
 (:meth:`~broker.api.worker_hand.Hand.revoke`, :mod:`broker.api.revoke`).
+Each item also carries the running handler's latest ``task.progress()`` report when the broker
+does not have it yet (:mod:`broker.api.progress`); acknowledged, it is not sent again.
 Between heartbeats, every 100 ms at most, the watchdog abandons the attempts
 past their ``max_run_ms``. It never raises.
 
@@ -29,6 +31,7 @@ import logging
 import threading
 
 from broker.api.client import Client, ClientError
+from broker.api.progress import beat_item
 from broker.api.worker_hand import Hand
 from broker.api.worker_outbox import LOST_LEASE_CODES
 from broker.protocol import MAX_SUBMIT_MANY
@@ -68,13 +71,15 @@ class HeartbeatSender:
 
     def _beat(self, client: Client, keys: list[tuple[str, int]], timeout: float) -> None:
         """Extend these leases with one heartbeat_many; drop a queued task whose lease is gone."""
+        slots = [getattr(self._hand.held.get(key), "reported", None) for key in keys]
+        items = [beat_item(task_id, attempt, slot) for (task_id, attempt), slot in zip(keys, slots)]
         try:
             reply = client.call(
                 "heartbeat_many",
                 worker=self.name,
                 lease_ms=self.lease_ms,
                 timeout=timeout,
-                tasks=[{"task_id": task_id, "attempt": attempt} for task_id, attempt in keys],
+                tasks=[item for item, _report in items],
             )
         except ClientError as exc:
             log.warning("worker %s: heartbeat of %d lease(s) failed: %s", self.name, len(keys), exc)
@@ -82,8 +87,12 @@ class HeartbeatSender:
         except Exception:
             log.exception("worker %s: unexpected error in heartbeat", self.name)
             return
-        for (task_id, attempt), res in zip(keys, reply.get("results") or []):
+        for (task_id, attempt), res, slot, (_item, report) in zip(
+            keys, reply.get("results") or [], slots, items
+        ):
             if res.get("ok"):
+                if report is not None:
+                    slot.sent(report)  # the broker has it (or dropped it: task_progress is off)
                 continue
             code, message = res.get("error"), res.get("message", "")
             if code not in LOST_LEASE_CODES:

@@ -46,6 +46,7 @@ from broker.protocol import (
     QUEUE_NAME,
     RequestError,
 )
+from broker.protocol.progress import check_progress
 from broker.protocol.schedules import SCHEDULE_OPS, check_schedule
 from broker.state.events import (
     MAX_ERROR_CHARS,
@@ -179,6 +180,11 @@ def _check_attempt(msg: dict) -> dict:
         "task_id": _field(msg, "task_id", K_TASK_ID),
         "attempt": _field(msg, "attempt", K_ATTEMPT),
     }
+
+
+def _check_beat(msg: dict) -> dict:
+    """A heartbeat's attempt and the progress it may carry (broker.protocol.progress)."""
+    return {**_check_attempt(msg), "progress": check_progress(msg)}
 
 
 def _check_completion(msg: dict, max_payload: int) -> dict:
@@ -315,7 +321,7 @@ def check_request(msg: dict, max_payload: int) -> dict:
     if op == "heartbeat":
         return {
             "op": op,
-            **_check_attempt(msg),
+            **_check_beat(msg),
             "worker": _field(msg, "worker", K_WORKER),
             "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40),
         }
@@ -323,7 +329,7 @@ def check_request(msg: dict, max_payload: int) -> dict:
         return {
             "op": op,
             "worker": _field(msg, "worker", K_WORKER),
-            "tasks": _check_items(msg, "leases", _check_attempt),
+            "tasks": _check_items(msg, "leases", _check_beat),
             "lease_ms": _field(msg, "lease_ms", K_LEASE_MS, None, MIN_LEASE_MS, 1 << 40),
         }
     if op == "complete":

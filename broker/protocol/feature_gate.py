@@ -13,6 +13,9 @@ that enables the flag; the request changes nothing. Pure: the leader passes its
 - ``queue_limits``: a queue's ``max_waiting`` and ``overflow`` (``declare_queue``).
 - ``rate_limits``: a queue's ``rate`` and ``max_running`` (``declare_queue``).
 - ``revoke_running``: a ``cancel`` with ``running`` (revoke a running attempt).
+- ``task_progress``: a heartbeat's ``progress``: not refused (the worker would lose its lease) but
+  dropped, so the lease is extended as before and the progress not recorded
+  (:mod:`broker.protocol.progress`).
 
 Example::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from broker.protocol.progress import PROGRESS_FLAG, drop_progress
 from broker.state.events import EXPIRED
 
 EXPIRY_FLAG = "task_expiry"
@@ -53,7 +57,7 @@ def refusal(req: dict, enabled: Callable[[str], bool]) -> str | None:
     """Why the leader refuses the checked write ``req`` (a flag it needs is off), or None to go on.
 
     A ``purge_queue`` may be changed in place: ``expired`` is left out of its states while
-    ``task_expiry`` is off.
+    ``task_expiry`` is off; so may a heartbeat: its progress is dropped while ``task_progress`` is off.
     """
     op = req["op"]
     if op == "declare_queue" and not enabled(LIMITS_FLAG):
@@ -64,6 +68,8 @@ def refusal(req: dict, enabled: Callable[[str], bool]) -> str | None:
             return disabled_message("a queue's rate or concurrency limit (rate, max_running)", RATES_FLAG)
     if op == "cancel" and req.get("running") and not enabled(REVOKE_FLAG):
         return disabled_message("cancelling a running task (running)", REVOKE_FLAG)
+    if op in ("heartbeat", "heartbeat_many") and not enabled(PROGRESS_FLAG):
+        drop_progress(req)
     if enabled(EXPIRY_FLAG):
         return None
     if any(sub.get("expires_ms") is not None for sub in _submits(req)):

@@ -82,6 +82,8 @@ def _leased(lease: dict, now_ms: int) -> dict:
 
 
 def _extended(req: dict, item: dict, now_ms: int) -> dict:
+    # progress is a late field (task_progress): left out unless the item carries one, so the bytes are today's.
+    progress = item.get("progress")
     return {
         "type": "LeaseExtended",
         "task_id": item["task_id"],
@@ -89,6 +91,7 @@ def _extended(req: dict, item: dict, now_ms: int) -> dict:
         "worker": req["worker"],
         "lease_ms": req["lease_ms"],
         "now_ms": now_ms,
+        **({"progress": progress} if progress is not None else {}),
     }
 
 

@@ -26,6 +26,7 @@ from typing import Callable
 from broker.state import backoff, idem
 from broker.state.apply_expiry import expire, expires_at, is_due
 from broker.state.apply_limits import make_room
+from broker.state.apply_progress import record_progress
 from broker.state.apply_rates import allowance, spend
 from broker.state.apply_revoke import may_revoke, revoke
 from broker.state.events import (
@@ -208,6 +209,7 @@ def _lease_extended(tx: StateTxn, ev: dict) -> dict:
     tx.must_delete("leases", lease_key(rec["lease_deadline_ms"], tid))
     rec["lease_deadline_ms"] = capped_deadline(now + lease_ms, rec)
     tx.put("leases", lease_key(rec["lease_deadline_ms"], tid), b"")
+    record_progress(rec, ev)  # the handler's progress, if the heartbeat carries one (apply_progress)
     tx.save_task(rec)
     touch_worker(tx, ev["worker"], now)
     return ok(task_id=tid, attempt=rec["attempts"], lease_deadline_ms=rec["lease_deadline_ms"])

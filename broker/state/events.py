@@ -73,6 +73,7 @@ MAX_DECISIONS = 10_000  # deciding events, and tasks of one, in an Outcomes even
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
 MAX_CRON_BYTES = 200
 MAX_RATE = 1_000_000  # tasks per period a queue's rate may allow
+MAX_NOTE_CHARS = 200  # a progress note (task_progress flag, broker.state.apply_progress)
 # What a schedule does with occurrences missed for longer than its grace (docs/operations.md).
 CATCH_UP_POLICIES = ("all", "last", "none")
 # What a submit to a queue at its max_waiting does (broker.state.apply_limits).
@@ -132,6 +133,8 @@ SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
         "worker": ("name", _REQUIRED),
         "lease_ms": ("span?", None),
         "now_ms": ("time", _REQUIRED),
+        # [fraction, note] the handler reported since (task_progress flag). See LATE_FIELDS.
+        "progress": ("progress?", None),
     },
     "TaskCompleted": {
         "task_id": ("id", _REQUIRED),
@@ -234,6 +237,7 @@ LATE_FIELDS: dict[str, frozenset[str]] = {
     "TaskSubmitted": frozenset({"expires_ms"}),
     "QueueDeclared": frozenset({"expires_ms", "max_waiting", "overflow", "rate", "max_running"}),
     "TaskCancelled": frozenset({"running"}),
+    "LeaseExtended": frozenset({"progress"}),
 }
 
 # Integer kinds: (lowest, highest) allowed value.
@@ -363,6 +367,15 @@ def check_value(kind: str, v: Any) -> bool:
             and 0 <= v[0] <= MAX_RATE
             and 1 <= v[1] <= MAX_SPAN_MS
         )
+    if kind == "progress":  # [fraction 0.0-1.0, note]; NaN fails the comparisons
+        return (
+            isinstance(v, list)
+            and len(v) == 2
+            and type(v[0]) is float
+            and 0.0 <= v[0] <= 1.0
+            and 0 <= _utf8_len(v[1])
+            and len(v[1]) <= MAX_NOTE_CHARS
+        )
     if kind == "setting":
         return isinstance(v, str) and v in SETTINGS
     if kind == "setting_value":
@@ -423,6 +436,7 @@ _KIND_TEXT = {
     "catch_up": f"one of {', '.join(CATCH_UP_POLICIES)}",
     "overflow": f"one of {', '.join(OVERFLOW_POLICIES)}",
     "rate": f"[count, period_ms]: 0-{MAX_RATE} tasks per 1-{MAX_SPAN_MS} ms",
+    "progress": f"[fraction 0.0-1.0, note of at most {MAX_NOTE_CHARS} characters]",
     "setting": f"a task setting among {', '.join(SETTINGS)}",
     "setting_value": "a number or true or false",
 }

@@ -90,6 +90,8 @@ def summary(rec: dict) -> dict:
     out = {name: rec.get(name) for name in LIST_FIELDS}
     if isinstance(out["error"], str) and len(out["error"]) > LIST_ERROR_CHARS:
         out["error"] = out["error"][: LIST_ERROR_CHARS - 3] + "..."
+    if "progress" in rec:  # only when a handler reported one (task_progress), as in the record
+        out["progress"] = rec["progress"]
     return out
 
 

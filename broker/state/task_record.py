@@ -51,12 +51,15 @@ TASK_LAYOUT = (
     "will_retry",
     "attempt_base",
     "expires_at_ms",
+    "progress",
 )
 # Fields stored only when set (absent from a record that never had them, so such records hash as before).
 # attempt_base: the attempts a task had used when an operator last retried it (TaskRetried,
 # TasksRequeued): it may then run max_attempts more, and attempt numbers (the fencing token) go on.
 # expires_at_ms: a task not started by then goes to expired (broker.state.apply_expiry; relative to
 # submitted_ms like the other times).
+# progress: the last {fraction, note, attempt} a handler reported (broker.state.apply_progress),
+# stored as [fraction, note, attempt].
 OPTIONAL_TASK_FIELDS = (
     "max_run_ms",
     "retry_backoff_ms",
@@ -64,6 +67,7 @@ OPTIONAL_TASK_FIELDS = (
     "will_retry",
     "attempt_base",
     "expires_at_ms",
+    "progress",
 )
 # Payloads up to this size are kept in the task record: rewriting and re-hashing them with
 # each state change costs less than a second B-tree entry per task.
@@ -112,6 +116,7 @@ def pack_task(key: bytes, rec: dict) -> bytes:
         rec.get("will_retry"),
         rec.get("attempt_base"),
         _rel(rec.get("expires_at_ms"), base),
+        _packed_progress(rec.get("progress")),
     ]
     while doc[-1] is None:
         doc.pop()
@@ -147,6 +152,7 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
         will_retry,
         attempt_base,
         expires_at,
+        progress,
     ) = doc
     base = _id_ms(key) + submitted
     rec = {
@@ -170,13 +176,34 @@ def unpack_task(key: bytes, raw: bytes) -> dict:
     }
     for name, value in zip(
         OPTIONAL_TASK_FIELDS,
-        (max_run_ms, backoff, backoff_max, will_retry, attempt_base, _abs(expires_at, base)),
+        (
+            max_run_ms,
+            backoff,
+            backoff_max,
+            will_retry,
+            attempt_base,
+            _abs(expires_at, base),
+            _unpacked_progress(progress),
+        ),
     ):
         if value is not None:
             rec[name] = value
     if run_deadline is not None:
         rec["run_deadline_ms"] = base + run_deadline
     return rec
+
+
+def _packed_progress(progress: dict | None) -> list | None:
+    if progress is None:
+        return None
+    return [progress["fraction"], progress["note"], progress["attempt"]]
+
+
+def _unpacked_progress(doc: list | None) -> dict | None:
+    if doc is None:
+        return None
+    fraction, note, attempt = doc
+    return {"fraction": fraction, "note": note, "attempt": attempt}
 
 
 def inline_payload(payload: bytes) -> bytes | None:

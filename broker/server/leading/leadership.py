@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from broker import protocol
 from broker.protocol.feature_gate import refusal
+from broker.protocol.progress import drop_unchanged
 from broker.protocol.schedules import FLAG as SCHEDULES_FLAG
 from broker.protocol.schedules import SCHEDULE_WRITES
 from broker.protocol.writes import reply_fields, request_events
@@ -202,6 +203,8 @@ class Leadership(ConfirmedReads):
             self.housekeeping.heard_from(req["worker"], req.get("queues"), self.leader_clock.now_ms())
         if op in ("lease", "heartbeat", "heartbeat_many") and req.get("lease_ms") is None:
             req["lease_ms"] = self.config.default_lease_ms
+        if op in ("heartbeat", "heartbeat_many"):
+            drop_unchanged(req, self.store.get_task)  # a progress the task records already (task_progress)
         if op == "complete_many" and req.get("lease"):
             self._settle_and_lease(req)
         if op == "lease":
