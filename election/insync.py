@@ -148,8 +148,12 @@ def may_stand(
 # ---------------------------------------------------------------- the insync node
 def read_insync(zk: KazooClient, paths: ClusterPaths) -> tuple[dict | None, int]:
     """The ``insync`` document and its version; (None, -1) before any leader wrote it."""
+    return _insync_of(zk.get_async(paths.insync), paths)
+
+
+def _insync_of(pending, paths: ClusterPaths) -> tuple[dict | None, int]:
     try:
-        data, stat = zk.get(paths.insync)
+        data, stat = pending.get()
     except NoNodeError:
         return None, -1
     try:
@@ -157,6 +161,38 @@ def read_insync(zk: KazooClient, paths: ClusterPaths) -> tuple[dict | None, int]
     except ValueError:
         raise ElectionError(f"unreadable node {paths.insync}") from None
     return doc, stat.version
+
+
+@dataclass(frozen=True)
+class StandingInputs:
+    """What the standing rules read: the ``insync`` document, the live broker ids, the ``elect`` request."""
+
+    insync: dict | None
+    alive: list[int]
+    elect: dict | None
+
+
+def read_standing_inputs(zk: KazooClient, paths: ClusterPaths, watch=None) -> StandingInputs:
+    """The in-sync set, the live brokers and the elect request, read in about one round trip.
+
+    Every request is sent before any answer is awaited (ZooKeeper answers a session's
+    requests in order): a broker just elected checks these again before it claims an
+    epoch, and each sequential read there is time without a leader. ``watch`` is armed on
+    all three (on the nodes' existence, so it fires when a missing one appears).
+    """
+    armed = [zk.exists_async(path, watch=watch) for path in (paths.insync, paths.elect)] if watch else []
+    insync = zk.get_async(paths.insync)
+    children = zk.get_children_async(paths.live_brokers, watch=watch)
+    elect = zk.get_async(paths.elect)
+    for pending in armed:
+        pending.get()
+    try:
+        alive = sorted(int(child) for child in children.get() if child.isdigit())
+    except NoNodeError:
+        if watch is not None:
+            zk.exists(paths.live_brokers, watch=watch)
+        alive = []
+    return StandingInputs(_insync_of(insync, paths)[0], alive, _elect_of(elect))
 
 
 def write_insync(zk: KazooClient, paths: ClusterPaths, members: set[int], leader_epoch: int) -> dict:
@@ -219,8 +255,12 @@ def election_contenders(zk: KazooClient, paths: ClusterPaths) -> list[str]:
 # ---------------------------------------------------------------- the elect request
 def read_elect(zk: KazooClient, paths: ClusterPaths) -> dict | None:
     """The pending ``admin elect`` request, or None."""
+    return _elect_of(zk.get_async(paths.elect))
+
+
+def _elect_of(pending) -> dict | None:
     try:
-        data, _ = zk.get(paths.elect)
+        data, _ = pending.get()
     except NoNodeError:
         return None
     try:

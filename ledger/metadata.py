@@ -275,12 +275,19 @@ def live_bookies(zk: KazooClient, paths: ClusterPaths) -> list[dict]:
     source of copies) but as ``readonly`` with ``decommissioning: true``: the
     placement rules give it no new ledger, replacement or copy.
     """
+    # Both lists asked for at once: a takeover reads this before it may claim an epoch.
+    listing, decommissioning = (
+        zk.get_children_async(paths.bookies),
+        zk.get_children_async(paths.decommissioning),
+    )
     try:
-        children = zk.get_children(paths.bookies)
+        leaving = set(decommissioning.get())
+    except NoNodeError:
+        leaving = set()
+    try:
+        children = sorted(listing.get())
     except NoNodeError:
         return []
-    leaving = decommissioning_bookies(zk, paths) if children else set()
-    children = sorted(children)
     out = []
     for child, found in zip(children, get_many(zk, [paths.bookie(c) for c in children])):
         if found is None:
@@ -320,8 +327,11 @@ def create_metadata(zk: KazooClient, paths: ClusterPaths, meta: LedgerMetadata) 
     written twice: created without its id, then CAS-updated to carry it.
     """
     meta.validate()
-    zk.ensure_path(paths.ledgers)
-    created = zk.create(paths.ledgers + "/L", meta.to_json(), sequence=True)
+    try:
+        created = zk.create(paths.ledgers + "/L", meta.to_json(), sequence=True)
+    except NoNodeError:  # the first ledger of a cluster: make its parent (a round trip saved on every other)
+        zk.ensure_path(paths.ledgers)
+        created = zk.create(paths.ledgers + "/L", meta.to_json(), sequence=True)
     ledger_id = ClusterPaths.ledger_id_of(created.rsplit("/", 1)[1])
     meta.ledger_id = ledger_id
     stat = zk.set(paths.ledger(ledger_id), meta.to_json(), version=0)

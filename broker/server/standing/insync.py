@@ -41,11 +41,11 @@ from election.insync import (
     entries_behind,
     may_stand,
     read_elect,
-    read_insync,
+    read_standing_inputs,
     write_insync,
 )
 from election.leader import LostLeadership
-from election.live import live_broker_ids, live_brokers
+from election.live import live_brokers
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from ledger import LedgerError
@@ -75,12 +75,9 @@ def standing(
     not alive whatever its live node says (a leader this follower suspects: its live node
     stays until its session expires).
     """
-    if watch is not None:
-        zk.exists(paths.insync, watch=watch)
-        zk.exists(paths.elect, watch=watch)
-    doc, _ = read_insync(zk, paths)
-    alive = set(live_broker_ids(zk, paths, watch=watch)) - {gone}
-    elect = read_elect(zk, paths)
+    found = read_standing_inputs(zk, paths, watch=watch)
+    alive = set(found.alive) - {gone}
+    elect, doc = found.elect, found.insync
     target = elect.get("target") if elect and "refused" not in elect else None
     members = set(doc["members"]) if doc else None
     return may_stand(broker_id, config.learner, members, alive, config.allow_lagging_leader, target)

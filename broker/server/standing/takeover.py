@@ -4,7 +4,7 @@ In order: check that a ledger could be created now (enough live bookies; else
 :class:`~broker.server.standing.takeover_steps.WaitingForBookies` and nothing was claimed),
 claim the next epoch (fencing every older leader), recover and close
 the ledgers the previous leaders left open, catch the store up with the log,
-open this epoch's ledger (create it, then append it with the fenced steps of
+open this epoch's ledger (created meanwhile by :class:`LedgerAhead`, then appended with the fenced steps of
 :mod:`broker.server.standing.takeover_steps`: close whatever is still open in the log
 version we append to, one multi-op checking our epoch claim), start serving
 with ``EpochStarted`` as the first entry, and
@@ -39,6 +39,7 @@ from broker.server.leading.leadership import Leadership
 from broker.server.leading.roll_triggers import RollTriggers
 from broker.server.leading.session import LeaderSession
 from broker.server.request_loop import BrokerServer
+from broker.server.standing.ledger_ahead import LedgerAhead
 from broker.server.standing.step_times import StepTimes
 from broker.server.standing.takeover_steps import (
     CONFLICT,
@@ -175,9 +176,11 @@ def open_ledger_at(
     ledgers: LedgerClient,
     claim: EpochClaim,
     before_write: Callable[[], None] = lambda: None,
+    ahead: LedgerAhead | None = None,
 ) -> tuple[LedgerWriter, int]:
-    """:func:`open_ledger`, with the version of the log our append replaced."""
-    writer = ledgers.create(claim.epoch)
+    """:func:`open_ledger`, with the version of the log our append replaced (the ledger ``ahead``
+    created, when given)."""
+    writer = ahead.writer() if ahead is not None else ledgers.create(claim.epoch)
     # A ledger that never makes it into the log holds nothing committed: readers skip it.
     written = drive(append_fenced(writer.ledger_id, claim), RealEffects(zk, paths, ledgers, before_write))
     return writer, written - 1
@@ -273,12 +276,16 @@ class Takeover:
         epoch = claim.epoch
         steps.done("claim epoch")
         log.info("elected; taking over with epoch %d", epoch)
-        closed_at = close_previous_ledgers(self.zk, self.paths, self.ledgers)
-        steps.done("recover")
-        catch_up(self.ledgers, self.store, self.step_down)
-        check_seed_covered(self.zk, self.paths, self.store.position())
-        steps.done("catch up")
-        self.writer, appended_to = open_ledger_at(self.zk, self.paths, self.ledgers, claim)
+        ahead = LedgerAhead(self.ledgers, epoch)
+        try:
+            closed_at = close_previous_ledgers(self.zk, self.paths, self.ledgers)
+            steps.done("recover")
+            catch_up(self.ledgers, self.store, self.step_down)
+            check_seed_covered(self.zk, self.paths, self.store.position())
+            steps.done("catch up")
+            self.writer, appended_to = open_ledger_at(self.zk, self.paths, self.ledgers, claim, ahead=ahead)
+        finally:
+            ahead.discard()  # nothing when the writer was taken
         steps.done("open ledger")
         if appended_to != closed_at:
             # A ledger a stale leader added between our recovery and our append was closed by
