@@ -16,6 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.admin.dashboard.view import _dead_row
+from broker.admin.http_api.openapi import openapi_document
+from broker.admin.http_api.parsing import task_json
 from broker.api.client import ClientError
 from broker.api.progress import ProgressSlot, beat_item
 from broker.api.revoke import Cancelled
@@ -382,3 +385,14 @@ def test_the_digest_is_the_same_whatever_order_the_tasks_progress_comes_in(repor
             records.append(list(rep.store.iter_records()))
             rep.store.close()
         assert digests[0] == digests[1] and records[0] == records[1]
+
+
+def test_the_http_api_and_the_dashboard_carry_it():
+    progress = {"fraction": 0.5, "note": "half", "attempt": 1}
+    doc = task_json({"id": TID, "state": "dead", "result": None, "progress": progress})
+    assert doc["progress"] == progress and doc["final"] is True
+    assert "progress" not in task_json({"id": TID, "state": "waiting"})
+    schema = openapi_document()["components"]["schemas"]["Task"]["properties"]["progress"]
+    assert set(schema["properties"]) == {"fraction", "note", "attempt"}
+    assert _dead_row({"id": TID, "progress": progress})["progress"] == progress
+    assert _dead_row({"id": TID})["progress"] is None

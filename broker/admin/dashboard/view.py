@@ -85,6 +85,8 @@ def _dead_row(task: dict) -> dict:
         "attempts": task.get("attempts"),
         "finished_ms": task.get("finished_ms"),
         "error": task.get("error"),
+        # How far its handler got ({fraction, note, attempt}; task_progress flag), None if it said nothing.
+        "progress": task.get("progress"),
     }
 
 

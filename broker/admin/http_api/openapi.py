@@ -70,6 +70,16 @@ def openapi_document() -> dict:
             "result": {"type": ["string", "null"]},
             "result_b64": {"type": "string"},
             "error": {"type": ["string", "null"]},
+            "progress": {
+                "type": "object",
+                "description": "the last progress its handler reported (task.progress; the task_progress "
+                "feature flag), kept once the task is finished; absent if none",
+                "properties": {
+                    "fraction": {"type": "number", "minimum": 0, "maximum": 1},
+                    "note": {"type": "string", "maxLength": 200},
+                    "attempt": {"type": "integer", "description": "the attempt that reported it"},
+                },
+            },
             "final": {"type": "boolean", "description": "done, failed, dead or cancelled"},
             "shard": {"type": "integer"},
         },

@@ -196,9 +196,16 @@
     $(id).replaceChildren(...rows.map((r) => row(toCells(r))));
   }
 
+  // A task's last progress report (task.progress in its handler): "42% note", "" if none.
+  function progressText(p) {
+    if (!p) return "";
+    return Math.round(p.fraction * 100) + "%" + (p.note ? " " + p.note : "");
+  }
+
   function renderDeadTasks(tasks) {
-    renderRows("dead-tasks", tasks, 6, (t) => [
-      cell(t.id), cell(t.queue), cell(t.attempts, "num"), cell(when(t.finished_ms)), cell(t.error, "bad"),
+    renderRows("dead-tasks", tasks, 7, (t) => [
+      cell(t.id), cell(t.queue), cell(t.attempts, "num"), cell(when(t.finished_ms)),
+      cell(progressText(t.progress)), cell(t.error, "bad"),
       actionCell(actionButton("retry", "retry", { task_id: t.id }, "Retry dead task " + t.id + "?")),
     ], "none");
   }
