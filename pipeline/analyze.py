@@ -7,7 +7,8 @@ in log order by apply's rules, with what only a replay of the state or the ``Out
 events tell, the lease grants and releases). The tables:
 
 - ``tasks``: one row per task (its shard, submit, first start, finish, attempts, final state, worker);
-- ``queue_minutes``: per queue per minute, how many tasks were submitted, started, finished, failed, died;
+- ``queue_minutes``: per queue per minute, how many tasks were submitted, started, finished, failed, died,
+  were cancelled, expired before they started, or were dropped or dead-lettered by the queue's overflow;
 - ``latency``: per queue, submit-to-start and submit-to-finish p50/p90/p99;
 - ``workers``: per worker, busy time over the window;
 - ``epochs``: per shard per leader epoch, its leader, start, end and the write gap before it (wall clock and
@@ -61,7 +62,7 @@ TABLE_ORDER = {
 }
 MINUTE_MS = 60_000
 PERCENTILES = (0.5, 0.9, 0.99)
-_FINISHED = ("done", "failed", "dead", "cancelled")
+_FINISHED = ("done", "failed", "dead", "cancelled", "expired", "dropped")
 _RAN_TO_AN_END = ("done", "failed", "dead")
 _I64, _F64, _STR = pa.int64(), pa.float64(), pa.string()
 TASK_SCHEMA = pa.schema(
@@ -78,7 +79,17 @@ TASK_SCHEMA = pa.schema(
         ("max_attempts", _I64),
     ]
 )
-_COUNTED = ("submitted", "started", "finished", "failed", "dead", "cancelled")
+_COUNTED = (
+    "submitted",
+    "started",
+    "finished",
+    "failed",
+    "dead",
+    "cancelled",
+    "expired",
+    "dropped",
+    "dead_lettered",
+)
 MINUTE_SCHEMA = pa.schema([("queue", _STR), ("minute_ms", _I64), *((name, _I64) for name in _COUNTED)])
 LATENCY_SCHEMA = pa.schema(
     [("queue", _STR), ("tasks", _I64), ("started", _I64), ("finished", _I64)]
@@ -147,8 +158,9 @@ def task_rows(life: pa.Table, window: Window) -> pa.Table:
 
 
 def queue_minutes(life: pa.Table, window: Window) -> pa.Table:
-    """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead,
-    cancelled (:data:`MINUTE_SCHEMA`); by ``queue``."""
+    """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead
+    (dead-lettered ones too), cancelled, expired, dropped and dead-lettered (by the queue's overflow)
+    (:data:`MINUTE_SCHEMA`); by ``queue``."""
     steps = life.filter(window.mask(life["ts_ms"])) if window.bounded else life
     kind, state = steps["kind"], steps["state"]
 
@@ -165,6 +177,9 @@ def queue_minutes(life: pa.Table, window: Window) -> pa.Table:
             "failed": count(pc.equal(state, "failed")),
             "dead": count(pc.equal(state, "dead")),
             "cancelled": count(pc.equal(state, "cancelled")),
+            "expired": count(pc.equal(state, "expired")),
+            "dropped": count(pc.equal(state, "dropped")),
+            "dead_lettered": count(pc.equal(kind, "deadletter")),
         }
     )
     table = counted.group_by(["queue", "minute_ms"]).aggregate([(name, "sum") for name in _COUNTED])
@@ -189,7 +204,10 @@ def latency(tasks: pa.Table) -> pa.Table:
         to_finish = [
             r["finished_ms"] - r["submitted_ms"]
             for r in rows
-            if r["final_state"] in _RAN_TO_AN_END and r["finished_ms"] is not None
+            # A task dead-lettered by its queue's overflow before it ran did not run to an end.
+            if r["final_state"] in _RAN_TO_AN_END
+            and r["finished_ms"] is not None
+            and r["first_start_ms"] is not None
         ]
         figures = [queue, len(rows), len(to_start), len(to_finish), *_percentiles(to_start)]
         figures += _percentiles(to_finish)
@@ -249,14 +267,19 @@ def analyze_events(
     ledgers: dict[int, int],
     window: Window,
     span: tuple[int, int],
+    verdicts=None,
 ) -> dict[str, Any]:
     """The tables (:data:`TABLES`) of the history in ``events`` (frames of ``frames``: every table reads
     them); ``grants`` (``GRANT_SCHEMA``) and ``releases`` (``RELEASE_SCHEMA``) from a replay of that
     history or its ``Outcomes``; ``ledgers``: each ledger's creation time (ZooKeeper's clock); ``span``:
-    the [start, end] ms analysed (:func:`pipeline.epoch_rows.history_span`)."""
+    the [start, end] ms analysed (:func:`pipeline.epoch_rows.history_span`); ``verdicts``: what a replay
+    says apply made of submits (``SUBMIT_VERDICT`` rows of ``SUBMIT_ROW_SCHEMA``), if any."""
+    submits = frames.map(events, submit_rows, SUBMIT_ROW_SCHEMA)
+    if verdicts is not None:
+        submits = frames.union(submits, verdicts)
     steps = frames.union(
         frames.per_group(
-            frames.map(events, submit_rows, SUBMIT_ROW_SCHEMA),
+            submits,
             ["shard", "queue"],
             created_submits,
             STEP_SCHEMA,

@@ -32,12 +32,22 @@ import pyarrow.parquet as pq
 from election.local.clock import SYSTEM_CLOCK, Clock
 from pipeline import PipelineError
 from pipeline.analyze import TABLE_ORDER, TABLES, Window, analyze_events
+from pipeline.apply_watch import ENDED
 from pipeline.arrow_history import cluster_events, export_events
 from pipeline.epoch_rows import COUNT_SCHEMA, EPOCH_ROW_SCHEMA, epoch_rows, history_span, shard_counts
 from pipeline.export_layout import LEDGER_CREATED, export_files, export_shards, read_bookmark
+from pipeline.feature_use import FEATURE_SCHEMA, feature_rows
 from pipeline.frames import SPARK, as_frames
 from pipeline.history import cluster_entries, export_entries
-from pipeline.life_rows import RELEASE_SCHEMA
+from pipeline.life_rows import (
+    CREATED,
+    DEAD_LETTERED,
+    POSITION,
+    REFUSED,
+    RELEASE_SCHEMA,
+    SUBMIT_ROW_SCHEMA,
+    SUBMIT_VERDICT,
+)
 from pipeline.outcome_tables import (
     DECISION_ROW_SCHEMA,
     DECISION_SCHEMA,
@@ -76,7 +86,7 @@ EVENT_COLUMNS = (
     "extra",
 )
 Progress = Callable[[str], None]
-FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled")
+FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled", "expired", "dropped")
 
 
 @dataclass(frozen=True)
@@ -97,8 +107,12 @@ class HistorySource:
 
 class ReleaseCollector:
     """Collects, from a replay's apply results, what the events do not name: the running attempts each
-    ``LeaseExpired``/``WorkerLost`` ended, and the tasks a ``TaskRetried``/``TasksRequeued`` put back to
-    waiting (state ``requeued``; see :func:`pipeline.life_rows.release_steps`).
+    ``LeaseExpired``/``WorkerLost`` ended, the tasks a ``TaskRetried``/``TasksRequeued`` put back to
+    waiting (state ``requeued``; see :func:`pipeline.life_rows.release_steps`), and the tasks apply
+    expired, dropped or dead-lettered (``ended``, :mod:`pipeline.apply_watch`; state ``expired``,
+    ``dropped``, ``dead-lettered``). Its :attr:`verdicts` are the submits apply refused and the keyed
+    ones (what apply made of each: :data:`~pipeline.life_rows.SUBMIT_VERDICT` rows of the ``shard``
+    being replayed).
 
     Example::
 
@@ -109,12 +123,19 @@ class ReleaseCollector:
 
     def __init__(self) -> None:
         self.rows: list[tuple] = []
+        self.verdicts: list[dict] = []
+        self.shard = 0
 
     def __call__(
         self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]
     ) -> None:
         for index, ev, res in items:
             kind = ev["type"]
+            for gone in res.get(ENDED, ()):
+                state = DEAD_LETTERED if gone["state"] == "dead" else gone["state"]
+                self.rows.append((ledger_id, entry_id, index, gone["task_id"], None, ev["now_ms"], state))
+            if kind == "TaskSubmitted" and (ev["key"] is not None or not res.get("ok")):
+                self._verdict((ledger_id, entry_id, index), ev, CREATED if res.get("created") else REFUSED)
             if not res.get("ok"):
                 continue
             if kind in ("LeaseExpired", "WorkerLost"):
@@ -131,6 +152,22 @@ class ReleaseCollector:
                 self.rows.append(
                     (ledger_id, entry_id, index, res["task_id"], res["attempt"], ev["now_ms"], "requeued")
                 )
+
+    def _verdict(self, position: Position, ev: dict, verdict: str) -> None:
+        self.verdicts.append(
+            {
+                **dict(zip(POSITION, position)),
+                "task_id": ev["task_id"],
+                "shard": self.shard,
+                "queue": ev["queue"],
+                "ts_ms": ev["now_ms"],
+                "type": SUBMIT_VERDICT,
+                "key": verdict,
+            }
+        )
+
+    def verdict_table(self) -> pa.Table:
+        return pa.Table.from_pylist(self.verdicts, schema=SUBMIT_ROW_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -220,6 +257,7 @@ def _replay_shards(
     results = {}
     for shard, last in sorted(ends.items()):
         entries = history.entries[shard](last)
+        releases.shard = shard
         whose = "the history" if len(history.entries) == 1 else f"shard {shard}'s history"
 
         def replayed(count: int, applied: int, position, whose=whose) -> None:
@@ -268,7 +306,7 @@ def summarize(tables: dict[str, pa.Table]) -> dict:
     return {
         "tasks": tasks.num_rows,
         "attempts": int(pc.sum(tasks["attempts"]).as_py() or 0),
-        "queues": _by_queue(tasks),
+        "queues": _by_queue(tasks, tables["queue_minutes"]),
         "epochs": len(epochs),
         "failovers": [
             {
@@ -287,12 +325,19 @@ def summarize(tables: dict[str, pa.Table]) -> dict:
     }
 
 
-def _by_queue(tasks: pa.Table) -> dict[str, dict[str, int]]:
+def _by_queue(tasks: pa.Table, minutes: pa.Table) -> dict[str, dict[str, int]]:
+    """Per queue its tasks in each final state, and ``dead_lettered``: how many of its dead its overflow
+    made so (dead-letter) in the window."""
     queues: dict[str, dict[str, int]] = {}
     for row in tasks.group_by(["queue", "final_state"]).aggregate([("task_id", "count")]).to_pylist():
-        queues.setdefault(row["queue"], dict.fromkeys(FINAL_STATES, 0))[row["final_state"]] = row[
-            "task_id_count"
-        ]
+        queues.setdefault(row["queue"], {**dict.fromkeys(FINAL_STATES, 0), "dead_lettered": 0})[
+            row["final_state"]
+        ] = row["task_id_count"]
+    if "dead_lettered" not in minutes.column_names:  # a table of before the column
+        return dict(sorted(queues.items()))
+    for row in minutes.group_by("queue").aggregate([("dead_lettered", "sum")]).to_pylist():
+        if row["queue"] in queues:
+            queues[row["queue"]]["dead_lettered"] = row["dead_lettered_sum"] or 0
     return dict(sorted(queues.items()))
 
 
@@ -345,11 +390,12 @@ def run_analyze(
         raise PipelineError("the history holds no events")
     lasts = {shard: (c["last_ledger"], c["last_entry"]) for shard, c in counts.items()}
     decisions, marks, described = _decisions(frames, events, replay_all)
-    # Only what the Outcomes events do not describe is replayed, and only as far as needed.
+    # Only what the Outcomes events do not describe is replayed, and only as far as needed; a shard using
+    # expiry or queue limits to its end: those decisions are in no Outcomes (pipeline.feature_use).
+    featured = frames.collect(frames.map(events, feature_rows, FEATURE_SCHEMA))["shard"].to_pylist()
+    ends = lasts if replay_all else {**undescribed_ends(marks), **{s: lasts[s] for s in featured}}
     releases = ReleaseCollector()
-    results = _replay_shards(
-        history, lasts if replay_all else undescribed_ends(marks), releases, progress, clock
-    )
+    results = _replay_shards(history, ends, releases, progress, clock)
     replayed_grants = [g for r in results.values() for g in r.grants if (g[0], g[1]) not in described]
     replayed_releases = [row for row in releases.rows if (row[0], row[1]) not in described]
     grants = frames.union(
@@ -364,8 +410,12 @@ def run_analyze(
         ),
     )
     progress("building the tables")
+    verdicts = frames.table(releases.verdict_table())
     tables = _write(
-        frames, analyze_events(frames, events, grants, released, history.created, window, span), out, progress
+        frames,
+        analyze_events(frames, events, grants, released, history.created, window, span, verdicts),
+        out,
+        progress,
     )
     summary = {
         "source": source.describe(),

@@ -35,11 +35,13 @@ from dataclasses import replace
 from typing import Iterable, Iterator
 
 from broker.state.events import DEFAULT_MAX_ATTEMPTS
+from pipeline.apply_watch import ENDED
 from pipeline.audit_tasks import TaskCheck
 from pipeline.findings import Finding
 
 # (shard, task_id, ledger_id, entry_id, event_index, kind, attempt, state, why, source):
-# kind is submit (attempt: its max_attempts or None), grant, release, end, cancel or retry;
+# kind is submit (attempt: its max_attempts or None), grant, release, end, cancel, retry or gone
+# (expired, dropped or dead-lettered by apply: pipeline.apply_watch; state says which);
 # why the event type; source "replay" or "outcomes" for a decision, "" for the rest.
 Fact = tuple
 REPLAY, OUTCOMES = "replay", "outcomes"
@@ -85,9 +87,11 @@ class FactCollector:
             if kind == "Outcomes":
                 self._outcomes(ev)
                 continue
+            here = (self.shard, None, ledger_id, entry_id, index)
+            for gone in res.get(ENDED, ()):  # no Outcomes names these: they are the replay's alone
+                self.ready.append(_fact(here, gone["task_id"], "gone", None, gone["state"], kind, ""))
             if not res.get("ok") or res.get("duplicate"):
                 continue  # refused or a repeat: it changed nothing
-            here = (self.shard, None, ledger_id, entry_id, index)
             if kind in _DECIDING:
                 self._remember((ledger_id, entry_id, index), kind)
                 decided.extend(_replayed(here, kind, ev, res))
@@ -187,6 +191,8 @@ def check_task(check: TaskCheck, facts: list[Fact]) -> None:
             check.cancelled(where, task_id, state)
         elif kind == "retry":
             check.retried(where, task_id, attempt)
+        elif kind == "gone":
+            check.gone(where, task_id, state, why)
 
 
 def check_groups(groups: Iterable[tuple[tuple[int, str], Iterable[Fact]]]) -> Iterator[Finding]:

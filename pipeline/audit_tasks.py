@@ -11,7 +11,17 @@ check follows what apply *accepted*, against its own small model of each task
   cancelled) a second time;
 * ``attempts_exceeded``: a grant whose attempt is above the task's max_attempts
   (counted from an operator's last retry: ``TaskRetried``, ``TasksRequeued``);
-* ``attempt_skipped``: a grant whose attempt is not the previous one plus one.
+* ``attempt_skipped``: a grant whose attempt is not the previous one plus one;
+* ``expired_after_start``: an expiry (``TasksExpired``, or a lease meeting a due task) of a task
+  that had been leased: only a task never started expires;
+* ``overflow_not_waiting``: a queue's overflow (drop-oldest, dead-letter) taking a task that was
+  not waiting.
+
+An expiry, a drop and a dead-letter are final like a completion: a lease, completion or other end
+after one is ``finished_twice`` (a lease after an expiry is what a replica that skipped the expiry
+would do), except that a dead-lettered task may be requeued like any dead one. These decisions are
+named in no event and no result of the broker: the replay has them from
+:mod:`pipeline.apply_watch` (an ``ended`` list in the deciding event's result).
 
 A replay from a snapshot meets tasks submitted before it: their model starts
 at their first grant, without a known max_attempts.
@@ -25,7 +35,8 @@ Example::
 
 from __future__ import annotations
 
-from broker.state.events import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, RUNNING, WAITING
+from broker.state.events import DEFAULT_MAX_ATTEMPTS, EXPIRED, FINAL_STATES, RUNNING, WAITING
+from pipeline.apply_watch import DROPPED, ENDED
 from pipeline.findings import Finding
 
 _FINISHED = "finished"
@@ -45,12 +56,14 @@ class TaskCheck:
         self.findings: list[Finding] = []
         self.queue_max: dict[str, int] = {}
         # task id -> [current attempt, state (waiting, running or finished), max_attempts or None,
-        #             the attempt an operator last retried it at (0: never)]
+        #             the attempt an operator last retried it at (0: never), the final state reached]
         self.tasks: dict[str, list] = {}
 
     def entry(self, ledger_id: int, entry_id: int, epoch: int, items: list[tuple[int, dict, dict]]) -> None:
         """Check one entry's events with apply's result for each."""
         for _, ev, res in items:
+            for gone in res.get(ENDED, ()):  # expired or taken by an overflow in this event
+                self.gone((ledger_id, entry_id), gone["task_id"], gone["state"], ev["type"])
             if not res.get("ok") or res.get("duplicate"):
                 continue  # refused or a repeat: it changed nothing
             handler = _HANDLERS.get(ev["type"])
@@ -62,7 +75,7 @@ class TaskCheck:
 
     def _task(self, task_id: str) -> list:
         # Submitted before the snapshot the replay started from: known from its first grant on.
-        return self.tasks.setdefault(task_id, [0, WAITING, None, 0])
+        return self.tasks.setdefault(task_id, [0, WAITING, None, 0, None])
 
     def _declared(self, where, ev: dict, res: dict) -> None:
         self.queue_max[ev["queue"]] = res["max_attempts"]
@@ -96,13 +109,13 @@ class TaskCheck:
 
     def submitted(self, where: tuple[int, int], task_id: str, limit: int | None) -> None:
         """A submit that created the task, with its max_attempts (None: unknown)."""
-        self.tasks[task_id] = [0, WAITING, limit, 0]
+        self.tasks[task_id] = [0, WAITING, limit, 0, None]
 
     def granted(self, where: tuple[int, int], task_id: str, attempt: int) -> None:
         """A lease handed out ``attempt`` of the task."""
         task = self._task(task_id)
         if task[1] == _FINISHED:
-            self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it finished")
+            self._add("finished_twice", where, task_id, f"leased (attempt {attempt}) after it was {task[4]}")
         elif task[0] and attempt != task[0] + 1:
             self._add(
                 "attempt_skipped", where, task_id, f"leased as attempt {attempt} after attempt {task[0]}"
@@ -132,6 +145,17 @@ class TaskCheck:
         """A cancel that apply accepted."""
         self._end(where, task_id, self._task(task_id), state, "TaskCancelled")
 
+    def gone(self, where: tuple[int, int], task_id: str, state: str, why: str) -> None:
+        """Apply expired the task (``state`` expired), or its queue's overflow dropped it (``dropped``) or
+        dead-lettered it (``dead``), in an event of type ``why``."""
+        task = self._task(task_id)
+        if task[1] != _FINISHED:
+            if state == EXPIRED and (task[0] or task[1] != WAITING):
+                self._add("expired_after_start", where, task_id, f"expired by {why} after attempt {task[0]}")
+            elif state != EXPIRED and task[1] != WAITING:
+                self._add("overflow_not_waiting", where, task_id, f"{state} by {why} while {task[1]}")
+        self._end(where, task_id, task, state, f"{why} ({state})")
+
     def retried(self, where: tuple[int, int], task_id: str, attempt: int) -> None:
         """An operator sent a failed or dead task back to waiting: it may finish again, with its attempts
         again (counted from ``attempt``)."""
@@ -139,12 +163,12 @@ class TaskCheck:
         task[0], task[1], task[3] = attempt, WAITING, attempt
 
     def _end(self, where, task_id: str, task: list, state: str, why: str) -> None:
-        if state not in FINAL_STATES:
+        if state not in FINAL_STATES and state != DROPPED:
             task[1] = WAITING
             return
         if task[1] == _FINISHED:
-            self._add("finished_twice", where, task_id, f"{why} made it {state} after it had finished")
-        task[1] = _FINISHED
+            self._add("finished_twice", where, task_id, f"{why} made it {state} after it was {task[4]}")
+        task[1], task[4] = _FINISHED, state
 
 
 _HANDLERS = {

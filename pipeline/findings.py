@@ -29,6 +29,8 @@ KINDS = {
     "finished_twice": "a task reached a final state twice",
     "attempts_exceeded": "a task was leased more times than its max_attempts",
     "attempt_skipped": "a lease's attempt is not the task's previous attempt plus one",
+    "expired_after_start": "a task was expired although it had started (only a task never leased expires)",
+    "overflow_not_waiting": "a queue's overflow dropped or dead-lettered a task that was not waiting",
     "digest_mismatch": "the replayed state differs from a StateDigest entry at its position",
     "broker_digest_mismatch": "the replayed state differs from a live broker's digest at its position",
     "replay_failed": "the history could not be replayed past an entry",

@@ -16,7 +16,11 @@ this process or over Spark partitions); the grouped ones need whole groups of th
   attempt last granted and only once; a failure asking for a retry on the last allowed
   attempt (counted from the last requeue) makes the task dead; a cancel counts only while
   the task waits, or while it runs when it asks to revoke the running attempt (``running``),
-  which then ends there and whose later completion or failure counts for nothing.
+  which then ends there and whose later completion or failure counts for nothing. What only
+  apply decides with the newer task features comes from the replay (:mod:`pipeline.apply_watch`):
+  a task expired before it started (``expire``: ``expired``), dropped or dead-lettered by a
+  queue's overflow (``drop``: ``dropped``, ``deadletter``: ``dead``), and the submits a full
+  queue refused (which created nothing).
 
 Example::
 
@@ -73,6 +77,16 @@ SUBMIT_ROW_SCHEMA = pa.schema(
 )
 _ENDING = ("complete", "fail", "release")
 _KIND_OF_TYPE = {"TaskCompleted": "complete", "TaskFailed": "fail", "TaskCancelled": "cancel"}
+# A release row's state -> the step it is, for what apply decided besides ending an attempt: an
+# operator's retry, an expiry before start, a queue's overflow (pipeline.apply_watch).
+REQUEUED, EXPIRED, DROPPED, DEAD_LETTERED = "requeued", "expired", "dropped", "dead-lettered"
+_STEP_OF_RELEASE = {REQUEUED: "requeue", EXPIRED: "expire", DROPPED: "drop", DEAD_LETTERED: "deadletter"}
+# The state each of those leaves the task in.
+_STATE_OF_STEP = {"expire": "expired", "drop": "dropped", "deadletter": "dead"}
+# A submit row of this type says what apply made of the submit at its position (from a replay): `key`
+# "created" or "refused" (a full queue, a key already present, a repeated id).
+SUBMIT_VERDICT = "SubmitVerdict"
+CREATED, REFUSED = "created", "refused"
 
 
 def _in_order(table: pa.Table, *first: str) -> pa.Table:
@@ -101,18 +115,30 @@ def submit_rows(events: pa.Table) -> pa.Table:
 
 def created_submits(submits: pa.Table) -> pa.Table:
     """The submit steps (``kind`` submit) of the tasks that :func:`submit_rows` created; by ``shard`` and
-    ``queue``."""
+    ``queue``. A :data:`SUBMIT_VERDICT` row (a replay's) decides its submit; without one a submit
+    creates a task unless its key already names one."""
     rows = _in_order(submits, "shard", "queue")
     declared: dict[tuple, int] = {}
     keys: set[tuple] = set()
     kept, limits = [], []
     cols = [rows[c].to_pylist() for c in ("shard", "queue", "type", "key", "max_attempts")]
+    positions = list(zip(*(rows[c].to_pylist() for c in POSITION)))
+    verdicts = {
+        positions[i]: key == CREATED
+        for i, (kind, key) in enumerate(zip(cols[2], cols[3]))
+        if kind == SUBMIT_VERDICT
+    }
     for i, (shard, queue, kind, key, max_attempts) in enumerate(zip(*cols)):
         if kind == "QueueDeclared":
             declared[(shard, queue)] = max_attempts
             continue
+        if kind == SUBMIT_VERDICT:
+            continue
+        verdict = verdicts.get(positions[i])
+        if verdict is False:
+            continue  # the replay says apply refused it (a full queue) or returned another task
         if key is not None:
-            if (shard, queue, key) in keys:
+            if verdict is None and (shard, queue, key) in keys:
                 continue  # apply returned the task the key already named: nothing was created
             keys.add((shard, queue, key))
         kept.append(i)
@@ -155,11 +181,12 @@ def grant_steps(grants: pa.Table) -> pa.Table:
 
 
 def release_steps(releases: pa.Table) -> pa.Table:
-    """The release and requeue steps of releases (:data:`RELEASE_SCHEMA` rows; ``requeued``: a requeue)."""
-    requeue = pc.equal(releases["state"], "requeued")
+    """The release and requeue steps of releases (:data:`RELEASE_SCHEMA` rows; ``requeued``: a requeue;
+    ``expired``, ``dropped``, ``dead-lettered``: an expiry or an overflow)."""
+    kinds = [_STEP_OF_RELEASE.get(state, "release") for state in releases["state"].to_pylist()]
     return _steps(
         releases,
-        kind=pc.if_else(requeue, "requeue", "release"),
+        kind=pa.array(kinds, pa.string()),
         attempt=releases["attempt"],
         ts_ms=releases["ts_ms"],
         given=releases["state"],
@@ -179,7 +206,11 @@ def _task_life(steps: list[dict]) -> list[dict]:
     out = []
     for step in steps:
         kind, attempt = step["kind"], step["attempt"]
-        if kind == "grant":
+        if state == "dropped":
+            break  # the task is gone: apply finds nothing of it after
+        if kind in _STATE_OF_STEP:
+            attempt = None  # apply's own decision (a replay saw it): it counts as it came
+        elif kind == "grant":
             current = attempt
         elif kind in _ENDING and (current is None or attempt != current or attempt in ends):
             continue  # a stale attempt, or one that already ended (a revoked one included)
@@ -197,7 +228,9 @@ def _task_life(steps: list[dict]) -> list[dict]:
             ends.add(attempt)
         if kind == "requeue":
             base = attempt  # the task has max_attempts attempts more
-        if kind == "release":
+        if kind in _STATE_OF_STEP:
+            new = _STATE_OF_STEP[kind]
+        elif kind == "release":
             new = step["given"]
         elif kind in ("submit", "requeue"):
             new = "waiting"

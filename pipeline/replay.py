@@ -18,7 +18,9 @@ and records:
 * the replayed digest after any entry named in ``digests_at`` (to compare with
   a broker's reported digest at its position);
 * and, for callers that need more (the audit), every entry's events and apply
-  results through ``on_entry``.
+  results through ``on_entry``; a result also names, as ``ended``, the tasks apply
+  expired or an overflow dropped or dead-lettered in that event, which the broker's own
+  results do not list (:mod:`pipeline.apply_watch`).
 
 Entries come as ``(ledger_id, entry_id, epoch, payload)`` in log order, where
 ``payload`` is the entry's bytes or its already decoded events
@@ -50,6 +52,7 @@ from broker.state.store_errors import StoreError
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire.codes import E_DIGEST_MISMATCH
 from pipeline import PipelineError
+from pipeline.apply_watch import watching
 from pipeline.rows import Position, format_position
 
 # Events applied per store transaction: one commit per group, and the results of a
@@ -362,11 +365,12 @@ def replay(
             if on_start is not None:
                 on_start(store)
             replayer = _Replayer(store, result, set(digests_at), on_entry, progress, compare_digests)
-            for ledger_id, entry_id, epoch, payload in entries:
-                if not replayer.add(ledger_id, entry_id, epoch, payload):
-                    break
-            else:
-                replayer.flush()
+            with watching():  # results name the expiries and overflow drops apply decides (ENDED)
+                for ledger_id, entry_id, epoch, payload in entries:
+                    if not replayer.add(ledger_id, entry_id, epoch, payload):
+                        break
+                else:
+                    replayer.flush()
             result.final_digest = store.digest()
         finally:
             store.close()

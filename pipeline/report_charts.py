@@ -212,7 +212,7 @@ def latency_figure(latency: pa.Table) -> Figure:
 
 
 def attempts_figure(tasks: pa.Table) -> Figure:
-    """Tasks by number of attempts, and per queue how many ended done, failed, dead or cancelled."""
+    """Tasks by number of attempts, and per queue how many ended done, failed, dead, cancelled, expired or dropped."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     if tasks.num_rows == 0:
         return _empty(fig, left, "no tasks in the window")
@@ -231,6 +231,8 @@ def attempts_figure(tasks: pa.Table) -> Figure:
         ("failed", "tab:orange"),
         ("dead", "tab:red"),
         ("cancelled", "tab:gray"),
+        ("expired", "tab:purple"),
+        ("dropped", "tab:brown"),
         ("running", "tab:blue"),
         ("waiting", "tab:cyan"),
     ):

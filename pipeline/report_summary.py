@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from pipeline.report_charts import epoch_name, failovers
 from pipeline.report_format import count, duration, iso_time
 
-FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled")
+FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled", "expired", "dropped")
 RAN_TO_AN_END = ("done", "failed", "dead")
 # A sentence names at most this many failovers; the epochs table has them all.
 MAX_FAILOVERS_NAMED = 10
@@ -77,6 +77,8 @@ def latency(tasks: pa.Table) -> dict:
         return figures
     to_start = pc.drop_null(pc.subtract(tasks["first_start_ms"], tasks["submitted_ms"]))
     ended = tasks.filter(pc.is_in(tasks["final_state"], pa.array(RAN_TO_AN_END)))
+    # A task dead-lettered by its queue's overflow before it ran did not run to an end.
+    ended = ended.filter(pc.is_valid(ended["first_start_ms"]))
     to_finish = pc.drop_null(pc.subtract(ended["finished_ms"], ended["submitted_ms"]))
     figures["started"], figures["finished"] = len(to_start), len(to_finish)
     figures["start_p50_ms"], figures["start_p99_ms"] = _quantiles(to_start)
@@ -113,7 +115,11 @@ def summary_paragraphs(tables: dict[str, pa.Table], summary: dict) -> list[str]:
     paragraphs.append(read + ".")
 
     states = state_counts(tasks)
-    others = [f"{count(states[s])} {s}" for s in ("failed", "cancelled", "running", "waiting") if states[s]]
+    others = [
+        f"{count(states[s])} {s}"
+        for s in ("failed", "cancelled", "expired", "dropped", "running", "waiting")
+        if states[s]
+    ]
     queues = pc.count_distinct(tasks["queue"]).as_py() if _has(tasks, "queue") else 0
     paragraphs.append(
         f"{count(tasks.num_rows)} tasks submitted in {count(queues)} "
