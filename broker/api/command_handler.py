@@ -17,6 +17,10 @@ learns it (:mod:`broker.api.revoke`). If the worker
 itself is SIGKILLed, its :class:`~broker.api.group_reaper.GroupReaper` kills the groups of the
 commands still running, so none outlives its worker either.
 
+A line ``FENCEPOST_PROGRESS 0.5 a note`` on the command's stderr reports its progress, as
+``task.progress()`` does for a Python handler (:mod:`broker.api.command_progress`, which reads
+stderr while the command runs); such lines are left out of the error text.
+
 Example::
 
     handler = CommandHandler(["wc", "-c"], timeout=60)
@@ -31,10 +35,14 @@ import subprocess
 import threading
 
 from broker import BrokerError
+from broker.api.command_progress import StderrReader
 from broker.api.group_reaper import GroupReaper
 from broker.api.reject import REJECT_EXIT_CODE, Reject
 
 STDERR_TAIL = 4000
+# How long the end of a command's stderr is waited for once its group is killed (a child that left
+# the group may hold it open).
+STDERR_WAIT_S = 5.0
 
 
 class CommandFailed(BrokerError):
@@ -73,17 +81,24 @@ class CommandHandler:
         max_run_ms = getattr(task, "max_run_ms", None)
         if max_run_ms is not None:
             timeout = min(timeout or float("inf"), max_run_ms / 1000)
+        # stderr is read by a thread of its own as it comes: its progress lines cannot wait for the end.
+        err_read, err_write = os.pipe()
         try:
             proc = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stderr=err_write,
                 env=env,
                 start_new_session=True,
             )
         except OSError as exc:
+            os.close(err_read)
             raise CommandFailed(f"cannot run {self.argv[0]}: {exc}") from None
+        finally:
+            os.close(err_write)
+        reader = StderrReader(err_read, task)
+        reader.start()
         with self._lock:
             self._running.add(proc.pid)  # a new session: its group id is its pid
         self._reaper.started(proc.pid)
@@ -92,7 +107,7 @@ class CommandHandler:
         if on_cancel is not None:
             on_cancel(lambda: _kill_group(proc.pid))
         try:
-            stdout, stderr = proc.communicate(input=task.payload, timeout=timeout)
+            stdout, _ = proc.communicate(input=task.payload, timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
             proc.communicate()
@@ -102,6 +117,7 @@ class CommandHandler:
                 self._running.discard(proc.pid)
             _kill_group(proc.pid)  # what the command left behind in its group
             self._reaper.ended(proc.pid)
+            stderr = reader.finish(STDERR_WAIT_S)
         if proc.returncode == REJECT_EXIT_CODE:
             raise Reject(
                 f"{self.argv[0]} exited with status {REJECT_EXIT_CODE} (reject): "

@@ -24,8 +24,10 @@ Operations (request fields -> reply fields):
 - ``cancel`` ``task_id, running?`` -> ``{}`` (``running: true`` also revokes a running attempt; it needs
   the ``revoke_running`` flag, see :mod:`broker.protocol.feature_gate`)
 - ``lease`` ``worker, queues, max_tasks?, lease_ms?, wait_ms?`` -> ``tasks: [{task_id, attempt, queue, payload, max_run_ms}]``
-- ``heartbeat`` ``worker, task_id, attempt, lease_ms?`` -> ``{}``
-- ``heartbeat_many`` ``worker, tasks: [{task_id, attempt}], lease_ms?`` -> ``results: [{ok, error?, message?, state?}]``
+- ``heartbeat`` ``worker, task_id, attempt, lease_ms?, progress?, note?`` -> ``{}`` (``progress``: the
+  handler's 0.0-1.0 and ``note`` its text, recorded with the ``task_progress`` flag, see
+  :mod:`broker.protocol.progress`)
+- ``heartbeat_many`` ``worker, tasks: [{task_id, attempt, progress?, note?}], lease_ms?`` -> ``results: [{ok, error?, message?, state?}]``
   (one lease extension per task, one result per task, in order, as for ``complete_many``; a refusal
   names the task's ``state``, ``cancelled`` once its attempt was revoked)
 - ``complete`` ``task_id, attempt, result?`` -> ``{}``

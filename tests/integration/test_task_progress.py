@@ -162,3 +162,28 @@ def test_progress_is_shown_survives_a_leader_sigkill_and_is_logged_once(broker_c
             runner.join(30)
             http.close()
         assert _logged_progress(bc, task_id) == [[0.5, "half"], [0.75, "after the failover"]]
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_run_command_reports_progress_on_its_stderr(broker_cluster, tmp_path):
+    bc = broker_cluster
+    flag = tmp_path / "go"
+    script = 'echo "FENCEPOST_PROGRESS 0.4 copying files" >&2; while [ ! -e "$0" ]; do sleep 0.05; done; cat'
+    with Client(zk=bc.zk_hosts, cluster=bc.cluster.name, timeout=60) as client:
+        _enable(bc, client)
+        task_id = client.submit("cmd", b"out")
+        worker = bc.procs.start(
+            "worker",
+            ["worker", "run", "--queue", "cmd", "--lease-ms", str(LEASE_MS), "--zk", bc.zk_hosts,
+             "--cluster", bc.cluster.name, "--", "sh", "-c", script, str(flag)],
+        )  # fmt: skip
+        try:
+            wait_for(lambda: client.get(task_id).get("progress"), 60, "the command's progress")
+            task = client.get(task_id)
+            assert task["state"] == "running" and task["progress"]["fraction"] == 0.4, task
+            assert task["progress"]["note"] == "copying files"
+            flag.touch()
+            wait_for(lambda: client.get(task_id)["state"] == "done", 60, "the command to finish")
+            assert client.get(task_id)["result"] == b"out"
+        finally:
+            worker.terminate()
