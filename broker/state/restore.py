@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -22,8 +23,8 @@ from broker.state.store import DEFAULT_MAP_SIZE, StateStore
 from broker.state.store_errors import StoreError, StoreIncomplete
 from snapshots import SnapshotError
 from snapshots.catalog import RestoreRefused
-from snapshots.format import SnapshotCorrupt
-from snapshots.reader import iter_records, verify_snapshot
+from snapshots.format import SnapshotCorrupt, WrongCluster
+from snapshots.reader import iter_record_blocks, read_header, verify_snapshot
 
 LMDB_FILES = ("data.mdb", "lock.mdb")
 
@@ -46,17 +47,27 @@ def restore_snapshot(
 ) -> dict:
     """Install the snapshot at ``path`` as the state store in ``state_dir``; return its header.
 
-    Verifies the whole file first (damage or another cluster: nothing is
-    touched). Refuses a ``state_dir`` whose store holds any state. A store
-    left incomplete by an interrupted earlier restore is removed and
-    loaded again. Records of an older store format (a format-1 snapshot) are
-    converted once loaded and checked. On any failure during loading the LMDB
-    files are removed, so no half-installed store remains.
+    Checks the header first (another cluster, a file that is not framed as a
+    snapshot: nothing is touched), then verifies the rest of the file while
+    loading it, in one pass (every block's CRC before its records are used, the
+    record count and the footer checksum after the last): damage found there
+    fails the load, whose files are removed. Refuses a ``state_dir`` whose store
+    holds any state. A store left incomplete by an interrupted earlier restore is
+    removed and loaded again. Records of an older store format (a format-1
+    snapshot) are converted once loaded and checked. On any failure during
+    loading the LMDB files are removed, so no half-installed store remains.
+
+    The store is written without an fsync per transaction and flushed once when
+    the load is complete (its ``loading`` marker makes an interrupted load, torn
+    or not, refused at the next open).
     """
-    header = verify_snapshot(path, cluster_id)
+    header = read_header(path)
+    if header["cluster_id"] != cluster_id:
+        verify_snapshot(path, cluster_id)  # damage is reported as damage, else WrongCluster
+        raise WrongCluster(os.fspath(path), f"wrong cluster: snapshot is of {header['cluster_id']}")
     state_dir = Path(state_dir)
     created_dir = not state_dir.exists()
-    kw = {"map_size": map_size or DEFAULT_MAP_SIZE}
+    kw = {"map_size": map_size or DEFAULT_MAP_SIZE, "sync": False}
     try:
         try:
             store = StateStore(state_dir, **kw)
@@ -88,7 +99,8 @@ def restore_snapshot(
     # From here on the files are ours: any failure removes them.
     try:
         with store:
-            digest = store.load_records(iter_records(path), cluster_id=header["cluster_id"])
+            records = itertools.chain.from_iterable(iter_record_blocks(path))
+            digest = store.load_records(records, cluster_id=header["cluster_id"])
             if digest != header["digest"]:
                 raise SnapshotCorrupt(path, f"records hash to {digest}, header says {header['digest']}")
             if store.position() != tuple(header["position"]):
