@@ -183,8 +183,12 @@ def _check_attempt(msg: dict) -> dict:
 
 
 def _check_beat(msg: dict) -> dict:
-    """A heartbeat's attempt and the progress it may carry (broker.protocol.progress)."""
-    return {**_check_attempt(msg), "progress": check_progress(msg)}
+    """A heartbeat's attempt and the progress it may carry (broker.protocol.progress); one without
+    progress is checked as before, at no cost (a worker heartbeats up to 1000 leases a request)."""
+    item = _check_attempt(msg)
+    if "progress" in msg or "note" in msg:
+        item["progress"] = check_progress(msg)
+    return item
 
 
 def _check_completion(msg: dict, max_payload: int) -> dict:

@@ -82,17 +82,19 @@ def _leased(lease: dict, now_ms: int) -> dict:
 
 
 def _extended(req: dict, item: dict, now_ms: int) -> dict:
-    # progress is a late field (task_progress): left out unless the item carries one, so the bytes are today's.
-    progress = item.get("progress")
-    return {
+    ev = {
         "type": "LeaseExtended",
         "task_id": item["task_id"],
         "attempt": item["attempt"],
         "worker": req["worker"],
         "lease_ms": req["lease_ms"],
         "now_ms": now_ms,
-        **({"progress": progress} if progress is not None else {}),
     }
+    # progress is a late field (task_progress): left out unless the item carries one, so the bytes are today's.
+    progress = item.get("progress")
+    if progress is not None:
+        ev["progress"] = progress
+    return ev
 
 
 def request_events(req: dict, now_ms: int, new_id: Callable[[], str]) -> list[dict]:

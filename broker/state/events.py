@@ -515,7 +515,13 @@ def _encoded(ev: dict) -> dict:
     late = LATE_FIELDS.get(ev["type"])
     if late is None:
         return ev
-    return {k: v for k, v in ev.items() if v is not None or k not in late}
+    # A copy with the unset ones popped: cheaper than a comprehension over every field (a heartbeat
+    # of 1000 leases encodes 1000 LeaseExtended).
+    out = dict(ev)
+    for name in late:
+        if out.get(name, 0) is None:
+            del out[name]
+    return out
 
 
 # The batch map {"v": .., "events": [..]} up to its array header; the items follow it.
