@@ -18,12 +18,21 @@ Then:
 
 Target: analyze plus audit of 1,000,000 events within 40 s on the 2-core
 machine, start-up excluded. See docs/benchmarks.md for every output field.
+
+Where the time goes: ``analyze_stages_s`` (the seconds between analyze's progress steps:
+reading the events and their outcomes, building and writing each table, the report),
+``audit_stages_s`` (the audit's own ``replay`` and ``replicas`` times, which overlap), and
+``cpu_s``: per phase the CPU seconds of the driver, of Spark's JVM and Python workers, and of
+the cluster's ZooKeeper and bookies (:mod:`bench.pipeline_cpu`), which a busy machine does not
+inflate the way it does wall-clock time. ``driver_peak_rss_mb`` is the driver's peak resident
+set over the whole run (history writing included), ``jvm_peak_rss_mb`` the JVM's.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shutil
 import sys
 import tempfile
@@ -49,6 +58,9 @@ LABELS = {
     "analyze_plus_audit_s": "analyze + audit (s)",
     "analyze_replayed_entries": "analyze: entries replayed in the driver",
     "audit_findings": "audit findings",
+    "driver_peak_rss_mb": "driver peak RSS (MiB)",
+    "jvm_peak_rss_mb": "Spark JVM peak RSS (MiB)",
+    "load_average": "load average (1, 5, 15 min) at the end",
     "targets_met": "targets met",
 }
 
@@ -96,6 +108,7 @@ def run(
     progress: Callable[[str], None] | None = None,
     outcomes: bool = True,
 ) -> dict:
+    from bench.pipeline_cpu import PhaseCpu, jvm_peak_rss_mb, peak_rss_mb
     from pipeline.analyze_run import HistorySource, run_analyze
     from pipeline.audit import audit_cluster
     from pipeline.plan import ClusterAddress
@@ -116,25 +129,36 @@ def run(
             t0 = time.perf_counter()
             spark = spark_session(master=master, app_name="fencepost-bench-pipeline")
             spark_start_s = time.perf_counter() - t0
+            jvm_pid = _jvm_pid(spark)
+            cluster_pids = bc.bookie_pids + [m["pid"] for m in bc.members("zookeeper")]
+            cpu = PhaseCpu(jvm_pid, cluster=cluster_pids)
+            stages = _Stages()
             try:
                 say("reading every event")
                 t0 = time.perf_counter()
-                rows = (
-                    spark.read.format("fencepost")
-                    .option("zk", bc.zk)
-                    .option("cluster", bc.cluster)
-                    .load()
-                    .count()
-                )
+                with cpu.phase("read"):
+                    rows = (
+                        spark.read.format("fencepost")
+                        .option("zk", bc.zk)
+                        .option("cluster", bc.cluster)
+                        .load()
+                        .count()
+                    )
                 read_s = time.perf_counter() - t0
                 say("analyze")
                 t0 = time.perf_counter()
-                summary = run_analyze(spark, HistorySource(address=address), work / "analysis")
+                with cpu.phase("analyze"):
+                    summary = run_analyze(
+                        spark, HistorySource(address=address), work / "analysis", progress=stages.step
+                    )
                 analyze_s = time.perf_counter() - t0
+                stages.step("")
                 say("audit")
                 t0 = time.perf_counter()
-                report = audit_cluster(spark, address)
+                with cpu.phase("audit"):
+                    report = audit_cluster(spark, address)
                 audit_s = time.perf_counter() - t0
+                jvm_rss = jvm_peak_rss_mb(jvm_pid)
             finally:
                 spark.stop()
     finally:
@@ -161,6 +185,15 @@ def run(
             "outcomes": outcomes,
             "analyze_replayed_entries": sum(r["entries"] for r in summary.get("replayed", {}).values()),
             "audit_findings": findings,
+            "analyze_stages_s": stages.seconds,
+            "audit_stages_s": {k: round(v, 2) for k, v in report.seconds.items()},
+            "cpu_s": cpu.seconds,
+            "analyze_plus_audit_cpu_s": round(
+                cpu.seconds["analyze"]["total"] + cpu.seconds["audit"]["total"], 2
+            ),
+            "driver_peak_rss_mb": peak_rss_mb(),
+            "jvm_peak_rss_mb": jvm_rss,
+            "load_average": [round(x, 2) for x in os.getloadavg()],
             "audit_finding_kinds": sorted({f.kind for f in report.findings}),
             "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
                 timespec="seconds"
@@ -173,6 +206,28 @@ def run(
         findings == 0 and result["analyze_plus_audit_s"] <= TARGETS["analyze_plus_audit_s"]
     )
     return result
+
+
+def _jvm_pid(spark) -> int | None:
+    """The pid of the Spark driver's JVM (the py4j gateway this process launched), if known."""
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    return getattr(proc, "pid", None)
+
+
+class _Stages:
+    """Seconds between analyze's progress steps, by the step they lead to (the last: to the end)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._text: str | None = None
+        self._at = time.perf_counter()
+
+    def step(self, text: str) -> None:
+        now = time.perf_counter()
+        if self._text is not None:
+            name = self._text.split(":")[0]
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._at, 2)
+        self._text, self._at = text or None, now
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,7 +160,7 @@ def task_rows(life: pa.Table, window: Window) -> pa.Table:
 def queue_minutes(life: pa.Table, window: Window) -> pa.Table:
     """Per queue per minute (``minute_ms``, its start): submitted, started (attempts), finished, failed, dead
     (dead-lettered ones too), cancelled, expired, dropped and dead-lettered (by the queue's overflow)
-    (:data:`MINUTE_SCHEMA`); by ``queue``."""
+    (:data:`MINUTE_SCHEMA`); row-wise: the counts of these rows, which :func:`summed_minutes` adds up."""
     steps = life.filter(window.mask(life["ts_ms"])) if window.bounded else life
     kind, state = steps["kind"], steps["state"]
 
@@ -182,35 +182,50 @@ def queue_minutes(life: pa.Table, window: Window) -> pa.Table:
             "dead_lettered": count(pc.equal(kind, "deadletter")),
         }
     )
-    table = counted.group_by(["queue", "minute_ms"]).aggregate([(name, "sum") for name in _COUNTED])
+    return summed_minutes(counted)
+
+
+def summed_minutes(counts: pa.Table) -> pa.Table:
+    """:func:`queue_minutes` counts (of parts of the life rows) added up per queue and minute; by ``queue``."""
+    table = counts.group_by(["queue", "minute_ms"]).aggregate([(name, "sum") for name in _COUNTED])
     return table.rename_columns([c.removesuffix("_sum") for c in table.column_names]).select(
         MINUTE_SCHEMA.names
     )
 
 
-def _percentiles(values: list[int]) -> list[float | None]:
-    if not values:
+def _percentiles(values: pa.Array) -> list[float | None]:
+    values = pc.drop_null(values)
+    if len(values) == 0:
         return [None] * len(PERCENTILES)
     # Exact and linearly interpolated between the two nearest values.
-    return pc.quantile(pa.array(values, _I64), q=list(PERCENTILES), interpolation="linear").to_pylist()
+    return pc.quantile(values, q=list(PERCENTILES), interpolation="linear").to_pylist()
 
 
 def latency(tasks: pa.Table) -> pa.Table:
     """Per queue: submit-to-first-start and submit-to-finish (done, failed or dead) percentiles in ms
     (:data:`LATENCY_SCHEMA`); by ``queue``."""
+    ran = pc.and_(
+        pc.is_in(tasks["final_state"], pa.array(_RAN_TO_AN_END)),
+        # A task dead-lettered by its queue's overflow before it ran did not run to an end.
+        pc.is_valid(tasks["first_start_ms"]),
+    )
+    submitted = tasks["submitted_ms"]
+    spans = pa.table(
+        {
+            "queue": tasks["queue"],
+            "to_start": pc.subtract(tasks["first_start_ms"], submitted),
+            "to_finish": pc.if_else(ran, pc.subtract(tasks["finished_ms"], submitted), pa.scalar(None, _I64)),
+        }
+    )
     out = []
-    for queue, rows in _by(tasks.to_pylist(), "queue").items():
-        to_start = [r["first_start_ms"] - r["submitted_ms"] for r in rows if r["first_start_ms"] is not None]
-        to_finish = [
-            r["finished_ms"] - r["submitted_ms"]
-            for r in rows
-            # A task dead-lettered by its queue's overflow before it ran did not run to an end.
-            if r["final_state"] in _RAN_TO_AN_END
-            and r["finished_ms"] is not None
-            and r["first_start_ms"] is not None
-        ]
-        figures = [queue, len(rows), len(to_start), len(to_finish), *_percentiles(to_start)]
-        figures += _percentiles(to_finish)
+    grouped = spans.group_by("queue").aggregate(
+        [("to_start", "list"), ("to_finish", "list"), ("queue", "count")]
+    )
+    for row in range(grouped.num_rows):
+        to_start, to_finish = (grouped[f"{name}_list"][row].values for name in ("to_start", "to_finish"))
+        figures = [grouped["queue"][row].as_py(), grouped["queue_count"][row].as_py()]
+        figures += [len(to_start) - to_start.null_count, len(to_finish) - to_finish.null_count]
+        figures += _percentiles(to_start) + _percentiles(to_finish)
         out.append(dict(zip(LATENCY_SCHEMA.names, figures)))
     return pa.Table.from_pylist(out, schema=LATENCY_SCHEMA)
 
@@ -243,20 +258,39 @@ def attempt_spans(life: pa.Table, history_end_ms: int) -> pa.Table:
 
 def worker_utilization(spans: pa.Table, start_ms: int, end_ms: int) -> pa.Table:
     """Per worker: attempts started and busy time within [start_ms, end_ms], and busy / window
-    (:data:`WORKER_SCHEMA`); by ``worker``."""
-    window_ms = max(end_ms - start_ms, 1)
-    busy: dict[str, list[int]] = {}
-    for span in spans.to_pylist():
-        if span["end_ms"] >= start_ms and span["start_ms"] < end_ms:
-            clipped = min(span["end_ms"], end_ms) - max(span["start_ms"], start_ms)
-            figures = busy.setdefault(span["worker"], [0, 0])
-            figures[0] += 1
-            figures[1] += max(clipped, 0)
-    rows = [
-        {"worker": w, "attempts": n, "busy_ms": ms, "window_ms": window_ms, "utilization": ms / window_ms}
-        for w, (n, ms) in busy.items()
-    ]
-    return pa.Table.from_pylist(rows, schema=WORKER_SCHEMA)
+    (:data:`WORKER_SCHEMA`); row-wise: the figures of these spans, which :func:`summed_workers` adds up."""
+    inside = spans.filter(
+        pc.and_(pc.greater_equal(spans["end_ms"], start_ms), pc.less(spans["start_ms"], end_ms))
+    )
+    clipped = pc.subtract(
+        pc.min_element_wise(inside["end_ms"], end_ms), pc.max_element_wise(inside["start_ms"], start_ms)
+    )
+    busy = pa.table({"worker": inside["worker"], "busy_ms": pc.max_element_wise(clipped, 0)})
+    counted = busy.group_by("worker").aggregate([("busy_ms", "count"), ("busy_ms", "sum")])
+    return _utilization(
+        counted["worker"], counted["busy_ms_count"], counted["busy_ms_sum"], max(end_ms - start_ms, 1)
+    )
+
+
+def summed_workers(figures: pa.Table) -> pa.Table:
+    """:func:`worker_utilization` figures (of parts of the spans) added up per worker; by ``worker``."""
+    window_ms = figures["window_ms"][0].as_py() if figures.num_rows else 1
+    counted = figures.group_by("worker").aggregate([("attempts", "sum"), ("busy_ms", "sum")])
+    return _utilization(counted["worker"], counted["attempts_sum"], counted["busy_ms_sum"], window_ms)
+
+
+def _utilization(workers, attempts, busy_ms, window_ms: int) -> pa.Table:
+    busy = pc.cast(busy_ms, _I64)
+    return pa.Table.from_arrays(
+        [
+            workers,
+            pc.cast(attempts, _I64),
+            busy,
+            pa.array([window_ms] * len(busy), _I64),
+            pc.divide(pc.cast(busy, _F64), float(window_ms)),
+        ],
+        schema=WORKER_SCHEMA,
+    )
 
 
 def analyze_events(
@@ -289,17 +323,21 @@ def analyze_events(
         frames.map(releases, release_steps, STEP_SCHEMA),
     )
     life = frames.cache(frames.per_group(steps, ["task_id"], life_rows, LIFE_SCHEMA))
-    tasks = frames.cache(frames.per_group(life, ["task_id"], partial(task_rows, window=window), TASK_SCHEMA))
-    spans = frames.per_group(life, ["task_id"], partial(attempt_spans, history_end_ms=span[1]), SPAN_SCHEMA)
+    # The life rows come grouped by task: what is per task is mapped over them as they are (no second
+    # shuffle); the per-queue and per-worker sums are added up per part first, so only small partial
+    # tables are brought together by queue or worker (a few queues would be a few busy partitions).
+    tasks = frames.cache(frames.map(life, partial(task_rows, window=window), TASK_SCHEMA))
+    spans = frames.map(life, partial(attempt_spans, history_end_ms=span[1]), SPAN_SCHEMA)
     worked = partial(worker_utilization, start_ms=span[0], end_ms=span[1])
+    minutes = frames.map(life, partial(queue_minutes, window=window), MINUTE_SCHEMA)
     ledger_epochs = partial(epochs, ledgers=ledgers, window=window)
     return {
         "tasks": tasks,
-        "queue_minutes": frames.per_group(
-            life, ["queue"], partial(queue_minutes, window=window), MINUTE_SCHEMA
-        ),
+        "queue_minutes": frames.per_group(minutes, ["queue"], summed_minutes, MINUTE_SCHEMA),
         "latency": frames.per_group(tasks, ["queue"], latency, LATENCY_SCHEMA),
-        "workers": frames.per_group(spans, ["worker"], worked, WORKER_SCHEMA),
+        "workers": frames.per_group(
+            frames.map(spans, worked, WORKER_SCHEMA), ["worker"], summed_workers, WORKER_SCHEMA
+        ),
         "epochs": frames.per_group(
             frames.map(events, epoch_rows, EPOCH_ROW_SCHEMA), ["shard"], ledger_epochs, EPOCH_SCHEMA
         ),

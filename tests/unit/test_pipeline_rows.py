@@ -2,12 +2,14 @@
 
 import json
 
+import msgpack
 import pytest
 
-from broker.state.events import encode_batch, event
+from broker.state.events import decode_batch, encode_batch, event
+from broker.state.store import StateStore
 from pipeline import PipelineError
 from pipeline.plan import LedgerExtent, ReadRange, end_position, split_ranges
-from pipeline.rows import COLUMN_NAMES, SCHEMA, entry_rows, parse_position, to_record_batch
+from pipeline.rows import COLUMN_NAMES, SCHEMA, entry_rows, event_row, parse_position, to_record_batch
 
 
 def test_every_event_of_an_entry_is_a_row_with_its_fields_in_columns():
@@ -151,3 +153,44 @@ def test_a_snapshot_becomes_a_table_of_its_tasks(tmp_path):
         "boom",
         2_000,
     )
+
+
+def _checked_rows(ledger_id: int, entry_id: int, payload: bytes) -> list[tuple]:
+    """The rows as made from fully checked events (decode_batch), the reference the fast path must match."""
+    return [event_row(ledger_id, entry_id, 1, i, ev) for i, ev in enumerate(decode_batch(payload))]
+
+
+def test_the_rows_read_without_each_values_check_are_the_rows_of_the_checked_events(tmp_path):
+    from bench.pipeline_history import Workload
+    from tests.unit.test_analyze_expiry_limits import HISTORY
+
+    workload = Workload(start_ms=1_700_000_000_000)
+    batches = [events for events in HISTORY]
+    with StateStore(tmp_path / "state", sync=False) as store:
+        for entry_id in range(60):
+            events = workload.next_events()
+            workload.applied(events, store.apply_batch(events, (0, entry_id)))
+            batches.append(events)
+    batches.append(
+        [
+            event("SettingChanged", name="result_ttl_s", value=60, now_ms=5),
+            event("Outcomes", at=[1, 2], decided=[[0, [["t1", 1], ["t2", 3, "dead"]]]]),
+            event("TasksPurged", queue="q", states=["done"], before_ms=9, now_ms=10),
+            event("TaskCancelled", task_id="t1", running=True, now_ms=11),
+            event("StateDigest", digest="0" * 32, format=2),
+        ]
+    )
+    for entry_id, events in enumerate(batches):
+        payload = encode_batch(events)
+        assert entry_rows(1, entry_id, 1, payload) == _checked_rows(1, entry_id, payload)
+
+
+def test_an_event_that_fails_its_check_still_names_the_entry():
+    bad = msgpack.packb({"v": 1, "events": [{"type": "TaskLeased", "worker": "w", "now_ms": 1}]})
+    with pytest.raises(
+        PipelineError, match="entry 7:41 cannot be decoded: TaskLeased: missing field 'queues'"
+    ):
+        entry_rows(7, 41, 1, bad)
+    unknown = msgpack.packb({"v": 1, "events": [{"type": "NoSuchEvent"}]})
+    with pytest.raises(PipelineError, match="entry 7:41 cannot be decoded: unknown event type"):
+        entry_rows(7, 41, 1, unknown)
