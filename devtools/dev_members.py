@@ -74,6 +74,21 @@ def port_taken(address: str) -> bool:
         return False
 
 
+def wait_port_free(address: str, timeout: float) -> bool:
+    """Whether ``address`` is free, waiting up to ``timeout`` seconds for it to become so.
+
+    A process that just ended may hold its port a while longer: once its main thread has
+    gone (a stop cut off at ``shutdown_timeout_s``) it looks dead, but its sockets close only
+    when its last thread, perhaps in the middle of a disk write, is gone too.
+    """
+    deadline = time.monotonic() + timeout
+    while port_taken(address):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def read_broker_id(data_dir: Path) -> int | None:
     """The broker id a data dir has been given, or None before its first start completes."""
     try:

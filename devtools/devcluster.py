@@ -44,7 +44,7 @@ from typing import Callable, Iterator
 from devtools.dev_api import api_member
 from devtools.dev_hosts import DevHosts
 from devtools.dev_keys import DevKeys
-from devtools.dev_members import MemberProcesses, member_name, port_taken
+from devtools.dev_members import MemberProcesses, member_name, wait_port_free
 from devtools.dev_spec import (
     DevClusterError,
     DevClusterSpec,
@@ -63,6 +63,8 @@ from election.local.files import write_json_atomically
 
 # Held (flock) by the `fencepost dev` command working on the run directory.
 LOCK_FILE = ".dev.lock"
+# How long a restart waits for a member's port to be released by its previous process.
+PORT_FREE_WAIT_S = 15.0
 
 
 class DevCluster:
@@ -319,7 +321,7 @@ class DevCluster:
                 )
             if current.get("host") and not self._hosts.net.built():
                 self._hosts.net.ensure()
-            if port_taken(current["address"]):
+            if not wait_port_free(current["address"], PORT_FREE_WAIT_S):
                 raise DevClusterError(
                     f"port of {member_name(current)} ({current['address']}) is taken by another "
                     f"process: free it, or remove {self.state_path} to start afresh on new ports"

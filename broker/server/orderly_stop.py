@@ -12,7 +12,8 @@ while it is unreachable (the ledger's fencing stops a stale leader):
 2. it leaves the election queue and stops the follower tail;
 3. a last checkpoint (or, with nothing new to snapshot, a verify): "clean" always means
    checked at close; a store found damaged, or awaiting its rebuild, is not marked clean,
-   so the next start verifies or rebuilds it;
+   so the next start verifies or rebuilds it; so is one whose last checkpoint took longer
+   than the budget left allows (outside a cluster shutdown), rather than be cut off midway;
 4. this broker's part in a cluster shutdown is recorded
    (:meth:`~broker.server.shutdown_member.ShutdownMember.finish`);
 5. AutoRecovery, the ledger client, the socket and the store are closed, and the
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 HANDOVER_SHARE = 0.5
 # How often the stop looks whether the leadership term has ended.
 TERM_END_POLL_S = 0.01
+# A last checkpoint is tried when the budget left exceeds the last one's time by this factor.
+SLOW_MARGIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,17 @@ def stop_in_order(
     # spend the budget the checkpoint and the clean marker need waiting for it.
     running.stop_tail(timeout=budget.remaining(5.0 if zk.connected else 1.0))
     clean = not running.is_damaged  # a store awaiting its rebuild stays unclean: verified at start
+    left = budget.remaining(config.shutdown_timeout_s)
+    if clean and parts.shutdown_member.stopping_at is None and checkpointer.last_seconds * SLOW_MARGIN > left:
+        # Started anyway, it would run into the deadline and the process would be cut off there, as
+        # unclean as this and later; a cluster shutdown always tries, its members' clean marks count.
+        log.warning(
+            "no checkpoint at shutdown: the last one took %.1fs and %.1fs of shutdown_timeout_s are left; "
+            "the store is not marked clean, so the next start verifies it",
+            checkpointer.last_seconds,
+            left,
+        )
+        clean = False
     try:
         before = checkpointer.latest
         if clean and checkpointer.checkpoint(publish=zk.connected) is before:

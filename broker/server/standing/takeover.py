@@ -241,7 +241,9 @@ class Takeover:
 
     ``step_down`` and ``stopping`` say to give up; they are watched while catching up
     and while waiting for the server to start leading. ``writer`` and ``session``
-    tell the caller what to close when a step fails.
+    tell the caller what to close when a step fails. ``steps``, when given, holds what
+    the caller timed before (the term stops the follower tail), so the "took over" line
+    covers it too.
     """
 
     def __init__(
@@ -256,8 +258,10 @@ class Takeover:
         step_down: threading.Event,
         stopping: threading.Event,
         clock: Clock = SYSTEM_CLOCK,
+        steps: StepTimes | None = None,
     ) -> None:
         self.zk, self.paths, self.ledgers, self.store = zk, paths, ledgers, store
+        self._steps = steps
         self.clock = clock
         self.server, self.broker_id, self.config = server, broker_id, config
         self.step_down, self.stopping = step_down, stopping
@@ -266,7 +270,7 @@ class Takeover:
         self.serving = False
 
     def run(self) -> Leadership:
-        steps = StepTimes(self.clock)
+        steps = self._steps or StepTimes(self.clock)
         # Before anything irreversible: an epoch claimed without bookies for its ledger is burned.
         drive(
             ready_to_claim(self.ledgers.options.ensemble_size), RealEffects(self.zk, self.paths, self.ledgers)

@@ -109,7 +109,9 @@ class LeaderTerm:
         """Take over, lead until told to step down, end the term; True if it served clients."""
         self.step_down.clear()
         self._handing_over = False
-        self.running.stop_tail()
+        steps = StepTimes(self.clock)
+        self.running.stop_tail()  # waits for the batch it is applying: part of the time without a leader
+        steps.done("stop tail")
         takeover = Takeover(
             self.zk,
             self.paths,
@@ -121,6 +123,7 @@ class LeaderTerm:
             step_down=self.step_down,
             stopping=self.stop,
             clock=self.clock,
+            steps=steps,
         )
         try:
             session = takeover.run()

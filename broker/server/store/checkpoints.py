@@ -95,6 +95,7 @@ class Checkpointer(threading.Thread):
         self._last_time = self.clock.monotonic()
         self._next_retention = 0.0
         self.latest: dict | None = host.catalog.latest_valid()
+        self.last_seconds = 0.0  # how long the last checkpoint took: a stop asks whether one still fits
 
     def stop(self) -> None:
         self._halt.set()
@@ -149,12 +150,13 @@ class Checkpointer(threading.Thread):
             self.host.catalog.prune(self.host.snapshots_kept)
             self._last_entries, self._last_time = entries, self.clock.monotonic()
             self.latest = header
+            self.last_seconds = self._last_time - started
             log.info(
                 "checkpoint at %s: %d records, %d bytes in %.2fs",
                 tuple(header["position"]),
                 header.get("record_count", 0),
                 header.get("size", 0),
-                self.clock.monotonic() - started,
+                self.last_seconds,
             )
         self.host.live_changed()
         if publish:
