@@ -132,7 +132,7 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
         tx.put("payloads", tid_b, ev["payload"])
     if ev["key"] is not None:
         idem.add(tx, name, ev["key"], tid_b)
-    enter(tx, rec, WAITING, now)
+    enter(tx, rec, WAITING, now, tid_b)
     return ok(task_id=tid, created=True)
 
 

@@ -62,9 +62,12 @@ def leave(tx: StateTxn, rec: dict) -> None:
     tx.count(queue, state, -1)
 
 
-def enter(tx: StateTxn, rec: dict, state: str, now_ms: int) -> None:
-    """Put a task into ``state``: index it, count it and save the record."""
-    tid, queue, tid_b = rec["id"], rec["queue"], id_key(rec["id"])
+def enter(tx: StateTxn, rec: dict, state: str, now_ms: int, tid_b: bytes | None = None) -> None:
+    """Put a task into ``state``: index it, count it and save the record (``tid_b``: its
+    :func:`id_key`, if the caller has it at hand)."""
+    tid, queue = rec["id"], rec["queue"]
+    if tid_b is None:
+        tid_b = id_key(tid)
     rec["state"] = state
     if state == WAITING:
         if rec["not_before_ms"] > now_ms:

@@ -24,7 +24,17 @@ time-ordered but random within a millisecond, and LMDB splits a page in the
 middle unless the new key goes last, so writing a batch's new tasks in arrival
 order leaves the pages about two thirds full, in key order (appended past the
 last key) nearly full. Only the page layout changes: what is stored, and so the
-digest, is the same.
+digest, is the same. The new ones, past the last stored key, go in with one
+``putmulti`` (appended) and one chained hash
+(:func:`broker.state.digest.xor_of_hashes`); a task id past that key is known
+to be new without a lookup.
+
+Index entries put by apply are held the same way, per index, and written in key
+order with ``putmulti`` (appended past the index's last key: a batch's new
+``ready`` keys grow with the submit sequence, its ``by_state`` keys with the
+ids) before anything reads or deletes in that index (:meth:`get`,
+:meth:`delete`, :meth:`first`) and at :meth:`flush`: every read sees every
+write before it, as if each had been made at once.
 
 Example::
 
@@ -37,12 +47,13 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import lmdb
 
 from broker import BrokerError
-from broker.state.digest import is_hashed, record_hash, seal
+from broker.state.digest import is_hashed, record_hash, seal, xor_of_hashes
 from broker.state.schema import (
     COUNT_NAMES,
     INDEX_DBS,
@@ -93,27 +104,51 @@ class StateTxn:
         self._clock_dirty = False
         self._seq: int | None = None  # the submit sequence, written by flush()
         self._seq_dirty = False
+        self._index: dict[str, dict[bytes, bytes]] = {}  # index entries to put, per index
+        self._held = 0  # how many entries self._index holds
+        self._tasks_last: bytes | None = None  # no stored task key is above it (None: not read yet)
 
     # -- raw records -------------------------------------------------------
 
     def get(self, db: str, key: bytes) -> bytes | None:
-        if db == "tasks" and key in self._tasks:
-            return self._tasks[key]
+        if db == "tasks":
+            if key in self._tasks:
+                return self._tasks[key]
+            if key > self._last_task():
+                return None  # past every stored id: a new task (ids are time-ordered)
+        elif db in self._index:
+            self._write_index(db)
         return self.txn.get(key, db=self.dbs[db])
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
         if db == "tasks":
             self._hold_task(key, value)
+        elif db in INDEX_DBS:
+            held = self._index.get(db)
+            if held is None:
+                held = self._index[db] = {}
+            held[key] = value
+            self._held += 1
+            if self._held >= TASK_WRITES_MAX:
+                self._write_indexes()
         else:
             self._put(db, key, value)
 
     def delete(self, db: str, key: bytes) -> bool:
         if db != "tasks":
+            if db in self._index:
+                self._write_index(db)
             return self._delete(db, key)
         if self.get(db, key) is None:
             return False
         self._hold_task(key, None)
         return True
+
+    def _last_task(self) -> bytes:
+        if self._tasks_last is None:
+            with self.txn.cursor(db=self.dbs["tasks"]) as cur:
+                self._tasks_last = cur.key() if cur.last() else b""
+        return self._tasks_last
 
     def _hold_task(self, key: bytes, value: bytes | None) -> None:
         self._tasks[bytes(key)] = value
@@ -123,30 +158,54 @@ class StateTxn:
     def _write_tasks(self) -> None:
         if not self._tasks:
             return
-        with self.txn.cursor(db=self.dbs["tasks"]) as cur:
-            last = cur.key() if cur.last() else b""
-        for key in sorted(self._tasks):
+        last = self._last_task()
+        keys = sorted(self._tasks)
+        split = bisect.bisect_right(keys, last)
+        for key in keys[:split]:
             value = self._tasks[key]
             if value is None:
                 self._delete("tasks", key)
             else:
-                # Past the last key, LMDB's append leaves a split page full instead of nkeys - 1.
-                self._put("tasks", key, value, append=key > last)
-                last = max(last, key)
+                self._put("tasks", key, value)
+        # Past the last key: new records (None: a task made and deleted in this batch, never stored),
+        # appended in one call, which leaves a split page full instead of half empty.
+        new = [(key, self._tasks[key]) for key in keys[split:] if self._tasks[key] is not None]
+        if new:
+            self.digest ^= xor_of_hashes("tasks", [k for k, _ in new], [v for _, v in new])
+            with self.txn.cursor(db=self.dbs["tasks"]) as cur:
+                cur.putmulti(new, append=True)
+            self._tasks_last = new[-1][0]
         self._tasks.clear()
 
-    def _put(self, db: str, key: bytes, value: bytes, append: bool = False) -> None:
+    def _write_index(self, db: str) -> None:
+        """Write the held entries of one index, in key order, appending those past its last key."""
+        held = self._index.pop(db)
+        self._held -= len(held)
+        items = sorted(held.items())
+        with self.txn.cursor(db=self.dbs[db]) as cur:
+            last = cur.key() if cur.last() else b""
+            split = bisect.bisect_right([key for key, _ in items], last)  # items[split:]: past last
+            if split:
+                cur.putmulti(items[:split])
+            if split < len(items):
+                cur.putmulti(items[split:], append=True)
+
+    def _write_indexes(self) -> None:
+        for db in sorted(self._index):
+            self._write_index(db)
+
+    def _put(self, db: str, key: bytes, value: bytes) -> None:
         if db in INDEX_DBS:  # derived data outside the digest: no old value to hash out
-            self.txn.put(key, value, db=self.dbs[db], append=append)
+            self.txn.put(key, value, db=self.dbs[db])
             return
-        old = None if append else self.txn.get(key, db=self.dbs[db])
+        old = self.txn.get(key, db=self.dbs[db])
         if old == value:
             return  # no change; also keeps the digest untouched
         if is_hashed(db, key):
             if old is not None:
                 self.digest ^= record_hash(db, key, old)
             self.digest ^= record_hash(db, key, value)
-        self.txn.put(key, value, db=self.dbs[db], append=append)
+        self.txn.put(key, value, db=self.dbs[db])
 
     def _delete(self, db: str, key: bytes) -> bool:
         if db in INDEX_DBS:
@@ -170,6 +229,8 @@ class StateTxn:
         A fresh cursor per call: callers delete what they find and ask again,
         which is O(log n) per step and never walks a cursor over deleted keys.
         """
+        if db in self._index:
+            self._write_index(db)
         with self.txn.cursor(db=self.dbs[db]) as cur:
             found = cur.set_range(prefix) if prefix else cur.first()
             if not found:
@@ -255,9 +316,10 @@ class StateTxn:
     # -- end of batch ------------------------------------------------------
 
     def flush(self) -> None:
-        """Write held task records, cached queue records, the submit sequence and the clock,
-        so that ``self.digest`` is exact."""
+        """Write held task records and index entries, cached queue records, the submit sequence
+        and the clock, so that ``self.digest`` is exact."""
         self._write_tasks()
+        self._write_indexes()
         for name in sorted(self._dirty):
             self.put("queues", text(name), pack_queue(self._queues[name]))
         self._dirty.clear()

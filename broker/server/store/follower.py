@@ -35,7 +35,8 @@ from typing import Callable
 
 from broker import BrokerError
 from broker.server.store.read_batch import FIRST_READ, next_read_size
-from broker.state.events import BadEvent, decode_batch
+from broker.state.event_check import decode_entry
+from broker.state.events import BadEvent
 from broker.state.store_errors import PositionError, StateDiverged
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.wire.codes import E_DIGEST_MISMATCH
@@ -67,7 +68,7 @@ def apply_entries(store, entries, stop_at_shutdown: bool = False) -> int:
     applied = 0
     for position, entry in entries:
         try:
-            events = decode_batch(entry.payload)
+            events = decode_entry(entry.payload)
         except BadEvent as exc:
             if group:
                 _apply_group(store, group)
