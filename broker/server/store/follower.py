@@ -34,6 +34,7 @@ import threading
 from typing import Callable
 
 from broker import BrokerError
+from broker.server.store.read_ahead import ReadAhead
 from broker.server.store.read_batch import FIRST_READ, next_read_size
 from broker.state.event_check import decode_entry
 from broker.state.events import BadEvent
@@ -108,17 +109,16 @@ def _apply_group(store, group: list) -> None:
 
 
 def catch_up(ledgers, store, stop: threading.Event | None = None, batch: int = 500) -> int:
-    """Apply every entry committed now after the store's position; return how many."""
+    """Apply every entry committed now after the store's position; return how many.
+
+    The next poll of the log is read while the previous one is applied
+    (:class:`~broker.server.store.read_ahead.ReadAhead`).
+    """
     reader = ledgers.log_reader(after=store.position() or START)
     applied = 0
-    size = min(batch, FIRST_READ)
-    while stop is None or not stop.is_set():
-        entries = reader.poll(size, timeout=0.0)
-        if not entries:
-            return applied
-        applied += apply_entries(store, entries)
-        # Never down to one here: a short read means all that is committed now was applied.
-        size = max(size, next_read_size(size, len(entries), batch))
+    with ReadAhead(reader, first=FIRST_READ, limit=batch, stop=stop) as polls:
+        for entries in polls:
+            applied += apply_entries(store, entries)
     return applied
 
 
