@@ -73,6 +73,7 @@ OPTIONAL_TASK_FIELDS = (
 # each state change costs less than a second B-tree entry per task.
 INLINE_PAYLOAD_MAX = 512
 _STATE_CODE = {state: code for code, state in enumerate(STATES)}
+_FIRST_LATE = TASK_LAYOUT.index("started_ms")  # the fields from here on are unset until a task runs
 
 
 def _rel(ms: int | None, base: int) -> int | None:
@@ -118,6 +119,10 @@ def pack_task(key: bytes, rec: dict) -> bytes:
         _rel(rec.get("expires_at_ms"), base),
         _packed_progress(rec.get("progress")),
     ]
+    # A task not yet started has none of the fields after its key: cut them in one step (every
+    # record is packed by apply), then the Nones before them one by one.
+    if doc[_FIRST_LATE:].count(None) == len(doc) - _FIRST_LATE:
+        del doc[_FIRST_LATE:]
     while doc[-1] is None:
         doc.pop()
     return pack(doc)
