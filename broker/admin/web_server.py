@@ -5,6 +5,14 @@ Binding when the server is made, not during uvicorn's start-up, makes a taken ad
 :class:`~broker.BrokerError` naming it (uvicorn would log a traceback and exit 3) before the
 caller connects to anything, and gives the port the system chose for port 0 at once.
 
+Every answer is written at once (``TCP_NODELAY``): uvicorn writes a response's head and body
+in two writes, and with Nagle's algorithm on, the body waited for the client's delayed ACK of
+the head, about 40 ms on Linux, so each request on a kept-alive connection took 40 ms whatever
+it did. asyncio sets the option itself only on sockets whose protocol says TCP, and
+``socket.create_server`` leaves the protocol 0, so the socket is made to say TCP and the option
+is set on the listener too (accepted sockets inherit it). uvicorn serves on its own choice of
+event loop (uvloop when it is installed, as `setup.cfg` pins it; asyncio's otherwise).
+
 uvicorn installs its own SIGTERM/SIGINT handlers while it serves, restores the previous ones
 after its graceful stop and raises the signal that stopped it again. With Python's default
 handlers that re-raised signal kills the process (SIGTERM's default action) before the caller's
@@ -55,7 +63,10 @@ class WebServer:
         host, port = parse_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._socket = socket.create_server((host, port), family=family)
+            listener = socket.create_server((host, port), family=family)
+            # The same socket, its protocol named (see the module docstring): asyncio then sets TCP_NODELAY.
+            self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, listener.detach())
+            self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError as exc:
             # create_server's own message repeats the address, in Python's tuple form.
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -80,11 +91,14 @@ class WebServer:
 
     def serve(self, app: Any) -> None:
         """Serve ``app`` until SIGTERM/SIGINT (uvicorn's handlers meanwhile) or :meth:`stop`; then close."""
-        self._server = uvicorn.Server(uvicorn.Config(app, **self._options))
+        config = uvicorn.Config(app, **self._options)
+        self._server = uvicorn.Server(config)
         # A stop that came before the server existed: uvicorn then starts and stops at once.
         self._server.should_exit = self._stopped
         try:
-            asyncio.run(self._server.serve(sockets=[self._socket]))
+            # uvicorn's loop (uvloop when installed), as uvicorn.run would choose it.
+            with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+                runner.run(self._server.serve(sockets=[self._socket]))
         finally:
             self._socket.close()
 

@@ -1,9 +1,12 @@
 """The shared server of the dashboard and the HTTP API (broker/admin/web_server.py): the address
 parsed, the socket bound when the server is made (a taken address is one error naming it), and a stop,
-even one before serving began, ending serve()."""
+even one before serving began, ending serve(); answers written at once (TCP_NODELAY) on uvicorn's
+choice of event loop."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import socket
 import threading
 import urllib.request
@@ -63,3 +66,36 @@ def test_a_stop_before_serving_makes_serve_return_at_once():
     thread.start()
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_accepted_connections_write_at_once():
+    # Nagle's algorithm held each response's body for the client's delayed ACK of its head (40 ms).
+    server = WebServer("127.0.0.1:0", "a test server")
+    listener = server._socket
+    assert listener.proto == socket.IPPROTO_TCP  # asyncio's loop sets TCP_NODELAY on such sockets only
+    with socket.create_connection(listener.getsockname(), timeout=5):
+        accepted, _ = listener.accept()
+        with accepted:
+            assert accepted.proto == socket.IPPROTO_TCP
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    server.stop()
+
+
+async def _loop_module(_request) -> PlainTextResponse:
+    return PlainTextResponse(type(asyncio.get_running_loop()).__module__)
+
+
+def test_serves_on_uvloop_when_installed():
+    server = WebServer("127.0.0.1:0", "a test server")
+    thread = threading.Thread(
+        target=server.serve, args=(Starlette(routes=[Route("/", _loop_module)]),), daemon=True
+    )
+    thread.start()
+    try:
+        with urllib.request.urlopen(server.url, timeout=5) as resp:
+            module = resp.read().decode()
+    finally:
+        server.stop()
+        thread.join(10)
+    expected = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    assert module.split(".")[0] == expected
