@@ -241,3 +241,17 @@ def test_keys_new_api_appends_the_hash_and_hands_out_the_key_once(tmp_path):
     for args in (["--role", "broker"], ["--role", "admin", "--name", "x"]):
         refused = runner.invoke(main, ["keys", "new", "--api", "m", *args, "--api-keys-file", str(keys_file)])
         assert refused.exit_code == 2, refused.output
+
+
+def test_submit_path_is_matched_as_starlette_matches_it():
+    from broker.admin.http_api.app import submit_queue_of
+
+    assert submit_queue_of("/v1/queues/mail/tasks") == "mail"
+    for other in (
+        "/v1/queues//tasks",
+        "/v1/queues/a/b/tasks",
+        "/v1/queues/mail/tasks/",
+        "/v1/queues",
+        "/v1/tasks",
+    ):
+        assert submit_queue_of(other) is None

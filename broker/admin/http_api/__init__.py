@@ -9,6 +9,7 @@ a failover), after the request's API key and its role's rights are checked.
   task records -> JSON (pure);
 - :mod:`~broker.admin.http_api.limits`: the body size limit and the rate limit per key (pure);
 - :mod:`~broker.admin.http_api.gateway`: the Client's calls, awaited without blocking the loop;
+- :mod:`~broker.admin.http_api.handoff`: the submit pipeline's futures awaited, a burst per wake-up;
 - :mod:`~broker.admin.http_api.app`: the Starlette application (routes, keys, rights, errors);
 - :mod:`~broker.admin.http_api.openapi`: the OpenAPI document served at ``/openapi.json``;
 - :mod:`~broker.admin.http_api.server`: uvicorn serving the application until SIGTERM.

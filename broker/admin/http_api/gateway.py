@@ -4,6 +4,7 @@ Submits go through :meth:`Client.submit_async`: the submits of all requests in
 flight are coalesced into ``submit_many`` requests pipelined to the leader (its
 sender thread), each retried with its own idempotency key across a failover
 until the client's deadline, so a keyed submit sent again returns the same id.
+Their answers come back to the event loop a burst at a time (:mod:`.handoff`).
 The other calls (``get``, ``cancel``, ``retry``, the listings) run on a pool of
 threads of their own (the Client gives each thread its own socket), and a long
 poll (:meth:`Gateway.wait`) sleeps on the event loop between its ``get`` calls, so
@@ -24,6 +25,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from broker.admin.http_api.handoff import LoopHandoff
 from broker.api.client import Client
 from broker.api.requests import Backoff
 from broker.state.events import FINAL_STATES
@@ -38,6 +40,13 @@ class Gateway:
     def __init__(self, client: Client, threads: int = DEFAULT_THREADS) -> None:
         self.client = client
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="api-call")
+        self._handoff: LoopHandoff | None = None
+
+    def _handoff_of(self, loop: asyncio.AbstractEventLoop) -> LoopHandoff:
+        # One per loop: the server has one; a test may run several one after the other.
+        if self._handoff is None or self._handoff.loop is not loop:
+            self._handoff = LoopHandoff(loop)
+        return self._handoff
 
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -45,7 +54,8 @@ class Gateway:
 
     async def submit(self, args: dict) -> str:
         """Submit one task (``args`` as :meth:`Client.submit` takes them); its id once committed."""
-        return await asyncio.wrap_future(self.client.submit_async(**args))
+        future = self.client.submit_async(**args)
+        return await self._handoff_of(asyncio.get_running_loop()).watch(future)
 
     async def get(self, task_id: str) -> dict:
         return await self._run(self.client.get, task_id)

@@ -35,6 +35,8 @@ def api_server(listen: str, limits: ApiLimits) -> WebServer:
         listen,
         "the HTTP API",
         date_header=True,
+        # Nothing reads the client's address (no access log; limits go by key), so no proxy-headers layer.
+        proxy_headers=False,
         timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=limits.max_wait_s + GRACE_OVER_MAX_WAIT_S,
     )
