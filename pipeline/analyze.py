@@ -35,8 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import PipelineError
-from pipeline.epoch_rows import EPOCH_ROW_SCHEMA, EPOCH_SCHEMA, epoch_rows, epochs
+from pipeline.epoch_rows import EPOCH_COLUMNS, EPOCH_ROW_SCHEMA, EPOCH_SCHEMA, epoch_rows, epochs
 from pipeline.life_rows import (
+    END_COLUMNS,
+    END_TYPES,
     LIFE_SCHEMA,
     STEP_SCHEMA,
     SUBMIT_ROW_SCHEMA,
@@ -302,13 +304,19 @@ def analyze_events(
     window: Window,
     span: tuple[int, int],
     verdicts=None,
+    epoch_parts=None,
 ) -> dict[str, Any]:
     """The tables (:data:`TABLES`) of the history in ``events`` (frames of ``frames``: every table reads
     them); ``grants`` (``GRANT_SCHEMA``) and ``releases`` (``RELEASE_SCHEMA``) from a replay of that
     history or its ``Outcomes``; ``ledgers``: each ledger's creation time (ZooKeeper's clock); ``span``:
     the [start, end] ms analysed (:func:`pipeline.epoch_rows.history_span`); ``verdicts``: what a replay
-    says apply made of submits (``SUBMIT_VERDICT`` rows of ``SUBMIT_ROW_SCHEMA``), if any."""
-    submits = frames.map(events, submit_rows, SUBMIT_ROW_SCHEMA)
+    says apply made of submits (``SUBMIT_VERDICT`` rows of ``SUBMIT_ROW_SCHEMA``), if any; ``epoch_parts``:
+    :func:`~pipeline.epoch_rows.epoch_rows` of the events, if the caller has them."""
+    submits = frames.map(
+        frames.rows(events, SUBMIT_ROW_SCHEMA.names, ("TaskSubmitted", "QueueDeclared")),
+        submit_rows,
+        SUBMIT_ROW_SCHEMA,
+    )
     if verdicts is not None:
         submits = frames.union(submits, verdicts)
     steps = frames.union(
@@ -318,7 +326,7 @@ def analyze_events(
             created_submits,
             STEP_SCHEMA,
         ),
-        frames.map(events, end_steps, STEP_SCHEMA),
+        frames.map(frames.rows(events, END_COLUMNS, END_TYPES), end_steps, STEP_SCHEMA),
         frames.map(grants, grant_steps, STEP_SCHEMA),
         frames.map(releases, release_steps, STEP_SCHEMA),
     )
@@ -331,6 +339,8 @@ def analyze_events(
     worked = partial(worker_utilization, start_ms=span[0], end_ms=span[1])
     minutes = frames.map(life, partial(queue_minutes, window=window), MINUTE_SCHEMA)
     ledger_epochs = partial(epochs, ledgers=ledgers, window=window)
+    if epoch_parts is None:
+        epoch_parts = frames.map(frames.rows(events, EPOCH_COLUMNS), epoch_rows, EPOCH_ROW_SCHEMA)
     return {
         "tasks": tasks,
         "queue_minutes": frames.per_group(minutes, ["queue"], summed_minutes, MINUTE_SCHEMA),
@@ -338,7 +348,5 @@ def analyze_events(
         "workers": frames.per_group(
             frames.map(spans, worked, WORKER_SCHEMA), ["worker"], summed_workers, WORKER_SCHEMA
         ),
-        "epochs": frames.per_group(
-            frames.map(events, epoch_rows, EPOCH_ROW_SCHEMA), ["shard"], ledger_epochs, EPOCH_SCHEMA
-        ),
+        "epochs": frames.per_group(epoch_parts, ["shard"], ledger_epochs, EPOCH_SCHEMA),
     }

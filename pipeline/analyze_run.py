@@ -34,9 +34,15 @@ from pipeline import PipelineError
 from pipeline.analyze import TABLE_ORDER, TABLES, Window, analyze_events
 from pipeline.apply_watch import ENDED
 from pipeline.arrow_history import cluster_events, export_events
-from pipeline.epoch_rows import COUNT_SCHEMA, EPOCH_ROW_SCHEMA, epoch_rows, history_span, shard_counts
+from pipeline.epoch_rows import (
+    COUNT_SCHEMA,
+    EPOCH_COLUMNS,
+    EPOCH_ROW_SCHEMA,
+    epoch_rows,
+    history_span,
+    shard_counts,
+)
 from pipeline.export_layout import LEDGER_CREATED, export_files, export_shards, read_bookmark
-from pipeline.feature_use import FEATURE_SCHEMA, feature_rows
 from pipeline.frames import SPARK, as_frames
 from pipeline.history import cluster_entries, export_entries
 from pipeline.life_rows import (
@@ -49,6 +55,8 @@ from pipeline.life_rows import (
     SUBMIT_VERDICT,
 )
 from pipeline.outcome_tables import (
+    DECIDING,
+    DECISION_COLUMNS,
     DECISION_ROW_SCHEMA,
     DECISION_SCHEMA,
     MARK_SCHEMA,
@@ -344,7 +352,9 @@ def _by_queue(tasks: pa.Table, minutes: pa.Table) -> dict[str, dict[str, int]]:
 def _decisions(frames, events, replay_all: bool):
     """What the ``Outcomes`` say was decided (a frame of :data:`DECISION_SCHEMA`; none with ``replay_all``)
     and which entries they describe and do not (collected: one row per entry holding a deciding event)."""
-    rows = frames.map(events, decision_rows, DECISION_ROW_SCHEMA)
+    rows = frames.map(
+        frames.rows(events, DECISION_COLUMNS, (*DECIDING, "Outcomes")), decision_rows, DECISION_ROW_SCHEMA
+    )
     decisions = frames.cache(
         frames.per_group(rows, ["shard", "at_ledger", "at_entry"], entry_decisions, DECISION_SCHEMA)
     )
@@ -377,13 +387,12 @@ def run_analyze(
     out.mkdir(parents=True, exist_ok=True)
     events = history.events
     progress("reading the events and their outcomes")
+    # Each part's figures per shard and epoch (few rows), added up per shard: for the counts, the epochs
+    # table and whether a shard uses expiry or queue limits, in one pass over the events.
+    parts = frames.cache(frames.map(frames.rows(events, EPOCH_COLUMNS), epoch_rows, EPOCH_ROW_SCHEMA))
     counts = {
         row["shard"]: row
-        for row in frames.collect(
-            frames.per_group(
-                frames.map(events, epoch_rows, EPOCH_ROW_SCHEMA), ["shard"], shard_counts, COUNT_SCHEMA
-            )
-        ).to_pylist()
+        for row in frames.collect(frames.per_group(parts, ["shard"], shard_counts, COUNT_SCHEMA)).to_pylist()
     }
     span = history_span(pa.Table.from_pylist(list(counts.values()), schema=COUNT_SCHEMA), window)
     if span is None:
@@ -392,7 +401,7 @@ def run_analyze(
     decisions, marks, described = _decisions(frames, events, replay_all)
     # Only what the Outcomes events do not describe is replayed, and only as far as needed; a shard using
     # expiry or queue limits to its end: those decisions are in no Outcomes (pipeline.feature_use).
-    featured = frames.collect(frames.map(events, feature_rows, FEATURE_SCHEMA))["shard"].to_pylist()
+    featured = [shard for shard, c in counts.items() if c["features"]]
     ends = lasts if replay_all else {**undescribed_ends(marks), **{s: lasts[s] for s in featured}}
     releases = ReleaseCollector()
     results = _replay_shards(history, ends, releases, progress, clock)
@@ -413,7 +422,7 @@ def run_analyze(
     verdicts = frames.table(releases.verdict_table())
     tables = _write(
         frames,
-        analyze_events(frames, events, grants, released, history.created, window, span, verdicts),
+        analyze_events(frames, events, grants, released, history.created, window, span, verdicts, parts),
         out,
         progress,
     )

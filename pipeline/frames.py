@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ARROW, SPARK = "pyarrow", "spark"
@@ -63,6 +64,12 @@ class ArrowFrames:
 
     def table(self, table: pa.Table) -> pa.Table:
         return table
+
+    def rows(self, frame: pa.Table, columns: Iterable[str], types: Iterable[str] | None = None) -> pa.Table:
+        """The ``columns`` of the rows whose ``type`` is one of ``types`` (None: every row)."""
+        if types is not None:
+            frame = frame.filter(pc.is_in(frame["type"], pa.array(list(types), pa.string())))
+        return frame.select(list(columns))
 
     def map(self, frame: pa.Table, fn: TableFn, schema: pa.Schema) -> pa.Table:
         """``fn`` over any rows (a row-wise function)."""
@@ -111,6 +118,12 @@ class SparkFrames:
 
     def table(self, table: pa.Table) -> Any:
         return self.spark.createDataFrame(table, ddl(table.schema))
+
+    def rows(self, frame: Any, columns: Iterable[str], types: Iterable[str] | None = None) -> Any:
+        # Filtered and pruned in the JVM: only what a function reads is sent to the Python workers.
+        if types is not None:
+            frame = frame.where(frame["type"].isin(list(types)))
+        return frame.select(*columns)
 
     def map(self, frame: Any, fn: TableFn, schema: pa.Schema) -> Any:
         return frame.mapInArrow(_over_partition(fn, schema), ddl(schema))

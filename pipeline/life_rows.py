@@ -77,6 +77,9 @@ SUBMIT_ROW_SCHEMA = pa.schema(
 )
 _ENDING = ("complete", "fail", "release")
 _KIND_OF_TYPE = {"TaskCompleted": "complete", "TaskFailed": "fail", "TaskCancelled": "cancel"}
+# What end_steps reads: the rows of these types, these columns.
+END_TYPES = tuple(_KIND_OF_TYPE)
+END_COLUMNS = (*POSITION, "task_id", "type", "attempt", "ts_ms", "retry", "extra")
 # A release row's state -> the step it is, for what apply decided besides ending an attempt: an
 # operator's retry, an expiry before start, a queue's overflow (pipeline.apply_watch).
 REQUEUED, EXPIRED, DROPPED, DEAD_LETTERED = "requeued", "expired", "dropped", "dead-lettered"

@@ -70,6 +70,8 @@ DECISION_SCHEMA = pa.schema(
         ("state", _STR),
     ]
 )
+# The event columns decision_rows reads.
+DECISION_COLUMNS = (*DECISION_ROW_SCHEMA.names[:8],)
 MARK_SCHEMA = pa.schema([("kind", _STR), ("shard", pa.int32()), ("ledger_id", _I64), ("entry_id", _I64)])
 
 
