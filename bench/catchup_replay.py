@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,11 +50,13 @@ class _PrivateLogPaths(ClusterPaths):
 
 
 class _TimedLedgers:
-    """Passes ``log_reader`` through, timing every ``poll`` of the readers it hands out."""
+    """Passes ``log_reader`` through, timing every ``poll`` of the readers it hands out (wall time, and
+    the CPU time of the polling thread)."""
 
     def __init__(self, client) -> None:
         self._client = client
         self.read_s = 0.0
+        self.read_cpu_s = 0.0
         self.polls = 0
         self.entry_bytes = 0
 
@@ -67,9 +70,10 @@ class _TimedReader:
         self._owner = owner
 
     def poll(self, max_entries: int = 1000, timeout: float = 0.0):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         got = self._reader.poll(max_entries, timeout)
         self._owner.read_s += time.perf_counter() - t0
+        self._owner.read_cpu_s += time.thread_time() - c0
         self._owner.polls += 1
         self._owner.entry_bytes += sum(len(e.payload) for _, e in got)
         return got
@@ -81,6 +85,7 @@ class _TimedStore:
     def __init__(self, store) -> None:
         self._store = store
         self.apply_s = 0.0
+        self.apply_cpu_s = 0.0
         self.events = 0
         self.entries = 0
 
@@ -88,9 +93,10 @@ class _TimedStore:
         return self._store.position()
 
     def apply_batches(self, entries, validated=False):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         results = self._store.apply_batches(entries, validated)
         self.apply_s += time.perf_counter() - t0
+        self.apply_cpu_s += time.thread_time() - c0
         self.events += sum(len(events) for events, _ in entries[: len(results)])
         self.entries += len(results)
         return results
@@ -157,8 +163,13 @@ def replay_phase(
     work: Path,
     private: bool,
     progress: Callable[[str], None],
+    bookie_pids: list[int] | None = None,
 ) -> dict:
-    """Write the history, replay it into an empty store, check the result; the ``replay_*`` fields."""
+    """Write the history, replay it into an empty store, check the result; the ``replay_*`` fields.
+
+    Besides wall times, CPU times (what a shared, busy machine distorts least): this process's
+    over the replay, the polling and applying thread's in reading and in applying, and the
+    bookies' (``bookie_pids``) over the replay."""
     from broker.server.store.follower import catch_up
     from broker.state.store import StateStore
     from election.cluster_config import ClusterOptions
@@ -195,9 +206,12 @@ def replay_phase(
         try:
             with StateStore(work / "replay-state") as store:  # default settings: sync on, 4 GiB map
                 ledgers_t, store_t = _TimedLedgers(reader_client), _TimedStore(store)
-                t0 = time.perf_counter()
+                bookies0 = _cpu_s_of(bookie_pids or [])
+                t0, c0 = time.perf_counter(), time.process_time()
                 applied = catch_up(ledgers_t, store_t)
                 replay_s = time.perf_counter() - t0
+                replay_cpu_s = time.process_time() - c0
+                bookie_cpu_s = _cpu_s_of(bookie_pids or []) - bookies0
                 got_position, got_digest = store.position(), store.digest()
                 depths = store.queue_depths().get(QUEUE, {})
         finally:
@@ -231,7 +245,32 @@ def replay_phase(
         "replay_polls": ledgers_t.polls,
         "replay_digest_ok": digest_ok,
         "history_write_s": round(write_s, 3),
+        "replay_cpu_us_per_event": _per_event(replay_cpu_s, store_t.events),
+        "replay_read_cpu_us_per_event": _per_event(ledgers_t.read_cpu_s, store_t.events),
+        "replay_apply_cpu_us_per_event": _per_event(store_t.apply_cpu_s, store_t.events),
+        "replay_decode_cpu_us_per_event": _per_event(
+            max(0.0, replay_cpu_s - ledgers_t.read_cpu_s - store_t.apply_cpu_s), store_t.events
+        ),
+        "replay_bookie_cpu_us_per_event": _per_event(bookie_cpu_s, store_t.events) if bookie_pids else None,
     }
+
+
+def _per_event(cpu_s: float, events: int) -> float | None:
+    return round(cpu_s / events * 1e6, 2) if events else None
+
+
+def _cpu_s_of(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (every thread), 0 for one that is gone."""
+    from bench.proc_stats import parse_stat
+
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                total += parse_stat(fh.read())[1]
+        except OSError:
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _cleanup_ledgers(

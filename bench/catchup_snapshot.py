@@ -173,9 +173,10 @@ def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[
             proc.stdout.close()
 
     progress("restoring")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     header = restore_snapshot(path, work / "joiner" / "state", cluster_id)
     restore_s = time.perf_counter() - t0
+    restore_cpu_s = time.process_time() - c0
     with StateStore(work / "joiner" / "state") as restored:
         restored_ok = (
             restored.position() == want_position
@@ -191,6 +192,7 @@ def snapshot_phase(tasks: int, cluster_id: str, work: Path, progress: Callable[[
         "snapshot_transfer_wire_s": None if wire_s is None else round(wire_s, 3),
         "snapshot_transfer_verify_s": None if wire_s is None else round(transfer_s - wire_s, 3),
         "snapshot_restore_s": round(restore_s, 3),
+        "snapshot_restore_cpu_s": round(restore_cpu_s, 3),
         "snapshot_restore_records_per_s": rate(info["record_count"], restore_s),
         "snapshot_bytes": info["size"],
         "snapshot_records": info["record_count"],
