@@ -12,7 +12,9 @@ each phase's start and end, the user + system CPU (``/proc/<pid>/stat``) of
 A process that starts and ends inside one phase is missed (Spark keeps its Python workers for
 the session, so few are); a process gone by the end is counted up to its last sample.
 :func:`peak_rss_mb` is the driver's peak resident set (``getrusage``: the high-water mark of the
-whole run) and :func:`jvm_peak_rss_mb` the JVM's (``VmHWM``).
+whole run, the history's writing included), :func:`peak_rss_since_reset_mb` its peak since
+:func:`reset_peak_rss` (``VmHWM``, started again at Spark's start: the pipeline's own), and
+:func:`jvm_peak_rss_mb` the JVM's (``VmHWM``).
 
 Example::
 
@@ -89,13 +91,29 @@ class PhaseCpu:
             self.seconds[name] = used
 
 
+def reset_peak_rss() -> bool:
+    """Start this process's peak resident set (``VmHWM``) again from its current size (Linux: writing 5 to
+    ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_since_reset_mb() -> float | None:
+    """This process's ``VmHWM`` in MiB: its peak resident set since :func:`reset_peak_rss`."""
+    return jvm_peak_rss_mb(os.getpid())
+
+
 def peak_rss_mb() -> float:
     """The driver's peak resident set so far, in MiB (Linux gives ``ru_maxrss`` in KiB)."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def jvm_peak_rss_mb(pid: int | None) -> float | None:
-    """The JVM's peak resident set (``VmHWM``) in MiB, or None when it is not known."""
+    """The peak resident set (``VmHWM``) of process ``pid`` (the JVM) in MiB, or None when it is not known."""
     if pid is None:
         return None
     try:
