@@ -25,20 +25,9 @@ from pipeline.frames import ArrowFrames
 from pipeline.plan import ClusterAddress, Connection
 from tests.support.harness import call, wait_for
 from tests.support.ledgers import corrupt_entry_on_disk
-from tests.support.pipeline_runs import read_tables, work
+from tests.support.pipeline_runs import read_tables, same_history_facts, work
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-# What differs between two runs of one history: the time each took, where it wrote, which engine ran.
-_RUN_FACTS = ("seconds", "events_per_s", "engine", "out", "report")
-
-
-def _same_history_facts(doc):
-    if isinstance(doc, dict):
-        return {k: _same_history_facts(v) for k, v in doc.items() if k not in _RUN_FACTS}
-    if isinstance(doc, list):
-        return [_same_history_facts(v) for v in doc]
-    return doc
 
 
 def _history(bc) -> None:
@@ -88,7 +77,7 @@ def test_both_engines_analyze_and_audit_a_small_history_alike(spark, broker_clus
     there = run_analyze(spark, source, tmp_path / "spark")
     assert (here["engine"], there["engine"]) == ("pyarrow", "spark")
     assert read_tables(tmp_path / "pyarrow") == read_tables(tmp_path / "spark")
-    assert _same_history_facts(here) == _same_history_facts(there)
+    assert same_history_facts(here) == same_history_facts(there)
     assert here["replayed"]["0"]["entries"] < here["entries"], "the Outcomes part was replayed"
     assert here["queues"]["mail"]["dead"] == 5 and here["queues"]["slow"]["done"] == 3
     assert here["queues"]["mail"]["cancelled"] == 1
@@ -124,7 +113,7 @@ def test_both_engines_analyze_and_audit_a_small_history_alike(spark, broker_clus
     audited_here = audit_cluster(ArrowFrames(limit=SMALL_EVENTS), address, entries_per_partition=10)
     audited_there = audit_cluster(spark, address, entries_per_partition=10, plan=plan_audit(address))
     assert (audited_here.engine, audited_there.engine) == ("pyarrow", "spark")
-    assert _same_history_facts(audited_here.summary()) == _same_history_facts(audited_there.summary())
+    assert same_history_facts(audited_here.summary()) == same_history_facts(audited_there.summary())
     kinds = [(f.kind, f.ledger, f.entry, f.bookie) for f in audited_here.findings]
     assert kinds == [("corrupt_replica", ledger_id, 2, bookie_id)], audited_here.summary()["findings"]
     assert audited_here.summary()["replay"]["grants"] > 0

@@ -16,77 +16,20 @@ import json
 
 import pytest
 
-from broker.api.client import Client
-from broker.api.requests import QueueFull
-from broker.state.outcomes import FLAG
-from election.features import enable
 from pipeline.analyze_run import HistorySource, run_analyze
 from pipeline.arrow_history import SMALL_EVENTS
 from pipeline.audit import audit_cluster, plan_audit
 from pipeline.frames import ArrowFrames
 from pipeline.plan import ClusterAddress
-from tests.integration.test_analyze_engines import _same_history_facts
-from tests.support.harness import wait_for
-from tests.support.pipeline_runs import read_tables, work
+from tests.support.limits_history import EXPIRING, LIMIT, write_limits_history
+from tests.support.pipeline_runs import read_tables, same_history_facts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
-
-LIMIT = 2
-EXPIRING = 4
-
-
-def _run(bc, *args, timeout: float = 60):
-    return bc.procs.run([*args, "--zk", bc.zk_hosts, "--cluster", bc.cluster.name], timeout=timeout)
-
-
-def _enable(bc, flag: str) -> None:
-    result = _run(bc, "cluster", "enable-feature", flag, "--json")
-    assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
-
-
-def _declared(client: Client) -> bool:
-    try:
-        client.declare_queue("exp", expires=1)
-        client.declare_queue("drop", max_waiting=LIMIT, overflow="drop-oldest")
-        client.declare_queue("dl", max_waiting=LIMIT, overflow="dead-letter")
-        client.declare_queue("rej", max_waiting=LIMIT)
-        return True
-    except Exception:  # feature_disabled until the leader's watch sees the flags
-        return False
-
-
-def _history(bc) -> dict:
-    cluster = bc.cluster
-    enable(cluster.zk, cluster.paths, FLAG, check=lambda: None)
-    _enable(bc, "task_expiry")
-    _enable(bc, "queue_limits")
-    with Client(zk=bc.zk_hosts, cluster=cluster.name, timeout=60) as client:
-        wait_for(lambda: _declared(client), 30, "the leader to see task_expiry and queue_limits")
-        expiring = [client.submit("exp", b"e", key=f"e{i}") for i in range(EXPIRING)]
-        own = client.submit("mail", b"m", key="own", expires=1)
-        for queue in ("drop", "dl"):
-            for i in range(LIMIT + 2):
-                client.submit(queue, b"fine", key=f"{queue}{i}")
-        for i in range(LIMIT):
-            client.submit("rej", b"fine", key=f"rej{i}")
-        for i in range(2):
-            with pytest.raises(QueueFull):
-                client.submit("rej", b"fine", key=f"rej-extra{i}")
-
-        def expired() -> int:
-            return sum(q["counts"].get("expired", 0) for q in client.queues()["queues"])
-
-        wait_for(lambda: expired() == EXPIRING + 1, 60, "the expiries")
-        assert all(client.get(t)["state"] == "expired" for t in [*expiring, own])
-        work(bc, ["exp", "drop", "dl", "rej", "mail"], client)
-    for broker in bc.brokers:  # nothing more is written: every run below reads the same history
-        broker.terminate()
-    return {"expiring": expiring, "own": own}
 
 
 def test_both_engines_count_expired_dropped_and_dead_lettered_tasks_alike(spark, broker_cluster, tmp_path):
     bc = broker_cluster
-    _history(bc)
+    write_limits_history(bc)
     address = ClusterAddress(bc.zk_hosts, bc.cluster.name)
     source = HistorySource(address=address)
 
@@ -94,7 +37,7 @@ def test_both_engines_count_expired_dropped_and_dead_lettered_tasks_alike(spark,
     there = run_analyze(spark, source, tmp_path / "spark")
     assert (here["engine"], there["engine"]) == ("pyarrow", "spark")
     assert read_tables(tmp_path / "pyarrow") == read_tables(tmp_path / "spark")
-    assert _same_history_facts(here) == _same_history_facts(there)
+    assert same_history_facts(here) == same_history_facts(there)
     queues = here["queues"]
     assert queues["exp"]["expired"] == EXPIRING and queues["exp"]["waiting"] == 0
     assert queues["mail"]["expired"] == 1
@@ -107,7 +50,7 @@ def test_both_engines_count_expired_dropped_and_dead_lettered_tasks_alike(spark,
     audited_here = audit_cluster(ArrowFrames(limit=SMALL_EVENTS), address, entries_per_partition=10)
     audited_there = audit_cluster(spark, address, entries_per_partition=10, plan=plan_audit(address))
     assert audited_here.findings == [] and audited_there.findings == []
-    assert _same_history_facts(audited_here.summary()) == _same_history_facts(audited_there.summary())
+    assert same_history_facts(audited_here.summary()) == same_history_facts(audited_there.summary())
 
     # The command with --spark starts Spark (in its own process) for this small history all the same.
     where = ["--zk", bc.zk_hosts, "--cluster", bc.cluster.name]
@@ -117,5 +60,5 @@ def test_both_engines_count_expired_dropped_and_dead_lettered_tasks_alike(spark,
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     doc = json.loads(result.stdout)
     assert doc["engine"] == "spark"
-    assert _same_history_facts(doc) == _same_history_facts(here)
+    assert same_history_facts(doc) == same_history_facts(here)
     assert read_tables(tmp_path / "cli") == read_tables(tmp_path / "pyarrow")

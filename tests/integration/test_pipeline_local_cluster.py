@@ -21,9 +21,8 @@ from pipeline.analyze_run import HistorySource, run_analyze
 from pipeline.audit import audit_cluster, plan_audit
 from pipeline.frames import ArrowFrames
 from pipeline.plan import ClusterAddress
-from tests.integration.test_analyze_engines import _same_history_facts
-from tests.integration.test_analyze_expiry_limits import _history
-from tests.support.pipeline_runs import read_tables
+from tests.support.limits_history import write_limits_history
+from tests.support.pipeline_runs import read_tables, same_history_facts
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -44,7 +43,7 @@ def test_analyze_and_audit_on_a_local_cluster_match_local_mode_and_the_in_proces
     spark, broker_cluster, tmp_path
 ):
     bc = broker_cluster
-    _history(bc)
+    write_limits_history(bc)
     address = ClusterAddress(bc.zk_hosts, bc.cluster.name)
     here = run_analyze(ArrowFrames(), HistorySource(address=address), tmp_path / "pyarrow")
     local = run_analyze(spark, HistorySource(address=address), tmp_path / "local")
@@ -63,13 +62,13 @@ def test_analyze_and_audit_on_a_local_cluster_match_local_mode_and_the_in_proces
         == read_tables(tmp_path / "local")
         == read_tables(tmp_path / "pyarrow")
     )
-    assert _same_history_facts(doc) == _same_history_facts(local) == _same_history_facts(here)
+    assert same_history_facts(doc) == same_history_facts(local) == same_history_facts(here)
 
     checked = bc.procs.run(["audit", *where, "--entries-per-partition", "10"], timeout=600, env=env)
     assert checked.returncode == 0, checked.stderr.decode()[-3000:]
     report = json.loads(checked.stdout)
     assert report["engine"] == "spark" and report["findings"] == []
-    assert _same_history_facts(report) == _same_history_facts(audited.summary())
+    assert same_history_facts(report) == same_history_facts(audited.summary())
 
     # Both workers ran executors: each left its own directory under this SPARK_HOME's work.
     executors = {p.parent.name for p in (home / "work").glob("app-*/*/stderr")}

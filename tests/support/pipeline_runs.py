@@ -45,3 +45,16 @@ def work(bc, queues, until_idle_of):
 def read_tables(out) -> dict[str, list[str]]:
     """Each table an analysis wrote under ``out``, as sorted row texts (comparable across runs)."""
     return {name: sorted(map(str, pq.read_table(out / name).to_pylist())) for name in TABLES}
+
+
+# What differs between two runs of one history: the time each took, where it wrote, which engine ran.
+RUN_FACTS = ("seconds", "events_per_s", "engine", "out", "report")
+
+
+def same_history_facts(doc):
+    """``doc`` without what differs between two runs of one history (their times, paths and engine)."""
+    if isinstance(doc, dict):
+        return {k: same_history_facts(v) for k, v in doc.items() if k not in RUN_FACTS}
+    if isinstance(doc, list):
+        return [same_history_facts(v) for v in doc]
+    return doc

@@ -16,49 +16,9 @@ from pipeline.life_rows import RELEASE_SCHEMA
 from pipeline.replay import grants_table, replay
 from pipeline.rows import event_row, to_record_batch
 from pipeline.window import Window
+from tests.support.expiry_history import HISTORY, T0, task_id
 
 pytestmark = pytest.mark.timeout(60)
-
-T0 = 1_764_000_000_000
-
-
-def _id(i: int) -> str:
-    return f"{i:032x}"
-
-
-def _submit(i: int, queue: str, at: int, **kw) -> dict:
-    return {
-        "type": "TaskSubmitted",
-        "task_id": _id(i),
-        "queue": queue,
-        "payload": b"x",
-        "now_ms": T0 + at,
-        **kw,
-    }
-
-
-def _lease(queue: str, at: int) -> dict:
-    return {"type": "TaskLeased", "worker": "w", "queues": [queue], "max_tasks": 1, "now_ms": T0 + at}
-
-
-HISTORY = [
-    [{"type": "EpochStarted", "epoch": 1, "broker_id": 0, "now_ms": T0}],
-    [
-        {"type": "QueueDeclared", "queue": "drop", "max_waiting": 1, "overflow": "drop-oldest"},
-        {"type": "QueueDeclared", "queue": "dl", "max_waiting": 1, "overflow": "dead-letter"},
-        {"type": "QueueDeclared", "queue": "rej", "max_waiting": 1},
-    ],
-    [_submit(1, "exp", 10, expires_ms=5), _submit(2, "exp", 10, expires_ms=50_000)],
-    [_lease("exp", 20)],  # 1 is due: the lease expires it and hands out 2
-    [{"type": "TaskCompleted", "task_id": _id(2), "attempt": 1, "now_ms": T0 + 25}],
-    [_submit(3, "exp", 30, expires_ms=5)],
-    [{"type": "TasksExpired", "now_ms": T0 + 40}],  # 3
-    [{"type": "TaskCancelled", "task_id": _id(3), "now_ms": T0 + 41}],  # expired: nothing to cancel
-    [_submit(4, "drop", 50), _submit(5, "drop", 51)],  # 5 drops 4
-    [_submit(6, "dl", 60), _submit(7, "dl", 61)],  # 7 dead-letters 6
-    [_submit(8, "rej", 70), _submit(9, "rej", 71, key="k")],  # 9 refused: queue_full
-    [_lease("rej", 80), _submit(10, "rej", 81, key="k")],  # room again: the key's retry creates 10
-]
 
 
 def _tables() -> dict[str, list[dict]]:
@@ -104,7 +64,7 @@ def test_expired_dropped_dead_lettered_and_refused_tasks_are_counted_as_apply_de
         8: ("running", None),
         10: ("waiting", None),
     }
-    assert tasks[_id(1)]["attempts"] == 0 and tasks[_id(1)]["first_start_ms"] is None
+    assert tasks[task_id(1)]["attempts"] == 0 and tasks[task_id(1)]["first_start_ms"] is None
     minutes = {r["queue"]: r for r in tables["queue_minutes"]}
     assert (minutes["exp"]["expired"], minutes["exp"]["submitted"], minutes["exp"]["finished"]) == (2, 3, 1)
     assert (minutes["drop"]["dropped"], minutes["drop"]["submitted"]) == (1, 2)

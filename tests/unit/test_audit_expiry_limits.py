@@ -11,7 +11,7 @@ from broker.state.events import encode_batch
 from pipeline.audit_task_facts import FactCollector, check_groups
 from pipeline.audit_tasks import TaskCheck
 from pipeline.replay import replay
-from tests.unit.test_analyze_expiry_limits import HISTORY, _id
+from tests.support.expiry_history import HISTORY, task_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,16 +24,16 @@ def test_a_history_with_expiries_drops_and_dead_letters_is_legal(tmp_path):
     check = TaskCheck()
     replay(_entries(), on_entry=check.entry, work_dir=tmp_path)
     assert check.findings == []
-    assert {tid for tid, task in check.tasks.items() if task[4] == "expired"} == {_id(1), _id(3)}
+    assert {tid for tid, task in check.tasks.items() if task[4] == "expired"} == {task_id(1), task_id(3)}
     collector = FactCollector(shard=0)
     replay(_entries(), on_entry=collector, work_dir=tmp_path)
     facts = collector.take(final=True)
     gone = sorted((f[1], f[7], f[8]) for f in facts if f[5] == "gone")
     assert gone == [
-        (_id(1), "expired", "TaskLeased"),
-        (_id(3), "expired", "TasksExpired"),
-        (_id(4), "dropped", "TaskSubmitted"),
-        (_id(6), "dead", "TaskSubmitted"),
+        (task_id(1), "expired", "TaskLeased"),
+        (task_id(3), "expired", "TasksExpired"),
+        (task_id(4), "dropped", "TaskSubmitted"),
+        (task_id(6), "dead", "TaskSubmitted"),
     ]
     groups: dict = {}
     for fact in facts:

@@ -162,7 +162,7 @@ def _checked_rows(ledger_id: int, entry_id: int, payload: bytes) -> list[tuple]:
 
 def test_the_rows_read_without_each_values_check_are_the_rows_of_the_checked_events(tmp_path):
     from bench.pipeline_history import Workload
-    from tests.unit.test_analyze_expiry_limits import HISTORY
+    from tests.support.expiry_history import HISTORY
 
     workload = Workload(start_ms=1_700_000_000_000)
     batches = [events for events in HISTORY]
