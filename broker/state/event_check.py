@@ -7,7 +7,11 @@ of decoding, paid by every replica for every event it replays. :func:`decode_ent
 gives the same result with one function per event type, made once at import from
 :data:`broker.state.events.SCHEMAS` (so a field added there is checked here too):
 the common kinds (integers in a range, bytes, names, ids, keys, booleans) are
-checked inline, the others by the schema's own checker.
+checked inline, the others by the schema's own checker. The events of an entry
+come as their leader encoded them, so nearly all of one type share one layout
+(their keys, in order): per layout met, a check that unpacks the values by
+position and builds the copy in one dict display (at most :data:`LAYOUTS_MAX`
+layouts per type; others take the type's check).
 
 A compiled check only ever says "this event is valid, here is its normalized
 copy" or "not sure"; on "not sure" (a bad value, a missing field, a type with
@@ -31,26 +35,33 @@ import msgpack
 from broker.state import events as _events
 from broker.state.events import BATCH_FORMAT_VERSION, SCHEMAS, decode_batch, validate_event
 
+
+def _sized(v: str, limit: int) -> str:
+    """The test of a string of 1 to ``limit`` UTF-8 bytes."""
+    return f"type({v}) is str and (0 < len({v}) <= {limit} if {v}.isascii() else 0 < len({v}.encode()) <= {limit})"
+
+
 # Event types whose validation checks more than each field alone (validate_event's own rules).
 _WHOLE_EVENT_RULES = frozenset({"TasksPurged", "SettingChanged"})
-# Kinds checked inline: the source of one test, with ``v`` the value.
+# Kinds checked inline: the source of one test of the value named ``{v}``. An ASCII string's length
+# is its UTF-8 length, so only other strings are encoded to be measured.
 _INLINE = {
-    "bytes": "type(v) is bytes",
-    "bool": "type(v) is bool",
-    "id": f"type(v) is str and 0 < len(v.encode()) <= {_events.MAX_ID_BYTES}",
-    "key": f"type(v) is str and 0 < len(v.encode()) <= {_events.MAX_KEY_BYTES}",
-    "name": f"type(v) is str and 0 < len(v.encode()) <= {_events.MAX_NAME_BYTES} and '\\0' not in v",
+    "bytes": "type({v}) is bytes",
+    "bool": "type({v}) is bool",
+    "id": _sized("{v}", _events.MAX_ID_BYTES),
+    "key": _sized("{v}", _events.MAX_KEY_BYTES),
+    "name": _sized("{v}", _events.MAX_NAME_BYTES) + " and '\\0' not in {v}",
 }
 
 
-def _test(kind: str, checker_name: str) -> str:
+def _test(kind: str, checker_name: str, v: str = "v") -> str:
     base = kind.rstrip("?")
     if base in _events._INT_RANGES:
         lo, hi = _events._INT_RANGES[base]
-        test = f"type(v) is int and {lo} <= v <= {hi}"
+        test = f"type({v}) is int and {lo} <= {v} <= {hi}"
     else:
-        test = _INLINE.get(base, f"{checker_name}(v)")
-    return f"v is None or ({test})" if kind.endswith("?") else test
+        test = _INLINE[base].format(v=v) if base in _INLINE else f"{checker_name}({v})"
+    return f"{v} is None or ({test})" if kind.endswith("?") else test
 
 
 def _compile(etype: str, schema: dict[str, tuple[str, Any]]) -> Callable[[dict], dict | None]:
@@ -96,13 +107,69 @@ CHECKS: dict[str, Callable[[dict], dict | None]] = {
     etype: _compile(etype, schema) for etype, schema in SCHEMAS.items() if etype not in _WHOLE_EVENT_RULES
 }
 
+# Per event type, the checks of the key layouts met so far (the keys of a decoded event, in their
+# order): an entry's events come as their leader encoded them, nearly always in one or two layouts.
+_LAYOUTS: dict[str, dict[tuple, Callable[[dict], dict | None]]] = {etype: {} for etype in CHECKS}
+LAYOUTS_MAX = 64  # layouts compiled per type; past it, events take the type's check
+
+
+def _compile_layout(etype: str, keys: tuple) -> Callable[[dict], dict | None] | None:
+    """The check of events of ``etype`` with exactly ``keys`` in that order, or None if no event
+    with those keys can be valid (an unknown or missing field: the type's check decides).
+
+    The values are unpacked by position instead of looked up by name, and the normalized copy
+    is one dict display in the schema's order, defaults in place of the absent fields.
+    """
+    schema = SCHEMAS[etype]
+    if "type" not in keys or not set(keys) <= set(schema) | {"type"}:
+        return None
+    if any(default is _events._REQUIRED and name not in keys for name, (_, default) in schema.items()):
+        return None
+    env: dict[str, Any] = {}
+    var = {name: f"v{i}" for i, name in enumerate(keys)}
+    tests, items = [], [f"'type': {etype!r}"]
+    for i, (name, (kind, default)) in enumerate(schema.items()):
+        if name not in keys:
+            env[f"_default{i}"] = default  # taken as it is, unchecked, as validate_event takes it
+            items.append(f"{name!r}: _default{i}")
+            continue
+        env[f"_check{i}"] = _events._checker(kind)
+        tests.append("(" + _test(kind, f"_check{i}", var[name]) + ")")
+        base = kind.rstrip("?")
+        copied = base not in _events._INT_RANGES and base not in _INLINE  # may be a list: copied
+        v = var[name]
+        items.append(f"{name!r}: list({v}) if isinstance({v}, list) else {v}" if copied else f"{name!r}: {v}")
+    lines = [
+        "def check(ev):",
+        "    try:",
+        f"        {', '.join(var.values())}, = ev.values()",
+        f"        if not ({' and '.join(tests) or 'True'}):",
+        "            return None",
+        f"        return {{{', '.join(items)}}}",
+        "    except Exception:",
+        "        return None",
+    ]
+    exec("\n".join(lines), env)  # noqa: S102 - source made above from the schema alone
+    return env["check"]
+
+
+def _layout_check(etype: str, keys: tuple) -> Callable[[dict], dict | None]:
+    """The check of ``etype``'s events laid out as ``keys``: compiled, else the type's check."""
+    layouts = _LAYOUTS[etype]
+    check = _compile_layout(etype, keys) or CHECKS[etype]
+    if len(layouts) < LAYOUTS_MAX:
+        layouts[keys] = check
+    return check
+
 
 def check_event(ev: Any) -> dict:
     """:func:`~broker.state.events.validate_event` of one decoded event, by its compiled check."""
     if type(ev) is dict:
         etype = ev.get("type")
-        check = CHECKS.get(etype) if type(etype) is str else None
-        if check is not None:
+        layouts = _LAYOUTS.get(etype) if type(etype) is str else None
+        if layouts is not None:
+            keys = tuple(ev)
+            check = layouts.get(keys) or _layout_check(etype, keys)
             out = check(ev)
             if out is not None:
                 return out

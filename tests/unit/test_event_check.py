@@ -3,11 +3,14 @@ events accepted, the same normalized copies, the same errors, for valid and dama
 
 from __future__ import annotations
 
+import random
+
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.state import event_check
 from broker.state.event_check import CHECKS, check_event, decode_entry
 from broker.state.events import SCHEMAS, BadEvent, decode_batch, encode_batch, validate_event
 
@@ -135,3 +138,22 @@ def test_a_list_field_is_a_copy_not_the_decoded_list():
     out = check_event(ev)
     assert out["queues"] == ["q"] and out["queues"] is not ev["queues"]
     assert out == validate_event(ev)
+
+
+def test_every_key_layout_is_judged_as_validate_event_judges_it_also_past_the_layouts_kept(monkeypatch):
+    monkeypatch.setattr(event_check, "_LAYOUTS", {etype: {} for etype in event_check.CHECKS})
+    monkeypatch.setattr(event_check, "LAYOUTS_MAX", 3)
+    base = {"type": "TaskSubmitted", "task_id": "t", "queue": "q", "payload": b"p", "now_ms": 1}
+    rnd = random.Random(7)
+    for _ in range(40):
+        items = list(base.items()) + rnd.sample(
+            [("priority", 5), ("key", "k"), ("delay_ms", 3)], rnd.randint(0, 3)
+        )
+        rnd.shuffle(items)
+        if rnd.random() < 0.3:
+            items.append(rnd.choice([("priority", True), ("queue", ""), ("bogus", 1), ("now_ms", -1)]))
+        ev = dict(items)
+        assert _outcome(check_event, ev) == _outcome(validate_event, ev)
+        if _outcome(validate_event, ev)[0] == "ok":
+            assert list(check_event(ev)) == list(validate_event(ev))  # the schema's order, whatever came
+    assert len(event_check._LAYOUTS["TaskSubmitted"]) == 3
