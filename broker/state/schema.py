@@ -60,6 +60,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from typing import Any
@@ -162,9 +163,13 @@ def untext(b: bytes) -> str:
     return bytes(b).decode("utf-8")
 
 
+@functools.lru_cache(maxsize=4096)  # apply builds two or three keys of one queue per event
 def queue_prefix(queue: str) -> bytes:
     """Prefix of every per-queue key; NUL is banned in names so prefixes never overlap."""
     return text(queue) + b"\0"
+
+
+_SHORT_PRIORITY = tuple(bytes((0x80 - priority,)) for priority in range(64, -64, -1))
 
 
 def _priority(priority: int) -> bytes:
@@ -172,7 +177,7 @@ def _priority(priority: int) -> bytes:
     0x00 (higher) or 0xff (lower) and the u32 ``PRIORITY_MAX - priority``. The first byte
     gives the length, so what follows is never compared with a priority."""
     if -63 <= priority <= 64:
-        return bytes((0x80 - priority,))
+        return _SHORT_PRIORITY[64 - priority]
     return (b"\0" if priority > 0 else b"\xff") + _U32.pack(PRIORITY_MAX - priority)
 
 

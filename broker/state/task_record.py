@@ -74,6 +74,7 @@ OPTIONAL_TASK_FIELDS = (
 INLINE_PAYLOAD_MAX = 512
 _STATE_CODE = {state: code for code, state in enumerate(STATES)}
 _FIRST_LATE = TASK_LAYOUT.index("started_ms")  # the fields from here on are unset until a task runs
+_UNSET_LATE = (None,) * (len(TASK_LAYOUT) - _FIRST_LATE)
 
 
 def _rel(ms: int | None, base: int) -> int | None:
@@ -92,7 +93,23 @@ def _id_ms(key: bytes) -> int:
 def pack_task(key: bytes, rec: dict) -> bytes:
     """A task record (``payload`` is the inline payload, None if it is kept apart) to store
     under ``key`` (its :func:`id_key`), as the array of :data:`TASK_LAYOUT`."""
-    base, idem = rec["submitted_ms"], rec["key"]
+    base, idem, get = rec["submitted_ms"], rec["key"], rec.get
+    late = (
+        rec["started_ms"],
+        rec["worker"],
+        rec["lease_deadline_ms"],
+        rec["finished_ms"],
+        rec["result"],
+        rec["error"],
+        get("max_run_ms"),
+        get("run_deadline_ms"),
+        get("retry_backoff_ms"),
+        get("retry_backoff_max_ms"),
+        get("will_retry"),
+        get("attempt_base"),
+        get("expires_at_ms"),
+        get("progress"),
+    )
     doc = [
         rec["queue"],
         _STATE_CODE[rec["state"]],
@@ -104,25 +121,24 @@ def pack_task(key: bytes, rec: dict) -> bytes:
         rec["not_before_ms"] - base,
         rec["payload"],
         None if idem is None else key_bytes(idem),
-        _rel(rec["started_ms"], base),
-        rec["worker"],
-        _rel(rec["lease_deadline_ms"], base),
-        _rel(rec["finished_ms"], base),
-        rec["result"],
-        rec["error"],
-        rec.get("max_run_ms"),
-        _rel(rec.get("run_deadline_ms"), base),
-        rec.get("retry_backoff_ms"),
-        rec.get("retry_backoff_max_ms"),
-        rec.get("will_retry"),
-        rec.get("attempt_base"),
-        _rel(rec.get("expires_at_ms"), base),
-        _packed_progress(rec.get("progress")),
     ]
-    # A task not yet started has none of the fields after its key: cut them in one step (every
-    # record is packed by apply), then the Nones before them one by one.
-    if doc[_FIRST_LATE:].count(None) == len(doc) - _FIRST_LATE:
-        del doc[_FIRST_LATE:]
+    # A task not yet started has none of the fields after its key (every record is packed by
+    # apply): they are left out at once, and only the others converted.
+    if late != _UNSET_LATE:
+        started, worker, lease_deadline, finished, result, error, max_run_ms, run_deadline = late[:8]
+        doc += (
+            _rel(started, base),
+            worker,
+            _rel(lease_deadline, base),
+            _rel(finished, base),
+            result,
+            error,
+            max_run_ms,
+            _rel(run_deadline, base),
+            *late[8:12],
+            _rel(late[12], base),
+            _packed_progress(late[13]),
+        )
     while doc[-1] is None:
         doc.pop()
     return pack(doc)

@@ -48,6 +48,7 @@ Example::
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from typing import Any
 
 import lmdb
@@ -160,7 +161,7 @@ class StateTxn:
             return
         last = self._last_task()
         keys = sorted(self._tasks)
-        split = bisect.bisect_right(keys, last)
+        split = 0 if keys[0] > last else bisect.bisect_right(keys, last)
         for key in keys[:split]:
             value = self._tasks[key]
             if value is None:
@@ -184,7 +185,8 @@ class StateTxn:
         items = sorted(held.items())
         with self.txn.cursor(db=self.dbs[db]) as cur:
             last = cur.key() if cur.last() else b""
-            split = bisect.bisect_right([key for key, _ in items], last)  # items[split:]: past last
+            # items[split:]: past the last key (all of them, as a replay's new entries mostly are)
+            split = 0 if items[0][0] > last else bisect.bisect_right(items, last, key=itemgetter(0))
             if split:
                 cur.putmulti(items[:split])
             if split < len(items):
