@@ -245,6 +245,11 @@ class GroupCommit:
             except Exception as exc:  # committed but not appliable: never skip it, stop
                 self._fail_apply(exc, done, entries)
             applied_in = self.clock.monotonic() - taken
+            for batch, results in zip(done, applied):
+                for context, start, end in batch.owners:
+                    self.reply(context, results[start:end], None)
+            # Recorded once the replies are out: the stage timings and their histograms (the
+            # observer) cost a lone submit 20-40 us when they came first.
             for b in done:
                 committed = b.committed_at or taken
                 self.timings.record(
@@ -254,9 +259,6 @@ class GroupCommit:
                     applied_in,
                     len(b.events),
                 )
-            for batch, results in zip(done, applied):
-                for context, start, end in batch.owners:
-                    self.reply(context, results[start:end], None)
         if failure is not None:
             self._fail(failure.future.exception(), failure)
         return len(done)
