@@ -11,6 +11,7 @@ from broker.server.standing.bookie_wait import BookieWait
 from election.cluster_view import format_status
 from election.paths import ClusterPaths
 from tests.support.clock import FakeClock
+from tests.support.zk_answers import answer
 
 PATHS = ClusterPaths("dev")
 
@@ -35,6 +36,9 @@ class FakeZk:
         if watch is not None:
             self.watches.append(watch)
         return list(self.bookies)
+
+    def get_children_async(self, path):
+        return answer(lambda: self.get_children(path))
 
     def get(self, path):
         name = path.rsplit("/", 1)[1]

@@ -18,6 +18,7 @@ from broker.server.standing.leader_balance import (
 from election.paths import ClusterPaths
 from election.shards import preferred_leader
 from tests.support.clock import FakeClock
+from tests.support.zk_answers import answer
 
 SHARD1 = ClusterPaths("dev", shard=1)
 
@@ -97,6 +98,12 @@ class FakeZk:
         if not names and path not in self.nodes:
             raise NoNodeError()
         return sorted(names)
+
+    def get_children_async(self, path):
+        return answer(lambda: self.get_children(path))
+
+    def get_async(self, path):
+        return answer(lambda: self.get(path))
 
     def create(self, path, data=b"", makepath=False, ephemeral=False):
         if path in self.nodes:

@@ -14,6 +14,7 @@ from broker.admin.status import with_reports
 from election import ElectionError
 from election.paths import ClusterPaths
 from election.shard_view import format_shard_lines, read_shard_row, shard_paths, shard_row, shard_rows
+from tests.support.zk_answers import answer
 
 FIELDS = {"shard", "leader", "epoch", "position", "insync", "preferred_leader", "leader_address"}
 
@@ -28,6 +29,9 @@ class FakeZk:
         if path not in self.nodes:
             raise NoNodeError()
         return self.nodes[path], SimpleNamespace(version=0)
+
+    def get_async(self, path):
+        return answer(lambda: self.get(path))
 
 
 def sharded(shards: int = 3) -> FakeZk:
