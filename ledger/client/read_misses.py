@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 from election.local.clock import Clock
@@ -65,9 +66,11 @@ class ReadMisses:
         self._interval_s = interval_s
         self._runs: dict[tuple[str, str], _Run] = {}
         self.lines = 0  # lines logged so far (for tests and metrics)
+        self.totals: Counter[tuple[str, str]] = Counter()  # (bookie id, kind) -> copies skipped
 
     def note(self, bookie_id: str, kind: str, entry_id: int, detail: str = "") -> None:
         """Record that ``bookie_id`` could not serve ``entry_id`` (``kind``: MISSING, UNKNOWN, UNAVAILABLE)."""
+        self.totals[bookie_id, kind] += 1
         run = self._runs.setdefault((bookie_id, kind), _Run())
         if run.logged_at is None:
             self._log_first(bookie_id, kind, entry_id, detail)

@@ -104,7 +104,9 @@ class LedgerReader(ReaderTail):
         self._address_of: dict[str, str] = {}  # bookie id -> where it is registered now (looked up once)
         self._lac = -1
         self.corruptions: list[tuple[str, int, int, str]] = []
-        self._misses = ReadMisses(ledger_id, clock)
+        self.misses = ReadMisses(
+            ledger_id, clock
+        )  # copies skipped, by bookie and kind (totals), logged in runs
         self._refreshed_at = self._clock.monotonic()
         self._ask_one = True  # wait_lac goes to one bookie while that one answers
         self._turn = 0
@@ -250,14 +252,14 @@ class LedgerReader(ReaderTail):
             reply = fut.result(self.timeout + 1.0)
         except NoSuchEntry:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "missing"))
-            self._misses.note(bookie_id, MISSING, entry_id)
+            self.misses.note(bookie_id, MISSING, entry_id)
             return None
         except Unvouched as exc:
             self.corruptions.append((bookie_id, self.ledger_id, entry_id, "unknown"))
-            self._misses.note(bookie_id, UNKNOWN, entry_id, exc.message)
+            self.misses.note(bookie_id, UNKNOWN, entry_id, exc.message)
             return None
         except (BookieUnavailable, RemoteError, TimeoutError) as exc:
-            self._misses.note(bookie_id, UNAVAILABLE, entry_id, str(exc))
+            self.misses.note(bookie_id, UNAVAILABLE, entry_id, str(exc))
             # It may have come back elsewhere (restarted on another port): look it up again next time.
             self._address_of.pop(bookie_id, None)
             return None
@@ -306,7 +308,7 @@ class LedgerReader(ReaderTail):
         try:
             return self._read_from(entry_id, self._order(self.metadata.ensemble_for(entry_id)))
         finally:
-            self._misses.report()
+            self.misses.report()
 
     def read_range(self, first: int, last: int) -> list[Entry]:
         """Entries ``first..last`` inclusive, pipelined; all must be committed."""
@@ -326,7 +328,7 @@ class LedgerReader(ReaderTail):
         try:
             self._read_windows(first, last, out)
         finally:
-            self._misses.report()
+            self.misses.report()
         return out
 
     def _read_windows(self, first: int, last: int, out: list[Entry]) -> None:
@@ -345,5 +347,7 @@ class LedgerReader(ReaderTail):
             for entry_id, order, fut in futures:
                 entry = self._accept(order[0], entry_id, fut)
                 if entry is None:
-                    entry = self._read_from(entry_id, order[1:])
+                    # Sorted again: a bookie that timed out on an earlier entry of this window is now
+                    # suspect and goes last, so a dead one costs one timeout, not one per entry.
+                    entry = self._read_from(entry_id, self._order(order[1:]))
                 out.append(entry)

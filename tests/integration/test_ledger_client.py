@@ -17,6 +17,7 @@ from ledger import LedgerError
 from ledger.client.bookie_errors import BookieUnavailable, LedgerFencedError, NoSuchEntry
 from ledger.client.bookie_pool import BookiePool
 from ledger.client.log_reader import LogReader
+from ledger.client.read_misses import UNAVAILABLE
 from ledger.client.reader import EntryNotCommitted
 from ledger.log import LogConflict, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
@@ -521,6 +522,39 @@ def test_corrupt_copy_is_detected_and_another_replica_is_read(ledger_env, procs)
     # read_range falls back the same way.
     assert [e.payload for e in reader.read_range(0, 9)] == [b"value-%d" % i for i in range(10)]
     assert len(reader.corruptions) == 2
+
+
+def test_a_range_read_past_bad_copies_asks_a_silent_bookie_once(ledger_env, procs):
+    """The first replica's copies all bad and the second replica paused: read_range reads every entry
+    from the third, and the paused bookie costs one timeout (it is suspect after it and read last),
+    not one per entry, as it did when a catch-up read a ledger past a wiped and a dead bookie."""
+    cluster, bookies, client = ledger_env
+    writer = client.create(epoch=1)
+    for i in range(10):
+        writer.add_sync(b"value-%d" % i)
+    writer.close()
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    first, second, _third = procs_in_ensemble_order(bookies, meta)
+    wait_for(
+        lambda: holds_entries(client, first.address, writer.ledger_id, range(10)),
+        30,
+        "the first bookie to hold its copy of every entry",
+    )
+    assert first.terminate() == 0
+    for entry_id in range(10):
+        corrupt_entry_on_disk(first.data_dir, writer.ledger_id, entry_id)
+    procs.restart(first)
+    reader_client = make_client(cluster, read_timeout=5.0)
+    second.pause()
+    try:
+        reader = reader_client.open_reader(writer.ledger_id)
+        assert [e.payload for e in reader.read_range(0, 9)] == [b"value-%d" % i for i in range(10)]
+        second_id = meta.ensemble[1]["bookie_id"]
+        assert reader.misses.totals[second_id, UNAVAILABLE] == 1
+        assert len([c for c in reader.corruptions if c[3].startswith("corrupt")]) == 10
+    finally:
+        second.resume()
+        reader_client.close()
 
 
 def test_recovery_closes_an_abandoned_ledger_with_everything_acknowledged(ledger_env):
