@@ -65,7 +65,7 @@ from broker.server.task_settings_view import EffectiveConfig
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreDamaged
 from election.cluster_config import cluster_shards
-from election.features import EnabledFeatures
+from election.features import EnabledFeatures, advertised
 from election.local.clock import SYSTEM_CLOCK, Clock
 from election.paths import ClusterPaths
 from election.task_settings import SETTINGS, ConfigSettingsWatch, configured
@@ -218,14 +218,20 @@ class BrokerNode:
         )
         self.server.bind()
         self.services.start_metrics_endpoint()
-        # One live process per broker id: a copy of this data dir must not pose as us.
+        # One live process per broker id: a copy of this data dir must not pose as us. The node says
+        # our version and flags from the start: `cluster enable-feature` reads them as soon as it exists.
         claim_live_node(
             self.zk,
             self.paths,
             self.identity.broker_id,
             cfg.listen,
             json.dumps(
-                {"address": cfg.listen, "learner": cfg.learner, "secure": self.keys is not None}
+                {
+                    "address": cfg.listen,
+                    "learner": cfg.learner,
+                    "secure": self.keys is not None,
+                    **advertised(),
+                }
             ).encode(),
             wait_s=cfg.zk_session_timeout_s * 1.5 + 1,
             clock=clock,
