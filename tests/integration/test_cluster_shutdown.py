@@ -80,18 +80,23 @@ class KeyedLoad:
 
 
 PROBES_IN_FLIGHT = 32
+# Beyond the backlog, one more request every poll (about a millisecond), up to this many unanswered.
+PROBES_UNANSWERED_MAX = 5000
 
 
 class Prober(threading.Thread):
-    """Submits straight to one broker keeping :data:`PROBES_IN_FLIGHT` requests unanswered (pipelined
-    on one socket), recording ``(rid, error code or None)`` of each reply.
+    """Submits straight to one broker keeping at least :data:`PROBES_IN_FLIGHT` requests unanswered
+    (pipelined on one socket) and one more each millisecond, recording ``(rid, error code or None)``
+    of each reply.
 
     The leader refuses writes for only the few milliseconds between the shutdown request and its
-    last entry; a backlog of requests already in its socket is what meets that window, where one
-    request a millisecond from a thread sharing the GIL with the load could miss it. Replies come
-    out of order (a refusal is immediate, an acceptance waits for its entry), but the broker takes
-    requests in the order they were sent. A broker that stopped answering is not flooded: nothing
-    more is sent until replies come.
+    last entry; a request in its socket is what meets that window. A backlog alone can miss it: when
+    every request of the backlog is already in the leader's last group, the next ones are sent only
+    when their replies come, which is after that group commits, and the ClusterShutdown entry may be
+    applied by then (it did once in CI). The steady trickle keeps a request arriving during the
+    window. Replies come out of order (a refusal is immediate, an acceptance waits for its entry),
+    but the broker takes requests in the order they were sent. A broker that stopped answering gets
+    at most :data:`PROBES_UNANSWERED_MAX` requests.
     """
 
     def __init__(self, address: str) -> None:
@@ -105,13 +110,14 @@ class Prober(threading.Thread):
         rids, unanswered = itertools.count(1), 0
         try:
             while not self.halt.is_set():
-                while unanswered < PROBES_IN_FLIGHT:
+                wanted = max(PROBES_IN_FLIGHT - unanswered, 1 if unanswered < PROBES_UNANSWERED_MAX else 0)
+                for _ in range(wanted):
                     rid = next(rids)
-                    sock.send(
-                        wire.encode(
-                            wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}")
-                        )
-                    )
+                    request = wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}")
+                    try:
+                        sock.send(wire.encode(request), zmq.NOBLOCK)
+                    except zmq.Again:  # the broker is gone and its pipe is full
+                        break
                     unanswered += 1
                 while sock.poll(1):
                     reply = wire.decode(sock.recv())
