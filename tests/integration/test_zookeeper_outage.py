@@ -59,6 +59,29 @@ def _zookeeper_view(address: str) -> dict:
     return (call(address, "status").get("zookeeper")) or {}
 
 
+def _leader_after_restart(cluster, old_index: int, old_epoch: int) -> tuple[int, dict] | None:
+    """(index, status) of the leader once ZooKeeper is back, or None while there is none yet.
+
+    Usually the old leader reconnects within its session and leads on in its epoch. On a loaded
+    machine its reconnection can outlast the session once ZooKeeper has restarted (it did once in
+    CI: a socket time-out during the handshake); its election node then goes, a follower claims a
+    higher epoch and fences it, which is the takeover working, not a fault.
+    """
+    try:
+        index, status = cluster.leader(timeout=1.0)
+    except AssertionError:
+        return None
+    if status["epoch"] > old_epoch:
+        return index, status
+    if (
+        index == old_index
+        and status["epoch"] == old_epoch
+        and (status.get("zookeeper") or {}).get("connected")
+    ):
+        return index, status
+    return None
+
+
 def _completed(workers: WorkerPool) -> int:
     return sum(1 for c in workers.completions() if c.ok)
 
@@ -104,9 +127,11 @@ def test_writes_and_completions_go_on_while_zookeeper_is_down(procs, private_zk,
         )
         assert view["connected"] is False and view["away_s"] >= OUTAGE_S - 5
         assert "ZooKeeper connection lost while leading" in leader_proc.output()
-        wait_for(lambda: _zookeeper_view(leader_proc.address).get("connected"), 60, "the leader reconnected")
+        index, leader = wait_for(
+            lambda: _leader_after_restart(cluster, index, leader["epoch"]), 60, "a leader after the restart"
+        )
+        leader_proc = cluster.brokers[index]
         load.wait_acks(50, 60, "the load after the restart")
-        assert cluster.leader()[1]["epoch"] == leader["epoch"]  # nobody took over: nothing could
 
         # The failover works as usual afterwards.
         leader_proc.kill()
