@@ -56,16 +56,21 @@ def private_zk(tmp_path):
 
 
 def _zookeeper_view(address: str) -> dict:
-    return (call(address, "status").get("zookeeper")) or {}
+    return _zookeeper_of(call(address, "status"))
+
+
+def _zookeeper_of(status: dict) -> dict:
+    """The ZooKeeper part of a broker's status reply ({} when it has none)."""
+    return status.get("zookeeper") or {}
 
 
 def _leader_after_restart(cluster, old_index: int, old_epoch: int) -> tuple[int, dict] | None:
     """(index, status) of the leader once ZooKeeper is back, or None while there is none yet.
 
     Usually the old leader reconnects within its session and leads on in its epoch. On a loaded
-    machine its reconnection can outlast the session once ZooKeeper has restarted (it did once in
-    CI: a socket time-out during the handshake); its election node then goes, a follower claims a
-    higher epoch and fences it, which is the takeover working, not a fault.
+    machine its reconnection can outlast the session once ZooKeeper has restarted (it did once in a
+    fresh-clone suite run: a socket time-out during the handshake); its election node then goes, a
+    follower claims a higher epoch and fences it, which is the takeover working, not a fault.
     """
     try:
         index, status = cluster.leader(timeout=1.0)
@@ -73,11 +78,7 @@ def _leader_after_restart(cluster, old_index: int, old_epoch: int) -> tuple[int,
         return None
     if status["epoch"] > old_epoch:
         return index, status
-    if (
-        index == old_index
-        and status["epoch"] == old_epoch
-        and (status.get("zookeeper") or {}).get("connected")
-    ):
+    if index == old_index and status["epoch"] == old_epoch and _zookeeper_of(status).get("connected"):
         return index, status
     return None
 
