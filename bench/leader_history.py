@@ -57,7 +57,8 @@ class LeaderHistory:
     """Writes epochs of entries to ledgers as a leader does (see the module docstring).
 
     Counts what it wrote: ``entries``, ``events`` (digests and ``EpochStarted``
-    included), ``bytes`` (encoded entries), ``ledger_ids`` and ``last_position``.
+    included), ``bytes`` (encoded entries), ``ledger_ids``, ``last_position`` and ``last_entry``
+    (its events, a due ``StateDigest`` included, and apply's results).
     """
 
     def __init__(self, client, paths, store) -> None:
@@ -73,6 +74,8 @@ class LeaderHistory:
         self.bytes = 0
         self.ledger_ids: list[int] = []
         self.last_position: tuple[int, int] | None = None
+        # The last appended entry's events and apply's results, a due StateDigest included.
+        self.last_entry: tuple[list[dict], list[dict]] = ([], [])
 
     def start_epoch(self, epoch: int, broker_id: int, now_ms: int) -> None:
         """Open a ledger of ``epoch`` on the log and write its first entry, the ``EpochStarted``."""
@@ -89,6 +92,7 @@ class LeaderHistory:
             self._since_digest = 0
             batch.insert(0, {"type": "StateDigest", "digest": self._store.digest(), "format": STORE_FORMAT})
         results = self._add(batch)
+        self.last_entry = (batch, results)
         return results[len(batch) - len(events) :]
 
     def _add(self, batch: list[dict]) -> list[dict]:

@@ -46,6 +46,9 @@ from bench.devbench import BenchCluster
 
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
 TARGETS = {"analyze_plus_audit_s": 40.0}
+# Snapshots the history's writer takes as a leader's checkpointer would (one per about 250,000
+# events of the default history): the audit's ranges start at them and replay apart.
+DEFAULT_SNAPSHOTS = 3
 
 LABELS = {
     "events": "events in the history",
@@ -59,6 +62,8 @@ LABELS = {
     "analyze_plus_audit_s": "analyze + audit (s)",
     "analyze_replayed_entries": "analyze: entries replayed in the driver",
     "audit_findings": "audit findings",
+    "snapshots": "snapshots taken while writing the history",
+    "audit_ranges": "audit: digest ranges replayed apart",
     "driver_peak_rss_mb": "driver peak RSS from Spark's start (MiB)",
     "run_peak_rss_mb": "this process's peak RSS, history writing included (MiB)",
     "jvm_peak_rss_mb": "Spark JVM peak RSS (MiB)",
@@ -75,13 +80,15 @@ def _write_history(
     work: Path,
     progress: Callable[[str], None],
     outcomes: bool,
+    snapshots: int,
 ) -> dict:
     from bench.pipeline_history import write_workload
     from broker.state.store import StateStore
-    from election.cluster_config import ClusterOptions
+    from election.cluster_config import ClusterOptions, read_cluster_config
     from election.paths import ClusterPaths
     from election.zk import close, connect
     from ledger.client.facade import LedgerClient
+    from snapshots.catalog import SnapshotCatalog
 
     paths = ClusterPaths(cluster)
     zk = connect(hosts, session_timeout=10.0)
@@ -91,9 +98,21 @@ def _write_history(
         options=ClusterOptions(write_quorum=WRITE_QUORUM, ack_quorum=ACK_QUORUM, ensemble_size=ENSEMBLE),
     )
     try:
+        cluster_id = (read_cluster_config(zk, paths) or {}).get("cluster_id", "")
+        catalog = SnapshotCatalog(work / "snapshots")
         with StateStore(work / "leader-state", sync=False) as store:
             started = time.perf_counter()
-            written = write_workload(client, paths, store, events, ledgers, progress, outcomes=outcomes)
+            written = write_workload(
+                client,
+                paths,
+                store,
+                events,
+                ledgers,
+                progress,
+                outcomes=outcomes,
+                snapshots=snapshots,
+                snapshot=lambda: catalog.create(store, cluster_id, 1, clock=time.time),
+            )
             written["history_write_s"] = round(time.perf_counter() - started, 2)
             written["final_queues"] = store.queue_depths()
     finally:
@@ -109,6 +128,7 @@ def run(
     master: str = "local[*]",
     progress: Callable[[str], None] | None = None,
     outcomes: bool = True,
+    snapshots: int = DEFAULT_SNAPSHOTS,
 ) -> dict:
     from bench.pipeline_cpu import (
         PhaseCpu,
@@ -123,15 +143,15 @@ def run(
     from pipeline.spark import spark_session
 
     say = progress or (lambda _text: None)
-    if events < 1 or ledgers < 1:
-        raise BenchError("--events and --ledgers must be at least 1")
+    if events < 1 or ledgers < 1 or snapshots < 0:
+        raise BenchError("--events and --ledgers must be at least 1, --snapshots at least 0")
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix="fencepost-bench-pipeline-"))
     result: dict = {"bench": "pipeline"}
     try:
         with BenchCluster(bookies=ENSEMBLE, brokers=0, progress=say) as bc:
             say(f"writing a history of {events:,} events in {ledgers} ledger(s)")
-            written = _write_history(bc.zk, bc.cluster, events, ledgers, work, say, outcomes)
+            written = _write_history(bc.zk, bc.cluster, events, ledgers, work, say, outcomes, snapshots)
             address = ClusterAddress(bc.zk, bc.cluster)
 
             reset_peak_rss()  # the driver's peak from here on: the pipeline's, not the history writer's
@@ -165,7 +185,9 @@ def run(
                 say("audit")
                 t0 = time.perf_counter()
                 with cpu.phase("audit"):
-                    report = audit_cluster(spark, address)
+                    report = audit_cluster(
+                        spark, address, snapshot=[Path(s["path"]) for s in written["snapshots"]]
+                    )
                 audit_s = time.perf_counter() - t0
                 jvm_rss = jvm_peak_rss_mb(jvm_pid)
                 driver_rss = peak_rss_since_reset_mb()
@@ -192,6 +214,8 @@ def run(
             "audit_s": round(audit_s, 2),
             "analyze_plus_audit_s": round(analyze_s + audit_s, 2),
             "analyze_tasks": summary["tasks"],
+            "snapshots": len(written["snapshots"]),
+            "audit_ranges": sum(len(getattr(shard.replay, "ranges", ())) for shard in report.shards),
             "outcomes": outcomes,
             "analyze_replayed_entries": sum(r["entries"] for r in summary.get("replayed", {}).values()),
             "audit_findings": findings,
@@ -257,12 +281,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="write the history as before the event_outcomes flag (no Outcomes events): analyze replays it all",
     )
+    parser.add_argument(
+        "--snapshots",
+        type=int,
+        default=DEFAULT_SNAPSHOTS,
+        help="snapshots taken, evenly spaced, while the history is written; the audit's digest ranges "
+        f"start at them and replay apart (default {DEFAULT_SNAPSHOTS}; 0: one range over the history)",
+    )
     args = parser.parse_args(argv)
     say = (lambda msg: print(msg, file=sys.stderr)) if not args.json else None
     try:
         return finish(
             "pipeline",
-            lambda: run(args.events, args.ledgers, args.master, say, args.outcomes),
+            lambda: run(args.events, args.ledgers, args.master, say, args.outcomes, args.snapshots),
             args.json,
             LABELS,
         )

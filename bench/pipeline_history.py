@@ -152,8 +152,14 @@ def write_workload(
     ledgers: int,
     progress: Callable[[str], None] = lambda text: None,
     outcomes: bool = True,
+    snapshots: int = 0,
+    snapshot: Callable[[], dict] | None = None,
 ) -> dict:
-    """Write about ``events`` events over ``ledgers`` closed ledgers (one epoch each); what was written."""
+    """Write about ``events`` events over ``ledgers`` closed ledgers (one epoch each); what was written.
+
+    ``snapshot`` is called ``snapshots`` times, evenly spaced in the history (never after its last
+    entry), to snapshot ``store`` as a leader's checkpointer would: its results are ``snapshots``.
+    """
     per_entry = (
         2 * SUBMITS_PER_ENTRY + LEASES_PER_ENTRY
     )  # in the steady state as many finish as are submitted
@@ -162,6 +168,8 @@ def write_workload(
     history = LeaderHistory(client, paths, store)
     described: list[dict] = []  # the Outcomes of the last entry, for the next one to carry
     counts = entries_per_ledger(entries, ledgers)
+    cuts = [entries * (k + 1) // (snapshots + 1) for k in range(snapshots)] if snapshot else []
+    taken: list[dict] = []
     for index, count in enumerate(counts):
         epoch = index + 1
         if index:
@@ -172,7 +180,11 @@ def write_workload(
             results = history.append([*described, *batch])[len(described) :]
             workload.applied(batch, results)
             if outcomes:
-                described = list(outcome_events(history.last_position, decisions(batch, results)))
+                # Indexes in the whole entry (its StateDigest and Outcomes too), as a leader's.
+                described = list(outcome_events(history.last_position, decisions(*history.last_entry)))
+            if cuts and history.entries >= cuts[0]:
+                cuts.pop(0)
+                taken.append(snapshot())
         if described and index == len(counts) - 1:
             history.append(described)  # as a leader describes its last entries within 0.1 s
         history.close_ledger()  # as the next epoch's leader would have closed it
@@ -185,4 +197,5 @@ def write_workload(
         "events": history.events,
         "bytes": history.bytes,
         "ledger_ids": history.ledger_ids,
+        "snapshots": taken,
     }
