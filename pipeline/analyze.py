@@ -121,42 +121,47 @@ def parse_time(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def _by(rows: list[dict], key: str) -> dict[Any, list[dict]]:
-    groups: dict[Any, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(row[key], []).append(row)
-    return groups
+_LAST = pc.ScalarAggregateOptions(skip_nulls=False)  # a step's null counts: the last is the last
 
 
-def _in_log_order(life: pa.Table) -> list[dict]:
-    order = [(name, "ascending") for name in ("task_id", "ledger_id", "entry_id", "event_index")]
-    return life.sort_by(order).to_pylist()
+def _in_log_order(life: pa.Table) -> pa.Table:
+    return life.sort_by([(name, "ascending") for name in ("task_id", "ledger_id", "entry_id", "event_index")])
+
+
+def _per_task(steps: pa.Table, aggregates: list, names: list[str]) -> pa.Table:
+    # In order (no threads), so a "last" is the last step in log order.
+    table = steps.group_by("task_id", use_threads=False).aggregate(aggregates)
+    named = dict(zip((f"{column}_{how}" for column, how, *_ in aggregates), names))
+    return table.rename_columns([named.get(name, name) for name in table.column_names])
 
 
 def task_rows(life: pa.Table, window: Window) -> pa.Table:
     """One row per task submitted in the window (:data:`TASK_SCHEMA`); by ``task_id``."""
-    out = []
-    for task_id, steps in _by(_in_log_order(life), "task_id").items():
-        grants = [s for s in steps if s["kind"] == "grant"]
-        last = steps[-1]
-        submitted = min(s["ts_ms"] for s in steps if s["kind"] == "submit")
-        if not window.holds(submitted):
-            continue
-        out.append(
-            {
-                "task_id": task_id,
-                "shard": last["shard"],
-                "queue": last["queue"],
-                "submitted_ms": submitted,
-                "first_start_ms": min((g["ts_ms"] for g in grants), default=None),
-                "finished_ms": last["ts_ms"] if last["state"] in _FINISHED else None,
-                "attempts": max((g["attempt"] for g in grants), default=0),
-                "final_state": last["state"],
-                "worker": grants[-1]["worker"] if grants else None,
-                "max_attempts": last["max_attempts"],
-            }
-        )
-    return pa.Table.from_pylist(out, schema=TASK_SCHEMA)
+    steps = _in_log_order(life)
+    kind = steps["kind"]
+    last = _per_task(
+        steps,
+        [(c, "last", _LAST) for c in ("shard", "queue", "state", "ts_ms", "max_attempts")],
+        ["shard", "queue", "final_state", "last_ms", "max_attempts"],
+    )
+    submitted = _per_task(steps.filter(pc.equal(kind, "submit")), [("ts_ms", "min")], ["submitted_ms"])
+    grants = _per_task(
+        steps.filter(pc.equal(kind, "grant")),
+        [("ts_ms", "min"), ("attempt", "max"), ("worker", "last", _LAST)],
+        ["first_start_ms", "attempts", "worker"],
+    )
+    tasks = last.join(submitted, "task_id").join(grants, "task_id", join_type="left outer")
+    if window.bounded:
+        tasks = tasks.filter(window.mask(tasks["submitted_ms"]))
+    tasks = tasks.sort_by("task_id")
+    finished = pc.is_in(tasks["final_state"], pa.array(sorted(_FINISHED), _STR))
+    columns = {
+        "finished_ms": pc.if_else(finished, tasks["last_ms"], pa.scalar(None, _I64)),
+        "attempts": pc.fill_null(tasks["attempts"], 0),
+    }
+    return pa.Table.from_arrays(
+        [columns[f.name] if f.name in columns else tasks[f.name] for f in TASK_SCHEMA], schema=TASK_SCHEMA
+    )
 
 
 def queue_minutes(life: pa.Table, window: Window) -> pa.Table:
@@ -236,26 +241,23 @@ def attempt_spans(life: pa.Table, history_end_ms: int) -> pa.Table:
     """One row per attempt (:data:`SPAN_SCHEMA`); by ``task_id``. An attempt ends at its completion,
     failure, release (lease expired, worker lost) or revoke (a cancel of it running); one still running ends
     at the history's end."""
-    out = []
-    for task_id, steps in _by(_in_log_order(life), "task_id").items():
-        ends = {}
-        for s in steps:
-            if s["kind"] in ("complete", "fail", "release") or (
-                s["kind"] == "cancel" and s["attempt"] is not None
-            ):
-                ends.setdefault(s["attempt"], []).append(s["ts_ms"])
-        for g in (s for s in steps if s["kind"] == "grant"):
-            for end in ends.get(g["attempt"], [history_end_ms]):
-                out.append(
-                    {
-                        "task_id": task_id,
-                        "attempt": g["attempt"],
-                        "worker": g["worker"],
-                        "start_ms": g["ts_ms"],
-                        "end_ms": max(history_end_ms if end is None else end, g["ts_ms"]),
-                    }
-                )
-    return pa.Table.from_pylist(out, schema=SPAN_SCHEMA)
+    kind = life["kind"]
+    ending = pc.or_(
+        pc.is_in(kind, pa.array(["complete", "fail", "release"], _STR)),
+        pc.and_(pc.equal(kind, "cancel"), pc.is_valid(life["attempt"])),
+    )
+    ends = (
+        life.filter(ending)
+        .select(["task_id", "attempt", "ts_ms"])
+        .rename_columns(["task_id", "attempt", "end"])
+    )
+    grants = life.filter(pc.equal(kind, "grant")).select(["task_id", "attempt", "worker", "ts_ms"])
+    # Each grant with each end of its attempt (an attempt ended twice has two spans), or none: still running.
+    spans = grants.join(ends, ["task_id", "attempt"], join_type="left outer")
+    end = pc.max_element_wise(pc.fill_null(spans["end"], history_end_ms), spans["ts_ms"])
+    return pa.Table.from_arrays(
+        [spans["task_id"], spans["attempt"], spans["worker"], spans["ts_ms"], end], schema=SPAN_SCHEMA
+    )
 
 
 def worker_utilization(spans: pa.Table, start_ms: int, end_ms: int) -> pa.Table:

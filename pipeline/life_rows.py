@@ -196,19 +196,47 @@ def release_steps(releases: pa.Table) -> pa.Table:
     )
 
 
-def _task_life(steps: list[dict]) -> list[dict]:
-    """One task's steps (in log order) as apply counts them, each with the state it leaves the task in."""
-    first = next((s for s in steps if s["queue"] is not None), None)
+# The columns a task's life is decided from, read from the steps once as Python lists.
+_DECIDING = ("task_id", "kind", "attempt", "retry", "running", "given", "queue", "max_attempts", "shard")
+# The life columns a step keeps as it came; the others are decided per task (attempt, state) or
+# are the task's own, from the submit that created it (shard, queue, max_attempts).
+_KEPT = ("ledger_id", "entry_id", "event_index", "task_id", "kind", "worker", "ts_ms")
+
+
+class _Life:
+    """The life rows decided so far, as columns: which steps are kept and what they say."""
+
+    def __init__(self) -> None:
+        self.kept: list[int] = []
+        self.attempt: list = []
+        self.state: list = []
+        self.shard: list = []
+        self.queue: list = []
+        self.max_attempts: list = []
+
+
+def _task_life(cols: dict[str, list], start: int, end: int, life: _Life) -> None:
+    """One task's steps (rows ``start`` to ``end`` of ``cols``, in log order) as apply counts them: the
+    kept ones added to ``life``, each with the state it leaves the task in."""
+    queues = cols["queue"]
+    first = next((i for i in range(start, end) if queues[i] is not None), None)
     if first is None:
-        return []  # no submit created it: apply refused every step
+        return  # no submit created it: apply refused every step
+    shard, queue, limit = cols["shard"][first], queues[first], cols["max_attempts"][first]
+    kinds, attempts, retries, runnings, givens = (
+        cols["kind"],
+        cols["attempt"],
+        cols["retry"],
+        cols["running"],
+        cols["given"],
+    )
     current = None
     ends: set = set()
     submitted = cancelled = False
     base = 0
     state = None
-    out = []
-    for step in steps:
-        kind, attempt = step["kind"], step["attempt"]
+    for i in range(start, end):
+        kind, attempt = kinds[i], attempts[i]
         if state == "dropped":
             break  # the task is gone: apply finds nothing of it after
         if kind in _STATE_OF_STEP:
@@ -222,7 +250,7 @@ def _task_life(steps: list[dict]) -> list[dict]:
                 continue  # a repeated task id
             submitted = True
         elif kind == "cancel":
-            if cancelled or not (state == "waiting" or (state == "running" and step["running"])):
+            if cancelled or not (state == "waiting" or (state == "running" and runnings[i])):
                 continue  # a cancel counts while the task waits (or runs, asked to revoke), once
             if state == "running":
                 attempt = current  # the revoked attempt ends here
@@ -234,7 +262,7 @@ def _task_life(steps: list[dict]) -> list[dict]:
         if kind in _STATE_OF_STEP:
             new = _STATE_OF_STEP[kind]
         elif kind == "release":
-            new = step["given"]
+            new = givens[i]
         elif kind in ("submit", "requeue"):
             new = "waiting"
         elif kind == "grant":
@@ -242,35 +270,45 @@ def _task_life(steps: list[dict]) -> list[dict]:
         elif kind == "complete":
             new = "done"
         elif kind == "fail":
-            if step["retry"] is False:
+            if retries[i] is False:
                 new = "failed"
             else:
-                new = "dead" if attempt - base >= first["max_attempts"] else "waiting"
+                new = "dead" if attempt - base >= limit else "waiting"
         else:
             new = "cancelled"
             cancelled = True
         state = new if new is not None else state
-        row = {k: step[k] for k in LIFE_SCHEMA.names if k != "state"}
-        row.update(
-            attempt=attempt,
-            shard=first["shard"],
-            queue=first["queue"],
-            max_attempts=first["max_attempts"],
-            state=new,
-        )
-        out.append(row)
-    return out
+        life.kept.append(i)
+        life.attempt.append(attempt)
+        life.state.append(new)
+        life.shard.append(shard)
+        life.queue.append(queue)
+        life.max_attempts.append(limit)
 
 
 def life_rows(steps: pa.Table) -> pa.Table:
     """Each created task's effective steps in log order, with its state after each (:data:`LIFE_SCHEMA`);
     by ``task_id``. Steps apply would refuse (a repeated task id, a stale attempt, a second completion, a
     cancel of a running task) are left out."""
-    rows = _in_order(steps, "task_id").to_pylist()
-    out: list[dict] = []
+    rows = _in_order(steps, "task_id")
+    # Column lists and index ranges, not a dict per step: this runs once per step of every task.
+    cols = {name: rows[name].to_pylist() for name in _DECIDING}
+    task_ids = cols["task_id"]
+    life = _Life()
     start = 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or rows[i]["task_id"] != rows[start]["task_id"]:
-            out.extend(_task_life(rows[start:i]))
+    for i in range(1, len(task_ids) + 1):
+        if i == len(task_ids) or task_ids[i] != task_ids[start]:
+            _task_life(cols, start, i, life)
             start = i
-    return pa.Table.from_pylist(out, schema=LIFE_SCHEMA)
+    kept = rows.take(pa.array(life.kept, pa.int64()))
+    decided = {
+        "attempt": life.attempt,
+        "state": life.state,
+        "shard": life.shard,
+        "queue": life.queue,
+        "max_attempts": life.max_attempts,
+    }
+    return pa.Table.from_arrays(
+        [kept[f.name] if f.name in _KEPT else pa.array(decided[f.name], f.type) for f in LIFE_SCHEMA],
+        schema=LIFE_SCHEMA,
+    )
