@@ -62,6 +62,9 @@ def spark_session(
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         # Each query here is small next to Spark's default of 200 shuffle partitions.
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions or 8))
+        # At this value (Int.MaxValue) Spark batches rows for the Python workers by count only; below it
+        # it sizes the whole Arrow batch again after every row (15% of the executors' JVM samples in analyze).
+        .config("spark.sql.execution.arrow.maxBytesPerBatch", str(2**31 - 1))
     )
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
