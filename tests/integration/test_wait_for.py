@@ -32,13 +32,15 @@ def status(procs, cluster) -> tuple[str, dict]:
 
 def assert_nobody_serves(procs, cluster, present: int) -> None:
     # Once status says what they wait for, the brokers have taken their hold: a held broker
-    # never stands however long it waits (tests/unit/test_candidacy.py, on a fake clock).
+    # never stands however long it waits (tests/unit/test_candidacy.py, on a fake clock). The
+    # brokers register one after another, so status may first say fewer are present (on a loaded
+    # machine it said 1 of 2): wait for all of them.
+    waiting = f"waiting for 3 members ({present} present)"
     text, doc = wait_for(
-        lambda: (lambda s: s if "waiting for 3 members" in s[0] else None)(status(procs, cluster)),
-        20,
-        "status to say what the cluster waits for",
+        lambda: (lambda s: s if waiting in s[0] else None)(status(procs, cluster)),
+        60,
+        f"status to say {waiting!r}",
     )
-    assert f"waiting for 3 members ({present} present)" in text, text
     assert doc["waiting"] == {"waiting_for": 3, "present": present}
     assert read_leader(cluster.zk, cluster.paths) is None
     with Client(zk=cluster.hosts, cluster=cluster.name, timeout=2.0) as client:
