@@ -311,6 +311,15 @@ class LedgerWriter(AddPipeline, EnsembleChanges):
         # Under the metadata lock: an ensemble change CASes the same node, and its
         # fragment (if written first) is in self.metadata and self._version.
         with self._meta_lock:
+            # A failed bookie no change replaced yet (the change thread stops once the writer
+            # closes) lacks entries the closed ledger names it for: recorded first, as a change does.
+            with self._lock:
+                owed = self._owed_at(last)
+            if owed and not self._mark_owed(owed, last + 1):
+                raise LedgerWriteError(
+                    f"ledger {self.ledger_id}: not closed: could not record in underreplicated/ the entries "
+                    "a failed bookie lacks"
+                )
             closed = self.metadata.with_state(CLOSED, last_entry=last)
             try:
                 self._version = cas_metadata(self._zk, self._paths, closed, self._version)

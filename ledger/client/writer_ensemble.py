@@ -107,6 +107,7 @@ class EnsembleChanges:
                 with self._lock:
                     todo = sorted(s for s in self._failed if s not in self._degraded)
                     # Stopping is decided under the lock that _fail_slot holds: no failure is missed.
+                    closing = self._closing and self._error is None
                     if (
                         not todo
                         or self._error is not None
@@ -116,7 +117,7 @@ class EnsembleChanges:
                         self._changing = False
                         if not self._resends:
                             self._pin = None
-                        return
+                        break
                     ensemble = [dict(m) for m in self._slots]
                     excluded = list(self._failed_bookies.values())
                     # Keep the encoded entries from here on: the fragment starts at or after
@@ -134,6 +135,32 @@ class EnsembleChanges:
             self._fail_writer(
                 self._write_error(f"ledger {self.ledger_id}: the ensemble change failed: {exc}")
             )
+            return
+        if closing:
+            self._mark_owed_after_close()
+
+    def _owed_at(self, last: int) -> list[tuple[dict, int]]:
+        """The failed slots' bookies lacking entries up to ``last`` (committed without them), not yet
+        recorded in ``underreplicated/``, each with the first entry it lacks. Call with the lock held."""
+        return [
+            (dict(self._slots[s]), entry)
+            for s, (_why, entry) in sorted(self._failed.items())
+            if entry <= last and self._slots[s]["bookie_id"] not in self._marked
+        ]
+
+    def _mark_owed_after_close(self) -> None:
+        """A bookie that failed once the writer was closing (its replies to committed entries were still
+        due) is replaced by no fragment: what it lacks of the closed ledger is recorded here instead.
+
+        Under the metadata lock, which ``close()`` holds while it records what failed bookies lack and
+        CASes the ledger closed: before it, ``close()`` records this failure itself; after it, this does.
+        """
+        with self._meta_lock:
+            with self._lock:
+                last = self._closed_last
+                owed = [] if last is None else self._owed_at(last)
+            if owed:
+                self._mark_owed(owed, last + 1)
 
     def _change_once(self, todo: list[int], ensemble: list[dict], excluded: list[dict]) -> None:
         plan = plan_change(ensemble, todo, self._live_bookies(), excluded, self._rng)

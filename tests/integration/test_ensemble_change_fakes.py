@@ -16,7 +16,15 @@ from ledger.client.bookie_errors import LedgerFencedError
 from ledger.client.bookie_pool import BookiePool
 from ledger.client.writer import LedgerWriteError, LedgerWriter
 from ledger.codec import Digest, decode_entry
-from ledger.metadata import IN_RECOVERY, OPEN, LedgerMetadata, cas_metadata, create_metadata, read_metadata
+from ledger.metadata import (
+    CLOSED,
+    IN_RECOVERY,
+    OPEN,
+    LedgerMetadata,
+    cas_metadata,
+    create_metadata,
+    read_metadata,
+)
 from ledger.replication.underreplication import read_underreplicated
 from tests.support.clock import FakeClock
 from tests.support.harness import wait_for
@@ -170,6 +178,40 @@ def test_a_replaced_silent_bookie_is_marked_for_the_entries_committed_without_it
         meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
         assert [f["first_entry"] for f in meta.fragments] == [0, 25]
         assert writer.close() == 24
+    finally:
+        pool.close()
+
+
+def test_a_bookie_that_fails_after_the_close_is_marked_for_what_the_closed_ledger_names_it_for(fake_bookies):
+    """A closed ledger gets no new fragment: a bookie whose copies of committed entries were still due
+    when it closed, and which then fails, is recorded in underreplicated/ instead. Without the mark its
+    missing copies were found only once the bookies holding them were gone too (a partition test
+    cut two of three: "no surviving replica" of an entry of a ledger closed long before)."""
+    cluster, bookies, switches = fake_bookies
+    clock = FakeClock()
+    pool = BookiePool(default_timeout=PATIENT_TIMEOUT, clock=clock)
+    try:
+        writer = new_writer(cluster, bookies, pool, ADD_TIMEOUT)
+        switches[2].held.clear()  # entries 0..4 commit on fake-0 and fake-1: fake-0 acked them all
+        assert [writer.add_sync(b"a-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(5)] == list(range(5))
+        switches[2].held.set()
+        switches[0].mode = "silent"
+        acks = [writer.add_sync(b"s-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(20)]
+        assert acks == list(range(5, 25))  # committed by fake-1 and fake-2, never acked by fake-0
+        assert writer.close() == 24  # fake-0's replies are still due: it has not failed yet
+        assert read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id) is None
+        clock.advance(ADD_TIMEOUT + 0.1)
+        pool.submit(lambda: None)  # wakes the I/O thread, which expires the silent bookie's adds
+        mark = wait_for(
+            lambda: read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id),
+            PATIENT_TIMEOUT,
+            "the mark of the bookie that failed after the close",
+        )
+        assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in mark["missing"]] == [
+            ("fake-0", 5, "writer")
+        ]
+        meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+        assert (meta.state, meta.last_entry, len(meta.fragments)) == (CLOSED, 24, 1)
     finally:
         pool.close()
 
