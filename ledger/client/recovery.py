@@ -24,7 +24,15 @@
    retried (:func:`entry_verdict` is that decision, pure).
 4. Re-replicate every found entry to all its fragment's bookies with ``recovery:
    true`` (a fenced bookie accepts those), needing ``ack_quorum`` acks each.
-5. CAS ``CLOSED`` with ``last_entry``. Losing a CAS means someone else
+5. Record in ``underreplicated/`` each bookie of the last fragment that may lack
+   some of its entries (:func:`lacking_copies`, pure): one that was not fenced
+   (down, cut off, unvouched: from the fragment's start) and one whose fence
+   reply names a last entry before the LAC (from the entry after it; the
+   entries after the LAC were just re-sent to it). An entry committed by an
+   ack quorum need not be on every bookie; once closed, nothing else would
+   find out which copies are missing until the bookies holding the others are
+   gone too.
+6. CAS ``CLOSED`` with ``last_entry``. Losing a CAS means someone else
    recovered: re-read and return their result. Running twice, or concurrently,
    is therefore harmless.
 
@@ -63,6 +71,7 @@ from ledger.metadata import (
     current_address,
     read_metadata,
 )
+from ledger.replication.underreplication import mark_underreplicated
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,31 @@ FOUND, ABSENT, UNDECIDED = "found", "absent", "undecided"
 
 class RecoveryError(LedgerError):
     """Recovery could not decide where the ledger ends; retry when more bookies are up."""
+
+
+def lacking_copies(
+    members: int, fence_replies: dict[int, dict], first_entry: int, committed: int, last: int
+) -> dict[int, int]:
+    """The last fragment's members (by index, of ``members``) that may lack entries of it, each with the
+    first entry it may lack. The fragment runs from ``first_entry`` to ``last``; recovery re-sent the
+    entries after ``committed`` (the LAC it started from) to every fenced member. A member that was not
+    fenced may lack any entry of the fragment; a fenced one, the entries up to ``committed`` after the
+    last entry its fence reply names.
+
+    Example: ``lacking_copies(3, {0: {"last_entry": 9}, 1: {"last_entry": 6}}, 0, 8, 9)`` is
+    ``{1: 7, 2: 0}``.
+    """
+    lacking = {}
+    for index in range(members):
+        reply = fence_replies.get(index)
+        if reply is None:
+            if first_entry <= last:
+                lacking[index] = first_entry
+            continue
+        start = max(first_entry, int(reply.get("last_entry", -1)) + 1)
+        if start <= committed:
+            lacking[index] = start
+    return lacking
 
 
 def entry_verdict(answers: dict[int, str], fenced: set[int], fence_quorum: int) -> str:
@@ -323,6 +357,12 @@ def recover_and_close(
                 found.append((entry_id, data))
                 last = entry_id
         _replicate(pool, meta, addresses, found, timeout, clock)
+        # Before the close: once closed, nothing else would find the copies these bookies may lack.
+        lacking = lacking_copies(len(meta.ensemble), fence_replies, meta.last_fragment_start, lac, last)
+        for index, from_entry in sorted(lacking.items()):
+            mark_underreplicated(
+                zk, paths, ledger_id, [meta.ensemble[index]], from_entry, by="recovery", clock=clock
+            )
 
         try:
             cas_metadata(zk, paths, meta.with_state(CLOSED, last_entry=last), version)

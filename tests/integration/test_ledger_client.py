@@ -21,6 +21,7 @@ from ledger.client.read_misses import UNAVAILABLE
 from ledger.client.reader import EntryNotCommitted
 from ledger.log import LogConflict, append_ledger, read_log, remove_ledgers
 from ledger.metadata import CLOSED, OPEN, NoSuchLedger, read_metadata
+from ledger.replication.underreplication import read_underreplicated
 from tests.support.clock import FakeClock
 from tests.support.harness import wait_for
 from tests.support.ledgers import (
@@ -575,6 +576,31 @@ def test_recovery_closes_an_abandoned_ledger_with_everything_acknowledged(ledger
         other.close()
     with pytest.raises(LedgerFencedError):
         writer.add(b"late").result(5)
+
+
+def test_recovery_marks_a_bookie_it_could_not_fence_for_the_whole_last_fragment(ledger_env):
+    """Closed with an ack quorum fenced, the ledger names a third bookie that may lack any of its entries:
+    recovery records it in underreplicated/ before closing (a partition test once lost the two bookies
+    holding an entry of a recovered ledger, and the third never had it)."""
+    cluster, bookies, client = ledger_env
+    writer = client.create(epoch=2)
+    for i in range(5):
+        writer.add_sync(b"a%d" % i)
+    meta, _ = read_metadata(cluster.zk, cluster.paths, writer.ledger_id)
+    third = procs_in_ensemble_order(bookies, meta)[2]
+    third.pause()
+    other = make_client(cluster, **PATIENT)
+    try:
+        for i in range(5):
+            writer.add_sync(b"b%d" % i)  # committed by the two others
+        assert other.recover_and_close(writer.ledger_id) == 9
+        mark = read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id)
+        assert [(m["bookie_id"], m["from_entry"], m["by"]) for m in mark["missing"]] == [
+            (meta.ensemble[2]["bookie_id"], 0, "recovery")
+        ]
+    finally:
+        third.resume()
+        other.close()
 
 
 def test_recovery_of_an_empty_ledger(ledger_env):
