@@ -152,19 +152,25 @@ def test_a_silent_bookie_is_replaced_after_the_add_timeout_without_stalling_acks
         pool.close()
 
 
+def _fake_0_silent_from_entry_5(cluster, bookies, switches, pool: BookiePool) -> LedgerWriter:
+    """A writer whose entries 0..4 fake-0 acked and 5..24 it never will (committed by fake-1 and fake-2)."""
+    writer = new_writer(cluster, bookies, pool, ADD_TIMEOUT)
+    switches[2].held.clear()  # entries 0..4 commit on fake-0 and fake-1: fake-0 acked them all
+    assert [writer.add_sync(b"a-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(5)] == list(range(5))
+    switches[2].held.set()
+    switches[0].mode = "silent"
+    acks = [writer.add_sync(b"s-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(20)]
+    assert acks == list(range(5, 25))
+    return writer
+
+
 def test_a_replaced_silent_bookie_is_marked_for_the_entries_committed_without_it(fake_bookies):
     """The fragment it leaves ends after entries it never acked: the mark, written before the fragment, names them."""
     cluster, bookies, switches = fake_bookies
     clock = FakeClock()
     pool = BookiePool(default_timeout=PATIENT_TIMEOUT, clock=clock)
     try:
-        writer = new_writer(cluster, bookies, pool, ADD_TIMEOUT)
-        switches[2].held.clear()  # entries 0..4 commit on fake-0 and fake-1: fake-0 acked them all
-        assert [writer.add_sync(b"a-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(5)] == list(range(5))
-        switches[2].held.set()
-        switches[0].mode = "silent"
-        acks = [writer.add_sync(b"s-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(20)]
-        assert acks == list(range(5, 25))  # committed by fake-1 and fake-2, never acked by fake-0
+        writer = _fake_0_silent_from_entry_5(cluster, bookies, switches, pool)
         assert read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id) is None
         clock.advance(ADD_TIMEOUT + 0.1)
         pool.submit(lambda: None)  # wakes the I/O thread, which expires the silent bookie's adds
@@ -191,13 +197,7 @@ def test_a_bookie_that_fails_after_the_close_is_marked_for_what_the_closed_ledge
     clock = FakeClock()
     pool = BookiePool(default_timeout=PATIENT_TIMEOUT, clock=clock)
     try:
-        writer = new_writer(cluster, bookies, pool, ADD_TIMEOUT)
-        switches[2].held.clear()  # entries 0..4 commit on fake-0 and fake-1: fake-0 acked them all
-        assert [writer.add_sync(b"a-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(5)] == list(range(5))
-        switches[2].held.set()
-        switches[0].mode = "silent"
-        acks = [writer.add_sync(b"s-%d" % i, timeout=PATIENT_TIMEOUT) for i in range(20)]
-        assert acks == list(range(5, 25))  # committed by fake-1 and fake-2, never acked by fake-0
+        writer = _fake_0_silent_from_entry_5(cluster, bookies, switches, pool)
         assert writer.close() == 24  # fake-0's replies are still due: it has not failed yet
         assert read_underreplicated(cluster.zk, cluster.paths, writer.ledger_id) is None
         clock.advance(ADD_TIMEOUT + 0.1)
