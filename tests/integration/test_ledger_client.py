@@ -468,11 +468,13 @@ def test_a_tailing_reader_reads_what_wait_for_brought_without_asking_again(ledge
     def reads() -> int:
         return sum(client.pool.request(p.address, "stats").result(5)["reads"] for p in bookies)
 
-    threading.Timer(0.3, lambda: [writer.add_sync(b"e%d" % i) for i in range(5)]).start()
+    adds = threading.Timer(0.3, lambda: [writer.add_sync(b"e%d" % i) for i in range(5)])
+    adds.start()
     lac = reader.wait_for(-1, timeout=5.0)
     before = reads()
     assert [e.payload for e in reader.read_range(0, lac)] == [b"first", *[b"e%d" % i for i in range(lac)]]
     assert reads() == before, "entries that came with the wait_lac reply were read again"
+    adds.join(30)  # closed under its last adds, the writer failed them in that thread after the test
     writer.close()
 
 
