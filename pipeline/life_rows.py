@@ -198,9 +198,6 @@ def release_steps(releases: pa.Table) -> pa.Table:
 
 # The columns a task's life is decided from, read from the steps once as Python lists.
 _DECIDING = ("task_id", "kind", "attempt", "retry", "running", "given", "queue", "max_attempts", "shard")
-# The life columns a step keeps as it came; the others are decided per task (attempt, state) or
-# are the task's own, from the submit that created it (shard, queue, max_attempts).
-_KEPT = ("ledger_id", "entry_id", "event_index", "task_id", "kind", "worker", "ts_ms")
 
 
 class _Life:
@@ -301,6 +298,7 @@ def life_rows(steps: pa.Table) -> pa.Table:
             _task_life(cols, start, i, life)
             start = i
     kept = rows.take(pa.array(life.kept, pa.int64()))
+    # Decided per task (attempt, state) or the task's own, from its submit; the other columns as they came.
     decided = {
         "attempt": life.attempt,
         "state": life.state,
@@ -309,6 +307,6 @@ def life_rows(steps: pa.Table) -> pa.Table:
         "max_attempts": life.max_attempts,
     }
     return pa.Table.from_arrays(
-        [kept[f.name] if f.name in _KEPT else pa.array(decided[f.name], f.type) for f in LIFE_SCHEMA],
+        [pa.array(decided[f.name], f.type) if f.name in decided else kept[f.name] for f in LIFE_SCHEMA],
         schema=LIFE_SCHEMA,
     )
