@@ -25,7 +25,9 @@ from devtools.dev_members import read_broker_id
 from devtools.dev_spec import DevClusterSpec
 from devtools.devcluster import DevCluster
 from devtools.procs import pid_alive
+from election.insync import read_elect, read_insync
 from election.leader import read_leader
+from election.live import live_brokers
 from election.paths import ClusterPaths
 from election.shards import shard_of_key, shard_of_task
 from election.zk import close, connect
@@ -70,6 +72,25 @@ class ShardProducer(threading.Thread):
 def longest_gap(acks: list[tuple[float, str, str]], since: float, until: float) -> float:
     times = [since] + [t for t, _, _ in acks if since < t < until] + [until]
     return max(b - a for a, b in zip(times, times[1:]))
+
+
+def shard0_standing(zk) -> str:
+    """What shard 0's balancing decides from: its leader, in-sync set, elect request and live brokers."""
+    paths = ClusterPaths(CLUSTER, 0)
+    insync, _ = read_insync(zk, paths)
+    live = {i: bool(info.get("learner")) for i, info in live_brokers(zk, paths).items()}
+    return f"leaders {leader_ids(zk)}, shard 0 in sync {insync}, elect {read_elect(zk, paths)}, live (learner) {live}"
+
+
+def balance_lines(brokers, last: int = 30) -> str:
+    """The last lines of each broker's log about leadership and handovers (shard children log there too)."""
+    words = ("leading", "handing", "handed", "elect", "in sync", "in-sync", "stepping", "take over", "ERROR")
+    out = []
+    for member in brokers:
+        lines = Path(member["log"]).read_text(errors="replace").splitlines()
+        out.append(f"--- {member['log']}")
+        out.extend([line for line in lines if any(w in line for w in words)][-last:])
+    return "\n".join(out)
 
 
 def leader_ids(zk) -> dict[int, int | None]:
@@ -144,7 +165,12 @@ def test_a_broker_death_pauses_only_the_shards_it_led(tmp_path):
 
         # The restarted broker gets its preferred shard back.
         dev.restart(victim)
-        wait_for(lambda: leader_ids(zk)[0] == victim_id, 120, "the restarted broker to lead shard 0 again")
+        try:
+            wait_for(
+                lambda: leader_ids(zk)[0] == victim_id, 120, "the restarted broker to lead shard 0 again"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{shard0_standing(zk)}\n{balance_lines(brokers.values())}") from None
     finally:
         stop.set()
         for producer in producers:

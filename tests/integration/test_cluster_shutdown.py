@@ -7,22 +7,21 @@ higher epoch, without any snapshot download (the stores are at the log's end).
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from pathlib import Path
 
 import pytest
-import zmq
 
 from broker.api.client import BrokerUnavailable, Client, ClientError
+from broker.server.leading.leader_shutdown import HOLD_ENV
 from devtools.devcluster import DevCluster
-from election import wire
 from election.local.store_status import read_status
 from election.shutdown_node import read_shutdown
 from election.wire import codes
 from election.zk import close, connect
-from tests.support.harness import call, wait_for
+from tests.support.harness import BrokerCluster, call, wait_for
+from tests.support.shutdown_prober import ShutdownProber
 
 pytestmark = [pytest.mark.integration]
 
@@ -79,54 +78,6 @@ class KeyedLoad:
             return len(self.acked)
 
 
-PROBES_IN_FLIGHT = 32
-# Beyond the backlog, one more request every poll (about a millisecond), up to this many unanswered.
-PROBES_UNANSWERED_MAX = 5000
-
-
-class Prober(threading.Thread):
-    """Submits straight to one broker keeping at least :data:`PROBES_IN_FLIGHT` requests unanswered
-    (pipelined on one socket) and one more each millisecond, recording ``(rid, error code or None)``
-    of each reply.
-
-    The leader refuses writes for only the few milliseconds between the shutdown request and its
-    last entry; a request in its socket is what meets that window. A backlog alone can miss it: when
-    every request of the backlog is already in the leader's last group, the next ones are sent only
-    when their replies come, which is after that group commits, and the ClusterShutdown entry may be
-    applied by then (it did once in CI). The steady trickle keeps a request arriving during the
-    window. Replies come out of order (a refusal is immediate, an acceptance waits for its entry),
-    but the broker takes requests in the order they were sent. A broker that stopped answering gets
-    at most :data:`PROBES_UNANSWERED_MAX` requests.
-    """
-
-    def __init__(self, address: str) -> None:
-        super().__init__(daemon=True)
-        self.address, self.replies, self.halt = address, [], threading.Event()
-
-    def run(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
-        rids, unanswered = itertools.count(1), 0
-        try:
-            while not self.halt.is_set():
-                wanted = max(PROBES_IN_FLIGHT - unanswered, 1 if unanswered < PROBES_UNANSWERED_MAX else 0)
-                for _ in range(wanted):
-                    rid = next(rids)
-                    request = wire.request("submit", rid, queue="probe", payload=b"p", key=f"probe-{rid}")
-                    try:
-                        sock.send(wire.encode(request), zmq.NOBLOCK)
-                    except zmq.Again:  # the broker is gone and its pipe is full
-                        break
-                    unanswered += 1
-                while sock.poll(1):
-                    reply = wire.decode(sock.recv())
-                    self.replies.append((reply["rid"], None if reply.get("ok") else reply.get("error")))
-                    unanswered -= 1
-        finally:
-            sock.close()
-
-
 def assert_every_acked_task_once(
     zk_hosts: str, cluster: str, leader_address: str, acked: dict[str, str], unacked_at_most: int
 ) -> None:
@@ -162,20 +113,18 @@ def assert_stores_clean(data_dirs: list[Path], report: dict) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_shutdown_under_load_then_restart_serves_every_task_without_a_snapshot(broker_cluster):
-    bc = broker_cluster
+def test_shutdown_under_load_then_restart_serves_every_task_without_a_snapshot(cluster, procs):
+    # The leader holds its last entry half a second, so the prober's writes meet the refusal.
+    bookies = procs.start_bookies(cluster, 3)
+    brokers = procs.start_brokers(cluster, 3, env={HOLD_ENV: "0.5"})
+    bc = BrokerCluster(cluster=cluster, procs=procs, bookies=bookies, brokers=brokers)
     cluster, hosts = bc.cluster.name, bc.zk_hosts
     first = bc.wait_leader()
     leader = bc.leader_proc()
-    prober = Prober(leader.address)
     with KeyedLoad(hosts, cluster) as load:
         wait_for(lambda: load.count() > 300, 60, "load to start")
-        prober.start()
-        try:
+        with ShutdownProber(leader.address) as prober:
             report = run_shutdown(bc.procs, hosts, cluster)
-        finally:
-            prober.halt.set()
-    prober.join(10)
     assert report["ok"] and report["position"] is not None
     ids = sorted(json.loads((p.data_dir / ".broker.meta").read_text())["broker_id"] for p in bc.brokers)
     assert sorted(m["id"] for m in report["members"]) == ids

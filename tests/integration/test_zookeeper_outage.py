@@ -212,6 +212,10 @@ def test_a_roll_postponed_too_long_refuses_writes_until_zookeeper_returns(procs,
         private_zk.hosts,
         "postponed",
         extra=["--ledger-max-entries", "40", "--max-roll-postpone-s", "3"],
+        # The roll must happen on this leader once ZooKeeper is back: a session long enough that a slow
+        # restart does not expire it (with 6 s, a reconnection that outlasted a loaded restart by 13 s
+        # let a follower take over, and the old leader never accepted a write again).
+        session_timeout=20.0,
     )
     load = KeyedLoad(private_zk.hosts, "postponed", "q-roll", threads=2, rate=20.0)
     direct = []

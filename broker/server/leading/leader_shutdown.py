@@ -12,7 +12,7 @@ Example::
 
     shutdown = LeaderShutdown("c5f0..", send=server._send)
     shutdown.request(route, rid, req)             # waits for the entry
-    if shutdown.due(group):
+    if shutdown.due(group, clock.monotonic()):
         group.add(shutdown.entry(now_ms), SHUTDOWN_ENTRY)
     position = shutdown.applied(results, None)    # answers the waiters; (ledger, entry)
 """
@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable
 
 from election import wire
@@ -30,13 +31,23 @@ log = logging.getLogger(__name__)
 # The group-commit context of the ClusterShutdown entry (its requests wait in LeaderShutdown).
 SHUTDOWN_ENTRY = object()
 
+# Fault injection for tests only, read when the process starts: hold the ClusterShutdown entry this
+# many seconds after the request, so the refusals of writes in between (a window of a few
+# milliseconds otherwise) are there for a test to see on a busy machine.
+HOLD_ENV = "FENCEPOST_FAULT_HOLD_SHUTDOWN_ENTRY_S"
+HOLD_S = float(os.environ.get(HOLD_ENV) or 0.0)
+
 
 class LeaderShutdown:
     """One cluster shutdown a leader was asked for (see the module docstring)."""
 
-    def __init__(self, shutdown_id: str, send: Callable[[list[bytes], dict], None]) -> None:
+    def __init__(
+        self, shutdown_id: str, send: Callable[[list[bytes], dict], None], not_before: float = 0.0
+    ) -> None:
         self.shutdown_id = shutdown_id
         self.send = send
+        # The monotonic time before which the entry is not written (see HOLD_ENV).
+        self.not_before = not_before
         self.waiters: list[tuple[list[bytes], Any]] = []
         self.written = False
         self.position: list[int] | None = None
@@ -59,9 +70,16 @@ class LeaderShutdown:
         else:
             self.waiters.append((route, rid))
 
-    def due(self, group) -> bool:
-        """Whether ClusterShutdown goes now: not yet written, and nothing gathered, in flight or held."""
-        return not self.written and group.idle and not group.held and group.failed is None
+    def due(self, group, now: float) -> bool:
+        """Whether ClusterShutdown goes ``now`` (monotonic): not yet written, and nothing gathered,
+        in flight or held."""
+        return (
+            not self.written
+            and now >= self.not_before
+            and group.idle
+            and not group.held
+            and group.failed is None
+        )
 
     def entry(self, now_ms: int) -> list[dict]:
         self.written = True

@@ -54,6 +54,7 @@ from broker.server.leading.confirmed_reads import ConfirmedReads
 from broker.server.leading.group_commit import ApplyFailed, EntryTooLarge, GroupCommit, WriteFailed
 from broker.server.leading.housekeeping import HOUSEKEEPING_ENTRY, Housekeeping
 from broker.server.leading.leader_clock import LeaderClock
+from broker.server.leading.leader_shutdown import HOLD_S as SHUTDOWN_HOLD_S
 from broker.server.leading.leader_shutdown import SHUTDOWN_ENTRY, LeaderShutdown
 from broker.server.leading.parking import LeaseParking, incoming
 from broker.server.leading.retry_stamp import stamp_retry_delay
@@ -282,7 +283,9 @@ class Leadership(ConfirmedReads):
                 )
                 return
             self.shutdown = LeaderShutdown(
-                req["shutdown_id"], lambda r, m: self.hooks.send(r, m, req["op"], None)
+                req["shutdown_id"],
+                lambda r, m: self.hooks.send(r, m, req["op"], None),
+                not_before=self.clock.monotonic() + SHUTDOWN_HOLD_S,
             )
             log.warning(
                 "cluster shutdown %s: refusing writes from now on; ClusterShutdown follows the %d entries "
@@ -434,7 +437,7 @@ class Leadership(ConfirmedReads):
             return  # no lease expiry, digest or roll after the last entry
         self.upkeep.digest(start=False)  # one already holding the pipeline; no new one
         self.upkeep.roll()
-        if self.shutdown.due(self.group):
+        if self.shutdown.due(self.group, self.clock.monotonic()):
             try:
                 self.group.add(self.shutdown.entry(self.leader_clock.now_ms()), SHUTDOWN_ENTRY)
             except Exception as exc:  # cannot happen with a checked id; never leave the requests unanswered

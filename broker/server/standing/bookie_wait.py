@@ -59,13 +59,17 @@ class BookieWait:
         self.live: int | None = None  # unknown until first read: nothing to say yet
         self._next_read = 0.0
         self._stale = threading.Event()  # set by the watch: re-read at the next hold()
+        # Several threads ask hold() (the election thread, a queued broker's watch, the leader watch): one
+        # that comes while another re-reads waits for that count instead of answering with the old one.
+        self._reading = threading.Lock()
         self._recovery: tuple[str, float] | None = None  # (why, until): an open ledger cannot be recovered
 
     def hold(self) -> str:
         """Why we may not stand ("" when a ledger could be created); reads ``bookies/`` when due."""
-        if self._stale.is_set() or self.clock.monotonic() >= self._next_read:
-            self._read()
-        return self._reason()
+        with self._reading:
+            if self._stale.is_set() or self.clock.monotonic() >= self._next_read:
+                self._read()
+            return self._reason()
 
     def saw(self, live: int, reason: str | None = None) -> None:
         """A fresh count from elsewhere (the takeover's check before its claim).
