@@ -50,11 +50,12 @@ from broker.state.schema import (
     ready_key,
     task_id_of,
 )
-from broker.state.task_record import inline_payload
+from broker.state.task_record import inline_payload, pack_new_task
 from broker.state.transitions import (
     capped_deadline,
     check_attempt,
     enter,
+    enter_new,
     finish,
     leave,
     release,
@@ -102,37 +103,19 @@ def _task_submitted(tx: StateTxn, ev: dict) -> dict:
     refused = make_room(tx, name, q, now)  # its length limit (broker.state.apply_limits)
     if refused is not None:
         return refused
-    rec = {
-        "id": tid,
-        "queue": name,
-        "state": None,
-        "key": ev["key"],
-        "priority": ev["priority"],
-        "seq": tx.next_seq(),
-        "attempts": 0,
-        "max_attempts": ev["max_attempts"] or q["max_attempts"],
-        "submitted_ms": now,
-        "not_before_ms": now + ev["delay_ms"],
-        "started_ms": None,
-        "finished_ms": None,
-        "worker": None,
-        "lease_deadline_ms": None,
-        "result": None,
-        "error": None,
-        "max_run_ms": ev["max_run_ms"],
-        "payload": inline_payload(ev["payload"]),
-    }
-    for setting in (backoff.BASE_FIELD, backoff.MAX_FIELD):
-        if ev[setting] is not None:
-            rec[setting] = ev[setting]
-    expiry = expires_at(ev, q)
-    if expiry is not None:
-        rec["expires_at_ms"] = expiry
-    if rec["payload"] is None:
+    payload = inline_payload(ev["payload"])
+    if payload is None:
         tx.put("payloads", tid_b, ev["payload"])
     if ev["key"] is not None:
         idem.add(tx, name, ev["key"], tid_b)
-    enter(tx, rec, WAITING, now, tid_b)
+    # The new record packed from the event's fields (what enter() would store of its record dict).
+    seq, not_before, expiry = tx.next_seq(), now + ev["delay_ms"], expires_at(ev, q)
+    settings = (ev["max_run_ms"], ev[backoff.BASE_FIELD], ev[backoff.MAX_FIELD], expiry)
+    max_attempts = ev["max_attempts"] or q["max_attempts"]
+    raw = pack_new_task(
+        tid_b, name, ev["priority"], seq, max_attempts, now, not_before, payload, ev["key"], settings
+    )
+    enter_new(tx, tid_b, raw, name, ev["priority"], seq, not_before, now, expiry)
     return {"ok": True, "task_id": tid, "created": True}  # ok(...), built at once: every submit makes one
 
 

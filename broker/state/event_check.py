@@ -10,8 +10,9 @@ the common kinds (integers in a range, bytes, names, ids, keys, booleans) are
 checked inline, the others by the schema's own checker. The events of an entry
 come as their leader encoded them, so nearly all of one type share one layout
 (their keys, in order): per layout met, a check that unpacks the values by
-position and builds the copy in one dict display (at most :data:`LAYOUTS_MAX`
-layouts per type; others take the type's check).
+position and, for the layout leaders write (the schema's order, unset late fields
+left out), normalizes the decoded event in place, else builds the copy in one dict
+display (at most :data:`LAYOUTS_MAX` layouts per type; others take the type's check).
 
 A compiled check only ever says "this event is valid, here is its normalized
 copy" or "not sure"; on "not sure" (a bad value, a missing field, a type with
@@ -117,8 +118,11 @@ def _compile_layout(etype: str, keys: tuple) -> Callable[[dict], dict | None] | 
     """The check of events of ``etype`` with exactly ``keys`` in that order, or None if no event
     with those keys can be valid (an unknown or missing field: the type's check decides).
 
-    The values are unpacked by position instead of looked up by name, and the normalized copy
-    is one dict display in the schema's order, defaults in place of the absent fields.
+    The values are unpacked by position instead of looked up by name. An event laid out in the
+    schema's order, the fields it lacks all last (as leaders write them), is normalized in place:
+    its lists copied, the defaults of the absent fields appended, so that its fields end in the
+    schema's order without a copy of the event built; the caller owns it (decoded for it). Any other
+    layout gets a normalized copy, one dict display in the schema's order.
     """
     schema = SCHEMAS[etype]
     if "type" not in keys or not set(keys) <= set(schema) | {"type"}:
@@ -127,25 +131,33 @@ def _compile_layout(etype: str, keys: tuple) -> Callable[[dict], dict | None] | 
         return None
     env: dict[str, Any] = {}
     var = {name: f"v{i}" for i, name in enumerate(keys)}
-    tests, items = [], [f"'type': {etype!r}"]
+    tests, values = [], {"type": repr(etype)}  # values: each field's normalized value, as source
     for i, (name, (kind, default)) in enumerate(schema.items()):
         if name not in keys:
             env[f"_default{i}"] = default  # taken as it is, unchecked, as validate_event takes it
-            items.append(f"{name!r}: _default{i}")
+            values[name] = f"_default{i}"
             continue
         env[f"_check{i}"] = _events._checker(kind)
         tests.append("(" + _test(kind, f"_check{i}", var[name]) + ")")
         base = kind.rstrip("?")
         copied = base not in _events._INT_RANGES and base not in _INLINE  # may be a list: copied
         v = var[name]
-        items.append(f"{name!r}: list({v}) if isinstance({v}, list) else {v}" if copied else f"{name!r}: {v}")
+        values[name] = f"list({v}) if isinstance({v}, list) else {v}" if copied else v
+    if keys == tuple(values)[: len(keys)]:  # schema order, absent fields last: in place
+        changed = [
+            (name, value) for name, value in values.items() if name != "type" and value != var.get(name)
+        ]
+        result = [f"ev[{name!r}] = {value}" for name, value in changed]
+        result += ["return ev"]
+    else:
+        result = ["return {" + ", ".join(f"{name!r}: {value}" for name, value in values.items()) + "}"]
     lines = [
         "def check(ev):",
         "    try:",
         f"        {', '.join(var.values())}, = ev.values()",
         f"        if not ({' and '.join(tests) or 'True'}):",
         "            return None",
-        f"        return {{{', '.join(items)}}}",
+        *(f"        {line}" for line in result),
         "    except Exception:",
         "        return None",
     ]
@@ -163,7 +175,13 @@ def _layout_check(etype: str, keys: tuple) -> Callable[[dict], dict | None]:
 
 
 def check_event(ev: Any) -> dict:
-    """:func:`~broker.state.events.validate_event` of one decoded event, by its compiled check."""
+    """:func:`~broker.state.events.validate_event` of one event, by its compiled check (``ev``
+    itself is left as it is)."""
+    return _checked(dict(ev) if type(ev) is dict else ev)
+
+
+def _checked(ev: Any) -> dict:
+    """:func:`check_event` of an event the caller owns, which may be normalized in place."""
     if type(ev) is dict:
         etype = ev.get("type")
         layouts = _LAYOUTS.get(etype) if type(etype) is str else None
@@ -192,4 +210,4 @@ def decode_entry(data: bytes) -> list[dict]:
         return decode_batch(data)
     if doc["v"] != BATCH_FORMAT_VERSION:
         return decode_batch(data)
-    return [check_event(ev) for ev in doc["events"]]
+    return [_checked(ev) for ev in doc["events"]]  # decoded here: normalized in place

@@ -182,7 +182,9 @@ def _priority(priority: int) -> bytes:
 
 
 def ready_key(queue: str, priority: int, seq: int) -> bytes:
-    return queue_prefix(queue) + _priority(priority) + u64(seq)
+    # The usual small priority looked up here: a submit and each lease build one of these.
+    head = _SHORT_PRIORITY[64 - priority] if -63 <= priority <= 64 else _priority(priority)
+    return queue_prefix(queue) + head + _U64.pack(seq)
 
 
 def delayed_key(queue: str, not_before_ms: int, seq: int) -> bytes:

@@ -5,7 +5,8 @@ one), in the same transaction: leaving takes the task out of its state's index
 (``ready`` or ``delayed`` while waiting, also ``expiring`` for one never started
 that expires; ``leases`` and ``worker_leases`` while running, ``finished`` after),
 out of ``by_state`` and out of its queue's
-counters; entering puts it in the new ones and saves the record. On these:
+counters; entering puts it in the new ones and saves the record (:func:`enter_new`: a
+submitted task's, from its fields). On these:
 :func:`finish` (a final state), :func:`release` (a running attempt ended
 without success: waiting again after its backoff while attempts remain, else
 dead), :func:`requeue` (an operator's retry of a failed or dead task), :func:`remove`
@@ -35,6 +36,7 @@ from broker.state.schema import (
     ready_key,
     state_key,
     text,
+    u64,
     unpack,
     worker_lease_key,
 )
@@ -70,13 +72,10 @@ def enter(tx: StateTxn, rec: dict, state: str, now_ms: int, tid_b: bytes | None 
         tid_b = id_key(tid)
     rec["state"] = state
     if state == WAITING:
-        if rec["not_before_ms"] > now_ms:
-            tx.put("delayed", delayed_key(queue, rec["not_before_ms"], rec["seq"]), tid_b)
-            tx.count(queue, "delayed", 1)
-        else:
-            tx.put("ready", ready_key(queue, rec["priority"], rec["seq"]), tid_b)
-        if _expiring(rec):
-            tx.put("expiring", expiry_key(rec["expires_at_ms"], tid), b"")
+        expiring_at = rec["expires_at_ms"] if _expiring(rec) else None
+        _index_waiting(
+            tx, queue, rec["priority"], rec["seq"], rec["not_before_ms"], now_ms, tid_b, expiring_at
+        )
     elif state == RUNNING:
         tx.put("leases", lease_key(rec["lease_deadline_ms"], tid), b"")
         tx.put("worker_leases", worker_lease_key(rec["worker"], tid), b"")
@@ -85,6 +84,45 @@ def enter(tx: StateTxn, rec: dict, state: str, now_ms: int, tid_b: bytes | None 
     tx.put("by_state", state_key(queue, state, tid_b), b"")
     tx.count(queue, state, 1)
     tx.save_task(rec, tid_b)
+
+
+def enter_new(
+    tx: StateTxn,
+    tid_b: bytes,
+    raw: bytes,
+    queue: str,
+    priority: int,
+    seq: int,
+    not_before_ms: int,
+    now_ms: int,
+    expires_at_ms: int | None,
+) -> None:
+    """:func:`enter` of a task just submitted into ``waiting``, from its fields and its record packed
+    by :func:`broker.state.task_record.pack_new_task` (never started: in ``expiring`` if it expires)."""
+    _index_waiting(tx, queue, priority, seq, not_before_ms, now_ms, tid_b, expires_at_ms)
+    tx.put("by_state", state_key(queue, WAITING, tid_b), b"")
+    tx.count(queue, WAITING, 1)
+    tx.put("tasks", tid_b, raw)
+
+
+def _index_waiting(
+    tx: StateTxn,
+    queue: str,
+    priority: int,
+    seq: int,
+    not_before_ms: int,
+    now_ms: int,
+    tid_b: bytes,
+    expiring_at: int | None,
+) -> None:
+    """A waiting task into ``delayed`` (counted) or ``ready``, and into ``expiring`` at ``expiring_at``."""
+    if not_before_ms > now_ms:
+        tx.put("delayed", delayed_key(queue, not_before_ms, seq), tid_b)
+        tx.count(queue, "delayed", 1)
+    else:
+        tx.put("ready", ready_key(queue, priority, seq), tid_b)
+    if expiring_at is not None:
+        tx.put("expiring", u64(expiring_at) + tid_b, b"")  # expiry_key(expiring_at, id)
 
 
 def remove(tx: StateTxn, rec: dict, tid_b: bytes) -> None:

@@ -115,7 +115,7 @@ class StateTxn:
         if db == "tasks":
             if key in self._tasks:
                 return self._tasks[key]
-            if key > self._last_task():
+            if key > (self._tasks_last if self._tasks_last is not None else self._last_task()):
                 return None  # past every stored id: a new task (ids are time-ordered)
         elif db in self._index:
             self._write_index(db)
@@ -123,7 +123,9 @@ class StateTxn:
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
         if db == "tasks":
-            self._hold_task(key, value)
+            self._tasks[bytes(key)] = value  # _hold_task(key, value), written out here: one per task change
+            if len(self._tasks) >= TASK_WRITES_MAX:
+                self._write_tasks()
         elif db in INDEX_DBS:
             held = self._index.get(db)
             if held is None:
@@ -137,8 +139,16 @@ class StateTxn:
 
     def delete(self, db: str, key: bytes) -> bool:
         if db != "tasks":
-            if db in self._index:
-                self._write_index(db)
+            held = self._index.get(db)
+            if held is not None and key in held:
+                # A put of it is held: dropped (the key may be stored as well). The index's other held
+                # entries stay held: a task's move deletes the entry its previous move put.
+                del held[key]
+                self._held -= 1
+                if not held:
+                    del self._index[db]
+                self._delete(db, key)
+                return True
             return self._delete(db, key)
         if self.get(db, key) is None:
             return False
@@ -168,21 +178,25 @@ class StateTxn:
                 self._delete("tasks", key)
             else:
                 self._put("tasks", key, value)
-        # Past the last key: new records (None: a task made and deleted in this batch, never stored),
-        # appended in one call, which leaves a split page full instead of half empty.
-        new = [(key, self._tasks[key]) for key in keys[split:] if self._tasks[key] is not None]
-        if new:
-            self.digest ^= xor_of_hashes("tasks", [k for k, _ in new], [v for _, v in new])
+        # Past the last key: new records, appended in one call, which leaves a split page full instead
+        # of half empty. Looked up and written by C calls alone: a replay writes 10,000 at a time.
+        keys = keys[split:]
+        values = list(map(self._tasks.__getitem__, keys))
+        if None in values:  # a task made and deleted in this batch, never stored
+            keys = [key for key, value in zip(keys, values) if value is not None]
+            values = [value for value in values if value is not None]
+        if keys:
+            self.digest ^= xor_of_hashes("tasks", keys, values)
             with self.txn.cursor(db=self.dbs["tasks"]) as cur:
-                cur.putmulti(new, append=True)
-            self._tasks_last = new[-1][0]
+                cur.putmulti(zip(keys, values), append=True)
+            self._tasks_last = keys[-1]
         self._tasks.clear()
 
     def _write_index(self, db: str) -> None:
         """Write the held entries of one index, in key order, appending those past its last key."""
         held = self._index.pop(db)
         self._held -= len(held)
-        items = sorted(held.items())
+        items = sorted(held.items(), key=itemgetter(0))  # keys alone: they differ, no tuple compare
         with self.txn.cursor(db=self.dbs[db]) as cur:
             last = cur.key() if cur.last() else b""
             # items[split:]: past the last key (all of them, as a replay's new entries mostly are)
@@ -281,7 +295,7 @@ class StateTxn:
         self._dirty.add(name)
 
     def count(self, queue: str, name: str, delta: int) -> None:
-        rec = self.queue(queue)
+        rec = self._queues.get(queue) or self.queue(queue)  # nearly always cached: no call
         if rec is None:
             raise StateCorrupt(f"task refers to undeclared queue {queue!r}")
         counts = rec["counts"]

@@ -140,6 +140,14 @@ def test_a_list_field_is_a_copy_not_the_decoded_list():
     assert out == validate_event(ev)
 
 
+def test_an_event_in_the_schemas_order_is_checked_without_changing_it_and_its_lists_copied():
+    ev = {"type": "TaskLeased", "worker": "w", "queues": ["q"], "max_tasks": 2, "lease_ms": None, "now_ms": 1}
+    before = {**ev, "queues": list(ev["queues"])}
+    out = check_event(ev)  # a layout normalized in place: check_event hands it a copy
+    assert ev == before and out is not ev and out["queues"] is not ev["queues"]
+    assert out == validate_event(ev) and list(out) == list(validate_event(ev))
+
+
 def test_every_key_layout_is_judged_as_validate_event_judges_it_also_past_the_layouts_kept(monkeypatch):
     monkeypatch.setattr(event_check, "_LAYOUTS", {etype: {} for etype in event_check.CHECKS})
     monkeypatch.setattr(event_check, "LAYOUTS_MAX", 3)

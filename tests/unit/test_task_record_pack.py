@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.state.schema import STATES, key_bytes
-from broker.state.task_record import TASK_LAYOUT, pack_task, unpack_task
+from broker.state.task_record import TASK_LAYOUT, pack_new_task, pack_task, unpack_task
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,3 +89,46 @@ def test_any_record_packs_as_the_plain_layout(late, state, key, payload):
     assert msgpack.unpackb(raw, raw=False) == _plain(tid, rec)
     back = unpack_task(tid, raw)
     assert {k: v for k, v in back.items() if v is not None} == {k: v for k, v in rec.items() if v is not None}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    settings_=st.tuples(*(st.one_of(st.none(), st.integers(0, 100)) for _ in range(4))),
+    key=st.sampled_from([None, "k", "auto:" + "ab" * 16]),
+    payload=st.sampled_from([None, b"p"]),
+    delay=st.integers(0, 5),
+    tid=st.sampled_from([bytes(range(16)), b"short-id"]),
+)
+def test_a_new_task_packs_as_its_record_would(settings_, key, payload, delay, tid):
+    base = int.from_bytes(tid[:6], "big") + 7 if len(tid) == 16 else 7
+    max_run_ms, backoff, backoff_max, expires_at = settings_
+    rec = {
+        "id": "x",
+        "queue": "q",
+        "state": "waiting",
+        "key": key,
+        "priority": -2,
+        "seq": 4,
+        "attempts": 0,
+        "max_attempts": 3,
+        "submitted_ms": base,
+        "not_before_ms": base + delay,
+        "payload": payload,
+        "started_ms": None,
+        "finished_ms": None,
+        "worker": None,
+        "lease_deadline_ms": None,
+        "result": None,
+        "error": None,
+        "max_run_ms": max_run_ms,
+    }
+    for name, v in (("retry_backoff_ms", backoff), ("retry_backoff_max_ms", backoff_max)):
+        if v is not None:
+            rec[name] = v
+    if expires_at is not None:
+        rec["expires_at_ms"] = base + expires_at
+    expiry = None if expires_at is None else base + expires_at
+    raw = pack_new_task(
+        tid, "q", -2, 4, 3, base, base + delay, payload, key, (max_run_ms, backoff, backoff_max, expiry)
+    )
+    assert raw == pack_task(tid, rec)
