@@ -36,10 +36,10 @@ import pyarrow.compute as pc
 
 from pipeline import PipelineError
 from pipeline.epoch_rows import EPOCH_COLUMNS, EPOCH_ROW_SCHEMA, EPOCH_SCHEMA, epoch_rows, epochs
+from pipeline.frames import parts_schema, parts_table
 from pipeline.life_rows import (
     END_COLUMNS,
     END_TYPES,
-    LIFE_SCHEMA,
     STEP_SCHEMA,
     SUBMIT_ROW_SCHEMA,
     created_submits,
@@ -49,6 +49,7 @@ from pipeline.life_rows import (
     release_steps,
     submit_rows,
 )
+from pipeline.task_figures import percentiles
 from pipeline.window import Window
 
 __all__ = ["TABLES", "TABLE_ORDER", "Window", "analyze_events", "parse_time"]
@@ -200,14 +201,6 @@ def summed_minutes(counts: pa.Table) -> pa.Table:
     )
 
 
-def _percentiles(values: pa.Array) -> list[float | None]:
-    values = pc.drop_null(values)
-    if len(values) == 0:
-        return [None] * len(PERCENTILES)
-    # Exact and linearly interpolated between the two nearest values.
-    return pc.quantile(values, q=list(PERCENTILES), interpolation="linear").to_pylist()
-
-
 def latency(tasks: pa.Table) -> pa.Table:
     """Per queue: submit-to-first-start and submit-to-finish (done, failed or dead) percentiles in ms
     (:data:`LATENCY_SCHEMA`); by ``queue``."""
@@ -232,7 +225,7 @@ def latency(tasks: pa.Table) -> pa.Table:
         to_start, to_finish = (grouped[f"{name}_list"][row].values for name in ("to_start", "to_finish"))
         figures = [grouped["queue"][row].as_py(), grouped["queue_count"][row].as_py()]
         figures += [len(to_start) - to_start.null_count, len(to_finish) - to_finish.null_count]
-        figures += _percentiles(to_start) + _percentiles(to_finish)
+        figures += percentiles(to_start, PERCENTILES) + percentiles(to_finish, PERCENTILES)
         out.append(dict(zip(LATENCY_SCHEMA.names, figures)))
     return pa.Table.from_pylist(out, schema=LATENCY_SCHEMA)
 
@@ -297,6 +290,25 @@ def _utilization(workers, attempts, busy_ms, window_ms: int) -> pa.Table:
     )
 
 
+TASKS_PART, WORKERS_PART, MINUTES_PART = "tasks", "workers", "minutes"
+FIGURES_SCHEMA = parts_schema(TASK_SCHEMA, WORKER_SCHEMA, MINUTE_SCHEMA)
+
+
+def life_figures(steps: pa.Table, window: Window, span: tuple[int, int]) -> pa.Table:
+    """What the tables take of the lives of the tasks in ``steps`` (whole groups of task ids): their rows
+    of the tasks table, and these tasks' figures per worker (:func:`worker_utilization` over ``span``) and
+    per queue and minute (:func:`queue_minutes`), as the parts of one table (:data:`FIGURES_SCHEMA`)."""
+    life = life_rows(steps)
+    return parts_table(
+        {
+            TASKS_PART: task_rows(life, window),
+            WORKERS_PART: worker_utilization(attempt_spans(life, span[1]), span[0], span[1]),
+            MINUTES_PART: queue_minutes(life, window),
+        },
+        FIGURES_SCHEMA,
+    )
+
+
 def analyze_events(
     frames,
     events,
@@ -332,23 +344,25 @@ def analyze_events(
         frames.map(grants, grant_steps, STEP_SCHEMA),
         frames.map(releases, release_steps, STEP_SCHEMA),
     )
-    life = frames.cache(frames.per_group(steps, ["task_id"], life_rows, LIFE_SCHEMA))
-    # The life rows come grouped by task: what is per task is mapped over them as they are (no second
-    # shuffle); the per-queue and per-worker sums are added up per part first, so only small partial
-    # tables are brought together by queue or worker (a few queues would be a few busy partitions).
-    tasks = frames.cache(frames.map(life, partial(task_rows, window=window), TASK_SCHEMA))
-    spans = frames.map(life, partial(attempt_spans, history_end_ms=span[1]), SPAN_SCHEMA)
-    worked = partial(worker_utilization, start_ms=span[0], end_ms=span[1])
-    minutes = frames.map(life, partial(queue_minutes, window=window), MINUTE_SCHEMA)
+    # Each task's life is made and used in the call that groups its steps (no second shuffle, and the life
+    # rows are never stored): its row of the tasks table, and the per-worker and per-queue-minute sums of
+    # the groups at hand, so only small partial tables are brought together by worker or queue (a few
+    # queues would be a few busy partitions).
+    figures = frames.cache(
+        frames.per_group(steps, ["task_id"], partial(life_figures, window=window, span=span), FIGURES_SCHEMA)
+    )
+    tasks = frames.part(figures, TASKS_PART, TASK_SCHEMA)
     ledger_epochs = partial(epochs, ledgers=ledgers, window=window)
     if epoch_parts is None:
         epoch_parts = frames.map(frames.rows(events, EPOCH_COLUMNS), epoch_rows, EPOCH_ROW_SCHEMA)
     return {
         "tasks": tasks,
-        "queue_minutes": frames.per_group(minutes, ["queue"], summed_minutes, MINUTE_SCHEMA),
+        "queue_minutes": frames.per_group(
+            frames.part(figures, MINUTES_PART, MINUTE_SCHEMA), ["queue"], summed_minutes, MINUTE_SCHEMA
+        ),
         "latency": frames.per_group(tasks, ["queue"], latency, LATENCY_SCHEMA),
         "workers": frames.per_group(
-            frames.map(spans, worked, WORKER_SCHEMA), ["worker"], summed_workers, WORKER_SCHEMA
+            frames.part(figures, WORKERS_PART, WORKER_SCHEMA), ["worker"], summed_workers, WORKER_SCHEMA
         ),
         "epochs": frames.per_group(epoch_parts, ["shard"], ledger_epochs, EPOCH_SCHEMA),
     }

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from election.local.clock import SYSTEM_CLOCK, Clock
 from pipeline import PipelineError
 from pipeline.analyze import TABLE_ORDER, TABLES, Window, analyze_events
+from pipeline.analyze_summary import summarize
 from pipeline.apply_watch import ENDED
 from pipeline.arrow_history import cluster_events, export_events
 from pipeline.epoch_rows import (
@@ -73,6 +73,7 @@ from pipeline.replay import GRANT_SCHEMA, grants_table, replay
 from pipeline.report import write_report
 from pipeline.rows import Position, format_position
 from pipeline.shard_bounds import format_bounds
+from pipeline.task_figures import task_figures
 
 SOURCE = "fencepost"  # pipeline.source.NAME, registered by pipeline.spark (not imported: it imports pyspark)
 # The event columns the analysis reads: the rest is left out of Spark's cached copy.
@@ -94,7 +95,6 @@ EVENT_COLUMNS = (
     "extra",
 )
 Progress = Callable[[str], None]
-FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled", "expired", "dropped")
 
 
 @dataclass(frozen=True)
@@ -286,67 +286,17 @@ def _replay_shards(
 
 
 def _write(frames, tables: dict[str, Any], out: Path, progress: Progress) -> dict[str, pa.Table]:
+    """Write every table; the small ones as written, and of the tasks table (a row per task, which the
+    driver never holds) its figures (:mod:`pipeline.task_figures`), made by the engine."""
     written = {}
     for name in TABLES:
         progress(f"writing the {name} table")
         frames.write(tables[name], out / name, TABLE_ORDER[name])
-        written[name] = pq.read_table(out / name)
+        if name != "tasks":
+            written[name] = pq.read_table(out / name)
+    progress("the tasks table's figures")
+    written.update(task_figures(frames, tables["tasks"]))
     return written
-
-
-def summarize(tables: dict[str, pa.Table]) -> dict:
-    """The summary's figures from the written tables: per queue tasks by final state, failovers, latency,
-    and per shard its tasks by final state and its epochs."""
-    tasks = tables["tasks"]
-    epochs = tables["epochs"].to_pylist()
-    latency = {
-        r["queue"]: {k: r[k] for k in ("start_p50_ms", "start_p99_ms", "finish_p50_ms", "finish_p99_ms")}
-        for r in tables["latency"].to_pylist()
-    }
-    shards: dict[int, dict] = {}
-    for row in tasks.group_by(["shard", "final_state"]).aggregate([("task_id", "count")]).to_pylist():
-        shard = shards.setdefault(row["shard"], {"tasks": dict.fromkeys(FINAL_STATES, 0), "epochs": 0})
-        shard["tasks"][row["final_state"]] = row["task_id_count"]
-    for epoch in epochs:
-        shards.setdefault(epoch["shard"], {"tasks": dict.fromkeys(FINAL_STATES, 0), "epochs": 0})[
-            "epochs"
-        ] += 1
-    return {
-        "tasks": tasks.num_rows,
-        "attempts": int(pc.sum(tasks["attempts"]).as_py() or 0),
-        "queues": _by_queue(tasks, tables["queue_minutes"]),
-        "epochs": len(epochs),
-        "failovers": [
-            {
-                "shard": e["shard"],
-                "epoch": e["epoch"],
-                "broker_id": e["broker_id"],
-                "gap_ms": e["gap_ms"],
-                "leader_gap_ms": e["leader_gap_ms"],
-            }
-            for e in epochs
-            if e["leader_gap_ms"] is not None
-        ],
-        "latency": latency,
-        "workers": tables["workers"].num_rows,
-        "shards": [{"shard": shard, **figures} for shard, figures in sorted(shards.items())],
-    }
-
-
-def _by_queue(tasks: pa.Table, minutes: pa.Table) -> dict[str, dict[str, int]]:
-    """Per queue its tasks in each final state, and ``dead_lettered``: how many of its dead its overflow
-    made so (dead-letter) in the window."""
-    queues: dict[str, dict[str, int]] = {}
-    for row in tasks.group_by(["queue", "final_state"]).aggregate([("task_id", "count")]).to_pylist():
-        queues.setdefault(row["queue"], {**dict.fromkeys(FINAL_STATES, 0), "dead_lettered": 0})[
-            row["final_state"]
-        ] = row["task_id_count"]
-    if "dead_lettered" not in minutes.column_names:  # a table of before the column
-        return dict(sorted(queues.items()))
-    for row in minutes.group_by("queue").aggregate([("dead_lettered", "sum")]).to_pylist():
-        if row["queue"] in queues:
-            queues[row["queue"]]["dead_lettered"] = row["dead_lettered_sum"] or 0
-    return dict(sorted(queues.items()))
 
 
 def _decisions(frames, events, replay_all: bool):

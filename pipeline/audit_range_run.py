@@ -42,6 +42,11 @@ from pipeline.replay import UnreplayableEntry, replay
 _CHUNK = 20_000
 _AHEAD = 4
 _DONE = object()
+# Log entries per partition of the task check: a partition's groups are held by a Python worker, which
+# spills to disk past spark.python.worker.memory (512 MiB by default) and merges the spills back. At
+# 2,000 entries (about 32,000 tasks of bench pipeline's history) a partition fits; two partitions for
+# 10 million events spilled and merged for minutes.
+_CHECK_ENTRIES = 2_000
 
 
 def _with_runs(entries: Iterable[Entry], runs: list) -> Iterator[Entry]:
@@ -169,10 +174,11 @@ def run_ranges(
         out = list(_checked(groups.items()))
     else:
         sc = spark.sparkContext
+        entries = sum(e.last + 1 for shard in extents.values() for e in shard)
         out = (
             sc.parallelize(ranges, len(ranges))
             .flatMap(lambda rng: replay_range(address, rng, extents[rng.shard]))
-            .groupByKey(max(2, sc.defaultParallelism))
+            .groupByKey(max(2, sc.defaultParallelism, entries // _CHECK_ENTRIES))
             .mapPartitions(_checked)
             .collect()
         )

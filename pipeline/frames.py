@@ -11,7 +11,10 @@ An engine only says how such a function runs over the history:
   spread over the executors.
 
 Both hand the function the same rows of each group, so the tables are the same whichever
-ran (tests/integration/test_analyze_engines.py compares them).
+ran (tests/integration/test_analyze_engines.py compares them). A function whose rows feed
+several tables returns them as the parts of one table (:func:`parts_table`), and
+``part`` takes each out again (with Spark, a filter in the JVM): each pass of the rows
+through Python costs Spark about as much as the function itself.
 
 Example::
 
@@ -31,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ARROW, SPARK = "pyarrow", "spark"
+PART = "part"  # the column of a table of parts (parts_table) that names each row's part
 # Arrow types as Spark SQL's DDL names them.
 _DDL_TYPES = {
     pa.int32(): "int",
@@ -53,6 +57,35 @@ def _sorted(table: pa.Table, order: Iterable[str]) -> pa.Table:
     return table.sort_by([(name, "ascending", "at_start") for name in order])
 
 
+def parts_schema(*schemas: pa.Schema) -> pa.Schema:
+    """One schema for tables of several schemas (:func:`parts_table`): their fields (one of a name they
+    share, of one type), then :data:`PART`, the name of the part a row is of."""
+    fields: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for f in schema:
+            if fields.setdefault(f.name, f).type != f.type:
+                raise ValueError(f"field {f.name!r} is {fields[f.name].type} and {f.type}")
+    return pa.schema([*fields.values(), pa.field(PART, pa.string())])
+
+
+def parts_table(parts: dict[str, pa.Table], schema: pa.Schema) -> pa.Table:
+    """``parts`` (by name) as one table of ``schema`` (:func:`parts_schema`): what one function makes of
+    a group for several tables, mapped over the rows once (an engine's ``part`` takes each out again)."""
+    tables = [
+        pa.Table.from_arrays([_part_column(table, name, f) for f in schema], schema=schema)
+        for name, table in parts.items()
+    ]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _part_column(table: pa.Table, name: str, field: pa.Field) -> Any:
+    if field.name == PART:
+        return pa.array([name] * table.num_rows, pa.string())
+    if field.name in table.column_names:
+        return table[field.name].cast(field.type)
+    return pa.nulls(table.num_rows, field.type)  # a column of another part
+
+
 class ArrowFrames:
     """Tables in this process: a frame is a :class:`pyarrow.Table`. ``limit``: the most events a history
     read for it may hold (:class:`~pipeline.arrow_history.TooLarge` past it; None: any)."""
@@ -70,6 +103,10 @@ class ArrowFrames:
         if types is not None:
             frame = frame.filter(pc.is_in(frame["type"], pa.array(list(types), pa.string())))
         return frame.select(list(columns))
+
+    def part(self, frame: pa.Table, name: str, schema: pa.Schema) -> pa.Table:
+        """The rows of part ``name`` of a table of parts (:func:`parts_table`), as ``schema``."""
+        return frame.filter(pc.equal(frame[PART], name)).select(schema.names).cast(schema)
 
     def map(self, frame: pa.Table, fn: TableFn, schema: pa.Schema) -> pa.Table:
         """``fn`` over any rows (a row-wise function)."""
@@ -124,6 +161,10 @@ class SparkFrames:
         if types is not None:
             frame = frame.where(frame["type"].isin(list(types)))
         return frame.select(*columns)
+
+    def part(self, frame: Any, name: str, schema: pa.Schema) -> Any:
+        # Filtered in the JVM: the parts are never sent to Python again to be told apart.
+        return frame.where(frame[PART] == name).select(*schema.names)
 
     def map(self, frame: Any, fn: TableFn, schema: pa.Schema) -> Any:
         return frame.mapInArrow(_over_partition(fn, schema), ddl(schema))

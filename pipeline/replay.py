@@ -46,7 +46,8 @@ from typing import Callable, Iterable, NamedTuple
 
 import pyarrow as pa
 
-from broker.state.events import BadEvent, decode_batch
+from broker.state.event_check import decode_entry
+from broker.state.events import BadEvent
 from broker.state.store import StateStore
 from broker.state.store_errors import StoreError
 from election.local.clock import SYSTEM_CLOCK, Clock
@@ -315,8 +316,10 @@ class _Replayer:
 
 
 def _decode(position: Position, payload: bytes) -> list[dict]:
+    # A follower's decoding (each event by the compiled check of its layout): the same events and errors
+    # as decode_batch, at less cost per event.
     try:
-        return decode_batch(payload)
+        return decode_entry(payload)
     except BadEvent as exc:
         raise UnreplayableEntry(
             position, f"entry {format_position(position)} cannot be decoded: {exc.message}"

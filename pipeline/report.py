@@ -168,7 +168,7 @@ def render_report(tables: dict[str, pa.Table], summary: dict) -> str:
             _image(
                 name,
                 chart_title,
-                png(shards_figure(tables["tasks"], tables["epochs"])),
+                png(shards_figure(tables["done_minutes"], tables["epochs"])),
                 "Tasks submitted in the window, by the minute they were done. "
                 + _failover_caption(tables["epochs"]),
             ),
@@ -177,7 +177,7 @@ def render_report(tables: dict[str, pa.Table], summary: dict) -> str:
     images = {
         "throughput": throughput_figure(tables["queue_minutes"], tables["epochs"]),
         "latency": latency_figure(tables["latency"]),
-        "attempts": attempts_figure(tables["tasks"]),
+        "attempts": attempts_figure(tables["task_counts"]),
         "workers": workers_figure(tables["workers"]),
         "failovers": failovers_figure(tables["epochs"]),
     }

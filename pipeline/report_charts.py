@@ -29,7 +29,6 @@ logging.getLogger("matplotlib").setLevel(logging.WARNING)
 import matplotlib.dates as mdates  # noqa: E402  (after the backend is chosen)
 import matplotlib.pyplot as plt  # noqa: E402
 import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from pipeline.report_format import duration, moment  # noqa: E402
@@ -156,24 +155,17 @@ def throughput_figure(minutes: pa.Table, epochs: pa.Table) -> Figure:
     return fig
 
 
-def shards_figure(tasks: pa.Table, epochs: pa.Table) -> Figure:
-    """Tasks done per minute per shard (of the tasks submitted in the window, by their finish), with each
-    shard's failovers marked in its colour."""
+def shards_figure(done: pa.Table, epochs: pa.Table) -> Figure:
+    """Tasks done per minute per shard (of the tasks submitted in the window, by their finish: the
+    ``done_minutes`` table), with each shard's failovers marked in its colour."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
-    done = tasks.filter(pc.equal(tasks["final_state"], "done")) if tasks.num_rows else tasks
     if done.num_rows == 0:
         return _empty(fig, ax, "no task was done in the window")
-    minute = pc.multiply(pc.divide(done["finished_ms"], MINUTE_MS), MINUTE_MS)  # integer division
-    per = (
-        pa.table({"shard": done["shard"], "minute_ms": minute})
-        .group_by(["shard", "minute_ms"])
-        .aggregate([("minute_ms", "count")])
-        .to_pylist()
-    )
+    per = done.to_pylist()
     colors = {}
     for i, shard in enumerate(sorted({r["shard"] for r in per} | set(epochs["shard"].to_pylist()))):
         colors[shard] = f"C{i % 10}"
-        mine = [(r["minute_ms"], r["minute_ms_count"]) for r in per if r["shard"] == shard]
+        mine = sorted((r["minute_ms"], r["done"]) for r in per if r["shard"] == shard)
         if mine:
             _steps(ax, mine, label=f"shard {shard}", color=colors[shard])
     marked = failovers(epochs)
@@ -211,20 +203,21 @@ def latency_figure(latency: pa.Table) -> Figure:
     return fig
 
 
-def attempts_figure(tasks: pa.Table) -> Figure:
-    """Tasks by number of attempts, and per queue how many ended done, failed, dead, cancelled, expired or dropped."""
+def attempts_figure(counts: pa.Table) -> Figure:
+    """Tasks by number of attempts, and per queue how many ended done, failed, dead, cancelled, expired or
+    dropped (of the ``task_counts`` table)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    if tasks.num_rows == 0:
+    if counts.num_rows == 0:
         return _empty(fig, left, "no tasks in the window")
-    by_attempts = tasks.group_by("attempts").aggregate([("task_id", "count")]).to_pylist()
+    by_attempts = counts.group_by("attempts").aggregate([("tasks", "sum")]).to_pylist()
     by_attempts.sort(key=lambda r: r["attempts"])
-    left.bar([r["attempts"] for r in by_attempts], [r["task_id_count"] for r in by_attempts])
+    left.bar([r["attempts"] for r in by_attempts], [r["tasks_sum"] for r in by_attempts])
     left.set_xticks([r["attempts"] for r in by_attempts])
     left.set_xlabel("attempts")
     left.set_ylabel("tasks")
     left.set_title("tasks by attempts", fontsize=10)
-    states = tasks.group_by(["queue", "final_state"]).aggregate([("task_id", "count")]).to_pylist()
-    queues, _ = _busiest(states, "queue", "task_id_count", MAX_QUEUES)
+    states = counts.group_by(["queue", "final_state"]).aggregate([("tasks", "sum")]).to_pylist()
+    queues, _ = _busiest(states, "queue", "tasks_sum", MAX_QUEUES)
     bottom = [0] * len(queues)
     for state, color in (
         ("done", "tab:green"),
@@ -236,13 +229,13 @@ def attempts_figure(tasks: pa.Table) -> Figure:
         ("running", "tab:blue"),
         ("waiting", "tab:cyan"),
     ):
-        counts = [
-            sum(r["task_id_count"] for r in states if r["queue"] == q and r["final_state"] == state)
+        heights = [
+            sum(r["tasks_sum"] for r in states if r["queue"] == q and r["final_state"] == state)
             for q in queues
         ]
-        if any(counts):
-            right.bar(range(len(queues)), counts, bottom=bottom, label=state, color=color)
-            bottom = [b + c for b, c in zip(bottom, counts)]
+        if any(heights):
+            right.bar(range(len(queues)), heights, bottom=bottom, label=state, color=color)
+            bottom = [b + c for b, c in zip(bottom, heights)]
     right.set_title("final state per queue", fontsize=10)
     right.set_xticks(range(len(queues)), [label(q) for q in queues], rotation=30, ha="right", fontsize=8)
     right.legend(fontsize=8)

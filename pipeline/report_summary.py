@@ -1,12 +1,11 @@
 """The analyze report's figures for people: the summary in words, the run's facts, the per-shard breakdown.
 
-Everything here is read from the analysis tables (Arrow tables, as written) and
-the run's summary (:func:`pipeline.analyze_run.run_analyze`): the summary's
-per-queue counts and failovers are themselves read from these tables, so the
-words and the tables agree. Latency over all queues (and per shard) is computed
-here as :func:`pipeline.analyze.latency` does per queue: exact percentiles,
-linearly interpolated, of submit to first start and of submit to finish (done,
-failed or dead).
+Everything here is read from the analysis tables (Arrow tables, as written; of the
+``tasks`` table only its figures, :mod:`pipeline.task_figures`) and the run's summary
+(:func:`pipeline.analyze_run.run_analyze`): the summary's per-queue counts and failovers
+are themselves read from these tables, so the words and the tables agree. Latency over
+all queues (and per shard) is the ``spread`` table's: exact percentiles, linearly
+interpolated, of submit to first start and of submit to finish (done, failed or dead).
 
 Example::
 
@@ -24,7 +23,6 @@ from pipeline.report_charts import epoch_name, failovers
 from pipeline.report_format import count, duration, iso_time
 
 FINAL_STATES = ("waiting", "running", "done", "failed", "dead", "cancelled", "expired", "dropped")
-RAN_TO_AN_END = ("done", "failed", "dead")
 # A sentence names at most this many failovers; the epochs table has them all.
 MAX_FAILOVERS_NAMED = 10
 
@@ -51,39 +49,27 @@ def history_span(tables: dict[str, pa.Table], summary: dict) -> tuple[int, int] 
     return start, max(start, end)
 
 
-def state_counts(tasks: pa.Table) -> dict[str, int]:
-    """Tasks per final state (every state, 0 when none)."""
-    counts = dict.fromkeys(FINAL_STATES, 0)
-    if tasks.num_rows and _has(tasks, "final_state"):
-        for row in pc.value_counts(tasks["final_state"]).to_pylist():
-            counts[row["values"]] = row["counts"]
-    return counts
+def state_counts(counts: pa.Table) -> dict[str, int]:
+    """Tasks per final state of these ``task_counts`` rows (every state, 0 when none)."""
+    states = dict.fromkeys(FINAL_STATES, 0)
+    for row in counts.group_by("final_state").aggregate([("tasks", "sum")]).to_pylist():
+        states[row["final_state"]] = row["tasks_sum"]
+    return states
 
 
-def _quantiles(values: pa.Array) -> tuple[float | None, float | None]:
-    values = pc.drop_null(values)
-    if len(values) == 0:
-        return None, None
-    p50, p99 = pc.quantile(values, q=[0.5, 0.99]).to_pylist()
-    return p50, p99
-
-
-def latency(tasks: pa.Table) -> dict:
-    """Over the given tasks: ``started``/``finished`` counts and p50/p99 of submit to first start and of
-    submit to finish, in ms (None where no task got there, or the table lacks the times)."""
+def latency(spread: pa.Table, shard: int | None = None) -> dict:
+    """The ``spread`` row of ``shard`` (None: every shard's): ``started``/``finished`` counts and p50/p99 of
+    submit to first start and of submit to finish, in ms (None where no task got there)."""
     figures = {"started": 0, "finished": 0, "start_p50_ms": None, "start_p99_ms": None}
     figures.update(finish_p50_ms=None, finish_p99_ms=None)
-    if tasks.num_rows == 0 or not _has(tasks, "submitted_ms", "first_start_ms", "finished_ms"):
-        return figures
-    to_start = pc.drop_null(pc.subtract(tasks["first_start_ms"], tasks["submitted_ms"]))
-    ended = tasks.filter(pc.is_in(tasks["final_state"], pa.array(RAN_TO_AN_END)))
-    # A task dead-lettered by its queue's overflow before it ran did not run to an end.
-    ended = ended.filter(pc.is_valid(ended["first_start_ms"]))
-    to_finish = pc.drop_null(pc.subtract(ended["finished_ms"], ended["submitted_ms"]))
-    figures["started"], figures["finished"] = len(to_start), len(to_finish)
-    figures["start_p50_ms"], figures["start_p99_ms"] = _quantiles(to_start)
-    figures["finish_p50_ms"], figures["finish_p99_ms"] = _quantiles(to_finish)
+    for row in spread.to_pylist():
+        if row["shard"] == shard:
+            figures.update((k, row[k]) for k in figures)
     return figures
+
+
+def _tasks(counts: pa.Table) -> int:
+    return pc.sum(counts["tasks"]).as_py() or 0
 
 
 def _failover_text(row: dict, several_shards: bool) -> str:
@@ -99,7 +85,7 @@ def _failover_text(row: dict, several_shards: bool) -> str:
 def summary_paragraphs(tables: dict[str, pa.Table], summary: dict) -> list[str]:
     """The run in a few sentences of plain text: what was read and when, the tasks by outcome, latency, the
     failovers and their gaps, the shards."""
-    tasks, epochs = tables["tasks"], tables["epochs"]
+    counts, epochs = tables["task_counts"], tables["epochs"]
     several = len(shards_of(tables, summary)) > 1
     paragraphs = []
     read = str(summary.get("source") or "the history")
@@ -114,21 +100,22 @@ def summary_paragraphs(tables: dict[str, pa.Table], summary: dict) -> list[str]:
         )
     paragraphs.append(read + ".")
 
-    states = state_counts(tasks)
+    states = state_counts(counts)
     others = [
         f"{count(states[s])} {s}"
         for s in ("failed", "cancelled", "expired", "dropped", "running", "waiting")
         if states[s]
     ]
-    queues = pc.count_distinct(tasks["queue"]).as_py() if _has(tasks, "queue") else 0
+    queues = pc.count_distinct(counts["queue"]).as_py()
+    tasks = _tasks(counts)
     paragraphs.append(
-        f"{count(tasks.num_rows)} tasks submitted in {count(queues)} "
+        f"{count(tasks)} tasks submitted in {count(queues)} "
         f"queue{'s' if queues != 1 else ''}: {count(states['done'])} done, {count(states['dead'])} dead"
         + "".join(f", {text}" for text in others)
         + (f"; {count(summary['attempts'])} attempts in all." if summary.get("attempts") is not None else ".")
     )
 
-    figures = latency(tasks)
+    figures = latency(tables["spread"])
     if figures["started"]:
         text = (
             f"Submit to first start: p50 {duration(figures['start_p50_ms'])}, "
@@ -141,7 +128,7 @@ def summary_paragraphs(tables: dict[str, pa.Table], summary: dict) -> list[str]:
                 "to done, failed or dead)."
             )
         paragraphs.append(text)
-    elif tasks.num_rows:
+    elif tasks:
         paragraphs.append("No task started in the window.")
 
     rows = failovers(epochs)
@@ -172,7 +159,7 @@ def summary_paragraphs(tables: dict[str, pa.Table], summary: dict) -> list[str]:
 def shards_of(tables: dict[str, pa.Table], summary: dict) -> list[int]:
     """Every shard the history or the summary names, in order."""
     found = {s["shard"] for s in summary.get("shards", [])}
-    for name in ("tasks", "epochs"):
+    for name in ("task_counts", "epochs"):
         if _has(tables[name], "shard"):
             found |= set(pc.unique(tables[name]["shard"]).to_pylist())
     return sorted(s for s in found if s is not None)
@@ -185,14 +172,14 @@ def shard_rows(tables: dict[str, pa.Table], summary: dict) -> list[dict]:
     if len(shards) < 2:
         return []
     entries = {s["shard"]: s.get("entries") for s in summary.get("shards", [])}
-    tasks, epochs = tables["tasks"], tables["epochs"]
+    counts, epochs = tables["task_counts"], tables["epochs"]
     rows = []
     for shard in shards:
-        mine = tasks.filter(pc.equal(tasks["shard"], shard)) if _has(tasks, "shard") else tasks.slice(0, 0)
+        mine = counts.filter(pc.equal(counts["shard"], shard))
         its_epochs = epochs.filter(pc.equal(epochs["shard"], shard)) if _has(epochs, "shard") else epochs
         its_failovers = failovers(its_epochs)
         gaps = [r["gap_ms"] for r in its_failovers if r.get("gap_ms") is not None]
-        figures = latency(mine)
+        figures = latency(tables["spread"], shard)
         rows.append(
             {
                 "shard": shard,
@@ -200,7 +187,7 @@ def shard_rows(tables: dict[str, pa.Table], summary: dict) -> list[dict]:
                 "epochs": its_epochs.num_rows,
                 "failovers": len(its_failovers),
                 "longest_gap_ms": max(gaps) if gaps else None,
-                "tasks": mine.num_rows,
+                "tasks": _tasks(mine),
                 **state_counts(mine),
                 **{k: figures[k] for k in ("start_p50_ms", "start_p99_ms", "finish_p50_ms", "finish_p99_ms")},
             }

@@ -190,11 +190,13 @@ def entry_rows(ledger_id: int, entry_id: int, epoch: int, payload: bytes, shard:
             events = decode_batch(payload)  # raises, naming what is wrong
         rows = []
         for i, ev in enumerate(events):
-            layout = _LAYOUTS.get(ev.get("type")) if type(ev) is dict else None
+            etype = ev.get("type") if type(ev) is dict else None
+            # A type that is a list or a map is no key of _LAYOUTS: the full check names it.
+            layout = _LAYOUTS.get(etype) if type(etype) is str else None
             if layout is None or not ev.keys() <= layout[0] or not layout[1] <= ev.keys():
                 rows.append(event_row(ledger_id, entry_id, epoch, i, validate_event(ev), shard))
             else:
-                rows.append(_fast_row((shard, ledger_id, entry_id, epoch, i, ev["type"]), ev, layout[2]))
+                rows.append(_fast_row((shard, ledger_id, entry_id, epoch, i, etype), ev, layout[2]))
         return rows
     except BadEvent as exc:
         where = f"entry {ledger_id}:{entry_id}" + (f" of shard {shard}" if shard else "")

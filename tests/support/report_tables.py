@@ -12,7 +12,8 @@ import re
 
 import pyarrow as pa
 
-from pipeline.analyze_run import summarize
+from pipeline.analyze_summary import summarize
+from pipeline.task_figures import figures_of
 
 # A 2-shard history built by hand with every column analyze writes: shard 0 fails over once
 # (epoch 2, broker 1, 2.2 s by the wall clock, 14 ms in leader time), shard 1 keeps its leader.
@@ -92,6 +93,7 @@ def history_tables(shards: int = 2) -> dict[str, pa.Table]:
     )
     return {
         "tasks": tasks,
+        **figures_of(tasks),
         "queue_minutes": minutes,
         "latency": latency,
         "workers": workers,

@@ -14,6 +14,7 @@ import pyarrow as pa
 from pipeline.report import CHARTS, render_report
 from pipeline.report_charts import FAILOVER_GID, shards_figure, throughput_figure
 from pipeline.report_format import duration, iso_time
+from pipeline.task_figures import figures_of
 from tests.support.report_tables import (
     FINISHES,
     RAW_MS,
@@ -28,15 +29,21 @@ T0 = 1_764_000_000_000
 
 
 def sample_tables() -> dict[str, pa.Table]:
+    tasks = pa.table(
+        {
+            "task_id": ["a", "b"],
+            "shard": pa.array([0, 0], pa.int32()),
+            "queue": [EVIL, "mail"],
+            "submitted_ms": [T0, T0],
+            "first_start_ms": [T0 + 10, T0 + 20],
+            "finished_ms": [T0 + 110, T0 + 900],
+            "attempts": [1, 3],
+            "final_state": ["done", "dead"],
+        }
+    )
     return {
-        "tasks": pa.table(
-            {
-                "task_id": ["a", "b"],
-                "queue": [EVIL, "mail"],
-                "attempts": [1, 3],
-                "final_state": ["done", "dead"],
-            }
-        ),
+        "tasks": tasks,
+        **figures_of(tasks),
         "queue_minutes": pa.table(
             {"queue": [EVIL, EVIL, "mail"], "minute_ms": [T0, T0 + 60_000, T0], "finished": [3, 5, 1]}
         ),
@@ -214,7 +221,7 @@ def test_a_history_of_several_shards_gets_a_section_per_shard():
     assert (by_shard["0"]["failovers"], by_shard["0"]["longest_gap"]) == ("1", "2.20 s")
     assert (by_shard["1"]["tasks"], by_shard["1"]["done"], by_shard["1"]["waiting"]) == ("4", "3", "1")
     assert by_shard["1"]["failovers"] == "0" and by_shard["1"]["start_p50"] == "800 ms"
-    fig = shards_figure(tables["tasks"], tables["epochs"])
+    fig = shards_figure(tables["done_minutes"], tables["epochs"])
     assert len([line for line in fig.axes[0].lines if line.get_gid() == FAILOVER_GID]) == 1
     plt.close(fig)
 

@@ -194,3 +194,7 @@ def test_an_event_that_fails_its_check_still_names_the_entry():
     unknown = msgpack.packb({"v": 1, "events": [{"type": "NoSuchEvent"}]})
     with pytest.raises(PipelineError, match="entry 7:41 cannot be decoded: unknown event type"):
         entry_rows(7, 41, 1, unknown)
+    for odd in ([1], {"a": 1}):  # not a name at all: named as damage, not a TypeError of the reader's
+        listed = msgpack.packb({"v": 1, "events": [{"type": odd}]})
+        with pytest.raises(PipelineError, match="entry 7:41 cannot be decoded: event has no string 'type'"):
+            entry_rows(7, 41, 1, listed)
