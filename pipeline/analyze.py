@@ -21,7 +21,7 @@ shard, and each shard has its own epochs and failovers.
 Example::
 
     frames = ArrowFrames()                             # or SparkFrames(spark)
-    tables = analyze_events(frames, events, grants, releases, {7: created_ms}, Window())
+    tables = analyze_events(frames, event_parts(events), grants, releases, {7: created_ms}, Window(), span)
     frames.collect(tables["latency"]).to_pylist()
 """
 
@@ -35,19 +35,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import PipelineError
-from pipeline.epoch_rows import EPOCH_COLUMNS, EPOCH_ROW_SCHEMA, EPOCH_SCHEMA, epoch_rows, epochs
+from pipeline.epoch_rows import EPOCH_ROW_SCHEMA, EPOCH_SCHEMA, epochs
+from pipeline.event_parts import ENDS, EPOCHS, SUBMITS
 from pipeline.frames import parts_schema, parts_table
 from pipeline.life_rows import (
-    END_COLUMNS,
-    END_TYPES,
     STEP_SCHEMA,
     SUBMIT_ROW_SCHEMA,
     created_submits,
-    end_steps,
     grant_steps,
     life_rows,
     release_steps,
-    submit_rows,
 )
 from pipeline.task_figures import percentiles
 from pipeline.window import Window
@@ -311,26 +308,21 @@ def life_figures(steps: pa.Table, window: Window, span: tuple[int, int]) -> pa.T
 
 def analyze_events(
     frames,
-    events,
+    parts,
     grants,
     releases,
     ledgers: dict[int, int],
     window: Window,
     span: tuple[int, int],
     verdicts=None,
-    epoch_parts=None,
 ) -> dict[str, Any]:
-    """The tables (:data:`TABLES`) of the history in ``events`` (frames of ``frames``: every table reads
-    them); ``grants`` (``GRANT_SCHEMA``) and ``releases`` (``RELEASE_SCHEMA``) from a replay of that
-    history or its ``Outcomes``; ``ledgers``: each ledger's creation time (ZooKeeper's clock); ``span``:
-    the [start, end] ms analysed (:func:`pipeline.epoch_rows.history_span`); ``verdicts``: what a replay
-    says apply made of submits (``SUBMIT_VERDICT`` rows of ``SUBMIT_ROW_SCHEMA``), if any; ``epoch_parts``:
-    :func:`~pipeline.epoch_rows.epoch_rows` of the events, if the caller has them."""
-    submits = frames.map(
-        frames.rows(events, SUBMIT_ROW_SCHEMA.names, ("TaskSubmitted", "QueueDeclared")),
-        submit_rows,
-        SUBMIT_ROW_SCHEMA,
-    )
+    """The tables (:data:`TABLES`) of the history whose events' parts (:func:`pipeline.event_parts.event_parts`)
+    are ``parts`` (a frame of ``frames``: every table reads them); ``grants`` (``GRANT_SCHEMA``) and
+    ``releases`` (``RELEASE_SCHEMA``) from a replay of that history or its ``Outcomes``; ``ledgers``: each
+    ledger's creation time (ZooKeeper's clock); ``span``: the [start, end] ms analysed
+    (:func:`pipeline.epoch_rows.history_span`); ``verdicts``: what a replay says apply made of submits
+    (``SUBMIT_VERDICT`` rows of ``SUBMIT_ROW_SCHEMA``), if any."""
+    submits = frames.part(parts, SUBMITS, SUBMIT_ROW_SCHEMA)
     if verdicts is not None:
         submits = frames.union(submits, verdicts)
     steps = frames.union(
@@ -340,7 +332,7 @@ def analyze_events(
             created_submits,
             STEP_SCHEMA,
         ),
-        frames.map(frames.rows(events, END_COLUMNS, END_TYPES), end_steps, STEP_SCHEMA),
+        frames.part(parts, ENDS, STEP_SCHEMA),
         frames.map(grants, grant_steps, STEP_SCHEMA),
         frames.map(releases, release_steps, STEP_SCHEMA),
     )
@@ -353,8 +345,7 @@ def analyze_events(
     )
     tasks = frames.part(figures, TASKS_PART, TASK_SCHEMA)
     ledger_epochs = partial(epochs, ledgers=ledgers, window=window)
-    if epoch_parts is None:
-        epoch_parts = frames.map(frames.rows(events, EPOCH_COLUMNS), epoch_rows, EPOCH_ROW_SCHEMA)
+    epoch_parts = frames.part(parts, EPOCHS, EPOCH_ROW_SCHEMA)
     return {
         "tasks": tasks,
         "queue_minutes": frames.per_group(

@@ -34,14 +34,8 @@ from pipeline.analyze import TABLE_ORDER, TABLES, Window, analyze_events
 from pipeline.analyze_summary import summarize
 from pipeline.apply_watch import ENDED
 from pipeline.arrow_history import cluster_events, export_events
-from pipeline.epoch_rows import (
-    COUNT_SCHEMA,
-    EPOCH_COLUMNS,
-    EPOCH_ROW_SCHEMA,
-    epoch_rows,
-    history_span,
-    shard_counts,
-)
+from pipeline.epoch_rows import COUNT_SCHEMA, EPOCH_ROW_SCHEMA, history_span, shard_counts
+from pipeline.event_parts import ANALYSIS, DECISIONS, EPOCHS, event_parts
 from pipeline.export_layout import LEDGER_CREATED, export_files, export_shards, read_bookmark
 from pipeline.frames import SPARK, as_frames
 from pipeline.history import cluster_entries, export_entries
@@ -55,14 +49,11 @@ from pipeline.life_rows import (
     SUBMIT_VERDICT,
 )
 from pipeline.outcome_tables import (
-    DECIDING,
-    DECISION_COLUMNS,
     DECISION_ROW_SCHEMA,
     DECISION_SCHEMA,
     MARK_SCHEMA,
     decided_grants,
     decided_releases,
-    decision_rows,
     described_entries,
     entry_decisions,
     entry_marks,
@@ -76,24 +67,6 @@ from pipeline.shard_bounds import format_bounds
 from pipeline.task_figures import task_figures
 
 SOURCE = "fencepost"  # pipeline.source.NAME, registered by pipeline.spark (not imported: it imports pyspark)
-# The event columns the analysis reads: the rest is left out of Spark's cached copy.
-EVENT_COLUMNS = (
-    "ledger_id",
-    "entry_id",
-    "event_index",
-    "shard",
-    "epoch",
-    "type",
-    "task_id",
-    "queue",
-    "attempt",
-    "worker",
-    "ts_ms",
-    "key",
-    "retry",
-    "max_attempts",
-    "extra",
-)
 Progress = Callable[[str], None]
 
 
@@ -180,23 +153,23 @@ class ReleaseCollector:
 
 @dataclass(frozen=True)
 class _History:
-    """What a run reads: the events (every shard's, a frame of the run's engine), each shard's entries up to
-    a position for its replay, whether digests compare, each shard's end, and when each ledger was created
-    (ZooKeeper's clock)."""
+    """What a run reads: the events' parts (every shard's, :mod:`pipeline.event_parts`, a frame of the run's
+    engine), each shard's entries up to a position for its replay, whether digests compare, each shard's end,
+    and when each ledger was created (ZooKeeper's clock)."""
 
-    events: Any
+    parts: Any
     entries: dict[int, Callable[[Position], Iterable]]
     compare: bool
     ends: dict[int, Position]
     created: dict[int, int]
 
 
-def _events(frames, spark_read: Callable[[], Any], arrow_read: Callable[[], pa.Table]) -> Any:
-    """The events as the engine reads them: Spark's source on the executors, cached (read once, however
-    many jobs); or the table read in this process."""
+def _parts(frames, spark_read: Callable[[], Any], arrow_read: Callable[[], pa.Table]) -> Any:
+    """The events' parts as the engine reads them: made by Spark's source where it reads each partition
+    (its ``analysis`` view), cached (read once, however many jobs); or of the table read in this process."""
     if frames.name == SPARK:
-        return frames.cache(spark_read().select(*EVENT_COLUMNS))
-    return arrow_read().select(list(EVENT_COLUMNS))
+        return frames.cache(spark_read())
+    return event_parts(arrow_read())
 
 
 def _read(frames, source: HistorySource) -> _History:
@@ -208,9 +181,9 @@ def _read(frames, source: HistorySource) -> _History:
             raise PipelineError(f"{export_dir} holds no fencepost export")
         shards = export_shards(export_dir, export_files(export_dir))
         return _History(
-            _events(
+            _parts(
                 frames,
-                lambda: frames.spark.read.format(SOURCE).load(str(export_dir)),
+                lambda: frames.spark.read.format(SOURCE).option("view", ANALYSIS).load(str(export_dir)),
                 lambda: export_events(export_dir, limit),
             ),
             {shard: partial(_export_entries, export_dir, shard) for shard in range(shards)},
@@ -223,6 +196,7 @@ def _read(frames, source: HistorySource) -> _History:
         "zk": address.zk,
         "cluster": address.cluster,
         "readTimeout": str(address.read_timeout),
+        "view": ANALYSIS,
     }
     if address.secret_file:
         options["secretFile"] = address.secret_file
@@ -236,13 +210,13 @@ def _read(frames, source: HistorySource) -> _History:
             raise PipelineError(f"the log of cluster {address.cluster!r} holds no entries")
         options.update(shards=",".join(str(shard) for shard in sorted(ends)), to=format_bounds(ends))
         # The events and the replays read the same entries: each shard's end is fixed here, once.
-        events = _events(
+        parts = _parts(
             frames,
             lambda: frames.spark.read.format(SOURCE).options(**options).load(),
             lambda: cluster_events(conn, extents, ends, limit),
         )
     return _History(
-        events,
+        parts,
         {shard: partial(_cluster_entries, address, extents[shard], shard) for shard in sorted(ends)},
         True,
         ends,
@@ -299,12 +273,10 @@ def _write(frames, tables: dict[str, Any], out: Path, progress: Progress) -> dic
     return written
 
 
-def _decisions(frames, events, replay_all: bool):
+def _decisions(frames, parts, replay_all: bool):
     """What the ``Outcomes`` say was decided (a frame of :data:`DECISION_SCHEMA`; none with ``replay_all``)
     and which entries they describe and do not (collected: one row per entry holding a deciding event)."""
-    rows = frames.map(
-        frames.rows(events, DECISION_COLUMNS, (*DECIDING, "Outcomes")), decision_rows, DECISION_ROW_SCHEMA
-    )
+    rows = frames.part(parts, DECISIONS, DECISION_ROW_SCHEMA)
     decisions = frames.cache(
         frames.per_group(rows, ["shard", "at_ledger", "at_entry"], entry_decisions, DECISION_SCHEMA)
     )
@@ -335,20 +307,22 @@ def run_analyze(
     progress(f"planning the history of {source.describe()}")
     history = _read(frames, source)
     out.mkdir(parents=True, exist_ok=True)
-    events = history.events
+    parts = history.parts
     progress("reading the events and their outcomes")
-    # Each part's figures per shard and epoch (few rows), added up per shard: for the counts, the epochs
-    # table and whether a shard uses expiry or queue limits, in one pass over the events.
-    parts = frames.cache(frames.map(frames.rows(events, EPOCH_COLUMNS), epoch_rows, EPOCH_ROW_SCHEMA))
+    # Each read partition's figures per shard and epoch (few rows), added up per shard: for the counts, the
+    # epochs table and whether a shard uses expiry or queue limits.
+    epoch_parts = frames.part(parts, EPOCHS, EPOCH_ROW_SCHEMA)
     counts = {
         row["shard"]: row
-        for row in frames.collect(frames.per_group(parts, ["shard"], shard_counts, COUNT_SCHEMA)).to_pylist()
+        for row in frames.collect(
+            frames.per_group(epoch_parts, ["shard"], shard_counts, COUNT_SCHEMA)
+        ).to_pylist()
     }
     span = history_span(pa.Table.from_pylist(list(counts.values()), schema=COUNT_SCHEMA), window)
     if span is None:
         raise PipelineError("the history holds no events")
     lasts = {shard: (c["last_ledger"], c["last_entry"]) for shard, c in counts.items()}
-    decisions, marks, described = _decisions(frames, events, replay_all)
+    decisions, marks, described = _decisions(frames, parts, replay_all)
     # Only what the Outcomes events do not describe is replayed, and only as far as needed; a shard using
     # expiry or queue limits to its end: those decisions are in no Outcomes (pipeline.feature_use).
     featured = [shard for shard, c in counts.items() if c["features"]]
@@ -372,7 +346,7 @@ def run_analyze(
     verdicts = frames.table(releases.verdict_table())
     tables = _write(
         frames,
-        analyze_events(frames, events, grants, released, history.created, window, span, verdicts, parts),
+        analyze_events(frames, parts, grants, released, history.created, window, span, verdicts),
         out,
         progress,
     )

@@ -9,7 +9,9 @@ straight from the bookies with the ledger reader (digest checked, falling back
 to other replicas) and closes both at the end. Every row names its ``shard``.
 ``from`` and ``to`` are positions per shard (:mod:`pipeline.shard_bounds`).
 With a ``path`` the source reads an export directory (:mod:`pipeline.export`)
-instead of the cluster.
+instead of the cluster. The ``view`` option ``analysis`` (batch reads) makes each
+partition's rows into what analyze reads of them where they are read
+(:func:`pipeline.event_parts.event_parts`), instead of returning the event rows.
 
 Example::
 
@@ -17,6 +19,7 @@ Example::
     df = (spark.read.format("fencepost").option("zk", "127.0.0.1:2181").option("cluster", "dev")
           .option("from", "7:0").load())                                   # a 1-shard cluster
     df = spark.read.format("fencepost").option("zk", hosts).option("cluster", "big").option("shards", "2").load()
+    parts = spark.read.format("fencepost").option("zk", hosts).option("cluster", "dev").option("view", "analysis").load()
     stream = spark.readStream.format("fencepost").option("zk", hosts).option("cluster", "dev").load()
 """
 
@@ -32,7 +35,9 @@ from pyspark.sql.types import StructType
 
 from pipeline import PipelineError
 from pipeline.arrow_history import range_batches
+from pipeline.event_parts import ANALYSIS, EVENT_PARTS_SCHEMA, event_parts
 from pipeline.export_layout import ExportFile, between, export_files, export_shards, read_export_file
+from pipeline.frames import ddl
 from pipeline.plan import (
     DEFAULT_ENTRIES_PER_PARTITION,
     ClusterAddress,
@@ -41,7 +46,7 @@ from pipeline.plan import (
     end_position,
     shard_ranges,
 )
-from pipeline.rows import DDL, Position
+from pipeline.rows import DDL, SCHEMA, Position
 from pipeline.shard_bounds import parse_bounds, shards_read
 
 NAME = "fencepost"
@@ -51,6 +56,27 @@ def read_entries(address: ClusterAddress, rng: ReadRange) -> Iterator[pa.RecordB
     """:func:`range_batches` over a connection of its own (a Spark partition's)."""
     with Connection.open(address) as conn:
         yield from range_batches(conn, rng)
+
+
+EVENTS = "events"  # the default view: the event rows (pipeline.rows)
+_VIEW_DDL = {EVENTS: DDL, ANALYSIS: ddl(EVENT_PARTS_SCHEMA)}
+
+
+def _view(options) -> str:
+    value = options.get("view", EVENTS)
+    if value not in _VIEW_DDL:
+        raise PipelineError(f"view must be one of {', '.join(sorted(_VIEW_DDL))}, not {value!r}")
+    return value
+
+
+def _in_view(view: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A partition's event batches as ``view`` has them: as they are, or its event parts, made at once."""
+    if view == EVENTS:
+        yield from batches
+        return
+    batches = list(batches)
+    rows = pa.Table.from_batches(batches) if batches else SCHEMA.empty_table()
+    yield from event_parts(rows).to_batches()
 
 
 def _entries_per_partition(options) -> int:
@@ -89,6 +115,7 @@ class LogBatchReader(DataSourceReader):
         self.first = parse_bounds(options.get("from"))
         self.last = parse_bounds(options.get("to"))
         self.per_range = _entries_per_partition(options)
+        self.view = _view(options)
 
     def partitions(self) -> list[RangePartition]:
         with Connection.open(self.address) as conn:
@@ -102,7 +129,7 @@ class LogBatchReader(DataSourceReader):
         return [RangePartition(r) for r in ranges]
 
     def read(self, partition: RangePartition) -> Iterator[pa.RecordBatch]:
-        return read_entries(self.address, partition.range)
+        return _in_view(self.view, read_entries(self.address, partition.range))
 
 
 # A stream's place in a shard before anything of it was read.
@@ -218,6 +245,7 @@ class ExportReader(DataSourceReader):
         self.shards = options.get("shards")
         self.first = parse_bounds(options.get("from"))
         self.last = parse_bounds(options.get("to"))
+        self.view = _view(options)
 
     def partitions(self) -> list[FilePartition]:
         files = export_files(self.root)
@@ -226,7 +254,8 @@ class ExportReader(DataSourceReader):
         return [FilePartition(f, firsts[f.shard], lasts[f.shard]) for f in files if f.shard in firsts]
 
     def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
-        yield from between(read_export_file(partition.file), partition.first, partition.last).to_batches()
+        rows = between(read_export_file(partition.file), partition.first, partition.last)
+        yield from _in_view(self.view, iter(rows.to_batches()))
 
 
 class FencepostDataSource(DataSource):
@@ -244,7 +273,7 @@ class FencepostDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return DDL
+        return _VIEW_DDL[_view(self.options)]
 
     def reader(self, schema: StructType) -> DataSourceReader:
         if self.options.get("path"):
@@ -252,4 +281,6 @@ class FencepostDataSource(DataSource):
         return LogBatchReader(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if _view(self.options) != EVENTS:
+            raise PipelineError("a stream reads the event rows: the view option is for batch reads")
         return LogStreamReader(self.options)

@@ -6,6 +6,7 @@ import pytest
 
 from pipeline import PipelineError
 from pipeline.analyze import TABLE_ORDER, Window, analyze_events, parse_time
+from pipeline.event_parts import event_parts
 from pipeline.frames import ArrowFrames, SparkFrames
 from pipeline.life_rows import RELEASE_SCHEMA
 from pipeline.replay import grants_table
@@ -120,8 +121,10 @@ def _releases() -> pa.Table:
 def _tables(frames, window: Window = Window()) -> dict[str, list[dict]]:
     """Each table of the history by ``frames``, its rows in the order it is written."""
     span = (T0, T0 + 67_000)
-    events, grants, releases = (frames.table(t) for t in (_events(), grants_table(GRANTS), _releases()))
-    result = analyze_events(frames, events, grants, releases, LEDGERS, window, span)
+    parts, grants, releases = (
+        frames.table(t) for t in (event_parts(_events()), grants_table(GRANTS), _releases())
+    )
+    result = analyze_events(frames, parts, grants, releases, LEDGERS, window, span)
     return {
         name: sorted(frames.collect(df).to_pylist(), key=lambda r: [r[k] for k in TABLE_ORDER[name]])
         for name, df in result.items()

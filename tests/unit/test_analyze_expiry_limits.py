@@ -10,6 +10,7 @@ import pytest
 from broker.state.events import decode_batch, encode_batch
 from pipeline.analyze import analyze_events
 from pipeline.analyze_run import ReleaseCollector
+from pipeline.event_parts import event_parts
 from pipeline.feature_use import feature_rows
 from pipeline.frames import ArrowFrames
 from pipeline.life_rows import RELEASE_SCHEMA
@@ -37,7 +38,7 @@ def _tables() -> dict[str, list[dict]]:
     )
     tables = analyze_events(
         frames,
-        events,
+        event_parts(events),
         grants_table(result.grants),
         released,
         {},
