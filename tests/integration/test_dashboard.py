@@ -242,6 +242,25 @@ def _answered_snapshot(zk) -> dict | None:
     return snap if snap["shards"] and all(row["reachable"] for row in snap["shards"]) else None
 
 
+def _mail_waiting(browser, by) -> str | None:
+    """The waiting count of the queues table's ``mail`` row, if it has one."""
+    rows = [r.text for r in browser.find_elements(by.CSS_SELECTOR, "#queues tr") if r.text.startswith("mail")]
+    return rows[0].split()[1] if rows and len(rows[0].split()) > 1 else None
+
+
+def _page_of_both_shards(browser, by) -> bool:
+    """Whether the page shows both shards' rows, dead tasks, the worker and the mail queue's six tasks."""
+    dead = browser.find_element(by.ID, "dead-tasks").text
+    return (
+        len(browser.find_elements(by.CSS_SELECTOR, "#shards tr")) == 2
+        and browser.find_element(by.ID, "leader-label").text == "leader of shard 0"
+        and "boom in shard 0" in dead
+        and "boom in shard 1" in dead
+        and len(browser.find_elements(by.CSS_SELECTOR, "#workers tr")) == 1
+        and _mail_waiting(browser, by) == "6"
+    )
+
+
 @pytest.mark.timeout(300)
 def test_dashboard_of_a_two_shard_cluster_covers_every_shard(browser, procs, tmp_path):
     from selenium.webdriver.common.by import By
@@ -292,18 +311,18 @@ def test_dashboard_of_a_two_shard_cluster_covers_every_shard(browser, procs, tmp
             ready=lambda proc: "dashboard of cluster" in proc.output(),
         )
         browser.get(re.search(r"on (http://\S+)", dash.output()).group(1))
-        WebDriverWait(browser, 15).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#shards tr")) == 2)
+        # Each refresh draws what the dashboard's last sample holds: on a loaded machine the first ones may
+        # lack a shard's answers, so the whole picture is waited for, then each part of it asserted.
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        redrawn = (StaleElementReferenceException,)  # a row replaced between its lookup and its text
+        WebDriverWait(browser, 60, ignored_exceptions=redrawn).until(lambda d: _page_of_both_shards(d, By))
         assert browser.find_element(By.ID, "shards-section").is_displayed()
         assert browser.find_element(By.ID, "leader-label").text == "leader of shard 0"
-        WebDriverWait(browser, 10).until(
-            lambda d: "boom in shard 1" in d.find_element(By.ID, "dead-tasks").text
-        )
-        assert "boom in shard 0" in browser.find_element(By.ID, "dead-tasks").text
+        dead = browser.find_element(By.ID, "dead-tasks").text
+        assert "boom in shard 0" in dead and "boom in shard 1" in dead
         assert len(browser.find_elements(By.CSS_SELECTOR, "#workers tr")) == 1
-        mail = next(
-            r for r in browser.find_elements(By.CSS_SELECTOR, "#queues tr") if r.text.startswith("mail")
-        )
-        assert mail.text.split()[1] == "6"
+        assert _mail_waiting(browser, By) == "6"
 
         # Shard 1's leader dies: the page names the shard that failed over.
         before = leaders[1]
