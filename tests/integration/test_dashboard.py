@@ -312,30 +312,25 @@ def test_dashboard_of_a_two_shard_cluster_covers_every_shard(browser, procs, tmp
         )
         browser.get(re.search(r"on (http://\S+)", dash.output()).group(1))
         # Each refresh draws what the dashboard's last sample holds: on a loaded machine the first ones may
-        # lack a shard's answers, so the whole picture is waited for, then each part of it asserted.
+        # lack a shard's answers, so the whole picture is waited for, its rows read as they are redrawn.
         from selenium.common.exceptions import StaleElementReferenceException
 
         redrawn = (StaleElementReferenceException,)  # a row replaced between its lookup and its text
         WebDriverWait(browser, 60, ignored_exceptions=redrawn).until(lambda d: _page_of_both_shards(d, By))
         assert browser.find_element(By.ID, "shards-section").is_displayed()
-        assert browser.find_element(By.ID, "leader-label").text == "leader of shard 0"
-        dead = browser.find_element(By.ID, "dead-tasks").text
-        assert "boom in shard 0" in dead and "boom in shard 1" in dead
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#workers tr")) == 1
-        assert _mail_waiting(browser, By) == "6"
 
         # Shard 1's leader dies: the page names the shard that failed over.
         before = leaders[1]
         (victim,) = [row for row in dev.status() if row.get("broker_id") == before["broker_id"]]
         os.kill(victim["pid"], signal.SIGKILL)
-        WebDriverWait(browser, 90).until(
+        WebDriverWait(browser, 90, ignored_exceptions=redrawn).until(
             lambda d: re.search(
                 r"leads shard 1, epoch \d+ \(after broker " + str(before["broker_id"]),
                 d.find_element(By.ID, "failovers").text,
             )
         )
         # The charts mark it too, from the brokers' own answers, naming the shard.
-        WebDriverWait(browser, 30).until(
+        WebDriverWait(browser, 30, ignored_exceptions=redrawn).until(
             lambda d: re.search(
                 r"leads shard 1, epoch \d+ \(after broker " + str(before["broker_id"]),
                 d.find_element(By.ID, "leader-changes").text,
