@@ -55,6 +55,31 @@ def _plain(key: bytes, rec: dict) -> list:
     return doc
 
 
+def _record(
+    tid: str, state: str, key, priority: int, attempts: int, submitted: int, not_before: int, payload
+) -> dict:
+    """A task record of queue ``q`` (seq 4, 3 attempts allowed), its late fields unset."""
+    return {
+        "id": tid,
+        "queue": "q",
+        "state": state,
+        "key": key,
+        "priority": priority,
+        "seq": 4,
+        "attempts": attempts,
+        "max_attempts": 3,
+        "submitted_ms": submitted,
+        "not_before_ms": not_before,
+        "payload": payload,
+        "started_ms": None,
+        "finished_ms": None,
+        "worker": None,
+        "lease_deadline_ms": None,
+        "result": None,
+        "error": None,
+    }
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     late=st.fixed_dictionaries({}, optional={name: st.one_of(st.none(), s) for name, s in _LATE.items()}),
@@ -65,25 +90,7 @@ def _plain(key: bytes, rec: dict) -> list:
 def test_any_record_packs_as_the_plain_layout(late, state, key, payload):
     tid = bytes(range(16))
     base = int.from_bytes(tid[:6], "big") + 7
-    rec = {
-        "id": tid.hex(),
-        "queue": "q",
-        "state": state,
-        "key": key,
-        "priority": 0,
-        "seq": 4,
-        "attempts": 1,
-        "max_attempts": 3,
-        "submitted_ms": base,
-        "not_before_ms": base + 2,
-        "payload": payload,
-        "started_ms": None,
-        "finished_ms": None,
-        "worker": None,
-        "lease_deadline_ms": None,
-        "result": None,
-        "error": None,
-    }
+    rec = _record(tid.hex(), state, key, 0, 1, base, base + 2, payload)
     rec.update({name: (base + v if name in _TIMES and v is not None else v) for name, v in late.items()})
     raw = pack_task(tid, rec)
     assert msgpack.unpackb(raw, raw=False) == _plain(tid, rec)
@@ -102,26 +109,7 @@ def test_any_record_packs_as_the_plain_layout(late, state, key, payload):
 def test_a_new_task_packs_as_its_record_would(settings_, key, payload, delay, tid):
     base = int.from_bytes(tid[:6], "big") + 7 if len(tid) == 16 else 7
     max_run_ms, backoff, backoff_max, expires_at = settings_
-    rec = {
-        "id": "x",
-        "queue": "q",
-        "state": "waiting",
-        "key": key,
-        "priority": -2,
-        "seq": 4,
-        "attempts": 0,
-        "max_attempts": 3,
-        "submitted_ms": base,
-        "not_before_ms": base + delay,
-        "payload": payload,
-        "started_ms": None,
-        "finished_ms": None,
-        "worker": None,
-        "lease_deadline_ms": None,
-        "result": None,
-        "error": None,
-        "max_run_ms": max_run_ms,
-    }
+    rec = {**_record("x", "waiting", key, -2, 0, base, base + delay, payload), "max_run_ms": max_run_ms}
     for name, v in (("retry_backoff_ms", backoff), ("retry_backoff_max_ms", backoff_max)):
         if v is not None:
             rec[name] = v
